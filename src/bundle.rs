@@ -1,0 +1,528 @@
+//! Canonical bundles: RFC 8785 (JSON Canonicalization Scheme) serialisation, the
+//! content digest, and the served `Bundle` document.
+//!
+//! The digest is computed over the canonical bytes of the sorted resource list only,
+//! so it depends on content and nothing else (not the commit, the hub or the time).
+
+use std::fmt;
+use std::io::Write;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest as _, Sha256};
+
+/// The API version of every flotilla document.
+pub const API_VERSION: &str = "flotilla.dev/v1alpha1";
+
+/// A content digest, always of the form `sha256:<64 lowercase hex digits>`.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Digest(String);
+
+impl Digest {
+    /// The digest of some bytes.
+    pub fn of(bytes: &[u8]) -> Digest {
+        Digest::from_hasher(Sha256::new_with_prefix(bytes))
+    }
+
+    fn from_hasher(hasher: Sha256) -> Digest {
+        Digest(format!("sha256:{}", hex::encode(hasher.finalize())))
+    }
+
+    /// Parses `sha256:<hex>`; anything else is refused.
+    pub fn parse(text: &str) -> Result<Digest, InvalidDigest> {
+        let hex_part = text
+            .strip_prefix("sha256:")
+            .ok_or_else(|| InvalidDigest(text.to_string()))?;
+        if hex_part.len() == 64
+            && hex_part
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            Ok(Digest(text.to_string()))
+        } else {
+            Err(InvalidDigest(text.to_string()))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The 64 hex digits without the `sha256:` prefix (used for object file names).
+    pub fn hex(&self) -> &str {
+        &self.0["sha256:".len()..]
+    }
+
+    /// A short form for humans: the first 12 hex digits.
+    pub fn short(&self) -> &str {
+        &self.0["sha256:".len().."sha256:".len() + 12]
+    }
+}
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Digest({})", self.0)
+    }
+}
+
+impl TryFrom<String> for Digest {
+    type Error = InvalidDigest;
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        Digest::parse(&value)
+    }
+}
+
+impl From<Digest> for String {
+    fn from(value: Digest) -> Self {
+        value.0
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid digest {0:?}: expected \"sha256:\" followed by 64 lowercase hex digits")]
+pub struct InvalidDigest(pub String);
+
+/// The identity of a resource inside one cluster's bundle, which is also its sort key:
+/// (API group, kind, namespace, name). The group of `v1` is `""`, and so is the
+/// namespace of a cluster-scoped resource.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ResourceKey {
+    pub group: String,
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ResourceKey {
+    /// Reads the identity of a Kubernetes object; `None` if `apiVersion`, `kind` or
+    /// `metadata.name` is missing or not a string.
+    pub fn of(resource: &Value) -> Option<ResourceKey> {
+        let api_version = resource.get("apiVersion")?.as_str()?;
+        let kind = resource.get("kind")?.as_str()?;
+        let metadata = resource.get("metadata")?;
+        let name = metadata.get("name")?.as_str()?;
+        let namespace = metadata
+            .get("namespace")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        Some(ResourceKey {
+            group: api_group(api_version).to_string(),
+            kind: kind.to_string(),
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        })
+    }
+}
+
+impl fmt::Display for ResourceKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = if self.group.is_empty() {
+            self.kind.clone()
+        } else {
+            format!("{}.{}", self.kind, self.group)
+        };
+        if self.namespace.is_empty() {
+            write!(f, "{kind}/{}", self.name)
+        } else {
+            write!(f, "{kind} {}/{}", self.namespace, self.name)
+        }
+    }
+}
+
+/// The API group of an `apiVersion`: `apps/v1` → `apps`, `v1` → `""`.
+pub fn api_group(api_version: &str) -> &str {
+    match api_version.rsplit_once('/') {
+        Some((group, _)) => group,
+        None => "",
+    }
+}
+
+/// One fully rendered resource with its canonical bytes, shared between every
+/// cluster whose rendering produced the same content.
+#[derive(Debug, PartialEq)]
+pub struct Resource {
+    pub key: ResourceKey,
+    pub value: Value,
+    pub canonical: Box<[u8]>,
+}
+
+impl Resource {
+    pub fn new(key: ResourceKey, value: Value) -> Resource {
+        let canonical = to_canonical_vec(&value).into_boxed_slice();
+        Resource {
+            key,
+            value,
+            canonical,
+        }
+    }
+}
+
+/// One cluster's bundle: its resources sorted by key, and their digest.
+#[derive(Clone, Debug)]
+pub struct Bundle {
+    pub cluster: String,
+    pub digest: Digest,
+    pub resources: Vec<Arc<Resource>>,
+}
+
+impl Bundle {
+    /// Builds a bundle from resources in any order. Sorting here is what makes the
+    /// digest independent of file order; callers have already rejected duplicate keys.
+    pub fn new(cluster: impl Into<String>, mut resources: Vec<Arc<Resource>>) -> Bundle {
+        resources.sort_by(|a, b| a.key.cmp(&b.key));
+        let mut hasher = HashWriter(Sha256::new());
+        write_resource_list(&mut hasher, &resources);
+        Bundle {
+            cluster: cluster.into(),
+            digest: Digest::from_hasher(hasher.0),
+            resources,
+        }
+    }
+
+    /// The canonical bytes of the resource list, exactly the bytes the digest covers.
+    pub fn canonical_resources(&self) -> Vec<u8> {
+        let size = self
+            .resources
+            .iter()
+            .map(|r| r.canonical.len() + 1)
+            .sum::<usize>()
+            + 2;
+        let mut out = Vec::with_capacity(size);
+        write_resource_list(&mut out, &self.resources);
+        out
+    }
+
+    /// The served document (PRODUCT.md section 3) as bytes.
+    pub fn document(&self, revision: &str) -> Vec<u8> {
+        document_bytes(
+            &self.cluster,
+            &self.digest,
+            revision,
+            &self.canonical_resources(),
+        )
+    }
+}
+
+fn write_resource_list<W: Write>(out: &mut W, resources: &[Arc<Resource>]) {
+    // Writing into a Vec or a hasher cannot fail, so the results are ignored.
+    let _ = out.write_all(b"[");
+    for (index, resource) in resources.iter().enumerate() {
+        if index > 0 {
+            let _ = out.write_all(b",");
+        }
+        let _ = out.write_all(&resource.canonical);
+    }
+    let _ = out.write_all(b"]");
+}
+
+struct HashWriter(Sha256);
+
+impl Write for HashWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Builds the served Bundle document from already canonical resource bytes, without
+/// re-serialising them. The document is itself canonical JSON (its keys are in
+/// canonical order), though only the resources are covered by the digest.
+pub fn document_bytes(
+    cluster: &str,
+    digest: &Digest,
+    revision: &str,
+    canonical_resources: &[u8],
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(canonical_resources.len() + 256);
+    out.extend_from_slice(b"{\"apiVersion\":");
+    write_canonical_string(&mut out, API_VERSION);
+    out.extend_from_slice(b",\"cluster\":");
+    write_canonical_string(&mut out, cluster);
+    out.extend_from_slice(b",\"digest\":");
+    write_canonical_string(&mut out, digest.as_str());
+    out.extend_from_slice(b",\"kind\":\"Bundle\",\"resources\":");
+    out.extend_from_slice(canonical_resources);
+    out.extend_from_slice(b",\"revision\":");
+    write_canonical_string(&mut out, revision);
+    out.extend_from_slice(b"}");
+    out
+}
+
+/// A Bundle document as received by an agent or read back from disk.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BundleDocument {
+    pub api_version: String,
+    pub kind: String,
+    pub cluster: String,
+    pub digest: String,
+    pub revision: String,
+    pub resources: Vec<Value>,
+}
+
+/// Why a received bundle is not trusted.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error("bundle is not valid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("bundle has apiVersion {0:?} and kind {1:?}, expected {API_VERSION:?} and \"Bundle\"")]
+    WrongKind(String, String),
+    #[error("bundle is for cluster {found:?}, expected {expected:?}")]
+    WrongCluster { expected: String, found: String },
+    #[error(
+        "bundle digest mismatch: the document says {claimed} but its resources hash to {actual}"
+    )]
+    DigestMismatch { claimed: String, actual: Digest },
+    #[error("bundle resource {index} has no apiVersion, kind or metadata.name")]
+    BadResource { index: usize },
+    #[error(
+        "bundle resources are not sorted by (group, kind, namespace, name) or repeat an identity at {index}"
+    )]
+    NotSorted { index: usize },
+}
+
+/// Parses a served Bundle document and checks it: the recomputed digest over the
+/// canonical resources must equal the claimed one. This is the only way an agent
+/// accepts a bundle.
+pub fn verify_document(
+    bytes: &[u8],
+    expected_cluster: Option<&str>,
+) -> Result<Bundle, VerifyError> {
+    let doc: BundleDocument = serde_json::from_slice(bytes)?;
+    if doc.api_version != API_VERSION || doc.kind != "Bundle" {
+        return Err(VerifyError::WrongKind(doc.api_version, doc.kind));
+    }
+    if let Some(expected) = expected_cluster
+        && expected != doc.cluster
+    {
+        return Err(VerifyError::WrongCluster {
+            expected: expected.to_string(),
+            found: doc.cluster,
+        });
+    }
+    let mut resources = Vec::with_capacity(doc.resources.len());
+    for (index, value) in doc.resources.into_iter().enumerate() {
+        let key = ResourceKey::of(&value).ok_or(VerifyError::BadResource { index })?;
+        resources.push(Arc::new(Resource::new(key, value)));
+    }
+    for (index, pair) in resources.windows(2).enumerate() {
+        if pair[0].key >= pair[1].key {
+            return Err(VerifyError::NotSorted { index: index + 1 });
+        }
+    }
+    let bundle = Bundle::new(doc.cluster, resources);
+    if bundle.digest.as_str() != doc.digest {
+        return Err(VerifyError::DigestMismatch {
+            claimed: doc.digest,
+            actual: bundle.digest,
+        });
+    }
+    Ok(bundle)
+}
+
+/// Serialises a JSON value as RFC 8785 canonical JSON.
+pub fn to_canonical_vec(value: &Value) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    write_canonical(&mut out, value);
+    out
+}
+
+/// Writes `value` as RFC 8785 canonical JSON: object members sorted by the UTF-16
+/// code units of their names, no insignificant whitespace, ECMAScript number forms,
+/// and the minimal string escapes.
+pub fn write_canonical(out: &mut Vec<u8>, value: &Value) {
+    match value {
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(true) => out.extend_from_slice(b"true"),
+        Value::Bool(false) => out.extend_from_slice(b"false"),
+        Value::Number(number) => write_canonical_number(out, number),
+        Value::String(text) => write_canonical_string(out, text),
+        Value::Array(items) => {
+            out.push(b'[');
+            for (index, item) in items.iter().enumerate() {
+                if index > 0 {
+                    out.push(b',');
+                }
+                write_canonical(out, item);
+            }
+            out.push(b']');
+        }
+        Value::Object(map) => {
+            out.push(b'{');
+            // serde_json's map is ordered by UTF-8 bytes, which equals UTF-16 order
+            // unless a key holds a character at or above U+E000; only then re-sort.
+            let needs_utf16_sort = map.keys().any(|k| k.chars().any(|c| c >= '\u{e000}'));
+            if needs_utf16_sort {
+                let mut entries: Vec<_> = map.iter().collect();
+                entries.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+                write_members(out, entries.into_iter());
+            } else {
+                write_members(out, map.iter());
+            }
+            out.push(b'}');
+        }
+    }
+}
+
+fn write_members<'a>(out: &mut Vec<u8>, members: impl Iterator<Item = (&'a String, &'a Value)>) {
+    for (index, (key, item)) in members.enumerate() {
+        if index > 0 {
+            out.push(b',');
+        }
+        write_canonical_string(out, key);
+        out.push(b':');
+        write_canonical(out, item);
+    }
+}
+
+/// Integers beyond 2^53 are not exactly representable in the IEEE 754 doubles that
+/// RFC 8785 is defined over, so they are written the way ECMAScript would print them.
+const MAX_SAFE_INTEGER: u64 = 1 << 53;
+
+fn write_canonical_number(out: &mut Vec<u8>, number: &serde_json::Number) {
+    if let Some(n) = number.as_u64()
+        && n <= MAX_SAFE_INTEGER
+    {
+        out.extend_from_slice(itoa_u64(n).as_bytes());
+        return;
+    }
+    if let Some(n) = number.as_i64()
+        && n.unsigned_abs() <= MAX_SAFE_INTEGER
+    {
+        out.extend_from_slice(n.to_string().as_bytes());
+        return;
+    }
+    let float = number.as_f64().unwrap_or(0.0);
+    if float == 0.0 {
+        // ECMAScript prints negative zero as "0".
+        out.push(b'0');
+    } else if float.is_finite() {
+        let mut buffer = ryu_js::Buffer::new();
+        out.extend_from_slice(buffer.format_finite(float).as_bytes());
+    } else {
+        // serde_json cannot hold NaN or infinities; this arm is unreachable in practice.
+        out.extend_from_slice(b"null");
+    }
+}
+
+fn itoa_u64(n: u64) -> String {
+    n.to_string()
+}
+
+/// Writes a JSON string with exactly the escapes RFC 8785 prescribes.
+pub fn write_canonical_string(out: &mut Vec<u8>, text: &str) {
+    out.push(b'"');
+    let bytes = text.as_bytes();
+    let mut start = 0;
+    for (index, &byte) in bytes.iter().enumerate() {
+        let escape: &[u8] = match byte {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            0x00..=0x1f => {
+                out.extend_from_slice(&bytes[start..index]);
+                out.extend_from_slice(format!("\\u{byte:04x}").as_bytes());
+                start = index + 1;
+                continue;
+            }
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..index]);
+        out.extend_from_slice(escape);
+        start = index + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+    out.push(b'"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn canonical(value: Value) -> String {
+        String::from_utf8(to_canonical_vec(&value)).expect("canonical JSON is UTF-8")
+    }
+
+    #[test]
+    fn sorts_keys_and_drops_whitespace() {
+        assert_eq!(
+            canonical(json!({"b": [1, 2], "a": {"d": true, "c": null}})),
+            r#"{"a":{"c":null,"d":true},"b":[1,2]}"#
+        );
+    }
+
+    #[test]
+    fn numbers_use_ecmascript_forms() {
+        assert_eq!(
+            canonical(json!([
+                1.0,
+                -0.0,
+                1e21,
+                1.5e-7,
+                0.1,
+                9007199254740993u64,
+                -5
+            ])),
+            "[1,0,1e+21,1.5e-7,0.1,9007199254740992,-5]"
+        );
+    }
+
+    #[test]
+    fn strings_use_minimal_escapes() {
+        assert_eq!(
+            canonical(json!("a\"b\\c\n\u{1}\u{7f}\u{2028}é")),
+            "\"a\\\"b\\\\c\\n\\u0001\u{7f}\u{2028}é\""
+        );
+    }
+
+    #[test]
+    fn keys_sort_by_utf16_code_units() {
+        // U+1F600 is a surrogate pair (D83D DE00) and so sorts before U+E000 in UTF-16,
+        // although its UTF-8 form sorts after.
+        assert_eq!(
+            canonical(json!({"\u{e000}": 1, "\u{1f600}": 2})),
+            "{\"\u{1f600}\":2,\"\u{e000}\":1}"
+        );
+    }
+
+    #[test]
+    fn digest_round_trips_through_a_document() {
+        let resource = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "d"}});
+        let key = ResourceKey::of(&resource).expect("has identity");
+        let bundle = Bundle::new("edge-1", vec![Arc::new(Resource::new(key, resource))]);
+        let document = bundle.document("main@sha1:abc");
+        let verified = verify_document(&document, Some("edge-1")).expect("verifies");
+        assert_eq!(verified.digest, bundle.digest);
+        let tampered = String::from_utf8(document)
+            .expect("utf-8")
+            .replace("\"x\"", "\"y\"");
+        assert!(matches!(
+            verify_document(tampered.as_bytes(), Some("edge-1")),
+            Err(VerifyError::DigestMismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn parses_only_well_formed_digests() {
+        assert!(Digest::parse(&format!("sha256:{}", "a".repeat(64))).is_ok());
+        assert!(Digest::parse(&format!("sha256:{}", "A".repeat(64))).is_err());
+        assert!(Digest::parse("sha256:abc").is_err());
+        assert!(Digest::parse("md5:0").is_err());
+    }
+}

@@ -1,0 +1,174 @@
+//! `flotilla render`, `flotilla validate` and the hidden `flotilla schemas`.
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use super::{EXIT_FINDINGS, EXIT_OK, OutputFormat, RenderArgs, SchemasArgs, ValidateArgs};
+use crate::bundle::Bundle;
+use crate::render::{RenderOptions, RenderOutput, render_with};
+use crate::source;
+
+/// A progress bar on a terminal, shown only once a render has taken more than a moment.
+struct Progress {
+    bar: ProgressBar,
+    started: Instant,
+    interactive: bool,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
+        if let Ok(style) = ProgressStyle::with_template(
+            "{spinner} rendering {pos}/{len} clusters {wide_bar} {eta}",
+        ) {
+            bar.set_style(style);
+        }
+        Progress {
+            bar,
+            started: Instant::now(),
+            interactive: std::io::stderr().is_terminal(),
+        }
+    }
+
+    fn update(&self, done: usize, total: usize) {
+        if !self.interactive {
+            return;
+        }
+        if self.bar.is_hidden() && self.started.elapsed() > Duration::from_millis(300) {
+            self.bar.set_draw_target(ProgressDrawTarget::stderr());
+        }
+        self.bar.set_length(total as u64);
+        self.bar.set_position(done as u64);
+    }
+}
+
+fn render_fleet(source: &super::SourceArgs, clusters: &[String]) -> anyhow::Result<RenderOutput> {
+    let snapshot = source::read(&source.location()).context("cannot read the fleet")?;
+    let progress = Progress::new();
+    let callback = |done: usize, total: usize| progress.update(done, total);
+    let options = RenderOptions {
+        clusters: clusters.iter().cloned().collect(),
+        progress: Some(&callback),
+    };
+    let output = render_with(&snapshot, &options);
+    progress.bar.finish_and_clear();
+    Ok(output)
+}
+
+fn print_diagnostics(output: &RenderOutput) {
+    for diagnostic in output.warnings().chain(output.errors()) {
+        eprintln!("{diagnostic}");
+    }
+}
+
+pub fn run_render(args: &RenderArgs) -> anyhow::Result<u8> {
+    let output = render_fleet(&args.source, &args.clusters)?;
+    print_diagnostics(&output);
+    if !output.is_clean() {
+        let count = output.errors().count();
+        eprintln!(
+            "render failed with {count} error{}; nothing was written",
+            plural(count)
+        );
+        return Ok(EXIT_FINDINGS);
+    }
+    match &args.out {
+        Some(dir) => write_bundles(dir, &output)?,
+        None => print_bundles(&output, args.output)?,
+    }
+    Ok(EXIT_OK)
+}
+
+fn plural(count: usize) -> &'static str {
+    if count == 1 { "" } else { "s" }
+}
+
+fn write_bundles(dir: &std::path::Path, output: &RenderOutput) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut stdout = std::io::stdout().lock();
+    let width = output.bundles.keys().map(String::len).max().unwrap_or(0);
+    for (cluster, bundle) in &output.bundles {
+        let path = dir.join(format!("{cluster}.json"));
+        std::fs::write(&path, bundle.document(&output.revision))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        writeln!(
+            stdout,
+            "{cluster:width$}  {}  {} resource{}",
+            bundle.digest,
+            bundle.resources.len(),
+            plural(bundle.resources.len())
+        )?;
+    }
+    Ok(())
+}
+
+fn print_bundles(output: &RenderOutput, format: OutputFormat) -> anyhow::Result<()> {
+    let documents: Vec<serde_json::Value> = output
+        .bundles
+        .values()
+        .map(|bundle| document_value(bundle, &output.revision))
+        .collect::<Result<_, _>>()?;
+    let mut stdout = std::io::stdout().lock();
+    match format {
+        OutputFormat::Json => {
+            serde_json::to_writer_pretty(&mut stdout, &documents)?;
+            writeln!(stdout)?;
+        }
+        OutputFormat::Yaml => {
+            for document in &documents {
+                writeln!(stdout, "---")?;
+                write!(stdout, "{}", serde_saphyr::to_string(document)?)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn document_value(bundle: &Bundle, revision: &str) -> anyhow::Result<serde_json::Value> {
+    Ok(serde_json::json!({
+        "apiVersion": crate::bundle::API_VERSION,
+        "kind": "Bundle",
+        "cluster": bundle.cluster,
+        "digest": bundle.digest,
+        "revision": revision,
+        "resources": bundle.resources.iter().map(|r| &r.value).collect::<Vec<_>>(),
+    }))
+}
+
+pub fn run_validate(args: &ValidateArgs) -> anyhow::Result<u8> {
+    let output = render_fleet(&args.source, &[])?;
+    print_diagnostics(&output);
+    let errors = output.errors().count();
+    let warnings = output.warnings().count();
+    if errors > 0 {
+        eprintln!(
+            "{errors} error{}, {warnings} warning{}: the fleet is invalid",
+            plural(errors),
+            plural(warnings)
+        );
+        return Ok(EXIT_FINDINGS);
+    }
+    println!(
+        "valid: {} cluster{} rendered ({}), {warnings} warning{}",
+        output.bundles.len(),
+        plural(output.bundles.len()),
+        output.revision,
+        plural(warnings)
+    );
+    Ok(EXIT_OK)
+}
+
+pub fn run_schemas(args: &SchemasArgs) -> anyhow::Result<u8> {
+    std::fs::create_dir_all(&args.out)?;
+    for (name, schema) in crate::model::schemas() {
+        let path = args.out.join(name);
+        let mut text = serde_json::to_string_pretty(&schema)?;
+        text.push('\n');
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(EXIT_OK)
+}

@@ -1,0 +1,558 @@
+//! From a snapshot's files to a typed, cross-checked fleet: every file parsed,
+//! names checked against file names, references between objects resolved, and every
+//! problem collected as a diagnostic rather than stopping at the first.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use regex::Regex;
+use serde::de::DeserializeOwned;
+
+use super::yaml::{self, YamlDocument};
+use crate::diagnostic::{Diagnostic, did_you_mean};
+use crate::model::{
+    ClusterDoc, GroupDoc, ImageOverride, LabelSelector, Located, OverlayDoc, Patch, Target, Vars,
+    WorkloadDoc, parse_selector,
+};
+use crate::snapshot::FleetSnapshot;
+
+const API_VERSION: &str = crate::bundle::API_VERSION;
+
+#[derive(Debug)]
+pub struct Cluster {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub vars: Vars,
+    pub file: String,
+}
+
+#[derive(Debug)]
+pub struct Group {
+    pub name: String,
+    pub selector: LabelSelector,
+    pub vars: Vars,
+    pub file: String,
+}
+
+#[derive(Debug)]
+pub struct Workload {
+    pub name: String,
+    pub namespace: Option<String>,
+    pub targets: Vec<Located<Target>>,
+    pub vars: Vars,
+    pub file: String,
+    /// Plain manifests, parsed once for every cluster.
+    pub documents: Arc<Vec<SourcedDocument>>,
+    /// Template files (`*.j2`), by path; rendered per cluster.
+    pub templates: Vec<String>,
+}
+
+/// A manifest document with the file and line it came from.
+#[derive(Debug, Clone)]
+pub struct SourcedDocument {
+    pub value: serde_json::Value,
+    pub file: Arc<str>,
+    pub line: u64,
+}
+
+#[derive(Debug)]
+pub struct Overlay {
+    pub name: String,
+    pub file: String,
+    pub priority: i64,
+    pub clusters: Vec<Located<String>>,
+    pub groups: Vec<Located<String>>,
+    pub cluster_selector: Option<LabelSelector>,
+    pub workloads: Option<Vec<Located<String>>>,
+    pub vars: Vars,
+    pub images: Vec<ImageOverride>,
+    pub patches: Vec<CompiledPatch>,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// A patch with its target's regular expressions and selectors compiled.
+#[derive(Debug)]
+pub struct CompiledPatch {
+    pub line: u64,
+    pub group: Option<String>,
+    pub version: Option<String>,
+    pub kind: Option<String>,
+    pub name: Option<Regex>,
+    pub namespace: Option<Regex>,
+    pub label_selector: Option<LabelSelector>,
+    pub annotation_selector: Option<LabelSelector>,
+    pub action: PatchAction,
+}
+
+#[derive(Debug)]
+pub enum PatchAction {
+    JsonPatch(serde_json::Value),
+    MergePatch(serde_json::Value),
+}
+
+/// The fleet as the renderer uses it: every list sorted (clusters, groups and
+/// workloads by name; overlays by priority, then name).
+#[derive(Debug, Default)]
+pub struct Fleet {
+    pub clusters: Vec<Cluster>,
+    pub groups: Vec<Group>,
+    pub workloads: Vec<Workload>,
+    pub overlays: Vec<Overlay>,
+}
+
+/// Parses and cross-checks every file of the snapshot.
+pub fn load(snapshot: &FleetSnapshot, diagnostics: &mut Vec<Diagnostic>) -> Fleet {
+    let mut fleet = Fleet::default();
+    let mut manifests: BTreeMap<String, Vec<(&str, &str)>> = BTreeMap::new();
+    for (path, text) in &snapshot.files {
+        let parts: Vec<&str> = path.split('/').collect();
+        match parts.as_slice() {
+            ["clusters", file] if is_yaml(file) => {
+                if let Some(cluster) = load_cluster(path, text, diagnostics) {
+                    fleet.clusters.push(cluster);
+                }
+            }
+            ["groups", file] if is_yaml(file) => {
+                if let Some(group) = load_group(path, text, diagnostics) {
+                    fleet.groups.push(group);
+                }
+            }
+            ["workloads", _, "workload.yaml"] => {
+                if let Some(workload) = load_workload(path, text, diagnostics) {
+                    fleet.workloads.push(workload);
+                }
+            }
+            ["workloads", workload, "manifests", .., file] if is_manifest(file) => {
+                manifests
+                    .entry(workload.to_string())
+                    .or_default()
+                    .push((path.as_str(), text));
+            }
+            ["overlays", .., file] if is_yaml(file) => {
+                if let Some(overlay) = load_overlay(path, text, diagnostics) {
+                    fleet.overlays.push(overlay);
+                }
+            }
+            _ => {}
+        }
+    }
+    for workload in &mut fleet.workloads {
+        let mut documents = Vec::new();
+        for (path, text) in manifests.remove(&workload.name).unwrap_or_default() {
+            if path.ends_with(".j2") {
+                workload.templates.push(path.to_string());
+                continue;
+            }
+            match yaml::parse_documents(text) {
+                Ok(parsed) => {
+                    let file: Arc<str> = Arc::from(path);
+                    for YamlDocument { value, line } in parsed {
+                        documents.push(SourcedDocument {
+                            value,
+                            file: file.clone(),
+                            line,
+                        });
+                    }
+                }
+                Err(err) => diagnostics.push(
+                    Diagnostic::error(err.message)
+                        .in_file(path)
+                        .at_line(err.line)
+                        .for_workload(&workload.name),
+                ),
+            }
+        }
+        workload.documents = Arc::new(documents);
+    }
+    for (workload, files) in manifests {
+        if let Some((path, _)) = files.first() {
+            diagnostics.push(Diagnostic::error(format!(
+                "manifests for workload {workload:?}, but there is no workloads/{workload}/workload.yaml"
+            )).in_file(*path));
+        }
+    }
+    fleet.clusters.sort_by(|a, b| a.name.cmp(&b.name));
+    fleet.groups.sort_by(|a, b| a.name.cmp(&b.name));
+    fleet.workloads.sort_by(|a, b| a.name.cmp(&b.name));
+    fleet
+        .overlays
+        .sort_by(|a, b| (a.priority, &a.name).cmp(&(b.priority, &b.name)));
+    check_duplicates(&fleet, diagnostics);
+    check_references(&fleet, diagnostics);
+    fleet
+}
+
+fn is_yaml(file: &str) -> bool {
+    file.ends_with(".yaml") || file.ends_with(".yml")
+}
+
+fn is_manifest(file: &str) -> bool {
+    is_yaml(file) || file.ends_with(".j2")
+}
+
+fn file_stem(path: &str) -> &str {
+    let file = path.rsplit('/').next().unwrap_or(path);
+    file.strip_suffix(".yaml")
+        .or_else(|| file.strip_suffix(".yml"))
+        .unwrap_or(file)
+}
+
+/// Parses a file as one of flotilla's kinds, checking apiVersion and kind first so
+/// that a wrong kind gets that message rather than a list of unknown fields.
+fn parse_kind<T: DeserializeOwned>(
+    path: &str,
+    text: &str,
+    kind: &str,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Option<T> {
+    let header: serde_json::Value = match yaml::parse(text) {
+        Ok(value) => value,
+        Err(err) => {
+            diagnostics.push(
+                Diagnostic::error(err.message)
+                    .in_file(path)
+                    .at_line(err.line),
+            );
+            return None;
+        }
+    };
+    if !header.is_object() {
+        diagnostics.push(
+            Diagnostic::error(format!("expected a {kind} object (a YAML mapping)")).in_file(path),
+        );
+        return None;
+    }
+    let api_version = header.get("apiVersion").and_then(|v| v.as_str());
+    let found_kind = header.get("kind").and_then(|v| v.as_str());
+    if api_version != Some(API_VERSION) || found_kind != Some(kind) {
+        diagnostics.push(
+            Diagnostic::error(format!(
+                "expected apiVersion {API_VERSION:?} and kind {kind:?}, found {} and {}",
+                describe(api_version),
+                describe(found_kind)
+            ))
+            .in_file(path)
+            .at_line(Some(1)),
+        );
+        return None;
+    }
+    match yaml::parse::<T>(text) {
+        Ok(value) => Some(value),
+        Err(err) => {
+            diagnostics.push(
+                Diagnostic::error(err.message)
+                    .in_file(path)
+                    .at_line(err.line),
+            );
+            None
+        }
+    }
+}
+
+fn describe(value: Option<&str>) -> String {
+    value.map_or_else(|| "nothing".to_string(), |v| format!("{v:?}"))
+}
+
+fn check_name(
+    path: &str,
+    what: &str,
+    name: &str,
+    expected: &str,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> bool {
+    if name == expected {
+        return true;
+    }
+    diagnostics.push(
+        Diagnostic::error(format!(
+            "metadata.name {name:?} does not match the {what} {expected:?}"
+        ))
+        .in_file(path),
+    );
+    false
+}
+
+fn check_selector(
+    path: &str,
+    field: &str,
+    selector: &LabelSelector,
+    diagnostics: &mut Vec<Diagnostic>,
+) {
+    for problem in selector.problems() {
+        diagnostics.push(Diagnostic::error(format!("{field}: {problem}")).in_file(path));
+    }
+}
+
+fn load_cluster(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Option<Cluster> {
+    let doc: ClusterDoc = parse_kind(path, text, "Cluster", diagnostics)?;
+    check_name(
+        path,
+        "file name",
+        &doc.metadata.name,
+        file_stem(path),
+        diagnostics,
+    )
+    .then(|| Cluster {
+        name: doc.metadata.name,
+        labels: doc.metadata.labels,
+        vars: doc.spec.vars,
+        file: path.to_string(),
+    })
+}
+
+fn load_group(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Option<Group> {
+    let doc: GroupDoc = parse_kind(path, text, "Group", diagnostics)?;
+    check_selector(path, "spec.selector", &doc.spec.selector, diagnostics);
+    check_name(
+        path,
+        "file name",
+        &doc.metadata.name,
+        file_stem(path),
+        diagnostics,
+    )
+    .then(|| Group {
+        name: doc.metadata.name,
+        selector: doc.spec.selector,
+        vars: doc.spec.vars,
+        file: path.to_string(),
+    })
+}
+
+fn load_workload(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Option<Workload> {
+    let doc: WorkloadDoc = parse_kind(path, text, "Workload", diagnostics)?;
+    let folder = path.split('/').nth(1).unwrap_or_default();
+    let mut ok = check_name(path, "folder name", &doc.metadata.name, folder, diagnostics);
+    for target in &doc.spec.targets {
+        let set = [
+            target.value.group.is_some(),
+            target.value.cluster.is_some(),
+            target.value.cluster_selector.is_some(),
+        ]
+        .into_iter()
+        .filter(|&b| b)
+        .count();
+        if set != 1 {
+            ok = false;
+            diagnostics.push(
+                Diagnostic::error(
+                    "a target needs exactly one of \"group\", \"cluster\" or \"clusterSelector\"",
+                )
+                .in_file(path)
+                .at_line(Some(target.referenced.line())),
+            );
+        }
+        if let Some(selector) = &target.value.cluster_selector {
+            check_selector(
+                path,
+                "spec.targets[].clusterSelector",
+                selector,
+                diagnostics,
+            );
+        }
+    }
+    ok.then(|| Workload {
+        name: doc.metadata.name,
+        namespace: doc.spec.namespace,
+        targets: doc.spec.targets,
+        vars: doc.spec.vars,
+        file: path.to_string(),
+        documents: Arc::default(),
+        templates: Vec::new(),
+    })
+}
+
+fn load_overlay(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Option<Overlay> {
+    let doc: OverlayDoc = parse_kind(path, text, "Overlay", diagnostics)?;
+    let spec = doc.spec;
+    let before = diagnostics.len();
+    if spec.clusters.is_empty() && spec.groups.is_empty() && spec.cluster_selector.is_none() {
+        diagnostics.push(
+            Diagnostic::error(
+                "the overlay selects no clusters: give spec.clusters, spec.groups or spec.clusterSelector (write `clusterSelector: {}` for every cluster)",
+            )
+            .in_file(path),
+        );
+    }
+    if let Some(selector) = &spec.cluster_selector {
+        check_selector(path, "spec.clusterSelector", selector, diagnostics);
+    }
+    for image in &spec.images {
+        if image.new_name.is_none() && image.new_tag.is_none() && image.digest.is_none() {
+            diagnostics.push(
+                Diagnostic::error(format!(
+                    "image {:?}: give at least one of newName, newTag or digest",
+                    image.name
+                ))
+                .in_file(path),
+            );
+        }
+    }
+    let patches = spec
+        .patches
+        .into_iter()
+        .filter_map(|patch| compile_patch(path, patch, diagnostics))
+        .collect();
+    if diagnostics.len() > before {
+        return None;
+    }
+    Some(Overlay {
+        name: doc.metadata.name,
+        file: path.to_string(),
+        priority: spec.priority,
+        clusters: spec.clusters,
+        groups: spec.groups,
+        cluster_selector: spec.cluster_selector,
+        workloads: spec.workloads,
+        vars: spec.vars,
+        images: spec.images,
+        patches,
+        labels: spec.labels,
+        annotations: spec.annotations,
+    })
+}
+
+fn compile_patch(
+    path: &str,
+    patch: Located<Patch>,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Option<CompiledPatch> {
+    let line = patch.referenced.line();
+    let Patch { target, ops, merge } = patch.value;
+    let error = |message: String| Diagnostic::error(message).in_file(path).at_line(Some(line));
+    let action = match (ops, merge) {
+        (Some(ops), None) => PatchAction::JsonPatch(serde_json::Value::Array(ops)),
+        (None, Some(merge)) => PatchAction::MergePatch(merge),
+        _ => {
+            diagnostics.push(error(
+                "a patch needs exactly one of \"ops\" (RFC 6902) or \"merge\" (RFC 7396)".into(),
+            ));
+            return None;
+        }
+    };
+    let mut failed = false;
+    let mut regex = |field: &str, pattern: Option<String>| -> Option<Regex> {
+        let pattern = pattern?;
+        match Regex::new(&format!("^(?:{pattern})$")) {
+            Ok(regex) => Some(regex),
+            Err(err) => {
+                diagnostics.push(error(format!(
+                    "target.{field}: invalid regular expression {pattern:?}: {err}"
+                )));
+                failed = true;
+                None
+            }
+        }
+    };
+    let name = regex("name", target.name);
+    let namespace = regex("namespace", target.namespace);
+    let mut selector = |field: &str, text: Option<String>| -> Option<LabelSelector> {
+        match parse_selector(&text?) {
+            Ok(selector) => Some(selector),
+            Err(err) => {
+                diagnostics.push(error(format!("target.{field}: {err}")));
+                failed = true;
+                None
+            }
+        }
+    };
+    let label_selector = selector("labelSelector", target.label_selector);
+    let annotation_selector = selector("annotationSelector", target.annotation_selector);
+    (!failed).then_some(CompiledPatch {
+        line,
+        group: target.group,
+        version: target.version,
+        kind: target.kind,
+        name,
+        namespace,
+        label_selector,
+        annotation_selector,
+        action,
+    })
+}
+
+fn check_duplicates(fleet: &Fleet, diagnostics: &mut Vec<Diagnostic>) {
+    let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
+    for overlay in &fleet.overlays {
+        if let Some(first) = seen.insert(&overlay.name, &overlay.file) {
+            diagnostics.push(
+                Diagnostic::error(format!(
+                    "overlay name {:?} is also used by {first}; overlay names must be unique",
+                    overlay.name
+                ))
+                .in_file(&overlay.file),
+            );
+        }
+    }
+}
+
+/// Every name a workload target or an overlay refers to must exist.
+fn check_references(fleet: &Fleet, diagnostics: &mut Vec<Diagnostic>) {
+    let clusters: BTreeSet<&str> = fleet.clusters.iter().map(|c| c.name.as_str()).collect();
+    let groups: BTreeSet<&str> = fleet.groups.iter().map(|g| g.name.as_str()).collect();
+    let workloads: BTreeSet<&str> = fleet.workloads.iter().map(|w| w.name.as_str()).collect();
+    let mut check = |file: &str, line: u64, what: &str, name: &str, known: &BTreeSet<&str>| {
+        if known.contains(name) {
+            return;
+        }
+        let hint = did_you_mean(name, known.iter().copied())
+            .map(|best| format!(" (did you mean {best:?}?)"))
+            .unwrap_or_default();
+        diagnostics.push(
+            Diagnostic::error(format!("unknown {what} {name:?}{hint}"))
+                .in_file(file)
+                .at_line(Some(line)),
+        );
+    };
+    for workload in &fleet.workloads {
+        for target in &workload.targets {
+            if let Some(group) = &target.value.group {
+                check(
+                    &workload.file,
+                    target.referenced.line(),
+                    "group",
+                    group,
+                    &groups,
+                );
+            }
+            if let Some(cluster) = &target.value.cluster {
+                check(
+                    &workload.file,
+                    target.referenced.line(),
+                    "cluster",
+                    cluster,
+                    &clusters,
+                );
+            }
+        }
+    }
+    for overlay in &fleet.overlays {
+        for cluster in &overlay.clusters {
+            check(
+                &overlay.file,
+                cluster.referenced.line(),
+                "cluster",
+                &cluster.value,
+                &clusters,
+            );
+        }
+        for group in &overlay.groups {
+            check(
+                &overlay.file,
+                group.referenced.line(),
+                "group",
+                &group.value,
+                &groups,
+            );
+        }
+        for workload in overlay.workloads.iter().flatten() {
+            check(
+                &overlay.file,
+                workload.referenced.line(),
+                "workload",
+                &workload.value,
+                &workloads,
+            );
+        }
+    }
+}

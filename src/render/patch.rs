@@ -1,0 +1,749 @@
+//! JSON Patch (RFC 6902) and JSON Merge Patch (RFC 7396) over [`serde_json::Value`].
+//!
+//! * [`apply_json_patch`] applies an RFC 6902 patch document (a JSON array of
+//!   operation objects). It is atomic: when any operation fails, the target
+//!   document is left exactly as it was.
+//! * [`apply_merge_patch`] applies an RFC 7396 merge patch. It cannot fail.
+//!
+//! JSON pointers follow RFC 6901: `""` is the whole document, every other
+//! pointer starts with `/`, `~1` decodes to `/` and `~0` to `~`. Array indices
+//! are decimal without leading zeros; `-` (the element past the end) is only
+//! accepted as the last token of the destination of `add`, `move` or `copy`.
+//!
+//! Nothing in this module panics on malformed input: every problem with the
+//! patch or with how it fits the document is reported as a [`PatchError`]
+//! naming the operation (0-based index and op name), the pointer and the cause.
+
+use std::fmt;
+
+use serde_json::{Map, Number, Value};
+
+/// Which pointer of an operation an error is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    /// The operation's `path` member.
+    Path,
+    /// The operation's `from` member (`move` and `copy`), with its raw text.
+    From(String),
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Location::Path => f.write_str("path"),
+            Location::From(from) => write!(f, "from location {}", show(from)),
+        }
+    }
+}
+
+/// Why a JSON Patch could not be applied.
+///
+/// Every message names the failing operation by its 0-based index and, once
+/// the op name is known, the op name and its `path`, e.g.
+/// `operation 2 (replace /spec/replicas): path does not exist`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PatchError {
+    /// The patch document is not a JSON array.
+    #[error("patch must be a JSON array of operations, found {found}")]
+    NotAnArray { found: &'static str },
+
+    /// An element of the patch array is not a JSON object.
+    #[error("operation {index}: must be a JSON object, found {found}")]
+    NotAnObject { index: usize, found: &'static str },
+
+    /// A member the operation requires (`op`, `path`, `from`, `value`) is absent.
+    #[error("operation {index}: missing field \"{field}\"")]
+    MissingField { index: usize, field: &'static str },
+
+    /// `op`, `path` or `from` is present but not a string.
+    #[error("operation {index}: field \"{field}\" must be a string, found {found}")]
+    NotAString {
+        index: usize,
+        field: &'static str,
+        found: &'static str,
+    },
+
+    /// `op` is not one of add, remove, replace, move, copy, test.
+    #[error("operation {index}: unknown op {op:?}")]
+    UnknownOp { index: usize, op: String },
+
+    /// `path` or `from` is not a valid JSON pointer.
+    #[error(
+        "operation {index} ({op} {}): invalid JSON pointer {pointer:?} in field \"{field}\": {reason}",
+        show(.path)
+    )]
+    InvalidPointer {
+        index: usize,
+        op: &'static str,
+        path: String,
+        field: &'static str,
+        pointer: String,
+        reason: &'static str,
+    },
+
+    /// The value the pointer refers to does not exist.
+    #[error("operation {index} ({op} {}): {location} does not exist", show(.path))]
+    NotFound {
+        index: usize,
+        op: &'static str,
+        path: String,
+        location: Location,
+    },
+
+    /// The object or array that should receive a new value does not exist.
+    #[error("operation {index} ({op} {}): parent of path does not exist", show(.path))]
+    ParentNotFound {
+        index: usize,
+        op: &'static str,
+        path: String,
+    },
+
+    /// The value that should receive a new member is not an object or array.
+    #[error(
+        "operation {index} ({op} {}): parent of path is {found}, not an object or array",
+        show(.path)
+    )]
+    ParentNotContainer {
+        index: usize,
+        op: &'static str,
+        path: String,
+        found: &'static str,
+    },
+
+    /// An array index is well formed but past the end of the array.
+    #[error(
+        "operation {index} ({op} {}): array index {array_index} in {location} is out of bounds (array length {len})",
+        show(.path)
+    )]
+    IndexOutOfBounds {
+        index: usize,
+        op: &'static str,
+        path: String,
+        location: Location,
+        array_index: usize,
+        len: usize,
+    },
+
+    /// A pointer token used on an array is not a valid index there
+    /// (`01`, `1e0`, `-1`, or `-` where no new element is being added).
+    #[error(
+        "operation {index} ({op} {}): invalid array index {token:?} in {location}: {reason}",
+        show(.path)
+    )]
+    InvalidIndex {
+        index: usize,
+        op: &'static str,
+        path: String,
+        location: Location,
+        token: String,
+        reason: &'static str,
+    },
+
+    /// A `test` operation found a different value.
+    #[error("operation {index} (test {}): value differs", show(.path))]
+    TestFailed { index: usize, path: String },
+
+    /// A `move` whose `from` is a proper prefix of its `path`.
+    #[error(
+        "operation {index} (move {}): cannot move a location into one of its children",
+        show(.path)
+    )]
+    MoveIntoChild {
+        index: usize,
+        path: String,
+        from: String,
+    },
+
+    /// A `remove` of the whole document (`path` is `""`).
+    #[error("operation {index} (remove \"\"): cannot remove the whole document")]
+    RemoveRoot { index: usize },
+}
+
+impl PatchError {
+    /// The 0-based index of the failing operation, when the error is about one.
+    #[must_use]
+    pub fn operation_index(&self) -> Option<usize> {
+        match self {
+            PatchError::NotAnArray { .. } => None,
+            PatchError::NotAnObject { index, .. }
+            | PatchError::MissingField { index, .. }
+            | PatchError::NotAString { index, .. }
+            | PatchError::UnknownOp { index, .. }
+            | PatchError::InvalidPointer { index, .. }
+            | PatchError::NotFound { index, .. }
+            | PatchError::ParentNotFound { index, .. }
+            | PatchError::ParentNotContainer { index, .. }
+            | PatchError::IndexOutOfBounds { index, .. }
+            | PatchError::InvalidIndex { index, .. }
+            | PatchError::TestFailed { index, .. }
+            | PatchError::MoveIntoChild { index, .. }
+            | PatchError::RemoveRoot { index } => Some(*index),
+        }
+    }
+}
+
+/// Applies an RFC 6902 JSON Patch to `doc`.
+///
+/// `ops` must be a JSON array of operation objects. The whole patch is
+/// validated (members, op names, pointer syntax) before anything is applied,
+/// and the operations are then applied in order to a copy of `doc`, which
+/// replaces `doc` only if every operation succeeded: on error `doc` is
+/// unchanged. Members an operation does not use are ignored.
+///
+/// # Errors
+///
+/// Returns a [`PatchError`] when `ops` is not an array of well-formed
+/// operations, or when an operation cannot be applied (a location that does
+/// not exist, a bad array index, a failed `test`, a `move` into its own child).
+pub fn apply_json_patch(doc: &mut Value, ops: &Value) -> Result<(), PatchError> {
+    let ops = parse_patch(ops)?;
+    if ops.is_empty() {
+        return Ok(());
+    }
+    let mut work = doc.clone();
+    for op in &ops {
+        op.apply(&mut work)?;
+    }
+    *doc = work;
+    Ok(())
+}
+
+/// Applies an RFC 7396 JSON Merge Patch to `doc`.
+///
+/// An object patch merges member by member (a `null` member removes the key,
+/// any other member is merged recursively); any other patch value replaces
+/// the document outright.
+pub fn apply_merge_patch(doc: &mut Value, patch: &Value) {
+    let Value::Object(members) = patch else {
+        *doc = patch.clone();
+        return;
+    };
+    if !doc.is_object() {
+        *doc = Value::Object(Map::new());
+    }
+    if let Value::Object(target) = doc {
+        for (key, value) in members {
+            if value.is_null() {
+                take_member(target, key);
+            } else {
+                apply_merge_patch(target.entry(key.as_str()).or_insert(Value::Null), value);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Parsing of the patch document
+// ---------------------------------------------------------------------------
+
+/// One validated operation, borrowing from the patch document.
+struct Operation<'a> {
+    index: usize,
+    op: &'static str,
+    path_raw: &'a str,
+    path: Vec<String>,
+    action: Action<'a>,
+}
+
+enum Action<'a> {
+    Add(&'a Value),
+    Remove,
+    Replace(&'a Value),
+    Move {
+        from_raw: &'a str,
+        from: Vec<String>,
+    },
+    Copy {
+        from_raw: &'a str,
+        from: Vec<String>,
+    },
+    Test(&'a Value),
+}
+
+fn parse_patch(ops: &Value) -> Result<Vec<Operation<'_>>, PatchError> {
+    let Value::Array(items) = ops else {
+        return Err(PatchError::NotAnArray {
+            found: describe(ops),
+        });
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(index, item)| parse_operation(index, item))
+        .collect()
+}
+
+fn parse_operation(index: usize, item: &Value) -> Result<Operation<'_>, PatchError> {
+    let Value::Object(members) = item else {
+        return Err(PatchError::NotAnObject {
+            index,
+            found: describe(item),
+        });
+    };
+    let op_name = string_member(index, members, "op")?;
+    let op = match op_name {
+        "add" => "add",
+        "remove" => "remove",
+        "replace" => "replace",
+        "move" => "move",
+        "copy" => "copy",
+        "test" => "test",
+        other => {
+            return Err(PatchError::UnknownOp {
+                index,
+                op: other.to_owned(),
+            });
+        }
+    };
+    let path_raw = string_member(index, members, "path")?;
+    let pointer = |field: &'static str, raw: &str| {
+        parse_pointer(raw).map_err(|reason| PatchError::InvalidPointer {
+            index,
+            op,
+            path: path_raw.to_owned(),
+            field,
+            pointer: raw.to_owned(),
+            reason,
+        })
+    };
+    let path = pointer("path", path_raw)?;
+    let value = || {
+        members.get("value").ok_or(PatchError::MissingField {
+            index,
+            field: "value",
+        })
+    };
+    let action = match op {
+        "add" => Action::Add(value()?),
+        "remove" => Action::Remove,
+        "replace" => Action::Replace(value()?),
+        "test" => Action::Test(value()?),
+        _ => {
+            let from_raw = string_member(index, members, "from")?;
+            let from = pointer("from", from_raw)?;
+            if op == "move" {
+                Action::Move { from_raw, from }
+            } else {
+                Action::Copy { from_raw, from }
+            }
+        }
+    };
+    Ok(Operation {
+        index,
+        op,
+        path_raw,
+        path,
+        action,
+    })
+}
+
+fn string_member<'a>(
+    index: usize,
+    members: &'a Map<String, Value>,
+    field: &'static str,
+) -> Result<&'a str, PatchError> {
+    match members.get(field) {
+        None => Err(PatchError::MissingField { index, field }),
+        Some(Value::String(s)) => Ok(s),
+        Some(other) => Err(PatchError::NotAString {
+            index,
+            field,
+            found: describe(other),
+        }),
+    }
+}
+
+/// Splits an RFC 6901 pointer into decoded reference tokens.
+fn parse_pointer(raw: &str) -> Result<Vec<String>, &'static str> {
+    if raw.is_empty() {
+        return Ok(Vec::new());
+    }
+    let Some(rest) = raw.strip_prefix('/') else {
+        return Err("must be empty or start with '/'");
+    };
+    rest.split('/').map(unescape_token).collect()
+}
+
+fn unescape_token(token: &str) -> Result<String, &'static str> {
+    if !token.contains('~') {
+        return Ok(token.to_owned());
+    }
+    let mut out = String::with_capacity(token.len());
+    let mut chars = token.chars();
+    while let Some(c) = chars.next() {
+        if c == '~' {
+            match chars.next() {
+                Some('0') => out.push('~'),
+                Some('1') => out.push('/'),
+                _ => return Err("'~' must be followed by '0' or '1'"),
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------
+// Application
+// ---------------------------------------------------------------------------
+
+/// A failure while resolving a pointer, before the operation context is known.
+enum Fault {
+    NotFound,
+    ParentNotFound,
+    ParentNotContainer(&'static str),
+    OutOfBounds { index: usize, len: usize },
+    InvalidIndex { token: String, reason: &'static str },
+}
+
+impl Operation<'_> {
+    fn apply(&self, doc: &mut Value) -> Result<(), PatchError> {
+        let at_path = |fault| self.error(fault, Location::Path);
+        match &self.action {
+            Action::Add(value) => add(doc, &self.path, (*value).clone()).map_err(at_path),
+            Action::Remove => {
+                if self.path.is_empty() {
+                    return Err(PatchError::RemoveRoot { index: self.index });
+                }
+                remove(doc, &self.path).map(drop).map_err(at_path)
+            }
+            Action::Replace(value) => {
+                *lookup_mut(doc, &self.path).map_err(at_path)? = (*value).clone();
+                Ok(())
+            }
+            Action::Test(expected) => {
+                let actual = lookup(doc, &self.path).map_err(at_path)?;
+                if json_eq(actual, expected) {
+                    Ok(())
+                } else {
+                    Err(PatchError::TestFailed {
+                        index: self.index,
+                        path: self.path_raw.to_owned(),
+                    })
+                }
+            }
+            Action::Copy { from_raw, from } => {
+                let value = lookup(doc, from)
+                    .map_err(|fault| self.error(fault, Location::From((*from_raw).to_owned())))?
+                    .clone();
+                add(doc, &self.path, value).map_err(at_path)
+            }
+            Action::Move { from_raw, from } => {
+                let at_from = |fault| self.error(fault, Location::From((*from_raw).to_owned()));
+                if *from == self.path {
+                    // Moving a value onto itself changes nothing, but the
+                    // location must still exist.
+                    return lookup(doc, from).map(drop).map_err(at_from);
+                }
+                if self.path.starts_with(from) {
+                    return Err(PatchError::MoveIntoChild {
+                        index: self.index,
+                        path: self.path_raw.to_owned(),
+                        from: (*from_raw).to_owned(),
+                    });
+                }
+                let value = remove(doc, from).map_err(at_from)?;
+                add(doc, &self.path, value).map_err(at_path)
+            }
+        }
+    }
+
+    fn error(&self, fault: Fault, location: Location) -> PatchError {
+        let index = self.index;
+        let op = self.op;
+        let path = self.path_raw.to_owned();
+        match fault {
+            Fault::NotFound => PatchError::NotFound {
+                index,
+                op,
+                path,
+                location,
+            },
+            Fault::ParentNotFound => PatchError::ParentNotFound { index, op, path },
+            Fault::ParentNotContainer(found) => PatchError::ParentNotContainer {
+                index,
+                op,
+                path,
+                found,
+            },
+            Fault::OutOfBounds {
+                index: array_index,
+                len,
+            } => PatchError::IndexOutOfBounds {
+                index,
+                op,
+                path,
+                location,
+                array_index,
+                len,
+            },
+            Fault::InvalidIndex { token, reason } => PatchError::InvalidIndex {
+                index,
+                op,
+                path,
+                location,
+                token,
+                reason,
+            },
+        }
+    }
+}
+
+/// An array reference token: a position, or `-` (past the last element).
+enum ArrayIndex {
+    At(usize),
+    End,
+}
+
+fn parse_array_index(token: &str) -> Result<ArrayIndex, Fault> {
+    if token == "-" {
+        return Ok(ArrayIndex::End);
+    }
+    let invalid = |reason| Fault::InvalidIndex {
+        token: token.to_owned(),
+        reason,
+    };
+    if token.is_empty() || !token.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(invalid("expected a non-negative decimal integer"));
+    }
+    if token.len() > 1 && token.starts_with('0') {
+        return Err(invalid("leading zeros are not allowed"));
+    }
+    token
+        .parse::<usize>()
+        .map(ArrayIndex::At)
+        .map_err(|_| invalid("index is too large"))
+}
+
+/// The index of an existing element of an array of length `len`.
+fn existing_index(token: &str, len: usize) -> Result<usize, Fault> {
+    match parse_array_index(token)? {
+        ArrayIndex::At(index) if index < len => Ok(index),
+        ArrayIndex::At(index) => Err(Fault::OutOfBounds { index, len }),
+        ArrayIndex::End => Err(Fault::InvalidIndex {
+            token: "-".to_owned(),
+            reason: "\"-\" is only valid as the last token of an add, move or copy destination",
+        }),
+    }
+}
+
+fn lookup<'v>(doc: &'v Value, tokens: &[String]) -> Result<&'v Value, Fault> {
+    let mut current = doc;
+    for token in tokens {
+        current = match current {
+            Value::Object(map) => map.get(token.as_str()).ok_or(Fault::NotFound)?,
+            Value::Array(items) => {
+                let index = existing_index(token, items.len())?;
+                items.get(index).ok_or(Fault::NotFound)?
+            }
+            _ => return Err(Fault::NotFound),
+        };
+    }
+    Ok(current)
+}
+
+fn lookup_mut<'v>(doc: &'v mut Value, tokens: &[String]) -> Result<&'v mut Value, Fault> {
+    let mut current = doc;
+    for token in tokens {
+        current = match current {
+            Value::Object(map) => map.get_mut(token.as_str()).ok_or(Fault::NotFound)?,
+            Value::Array(items) => {
+                let index = existing_index(token, items.len())?;
+                items.get_mut(index).ok_or(Fault::NotFound)?
+            }
+            _ => return Err(Fault::NotFound),
+        };
+    }
+    Ok(current)
+}
+
+/// RFC 6902 section 4.1: insert into an array, add or overwrite an object
+/// member, or replace the whole document when `tokens` is empty.
+fn add(doc: &mut Value, tokens: &[String], value: Value) -> Result<(), Fault> {
+    let Some((last, parents)) = tokens.split_last() else {
+        *doc = value;
+        return Ok(());
+    };
+    let parent = lookup_mut(doc, parents).map_err(|fault| match fault {
+        Fault::NotFound => Fault::ParentNotFound,
+        other => other,
+    })?;
+    match parent {
+        Value::Object(map) => {
+            map.insert(last.clone(), value);
+            Ok(())
+        }
+        Value::Array(items) => match parse_array_index(last)? {
+            ArrayIndex::End => {
+                items.push(value);
+                Ok(())
+            }
+            ArrayIndex::At(index) if index <= items.len() => {
+                items.insert(index, value);
+                Ok(())
+            }
+            ArrayIndex::At(index) => Err(Fault::OutOfBounds {
+                index,
+                len: items.len(),
+            }),
+        },
+        other => Err(Fault::ParentNotContainer(describe(other))),
+    }
+}
+
+/// RFC 6902 section 4.2: remove and return the value at a non-empty pointer.
+fn remove(doc: &mut Value, tokens: &[String]) -> Result<Value, Fault> {
+    let Some((last, parents)) = tokens.split_last() else {
+        // The whole document cannot be removed; callers rule this out first.
+        return Err(Fault::NotFound);
+    };
+    match lookup_mut(doc, parents)? {
+        Value::Object(map) => take_member(map, last).ok_or(Fault::NotFound),
+        Value::Array(items) => {
+            let index = existing_index(last, items.len())?;
+            Ok(items.remove(index))
+        }
+        _ => Err(Fault::NotFound),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+/// JSON equality as RFC 6902 section 4.6 defines it for `test`: numbers by
+/// numeric value (`1 == 1.0`), objects regardless of member order.
+fn json_eq(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Null, Value::Null) => true,
+        (Value::Bool(x), Value::Bool(y)) => x == y,
+        (Value::Number(x), Value::Number(y)) => number_eq(x, y),
+        (Value::String(x), Value::String(y)) => x == y,
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| json_eq(x, y))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(key, x)| y.get(key.as_str()).is_some_and(|y| json_eq(x, y)))
+        }
+        _ => false,
+    }
+}
+
+fn number_eq(x: &Number, y: &Number) -> bool {
+    match (integer(x), integer(y)) {
+        (Some(x), Some(y)) => x == y,
+        (Some(i), None) => y.as_f64().is_some_and(|f| float_equals_integer(f, i)),
+        (None, Some(i)) => x.as_f64().is_some_and(|f| float_equals_integer(f, i)),
+        (None, None) => match (x.as_f64(), y.as_f64()) {
+            (Some(x), Some(y)) => x == y,
+            _ => false,
+        },
+    }
+}
+
+fn integer(n: &Number) -> Option<i128> {
+    n.as_i64()
+        .map(i128::from)
+        .or_else(|| n.as_u64().map(i128::from))
+}
+
+/// Exact comparison, without rounding the integer through `f64`.
+fn float_equals_integer(f: f64, i: i128) -> bool {
+    // `i128::MAX as f64` rounds up to 2^127, so the range check is exact and
+    // the cast below is lossless for every float that passes it.
+    f.is_finite()
+        && f.fract() == 0.0
+        && f >= i128::MIN as f64
+        && f < i128::MAX as f64
+        && f as i128 == i
+}
+
+/// Removes an object member, keeping the other members in their order.
+///
+/// With `serde_json`'s `preserve_order` feature, `Map::remove` swaps the last
+/// member into the hole; `retain` keeps the order whichever way the map is
+/// built, so rendered manifests stay stable.
+fn take_member(map: &mut Map<String, Value>, key: &str) -> Option<Value> {
+    if !map.contains_key(key) {
+        return None;
+    }
+    let mut taken = None;
+    map.retain(|k, v| {
+        if k == key {
+            taken = Some(std::mem::take(v));
+            false
+        } else {
+            true
+        }
+    });
+    taken
+}
+
+/// A short description of a value's JSON type, for messages.
+fn describe(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A pointer as shown in messages: the root pointer is shown as `""`.
+fn show(pointer: &str) -> &str {
+    if pointer.is_empty() { "\"\"" } else { pointer }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn pointer_tokens_are_unescaped_in_order() {
+        assert_eq!(
+            parse_pointer("/~01/a~1b/~0/"),
+            Ok(vec![
+                "~1".to_owned(),
+                "a/b".to_owned(),
+                "~".to_owned(),
+                String::new(),
+            ])
+        );
+        assert_eq!(parse_pointer(""), Ok(Vec::new()));
+        assert!(parse_pointer("/a~").is_err());
+        assert!(parse_pointer("/a~2").is_err());
+        assert!(parse_pointer("a").is_err());
+    }
+
+    #[test]
+    fn numbers_compare_by_value() {
+        assert!(json_eq(&json!(1), &json!(1.0)));
+        assert!(json_eq(&json!(-3), &json!(-3.0)));
+        assert!(json_eq(&json!(0), &json!(-0.0)));
+        assert!(json_eq(&json!(u64::MAX), &json!(u64::MAX)));
+        assert!(!json_eq(&json!(1), &json!(1.5)));
+        assert!(!json_eq(&json!(1), &json!("1")));
+        // 2^53 + 1 is not representable as f64; it must not equal 2^53.
+        assert!(!json_eq(
+            &json!(9_007_199_254_740_993_u64),
+            &json!(9_007_199_254_740_992.0)
+        ));
+        assert!(json_eq(
+            &json!(9_007_199_254_740_992_u64),
+            &json!(9_007_199_254_740_992.0)
+        ));
+        assert!(json_eq(
+            &json!({"a": [1, {"b": 2}], "c": null}),
+            &json!({"c": null, "a": [1.0, {"b": 2.0}]})
+        ));
+        assert!(!json_eq(&json!({"a": 1}), &json!({"a": 1, "b": 2})));
+        assert!(!json_eq(&json!([1, 2]), &json!([2, 1])));
+    }
+}
