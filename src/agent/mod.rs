@@ -4,6 +4,7 @@
 pub mod backoff;
 pub mod cache;
 pub mod client;
+pub mod sink;
 pub mod status;
 #[cfg(test)]
 pub(crate) mod testing;
