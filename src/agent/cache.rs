@@ -286,6 +286,14 @@ impl InventoryEntry {
 /// itself survives a power cut. Files are created readable by their owner only, since
 /// bundles may hold Secrets.
 pub fn write_atomically(dir: &Path, name: &str, bytes: &[u8], tmp_name: &str) -> io::Result<()> {
+    replace_file(dir, name, bytes, tmp_name)?;
+    sync_dir(dir)
+}
+
+/// Replaces `dir/name` with `bytes` through `dir/tmp_name`, so the file is never seen
+/// half written; the rename is durable only once the caller has synced the folder
+/// (one sync for many files is much cheaper than one per file).
+pub fn replace_file(dir: &Path, name: &str, bytes: &[u8], tmp_name: &str) -> io::Result<()> {
     let tmp = dir.join(tmp_name);
     {
         let mut options = OpenOptions::new();
@@ -295,8 +303,7 @@ pub fn write_atomically(dir: &Path, name: &str, bytes: &[u8], tmp_name: &str) ->
         file.write_all(bytes)?;
         file.sync_all()?;
     }
-    fs::rename(&tmp, dir.join(name))?;
-    sync_dir(dir)
+    fs::rename(&tmp, dir.join(name))
 }
 
 /// Makes a rename or removal in `dir` durable.

@@ -1,6 +1,7 @@
 //! The command line: clap definitions, the validated settings built from them, and
 //! one function per subcommand. `main` only calls [`main`].
 
+mod agent;
 mod render;
 
 use std::path::PathBuf;
@@ -35,6 +36,8 @@ pub enum Command {
     Render(RenderArgs),
     /// Check the fleet and report every error at once (exit 0 valid, 1 invalid, 2 could not run).
     Validate(ValidateArgs),
+    /// Run the edge agent: pull this cluster's bundle, verify, keep, apply, prune, report.
+    Agent(agent::AgentArgs),
     /// Write the JSON Schemas of flotilla's kinds (Cluster, Group, Workload, Overlay).
     #[command(hide = true)]
     Schemas(SchemasArgs),
@@ -125,5 +128,6 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Render(args) => render::run_render(&args),
         Command::Validate(args) => render::run_validate(&args),
         Command::Schemas(args) => render::run_schemas(&args),
+        Command::Agent(args) => agent::run_agent(&args),
     }
 }

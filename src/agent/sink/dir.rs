@@ -102,8 +102,9 @@ impl DirSink {
         )
     }
 
+    /// Replaces one file; the folder is synced once after all of them.
     fn write_file(&self, name: &str, content: &[u8]) -> io::Result<()> {
-        cache::write_atomically(
+        cache::replace_file(
             &self.target,
             name,
             content,
@@ -235,6 +236,7 @@ impl DirSink {
             .filter_map(|r| statuses.remove(&r.key))
             .collect();
 
+        let synced = cache::sync_dir(&self.target);
         if failures > 0 || other_failure.is_some() {
             // Nothing is removed while the new bundle is not fully in place, so the
             // folder never holds less than the old bundle did.
@@ -270,7 +272,7 @@ impl DirSink {
                 }
             }
         }
-        let sync = cache::sync_dir(&self.target);
+        let sync = synced.and_then(|()| cache::sync_dir(&self.target));
         for entry in prune {
             let key = entry.key();
             let name = file_name(&key);

@@ -747,3 +747,105 @@ fn health_rules_per_kind() {
         "running",
     );
 }
+
+/// The whole agent with the kube sink: a failed apply is reported as failed (the
+/// bundle attempted, nothing applied), and after the back-off the next try completes
+/// and is reported as applied.
+#[tokio::test(start_paused = true)]
+async fn the_agent_reports_a_failure_mid_way_and_resumes_after_back_off() {
+    use crate::agent::client::Server;
+    use crate::agent::{Agent, AgentConfig};
+
+    let bundle = bundle_of(
+        "edge-1",
+        vec![namespace(), config_map("cfg"), deployment(2), widget()],
+    );
+    let publish = tempfile::tempdir().expect("tempdir");
+    let folder = publish.path().join("v1/clusters/edge-1");
+    std::fs::create_dir_all(&folder).expect("mkdir");
+    std::fs::write(folder.join("bundle"), bundle.document("main@sha1:1")).expect("publishes");
+    let state = tempfile::tempdir().expect("tempdir");
+    // The previous run applied a bundle with ConfigMap "old" in it.
+    let old = bundle_of("edge-1", vec![config_map("old")]);
+    std::fs::write(
+        state.path().join("inventory.json"),
+        serde_json::to_vec(&crate::agent::cache::Inventory {
+            sink: "kube".into(),
+            applied: Some(old.digest.clone()),
+            entries: InventoryEntry::of_bundle(&old),
+        })
+        .expect("json"),
+    )
+    .expect("writes inventory");
+
+    let (first, second) = failing_then_resuming_scenarios();
+    let mut scenario = first;
+    scenario.extend(second);
+    let expected: Vec<String> = scenario.iter().map(|e| e.expect.clone()).collect();
+    let (sink, handle) = sink();
+    let server = tokio::spawn(serve(handle, scenario));
+
+    let mut config = AgentConfig::new(
+        Server::File(publish.path().to_path_buf()),
+        "edge-1",
+        state.path().to_path_buf(),
+    );
+    config.resync = Duration::ZERO;
+    let agent = Agent::new(config, sink);
+    let mut reports = agent.reports();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(agent.run(async {
+        let _ = stopped.await;
+    }));
+
+    let failed = reports
+        .wait_for(|r| r.as_ref().is_some_and(|r| r.attempted.is_some()))
+        .await
+        .expect("a report")
+        .clone()
+        .expect("present");
+    let started = tokio::time::Instant::now();
+    assert_eq!(failed.attempted, Some(bundle.digest.clone()));
+    assert_eq!(
+        failed.applied,
+        Some(old.digest.clone()),
+        "the old bundle is still the applied one"
+    );
+    assert!(!failed.is_success());
+    assert!(
+        failed.message.contains("etcd is unavailable") || failed.message.contains("stopped early"),
+        "{}",
+        failed.message
+    );
+
+    let done = reports
+        .wait_for(|r| {
+            r.as_ref()
+                .is_some_and(|r| r.applied.as_ref() == Some(&bundle.digest))
+        })
+        .await
+        .expect("a report")
+        .clone()
+        .expect("present");
+    assert!(
+        started.elapsed() > Duration::ZERO,
+        "the retry waited for its back-off"
+    );
+    assert!(done.is_success(), "{done:?}");
+    assert_eq!(
+        done.resources
+            .iter()
+            .filter(|r| r.state == ResourceState::Pruned)
+            .count(),
+        1
+    );
+
+    let _ = stop.send(());
+    running.await.expect("joined").expect("agent ran");
+    assert_eq!(lines(&server.await.expect("server ran")), expected);
+    let inventory: crate::agent::cache::Inventory =
+        serde_json::from_slice(&std::fs::read(state.path().join("inventory.json")).expect("reads"))
+            .expect("json");
+    assert_eq!(inventory.applied, Some(bundle.digest.clone()));
+    assert_eq!(inventory.entries, InventoryEntry::of_bundle(&bundle));
+}
