@@ -194,10 +194,22 @@ impl KubeSink {
                 continue;
             }
             let api_version = api_version_of(resource);
-            let found = discovery
+            let found = match discovery
                 .resolve(&self.client, api_version, &key.kind)
                 .await
-                .ok()??;
+            {
+                Ok(Some(found)) => found,
+                Ok(None) => {
+                    let message = format!(
+                        "the API server does not serve kind {} in {api_version}",
+                        key.kind
+                    );
+                    statuses.push(ResourceStatus::new(key, ResourceState::Failed, message));
+                    continue;
+                }
+                // The API cannot be reached now: health is unknown, keep what was reported.
+                Err(_) => return None,
+            };
             let api = self.api_for(&found, &key.namespace);
             match api.get(&key.name).await {
                 Ok(object) => {
