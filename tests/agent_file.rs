@@ -186,7 +186,7 @@ async fn a_resource_that_leaves_the_bundle_loses_its_file() {
     assert_eq!(
         yaml_names(dirs.target.path()),
         [
-            "1-core_Namespace_cluster_demo.yaml".to_string(),
+            namespace_file("demo"),
             config_map_file("a"),
             config_map_file("b"),
             "operator.yaml".to_string(),
@@ -199,7 +199,7 @@ async fn a_resource_that_leaves_the_bundle_loses_its_file() {
     assert_eq!(
         yaml_names(dirs.target.path()),
         [
-            "1-core_Namespace_cluster_demo.yaml".to_string(),
+            namespace_file("demo"),
             config_map_file("b"),
             "operator.yaml".to_string(),
         ]
@@ -278,10 +278,7 @@ async fn a_restarted_agent_applies_its_last_known_good_bundle_with_no_source_at_
     assert!(report.is_success(), "{report:?}");
     assert_eq!(
         yaml_names(dirs.target.path()),
-        [
-            "1-core_Namespace_cluster_demo.yaml".to_string(),
-            config_map_file("a")
-        ]
+        [namespace_file("demo"), config_map_file("a")]
     );
     running.stop().await;
 }

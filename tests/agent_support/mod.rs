@@ -34,7 +34,22 @@ pub fn namespace(name: &str) -> Value {
 
 /// The file the dir sink writes for a ConfigMap in namespace `demo`.
 pub fn config_map_file(name: &str) -> String {
-    format!("2-core_ConfigMap_demo_{name}.yaml")
+    flotilla::agent::sink::dir::file_name(&ResourceKey {
+        group: String::new(),
+        kind: "ConfigMap".into(),
+        namespace: "demo".into(),
+        name: name.into(),
+    })
+}
+
+/// The file the dir sink writes for a Namespace.
+pub fn namespace_file(name: &str) -> String {
+    flotilla::agent::sink::dir::file_name(&ResourceKey {
+        group: String::new(),
+        kind: "Namespace".into(),
+        namespace: String::new(),
+        name: name.into(),
+    })
 }
 
 /// Writes `document` where `flotilla publish` puts a cluster's current bundle,

@@ -380,47 +380,38 @@ fn kustomization(header: &str, files: &[&String]) -> Vec<u8> {
     text.into_bytes()
 }
 
-/// The file name of a resource: `<rank>-<group|core>_<kind>_<namespace|cluster>_<name>.yaml`,
-/// where the rank (0 CRDs, 1 Namespaces, 2 the rest) makes a folder listing follow
-/// apply order. Characters outside `[A-Za-z0-9._-]` become `-`; a name too long for
-/// a file system is cut and made unique with a hash of the identity.
+/// The file name of a resource: `<rank>-<kind>[-<namespace>]-<name>-<hash>.yaml`, in
+/// lowercase letters, digits and `-` only. k3s names the AddOn object that tracks a
+/// manifest after its file's base name, which must be a lowercase RFC 1123 name (an
+/// underscore or a capital letter fails there), so nothing else may appear. The rank
+/// (0 CRDs, 1 Namespaces, 2 the rest) makes a folder listing follow apply order. The
+/// hash (40 bits of the SHA-256 of the exact identity, group included) keeps names
+/// unique where lowercasing and replacing characters could make two identities look
+/// alike, and is stable, so a resource keeps its file from bundle to bundle. The file
+/// itself names the resource in full in its second line.
 pub fn file_name(key: &ResourceKey) -> String {
-    let group = if key.group.is_empty() {
-        "core"
-    } else {
-        &key.group
-    };
-    let namespace = if key.namespace.is_empty() {
-        "cluster"
-    } else {
-        &key.namespace
-    };
-    let stem = format!(
-        "{}-{}_{}_{}_{}",
-        apply_rank(key),
-        sanitise(group),
-        sanitise(&key.kind),
-        sanitise(namespace),
-        sanitise(&key.name)
+    let identity = format!(
+        "{}\0{}\0{}\0{}",
+        key.group, key.kind, key.namespace, key.name
     );
-    if stem.len() <= MAX_NAME_BYTES {
-        return format!("{stem}.yaml");
-    }
-    let identity = format!("{}/{}/{}/{}", key.group, key.kind, key.namespace, key.name);
     let hash = Digest::of(identity.as_bytes());
-    // The stem is ASCII after sanitising, so any byte index is a character boundary.
-    format!(
-        "{}-{}.yaml",
-        &stem[..MAX_NAME_BYTES - 17],
-        &hash.hex()[..16]
-    )
+    let mut readable = format!("{}-{}", apply_rank(key), sanitise(&key.kind));
+    if !key.namespace.is_empty() {
+        readable.push('-');
+        readable.push_str(&sanitise(&key.namespace));
+    }
+    readable.push('-');
+    readable.push_str(&sanitise(&key.name));
+    // The readable part is ASCII after sanitising, so any byte index is a boundary.
+    readable.truncate(MAX_NAME_BYTES - 11);
+    format!("{readable}-{}.yaml", &hash.hex()[..10])
 }
 
 fn sanitise(text: &str) -> String {
     text.chars()
         .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
-                c
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
             } else {
                 '-'
             }
@@ -441,6 +432,24 @@ mod tests {
 
     fn namespace(name: &str) -> Value {
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    }
+
+    fn cm(name: &str) -> String {
+        file_name(&ResourceKey {
+            group: String::new(),
+            kind: "ConfigMap".into(),
+            namespace: "demo".into(),
+            name: name.into(),
+        })
+    }
+
+    fn ns_file(name: &str) -> String {
+        file_name(&ResourceKey {
+            group: String::new(),
+            kind: "Namespace".into(),
+            namespace: String::new(),
+            name: name.into(),
+        })
     }
 
     struct Fixture {
@@ -490,14 +499,8 @@ mod tests {
         let outcome = apply(&mut fixture.sink(false), &bundle, &[]);
         assert!(outcome.complete, "{outcome:?}");
         assert_eq!(outcome.count(ResourceState::Applied), 2);
-        assert_eq!(
-            fixture.files(),
-            [
-                "1-core_Namespace_cluster_demo.yaml",
-                "2-core_ConfigMap_demo_settings.yaml"
-            ]
-        );
-        let text = fixture.read("2-core_ConfigMap_demo_settings.yaml");
+        assert_eq!(fixture.files(), [ns_file("demo"), cm("settings")]);
+        let text = fixture.read(&cm("settings"));
         assert!(text.starts_with("# Written by the flotilla agent for cluster edge-1."));
         let parsed: Value = serde_saphyr::from_str(&text).expect("valid YAML");
         assert_eq!(parsed["data"], tricky);
@@ -528,24 +531,17 @@ mod tests {
             .collect();
         let outcome = apply(&mut sink, &second, &prune);
         assert!(outcome.complete, "{outcome:?}");
-        assert_eq!(
-            fixture.files(),
-            ["2-core_ConfigMap_demo_b.yaml", "traefik.yaml"]
-        );
+        assert_eq!(fixture.files(), [cm("b"), "traefik.yaml".to_string()]);
         assert_eq!(fixture.read("traefik.yaml"), "kind: HelmChart\n");
         assert_eq!(outcome.count(ResourceState::Pruned), 1);
-        assert!(
-            fixture
-                .read("2-core_ConfigMap_demo_b.yaml")
-                .contains("k: v")
-        );
+        assert!(fixture.read(&cm("b")).contains("k: v"));
     }
 
     #[test]
     fn a_file_it_did_not_write_is_not_overwritten_and_the_resource_fails() {
         let fixture = Fixture::new();
         let mut sink = fixture.sink(false);
-        let name = "2-core_ConfigMap_demo_a.yaml";
+        let name = &cm("a");
         fs::write(fixture.target.path().join(name), "hand written\n").expect("writes");
         let old = bundle_of("edge-1", vec![config_map("old", json!({}))]);
         assert!(apply(&mut sink, &old, &[]).complete);
@@ -569,14 +565,10 @@ mod tests {
         );
         // Nothing is removed until the whole bundle is in place, and the failed name
         // is never recorded as flotilla's.
-        assert!(
-            fixture
-                .files()
-                .contains(&"2-core_ConfigMap_demo_old.yaml".to_string())
-        );
+        assert!(fixture.files().contains(&cm("old")));
         let manifest = sink.load_manifest();
         assert!(!manifest.files.contains(name));
-        assert!(manifest.files.contains("2-core_ConfigMap_demo_b.yaml"));
+        assert!(manifest.files.contains(&cm("b")));
     }
 
     #[test]
@@ -585,7 +577,7 @@ mod tests {
         let mut sink = fixture.sink(false);
         let bundle = bundle_of("edge-1", vec![config_map("a", json!({"k": "v"}))]);
         assert!(apply(&mut sink, &bundle, &[]).complete);
-        let path = fixture.target.path().join("2-core_ConfigMap_demo_a.yaml");
+        let path = fixture.target.path().join(cm("a"));
         let before = fs::metadata(&path)
             .expect("stat")
             .modified()
@@ -610,11 +602,7 @@ mod tests {
         // A hand edit (drift) is undone by the next apply.
         fs::write(&path, "edited").expect("edits");
         assert!(apply(&mut sink, &bundle, &[]).message.contains("1 written"));
-        assert!(
-            fixture
-                .read("2-core_ConfigMap_demo_a.yaml")
-                .contains("k: v")
-        );
+        assert!(fixture.read(&cm("a")).contains("k: v"));
     }
 
     #[test]
@@ -629,13 +617,7 @@ mod tests {
         let parsed: Value =
             serde_saphyr::from_str(&fixture.read(KUSTOMIZATION_FILE)).expect("valid YAML");
         assert_eq!(parsed["kind"], "Kustomization");
-        assert_eq!(
-            parsed["resources"],
-            json!([
-                "1-core_Namespace_cluster_demo.yaml",
-                "2-core_ConfigMap_demo_a.yaml"
-            ])
-        );
+        assert_eq!(parsed["resources"], json!([ns_file("demo"), cm("a")]));
         // An empty bundle still leaves a valid kustomization.
         let empty = bundle_of("edge-1", vec![]);
         let prune = InventoryEntry::of_bundle(&bundle);
@@ -669,48 +651,70 @@ mod tests {
             fixture
                 .target
                 .path()
-                .join(".flotilla-2-core_ConfigMap_demo_a.yaml.tmp"),
+                .join(format!(".flotilla-{}.tmp", cm("a"))),
             "half",
         )
         .expect("writes");
         fs::write(fixture.target.path().join(".other.tmp"), "not ours").expect("writes");
         let bundle = bundle_of("edge-1", vec![config_map("a", json!({}))]);
         assert!(apply(&mut fixture.sink(false), &bundle, &[]).complete);
-        assert_eq!(
-            fixture.files(),
-            [".other.tmp", "2-core_ConfigMap_demo_a.yaml"]
-        );
+        assert_eq!(fixture.files(), [".other.tmp".to_string(), cm("a")]);
     }
 
     #[test]
-    fn file_names_are_safe_and_unique() {
+    fn file_names_are_valid_k3s_addon_names_unique_and_stable() {
         let key = |group: &str, kind: &str, ns: &str, name: &str| ResourceKey {
             group: group.into(),
             kind: kind.into(),
             namespace: ns.into(),
             name: name.into(),
         };
-        assert_eq!(
-            file_name(&key(
-                "apiextensions.k8s.io",
-                "CustomResourceDefinition",
-                "",
-                "widgets.example.com"
-            )),
-            "0-apiextensions.k8s.io_CustomResourceDefinition_cluster_widgets.example.com.yaml"
+        let crd = file_name(&key(
+            "apiextensions.k8s.io",
+            "CustomResourceDefinition",
+            "",
+            "widgets.example.com",
+        ));
+        assert!(
+            crd.starts_with("0-customresourcedefinition-widgets-example-com-"),
+            "{crd}"
         );
+        assert!(cm("settings").starts_with("2-configmap-demo-settings-"));
+        assert!(ns_file("demo").starts_with("1-namespace-demo-"));
+        // The base name is what k3s names its AddOn after: a lowercase RFC 1123
+        // subdomain of at most 253 characters.
+        let rbac = file_name(&key(
+            "rbac.authorization.k8s.io",
+            "ClusterRole",
+            "",
+            "system:Foo/bar_x",
+        ));
+        let long = file_name(&key("g", "K", "ns", &"x".repeat(300)));
+        for name in [&crd, &rbac, &long, &cm("a")] {
+            let base = name.strip_suffix(".yaml").expect("a .yaml file");
+            assert!(
+                base.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
+                "{name}"
+            );
+            assert!(base.as_bytes()[0].is_ascii_digit() && base.as_bytes()[base.len() - 1] != b'-');
+            assert!(name.len() <= MAX_NAME_BYTES + 5, "{}", name.len());
+        }
+        // Identities that read alike once lowercased and sanitised still differ.
+        let alike = [
+            file_name(&key("", "ConfigMap", "team-a", "web")),
+            file_name(&key("", "ConfigMap", "team", "a-web")),
+            file_name(&key("", "Configmap", "team-a", "web")),
+            file_name(&key("example.com", "ConfigMap", "team-a", "web")),
+        ];
+        let distinct: BTreeSet<&String> = alike.iter().collect();
+        assert_eq!(distinct.len(), alike.len(), "{alike:?}");
+        // And a resource keeps its file name.
+        assert_eq!(cm("a"), cm("a"));
         assert_eq!(
-            file_name(&key(
-                "rbac.authorization.k8s.io",
-                "ClusterRole",
-                "",
-                "system:foo/bar"
-            )),
-            "2-rbac.authorization.k8s.io_ClusterRole_cluster_system-foo-bar.yaml"
+            cm("a"),
+            "2-configmap-demo-a-".to_string() + &cm("a")[19..],
+            "stable layout"
         );
-        let long_a = file_name(&key("g", "K", "ns", &format!("{}a", "x".repeat(250))));
-        let long_b = file_name(&key("g", "K", "ns", &format!("{}b", "x".repeat(250))));
-        assert!(long_a.len() <= MAX_NAME_BYTES + 5, "{}", long_a.len());
-        assert_ne!(long_a, long_b);
     }
 }
