@@ -166,7 +166,11 @@ pub fn load(snapshot: &FleetSnapshot, diagnostics: &mut Vec<Diagnostic>) -> Flee
         workload.documents = Arc::new(documents);
     }
     for (workload, files) in manifests {
-        if let Some((path, _)) = files.first() {
+        // A workload.yaml that exists but failed to load has been reported already.
+        let declared = snapshot
+            .files
+            .contains_key(&format!("workloads/{workload}/workload.yaml"));
+        if let Some((path, _)) = files.first().filter(|_| !declared) {
             diagnostics.push(Diagnostic::error(format!(
                 "manifests for workload {workload:?}, but there is no workloads/{workload}/workload.yaml"
             )).in_file(*path));
@@ -437,7 +441,14 @@ fn compile_patch(
             Ok(regex) => Some(regex),
             Err(err) => {
                 diagnostics.push(error(format!(
-                    "target.{field}: invalid regular expression {pattern:?}: {err}"
+                    "target.{field}: invalid regular expression {pattern:?}: {}",
+                    // The regex error draws a caret under the pattern over several
+                    // lines; a diagnostic is one line, so keep only the reason.
+                    err.to_string()
+                        .lines()
+                        .last()
+                        .unwrap_or_default()
+                        .trim_start_matches("error: ")
                 )));
                 failed = true;
                 None
