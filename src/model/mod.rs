@@ -211,10 +211,11 @@ pub struct ImageOverride {
     /// Replaces the name, keeping the tag and digest unless they are overridden too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub new_name: Option<String>,
-    /// Replaces the tag (and drops any digest).
+    /// Replaces the tag (and drops any digest, unless `digest` is given too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub new_tag: Option<String>,
-    /// Pins the image to a digest (`sha256:...`), replacing any tag.
+    /// Pins the image to a digest (`sha256:...`), dropping any tag unless `newTag`
+    /// is given too (then the image is `name:newTag@digest`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digest: Option<String>,
 }
