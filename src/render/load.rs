@@ -164,6 +164,13 @@ pub fn load(snapshot: &FleetSnapshot, diagnostics: &mut Vec<Diagnostic>) -> Flee
                 .filter_map(|(workload, paths)| Some((workload, paths.first()?.clone()))),
         );
     for (workload, path) in orphans {
+        // A workload.yaml that exists but failed to load has been reported already.
+        if snapshot
+            .files
+            .contains_key(&format!("workloads/{workload}/workload.yaml"))
+        {
+            continue;
+        }
         diagnostics.push(
             Diagnostic::error(format!(
                 "manifests for workload {workload:?}, but there is no workloads/{workload}/workload.yaml"
@@ -292,12 +299,22 @@ fn parse_kind<T: DeserializeOwned + Header>(
         Err(err) => err,
     };
     // Only a file that failed to parse is read a second time, for the better message.
-    if let Ok(serde_json::Value::Object(header)) = yaml::parse::<serde_json::Value>(text) {
-        let field = |name: &str| header.get(name).and_then(|v| v.as_str());
-        if let Some(diagnostic) = wrong_kind(field("apiVersion"), field("kind")) {
-            diagnostics.push(diagnostic);
+    match yaml::parse::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Object(header)) => {
+            let field = |name: &str| header.get(name).and_then(|v| v.as_str());
+            if let Some(diagnostic) = wrong_kind(field("apiVersion"), field("kind")) {
+                diagnostics.push(diagnostic);
+                return None;
+            }
+        }
+        Ok(_) => {
+            diagnostics.push(
+                Diagnostic::error(format!("expected a {kind} object (a YAML mapping)"))
+                    .in_file(path),
+            );
             return None;
         }
+        Err(_) => {}
     }
     diagnostics.push(
         Diagnostic::error(typed_error.message)
@@ -494,7 +511,14 @@ fn compile_patch(
             Ok(regex) => Some(regex),
             Err(err) => {
                 diagnostics.push(error(format!(
-                    "target.{field}: invalid regular expression {pattern:?}: {err}"
+                    "target.{field}: invalid regular expression {pattern:?}: {}",
+                    // The regex error draws a caret under the pattern over several
+                    // lines; a diagnostic is one line, so keep only the reason.
+                    err.to_string()
+                        .lines()
+                        .last()
+                        .unwrap_or_default()
+                        .trim_start_matches("error: ")
                 )));
                 failed = true;
                 None
