@@ -5,7 +5,10 @@
 pub mod bundle;
 pub mod cli;
 pub mod diagnostic;
+pub mod hub;
 pub mod model;
 pub mod render;
 pub mod snapshot;
 pub mod source;
+pub mod status;
+pub mod store;
