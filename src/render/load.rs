@@ -164,6 +164,13 @@ pub fn load(snapshot: &FleetSnapshot, diagnostics: &mut Vec<Diagnostic>) -> Flee
                 .filter_map(|(workload, paths)| Some((workload, paths.first()?.clone()))),
         );
     for (workload, path) in orphans {
+        // A workload.yaml that exists but failed to load has been reported already.
+        if snapshot
+            .files
+            .contains_key(&format!("workloads/{workload}/workload.yaml"))
+        {
+            continue;
+        }
         diagnostics.push(
             Diagnostic::error(format!(
                 "manifests for workload {workload:?}, but there is no workloads/{workload}/workload.yaml"
@@ -178,7 +185,7 @@ pub fn load(snapshot: &FleetSnapshot, diagnostics: &mut Vec<Diagnostic>) -> Flee
         .overlays
         .sort_by(|a, b| (a.priority, &a.name).cmp(&(b.priority, &b.name)));
     check_duplicates(&fleet, diagnostics);
-    check_references(&fleet, diagnostics);
+    check_references(snapshot, &fleet, diagnostics);
     fleet
 }
 
@@ -277,7 +284,14 @@ fn parse_kind<T: DeserializeOwned + Header>(
                 describe(found)
             ))
             .in_file(path)
-            .at_line(Some(1))
+            .at_line(key_line(
+                text,
+                if api_version != Some(API_VERSION) {
+                    "apiVersion"
+                } else {
+                    "kind"
+                },
+            ))
         })
     };
     let typed_error = match yaml::parse::<T>(text) {
@@ -292,12 +306,22 @@ fn parse_kind<T: DeserializeOwned + Header>(
         Err(err) => err,
     };
     // Only a file that failed to parse is read a second time, for the better message.
-    if let Ok(serde_json::Value::Object(header)) = yaml::parse::<serde_json::Value>(text) {
-        let field = |name: &str| header.get(name).and_then(|v| v.as_str());
-        if let Some(diagnostic) = wrong_kind(field("apiVersion"), field("kind")) {
-            diagnostics.push(diagnostic);
+    match yaml::parse::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Object(header)) => {
+            let field = |name: &str| header.get(name).and_then(|v| v.as_str());
+            if let Some(diagnostic) = wrong_kind(field("apiVersion"), field("kind")) {
+                diagnostics.push(diagnostic);
+                return None;
+            }
+        }
+        Ok(_) => {
+            diagnostics.push(
+                Diagnostic::error(format!("expected a {kind} object (a YAML mapping)"))
+                    .in_file(path),
+            );
             return None;
         }
+        Err(_) => {}
     }
     diagnostics.push(
         Diagnostic::error(typed_error.message)
@@ -305,6 +329,17 @@ fn parse_kind<T: DeserializeOwned + Header>(
             .at_line(typed_error.line),
     );
     None
+}
+
+/// The line of a top-level key, found by reading the text (the parser's typed
+/// result no longer knows it).
+fn key_line(text: &str, key: &str) -> Option<u64> {
+    text.lines()
+        .position(|line| {
+            line.strip_prefix(key)
+                .is_some_and(|rest| rest.trim_start().starts_with(':'))
+        })
+        .map(|index| index as u64 + 1)
 }
 
 fn describe(value: Option<&str>) -> String {
@@ -494,7 +529,14 @@ fn compile_patch(
             Ok(regex) => Some(regex),
             Err(err) => {
                 diagnostics.push(error(format!(
-                    "target.{field}: invalid regular expression {pattern:?}: {err}"
+                    "target.{field}: invalid regular expression {pattern:?}: {}",
+                    // The regex error draws a caret under the pattern over several
+                    // lines; a diagnostic is one line, so keep only the reason.
+                    err.to_string()
+                        .lines()
+                        .last()
+                        .unwrap_or_default()
+                        .trim_start_matches("error: ")
                 )));
                 failed = true;
                 None
@@ -544,12 +586,27 @@ fn check_duplicates(fleet: &Fleet, diagnostics: &mut Vec<Diagnostic>) {
 }
 
 /// Every name a workload target or an overlay refers to must exist.
-fn check_references(fleet: &Fleet, diagnostics: &mut Vec<Diagnostic>) {
+/// A name whose file exists but failed to load is not reported as unknown: its
+/// own error says what is wrong, and a second message would only mislead.
+fn check_references(snapshot: &FleetSnapshot, fleet: &Fleet, diagnostics: &mut Vec<Diagnostic>) {
     let clusters: BTreeSet<&str> = fleet.clusters.iter().map(|c| c.name.as_str()).collect();
     let groups: BTreeSet<&str> = fleet.groups.iter().map(|g| g.name.as_str()).collect();
     let workloads: BTreeSet<&str> = fleet.workloads.iter().map(|w| w.name.as_str()).collect();
+    let exists = |what: &str, name: &str| match what {
+        "cluster" => ["yaml", "yml"].iter().any(|ext| {
+            snapshot
+                .files
+                .contains_key(&format!("clusters/{name}.{ext}"))
+        }),
+        "group" => ["yaml", "yml"]
+            .iter()
+            .any(|ext| snapshot.files.contains_key(&format!("groups/{name}.{ext}"))),
+        _ => snapshot
+            .files
+            .contains_key(&format!("workloads/{name}/workload.yaml")),
+    };
     let mut check = |file: &str, line: u64, what: &str, name: &str, known: &BTreeSet<&str>| {
-        if known.contains(name) {
+        if known.contains(name) || exists(what, name) {
             return;
         }
         let hint = did_you_mean(name, known.iter().copied())

@@ -116,7 +116,9 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
                 .collect()
         })
         .collect();
-    if options.clusters.is_empty() {
+    // Selections are judged only when every file loaded: with a broken cluster file
+    // "selects no cluster" would be a guess.
+    if options.clusters.is_empty() && !diagnostics.iter().any(Diagnostic::is_error) {
         warn_about_empty_selections(&fleet, &clusters, &memberships, &mut diagnostics);
     }
 
@@ -309,6 +311,14 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
                 .map(|&g| fleet.groups[g].name.clone())
                 .collect(),
         );
+    }
+    // An error that belongs to no single cluster (a broken overlay or group file,
+    // say) may have changed what every cluster gets, so no bundle is trustworthy.
+    if diagnostics
+        .iter()
+        .any(|d| d.is_error() && d.cluster.is_none())
+    {
+        output.bundles.clear();
     }
     output.diagnostics = fold_cluster_repeats(diagnostics);
     output
