@@ -150,4 +150,41 @@ mod tests {
         assert_eq!(empty["applied"], json!(null));
         assert_eq!(empty["attempted"], json!(null));
     }
+
+    /// The hub parses reports with its own types (`crate::status`, unknown fields
+    /// refused): every report the agent makes must parse there, and mean the same.
+    #[test]
+    fn the_hub_reads_the_agents_reports_and_judges_failure_the_same_way() {
+        let old = Digest::of(b"old");
+        let new = Digest::of(b"new");
+        let key = ResourceKey {
+            group: String::new(),
+            kind: "ConfigMap".into(),
+            namespace: "demo".into(),
+            name: "c".into(),
+        };
+        let report = |applied: &Digest, state: ResourceState| StatusReport {
+            applied: Some(applied.clone()),
+            attempted: Some(new.clone()),
+            resources: vec![ResourceStatus::new(&key, state, "why")],
+            message: "m".into(),
+            agent_version: AGENT_VERSION.into(),
+        };
+        for (agent, failed) in [
+            (report(&old, ResourceState::Failed), true),
+            (report(&new, ResourceState::Failed), true),
+            (report(&new, ResourceState::Applied), false),
+            (report(&new, ResourceState::Healthy), false),
+            (report(&new, ResourceState::Progressing), false),
+            (report(&new, ResourceState::Pruned), false),
+            (StatusReport::empty("starting"), false),
+        ] {
+            assert_eq!(agent.is_success(), !failed && agent.attempted.is_some());
+            let bytes = serde_json::to_vec(&agent).expect("serialises");
+            let hub: crate::status::StatusReport =
+                serde_json::from_slice(&bytes).expect("the hub accepts the agent's report");
+            assert!(hub.check_limits().is_ok());
+            assert_eq!(hub.failed_for(&new), failed, "{agent:?}");
+        }
+    }
 }

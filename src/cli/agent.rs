@@ -4,9 +4,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use clap::{Args, ValueEnum};
+use clap::Args;
 
-use super::EXIT_OK;
+use super::{EXIT_OK, LogFormat};
 use crate::agent::backoff::BackoffPolicy;
 use crate::agent::client::Server;
 use crate::agent::sink::dir::DirSink;
@@ -60,12 +60,6 @@ pub struct AgentArgs {
 pub enum SinkSpec {
     Kube,
     Dir(PathBuf),
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
-pub enum LogFormat {
-    Text,
-    Json,
 }
 
 fn parse_sink(text: &str) -> Result<SinkSpec, String> {
