@@ -575,3 +575,45 @@ async fn a_server_that_answers_at_once_is_asked_once_per_wait() {
     let codes: Vec<u16> = hub.requests().iter().map(|r| r.2).collect();
     assert!(codes[1..].iter().all(|c| *c == 304), "{codes:?}");
 }
+
+#[tokio::test]
+async fn an_idle_agent_reports_again_on_its_heartbeat_so_the_hub_knows_it_is_alive() {
+    let hub = FakeHub::start().await;
+    let a = bundle("edge-1", vec![config_map("a", "1")]);
+    hub.serve(&a);
+    let site = site("good");
+    let mut config = AgentConfig::new(
+        Server::Http(hub.url.clone()),
+        "edge-1",
+        site.state.path().join("agent"),
+    );
+    config.token_file = Some(site.token_file.clone());
+    config.heartbeat = Duration::from_millis(100);
+    let agent = Agent::new(
+        config,
+        DirSink::new(site.target.path(), &site.state.path().join("agent"), false),
+    );
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(agent.run(async {
+        let _ = stopped.await;
+    }));
+    eventually("the applied report and three heartbeats", || {
+        hub.statuses()
+            .iter()
+            .filter(|s| s["applied"] == a.digest.as_str())
+            .count()
+            >= 4
+    })
+    .await;
+    let _ = stop.send(());
+    task.await.expect("no panic").expect("ran");
+    let statuses = hub.statuses();
+    let applied: Vec<&Value> = statuses
+        .iter()
+        .skip_while(|s| s["applied"] != a.digest.as_str())
+        .collect();
+    assert!(
+        applied.windows(2).all(|pair| pair[0] == pair[1]),
+        "a heartbeat repeats the last report: {applied:?}"
+    );
+}

@@ -10,7 +10,9 @@
 //!   without waiting for the hub, then every new bundle, retries failed applies with
 //!   back-off, re-applies on `--resync`, and follows rollouts until they are healthy;
 //! - the **reporter** posts the latest status report, keeps it in the state folder
-//!   until the hub has it, and retries; a newer report replaces an unsent one.
+//!   until the hub has it, and retries; a newer report replaces an unsent one. When
+//!   nothing happened for a heartbeat interval it sends the last report again, since
+//!   the hub judges an agent offline by the age of its last report.
 //!
 //! The agent imports `bundle` and nothing of `render`, `source`, `store` or `hub`: it
 //! trusts digests, not the server.
@@ -51,12 +53,16 @@ pub struct AgentConfig {
     pub wait: Duration,
     /// How often the current bundle is applied again to undo drift; zero disables it.
     pub resync: Duration,
+    /// How long the agent stays silent before it sends its last report again. The hub
+    /// counts a cluster offline when no report arrived for its `--offline-after`
+    /// (5 minutes by default), so this must be shorter; zero disables it.
+    pub heartbeat: Duration,
     pub backoff: BackoffPolicy,
 }
 
 impl AgentConfig {
-    /// Settings with the defaults of the command line: `--wait 30s --resync 10m`,
-    /// back-off capped at 5 minutes.
+    /// Settings with the defaults of the command line: `--wait 30s --resync 10m
+    /// --heartbeat 2m`, back-off capped at 5 minutes.
     pub fn new(server: Server, cluster: &str, state_dir: PathBuf) -> AgentConfig {
         AgentConfig {
             server,
@@ -65,6 +71,7 @@ impl AgentConfig {
             state_dir,
             wait: Duration::from_secs(30),
             resync: Duration::from_secs(600),
+            heartbeat: Duration::from_secs(120),
             backoff: BackoffPolicy::default(),
         }
     }
@@ -173,6 +180,7 @@ impl<S: Sink> Agent<S> {
             state: state.clone(),
             backoff: Backoff::new(config.backoff),
             sleeper: sleeper.clone(),
+            heartbeat: config.heartbeat,
         };
         let reporter = tokio::spawn(reporter.run(report_rx));
 
@@ -578,6 +586,7 @@ struct Reporter {
     state: Arc<StateDir>,
     backoff: Backoff,
     sleeper: Arc<dyn Sleeper>,
+    heartbeat: Duration,
 }
 
 impl Reporter {
@@ -585,18 +594,33 @@ impl Reporter {
         let accepts = self.client.server().accepts_status();
         // A report left unsent by the previous run is sent first.
         let mut pending = reports.borrow_and_update().clone();
-        let mut kept: Option<StatusReport> = None;
+        // The report in status.json, and whether it is marked sent there.
+        let mut kept: Option<(StatusReport, bool)> = None;
+        let mut last_sent: Option<StatusReport> = None;
         loop {
             let Some(report) = pending.take() else {
-                if reports.changed().await.is_err() {
-                    return;
+                // Nothing new: wait for a report, or send the last one again when the
+                // heartbeat is due, so the hub knows this agent is alive.
+                let heartbeat = async {
+                    match (&last_sent, self.heartbeat.is_zero()) {
+                        (Some(_), false) => tokio::time::sleep(self.heartbeat).await,
+                        _ => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    changed = reports.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        pending = reports.borrow_and_update().clone();
+                    }
+                    () = heartbeat => pending = last_sent.clone(),
                 }
-                pending = reports.borrow_and_update().clone();
                 continue;
             };
-            if kept.as_ref() != Some(&report) {
+            if kept.as_ref().is_none_or(|(k, _)| *k != report) {
                 self.keep(&report, false);
-                kept = Some(report.clone());
+                kept = Some((report.clone(), false));
             }
             if !accepts {
                 continue;
@@ -604,7 +628,11 @@ impl Reporter {
             match self.client.send_status(&report).await {
                 Ok(()) => {
                     self.backoff.reset();
-                    self.keep(&report, true);
+                    if kept.as_ref().is_some_and(|(_, sent)| !sent) {
+                        self.keep(&report, true);
+                        kept = Some((report.clone(), true));
+                    }
+                    last_sent = Some(report);
                 }
                 Err(err) => {
                     let delay = match err.kind() {

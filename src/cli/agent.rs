@@ -47,6 +47,10 @@ pub struct AgentArgs {
     /// How often to apply the current bundle again to undo drift (0 to never).
     #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
     pub resync: Duration,
+    /// How long the agent may stay silent before it sends its last status again (the
+    /// hub counts a cluster offline after its --offline-after, 5m by default; 0 never).
+    #[arg(long, default_value = "2m", value_parser = parse_duration, value_name = "DURATION")]
+    pub heartbeat: Duration,
     /// The longest wait between retries when the hub is unreachable.
     #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
     pub max_backoff: Duration,
@@ -107,6 +111,7 @@ fn settings(args: &AgentArgs) -> anyhow::Result<Settings> {
     config.token_file = args.token_file.clone();
     config.wait = args.wait;
     config.resync = args.resync;
+    config.heartbeat = args.heartbeat;
     config.backoff = BackoffPolicy {
         cap: args.max_backoff,
         auth_retry: args.max_backoff,
