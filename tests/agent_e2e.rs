@@ -72,9 +72,15 @@ struct HubProcess {
 
 impl HubProcess {
     async fn start(state_dir: &Path, repo: &Repo, address: SocketAddr) -> HubProcess {
-        let hub = Hub::start(config(state_dir, &repo.path().display().to_string()))
-            .await
-            .expect("hub starts");
+        HubProcess::start_with(
+            config(state_dir, &repo.path().display().to_string()),
+            address,
+        )
+        .await
+    }
+
+    async fn start_with(config: flotilla::hub::HubConfig, address: SocketAddr) -> HubProcess {
+        let hub = Hub::start(config).await.expect("hub starts");
         let listener = tokio::net::TcpListener::bind(address)
             .await
             .expect("binds the hub's address");
@@ -168,6 +174,10 @@ struct RunningAgent {
 
 impl RunningAgent {
     fn start(site: &Site, base: &str) -> RunningAgent {
+        RunningAgent::start_with(site, base, |_| {})
+    }
+
+    fn start_with(site: &Site, base: &str, adjust: impl FnOnce(&mut AgentConfig)) -> RunningAgent {
         let mut config =
             AgentConfig::new(Server::parse(base).expect("hub URL"), CLUSTER, site.state());
         config.token_file = Some(site.token_file.clone());
@@ -180,6 +190,7 @@ impl RunningAgent {
         // A hub that shuts down answers its held long-polls with 304 at once, and an
         // agent asks again only after the rest of --wait: keep that short here.
         config.wait = Duration::from_secs(1);
+        adjust(&mut config);
         let agent = Agent::new(config, DirSink::new(&site.target(), &site.state(), false));
         let reports = agent.reports();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -274,6 +285,38 @@ async fn a_commit_reaches_the_cluster_as_files_and_the_hub_shows_it_in_sync() {
     assert_eq!(entry["agentVersion"], env!("CARGO_PKG_VERSION"));
 
     agent.stop().await;
+    hub.stop().await;
+}
+
+#[tokio::test]
+async fn an_idle_agent_stays_in_sync_on_the_hub_through_its_heartbeat() {
+    let f = fixture().await;
+    let mut hub_config = config(f.hub_state.path(), &f.repo.path().display().to_string());
+    hub_config.offline_after = Duration::from_millis(800);
+    let hub = HubProcess::start_with(hub_config, any_port()).await;
+    let mut agent = RunningAgent::start_with(&f.site, &hub.base(), |config| {
+        config.heartbeat = Duration::from_millis(200);
+    });
+    let first = rendered(&f.repo);
+    agent.applied(&first.digest).await;
+    until_in_sync(&hub, &f.admin, &first.digest).await;
+    // Idle for longer than the hub's offline threshold: still in sync.
+    for _ in 0..15 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let entry = fleet_entry(&hub, &f.admin).await;
+        assert_eq!(entry["state"], "in-sync", "{entry}");
+    }
+    // Without the agent, the same hub soon counts the cluster offline.
+    agent.stop().await;
+    let mut state = Value::Null;
+    for _ in 0..300 {
+        state = fleet_entry(&hub, &f.admin).await["state"].clone();
+        if state == "offline" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(state, "offline");
     hub.stop().await;
 }
 
