@@ -270,40 +270,50 @@ impl Shared {
             .cloned()
             .collect();
 
-        // One object per distinct digest.
-        let mut objects: BTreeMap<Digest, Vec<u8>> = BTreeMap::new();
-        for bundle in &changed {
-            objects
-                .entry(bundle.digest.clone())
-                .or_insert_with(|| bundle.canonical_resources());
-        }
+        // One object per distinct digest, assembled and written off the async threads.
+        let objects_to_write: Vec<(Digest, Arc<crate::bundle::Bundle>)> = {
+            let mut seen = std::collections::BTreeSet::new();
+            changed
+                .iter()
+                .filter(|b| seen.insert(b.digest.clone()))
+                .map(|b| (b.digest.clone(), Arc::new((*b).clone())))
+                .collect()
+        };
         let store_objects = self.store.objects.clone();
-        let written = tokio::task::spawn_blocking(move || {
+        let writing = tokio::task::spawn_blocking(move || {
+            let objects: BTreeMap<&Digest, Vec<u8>> = objects_to_write
+                .iter()
+                .map(|(digest, bundle)| (digest, bundle.canonical_resources()))
+                .collect();
             let pairs: Vec<(&Digest, &[u8])> =
-                objects.iter().map(|(d, b)| (d, b.as_slice())).collect();
+                objects.iter().map(|(d, b)| (*d, b.as_slice())).collect();
             store_objects.write_all(&pairs)
-        })
-        .await
-        .map_err(|e| HubError::Task(e.to_string()))??;
+        });
+        // While the objects are written: a digest this cluster had before keeps the
+        // revision it had then, so one ETag always stands for the same bytes.
+        let revisions = async {
+            let mut entries = Vec::with_capacity(changed.len());
+            for bundle in &changed {
+                let revision = self
+                    .store
+                    .revision_in_history(&bundle.cluster, &bundle.digest)
+                    .await?
+                    .unwrap_or_else(|| output.revision.clone());
+                entries.push(StoredCluster {
+                    name: bundle.cluster.clone(),
+                    digest: bundle.digest.clone(),
+                    revision,
+                });
+            }
+            Ok::<_, HubError>(entries)
+        };
+        let (written, entries) = tokio::join!(writing, revisions);
+        let written = written.map_err(|e| HubError::Task(e.to_string()))??;
+        let entries = entries?;
         self.metrics
             .objects_written
             .fetch_add(written as u64, Ordering::Relaxed);
 
-        let mut entries = Vec::with_capacity(changed.len());
-        for bundle in &changed {
-            // A digest this cluster had before keeps the revision it had then, so one
-            // ETag always stands for the same bytes.
-            let revision = self
-                .store
-                .revision_in_history(&bundle.cluster, &bundle.digest)
-                .await?
-                .unwrap_or_else(|| output.revision.clone());
-            entries.push(StoredCluster {
-                name: bundle.cluster.clone(),
-                digest: bundle.digest.clone(),
-                revision,
-            });
-        }
         let now = self.settings.clock.now_ms();
         let unreferenced = self
             .store
