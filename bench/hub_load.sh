@@ -207,20 +207,25 @@ echo "median: hub $HUB_MEDIAN req/s, nginx $NGINX_MEDIAN req/s, ratio $(awk -v h
 echo "median server CPU per 304: hub $HUB_CPU us, nginx $NGINX_CPU us"
 # The same without Lua: one cluster's URL, token and ETag as fixed headers. wrk spends
 # less of its own time per request this way, so both servers are pushed harder.
-plain_wrk() { # plain_wrk REQUESTS_FILE PORT -> requests/s for the first line's request
-  local path token etag
+plain_wrk() { # plain_wrk REQUESTS_FILE PORT PID... -> "requests/s CPU-microseconds-per-request"
+  local path token etag out before after
   IFS=$'\t' read -r path token etag <"$1"
-  wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" -H "Authorization: Bearer $token" \
-    -H "If-None-Match: $etag" -H "Accept-Encoding: gzip, zstd" "http://127.0.0.1:$2$path" |
-    awk '/Non-2xx/ {bad=1} /Requests\/sec/ {rps=$2} END {if (bad) {print "errors"; exit 1}; printf "%.0f\n", rps}'
+  before=$(cpu_ticks "${@:3}")
+  out=$(wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" -H "Authorization: Bearer $token" \
+    -H "If-None-Match: $etag" -H "Accept-Encoding: gzip, zstd" "http://127.0.0.1:$2$path")
+  after=$(cpu_ticks "${@:3}")
+  if grep -q "Non-2xx or 3xx" <<<"$out"; then echo "$out" >&2; exit 1; fi
+  awk -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" \
+    '/requests in/ {n=$1} /Requests\/sec/ {rps=$2} END {printf "%.0f %.2f\n", rps, t / hz * 1e6 / n}' <<<"$out"
 }
 : >"$WORK/hub.plain"; : >"$WORK/nginx.plain"
 for run in $(seq 1 "$RUNS"); do
-  hub=$(plain_wrk "$WORK/hub-requests.tsv" "$HUB_PORT"); echo "$hub" >>"$WORK/hub.plain"
-  ngx=$(plain_wrk "$WORK/nginx-requests.tsv" "$NGINX_PORT"); echo "$ngx" >>"$WORK/nginx.plain"
-  echo "one URL, no Lua, run $run: hub $hub req/s, nginx $ngx req/s"
+  read -r hub hub_cpu < <(plain_wrk "$WORK/hub-requests.tsv" "$HUB_PORT" "$HUB_PID")
+  read -r ngx ngx_cpu < <(plain_wrk "$WORK/nginx-requests.tsv" "$NGINX_PORT" $NGINX_PIDS)
+  echo "$hub $hub_cpu" >>"$WORK/hub.plain"; echo "$ngx $ngx_cpu" >>"$WORK/nginx.plain"
+  echo "one URL, no Lua, run $run: hub $hub req/s ($hub_cpu us CPU/request), nginx $ngx req/s ($ngx_cpu us CPU/request)"
 done
-echo "median, one URL: hub $(median <"$WORK/hub.plain") req/s, nginx $(median <"$WORK/nginx.plain") req/s"
+echo "median, one URL: hub $(cut -d' ' -f1 "$WORK/hub.plain" | median) req/s ($(cut -d' ' -f2 "$WORK/hub.plain" | median) us CPU), nginx $(cut -d' ' -f1 "$WORK/nginx.plain" | median) req/s ($(cut -d' ' -f2 "$WORK/nginx.plain" | median) us CPU)"
 echo "== hub memory with $CLUSTERS clusters: RSS $(awk '/VmRSS/ {print int($2/1024)" MiB"}' "/proc/$HUB_PID/status"), peak $(awk '/VmHWM/ {print int($2/1024)" MiB"}' "/proc/$HUB_PID/status")"
 grep -o '"render_ms":[0-9]*,"install_ms":[0-9]*' "$WORK/hub.log" | head -1 | sed 's/^/   first render and install: /'
 kill "$HUB_PID"; wait "$HUB_PID" 2>/dev/null || true
