@@ -41,6 +41,15 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
             args.repo
         );
     }
+    if args.branch.is_some()
+        && !source::follow::is_remote(&args.repo)
+        && source::follow::kind_of(Path::new(&args.repo))? == source::follow::RepoKind::Folder
+    {
+        bail!(
+            "--branch needs a Git repository, and {} is a plain folder (served as its files are on disk)",
+            args.repo
+        );
+    }
     let webhook_secret = match &args.webhook_secret_file {
         Some(path) => {
             let text = std::fs::read(path)
