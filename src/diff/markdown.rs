@@ -223,7 +223,11 @@ fn header(diff: &FleetDiff) -> String {
 fn failed_sentence(diff: &FleetDiff) -> String {
     match diff.totals.failed {
         0 => String::new(),
-        n => format!(" {n} cluster{} did not render at all.", plural(n)),
+        n => format!(
+            " {n} cluster{} did not render at all: {}.",
+            plural(n),
+            escape_html(&diff.failed_names(FOLDED_CLUSTERS))
+        ),
     }
 }
 
@@ -354,8 +358,13 @@ fn group_block(diff: &FleetDiff, group: &ChangeGroup, layout: Layout) -> String 
         escape_html(&group.title()),
         escape_html(&group.resource_summary())
     );
-    let members: Vec<&ClusterDiff> = group
-        .clusters
+    // Only the clusters shown are looked up: a group may hold thousands.
+    let shown = if layout.all_clusters {
+        group.clusters.len()
+    } else {
+        FOLDED_CLUSTERS.min(group.clusters.len())
+    };
+    let members: Vec<&ClusterDiff> = group.clusters[..shown]
         .iter()
         .filter_map(|name| {
             diff.clusters
@@ -371,33 +380,25 @@ fn group_block(diff: &FleetDiff, group: &ChangeGroup, layout: Layout) -> String 
             code(&super::text::short(c.after.as_ref()))
         )
     };
+    let total = group.clusters.len();
     match members.as_slice() {
-        [one] => {
+        [one] if total == 1 => {
             let _ = writeln!(out, "{}: {}\n", code(&one.name), digests(one));
         }
         many => {
-            let shown = if layout.all_clusters {
-                many.len()
-            } else {
-                FOLDED_CLUSTERS.min(many.len())
-            };
-            let fold = many.len() > UNFOLDED_CLUSTERS;
+            let fold = total > UNFOLDED_CLUSTERS;
             if fold {
-                let _ = writeln!(
-                    out,
-                    "<details>\n<summary>{} clusters</summary>\n",
-                    many.len()
-                );
+                let _ = writeln!(out, "<details>\n<summary>{total} clusters</summary>\n");
             }
             out.push_str("| cluster | digest |\n| :-- | :-- |\n");
-            for member in &many[..shown] {
+            for member in many {
                 let _ = writeln!(out, "| {} | {} |", code(&member.name), digests(member));
             }
-            if shown < many.len() {
+            if many.len() < total {
                 let _ = writeln!(
                     out,
                     "| *... and {} more (`--format json` lists them all)* | |",
-                    many.len() - shown
+                    total - many.len()
                 );
             }
             out.push('\n');

@@ -10,8 +10,8 @@
 //! unchanged, and its resources are never looked at. For a changed cluster the sorted
 //! resource lists are merged by [`ResourceKey`]; identical content is recognised by
 //! the shared `Arc` the renderer hands out or, failing that, by its canonical bytes.
-//! A resource diff is computed once per distinct (before, after) pair, however many
-//! clusters share it.
+//! A resource diff is computed once per distinct (before, after) content, however
+//! many clusters share it.
 //!
 //! This module reads no files and imports nothing from `source`, `hub`, `store` or
 //! `agent`.
@@ -277,6 +277,21 @@ impl FleetDiff {
         !self.head.is_clean()
     }
 
+    /// The names of the clusters HEAD did not render, at most `limit` of them.
+    pub fn failed_names(&self, limit: usize) -> String {
+        let mut names: Vec<&str> = self
+            .with_status(ClusterStatus::Failed)
+            .take(limit)
+            .map(|c| c.name.as_str())
+            .collect();
+        let more = self.totals.failed.saturating_sub(limit);
+        let more_text = format!("and {more} more");
+        if more > 0 {
+            names.push(&more_text);
+        }
+        names.join(", ")
+    }
+
     /// Whether any cluster was added, removed or changed.
     pub fn has_changes(&self) -> bool {
         self.totals.changed + self.totals.added + self.totals.removed > 0
@@ -379,7 +394,8 @@ fn classify<'a>(
             classified.status = ClusterStatus::Added;
             classified.pairs = all(after, true);
         }
-        (true, false, _, _) | (false, false, _, _) => {
+        // Known on neither side cannot happen: the name came from one of them.
+        (_, false, _, _) => {
             classified.status = ClusterStatus::Removed;
             classified.pairs = all(before, false);
         }
@@ -500,27 +516,39 @@ pub fn diff(base: &RenderOutput, head: &RenderOutput, options: &DiffOptions) -> 
         cluster_signature.push(Some(id));
     }
 
-    // Every distinct (before, after) pair that is shown with its content.
-    let mut distinct: HashMap<(usize, usize), Pair<'_>> = HashMap::new();
+    // Every distinct (before, after) content that is shown is diffed once. The two
+    // renders never share resource objects, so pointers only deduplicate within a
+    // side; the canonical bytes deduplicate across clusters.
+    type Content<'a> = (Option<&'a [u8]>, Option<&'a [u8]>);
+    let mut content_ids: HashMap<Content<'_>, usize> = HashMap::new();
+    let mut contents: Vec<Pair<'_>> = Vec::new();
+    let mut text_of_pair: HashMap<(usize, usize), usize> = HashMap::new();
     for &index in &signatures {
         let cluster = &classified[index];
         if !shows_content(cluster.status, cluster.before_unknown) {
             continue;
         }
         for pair in &cluster.pairs {
-            distinct.entry(pair.identity()).or_insert(*pair);
+            text_of_pair.entry(pair.identity()).or_insert_with(|| {
+                let content = (
+                    pair.before.map(|r| &*r.canonical),
+                    pair.after.map(|r| &*r.canonical),
+                );
+                *content_ids.entry(content).or_insert_with(|| {
+                    contents.push(*pair);
+                    contents.len() - 1
+                })
+            });
         }
     }
-    let distinct: Vec<((usize, usize), Pair<'_>)> = distinct.into_iter().collect();
-    let texts: HashMap<(usize, usize), Arc<str>> = distinct
+    let texts: Vec<Arc<str>> = contents
         .par_iter()
-        .map(|(identity, pair)| {
-            let text = content::resource_diff(
+        .map(|pair| {
+            Arc::from(content::resource_diff(
                 pair.before.map(|r| &r.value),
                 pair.after.map(|r| &r.value),
                 options.context,
-            );
-            (*identity, Arc::from(text))
+            ))
         })
         .collect();
 
@@ -538,7 +566,9 @@ pub fn diff(base: &RenderOutput, head: &RenderOutput, options: &DiffOptions) -> 
                 key: pair.key.clone(),
                 kind: pair.kind(),
                 diff: if shows_content(cluster.status, cluster.before_unknown) {
-                    texts.get(&pair.identity()).cloned()
+                    text_of_pair
+                        .get(&pair.identity())
+                        .map(|&id| texts[id].clone())
                 } else {
                     None
                 },

@@ -63,7 +63,11 @@ pub fn report(diff: &FleetDiff, options: &TextOptions) -> String {
             diff.head.errors.len(),
             plural(diff.head.errors.len()),
             if failed > 0 {
-                format!(" {failed} cluster{} did not render at all.", plural(failed))
+                format!(
+                    "\n{failed} cluster{} did not render at all: {}.",
+                    plural(failed),
+                    diff.failed_names(CLUSTERS_SHOWN)
+                )
             } else {
                 String::new()
             }
