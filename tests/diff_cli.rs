@@ -572,3 +572,20 @@ fn colour_only_when_asked_or_on_a_terminal() {
     let plain = fleet.diff(&["example", "head"]);
     assert!(!plain.stdout.contains('\u{1b}'));
 }
+
+#[test]
+fn a_change_outside_the_fleet_files_has_no_changes_and_names_both_revisions() {
+    let fleet = FleetRepo::new();
+    fleet.write("README.md", "# notes, not fleet files\n");
+    fleet.write("clusters/notes.txt", "not YAML, so not read\n");
+    fleet.commit("docs");
+    let run = fleet.diff(&["example", "docs", "--format", "json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let json: serde_json::Value = serde_json::from_str(&run.stdout).expect("json");
+    assert_eq!(json["unchanged"], 14);
+    let base = json["base"]["revision"].as_str().unwrap_or_default();
+    let head = json["head"]["revision"].as_str().unwrap_or_default();
+    assert!(base.starts_with("example@sha1:"), "{base}");
+    assert!(head.starts_with("docs@sha1:"), "{head}");
+    assert_ne!(base[8..], head[5..], "two different commits");
+}
