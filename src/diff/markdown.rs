@@ -287,7 +287,7 @@ fn table(diff: &FleetDiff, budget: usize, cuts: &mut Cuts) -> String {
     }
     out.push('\n');
     out.push_str(&row("**all clusters**", &diff.totals));
-    // Groups with changes come first when not every row fits.
+    // When not every row fits, only fleet groups with changes are listed.
     let rows: Vec<String> = diff
         .fleet_groups
         .iter()
@@ -317,7 +317,7 @@ fn table(diff: &FleetDiff, budget: usize, cuts: &mut Cuts) -> String {
         cuts.table_rows += left;
         let _ = writeln!(
             out,
-            "| *{left} more fleet group{}* | | | | | |{}",
+            "| *{left} fleet group{} not listed* | | | | | |{}",
             plural(left),
             if show_failed { " |" } else { "" }
         );

@@ -478,3 +478,32 @@ fn long_cluster_lists_are_folded() {
         "the full list fits in the default limit"
     );
 }
+
+#[test]
+fn a_table_of_many_fleet_groups_keeps_the_ones_with_changes() {
+    let base = Fleet::new(&THREE);
+    let mut head = Fleet::new(&THREE);
+    head.set(
+        "workloads/web/manifests/deployment.yaml",
+        &deployment("web:2.0"),
+    );
+    let mut diff = compare(&base, &head);
+    for i in 0..2_000 {
+        let quiet = Counts {
+            clusters: 1,
+            unchanged: 1,
+            ..Counts::default()
+        };
+        diff.fleet_groups.insert(format!("quiet-{i:04}"), quiet);
+    }
+    let report = markdown::report(&diff, &MarkdownOptions { max_bytes: 4_000 });
+    assert!(report.len() <= 4_000, "{}", report.len());
+    assert!(report.contains("| eu | 2 | 2 | 0 | 0 | 0 |"), "{report}");
+    assert!(!report.contains("quiet-0000"), "{report}");
+    assert!(report.contains("2000 fleet groups not listed"), "{report}");
+    assert!(
+        report.contains("2000 fleet groups left out of the table"),
+        "{report}"
+    );
+    assert_well_formed(&report);
+}
