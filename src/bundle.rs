@@ -178,6 +178,12 @@ impl Bundle {
     /// digest independent of file order; callers have already rejected duplicate keys.
     pub fn new(cluster: impl Into<String>, mut resources: Vec<Arc<Resource>>) -> Bundle {
         resources.sort_by(|a, b| a.key.cmp(&b.key));
+        Bundle::from_sorted(cluster, resources)
+    }
+
+    /// Builds a bundle from resources already in key order.
+    pub fn from_sorted(cluster: impl Into<String>, resources: Vec<Arc<Resource>>) -> Bundle {
+        debug_assert!(resources.windows(2).all(|pair| pair[0].key < pair[1].key));
         let mut hasher = HashWriter(Sha256::new());
         write_resource_list(&mut hasher, &resources);
         Bundle {
@@ -394,13 +400,13 @@ fn write_canonical_number(out: &mut Vec<u8>, number: &serde_json::Number) {
     if let Some(n) = number.as_u64()
         && n <= MAX_SAFE_INTEGER
     {
-        out.extend_from_slice(itoa_u64(n).as_bytes());
+        let _ = write!(out, "{n}");
         return;
     }
     if let Some(n) = number.as_i64()
         && n.unsigned_abs() <= MAX_SAFE_INTEGER
     {
-        out.extend_from_slice(n.to_string().as_bytes());
+        let _ = write!(out, "{n}");
         return;
     }
     let float = number.as_f64().unwrap_or(0.0);
@@ -414,10 +420,6 @@ fn write_canonical_number(out: &mut Vec<u8>, number: &serde_json::Number) {
         // serde_json cannot hold NaN or infinities; this arm is unreachable in practice.
         out.extend_from_slice(b"null");
     }
-}
-
-fn itoa_u64(n: u64) -> String {
-    n.to_string()
 }
 
 /// Writes a JSON string with exactly the escapes RFC 8785 prescribes.

@@ -11,18 +11,27 @@ use flotilla::render::patch::{PatchError, apply_json_patch, apply_merge_patch};
 
 use serde_json::{Value, json};
 
-/// Root of the shared test data.
-///
-/// In flotilla the crate root sits next to `shared/`, so this is
-/// `concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/testdata")`; the scratch
-/// crate lives one directory deeper, hence the extra `..`.
-const TESTDATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/testdata");
+/// Root of the shared test data: `shared/testdata` next to the crate root (the main
+/// checkout), or one level further up (a worktree under `wt/<name>`).
+fn testdata() -> std::path::PathBuf {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let candidates = [
+        manifest.join("../shared/testdata"),
+        manifest.join("../../shared/testdata"),
+    ];
+    candidates
+        .iter()
+        .find(|path| path.is_dir())
+        .unwrap_or(&candidates[0])
+        .clone()
+}
 
 fn load(relative: &str) -> Value {
-    let path = format!("{TESTDATA}/{relative}");
+    let path = testdata().join(relative);
     let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("cannot read test data {path}: {e}"));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path} is not valid JSON: {e}"))
+        .unwrap_or_else(|e| panic!("cannot read test data {}: {e}", path.display()));
+    serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{} is not valid JSON: {e}", path.display()))
 }
 
 /// Outcome of running one json-patch-tests file.

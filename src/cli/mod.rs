@@ -2,6 +2,7 @@
 //! one function per subcommand. `main` only calls [`main`].
 
 mod diff;
+mod hub;
 mod render;
 
 use std::path::PathBuf;
@@ -39,6 +40,12 @@ pub enum Command {
     /// Show what a change does to every cluster: BASE and HEAD rendered and compared
     /// (exit 0 no cluster changes, 1 changes, 2 HEAD does not render or could not run).
     Diff(diff::DiffArgs),
+    /// Follow a fleet repository, render every new commit and serve bundles to agents.
+    Serve(ServeArgs),
+    /// Write every bundle as static files under the API's paths (for nginx, a CDN or a USB stick).
+    Publish(PublishArgs),
+    /// Create, revoke and list the tokens agents and operators use with the hub.
+    Token(TokenArgs),
     /// Write the JSON Schemas of flotilla's kinds (Cluster, Group, Workload, Overlay).
     #[command(hide = true)]
     Schemas(SchemasArgs),
@@ -112,6 +119,106 @@ pub struct SchemasArgs {
     pub out: PathBuf,
 }
 
+/// Where the hub keeps its state unless told otherwise.
+pub const DEFAULT_STATE_DIR: &str = ".flotilla-state";
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The fleet repository: a local Git repository, a plain folder, or a remote URL
+    /// (https://, ssh://, file://, user@host:path), which is mirrored into the state dir.
+    #[arg(long, default_value = ".", value_name = "PATH|URL")]
+    pub repo: String,
+    /// The branch to follow (default: the repository's HEAD).
+    #[arg(long, value_name = "BRANCH")]
+    pub branch: Option<String>,
+    /// The fleet root inside the repository.
+    #[arg(
+        long,
+        default_value = "",
+        value_name = "SUBDIR",
+        hide_default_value = true
+    )]
+    pub path: String,
+    /// Where the hub keeps bundles, status and tokens.
+    #[arg(long, env = "FLOTILLA_STATE_DIR", default_value = DEFAULT_STATE_DIR, value_name = "DIR")]
+    pub state_dir: PathBuf,
+    /// The address to listen on (loopback by default).
+    #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR", value_parser = hub::parse_listen)]
+    pub listen: std::net::SocketAddr,
+    /// How often to look for new commits (with 10% jitter); a local repository is also watched.
+    #[arg(long, default_value = "15s", value_name = "DURATION")]
+    pub poll_interval: humantime::Duration,
+    /// How long an agent may stay silent before its cluster counts as offline.
+    #[arg(long, default_value = "5m", value_name = "DURATION")]
+    pub offline_after: humantime::Duration,
+    /// The longest a `?wait=` long-poll is held.
+    #[arg(long, default_value = "60s", value_name = "DURATION")]
+    pub max_wait: humantime::Duration,
+    /// How many digests to keep per cluster for /v1/clusters/{cluster}/bundles/{digest}.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub history: usize,
+    /// A file holding the secret of POST /v1/hooks/git (GitHub-style X-Hub-Signature-256).
+    #[arg(long, value_name = "FILE")]
+    pub webhook_secret_file: Option<PathBuf>,
+    /// Serve HTTPS with this PEM certificate chain (needs --tls-key).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key for --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Log as text lines or as JSON objects (one per line).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct PublishArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// The folder to write v1/clusters/<cluster>/bundle and bundles/<digest> into.
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct TokenArgs {
+    #[command(subcommand)]
+    pub command: TokenCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Make a token and print it once (its last word on stdout); only its hash is kept.
+    Create {
+        /// The cluster whose bundles the token reads.
+        #[arg(value_name = "CLUSTER")]
+        cluster: Option<String>,
+        /// Make an admin token (reads /v1/fleet and every bundle) instead.
+        #[arg(long)]
+        admin: bool,
+        #[arg(long, env = "FLOTILLA_STATE_DIR", default_value = DEFAULT_STATE_DIR, value_name = "DIR")]
+        state_dir: PathBuf,
+    },
+    /// Revoke a token by its id (from `token list`) or by the token itself.
+    Revoke {
+        #[arg(value_name = "ID")]
+        id: String,
+        #[arg(long, env = "FLOTILLA_STATE_DIR", default_value = DEFAULT_STATE_DIR, value_name = "DIR")]
+        state_dir: PathBuf,
+    },
+    /// List tokens: id, what they grant, when made, whether revoked.
+    List {
+        #[arg(long, env = "FLOTILLA_STATE_DIR", default_value = DEFAULT_STATE_DIR, value_name = "DIR")]
+        state_dir: PathBuf,
+    },
+}
+
 /// Parses the command line, runs the subcommand and turns errors into exit code 2.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -130,5 +237,8 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Validate(args) => render::run_validate(&args),
         Command::Schemas(args) => render::run_schemas(&args),
         Command::Diff(args) => diff::run_diff(&args),
+        Command::Serve(args) => hub::run_serve(&args),
+        Command::Publish(args) => hub::run_publish(&args),
+        Command::Token(args) => hub::run_token(&args),
     }
 }

@@ -11,21 +11,44 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct LabelSelector {
+    /// Labels a cluster must carry with exactly these values.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub match_labels: BTreeMap<String, String>,
+    /// Further requirements on labels; every one must hold.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub match_expressions: Vec<Requirement>,
 }
 
+/// One requirement on a label: `In` and `NotIn` need values, `Exists` and
+/// `DoesNotExist` take none.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[schemars(extend("anyOf" = [
+    {
+        "properties": {
+            "operator": {"enum": ["In", "NotIn"]},
+            "values": {"minItems": 1}
+        },
+        "required": ["values"]
+    },
+    {
+        "properties": {
+            "operator": {"enum": ["Exists", "DoesNotExist"]},
+            "values": {"maxItems": 0}
+        }
+    }
+]))]
 pub struct Requirement {
+    /// The label key.
     pub key: String,
     pub operator: Operator,
+    /// The values for `In` and `NotIn`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub values: Vec<String>,
 }
 
+/// How a requirement compares the label: `In` (the value is one of `values`), `NotIn`
+/// (the label is absent or its value is none of `values`), `Exists`, `DoesNotExist`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize, JsonSchema)]
 pub enum Operator {
     In,

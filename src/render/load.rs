@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use rayon::prelude::*;
 use regex::Regex;
 use serde::de::DeserializeOwned;
 
@@ -101,76 +102,81 @@ pub struct Fleet {
     pub overlays: Vec<Overlay>,
 }
 
-/// Parses and cross-checks every file of the snapshot.
+/// What one file turned out to be.
+enum Loaded {
+    Cluster(Cluster),
+    Group(Group),
+    Workload(Workload),
+    Overlay(Overlay),
+    Manifest {
+        workload: String,
+        documents: Vec<SourcedDocument>,
+    },
+    Template {
+        workload: String,
+        path: String,
+    },
+    Nothing,
+}
+
+/// Parses and cross-checks every file of the snapshot. Files parse in parallel;
+/// the result does not depend on the order they finish in.
 pub fn load(snapshot: &FleetSnapshot, diagnostics: &mut Vec<Diagnostic>) -> Fleet {
+    let parsed: Vec<(Loaded, Vec<Diagnostic>)> = snapshot
+        .files
+        .par_iter()
+        .map(|(path, text)| {
+            let mut found = Vec::new();
+            let loaded = load_file(path, text, &mut found);
+            (loaded, found)
+        })
+        .collect();
     let mut fleet = Fleet::default();
-    let mut manifests: BTreeMap<String, Vec<(&str, &str)>> = BTreeMap::new();
-    for (path, text) in &snapshot.files {
-        let parts: Vec<&str> = path.split('/').collect();
-        match parts.as_slice() {
-            ["clusters", file] if is_yaml(file) => {
-                if let Some(cluster) = load_cluster(path, text, diagnostics) {
-                    fleet.clusters.push(cluster);
-                }
+    let mut manifests: BTreeMap<String, Vec<SourcedDocument>> = BTreeMap::new();
+    let mut templates: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (loaded, found) in parsed {
+        diagnostics.extend(found);
+        match loaded {
+            Loaded::Cluster(cluster) => fleet.clusters.push(cluster),
+            Loaded::Group(group) => fleet.groups.push(group),
+            Loaded::Workload(workload) => fleet.workloads.push(workload),
+            Loaded::Overlay(overlay) => fleet.overlays.push(overlay),
+            Loaded::Manifest {
+                workload,
+                documents,
+            } => manifests.entry(workload).or_default().extend(documents),
+            Loaded::Template { workload, path } => {
+                templates.entry(workload).or_default().push(path)
             }
-            ["groups", file] if is_yaml(file) => {
-                if let Some(group) = load_group(path, text, diagnostics) {
-                    fleet.groups.push(group);
-                }
-            }
-            ["workloads", _, "workload.yaml"] => {
-                if let Some(workload) = load_workload(path, text, diagnostics) {
-                    fleet.workloads.push(workload);
-                }
-            }
-            ["workloads", workload, "manifests", .., file] if is_manifest(file) => {
-                manifests
-                    .entry(workload.to_string())
-                    .or_default()
-                    .push((path.as_str(), text));
-            }
-            ["overlays", .., file] if is_yaml(file) => {
-                if let Some(overlay) = load_overlay(path, text, diagnostics) {
-                    fleet.overlays.push(overlay);
-                }
-            }
-            _ => {}
+            Loaded::Nothing => {}
         }
     }
     for workload in &mut fleet.workloads {
-        let mut documents = Vec::new();
-        for (path, text) in manifests.remove(&workload.name).unwrap_or_default() {
-            if path.ends_with(".j2") {
-                workload.templates.push(path.to_string());
-                continue;
-            }
-            match yaml::parse_documents(text) {
-                Ok(parsed) => {
-                    let file: Arc<str> = Arc::from(path);
-                    for YamlDocument { value, line } in parsed {
-                        documents.push(SourcedDocument {
-                            value,
-                            file: file.clone(),
-                            line,
-                        });
-                    }
-                }
-                Err(err) => diagnostics.push(
-                    Diagnostic::error(err.message)
-                        .in_file(path)
-                        .at_line(err.line)
-                        .for_workload(&workload.name),
-                ),
-            }
-        }
-        workload.documents = Arc::new(documents);
+        workload.documents = Arc::new(manifests.remove(&workload.name).unwrap_or_default());
+        workload.templates = templates.remove(&workload.name).unwrap_or_default();
     }
-    for (workload, files) in manifests {
-        if let Some((path, _)) = files.first() {
-            diagnostics.push(Diagnostic::error(format!(
-                "manifests for workload {workload:?}, but there is no workloads/{workload}/workload.yaml"
-            )).in_file(*path));
+    let orphans = manifests
+        .into_iter()
+        .filter_map(|(workload, documents)| Some((workload, documents.first()?.file.to_string())))
+        .chain(
+            templates
+                .into_iter()
+                .filter_map(|(workload, paths)| Some((workload, paths.first()?.clone()))),
+        );
+    for (workload, path) in orphans {
+        // A workload.yaml that exists but failed to load has been reported already.
+        if snapshot
+            .files
+            .contains_key(&format!("workloads/{workload}/workload.yaml"))
+        {
+            continue;
         }
+        diagnostics.push(
+            Diagnostic::error(format!(
+                "manifests for workload {workload:?}, but there is no workloads/{workload}/workload.yaml"
+            ))
+            .in_file(path),
+        );
     }
     fleet.clusters.sort_by(|a, b| a.name.cmp(&b.name));
     fleet.groups.sort_by(|a, b| a.name.cmp(&b.name));
@@ -179,16 +185,64 @@ pub fn load(snapshot: &FleetSnapshot, diagnostics: &mut Vec<Diagnostic>) -> Flee
         .overlays
         .sort_by(|a, b| (a.priority, &a.name).cmp(&(b.priority, &b.name)));
     check_duplicates(&fleet, diagnostics);
-    check_references(&fleet, diagnostics);
+    check_references(snapshot, &fleet, diagnostics);
     fleet
+}
+
+fn load_file(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Loaded {
+    let parts: Vec<&str> = path.split('/').collect();
+    let loaded = match parts.as_slice() {
+        ["clusters", file] if is_yaml(file) => {
+            load_cluster(path, text, diagnostics).map(Loaded::Cluster)
+        }
+        ["groups", file] if is_yaml(file) => load_group(path, text, diagnostics).map(Loaded::Group),
+        ["workloads", _, "workload.yaml"] => {
+            load_workload(path, text, diagnostics).map(Loaded::Workload)
+        }
+        ["workloads", workload, "manifests", .., file] if file.ends_with(".j2") => {
+            Some(Loaded::Template {
+                workload: workload.to_string(),
+                path: path.to_string(),
+            })
+        }
+        ["workloads", workload, "manifests", .., file] if is_yaml(file) => {
+            match yaml::parse_documents(text) {
+                Ok(parsed) => {
+                    let file: Arc<str> = Arc::from(path);
+                    let documents = parsed
+                        .into_iter()
+                        .map(|YamlDocument { value, line }| SourcedDocument {
+                            value,
+                            file: file.clone(),
+                            line,
+                        })
+                        .collect();
+                    Some(Loaded::Manifest {
+                        workload: workload.to_string(),
+                        documents,
+                    })
+                }
+                Err(err) => {
+                    diagnostics.push(
+                        Diagnostic::error(err.message)
+                            .in_file(path)
+                            .at_line(err.line)
+                            .for_workload(*workload),
+                    );
+                    None
+                }
+            }
+        }
+        ["overlays", .., file] if is_yaml(file) => {
+            load_overlay(path, text, diagnostics).map(Loaded::Overlay)
+        }
+        _ => None,
+    };
+    loaded.unwrap_or(Loaded::Nothing)
 }
 
 fn is_yaml(file: &str) -> bool {
     file.ends_with(".yaml") || file.ends_with(".yml")
-}
-
-fn is_manifest(file: &str) -> bool {
-    is_yaml(file) || file.ends_with(".j2")
 }
 
 fn file_stem(path: &str) -> &str {
@@ -198,56 +252,94 @@ fn file_stem(path: &str) -> &str {
         .unwrap_or(file)
 }
 
-/// Parses a file as one of flotilla's kinds, checking apiVersion and kind first so
-/// that a wrong kind gets that message rather than a list of unknown fields.
-fn parse_kind<T: DeserializeOwned>(
+/// The `apiVersion` and `kind` every flotilla document carries.
+trait Header {
+    fn header(&self) -> (&str, &str);
+}
+
+macro_rules! header {
+    ($($doc:ty),*) => {$(
+        impl Header for $doc {
+            fn header(&self) -> (&str, &str) {
+                (&self.api_version, &self.kind)
+            }
+        }
+    )*};
+}
+header!(ClusterDoc, GroupDoc, WorkloadDoc, OverlayDoc);
+
+/// Parses a file as one of flotilla's kinds. A wrong apiVersion or kind is reported
+/// as such, rather than as the unknown fields that usually follow from it.
+fn parse_kind<T: DeserializeOwned + Header>(
     path: &str,
     text: &str,
     kind: &str,
     diagnostics: &mut Vec<Diagnostic>,
 ) -> Option<T> {
-    let header: serde_json::Value = match yaml::parse(text) {
-        Ok(value) => value,
-        Err(err) => {
-            diagnostics.push(
-                Diagnostic::error(err.message)
-                    .in_file(path)
-                    .at_line(err.line),
-            );
-            return None;
-        }
-    };
-    if !header.is_object() {
-        diagnostics.push(
-            Diagnostic::error(format!("expected a {kind} object (a YAML mapping)")).in_file(path),
-        );
-        return None;
-    }
-    let api_version = header.get("apiVersion").and_then(|v| v.as_str());
-    let found_kind = header.get("kind").and_then(|v| v.as_str());
-    if api_version != Some(API_VERSION) || found_kind != Some(kind) {
-        diagnostics.push(
+    let wrong_kind = |api_version: Option<&str>, found: Option<&str>| {
+        (api_version != Some(API_VERSION) || found != Some(kind)).then(|| {
             Diagnostic::error(format!(
                 "expected apiVersion {API_VERSION:?} and kind {kind:?}, found {} and {}",
                 describe(api_version),
-                describe(found_kind)
+                describe(found)
             ))
             .in_file(path)
-            .at_line(Some(1)),
-        );
-        return None;
-    }
-    match yaml::parse::<T>(text) {
-        Ok(value) => Some(value),
-        Err(err) => {
-            diagnostics.push(
-                Diagnostic::error(err.message)
-                    .in_file(path)
-                    .at_line(err.line),
-            );
-            None
+            .at_line(key_line(
+                text,
+                if api_version != Some(API_VERSION) {
+                    "apiVersion"
+                } else {
+                    "kind"
+                },
+            ))
+        })
+    };
+    let typed_error = match yaml::parse::<T>(text) {
+        Ok(value) => {
+            let (api_version, found) = value.header();
+            if let Some(diagnostic) = wrong_kind(Some(api_version), Some(found)) {
+                diagnostics.push(diagnostic);
+                return None;
+            }
+            return Some(value);
         }
+        Err(err) => err,
+    };
+    // Only a file that failed to parse is read a second time, for the better message.
+    match yaml::parse::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Object(header)) => {
+            let field = |name: &str| header.get(name).and_then(|v| v.as_str());
+            if let Some(diagnostic) = wrong_kind(field("apiVersion"), field("kind")) {
+                diagnostics.push(diagnostic);
+                return None;
+            }
+        }
+        Ok(_) => {
+            diagnostics.push(
+                Diagnostic::error(format!("expected a {kind} object (a YAML mapping)"))
+                    .in_file(path),
+            );
+            return None;
+        }
+        Err(_) => {}
     }
+    diagnostics.push(
+        Diagnostic::error(typed_error.message)
+            .in_file(path)
+            .at_line(typed_error.line),
+    );
+    None
+}
+
+/// The line of a top-level key, found by reading the text (the parser's typed
+/// result no longer knows it).
+fn key_line(text: &str, key: &str) -> Option<u64> {
+    text.lines()
+        .position(|line| {
+            line.strip_prefix(key)
+                .is_some_and(|rest| rest.trim_start().starts_with(':'))
+        })
+        .map(|index| index as u64 + 1)
 }
 
 fn describe(value: Option<&str>) -> String {
@@ -437,7 +529,14 @@ fn compile_patch(
             Ok(regex) => Some(regex),
             Err(err) => {
                 diagnostics.push(error(format!(
-                    "target.{field}: invalid regular expression {pattern:?}: {err}"
+                    "target.{field}: invalid regular expression {pattern:?}: {}",
+                    // The regex error draws a caret under the pattern over several
+                    // lines; a diagnostic is one line, so keep only the reason.
+                    err.to_string()
+                        .lines()
+                        .last()
+                        .unwrap_or_default()
+                        .trim_start_matches("error: ")
                 )));
                 failed = true;
                 None
@@ -487,12 +586,27 @@ fn check_duplicates(fleet: &Fleet, diagnostics: &mut Vec<Diagnostic>) {
 }
 
 /// Every name a workload target or an overlay refers to must exist.
-fn check_references(fleet: &Fleet, diagnostics: &mut Vec<Diagnostic>) {
+/// A name whose file exists but failed to load is not reported as unknown: its
+/// own error says what is wrong, and a second message would only mislead.
+fn check_references(snapshot: &FleetSnapshot, fleet: &Fleet, diagnostics: &mut Vec<Diagnostic>) {
     let clusters: BTreeSet<&str> = fleet.clusters.iter().map(|c| c.name.as_str()).collect();
     let groups: BTreeSet<&str> = fleet.groups.iter().map(|g| g.name.as_str()).collect();
     let workloads: BTreeSet<&str> = fleet.workloads.iter().map(|w| w.name.as_str()).collect();
+    let exists = |what: &str, name: &str| match what {
+        "cluster" => ["yaml", "yml"].iter().any(|ext| {
+            snapshot
+                .files
+                .contains_key(&format!("clusters/{name}.{ext}"))
+        }),
+        "group" => ["yaml", "yml"]
+            .iter()
+            .any(|ext| snapshot.files.contains_key(&format!("groups/{name}.{ext}"))),
+        _ => snapshot
+            .files
+            .contains_key(&format!("workloads/{name}/workload.yaml")),
+    };
     let mut check = |file: &str, line: u64, what: &str, name: &str, known: &BTreeSet<&str>| {
-        if known.contains(name) {
+        if known.contains(name) || exists(what, name) {
             return;
         }
         let hint = did_you_mean(name, known.iter().copied())

@@ -116,13 +116,15 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
                 .collect()
         })
         .collect();
-    if options.clusters.is_empty() {
+    // Selections are judged only when every file loaded: with a broken cluster file
+    // "selects no cluster" would be a guess.
+    if options.clusters.is_empty() && !diagnostics.iter().any(Diagnostic::is_error) {
         warn_about_empty_selections(&fleet, &clusters, &memberships, &mut diagnostics);
     }
 
     // Phase 1, per cluster: which workloads and overlays apply, and the template
     // outputs for them.
-    let cluster_plans: Vec<(Vec<Plan>, Vec<(usize, String)>, Vec<Diagnostic>)> = clusters
+    let cluster_plans: Vec<ClusterPlan> = clusters
         .par_iter()
         .zip(memberships.par_iter())
         .map(|(cluster, groups)| plan_cluster(&fleet, &templates, cluster, groups))
@@ -190,51 +192,46 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
         scope_table[id] = scopes;
     }
 
-    // Phase 2: every distinct unit of work, rendered once.
-    type UnitKey = (usize, Vec<usize>, usize, Vec<usize>);
+    // Phase 2: every distinct unit of work, rendered once. A unit is a workload's
+    // plain manifests, or one template output, under one list of overlays and one
+    // set of custom scopes; clusters that share a unit share its resources.
     let mut unit_ids: HashMap<UnitKey, usize> = HashMap::new();
     let mut unit_users: Vec<Vec<usize>> = Vec::new();
     let mut cluster_units: Vec<Vec<usize>> = Vec::with_capacity(clusters.len());
     for (index, plans) in plans_per_cluster.iter().enumerate() {
         let mut units = Vec::with_capacity(plans.len());
         for plan in plans {
-            let key = (
-                plan.workload,
-                plan.overlays.clone(),
-                cluster_scope[index],
-                plan.outputs.clone(),
-            );
-            let next = unit_ids.len();
-            let id = *unit_ids.entry(key).or_insert(next);
-            if id == unit_users.len() {
-                unit_users.push(Vec::new());
+            let sources = std::iter::once(None).chain(plan.outputs.iter().map(|&o| Some(o)));
+            for source in sources {
+                let key = UnitKey {
+                    workload: plan.workload,
+                    overlays: plan.overlays.clone(),
+                    scope: cluster_scope[index],
+                    output: source,
+                };
+                let next = unit_ids.len();
+                let id = *unit_ids.entry(key).or_insert(next);
+                if id == unit_users.len() {
+                    unit_users.push(Vec::new());
+                }
+                unit_users[id].push(index);
+                units.push(id);
             }
-            unit_users[id].push(index);
-            units.push(id);
         }
         cluster_units.push(units);
     }
-    let mut unit_keys: Vec<UnitKey> = vec![Default::default(); unit_ids.len()];
+    let mut unit_keys: Vec<UnitKey> = vec![UnitKey::default(); unit_ids.len()];
     for (key, id) in unit_ids {
         unit_keys[id] = key;
     }
     let units: Vec<Result<Vec<Rendered>, Vec<Diagnostic>>> = unit_keys
         .par_iter()
-        .map(|(workload, overlays, scope, outputs)| {
-            render_unit(
-                &fleet,
-                *workload,
-                overlays,
-                &scope_table[*scope],
-                outputs,
-                &parsed_outputs,
-            )
-        })
+        .map(|key| render_unit(&fleet, key, &scope_table[key.scope], &parsed_outputs))
         .collect();
     for (id, unit) in units.iter().enumerate() {
         if let Err(unit_diagnostics) = unit {
             let users = &unit_users[id];
-            let workload = &fleet.workloads[unit_keys[id].0].name;
+            let workload = &fleet.workloads[unit_keys[id].workload].name;
             for diagnostic in unit_diagnostics {
                 for &user in users {
                     diagnostics.push(
@@ -248,6 +245,29 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
         }
     }
 
+    // Every distinct resource identity gets its rank in bundle order once, so that
+    // per cluster, sorting and the duplicate check compare integers, not strings.
+    let mut keys: Vec<&ResourceKey> = units
+        .iter()
+        .flatten()
+        .flatten()
+        .map(|rendered| &rendered.resource.key)
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let ranks: HashMap<&ResourceKey, u32> = keys
+        .iter()
+        .enumerate()
+        .map(|(rank, key)| (*key, rank as u32))
+        .collect();
+    let unit_ranks: Vec<Vec<u32>> = units
+        .iter()
+        .map(|unit| match unit {
+            Ok(rendered) => rendered.iter().map(|r| ranks[&r.resource.key]).collect(),
+            Err(_) => Vec::new(),
+        })
+        .collect();
+
     // Phase 3, per cluster: gather, check identities, sort and hash.
     let done = AtomicUsize::new(0);
     let total = clusters.len();
@@ -255,7 +275,7 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
         .par_iter()
         .zip(cluster_units.par_iter())
         .map(|(cluster, unit_list)| {
-            let result = assemble(&fleet, cluster, unit_list, &unit_keys, &units);
+            let result = assemble(&fleet, cluster, unit_list, &unit_keys, &units, &unit_ranks);
             let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
             if let Some(progress) = options.progress {
                 progress(finished, total);
@@ -291,6 +311,14 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
                 .map(|&g| fleet.groups[g].name.clone())
                 .collect(),
         );
+    }
+    // An error that belongs to no single cluster (a broken overlay or group file,
+    // say) may have changed what every cluster gets, so no bundle is trustworthy.
+    if diagnostics
+        .iter()
+        .any(|d| d.is_error() && d.cluster.is_none())
+    {
+        output.bundles.clear();
     }
     output.diagnostics = fold_cluster_repeats(diagnostics);
     output
@@ -457,33 +485,33 @@ fn parse_output(path: &str, text: &str) -> Result<Vec<SourcedDocument>, Diagnost
         })
 }
 
+/// One distinct piece of rendering work (see phase 2 of [`render_with`]).
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+struct UnitKey {
+    workload: usize,
+    overlays: Vec<usize>,
+    scope: usize,
+    /// `None` for the workload's plain manifests, else a template output.
+    output: Option<usize>,
+}
+
 fn render_unit(
     fleet: &Fleet,
-    workload_index: usize,
-    overlay_indices: &[usize],
+    key: &UnitKey,
     scopes: &CustomScopes,
-    outputs: &[usize],
     parsed_outputs: &[Result<Vec<SourcedDocument>, Diagnostic>],
 ) -> Result<Vec<Rendered>, Vec<Diagnostic>> {
-    let workload = &fleet.workloads[workload_index];
-    let overlays: Vec<&Overlay> = overlay_indices
-        .iter()
-        .map(|&o| &fleet.overlays[o])
-        .collect();
-    let mut rendered = Vec::new();
+    let workload = &fleet.workloads[key.workload];
+    let overlays: Vec<&Overlay> = key.overlays.iter().map(|&o| &fleet.overlays[o]).collect();
+    let documents: &[SourcedDocument] = match key.output {
+        None => &workload.documents,
+        Some(output) => match &parsed_outputs[output] {
+            Ok(documents) => documents,
+            Err(diagnostic) => return Err(vec![diagnostic.clone()]),
+        },
+    };
+    let mut rendered = Vec::with_capacity(documents.len());
     let mut errors = Vec::new();
-    let template_documents = outputs.iter().filter_map(|&o| match &parsed_outputs[o] {
-        Ok(documents) => Some(documents.iter()),
-        Err(diagnostic) => {
-            errors.push(diagnostic.clone());
-            None
-        }
-    });
-    let documents: Vec<&SourcedDocument> = workload
-        .documents
-        .iter()
-        .chain(template_documents.flatten())
-        .collect();
     for document in documents {
         match transform::transform(document, workload, &overlays, scopes) {
             Ok((key, value)) => rendered.push(Rendered {
@@ -501,47 +529,55 @@ fn render_unit(
     }
 }
 
-type UnitKeyRef = (usize, Vec<usize>, usize, Vec<usize>);
-
 fn assemble(
     fleet: &Fleet,
     cluster: &Cluster,
     unit_list: &[usize],
-    unit_keys: &[UnitKeyRef],
+    unit_keys: &[UnitKey],
     units: &[Result<Vec<Rendered>, Vec<Diagnostic>>],
+    unit_ranks: &[Vec<u32>],
 ) -> Result<Bundle, Vec<Diagnostic>> {
-    let mut seen: HashMap<&ResourceKey, (&Rendered, usize)> = HashMap::new();
-    let mut resources = Vec::new();
-    let mut errors = Vec::new();
+    let mut ranked: Vec<(u32, &Rendered, usize)> = Vec::new();
     for &unit in unit_list {
         let Ok(rendered) = &units[unit] else { continue };
-        let workload = unit_keys[unit].0;
-        for item in rendered {
-            if let Some((first, first_workload)) = seen.get(&item.resource.key) {
-                errors.push(
-                    Diagnostic::error(format!(
-                        "{} is defined twice for this cluster: here (workload {}) and at {}:{} (workload {})",
-                        item.resource.key,
-                        fleet.workloads[workload].name,
-                        first.file,
-                        first.line,
-                        fleet.workloads[*first_workload].name
-                    ))
-                    .in_file(&*item.file)
-                    .at_line(Some(item.line))
-                    .for_cluster(&cluster.name),
-                );
-                continue;
-            }
-            seen.insert(&item.resource.key, (item, workload));
-            resources.push(item.resource.clone());
+        let workload = unit_keys[unit].workload;
+        ranked.extend(
+            unit_ranks[unit]
+                .iter()
+                .zip(rendered)
+                .map(|(&rank, item)| (rank, item, workload)),
+        );
+    }
+    // A stable sort keeps equal identities in workload order, so the duplicate is
+    // reported at the later one.
+    ranked.sort_by_key(|(rank, _, _)| *rank);
+    let mut errors = Vec::new();
+    for pair in ranked.windows(2) {
+        let ((rank, first, first_workload), (next_rank, item, workload)) = (pair[0], pair[1]);
+        if rank == next_rank {
+            errors.push(
+                Diagnostic::error(format!(
+                    "{} is defined twice for this cluster: here (workload {}) and at {}:{} (workload {})",
+                    item.resource.key,
+                    fleet.workloads[workload].name,
+                    first.file,
+                    first.line,
+                    fleet.workloads[first_workload].name
+                ))
+                .in_file(&*item.file)
+                .at_line(Some(item.line))
+                .for_cluster(&cluster.name),
+            );
         }
     }
-    if errors.is_empty() {
-        Ok(Bundle::new(cluster.name.clone(), resources))
-    } else {
-        Err(errors)
+    if !errors.is_empty() {
+        return Err(errors);
     }
+    let resources = ranked
+        .into_iter()
+        .map(|(_, item, _)| item.resource.clone())
+        .collect();
+    Ok(Bundle::from_sorted(cluster.name.clone(), resources))
 }
 
 fn warn_about_empty_selections(

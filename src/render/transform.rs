@@ -242,6 +242,10 @@ fn apply_image_override(image: &str, image_override: &ImageOverride) -> Option<S
         return None;
     }
     let new_name = image_override.new_name.as_deref().unwrap_or(name);
+    // As in kustomize, a new tag and a digest given together are both kept.
+    if let (Some(new_tag), Some(new_digest)) = (&image_override.new_tag, &image_override.digest) {
+        return Some(format!("{new_name}:{new_tag}@{new_digest}"));
+    }
     Some(if let Some(new_digest) = &image_override.digest {
         format!("{new_name}@{new_digest}")
     } else if let Some(new_tag) = &image_override.new_tag {
@@ -302,6 +306,14 @@ mod tests {
             apply_image_override("nginx:1", &image("nginx", None, None, Some("sha256:ab")))
                 .as_deref(),
             Some("nginx@sha256:ab")
+        );
+        assert_eq!(
+            apply_image_override(
+                "nginx:1@sha256:ab",
+                &image("nginx", None, Some("2"), Some("sha256:cd"))
+            )
+            .as_deref(),
+            Some("nginx:2@sha256:cd")
         );
         assert_eq!(
             apply_image_override("nginxx:1", &image("nginx", None, Some("2"), None)),

@@ -119,23 +119,53 @@ fn convert(err: &serde_saphyr::Error) -> YamlError {
 fn plain_message(err: &serde_saphyr::Error) -> String {
     let text = err.without_snippet().to_string();
     let first = text.lines().next().unwrap_or("").trim();
-    let first = match first.rfind(" at line ") {
+    let first = match first.find(" at line ") {
         Some(index) => &first[..index],
         None => first,
     };
     first.trim_end_matches('.').to_string()
 }
 
-/// Rewrites serde's `unknown field `lables`, expected one of `name`, `labels``
-/// into `unknown field "lables" (did you mean "labels"?)`.
+/// Rewrites parser messages into flotilla's style: serde's `unknown field `lables`,
+/// expected one of `name`, `labels`` (or serde-saphyr's form, whose candidates carry
+/// no backticks) becomes `unknown field "lables" (did you mean "labels"?)`; a
+/// duplicate key or a breached parser budget gets a message meant for a fleet author
+/// rather than for the programmer calling the parser.
 fn improve_message(message: &str) -> String {
+    if let Some(key) = message.strip_prefix("duplicate mapping key: ").map(|rest| {
+        rest.split(", set DuplicateKeyPolicy")
+            .next()
+            .unwrap_or(rest)
+    }) {
+        return format!("duplicate key {key:?}; each key may appear once in a mapping");
+    }
+    if message.starts_with("budget breached") {
+        return "the YAML grows past the parser's limits once its anchors and aliases are \
+                expanded (an alias bomb?); flotilla does not read it"
+            .to_string();
+    }
     let Some(rest) = message.strip_prefix("unknown field `") else {
         return message.to_string();
     };
     let Some((field, expected)) = rest.split_once('`') else {
         return message.to_string();
     };
-    let candidates: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+    let candidates: Vec<&str> = expected
+        .trim_start_matches(',')
+        .trim()
+        .strip_prefix("expected one of ")
+        .or_else(|| {
+            expected
+                .trim_start_matches(',')
+                .trim()
+                .strip_prefix("expected ")
+        })
+        .map(|list| {
+            list.split(", ")
+                .map(|c| c.trim().trim_matches('`'))
+                .collect()
+        })
+        .unwrap_or_default();
     match did_you_mean(field, candidates.iter().copied()) {
         Some(best) => format!("unknown field \"{field}\" (did you mean \"{best}\"?)"),
         None if candidates.is_empty() => format!("unknown field \"{field}\""),
@@ -189,6 +219,15 @@ mod tests {
                 "unknown field `lables`, expected one of `name`, `labels`, `annotations`"
             ),
             "unknown field \"lables\" (did you mean \"labels\"?)"
+        );
+        // serde-saphyr lists the candidates without backticks.
+        assert_eq!(
+            improve_message("unknown field `lables`, expected one of name, labels, annotations"),
+            "unknown field \"lables\" (did you mean \"labels\"?)"
+        );
+        assert_eq!(
+            improve_message("unknown field `zzz`, expected `name`"),
+            "unknown field \"zzz\" (expected one of \"name\")"
         );
     }
 }

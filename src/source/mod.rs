@@ -2,6 +2,8 @@
 //! database through git2, so what is rendered is exactly the commit) or a plain
 //! folder (for local editing). This is the only module that knows git2.
 
+pub mod follow;
+
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;

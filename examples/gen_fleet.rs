@@ -1,0 +1,126 @@
+//! Generates a synthetic fleet repository for benchmarks.
+//!
+//! ```text
+//! cargo run --release --example gen_fleet -- --clusters 10000 --workloads 20 --resources 5 OUT
+//!     [--git] [--kustomize K]
+//! ```
+//!
+//! The fleet is described in `examples/support/synthetic.rs`. `--git` makes OUT a
+//! Git repository with one commit. `--kustomize K` also writes `OUT-kustomize/`, a
+//! kustomize layout equivalent for the first K clusters (a base per workload, an
+//! overlay per cluster), to compare against `kubectl kustomize`.
+
+#[path = "support/synthetic.rs"]
+mod synthetic;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+struct Args {
+    clusters: usize,
+    workloads: usize,
+    resources: usize,
+    out: PathBuf,
+    git: bool,
+    kustomize: usize,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        clusters: 100,
+        workloads: 20,
+        resources: 5,
+        out: PathBuf::new(),
+        git: false,
+        kustomize: 0,
+    };
+    let mut it = std::env::args().skip(1);
+    let number = |value: Option<String>, flag: &str| -> Result<usize, String> {
+        value
+            .ok_or(format!("{flag} needs a number"))?
+            .parse()
+            .map_err(|_| format!("{flag} needs a number"))
+    };
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--clusters" => args.clusters = number(it.next(), "--clusters")?,
+            "--workloads" => args.workloads = number(it.next(), "--workloads")?,
+            "--resources" => args.resources = number(it.next(), "--resources")?,
+            "--kustomize" => args.kustomize = number(it.next(), "--kustomize")?,
+            "--git" => args.git = true,
+            "-h" | "--help" => return Err(String::new()),
+            other if !other.starts_with('-') => args.out = PathBuf::from(other),
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    if args.out.as_os_str().is_empty() {
+        return Err("missing OUT folder".into());
+    }
+    Ok(args)
+}
+
+fn write_all(root: &Path, files: &synthetic::Files) {
+    if root.exists() {
+        std::fs::remove_dir_all(root).expect("remove the old folder");
+    }
+    for (path, text) in &files.0 {
+        let path = root.join(path);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).expect("create folder");
+        }
+        std::fs::write(&path, text).expect("write file");
+    }
+}
+
+fn git(dir: &Path, arguments: &[&str]) {
+    let status = Command::new("git")
+        .args(arguments)
+        .current_dir(dir)
+        .env("GIT_AUTHOR_NAME", "flotilla-bench")
+        .env("GIT_AUTHOR_EMAIL", "bench@flotilla.invalid")
+        .env("GIT_COMMITTER_NAME", "flotilla-bench")
+        .env("GIT_COMMITTER_EMAIL", "bench@flotilla.invalid")
+        .status()
+        .expect("run git");
+    assert!(status.success(), "git {arguments:?} failed");
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!(
+                "{message}\nusage: gen_fleet --clusters N --workloads W --resources R OUT [--git] [--kustomize K]"
+            );
+            std::process::exit(2);
+        }
+    };
+    write_all(
+        &args.out,
+        &synthetic::fleet(args.clusters, args.workloads, args.resources),
+    );
+    if args.kustomize > 0 {
+        let root = PathBuf::from(format!("{}-kustomize", args.out.display()));
+        write_all(
+            &root,
+            &synthetic::kustomize(
+                args.clusters,
+                args.workloads,
+                args.resources,
+                args.kustomize,
+            ),
+        );
+    }
+    if args.git {
+        git(&args.out, &["init", "-q", "-b", "main"]);
+        git(&args.out, &["add", "-A"]);
+        git(&args.out, &["commit", "-q", "-m", "generated fleet"]);
+    }
+    eprintln!(
+        "wrote {} clusters × {} workloads × {} resources to {}",
+        args.clusters,
+        args.workloads,
+        args.resources,
+        args.out.display()
+    );
+}
