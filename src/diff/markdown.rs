@@ -91,7 +91,7 @@ pub fn report(diff: &FleetDiff, options: &MarkdownOptions) -> String {
                 plural(diff.head.errors.len()),
                 failed_sentence(diff),
                 if diff.has_changes() {
-                    " The changes below are what HEAD renders despite the errors; they may be incomplete."
+                    " The changes below are those of the clusters HEAD did render."
                 } else {
                     ""
                 }

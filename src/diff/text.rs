@@ -76,7 +76,7 @@ pub fn report(diff: &FleetDiff, options: &TextOptions) -> String {
         if diff.has_changes() {
             let _ = writeln!(
                 out,
-                "The changes below are what HEAD renders despite the errors; they may be incomplete."
+                "The changes below are those of the clusters HEAD did render."
             );
         }
     }
