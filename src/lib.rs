@@ -2,6 +2,7 @@
 //!
 //! See ARCHITECTURE.md for the map of modules and the invariants they keep.
 
+pub mod agent;
 pub mod bundle;
 pub mod cli;
 pub mod diagnostic;

@@ -1,6 +1,7 @@
 //! The command line: clap definitions, the validated settings built from them, and
 //! one function per subcommand. `main` only calls [`main`].
 
+mod agent;
 mod diff;
 mod hub;
 mod render;
@@ -46,6 +47,8 @@ pub enum Command {
     Publish(PublishArgs),
     /// Create, revoke and list the tokens agents and operators use with the hub.
     Token(TokenArgs),
+    /// Run the edge agent: pull this cluster's bundle, verify, keep, apply, prune, report.
+    Agent(agent::AgentArgs),
     /// Write the JSON Schemas of flotilla's kinds (Cluster, Group, Workload, Overlay).
     #[command(hide = true)]
     Schemas(SchemasArgs),
@@ -240,5 +243,6 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Serve(args) => hub::run_serve(&args),
         Command::Publish(args) => hub::run_publish(&args),
         Command::Token(args) => hub::run_token(&args),
+        Command::Agent(args) => agent::run_agent(&args),
     }
 }

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The edge agent's footprint: binary size, resident memory and CPU while idle.
+#
+#   cargo build --release && benches/agent-footprint.sh [IDLE_SECONDS]
+#   SYNTHETIC=2000 benches/agent-footprint.sh     # a bundle of 2,000 ConfigMaps instead
+#
+# Renders one cluster of fleet-example (or makes a synthetic bundle of $SYNTHETIC
+# ConfigMaps of about 1 KiB each), lays it out as `flotilla publish` would, and
+# runs `flotilla agent` with the dir sink twice: against the folder (file://) and
+# against a static web server on loopback (http://, python3's http.server, which
+# answers at once, so the agent paces itself to one request per --wait). After the
+# first apply it samples VmRSS/VmHWM from /proc/PID/status and utime+stime from
+# /proc/PID/stat over IDLE_SECONDS (default 30) of idle polling.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+idle="${1:-30}"
+bin="${FLOTILLA_BIN:-target/release/flotilla}"
+work="$(mktemp -d)"
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+if [ -n "${SYNTHETIC:-}" ]; then
+  mkdir -p "$work/render"
+  document="$work/render/synthetic.json"
+  # Canonical JSON of these simple objects is Python's sorted, compact form.
+  python3 - "$SYNTHETIC" "$document" <<'PY'
+import hashlib, json, sys
+count, path = int(sys.argv[1]), sys.argv[2]
+dump = lambda v: json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+items = [{"apiVersion": "v1", "kind": "ConfigMap",
+          "metadata": {"name": f"cm-{i:05d}", "namespace": "demo"},
+          "data": {"value": "x" * 1000}} for i in range(count)]
+resources = "[" + ",".join(dump(i) for i in items) + "]"
+digest = "sha256:" + hashlib.sha256(resources.encode()).hexdigest()
+open(path, "w").write('{"apiVersion":"flotilla.dev/v1alpha1","cluster":"synthetic","digest":"%s",'
+                      '"kind":"Bundle","resources":%s,"revision":"main@sha1:0"}' % (digest, resources))
+PY
+else
+  "$bin" render --repo fleet-example --out "$work/render" >/dev/null
+  document="$(ls "$work/render"/*.json | head -n 1)"
+fi
+cluster="$(basename "$document" .json)"
+mkdir -p "$work/pub/v1/clusters/$cluster"
+cp "$document" "$work/pub/v1/clusters/$cluster/bundle"
+resources="$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["resources"]))' "$document")"
+echo "binary: $bin, $(stat -c %s "$bin") bytes"
+echo "cluster $cluster: $resources resources"
+
+ticks="$(getconf CLK_TCK)"
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+kib() { awk -v key="$2:" '$1 == key {print $2}' "/proc/$1/status"; }
+
+measure() {
+  local label="$1"; shift
+  local state="$work/state-$label" target="$work/target-$label"
+  "$bin" agent --cluster "$cluster" --state-dir "$state" --sink "dir:$target" \
+    --wait 30s "$@" 2>"$work/$label.log" &
+  local pid=$!
+  pids+=("$pid")
+  for _ in $(seq 100); do
+    [ -f "$state/status.json" ] && grep -q '"applied": "sha256' "$state/status.json" && break
+    sleep 0.1
+  done
+  grep -q '"applied": "sha256' "$state/status.json" || { cat "$work/$label.log"; exit 1; }
+  sleep 2
+  local before after
+  before="$(cpu_ticks "$pid")"
+  sleep "$idle"
+  after="$(cpu_ticks "$pid")"
+  printf '%-6s idle RSS %s KiB (peak %s KiB), threads %s, CPU over %ss idle: %s ticks of 1/%ss\n' \
+    "$label" "$(kib "$pid" VmRSS)" "$(kib "$pid" VmHWM)" "$(kib "$pid" Threads)" \
+    "$idle" "$((after - before))" "$ticks"
+  kill "$pid"
+}
+
+measure file --server "file://$work/pub"
+
+port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+python3 -m http.server "$port" --bind 127.0.0.1 --directory "$work/pub" >/dev/null 2>&1 &
+pids+=("$!")
+sleep 1
+echo "not-a-real-token" > "$work/token"
+measure http --server "http://127.0.0.1:$port" --token-file "$work/token"
