@@ -6,10 +6,11 @@
 #
 # Renders one cluster of fleet-example (or makes a synthetic bundle of $SYNTHETIC
 # ConfigMaps of about 1 KiB each), lays it out as `flotilla publish` would, and
-# runs `flotilla agent` with the dir sink twice: against the folder (file://) and
-# against a static web server on loopback (http://, python3's http.server, which
-# answers at once, so the agent paces itself to one request per --wait). After the
-# first apply it samples VmRSS/VmHWM from /proc/PID/status and utime+stime from
+# runs `flotilla agent` with the dir sink: against the folder (file://), against a
+# static web server on loopback (http://, python3's http.server, which answers at
+# once, so the agent paces itself to one request per --wait), and (fleet-example
+# only) against the real hub, `flotilla serve`, which holds each long-poll. After
+# the first apply it samples VmRSS/VmHWM from /proc/PID/status and utime+stime from
 # /proc/PID/stat over IDLE_SECONDS (default 30) of idle polling.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -72,9 +73,9 @@ measure() {
   before="$(cpu_ticks "$pid")"
   sleep "$idle"
   after="$(cpu_ticks "$pid")"
-  printf '%-6s idle RSS %s KiB (peak %s KiB), threads %s, CPU over %ss idle: %s ticks of 1/%ss\n' \
-    "$label" "$(kib "$pid" VmRSS)" "$(kib "$pid" VmHWM)" "$(kib "$pid" Threads)" \
-    "$idle" "$((after - before))" "$ticks"
+  printf '%-6s idle RSS %s KiB (anon %s, file %s; peak %s KiB), threads %s, CPU over %ss idle: %s ticks of 1/%ss\n' \
+    "$label" "$(kib "$pid" VmRSS)" "$(kib "$pid" RssAnon)" "$(kib "$pid" RssFile)" \
+    "$(kib "$pid" VmHWM)" "$(kib "$pid" Threads)" "$idle" "$((after - before))" "$ticks"
   kill "$pid"
 }
 
@@ -86,3 +87,18 @@ pids+=("$!")
 sleep 1
 echo "not-a-real-token" > "$work/token"
 measure http --server "http://127.0.0.1:$port" --token-file "$work/token"
+
+if [ -z "${SYNTHETIC:-}" ]; then
+  hub_port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  "$bin" serve --repo fleet-example --state-dir "$work/hub" --listen "127.0.0.1:$hub_port" \
+    2>"$work/hub.log" &
+  pids+=("$!")
+  for _ in $(seq 100); do
+    curl -fs "http://127.0.0.1:$hub_port/readyz" >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  "$bin" token create "$cluster" --state-dir "$work/hub" | tail -n 1 | awk '{print $NF}' \
+    > "$work/hub-token"
+  sleep 2  # the hub picks up new tokens within a second
+  measure hub --server "http://127.0.0.1:$hub_port" --token-file "$work/hub-token"
+fi
