@@ -6,6 +6,7 @@ pub mod agent;
 pub mod bundle;
 pub mod cli;
 pub mod diagnostic;
+pub mod diff;
 pub mod hub;
 pub mod model;
 pub mod render;

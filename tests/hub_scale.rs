@@ -161,3 +161,46 @@ async fn a_restarted_hub_serves_the_same_bundles_before_rendering() {
     assert_eq!(metric(&client, &hub.base, "flotilla_source_up").await, 0.0);
     hub.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_stored_bundle_is_never_served_and_is_written_again() {
+    let repo = Repo::new();
+    let state = tempfile::tempdir().expect("state dir");
+    let token = make_token(state.path(), Some("red")).await;
+    let repo_path = repo.path().display().to_string();
+    let hub = Running::start_ready(config(state.path(), &repo_path)).await;
+    let client = client();
+    let url = hub.url("/v1/clusters/red/bundle");
+    let (_, etag, body) = get_bundle(&client, &url, &token, None).await;
+    let etag = etag.expect("an ETag");
+    hub.stop().await;
+
+    let hex = etag
+        .trim_matches('"')
+        .trim_start_matches("sha256:")
+        .to_string();
+    let object = state.path().join("objects/sha256").join(hex);
+    std::fs::write(&object, b"[{\"kind\":\"tampered\"}]").expect("corrupt the object");
+
+    let hub = Running::start(config(state.path(), &repo_path)).await;
+    let url = hub.url("/v1/clusters/red/bundle");
+    let repaired = eventually(
+        "the object to be written again",
+        Duration::from_secs(5),
+        || {
+            let (client, url, token, etag) = (&client, &url, &token, &etag);
+            async move {
+                let (status, same_etag, repaired) = get_bundle(client, url, token, None).await;
+                assert_ne!(status / 100, 4, "unexpected {status}");
+                // Never the tampered content: a 500 until the object is good again.
+                (status == 200).then(|| {
+                    assert_eq!(same_etag.as_deref(), Some(etag.as_str()));
+                    repaired
+                })
+            }
+        },
+    )
+    .await;
+    assert_eq!(repaired, body);
+    hub.stop().await;
+}

@@ -26,6 +26,7 @@ fn init_logging(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
@@ -38,6 +39,15 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
     if !source::follow::is_remote(&args.repo) && !Path::new(&args.repo).exists() {
         bail!(
             "--repo {}: no such folder or Git repository (give a local path or a URL such as https://…/fleet.git)",
+            args.repo
+        );
+    }
+    if args.branch.is_some()
+        && !source::follow::is_remote(&args.repo)
+        && source::follow::kind_of(Path::new(&args.repo))? == source::follow::RepoKind::Folder
+    {
+        bail!(
+            "--branch needs a Git repository, and {} is a plain folder (served as its files are on disk)",
             args.repo
         );
     }

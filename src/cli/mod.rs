@@ -2,6 +2,7 @@
 //! one function per subcommand. `main` only calls [`main`].
 
 mod agent;
+mod diff;
 mod hub;
 mod render;
 
@@ -37,6 +38,9 @@ pub enum Command {
     Render(RenderArgs),
     /// Check the fleet and report every error at once (exit 0 valid, 1 invalid, 2 could not run).
     Validate(ValidateArgs),
+    /// Show what a change does to every cluster: BASE and HEAD rendered and compared
+    /// (exit 0 no cluster changes, 1 changes, 2 HEAD does not render or could not run).
+    Diff(diff::DiffArgs),
     /// Follow a fleet repository, render every new commit and serve bundles to agents.
     Serve(ServeArgs),
     /// Write every bundle as static files under the API's paths (for nginx, a CDN or a USB stick).
@@ -235,6 +239,7 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Render(args) => render::run_render(&args),
         Command::Validate(args) => render::run_validate(&args),
         Command::Schemas(args) => render::run_schemas(&args),
+        Command::Diff(args) => diff::run_diff(&args),
         Command::Serve(args) => hub::run_serve(&args),
         Command::Publish(args) => hub::run_publish(&args),
         Command::Token(args) => hub::run_token(&args),

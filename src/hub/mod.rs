@@ -136,7 +136,13 @@ impl Hub {
             config.poll_interval,
         );
         let tasks = vec![
-            tokio::spawn(follower.run(shared.shutdown.subscribe())),
+            tokio::spawn({
+                let shared = shared.clone();
+                async move {
+                    shared.verify_objects().await;
+                    follower.run(shared.shutdown.subscribe()).await
+                }
+            }),
             tokio::spawn(refresh_tokens(
                 shared.clone(),
                 tokens_generation,

@@ -208,6 +208,8 @@ impl Shared {
             );
         }
         let count = served.clusters.len();
+        // Temporary files of a crashed earlier run; nothing else writes objects yet.
+        self.store.objects.clean_temporaries();
         let revision = self.store.revision().await?;
         let statuses = self.store.statuses().await?;
         *self.statuses.write().unwrap_or_else(|e| e.into_inner()) = statuses
@@ -217,6 +219,31 @@ impl Shared {
         self.update_render_status(|r| r.served_revision = revision);
         self.swap(served);
         Ok(count)
+    }
+
+    /// Reads every served object back and deletes any that no longer hashes to its
+    /// digest, so the next render writes it again (until then its cluster answers 500,
+    /// never the damaged bytes). Runs before the follower starts.
+    pub async fn verify_objects(&self) {
+        let digests: Vec<Digest> = self
+            .served
+            .load()
+            .clusters
+            .values()
+            .map(|c| c.digest.clone())
+            .collect();
+        let objects = self.store.objects.clone();
+        let checked = tokio::task::spawn_blocking(move || {
+            for digest in digests {
+                if let Err(err @ ObjectError::Corrupt { .. }) = objects.read(&digest) {
+                    tracing::error!("{err}");
+                    let _ = objects.remove(&digest);
+                }
+            }
+        });
+        if let Err(err) = checked.await {
+            tracing::warn!("could not check the stored objects: {err}");
+        }
     }
 
     /// Records a render attempt that had errors: nothing served changes.
@@ -270,40 +297,61 @@ impl Shared {
             .cloned()
             .collect();
 
-        // One object per distinct digest.
-        let mut objects: BTreeMap<Digest, Vec<u8>> = BTreeMap::new();
-        for bundle in &changed {
-            objects
-                .entry(bundle.digest.clone())
-                .or_insert_with(|| bundle.canonical_resources());
-        }
+        // One object per distinct digest, assembled and written off the async threads.
+        // Unchanged bundles whose object went missing (deleted, or found corrupt at
+        // start) are written again too.
+        let objects_to_write: Vec<(Digest, Arc<crate::bundle::Bundle>)> = {
+            let mut seen = std::collections::BTreeSet::new();
+            let missing = output.bundles.values().filter(|b| {
+                current
+                    .clusters
+                    .get(&b.cluster)
+                    .is_some_and(|c| c.digest == b.digest)
+                    && !self.store.objects.contains(&b.digest)
+            });
+            changed
+                .iter()
+                .copied()
+                .chain(missing)
+                .filter(|b| seen.insert(b.digest.clone()))
+                .map(|b| (b.digest.clone(), Arc::new((*b).clone())))
+                .collect()
+        };
         let store_objects = self.store.objects.clone();
-        let written = tokio::task::spawn_blocking(move || {
+        let writing = tokio::task::spawn_blocking(move || {
+            let objects: BTreeMap<&Digest, Vec<u8>> = objects_to_write
+                .iter()
+                .map(|(digest, bundle)| (digest, bundle.canonical_resources()))
+                .collect();
             let pairs: Vec<(&Digest, &[u8])> =
-                objects.iter().map(|(d, b)| (d, b.as_slice())).collect();
+                objects.iter().map(|(d, b)| (*d, b.as_slice())).collect();
             store_objects.write_all(&pairs)
-        })
-        .await
-        .map_err(|e| HubError::Task(e.to_string()))??;
+        });
+        // While the objects are written: a digest this cluster had before keeps the
+        // revision it had then, so one ETag always stands for the same bytes.
+        let revisions = async {
+            let mut entries = Vec::with_capacity(changed.len());
+            for bundle in &changed {
+                let revision = self
+                    .store
+                    .revision_in_history(&bundle.cluster, &bundle.digest)
+                    .await?
+                    .unwrap_or_else(|| output.revision.clone());
+                entries.push(StoredCluster {
+                    name: bundle.cluster.clone(),
+                    digest: bundle.digest.clone(),
+                    revision,
+                });
+            }
+            Ok::<_, HubError>(entries)
+        };
+        let (written, entries) = tokio::join!(writing, revisions);
+        let written = written.map_err(|e| HubError::Task(e.to_string()))??;
+        let entries = entries?;
         self.metrics
             .objects_written
             .fetch_add(written as u64, Ordering::Relaxed);
 
-        let mut entries = Vec::with_capacity(changed.len());
-        for bundle in &changed {
-            // A digest this cluster had before keeps the revision it had then, so one
-            // ETag always stands for the same bytes.
-            let revision = self
-                .store
-                .revision_in_history(&bundle.cluster, &bundle.digest)
-                .await?
-                .unwrap_or_else(|| output.revision.clone());
-            entries.push(StoredCluster {
-                name: bundle.cluster.clone(),
-                digest: bundle.digest.clone(),
-                revision,
-            });
-        }
         let now = self.settings.clock.now_ms();
         let unreferenced = self
             .store

@@ -148,7 +148,6 @@ impl Store {
             path: state_dir.join("objects").display().to_string(),
             source,
         })?;
-        objects.clean_temporaries();
         let db_file = state_dir.join("flotilla.db");
         let db_path = db_file.display().to_string();
         let db_error = |source| StoreError::Database {
