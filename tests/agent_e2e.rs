@@ -366,6 +366,7 @@ async fn without_the_hub_the_agent_keeps_its_files_and_a_restarted_agent_reappli
     let first = rendered(&f.repo);
     agent.applied(&first.digest).await;
     let before = agent_support::yaml_files(&f.site.target());
+    let base = hub.base();
     hub.stop().await;
 
     // The agent keeps failing to reach the hub for a while, and keeps its files.
@@ -375,7 +376,7 @@ async fn without_the_hub_the_agent_keeps_its_files_and_a_restarted_agent_reappli
 
     // The site reboots with the hub still away and its manifests folder wiped.
     std::fs::remove_dir_all(f.site.target()).expect("wipes");
-    let mut agent = RunningAgent::start(&f.site, &format!("http://{}", "127.0.0.1:9")); // nothing listens on port 9
+    let mut agent = RunningAgent::start(&f.site, &base);
     let report = agent.applied(&first.digest).await;
     assert!(report.is_success(), "{report:?}");
     assert_eq!(agent_support::yaml_files(&f.site.target()), before);

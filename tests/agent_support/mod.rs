@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -110,8 +110,4 @@ impl Sleeper for RecordingSleeper {
         self.waits.lock().expect("lock").push(duration);
         Box::pin(tokio::time::sleep(Duration::from_millis(1)))
     }
-}
-
-pub fn temp_path(dir: &tempfile::TempDir, name: &str) -> PathBuf {
-    dir.path().join(name)
 }
