@@ -41,7 +41,8 @@ pub struct ResourceStatus {
     #[serde(default)]
     pub namespace: String,
     pub name: String,
-    /// `ok`, `progressing`, `failed` or `pruned`; only `failed` counts as an error.
+    /// `applied`, `healthy`, `progressing`, `failed` or `pruned` (the agent's words;
+    /// any string is accepted); only `failed` counts as an error.
     pub state: String,
     #[serde(default)]
     pub message: String,

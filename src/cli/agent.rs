@@ -127,7 +127,7 @@ fn settings(args: &AgentArgs) -> anyhow::Result<Settings> {
 
 pub fn run_agent(args: &AgentArgs) -> anyhow::Result<u8> {
     let settings = settings(args)?;
-    init_logging(args.log_format);
+    super::init_logging(args.log_format);
     // One thread is plenty for one agent, and keeps its footprint small.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -152,19 +152,6 @@ pub fn run_agent(args: &AgentArgs) -> anyhow::Result<u8> {
         }
         Ok(EXIT_OK)
     })
-}
-
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    // A subscriber may already be set when embedded; the first one wins.
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
 }
 
 /// Completes on SIGTERM or Ctrl-C.

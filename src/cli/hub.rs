@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 
-use super::{EXIT_FINDINGS, EXIT_OK, LogFormat, PublishArgs, ServeArgs, TokenArgs, TokenCommand};
+use super::{EXIT_FINDINGS, EXIT_OK, PublishArgs, ServeArgs, TokenArgs, TokenCommand};
 use crate::hub::clock::{Clock, SystemClock, rfc3339};
 use crate::hub::{Hub, HubConfig, SourceSpec, auth, publish};
 use crate::render::render;
@@ -21,21 +21,8 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text => builder.try_init(),
-    };
-}
-
 pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
-    init_logging(args.log_format);
+    super::init_logging(args.log_format);
     if !source::follow::is_remote(&args.repo) && !Path::new(&args.repo).exists() {
         bail!(
             "--repo {}: no such folder or Git repository (give a local path or a URL such as https://…/fleet.git)",

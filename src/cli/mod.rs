@@ -222,6 +222,23 @@ pub enum TokenCommand {
     },
 }
 
+/// Logs go to standard error as text lines (coloured only on a terminal) or JSON
+/// objects, filtered by `RUST_LOG` (default `info`). The long-running commands,
+/// `serve` and `agent`, call this once at their start.
+pub(crate) fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    // A subscriber may already be set when embedded; the first one wins.
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
 /// Parses the command line, runs the subcommand and turns errors into exit code 2.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
