@@ -151,10 +151,9 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
     for (key, id) in output_ids {
         outputs[id] = key;
     }
-    let template_files: Vec<&String> = fleet.workloads.iter().flat_map(|w| &w.templates).collect();
     let parsed_outputs: Vec<Result<Vec<SourcedDocument>, Diagnostic>> = outputs
         .par_iter()
-        .map(|(template, text)| parse_output(template_files[*template], text))
+        .map(|(template, text)| parse_output(template_paths[*template], text))
         .collect();
 
     // Custom cluster-scoped kinds per cluster, from the CRDs its workloads carry.
@@ -288,12 +287,12 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
         revision: snapshot.revision.clone(),
         ..RenderOutput::default()
     };
-    let failed: BTreeSet<&str> = diagnostics
+    // Owned names, because `diagnostics` grows in the loop below.
+    let failed: BTreeSet<String> = diagnostics
         .iter()
         .filter(|d| d.is_error())
-        .filter_map(|d| d.cluster.as_deref())
+        .filter_map(|d| d.cluster.clone())
         .collect();
-    let failed: BTreeSet<String> = failed.into_iter().map(str::to_string).collect();
     for (cluster, result) in clusters.iter().zip(assembled) {
         match result {
             Ok(bundle) if !failed.contains(&cluster.name) => {

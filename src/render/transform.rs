@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 use super::load::{CompiledPatch, Overlay, PatchAction, SourcedDocument, Workload};
 use super::patch;
 use super::scope::{CustomScopes, is_cluster_scoped};
-use crate::bundle::{ResourceKey, api_group};
+use crate::bundle::ResourceKey;
 use crate::diagnostic::Diagnostic;
 use crate::model::ImageOverride;
 
@@ -29,7 +29,7 @@ pub fn transform(
     if cluster_scoped && !key.namespace.is_empty() {
         return Err(located(format!(
             "{} is cluster-scoped and must not set metadata.namespace",
-            key_text(&key)
+            key
         )));
     }
     if !cluster_scoped
@@ -58,10 +58,7 @@ pub fn transform(
             if let Err(reason) = result {
                 return Err(Diagnostic::error(format!(
                     "patch of overlay {:?} on {} (from {}:{}) failed: {reason}",
-                    overlay.name,
-                    key_text(&before),
-                    document.file,
-                    document.line
+                    overlay.name, before, document.file, document.line
                 ))
                 .in_file(&overlay.file)
                 .at_line(Some(patch.line)));
@@ -75,11 +72,6 @@ pub fn transform(
     }
     let key = identity(&value).map_err(located)?;
     Ok((key, value))
-}
-
-/// A short, human form of a resource identity, `Deployment shop/web`.
-pub fn key_text(key: &ResourceKey) -> String {
-    key.to_string()
 }
 
 fn identity(value: &Value) -> Result<ResourceKey, String> {
@@ -123,7 +115,6 @@ fn patch_matches(patch: &CompiledPatch, value: &Value) -> bool {
         Some((group, version)) => (group, version),
         None => ("", api_version),
     };
-    debug_assert_eq!(group, api_group(api_version));
     let kind = value.get("kind").and_then(Value::as_str).unwrap_or("");
     let metadata = value.get("metadata");
     let text = |field: &str| {
