@@ -244,6 +244,16 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => ExitCode::from(code),
+        // A closed pipe (`flotilla render | head`) is the reader's choice, not an error.
+        Err(err)
+            if err.chain().any(|cause| {
+                cause
+                    .downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
+            ExitCode::from(EXIT_OK)
+        }
         Err(err) => {
             eprintln!("error: {err:#}");
             ExitCode::from(EXIT_ERROR)
