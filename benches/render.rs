@@ -9,8 +9,8 @@
 mod synthetic;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use flotilla::render::render;
-use flotilla::snapshot::FleetSnapshot;
+use flotilla_core::snapshot::FleetSnapshot;
+use flotilla_render::render;
 
 fn snapshot(clusters: usize, workloads: usize, resources: usize) -> FleetSnapshot {
     let files = synthetic::fleet(clusters, workloads, resources);
@@ -44,7 +44,7 @@ fn bench_canonical(c: &mut Criterion) {
         .collect();
     let bytes: usize = values
         .iter()
-        .map(|v| flotilla::bundle::to_canonical_vec(v).len())
+        .map(|v| flotilla_core::bundle::to_canonical_vec(v).len())
         .sum();
     let mut group = c.benchmark_group("canonical");
     group.throughput(Throughput::Bytes(bytes as u64));
@@ -52,7 +52,7 @@ fn bench_canonical(c: &mut Criterion) {
         b.iter(|| {
             values
                 .iter()
-                .map(|v| flotilla::bundle::to_canonical_vec(v).len())
+                .map(|v| flotilla_core::bundle::to_canonical_vec(v).len())
                 .sum::<usize>()
         })
     });

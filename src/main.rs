@@ -1,5 +1,7 @@
-//! The `flotilla` binary: everything happens in [`flotilla::cli`].
+//! The `flotilla` binary: everything happens in [`cli`].
+
+mod cli;
 
 fn main() -> std::process::ExitCode {
-    flotilla::cli::main()
+    cli::main()
 }

@@ -1,6 +1,6 @@
 //! `flotilla diff`: render two revisions of the fleet and report what changes for
 //! every cluster. Reading and rendering happen here; comparing and formatting are
-//! the pure [`crate::diff`].
+//! the pure [`flotilla_render::diff`].
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -9,12 +9,12 @@ use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 
 use super::{EXIT_ERROR, EXIT_FINDINGS, EXIT_OK};
-use crate::diff::markdown::{DEFAULT_MAX_BYTES, MIN_MAX_BYTES, MarkdownOptions};
-use crate::diff::text::TextOptions;
-use crate::diff::{DiffOptions, FleetDiff};
-use crate::render::render;
-use crate::snapshot::FleetSnapshot;
-use crate::source::{self, Location};
+use flotilla_core::snapshot::FleetSnapshot;
+use flotilla_hub::source::{self, Location};
+use flotilla_render::diff::markdown::{DEFAULT_MAX_BYTES, MIN_MAX_BYTES, MarkdownOptions};
+use flotilla_render::diff::text::TextOptions;
+use flotilla_render::diff::{DiffOptions, FleetDiff};
+use flotilla_render::render;
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
 pub enum DiffFormat {
@@ -116,7 +116,7 @@ pub fn run_diff(args: &DiffArgs) -> anyhow::Result<u8> {
         // The same files render the same (the renderer is pure): one render serves
         // both sides of a change that touches nothing in the fleet.
         let output = render(&base_snapshot);
-        let mut diff = crate::diff::diff(&output, &output, &options);
+        let mut diff = flotilla_render::diff::diff(&output, &output, &options);
         diff.head.revision = head_snapshot.revision.clone();
         (diff, vec![output])
     } else {
@@ -128,23 +128,26 @@ pub fn run_diff(args: &DiffArgs) -> anyhow::Result<u8> {
                 .map_err(|_| anyhow::anyhow!("rendering {base_name} failed unexpectedly"))?;
             anyhow::Ok((base, head))
         })?;
-        (crate::diff::diff(&base, &head, &options), vec![base, head])
+        (
+            flotilla_render::diff::diff(&base, &head, &options),
+            vec![base, head],
+        )
     };
 
     let report = match args.format {
-        DiffFormat::Text => crate::diff::text::report(
+        DiffFormat::Text => flotilla_render::diff::text::report(
             &diff,
             &TextOptions {
                 colour: wants_colour(args.color),
             },
         ),
-        DiffFormat::Markdown => crate::diff::markdown::report(
+        DiffFormat::Markdown => flotilla_render::diff::markdown::report(
             &diff,
             &MarkdownOptions {
                 max_bytes: usize::try_from(args.max_bytes).unwrap_or(usize::MAX),
             },
         ),
-        DiffFormat::Json => crate::diff::json::report(&diff)?,
+        DiffFormat::Json => flotilla_render::diff::json::report(&diff)?,
     };
     let mut stdout = std::io::stdout().lock();
     if let Err(err) = stdout

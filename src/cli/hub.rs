@@ -8,11 +8,11 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 
 use super::{EXIT_FINDINGS, EXIT_OK, PublishArgs, ServeArgs, TokenArgs, TokenCommand};
-use crate::hub::clock::{Clock, SystemClock, rfc3339};
-use crate::hub::{Hub, HubConfig, SourceSpec, auth, publish};
-use crate::render::render;
-use crate::source;
-use crate::store::Store;
+use flotilla_hub::clock::{Clock, SystemClock, rfc3339};
+use flotilla_hub::source;
+use flotilla_hub::store::Store;
+use flotilla_hub::{Hub, HubConfig, SourceSpec, auth, publish};
+use flotilla_render::render;
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
@@ -242,7 +242,7 @@ async fn token_command(store: &Store, command: &TokenCommand, now_ms: i64) -> an
         }
         TokenCommand::Revoke { id, .. } => {
             let id = if id.starts_with(auth::TOKEN_PREFIX) {
-                hex::encode(auth::hash_token(id.as_bytes()))[..12].to_string()
+                auth::token_id(id)
             } else {
                 id.clone()
             };

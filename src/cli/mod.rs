@@ -1,7 +1,6 @@
 //! The command line: clap definitions, the validated settings built from them, and
 //! one function per subcommand. `main` only calls [`main`].
 
-mod agent;
 mod diff;
 mod hub;
 mod render;
@@ -48,7 +47,7 @@ pub enum Command {
     /// Create, revoke and list the tokens agents and operators use with the hub.
     Token(TokenArgs),
     /// Run the edge agent: pull this cluster's bundle, verify, keep, apply, prune, report.
-    Agent(agent::AgentArgs),
+    Agent(flotilla_agent::cli::AgentArgs),
     /// Write the JSON Schemas of flotilla's kinds (Cluster, Group, Workload, Overlay).
     #[command(hide = true)]
     Schemas(SchemasArgs),
@@ -77,8 +76,8 @@ pub struct SourceArgs {
 }
 
 impl SourceArgs {
-    pub fn location(&self) -> crate::source::Location {
-        crate::source::Location {
+    pub fn location(&self) -> flotilla_hub::source::Location {
+        flotilla_hub::source::Location {
             repo: self.repo.clone(),
             rev: self.rev.clone(),
             path: self.path.clone(),
@@ -125,11 +124,7 @@ pub struct SchemasArgs {
 /// Where the hub keeps its state unless told otherwise.
 pub const DEFAULT_STATE_DIR: &str = ".flotilla-state";
 
-#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
+pub use flotilla_agent::logging::{LogFormat, init_logging};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -222,23 +217,6 @@ pub enum TokenCommand {
     },
 }
 
-/// Logs go to standard error as text lines (coloured only on a terminal) or JSON
-/// objects, filtered by `RUST_LOG` (default `info`). The long-running commands,
-/// `serve` and `agent`, call this once at their start.
-pub(crate) fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    // A subscriber may already be set when embedded; the first one wins.
-    let _ = match format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text => builder.try_init(),
-    };
-}
-
 /// Parses the command line, runs the subcommand and turns errors into exit code 2.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -270,6 +248,6 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Serve(args) => hub::run_serve(&args),
         Command::Publish(args) => hub::run_publish(&args),
         Command::Token(args) => hub::run_token(&args),
-        Command::Agent(args) => agent::run_agent(&args),
+        Command::Agent(args) => flotilla_agent::cli::run_agent(&args).map(|()| EXIT_OK),
     }
 }

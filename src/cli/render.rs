@@ -7,9 +7,9 @@ use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::{EXIT_FINDINGS, EXIT_OK, OutputFormat, RenderArgs, SchemasArgs, ValidateArgs};
-use crate::bundle::Bundle;
-use crate::render::{RenderOptions, RenderOutput, render_with};
-use crate::source;
+use flotilla_core::bundle::Bundle;
+use flotilla_hub::source;
+use flotilla_render::{RenderOptions, RenderOutput, render_with};
 
 /// A progress bar on a terminal, shown only once a render has taken more than a moment.
 struct Progress {
@@ -129,7 +129,7 @@ fn print_bundles(output: &RenderOutput, format: OutputFormat) -> anyhow::Result<
 
 fn document_value(bundle: &Bundle, revision: &str) -> anyhow::Result<serde_json::Value> {
     Ok(serde_json::json!({
-        "apiVersion": crate::bundle::API_VERSION,
+        "apiVersion": flotilla_core::bundle::API_VERSION,
         "kind": "Bundle",
         "cluster": bundle.cluster,
         "digest": bundle.digest,
@@ -163,7 +163,7 @@ pub fn run_validate(args: &ValidateArgs) -> anyhow::Result<u8> {
 
 pub fn run_schemas(args: &SchemasArgs) -> anyhow::Result<u8> {
     std::fs::create_dir_all(&args.out)?;
-    for (name, schema) in crate::model::schemas() {
+    for (name, schema) in flotilla_core::model::schemas() {
         let path = args.out.join(name);
         let mut text = serde_json::to_string_pretty(&schema)?;
         text.push('\n');

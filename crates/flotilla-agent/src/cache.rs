@@ -1,0 +1,461 @@
+//! The agent's state folder: the last-known-good bundle, the inventory of what was
+//! applied, and the latest status report.
+//!
+//! Every file is replaced atomically (a temporary file is written and fsynced, renamed
+//! over the old one, and the folder is fsynced), so an agent killed at any moment
+//! leaves either the old or the new version of each file, never a torn one. A
+//! temporary file left behind by such a kill is removed at the next start.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use flotilla_core::bundle::{self, Bundle, Digest, Resource, ResourceKey, VerifyError};
+use flotilla_core::status::StatusReport;
+
+const LOCK_FILE: &str = "lock";
+const BUNDLE_FILE: &str = "bundle.json";
+const INVENTORY_FILE: &str = "inventory.json";
+const STATUS_FILE: &str = "status.json";
+/// Temporary files in the state folder are named `.<final name>.tmp`.
+const TMP_SUFFIX: &str = ".tmp";
+
+/// Why the state folder cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("cannot use state folder {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "state folder {path} is in use by another flotilla agent (it holds the lock on {path}/lock); \
+         stop that agent or give this one its own --state-dir"
+    )]
+    Locked { path: PathBuf },
+    #[error(
+        "state folder {path} holds the bundle of cluster {found:?}, not {expected:?}; \
+         give each cluster its own --state-dir"
+    )]
+    WrongCluster {
+        path: PathBuf,
+        expected: String,
+        found: String,
+    },
+}
+
+/// The agent's state folder, locked for the lifetime of this value.
+#[derive(Debug)]
+pub struct StateDir {
+    path: PathBuf,
+    // Holding the file keeps the advisory lock; the kernel releases it if we die.
+    _lock: File,
+}
+
+impl StateDir {
+    /// Creates (mode 0700) and locks the folder, and removes temporary files a killed
+    /// agent may have left.
+    pub fn open(path: &Path) -> Result<StateDir, StateError> {
+        let io_error = |source| StateError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        create_private_dir(path).map_err(io_error)?;
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path.join(LOCK_FILE))
+            .map_err(io_error)?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                return Err(StateError::Locked {
+                    path: path.to_path_buf(),
+                });
+            }
+            Err(fs::TryLockError::Error(source)) => return Err(io_error(source)),
+        }
+        remove_temporary_files(path, |name| {
+            name.starts_with('.') && name.ends_with(TMP_SUFFIX)
+        })
+        .map_err(io_error)?;
+        Ok(StateDir {
+            path: path.to_path_buf(),
+            _lock: lock,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads and re-verifies the last-known-good bundle. A bundle that no longer
+    /// verifies (a damaged disk) is moved aside to `bundle.json.damaged` and ignored,
+    /// so the agent starts as if it had none and fetches a fresh one.
+    pub fn load_bundle(&self, cluster: &str) -> Result<Option<Bundle>, StateError> {
+        let path = self.path.join(BUNDLE_FILE);
+        let bytes = match fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(StateError::Io { path, source }),
+        };
+        match bundle::verify_document(&bytes, Some(cluster)) {
+            Ok(bundle) => Ok(Some(bundle)),
+            Err(VerifyError::WrongCluster { expected, found }) => Err(StateError::WrongCluster {
+                path: self.path.clone(),
+                expected,
+                found,
+            }),
+            Err(err) => {
+                let aside = self.path.join(format!("{BUNDLE_FILE}.damaged"));
+                tracing::error!(
+                    path = %path.display(),
+                    error = %err,
+                    "the last-known-good bundle does not verify; moved it to {} and starting without it",
+                    aside.display()
+                );
+                fs::rename(&path, &aside).map_err(|source| StateError::Io {
+                    path: path.clone(),
+                    source,
+                })?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Stores a verified bundle document as the last-known-good, atomically.
+    pub fn save_bundle(&self, document: &[u8]) -> Result<(), StateError> {
+        self.write(BUNDLE_FILE, document)
+    }
+
+    /// Reads the inventory; a missing or unreadable one is empty (nothing will be pruned).
+    pub fn load_inventory(&self) -> Inventory {
+        self.read_json(INVENTORY_FILE).unwrap_or_default()
+    }
+
+    pub fn save_inventory(&self, inventory: &Inventory) -> Result<(), StateError> {
+        self.write_json(INVENTORY_FILE, inventory)
+    }
+
+    /// The latest status report and whether the hub has it.
+    pub fn load_status(&self) -> Option<StoredStatus> {
+        self.read_json(STATUS_FILE)
+    }
+
+    pub fn save_status(&self, status: &StoredStatus) -> Result<(), StateError> {
+        self.write_json(STATUS_FILE, status)
+    }
+
+    /// Reads a JSON file of the state folder; a damaged one is logged and ignored.
+    pub fn read_json<T: for<'de> Deserialize<'de>>(&self, name: &str) -> Option<T> {
+        let path = self.path.join(name);
+        let bytes = match fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return None,
+            Err(err) => {
+                tracing::error!(path = %path.display(), error = %err, "cannot read state file; ignoring it");
+                return None;
+            }
+        };
+        match serde_json::from_slice(&bytes) {
+            Ok(value) => Some(value),
+            Err(err) => {
+                tracing::error!(path = %path.display(), error = %err, "state file is not valid; ignoring it");
+                None
+            }
+        }
+    }
+
+    pub fn write_json<T: Serialize>(&self, name: &str, value: &T) -> Result<(), StateError> {
+        let bytes = serde_json::to_vec_pretty(value).map_err(|err| StateError::Io {
+            path: self.path.join(name),
+            source: io::Error::other(err),
+        })?;
+        self.write(name, &bytes)
+    }
+
+    fn write(&self, name: &str, bytes: &[u8]) -> Result<(), StateError> {
+        write_atomically(&self.path, name, bytes, &format!(".{name}{TMP_SUFFIX}")).map_err(
+            |source| StateError::Io {
+                path: self.path.join(name),
+                source,
+            },
+        )
+    }
+}
+
+/// The latest status report, and whether the hub acknowledged it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredStatus {
+    pub sent: bool,
+    pub report: StatusReport,
+}
+
+/// What flotilla may have created through a sink: everything it applied and has not
+/// pruned since. An apply first records the union of the old entries and the new
+/// bundle's, so that an apply cut short never leaves objects nobody will prune.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inventory {
+    /// The sink the entries belong to (`kube`, or `dir:PATH`).
+    #[serde(default)]
+    pub sink: String,
+    /// The digest of the last bundle applied and pruned completely.
+    pub applied: Option<Digest>,
+    pub entries: Vec<InventoryEntry>,
+}
+
+impl Inventory {
+    /// The entries of this inventory and of `bundle`, without repeating an identity
+    /// (the bundle's apiVersion wins).
+    pub fn union_with(&self, bundle: &Bundle) -> Vec<InventoryEntry> {
+        let mut entries = InventoryEntry::of_bundle(bundle);
+        let keys: std::collections::HashSet<ResourceKey> =
+            entries.iter().map(InventoryEntry::key).collect();
+        entries.extend(
+            self.entries
+                .iter()
+                .filter(|entry| !keys.contains(&entry.key()))
+                .cloned(),
+        );
+        entries
+    }
+
+    /// The entries that `bundle` no longer holds: what a complete apply prunes.
+    pub fn left_out_of(&self, bundle: &Bundle) -> Vec<InventoryEntry> {
+        let keys: std::collections::HashSet<&ResourceKey> =
+            bundle.resources.iter().map(|r| &r.key).collect();
+        self.entries
+            .iter()
+            .filter(|entry| !keys.contains(&entry.key()))
+            .cloned()
+            .collect()
+    }
+}
+
+/// One object in the inventory; the apiVersion is kept so it can be found to prune it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InventoryEntry {
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default)]
+    pub namespace: String,
+    pub name: String,
+}
+
+impl InventoryEntry {
+    pub fn of(resource: &Resource) -> InventoryEntry {
+        // A verified bundle's resources all have a string apiVersion.
+        let api_version = resource
+            .value
+            .get("apiVersion")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default();
+        InventoryEntry {
+            api_version: api_version.to_string(),
+            kind: resource.key.kind.clone(),
+            namespace: resource.key.namespace.clone(),
+            name: resource.key.name.clone(),
+        }
+    }
+
+    pub fn of_bundle(bundle: &Bundle) -> Vec<InventoryEntry> {
+        bundle
+            .resources
+            .iter()
+            .map(|r| InventoryEntry::of(r))
+            .collect()
+    }
+
+    pub fn key(&self) -> ResourceKey {
+        ResourceKey {
+            group: bundle::api_group(&self.api_version).to_string(),
+            kind: self.kind.clone(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        }
+    }
+}
+
+/// Replaces `dir/name` with `bytes` atomically: the bytes go to `dir/tmp_name`, which
+/// is fsynced and renamed over `dir/name`, and then the folder is fsynced so the rename
+/// itself survives a power cut. Files are created readable by their owner only, since
+/// bundles may hold Secrets.
+pub fn write_atomically(dir: &Path, name: &str, bytes: &[u8], tmp_name: &str) -> io::Result<()> {
+    replace_file(dir, name, bytes, tmp_name)?;
+    sync_dir(dir)
+}
+
+/// Replaces `dir/name` with `bytes` through `dir/tmp_name`, so the file is never seen
+/// half written; the rename is durable only once the caller has synced the folder
+/// (one sync for many files is much cheaper than one per file).
+pub fn replace_file(dir: &Path, name: &str, bytes: &[u8], tmp_name: &str) -> io::Result<()> {
+    let tmp = dir.join(tmp_name);
+    {
+        let mut options = OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        private_file_mode(&mut options);
+        let mut file = options.open(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+    }
+    fs::rename(&tmp, dir.join(name))
+}
+
+/// Makes a rename or removal in `dir` durable.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Removes the files of `dir` (not folders) whose names `is_temporary` accepts.
+pub fn remove_temporary_files(dir: &Path, is_temporary: impl Fn(&str) -> bool) -> io::Result<()> {
+    let mut removed = false;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if is_temporary(name) && entry.file_type()?.is_file() {
+            fs::remove_file(entry.path())?;
+            removed = true;
+        }
+    }
+    if removed {
+        sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+fn create_private_dir(path: &Path) -> io::Result<()> {
+    let mut builder = fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        builder.mode(0o700);
+    }
+    builder.create(path)
+}
+
+fn private_file_mode(options: &mut OpenOptions) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    #[cfg(not(unix))]
+    let _ = options;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::bundle_of;
+    use serde_json::json;
+
+    fn config_map(name: &str, value: &str) -> serde_json::Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": name, "namespace": "demo"}, "data": {"k": value}})
+    }
+
+    #[test]
+    fn keeps_the_bundle_and_verifies_it_again_when_read_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bundle = bundle_of("edge-1", vec![config_map("a", "1")]);
+        {
+            let state = StateDir::open(dir.path()).expect("opens");
+            assert!(state.load_bundle("edge-1").expect("loads").is_none());
+            state
+                .save_bundle(&bundle.document("main@sha1:1"))
+                .expect("saves");
+        }
+        let state = StateDir::open(dir.path()).expect("opens again");
+        let loaded = state
+            .load_bundle("edge-1")
+            .expect("loads")
+            .expect("present");
+        assert_eq!(loaded.digest, bundle.digest);
+        let names: Vec<String> = fs::read_dir(dir.path())
+            .expect("lists")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(TMP_SUFFIX))
+            .collect();
+        assert!(names.is_empty(), "no temporary file remains: {names:?}");
+    }
+
+    #[test]
+    fn a_damaged_bundle_is_set_aside_and_the_agent_starts_without_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bundle = bundle_of("edge-1", vec![config_map("a", "1")]);
+        let tampered = String::from_utf8(bundle.document("r"))
+            .expect("utf-8")
+            .replace("\"1\"", "\"2\"");
+        fs::write(dir.path().join(BUNDLE_FILE), tampered).expect("writes");
+        let state = StateDir::open(dir.path()).expect("opens");
+        assert!(state.load_bundle("edge-1").expect("loads").is_none());
+        assert!(dir.path().join("bundle.json.damaged").exists());
+        assert!(!dir.path().join(BUNDLE_FILE).exists());
+    }
+
+    #[test]
+    fn another_clusters_bundle_is_an_error_that_names_both() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bundle = bundle_of("edge-2", vec![config_map("a", "1")]);
+        fs::write(dir.path().join(BUNDLE_FILE), bundle.document("r")).expect("writes");
+        let state = StateDir::open(dir.path()).expect("opens");
+        let err = state.load_bundle("edge-1").expect_err("refused");
+        let text = err.to_string();
+        assert!(text.contains("edge-2") && text.contains("edge-1"), "{text}");
+    }
+
+    #[test]
+    fn leftover_temporary_files_are_removed_at_start() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        fs::write(dir.path().join(".bundle.json.tmp"), b"{half a bund").expect("writes");
+        fs::write(dir.path().join("notes.txt"), b"mine").expect("writes");
+        let _state = StateDir::open(dir.path()).expect("opens");
+        assert!(!dir.path().join(".bundle.json.tmp").exists());
+        assert!(dir.path().join("notes.txt").exists());
+    }
+
+    #[test]
+    fn a_second_agent_on_the_same_folder_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let _first = StateDir::open(dir.path()).expect("opens");
+        let err = StateDir::open(dir.path()).expect_err("locked");
+        assert!(matches!(err, StateError::Locked { .. }), "{err}");
+    }
+
+    #[test]
+    fn damaged_inventory_and_status_read_as_absent() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        fs::write(dir.path().join(INVENTORY_FILE), b"{\"entries\": [").expect("writes");
+        fs::write(dir.path().join(STATUS_FILE), b"null?").expect("writes");
+        let state = StateDir::open(dir.path()).expect("opens");
+        assert_eq!(state.load_inventory(), Inventory::default());
+        assert_eq!(state.load_status(), None);
+    }
+
+    #[test]
+    fn inventory_union_and_prune_set() {
+        let old = bundle_of("edge-1", vec![config_map("a", "1"), config_map("b", "1")]);
+        let new = bundle_of("edge-1", vec![config_map("b", "2"), config_map("c", "1")]);
+        let inventory = Inventory {
+            sink: "kube".into(),
+            applied: Some(old.digest.clone()),
+            entries: InventoryEntry::of_bundle(&old),
+        };
+        let names = |entries: Vec<InventoryEntry>| -> Vec<String> {
+            entries.into_iter().map(|e| e.name).collect()
+        };
+        assert_eq!(names(inventory.union_with(&new)), ["b", "c", "a"]);
+        assert_eq!(names(inventory.left_out_of(&new)), ["a"]);
+        let state_dir = tempfile::tempdir().expect("tempdir");
+        let state = StateDir::open(state_dir.path()).expect("opens");
+        state.save_inventory(&inventory).expect("saves");
+        assert_eq!(state.load_inventory(), inventory);
+    }
+}

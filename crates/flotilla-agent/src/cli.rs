@@ -1,0 +1,263 @@
+//! The edge agent's command line, shared by `flotilla agent` and the `flotilla-agent`
+//! binary, and the settings built from it.
+//!
+//! Every flag can also come from a `FLOTILLA_AGENT_*` variable, never from the
+//! operator's `FLOTILLA_*` ones, so that an operator's shell cannot redirect an agent
+//! and an agent's environment cannot redirect an operator's commands.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+
+use crate::backoff::BackoffPolicy;
+use crate::client::Server;
+use crate::logging::{LogFormat, init_logging};
+use crate::sink::dir::DirSink;
+use crate::sink::kube::KubeSink;
+use crate::{Agent, AgentConfig};
+
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// The hub (http://, https://) or a `flotilla publish` folder (file:///path).
+    #[arg(long, env = "FLOTILLA_AGENT_SERVER", value_name = "URL")]
+    pub server: String,
+    /// This cluster's name in the fleet.
+    #[arg(long, env = "FLOTILLA_AGENT_CLUSTER", value_name = "NAME")]
+    pub cluster: String,
+    /// A file holding this cluster's token (from `flotilla token create`); required
+    /// with an http(s) server. It is read again after the hub refuses a token.
+    #[arg(long, env = "FLOTILLA_AGENT_TOKEN_FILE", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Where the agent keeps its last-known-good bundle, inventory and status (one
+    /// folder per agent; it is locked while the agent runs).
+    #[arg(long, env = "FLOTILLA_AGENT_STATE_DIR", value_name = "DIR")]
+    pub state_dir: PathBuf,
+    /// Where to apply: `kube` (server-side apply through the Kubernetes API) or
+    /// `dir:PATH` (one YAML file per resource, for k3s or MicroShift manifest folders).
+    #[arg(long, env = "FLOTILLA_AGENT_SINK", value_name = "kube|dir:PATH", value_parser = parse_sink)]
+    pub sink: SinkSpec,
+    /// With `--sink dir:PATH`: also write a kustomization.yaml listing the files, as
+    /// MicroShift's manifest loader requires.
+    #[arg(long, env = "FLOTILLA_AGENT_KUSTOMIZATION")]
+    pub kustomization: bool,
+    /// With `--sink kube`: take over fields another field manager owns.
+    #[arg(long, env = "FLOTILLA_AGENT_FORCE_CONFLICTS")]
+    pub force_conflicts: bool,
+    /// How long the hub may hold a poll open waiting for a change (a folder is re-read
+    /// this often).
+    #[arg(long, env = "FLOTILLA_AGENT_WAIT", default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    pub wait: Duration,
+    /// How often to apply the current bundle again to undo drift (0 to never).
+    #[arg(long, env = "FLOTILLA_AGENT_RESYNC", default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
+    pub resync: Duration,
+    /// How long the agent may stay silent before it sends its last status again (the
+    /// hub counts a cluster offline after its --offline-after, 5m by default; 0 never).
+    #[arg(long, env = "FLOTILLA_AGENT_HEARTBEAT", default_value = "2m", value_parser = parse_duration, value_name = "DURATION")]
+    pub heartbeat: Duration,
+    /// The longest wait between retries when the hub is unreachable.
+    #[arg(long, env = "FLOTILLA_AGENT_MAX_BACKOFF", default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
+    pub max_backoff: Duration,
+    /// Log format on standard error.
+    #[arg(long, env = "FLOTILLA_AGENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// Where the agent applies bundles.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SinkSpec {
+    Kube,
+    Dir(PathBuf),
+}
+
+fn parse_sink(text: &str) -> Result<SinkSpec, String> {
+    if text == "kube" {
+        return Ok(SinkSpec::Kube);
+    }
+    match text.strip_prefix("dir:") {
+        Some(path) if !path.is_empty() => Ok(SinkSpec::Dir(PathBuf::from(path))),
+        _ => Err(format!(
+            "{text:?} is not a sink: use `kube` or `dir:PATH` (for example dir:/var/lib/rancher/k3s/server/manifests/flotilla)"
+        )),
+    }
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    if text == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(text).map_err(|err| format!("{err} (write it like 30s, 10m or 1h)"))
+}
+
+/// The validated configuration of one agent run.
+struct Settings {
+    config: AgentConfig,
+    sink: SinkSpec,
+    kustomization: bool,
+    force_conflicts: bool,
+}
+
+fn settings(args: &AgentArgs) -> anyhow::Result<Settings> {
+    let server = Server::parse(&args.server)?;
+    if args.wait.is_zero() {
+        bail!("--wait must be longer than 0s");
+    }
+    if args.kustomization && args.sink == SinkSpec::Kube {
+        bail!("--kustomization only applies to `--sink dir:PATH`");
+    }
+    if args.force_conflicts && args.sink != SinkSpec::Kube {
+        bail!("--force-conflicts only applies to `--sink kube`");
+    }
+    if args.max_backoff < Duration::from_secs(1) {
+        bail!("--max-backoff must be at least 1s");
+    }
+    let mut config = AgentConfig::new(server, &args.cluster, args.state_dir.clone());
+    config.token_file = args.token_file.clone();
+    config.wait = args.wait;
+    config.resync = args.resync;
+    config.heartbeat = args.heartbeat;
+    config.backoff = BackoffPolicy {
+        cap: args.max_backoff,
+        auth_retry: args.max_backoff,
+        ..BackoffPolicy::default()
+    };
+    Ok(Settings {
+        config,
+        sink: args.sink.clone(),
+        kustomization: args.kustomization,
+        force_conflicts: args.force_conflicts,
+    })
+}
+
+/// Runs the agent until SIGTERM or Ctrl-C.
+pub fn run_agent(args: &AgentArgs) -> anyhow::Result<()> {
+    let settings = settings(args)?;
+    init_logging(args.log_format);
+    // One thread is plenty for one agent, and keeps its footprint small.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let Settings {
+            config,
+            sink,
+            kustomization,
+            force_conflicts,
+        } = settings;
+        match sink {
+            SinkSpec::Kube => {
+                let sink = KubeSink::connect(force_conflicts).await?;
+                Agent::new(config, sink).run(shutdown_signal()).await?;
+            }
+            SinkSpec::Dir(path) => {
+                let sink = DirSink::new(&path, &config.state_dir, kustomization);
+                Agent::new(config, sink).run(shutdown_signal()).await?;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Completes on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn parse(args: &[&str]) -> Result<AgentArgs, clap::Error> {
+        #[derive(Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            agent: AgentArgs,
+        }
+        let mut argv = vec!["agent"];
+        argv.extend_from_slice(args);
+        Wrapper::try_parse_from(argv).map(|w| w.agent)
+    }
+
+    #[test]
+    fn parses_the_documented_command_line() {
+        let args = parse(&[
+            "--server",
+            "https://hub.example:8443",
+            "--cluster",
+            "edge-1",
+            "--token-file",
+            "/etc/flotilla/token",
+            "--state-dir",
+            "/var/lib/flotilla",
+            "--sink",
+            "dir:/var/lib/rancher/k3s/server/manifests/flotilla",
+            "--wait",
+            "45s",
+            "--resync",
+            "15m",
+        ])
+        .expect("parses");
+        assert_eq!(
+            args.sink,
+            SinkSpec::Dir(PathBuf::from(
+                "/var/lib/rancher/k3s/server/manifests/flotilla"
+            ))
+        );
+        let settings = settings(&args).expect("valid");
+        assert_eq!(settings.config.wait, Duration::from_secs(45));
+        assert_eq!(settings.config.resync, Duration::from_secs(900));
+        assert_eq!(settings.config.backoff.cap, Duration::from_secs(300));
+    }
+
+    #[test]
+    fn refuses_bad_sinks_and_mismatched_flags() {
+        let base = [
+            "--server",
+            "file:///srv/f",
+            "--cluster",
+            "c",
+            "--state-dir",
+            "/s",
+        ];
+        let with = |extra: &[&str]| {
+            let mut all: Vec<&str> = base.to_vec();
+            all.extend_from_slice(extra);
+            parse(&all)
+        };
+        let err = with(&["--sink", "dir:"]).expect_err("refused");
+        assert!(err.to_string().contains("dir:PATH"), "{err}");
+        assert!(with(&["--sink", "helm"]).is_err());
+        let args = with(&["--sink", "kube", "--kustomization"]).expect("parses");
+        assert!(settings(&args).is_err());
+        let args = with(&["--sink", "dir:/x", "--force-conflicts"]).expect("parses");
+        assert!(settings(&args).is_err());
+        let args = with(&["--sink", "dir:/x", "--wait", "0"]).expect("parses");
+        assert!(settings(&args).is_err());
+        let args = with(&["--sink", "kube", "--resync", "0"]).expect("parses");
+        assert_eq!(
+            settings(&args).expect("valid").config.resync,
+            Duration::ZERO
+        );
+    }
+}

@@ -1,0 +1,717 @@
+//! Talking to the hub: conditional, long-polling GETs of the cluster's bundle and POSTs
+//! of status reports over HTTP(S) (reqwest with rustls), or reading the same paths from
+//! a `file://` folder laid out by `flotilla publish`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use reqwest::header::{self, HeaderMap};
+use url::Url;
+
+use flotilla_core::bundle::Digest;
+use flotilla_core::status::StatusReport;
+
+/// A bundle larger than this is refused: an edge agent must not be made to buffer
+/// an unbounded body.
+pub const MAX_BUNDLE_BYTES: usize = 64 * 1024 * 1024;
+/// How much longer than the long-poll wait a request may take before it is abandoned.
+const REQUEST_GRACE: Duration = Duration::from_secs(30);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Where bundles come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Server {
+    /// A hub (or a static web server holding `flotilla publish` output) at this base URL.
+    Http(Url),
+    /// A `flotilla publish` folder on a local path (an air-gapped site).
+    File(PathBuf),
+}
+
+impl Server {
+    /// Parses `http://…`, `https://…` or `file:///…`.
+    pub fn parse(text: &str) -> Result<Server, ClientError> {
+        let url = Url::parse(text).map_err(|err| ClientError::BadServer {
+            url: text.to_string(),
+            reason: err.to_string(),
+        })?;
+        match url.scheme() {
+            "http" | "https" => Ok(Server::Http(url)),
+            "file" => url
+                .to_file_path()
+                .map(Server::File)
+                .map_err(|()| ClientError::BadServer {
+                    url: text.to_string(),
+                    reason: "a file:// URL needs an absolute local path, like file:///srv/fleet"
+                        .into(),
+                }),
+            other => Err(ClientError::BadServer {
+                url: text.to_string(),
+                reason: format!("unsupported scheme {other:?}: use http, https or file"),
+            }),
+        }
+    }
+
+    /// True when the server can receive status reports (a hub, not a folder).
+    pub fn accepts_status(&self) -> bool {
+        matches!(self, Server::Http(_))
+    }
+}
+
+impl std::fmt::Display for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Server::Http(url) => write!(f, "{url}"),
+            Server::File(path) => write!(f, "file://{}", path.display()),
+        }
+    }
+}
+
+/// A configuration error found before anything was fetched.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("invalid --server {url:?}: {reason}")]
+    BadServer { url: String, reason: String },
+    #[error("cannot read the token file {path}: {source}")]
+    TokenFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the token file {path} is empty; put the token from `flotilla token create` in it")]
+    EmptyToken { path: PathBuf },
+    #[error("--token-file is required with an http(s) server")]
+    NoToken,
+    #[error("cannot build the HTTP client: {0}")]
+    Http(#[from] reqwest::Error),
+}
+
+/// What one fetch brought back.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Fetched {
+    /// The bundle has not changed (304, or a folder whose file is unchanged).
+    NotModified,
+    /// A bundle document, not yet verified, and the ETag it came with.
+    Bundle { body: Vec<u8>, etag: Option<String> },
+}
+
+/// Why a fetch or a report failed. Every variant says what to do next by its kind:
+/// see [`FetchError::kind`].
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error("cannot reach {server}: {reason}")]
+    Unreachable { server: String, reason: String },
+    #[error("{server} answered {status}: {message}")]
+    Status {
+        server: String,
+        status: u16,
+        message: String,
+        retry_after: Option<Duration>,
+    },
+    #[error("cannot read {path}: {source}")]
+    File {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the bundle from {server} is larger than {MAX_BUNDLE_BYTES} bytes; refusing it")]
+    TooLarge { server: String },
+}
+
+/// How the agent should react to a failed request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// Network trouble, 5xx, 429, a missing file: back off and try again.
+    Transient,
+    /// 401 or 403: the token is wrong. Say so loudly and retry slowly.
+    Auth,
+}
+
+impl FetchError {
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            FetchError::Status { status, .. } if *status == 401 || *status == 403 => {
+                FailureKind::Auth
+            }
+            _ => FailureKind::Transient,
+        }
+    }
+
+    /// The wait the server asked for, if any.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            FetchError::Status { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+}
+
+/// A client for one cluster's paths on one server. Clones share the connection pool.
+#[derive(Debug, Clone)]
+pub struct HubClient {
+    server: Server,
+    cluster: String,
+    token: Option<Token>,
+    http: reqwest::Client,
+    /// For a folder: the digest of the raw bytes last returned, to answer "not modified".
+    last_file_bytes: Option<Digest>,
+}
+
+#[derive(Debug, Clone)]
+struct Token {
+    path: PathBuf,
+    value: String,
+    /// Set after a 401/403 so the file is read again before the next request: a
+    /// rotated token is picked up without restarting the agent.
+    stale: bool,
+}
+
+impl HubClient {
+    pub fn new(
+        server: Server,
+        cluster: &str,
+        token_file: Option<&Path>,
+    ) -> Result<HubClient, ClientError> {
+        let token = match token_file {
+            Some(path) => Some(Token {
+                path: path.to_path_buf(),
+                value: read_token(path)?,
+                stale: false,
+            }),
+            None if matches!(server, Server::Http(_)) => return Err(ClientError::NoToken),
+            None => None,
+        };
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("flotilla-agent/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(CONNECT_TIMEOUT)
+            .build()?;
+        Ok(HubClient {
+            server,
+            cluster: cluster.to_string(),
+            token,
+            http,
+            last_file_bytes: None,
+        })
+    }
+
+    pub fn server(&self) -> &Server {
+        &self.server
+    }
+
+    /// Fetches the cluster's bundle unless its ETag is still `if_none_match`; a hub
+    /// holds the request up to `wait` for a change.
+    pub async fn fetch_bundle(
+        &mut self,
+        if_none_match: Option<&str>,
+        wait: Duration,
+    ) -> Result<Fetched, FetchError> {
+        match &self.server {
+            Server::Http(base) => {
+                let mut url = cluster_url(base, &self.cluster, "bundle");
+                if !wait.is_zero() {
+                    url.query_pairs_mut()
+                        .append_pair("wait", &format!("{}s", wait.as_secs().max(1)));
+                }
+                let mut request = self
+                    .http
+                    .get(url)
+                    .timeout(wait + REQUEST_GRACE)
+                    .header(header::ACCEPT, "application/json");
+                if let Some(etag) = if_none_match {
+                    request = request.header(header::IF_NONE_MATCH, etag);
+                }
+                request = self.authorise(request);
+                let response = request.send().await.map_err(|err| self.unreachable(err))?;
+                let status = response.status();
+                if status == StatusCode::NOT_MODIFIED {
+                    return Ok(Fetched::NotModified);
+                }
+                if !status.is_success() {
+                    return Err(self.status_error(response).await);
+                }
+                let etag = response
+                    .headers()
+                    .get(header::ETAG)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
+                let body = self.read_limited(response).await?;
+                Ok(Fetched::Bundle { body, etag })
+            }
+            Server::File(root) => {
+                let path = root
+                    .join("v1")
+                    .join("clusters")
+                    .join(&self.cluster)
+                    .join("bundle");
+                let body = std::fs::read(&path).map_err(|source| FetchError::File {
+                    path: path.clone(),
+                    source,
+                })?;
+                if body.len() > MAX_BUNDLE_BYTES {
+                    return Err(FetchError::TooLarge {
+                        server: self.server.to_string(),
+                    });
+                }
+                let seen = Digest::of(&body);
+                if if_none_match.is_some() && self.last_file_bytes.as_ref() == Some(&seen) {
+                    return Ok(Fetched::NotModified);
+                }
+                self.last_file_bytes = Some(seen);
+                Ok(Fetched::Bundle { body, etag: None })
+            }
+        }
+    }
+
+    /// Posts a status report to the hub. A folder has nowhere to post to: the
+    /// report is only kept in the state folder.
+    pub async fn send_status(&mut self, report: &StatusReport) -> Result<(), FetchError> {
+        let Server::Http(base) = &self.server else {
+            return Ok(());
+        };
+        let url = cluster_url(base, &self.cluster, "status");
+        let request = self.http.post(url).timeout(REQUEST_GRACE).json(report);
+        let request = self.authorise(request);
+        let response = request.send().await.map_err(|err| self.unreachable(err))?;
+        if response.status().is_success() {
+            Ok(())
+        } else {
+            Err(self.status_error(response).await)
+        }
+    }
+
+    fn authorise(&mut self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        let Some(token) = &mut self.token else {
+            return request;
+        };
+        if token.stale {
+            match read_token(&token.path) {
+                Ok(value) => token.value = value,
+                Err(err) => tracing::error!(error = %err, "keeping the previous token"),
+            }
+            token.stale = false;
+        }
+        request.bearer_auth(&token.value)
+    }
+
+    fn unreachable(&self, err: reqwest::Error) -> FetchError {
+        let reason = if err.is_timeout() {
+            "the request timed out".to_string()
+        } else {
+            error_chain(&err)
+        };
+        FetchError::Unreachable {
+            server: self.server.to_string(),
+            reason,
+        }
+    }
+
+    async fn status_error(&mut self, response: reqwest::Response) -> FetchError {
+        let status = response.status();
+        if (status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN)
+            && let Some(token) = &mut self.token
+        {
+            token.stale = true;
+        }
+        let retry_after = retry_after(response.headers());
+        let url = response.url().to_string();
+        let text = response.text().await.unwrap_or_default();
+        let mut message = error_message(&text);
+        match status.as_u16() {
+            401 => message.push_str(
+                " (the token was not accepted: check --token-file, or create one with `flotilla token create`)",
+            ),
+            403 => message.push_str(&format!(
+                " (the token is not valid for cluster {:?}: check --cluster and --token-file)",
+                self.cluster
+            )),
+            404 => message.push_str(&format!(
+                " (the hub does not serve cluster {:?}: is it in the fleet repository?)",
+                self.cluster
+            )),
+            _ => {}
+        }
+        FetchError::Status {
+            server: url,
+            status: status.as_u16(),
+            message,
+            retry_after,
+        }
+    }
+
+    async fn read_limited(&self, mut response: reqwest::Response) -> Result<Vec<u8>, FetchError> {
+        let too_large = || FetchError::TooLarge {
+            server: self.server.to_string(),
+        };
+        if response
+            .content_length()
+            .is_some_and(|n| n > MAX_BUNDLE_BYTES as u64)
+        {
+            return Err(too_large());
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|err| self.unreachable(err))?
+        {
+            if body.len() + chunk.len() > MAX_BUNDLE_BYTES {
+                return Err(too_large());
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
+    }
+}
+
+/// `<base>/v1/clusters/<cluster>/<leaf>`, keeping any path prefix of the base URL.
+fn cluster_url(base: &Url, cluster: &str, leaf: &str) -> Url {
+    let mut url = base.clone();
+    url.set_query(None);
+    if let Ok(mut segments) = url.path_segments_mut() {
+        segments
+            .pop_if_empty()
+            .extend(["v1", "clusters", cluster, leaf]);
+    }
+    url
+}
+
+fn read_token(path: &Path) -> Result<String, ClientError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ClientError::TokenFile {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(ClientError::EmptyToken {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(token.to_string())
+}
+
+/// Reads `Retry-After` as seconds or as an HTTP date.
+pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let date =
+        time::OffsetDateTime::parse(value, &time::format_description::well_known::Rfc2822).ok()?;
+    let delta = date - time::OffsetDateTime::now_utc();
+    Some(Duration::try_from(delta).unwrap_or(Duration::ZERO))
+}
+
+/// The message of a JSON error body (`{"message": …}` or `{"error": …}`), or the
+/// start of a text one.
+fn error_message(body: &str) -> String {
+    if let Ok(value) = serde_json::from_str::<serde_json::Value>(body) {
+        for field in ["message", "error"] {
+            if let Some(text) = value.get(field).and_then(serde_json::Value::as_str) {
+                return text.to_string();
+            }
+        }
+    }
+    let trimmed = body.trim();
+    if trimmed.is_empty() {
+        "no message".to_string()
+    } else {
+        trimmed.chars().take(300).collect()
+    }
+}
+
+/// An error and its causes on one line (reqwest hides the useful part in sources).
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::extract::{Query, State};
+    use axum::http::{HeaderMap as AxumHeaders, StatusCode as AxumStatus};
+    use axum::response::IntoResponse;
+    use axum::routing::{get, post};
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    /// What the hub saw of one request: path, If-None-Match, wait, Authorization.
+    type Request = (String, Option<String>, Option<String>, Option<String>);
+
+    #[derive(Default)]
+    struct Seen {
+        requests: Vec<Request>,
+        statuses: Vec<serde_json::Value>,
+    }
+
+    type Shared = Arc<Mutex<Seen>>;
+
+    async fn bundle(
+        State(seen): State<Shared>,
+        Query(query): Query<HashMap<String, String>>,
+        headers: AxumHeaders,
+    ) -> axum::response::Response {
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let auth = header("authorization");
+        seen.lock().expect("lock").requests.push((
+            "bundle".into(),
+            header("if-none-match"),
+            query.get("wait").cloned(),
+            auth.clone(),
+        ));
+        match auth.as_deref() {
+            Some("Bearer good") => {}
+            Some("Bearer other-cluster") => {
+                return (AxumStatus::FORBIDDEN, r#"{"message":"forbidden"}"#).into_response();
+            }
+            Some("Bearer busy") => {
+                return (
+                    AxumStatus::SERVICE_UNAVAILABLE,
+                    [("retry-after", "17")],
+                    "try later",
+                )
+                    .into_response();
+            }
+            _ => {
+                return (AxumStatus::UNAUTHORIZED, r#"{"message":"no token"}"#).into_response();
+            }
+        }
+        if header("if-none-match").as_deref() == Some("\"sha256:current\"") {
+            return AxumStatus::NOT_MODIFIED.into_response();
+        }
+        ([("etag", "\"sha256:current\"")], "{\"doc\":1}").into_response()
+    }
+
+    async fn status(
+        State(seen): State<Shared>,
+        axum::Json(body): axum::Json<serde_json::Value>,
+    ) -> AxumStatus {
+        seen.lock().expect("lock").statuses.push(body);
+        AxumStatus::NO_CONTENT
+    }
+
+    async fn start_hub() -> (Url, Shared) {
+        let seen: Shared = Arc::default();
+        let app = axum::Router::new()
+            .route("/prefix/v1/clusters/{cluster}/bundle", get(bundle))
+            .route("/prefix/v1/clusters/{cluster}/status", post(status))
+            .with_state(seen.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let address = listener.local_addr().expect("address");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let url = Url::parse(&format!("http://{address}/prefix/")).expect("url");
+        (url, seen)
+    }
+
+    fn token_file(dir: &Path, token: &str) -> PathBuf {
+        let path = dir.join("token");
+        std::fs::write(&path, format!("{token}\n")).expect("writes token");
+        path
+    }
+
+    #[tokio::test]
+    async fn conditional_long_poll_gets_the_bundle_then_304() {
+        let (url, seen) = start_hub().await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut client = HubClient::new(
+            Server::Http(url),
+            "edge-1",
+            Some(&token_file(dir.path(), "good")),
+        )
+        .expect("client");
+        let first = client
+            .fetch_bundle(None, Duration::from_secs(30))
+            .await
+            .expect("fetches");
+        assert_eq!(
+            first,
+            Fetched::Bundle {
+                body: b"{\"doc\":1}".to_vec(),
+                etag: Some("\"sha256:current\"".into())
+            }
+        );
+        let second = client
+            .fetch_bundle(Some("\"sha256:current\""), Duration::from_secs(30))
+            .await
+            .expect("fetches");
+        assert_eq!(second, Fetched::NotModified);
+        let requests = seen.lock().expect("lock").requests.clone();
+        assert_eq!(
+            requests,
+            [
+                (
+                    "bundle".to_string(),
+                    None,
+                    Some("30s".to_string()),
+                    Some("Bearer good".to_string())
+                ),
+                (
+                    "bundle".to_string(),
+                    Some("\"sha256:current\"".to_string()),
+                    Some("30s".to_string()),
+                    Some("Bearer good".to_string())
+                ),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn errors_are_classified_and_carry_retry_after() {
+        let (url, _seen) = start_hub().await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let token = token_file(dir.path(), "nonsense");
+        let mut client =
+            HubClient::new(Server::Http(url.clone()), "edge-1", Some(&token)).expect("client");
+        let err = client
+            .fetch_bundle(None, Duration::ZERO)
+            .await
+            .expect_err("401");
+        assert_eq!(err.kind(), FailureKind::Auth);
+        assert!(err.to_string().contains("401"), "{err}");
+        assert!(err.to_string().contains("--token-file"), "{err}");
+
+        // A rotated token file is read again after a 401.
+        std::fs::write(&token, "other-cluster").expect("rotates");
+        let err = client
+            .fetch_bundle(None, Duration::ZERO)
+            .await
+            .expect_err("403");
+        assert_eq!(err.kind(), FailureKind::Auth);
+        assert!(err.to_string().contains("403"), "{err}");
+
+        std::fs::write(&token, "busy").expect("rotates");
+        let err = client
+            .fetch_bundle(None, Duration::ZERO)
+            .await
+            .expect_err("503 with Retry-After");
+        assert_eq!(err.kind(), FailureKind::Transient);
+        assert_eq!(err.retry_after(), Some(Duration::from_secs(17)));
+        assert!(err.to_string().contains("503"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_hub_is_a_transient_failure() {
+        // Bind then drop a listener so the port is (almost certainly) closed.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binds");
+        let address = listener.local_addr().expect("address");
+        drop(listener);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = Url::parse(&format!("http://{address}/")).expect("url");
+        let mut client = HubClient::new(
+            Server::Http(url),
+            "edge-1",
+            Some(&token_file(dir.path(), "good")),
+        )
+        .expect("client");
+        let err = client
+            .fetch_bundle(None, Duration::ZERO)
+            .await
+            .expect_err("unreachable");
+        assert!(matches!(err, FetchError::Unreachable { .. }), "{err}");
+        assert_eq!(err.kind(), FailureKind::Transient);
+    }
+
+    #[tokio::test]
+    async fn status_reports_are_posted_as_json() {
+        let (url, seen) = start_hub().await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut client = HubClient::new(
+            Server::Http(url),
+            "edge-1",
+            Some(&token_file(dir.path(), "good")),
+        )
+        .expect("client");
+        client
+            .send_status(&StatusReport::empty("hello", crate::AGENT_VERSION))
+            .await
+            .expect("sent");
+        let statuses = seen.lock().expect("lock").statuses.clone();
+        assert_eq!(statuses.len(), 1);
+        assert_eq!(statuses[0]["message"], "hello");
+    }
+
+    #[tokio::test]
+    async fn a_folder_answers_not_modified_until_its_file_changes() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let folder = root.path().join("v1/clusters/edge-1");
+        std::fs::create_dir_all(&folder).expect("mkdir");
+        std::fs::write(folder.join("bundle"), b"one").expect("writes");
+        let server = Server::parse(&format!("file://{}", root.path().display())).expect("url");
+        assert!(!server.accepts_status());
+        let mut client = HubClient::new(server, "edge-1", None).expect("client");
+        let wait = Duration::from_secs(1);
+        assert!(matches!(
+            client.fetch_bundle(Some("x"), wait).await,
+            Ok(Fetched::Bundle { .. })
+        ));
+        assert_eq!(
+            client.fetch_bundle(Some("x"), wait).await.expect("reads"),
+            Fetched::NotModified
+        );
+        std::fs::write(folder.join("bundle"), b"two").expect("writes");
+        assert_eq!(
+            client.fetch_bundle(Some("x"), wait).await.expect("reads"),
+            Fetched::Bundle {
+                body: b"two".to_vec(),
+                etag: None
+            }
+        );
+        std::fs::remove_file(folder.join("bundle")).expect("removes");
+        let err = client
+            .fetch_bundle(Some("x"), wait)
+            .await
+            .expect_err("gone");
+        assert_eq!(err.kind(), FailureKind::Transient);
+    }
+
+    #[test]
+    fn server_urls_are_checked() {
+        assert!(matches!(
+            Server::parse("https://hub.example:8443"),
+            Ok(Server::Http(_))
+        ));
+        assert_eq!(
+            Server::parse("file:///srv/fleet").expect("file"),
+            Server::File(PathBuf::from("/srv/fleet"))
+        );
+        let err = Server::parse("ftp://x").expect_err("refused");
+        assert!(err.to_string().contains("ftp"), "{err}");
+        assert!(Server::parse("not a url").is_err());
+        let err = HubClient::new(Server::parse("http://h").expect("url"), "c", None)
+            .expect_err("token needed");
+        assert!(matches!(err, ClientError::NoToken));
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_dates() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::RETRY_AFTER, "120".parse().expect("value"));
+        assert_eq!(retry_after(&headers), Some(Duration::from_secs(120)));
+        let future = time::OffsetDateTime::now_utc() + time::Duration::seconds(90);
+        let date = future
+            .format(&time::format_description::well_known::Rfc2822)
+            .expect("formats")
+            .replace("+0000", "GMT");
+        headers.insert(header::RETRY_AFTER, date.parse().expect("value"));
+        let wait = retry_after(&headers).expect("parses an HTTP date");
+        assert!(
+            wait > Duration::from_secs(80) && wait <= Duration::from_secs(90),
+            "{wait:?}"
+        );
+        headers.insert(header::RETRY_AFTER, "soon".parse().expect("value"));
+        assert_eq!(retry_after(&headers), None);
+    }
+}

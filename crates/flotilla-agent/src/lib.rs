@@ -1,0 +1,687 @@
+//! The edge agent: pulls its cluster's bundle, verifies it, keeps it, applies it,
+//! prunes what left it, and reports.
+//!
+//! Three loops share the work:
+//! - the **poller** long-polls the hub (or re-reads a `file://` folder) with the last
+//!   digest as `If-None-Match`, verifies each new bundle (recomputed digest, and the
+//!   ETag when it is a flotilla digest), stores it as last-known-good, and hands it
+//!   on; it backs off with full jitter on failures, honouring `Retry-After`;
+//! - the **applier** (the caller's task) applies the last-known-good bundle at boot
+//!   without waiting for the hub, then every new bundle, retries failed applies with
+//!   back-off, re-applies on `--resync`, and follows rollouts until they are healthy;
+//! - the **reporter** posts the latest status report, keeps it in the state folder
+//!   until the hub has it, and retries; a newer report replaces an unsent one. When
+//!   nothing happened for a heartbeat interval it sends the last report again, since
+//!   the hub judges an agent offline by the age of its last report.
+//!
+//! The agent depends on `flotilla-core` and on no crate of the renderer or the hub: it
+//! trusts digests, not the server.
+
+/// The version of this agent, sent with every report.
+pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+pub mod backoff;
+pub mod cache;
+pub mod cli;
+pub mod client;
+pub mod logging;
+pub mod sink;
+#[cfg(test)]
+pub(crate) mod testing;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use backoff::{Backoff, BackoffPolicy, Sleeper, TokioSleeper};
+use cache::{Inventory, InventoryEntry, StateDir, StoredStatus};
+use client::{FailureKind, Fetched, HubClient, Server};
+use flotilla_core::status::{ResourceState, StatusReport};
+use sink::{ApplyOutcome, Sink};
+
+use flotilla_core::bundle::{self, Bundle, Digest};
+
+/// The agent's settings, validated.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub server: Server,
+    pub cluster: String,
+    /// Required for an http(s) server; a `file://` folder needs none.
+    pub token_file: Option<PathBuf>,
+    pub state_dir: PathBuf,
+    /// How long a hub may hold a poll; a folder is re-read this often.
+    pub wait: Duration,
+    /// How often the current bundle is applied again to undo drift; zero disables it.
+    pub resync: Duration,
+    /// How long the agent stays silent before it sends its last report again. The hub
+    /// counts a cluster offline when no report arrived for its `--offline-after`
+    /// (5 minutes by default), so this must be shorter; zero disables it.
+    pub heartbeat: Duration,
+    pub backoff: BackoffPolicy,
+}
+
+impl AgentConfig {
+    /// Settings with the defaults of the command line: `--wait 30s --resync 10m
+    /// --heartbeat 2m`, back-off capped at 5 minutes.
+    pub fn new(server: Server, cluster: &str, state_dir: PathBuf) -> AgentConfig {
+        AgentConfig {
+            server,
+            cluster: cluster.to_string(),
+            token_file: None,
+            state_dir,
+            wait: Duration::from_secs(30),
+            resync: Duration::from_secs(600),
+            heartbeat: Duration::from_secs(120),
+            backoff: BackoffPolicy::default(),
+        }
+    }
+}
+
+/// Why the agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    State(#[from] cache::StateError),
+    #[error(transparent)]
+    Client(#[from] client::ClientError),
+}
+
+/// How often a rollout that is still progressing is looked at again, at first and at most.
+const HEALTH_FIRST: Duration = Duration::from_secs(5);
+const HEALTH_MAX: Duration = Duration::from_secs(60);
+
+/// What the poller hands the applier.
+#[derive(Debug)]
+enum Event {
+    /// A new, verified bundle, already stored as last-known-good.
+    Bundle(Arc<Bundle>),
+    /// A bundle that was refused; the last-known-good stays.
+    Refused {
+        claimed: Option<Digest>,
+        message: String,
+    },
+}
+
+/// One agent: a sink, a server, a state folder.
+pub struct Agent<S: Sink> {
+    config: AgentConfig,
+    sink: S,
+    sleeper: Arc<dyn Sleeper>,
+    reports: watch::Sender<Option<StatusReport>>,
+}
+
+impl<S: Sink> Agent<S> {
+    pub fn new(config: AgentConfig, sink: S) -> Agent<S> {
+        Agent {
+            config,
+            sink,
+            sleeper: Arc::new(TokioSleeper),
+            reports: watch::channel(None).0,
+        }
+    }
+
+    /// Replaces the sleeper the poller and reporter wait on (tests record waits).
+    pub fn with_sleeper(mut self, sleeper: Arc<dyn Sleeper>) -> Agent<S> {
+        self.sleeper = sleeper;
+        self
+    }
+
+    /// Every status report the agent makes, latest first (for tests and embedding).
+    pub fn reports(&self) -> watch::Receiver<Option<StatusReport>> {
+        self.reports.subscribe()
+    }
+
+    /// Runs until `shutdown` completes. Errors only if the agent cannot start; once
+    /// running, every failure is retried.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
+        let Agent {
+            config,
+            sink,
+            sleeper,
+            reports,
+        } = self;
+        let state = Arc::new(StateDir::open(&config.state_dir)?);
+        let last_known_good = state.load_bundle(&config.cluster)?;
+        let mut inventory = state.load_inventory();
+        let sink_id = sink.id();
+        if inventory.sink != sink_id {
+            if !inventory.entries.is_empty() {
+                tracing::warn!(
+                    previous = %inventory.sink, now = %sink_id,
+                    "the sink changed; what the previous sink applied will not be pruned"
+                );
+            }
+            inventory = Inventory {
+                sink: sink_id,
+                applied: None,
+                entries: Vec::new(),
+            };
+        }
+        let client = HubClient::new(
+            config.server.clone(),
+            &config.cluster,
+            config.token_file.as_deref(),
+        )?;
+        tracing::info!(
+            cluster = %config.cluster, server = %config.server,
+            state_dir = %config.state_dir.display(),
+            last_known_good = last_known_good.as_ref().map(|b| b.digest.to_string()).unwrap_or_else(|| "none".into()),
+            "flotilla agent starting"
+        );
+
+        let stored = state.load_status();
+        let first_report = match &stored {
+            Some(stored) if !stored.sent => Some(stored.report.clone()),
+            _ => None,
+        };
+        let (report_tx, report_rx) = watch::channel(first_report);
+        let reporter = Reporter {
+            client: client.clone(),
+            state: state.clone(),
+            backoff: Backoff::new(config.backoff),
+            sleeper: sleeper.clone(),
+            heartbeat: config.heartbeat,
+        };
+        let reporter = tokio::spawn(reporter.run(report_rx));
+
+        let (events_tx, events_rx) = mpsc::channel(4);
+        let poller = Poller {
+            client,
+            cluster: config.cluster.clone(),
+            state: state.clone(),
+            wait: config.wait,
+            backoff: Backoff::new(config.backoff),
+            sleeper: sleeper.clone(),
+            events: events_tx,
+            current: last_known_good.as_ref().map(|b| b.digest.clone()),
+            etag: None,
+        };
+        let poller = tokio::spawn(poller.run());
+
+        let last_report = stored
+            .map(|s| s.report)
+            .unwrap_or_else(|| StatusReport::empty("starting; no bundle yet", AGENT_VERSION));
+        let applier = Applier {
+            config: &config,
+            sink,
+            state: &state,
+            inventory,
+            desired: last_known_good.map(Arc::new),
+            report: last_report,
+            report_tx,
+            observers: reports,
+            backoff: Backoff::new(config.backoff),
+        };
+        applier.run(events_rx, shutdown).await;
+        poller.abort();
+        reporter.abort();
+        tracing::info!("flotilla agent stopped");
+        Ok(())
+    }
+}
+
+/// The applier's state.
+struct Applier<'a, S: Sink> {
+    config: &'a AgentConfig,
+    sink: S,
+    state: &'a StateDir,
+    inventory: Inventory,
+    desired: Option<Arc<Bundle>>,
+    report: StatusReport,
+    report_tx: watch::Sender<Option<StatusReport>>,
+    observers: watch::Sender<Option<StatusReport>>,
+    backoff: Backoff,
+}
+
+impl<S: Sink> Applier<'_, S> {
+    async fn run(mut self, mut events: mpsc::Receiver<Event>, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let far_future = || Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600);
+        // At boot the last-known-good bundle is applied at once, hub or no hub.
+        let mut apply_now = self.desired.is_some();
+        let mut retry_at: Option<Instant> = None;
+        let mut resync_at = far_future();
+        let mut health_at: Option<Instant> = None;
+        let mut health_interval = HEALTH_FIRST;
+        if self.desired.is_none() {
+            self.publish();
+        }
+        loop {
+            if apply_now && let Some(bundle) = self.desired.clone() {
+                apply_now = false;
+                let complete = self.apply(&bundle).await;
+                if complete {
+                    self.backoff.reset();
+                    retry_at = None;
+                    if !self.config.resync.is_zero() {
+                        resync_at = Instant::now() + self.config.resync;
+                    }
+                    health_interval = HEALTH_FIRST;
+                    health_at = self.progressing().then(|| Instant::now() + health_interval);
+                } else {
+                    let delay = self.backoff.next_delay(None);
+                    tracing::warn!(
+                        retry_in = ?delay,
+                        "the bundle was not applied completely; trying again"
+                    );
+                    retry_at = Some(Instant::now() + delay);
+                    health_at = None;
+                }
+            }
+            tokio::select! {
+                () = &mut shutdown => return,
+                event = events.recv() => match event {
+                    Some(Event::Bundle(bundle)) => {
+                        tracing::info!(digest = %bundle.digest, resources = bundle.resources.len(), "new bundle");
+                        self.desired = Some(bundle);
+                        self.backoff.reset();
+                        retry_at = None;
+                        apply_now = true;
+                    }
+                    Some(Event::Refused { claimed, message }) => {
+                        self.report.attempted = claimed.or(self.report.attempted.take());
+                        self.report.message = message;
+                        self.publish();
+                    }
+                    None => {
+                        tracing::error!("the poller stopped; the agent stops");
+                        return;
+                    }
+                },
+                () = tokio::time::sleep_until(retry_at.unwrap_or_else(far_future)), if retry_at.is_some() => {
+                    retry_at = None;
+                    apply_now = true;
+                }
+                () = tokio::time::sleep_until(resync_at), if self.desired.is_some() && retry_at.is_none() => {
+                    tracing::info!("resync: applying the current bundle again");
+                    apply_now = true;
+                }
+                () = tokio::time::sleep_until(health_at.unwrap_or_else(far_future)), if health_at.is_some() => {
+                    self.refresh_health().await;
+                    health_interval = (health_interval * 2).min(HEALTH_MAX);
+                    health_at = self.progressing().then(|| Instant::now() + health_interval);
+                }
+            }
+        }
+    }
+
+    /// Applies one bundle: records the intent in the inventory, applies and prunes,
+    /// records the result, and reports. Returns true when the apply was complete.
+    async fn apply(&mut self, bundle: &Bundle) -> bool {
+        let prune = self.inventory.left_out_of(bundle);
+        let intent = Inventory {
+            sink: self.inventory.sink.clone(),
+            applied: self.inventory.applied.clone(),
+            entries: self.inventory.union_with(bundle),
+        };
+        let outcome = match self.state.save_inventory(&intent) {
+            Ok(()) => {
+                self.inventory = intent;
+                self.sink.apply(bundle, &prune).await
+            }
+            Err(err) => ApplyOutcome {
+                resources: Vec::new(),
+                complete: false,
+                message: format!("nothing applied: {err}"),
+            },
+        };
+        let mut complete = outcome.complete;
+        if complete {
+            let done = Inventory {
+                sink: self.inventory.sink.clone(),
+                applied: Some(bundle.digest.clone()),
+                entries: InventoryEntry::of_bundle(bundle),
+            };
+            match self.state.save_inventory(&done) {
+                Ok(()) => self.inventory = done,
+                Err(err) => {
+                    tracing::error!(error = %err, "applied, but cannot record it; will apply again");
+                    complete = false;
+                }
+            }
+        }
+        if complete {
+            tracing::info!(digest = %bundle.digest, "{}", outcome.message);
+        } else {
+            tracing::error!(digest = %bundle.digest, "{}", outcome.message);
+        }
+        self.report = StatusReport {
+            applied: self.inventory.applied.clone(),
+            attempted: Some(bundle.digest.clone()),
+            resources: outcome.resources,
+            message: outcome.message,
+            agent_version: AGENT_VERSION.to_string(),
+        };
+        self.publish();
+        complete
+    }
+
+    fn progressing(&self) -> bool {
+        self.report
+            .resources
+            .iter()
+            .any(|r| r.state == ResourceState::Progressing)
+    }
+
+    /// Looks at the health of the applied bundle again and reports if it changed.
+    async fn refresh_health(&mut self) {
+        let Some(bundle) = self.desired.clone() else {
+            return;
+        };
+        if self.report.attempted.as_ref() != Some(&bundle.digest) {
+            return;
+        }
+        let Some(fresh) = self.sink.health(&bundle).await else {
+            return;
+        };
+        let mut changed = false;
+        for status in fresh {
+            if let Some(line) = self.report.resources.iter_mut().find(|r| {
+                r.state != ResourceState::Pruned
+                    && r.group == status.group
+                    && r.kind == status.kind
+                    && r.namespace == status.namespace
+                    && r.name == status.name
+            }) && *line != status
+            {
+                *line = status;
+                changed = true;
+            }
+        }
+        if changed {
+            tracing::info!(
+                healthy = self
+                    .report
+                    .resources
+                    .iter()
+                    .filter(|r| r.state == ResourceState::Healthy)
+                    .count(),
+                progressing = self
+                    .report
+                    .resources
+                    .iter()
+                    .filter(|r| r.state == ResourceState::Progressing)
+                    .count(),
+                "rollout progressed"
+            );
+            self.publish();
+        }
+    }
+
+    fn publish(&self) {
+        self.report_tx.send_replace(Some(self.report.clone()));
+        self.observers.send_replace(Some(self.report.clone()));
+    }
+}
+
+/// The poller's state.
+struct Poller {
+    client: HubClient,
+    cluster: String,
+    state: Arc<StateDir>,
+    wait: Duration,
+    backoff: Backoff,
+    sleeper: Arc<dyn Sleeper>,
+    events: mpsc::Sender<Event>,
+    /// The digest of the last-known-good bundle.
+    current: Option<Digest>,
+    /// The ETag that bundle came with, sent back as `If-None-Match`.
+    etag: Option<String>,
+}
+
+enum Verdict {
+    New(Bundle),
+    Same,
+    Refused(Option<Digest>, String),
+}
+
+impl Poller {
+    async fn run(mut self) {
+        loop {
+            let started = Instant::now();
+            let if_none_match = self
+                .etag
+                .clone()
+                .or_else(|| self.current.as_ref().map(|d| format!("\"{d}\"")));
+            let delay = match self
+                .client
+                .fetch_bundle(if_none_match.as_deref(), self.wait)
+                .await
+            {
+                Ok(Fetched::NotModified) => {
+                    self.backoff.reset();
+                    self.pace(started)
+                }
+                Ok(Fetched::Bundle { body, etag }) => match self.judge(&body, etag.as_deref()) {
+                    Verdict::New(bundle) => match self.state.save_bundle(&body) {
+                        Ok(()) => {
+                            self.backoff.reset();
+                            self.current = Some(bundle.digest.clone());
+                            self.etag = etag;
+                            if self
+                                .events
+                                .send(Event::Bundle(Arc::new(bundle)))
+                                .await
+                                .is_err()
+                            {
+                                return;
+                            }
+                            // Ask again at once: the conditional long-poll waits for
+                            // the next change (a static server answers 304 at once,
+                            // and is then paced).
+                            Duration::ZERO
+                        }
+                        Err(err) => {
+                            let message = format!(
+                                "bundle {} not applied: cannot store it as last-known-good: {err}",
+                                bundle.digest
+                            );
+                            tracing::error!("{message}");
+                            if !self.refuse(Some(bundle.digest), message).await {
+                                return;
+                            }
+                            self.backoff.next_delay(None)
+                        }
+                    },
+                    Verdict::Same => {
+                        self.backoff.reset();
+                        self.etag = etag;
+                        self.pace(started)
+                    }
+                    Verdict::Refused(claimed, message) => {
+                        tracing::error!("{message}");
+                        if !self.refuse(claimed, message).await {
+                            return;
+                        }
+                        self.backoff.next_delay(None)
+                    }
+                },
+                Err(err) => match err.kind() {
+                    FailureKind::Auth => {
+                        let delay = self.backoff.auth_delay();
+                        tracing::error!(
+                            error = %err, retry_in = ?delay,
+                            "the hub refused this agent's token; it keeps running the last-known-good bundle"
+                        );
+                        delay
+                    }
+                    FailureKind::Transient => {
+                        let delay = self.backoff.next_delay(err.retry_after());
+                        tracing::warn!(error = %err, retry_in = ?delay, failures = self.backoff.failures(), "cannot fetch the bundle");
+                        delay
+                    }
+                },
+            };
+            if !delay.is_zero() {
+                self.sleeper.sleep(delay).await;
+            }
+        }
+    }
+
+    /// The time left of `wait` since `started`: a server that answers at once (a
+    /// static file server, a folder, a hub that does not long-poll) is asked again
+    /// only once per `wait`, never in a busy loop.
+    fn pace(&self, started: Instant) -> Duration {
+        self.wait.saturating_sub(started.elapsed())
+    }
+
+    /// Verifies a received document.
+    fn judge(&self, body: &[u8], etag: Option<&str>) -> Verdict {
+        let claimed = claimed_digest(body);
+        let bundle = match bundle::verify_document(body, Some(&self.cluster)) {
+            Ok(bundle) => bundle,
+            Err(err) => {
+                return Verdict::Refused(
+                    claimed,
+                    format!(
+                        "refused the bundle from {}: {err}; keeping the last-known-good bundle",
+                        self.client.server()
+                    ),
+                );
+            }
+        };
+        if let Some(etag_digest) = etag.and_then(digest_of_etag)
+            && etag_digest != bundle.digest
+        {
+            return Verdict::Refused(
+                Some(etag_digest.clone()),
+                format!(
+                    "refused the bundle from {}: its ETag says {etag_digest} but its resources hash to {}; keeping the last-known-good bundle",
+                    self.client.server(),
+                    bundle.digest
+                ),
+            );
+        }
+        if self.current.as_ref() == Some(&bundle.digest) {
+            Verdict::Same
+        } else {
+            Verdict::New(bundle)
+        }
+    }
+
+    async fn refuse(&self, claimed: Option<Digest>, message: String) -> bool {
+        self.events
+            .send(Event::Refused { claimed, message })
+            .await
+            .is_ok()
+    }
+}
+
+/// The digest a document claims, if it has a well-formed one.
+fn claimed_digest(body: &[u8]) -> Option<Digest> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    Digest::parse(value.get("digest")?.as_str()?).ok()
+}
+
+/// The digest in a flotilla ETag (`"sha256:…"`, possibly weak). Other ETags, as a
+/// static web server makes them, are not digests and are only echoed back.
+fn digest_of_etag(etag: &str) -> Option<Digest> {
+    let etag = etag.strip_prefix("W/").unwrap_or(etag);
+    Digest::parse(etag.trim_matches('"')).ok()
+}
+
+/// The reporter's state.
+struct Reporter {
+    client: HubClient,
+    state: Arc<StateDir>,
+    backoff: Backoff,
+    sleeper: Arc<dyn Sleeper>,
+    heartbeat: Duration,
+}
+
+impl Reporter {
+    async fn run(mut self, mut reports: watch::Receiver<Option<StatusReport>>) {
+        let accepts = self.client.server().accepts_status();
+        // A report left unsent by the previous run is sent first.
+        let mut pending = reports.borrow_and_update().clone();
+        // The report in status.json, and whether it is marked sent there.
+        let mut kept: Option<(StatusReport, bool)> = None;
+        let mut last_sent: Option<StatusReport> = None;
+        loop {
+            let Some(report) = pending.take() else {
+                // Nothing new: wait for a report, or send the last one again when the
+                // heartbeat is due, so the hub knows this agent is alive.
+                let heartbeat = async {
+                    match (&last_sent, self.heartbeat.is_zero()) {
+                        (Some(_), false) => tokio::time::sleep(self.heartbeat).await,
+                        _ => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    changed = reports.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        pending = reports.borrow_and_update().clone();
+                    }
+                    () = heartbeat => pending = last_sent.clone(),
+                }
+                continue;
+            };
+            if kept.as_ref().is_none_or(|(k, _)| *k != report) {
+                self.keep(&report, false);
+                kept = Some((report.clone(), false));
+            }
+            if !accepts {
+                continue;
+            }
+            match self.client.send_status(&report).await {
+                Ok(()) => {
+                    self.backoff.reset();
+                    if kept.as_ref().is_some_and(|(_, sent)| !sent) {
+                        self.keep(&report, true);
+                        kept = Some((report.clone(), true));
+                    }
+                    last_sent = Some(report);
+                }
+                Err(err) => {
+                    let delay = match err.kind() {
+                        FailureKind::Auth => self.backoff.auth_delay(),
+                        FailureKind::Transient => self.backoff.next_delay(err.retry_after()),
+                    };
+                    tracing::warn!(error = %err, retry_in = ?delay, "cannot send the status report; it is kept and sent later");
+                    tokio::select! {
+                        () = self.sleeper.sleep(delay) => pending = Some(report),
+                        changed = reports.changed() => {
+                            if changed.is_err() {
+                                return;
+                            }
+                            // Only the latest report matters.
+                            pending = reports.borrow_and_update().clone();
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn keep(&self, report: &StatusReport, sent: bool) {
+        let stored = StoredStatus {
+            sent,
+            report: report.clone(),
+        };
+        if let Err(err) = self.state.save_status(&stored) {
+            tracing::error!(error = %err, "cannot keep the status report");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etags_that_are_digests_are_recognised() {
+        let digest = Digest::of(b"x");
+        assert_eq!(
+            digest_of_etag(&format!("\"{digest}\"")),
+            Some(digest.clone())
+        );
+        assert_eq!(digest_of_etag(&format!("W/\"{digest}\"")), Some(digest));
+        assert_eq!(digest_of_etag("\"5f3c-1a2b\""), None);
+    }
+}

@@ -1,0 +1,720 @@
+//! The `dir:PATH` sink: one YAML file per resource in a folder that a cluster's own
+//! auto-deploy mechanism reads (k3s `/var/lib/rancher/k3s/server/manifests`, MicroShift
+//! `/etc/microshift/manifests.d/<name>/`).
+//!
+//! The sink keeps a manifest of the files it wrote in the agent's state folder, and it
+//! only ever replaces or removes files listed there: files it did not write are never
+//! touched. A resource whose file name is taken by such a file fails with a message
+//! saying so. The manifest first records every file an apply may write (old and new),
+//! then the files are written, then the files of resources that left are removed, and
+//! only then does the manifest shrink to the new set; an agent killed at any point
+//! therefore never forgets a file it wrote.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::{ApplyOutcome, Sink, apply_order, apply_rank, with_flotilla_metadata};
+use crate::cache::{self, InventoryEntry};
+use flotilla_core::bundle::{Bundle, Digest, ResourceKey};
+use flotilla_core::status::{ResourceState, ResourceStatus};
+
+/// The manifest of written files, in the agent's state folder.
+const MANIFEST_FILE: &str = "dir-sink.json";
+/// The file a MicroShift-style kustomize loader reads.
+pub const KUSTOMIZATION_FILE: &str = "kustomization.yaml";
+/// Temporary files in the target folder: `.flotilla-<name>.tmp`. Neither k3s (which
+/// reads `.yaml`, `.yml` and `.json`) nor kustomize (which reads what it is told)
+/// picks them up.
+const TMP_PREFIX: &str = ".flotilla-";
+const TMP_SUFFIX: &str = ".tmp";
+/// File names longer than this are shortened and made unique with a hash.
+const MAX_NAME_BYTES: usize = 200;
+
+/// Writes resources as files into one folder.
+#[derive(Debug)]
+pub struct DirSink {
+    target: PathBuf,
+    state_dir: PathBuf,
+    kustomization: bool,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+struct Manifest {
+    target: PathBuf,
+    files: BTreeSet<String>,
+}
+
+impl DirSink {
+    /// A sink writing into `target`, keeping its manifest in the agent's `state_dir`.
+    /// With `kustomization`, it also writes a `kustomization.yaml` listing its files,
+    /// which is what MicroShift's manifest loader needs.
+    pub fn new(target: &Path, state_dir: &Path, kustomization: bool) -> DirSink {
+        DirSink {
+            target: target.to_path_buf(),
+            state_dir: state_dir.to_path_buf(),
+            kustomization,
+        }
+    }
+
+    pub fn target(&self) -> &Path {
+        &self.target
+    }
+
+    fn load_manifest(&self) -> Manifest {
+        let path = self.state_dir.join(MANIFEST_FILE);
+        let manifest: Manifest = match fs::read(&path) {
+            Ok(bytes) => match serde_json::from_slice(&bytes) {
+                Ok(manifest) => manifest,
+                Err(err) => {
+                    tracing::error!(path = %path.display(), error = %err,
+                        "the dir sink's manifest is damaged; files written before will not be removed");
+                    Manifest::default()
+                }
+            },
+            Err(_) => Manifest::default(),
+        };
+        if manifest.target != self.target {
+            if !manifest.files.is_empty() {
+                tracing::warn!(
+                    previous = %manifest.target.display(), now = %self.target.display(),
+                    "the dir sink now writes to another folder; files in the previous one are left as they are"
+                );
+            }
+            return Manifest {
+                target: self.target.clone(),
+                files: BTreeSet::new(),
+            };
+        }
+        manifest
+    }
+
+    fn save_manifest(&self, manifest: &Manifest) -> io::Result<()> {
+        let bytes = serde_json::to_vec_pretty(manifest).map_err(io::Error::other)?;
+        cache::write_atomically(
+            &self.state_dir,
+            MANIFEST_FILE,
+            &bytes,
+            &format!(".{MANIFEST_FILE}.tmp"),
+        )
+    }
+
+    /// Replaces one file; the folder is synced once after all of them.
+    fn write_file(&self, name: &str, content: &[u8]) -> io::Result<()> {
+        cache::replace_file(
+            &self.target,
+            name,
+            content,
+            &format!("{TMP_PREFIX}{name}{TMP_SUFFIX}"),
+        )
+    }
+
+    fn apply_files(&mut self, bundle: &Bundle, prune: &[InventoryEntry]) -> ApplyOutcome {
+        let failed_everything = |message: String| {
+            let resources = bundle
+                .resources
+                .iter()
+                .map(|r| ResourceStatus::new(&r.key, ResourceState::Failed, message.clone()))
+                .collect();
+            ApplyOutcome {
+                resources,
+                complete: false,
+                message,
+            }
+        };
+        if let Err(err) = prepare_target(&self.target) {
+            return failed_everything(format!(
+                "cannot use the folder {}: {err}",
+                self.target.display()
+            ));
+        }
+        let old = self.load_manifest();
+
+        // Decide every file's content and whether its name is free to use.
+        let header = header(&bundle.cluster);
+        let mut desired: BTreeMap<String, (Option<ResourceKey>, Vec<u8>)> = BTreeMap::new();
+        let mut statuses: BTreeMap<ResourceKey, ResourceStatus> = BTreeMap::new();
+        for resource in apply_order(bundle) {
+            let name = file_name(&resource.key);
+            let value = with_flotilla_metadata(&resource.value, &bundle.cluster, None);
+            match serde_saphyr::to_string(&value) {
+                Ok(yaml) => {
+                    let content = format!("{header}\n# {}\n{yaml}", resource.key).into_bytes();
+                    desired.insert(name, (Some(resource.key.clone()), content));
+                }
+                Err(err) => {
+                    statuses.insert(
+                        resource.key.clone(),
+                        ResourceStatus::new(
+                            &resource.key,
+                            ResourceState::Failed,
+                            format!("cannot write it as YAML: {err}"),
+                        ),
+                    );
+                }
+            }
+        }
+        if self.kustomization {
+            let listed: Vec<&String> = desired.keys().collect();
+            let content = kustomization(&header, &listed);
+            desired.insert(KUSTOMIZATION_FILE.to_string(), (None, content));
+        }
+        let mut foreign = BTreeSet::new();
+        for name in desired.keys() {
+            if !old.files.contains(name) && self.is_foreign(name, &header) {
+                foreign.insert(name.clone());
+            }
+        }
+
+        // Record intent: every file this apply may write, plus the old ones.
+        let mut intent = old.files.clone();
+        intent.extend(desired.keys().filter(|n| !foreign.contains(*n)).cloned());
+        let intent = Manifest {
+            target: self.target.clone(),
+            files: intent,
+        };
+        if let Err(err) = self.save_manifest(&intent) {
+            return failed_everything(format!(
+                "cannot record the dir sink's manifest in {}: {err}",
+                self.state_dir.display()
+            ));
+        }
+
+        let mut written = 0usize;
+        let mut unchanged = 0usize;
+        let mut other_failure: Option<String> = None;
+        for (name, (key, content)) in &desired {
+            let outcome = if foreign.contains(name) {
+                Err(format!(
+                    "{} already exists and was not written by flotilla; it is left alone: \
+                     move it away to let flotilla manage this resource",
+                    self.target.join(name).display()
+                ))
+            } else if fs::read(self.target.join(name)).is_ok_and(|existing| existing == *content) {
+                // Unchanged files are not rewritten: k3s re-applies a file whenever
+                // its modification time changes.
+                unchanged += 1;
+                Ok(())
+            } else {
+                match self.write_file(name, content) {
+                    Ok(()) => {
+                        written += 1;
+                        Ok(())
+                    }
+                    Err(err) => Err(format!(
+                        "cannot write {}: {err}",
+                        self.target.join(name).display()
+                    )),
+                }
+            };
+            match (key, outcome) {
+                (Some(key), Ok(())) => {
+                    statuses.insert(
+                        key.clone(),
+                        ResourceStatus::new(key, ResourceState::Applied, ""),
+                    );
+                }
+                (Some(key), Err(message)) => {
+                    statuses.insert(
+                        key.clone(),
+                        ResourceStatus::new(key, ResourceState::Failed, message),
+                    );
+                }
+                (None, Ok(())) => {}
+                (None, Err(message)) => other_failure = Some(message),
+            }
+        }
+        let failures = statuses
+            .values()
+            .filter(|s| s.state == ResourceState::Failed)
+            .count();
+        let mut resources: Vec<ResourceStatus> = apply_order(bundle)
+            .iter()
+            .filter_map(|r| statuses.remove(&r.key))
+            .collect();
+
+        let synced = cache::sync_dir(&self.target);
+        if failures > 0 || other_failure.is_some() {
+            // Nothing is removed while the new bundle is not fully in place, so the
+            // folder never holds less than the old bundle did.
+            let mut message = format!(
+                "{failures} of {} resources could not be written to {}",
+                bundle.resources.len(),
+                self.target.display()
+            );
+            if let Some(other) = other_failure {
+                message = format!("{message}; {other}");
+            }
+            return ApplyOutcome {
+                resources,
+                complete: false,
+                message,
+            };
+        }
+
+        // Remove the files of resources that left the bundle, then forget them.
+        let mut removed = 0usize;
+        let mut remove_failure = None;
+        let mut kept = BTreeSet::new();
+        for name in old.files.iter().filter(|n| !desired.contains_key(*n)) {
+            match fs::remove_file(self.target.join(name)) {
+                Ok(()) => removed += 1,
+                Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+                Err(err) => {
+                    kept.insert(name.clone());
+                    remove_failure = Some(format!(
+                        "cannot remove {}: {err}",
+                        self.target.join(name).display()
+                    ));
+                }
+            }
+        }
+        let sync = synced.and_then(|()| cache::sync_dir(&self.target));
+        for entry in prune {
+            let key = entry.key();
+            let name = file_name(&key);
+            let (state, message) = if kept.contains(&name) {
+                (ResourceState::Failed, "its file could not be removed")
+            } else {
+                (ResourceState::Pruned, "its file was removed")
+            };
+            resources.push(ResourceStatus::new(&key, state, message));
+        }
+        let mut files: BTreeSet<String> = desired.into_keys().collect();
+        files.extend(kept);
+        let committed = self.save_manifest(&Manifest {
+            target: self.target.clone(),
+            files,
+        });
+        let problem = remove_failure
+            .or_else(|| {
+                sync.err()
+                    .map(|e| format!("cannot sync {}: {e}", self.target.display()))
+            })
+            .or_else(|| {
+                committed
+                    .err()
+                    .map(|e| format!("cannot record the dir sink's manifest: {e}"))
+            });
+        match problem {
+            Some(message) => ApplyOutcome {
+                resources,
+                complete: false,
+                message,
+            },
+            None => ApplyOutcome {
+                resources,
+                complete: true,
+                message: format!(
+                    "{} resources in {}: {written} written, {unchanged} unchanged, {removed} removed",
+                    bundle.resources.len(),
+                    self.target.display()
+                ),
+            },
+        }
+    }
+
+    /// A file not in the manifest may still be ours if the manifest was lost (a wiped
+    /// state folder): a file that starts with this cluster's flotilla header is adopted.
+    fn is_foreign(&self, name: &str, header: &str) -> bool {
+        match fs::read(self.target.join(name)) {
+            Ok(bytes) => !bytes.starts_with(header.as_bytes()),
+            Err(_) => false,
+        }
+    }
+}
+
+impl Sink for DirSink {
+    fn id(&self) -> String {
+        format!("dir:{}", self.target.display())
+    }
+
+    fn apply<'a>(
+        &'a mut self,
+        bundle: &'a Bundle,
+        prune: &'a [InventoryEntry],
+    ) -> impl std::future::Future<Output = ApplyOutcome> + Send + 'a {
+        // The files are small and few; writing them in place keeps the agent on one
+        // thread.
+        std::future::ready(self.apply_files(bundle, prune))
+    }
+
+    fn health<'a>(
+        &'a mut self,
+        _bundle: &'a Bundle,
+    ) -> impl std::future::Future<Output = Option<Vec<ResourceStatus>>> + Send + 'a {
+        // The folder's reader applies the files; their health is not visible here.
+        std::future::ready(None)
+    }
+}
+
+fn prepare_target(target: &Path) -> io::Result<()> {
+    fs::create_dir_all(target)?;
+    cache::remove_temporary_files(target, |name| {
+        name.starts_with(TMP_PREFIX) && name.ends_with(TMP_SUFFIX)
+    })
+}
+
+/// The first line of every file the sink writes.
+fn header(cluster: &str) -> String {
+    format!(
+        "# Written by the flotilla agent for cluster {cluster}. Do not edit: the agent replaces this file."
+    )
+}
+
+fn kustomization(header: &str, files: &[&String]) -> Vec<u8> {
+    let mut text = format!(
+        "{header}\napiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n"
+    );
+    for file in files {
+        text.push_str(&format!("- {file}\n"));
+    }
+    if files.is_empty() {
+        text = format!(
+            "{header}\napiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: []\n"
+        );
+    }
+    text.into_bytes()
+}
+
+/// The file name of a resource: `<rank>-<kind>[-<namespace>]-<name>-<hash>.yaml`, in
+/// lowercase letters, digits and `-` only. k3s names the AddOn object that tracks a
+/// manifest after its file's base name, which must be a lowercase RFC 1123 name (an
+/// underscore or a capital letter fails there), so nothing else may appear. The rank
+/// (0 CRDs, 1 Namespaces, 2 the rest) makes a folder listing follow apply order. The
+/// hash (40 bits of the SHA-256 of the exact identity, group included) keeps names
+/// unique where lowercasing and replacing characters could make two identities look
+/// alike, and is stable, so a resource keeps its file from bundle to bundle. The file
+/// itself names the resource in full in its second line.
+pub fn file_name(key: &ResourceKey) -> String {
+    let identity = format!(
+        "{}\0{}\0{}\0{}",
+        key.group, key.kind, key.namespace, key.name
+    );
+    let hash = Digest::of(identity.as_bytes());
+    let mut readable = format!("{}-{}", apply_rank(key), sanitise(&key.kind));
+    if !key.namespace.is_empty() {
+        readable.push('-');
+        readable.push_str(&sanitise(&key.namespace));
+    }
+    readable.push('-');
+    readable.push_str(&sanitise(&key.name));
+    // The readable part is ASCII after sanitising, so any byte index is a boundary.
+    readable.truncate(MAX_NAME_BYTES - 11);
+    format!("{readable}-{}.yaml", &hash.hex()[..10])
+}
+
+fn sanitise(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::bundle_of;
+    use serde_json::{Value, json};
+
+    fn config_map(name: &str, data: Value) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": name, "namespace": "demo"}, "data": data})
+    }
+
+    fn namespace(name: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    }
+
+    fn cm(name: &str) -> String {
+        file_name(&ResourceKey {
+            group: String::new(),
+            kind: "ConfigMap".into(),
+            namespace: "demo".into(),
+            name: name.into(),
+        })
+    }
+
+    fn ns_file(name: &str) -> String {
+        file_name(&ResourceKey {
+            group: String::new(),
+            kind: "Namespace".into(),
+            namespace: String::new(),
+            name: name.into(),
+        })
+    }
+
+    struct Fixture {
+        target: tempfile::TempDir,
+        state: tempfile::TempDir,
+    }
+
+    impl Fixture {
+        fn new() -> Fixture {
+            Fixture {
+                target: tempfile::tempdir().expect("tempdir"),
+                state: tempfile::tempdir().expect("tempdir"),
+            }
+        }
+
+        fn sink(&self, kustomization: bool) -> DirSink {
+            DirSink::new(self.target.path(), self.state.path(), kustomization)
+        }
+
+        fn files(&self) -> Vec<String> {
+            let mut names: Vec<String> = fs::read_dir(self.target.path())
+                .expect("lists")
+                .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        }
+
+        fn read(&self, name: &str) -> String {
+            fs::read_to_string(self.target.path().join(name)).expect("reads")
+        }
+    }
+
+    fn apply(sink: &mut DirSink, bundle: &Bundle, prune: &[InventoryEntry]) -> ApplyOutcome {
+        sink.apply_files(bundle, prune)
+    }
+
+    #[test]
+    fn writes_one_file_per_resource_that_reads_back_as_the_resource() {
+        let fixture = Fixture::new();
+        let tricky = json!({"yes": "yes", "on": "on", "zero": "0123", "multi": "a\nb: c\n",
+                            "empty": "", "null": "null", "num": "1e3"});
+        let bundle = bundle_of(
+            "edge-1",
+            vec![config_map("settings", tricky.clone()), namespace("demo")],
+        );
+        let outcome = apply(&mut fixture.sink(false), &bundle, &[]);
+        assert!(outcome.complete, "{outcome:?}");
+        assert_eq!(outcome.count(ResourceState::Applied), 2);
+        assert_eq!(fixture.files(), [ns_file("demo"), cm("settings")]);
+        let text = fixture.read(&cm("settings"));
+        assert!(text.starts_with("# Written by the flotilla agent for cluster edge-1."));
+        let parsed: Value = serde_saphyr::from_str(&text).expect("valid YAML");
+        assert_eq!(parsed["data"], tricky);
+        assert_eq!(
+            parsed["metadata"]["labels"]["flotilla.dev/cluster"],
+            "edge-1"
+        );
+    }
+
+    #[test]
+    fn removes_only_files_it_wrote_and_never_touches_others() {
+        let fixture = Fixture::new();
+        let mut sink = fixture.sink(false);
+        fs::write(
+            fixture.target.path().join("traefik.yaml"),
+            "kind: HelmChart\n",
+        )
+        .expect("writes a file of the operator");
+        let first = bundle_of(
+            "edge-1",
+            vec![config_map("a", json!({})), config_map("b", json!({}))],
+        );
+        assert!(apply(&mut sink, &first, &[]).complete);
+        let second = bundle_of("edge-1", vec![config_map("b", json!({"k": "v"}))]);
+        let prune: Vec<InventoryEntry> = InventoryEntry::of_bundle(&first)
+            .into_iter()
+            .filter(|e| e.name == "a")
+            .collect();
+        let outcome = apply(&mut sink, &second, &prune);
+        assert!(outcome.complete, "{outcome:?}");
+        assert_eq!(fixture.files(), [cm("b"), "traefik.yaml".to_string()]);
+        assert_eq!(fixture.read("traefik.yaml"), "kind: HelmChart\n");
+        assert_eq!(outcome.count(ResourceState::Pruned), 1);
+        assert!(fixture.read(&cm("b")).contains("k: v"));
+    }
+
+    #[test]
+    fn a_file_it_did_not_write_is_not_overwritten_and_the_resource_fails() {
+        let fixture = Fixture::new();
+        let mut sink = fixture.sink(false);
+        let name = &cm("a");
+        fs::write(fixture.target.path().join(name), "hand written\n").expect("writes");
+        let old = bundle_of("edge-1", vec![config_map("old", json!({}))]);
+        assert!(apply(&mut sink, &old, &[]).complete);
+        let bundle = bundle_of(
+            "edge-1",
+            vec![config_map("a", json!({})), config_map("b", json!({}))],
+        );
+        let prune: Vec<InventoryEntry> = InventoryEntry::of_bundle(&old);
+        let outcome = apply(&mut sink, &bundle, &prune);
+        assert!(!outcome.complete);
+        assert_eq!(fixture.read(name), "hand written\n");
+        let failed: Vec<&ResourceStatus> = outcome
+            .resources
+            .iter()
+            .filter(|r| r.state == ResourceState::Failed)
+            .collect();
+        assert_eq!(failed.len(), 1);
+        assert!(
+            failed[0].message.contains("not written by flotilla"),
+            "{failed:?}"
+        );
+        // Nothing is removed until the whole bundle is in place, and the failed name
+        // is never recorded as flotilla's.
+        assert!(fixture.files().contains(&cm("old")));
+        let manifest = sink.load_manifest();
+        assert!(!manifest.files.contains(name));
+        assert!(manifest.files.contains(&cm("b")));
+    }
+
+    #[test]
+    fn unchanged_files_are_not_rewritten() {
+        let fixture = Fixture::new();
+        let mut sink = fixture.sink(false);
+        let bundle = bundle_of("edge-1", vec![config_map("a", json!({"k": "v"}))]);
+        assert!(apply(&mut sink, &bundle, &[]).complete);
+        let path = fixture.target.path().join(cm("a"));
+        let before = fs::metadata(&path)
+            .expect("stat")
+            .modified()
+            .expect("mtime");
+        let old_time = before - std::time::Duration::from_secs(3600);
+        fs::File::options()
+            .write(true)
+            .open(&path)
+            .expect("opens")
+            .set_modified(old_time)
+            .expect("sets mtime");
+        let outcome = apply(&mut sink, &bundle, &[]);
+        assert!(
+            outcome.message.contains("0 written, 1 unchanged"),
+            "{outcome:?}"
+        );
+        let after = fs::metadata(&path)
+            .expect("stat")
+            .modified()
+            .expect("mtime");
+        assert_eq!(after, old_time);
+        // A hand edit (drift) is undone by the next apply.
+        fs::write(&path, "edited").expect("edits");
+        assert!(apply(&mut sink, &bundle, &[]).message.contains("1 written"));
+        assert!(fixture.read(&cm("a")).contains("k: v"));
+    }
+
+    #[test]
+    fn writes_a_kustomization_listing_its_files_when_asked() {
+        let fixture = Fixture::new();
+        let mut sink = fixture.sink(true);
+        let bundle = bundle_of(
+            "edge-1",
+            vec![config_map("a", json!({})), namespace("demo")],
+        );
+        assert!(apply(&mut sink, &bundle, &[]).complete);
+        let parsed: Value =
+            serde_saphyr::from_str(&fixture.read(KUSTOMIZATION_FILE)).expect("valid YAML");
+        assert_eq!(parsed["kind"], "Kustomization");
+        assert_eq!(parsed["resources"], json!([ns_file("demo"), cm("a")]));
+        // An empty bundle still leaves a valid kustomization.
+        let empty = bundle_of("edge-1", vec![]);
+        let prune = InventoryEntry::of_bundle(&bundle);
+        assert!(apply(&mut sink, &empty, &prune).complete);
+        assert_eq!(fixture.files(), [KUSTOMIZATION_FILE]);
+        let parsed: Value =
+            serde_saphyr::from_str(&fixture.read(KUSTOMIZATION_FILE)).expect("valid YAML");
+        assert_eq!(parsed["resources"], json!([]));
+    }
+
+    #[test]
+    fn files_left_by_a_lost_manifest_are_adopted_by_their_header() {
+        let fixture = Fixture::new();
+        let bundle = bundle_of("edge-1", vec![config_map("a", json!({}))]);
+        assert!(apply(&mut fixture.sink(false), &bundle, &[]).complete);
+        fs::remove_file(fixture.state.path().join(MANIFEST_FILE)).expect("loses manifest");
+        let changed = bundle_of("edge-1", vec![config_map("a", json!({"k": "2"}))]);
+        let outcome = apply(&mut fixture.sink(false), &changed, &[]);
+        assert!(outcome.complete, "{outcome:?}");
+        // Another cluster's file is not adopted.
+        let other = bundle_of("edge-2", vec![config_map("a", json!({}))]);
+        let state = tempfile::tempdir().expect("tempdir");
+        let mut sink = DirSink::new(fixture.target.path(), state.path(), false);
+        assert!(!apply(&mut sink, &other, &[]).complete);
+    }
+
+    #[test]
+    fn leftover_temporary_files_of_the_sink_are_cleared() {
+        let fixture = Fixture::new();
+        fs::write(
+            fixture
+                .target
+                .path()
+                .join(format!(".flotilla-{}.tmp", cm("a"))),
+            "half",
+        )
+        .expect("writes");
+        fs::write(fixture.target.path().join(".other.tmp"), "not ours").expect("writes");
+        let bundle = bundle_of("edge-1", vec![config_map("a", json!({}))]);
+        assert!(apply(&mut fixture.sink(false), &bundle, &[]).complete);
+        assert_eq!(fixture.files(), [".other.tmp".to_string(), cm("a")]);
+    }
+
+    #[test]
+    fn file_names_are_valid_k3s_addon_names_unique_and_stable() {
+        let key = |group: &str, kind: &str, ns: &str, name: &str| ResourceKey {
+            group: group.into(),
+            kind: kind.into(),
+            namespace: ns.into(),
+            name: name.into(),
+        };
+        let crd = file_name(&key(
+            "apiextensions.k8s.io",
+            "CustomResourceDefinition",
+            "",
+            "widgets.example.com",
+        ));
+        assert!(
+            crd.starts_with("0-customresourcedefinition-widgets-example-com-"),
+            "{crd}"
+        );
+        assert!(cm("settings").starts_with("2-configmap-demo-settings-"));
+        assert!(ns_file("demo").starts_with("1-namespace-demo-"));
+        // The base name is what k3s names its AddOn after: a lowercase RFC 1123
+        // subdomain of at most 253 characters.
+        let rbac = file_name(&key(
+            "rbac.authorization.k8s.io",
+            "ClusterRole",
+            "",
+            "system:Foo/bar_x",
+        ));
+        let long = file_name(&key("g", "K", "ns", &"x".repeat(300)));
+        for name in [&crd, &rbac, &long, &cm("a")] {
+            let base = name.strip_suffix(".yaml").expect("a .yaml file");
+            assert!(
+                base.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
+                "{name}"
+            );
+            assert!(base.as_bytes()[0].is_ascii_digit() && base.as_bytes()[base.len() - 1] != b'-');
+            assert!(name.len() <= MAX_NAME_BYTES + 5, "{}", name.len());
+        }
+        // Identities that read alike once lowercased and sanitised still differ.
+        let alike = [
+            file_name(&key("", "ConfigMap", "team-a", "web")),
+            file_name(&key("", "ConfigMap", "team", "a-web")),
+            file_name(&key("", "Configmap", "team-a", "web")),
+            file_name(&key("example.com", "ConfigMap", "team-a", "web")),
+        ];
+        let distinct: BTreeSet<&String> = alike.iter().collect();
+        assert_eq!(distinct.len(), alike.len(), "{alike:?}");
+        // And a resource keeps its file name.
+        assert_eq!(cm("a"), cm("a"));
+        assert_eq!(
+            cm("a"),
+            "2-configmap-demo-a-".to_string() + &cm("a")[19..],
+            "stable layout"
+        );
+    }
+}

@@ -1,0 +1,7 @@
+//! The agent against a hub stand-in over HTTP, the `flotilla-agent` binary killed at
+//! random moments, and (ignored by default) a live Kubernetes cluster.
+
+mod agent_http;
+mod agent_kill;
+mod agent_kube_live;
+mod support;

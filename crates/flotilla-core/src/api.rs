@@ -1,0 +1,78 @@
+//! The paths of the hub's HTTP API (version 1), in one place for the three parties that
+//! use them: the hub's router (route templates), `publish` (the same paths as a folder
+//! layout) and the agent's client (URLs and `file://` folders).
+//!
+//! Paths are given as segments, so that a caller joins them the way its medium needs:
+//! percent-encoded into a URL, or as file names under a folder.
+
+/// Route templates, in the `{name}` syntax of the hub's router.
+pub mod routes {
+    pub const BUNDLE: &str = "/v1/clusters/{cluster}/bundle";
+    pub const BUNDLE_BY_DIGEST: &str = "/v1/clusters/{cluster}/bundles/{digest}";
+    pub const STATUS: &str = "/v1/clusters/{cluster}/status";
+    pub const FLEET: &str = "/v1/fleet";
+    pub const GIT_HOOK: &str = "/v1/hooks/git";
+    pub const HEALTHZ: &str = "/healthz";
+    pub const READYZ: &str = "/readyz";
+    pub const METRICS: &str = "/metrics";
+}
+
+/// The folder, under a published root, that holds every cluster's files: `v1/clusters`.
+pub const CLUSTERS: [&str; 2] = ["v1", "clusters"];
+
+/// The file name of a cluster's current bundle inside its folder.
+pub const CURRENT_BUNDLE: &str = "bundle";
+
+/// The folder, inside a cluster's folder, of its bundles by digest.
+pub const BUNDLES_BY_DIGEST: &str = "bundles";
+
+/// `v1/clusters/{cluster}/bundle`: the cluster's current bundle.
+pub fn bundle(cluster: &str) -> [&str; 4] {
+    ["v1", "clusters", cluster, CURRENT_BUNDLE]
+}
+
+/// `v1/clusters/{cluster}/bundles/{digest}`: one of the cluster's bundles, immutable.
+pub fn bundle_by_digest<'a>(cluster: &'a str, digest: &'a str) -> [&'a str; 5] {
+    ["v1", "clusters", cluster, BUNDLES_BY_DIGEST, digest]
+}
+
+/// `v1/clusters/{cluster}/status`: where the agent posts its report.
+pub fn status(cluster: &str) -> [&str; 4] {
+    ["v1", "clusters", cluster, "status"]
+}
+
+/// Joins segments into an absolute URL path (no escaping: for display and tests).
+pub fn to_path(segments: &[&str]) -> String {
+    let mut path = String::new();
+    for segment in segments {
+        path.push('/');
+        path.push_str(segment);
+    }
+    path
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fill(template: &str, cluster: &str, digest: &str) -> String {
+        template
+            .replace("{cluster}", cluster)
+            .replace("{digest}", digest)
+    }
+
+    #[test]
+    fn segments_and_route_templates_name_the_same_paths() {
+        let (c, d) = ("edge-7", "sha256:ab");
+        assert_eq!(to_path(&bundle(c)), fill(routes::BUNDLE, c, d));
+        assert_eq!(
+            to_path(&bundle_by_digest(c, d)),
+            fill(routes::BUNDLE_BY_DIGEST, c, d)
+        );
+        assert_eq!(to_path(&status(c)), fill(routes::STATUS, c, d));
+        assert_eq!(
+            to_path(&bundle(c)),
+            format!("{}/{c}/{CURRENT_BUNDLE}", to_path(&CLUSTERS))
+        );
+    }
+}

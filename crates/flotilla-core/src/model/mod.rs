@@ -1,0 +1,333 @@
+//! The fleet repository's own kinds (apiVersion `flotilla.dev/v1alpha1`): Cluster,
+//! Group, Workload and Overlay, as serde types with JSON Schemas, and Kubernetes
+//! label selectors.
+//!
+//! These types only describe documents; reading them from files, with file and line
+//! in every error, is done by `flotilla_render`'s loader.
+
+mod selector;
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+pub use selector::{LabelSelector, Operator, Requirement, SelectorParseError, parse_selector};
+
+/// Free-form variables, merged deeply (maps merge, everything else is replaced).
+pub type Vars = Map<String, Value>;
+
+/// A string with the line it was read from, so later checks can point at it.
+pub type Located<T> = serde_saphyr::Spanned<T>;
+
+/// The name, labels and annotations of a Cluster, Group, Workload or Overlay.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Metadata {
+    /// The object's name. For a Cluster or a Group it must equal the file stem, for
+    /// a Workload the folder name; overlay names must be unique.
+    pub name: String,
+    /// Labels; on a Cluster these are what groups and selectors match.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Free-form notes for humans; flotilla ignores them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// `clusters/<name>.yaml`: one edge cluster.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[schemars(title = "Cluster")]
+pub struct ClusterDoc {
+    /// Always `flotilla.dev/v1alpha1`.
+    #[schemars(extend("const" = "flotilla.dev/v1alpha1"))]
+    pub api_version: String,
+    /// Always `Cluster`.
+    #[schemars(extend("const" = "Cluster"))]
+    pub kind: String,
+    pub metadata: Metadata,
+    #[serde(default)]
+    pub spec: ClusterSpec,
+}
+
+/// What a cluster brings to the templates of the workloads it runs.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClusterSpec {
+    /// Variables for templates; they override workload and group variables.
+    #[serde(default)]
+    pub vars: Vars,
+}
+
+/// `groups/<name>.yaml`: a named set of clusters chosen by a label selector.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[schemars(title = "Group")]
+pub struct GroupDoc {
+    /// Always `flotilla.dev/v1alpha1`.
+    #[schemars(extend("const" = "flotilla.dev/v1alpha1"))]
+    pub api_version: String,
+    /// Always `Group`.
+    #[schemars(extend("const" = "Group"))]
+    pub kind: String,
+    pub metadata: Metadata,
+    pub spec: GroupSpec,
+}
+
+/// Which clusters a group holds, and the variables it gives them.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GroupSpec {
+    /// Which clusters belong to the group (Kubernetes label-selector semantics; `{}`
+    /// selects every cluster).
+    pub selector: LabelSelector,
+    /// Variables for the group's members; they override workload variables.
+    #[serde(default)]
+    pub vars: Vars,
+}
+
+/// `workloads/<name>/workload.yaml`: a set of manifests and where they go.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[schemars(title = "Workload")]
+pub struct WorkloadDoc {
+    /// Always `flotilla.dev/v1alpha1`.
+    #[schemars(extend("const" = "flotilla.dev/v1alpha1"))]
+    pub api_version: String,
+    /// Always `Workload`.
+    #[schemars(extend("const" = "Workload"))]
+    pub kind: String,
+    pub metadata: Metadata,
+    pub spec: WorkloadSpec,
+}
+
+/// Where a workload goes, and its defaults.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct WorkloadSpec {
+    /// The namespace given to namespaced resources that name none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Where the workload goes: a cluster is targeted if any entry matches it.
+    #[serde(default)]
+    #[schemars(with = "Vec<Target>")]
+    pub targets: Vec<Located<Target>>,
+    /// Default variables for the workload's templates.
+    #[serde(default)]
+    pub vars: Vars,
+}
+
+/// One entry of `spec.targets`: exactly one of `group`, `cluster` or `clusterSelector`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[schemars(extend("minProperties" = 1, "maxProperties" = 1))]
+pub struct Target {
+    /// Every member of this group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// This one cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
+    /// Every cluster whose labels match; `{}` selects every cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_selector: Option<LabelSelector>,
+}
+
+/// `overlays/**/*.yaml`: changes applied to the workloads of the clusters it selects.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[schemars(title = "Overlay")]
+pub struct OverlayDoc {
+    /// Always `flotilla.dev/v1alpha1`.
+    #[schemars(extend("const" = "flotilla.dev/v1alpha1"))]
+    pub api_version: String,
+    /// Always `Overlay`.
+    #[schemars(extend("const" = "Overlay"))]
+    pub kind: String,
+    pub metadata: Metadata,
+    pub spec: OverlaySpec,
+}
+
+/// Whom an overlay selects (at least one of `clusters`, `groups` or
+/// `clusterSelector`) and what it changes.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[schemars(extend("anyOf" = [
+    {"required": ["clusters"], "properties": {"clusters": {"minItems": 1}}},
+    {"required": ["groups"], "properties": {"groups": {"minItems": 1}}},
+    {"required": ["clusterSelector"]}
+]))]
+pub struct OverlaySpec {
+    /// Cluster names this overlay selects.
+    #[serde(default)]
+    #[schemars(with = "Vec<String>")]
+    pub clusters: Vec<Located<String>>,
+    /// Group names whose members this overlay selects.
+    #[serde(default)]
+    #[schemars(with = "Vec<String>")]
+    pub groups: Vec<Located<String>>,
+    /// A label selector over clusters; `{}` selects every cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_selector: Option<LabelSelector>,
+    /// Workload names this overlay applies to; absent means every workload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<Vec<String>>")]
+    pub workloads: Option<Vec<Located<String>>>,
+    /// Overlays apply in ascending priority, then by name; later ones win.
+    #[serde(default)]
+    pub priority: i64,
+    /// Variables that override the workload's, the groups' and the cluster's.
+    #[serde(default)]
+    pub vars: Vars,
+    /// Image overrides with kustomize `images` semantics.
+    #[serde(default)]
+    pub images: Vec<ImageOverride>,
+    /// Patches applied to the resources their target selects.
+    #[serde(default)]
+    #[schemars(with = "Vec<Patch>")]
+    pub patches: Vec<Located<Patch>>,
+    /// Labels added to every resource's metadata.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations added to every resource's metadata.
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// A kustomize-style image override: the containers whose image name equals `name`
+/// get a new name, a new tag, or a digest.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq, Eq, Hash)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[schemars(extend("anyOf" = [
+    {"required": ["newName"]},
+    {"required": ["newTag"]},
+    {"required": ["digest"]}
+]))]
+pub struct ImageOverride {
+    /// The image name to match, without tag or digest (`ghcr.io/example/app`).
+    pub name: String,
+    /// Replaces the name, keeping the tag and digest unless they are overridden too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_name: Option<String>,
+    /// Replaces the tag (and drops any digest, unless `digest` is given too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_tag: Option<String>,
+    /// Pins the image to a digest (`sha256:...`), dropping any tag unless `newTag`
+    /// is given too (then the image is `name:newTag@digest`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+}
+
+/// A patch: a target and exactly one of `ops` (RFC 6902) or `merge` (RFC 7396).
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[schemars(extend("oneOf" = [{"required": ["ops"]}, {"required": ["merge"]}]))]
+pub struct Patch {
+    /// Which resources the patch applies to; absent means every resource.
+    #[serde(default)]
+    pub target: PatchTarget,
+    /// An RFC 6902 JSON Patch: a list of operations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("items" = {
+        "type": "object",
+        "required": ["op", "path"],
+        "properties": {
+            "op": {"enum": ["add", "remove", "replace", "move", "copy", "test"]},
+            "path": {"type": "string", "description": "A JSON Pointer (RFC 6901), `/spec/replicas`."},
+            "from": {"type": "string", "description": "For `move` and `copy`: the JSON Pointer to take the value from."},
+            "value": {"description": "For `add`, `replace` and `test`."}
+        },
+        "additionalProperties": false
+    }))]
+    pub ops: Option<Vec<Value>>,
+    /// An RFC 7396 JSON Merge Patch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merge: Option<Value>,
+}
+
+/// kustomize patch-target semantics: every field given must match; `name` and
+/// `namespace` are anchored regular expressions, `labelSelector` and
+/// `annotationSelector` use the Kubernetes selector syntax (`app=web,tier in (a,b)`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PatchTarget {
+    /// The API group (`apps`; `""` for the core group of `v1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// The API version (`v1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// The kind (`Deployment`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// An anchored regular expression over `metadata.name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// An anchored regular expression over `metadata.namespace`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// A label selector in string form (`app=web,tier in (a,b),!legacy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_selector: Option<String>,
+    /// An annotation selector in string form, like `labelSelector`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotation_selector: Option<String>,
+}
+
+/// The JSON Schemas of the four kinds, by file name under `schemas/`.
+///
+/// They are draft-07 schemas, the newest draft the `yaml-language-server` modelines
+/// in a fleet's files fully support. Optional fields are given as their plain type
+/// without `null`: the parser reads an explicit null as "absent", but in a fleet file
+/// an empty value (`newTag:`) is nearly always a mistake an editor should flag.
+pub fn schemas() -> Vec<(&'static str, Value)> {
+    fn schema<T: JsonSchema>() -> Value {
+        let mut settings = schemars::generate::SchemaSettings::draft07();
+        settings.transforms.insert(0, Box::new(drop_null));
+        let schema = settings.into_generator().into_root_schema_for::<T>();
+        serde_json::to_value(schema).unwrap_or(Value::Null)
+    }
+    vec![
+        ("cluster.json", schema::<ClusterDoc>()),
+        ("group.json", schema::<GroupDoc>()),
+        ("workload.json", schema::<WorkloadDoc>()),
+        ("overlay.json", schema::<OverlayDoc>()),
+    ]
+}
+
+/// Turns `Option<T>`'s `T or null` into plain `T`: `"type": ["string", "null"]`
+/// becomes `"type": "string"`, and `"anyOf": [T, {"type": "null"}]` becomes `T`.
+fn drop_null(schema: &mut schemars::Schema) {
+    schemars::transform::transform_subschemas(&mut drop_null, schema);
+    let Some(object) = schema.as_object_mut() else {
+        return;
+    };
+    if let Some(Value::Array(types)) = object.get("type") {
+        let rest: Vec<Value> = types
+            .iter()
+            .filter(|t| t.as_str() != Some("null"))
+            .cloned()
+            .collect();
+        if rest.len() < types.len() {
+            let single = match rest.as_slice() {
+                [one] => one.clone(),
+                _ => Value::Array(rest),
+            };
+            object.insert("type".into(), single);
+        }
+    }
+    let null_schema = serde_json::json!({"type": "null"});
+    if let Some(Value::Array(alternatives)) = object.get("anyOf")
+        && alternatives.len() == 2
+        && alternatives.contains(&null_schema)
+        && let Some(Value::Object(other)) = alternatives.iter().find(|a| **a != null_schema)
+    {
+        let other = other.clone();
+        object.remove("anyOf");
+        for (key, value) in other {
+            object.entry(key).or_insert(value);
+        }
+    }
+}

@@ -1,0 +1,735 @@
+//! The HTTP API of PRODUCT.md section 4 (documented in docs/api.md).
+//!
+//! The bundle path is the hot one: it reads the in-memory [`Served`] snapshot and the
+//! in-memory token table, and answers a matching `If-None-Match` with a 304 without
+//! touching the disk or the database.
+//!
+//! [`Served`]: super::state::Served
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use hmac::{Hmac, Mac};
+use http::header::{
+    ACCEPT_ENCODING, AUTHORIZATION, CACHE_CONTROL, CONTENT_ENCODING, CONTENT_TYPE, ETAG,
+    IF_NONE_MATCH, RETRY_AFTER, VARY, WWW_AUTHENTICATE,
+};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use serde_json::json;
+use sha2::Sha256;
+use tokio::time::Instant;
+
+use super::auth::Grant;
+use super::fleet::state_of;
+use super::state::{ClusterBundle, Encoding, Shared};
+use crate::store::StoredStatus;
+use flotilla_core::bundle::{Digest, document_bytes};
+use flotilla_core::status::StatusReport;
+
+/// The largest status report accepted.
+pub const STATUS_BODY_LIMIT: usize = 1024 * 1024;
+/// The largest webhook payload accepted (push payloads are far smaller).
+pub const HOOK_BODY_LIMIT: usize = 4 * 1024 * 1024;
+
+pub static X_FLOTILLA_REVISION: HeaderName = HeaderName::from_static("x-flotilla-revision");
+pub static X_HUB_SIGNATURE_256: HeaderName = HeaderName::from_static("x-hub-signature-256");
+
+const JSON: HeaderValue = HeaderValue::from_static("application/json");
+const NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
+/// The current bundle changes with each commit: caches must ask again each time.
+const REVALIDATE: HeaderValue = HeaderValue::from_static("private, no-cache");
+/// A bundle named by its digest never changes.
+const IMMUTABLE: HeaderValue = HeaderValue::from_static("private, max-age=31536000, immutable");
+const VARY_ENCODING: HeaderValue = HeaderValue::from_static("Accept-Encoding");
+
+type SharedState = State<Arc<Shared>>;
+
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/clusters/{cluster}/bundle", get(get_bundle))
+        .route(
+            "/v1/clusters/{cluster}/bundles/{digest}",
+            get(get_bundle_at),
+        )
+        .route(
+            "/v1/clusters/{cluster}/status",
+            post(post_status).layer(DefaultBodyLimit::max(STATUS_BODY_LIMIT)),
+        )
+        .route("/v1/fleet", get(get_fleet))
+        .route(
+            "/v1/hooks/git",
+            post(post_hook).layer(DefaultBodyLimit::max(HOOK_BODY_LIMIT)),
+        )
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(shared)
+}
+
+/// Every error the API returns: JSON `{"error": "..."}` with a status code.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+    retry_after: Option<u64>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    fn not_ready() -> ApiError {
+        ApiError {
+            retry_after: Some(5),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the hub is starting and has not loaded its store yet; retry shortly",
+            )
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::to_vec(&json!({ "error": self.message })).unwrap_or_default();
+        let mut response = Response::new(Body::from(body));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, JSON);
+        headers.insert(CACHE_CONTROL, NO_STORE);
+        if self.status == StatusCode::UNAUTHORIZED {
+            headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if let Some(seconds) = self.retry_after {
+            headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}
+
+fn json_response(status: StatusCode, value: &impl serde::Serialize) -> Response {
+    let body = serde_json::to_vec(value).unwrap_or_default();
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(CONTENT_TYPE, JSON);
+    response.headers_mut().insert(CACHE_CONTROL, NO_STORE);
+    response
+}
+
+fn path_error(rejection: PathRejection) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, rejection.body_text())
+}
+
+/// Checks the token and that it may read `cluster`; returns the cluster's current
+/// bundle. A cluster token reads only its own cluster (403 for any other); an admin
+/// token reads any. 404 only when the cluster the token may read is not served.
+fn authorize_read(
+    shared: &Shared,
+    headers: &HeaderMap,
+    cluster: &str,
+) -> Result<Arc<ClusterBundle>, ApiError> {
+    if !shared.ready.load(Ordering::Relaxed) {
+        return Err(ApiError::not_ready());
+    }
+    let tokens = shared.tokens.load();
+    match tokens.check(headers.get(AUTHORIZATION)) {
+        Err(err) => Err(ApiError::new(StatusCode::UNAUTHORIZED, err.message())),
+        Ok(Grant::Cluster(own)) if **own != *cluster => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!("this token belongs to cluster {own:?} and cannot read cluster {cluster:?}"),
+        )),
+        Ok(_) => shared
+            .served
+            .load()
+            .clusters
+            .get(cluster)
+            .cloned()
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    format!("no cluster named {cluster:?} is served (is it in the fleet repository, and did its last commit render?)"),
+                )
+            }),
+    }
+}
+
+async fn get_bundle(
+    State(shared): SharedState,
+    cluster: Result<Path<String>, PathRejection>,
+    request: Request,
+) -> Response {
+    let response = match cluster {
+        Ok(Path(cluster)) => {
+            let (parts, _) = request.into_parts();
+            current_bundle(&shared, &cluster, &parts.headers, parts.uri.query())
+                .await
+                .unwrap_or_else(IntoResponse::into_response)
+        }
+        Err(rejection) => path_error(rejection).into_response(),
+    };
+    shared.metrics.count_bundle_response(response.status());
+    response
+}
+
+async fn current_bundle(
+    shared: &Arc<Shared>,
+    cluster: &str,
+    headers: &HeaderMap,
+    query: Option<&str>,
+) -> Result<Response, ApiError> {
+    let entry = authorize_read(shared, headers, cluster)?;
+    let wait = parse_wait(query)?;
+    let unchanged = headers
+        .get(IF_NONE_MATCH)
+        .is_some_and(|value| etag_matches(value, &entry));
+    if !unchanged {
+        return full_response(shared, entry, headers, REVALIDATE).await;
+    }
+    if let Some(wait) = wait {
+        let wait = wait.min(shared.settings.max_wait);
+        match wait_for_change(shared, cluster, &entry.digest, wait).await {
+            Change::Changed(newer) => {
+                return full_response(shared, newer, headers, REVALIDATE).await;
+            }
+            Change::Gone => {
+                return Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    format!("cluster {cluster:?} was removed from the fleet repository"),
+                ));
+            }
+            Change::Unchanged => {}
+        }
+    }
+    Ok(not_modified(&entry, REVALIDATE))
+}
+
+enum Change {
+    Changed(Arc<ClusterBundle>),
+    Gone,
+    Unchanged,
+}
+
+/// Holds a request until the cluster's digest differs from `known`, the wait ends, or
+/// the hub shuts down.
+async fn wait_for_change(shared: &Shared, cluster: &str, known: &Digest, wait: Duration) -> Change {
+    let deadline = Instant::now() + wait;
+    // Subscribe before looking, so a change between the look and the wait still wakes us.
+    let mut generation = shared.generation.subscribe();
+    let mut shutdown = shared.shutdown.subscribe();
+    let _held = shared.metrics.long_poll_started();
+    loop {
+        match shared.served.load().clusters.get(cluster) {
+            None => return Change::Gone,
+            Some(entry) if entry.digest != *known => return Change::Changed(entry.clone()),
+            Some(_) => {}
+        }
+        if *shutdown.borrow() {
+            return Change::Unchanged;
+        }
+        tokio::select! {
+            changed = generation.changed() => {
+                if changed.is_err() {
+                    return Change::Unchanged;
+                }
+            }
+            _ = shutdown.changed() => return Change::Unchanged,
+            _ = tokio::time::sleep_until(deadline) => return Change::Unchanged,
+        }
+    }
+}
+
+/// `?wait=30s` (any humantime duration, or plain seconds).
+fn parse_wait(query: Option<&str>) -> Result<Option<Duration>, ApiError> {
+    let Some(query) = query else {
+        return Ok(None);
+    };
+    for pair in query.split('&') {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if key != "wait" {
+            continue;
+        }
+        let parsed = value
+            .parse::<u64>()
+            .map(Duration::from_secs)
+            .or_else(|_| humantime::parse_duration(value));
+        return parsed.map(Some).map_err(|_| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!("wait={value:?} is not a duration; write it like wait=30s"),
+            )
+        });
+    }
+    Ok(None)
+}
+
+/// Whether an `If-None-Match` value names the entry's ETag (weak or strong, in a list,
+/// `*`, or the bare digest without quotes).
+fn etag_matches(value: &HeaderValue, entry: &ClusterBundle) -> bool {
+    let value = value.as_bytes();
+    let etag = entry.etag.as_bytes();
+    if value == etag {
+        return true;
+    }
+    value.split(|&b| b == b',').any(|part| {
+        let part = part.trim_ascii();
+        let part = part.strip_prefix(b"W/").unwrap_or(part);
+        part == etag || part == b"*" || part == entry.digest.as_str().as_bytes()
+    })
+}
+
+fn choose_encoding(headers: &HeaderMap) -> Encoding {
+    let Some(value) = headers.get(ACCEPT_ENCODING).and_then(|v| v.to_str().ok()) else {
+        return Encoding::Identity;
+    };
+    let (mut gzip, mut zstd) = (false, false);
+    for item in value.split(',') {
+        let mut parts = item.split(';');
+        let name = parts.next().unwrap_or("").trim();
+        let quality = parts
+            .find_map(|p| p.trim().strip_prefix("q="))
+            .and_then(|q| q.trim().parse::<f32>().ok())
+            .unwrap_or(1.0);
+        if quality <= 0.0 {
+            continue;
+        }
+        if name.eq_ignore_ascii_case("zstd") {
+            zstd = true;
+        } else if name.eq_ignore_ascii_case("gzip") || name.eq_ignore_ascii_case("x-gzip") {
+            gzip = true;
+        }
+    }
+    if zstd {
+        Encoding::Zstd
+    } else if gzip {
+        Encoding::Gzip
+    } else {
+        Encoding::Identity
+    }
+}
+
+fn bundle_headers(response: &mut Response, entry: &ClusterBundle, cache: HeaderValue) {
+    let headers = response.headers_mut();
+    headers.insert(ETAG, entry.etag.clone());
+    headers.insert(X_FLOTILLA_REVISION.clone(), entry.revision_header.clone());
+    headers.insert(CACHE_CONTROL, cache);
+    headers.insert(VARY, VARY_ENCODING);
+}
+
+fn not_modified(entry: &ClusterBundle, cache: HeaderValue) -> Response {
+    let mut response = Response::new(Body::empty());
+    *response.status_mut() = StatusCode::NOT_MODIFIED;
+    bundle_headers(&mut response, entry, cache);
+    response
+}
+
+async fn full_response(
+    shared: &Arc<Shared>,
+    entry: Arc<ClusterBundle>,
+    headers: &HeaderMap,
+    cache: HeaderValue,
+) -> Result<Response, ApiError> {
+    let encoding = choose_encoding(headers);
+    let body = match entry.cached(encoding) {
+        Some(body) => body,
+        None => {
+            let shared = shared.clone();
+            let entry = entry.clone();
+            tokio::task::spawn_blocking(move || {
+                entry
+                    .document(&shared.store)
+                    .map(|document| entry.encoded(encoding, &document))
+                    .map_err(|err| {
+                        tracing::error!(cluster = %entry.name, "cannot serve the bundle: {err}");
+                        ApiError::new(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            format!(
+                                "the stored bundle of cluster {:?} cannot be read: {err}",
+                                entry.name
+                            ),
+                        )
+                    })
+            })
+            .await
+            .map_err(|err| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))??
+        }
+    };
+    let mut response = Response::new(Body::from(body));
+    bundle_headers(&mut response, &entry, cache);
+    response.headers_mut().insert(CONTENT_TYPE, JSON);
+    if let Some(value) = encoding.header() {
+        response.headers_mut().insert(CONTENT_ENCODING, value);
+    }
+    Ok(response)
+}
+
+async fn get_bundle_at(
+    State(shared): SharedState,
+    params: Result<Path<(String, String)>, PathRejection>,
+    request: Request,
+) -> Response {
+    let response = match params {
+        Ok(Path((cluster, digest))) => {
+            let (parts, _) = request.into_parts();
+            bundle_at(&shared, &cluster, &digest, &parts.headers)
+                .await
+                .unwrap_or_else(IntoResponse::into_response)
+        }
+        Err(rejection) => path_error(rejection).into_response(),
+    };
+    shared.metrics.count_bundle_response(response.status());
+    response
+}
+
+async fn bundle_at(
+    shared: &Arc<Shared>,
+    cluster: &str,
+    digest: &str,
+    headers: &HeaderMap,
+) -> Result<Response, ApiError> {
+    let current = authorize_read(shared, headers, cluster)?;
+    let digest = Digest::parse(digest)
+        .map_err(|err| ApiError::new(StatusCode::BAD_REQUEST, err.to_string()))?;
+    if digest == current.digest {
+        if headers
+            .get(IF_NONE_MATCH)
+            .is_some_and(|value| etag_matches(value, &current))
+        {
+            return Ok(not_modified(&current, IMMUTABLE));
+        }
+        return full_response(shared, current, headers, IMMUTABLE).await;
+    }
+    let revision = shared
+        .store
+        .revision_in_history(cluster, &digest)
+        .await
+        .map_err(|err| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "cluster {cluster:?} has no bundle {digest}; the hub keeps the last {} digests of each cluster",
+                    shared.settings.history
+                ),
+            )
+        })?;
+    let entry = ClusterBundle::new(cluster.to_string(), digest, revision);
+    if headers
+        .get(IF_NONE_MATCH)
+        .is_some_and(|value| etag_matches(value, &entry))
+    {
+        return Ok(not_modified(&entry, IMMUTABLE));
+    }
+    let shared_for_read = shared.clone();
+    let digest = entry.digest.clone();
+    let canonical =
+        tokio::task::spawn_blocking(move || shared_for_read.store.objects.read(&digest))
+            .await
+            .map_err(|err| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?
+            .map_err(|err| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?;
+    let document = document_bytes(&entry.name, &entry.digest, &entry.revision, &canonical);
+    let mut response = Response::new(Body::from(document));
+    bundle_headers(&mut response, &entry, IMMUTABLE);
+    response.headers_mut().insert(CONTENT_TYPE, JSON);
+    Ok(response)
+}
+
+async fn post_status(
+    State(shared): SharedState,
+    cluster: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let result = match cluster {
+        Ok(Path(cluster)) => store_status(&shared, &cluster, &headers, body).await,
+        Err(rejection) => Err(path_error(rejection)),
+    };
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn store_status(
+    shared: &Arc<Shared>,
+    cluster: &str,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    if !shared.ready.load(Ordering::Relaxed) {
+        return Err(ApiError::not_ready());
+    }
+    match shared.tokens.load().check(headers.get(AUTHORIZATION)) {
+        Err(err) => return Err(ApiError::new(StatusCode::UNAUTHORIZED, err.message())),
+        Ok(Grant::Cluster(own)) if **own == *cluster => {}
+        Ok(Grant::Cluster(own)) => {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "this token belongs to cluster {own:?} and cannot report for cluster {cluster:?}"
+                ),
+            ));
+        }
+        Ok(Grant::Admin) => {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "an admin token cannot report status; use the cluster's own token",
+            ));
+        }
+    }
+    let desired = shared
+        .served
+        .load()
+        .clusters
+        .get(cluster)
+        .map(|c| c.digest.clone())
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("no cluster named {cluster:?} is served"),
+            )
+        })?;
+    let body =
+        body.map_err(|rejection| ApiError::new(rejection.status(), rejection.body_text()))?;
+    let report: StatusReport = serde_json::from_slice(&body).map_err(|err| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("the status report is not valid: {err} (see docs/api.md for its shape)"),
+        )
+    })?;
+    report
+        .check_limits()
+        .map_err(|message| ApiError::new(StatusCode::BAD_REQUEST, message))?;
+    let status = StoredStatus {
+        cluster: cluster.to_string(),
+        report,
+        received_at_ms: shared.settings.clock.now_ms(),
+    };
+    shared.store.put_status(&status).await.map_err(|err| {
+        tracing::error!(cluster, "cannot store a status report: {err}");
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string())
+    })?;
+    let state = state_of(
+        &desired,
+        Some(&status),
+        status.received_at_ms,
+        shared.settings.offline_after,
+    );
+    shared
+        .statuses
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(cluster.to_string(), status);
+    shared
+        .metrics
+        .statuses_received
+        .fetch_add(1, Ordering::Relaxed);
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({ "cluster": cluster, "desired": desired, "state": state }),
+    ))
+}
+
+async fn get_fleet(State(shared): SharedState, headers: HeaderMap) -> Response {
+    if !shared.ready.load(Ordering::Relaxed) {
+        return ApiError::not_ready().into_response();
+    }
+    match shared.tokens.load().check(headers.get(AUTHORIZATION)) {
+        Err(err) => ApiError::new(StatusCode::UNAUTHORIZED, err.message()).into_response(),
+        Ok(Grant::Cluster(_)) => ApiError::new(
+            StatusCode::FORBIDDEN,
+            "the fleet summary needs an admin token (`flotilla token create --admin`)",
+        )
+        .into_response(),
+        Ok(Grant::Admin) => json_response(StatusCode::OK, &shared.fleet_summary()),
+    }
+}
+
+async fn post_hook(
+    State(shared): SharedState,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let result = check_hook(&shared, &headers, body);
+    let counter = if result.is_ok() {
+        &shared.metrics.webhooks_accepted
+    } else {
+        &shared.metrics.webhooks_rejected
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    match result {
+        Ok(()) => {
+            // The payload is not read: it only says "look now".
+            shared.look_now.notify_one();
+            json_response(
+                StatusCode::ACCEPTED,
+                &json!({ "status": "fetch scheduled" }),
+            )
+        }
+        Err(err) => err.into_response(),
+    }
+}
+
+fn check_hook(
+    shared: &Shared,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(), ApiError> {
+    let Some(secret) = &shared.settings.webhook_secret else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "the webhook is off; start the hub with --webhook-secret-file to turn it on",
+        ));
+    };
+    let body =
+        body.map_err(|rejection| ApiError::new(rejection.status(), rejection.body_text()))?;
+    let signature = headers
+        .get(&X_HUB_SIGNATURE_256)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("sha256="))
+        .and_then(|hex_text| hex::decode(hex_text.trim()).ok())
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "missing or malformed X-Hub-Signature-256 header (expected sha256=<hex HMAC of the body>)",
+            )
+        })?;
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret)
+        .map_err(|err| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?;
+    mac.update(&body);
+    // verify_slice compares in constant time.
+    mac.verify_slice(&signature).map_err(|_| {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "the X-Hub-Signature-256 signature does not match the body and the webhook secret",
+        )
+    })
+}
+
+async fn healthz() -> Response {
+    json_response(StatusCode::OK, &json!({ "status": "ok" }))
+}
+
+async fn readyz(State(shared): SharedState) -> Response {
+    if shared.ready.load(Ordering::Relaxed) {
+        json_response(
+            StatusCode::OK,
+            &json!({ "status": "ready", "clusters": shared.served.load().clusters.len() }),
+        )
+    } else {
+        ApiError::not_ready().into_response()
+    }
+}
+
+async fn metrics(State(shared): SharedState) -> Response {
+    let text = shared.metrics.render(
+        &shared.render_status(),
+        &shared.fleet_summary(),
+        shared.tokens.load().len(),
+    );
+    let mut response = Response::new(Body::from(text));
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response.headers_mut().insert(CACHE_CONTROL, NO_STORE);
+    response
+}
+
+async fn not_found(request: Request) -> Response {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no such endpoint: {} (see docs/api.md)",
+            request.uri().path()
+        ),
+    )
+    .into_response()
+}
+
+async fn method_not_allowed(request: Request) -> Response {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!(
+            "{} is not allowed on {} (see docs/api.md)",
+            request.method(),
+            request.uri().path()
+        ),
+    )
+    .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry() -> ClusterBundle {
+        ClusterBundle::new(
+            "c".into(),
+            Digest::parse(&format!("sha256:{}", "a".repeat(64))).expect("digest"),
+            "main@sha1:0".into(),
+        )
+    }
+
+    #[test]
+    fn if_none_match_accepts_the_usual_forms() {
+        let entry = entry();
+        let digest = format!("sha256:{}", "a".repeat(64));
+        for value in [
+            format!("\"{digest}\""),
+            format!("W/\"{digest}\""),
+            format!("\"sha256:{}\", \"{digest}\"", "b".repeat(64)),
+            digest.clone(),
+            "*".to_string(),
+        ] {
+            assert!(
+                etag_matches(&HeaderValue::from_str(&value).expect("header"), &entry),
+                "{value}"
+            );
+        }
+        assert!(!etag_matches(
+            &HeaderValue::from_str(&format!("\"sha256:{}\"", "b".repeat(64))).expect("header"),
+            &entry
+        ));
+    }
+
+    #[test]
+    fn prefers_zstd_then_gzip_and_honours_q_zero() {
+        let choose = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                ACCEPT_ENCODING,
+                HeaderValue::from_str(value).expect("header"),
+            );
+            choose_encoding(&headers)
+        };
+        assert_eq!(choose("gzip, zstd"), Encoding::Zstd);
+        assert_eq!(choose("gzip, zstd;q=0"), Encoding::Gzip);
+        assert_eq!(choose("br"), Encoding::Identity);
+        assert_eq!(choose_encoding(&HeaderMap::new()), Encoding::Identity);
+    }
+
+    #[test]
+    fn wait_takes_durations_or_seconds() {
+        assert_eq!(parse_wait(None).expect("ok"), None);
+        assert_eq!(
+            parse_wait(Some("wait=30s")).expect("ok"),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            parse_wait(Some("x=1&wait=2")).expect("ok"),
+            Some(Duration::from_secs(2))
+        );
+        assert!(parse_wait(Some("wait=soon")).is_err());
+    }
+}

@@ -1,0 +1,169 @@
+//! Tokens: made here, stored hashed (SHA-256) in the store, checked in memory.
+//!
+//! A request's bearer token is hashed and looked up in a table held in memory, so no
+//! database is touched on the request path. The lookup is by hash, so its timing can
+//! reveal nothing about a token; the final comparison is constant-time all the same.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use http::HeaderValue;
+use rand::RngCore as _;
+use sha2::{Digest as _, Sha256};
+
+use crate::store::StoredToken;
+
+/// Every token starts with this, so a leaked one is easy to recognise and scan for.
+pub const TOKEN_PREFIX: &str = "flt_";
+
+/// What a token allows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Grant {
+    /// Reads this cluster's bundles and posts its status.
+    Cluster(Arc<str>),
+    /// Reads `/v1/fleet` and any cluster's bundles (read only).
+    Admin,
+}
+
+/// A newly made token: the secret (shown once) and what is stored.
+pub struct NewToken {
+    pub secret: String,
+    pub stored: StoredToken,
+}
+
+pub fn hash_token(token: &[u8]) -> [u8; 32] {
+    Sha256::digest(token).into()
+}
+
+/// A token's public id: the first 12 hex digits of its hash (safe to print and log).
+pub fn token_id(secret: &str) -> String {
+    id_of_hash(&hex::encode(hash_token(secret.as_bytes())))
+}
+
+fn id_of_hash(hash_hex: &str) -> String {
+    hash_hex[..12].to_string()
+}
+
+/// Makes a random 256-bit token for a cluster, or an admin token when `cluster` is `None`.
+pub fn new_token(cluster: Option<&str>, now_ms: i64) -> NewToken {
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    let secret = format!("{TOKEN_PREFIX}{}", hex::encode(bytes));
+    let hash = hex::encode(hash_token(secret.as_bytes()));
+    NewToken {
+        stored: StoredToken {
+            id: id_of_hash(&hash),
+            hash,
+            cluster: cluster.map(str::to_string),
+            admin: cluster.is_none(),
+            created_at_ms: now_ms,
+            revoked_at_ms: None,
+        },
+        secret,
+    }
+}
+
+/// Why a request is not authenticated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthError {
+    Missing,
+    Malformed,
+    Unknown,
+}
+
+impl AuthError {
+    pub fn message(self) -> &'static str {
+        match self {
+            AuthError::Missing => {
+                "no token: send `Authorization: Bearer <token>` (make one with `flotilla token create`)"
+            }
+            AuthError::Malformed => "the Authorization header must be `Bearer <token>`",
+            AuthError::Unknown => "the token is unknown or revoked",
+        }
+    }
+}
+
+/// The live tokens, by hash.
+#[derive(Debug, Default)]
+pub struct TokenTable {
+    by_hash: HashMap<[u8; 32], Grant>,
+}
+
+impl TokenTable {
+    pub fn from_stored(tokens: &[StoredToken]) -> TokenTable {
+        let by_hash = tokens
+            .iter()
+            .filter(|t| t.revoked_at_ms.is_none())
+            .filter_map(|t| {
+                let mut hash = [0u8; 32];
+                hex::decode_to_slice(&t.hash, &mut hash).ok()?;
+                let grant = match (&t.cluster, t.admin) {
+                    (_, true) => Grant::Admin,
+                    (Some(cluster), false) => Grant::Cluster(Arc::from(cluster.as_str())),
+                    (None, false) => return None,
+                };
+                Some((hash, grant))
+            })
+            .collect();
+        TokenTable { by_hash }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_hash.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_hash.len()
+    }
+
+    /// Checks an `Authorization` header value.
+    pub fn check(&self, header: Option<&HeaderValue>) -> Result<&Grant, AuthError> {
+        let header = header.ok_or(AuthError::Missing)?.as_bytes();
+        let token = header
+            .strip_prefix(b"Bearer ")
+            .or_else(|| header.strip_prefix(b"bearer "))
+            .ok_or(AuthError::Malformed)?;
+        let token = token.trim_ascii();
+        if token.is_empty() {
+            return Err(AuthError::Malformed);
+        }
+        // Tokens are looked up by their SHA-256: how long a lookup takes can tell an
+        // attacker something about a hash, never about a token, so no comparison of
+        // secret bytes happens here and none needs to be constant-time.
+        self.by_hash
+            .get(&hash_token(token))
+            .ok_or(AuthError::Unknown)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checks_tokens_by_hash_and_ignores_revoked_ones() {
+        let a = new_token(Some("edge-1"), 0);
+        let admin = new_token(None, 0);
+        let mut revoked = new_token(Some("edge-2"), 0);
+        revoked.stored.revoked_at_ms = Some(1);
+        let table =
+            TokenTable::from_stored(&[a.stored.clone(), admin.stored.clone(), revoked.stored]);
+        let header = |t: &str| HeaderValue::from_str(&format!("Bearer {t}")).expect("header");
+        assert_eq!(
+            table.check(Some(&header(&a.secret))),
+            Ok(&Grant::Cluster(Arc::from("edge-1")))
+        );
+        assert_eq!(table.check(Some(&header(&admin.secret))), Ok(&Grant::Admin));
+        assert_eq!(
+            table.check(Some(&header(&revoked.secret))),
+            Err(AuthError::Unknown)
+        );
+        assert_eq!(table.check(None), Err(AuthError::Missing));
+        assert_eq!(
+            table.check(Some(&HeaderValue::from_static("Basic x"))),
+            Err(AuthError::Malformed)
+        );
+        assert!(a.secret.starts_with(TOKEN_PREFIX) && a.secret.len() == 68);
+        assert_eq!(a.stored.hash, hex::encode(hash_token(a.secret.as_bytes())));
+    }
+}

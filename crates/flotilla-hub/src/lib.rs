@@ -1,0 +1,280 @@
+//! The hub: follows the fleet repository, renders every new commit off the request
+//! path, keeps the results in the [`store`](crate::store), and serves one bundle per
+//! cluster over HTTP (PRODUCT.md section 4, docs/api.md).
+//!
+//! - [`follow`]: the follower task (notify watcher, poll, remote mirror, webhook wake-up)
+//!   that renders and installs clean renders;
+//! - [`state`]: what is served, as one immutable snapshot swapped atomically;
+//! - [`api`]: the axum routes; [`auth`]: tokens; [`fleet`]: cluster states and the
+//!   fleet summary; [`metrics`]: Prometheus text;
+//! - [`publish`]: the same bundles as static files.
+//!
+//! This is the only module that knows axum's server side.
+
+pub mod api;
+pub mod auth;
+pub mod clock;
+pub mod fleet;
+pub mod follow;
+pub mod metrics;
+pub mod publish;
+pub mod source;
+pub mod state;
+pub mod store;
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use axum::serve::ListenerExt as _;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+
+use crate::store::{ObjectError, Store, StoreError};
+use auth::TokenTable;
+use clock::{Clock, SystemClock};
+pub use follow::SourceSpec;
+use state::{Served, Settings, Shared};
+
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Object(#[from] ObjectError),
+    #[error("a background task failed: {0}")]
+    Task(String),
+    #[error("the server stopped with an error: {0}")]
+    Serve(std::io::Error),
+    #[error("cannot load the TLS certificate {cert} and key {key}: {message}")]
+    Tls {
+        cert: String,
+        key: String,
+        message: String,
+    },
+}
+
+/// How the hub runs. [`HubConfig::new`] gives the documented defaults.
+pub struct HubConfig {
+    pub state_dir: PathBuf,
+    pub source: SourceSpec,
+    /// How often to look for a new commit when nothing says so sooner.
+    pub poll_interval: Duration,
+    /// How long an agent may stay silent before its cluster counts as offline.
+    pub offline_after: Duration,
+    /// The longest a `?wait=` long-poll is held.
+    pub max_wait: Duration,
+    /// How many digests to keep per cluster for `/bundles/{digest}`.
+    pub history: usize,
+    /// The webhook's HMAC secret; the webhook is off without one.
+    pub webhook_secret: Option<Vec<u8>>,
+    pub clock: Arc<dyn Clock>,
+    /// How often to look for tokens created or revoked by `flotilla token`.
+    pub token_refresh: Duration,
+}
+
+impl HubConfig {
+    pub fn new(state_dir: impl Into<PathBuf>, source: SourceSpec) -> HubConfig {
+        HubConfig {
+            state_dir: state_dir.into(),
+            source,
+            poll_interval: Duration::from_secs(15),
+            offline_after: Duration::from_secs(300),
+            max_wait: Duration::from_secs(60),
+            history: 10,
+            webhook_secret: None,
+            clock: Arc::new(SystemClock),
+            token_refresh: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A started hub: store loaded, follower running. Serve it with [`Hub::serve`].
+pub struct Hub {
+    shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Hub {
+    /// Opens the store, loads what it holds (so bundles are served at once, with the
+    /// ETags they had before a restart) and starts following the repository.
+    pub async fn start(config: HubConfig) -> Result<Hub, HubError> {
+        let store = Store::open(&config.state_dir).await?;
+        let tokens = TokenTable::from_stored(&store.tokens().await?);
+        let tokens_generation = store.tokens_generation().await?;
+        let (generation, _) = watch::channel(0u64);
+        let (shutdown, _) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            served: ArcSwap::from_pointee(Served::default()),
+            generation,
+            shutdown,
+            tokens: ArcSwap::from_pointee(tokens),
+            ready: Default::default(),
+            metrics: Default::default(),
+            render: Mutex::default(),
+            statuses: RwLock::default(),
+            store,
+            settings: Settings {
+                offline_after: config.offline_after,
+                max_wait: config.max_wait,
+                history: config.history.max(1),
+                webhook_secret: config.webhook_secret,
+                clock: config.clock,
+            },
+            look_now: Arc::new(Notify::new()),
+        });
+        let loaded = shared.load_from_store().await?;
+        if loaded > 0 {
+            tracing::info!(clusters = loaded, "serving the bundles held in the store");
+            shared.ready.store(true, Ordering::Relaxed);
+        }
+        let follower = follow::Follower::new(
+            shared.clone(),
+            config.source,
+            &config.state_dir,
+            config.poll_interval,
+        );
+        let tasks = vec![
+            tokio::spawn({
+                let shared = shared.clone();
+                async move {
+                    shared.verify_objects().await;
+                    follower.run(shared.shutdown.subscribe()).await
+                }
+            }),
+            tokio::spawn(refresh_tokens(
+                shared.clone(),
+                tokens_generation,
+                config.token_refresh,
+            )),
+        ];
+        Ok(Hub { shared, tasks })
+    }
+
+    /// The API as an axum router, for serving it another way.
+    pub fn router(&self) -> axum::Router {
+        api::router(self.shared.clone())
+    }
+
+    /// Long-polls being held right now.
+    pub fn long_polls_held(&self) -> i64 {
+        self.shared.metrics.long_polls_held()
+    }
+
+    /// Whether the hub has something to serve (or has tried to render once).
+    pub fn is_ready(&self) -> bool {
+        self.shared.ready.load(Ordering::Relaxed)
+    }
+
+    /// Reloads tokens from the store now instead of on the next refresh.
+    pub async fn reload_tokens(&self) -> Result<(), HubError> {
+        let tokens = self.shared.store.tokens().await?;
+        self.shared
+            .tokens
+            .store(Arc::new(TokenTable::from_stored(&tokens)));
+        Ok(())
+    }
+
+    /// Serves plain HTTP on `listener` until `shutdown` completes; then releases held
+    /// long-polls, finishes requests in flight, stops following and closes the store.
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), HubError> {
+        let shared = self.shared.clone();
+        let signal = async move {
+            shutdown.await;
+            shared.shutdown.send_replace(true);
+        };
+        let listener = listener.tap_io(|tcp| {
+            // Answers are small and latency matters more than packet count.
+            let _ = tcp.set_nodelay(true);
+        });
+        let result = axum::serve(listener, self.router())
+            .with_graceful_shutdown(signal)
+            .await
+            .map_err(HubError::Serve);
+        self.stop().await;
+        result
+    }
+
+    /// Serves HTTPS (rustls) on `listener` until `shutdown` completes.
+    pub async fn serve_tls(
+        self,
+        listener: std::net::TcpListener,
+        cert: &Path,
+        key: &Path,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), HubError> {
+        // Both rustls back ends are compiled in (through other dependencies), so name one.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let tls_error = |message: String| HubError::Tls {
+            cert: cert.display().to_string(),
+            key: key.display().to_string(),
+            message,
+        };
+        let config = axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
+            .await
+            .map_err(|e| tls_error(e.to_string()))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| tls_error(e.to_string()))?;
+        let handle = axum_server::Handle::new();
+        let shared = self.shared.clone();
+        let stopper = handle.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            shared.shutdown.send_replace(true);
+            stopper.graceful_shutdown(Some(Duration::from_secs(10)));
+        });
+        let result = axum_server::from_tcp_rustls(listener, config)
+            .handle(handle)
+            .serve(self.router().into_make_service())
+            .await
+            .map_err(HubError::Serve);
+        self.stop().await;
+        result
+    }
+
+    async fn stop(self) {
+        self.shared.shutdown.send_replace(true);
+        for task in self.tasks {
+            // A render in progress is let finish for a while, then abandoned.
+            let abort = task.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(10), task)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
+        }
+        self.shared.store.close().await;
+    }
+}
+
+async fn refresh_tokens(shared: Arc<Shared>, mut seen: i64, every: Duration) {
+    let mut shutdown = shared.shutdown.subscribe();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = shutdown.changed() => return,
+        }
+        match shared.store.tokens_generation().await {
+            Ok(current) if current != seen => match shared.store.tokens().await {
+                Ok(tokens) => {
+                    let table = TokenTable::from_stored(&tokens);
+                    tracing::info!(tokens = table.len(), "tokens changed; reloaded");
+                    shared.tokens.store(Arc::new(table));
+                    seen = current;
+                }
+                Err(err) => tracing::warn!("cannot reload tokens: {err}"),
+            },
+            Ok(_) => {}
+            Err(err) => tracing::warn!("cannot check for new tokens: {err}"),
+        }
+    }
+}

@@ -1,0 +1,568 @@
+//! The markdown report, for a pull-request comment: a summary table, then one
+//! `<details>` section per change group, kept under a byte limit because hosts
+//! reject longer comments (GitHub at 65,536 characters).
+//!
+//! The report is assembled from whole blocks, so no code fence or `<details>` is
+//! ever cut open. When not everything fits, every change group is first given its
+//! smallest form (its title, up to 20 clusters, its resources without diffs), since
+//! knowing which clusters a change touches matters more than reading one diff;
+//! then, largest group first, each gets back its diffs, resource by resource, and
+//! its full cluster list, while room remains. A note at the top says what was cut.
+
+use std::fmt::Write as _;
+
+use super::{ChangeGroup, ClusterDiff, ClusterStatus, FleetDiff, plural};
+use flotilla_core::diagnostic::Diagnostic;
+
+/// The default `--max-bytes`: under GitHub's limit, with room for a bot's own text.
+pub const DEFAULT_MAX_BYTES: usize = 60_000;
+/// The smallest `--max-bytes` that leaves room for the summary and the note.
+pub const MIN_MAX_BYTES: usize = 4_000;
+/// Cluster lists longer than this are folded into their own `<details>`.
+const UNFOLDED_CLUSTERS: usize = 5;
+/// Clusters listed per group when the full list does not fit.
+const FOLDED_CLUSTERS: usize = 20;
+/// Diagnostics listed per side at most.
+const DIAGNOSTICS_SHOWN: usize = 20;
+/// Bytes kept free for the note on what was cut.
+const NOTE_RESERVE: usize = 1_500;
+/// Longest group title repeated in the note.
+const NOTE_TITLE_CHARS: usize = 60;
+
+#[derive(Clone, Copy, Debug)]
+pub struct MarkdownOptions {
+    /// The report is at most this many bytes (UTF-8); values below
+    /// [`MIN_MAX_BYTES`] are raised to it.
+    pub max_bytes: usize,
+}
+
+impl Default for MarkdownOptions {
+    fn default() -> Self {
+        MarkdownOptions {
+            max_bytes: DEFAULT_MAX_BYTES,
+        }
+    }
+}
+
+/// How much of a change group is shown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Layout {
+    /// Every cluster, or at most [`FOLDED_CLUSTERS`].
+    all_clusters: bool,
+    /// How many of the resources that have a diff show it (the first ones).
+    diffs: usize,
+}
+
+/// What had to be left out, for the note.
+#[derive(Default)]
+struct Cuts {
+    diagnostics: usize,
+    table_rows: usize,
+    /// Groups (indices) shown with a shortened cluster list.
+    shortened: Vec<usize>,
+    /// Groups shown with some or all of their diffs left out.
+    without_diffs: Vec<usize>,
+    /// Groups not shown at all.
+    omitted: Vec<usize>,
+}
+
+impl Cuts {
+    fn any(&self) -> bool {
+        self.diagnostics + self.table_rows > 0
+            || !self.shortened.is_empty()
+            || !self.without_diffs.is_empty()
+            || !self.omitted.is_empty()
+    }
+}
+
+pub fn report(diff: &FleetDiff, options: &MarkdownOptions) -> String {
+    let max_bytes = options.max_bytes.max(MIN_MAX_BYTES);
+    let mut cuts = Cuts::default();
+    let mut budget = max_bytes - NOTE_RESERVE;
+
+    let mut head = header(diff);
+    budget = budget.saturating_sub(head.len());
+    if diff.head_is_broken() {
+        let block = diagnostics_block(
+            "CAUTION",
+            &format!(
+                "**HEAD does not render** ({} error{}): the hub would not serve it.{}{}",
+                diff.head.errors.len(),
+                plural(diff.head.errors.len()),
+                failed_sentence(diff),
+                if diff.has_changes() {
+                    " The changes below are those of the clusters HEAD did render."
+                } else {
+                    ""
+                }
+            ),
+            &diff.head.errors,
+            budget / 2,
+            &mut cuts,
+        );
+        budget = budget.saturating_sub(block.len());
+        head.push_str(&block);
+    }
+    if !diff.base.is_clean() {
+        let block = diagnostics_block(
+            "WARNING",
+            &format!(
+                "**BASE does not render** ({} error{}): the \"before\" side is what BASE renders despite them.",
+                diff.base.errors.len(),
+                plural(diff.base.errors.len())
+            ),
+            &diff.base.errors,
+            budget / 3,
+            &mut cuts,
+        );
+        budget = budget.saturating_sub(block.len());
+        head.push_str(&block);
+    }
+    let table = table(diff, budget / 2, &mut cuts);
+    budget = budget.saturating_sub(table.len());
+    head.push_str(&table);
+
+    // First pass: every group that fits, in its smallest form.
+    let mut blocks: Vec<(usize, String)> = Vec::new();
+    for (index, group) in diff.groups.iter().enumerate() {
+        let block = group_block(diff, group, SMALLEST);
+        if block.len() <= budget {
+            budget -= block.len();
+            blocks.push((index, block));
+        } else {
+            cuts.omitted.push(index);
+        }
+    }
+    // Second pass: diffs back, one resource per group per round, so that every
+    // group shows its first diff before any shows its tenth. A group whose next
+    // diff does not fit is done: the budget only shrinks.
+    let mut layouts = vec![SMALLEST; blocks.len()];
+    let mut open = vec![true; blocks.len()];
+    while open.iter().any(|&o| o) {
+        for (slot, (index, block)) in blocks.iter_mut().enumerate() {
+            let group = &diff.groups[*index];
+            if !open[slot] || layouts[slot].diffs == diff_count(group) {
+                open[slot] = false;
+                continue;
+            }
+            let next = Layout {
+                diffs: layouts[slot].diffs + 1,
+                ..layouts[slot]
+            };
+            if let Some(grown) = replace_if_fits(diff, group, next, block, &mut budget) {
+                *block = grown;
+                layouts[slot] = next;
+            } else {
+                open[slot] = false;
+            }
+        }
+    }
+    // Last, full cluster lists where they were folded.
+    for (slot, (index, block)) in blocks.iter_mut().enumerate() {
+        let group = &diff.groups[*index];
+        if group.clusters.len() > FOLDED_CLUSTERS {
+            let next = Layout {
+                all_clusters: true,
+                ..layouts[slot]
+            };
+            match replace_if_fits(diff, group, next, block, &mut budget) {
+                Some(grown) => *block = grown,
+                None => cuts.shortened.push(*index),
+            }
+        }
+        if layouts[slot].diffs < diff_count(group) {
+            cuts.without_diffs.push(*index);
+        }
+    }
+
+    // The note's size is known only now; should it outgrow its reserve, the last
+    // groups make room for it.
+    loop {
+        let note = if cuts.any() {
+            note(diff, &cuts, max_bytes)
+        } else {
+            String::new()
+        };
+        let size = head.len() + note.len() + blocks.iter().map(|(_, b)| b.len()).sum::<usize>();
+        if size <= max_bytes || blocks.is_empty() {
+            let mut out = head;
+            out.push_str(&note);
+            for (_, block) in blocks {
+                out.push_str(&block);
+            }
+            return out;
+        }
+        if let Some((index, _)) = blocks.pop() {
+            cuts.shortened.retain(|&i| i != index);
+            cuts.without_diffs.retain(|&i| i != index);
+            cuts.omitted.push(index);
+            cuts.omitted.sort_unstable();
+        }
+    }
+}
+
+fn header(diff: &FleetDiff) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "### flotilla diff: {}\n",
+        super::text::summary_line(&diff.totals)
+    );
+    let _ = writeln!(
+        out,
+        "{} → {}\n",
+        code(&clip(&diff.base.revision, 200)),
+        code(&clip(&diff.head.revision, 200))
+    );
+    if !diff.has_changes() && diff.totals.failed == 0 {
+        out.push_str("No cluster's bundle changes.\n\n");
+    }
+    out
+}
+
+fn failed_sentence(diff: &FleetDiff) -> String {
+    match diff.totals.failed {
+        0 => String::new(),
+        n => format!(
+            " {n} cluster{} did not render at all: {}.",
+            plural(n),
+            escape_html(&diff.failed_names(FOLDED_CLUSTERS))
+        ),
+    }
+}
+
+/// An alert with as many diagnostics (in a text fence) as fit in `budget`.
+fn diagnostics_block(
+    alert: &str,
+    headline: &str,
+    diagnostics: &[Diagnostic],
+    budget: usize,
+    cuts: &mut Cuts,
+) -> String {
+    let intro = format!("> [!{alert}]\n> {headline}\n\n");
+    let lines: Vec<String> = diagnostics
+        .iter()
+        .map(|d| clip(&d.to_string(), 500))
+        .collect();
+    let fence = fence_for(&lines.join("\n"));
+    let mut body = String::new();
+    let mut shown = 0;
+    for line in lines.iter().take(DIAGNOSTICS_SHOWN) {
+        if intro.len() + body.len() + line.len() + 2 * fence.len() + 40 > budget {
+            break;
+        }
+        body.push_str(line);
+        body.push('\n');
+        shown += 1;
+    }
+    let left = diagnostics.len() - shown;
+    if left > 0 {
+        let _ = writeln!(body, "... and {left} more");
+        cuts.diagnostics += left;
+    }
+    format!("{intro}{fence}text\n{body}{fence}\n\n")
+}
+
+fn table(diff: &FleetDiff, budget: usize, cuts: &mut Cuts) -> String {
+    let show_failed = diff.totals.failed > 0;
+    let row = |name: &str, c: &super::Counts| {
+        let mut line = format!(
+            "| {name} | {} | {} | {} | {} | {} |",
+            c.clusters, c.changed, c.added, c.removed, c.unchanged
+        );
+        if show_failed {
+            let _ = write!(line, " {} |", c.failed);
+        }
+        line.push('\n');
+        line
+    };
+    let mut out =
+        String::from("| fleet group | clusters | changed | added | removed | unchanged |");
+    if show_failed {
+        out.push_str(" not rendered |");
+    }
+    out.push_str("\n| :-- | --: | --: | --: | --: | --: |");
+    if show_failed {
+        out.push_str(" --: |");
+    }
+    out.push('\n');
+    out.push_str(&row("**all clusters**", &diff.totals));
+    // When not every row fits, only fleet groups with changes are listed.
+    let rows: Vec<String> = diff
+        .fleet_groups
+        .iter()
+        .map(|(name, counts)| row(&escape_cell(name), counts))
+        .collect();
+    let all: usize = rows.iter().map(String::len).sum();
+    let kept: Vec<&String> = if out.len() + all + 2 <= budget {
+        rows.iter().collect()
+    } else {
+        let mut size = out.len() + 80;
+        diff.fleet_groups
+            .values()
+            .zip(&rows)
+            .filter(|(counts, _)| counts.touched())
+            .map(|(_, row)| row)
+            .take_while(|row| {
+                size += row.len();
+                size <= budget
+            })
+            .collect()
+    };
+    for row in &kept {
+        out.push_str(row);
+    }
+    let left = rows.len() - kept.len();
+    if left > 0 {
+        cuts.table_rows += left;
+        let _ = writeln!(
+            out,
+            "| *{left} fleet group{} not listed* | | | | | |{}",
+            plural(left),
+            if show_failed { " |" } else { "" }
+        );
+    }
+    out.push('\n');
+    out
+}
+
+const SMALLEST: Layout = Layout {
+    all_clusters: false,
+    diffs: 0,
+};
+
+fn diff_count(group: &ChangeGroup) -> usize {
+    group.resources.iter().filter(|r| r.diff.is_some()).count()
+}
+
+/// The block of `group` in `layout`, if it fits in place of `current`; the budget
+/// is updated when it does.
+fn replace_if_fits(
+    diff: &FleetDiff,
+    group: &ChangeGroup,
+    layout: Layout,
+    current: &str,
+    budget: &mut usize,
+) -> Option<String> {
+    let block = group_block(diff, group, layout);
+    let room = *budget + current.len();
+    (block.len() <= room).then(|| {
+        *budget = room - block.len();
+        block
+    })
+}
+
+fn group_block(diff: &FleetDiff, group: &ChangeGroup, layout: Layout) -> String {
+    let mut out = format!(
+        "<details>\n<summary><b>{}</b>: {}</summary>\n\n",
+        escape_html(&group.title()),
+        escape_html(&group.resource_summary())
+    );
+    // Only the clusters shown are looked up: a group may hold thousands.
+    let shown = if layout.all_clusters {
+        group.clusters.len()
+    } else {
+        FOLDED_CLUSTERS.min(group.clusters.len())
+    };
+    let members: Vec<&ClusterDiff> = group.clusters[..shown]
+        .iter()
+        .filter_map(|name| {
+            diff.clusters
+                .binary_search_by(|c| c.name.as_str().cmp(name))
+                .ok()
+                .map(|i| &diff.clusters[i])
+        })
+        .collect();
+    let digests = |c: &ClusterDiff| {
+        format!(
+            "{} → {}",
+            code(&super::text::short(c.before.as_ref())),
+            code(&super::text::short(c.after.as_ref()))
+        )
+    };
+    let total = group.clusters.len();
+    match members.as_slice() {
+        [one] if total == 1 => {
+            let _ = writeln!(out, "{}: {}\n", code(&one.name), digests(one));
+        }
+        many => {
+            let fold = total > UNFOLDED_CLUSTERS;
+            if fold {
+                let _ = writeln!(out, "<details>\n<summary>{total} clusters</summary>\n");
+            }
+            out.push_str("| cluster | digest |\n| :-- | :-- |\n");
+            for member in many {
+                let _ = writeln!(out, "| {} | {} |", code(&member.name), digests(member));
+            }
+            if many.len() < total {
+                let _ = writeln!(
+                    out,
+                    "| *... and {} more (`--format json` lists them all)* | |",
+                    total - many.len()
+                );
+            }
+            out.push('\n');
+            if fold {
+                out.push_str("</details>\n\n");
+            }
+        }
+    }
+    if group.status == ClusterStatus::Removed {
+        out.push_str("The hub stops serving these bundles:\n\n");
+    }
+    if group.before_unknown {
+        out.push_str(
+            "BASE did not render these clusters, so there is nothing to compare with; on HEAD they hold:\n\n",
+        );
+    }
+    let mut diffs_left = layout.diffs;
+    let mut hidden = 0;
+    let mut listed = false;
+    for resource in &group.resources {
+        match &resource.diff {
+            Some(text) if diffs_left > 0 => {
+                diffs_left -= 1;
+                if listed {
+                    out.push('\n');
+                    listed = false;
+                }
+                let fence = fence_for(text);
+                let _ = writeln!(
+                    out,
+                    "**{}** {}\n\n{fence}diff\n{text}{fence}\n",
+                    resource.kind.as_str(),
+                    code(&resource.key.to_string())
+                );
+            }
+            diff_text => {
+                hidden += usize::from(diff_text.is_some());
+                if group.before_unknown {
+                    let _ = writeln!(out, "- {}", code(&resource.key.to_string()));
+                } else {
+                    let _ = writeln!(
+                        out,
+                        "- {} {}",
+                        resource.kind.as_str(),
+                        code(&resource.key.to_string())
+                    );
+                }
+                listed = true;
+            }
+        }
+    }
+    if listed {
+        out.push('\n');
+    }
+    if hidden > 0 {
+        let _ = writeln!(
+            out,
+            "*The diff{} of {hidden} resource{} left out to fit the size limit.*\n",
+            plural(hidden),
+            if hidden == 1 { " was" } else { "s were" }
+        );
+    }
+    out.push_str("</details>\n\n");
+    out
+}
+
+fn note(diff: &FleetDiff, cuts: &Cuts, max_bytes: usize) -> String {
+    let mut out = format!(
+        "> [!NOTE]\n> This comment was cut to stay under {max_bytes} bytes; \
+         run `flotilla diff` locally (or use `--format json`) for the full report.\n"
+    );
+    let list = |titles: &[usize]| {
+        let mut text = titles
+            .iter()
+            .take(3)
+            .map(|&i| clip(&diff.groups[i].title(), NOTE_TITLE_CHARS))
+            .collect::<Vec<_>>()
+            .join("; ");
+        if titles.len() > 3 {
+            let _ = write!(text, "; and {} more", titles.len() - 3);
+        }
+        escape_html(&text)
+    };
+    if !cuts.omitted.is_empty() {
+        let _ = writeln!(
+            out,
+            "> - {} change group{} not shown: {}",
+            cuts.omitted.len(),
+            plural(cuts.omitted.len()),
+            list(&cuts.omitted)
+        );
+    }
+    if !cuts.without_diffs.is_empty() {
+        let _ = writeln!(
+            out,
+            "> - {} change group{} shown without some or all of their diffs: {}",
+            cuts.without_diffs.len(),
+            plural(cuts.without_diffs.len()),
+            list(&cuts.without_diffs)
+        );
+    }
+    if !cuts.shortened.is_empty() {
+        let _ = writeln!(
+            out,
+            "> - {} change group{} with a shortened cluster list: {}",
+            cuts.shortened.len(),
+            plural(cuts.shortened.len()),
+            list(&cuts.shortened)
+        );
+    }
+    if cuts.diagnostics > 0 {
+        let _ = writeln!(out, "> - {} diagnostics not listed", cuts.diagnostics);
+    }
+    if cuts.table_rows > 0 {
+        let _ = writeln!(
+            out,
+            "> - {} fleet group{} left out of the table",
+            cuts.table_rows,
+            plural(cuts.table_rows)
+        );
+    }
+    out.push('\n');
+    out
+}
+
+/// A code fence longer than any run of backticks in `text`.
+fn fence_for(text: &str) -> String {
+    let mut longest = 0;
+    let mut run = 0;
+    for c in text.chars() {
+        if c == '`' {
+            run += 1;
+            longest = longest.max(run);
+        } else {
+            run = 0;
+        }
+    }
+    "`".repeat((longest + 1).max(3))
+}
+
+/// An inline code span that survives backticks and table pipes in `text`.
+fn code(text: &str) -> String {
+    let text = text.replace('|', "\\|");
+    if text.contains('`') {
+        format!("`` {text} ``")
+    } else {
+        format!("`{text}`")
+    }
+}
+
+fn escape_html(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+fn escape_cell(text: &str) -> String {
+    escape_html(text).replace('|', "\\|")
+}
+
+/// At most `chars` characters of `text`, marked with an ellipsis when cut.
+fn clip(text: &str, chars: usize) -> String {
+    match text.char_indices().nth(chars) {
+        Some((index, _)) => format!("{}…", &text[..index]),
+        None => text.to_string(),
+    }
+}

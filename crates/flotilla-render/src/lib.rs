@@ -1,0 +1,662 @@
+//! The pure renderer: a fleet snapshot in, one canonical bundle per cluster and a list
+//! of diagnostics out. It opens no files, sockets or Git objects.
+//!
+//! For one cluster and workload the order of work is: merge the variables, render
+//! the templates, parse the manifests, set the default namespace, then apply every
+//! matching overlay in (priority, name) order.
+//!
+//! Work is shared where the result cannot differ: plain manifests are parsed once per
+//! file, identical template outputs are parsed once, and the resources of a workload
+//! are rendered once per distinct (workload, overlays, custom scopes, template
+//! outputs) combination, however many clusters share it. Clusters render in parallel.
+
+pub mod diff;
+pub mod load;
+pub mod patch;
+pub mod scope;
+pub mod template;
+pub mod transform;
+pub mod yaml;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use rayon::prelude::*;
+use serde_json::{Map, Value};
+
+use flotilla_core::bundle::{Bundle, Resource, ResourceKey};
+use flotilla_core::diagnostic::Diagnostic;
+use flotilla_core::model::{Target, Vars};
+use flotilla_core::snapshot::FleetSnapshot;
+use load::{Cluster, Fleet, Overlay, SourcedDocument, Workload};
+use scope::CustomScopes;
+use template::{ClusterContext, Context, Templates, WorkloadContext};
+
+/// What to render.
+#[derive(Default)]
+pub struct RenderOptions<'a> {
+    /// Render only these clusters (all when empty). Unknown names are errors.
+    pub clusters: BTreeSet<String>,
+    /// Called with (clusters done, clusters in all) as bundles complete.
+    pub progress: Option<&'a (dyn Fn(usize, usize) + Sync)>,
+}
+
+/// The result of rendering one snapshot.
+#[derive(Debug, Default)]
+pub struct RenderOutput {
+    /// The revision the snapshot was read from.
+    pub revision: String,
+    /// One bundle per cluster that rendered without error.
+    pub bundles: BTreeMap<String, Bundle>,
+    /// Errors and warnings, sorted by file and line.
+    pub diagnostics: Vec<Diagnostic>,
+    /// The groups each cluster belongs to (by name), for reports.
+    pub memberships: BTreeMap<String, Vec<String>>,
+}
+
+impl RenderOutput {
+    pub fn errors(&self) -> impl Iterator<Item = &Diagnostic> {
+        self.diagnostics.iter().filter(|d| d.is_error())
+    }
+
+    pub fn warnings(&self) -> impl Iterator<Item = &Diagnostic> {
+        self.diagnostics.iter().filter(|d| !d.is_error())
+    }
+
+    /// A clean render has no errors; only a clean render may replace what is served.
+    pub fn is_clean(&self) -> bool {
+        self.errors().next().is_none()
+    }
+}
+
+/// Renders every cluster of the snapshot.
+pub fn render(snapshot: &FleetSnapshot) -> RenderOutput {
+    render_with(snapshot, &RenderOptions::default())
+}
+
+/// A resource with where it came from, for duplicate-identity messages.
+struct Rendered {
+    resource: Arc<Resource>,
+    file: Arc<str>,
+    line: u64,
+}
+
+/// One (cluster, workload) pair to render.
+struct Plan {
+    workload: usize,
+    overlays: Vec<usize>,
+    /// Indices into the table of distinct template outputs.
+    outputs: Vec<usize>,
+}
+
+pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> RenderOutput {
+    let mut diagnostics = snapshot.problems.clone();
+    let fleet = load::load(snapshot, &mut diagnostics);
+    let template_paths: Vec<&String> = fleet.workloads.iter().flat_map(|w| &w.templates).collect();
+    let templates = Templates::compile(snapshot, template_paths.iter().copied(), &mut diagnostics);
+
+    for name in &options.clusters {
+        if !fleet.clusters.iter().any(|c| &c.name == name) {
+            diagnostics.push(Diagnostic::error(format!(
+                "no cluster named {name:?} in the fleet"
+            )));
+        }
+    }
+    let clusters: Vec<&Cluster> = fleet
+        .clusters
+        .iter()
+        .filter(|c| options.clusters.is_empty() || options.clusters.contains(&c.name))
+        .collect();
+
+    let memberships: Vec<Vec<usize>> = clusters
+        .iter()
+        .map(|cluster| {
+            (0..fleet.groups.len())
+                .filter(|&g| fleet.groups[g].selector.matches(&cluster.labels))
+                .collect()
+        })
+        .collect();
+    // Selections are judged only when every file loaded: with a broken cluster file
+    // "selects no cluster" would be a guess.
+    if options.clusters.is_empty() && !diagnostics.iter().any(Diagnostic::is_error) {
+        warn_about_empty_selections(&fleet, &clusters, &memberships, &mut diagnostics);
+    }
+
+    // Phase 1, per cluster: which workloads and overlays apply, and the template
+    // outputs for them.
+    let cluster_plans: Vec<ClusterPlan> = clusters
+        .par_iter()
+        .zip(memberships.par_iter())
+        .map(|(cluster, groups)| plan_cluster(&fleet, &templates, cluster, groups))
+        .collect();
+
+    // Distinct template outputs, parsed once each.
+    let mut output_ids: HashMap<(usize, String), usize> = HashMap::new();
+    let mut plans_per_cluster: Vec<Vec<Plan>> = Vec::with_capacity(clusters.len());
+    for (mut plans, texts, plan_diagnostics) in cluster_plans {
+        diagnostics.extend(plan_diagnostics);
+        let ids: Vec<usize> = texts
+            .into_iter()
+            .map(|key| {
+                let next = output_ids.len();
+                *output_ids.entry(key).or_insert(next)
+            })
+            .collect();
+        for plan in &mut plans {
+            plan.outputs = plan.outputs.iter().map(|&i| ids[i]).collect();
+        }
+        plans_per_cluster.push(plans);
+    }
+    let mut outputs: Vec<(usize, String)> = vec![Default::default(); output_ids.len()];
+    for (key, id) in output_ids {
+        outputs[id] = key;
+    }
+    let parsed_outputs: Vec<Result<Vec<SourcedDocument>, Diagnostic>> = outputs
+        .par_iter()
+        .map(|(template, text)| parse_output(template_paths[*template], text))
+        .collect();
+
+    // Custom cluster-scoped kinds per cluster, from the CRDs its workloads carry.
+    let static_scopes: Vec<CustomScopes> = fleet
+        .workloads
+        .iter()
+        .map(|w| {
+            w.documents
+                .iter()
+                .filter_map(|d| scope::cluster_scoped_crd(&d.value))
+                .collect()
+        })
+        .collect();
+    let mut scope_ids: HashMap<CustomScopes, usize> = HashMap::new();
+    let mut cluster_scope: Vec<usize> = Vec::with_capacity(clusters.len());
+    for plans in &plans_per_cluster {
+        let mut scopes = CustomScopes::new();
+        for plan in plans {
+            scopes.extend(static_scopes[plan.workload].iter().cloned());
+            for &output in &plan.outputs {
+                if let Ok(documents) = &parsed_outputs[output] {
+                    scopes.extend(
+                        documents
+                            .iter()
+                            .filter_map(|d| scope::cluster_scoped_crd(&d.value)),
+                    );
+                }
+            }
+        }
+        let next = scope_ids.len();
+        cluster_scope.push(*scope_ids.entry(scopes).or_insert(next));
+    }
+    let mut scope_table: Vec<CustomScopes> = vec![CustomScopes::new(); scope_ids.len()];
+    for (scopes, id) in scope_ids {
+        scope_table[id] = scopes;
+    }
+
+    // Phase 2: every distinct unit of work, rendered once. A unit is a workload's
+    // plain manifests, or one template output, under one list of overlays and one
+    // set of custom scopes; clusters that share a unit share its resources.
+    let mut unit_ids: HashMap<UnitKey, usize> = HashMap::new();
+    let mut unit_users: Vec<Vec<usize>> = Vec::new();
+    let mut cluster_units: Vec<Vec<usize>> = Vec::with_capacity(clusters.len());
+    for (index, plans) in plans_per_cluster.iter().enumerate() {
+        let mut units = Vec::with_capacity(plans.len());
+        for plan in plans {
+            let sources = std::iter::once(None).chain(plan.outputs.iter().map(|&o| Some(o)));
+            for source in sources {
+                let key = UnitKey {
+                    workload: plan.workload,
+                    overlays: plan.overlays.clone(),
+                    scope: cluster_scope[index],
+                    output: source,
+                };
+                let next = unit_ids.len();
+                let id = *unit_ids.entry(key).or_insert(next);
+                if id == unit_users.len() {
+                    unit_users.push(Vec::new());
+                }
+                unit_users[id].push(index);
+                units.push(id);
+            }
+        }
+        cluster_units.push(units);
+    }
+    let mut unit_keys: Vec<UnitKey> = vec![UnitKey::default(); unit_ids.len()];
+    for (key, id) in unit_ids {
+        unit_keys[id] = key;
+    }
+    let units: Vec<Result<Vec<Rendered>, Vec<Diagnostic>>> = unit_keys
+        .par_iter()
+        .map(|key| render_unit(&fleet, key, &scope_table[key.scope], &parsed_outputs))
+        .collect();
+    for (id, unit) in units.iter().enumerate() {
+        if let Err(unit_diagnostics) = unit {
+            let users = &unit_users[id];
+            let workload = &fleet.workloads[unit_keys[id].workload].name;
+            for diagnostic in unit_diagnostics {
+                for &user in users {
+                    diagnostics.push(
+                        diagnostic
+                            .clone()
+                            .for_cluster(&clusters[user].name)
+                            .for_workload(workload),
+                    );
+                }
+            }
+        }
+    }
+
+    // Every distinct resource identity gets its rank in bundle order once, so that
+    // per cluster, sorting and the duplicate check compare integers, not strings.
+    let mut keys: Vec<&ResourceKey> = units
+        .iter()
+        .flatten()
+        .flatten()
+        .map(|rendered| &rendered.resource.key)
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let ranks: HashMap<&ResourceKey, u32> = keys
+        .iter()
+        .enumerate()
+        .map(|(rank, key)| (*key, rank as u32))
+        .collect();
+    let unit_ranks: Vec<Vec<u32>> = units
+        .iter()
+        .map(|unit| match unit {
+            Ok(rendered) => rendered.iter().map(|r| ranks[&r.resource.key]).collect(),
+            Err(_) => Vec::new(),
+        })
+        .collect();
+
+    // Phase 3, per cluster: gather, check identities, sort and hash.
+    let done = AtomicUsize::new(0);
+    let total = clusters.len();
+    let assembled: Vec<Result<Bundle, Vec<Diagnostic>>> = clusters
+        .par_iter()
+        .zip(cluster_units.par_iter())
+        .map(|(cluster, unit_list)| {
+            let result = assemble(&fleet, cluster, unit_list, &unit_keys, &units, &unit_ranks);
+            let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
+            if let Some(progress) = options.progress {
+                progress(finished, total);
+            }
+            result
+        })
+        .collect();
+
+    let mut output = RenderOutput {
+        revision: snapshot.revision.clone(),
+        ..RenderOutput::default()
+    };
+    // Owned names, because `diagnostics` grows in the loop below.
+    let failed: BTreeSet<String> = diagnostics
+        .iter()
+        .filter(|d| d.is_error())
+        .filter_map(|d| d.cluster.clone())
+        .collect();
+    for (cluster, result) in clusters.iter().zip(assembled) {
+        match result {
+            Ok(bundle) if !failed.contains(&cluster.name) => {
+                output.bundles.insert(cluster.name.clone(), bundle);
+            }
+            Ok(_) => {}
+            Err(cluster_diagnostics) => diagnostics.extend(cluster_diagnostics),
+        }
+    }
+    for (cluster, groups) in clusters.iter().zip(&memberships) {
+        output.memberships.insert(
+            cluster.name.clone(),
+            groups
+                .iter()
+                .map(|&g| fleet.groups[g].name.clone())
+                .collect(),
+        );
+    }
+    // An error that belongs to no single cluster (a broken overlay or group file,
+    // say) may have changed what every cluster gets, so no bundle is trustworthy.
+    if diagnostics
+        .iter()
+        .any(|d| d.is_error() && d.cluster.is_none())
+    {
+        output.bundles.clear();
+    }
+    output.diagnostics = fold_cluster_repeats(diagnostics);
+    output
+}
+
+fn targets(target: &Target, cluster: &Cluster, groups: &[usize], fleet: &Fleet) -> bool {
+    if let Some(name) = &target.cluster {
+        return *name == cluster.name;
+    }
+    if let Some(group) = &target.group {
+        return groups.iter().any(|&g| fleet.groups[g].name == *group);
+    }
+    target
+        .cluster_selector
+        .as_ref()
+        .is_some_and(|selector| selector.matches(&cluster.labels))
+}
+
+fn overlay_selects(overlay: &Overlay, cluster: &Cluster, groups: &[usize], fleet: &Fleet) -> bool {
+    overlay.clusters.iter().any(|c| c.value == cluster.name)
+        || overlay
+            .groups
+            .iter()
+            .any(|name| groups.iter().any(|&g| fleet.groups[g].name == name.value))
+        || overlay
+            .cluster_selector
+            .as_ref()
+            .is_some_and(|selector| selector.matches(&cluster.labels))
+}
+
+fn overlay_applies_to(overlay: &Overlay, workload: &Workload) -> bool {
+    overlay
+        .workloads
+        .as_ref()
+        .is_none_or(|names| names.iter().any(|n| n.value == workload.name))
+}
+
+/// Deep merge: maps merge key by key, anything else is replaced by the later value.
+pub fn merge_vars(base: &mut Map<String, Value>, later: &Map<String, Value>) {
+    for (key, value) in later {
+        match (base.get_mut(key), value) {
+            (Some(Value::Object(existing)), Value::Object(incoming)) => {
+                merge_vars(existing, incoming)
+            }
+            _ => {
+                base.insert(key.clone(), value.clone());
+            }
+        }
+    }
+}
+
+type ClusterPlan = (Vec<Plan>, Vec<(usize, String)>, Vec<Diagnostic>);
+
+fn plan_cluster(
+    fleet: &Fleet,
+    templates: &Templates,
+    cluster: &Cluster,
+    groups: &[usize],
+) -> ClusterPlan {
+    let mut plans = Vec::new();
+    let mut texts = Vec::new();
+    let mut diagnostics = Vec::new();
+    let matching_overlays: Vec<usize> = (0..fleet.overlays.len())
+        .filter(|&o| overlay_selects(&fleet.overlays[o], cluster, groups, fleet))
+        .collect();
+    let mut template_offset = 0;
+    for (index, workload) in fleet.workloads.iter().enumerate() {
+        let first_template = template_offset;
+        template_offset += workload.templates.len();
+        if !workload
+            .targets
+            .iter()
+            .any(|t| targets(&t.value, cluster, groups, fleet))
+        {
+            continue;
+        }
+        let overlays: Vec<usize> = matching_overlays
+            .iter()
+            .copied()
+            .filter(|&o| overlay_applies_to(&fleet.overlays[o], workload))
+            .collect();
+        let mut outputs = Vec::new();
+        if !workload.templates.is_empty() {
+            let vars = merged_vars(fleet, workload, cluster, groups, &overlays);
+            let context = Context {
+                cluster: ClusterContext {
+                    name: &cluster.name,
+                    labels: &cluster.labels,
+                    vars: &cluster.vars,
+                },
+                workload: WorkloadContext {
+                    name: &workload.name,
+                    namespace: workload.namespace.as_deref(),
+                },
+                vars: &vars,
+            };
+            for (offset, path) in workload.templates.iter().enumerate() {
+                match templates.render(path, &context) {
+                    Some(Ok(text)) => {
+                        outputs.push(texts.len());
+                        texts.push((first_template + offset, text));
+                    }
+                    Some(Err(diagnostic)) => {
+                        diagnostics.push(
+                            diagnostic
+                                .for_cluster(&cluster.name)
+                                .for_workload(&workload.name),
+                        );
+                    }
+                    None => {}
+                }
+            }
+        }
+        plans.push(Plan {
+            workload: index,
+            overlays,
+            outputs,
+        });
+    }
+    (plans, texts, diagnostics)
+}
+
+fn merged_vars(
+    fleet: &Fleet,
+    workload: &Workload,
+    cluster: &Cluster,
+    groups: &[usize],
+    overlays: &[usize],
+) -> Vars {
+    let mut vars = workload.vars.clone();
+    for &group in groups {
+        merge_vars(&mut vars, &fleet.groups[group].vars);
+    }
+    merge_vars(&mut vars, &cluster.vars);
+    for &overlay in overlays {
+        merge_vars(&mut vars, &fleet.overlays[overlay].vars);
+    }
+    vars
+}
+
+fn parse_output(path: &str, text: &str) -> Result<Vec<SourcedDocument>, Diagnostic> {
+    let file: Arc<str> = Arc::from(path);
+    yaml::parse_documents(text)
+        .map(|documents| {
+            documents
+                .into_iter()
+                .map(|d| SourcedDocument {
+                    value: d.value,
+                    file: file.clone(),
+                    line: d.line,
+                })
+                .collect()
+        })
+        .map_err(|err| {
+            let at = err
+                .line
+                .map(|l| format!(" at line {l} of the rendered output"))
+                .unwrap_or_default();
+            Diagnostic::error(format!(
+                "the rendered template is not valid YAML{at}: {}",
+                err.message
+            ))
+            .in_file(path)
+        })
+}
+
+/// One distinct piece of rendering work (see phase 2 of [`render_with`]).
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+struct UnitKey {
+    workload: usize,
+    overlays: Vec<usize>,
+    scope: usize,
+    /// `None` for the workload's plain manifests, else a template output.
+    output: Option<usize>,
+}
+
+fn render_unit(
+    fleet: &Fleet,
+    key: &UnitKey,
+    scopes: &CustomScopes,
+    parsed_outputs: &[Result<Vec<SourcedDocument>, Diagnostic>],
+) -> Result<Vec<Rendered>, Vec<Diagnostic>> {
+    let workload = &fleet.workloads[key.workload];
+    let overlays: Vec<&Overlay> = key.overlays.iter().map(|&o| &fleet.overlays[o]).collect();
+    let documents: &[SourcedDocument] = match key.output {
+        None => &workload.documents,
+        Some(output) => match &parsed_outputs[output] {
+            Ok(documents) => documents,
+            Err(diagnostic) => return Err(vec![diagnostic.clone()]),
+        },
+    };
+    let mut rendered = Vec::with_capacity(documents.len());
+    let mut errors = Vec::new();
+    for document in documents {
+        match transform::transform(document, workload, &overlays, scopes) {
+            Ok((key, value)) => rendered.push(Rendered {
+                resource: Arc::new(Resource::new(key, value)),
+                file: document.file.clone(),
+                line: document.line,
+            }),
+            Err(diagnostic) => errors.push(diagnostic),
+        }
+    }
+    if errors.is_empty() {
+        Ok(rendered)
+    } else {
+        Err(errors)
+    }
+}
+
+fn assemble(
+    fleet: &Fleet,
+    cluster: &Cluster,
+    unit_list: &[usize],
+    unit_keys: &[UnitKey],
+    units: &[Result<Vec<Rendered>, Vec<Diagnostic>>],
+    unit_ranks: &[Vec<u32>],
+) -> Result<Bundle, Vec<Diagnostic>> {
+    let mut ranked: Vec<(u32, &Rendered, usize)> = Vec::new();
+    for &unit in unit_list {
+        let Ok(rendered) = &units[unit] else { continue };
+        let workload = unit_keys[unit].workload;
+        ranked.extend(
+            unit_ranks[unit]
+                .iter()
+                .zip(rendered)
+                .map(|(&rank, item)| (rank, item, workload)),
+        );
+    }
+    // A stable sort keeps equal identities in workload order, so the duplicate is
+    // reported at the later one.
+    ranked.sort_by_key(|(rank, _, _)| *rank);
+    let mut errors = Vec::new();
+    for pair in ranked.windows(2) {
+        let ((rank, first, first_workload), (next_rank, item, workload)) = (pair[0], pair[1]);
+        if rank == next_rank {
+            errors.push(
+                Diagnostic::error(format!(
+                    "{} is defined twice for this cluster: here (workload {}) and at {}:{} (workload {})",
+                    item.resource.key,
+                    fleet.workloads[workload].name,
+                    first.file,
+                    first.line,
+                    fleet.workloads[first_workload].name
+                ))
+                .in_file(&*item.file)
+                .at_line(Some(item.line))
+                .for_cluster(&cluster.name),
+            );
+        }
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let resources = ranked
+        .into_iter()
+        .map(|(_, item, _)| item.resource.clone())
+        .collect();
+    Ok(Bundle::from_sorted(cluster.name.clone(), resources))
+}
+
+fn warn_about_empty_selections(
+    fleet: &Fleet,
+    clusters: &[&Cluster],
+    memberships: &[Vec<usize>],
+    diagnostics: &mut Vec<Diagnostic>,
+) {
+    for (index, group) in fleet.groups.iter().enumerate() {
+        if !memberships.iter().any(|m| m.contains(&index)) {
+            diagnostics.push(
+                Diagnostic::warning(format!("group {:?} selects no cluster", group.name))
+                    .in_file(&group.file),
+            );
+        }
+    }
+    for workload in &fleet.workloads {
+        for target in &workload.targets {
+            let hit = clusters
+                .iter()
+                .zip(memberships)
+                .any(|(cluster, groups)| targets(&target.value, cluster, groups, fleet));
+            if !hit {
+                diagnostics.push(
+                    Diagnostic::warning("this target selects no cluster")
+                        .in_file(&workload.file)
+                        .at_line(Some(target.referenced.line())),
+                );
+            }
+        }
+    }
+    for overlay in &fleet.overlays {
+        let hit = clusters
+            .iter()
+            .zip(memberships)
+            .any(|(cluster, groups)| overlay_selects(overlay, cluster, groups, fleet));
+        if !hit {
+            diagnostics.push(
+                Diagnostic::warning(format!("overlay {:?} selects no cluster", overlay.name))
+                    .in_file(&overlay.file),
+            );
+        }
+    }
+}
+
+/// The same problem met on many clusters is reported once, naming the first cluster
+/// and how many others share it, so a broken group does not bury everything else.
+fn fold_cluster_repeats(diagnostics: Vec<Diagnostic>) -> Vec<Diagnostic> {
+    let mut folded: BTreeMap<Diagnostic, (String, usize)> = BTreeMap::new();
+    let mut plain = Vec::new();
+    for diagnostic in diagnostics {
+        match diagnostic.cluster.clone() {
+            Some(cluster) => {
+                let key = Diagnostic {
+                    cluster: None,
+                    ..diagnostic
+                };
+                let entry = folded.entry(key).or_insert_with(|| (cluster.clone(), 0));
+                if cluster < entry.0 {
+                    entry.0 = cluster;
+                }
+                entry.1 += 1;
+            }
+            None => plain.push(diagnostic),
+        }
+    }
+    for (mut diagnostic, (first, count)) in folded {
+        diagnostic.cluster = Some(if count > 1 {
+            format!(
+                "{first} and {} other cluster{}",
+                count - 1,
+                if count > 2 { "s" } else { "" }
+            )
+        } else {
+            first
+        });
+        plain.push(diagnostic);
+    }
+    plain.sort();
+    plain.dedup();
+    plain
+}

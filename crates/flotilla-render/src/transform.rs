@@ -1,0 +1,314 @@
+//! What happens to one manifest document for one cluster: identity checks, the
+//! default namespace, then every matching overlay in order (patches, images, labels
+//! and annotations).
+
+use serde_json::{Map, Value};
+
+use super::load::{CompiledPatch, Overlay, PatchAction, SourcedDocument, Workload};
+use super::patch;
+use super::scope::{CustomScopes, is_cluster_scoped};
+use flotilla_core::bundle::ResourceKey;
+use flotilla_core::diagnostic::Diagnostic;
+use flotilla_core::model::ImageOverride;
+
+/// Renders one document: returns the final resource or the error that stopped it.
+pub fn transform(
+    document: &SourcedDocument,
+    workload: &Workload,
+    overlays: &[&Overlay],
+    scopes: &CustomScopes,
+) -> Result<(ResourceKey, Value), Diagnostic> {
+    let located = |message: String| {
+        Diagnostic::error(message)
+            .in_file(&*document.file)
+            .at_line(Some(document.line))
+    };
+    let mut value = document.value.clone();
+    let key = identity(&value).map_err(located)?;
+    let cluster_scoped = is_cluster_scoped(&key.group, &key.kind, scopes);
+    if cluster_scoped && !key.namespace.is_empty() {
+        return Err(located(format!(
+            "{} is cluster-scoped and must not set metadata.namespace",
+            key
+        )));
+    }
+    if !cluster_scoped
+        && key.namespace.is_empty()
+        && let Some(namespace) = &workload.namespace
+        && let Some(metadata) = value.get_mut("metadata").and_then(Value::as_object_mut)
+    {
+        metadata.insert("namespace".into(), Value::String(namespace.clone()));
+    }
+    for overlay in overlays {
+        for patch in &overlay.patches {
+            if !patch_matches(patch, &value) {
+                continue;
+            }
+            let before = identity(&value).map_err(&located)?;
+            let result = match &patch.action {
+                PatchAction::JsonPatch(ops) => {
+                    patch::apply_json_patch(&mut value, ops).map_err(|err| err.to_string())
+                }
+                PatchAction::MergePatch(merge) => {
+                    patch::apply_merge_patch(&mut value, merge);
+                    Ok(())
+                }
+            };
+            let result = result.and_then(|()| identity(&value).map(|_| ()));
+            if let Err(reason) = result {
+                return Err(Diagnostic::error(format!(
+                    "patch of overlay {:?} on {} (from {}:{}) failed: {reason}",
+                    overlay.name, before, document.file, document.line
+                ))
+                .in_file(&overlay.file)
+                .at_line(Some(patch.line)));
+            }
+        }
+        if !overlay.images.is_empty() {
+            rewrite_images(&mut value, &overlay.images);
+        }
+        add_metadata(&mut value, "labels", &overlay.labels);
+        add_metadata(&mut value, "annotations", &overlay.annotations);
+    }
+    let key = identity(&value).map_err(located)?;
+    Ok((key, value))
+}
+
+fn identity(value: &Value) -> Result<ResourceKey, String> {
+    let Some(object) = value.as_object() else {
+        return Err("a manifest must be a YAML mapping (a Kubernetes object)".into());
+    };
+    let field = |name: &str| {
+        object
+            .get(name)
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+    };
+    if field("apiVersion").is_none() {
+        return Err("manifest has no apiVersion".into());
+    }
+    if field("kind").is_none() {
+        return Err("manifest has no kind".into());
+    }
+    let name = object
+        .get("metadata")
+        .and_then(|m| m.get("name"))
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty());
+    if name.is_none() {
+        return Err("manifest has no metadata.name (generateName is not supported: a bundle must name what it applies)".into());
+    }
+    if let Some(namespace) = object.get("metadata").and_then(|m| m.get("namespace"))
+        && !namespace.is_string()
+    {
+        return Err("metadata.namespace must be a string".into());
+    }
+    ResourceKey::of(value).ok_or_else(|| "manifest has no usable identity".into())
+}
+
+fn patch_matches(patch: &CompiledPatch, value: &Value) -> bool {
+    let api_version = value
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let (group, version) = match api_version.rsplit_once('/') {
+        Some((group, version)) => (group, version),
+        None => ("", api_version),
+    };
+    let kind = value.get("kind").and_then(Value::as_str).unwrap_or("");
+    let metadata = value.get("metadata");
+    let text = |field: &str| {
+        metadata
+            .and_then(|m| m.get(field))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+    };
+    let string_map = |field: &str| {
+        metadata
+            .and_then(|m| m.get(field))
+            .and_then(Value::as_object)
+            .map(|map| {
+                map.iter()
+                    .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string())))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    patch.group.as_deref().is_none_or(|g| g == group)
+        && patch.version.as_deref().is_none_or(|v| v == version)
+        && patch.kind.as_deref().is_none_or(|k| k == kind)
+        && patch.name.as_ref().is_none_or(|r| r.is_match(text("name")))
+        && patch
+            .namespace
+            .as_ref()
+            .is_none_or(|r| r.is_match(text("namespace")))
+        && patch
+            .label_selector
+            .as_ref()
+            .is_none_or(|s| s.matches(&string_map("labels")))
+        && patch
+            .annotation_selector
+            .as_ref()
+            .is_none_or(|s| s.matches(&string_map("annotations")))
+}
+
+fn add_metadata(
+    value: &mut Value,
+    field: &str,
+    entries: &std::collections::BTreeMap<String, String>,
+) {
+    if entries.is_empty() {
+        return;
+    }
+    let Some(metadata) = value.get_mut("metadata").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let target = metadata
+        .entry(field)
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !target.is_object() {
+        *target = Value::Object(Map::new());
+    }
+    if let Some(map) = target.as_object_mut() {
+        for (key, entry) in entries {
+            map.insert(key.clone(), Value::String(entry.clone()));
+        }
+    }
+}
+
+/// kustomize `images` semantics: every container (`containers`, `initContainers`,
+/// `ephemeralContainers`, at any depth, so pod templates and CronJobs are covered)
+/// whose image name equals an override's `name` is rewritten.
+pub fn rewrite_images(value: &mut Value, overrides: &[ImageOverride]) {
+    match value {
+        Value::Object(map) => {
+            for (key, child) in map.iter_mut() {
+                if matches!(
+                    key.as_str(),
+                    "containers" | "initContainers" | "ephemeralContainers"
+                ) && let Value::Array(containers) = child
+                {
+                    for container in containers.iter_mut() {
+                        if let Some(Value::String(image)) = container.get_mut("image") {
+                            for image_override in overrides {
+                                if let Some(new) = apply_image_override(image, image_override) {
+                                    *image = new;
+                                }
+                            }
+                        }
+                    }
+                }
+                rewrite_images(child, overrides);
+            }
+        }
+        Value::Array(items) => {
+            for item in items {
+                rewrite_images(item, overrides);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Splits `registry:5000/repo/name:tag@sha256:...` into (name, tag, digest).
+pub fn split_image(image: &str) -> (&str, Option<&str>, Option<&str>) {
+    let (rest, digest) = match image.split_once('@') {
+        Some((rest, digest)) => (rest, Some(digest)),
+        None => (image, None),
+    };
+    let slash = rest.rfind('/').map_or(0, |i| i + 1);
+    match rest[slash..].rfind(':') {
+        Some(colon) => (
+            &rest[..slash + colon],
+            Some(&rest[slash + colon + 1..]),
+            digest,
+        ),
+        None => (rest, None, digest),
+    }
+}
+
+fn apply_image_override(image: &str, image_override: &ImageOverride) -> Option<String> {
+    let (name, tag, digest) = split_image(image);
+    if name != image_override.name {
+        return None;
+    }
+    let new_name = image_override.new_name.as_deref().unwrap_or(name);
+    // As in kustomize, a new tag and a digest given together are both kept.
+    if let (Some(new_tag), Some(new_digest)) = (&image_override.new_tag, &image_override.digest) {
+        return Some(format!("{new_name}:{new_tag}@{new_digest}"));
+    }
+    Some(if let Some(new_digest) = &image_override.digest {
+        format!("{new_name}@{new_digest}")
+    } else if let Some(new_tag) = &image_override.new_tag {
+        format!("{new_name}:{new_tag}")
+    } else {
+        let mut out = new_name.to_string();
+        if let Some(tag) = tag {
+            out.push(':');
+            out.push_str(tag);
+        }
+        if let Some(digest) = digest {
+            out.push('@');
+            out.push_str(digest);
+        }
+        out
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_image_references() {
+        assert_eq!(split_image("nginx"), ("nginx", None, None));
+        assert_eq!(split_image("nginx:1.25"), ("nginx", Some("1.25"), None));
+        assert_eq!(
+            split_image("localhost:5000/a/b:v1@sha256:00"),
+            ("localhost:5000/a/b", Some("v1"), Some("sha256:00"))
+        );
+        assert_eq!(
+            split_image("localhost:5000/a/b"),
+            ("localhost:5000/a/b", None, None)
+        );
+    }
+
+    #[test]
+    fn overrides_follow_kustomize() {
+        let image = |name: &str,
+                     new_name: Option<&str>,
+                     new_tag: Option<&str>,
+                     digest: Option<&str>| ImageOverride {
+            name: name.into(),
+            new_name: new_name.map(Into::into),
+            new_tag: new_tag.map(Into::into),
+            digest: digest.map(Into::into),
+        };
+        assert_eq!(
+            apply_image_override("nginx:1", &image("nginx", Some("mirror/nginx"), None, None))
+                .as_deref(),
+            Some("mirror/nginx:1")
+        );
+        assert_eq!(
+            apply_image_override("nginx:1", &image("nginx", None, Some("2"), None)).as_deref(),
+            Some("nginx:2")
+        );
+        assert_eq!(
+            apply_image_override("nginx:1", &image("nginx", None, None, Some("sha256:ab")))
+                .as_deref(),
+            Some("nginx@sha256:ab")
+        );
+        assert_eq!(
+            apply_image_override(
+                "nginx:1@sha256:ab",
+                &image("nginx", None, Some("2"), Some("sha256:cd"))
+            )
+            .as_deref(),
+            Some("nginx:2@sha256:cd")
+        );
+        assert_eq!(
+            apply_image_override("nginxx:1", &image("nginx", None, Some("2"), None)),
+            None
+        );
+    }
+}

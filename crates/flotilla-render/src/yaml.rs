@@ -1,0 +1,233 @@
+//! Reading YAML with limits, and turning parser errors into one-line messages with
+//! a line number (and a did-you-mean for misspelt fields).
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use flotilla_core::diagnostic::did_you_mean;
+
+/// A YAML problem: the message and the 1-based line it concerns, if known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct YamlError {
+    pub line: Option<u64>,
+    pub message: String,
+}
+
+/// Parser options: the budget refuses alias bombs ("billion laughs") and absurd
+/// nesting, and duplicate keys are errors rather than silently overwritten.
+fn options() -> serde_saphyr::Options {
+    let mut options = serde_saphyr::Options::default();
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_aliases = 1_000;
+    budget.max_events = 2_000_000;
+    options.budget = Some(budget);
+    options.duplicate_keys = serde_saphyr::DuplicateKeyPolicy::Error;
+    options
+}
+
+/// Parses one YAML document into `T`.
+pub fn parse<T: DeserializeOwned>(text: &str) -> Result<T, YamlError> {
+    serde_saphyr::from_str_with_options(text, options()).map_err(|err| convert(&err))
+}
+
+/// One document of a multi-document YAML file, with the line it starts on.
+#[derive(Debug, Clone)]
+pub struct YamlDocument {
+    pub value: Value,
+    pub line: u64,
+}
+
+/// Parses every document of a multi-document stream. Documents are split at `---`
+/// lines so each keeps its own starting line; empty documents are skipped.
+pub fn parse_documents(text: &str) -> Result<Vec<YamlDocument>, YamlError> {
+    let mut documents = Vec::new();
+    for (start_line, body) in split_documents(text) {
+        if body.lines().all(|line| {
+            let trimmed = line.trim();
+            trimmed.is_empty() || trimmed.starts_with('#')
+        }) {
+            continue;
+        }
+        let value: Value = parse(body).map_err(|err| YamlError {
+            line: err.line.map(|line| line + start_line - 1),
+            message: err.message,
+        })?;
+        if value.is_null() {
+            continue;
+        }
+        documents.push(YamlDocument {
+            value,
+            line: first_content_line(body) + start_line - 1,
+        });
+    }
+    Ok(documents)
+}
+
+/// Splits at lines that are exactly a document marker (`---` possibly followed by
+/// content or a comment) or a document end (`...`). Returns each body with the
+/// 1-based line its first line has in the whole text.
+fn split_documents(text: &str) -> Vec<(u64, &str)> {
+    let mut documents = Vec::new();
+    let mut start_offset = 0;
+    let mut start_line = 1u64;
+    let mut offset = 0;
+    for (index, line) in text.split_inclusive('\n').enumerate() {
+        let line_number = index as u64 + 1;
+        let bare = line.trim_end_matches(['\n', '\r']);
+        let is_marker = bare == "---" || bare.starts_with("--- ") || bare.starts_with("---\t");
+        let is_end = bare == "...";
+        if is_marker || is_end {
+            documents.push((start_line, &text[start_offset..offset]));
+            if is_marker && bare.len() > 3 {
+                // Content after the marker on the same line ("--- !tag" or "--- |")
+                // belongs to the next document; keep the line but blank the marker.
+                start_offset = offset + 3;
+                start_line = line_number;
+            } else {
+                start_offset = offset + line.len();
+                start_line = line_number + 1;
+            }
+        }
+        offset += line.len();
+    }
+    documents.push((start_line, &text[start_offset..]));
+    documents
+}
+
+fn first_content_line(body: &str) -> u64 {
+    body.lines()
+        .position(|line| {
+            let trimmed = line.trim();
+            !trimmed.is_empty() && !trimmed.starts_with('#')
+        })
+        .map_or(1, |index| index as u64 + 1)
+}
+
+fn convert(err: &serde_saphyr::Error) -> YamlError {
+    let line = err
+        .location()
+        .map(|location| location.line())
+        .filter(|&line| line > 0);
+    YamlError {
+        line,
+        message: improve_message(&plain_message(err)),
+    }
+}
+
+/// The parser's message without its own location suffix or source snippet, since
+/// flotilla prints `file:line:` itself.
+fn plain_message(err: &serde_saphyr::Error) -> String {
+    let text = err.without_snippet().to_string();
+    let first = text.lines().next().unwrap_or("").trim();
+    let first = match first.find(" at line ") {
+        Some(index) => &first[..index],
+        None => first,
+    };
+    first.trim_end_matches('.').to_string()
+}
+
+/// Rewrites parser messages into flotilla's style: serde's `unknown field `lables`,
+/// expected one of `name`, `labels`` (or serde-saphyr's form, whose candidates carry
+/// no backticks) becomes `unknown field "lables" (did you mean "labels"?)`; a
+/// duplicate key or a breached parser budget gets a message meant for a fleet author
+/// rather than for the programmer calling the parser.
+fn improve_message(message: &str) -> String {
+    if let Some(key) = message.strip_prefix("duplicate mapping key: ").map(|rest| {
+        rest.split(", set DuplicateKeyPolicy")
+            .next()
+            .unwrap_or(rest)
+    }) {
+        return format!("duplicate key {key:?}; each key may appear once in a mapping");
+    }
+    if message.starts_with("budget breached") {
+        return "the YAML grows past the parser's limits once its anchors and aliases are \
+                expanded (an alias bomb?); flotilla does not read it"
+            .to_string();
+    }
+    let Some(rest) = message.strip_prefix("unknown field `") else {
+        return message.to_string();
+    };
+    let Some((field, expected)) = rest.split_once('`') else {
+        return message.to_string();
+    };
+    let candidates: Vec<&str> = expected
+        .trim_start_matches(',')
+        .trim()
+        .strip_prefix("expected one of ")
+        .or_else(|| {
+            expected
+                .trim_start_matches(',')
+                .trim()
+                .strip_prefix("expected ")
+        })
+        .map(|list| {
+            list.split(", ")
+                .map(|c| c.trim().trim_matches('`'))
+                .collect()
+        })
+        .unwrap_or_default();
+    match did_you_mean(field, candidates.iter().copied()) {
+        Some(best) => format!("unknown field \"{field}\" (did you mean \"{best}\"?)"),
+        None if candidates.is_empty() => format!("unknown field \"{field}\""),
+        None => format!(
+            "unknown field \"{field}\" (expected one of {})",
+            candidates
+                .iter()
+                .map(|c| format!("\"{c}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn documents_keep_their_starting_lines() {
+        let text = "# header\na: 1\n---\n\n---\nb: 2\n---\n# only a comment\n";
+        let documents = parse_documents(text).expect("parses");
+        assert_eq!(documents.len(), 2);
+        assert_eq!(documents[0].line, 2);
+        assert_eq!(documents[1].line, 6);
+    }
+
+    #[test]
+    fn errors_in_later_documents_name_the_right_line() {
+        let text = "a: 1\n---\nb: [1, 2\nc: 3\n";
+        let err = parse_documents(text).expect_err("unterminated flow sequence");
+        assert!(err.line.is_some_and(|line| line >= 3), "{err:?}");
+    }
+
+    #[test]
+    fn alias_bombs_are_refused() {
+        let mut text = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for level in 1..12 {
+            let previous = level - 1;
+            text.push_str(&format!(
+                "a{level}: &a{level} [*a{previous}, *a{previous}, *a{previous}, *a{previous}, *a{previous}, *a{previous}, *a{previous}, *a{previous}, *a{previous}, *a{previous}]\n"
+            ));
+        }
+        assert!(parse::<Value>(&text).is_err());
+    }
+
+    #[test]
+    fn unknown_fields_suggest_the_closest_name() {
+        assert_eq!(
+            improve_message(
+                "unknown field `lables`, expected one of `name`, `labels`, `annotations`"
+            ),
+            "unknown field \"lables\" (did you mean \"labels\"?)"
+        );
+        // serde-saphyr lists the candidates without backticks.
+        assert_eq!(
+            improve_message("unknown field `lables`, expected one of name, labels, annotations"),
+            "unknown field \"lables\" (did you mean \"labels\"?)"
+        );
+        assert_eq!(
+            improve_message("unknown field `zzz`, expected `name`"),
+            "unknown field \"zzz\" (expected one of \"name\")"
+        );
+    }
+}

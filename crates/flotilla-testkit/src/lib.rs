@@ -1,0 +1,143 @@
+//! Helpers for flotilla's own tests (a dev-dependency only).
+//!
+//! Some tests need what a fresh clone does not have: the conformance data in
+//! `../shared/testdata` beside the checkout, `kubectl`, Chromium, a database server.
+//! Outside CI such a test prints that it skips and why, and passes. CI sets
+//! `FLOTILLA_CI=1`, and there a missing prerequisite fails the test instead: a skip in
+//! CI would hide that the test never ran.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// Whether missing prerequisites fail tests (`FLOTILLA_CI` set to anything but `0`).
+pub fn strict() -> bool {
+    std::env::var_os("FLOTILLA_CI").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Says whether `test` can run. When `missing` is `Some(reason)`, the test cannot:
+/// outside CI this prints `SKIPPED <test>: <reason>` and returns false; in CI it panics.
+pub fn can_run(test: &str, missing: Option<String>) -> bool {
+    match missing {
+        None => true,
+        Some(reason) if strict() => {
+            panic!(
+                "{test} cannot run: {reason} (FLOTILLA_CI is set, so this fails instead of skipping)"
+            )
+        }
+        Some(reason) => {
+            eprintln!("SKIPPED {test}: {reason}");
+            false
+        }
+    }
+}
+
+/// The workspace's root folder (where `fleet-example/` is).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// `../shared/testdata/<relative>` beside the checkout, or why it is not there.
+pub fn shared_testdata(relative: &str) -> Result<PathBuf, String> {
+    let root = workspace_root();
+    let candidates = [
+        root.join("../shared/testdata"),
+        root.join("../../shared/testdata"),
+    ];
+    for base in &candidates {
+        let path = base.join(relative);
+        if path.exists() {
+            return Ok(path);
+        }
+    }
+    Err(format!(
+        "the shared conformance data ({}) is not beside this checkout",
+        candidates[0].join(relative).display()
+    ))
+}
+
+/// Whether `program args…` runs and exits 0; the reason when it does not.
+pub fn command_works(program: &str, args: &[&str]) -> Result<(), String> {
+    match Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+    {
+        Ok(status) if status.success() => Ok(()),
+        Ok(status) => Err(format!(
+            "`{program} {}` exited with {status}",
+            args.join(" ")
+        )),
+        Err(err) => Err(format!("`{program}` cannot be run: {err}")),
+    }
+}
+
+/// A certificate authority made for one test, and leaves it signs (PEM text).
+pub struct TestCa {
+    issuer: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+}
+
+/// A certificate and its private key, both PEM.
+pub struct TestLeaf {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl TestCa {
+    /// A new CA named `name`.
+    pub fn new(name: &str) -> TestCa {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+        ];
+        let key = rcgen::KeyPair::generate().expect("CA key");
+        TestCa {
+            issuer: rcgen::CertifiedIssuer::self_signed(params, key).expect("CA certificate"),
+        }
+    }
+
+    pub fn cert_pem(&self) -> String {
+        self.issuer.pem()
+    }
+
+    /// A server certificate for these names (DNS names or IP addresses).
+    pub fn server(&self, names: &[&str]) -> TestLeaf {
+        self.leaf(names, names.first().copied().unwrap_or("server"), true)
+    }
+
+    /// A client certificate whose common name is `name`.
+    pub fn client(&self, name: &str) -> TestLeaf {
+        self.leaf(&[name], name, false)
+    }
+
+    fn leaf(&self, names: &[&str], common_name: &str, server: bool) -> TestLeaf {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let mut params = rcgen::CertificateParams::new(names).expect("leaf params");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, common_name);
+        params.extended_key_usages = vec![if server {
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth
+        } else {
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth
+        }];
+        let key = rcgen::KeyPair::generate().expect("leaf key");
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .expect("leaf certificate");
+        TestLeaf {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        }
+    }
+}

@@ -1,0 +1,433 @@
+//! The hub follows a real Git repository (made in a temp dir from fleet-example):
+//! new commits show up as new ETags, unchanged content keeps its ETag, broken commits
+//! never reach agents, long-polls return when a commit lands, and a remote repository
+//! is fetched when the webhook says so.
+
+use crate::support::hub as hub_common;
+
+use std::time::{Duration, Instant};
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use flotilla_core::bundle::verify_document;
+use hub_common::*;
+
+const OVERLAY: &str = "overlays/sites/store-us-002-big-cache.yaml";
+
+fn bump_store_us_002(repo: &Repo, size: &str) {
+    let text = repo
+        .read(OVERLAY)
+        .replace("value: 200Gi", &format!("value: {size}"));
+    repo.write(OVERLAY, &text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_shows_up_as_a_new_etag_within_a_second() {
+    let repo = Repo::new();
+    let first = repo.git(&["rev-parse", "HEAD"]);
+    let state = tempfile::tempdir().expect("state dir");
+    let store_token = make_token(state.path(), Some("store-us-002")).await;
+    let red_token = make_token(state.path(), Some("red")).await;
+    let hub = Running::start_ready(config(state.path(), &repo.path().display().to_string())).await;
+    let client = client();
+    let store_url = hub.url("/v1/clusters/store-us-002/bundle");
+    let red_url = hub.url("/v1/clusters/red/bundle");
+
+    let (status, old_etag, body) = get_bundle(&client, &store_url, &store_token, None).await;
+    assert_eq!(status, 200);
+    let old_etag = old_etag.expect("an ETag");
+    let old = verify_document(&body, Some("store-us-002")).expect("a verified bundle");
+    assert_eq!(old_etag, format!("\"{}\"", old.digest));
+    let (_, red_etag, _) = get_bundle(&client, &red_url, &red_token, None).await;
+    let red_etag = red_etag.expect("an ETag");
+    // The same ETag again: 304 with no body.
+    let (status, _, body) = get_bundle(&client, &store_url, &store_token, Some(&old_etag)).await;
+    assert_eq!((status, body.len()), (304, 0));
+
+    bump_store_us_002(&repo, "300Gi");
+    let committed = Instant::now();
+    let commit = repo.commit("store-us-002: a bigger cache");
+    let (new_etag, body) = eventually(
+        "the new commit to be served",
+        Duration::from_secs(1),
+        || {
+            let (client, url, token, old) = (&client, &store_url, &store_token, &old_etag);
+            async move {
+                let (status, etag, body) = get_bundle(client, url, token, Some(old)).await;
+                (status == 200).then(|| (etag.expect("an ETag"), body))
+            }
+        },
+    )
+    .await;
+    let latency = committed.elapsed();
+    assert_ne!(new_etag, old_etag);
+    let new = verify_document(&body, Some("store-us-002")).expect("a verified bundle");
+    assert_eq!(new_etag, format!("\"{}\"", new.digest));
+    let text = String::from_utf8(body).expect("utf-8");
+    assert!(text.contains("300Gi"), "the new bundle has the new size");
+    assert!(text.contains(&format!("\"revision\":\"main@sha1:{commit}\"")));
+    assert_ne!(commit, first);
+    // The old ETag now gets the new bundle; the new one gets 304.
+    let (status, _, _) = get_bundle(&client, &store_url, &store_token, Some(&old_etag)).await;
+    assert_eq!(status, 200);
+    let (status, _, _) = get_bundle(&client, &store_url, &store_token, Some(&new_etag)).await;
+    assert_eq!(status, 304);
+    // A cluster the commit does not touch keeps its ETag.
+    let (status, _, _) = get_bundle(&client, &red_url, &red_token, Some(&red_etag)).await;
+    assert_eq!(status, 304, "red did not change");
+    eprintln!("commit to new ETag served: {latency:?}");
+    hub.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_that_changes_no_content_keeps_the_etag_and_the_bytes() {
+    let repo = Repo::new();
+    let first = repo.git(&["rev-parse", "HEAD"]);
+    let state = tempfile::tempdir().expect("state dir");
+    let token = make_token(state.path(), Some("blue")).await;
+    let admin = make_token(state.path(), None).await;
+    let hub = Running::start_ready(config(state.path(), &repo.path().display().to_string())).await;
+    let client = client();
+    let url = hub.url("/v1/clusters/blue/bundle");
+    let (_, etag, before) = get_bundle(&client, &url, &token, None).await;
+    let etag = etag.expect("an ETag");
+
+    repo.write("README.md", "Only the documentation changes.\n");
+    let second = repo.commit("docs only");
+    eventually(
+        "the hub to look at the new commit",
+        Duration::from_secs(1),
+        || {
+            let (client, url, admin, second) = (&client, hub.url("/v1/fleet"), &admin, &second);
+            async move {
+                let fleet = get_json(client, &url, admin).await;
+                (fleet["revision"] == format!("main@sha1:{second}")).then_some(())
+            }
+        },
+    )
+    .await;
+    let response = client
+        .get(&url)
+        .bearer_auth(&token)
+        .header("If-None-Match", &etag)
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 304);
+    // The bundle still names the commit that first produced it, so the bytes behind
+    // one ETag never change.
+    assert_eq!(
+        response.headers()["x-flotilla-revision"],
+        format!("main@sha1:{first}").as_str()
+    );
+    let (status, same_etag, after) = get_bundle(&client, &url, &token, None).await;
+    assert_eq!(status, 200);
+    assert_eq!(same_etag.as_deref(), Some(etag.as_str()));
+    assert_eq!(after, before);
+    hub.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_commit_keeps_every_last_good_bundle_and_shows_the_error() {
+    let repo = Repo::new();
+    let good = repo.git(&["rev-parse", "HEAD"]);
+    let state = tempfile::tempdir().expect("state dir");
+    let admin = make_token(state.path(), None).await;
+    let gone = make_token(state.path(), Some("store-eu-003")).await;
+    let store = make_token(state.path(), Some("store-us-002")).await;
+    let hub = Running::start_ready(config(state.path(), &repo.path().display().to_string())).await;
+    let client = client();
+    let fleet_url = hub.url("/v1/fleet");
+    let before = get_json(&client, &fleet_url, &admin).await;
+    let digests = |fleet: &serde_json::Value| -> Vec<(String, String)> {
+        fleet["clusters"]
+            .as_array()
+            .expect("clusters")
+            .iter()
+            .map(|c| {
+                (
+                    c["name"].as_str().expect("name").to_string(),
+                    c["desired"].as_str().expect("digest").to_string(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(digests(&before).len(), 14);
+
+    // One commit that breaks red, changes store-us-002 (which still renders) and
+    // removes store-eu-003: none of it may reach an agent.
+    let red = repo
+        .read("clusters/red.yaml")
+        .replace("  labels:", "  lables:");
+    repo.write("clusters/red.yaml", &red);
+    bump_store_us_002(&repo, "400Gi");
+    repo.remove("clusters/store-eu-003.yaml");
+    let broken = repo.commit("a typo");
+    let after = eventually(
+        "the broken commit to be tried",
+        Duration::from_secs(1),
+        || {
+            let (client, url, admin, broken) = (&client, &fleet_url, &admin, &broken);
+            async move {
+                let fleet = get_json(client, url, admin).await;
+                (fleet["attemptedRevision"] == format!("main@sha1:{broken}")).then_some(fleet)
+            }
+        },
+    )
+    .await;
+    assert_eq!(after["revision"], format!("main@sha1:{good}"));
+    assert_eq!(
+        digests(&after),
+        digests(&before),
+        "every cluster keeps its bundle"
+    );
+    let errors = after["renderErrors"].as_array().expect("errors");
+    assert!(
+        errors.iter().any(|e| e["file"] == "clusters/red.yaml"
+            && e["line"].as_u64().is_some()
+            && e["text"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("clusters/red.yaml:") && t.contains("lables"))),
+        "the error names the file and line: {errors:#?}"
+    );
+    let gone_url = hub.url("/v1/clusters/store-eu-003/bundle");
+    let (status, _, _) = get_bundle(&client, &gone_url, &gone, None).await;
+    assert_eq!(
+        status, 200,
+        "a removed cluster is still served until a commit renders cleanly"
+    );
+    let old_store = before["clusters"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == "store-us-002"))
+        .and_then(|c| c["desired"].as_str())
+        .map(|d| format!("\"{d}\""))
+        .expect("store-us-002");
+    let store_url = hub.url("/v1/clusters/store-us-002/bundle");
+    let (status, _, _) = get_bundle(&client, &store_url, &store, Some(&old_store)).await;
+    assert_eq!(status, 304, "no partial render is served");
+    assert!(metric(&client, &hub.base, "flotilla_render_errors").await >= 1.0);
+    let metrics = client
+        .get(hub.url("/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(metrics.contains("flotilla_render_error_info{file=\"clusters/red.yaml\""));
+    assert!(metrics.contains("flotilla_renders_total{result=\"failed\"} 1"));
+
+    // Fixing the typo renders cleanly: now store-eu-003 is gone and store-us-002 moves on.
+    let red = repo
+        .read("clusters/red.yaml")
+        .replace("  lables:", "  labels:");
+    repo.write("clusters/red.yaml", &red);
+    let fixed = repo.commit("fix the typo");
+    eventually(
+        "the fixed commit to be served",
+        Duration::from_secs(1),
+        || {
+            let (client, url, admin, fixed) = (&client, &fleet_url, &admin, &fixed);
+            async move {
+                let fleet = get_json(client, url, admin).await;
+                (fleet["revision"] == format!("main@sha1:{fixed}")).then_some(())
+            }
+        },
+    )
+    .await;
+    let fleet = get_json(&client, &fleet_url, &admin).await;
+    assert_eq!(fleet["renderErrors"].as_array().map(Vec::len), Some(0));
+    assert_eq!(digests(&fleet).len(), 13);
+    let response = client
+        .get(&gone_url)
+        .bearer_auth(&gone)
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 404);
+    let error: serde_json::Value = response.json().await.expect("a JSON error");
+    assert!(
+        error["error"]
+            .as_str()
+            .is_some_and(|m| m.contains("store-eu-003"))
+    );
+    let (status, _, body) = get_bundle(&client, &store_url, &store, Some(&old_store)).await;
+    assert_eq!(status, 200);
+    assert!(String::from_utf8_lossy(&body).contains("400Gi"));
+    assert_eq!(
+        metric(&client, &hub.base, "flotilla_render_errors").await,
+        0.0
+    );
+    hub.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_returns_as_soon_as_a_commit_lands() {
+    let repo = Repo::new();
+    let state = tempfile::tempdir().expect("state dir");
+    let token = make_token(state.path(), Some("red")).await;
+    let hub = Running::start_ready(config(state.path(), &repo.path().display().to_string())).await;
+    let client = client();
+    let url = hub.url("/v1/clusters/red/bundle");
+    let (_, etag, _) = get_bundle(&client, &url, &token, None).await;
+    let etag = etag.expect("an ETag");
+
+    // Nothing changes: a short wait ends in 304 after the wait, not before.
+    let started = Instant::now();
+    let (status, _, _) =
+        get_bundle(&client, &format!("{url}?wait=300ms"), &token, Some(&etag)).await;
+    assert_eq!(status, 304);
+    assert!(started.elapsed() >= Duration::from_millis(300));
+
+    let poll = tokio::spawn({
+        let (client, url, token, etag) = (client.clone(), url.clone(), token.clone(), etag.clone());
+        async move {
+            let result = get_bundle(&client, &format!("{url}?wait=30s"), &token, Some(&etag)).await;
+            (result, Instant::now())
+        }
+    });
+    eventually("the long-poll to be held", Duration::from_secs(5), || {
+        let client = &client;
+        let base = &hub.base;
+        async move { (metric(client, base, "flotilla_long_polls_held").await == 1.0).then_some(()) }
+    })
+    .await;
+    let overlay = repo
+        .read("overlays/demo/kuard-red.yaml")
+        .replace("newTag: red", "newTag: crimson");
+    repo.write("overlays/demo/kuard-red.yaml", &overlay);
+    let committed = Instant::now();
+    repo.commit("red turns crimson");
+    let ((status, new_etag, _), answered) = poll.await.expect("long-poll task");
+    assert_eq!(status, 200);
+    assert_ne!(new_etag.as_deref(), Some(etag.as_str()));
+    let latency = answered.duration_since(committed);
+    assert!(
+        latency < Duration::from_secs(1),
+        "the long-poll answered {latency:?} after the commit"
+    );
+    hub.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_folder_is_served_and_read_again_when_a_file_changes() {
+    let folder = tempfile::tempdir().expect("folder");
+    let repo = Repo::new();
+    // A copy without .git: served as the files are on disk.
+    for file in ["clusters", "groups", "overlays", "workloads"] {
+        let status = std::process::Command::new("cp")
+            .args(["-r"])
+            .arg(repo.path().join(file))
+            .arg(folder.path())
+            .status()
+            .expect("cp");
+        assert!(status.success());
+    }
+    let state = tempfile::tempdir().expect("state dir");
+    let token = make_token(state.path(), Some("store-us-002")).await;
+    let hub =
+        Running::start_ready(config(state.path(), &folder.path().display().to_string())).await;
+    let client = client();
+    let url = hub.url("/v1/clusters/store-us-002/bundle");
+    let (status, etag, _) = get_bundle(&client, &url, &token, None).await;
+    assert_eq!(status, 200);
+    let etag = etag.expect("an ETag");
+    let path = folder.path().join(OVERLAY);
+    let text = std::fs::read_to_string(&path)
+        .expect("read")
+        .replace("value: 200Gi", "value: 250Gi");
+    std::fs::write(&path, text).expect("write");
+    let body = eventually("the edit to be served", Duration::from_secs(1), || {
+        let (client, url, token, etag) = (&client, &url, &token, &etag);
+        async move {
+            let (status, _, body) = get_bundle(client, url, token, Some(etag)).await;
+            (status == 200).then_some(body)
+        }
+    })
+    .await;
+    assert!(String::from_utf8_lossy(&body).contains("250Gi"));
+    hub.stop().await;
+}
+
+fn sign(secret: &[u8], body: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("key");
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_repository_is_fetched_when_a_correctly_signed_webhook_arrives() {
+    let repo = Repo::new();
+    let state = tempfile::tempdir().expect("state dir");
+    let token = make_token(state.path(), Some("store-us-002")).await;
+    let secret = b"a webhook secret".to_vec();
+    let mut config = config(state.path(), &format!("file://{}", repo.path().display()));
+    config.webhook_secret = Some(secret.clone());
+    let hub = Running::start_ready(config).await;
+    let client = client();
+    let url = hub.url("/v1/clusters/store-us-002/bundle");
+    let (status, etag, _) = get_bundle(&client, &url, &token, None).await;
+    assert_eq!(status, 200, "the mirror was cloned and rendered");
+    let etag = etag.expect("an ETag");
+    assert!(state.path().join("repository.git").join("HEAD").is_file());
+
+    bump_store_us_002(&repo, "500Gi");
+    repo.commit("bigger");
+    let hook = hub.url("/v1/hooks/git");
+    let payload = br#"{"ref":"refs/heads/main","after":"ignored"}"#;
+    for signature in [
+        None,
+        Some("sha256=00".to_string()),
+        Some(sign(b"another secret", payload)),
+    ] {
+        let mut request = client.post(&hook).body(payload.to_vec());
+        if let Some(signature) = &signature {
+            request = request.header("X-Hub-Signature-256", signature);
+        }
+        let response = request.send().await.expect("hook");
+        assert_eq!(response.status(), 401, "signature {signature:?}");
+        let error: serde_json::Value = response.json().await.expect("a JSON error");
+        assert!(
+            error["error"]
+                .as_str()
+                .is_some_and(|m| m.contains("X-Hub-Signature-256"))
+        );
+    }
+    // Rejected hooks fetched nothing (the timed poll is an hour away).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, _, _) = get_bundle(&client, &url, &token, Some(&etag)).await;
+    assert_eq!(status, 304);
+    assert_eq!(
+        metric(
+            &client,
+            &hub.base,
+            "flotilla_webhooks_total{result=\"rejected\"}"
+        )
+        .await,
+        3.0
+    );
+
+    let response = client
+        .post(&hook)
+        .header("X-Hub-Signature-256", sign(&secret, payload))
+        .body(payload.to_vec())
+        .send()
+        .await
+        .expect("hook");
+    assert_eq!(response.status(), 202);
+    let body = eventually(
+        "the fetched commit to be served",
+        Duration::from_secs(5),
+        || {
+            let (client, url, token, etag) = (&client, &url, &token, &etag);
+            async move {
+                let (status, _, body) = get_bundle(client, url, token, Some(etag)).await;
+                (status == 200).then_some(body)
+            }
+        },
+    )
+    .await;
+    assert!(String::from_utf8_lossy(&body).contains("500Gi"));
+    hub.stop().await;
+}

@@ -1,0 +1,14 @@
+//! flotilla's end-to-end tests: the real renderer, hub, agent and command line, on real
+//! Git repositories made in temporary folders. One test binary, linked once.
+
+mod agent_e2e;
+mod agent_file;
+mod bad_inputs;
+mod diff_cli;
+mod digest_properties;
+mod hub_api;
+mod hub_follow;
+mod hub_scale;
+mod render_example;
+mod schemas;
+mod support;

@@ -1,0 +1,275 @@
+//! Shared by the hub's integration tests: a real Git repository made in a temp dir
+//! from `fleet-example/`, and the real hub started in-process on 127.0.0.1:0.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use flotilla_hub::auth::new_token;
+use flotilla_hub::store::Store;
+use flotilla_hub::{Hub, HubConfig, HubError, SourceSpec};
+use tempfile::TempDir;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub fn fleet_example() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fleet-example")
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("create dir");
+    for entry in std::fs::read_dir(from).expect("read fleet-example") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("file type").is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy");
+        }
+    }
+}
+
+/// A Git repository holding a copy of fleet-example, with one commit on `main`.
+pub struct Repo {
+    pub dir: TempDir,
+}
+
+impl Repo {
+    pub fn new() -> Repo {
+        let dir = tempfile::tempdir().expect("temp dir");
+        copy_tree(&fleet_example(), dir.path());
+        let repo = Repo { dir };
+        repo.git(&["init", "--quiet", "--initial-branch=main"]);
+        repo.commit("fleet-example");
+        repo
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn git(&self, args: &[&str]) -> String {
+        let output = Command::new("git")
+            .args(args)
+            .current_dir(self.path())
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_AUTHOR_NAME", "flotilla tests")
+            .env("GIT_AUTHOR_EMAIL", "tests@flotilla.invalid")
+            .env("GIT_COMMITTER_NAME", "flotilla tests")
+            .env("GIT_COMMITTER_EMAIL", "tests@flotilla.invalid")
+            .output()
+            .expect("git runs");
+        assert!(
+            output.status.success(),
+            "git {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).trim().to_string()
+    }
+
+    pub fn write(&self, relative: &str, text: &str) {
+        let path = self.path().join(relative);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, text).expect("write");
+    }
+
+    pub fn read(&self, relative: &str) -> String {
+        std::fs::read_to_string(self.path().join(relative)).expect("read")
+    }
+
+    pub fn remove(&self, relative: &str) {
+        std::fs::remove_file(self.path().join(relative)).expect("remove");
+    }
+
+    /// Commits everything and returns the commit id.
+    pub fn commit(&self, message: &str) -> String {
+        self.git(&["add", "--all"]);
+        self.git(&["commit", "--quiet", "--allow-empty", "-m", message]);
+        self.git(&["rev-parse", "HEAD"])
+    }
+}
+
+/// Test settings: no timed poll (only notify, the webhook and the start find
+/// commits), tokens re-read quickly.
+pub fn config(state_dir: &Path, repo: &str) -> HubConfig {
+    let mut config = HubConfig::new(
+        state_dir,
+        SourceSpec {
+            repo: repo.to_string(),
+            branch: None,
+            path: String::new(),
+        },
+    );
+    config.poll_interval = Duration::from_secs(3600);
+    config.token_refresh = Duration::from_millis(20);
+    config
+}
+
+/// The hub, serving on a port of its own.
+pub struct Running {
+    pub base: String,
+    pub state_dir: PathBuf,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), HubError>>>,
+}
+
+impl Running {
+    pub async fn start(config: HubConfig) -> Running {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            )
+            .with_test_writer()
+            .try_init();
+        let state_dir = config.state_dir.clone();
+        let hub = Hub::start(config).await.expect("hub starts");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("address"));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(hub.serve(listener, async {
+            let _ = stopped.await;
+        }));
+        Running {
+            base,
+            state_dir,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Starts the hub and waits until it is ready (store loaded or first render done).
+    pub async fn start_ready(config: HubConfig) -> Running {
+        let running = Running::start(config).await;
+        let client = client();
+        eventually("the hub to be ready", Duration::from_secs(10), || async {
+            let response = client
+                .get(format!("{}/readyz", running.base))
+                .send()
+                .await
+                .ok()?;
+            (response.status() == 200).then_some(())
+        })
+        .await;
+        running
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Asks the hub to shut down and waits until it has.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.expect("hub task").expect("hub stops cleanly");
+        }
+    }
+
+    /// Sends the shutdown signal without waiting.
+    pub fn signal_stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Makes a token the way `flotilla token create` does (stored hashed in the state dir)
+/// and returns the secret.
+pub async fn make_token(state_dir: &Path, cluster: Option<&str>) -> String {
+    let store = Store::open(state_dir).await.expect("open store");
+    let token = new_token(cluster, 0);
+    store
+        .insert_token(&token.stored)
+        .await
+        .expect("insert token");
+    store.close().await;
+    token.secret
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("client")
+}
+
+/// Polls `check` until it gives a value, failing the test after `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// GET a bundle with a token and optional If-None-Match; returns (status, etag, body).
+pub async fn get_bundle(
+    client: &reqwest::Client,
+    url: &str,
+    token: &str,
+    if_none_match: Option<&str>,
+) -> (u16, Option<String>, Vec<u8>) {
+    let mut request = client.get(url).bearer_auth(token);
+    if let Some(etag) = if_none_match {
+        request = request.header("If-None-Match", etag);
+    }
+    let response = request.send().await.expect("request");
+    let status = response.status().as_u16();
+    let etag = response
+        .headers()
+        .get("etag")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let body = response.bytes().await.expect("body").to_vec();
+    (status, etag, body)
+}
+
+pub async fn get_json(client: &reqwest::Client, url: &str, token: &str) -> serde_json::Value {
+    let response = client
+        .get(url)
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 200, "GET {url}");
+    response.json().await.expect("json")
+}
+
+/// Reads one sample from /metrics, e.g. `flotilla_long_polls_held`.
+pub async fn metric(client: &reqwest::Client, base: &str, sample: &str) -> f64 {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .find_map(|line| {
+            line.strip_prefix(sample)
+                .and_then(|rest| rest.strip_prefix(' '))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or_else(|| panic!("no sample {sample} in /metrics:\n{text}"))
+}
