@@ -95,7 +95,103 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
     let fleet = load::load(snapshot, &mut diagnostics);
     let template_paths: Vec<&String> = fleet.workloads.iter().flat_map(|w| &w.templates).collect();
     let templates = Templates::compile(snapshot, template_paths.iter().copied(), &mut diagnostics);
+    let (clusters, memberships) = select_clusters(&fleet, options, &mut diagnostics);
+    // Selections are judged only when every file loaded: with a broken cluster file
+    // "selects no cluster" would be a guess.
+    if options.clusters.is_empty() && !diagnostics.iter().any(Diagnostic::is_error) {
+        warn_about_empty_selections(&fleet, &clusters, &memberships, &mut diagnostics);
+    }
 
+    // Phase 1, per cluster: which workloads and overlays apply, and the template
+    // outputs for them; distinct outputs are parsed once each.
+    let cluster_plans: Vec<ClusterPlan> = clusters
+        .par_iter()
+        .zip(memberships.par_iter())
+        .map(|(cluster, groups)| plan_cluster(&fleet, &templates, cluster, groups))
+        .collect();
+    let (plans_per_cluster, outputs) = intern_outputs(cluster_plans, &mut diagnostics);
+    let parsed_outputs: Vec<Result<Vec<SourcedDocument>, Diagnostic>> = outputs
+        .par_iter()
+        .map(|(template, text)| parse_output(template_paths[*template], text))
+        .collect();
+    let (cluster_scope, scope_table) = custom_scopes(&fleet, &plans_per_cluster, &parsed_outputs);
+
+    // Phase 2: every distinct unit of work, rendered once.
+    let units = plan_units(&plans_per_cluster, &cluster_scope);
+    let rendered: Vec<Result<Vec<Rendered>, Vec<Diagnostic>>> = units
+        .keys
+        .par_iter()
+        .map(|key| render_unit(&fleet, key, &scope_table[key.scope], &parsed_outputs))
+        .collect();
+    report_unit_errors(&fleet, &clusters, &units, &rendered, &mut diagnostics);
+    let unit_ranks = rank_resources(&rendered);
+
+    // Phase 3, per cluster: gather, check identities, sort and hash.
+    let done = AtomicUsize::new(0);
+    let total = clusters.len();
+    let assembled: Vec<Result<Bundle, Vec<Diagnostic>>> = clusters
+        .par_iter()
+        .zip(units.per_cluster.par_iter())
+        .map(|(cluster, unit_list)| {
+            let result = assemble(
+                &fleet,
+                cluster,
+                unit_list,
+                &units.keys,
+                &rendered,
+                &unit_ranks,
+            );
+            let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
+            if let Some(progress) = options.progress {
+                progress(finished, total);
+            }
+            result
+        })
+        .collect();
+    collect_output(
+        snapshot,
+        &fleet,
+        &clusters,
+        &memberships,
+        assembled,
+        diagnostics,
+    )
+}
+
+/// Assigns dense ids to distinct keys in the order they are first seen.
+struct Interner<K> {
+    ids: HashMap<K, usize>,
+}
+
+impl<K: std::hash::Hash + Eq + Clone + Default> Interner<K> {
+    fn new() -> Self {
+        Interner {
+            ids: HashMap::new(),
+        }
+    }
+
+    fn intern(&mut self, key: K) -> usize {
+        let next = self.ids.len();
+        *self.ids.entry(key).or_insert(next)
+    }
+
+    /// The distinct keys, indexed by their ids.
+    fn into_table(self) -> Vec<K> {
+        let mut table = vec![K::default(); self.ids.len()];
+        for (key, id) in self.ids {
+            table[id] = key;
+        }
+        table
+    }
+}
+
+/// The clusters to render (all, or those `options` names; unknown names are errors)
+/// and, for each, the indices of the groups it belongs to.
+fn select_clusters<'f>(
+    fleet: &'f Fleet,
+    options: &RenderOptions<'_>,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> (Vec<&'f Cluster>, Vec<Vec<usize>>) {
     for name in &options.clusters {
         if !fleet.clusters.iter().any(|c| &c.name == name) {
             diagnostics.push(Diagnostic::error(format!(
@@ -108,8 +204,7 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
         .iter()
         .filter(|c| options.clusters.is_empty() || options.clusters.contains(&c.name))
         .collect();
-
-    let memberships: Vec<Vec<usize>> = clusters
+    let memberships = clusters
         .iter()
         .map(|cluster| {
             (0..fleet.groups.len())
@@ -117,47 +212,35 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
                 .collect()
         })
         .collect();
-    // Selections are judged only when every file loaded: with a broken cluster file
-    // "selects no cluster" would be a guess.
-    if options.clusters.is_empty() && !diagnostics.iter().any(Diagnostic::is_error) {
-        warn_about_empty_selections(&fleet, &clusters, &memberships, &mut diagnostics);
-    }
+    (clusters, memberships)
+}
 
-    // Phase 1, per cluster: which workloads and overlays apply, and the template
-    // outputs for them.
-    let cluster_plans: Vec<ClusterPlan> = clusters
-        .par_iter()
-        .zip(memberships.par_iter())
-        .map(|(cluster, groups)| plan_cluster(&fleet, &templates, cluster, groups))
-        .collect();
-
-    // Distinct template outputs, parsed once each.
-    let mut output_ids: HashMap<(usize, String), usize> = HashMap::new();
-    let mut plans_per_cluster: Vec<Vec<Plan>> = Vec::with_capacity(clusters.len());
+/// Gives every distinct (template, output text) one id, rewrites each plan's outputs
+/// to those ids, and returns the plans and the table of distinct outputs.
+fn intern_outputs(
+    cluster_plans: Vec<ClusterPlan>,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> (Vec<Vec<Plan>>, Vec<(usize, String)>) {
+    let mut outputs = Interner::new();
+    let mut plans_per_cluster = Vec::with_capacity(cluster_plans.len());
     for (mut plans, texts, plan_diagnostics) in cluster_plans {
         diagnostics.extend(plan_diagnostics);
-        let ids: Vec<usize> = texts
-            .into_iter()
-            .map(|key| {
-                let next = output_ids.len();
-                *output_ids.entry(key).or_insert(next)
-            })
-            .collect();
+        let ids: Vec<usize> = texts.into_iter().map(|key| outputs.intern(key)).collect();
         for plan in &mut plans {
             plan.outputs = plan.outputs.iter().map(|&i| ids[i]).collect();
         }
         plans_per_cluster.push(plans);
     }
-    let mut outputs: Vec<(usize, String)> = vec![Default::default(); output_ids.len()];
-    for (key, id) in output_ids {
-        outputs[id] = key;
-    }
-    let parsed_outputs: Vec<Result<Vec<SourcedDocument>, Diagnostic>> = outputs
-        .par_iter()
-        .map(|(template, text)| parse_output(template_paths[*template], text))
-        .collect();
+    (plans_per_cluster, outputs.into_table())
+}
 
-    // Custom cluster-scoped kinds per cluster, from the CRDs its workloads carry.
+/// The custom cluster-scoped kinds of each cluster, from the CRDs its workloads carry:
+/// per cluster an id into the returned table of distinct sets.
+fn custom_scopes(
+    fleet: &Fleet,
+    plans_per_cluster: &[Vec<Plan>],
+    parsed_outputs: &[Result<Vec<SourcedDocument>, Diagnostic>],
+) -> (Vec<usize>, Vec<CustomScopes>) {
     let static_scopes: Vec<CustomScopes> = fleet
         .workloads
         .iter()
@@ -168,86 +251,102 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
                 .collect()
         })
         .collect();
-    let mut scope_ids: HashMap<CustomScopes, usize> = HashMap::new();
-    let mut cluster_scope: Vec<usize> = Vec::with_capacity(clusters.len());
-    for plans in &plans_per_cluster {
-        let mut scopes = CustomScopes::new();
-        for plan in plans {
-            scopes.extend(static_scopes[plan.workload].iter().cloned());
-            for &output in &plan.outputs {
-                if let Ok(documents) = &parsed_outputs[output] {
-                    scopes.extend(
-                        documents
-                            .iter()
-                            .filter_map(|d| scope::cluster_scoped_crd(&d.value)),
-                    );
+    let mut distinct = Interner::new();
+    let cluster_scope = plans_per_cluster
+        .iter()
+        .map(|plans| {
+            let mut scopes = CustomScopes::new();
+            for plan in plans {
+                scopes.extend(static_scopes[plan.workload].iter().cloned());
+                for &output in &plan.outputs {
+                    if let Ok(documents) = &parsed_outputs[output] {
+                        scopes.extend(
+                            documents
+                                .iter()
+                                .filter_map(|d| scope::cluster_scoped_crd(&d.value)),
+                        );
+                    }
                 }
             }
-        }
-        let next = scope_ids.len();
-        cluster_scope.push(*scope_ids.entry(scopes).or_insert(next));
-    }
-    let mut scope_table: Vec<CustomScopes> = vec![CustomScopes::new(); scope_ids.len()];
-    for (scopes, id) in scope_ids {
-        scope_table[id] = scopes;
-    }
+            distinct.intern(scopes)
+        })
+        .collect();
+    (cluster_scope, distinct.into_table())
+}
 
-    // Phase 2: every distinct unit of work, rendered once. A unit is a workload's
-    // plain manifests, or one template output, under one list of overlays and one
-    // set of custom scopes; clusters that share a unit share its resources.
-    let mut unit_ids: HashMap<UnitKey, usize> = HashMap::new();
-    let mut unit_users: Vec<Vec<usize>> = Vec::new();
-    let mut cluster_units: Vec<Vec<usize>> = Vec::with_capacity(clusters.len());
+/// The distinct units of work and who uses them. A unit is a workload's plain
+/// manifests, or one template output, under one list of overlays and one set of
+/// custom scopes; clusters that share a unit share its resources.
+struct Units {
+    keys: Vec<UnitKey>,
+    /// Per unit, the indices of the clusters that use it.
+    users: Vec<Vec<usize>>,
+    /// Per cluster, the units it is made of, in workload order.
+    per_cluster: Vec<Vec<usize>>,
+}
+
+fn plan_units(plans_per_cluster: &[Vec<Plan>], cluster_scope: &[usize]) -> Units {
+    let mut keys = Interner::new();
+    let mut users: Vec<Vec<usize>> = Vec::new();
+    let mut per_cluster = Vec::with_capacity(plans_per_cluster.len());
     for (index, plans) in plans_per_cluster.iter().enumerate() {
         let mut units = Vec::with_capacity(plans.len());
         for plan in plans {
             let sources = std::iter::once(None).chain(plan.outputs.iter().map(|&o| Some(o)));
             for source in sources {
-                let key = UnitKey {
+                let id = keys.intern(UnitKey {
                     workload: plan.workload,
                     overlays: plan.overlays.clone(),
                     scope: cluster_scope[index],
                     output: source,
-                };
-                let next = unit_ids.len();
-                let id = *unit_ids.entry(key).or_insert(next);
-                if id == unit_users.len() {
-                    unit_users.push(Vec::new());
+                });
+                if id == users.len() {
+                    users.push(Vec::new());
                 }
-                unit_users[id].push(index);
+                users[id].push(index);
                 units.push(id);
             }
         }
-        cluster_units.push(units);
+        per_cluster.push(units);
     }
-    let mut unit_keys: Vec<UnitKey> = vec![UnitKey::default(); unit_ids.len()];
-    for (key, id) in unit_ids {
-        unit_keys[id] = key;
+    Units {
+        keys: keys.into_table(),
+        users,
+        per_cluster,
     }
-    let units: Vec<Result<Vec<Rendered>, Vec<Diagnostic>>> = unit_keys
-        .par_iter()
-        .map(|key| render_unit(&fleet, key, &scope_table[key.scope], &parsed_outputs))
-        .collect();
-    for (id, unit) in units.iter().enumerate() {
-        if let Err(unit_diagnostics) = unit {
-            let users = &unit_users[id];
-            let workload = &fleet.workloads[unit_keys[id].workload].name;
-            for diagnostic in unit_diagnostics {
-                for &user in users {
-                    diagnostics.push(
-                        diagnostic
-                            .clone()
-                            .for_cluster(&clusters[user].name)
-                            .for_workload(workload),
-                    );
-                }
+}
+
+/// A unit's errors are every user's errors.
+fn report_unit_errors(
+    fleet: &Fleet,
+    clusters: &[&Cluster],
+    units: &Units,
+    rendered: &[Result<Vec<Rendered>, Vec<Diagnostic>>],
+    diagnostics: &mut Vec<Diagnostic>,
+) {
+    for (id, unit) in rendered.iter().enumerate() {
+        let Err(unit_diagnostics) = unit else {
+            continue;
+        };
+        let workload = &fleet.workloads[units.keys[id].workload].name;
+        for diagnostic in unit_diagnostics {
+            for &user in &units.users[id] {
+                diagnostics.push(
+                    diagnostic
+                        .clone()
+                        .for_cluster(&clusters[user].name)
+                        .for_workload(workload),
+                );
             }
         }
     }
+}
 
-    // Every distinct resource identity gets its rank in bundle order once, so that
-    // per cluster, sorting and the duplicate check compare integers, not strings.
-    let mut keys: Vec<&ResourceKey> = units
+/// Every distinct resource identity gets its rank in bundle order once, so that per
+/// cluster, sorting and the duplicate check compare integers, not strings. Returns,
+/// per unit, the rank of each of its resources.
+fn rank_resources(rendered: &[Result<Vec<Rendered>, Vec<Diagnostic>>]) -> Vec<Vec<u32>> {
+    let mut keys: Vec<&ResourceKey> = rendered
         .iter()
         .flatten()
         .flatten()
@@ -260,30 +359,25 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
         .enumerate()
         .map(|(rank, key)| (*key, rank as u32))
         .collect();
-    let unit_ranks: Vec<Vec<u32>> = units
+    rendered
         .iter()
         .map(|unit| match unit {
             Ok(rendered) => rendered.iter().map(|r| ranks[&r.resource.key]).collect(),
             Err(_) => Vec::new(),
         })
-        .collect();
+        .collect()
+}
 
-    // Phase 3, per cluster: gather, check identities, sort and hash.
-    let done = AtomicUsize::new(0);
-    let total = clusters.len();
-    let assembled: Vec<Result<Bundle, Vec<Diagnostic>>> = clusters
-        .par_iter()
-        .zip(cluster_units.par_iter())
-        .map(|(cluster, unit_list)| {
-            let result = assemble(&fleet, cluster, unit_list, &unit_keys, &units, &unit_ranks);
-            let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
-            if let Some(progress) = options.progress {
-                progress(finished, total);
-            }
-            result
-        })
-        .collect();
-
+/// The bundles of clusters that rendered without error, their group memberships and
+/// every diagnostic. An error that belongs to no single cluster leaves no bundle.
+fn collect_output(
+    snapshot: &FleetSnapshot,
+    fleet: &Fleet,
+    clusters: &[&Cluster],
+    memberships: &[Vec<usize>],
+    assembled: Vec<Result<Bundle, Vec<Diagnostic>>>,
+    mut diagnostics: Vec<Diagnostic>,
+) -> RenderOutput {
     let mut output = RenderOutput {
         revision: snapshot.revision.clone(),
         ..RenderOutput::default()
@@ -303,7 +397,7 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
             Err(cluster_diagnostics) => diagnostics.extend(cluster_diagnostics),
         }
     }
-    for (cluster, groups) in clusters.iter().zip(&memberships) {
+    for (cluster, groups) in clusters.iter().zip(memberships) {
         output.memberships.insert(
             cluster.name.clone(),
             groups
@@ -485,7 +579,7 @@ fn parse_output(path: &str, text: &str) -> Result<Vec<SourcedDocument>, Diagnost
         })
 }
 
-/// One distinct piece of rendering work (see phase 2 of [`render_with`]).
+/// One distinct piece of rendering work (see [`Units`]).
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
 struct UnitKey {
     workload: usize,

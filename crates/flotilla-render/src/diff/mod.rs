@@ -488,42 +488,93 @@ pub fn diff(base: &RenderOutput, head: &RenderOutput, options: &DiffOptions) -> 
             )
         })
         .collect();
+    let signatures = Signatures::of(&classified);
+    let texts = diff_texts(&classified, &signatures.first_cluster, options);
+    let (mut groups, group_of_signature) =
+        change_groups(&classified, &signatures.first_cluster, &texts);
+    let (mut clusters, totals, fleet_groups) = cluster_rows(
+        &names,
+        &classified,
+        &signatures.of_cluster,
+        &group_of_signature,
+        &mut groups,
+        base,
+        head,
+    );
 
-    // Clusters whose changes are the very same resource objects share a signature;
-    // each signature is turned into text once.
-    type Signature = (ClusterStatus, bool, Vec<(usize, usize)>);
-    let mut signature_ids: HashMap<Signature, usize> = HashMap::new();
-    let mut signatures: Vec<usize> = Vec::new(); // signature id -> first cluster index
-    let mut cluster_signature: Vec<Option<usize>> = Vec::with_capacity(names.len());
-    for (index, cluster) in classified.iter().enumerate() {
-        if matches!(
-            cluster.status,
-            ClusterStatus::Unchanged | ClusterStatus::Failed
-        ) {
-            cluster_signature.push(None);
-            continue;
-        }
-        let signature = (
-            cluster.status,
-            cluster.before_unknown,
-            cluster.pairs.iter().map(Pair::identity).collect(),
-        );
-        let next = signature_ids.len();
-        let id = *signature_ids.entry(signature).or_insert(next);
-        if id == signatures.len() {
-            signatures.push(index);
-        }
-        cluster_signature.push(Some(id));
+    label_groups(&mut groups, &clusters, base, head);
+    let order = sort_groups(&mut groups);
+    for cluster in &mut clusters {
+        cluster.group = cluster.group.map(|g| order[g]);
     }
 
-    // Every distinct (before, after) content that is shown is diffed once. The two
-    // renders never share resource objects, so pointers only deduplicate within a
-    // side; the canonical bytes deduplicate across clusters.
+    FleetDiff {
+        base: Side::of(base),
+        head: Side::of(head),
+        clusters,
+        groups,
+        totals,
+        fleet_groups,
+        context: options.context,
+    }
+}
+
+/// Clusters whose changes are the very same resource objects share a signature;
+/// each signature is turned into text once.
+struct Signatures {
+    /// Per signature, the index of the first cluster that has it.
+    first_cluster: Vec<usize>,
+    /// Per cluster, its signature (`None` when unchanged or not rendered).
+    of_cluster: Vec<Option<usize>>,
+}
+
+impl Signatures {
+    fn of(classified: &[Classified<'_>]) -> Signatures {
+        type Signature = (ClusterStatus, bool, Vec<(usize, usize)>);
+        let mut ids: HashMap<Signature, usize> = HashMap::new();
+        let mut first_cluster = Vec::new();
+        let mut of_cluster = Vec::with_capacity(classified.len());
+        for (index, cluster) in classified.iter().enumerate() {
+            if matches!(
+                cluster.status,
+                ClusterStatus::Unchanged | ClusterStatus::Failed
+            ) {
+                of_cluster.push(None);
+                continue;
+            }
+            let signature = (
+                cluster.status,
+                cluster.before_unknown,
+                cluster.pairs.iter().map(Pair::identity).collect(),
+            );
+            let next = ids.len();
+            let id = *ids.entry(signature).or_insert(next);
+            if id == first_cluster.len() {
+                first_cluster.push(index);
+            }
+            of_cluster.push(Some(id));
+        }
+        Signatures {
+            first_cluster,
+            of_cluster,
+        }
+    }
+}
+
+/// The diff text of every resource change shown, by pair identity. Every distinct
+/// (before, after) content is diffed once: the two renders never share resource
+/// objects, so pointers only deduplicate within a side; the canonical bytes
+/// deduplicate across clusters.
+fn diff_texts(
+    classified: &[Classified<'_>],
+    signatures: &[usize],
+    options: &DiffOptions,
+) -> HashMap<(usize, usize), Arc<str>> {
     type Content<'a> = (Option<&'a [u8]>, Option<&'a [u8]>);
     let mut content_ids: HashMap<Content<'_>, usize> = HashMap::new();
     let mut contents: Vec<Pair<'_>> = Vec::new();
     let mut text_of_pair: HashMap<(usize, usize), usize> = HashMap::new();
-    for &index in &signatures {
+    for &index in signatures {
         let cluster = &classified[index];
         if !shows_content(cluster.status, cluster.before_unknown) {
             continue;
@@ -551,24 +602,34 @@ pub fn diff(base: &RenderOutput, head: &RenderOutput, options: &DiffOptions) -> 
             ))
         })
         .collect();
+    text_of_pair
+        .into_iter()
+        .map(|(pair, id)| (pair, texts[id].clone()))
+        .collect()
+}
 
-    // Signatures whose shown change is the same form one change group.
+/// Signatures whose shown change is the same form one change group. Returns the
+/// groups (without clusters yet) and, per signature, its group.
+fn change_groups(
+    classified: &[Classified<'_>],
+    signatures: &[usize],
+    texts: &HashMap<(usize, usize), Arc<str>>,
+) -> (Vec<ChangeGroup>, Vec<usize>) {
     type GroupKey = (ClusterStatus, bool, Vec<ResourceChange>);
     let mut group_ids: HashMap<GroupKey, usize> = HashMap::new();
     let mut group_of_signature: Vec<usize> = Vec::with_capacity(signatures.len());
     let mut groups: Vec<ChangeGroup> = Vec::new();
-    for &index in &signatures {
+    for &index in signatures {
         let cluster = &classified[index];
+        let shown = shows_content(cluster.status, cluster.before_unknown);
         let resources: Vec<ResourceChange> = cluster
             .pairs
             .iter()
             .map(|pair| ResourceChange {
                 key: pair.key.clone(),
                 kind: pair.kind(),
-                diff: if shows_content(cluster.status, cluster.before_unknown) {
-                    text_of_pair
-                        .get(&pair.identity())
-                        .map(|&id| texts[id].clone())
+                diff: if shown {
+                    texts.get(&pair.identity()).cloned()
                 } else {
                     None
                 },
@@ -589,12 +650,25 @@ pub fn diff(base: &RenderOutput, head: &RenderOutput, options: &DiffOptions) -> 
         }
         group_of_signature.push(id);
     }
+    (groups, group_of_signature)
+}
 
+/// One row per cluster, the totals by status overall and per fleet group; each
+/// changed cluster is added to its change group.
+fn cluster_rows(
+    names: &[&str],
+    classified: &[Classified<'_>],
+    cluster_signature: &[Option<usize>],
+    group_of_signature: &[usize],
+    groups: &mut [ChangeGroup],
+    base: &RenderOutput,
+    head: &RenderOutput,
+) -> (Vec<ClusterDiff>, Counts, BTreeMap<String, Counts>) {
     let empty = Vec::new();
     let mut clusters: Vec<ClusterDiff> = Vec::with_capacity(names.len());
     let mut totals = Counts::default();
     let mut fleet_groups: BTreeMap<String, Counts> = BTreeMap::new();
-    for ((name, cluster), signature) in names.iter().zip(&classified).zip(&cluster_signature) {
+    for ((name, cluster), signature) in names.iter().zip(classified).zip(cluster_signature) {
         let memberships = head
             .memberships
             .get(*name)
@@ -621,22 +695,7 @@ pub fn diff(base: &RenderOutput, head: &RenderOutput, options: &DiffOptions) -> 
             group,
         });
     }
-
-    label_groups(&mut groups, &clusters, base, head);
-    let order = sort_groups(&mut groups);
-    for cluster in &mut clusters {
-        cluster.group = cluster.group.map(|g| order[g]);
-    }
-
-    FleetDiff {
-        base: Side::of(base),
-        head: Side::of(head),
-        clusters,
-        groups,
-        totals,
-        fleet_groups,
-        context: options.context,
-    }
+    (clusters, totals, fleet_groups)
 }
 
 /// Fills in the fleet groups every member of a change group shares, and which of
