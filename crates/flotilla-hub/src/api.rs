@@ -530,10 +530,7 @@ async fn store_status(
         .write()
         .unwrap_or_else(|e| e.into_inner())
         .insert(cluster.to_string(), status);
-    shared
-        .metrics
-        .statuses_received
-        .fetch_add(1, Ordering::Relaxed);
+    shared.metrics.status_received();
     Ok(json_response(
         StatusCode::OK,
         &json!({ "cluster": cluster, "desired": desired, "state": state }),
@@ -561,12 +558,7 @@ async fn post_hook(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let result = check_hook(&shared, &headers, body);
-    let counter = if result.is_ok() {
-        &shared.metrics.webhooks_accepted
-    } else {
-        &shared.metrics.webhooks_rejected
-    };
-    counter.fetch_add(1, Ordering::Relaxed);
+    shared.metrics.webhook(result.is_ok());
     match result {
         Ok(()) => {
             // The payload is not read: it only says "look now".
@@ -640,7 +632,7 @@ async fn metrics(State(shared): SharedState) -> Response {
     let mut response = Response::new(Body::from(text));
     response.headers_mut().insert(
         CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
     );
     response.headers_mut().insert(CACHE_CONTROL, NO_STORE);
     response

@@ -137,7 +137,7 @@ fn killed_at_random_moments_it_always_starts_again_and_converges() {
     let leftovers: Vec<String> = std::fs::read_dir(target.path())
         .expect("lists")
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".tmp"))
+        .filter(|n| flotilla_fs::is_temporary(n) || n.ends_with(".tmp"))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
     for resource in &last.resources {
