@@ -1,5 +1,6 @@
 //! flotilla's core: the fleet repository's types, the bundle and its digest, the
-//! status report and the API's paths — what every other part of flotilla shares.
+//! status report, the API's paths and the rollout decisions — what every other part
+//! of flotilla shares.
 //!
 //! Pure and small by construction: no async runtime, Git, database, HTTP, Kubernetes,
 //! template engine or thread pool is a dependency of this crate (ARCHITECTURE.md).
@@ -8,5 +9,6 @@ pub mod api;
 pub mod bundle;
 pub mod diagnostic;
 pub mod model;
+pub mod rollout;
 pub mod snapshot;
 pub mod status;

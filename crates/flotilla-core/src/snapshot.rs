@@ -40,7 +40,7 @@ pub fn is_fleet_file(path: &str) -> bool {
     let yaml = |p: &str| p.ends_with(".yaml") || p.ends_with(".yml");
     let parts: Vec<&str> = path.split('/').collect();
     match parts.as_slice() {
-        ["clusters", file] | ["groups", file] => yaml(file),
+        ["clusters", file] | ["groups", file] | ["rollouts", file] => yaml(file),
         ["workloads", _, "workload.yaml"] => true,
         ["workloads", _, "manifests", .., file] => {
             yaml(file) || file.ends_with(".yaml.j2") || file.ends_with(".yml.j2")

@@ -1,10 +1,11 @@
 //! The fleet repository's own kinds (apiVersion `flotilla.dev/v1alpha1`): Cluster,
-//! Group, Workload and Overlay, as serde types with JSON Schemas, and Kubernetes
-//! label selectors.
+//! Group, Workload, Overlay and RolloutPolicy, as serde types with JSON Schemas, and
+//! Kubernetes label selectors.
 //!
 //! These types only describe documents; reading them from files, with file and line
 //! in every error, is done by `flotilla_render`'s loader.
 
+mod rollout_policy;
 mod selector;
 
 use std::collections::BTreeMap;
@@ -13,6 +14,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+pub use rollout_policy::{
+    FailurePolicy, OfflinePolicy, RolloutPolicyDoc, RolloutPolicySpec, WaveSpec, Weekday,
+    WindowSpec,
+};
 pub use selector::{LabelSelector, Operator, Requirement, SelectorParseError, parse_selector};
 
 /// Free-form variables, merged deeply (maps merge, everything else is replaced).
@@ -59,6 +64,10 @@ pub struct ClusterSpec {
     /// Variables for templates; they override workload and group variables.
     #[serde(default)]
     pub vars: Vars,
+    /// A paused cluster keeps the digest it is served: no rollout and no new render
+    /// reaches it until this is false again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 /// `groups/<name>.yaml`: a named set of clusters chosen by a label selector.
@@ -276,7 +285,7 @@ pub struct PatchTarget {
     pub annotation_selector: Option<String>,
 }
 
-/// The JSON Schemas of the four kinds, by file name under `schemas/`.
+/// The JSON Schemas of the five kinds, by file name under `schemas/`.
 ///
 /// They are draft-07 schemas, the newest draft the `yaml-language-server` modelines
 /// in a fleet's files fully support. Optional fields are given as their plain type
@@ -294,6 +303,7 @@ pub fn schemas() -> Vec<(&'static str, Value)> {
         ("group.json", schema::<GroupDoc>()),
         ("workload.json", schema::<WorkloadDoc>()),
         ("overlay.json", schema::<OverlayDoc>()),
+        ("rolloutpolicy.json", schema::<RolloutPolicyDoc>()),
     ]
 }
 
