@@ -173,6 +173,8 @@ cases! {
     every_error_at_once => "every-error-at-once",
     path_escape => "path-escape",
     symlink_outside_the_fleet => "symlink-outside-the-fleet",
+    rollout_policy_errors => "rollout-policy-errors",
+    rollout_wave_selects_no_cluster_is_a_warning => "rollout-wave-selects-no-cluster-is-a-warning",
 }
 
 #[test]

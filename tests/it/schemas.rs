@@ -62,7 +62,7 @@ fn checked_in_schemas_match_the_rust_types() {
 
 #[test]
 fn schemas_are_useful_to_an_editor() {
-    for kind in ["Cluster", "Group", "Workload", "Overlay"] {
+    for kind in ["Cluster", "Group", "Workload", "Overlay", "RolloutPolicy"] {
         let schema = schema_for(kind);
         assert_eq!(
             schema["$schema"], "http://json-schema.org/draft-07/schema#",
@@ -152,6 +152,7 @@ fn fleet_files(root: &Path) -> Vec<(PathBuf, &'static str)> {
                 ["groups", f] if f.ends_with(".yaml") => "Group",
                 ["workloads", _, "workload.yaml"] => "Workload",
                 ["overlays", .., f] if f.ends_with(".yaml") => "Overlay",
+                ["rollouts", f] if f.ends_with(".yaml") => "RolloutPolicy",
                 _ => continue,
             };
             files.push((path, kind));
@@ -196,7 +197,7 @@ fn every_fleet_example_file_names_its_schema_and_validates() {
             errors.join("\n")
         );
     }
-    assert_eq!(kinds.len(), 4, "every kind is exercised");
+    assert_eq!(kinds.len(), 5, "every kind is exercised");
 }
 
 /// Documents the renderer refuses; the schema must refuse them too, so an editor
@@ -317,12 +318,71 @@ fn schemas_refuse_what_the_renderer_refuses() {
                 header("Overlay", "o")
             ),
         ),
+        (
+            "policy without waves",
+            "rollouts/p.yaml",
+            format!("{}spec:\n  clusterSelector: {{}}\n  waves: []\n", header("RolloutPolicy", "p")),
+        ),
+        (
+            "percent outside 1-100",
+            "rollouts/p.yaml",
+            format!(
+                "{}spec:\n  clusterSelector: {{}}\n  waves:\n    - {{name: a, percent: 120}}\n",
+                header("RolloutPolicy", "p")
+            ),
+        ),
+        (
+            "percent with a selection",
+            "rollouts/p.yaml",
+            format!(
+                "{}spec:\n  clusterSelector: {{}}\n  waves:\n    - {{name: a, percent: 10, clusterSelector: {{}}}}\n",
+                header("RolloutPolicy", "p")
+            ),
+        ),
+        (
+            "maxFailed that is neither a count nor N%",
+            "rollouts/p.yaml",
+            format!(
+                "{}spec:\n  clusterSelector: {{}}\n  waves:\n    - {{name: a, maxFailed: some}}\n",
+                header("RolloutPolicy", "p")
+            ),
+        ),
+        (
+            "unknown offline policy",
+            "rollouts/p.yaml",
+            format!(
+                "{}spec:\n  clusterSelector: {{}}\n  offline: ignore\n  waves:\n    - {{name: a}}\n",
+                header("RolloutPolicy", "p")
+            ),
+        ),
+        (
+            "window time that is not HH:MM",
+            "rollouts/p.yaml",
+            format!(
+                "{}spec:\n  clusterSelector: {{}}\n  waves:\n    - {{name: a}}\n  windows:\n    - {{start: \"2am\", end: \"05:00\"}}\n",
+                header("RolloutPolicy", "p")
+            ),
+        ),
+        (
+            "misspelt wave field",
+            "rollouts/p.yaml",
+            format!(
+                "{}spec:\n  clusterSelector: {{}}\n  waves:\n    - {{name: a, bak: 5m}}\n",
+                header("RolloutPolicy", "p")
+            ),
+        ),
+        (
+            "paused that is not a boolean",
+            "clusters/a.yaml",
+            format!("{}spec:\n  paused: sometimes\n", header("Cluster", "a")),
+        ),
     ];
     for (what, path, text) in &cases {
         let kind = match path.split('/').next() {
             Some("clusters") => "Cluster",
             Some("groups") => "Group",
             Some("workloads") => "Workload",
+            Some("rollouts") => "RolloutPolicy",
             _ => "Overlay",
         };
         let document: Value =
@@ -359,6 +419,19 @@ fn the_validator_itself_catches_mistakes() {
         validate(&schema, &serde_json::json!({"a": 1, "b": "y"})).len(),
         1
     );
+    let bounded = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "n": {"minimum": 1, "maximum": 100},
+            "t": {"pattern": "^[0-9]+%$"}
+        },
+        "not": {"required": ["x"]}
+    });
+    assert!(validate(&bounded, &serde_json::json!({"n": 5, "t": "5%"})).is_empty());
+    assert_eq!(validate(&bounded, &serde_json::json!({"n": 0})).len(), 1);
+    assert_eq!(validate(&bounded, &serde_json::json!({"n": 101})).len(), 1);
+    assert_eq!(validate(&bounded, &serde_json::json!({"t": "5"})).len(), 1);
+    assert_eq!(validate(&bounded, &serde_json::json!({"x": 1})).len(), 1);
 }
 
 // A small draft-07 validator for the keywords flotilla's schemas use.
@@ -467,6 +540,35 @@ fn check(root: &Value, schema: &Value, instance: &Value, at: &str, errors: &mut 
                     for (index, item) in items.iter().enumerate() {
                         check(root, value, item, &format!("{at}/{index}"), errors);
                     }
+                }
+            }
+            "minimum" | "maximum" => {
+                let limit = value.as_f64().expect("a number");
+                if let Some(number) = instance.as_f64() {
+                    let ok = if keyword == "minimum" {
+                        number >= limit
+                    } else {
+                        number <= limit
+                    };
+                    if !ok {
+                        errors.push(format!("{at}: {keyword} {limit}, found {number}"));
+                    }
+                }
+            }
+            "pattern" => {
+                let pattern =
+                    regex::Regex::new(value.as_str().expect("a pattern")).expect("a valid pattern");
+                if let Some(text) = instance.as_str()
+                    && !pattern.is_match(text)
+                {
+                    errors.push(format!("{at}: {text:?} does not match {pattern}"));
+                }
+            }
+            "not" => {
+                let mut sub_errors = Vec::new();
+                check(root, value, instance, at, &mut sub_errors);
+                if sub_errors.is_empty() {
+                    errors.push(format!("{at}: matches a schema it must not ({value})"));
                 }
             }
             "minItems" | "maxItems" | "minProperties" | "maxProperties" => {

@@ -13,6 +13,7 @@
 pub mod diff;
 pub mod load;
 pub mod patch;
+pub mod rollouts;
 pub mod scope;
 pub mod template;
 pub mod transform;
@@ -28,6 +29,7 @@ use serde_json::{Map, Value};
 use flotilla_core::bundle::{Bundle, Resource, ResourceKey};
 use flotilla_core::diagnostic::Diagnostic;
 use flotilla_core::model::{Target, Vars};
+use flotilla_core::rollout::RolloutPlan;
 use flotilla_core::snapshot::FleetSnapshot;
 use load::{Cluster, Fleet, Overlay, SourcedDocument, Workload};
 use scope::CustomScopes;
@@ -53,6 +55,8 @@ pub struct RenderOutput {
     pub diagnostics: Vec<Diagnostic>,
     /// The groups each cluster belongs to (by name), for reports.
     pub memberships: BTreeMap<String, Vec<String>>,
+    /// Which rollout policy and wave each cluster belongs to, and the paused clusters.
+    pub rollouts: RolloutPlan,
 }
 
 impl RenderOutput {
@@ -98,9 +102,12 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
     let (clusters, memberships) = select_clusters(&fleet, options, &mut diagnostics);
     // Selections are judged only when every file loaded: with a broken cluster file
     // "selects no cluster" would be a guess.
-    if options.clusters.is_empty() && !diagnostics.iter().any(Diagnostic::is_error) {
+    let judge_selections =
+        options.clusters.is_empty() && !diagnostics.iter().any(Diagnostic::is_error);
+    if judge_selections {
         warn_about_empty_selections(&fleet, &clusters, &memberships, &mut diagnostics);
     }
+    let rollout_plan = rollouts::plan(&fleet, &mut diagnostics, judge_selections);
 
     // Phase 1, per cluster: which workloads and overlays apply, and the template
     // outputs for them; distinct outputs are parsed once each.
@@ -148,14 +155,16 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
             result
         })
         .collect();
-    collect_output(
+    let mut output = collect_output(
         snapshot,
         &fleet,
         &clusters,
         &memberships,
         assembled,
         diagnostics,
-    )
+    );
+    output.rollouts = rollout_plan;
+    output
 }
 
 /// Assigns dense ids to distinct keys in the order they are first seen.

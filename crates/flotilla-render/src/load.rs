@@ -12,9 +12,10 @@ use serde::de::DeserializeOwned;
 use super::yaml::{self, YamlDocument};
 use flotilla_core::diagnostic::{Diagnostic, did_you_mean};
 use flotilla_core::model::{
-    ClusterDoc, GroupDoc, ImageOverride, LabelSelector, Located, OverlayDoc, Patch, Target, Vars,
-    WorkloadDoc, parse_selector,
+    ClusterDoc, GroupDoc, ImageOverride, LabelSelector, Located, OverlayDoc, Patch,
+    RolloutPolicyDoc, Target, Vars, WorkloadDoc, parse_selector,
 };
+use flotilla_core::rollout::{self, Budget, Policy, WavePlan, Window};
 use flotilla_core::snapshot::FleetSnapshot;
 
 const API_VERSION: &str = flotilla_core::bundle::API_VERSION;
@@ -25,6 +26,8 @@ pub struct Cluster {
     pub labels: BTreeMap<String, String>,
     pub vars: Vars,
     pub file: String,
+    /// `spec.paused`: it keeps the digest it is served.
+    pub paused: bool,
 }
 
 #[derive(Debug)]
@@ -92,14 +95,46 @@ pub enum PatchAction {
     MergePatch(serde_json::Value),
 }
 
+/// A RolloutPolicy as read: the checked policy and how its waves select clusters.
+#[derive(Debug)]
+pub struct RolloutPolicy {
+    pub name: String,
+    pub file: String,
+    pub selector: LabelSelector,
+    /// The checked policy (its declared waves; the plan adds a last one if needed).
+    pub policy: Policy,
+    pub waves: Vec<WaveSelection>,
+}
+
+/// How one wave selects clusters.
+#[derive(Debug)]
+pub struct WaveSelection {
+    pub line: u64,
+    pub groups: Vec<Located<String>>,
+    pub clusters: Vec<Located<String>>,
+    pub selector: Option<LabelSelector>,
+    pub percent: Option<u32>,
+}
+
+impl WaveSelection {
+    /// A wave with no selection takes every governed cluster not in an earlier wave.
+    pub fn selects_all(&self) -> bool {
+        self.groups.is_empty()
+            && self.clusters.is_empty()
+            && self.selector.is_none()
+            && self.percent.is_none()
+    }
+}
+
 /// The fleet as the renderer uses it: every list sorted (clusters, groups and
-/// workloads by name; overlays by priority, then name).
+/// workloads by name; overlays by priority, then name; rollout policies by name).
 #[derive(Debug, Default)]
 pub struct Fleet {
     pub clusters: Vec<Cluster>,
     pub groups: Vec<Group>,
     pub workloads: Vec<Workload>,
     pub overlays: Vec<Overlay>,
+    pub rollout_policies: Vec<RolloutPolicy>,
 }
 
 /// What one file turned out to be.
@@ -108,6 +143,7 @@ enum Loaded {
     Group(Group),
     Workload(Workload),
     Overlay(Overlay),
+    RolloutPolicy(RolloutPolicy),
     Manifest {
         workload: String,
         documents: Vec<SourcedDocument>,
@@ -141,6 +177,7 @@ pub fn load(snapshot: &FleetSnapshot, diagnostics: &mut Vec<Diagnostic>) -> Flee
             Loaded::Group(group) => fleet.groups.push(group),
             Loaded::Workload(workload) => fleet.workloads.push(workload),
             Loaded::Overlay(overlay) => fleet.overlays.push(overlay),
+            Loaded::RolloutPolicy(policy) => fleet.rollout_policies.push(policy),
             Loaded::Manifest {
                 workload,
                 documents,
@@ -184,8 +221,10 @@ pub fn load(snapshot: &FleetSnapshot, diagnostics: &mut Vec<Diagnostic>) -> Flee
     fleet
         .overlays
         .sort_by(|a, b| (a.priority, &a.name).cmp(&(b.priority, &b.name)));
+    fleet.rollout_policies.sort_by(|a, b| a.name.cmp(&b.name));
     check_duplicates(&fleet, diagnostics);
     check_references(snapshot, &fleet, diagnostics);
+    check_policy_references(snapshot, &fleet, diagnostics);
     fleet
 }
 
@@ -236,6 +275,9 @@ fn load_file(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Loade
         ["overlays", .., file] if is_yaml(file) => {
             load_overlay(path, text, diagnostics).map(Loaded::Overlay)
         }
+        ["rollouts", file] if is_yaml(file) => {
+            load_rollout_policy(path, text, diagnostics).map(Loaded::RolloutPolicy)
+        }
         _ => None,
     };
     loaded.unwrap_or(Loaded::Nothing)
@@ -266,7 +308,13 @@ macro_rules! header {
         }
     )*};
 }
-header!(ClusterDoc, GroupDoc, WorkloadDoc, OverlayDoc);
+header!(
+    ClusterDoc,
+    GroupDoc,
+    WorkloadDoc,
+    OverlayDoc,
+    RolloutPolicyDoc
+);
 
 /// Parses a file as one of flotilla's kinds. A wrong apiVersion or kind is reported
 /// as such, rather than as the unknown fields that usually follow from it.
@@ -390,6 +438,7 @@ fn load_cluster(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Op
         labels: doc.metadata.labels,
         vars: doc.spec.vars,
         file: path.to_string(),
+        paused: doc.spec.paused,
     })
 }
 
@@ -667,6 +716,227 @@ fn check_references(snapshot: &FleetSnapshot, fleet: &Fleet, diagnostics: &mut V
                 &workload.value,
                 &workloads,
             );
+        }
+    }
+}
+
+/// Reads `rollouts/<name>.yaml`, checking every field it can on its own: wave names,
+/// `percent` (1–100, not combined with a selection), durations, budgets, windows.
+fn load_rollout_policy(
+    path: &str,
+    text: &str,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Option<RolloutPolicy> {
+    let doc: RolloutPolicyDoc = parse_kind(path, text, "RolloutPolicy", diagnostics)?;
+    check_name(
+        path,
+        "file name",
+        &doc.metadata.name,
+        file_stem(path),
+        diagnostics,
+    );
+    let spec = doc.spec;
+    check_selector(
+        path,
+        "spec.clusterSelector",
+        &spec.cluster_selector,
+        diagnostics,
+    );
+    if spec.waves.is_empty() {
+        diagnostics.push(
+            Diagnostic::error("spec.waves is empty: give at least one wave")
+                .in_file(path)
+                .at_line(key_line_anywhere(text, "waves")),
+        );
+    }
+    let mut names: BTreeMap<String, u64> = BTreeMap::new();
+    let mut plans = Vec::new();
+    let mut selections = Vec::new();
+    for located in spec.waves {
+        let line = located.referenced.line();
+        let wave = located.value;
+        let error = |message: String| Diagnostic::error(message).in_file(path).at_line(Some(line));
+        let label = if wave.name.is_empty() {
+            "a wave".to_string()
+        } else {
+            format!("wave {:?}", wave.name)
+        };
+        if wave.name.trim().is_empty() {
+            diagnostics.push(error("a wave needs a name".into()));
+        } else if let Some(first) = names.insert(wave.name.clone(), line) {
+            diagnostics.push(error(format!(
+                "{label} is named twice in this policy (also on line {first}); wave names must be unique"
+            )));
+        }
+        let selects =
+            wave.groups.is_some() || wave.clusters.is_some() || wave.cluster_selector.is_some();
+        let percent = match wave.percent {
+            Some(percent) if !(1..=100).contains(&percent) => {
+                diagnostics.push(error(format!(
+                    "{label}: percent {percent} is outside 1–100"
+                )));
+                None
+            }
+            Some(_) if selects => {
+                diagnostics.push(error(format!(
+                    "{label}: percent takes a share of the governed clusters not in an earlier wave; it cannot be combined with groups, clusters or clusterSelector"
+                )));
+                None
+            }
+            Some(percent) => u32::try_from(percent).ok(),
+            None => None,
+        };
+        if let Some(selector) = &wave.cluster_selector {
+            check_selector(path, "clusterSelector of a wave", selector, diagnostics);
+        }
+        let bake = match &wave.bake {
+            Some(value) => rollout::parse_duration(value).unwrap_or_else(|message| {
+                diagnostics.push(error(format!("{label}: bake: {message}")));
+                std::time::Duration::ZERO
+            }),
+            None => std::time::Duration::ZERO,
+        };
+        let max_failed = match &wave.max_failed {
+            Some(value) => Budget::from_value(value).unwrap_or_else(|message| {
+                diagnostics.push(error(format!("{label}: maxFailed: {message}")));
+                Budget::Count(0)
+            }),
+            None => Budget::Count(0),
+        };
+        let max_parallel = match &wave.max_parallel {
+            Some(value) => match Budget::from_value(value) {
+                Ok(Budget::Count(0) | Budget::Percent(0)) => {
+                    diagnostics.push(error(format!(
+                        "{label}: maxParallel 0 would never change a cluster; give at least 1 (or leave it out for all at once)"
+                    )));
+                    None
+                }
+                Ok(budget) => Some(budget),
+                Err(message) => {
+                    diagnostics.push(error(format!("{label}: maxParallel: {message}")));
+                    None
+                }
+            },
+            None => None,
+        };
+        plans.push(WavePlan {
+            name: wave.name,
+            bake,
+            max_failed,
+            max_parallel,
+        });
+        selections.push(WaveSelection {
+            line,
+            groups: wave.groups.unwrap_or_default(),
+            clusters: wave.clusters.unwrap_or_default(),
+            selector: wave.cluster_selector,
+            percent,
+        });
+    }
+    let progress_deadline = match &spec.progress_deadline {
+        Some(value) => match rollout::parse_duration(value) {
+            Ok(duration) if duration.is_zero() => {
+                diagnostics.push(
+                    Diagnostic::error(
+                        "progressDeadline 0 would fail every wave at once; give a duration such as 1h, or leave it out",
+                    )
+                    .in_file(path)
+                    .at_line(key_line_anywhere(text, "progressDeadline")),
+                );
+                None
+            }
+            Ok(duration) => Some(duration),
+            Err(message) => {
+                diagnostics.push(
+                    Diagnostic::error(format!("progressDeadline: {message}"))
+                        .in_file(path)
+                        .at_line(key_line_anywhere(text, "progressDeadline")),
+                );
+                None
+            }
+        },
+        None => None,
+    };
+    let mut windows = Vec::new();
+    for window in &spec.windows {
+        match Window::from_spec(&window.value) {
+            Ok(checked) => windows.push(checked),
+            Err(message) => diagnostics.push(
+                Diagnostic::error(format!("window: {message}"))
+                    .in_file(path)
+                    .at_line(Some(window.referenced.line())),
+            ),
+        }
+    }
+    // A policy with errors is kept (the render is not clean anyway), so that its
+    // references and overlaps are checked too and every error is reported at once.
+    Some(RolloutPolicy {
+        name: doc.metadata.name.clone(),
+        file: path.to_string(),
+        selector: spec.cluster_selector,
+        policy: Policy {
+            name: doc.metadata.name,
+            file: path.to_string(),
+            waves: plans,
+            offline: spec.offline,
+            on_failure: spec.on_failure,
+            progress_deadline,
+            windows,
+        },
+        waves: selections,
+    })
+}
+
+/// The line of the first occurrence of `key:` at any indentation.
+fn key_line_anywhere(text: &str, key: &str) -> Option<u64> {
+    text.lines()
+        .position(|line| {
+            line.trim_start()
+                .strip_prefix(key)
+                .is_some_and(|rest| rest.trim_start().starts_with(':'))
+        })
+        .map(|index| index as u64 + 1)
+}
+
+/// Every group and cluster a wave names must exist.
+fn check_policy_references(
+    snapshot: &FleetSnapshot,
+    fleet: &Fleet,
+    diagnostics: &mut Vec<Diagnostic>,
+) {
+    let clusters: BTreeSet<&str> = fleet.clusters.iter().map(|c| c.name.as_str()).collect();
+    let groups: BTreeSet<&str> = fleet.groups.iter().map(|g| g.name.as_str()).collect();
+    let exists = |folder: &str, name: &str| {
+        ["yaml", "yml"].iter().any(|ext| {
+            snapshot
+                .files
+                .contains_key(&format!("{folder}/{name}.{ext}"))
+        })
+    };
+    for policy in &fleet.rollout_policies {
+        for wave in &policy.waves {
+            let named = wave
+                .groups
+                .iter()
+                .map(|g| ("group", "groups", g, &groups))
+                .chain(
+                    wave.clusters
+                        .iter()
+                        .map(|c| ("cluster", "clusters", c, &clusters)),
+                );
+            for (what, folder, name, known) in named {
+                if known.contains(name.value.as_str()) || exists(folder, &name.value) {
+                    continue;
+                }
+                let hint = did_you_mean(&name.value, known.iter().copied())
+                    .map(|best| format!(" (did you mean {best:?}?)"))
+                    .unwrap_or_default();
+                diagnostics.push(
+                    Diagnostic::error(format!("unknown {what} {:?}{hint}", name.value))
+                        .in_file(&policy.file)
+                        .at_line(Some(name.referenced.line())),
+                );
+            }
         }
     }
 }
