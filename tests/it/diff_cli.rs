@@ -589,3 +589,80 @@ fn a_change_outside_the_fleet_files_has_no_changes_and_names_both_revisions() {
     assert!(head.starts_with("docs@sha1:"), "{head}");
     assert_ne!(base[8..], head[5..], "two different commits");
 }
+
+/// The plan leads the report: a change to the edge sites that run the telemetry agent
+/// with the default flush interval (governed by fleet-example's `edge-sites` policy:
+/// canaries, then the rest three at a time), to `blue` (no policy: at once) and to a
+/// paused store.
+#[test]
+fn the_rollout_plan_leads_the_report() {
+    let reports = check(
+        "rollout_plan",
+        |fleet| {
+            fleet.edit(
+                "clusters/store-eu-003.yaml",
+                "spec:\n",
+                "spec:\n  paused: true\n",
+            )
+        },
+        |fleet| {
+            fleet.edit(
+                "workloads/telemetry-agent/workload.yaml",
+                "flushSeconds: 5",
+                "flushSeconds: 15",
+            )
+        },
+        1,
+    );
+    let text = &reports[0];
+    let plan = text.find("Rollout plan").expect("a plan");
+    let summary = text.find("clusters changed").expect("a summary");
+    assert!(plan < summary, "the plan comes first:\n{text}");
+    assert!(
+        text.contains("1. canary")
+            && text.contains("3 changed clusters  bake 15m")
+            && text.contains("2. rest")
+            && text.contains("6 changed clusters  bake 10m      maxFailed 10%  maxParallel 3"),
+        "{text}"
+    );
+    assert!(
+        text.contains("at once (no rollout policy): 1 cluster: blue"),
+        "{text}"
+    );
+    assert!(
+        text.contains("paused (spec.paused; they keep what they run): 1 cluster: store-eu-003"),
+        "{text}"
+    );
+    assert!(
+        text.contains("(edge-sites/canary)") && text.contains("(at once)"),
+        "{text}"
+    );
+    let markdown = &reports[1];
+    assert!(
+        markdown.contains("| edge-sites | canary | 3: `store-apac-001`, `store-eu-001`, `store-us-001` | 15m | 0 | all |"),
+        "{markdown}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&reports[2]).expect("json");
+    assert_eq!(json["waves"][0]["policy"], "edge-sites");
+    assert_eq!(json["waves"][0]["name"], "canary");
+    assert_eq!(
+        json["waves"][0]["clusters"],
+        serde_json::json!(["store-apac-001", "store-eu-001", "store-us-001"])
+    );
+    assert_eq!(json["waves"][0]["bake"], "15m");
+    assert_eq!(json["waves"][0]["maxFailed"], 0);
+    assert_eq!(json["waves"][0]["maxParallel"], serde_json::Value::Null);
+    assert_eq!(json["waves"][1]["maxFailed"], "10%");
+    assert_eq!(json["waves"][1]["maxParallel"], 3);
+    // Six: the vehicles' flush interval is their own (an overlay), and the paused
+    // store is in no wave.
+    assert_eq!(
+        json["waves"][1]["clusters"].as_array().map(Vec::len),
+        Some(6)
+    );
+    assert_eq!(json["atOnce"], serde_json::json!(["blue"]));
+    assert_eq!(json["paused"], serde_json::json!(["store-eu-003"]));
+    assert_eq!(json["clusters"]["store-eu-001"]["wave"], "canary");
+    assert_eq!(json["clusters"]["blue"]["policy"], serde_json::Value::Null);
+    assert_eq!(json["clusters"]["store-eu-003"]["paused"], true);
+}

@@ -27,6 +27,23 @@ struct Report<'a> {
     groups: Vec<GroupReport<'a>>,
     totals: CountsReport,
     fleet_groups: BTreeMap<&'a str, CountsReport>,
+    /// The rollout plan: every wave of every policy of HEAD, in order.
+    waves: Vec<WaveReport<'a>>,
+    /// Changed clusters no policy governs: they change at once.
+    at_once: &'a [String],
+    /// Changed clusters that are paused.
+    paused: &'a [String],
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct WaveReport<'a> {
+    policy: &'a str,
+    name: &'a str,
+    clusters: &'a [String],
+    bake: String,
+    max_failed: flotilla_core::rollout::Budget,
+    max_parallel: Option<flotilla_core::rollout::Budget>,
 }
 
 #[derive(Serialize)]
@@ -53,6 +70,14 @@ struct ClusterReport<'a> {
     fleet_groups: &'a [String],
     #[serde(skip_serializing_if = "Option::is_none")]
     group: Option<usize>,
+    /// For an added or changed cluster: its rollout policy and wave (both null when it
+    /// changes at once), and whether it is paused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    policy: Option<Option<&'a str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    wave: Option<Option<&'a str>>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    paused: bool,
 }
 
 #[derive(Serialize)]
@@ -150,6 +175,15 @@ pub fn report(diff: &FleetDiff) -> Result<String, serde_json::Error> {
                         after: c.after.as_ref().map(|d| d.as_str()),
                         fleet_groups: &c.fleet_groups,
                         group: c.group,
+                        policy: c.rollout.as_ref().map(|r| match r {
+                            super::Rollout::Wave { policy, .. } => Some(policy.as_str()),
+                            _ => None,
+                        }),
+                        wave: c.rollout.as_ref().map(|r| match r {
+                            super::Rollout::Wave { wave, .. } => Some(wave.as_str()),
+                            _ => None,
+                        }),
+                        paused: c.rollout == Some(super::Rollout::Paused),
                     },
                 )
             })
@@ -185,6 +219,21 @@ pub fn report(diff: &FleetDiff) -> Result<String, serde_json::Error> {
             .iter()
             .map(|(name, counts)| (name.as_str(), counts.into()))
             .collect(),
+        waves: diff
+            .plan
+            .waves
+            .iter()
+            .map(|w| WaveReport {
+                policy: &w.policy,
+                name: &w.name,
+                clusters: &w.clusters,
+                bake: flotilla_core::rollout::format_duration(w.bake),
+                max_failed: w.max_failed,
+                max_parallel: w.max_parallel,
+            })
+            .collect(),
+        at_once: &diff.plan.at_once,
+        paused: &diff.plan.paused,
     };
     let mut text = serde_json::to_string_pretty(&report)?;
     text.push('\n');

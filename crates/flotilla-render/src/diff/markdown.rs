@@ -58,6 +58,7 @@ struct Layout {
 struct Cuts {
     diagnostics: usize,
     table_rows: usize,
+    plan_rows: usize,
     /// Groups (indices) shown with a shortened cluster list.
     shortened: Vec<usize>,
     /// Groups shown with some or all of their diffs left out.
@@ -68,7 +69,7 @@ struct Cuts {
 
 impl Cuts {
     fn any(&self) -> bool {
-        self.diagnostics + self.table_rows > 0
+        self.diagnostics + self.table_rows + self.plan_rows > 0
             || !self.shortened.is_empty()
             || !self.without_diffs.is_empty()
             || !self.omitted.is_empty()
@@ -117,6 +118,11 @@ pub fn report(diff: &FleetDiff, options: &MarkdownOptions) -> String {
         );
         budget = budget.saturating_sub(block.len());
         head.push_str(&block);
+    }
+    if diff.has_changes() {
+        let plan = plan_block(diff, budget / 3, &mut cuts);
+        budget = budget.saturating_sub(plan.len());
+        head.push_str(&plan);
     }
     let table = table(diff, budget / 2, &mut cuts);
     budget = budget.saturating_sub(table.len());
@@ -263,6 +269,93 @@ fn diagnostics_block(
     format!("{intro}{fence}text\n{body}{fence}\n\n")
 }
 
+/// At most this many clusters are named per wave of the plan.
+const PLAN_NAMES: usize = 5;
+
+fn names(list: &[String]) -> String {
+    let mut text = list
+        .iter()
+        .take(PLAN_NAMES)
+        .map(|n| code(n))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if list.len() > PLAN_NAMES {
+        let _ = write!(text, " and {} more", list.len() - PLAN_NAMES);
+    }
+    text
+}
+
+/// The rollout plan: a table of every wave (as many rows as fit in `budget`), then what
+/// changes at once and what is paused.
+fn plan_block(diff: &FleetDiff, budget: usize, cuts: &mut Cuts) -> String {
+    let plan = &diff.plan;
+    if !plan.has_policies() && plan.paused.is_empty() {
+        return "**Rollout plan:** no rollout policy; every changed cluster changes at once.\n\n"
+            .to_string();
+    }
+    let mut out = String::from("**Rollout plan**\n\n");
+    let mut tail = String::new();
+    if !plan.at_once.is_empty() {
+        let _ = writeln!(
+            tail,
+            "- **at once** (no rollout policy): {} cluster{}: {}",
+            plan.at_once.len(),
+            plural(plan.at_once.len()),
+            names(&plan.at_once)
+        );
+    }
+    if !plan.paused.is_empty() {
+        let _ = writeln!(
+            tail,
+            "- **paused** (`spec.paused`; they keep what they run): {} cluster{}: {}",
+            plan.paused.len(),
+            plural(plan.paused.len()),
+            names(&plan.paused)
+        );
+    }
+    if !tail.is_empty() {
+        tail.push('\n');
+    }
+    if plan.has_policies() {
+        out.push_str(
+            "| policy | wave | changed clusters | bake | maxFailed | maxParallel |\n| :-- | :-- | --: | :-- | :-- | :-- |\n",
+        );
+        let mut left = 0;
+        for wave in &plan.waves {
+            let clusters = if wave.clusters.is_empty() {
+                "0".to_string()
+            } else {
+                format!("{}: {}", wave.clusters.len(), names(&wave.clusters))
+            };
+            let row = format!(
+                "| {} | {} | {clusters} | {} | {} | {} |\n",
+                escape_cell(&wave.policy),
+                escape_cell(&wave.name),
+                flotilla_core::rollout::format_duration(wave.bake),
+                wave.max_failed,
+                wave.max_parallel
+                    .map_or_else(|| "all".to_string(), |b| b.to_string())
+            );
+            if out.len() + row.len() + tail.len() + 80 > budget {
+                left += 1;
+                continue;
+            }
+            out.push_str(&row);
+        }
+        if left > 0 {
+            cuts.plan_rows += left;
+            let _ = writeln!(
+                out,
+                "| *{left} wave{} not listed* | | | | | |",
+                plural(left)
+            );
+        }
+        out.push('\n');
+    }
+    out.push_str(&tail);
+    out
+}
+
 fn table(diff: &FleetDiff, budget: usize, cuts: &mut Cuts) -> String {
     let show_failed = diff.totals.failed > 0;
     let row = |name: &str, c: &super::Counts| {
@@ -373,9 +466,16 @@ fn group_block(diff: &FleetDiff, group: &ChangeGroup, layout: Layout) -> String 
                 .map(|i| &diff.clusters[i])
         })
         .collect();
+    let labelled = diff.plan.has_policies() || !diff.plan.paused.is_empty();
     let digests = |c: &ClusterDiff| {
+        let label = c
+            .rollout
+            .as_ref()
+            .filter(|_| labelled)
+            .map(|r| format!(" ({})", escape_cell(&r.label())))
+            .unwrap_or_default();
         format!(
-            "{} → {}",
+            "{} → {}{label}",
             code(&super::text::short(c.before.as_ref())),
             code(&super::text::short(c.after.as_ref()))
         )
@@ -511,6 +611,14 @@ fn note(diff: &FleetDiff, cuts: &Cuts, max_bytes: usize) -> String {
     }
     if cuts.diagnostics > 0 {
         let _ = writeln!(out, "> - {} diagnostics not listed", cuts.diagnostics);
+    }
+    if cuts.plan_rows > 0 {
+        let _ = writeln!(
+            out,
+            "> - {} wave{} left out of the rollout plan",
+            cuts.plan_rows,
+            plural(cuts.plan_rows)
+        );
     }
     if cuts.table_rows > 0 {
         let _ = writeln!(

@@ -29,6 +29,7 @@ use rayon::prelude::*;
 use crate::RenderOutput;
 use flotilla_core::bundle::{Bundle, Digest, Resource, ResourceKey};
 use flotilla_core::diagnostic::Diagnostic;
+use flotilla_core::rollout::Budget;
 
 /// How to compute a diff.
 #[derive(Clone, Copy, Debug)]
@@ -98,6 +99,62 @@ pub struct ResourceChange {
     pub diff: Option<Arc<str>>,
 }
 
+/// How a changed cluster gets its change, by HEAD's rollout plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rollout {
+    /// In this wave of this policy's rollout.
+    Wave { policy: String, wave: String },
+    /// No policy governs it: the hub serves it HEAD's render at once.
+    AtOnce,
+    /// `spec.paused`: it keeps what it runs until unpaused.
+    Paused,
+}
+
+impl Rollout {
+    /// `edge-sites/canary`, `at once`, `paused`.
+    pub fn label(&self) -> String {
+        match self {
+            Rollout::Wave { policy, wave } => format!("{policy}/{wave}"),
+            Rollout::AtOnce => "at once".to_string(),
+            Rollout::Paused => "paused".to_string(),
+        }
+    }
+}
+
+/// One wave of a policy, with the changed clusters it would take.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanWave {
+    pub policy: String,
+    /// The policy's file.
+    pub file: String,
+    pub name: String,
+    /// The changed (or new) clusters in it, sorted.
+    pub clusters: Vec<String>,
+    pub bake: std::time::Duration,
+    pub max_failed: Budget,
+    /// `None`: every cluster of the wave at once.
+    pub max_parallel: Option<Budget>,
+}
+
+/// How the change travels through the fleet: every wave of every policy (in order),
+/// and the changed clusters that no wave holds back.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub waves: Vec<PlanWave>,
+    /// Changed clusters no policy governs: they change at once.
+    pub at_once: Vec<String>,
+    /// Changed clusters that are paused: they do not change.
+    pub paused: Vec<String>,
+}
+
+impl Plan {
+    /// Whether any policy governs the fleet (otherwise everything changes at once and
+    /// the plan has nothing to say).
+    pub fn has_policies(&self) -> bool {
+        !self.waves.is_empty()
+    }
+}
+
 /// One cluster's line in the report.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterDiff {
@@ -111,6 +168,8 @@ pub struct ClusterDiff {
     pub fleet_groups: Vec<String>,
     /// Index into [`FleetDiff::groups`] for added, removed and changed clusters.
     pub group: Option<usize>,
+    /// How an added or changed cluster gets its change.
+    pub rollout: Option<Rollout>,
 }
 
 /// Clusters whose change reads the same, shown once.
@@ -265,6 +324,8 @@ pub struct FleetDiff {
     pub fleet_groups: BTreeMap<String, Counts>,
     /// The context the resource diffs were computed with.
     pub context: usize,
+    /// How the change travels through the fleet (HEAD's rollout policies).
+    pub plan: Plan,
 }
 
 impl FleetDiff {
@@ -507,6 +568,7 @@ pub fn diff(base: &RenderOutput, head: &RenderOutput, options: &DiffOptions) -> 
     for cluster in &mut clusters {
         cluster.group = cluster.group.map(|g| order[g]);
     }
+    let plan = plan(&mut clusters, head);
 
     FleetDiff {
         base: Side::of(base),
@@ -516,7 +578,52 @@ pub fn diff(base: &RenderOutput, head: &RenderOutput, options: &DiffOptions) -> 
         totals,
         fleet_groups,
         context: options.context,
+        plan,
     }
+}
+
+/// Labels each added or changed cluster with how it gets its change, and lists every
+/// wave of HEAD's policies with the clusters it would change.
+fn plan(clusters: &mut [ClusterDiff], head: &RenderOutput) -> Plan {
+    let rollouts = &head.rollouts;
+    let mut out = Plan::default();
+    let mut offsets = Vec::with_capacity(rollouts.policies.len());
+    for policy in &rollouts.policies {
+        offsets.push(out.waves.len());
+        out.waves.extend(policy.waves.iter().map(|w| PlanWave {
+            policy: policy.name.clone(),
+            file: policy.file.clone(),
+            name: w.name.clone(),
+            clusters: Vec::new(),
+            bake: w.bake,
+            max_failed: w.max_failed,
+            max_parallel: w.max_parallel,
+        }));
+    }
+    for cluster in clusters.iter_mut() {
+        if !matches!(
+            cluster.status,
+            ClusterStatus::Changed | ClusterStatus::Added
+        ) {
+            continue;
+        }
+        let rollout = if rollouts.paused.contains(&cluster.name) {
+            out.paused.push(cluster.name.clone());
+            Rollout::Paused
+        } else if let Some(placement) = rollouts.placements.get(&cluster.name) {
+            let wave = &mut out.waves[offsets[placement.policy] + placement.wave];
+            wave.clusters.push(cluster.name.clone());
+            Rollout::Wave {
+                policy: wave.policy.clone(),
+                wave: wave.name.clone(),
+            }
+        } else {
+            out.at_once.push(cluster.name.clone());
+            Rollout::AtOnce
+        };
+        cluster.rollout = Some(rollout);
+    }
+    out
 }
 
 /// Clusters whose changes are the very same resource objects share a signature;
@@ -693,6 +800,7 @@ fn cluster_rows(
             after: cluster.after.map(|b| b.digest.clone()),
             fleet_groups: memberships.clone(),
             group,
+            rollout: None,
         });
     }
     (clusters, totals, fleet_groups)

@@ -103,6 +103,9 @@ pub fn report(diff: &FleetDiff, options: &TextOptions) -> String {
         write_diagnostics(&mut out, &diff.head.warnings);
     }
 
+    if diff.has_changes() {
+        write_plan(&mut out, diff, &style);
+    }
     let _ = writeln!(out, "\n{}", style.bold(&summary_line(&diff.totals)));
     write_table(&mut out, diff);
     if !diff.has_changes() {
@@ -112,6 +115,77 @@ pub fn report(diff: &FleetDiff, options: &TextOptions) -> String {
         write_group(&mut out, diff, group, &style);
     }
     out
+}
+
+/// Names, at most [`CLUSTERS_SHOWN`] of them.
+fn some_names(names: &[String]) -> String {
+    let mut shown: Vec<&str> = names
+        .iter()
+        .take(CLUSTERS_SHOWN)
+        .map(String::as_str)
+        .collect();
+    let more = names.len().saturating_sub(CLUSTERS_SHOWN);
+    let more_text = format!("and {more} more");
+    if more > 0 {
+        shown.push(&more_text);
+    }
+    shown.join(", ")
+}
+
+/// The rollout plan: per policy each wave with the clusters it changes, its bake,
+/// failure budget and parallelism; then what changes at once and what is paused.
+fn write_plan(out: &mut String, diff: &FleetDiff, style: &Style) {
+    let plan = &diff.plan;
+    if !plan.has_policies() && plan.paused.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{} no rollout policy: every changed cluster changes at once.",
+            style.bold("Rollout plan:")
+        );
+        return;
+    }
+    let _ = writeln!(out, "\n{}", style.bold("Rollout plan"));
+    let mut policy: Option<&str> = None;
+    let mut number = 0;
+    let width = plan.waves.iter().map(|w| w.name.len()).max().unwrap_or(0);
+    for wave in &plan.waves {
+        if policy != Some(wave.policy.as_str()) {
+            let _ = writeln!(out, "  policy {} ({})", wave.policy, wave.file);
+            policy = Some(&wave.policy);
+            number = 0;
+        }
+        number += 1;
+        let count = wave.clusters.len();
+        let _ = writeln!(
+            out,
+            "    {number}. {:width$}  {:>4} changed cluster{:1}  bake {:<8} maxFailed {:<4} maxParallel {}",
+            wave.name,
+            count,
+            plural(count),
+            flotilla_core::rollout::format_duration(wave.bake),
+            wave.max_failed.to_string(),
+            wave.max_parallel
+                .map_or_else(|| "all".to_string(), |b| b.to_string())
+        );
+    }
+    if !plan.at_once.is_empty() {
+        let count = plan.at_once.len();
+        let _ = writeln!(
+            out,
+            "  at once (no rollout policy): {count} cluster{}: {}",
+            plural(count),
+            some_names(&plan.at_once)
+        );
+    }
+    if !plan.paused.is_empty() {
+        let count = plan.paused.len();
+        let _ = writeln!(
+            out,
+            "  paused (spec.paused; they keep what they run): {count} cluster{}: {}",
+            plural(count),
+            some_names(&plan.paused)
+        );
+    }
 }
 
 /// `3 clusters changed, 1 added, 0 removed, 10 unchanged` (and failed, if any).
@@ -202,9 +276,15 @@ fn write_group(out: &mut String, diff: &FleetDiff, group: &ChangeGroup, style: &
     let members = members(diff, group);
     let width = members.iter().map(|c| c.name.len()).max().unwrap_or(0);
     for cluster in members.iter().take(CLUSTERS_SHOWN) {
+        let label = cluster
+            .rollout
+            .as_ref()
+            .filter(|_| diff.plan.has_policies() || !diff.plan.paused.is_empty())
+            .map(|r| format!("  ({})", r.label()))
+            .unwrap_or_default();
         let _ = writeln!(
             out,
-            "  {:width$}  {} -> {}",
+            "  {:width$}  {} -> {}{label}",
             cluster.name,
             short(cluster.before.as_ref()),
             short(cluster.after.as_ref())
