@@ -173,7 +173,42 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
         );
         return Ok(EXIT_FINDINGS);
     }
-    let published = publish::publish(&output, &args.out)?;
+    let published = match &args.state_dir {
+        Some(state_dir) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the async runtime")?;
+            let (served, revision) = runtime.block_on(async {
+                let store = Store::open(state_dir).await.with_context(|| {
+                    format!("cannot open the hub's store in {}", state_dir.display())
+                })?;
+                let served = store.clusters().await;
+                let revision = store.revision().await;
+                store.close().await;
+                anyhow::Ok((served?, revision?))
+            })?;
+            if revision.as_deref() != Some(output.revision.as_str()) {
+                eprintln!(
+                    "note: the hub has recorded {} and HEAD is {}; publishing what the hub serves",
+                    revision.as_deref().unwrap_or("nothing yet"),
+                    output.revision
+                );
+            }
+            let objects = flotilla_hub::store::Objects::open(state_dir)
+                .with_context(|| format!("cannot open the objects in {}", state_dir.display()))?;
+            publish::publish_served(&output, &served, &objects, &args.out)?
+        }
+        None => {
+            if !output.rollouts.policies.is_empty() {
+                eprintln!(
+                    "warning: publishing without --state-dir bypasses rollouts: every cluster gets HEAD's render at once; \
+                     give the hub's --state-dir to publish what it serves each cluster"
+                );
+            }
+            publish::publish(&output, &args.out)?
+        }
+    };
     println!(
         "published {} clusters at {} into {} ({} written, {} unchanged{})",
         published.clusters,

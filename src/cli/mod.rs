@@ -3,7 +3,9 @@
 
 mod diff;
 mod hub;
+pub mod remote;
 mod render;
+mod rollout;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -48,6 +50,8 @@ pub enum Command {
     Token(TokenArgs),
     /// Run the edge agent: pull this cluster's bundle, verify, keep, apply, prune, report.
     Agent(flotilla_agent::cli::AgentArgs),
+    /// Watch and steer rollouts on a running hub: list, show, pause, resume, promote, abort.
+    Rollout(rollout::RolloutArgs),
     /// Write the JSON Schemas of flotilla's kinds (Cluster, Group, Workload, Overlay).
     #[command(hide = true)]
     Schemas(SchemasArgs),
@@ -182,6 +186,10 @@ pub struct PublishArgs {
     /// The folder to write v1/clusters/<cluster>/bundle and bundles/<digest> into.
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
+    /// The hub's state dir: publish what the hub serves each cluster (so rollouts
+    /// hold on the mirror) instead of HEAD's render for every cluster at once.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -249,5 +257,6 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Publish(args) => hub::run_publish(&args),
         Command::Token(args) => hub::run_token(&args),
         Command::Agent(args) => flotilla_agent::cli::run_agent(&args).map(|()| EXIT_OK),
+        Command::Rollout(args) => rollout::run_rollout(&args),
     }
 }

@@ -10,5 +10,6 @@ mod hub_api;
 mod hub_follow;
 mod hub_scale;
 mod render_example;
+mod rollout_e2e;
 mod schemas;
 mod support;

@@ -27,7 +27,7 @@ use sha2::Sha256;
 use tokio::time::Instant;
 
 use super::auth::Grant;
-use super::fleet::state_of;
+use super::rollouts::{Action, ActionRefused};
 use super::state::{ClusterBundle, Encoding, Shared};
 use crate::store::StoredStatus;
 use flotilla_core::bundle::{Digest, document_bytes};
@@ -63,6 +63,9 @@ pub fn router(shared: Arc<Shared>) -> Router {
             post(post_status).layer(DefaultBodyLimit::max(STATUS_BODY_LIMIT)),
         )
         .route("/v1/fleet", get(get_fleet))
+        .route("/v1/rollouts", get(get_rollouts))
+        .route("/v1/rollouts/{id}", get(get_rollout))
+        .route("/v1/rollouts/{id}/{action}", post(post_rollout_action))
         .route(
             "/v1/hooks/git",
             post(post_hook).layer(DefaultBodyLimit::max(HOOK_BODY_LIMIT)),
@@ -135,35 +138,63 @@ fn path_error(rejection: PathRejection) -> ApiError {
 }
 
 /// Checks the token and that it may read `cluster`; returns the cluster's current
-/// bundle. A cluster token reads only its own cluster (403 for any other); an admin
-/// token reads any. 404 only when the cluster the token may read is not served.
+/// bundle and whether the token is the cluster's own (whose polls count as the
+/// cluster being seen). A cluster token reads only its own cluster (403 for any
+/// other); an admin token reads any. 404 only when the cluster the token may read is
+/// not served.
 fn authorize_read(
     shared: &Shared,
     headers: &HeaderMap,
     cluster: &str,
-) -> Result<Arc<ClusterBundle>, ApiError> {
+) -> Result<(Arc<ClusterBundle>, bool), ApiError> {
     if !shared.ready.load(Ordering::Relaxed) {
         return Err(ApiError::not_ready());
     }
     let tokens = shared.tokens.load();
-    match tokens.check(headers.get(AUTHORIZATION)) {
+    let own = match tokens.check(headers.get(AUTHORIZATION)) {
+        Err(err) => return Err(ApiError::new(StatusCode::UNAUTHORIZED, err.message())),
+        Ok(Grant::Cluster(own)) if **own != *cluster => {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "this token belongs to cluster {own:?} and cannot read cluster {cluster:?}"
+                ),
+            ));
+        }
+        Ok(Grant::Cluster(_)) => true,
+        Ok(Grant::Admin) => false,
+    };
+    shared
+        .served
+        .load()
+        .clusters
+        .get(cluster)
+        .cloned()
+        .map(|entry| (entry, own))
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("no cluster named {cluster:?} is served (is it in the fleet repository, and did its last commit render?)"),
+            )
+        })
+}
+
+/// Checks for an admin token; returns its id (recorded with operator actions).
+fn authorize_admin(shared: &Shared, headers: &HeaderMap, what: &str) -> Result<String, ApiError> {
+    if !shared.ready.load(Ordering::Relaxed) {
+        return Err(ApiError::not_ready());
+    }
+    match shared
+        .tokens
+        .load()
+        .check_with_id(headers.get(AUTHORIZATION))
+    {
         Err(err) => Err(ApiError::new(StatusCode::UNAUTHORIZED, err.message())),
-        Ok(Grant::Cluster(own)) if **own != *cluster => Err(ApiError::new(
+        Ok((Grant::Cluster(_), _)) => Err(ApiError::new(
             StatusCode::FORBIDDEN,
-            format!("this token belongs to cluster {own:?} and cannot read cluster {cluster:?}"),
+            format!("{what} needs an admin token (`flotilla token create --admin`)"),
         )),
-        Ok(_) => shared
-            .served
-            .load()
-            .clusters
-            .get(cluster)
-            .cloned()
-            .ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    format!("no cluster named {cluster:?} is served (is it in the fleet repository, and did its last commit render?)"),
-                )
-            }),
+        Ok((Grant::Admin, id)) => Ok(id.to_string()),
     }
 }
 
@@ -191,63 +222,131 @@ async fn current_bundle(
     headers: &HeaderMap,
     query: Option<&str>,
 ) -> Result<Response, ApiError> {
-    let entry = authorize_read(shared, headers, cluster)?;
-    let wait = parse_wait(query)?;
-    let unchanged = headers
-        .get(IF_NONE_MATCH)
-        .is_some_and(|value| etag_matches(value, &entry));
-    if !unchanged {
-        return full_response(shared, entry, headers, REVALIDATE).await;
+    let (entry, own) = authorize_read(shared, headers, cluster)?;
+    if own {
+        entry.pulse.see(shared.settings.clock.now_ms());
     }
-    if let Some(wait) = wait {
+    let wait = parse_wait(query)?;
+    let if_none_match = headers.get(IF_NONE_MATCH);
+    let Some(mut etag) = if_none_match.and_then(|value| unchanged_etag(value, &entry)) else {
+        return sent(shared, entry, headers, own).await;
+    };
+    let mut entry = entry;
+    if let (Some(wait), Some(value)) = (wait, if_none_match) {
         let wait = wait.min(shared.settings.max_wait);
-        match wait_for_change(shared, cluster, &entry.digest, wait).await {
-            Change::Changed(newer) => {
-                return full_response(shared, newer, headers, REVALIDATE).await;
-            }
+        match wait_for_change(shared, cluster, value, wait).await {
+            Change::Changed(newer) => return sent(shared, newer, headers, own).await,
             Change::Gone => {
                 return Err(ApiError::new(
                     StatusCode::NOT_FOUND,
                     format!("cluster {cluster:?} was removed from the fleet repository"),
                 ));
             }
-            Change::Unchanged => {}
+            Change::Unchanged(latest, latest_etag) => {
+                entry = latest;
+                etag = latest_etag;
+            }
         }
     }
-    Ok(not_modified(&entry, REVALIDATE))
+    if own {
+        let now = shared.settings.clock.now_ms();
+        if etag == entry.etag {
+            entry.pulse.fetch(now);
+        } else {
+            entry.pulse.see(now);
+        }
+    }
+    let mut response = not_modified(&entry, REVALIDATE);
+    if etag != entry.etag {
+        // Held on what the agent runs: its own ETag back, and no revision (the hub
+        // may not know which commit produced it).
+        response.headers_mut().insert(ETAG, etag);
+        response.headers_mut().remove(&X_FLOTILLA_REVISION);
+    }
+    Ok(response)
+}
+
+/// A 200 with the entry's bundle; for the cluster's own token it marks the cluster
+/// as having fetched what it is served, and tells the rollouts when that is the
+/// digest HEAD renders for it (so a silence after taking it counts).
+async fn sent(
+    shared: &Arc<Shared>,
+    entry: Arc<ClusterBundle>,
+    headers: &HeaderMap,
+    own: bool,
+) -> Result<Response, ApiError> {
+    let response = full_response(shared, entry.clone(), headers, REVALIDATE).await?;
+    if own {
+        entry.pulse.fetch(shared.settings.clock.now_ms());
+        let governed_latest = shared
+            .latest
+            .load()
+            .get(&entry.name)
+            .is_some_and(|l| l.policy.is_some() && l.digest == entry.digest);
+        if governed_latest && !entry.hold {
+            shared.rollouts.wake.notify_one();
+        }
+    }
+    Ok(response)
+}
+
+/// The ETag a 304 carries when `If-None-Match` says the agent has what it should
+/// keep: the entry's own ETag, or, for a held cluster, the digest the agent names
+/// (it keeps what it runs until its wave is released). `None`: send the bundle.
+fn unchanged_etag(value: &HeaderValue, entry: &ClusterBundle) -> Option<HeaderValue> {
+    if etag_matches(value, entry) {
+        return Some(entry.etag.clone());
+    }
+    if !entry.hold {
+        return None;
+    }
+    let text = value.to_str().ok()?;
+    text.split(',').find_map(|part| {
+        let part = part.trim();
+        let part = part.strip_prefix("W/").unwrap_or(part);
+        let digest = Digest::parse(part.trim_matches('"')).ok()?;
+        HeaderValue::from_str(&format!("\"{digest}\"")).ok()
+    })
 }
 
 enum Change {
     Changed(Arc<ClusterBundle>),
     Gone,
-    Unchanged,
+    /// Still unchanged when the wait ended: the entry then, and the ETag to answer.
+    Unchanged(Arc<ClusterBundle>, HeaderValue),
 }
 
-/// Holds a request until the cluster's digest differs from `known`, the wait ends, or
-/// the hub shuts down.
-async fn wait_for_change(shared: &Shared, cluster: &str, known: &Digest, wait: Duration) -> Change {
+/// Holds a request until its `If-None-Match` no longer matches what the cluster is
+/// served, the wait ends, or the hub shuts down.
+async fn wait_for_change(
+    shared: &Shared,
+    cluster: &str,
+    if_none_match: &HeaderValue,
+    wait: Duration,
+) -> Change {
     let deadline = Instant::now() + wait;
     // Subscribe before looking, so a change between the look and the wait still wakes us.
     let mut generation = shared.generation.subscribe();
     let mut shutdown = shared.shutdown.subscribe();
     let _held = shared.metrics.long_poll_started();
     loop {
-        match shared.served.load().clusters.get(cluster) {
-            None => return Change::Gone,
-            Some(entry) if entry.digest != *known => return Change::Changed(entry.clone()),
-            Some(_) => {}
-        }
+        let Some(entry) = shared.served.load().clusters.get(cluster).cloned() else {
+            return Change::Gone;
+        };
+        let Some(etag) = unchanged_etag(if_none_match, &entry) else {
+            return Change::Changed(entry);
+        };
         if *shutdown.borrow() {
-            return Change::Unchanged;
+            return Change::Unchanged(entry, etag);
         }
         tokio::select! {
             changed = generation.changed() => {
                 if changed.is_err() {
-                    return Change::Unchanged;
+                    return Change::Unchanged(entry, etag);
                 }
             }
-            _ = shutdown.changed() => return Change::Unchanged,
-            _ = tokio::time::sleep_until(deadline) => return Change::Unchanged,
+            _ = shutdown.changed() => return Change::Unchanged(entry, etag),
+            _ = tokio::time::sleep_until(deadline) => return Change::Unchanged(entry, etag),
         }
     }
 }
@@ -400,7 +499,7 @@ async fn bundle_at(
     digest: &str,
     headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
-    let current = authorize_read(shared, headers, cluster)?;
+    let (current, _) = authorize_read(shared, headers, cluster)?;
     let digest = Digest::parse(digest)
         .map_err(|err| ApiError::new(StatusCode::BAD_REQUEST, err.to_string()))?;
     if digest == current.digest {
@@ -487,12 +586,12 @@ async fn store_status(
             ));
         }
     }
-    let desired = shared
+    let entry = shared
         .served
         .load()
         .clusters
         .get(cluster)
-        .map(|c| c.digest.clone())
+        .cloned()
         .ok_or_else(|| {
             ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -519,21 +618,32 @@ async fn store_status(
         tracing::error!(cluster, "cannot store a status report: {err}");
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string())
     })?;
-    let state = state_of(
-        &desired,
-        Some(&status),
-        status.received_at_ms,
-        shared.settings.offline_after,
-    );
+    entry.pulse.see(status.received_at_ms);
     shared
         .statuses
         .write()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(cluster.to_string(), status);
+        .insert(cluster.to_string(), status.clone());
     shared.metrics.status_received();
+    // The rollout this cluster takes part in decides again, before the answer, so an
+    // agent (or a test) that reads the fleet next sees the decision.
+    if let Err(err) = shared
+        .report_to_rollouts(cluster, &status.report, status.received_at_ms)
+        .await
+    {
+        tracing::error!(
+            cluster,
+            "cannot decide on the rollouts after a report: {err}"
+        );
+    }
+    let summary = shared.fleet_summary_of(cluster);
     Ok(json_response(
         StatusCode::OK,
-        &json!({ "cluster": cluster, "desired": desired, "state": state }),
+        &json!({
+            "cluster": cluster,
+            "desired": summary.as_ref().map(|c| &c.desired),
+            "state": summary.as_ref().map(|c| c.state),
+        }),
     ))
 }
 
@@ -550,6 +660,90 @@ async fn get_fleet(State(shared): SharedState, headers: HeaderMap) -> Response {
         .into_response(),
         Ok(Grant::Admin) => json_response(StatusCode::OK, &shared.fleet_summary()),
     }
+}
+
+async fn get_rollouts(State(shared): SharedState, headers: HeaderMap) -> Response {
+    let result = async {
+        authorize_admin(&shared, &headers, "the rollouts")?;
+        let rollouts = shared
+            .rollout_list()
+            .await
+            .map_err(|err| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?;
+        Ok::<_, ApiError>(json_response(
+            StatusCode::OK,
+            &json!({ "rollouts": rollouts }),
+        ))
+    }
+    .await;
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+fn rollout_id(text: &str) -> Result<i64, ApiError> {
+    text.parse().map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("{text:?} is not a rollout id (GET /v1/rollouts lists them)"),
+        )
+    })
+}
+
+async fn get_rollout(
+    State(shared): SharedState,
+    id: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+) -> Response {
+    let result = async {
+        let Path(id) = id.map_err(path_error)?;
+        authorize_admin(&shared, &headers, "a rollout")?;
+        let id = rollout_id(&id)?;
+        match shared.rollout_detail(id).await {
+            Ok(Some(view)) => Ok(json_response(StatusCode::OK, &view)),
+            Ok(None) => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("no rollout with id {id} (GET /v1/rollouts lists them)"),
+            )),
+            Err(err) => Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                err.to_string(),
+            )),
+        }
+    }
+    .await;
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn post_rollout_action(
+    State(shared): SharedState,
+    params: Result<Path<(String, String)>, PathRejection>,
+    headers: HeaderMap,
+) -> Response {
+    let result = async {
+        let Path((id, action)) = params.map_err(path_error)?;
+        let by = authorize_admin(&shared, &headers, "steering a rollout")?;
+        let id = rollout_id(&id)?;
+        let action = Action::parse(&action).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("no action {action:?}; the actions are pause, resume, promote and abort"),
+            )
+        })?;
+        match shared.rollout_action(id, action, &by).await {
+            Ok(view) => Ok(json_response(StatusCode::OK, &view)),
+            Err(ActionRefused::NotFound(id)) => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("no rollout with id {id} (GET /v1/rollouts lists them)"),
+            )),
+            Err(ActionRefused::Conflict(err)) => {
+                Err(ApiError::new(StatusCode::CONFLICT, err.to_string()))
+            }
+            Err(ActionRefused::Hub(err)) => Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                err.to_string(),
+            )),
+        }
+    }
+    .await;
+    result.unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn post_hook(
@@ -628,6 +822,11 @@ async fn metrics(State(shared): SharedState) -> Response {
         &shared.render_status(),
         &shared.fleet_summary(),
         shared.tokens.load().len(),
+        &crate::metrics::RolloutFigures {
+            active: &shared.rollouts.active_views(),
+            superseded: shared.rollouts.superseded(),
+            decisions: shared.rollouts.decisions(),
+        },
     );
     let mut response = Response::new(Body::from(text));
     response.headers_mut().insert(

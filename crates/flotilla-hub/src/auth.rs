@@ -83,10 +83,10 @@ impl AuthError {
     }
 }
 
-/// The live tokens, by hash.
+/// The live tokens, by hash, with their public ids.
 #[derive(Debug, Default)]
 pub struct TokenTable {
-    by_hash: HashMap<[u8; 32], Grant>,
+    by_hash: HashMap<[u8; 32], (Grant, String)>,
 }
 
 impl TokenTable {
@@ -102,7 +102,7 @@ impl TokenTable {
                     (Some(cluster), false) => Grant::Cluster(Arc::from(cluster.as_str())),
                     (None, false) => return None,
                 };
-                Some((hash, grant))
+                Some((hash, (grant, t.id.clone())))
             })
             .collect();
         TokenTable { by_hash }
@@ -118,6 +118,12 @@ impl TokenTable {
 
     /// Checks an `Authorization` header value.
     pub fn check(&self, header: Option<&HeaderValue>) -> Result<&Grant, AuthError> {
+        self.check_with_id(header).map(|(grant, _)| grant)
+    }
+
+    /// Checks an `Authorization` header value; returns the grant and the token's id
+    /// (for recording who did what).
+    pub fn check_with_id(&self, header: Option<&HeaderValue>) -> Result<(&Grant, &str), AuthError> {
         let header = header.ok_or(AuthError::Missing)?.as_bytes();
         let token = header
             .strip_prefix(b"Bearer ")
@@ -132,6 +138,7 @@ impl TokenTable {
         // secret bytes happens here and none needs to be constant-time.
         self.by_hash
             .get(&hash_token(token))
+            .map(|(grant, id)| (grant, id.as_str()))
             .ok_or(AuthError::Unknown)
     }
 }
@@ -154,6 +161,10 @@ mod tests {
             Ok(&Grant::Cluster(Arc::from("edge-1")))
         );
         assert_eq!(table.check(Some(&header(&admin.secret))), Ok(&Grant::Admin));
+        assert_eq!(
+            table.check_with_id(Some(&header(&admin.secret))),
+            Ok((&Grant::Admin, admin.stored.id.as_str()))
+        );
         assert_eq!(
             table.check(Some(&header(&revoked.secret))),
             Err(AuthError::Unknown)

@@ -3,8 +3,16 @@
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use tokio::sync::Notify;
+
 pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> SystemTime;
+
+    /// For a clock moved by hand: notified each time it moves, so that timers set on
+    /// it (the rollouts' next bake end, say) look again. `None` for the wall clock.
+    fn advanced(&self) -> Option<&Notify> {
+        None
+    }
 
     /// Milliseconds since the Unix epoch, as the store records times.
     fn now_ms(&self) -> i64 {
@@ -32,24 +40,32 @@ impl Clock for SystemClock {
 #[derive(Debug)]
 pub struct ManualClock {
     now: Mutex<SystemTime>,
+    advanced: Notify,
 }
 
 impl ManualClock {
     pub fn new(start: SystemTime) -> ManualClock {
         ManualClock {
             now: Mutex::new(start),
+            advanced: Notify::new(),
         }
     }
 
     pub fn advance(&self, by: Duration) {
         let mut now = self.now.lock().unwrap_or_else(|e| e.into_inner());
         *now += by;
+        drop(now);
+        self.advanced.notify_one();
     }
 }
 
 impl Clock for ManualClock {
     fn now(&self) -> SystemTime {
         *self.now.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn advanced(&self) -> Option<&Notify> {
+        Some(&self.advanced)
     }
 }
 

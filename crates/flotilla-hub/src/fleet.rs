@@ -1,6 +1,7 @@
-//! The fleet summary of `GET /v1/fleet`: per cluster its desired and applied digest
-//! and state, counts per state, and the render status. Pure: it takes the time as an
-//! argument, so tests move time without sleeping.
+//! The fleet summary of `GET /v1/fleet`: per cluster the digest it is served
+//! (`desired`), the one HEAD renders for it (`latest`), its rollout wave, what it
+//! applied and its state; counts per state, and the render status. Pure: it takes the
+//! time as an argument, so tests move time without sleeping.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -22,6 +23,11 @@ pub enum ClusterState {
     /// The agent was seen recently, has not applied the desired digest, and has
     /// reported no error for it.
     Pending,
+    /// In sync with the digest it is served, which is older than what HEAD renders:
+    /// its rollout wave is not released yet (or the rollout stopped).
+    Waiting,
+    /// `spec.paused`: it keeps what it is served, and is in sync with it or on its way.
+    Paused,
     /// The agent reported an error for the desired digest.
     Failed,
     /// The agent has not reported for longer than the offline threshold.
@@ -31,9 +37,11 @@ pub enum ClusterState {
 }
 
 impl ClusterState {
-    pub const ALL: [ClusterState; 5] = [
+    pub const ALL: [ClusterState; 7] = [
         ClusterState::InSync,
         ClusterState::Pending,
+        ClusterState::Waiting,
+        ClusterState::Paused,
         ClusterState::Failed,
         ClusterState::Offline,
         ClusterState::NeverSeen,
@@ -43,6 +51,8 @@ impl ClusterState {
         match self {
             ClusterState::InSync => "in-sync",
             ClusterState::Pending => "pending",
+            ClusterState::Waiting => "waiting",
+            ClusterState::Paused => "paused",
             ClusterState::Failed => "failed",
             ClusterState::Offline => "offline",
             ClusterState::NeverSeen => "never-seen",
@@ -51,17 +61,20 @@ impl ClusterState {
 }
 
 /// The state of one cluster. Offline is decided first, so a cluster that is out of
-/// reach is never counted as failed.
+/// reach is never counted as failed. A cluster is seen by its reports and by its
+/// authenticated polls (`seen_ms`), so an idle agent need not resend its report.
 pub fn state_of(
     desired: &Digest,
     status: Option<&StoredStatus>,
     now_ms: i64,
     offline_after: Duration,
+    seen_ms: Option<i64>,
 ) -> ClusterState {
     let Some(status) = status else {
         return ClusterState::NeverSeen;
     };
-    let silent_ms = now_ms.saturating_sub(status.received_at_ms);
+    let last_seen = seen_ms.map_or(status.received_at_ms, |s| s.max(status.received_at_ms));
+    let silent_ms = now_ms.saturating_sub(last_seen);
     if silent_ms > i64::try_from(offline_after.as_millis()).unwrap_or(i64::MAX) {
         return ClusterState::Offline;
     }
@@ -123,8 +136,15 @@ pub struct RenderError {
 pub struct ClusterSummary {
     pub name: String,
     pub state: ClusterState,
+    /// The digest served to it now.
     pub desired: Digest,
     pub desired_revision: String,
+    /// The digest HEAD renders for it (differs from `desired` while a rollout has not
+    /// reached it, or while it is paused).
+    pub latest: Option<Digest>,
+    /// The rollout policy that governs it, and its wave in that policy.
+    pub policy: Option<String>,
+    pub wave: Option<String>,
     pub applied: Option<Digest>,
     pub attempted: Option<Digest>,
     pub last_seen: Option<String>,
@@ -139,6 +159,14 @@ pub struct Desired<'a> {
     pub name: &'a str,
     pub digest: &'a Digest,
     pub revision: &'a str,
+    /// A new cluster held on what its agent runs until its wave is released.
+    pub hold: bool,
+    /// Its last authenticated poll or report.
+    pub seen_ms: Option<i64>,
+    pub latest: Option<&'a Digest>,
+    pub policy: Option<&'a str>,
+    pub wave: Option<&'a str>,
+    pub paused: bool,
 }
 
 pub fn summarize<'a>(
@@ -154,16 +182,37 @@ pub fn summarize<'a>(
         .into_iter()
         .map(|d| {
             let status = statuses.get(d.name);
-            let state = state_of(d.digest, status, now_ms, offline_after);
+            // A held cluster is served what its agent runs (its polls get a 304).
+            let desired = match status.and_then(|s| s.report.applied.as_ref()) {
+                Some(applied)
+                    if d.hold && !status.is_some_and(|s| s.report.failed_for(applied)) =>
+                {
+                    applied
+                }
+                _ => d.digest,
+            };
+            let mut state = state_of(desired, status, now_ms, offline_after, d.seen_ms);
+            if d.paused && matches!(state, ClusterState::InSync | ClusterState::Pending) {
+                state = ClusterState::Paused;
+            } else if state == ClusterState::InSync && d.latest.is_some_and(|l| l != desired) {
+                state = ClusterState::Waiting;
+            }
             *counts.entry(state.as_str()).or_default() += 1;
+            let last_seen = match (status.map(|s| s.received_at_ms), d.seen_ms) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
             ClusterSummary {
                 name: d.name.to_string(),
                 state,
-                desired: d.digest.clone(),
+                desired: desired.clone(),
                 desired_revision: d.revision.to_string(),
+                latest: d.latest.cloned(),
+                policy: d.policy.map(str::to_string),
+                wave: d.wave.map(str::to_string),
                 applied: status.and_then(|s| s.report.applied.clone()),
                 attempted: status.and_then(|s| s.report.attempted.clone()),
-                last_seen: status.map(|s| rfc3339(s.received_at_ms)),
+                last_seen: last_seen.map(rfc3339),
                 message: status.map(|s| s.report.message.clone()),
                 agent_version: status.map(|s| s.report.agent_version.clone()),
                 failed_resources: status
@@ -236,7 +285,7 @@ mod tests {
 
     fn check(status: Option<StoredStatus>, now_ms: i64, expect: ClusterState) {
         assert_eq!(
-            state_of(&digest('a'), status.as_ref(), now_ms, FIVE_MINUTES),
+            state_of(&digest('a'), status.as_ref(), now_ms, FIVE_MINUTES, None),
             expect
         );
     }

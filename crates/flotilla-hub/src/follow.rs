@@ -174,8 +174,8 @@ impl Follower {
 
     /// Looks once: reads what is new, renders it and installs it if it is clean.
     pub async fn check(&mut self) {
-        let snapshot = match self.next_snapshot().await {
-            Ok(Some(snapshot)) => snapshot,
+        let (snapshot, forced) = match self.next_snapshot().await {
+            Ok(Some(found)) => found,
             Ok(None) => return,
             Err(err) => {
                 let message = err.to_string();
@@ -192,7 +192,7 @@ impl Follower {
             tracing::info!("the fleet repository can be read again");
         }
         self.shared.update_render_status(|r| r.source_error = None);
-        if let Err(err) = self.render_and_install(snapshot).await {
+        if let Err(err) = self.render_and_install(snapshot, forced).await {
             tracing::error!("cannot install the new bundles: {err}");
             // Try the same commit again next time.
             self.last_commit = None;
@@ -200,7 +200,11 @@ impl Follower {
         }
     }
 
-    async fn render_and_install(&self, snapshot: FleetSnapshot) -> Result<(), HubError> {
+    async fn render_and_install(
+        &self,
+        snapshot: FleetSnapshot,
+        forced: bool,
+    ) -> Result<(), HubError> {
         let (output, duration) = tokio::task::spawn_blocking(move || {
             let started = Instant::now();
             let output = render(&snapshot);
@@ -215,12 +219,13 @@ impl Follower {
         for warning in output.warnings() {
             tracing::warn!(revision = %output.revision, "{warning}");
         }
-        let report = self.shared.install(output, duration).await?;
+        let report = self.shared.install(output, duration, forced).await?;
         tracing::info!(
             revision = %report.revision,
             clusters = report.clusters,
             changed = report.changed,
             removed = report.removed,
+            rollouts_started = report.rollouts_started,
             objects_written = report.objects_written,
             render_ms = report.render_duration.as_millis() as u64,
             install_ms = report.install_duration.as_millis() as u64,
@@ -229,8 +234,9 @@ impl Follower {
         Ok(())
     }
 
-    /// The snapshot to render, or `None` when nothing changed since the last look.
-    async fn next_snapshot(&mut self) -> Result<Option<FleetSnapshot>, SourceError> {
+    /// The snapshot to render, and whether its commit forces an immediate rollout
+    /// (`Flotilla-Rollout: immediate`); `None` when nothing changed since the last look.
+    async fn next_snapshot(&mut self) -> Result<Option<(FleetSnapshot, bool)>, SourceError> {
         match self.origin.clone() {
             Origin::Remote { url, mirror } => {
                 git::mirror(&url, &mirror, FETCH_TIMEOUT).await?;
@@ -256,7 +262,7 @@ impl Follower {
                     return Ok(None);
                 }
                 self.last_files = Some(snapshot.files.clone());
-                Ok(Some(snapshot))
+                Ok(Some((snapshot, false)))
             }
         }
     }
@@ -264,18 +270,19 @@ impl Follower {
     async fn snapshot_of_tip(
         &mut self,
         repo: PathBuf,
-    ) -> Result<Option<FleetSnapshot>, SourceError> {
+    ) -> Result<Option<(FleetSnapshot, bool)>, SourceError> {
         let branch = self.spec.branch.clone();
         let subpath = self.spec.path.clone();
         let last = self.last_commit.clone();
         let result = tokio::task::spawn_blocking(
-            move || -> Result<Option<(Tip, FleetSnapshot)>, SourceError> {
+            move || -> Result<Option<(Tip, FleetSnapshot, bool)>, SourceError> {
                 let tip = git::tip(&repo, branch.as_deref())?;
                 if last.as_deref() == Some(tip.commit.as_str()) {
                     return Ok(None);
                 }
                 let snapshot = git::snapshot_at(&repo, &tip, &subpath)?;
-                Ok(Some((tip, snapshot)))
+                let forced = flotilla_core::rollout::is_forced(&git::commit_message(&repo, &tip)?);
+                Ok(Some((tip, snapshot, forced)))
             },
         )
         .await
@@ -283,9 +290,9 @@ impl Follower {
             path: self.spec.repo.clone(),
             message: e.to_string(),
         })??;
-        Ok(result.map(|(tip, snapshot)| {
+        Ok(result.map(|(tip, snapshot, forced)| {
             self.last_commit = Some(tip.commit);
-            snapshot
+            (snapshot, forced)
         }))
     }
 }

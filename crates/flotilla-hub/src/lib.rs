@@ -5,6 +5,7 @@
 //! - [`follow`]: the follower task (notify watcher, poll, remote mirror, webhook wake-up)
 //!   that renders and installs clean renders;
 //! - [`state`]: what is served, as one immutable snapshot swapped atomically;
+//! - [`rollouts`]: rollouts, decided by the pure core and recorded in the store;
 //! - [`api`]: the axum routes; [`auth`]: tokens; [`fleet`]: cluster states and the
 //!   fleet summary; [`metrics`]: Prometheus text;
 //! - [`publish`]: the same bundles as static files.
@@ -18,6 +19,7 @@ pub mod fleet;
 pub mod follow;
 pub mod metrics;
 pub mod publish;
+pub mod rollouts;
 pub mod source;
 pub mod state;
 pub mod store;
@@ -125,8 +127,26 @@ impl Hub {
                 clock: config.clock,
             },
             look_now: Arc::new(Notify::new()),
+            latest: ArcSwap::default(),
+            pulses: Mutex::default(),
+            rollouts: rollouts::Engine::default(),
         });
         let loaded = shared.load_from_store().await?;
+        if shared
+            .pulses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+        {
+            // Nothing says when any cluster was last seen (a new store, or one that was
+            // lost): give the agents the offline threshold to be heard from before a
+            // wave is released and offline clusters are told apart.
+            let offline_after =
+                i64::try_from(shared.settings.offline_after.as_millis()).unwrap_or(i64::MAX);
+            shared
+                .rollouts
+                .hold_releases_until(shared.settings.clock.now_ms().saturating_add(offline_after));
+        }
         if loaded > 0 {
             tracing::info!(clusters = loaded, "serving the bundles held in the store");
             shared.ready.store(true, Ordering::Relaxed);
@@ -150,6 +170,7 @@ impl Hub {
                 tokens_generation,
                 config.token_refresh,
             )),
+            tokio::spawn(rollouts::run_timer(shared.clone())),
         ];
         Ok(Hub { shared, tasks })
     }

@@ -17,6 +17,30 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::fleet::{ClusterState, FleetSummary, RenderStatus};
+use flotilla_core::rollout::RolloutState;
+use flotilla_core::rollout::view::RolloutView;
+
+/// The rollout figures of one scrape.
+pub struct RolloutFigures<'a> {
+    /// The rollouts that have not ended.
+    pub active: &'a [RolloutView],
+    pub superseded: u64,
+    pub decisions: u64,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RolloutLabels {
+    policy: String,
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WaveLabels {
+    policy: String,
+    rollout: String,
+    wave: String,
+    state: &'static str,
+}
 
 /// The content type of the exposition.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -170,10 +194,17 @@ impl Metrics {
     }
 
     /// The whole exposition: the live figures, then those derived from the hub's state.
-    pub fn render(&self, render: &RenderStatus, fleet: &FleetSummary, tokens: usize) -> String {
+    pub fn render(
+        &self,
+        render: &RenderStatus,
+        fleet: &FleetSummary,
+        tokens: usize,
+        rollouts: &RolloutFigures<'_>,
+    ) -> String {
         let mut derived = Registry::default();
         register_render(&mut derived, render);
         register_fleet(&mut derived, fleet, tokens);
+        register_rollouts(&mut derived, rollouts);
         register_not_modified_ratio(
             &mut derived,
             self.bundle_responses(200),
@@ -286,6 +317,79 @@ fn register_fleet(registry: &mut Registry, fleet: &FleetSummary, tokens: usize) 
     );
 }
 
+fn register_rollouts(registry: &mut Registry, figures: &RolloutFigures<'_>) {
+    let rollouts = Family::<RolloutLabels, Gauge>::default();
+    for view in figures.active {
+        rollouts
+            .get_or_create(&RolloutLabels {
+                policy: label_value(&view.policy),
+                state: view.state.as_str(),
+            })
+            .inc();
+    }
+    // Every active state is shown, at zero too, so alerts can test for it.
+    for state in RolloutState::ALL.into_iter().filter(|s| s.is_active()) {
+        for view in figures.active {
+            let _ = rollouts.get_or_create(&RolloutLabels {
+                policy: label_value(&view.policy),
+                state: state.as_str(),
+            });
+        }
+    }
+    registry.register(
+        "flotilla_rollouts",
+        "Rollouts that have not ended, by policy and state",
+        rollouts,
+    );
+    let waves = Family::<WaveLabels, Gauge>::default();
+    let wave_state = Family::<WaveLabels, Gauge>::default();
+    for view in figures.active {
+        for wave in &view.waves {
+            let labels = |state: &'static str| WaveLabels {
+                policy: label_value(&view.policy),
+                rollout: view.id.to_string(),
+                wave: label_value(&wave.name),
+                state,
+            };
+            for (state, count) in [
+                ("changing", wave.clusters),
+                ("in-sync", wave.in_sync),
+                ("failed", wave.failed),
+                ("offline", wave.offline),
+            ] {
+                waves.get_or_create(&labels(state)).set(count as i64);
+            }
+            wave_state
+                .get_or_create(&labels(wave.state.as_str()))
+                .set(1);
+        }
+    }
+    registry.register(
+        "flotilla_rollout_wave_clusters",
+        "Changing clusters of each wave of the active rollouts: all of them, and those in sync, failed and offline",
+        waves,
+    );
+    registry.register(
+        "flotilla_rollout_wave_info",
+        "The state of each wave of the active rollouts (value 1)",
+        wave_state,
+    );
+    let superseded: Counter = Counter::default();
+    superseded.inc_by(figures.superseded);
+    registry.register(
+        "flotilla_rollouts_superseded",
+        "Rollouts a newer commit superseded since the hub started (a repository committing faster than its waves bake)",
+        superseded,
+    );
+    let decisions: Counter = Counter::default();
+    decisions.inc_by(figures.decisions);
+    registry.register(
+        "flotilla_rollout_decisions",
+        "Rollout decisions taken since the hub started",
+        decisions,
+    );
+}
+
 fn register_not_modified_ratio(registry: &mut Registry, ok: u64, not_modified: u64) {
     let answered = ok + not_modified;
     gauge_f64(
@@ -337,7 +441,16 @@ mod tests {
             renders_clean: 2,
             ..RenderStatus::default()
         };
-        let text = metrics.render(&render, &FleetSummary::default(), 3);
+        let text = metrics.render(
+            &render,
+            &FleetSummary::default(),
+            3,
+            &RolloutFigures {
+                active: &[],
+                superseded: 2,
+                decisions: 0,
+            },
+        );
         drop(held);
         assert_eq!(
             sample(&text, "flotilla_bundle_responses_total{code=\"304\"}"),
@@ -362,6 +475,10 @@ mod tests {
         );
         assert_eq!(sample(&text, "flotilla_render_errors"), Some("1"));
         assert_eq!(sample(&text, "flotilla_tokens"), Some("3"));
+        assert_eq!(
+            sample(&text, "flotilla_rollouts_superseded_total"),
+            Some("2")
+        );
         let ratio: f64 = sample(&text, "flotilla_bundle_not_modified_ratio")
             .and_then(|v| v.parse().ok())
             .expect("ratio");

@@ -1,6 +1,10 @@
-//! `flotilla publish`: the bundles of one render laid out as static files under the
-//! API's own paths, so any static web server, an object store or a `file://` reader
-//! can stand in for the hub (without token checks: a static server cannot check them).
+//! `flotilla publish`: bundles laid out as static files under the API's own paths, so
+//! any static web server, an object store or a `file://` reader can stand in for the
+//! hub (without token checks: a static server cannot check them).
+//!
+//! A static server knows no rollout: [`publish`] writes what HEAD renders for every
+//! cluster at once; [`publish_served`] writes what a hub's store says each cluster is
+//! served, so rollouts hold on the mirror too.
 //!
 //! ```text
 //! OUT/v1/clusters/<cluster>/bundle               the current Bundle document
@@ -13,14 +17,28 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use flotilla_core::api;
+use flotilla_core::bundle::{Digest, document_bytes};
 use flotilla_fs::Mode;
 use flotilla_render::RenderOutput;
 
+use crate::store::{ObjectError, Objects, StoredCluster};
+
 #[derive(Debug, thiserror::Error)]
-#[error("cannot write {path}: {source}")]
-pub struct PublishError {
-    pub path: String,
-    pub source: io::Error,
+pub enum PublishError {
+    #[error("cannot write {path}: {source}")]
+    Write { path: String, source: io::Error },
+    #[error("cannot read what the hub serves to {cluster}: {source}")]
+    Served {
+        cluster: String,
+        source: ObjectError,
+    },
+}
+
+/// One cluster's document as it is to be published.
+struct Document {
+    cluster: String,
+    digest: Digest,
+    bytes: Vec<u8>,
 }
 
 /// What one publish wrote.
@@ -32,31 +50,88 @@ pub struct Published {
     pub removed: Vec<String>,
 }
 
-/// Writes every bundle of a clean render under `out`. Files are replaced atomically
-/// (temporary file, fsync, rename), so a web server never serves half a bundle.
-/// Earlier `bundles/<digest>` files stay, which gives mirrors a history; clusters that
-/// left the fleet are removed.
+/// Writes every bundle of a clean render under `out`, as if every cluster were served
+/// what HEAD renders (no rollout holds a static mirror back).
 pub fn publish(output: &RenderOutput, out: &Path) -> Result<Published, PublishError> {
+    let documents = output
+        .bundles
+        .iter()
+        .map(|(name, bundle)| Document {
+            cluster: name.clone(),
+            digest: bundle.digest.clone(),
+            bytes: bundle.document(&output.revision),
+        })
+        .collect();
+    write_documents(documents, out)
+}
+
+/// Writes, for every cluster of a clean render, what a hub's store says it is served
+/// (with the revision the hub serves it with); a cluster the hub does not serve yet,
+/// or holds on what its agent runs, gets HEAD's render, as the hub gives a fresh agent.
+pub fn publish_served(
+    output: &RenderOutput,
+    served: &[StoredCluster],
+    objects: &Objects,
+    out: &Path,
+) -> Result<Published, PublishError> {
+    let served: std::collections::HashMap<&str, &StoredCluster> =
+        served.iter().map(|c| (c.name.as_str(), c)).collect();
+    let mut documents = Vec::with_capacity(output.bundles.len());
+    for (name, bundle) in &output.bundles {
+        let document = match served.get(name.as_str()) {
+            Some(cluster) if !cluster.hold => {
+                let canonical =
+                    objects
+                        .read(&cluster.digest)
+                        .map_err(|source| PublishError::Served {
+                            cluster: name.clone(),
+                            source,
+                        })?;
+                Document {
+                    cluster: name.clone(),
+                    digest: cluster.digest.clone(),
+                    bytes: document_bytes(name, &cluster.digest, &cluster.revision, &canonical),
+                }
+            }
+            _ => Document {
+                cluster: name.clone(),
+                digest: bundle.digest.clone(),
+                bytes: bundle.document(&output.revision),
+            },
+        };
+        documents.push(document);
+    }
+    write_documents(documents, out)
+}
+
+/// Files are replaced atomically (temporary file, fsync, rename), so a web server never
+/// serves half a bundle. Earlier `bundles/<digest>` files stay, which gives mirrors a
+/// history; clusters that left the fleet are removed.
+fn write_documents(documents: Vec<Document>, out: &Path) -> Result<Published, PublishError> {
     let clusters_dir = join(out, &api::CLUSTERS);
     create_dir(&clusters_dir)?;
     let mut published = Published {
-        clusters: output.bundles.len(),
+        clusters: documents.len(),
         ..Published::default()
     };
-    for (name, bundle) in &output.bundles {
-        let dir = clusters_dir.join(name);
+    for Document {
+        cluster,
+        digest,
+        bytes: document,
+    } in &documents
+    {
+        let dir = clusters_dir.join(cluster);
         let by_digest = dir.join(api::BUNDLES_BY_DIGEST);
         create_dir(&by_digest)?;
-        let document = bundle.document(&output.revision);
-        let digest_file = by_digest.join(bundle.digest.as_str());
+        let digest_file = by_digest.join(digest.as_str());
         // A digest file's content is fixed by its digest, except for the revision in it:
         // the first one written stays, as on the hub.
         let digest_document = match fs::read(&digest_file) {
             Ok(existing) => existing,
             Err(_) => {
-                write_atomically(&digest_file, &document)?;
+                write_atomically(&digest_file, document)?;
                 sync(&by_digest)?;
-                document
+                document.clone()
             }
         };
         let current = dir.join(api::CURRENT_BUNDLE);
@@ -68,7 +143,7 @@ pub fn publish(output: &RenderOutput, out: &Path) -> Result<Published, PublishEr
             published.written += 1;
         }
     }
-    let keep: BTreeSet<&str> = output.bundles.keys().map(String::as_str).collect();
+    let keep: BTreeSet<&str> = documents.iter().map(|d| d.cluster.as_str()).collect();
     let entries = fs::read_dir(&clusters_dir).map_err(|source| error(&clusters_dir, source))?;
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -82,7 +157,7 @@ pub fn publish(output: &RenderOutput, out: &Path) -> Result<Published, PublishEr
 }
 
 fn error(path: &Path, source: io::Error) -> PublishError {
-    PublishError {
+    PublishError::Write {
         path: path.display().to_string(),
         source,
     }

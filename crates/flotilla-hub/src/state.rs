@@ -4,7 +4,7 @@
 //! bumps.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
@@ -18,9 +18,50 @@ use super::auth::TokenTable;
 use super::clock::Clock;
 use super::fleet::{Desired, FleetSummary, RenderStatus, summarize};
 use super::metrics::Metrics;
-use crate::store::{ObjectError, RenderCommit, Store, StoredCluster, StoredStatus};
+use super::rollouts::Engine;
+use crate::store::{ObjectError, Store, StoredStatus};
 use flotilla_core::bundle::{Digest, document_bytes};
 use flotilla_render::RenderOutput;
+
+/// When a cluster was last heard from, updated without locks on the request path: a
+/// status report or an authenticated poll of its bundle marks it seen; a poll that
+/// ends with the agent holding the served digest (a 200, or a 304 for that digest)
+/// marks it fetched. Times are milliseconds on the hub's clock; 0 means never.
+#[derive(Debug, Default)]
+pub struct Pulse {
+    seen: AtomicI64,
+    fetched: AtomicI64,
+}
+
+impl Pulse {
+    pub fn see(&self, now_ms: i64) {
+        self.seen.fetch_max(now_ms, Ordering::Relaxed);
+    }
+
+    pub fn fetch(&self, now_ms: i64) {
+        self.see(now_ms);
+        self.fetched.fetch_max(now_ms, Ordering::Relaxed);
+    }
+
+    pub fn seen(&self) -> Option<i64> {
+        Some(self.seen.load(Ordering::Relaxed)).filter(|&at| at > 0)
+    }
+
+    pub fn fetched(&self) -> Option<i64> {
+        Some(self.fetched.load(Ordering::Relaxed)).filter(|&at| at > 0)
+    }
+}
+
+/// What the last clean render gives one cluster, and where the rollout plan puts it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Latest {
+    pub digest: Digest,
+    /// The revision that first rendered this digest for this cluster.
+    pub revision: String,
+    pub policy: Option<String>,
+    pub wave: Option<String>,
+    pub paused: bool,
+}
 
 /// One cluster's current bundle. The document itself stays on disk (read through the
 /// page cache when an agent needs it); compressed forms are made once per digest, on
@@ -34,12 +75,28 @@ pub struct ClusterBundle {
     /// The commit that first produced this digest for this cluster.
     pub revision: String,
     pub revision_header: HeaderValue,
+    /// A cluster new to the hub whose wave is not released: a poll naming any digest
+    /// (the one the agent runs) is answered 304, so it keeps what it runs; a fresh
+    /// agent gets `digest`.
+    pub hold: bool,
+    /// When the cluster was last seen and last fetched what it is served.
+    pub pulse: Arc<Pulse>,
     gzip: OnceLock<Bytes>,
     zstd: OnceLock<Bytes>,
 }
 
 impl ClusterBundle {
     pub fn new(name: String, digest: Digest, revision: String) -> ClusterBundle {
+        ClusterBundle::serving(name, digest, revision, false, Arc::default())
+    }
+
+    pub fn serving(
+        name: String,
+        digest: Digest,
+        revision: String,
+        hold: bool,
+        pulse: Arc<Pulse>,
+    ) -> ClusterBundle {
         let etag = HeaderValue::from_str(&format!("\"{digest}\""))
             .unwrap_or_else(|_| HeaderValue::from_static("\"\""));
         let revision_header = HeaderValue::from_bytes(revision.as_bytes())
@@ -50,6 +107,8 @@ impl ClusterBundle {
             etag,
             revision,
             revision_header,
+            hold,
+            pulse,
             gzip: OnceLock::new(),
             zstd: OnceLock::new(),
         }
@@ -113,7 +172,7 @@ fn zstd(bytes: &[u8]) -> Bytes {
     Bytes::from(zstd::bulk::compress(bytes, 3).unwrap_or_default())
 }
 
-/// Every served cluster, as of one clean render (or the store, after a restart).
+/// What every cluster is served now.
 #[derive(Debug, Default)]
 pub struct Served {
     pub clusters: HashMap<String, Arc<ClusterBundle>>,
@@ -144,6 +203,12 @@ pub struct Shared {
     pub settings: Settings,
     /// Wakes the follower: a webhook, a file-system event.
     pub look_now: Arc<Notify>,
+    /// What the last clean render gives each cluster.
+    pub latest: ArcSwap<HashMap<String, Arc<Latest>>>,
+    /// Per cluster, when it was last seen and fetched (kept across swaps of `served`).
+    pub pulses: Mutex<HashMap<String, Arc<Pulse>>>,
+    /// The rollouts: their state, decisions and timer.
+    pub rollouts: Engine,
 }
 
 impl Shared {
@@ -160,12 +225,22 @@ impl Shared {
 
     pub fn fleet_summary(&self) -> FleetSummary {
         let served = self.served.load();
+        let latest = self.latest.load();
         let statuses = self.statuses.read().unwrap_or_else(|e| e.into_inner());
         summarize(
-            served.clusters.values().map(|c| Desired {
-                name: &c.name,
-                digest: &c.digest,
-                revision: &c.revision,
+            served.clusters.values().map(|c| {
+                let latest = latest.get(&c.name);
+                Desired {
+                    name: &c.name,
+                    digest: &c.digest,
+                    revision: &c.revision,
+                    hold: c.hold,
+                    seen_ms: c.pulse.seen(),
+                    latest: latest.map(|l| &l.digest),
+                    policy: latest.and_then(|l| l.policy.as_deref()),
+                    wave: latest.and_then(|l| l.wave.as_deref()),
+                    paused: latest.is_some_and(|l| l.paused),
+                }
             }),
             &statuses,
             &self.render_status(),
@@ -174,19 +249,61 @@ impl Shared {
         )
     }
 
+    /// One cluster's line of the fleet summary.
+    pub fn fleet_summary_of(&self, cluster: &str) -> Option<super::fleet::ClusterSummary> {
+        let served = self.served.load();
+        let entry = served.clusters.get(cluster)?;
+        let latest = self.latest.load();
+        let latest = latest.get(cluster);
+        let statuses = self.statuses.read().unwrap_or_else(|e| e.into_inner());
+        summarize(
+            [Desired {
+                name: &entry.name,
+                digest: &entry.digest,
+                revision: &entry.revision,
+                hold: entry.hold,
+                seen_ms: entry.pulse.seen(),
+                latest: latest.map(|l| &l.digest),
+                policy: latest.and_then(|l| l.policy.as_deref()),
+                wave: latest.and_then(|l| l.wave.as_deref()),
+                paused: latest.is_some_and(|l| l.paused),
+            }],
+            &statuses,
+            &RenderStatus::default(),
+            self.settings.clock.now_ms(),
+            self.settings.offline_after,
+        )
+        .clusters
+        .pop()
+    }
+
     pub fn is_shutting_down(&self) -> bool {
         *self.shutdown.borrow()
     }
 
-    fn swap(&self, served: Served) {
+    pub(crate) fn swap(&self, served: Served) {
         self.served.store(Arc::new(served));
         self.generation.send_modify(|g| *g += 1);
     }
 
+    /// The pulse of a cluster, made on first use and kept for as long as the hub runs.
+    pub fn pulse(&self, cluster: &str) -> Arc<Pulse> {
+        let mut pulses = self.pulses.lock().unwrap_or_else(|e| e.into_inner());
+        pulses.entry(cluster.to_string()).or_default().clone()
+    }
+
     /// Loads what the store holds, so the hub serves at once after a restart with the
-    /// same digests, revisions and so ETags. Clusters whose object is missing are left
-    /// out (the next render writes them again).
+    /// same digests, revisions and so ETags, and its rollouts go on where they were.
+    /// Clusters whose object is missing are left out (the next render writes them
+    /// again).
     pub async fn load_from_store(&self) -> Result<usize, HubError> {
+        for (cluster, seen) in self.store.seen().await? {
+            self.pulse(&cluster).see(seen);
+        }
+        let statuses = self.store.statuses().await?;
+        for status in &statuses {
+            self.pulse(&status.cluster).see(status.received_at_ms);
+        }
         let clusters = self.store.clusters().await?;
         let mut served = Served::default();
         for cluster in clusters {
@@ -198,12 +315,15 @@ impl Shared {
                 );
                 continue;
             }
+            let pulse = self.pulse(&cluster.name);
             served.clusters.insert(
                 cluster.name.clone(),
-                Arc::new(ClusterBundle::new(
+                Arc::new(ClusterBundle::serving(
                     cluster.name,
                     cluster.digest,
                     cluster.revision,
+                    cluster.hold,
+                    pulse,
                 )),
             );
         }
@@ -211,13 +331,32 @@ impl Shared {
         // Temporary files of a crashed earlier run; nothing else writes objects yet.
         self.store.objects.clean_temporaries();
         let revision = self.store.revision().await?;
-        let statuses = self.store.statuses().await?;
         *self.statuses.write().unwrap_or_else(|e| e.into_inner()) = statuses
             .into_iter()
             .map(|s| (s.cluster.clone(), s))
             .collect();
+        let latest: HashMap<String, Arc<Latest>> = self
+            .store
+            .rendered()
+            .await?
+            .into_iter()
+            .map(|r| {
+                (
+                    r.cluster,
+                    Arc::new(Latest {
+                        digest: r.digest,
+                        revision: r.revision,
+                        policy: r.policy,
+                        wave: r.wave,
+                        paused: r.paused,
+                    }),
+                )
+            })
+            .collect();
+        self.latest.store(Arc::new(latest));
         self.update_render_status(|r| r.served_revision = revision);
         self.swap(served);
+        self.load_rollouts().await?;
         Ok(count)
     }
 
@@ -268,57 +407,42 @@ impl Shared {
         });
     }
 
-    /// Installs a clean render: writes the objects of changed bundles, records the
-    /// new digests in one transaction, then swaps what is served. Clusters whose digest
-    /// did not change keep their entry (and its revision), so their ETag and bytes stay
-    /// the same.
+    /// Installs a clean render: writes the objects of new digests, then records what
+    /// HEAD renders and what changes for whom in one transaction (ungoverned and new
+    /// clusters at once; governed ones through a rollout of their policy), then swaps
+    /// what is served. A cluster whose served digest does not change keeps its entry
+    /// (and its revision), so its ETag and bytes stay the same.
     pub async fn install(
         &self,
         output: RenderOutput,
         duration: Duration,
+        forced: bool,
     ) -> Result<InstallReport, HubError> {
         debug_assert!(output.is_clean());
         let started = Instant::now();
         let current = self.served.load_full();
-        let changed: Vec<&flotilla_core::bundle::Bundle> = output
-            .bundles
-            .values()
-            .filter(|b| {
-                current
-                    .clusters
-                    .get(&b.cluster)
-                    .is_none_or(|c| c.digest != b.digest)
-            })
-            .collect();
-        let removed: Vec<String> = current
-            .clusters
-            .keys()
-            .filter(|name| !output.bundles.contains_key(*name))
-            .cloned()
-            .collect();
-
-        // One object per distinct digest, assembled and written off the async threads.
-        // Unchanged bundles whose object went missing (deleted, or found corrupt at
-        // start) are written again too.
+        let latest = self.latest.load_full();
+        // One object per new digest, written off the async threads. Bundles whose
+        // object went missing (deleted, or found corrupt at start) are written again.
         let objects_to_write: Vec<(Digest, Arc<flotilla_core::bundle::Bundle>)> = {
             let mut seen = std::collections::BTreeSet::new();
-            let missing = output.bundles.values().filter(|b| {
-                current
-                    .clusters
-                    .get(&b.cluster)
-                    .is_some_and(|c| c.digest == b.digest)
-                    && !self.store.objects.contains(&b.digest)
-            });
-            changed
-                .iter()
-                .copied()
-                .chain(missing)
+            output
+                .bundles
+                .values()
+                .filter(|b| {
+                    let known = latest.get(&b.cluster).is_some_and(|l| l.digest == b.digest)
+                        || current
+                            .clusters
+                            .get(&b.cluster)
+                            .is_some_and(|c| c.digest == b.digest);
+                    !known || !self.store.objects.contains(&b.digest)
+                })
                 .filter(|b| seen.insert(b.digest.clone()))
-                .map(|b| (b.digest.clone(), Arc::new((*b).clone())))
+                .map(|b| (b.digest.clone(), Arc::new(b.clone())))
                 .collect()
         };
         let store_objects = self.store.objects.clone();
-        let writing = tokio::task::spawn_blocking(move || {
+        let written = tokio::task::spawn_blocking(move || {
             let objects: BTreeMap<&Digest, Vec<u8>> = objects_to_write
                 .iter()
                 .map(|(digest, bundle)| (digest, bundle.canonical_resources()))
@@ -326,73 +450,19 @@ impl Shared {
             let pairs: Vec<(&Digest, &[u8])> =
                 objects.iter().map(|(d, b)| (*d, b.as_slice())).collect();
             store_objects.write_all(&pairs)
-        });
-        // While the objects are written: a digest this cluster had before keeps the
-        // revision it had then, so one ETag always stands for the same bytes.
-        let revisions = async {
-            let mut entries = Vec::with_capacity(changed.len());
-            for bundle in &changed {
-                let revision = self
-                    .store
-                    .revision_in_history(&bundle.cluster, &bundle.digest)
-                    .await?
-                    .unwrap_or_else(|| output.revision.clone());
-                entries.push(StoredCluster {
-                    name: bundle.cluster.clone(),
-                    digest: bundle.digest.clone(),
-                    revision,
-                });
-            }
-            Ok::<_, HubError>(entries)
-        };
-        let (written, entries) = tokio::join!(writing, revisions);
-        let written = written.map_err(|e| HubError::Task(e.to_string()))??;
-        let entries = entries?;
+        })
+        .await
+        .map_err(|e| HubError::Task(e.to_string()))??;
         self.metrics.objects_written(written as u64);
 
         let now = self.settings.clock.now_ms();
-        let unreferenced = self
-            .store
-            .commit_render(&RenderCommit {
-                revision: output.revision.clone(),
-                changed: entries.clone(),
-                removed: removed.clone(),
-                history: self.settings.history,
-                now_ms: now,
-            })
-            .await?;
-
-        let mut next = Served {
-            clusters: current.clusters.clone(),
-        };
-        for name in &removed {
-            next.clusters.remove(name);
-        }
-        for entry in entries {
-            next.clusters.insert(
-                entry.name.clone(),
-                Arc::new(ClusterBundle::new(entry.name, entry.digest, entry.revision)),
-            );
-        }
-        if !changed.is_empty() || !removed.is_empty() {
-            self.swap(next);
-        }
-        if !removed.is_empty() {
-            let mut statuses = self.statuses.write().unwrap_or_else(|e| e.into_inner());
-            for name in &removed {
-                statuses.remove(name);
-            }
-        }
-        for digest in &unreferenced {
-            if let Err(err) = self.store.objects.remove(digest) {
-                tracing::warn!(%digest, "cannot delete an object no bundle uses: {err}");
-            }
-        }
+        let outcome = self.record_render(&output, forced, now).await?;
         let report = InstallReport {
             revision: output.revision.clone(),
             clusters: output.bundles.len(),
-            changed: changed.len(),
-            removed: removed.len(),
+            changed: outcome.served_changes,
+            removed: outcome.removed,
+            rollouts_started: outcome.rollouts_started,
             objects_written: written,
             render_duration: duration,
             install_duration: started.elapsed(),
@@ -415,8 +485,10 @@ impl Shared {
 pub struct InstallReport {
     pub revision: String,
     pub clusters: usize,
+    /// Clusters whose served digest changed at once (ungoverned, new, first waves).
     pub changed: usize,
     pub removed: usize,
+    pub rollouts_started: usize,
     pub objects_written: usize,
     pub render_duration: Duration,
     pub install_duration: Duration,

@@ -19,13 +19,16 @@ pub fn fleet_example() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fleet-example")
 }
 
-fn copy_tree(from: &Path, to: &Path) {
+fn copy_tree(from: &Path, to: &Path, skip: &[&str]) {
     std::fs::create_dir_all(to).expect("create dir");
     for entry in std::fs::read_dir(from).expect("read fleet-example") {
         let entry = entry.expect("entry");
+        if skip.iter().any(|s| entry.file_name() == *s) {
+            continue;
+        }
         let target = to.join(entry.file_name());
         if entry.file_type().expect("file type").is_dir() {
-            copy_tree(&entry.path(), &target);
+            copy_tree(&entry.path(), &target, &[]);
         } else {
             std::fs::copy(entry.path(), &target).expect("copy");
         }
@@ -38,12 +41,33 @@ pub struct Repo {
 }
 
 impl Repo {
+    /// fleet-example without its rollout policy: the tests of following, serving and
+    /// applying see every commit reach every cluster at once (the rollout tests bring
+    /// their own fleet and policies).
     pub fn new() -> Repo {
+        Repo::copy_of_example(&["rollouts"])
+    }
+
+    /// fleet-example as it is, rollout policy included.
+    pub fn with_rollouts() -> Repo {
+        Repo::copy_of_example(&[])
+    }
+
+    fn copy_of_example(skip: &[&str]) -> Repo {
         let dir = tempfile::tempdir().expect("temp dir");
-        copy_tree(&fleet_example(), dir.path());
+        copy_tree(&fleet_example(), dir.path(), skip);
         let repo = Repo { dir };
         repo.git(&["init", "--quiet", "--initial-branch=main"]);
         repo.commit("fleet-example");
+        repo
+    }
+
+    /// An empty repository: the test writes its files and commits them.
+    pub fn empty() -> Repo {
+        let repo = Repo {
+            dir: tempfile::tempdir().expect("temp dir"),
+        };
+        repo.git(&["init", "--quiet", "--initial-branch=main"]);
         repo
     }
 

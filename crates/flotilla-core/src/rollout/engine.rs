@@ -588,6 +588,20 @@ pub fn decide(
     now: Millis,
     offline_after: Millis,
 ) -> Step {
+    decide_with(rollout, observations, now, offline_after, None)
+}
+
+/// [`decide`], releasing no wave before `release_not_before`. A hub that has just
+/// started with no record of when its clusters were last seen passes its start plus
+/// the offline threshold: until then it cannot tell an offline cluster from one it has
+/// not heard from yet, and whether a cluster is offline is judged at release.
+pub fn decide_with(
+    rollout: &mut Rollout,
+    observations: &[Observation],
+    now: Millis,
+    offline_after: Millis,
+    release_not_before: Option<Millis>,
+) -> Step {
     let mut step = Step::default();
     if !rollout.state.is_active() || observations.len() != rollout.members.len() {
         return step;
@@ -606,7 +620,9 @@ pub fn decide(
             judge_wave(rollout, wave, now, &mut step);
         }
     }
-    if rollout.state == RolloutState::Progressing {
+    // A forced rollout admits everyone at once whatever is known of them.
+    let settled = rollout.forced || release_not_before.is_none_or(|at| now >= at);
+    if rollout.state == RolloutState::Progressing && settled {
         release_ready(rollout, observations, now, offline_after, &mut step);
     }
     if rollout.state == RolloutState::Progressing {
@@ -623,6 +639,12 @@ pub fn decide(
         step.event(now, "complete: every wave baked".to_string());
     }
     step.next_check = next_check(rollout, observations, now, offline_after);
+    if !settled
+        && rollout.state == RolloutState::Progressing
+        && let Some(at) = release_not_before
+    {
+        step.next_check = Some(step.next_check.map_or(at, |n| n.min(at)));
+    }
     step.finish()
 }
 

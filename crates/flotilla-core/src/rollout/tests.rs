@@ -623,3 +623,35 @@ fn judge_reads_reports_as_the_fleet_summary_does() {
     );
     assert_eq!(judge(&report(None, None, None), &target), Health::Elsewhere);
 }
+
+#[test]
+fn a_hub_that_just_started_releases_nothing_before_it_can_judge_who_is_offline() {
+    let mut sim = Sim::new(canary_then_rest(0), FLEET, false);
+    for name in ["c1", "r1", "r2", "r3"] {
+        sim.never_seen(name);
+    }
+    let settle = T0 + OFFLINE_AFTER;
+    let step = decide_with(
+        &mut sim.rollout,
+        &sim.obs,
+        sim.now,
+        OFFLINE_AFTER,
+        Some(settle),
+    );
+    assert_eq!(sim.wave_states(), [Waiting, Waiting]);
+    assert_eq!(step.next_check, Some(settle));
+    // The canary is heard from meanwhile: it is online at release and takes part.
+    sim.now = settle;
+    let i = sim.index("c1");
+    sim.obs[i].last_seen = Some(settle - MINUTE);
+    decide_with(
+        &mut sim.rollout,
+        &sim.obs,
+        sim.now,
+        OFFLINE_AFTER,
+        Some(settle),
+    );
+    assert_eq!(sim.wave_states(), [Released, Waiting]);
+    assert!(!sim.rollout.members[i].offline_at_release);
+    assert_eq!(sim.rollout.state, RolloutState::Progressing);
+}

@@ -87,6 +87,18 @@ pub fn tip(repo_path: &Path, branch: Option<&str>) -> Result<Tip, SourceError> {
     }
 }
 
+/// The message of the commit at a tip (for the `Flotilla-Rollout` trailer).
+pub fn commit_message(repo_path: &Path, tip: &Tip) -> Result<String, SourceError> {
+    let repo = open_repository(repo_path)?;
+    let git_error = |err: git2::Error| SourceError::Git {
+        repo: repo_path.display().to_string(),
+        message: err.message().to_string(),
+    };
+    let oid = git2::Oid::from_str(&tip.commit).map_err(git_error)?;
+    let commit = repo.find_commit(oid).map_err(git_error)?;
+    Ok(String::from_utf8_lossy(commit.message_bytes()).into_owned())
+}
+
 /// The fleet files of a commit.
 pub fn snapshot_at(
     repo_path: &Path,

@@ -1,13 +1,15 @@
 //! The hub's store, embedded under `--state-dir`: bundle content on disk, addressed
-//! by digest ([`objects`]), and everything else in SQLite through sqlx: each
-//! cluster's current digest and the revision that first produced it, the last N
-//! digests per cluster, agent status and hashed tokens.
+//! by digest ([`objects`]), and everything else in SQLite through sqlx: what each
+//! cluster is served and the revision that first produced it, the last N digests per
+//! cluster, what the last clean render gives each cluster, rollouts ([`rollouts`]),
+//! agent status and hashed tokens.
 //!
 //! The SQL is written plainly (`$1` placeholders, `ON CONFLICT … DO UPDATE`, no
 //! SQLite-only functions) so the same statements can run on PostgreSQL once a fleet
 //! outgrows one hub. The store knows nothing of HTTP, Git or rendering.
 
 pub mod objects;
+pub mod rollouts;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -20,6 +22,7 @@ use sqlx::{Row, SqlitePool};
 use flotilla_core::bundle::Digest;
 use flotilla_core::status::StatusReport;
 pub use objects::{ObjectError, Objects};
+pub use rollouts::{RolloutWrite, StoredRollout};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -42,13 +45,28 @@ pub enum StoreError {
     Token(String),
 }
 
-/// A cluster's current bundle as recorded.
+/// What a cluster is served, as recorded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredCluster {
     pub name: String,
     pub digest: Digest,
     /// The revision of the commit that first produced this digest for this cluster.
     pub revision: String,
+    /// A new cluster whose wave is not released: an agent naming the digest it runs
+    /// keeps it (304); a fresh agent gets `digest`.
+    pub hold: bool,
+}
+
+/// What the last clean render gives a cluster, and where the rollout plan puts it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenderedCluster {
+    pub cluster: String,
+    pub digest: Digest,
+    /// The revision that first rendered this digest for this cluster.
+    pub revision: String,
+    pub policy: Option<String>,
+    pub wave: Option<String>,
+    pub paused: bool,
 }
 
 /// A token as stored: only the SHA-256 of the token itself, never the token.
@@ -73,16 +91,28 @@ pub struct StoredStatus {
     pub received_at_ms: i64,
 }
 
-/// What one clean render changes.
-#[derive(Debug, Default)]
-pub struct RenderCommit {
-    /// The commit the render came from.
+/// One change of what a cluster is served: the one way the `clusters` table changes
+/// (each bumps the cluster's serve sequence).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServedChange {
+    pub cluster: String,
+    pub digest: Digest,
     pub revision: String,
-    /// Clusters whose digest changed (or that are new): (name, digest, revision that
-    /// first produced that digest).
-    pub changed: Vec<StoredCluster>,
+    pub hold: bool,
+}
+
+/// Everything one decision writes, in one transaction: a clean render's results,
+/// changes of what clusters are served, rollouts started or moved on.
+#[derive(Debug, Default)]
+pub struct Commit {
+    /// The revision of a clean render being recorded, if this commit records one.
+    pub revision: Option<String>,
+    /// New or changed rows of `rendered`.
+    pub rendered: Vec<RenderedCluster>,
     /// Clusters no longer in the repository.
     pub removed: Vec<String>,
+    pub served: Vec<ServedChange>,
+    pub rollouts: Vec<RolloutWrite>,
     /// How many digests to keep per cluster.
     pub history: usize,
     pub now_ms: i64,
@@ -172,7 +202,7 @@ impl Store {
 
     /// Every cluster's current bundle.
     pub async fn clusters(&self) -> Result<Vec<StoredCluster>, StoreError> {
-        let rows = sqlx::query("SELECT name, digest, revision FROM clusters ORDER BY name")
+        let rows = sqlx::query("SELECT name, digest, revision, hold FROM clusters ORDER BY name")
             .fetch_all(&self.pool)
             .await
             .map_err(|e| self.db_error(e))?;
@@ -182,9 +212,73 @@ impl Store {
                     name: row.get("name"),
                     digest: parse_digest("clusters", "digest", row.get("digest"))?,
                     revision: row.get("revision"),
+                    hold: row.get("hold"),
                 })
             })
             .collect()
+    }
+
+    /// What the last clean render gives each cluster.
+    pub async fn rendered(&self) -> Result<Vec<RenderedCluster>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT cluster, digest, revision, policy, wave, paused FROM rendered ORDER BY cluster",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| self.db_error(e))?;
+        rows.iter()
+            .map(|row| {
+                Ok(RenderedCluster {
+                    cluster: row.get("cluster"),
+                    digest: parse_digest("rendered", "digest", row.get("digest"))?,
+                    revision: row.get("revision"),
+                    policy: row.get("policy"),
+                    wave: row.get("wave"),
+                    paused: row.get("paused"),
+                })
+            })
+            .collect()
+    }
+
+    /// A cluster's serve sequence: how many times what it is served has changed.
+    pub async fn serve_sequence(&self, cluster: &str) -> Result<Option<i64>, StoreError> {
+        let row = sqlx::query("SELECT serve_sequence FROM clusters WHERE name = $1")
+            .bind(cluster)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        Ok(row.map(|r| r.get("serve_sequence")))
+    }
+
+    /// When each cluster was last seen, as last written by [`Store::put_seen`].
+    pub async fn seen(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        let rows = sqlx::query("SELECT cluster, seen_at FROM cluster_seen")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        Ok(rows
+            .iter()
+            .map(|row| (row.get("cluster"), row.get("seen_at")))
+            .collect())
+    }
+
+    /// Records when clusters were last seen (one batch, one transaction).
+    pub async fn put_seen(&self, seen: &[(String, i64)]) -> Result<(), StoreError> {
+        let err = |e| self.db_error(e);
+        let mut tx = self.pool.begin().await.map_err(err)?;
+        for (cluster, at) in seen {
+            sqlx::query(
+                "INSERT INTO cluster_seen (cluster, seen_at) VALUES ($1, $2)
+                 ON CONFLICT (cluster) DO UPDATE SET seen_at = excluded.seen_at",
+            )
+            .bind(cluster)
+            .bind(at)
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
+        }
+        tx.commit().await.map_err(err)?;
+        Ok(())
     }
 
     /// The revision recorded with `digest` in the cluster's history, if it is there.
@@ -236,70 +330,55 @@ impl Store {
         Ok(row.map(|r| r.get("value")))
     }
 
-    /// Records a clean render in one transaction: new current digests, history
-    /// (trimmed to `history` entries per cluster), removed clusters. The objects must
-    /// already be on disk. Returns the digests no cluster refers to any more, whose
-    /// objects the caller may delete.
-    pub async fn commit_render(&self, commit: &RenderCommit) -> Result<Vec<Digest>, StoreError> {
+    /// Writes one decision in one transaction: a clean render's `rendered` rows and
+    /// removed clusters, changes of what clusters are served (with their history,
+    /// trimmed to `history` entries per cluster), rollouts. The objects must already be
+    /// on disk. Returns the digests nothing refers to any more, whose objects the
+    /// caller may delete.
+    pub async fn commit(&self, commit: &Commit) -> Result<Vec<Digest>, StoreError> {
         let err = |e| self.db_error(e);
         let mut tx = self.pool.begin().await.map_err(err)?;
-        let generation: i64 = sqlx::query("SELECT value FROM hub_meta WHERE key = $1")
-            .bind(META_GENERATION)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(err)?
-            .and_then(|row| row.get::<String, _>("value").parse().ok())
-            .unwrap_or(0)
-            + 1;
-        let mut dropped: BTreeSet<String> = BTreeSet::new();
-        for cluster in &commit.changed {
+        let mut candidates: BTreeSet<String> = BTreeSet::new();
+        for row in &commit.rendered {
+            if let Some(old) = sqlx::query("SELECT digest FROM rendered WHERE cluster = $1")
+                .bind(&row.cluster)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(err)?
+            {
+                candidates.insert(old.get("digest"));
+            }
             sqlx::query(
-                "INSERT INTO clusters (name, digest, revision, updated_at) VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (name) DO UPDATE SET digest = excluded.digest,
-                     revision = excluded.revision, updated_at = excluded.updated_at",
+                "INSERT INTO rendered (cluster, digest, revision, policy, wave, paused)
+                 VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (cluster) DO UPDATE SET digest = excluded.digest,
+                     revision = excluded.revision, policy = excluded.policy,
+                     wave = excluded.wave, paused = excluded.paused",
             )
-            .bind(&cluster.name)
-            .bind(cluster.digest.as_str())
-            .bind(&cluster.revision)
-            .bind(commit.now_ms)
+            .bind(&row.cluster)
+            .bind(row.digest.as_str())
+            .bind(&row.revision)
+            .bind(&row.policy)
+            .bind(&row.wave)
+            .bind(row.paused)
             .execute(&mut *tx)
             .await
             .map_err(err)?;
-            sqlx::query(
-                "INSERT INTO bundle_history (cluster, digest, revision, generation) VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (cluster, digest) DO UPDATE SET generation = excluded.generation",
-            )
-            .bind(&cluster.name)
-            .bind(cluster.digest.as_str())
-            .bind(&cluster.revision)
-            .bind(generation)
-            .execute(&mut *tx)
-            .await
-            .map_err(err)?;
-            let old: Vec<String> = sqlx::query(
-                "SELECT digest FROM bundle_history WHERE cluster = $1 ORDER BY generation DESC",
-            )
-            .bind(&cluster.name)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(err)?
-            .iter()
-            .skip(commit.history.max(1))
-            .map(|row| row.get("digest"))
-            .collect();
-            for digest in old {
-                sqlx::query("DELETE FROM bundle_history WHERE cluster = $1 AND digest = $2")
-                    .bind(&cluster.name)
-                    .bind(&digest)
-                    .execute(&mut *tx)
+        }
+        if !commit.served.is_empty() {
+            let generation = next_generation(&mut tx).await.map_err(err)?;
+            for change in &commit.served {
+                write_served(&mut tx, change, generation, commit, &mut candidates)
                     .await
                     .map_err(err)?;
-                dropped.insert(digest);
             }
         }
         for name in &commit.removed {
-            let digests: Vec<String> =
-                sqlx::query("SELECT digest FROM bundle_history WHERE cluster = $1")
+            for query in [
+                "SELECT digest FROM bundle_history WHERE cluster = $1",
+                "SELECT digest FROM rendered WHERE cluster = $1",
+            ] {
+                let digests: Vec<String> = sqlx::query(query)
                     .bind(name)
                     .fetch_all(&mut *tx)
                     .await
@@ -307,11 +386,14 @@ impl Store {
                     .iter()
                     .map(|row| row.get("digest"))
                     .collect();
-            dropped.extend(digests);
+                candidates.extend(digests);
+            }
             for table in [
                 "DELETE FROM bundle_history WHERE cluster = $1",
                 "DELETE FROM clusters WHERE name = $1",
+                "DELETE FROM rendered WHERE cluster = $1",
                 "DELETE FROM agent_status WHERE cluster = $1",
+                "DELETE FROM cluster_seen WHERE cluster = $1",
             ] {
                 sqlx::query(table)
                     .bind(name)
@@ -320,24 +402,22 @@ impl Store {
                     .map_err(err)?;
             }
         }
-        let mut unreferenced = Vec::new();
-        for digest in dropped {
-            let used = sqlx::query("SELECT 1 FROM bundle_history WHERE digest = $1 LIMIT 1")
-                .bind(&digest)
-                .fetch_optional(&mut *tx)
+        for write in &commit.rollouts {
+            rollouts::write(&mut tx, write, &mut candidates)
                 .await
-                .map_err(err)?
-                .is_some();
-            if !used {
+                .map_err(err)?;
+        }
+        if let Some(revision) = &commit.revision {
+            set_meta(&mut tx, META_REVISION, revision)
+                .await
+                .map_err(err)?;
+        }
+        let mut unreferenced = Vec::new();
+        for digest in candidates {
+            if !referenced(&mut tx, &digest).await.map_err(err)? {
                 unreferenced.push(parse_digest("bundle_history", "digest", digest)?);
             }
         }
-        set_meta(&mut tx, META_GENERATION, &generation.to_string())
-            .await
-            .map_err(err)?;
-        set_meta(&mut tx, META_REVISION, &commit.revision)
-            .await
-            .map_err(err)?;
         tx.commit().await.map_err(err)?;
         Ok(unreferenced)
     }
@@ -502,6 +582,108 @@ impl Store {
     }
 }
 
+async fn next_generation(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>) -> Result<i64, sqlx::Error> {
+    let generation: i64 = sqlx::query("SELECT value FROM hub_meta WHERE key = $1")
+        .bind(META_GENERATION)
+        .fetch_optional(&mut **tx)
+        .await?
+        .and_then(|row| row.get::<String, _>("value").parse().ok())
+        .unwrap_or(0)
+        + 1;
+    set_meta(tx, META_GENERATION, &generation.to_string()).await?;
+    Ok(generation)
+}
+
+/// Records one change of what a cluster is served: the `clusters` row (its serve
+/// sequence up by one) and, for a digest really served, its history.
+async fn write_served(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    change: &ServedChange,
+    generation: i64,
+    commit: &Commit,
+    candidates: &mut BTreeSet<String>,
+) -> Result<(), sqlx::Error> {
+    if let Some(old) = sqlx::query("SELECT digest FROM clusters WHERE name = $1")
+        .bind(&change.cluster)
+        .fetch_optional(&mut **tx)
+        .await?
+    {
+        candidates.insert(old.get("digest"));
+    }
+    sqlx::query(
+        "INSERT INTO clusters (name, digest, revision, updated_at, hold, serve_sequence)
+         VALUES ($1, $2, $3, $4, $5, 1)
+         ON CONFLICT (name) DO UPDATE SET digest = excluded.digest,
+             revision = excluded.revision, updated_at = excluded.updated_at,
+             hold = excluded.hold, serve_sequence = clusters.serve_sequence + 1",
+    )
+    .bind(&change.cluster)
+    .bind(change.digest.as_str())
+    .bind(&change.revision)
+    .bind(commit.now_ms)
+    .bind(change.hold)
+    .execute(&mut **tx)
+    .await?;
+    if change.hold {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO bundle_history (cluster, digest, revision, generation) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (cluster, digest) DO UPDATE SET generation = excluded.generation",
+    )
+    .bind(&change.cluster)
+    .bind(change.digest.as_str())
+    .bind(&change.revision)
+    .bind(generation)
+    .execute(&mut **tx)
+    .await?;
+    let old: Vec<String> = sqlx::query(
+        "SELECT digest FROM bundle_history WHERE cluster = $1 ORDER BY generation DESC",
+    )
+    .bind(&change.cluster)
+    .fetch_all(&mut **tx)
+    .await?
+    .iter()
+    .skip(commit.history.max(1))
+    .map(|row| row.get("digest"))
+    .collect();
+    for digest in old {
+        sqlx::query("DELETE FROM bundle_history WHERE cluster = $1 AND digest = $2")
+            .bind(&change.cluster)
+            .bind(&digest)
+            .execute(&mut **tx)
+            .await?;
+        candidates.insert(digest);
+    }
+    Ok(())
+}
+
+/// Whether anything still refers to a digest: a cluster's history, what it is served,
+/// what HEAD renders for it, or a rollout that has not ended (its previous and new
+/// digests are kept until it ends).
+async fn referenced(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    digest: &str,
+) -> Result<bool, sqlx::Error> {
+    for query in [
+        "SELECT 1 FROM bundle_history WHERE digest = $1 LIMIT 1",
+        "SELECT 1 FROM clusters WHERE digest = $1 LIMIT 1",
+        "SELECT 1 FROM rendered WHERE digest = $1 LIMIT 1",
+        "SELECT 1 FROM rollout_clusters c JOIN rollouts r ON r.id = c.rollout_id
+         WHERE r.ended_at IS NULL AND (c.previous = $1 OR c.target = $1) LIMIT 1",
+    ] {
+        if sqlx::query(query)
+            .bind(digest)
+            .fetch_optional(&mut **tx)
+            .await?
+            .is_some()
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 async fn set_meta(
     tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
     key: &str,
@@ -622,6 +804,7 @@ mod tests {
             name: name.into(),
             digest: digest(c),
             revision: revision.into(),
+            hold: false,
         }
     }
 
@@ -629,15 +812,24 @@ mod tests {
     async fn history_is_trimmed_and_unreferenced_digests_are_returned() {
         let dir = tempfile::tempdir().expect("temp dir");
         let store = Store::open(dir.path()).await.expect("open");
-        let commit = |changed: Vec<StoredCluster>, removed: Vec<String>| RenderCommit {
-            revision: "r".into(),
-            changed,
+        let commit = |changed: Vec<StoredCluster>, removed: Vec<String>| Commit {
+            revision: Some("r".into()),
+            served: changed
+                .into_iter()
+                .map(|c| ServedChange {
+                    cluster: c.name,
+                    digest: c.digest,
+                    revision: c.revision,
+                    hold: false,
+                })
+                .collect(),
             removed,
             history: 2,
             now_ms: 1,
+            ..Commit::default()
         };
         let none = store
-            .commit_render(&commit(
+            .commit(&commit(
                 vec![changed("a", '1', "r1"), changed("b", '1', "r1")],
                 vec![],
             ))
@@ -645,12 +837,12 @@ mod tests {
             .expect("commit");
         assert!(none.is_empty());
         store
-            .commit_render(&commit(vec![changed("a", '2', "r2")], vec![]))
+            .commit(&commit(vec![changed("a", '2', "r2")], vec![]))
             .await
             .expect("commit");
         // a's third digest pushes '1' out of a's history, but b still uses it.
         let dropped = store
-            .commit_render(&commit(vec![changed("a", '3', "r3")], vec![]))
+            .commit(&commit(vec![changed("a", '3', "r3")], vec![]))
             .await
             .expect("commit");
         assert!(dropped.is_empty());
@@ -659,7 +851,7 @@ mod tests {
             vec![(digest('3'), "r3".into()), (digest('2'), "r2".into())]
         );
         let dropped = store
-            .commit_render(&commit(vec![], vec!["b".into()]))
+            .commit(&commit(vec![], vec!["b".into()]))
             .await
             .expect("commit");
         assert_eq!(dropped, vec![digest('1')]);

@@ -1,0 +1,894 @@
+//! Rollouts on the hub: it gathers the inputs of the pure decision
+//! ([`flotilla_core::rollout::decide`]), calls it, records the result and applies it.
+//!
+//! - A clean render ([`Shared::record_render`]) serves ungoverned and new clusters at
+//!   once, starts one rollout per policy whose clusters it changes (superseding the
+//!   running one), and lets clusters that left a policy leave its rollout.
+//! - Every status report ([`Shared::report_to_rollouts`]), every operator action and the
+//!   timer (the next bake end, deadline, silence or window) decide again.
+//! - Every decision is written in one transaction (rollout, waves, changed clusters,
+//!   events, and what clusters are served, through [`ServedChange`], the one way what
+//!   a cluster is served changes) before the in-memory snapshot is swapped and the
+//!   long-polls of the clusters concerned are woken.
+//!
+//! Decisions are taken one at a time (an async mutex), with every time from the hub's
+//! clock, and the state they act on is the store's, so a restarted hub goes on where
+//! it was.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use super::HubError;
+use super::state::{ClusterBundle, Latest, Pulse, Served, Shared};
+use crate::store::rollouts::MemberRow;
+use crate::store::{Commit, RenderedCluster, RolloutWrite, ServedChange, StoredRollout};
+use flotilla_core::bundle::Digest;
+use flotilla_core::rollout::view::{EventView, RolloutView};
+use flotilla_core::rollout::{
+    ActionError, Member, Millis, Observation, Report, Rollout, Serve, Step, decide_with, judge,
+    order_key,
+};
+use flotilla_render::RenderOutput;
+
+/// How many ended rollouts `GET /v1/rollouts` lists after the active ones.
+pub const RECENT_ROLLOUTS: i64 = 20;
+
+/// The revisions of a member's previous digest and of its target.
+type Revisions = (Option<String>, String);
+
+/// One rollout that has not ended, with what the hub knows of its clusters.
+struct Active {
+    id: i64,
+    rollout: Rollout,
+    /// Per member: (revision of its previous digest, revision of its target).
+    revisions: Vec<Revisions>,
+    index: HashMap<String, usize>,
+    observations: Vec<Observation>,
+    pulses: Vec<Arc<Pulse>>,
+}
+
+impl Active {
+    fn new(shared: &Shared, stored: StoredRollout) -> Active {
+        let index = stored
+            .rollout
+            .members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.cluster.clone(), i))
+            .collect();
+        let pulses = stored
+            .rollout
+            .members
+            .iter()
+            .map(|m| shared.pulse(&m.cluster))
+            .collect();
+        let statuses = shared.statuses.read().unwrap_or_else(|e| e.into_inner());
+        let observations = stored
+            .rollout
+            .members
+            .iter()
+            .map(|m| Observation {
+                report: statuses.get(&m.cluster).map(|s| Report {
+                    health: judge(&s.report, &m.target),
+                    at: s.received_at_ms,
+                }),
+                last_seen: None,
+                fetched_at: None,
+            })
+            .collect();
+        drop(statuses);
+        Active {
+            id: stored.id,
+            rollout: stored.rollout,
+            revisions: stored.revisions,
+            index,
+            observations,
+            pulses,
+        }
+    }
+
+    /// Brings the observations up to date with the pulses (polls and reports seen).
+    fn refresh(&mut self) {
+        for (observation, pulse) in self.observations.iter_mut().zip(&self.pulses) {
+            observation.last_seen = pulse.seen();
+            observation.fetched_at = pulse.fetched();
+        }
+    }
+
+    fn view(&self, now: Millis, offline_after: Millis, detail: bool) -> RolloutView {
+        RolloutView::of(
+            self.id,
+            &self.rollout,
+            &self.observations,
+            now,
+            offline_after,
+            detail,
+        )
+    }
+}
+
+/// The rollouts' state on the hub.
+#[derive(Default)]
+pub struct Engine {
+    active: tokio::sync::Mutex<Vec<Active>>,
+    /// Wakes the timer: a decision may have moved the next deadline, or a cluster
+    /// fetched the new digest.
+    pub wake: Notify,
+    superseded: AtomicU64,
+    decisions: AtomicU64,
+    /// No wave is released before this time (ms; 0: no such limit): a hub started with
+    /// no record of when its clusters were last seen first gives them the offline
+    /// threshold to be heard from.
+    release_not_before: std::sync::atomic::AtomicI64,
+    /// The active rollouts as last decided, for `/metrics` and `/v1/fleet` without a lock.
+    views: arc_swap::ArcSwap<Vec<RolloutView>>,
+}
+
+impl Engine {
+    pub fn hold_releases_until(&self, at: Millis) {
+        self.release_not_before.store(at, Ordering::Relaxed);
+    }
+
+    fn release_not_before(&self) -> Option<Millis> {
+        Some(self.release_not_before.load(Ordering::Relaxed)).filter(|&at| at > 0)
+    }
+
+    /// Rollouts superseded since the hub started.
+    pub fn superseded(&self) -> u64 {
+        self.superseded.load(Ordering::Relaxed)
+    }
+
+    /// Decisions taken since the hub started.
+    pub fn decisions(&self) -> u64 {
+        self.decisions.load(Ordering::Relaxed)
+    }
+
+    /// The active rollouts, as of the last decision.
+    pub fn active_views(&self) -> Arc<Vec<RolloutView>> {
+        self.views.load_full()
+    }
+}
+
+/// An operator action on a rollout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Pause,
+    Resume,
+    Promote,
+    Abort,
+}
+
+impl Action {
+    pub fn parse(text: &str) -> Option<Action> {
+        match text {
+            "pause" => Some(Action::Pause),
+            "resume" => Some(Action::Resume),
+            "promote" => Some(Action::Promote),
+            "abort" => Some(Action::Abort),
+            _ => None,
+        }
+    }
+}
+
+/// Why an operator action did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum ActionRefused {
+    #[error("no rollout with id {0}")]
+    NotFound(i64),
+    #[error("{0}")]
+    Conflict(#[from] ActionError),
+    #[error(transparent)]
+    Hub(#[from] HubError),
+}
+
+/// What recording a render did.
+#[derive(Debug, Default)]
+pub struct RenderOutcome {
+    pub served_changes: usize,
+    pub removed: usize,
+    pub rollouts_started: usize,
+}
+
+/// The record of a step of one rollout, and the served changes it makes.
+fn write_of(
+    active: &Active,
+    step: &Step,
+    insert: bool,
+    latest: &HashMap<String, Arc<Latest>>,
+) -> (RolloutWrite, Vec<ServedChange>) {
+    let rollout = &active.rollout;
+    let members = step
+        .dirty
+        .iter()
+        .map(|&i| MemberRow {
+            ordinal: i,
+            member: rollout.members[i].clone(),
+            previous_revision: active.revisions[i].0.clone(),
+            target_revision: active.revisions[i].1.clone(),
+        })
+        .collect();
+    let served = step
+        .serve
+        .iter()
+        .map(|&(i, serve)| served_change(&rollout.members[i], &active.revisions[i], serve, latest))
+        .collect();
+    let write = RolloutWrite {
+        id: active.id,
+        insert,
+        policy: rollout.policy.name.clone(),
+        revision: rollout.revision.clone(),
+        plan: serde_json::to_string(&rollout.policy).unwrap_or_default(),
+        forced: rollout.forced,
+        state: rollout.state,
+        reason: rollout.reason.clone(),
+        started_at: rollout.started_at,
+        ended_at: rollout.ended_at,
+        waves: rollout.waves.clone(),
+        members,
+        events: step.events.clone(),
+    };
+    (write, served)
+}
+
+/// What a member is served after a step: its new digest, or its previous one (a new
+/// cluster, which had none, goes back to being held on what its agent runs).
+fn served_change(
+    member: &Member,
+    revisions: &Revisions,
+    serve: Serve,
+    latest: &HashMap<String, Arc<Latest>>,
+) -> ServedChange {
+    match (serve, &member.previous) {
+        (Serve::Target, _) => ServedChange {
+            cluster: member.cluster.clone(),
+            digest: member.target.clone(),
+            revision: revisions.1.clone(),
+            hold: false,
+        },
+        (Serve::Previous, Some(previous)) => ServedChange {
+            cluster: member.cluster.clone(),
+            digest: previous.clone(),
+            revision: revisions.0.clone().unwrap_or_else(|| revisions.1.clone()),
+            hold: false,
+        },
+        (Serve::Previous, None) => {
+            let fresh = latest.get(&member.cluster);
+            ServedChange {
+                cluster: member.cluster.clone(),
+                digest: fresh.map_or_else(|| member.target.clone(), |l| l.digest.clone()),
+                revision: fresh.map_or_else(|| revisions.1.clone(), |l| l.revision.clone()),
+                hold: true,
+            }
+        }
+    }
+}
+
+fn offline_after(shared: &Shared) -> Millis {
+    Millis::try_from(shared.settings.offline_after.as_millis()).unwrap_or(Millis::MAX)
+}
+
+/// Brings a rollout's observations up to date and decides.
+fn decide_now(shared: &Shared, a: &mut Active, now: Millis) -> Step {
+    a.refresh();
+    decide_with(
+        &mut a.rollout,
+        &a.observations,
+        now,
+        offline_after(shared),
+        shared.rollouts.release_not_before(),
+    )
+}
+
+impl Shared {
+    /// Loads the rollouts that have not ended (at start).
+    pub(crate) async fn load_rollouts(&self) -> Result<(), HubError> {
+        let stored = self.store.active_rollouts().await?;
+        let mut active = self.rollouts.active.lock().await;
+        *active = stored.into_iter().map(|s| Active::new(self, s)).collect();
+        if !active.is_empty() {
+            tracing::info!(
+                rollouts = active.len(),
+                "going on with the rollouts in the store"
+            );
+        }
+        self.publish_views(&active);
+        Ok(())
+    }
+
+    fn publish_views(&self, active: &[Active]) {
+        let now = self.settings.clock.now_ms();
+        let views: Vec<RolloutView> = active
+            .iter()
+            .map(|a| a.view(now, offline_after(self), false))
+            .collect();
+        self.rollouts.views.store(Arc::new(views));
+    }
+
+    /// Records a clean render: what HEAD renders per cluster, what changes for whom at
+    /// once, and the rollouts it starts, supersedes or leaves; in one transaction.
+    pub(crate) async fn record_render(
+        &self,
+        output: &RenderOutput,
+        forced: bool,
+        now: Millis,
+    ) -> Result<RenderOutcome, HubError> {
+        let mut active = self.rollouts.active.lock().await;
+        let served = self.served.load_full();
+        let old_latest = self.latest.load_full();
+        let plan = &output.rollouts;
+        let mut commit = Commit {
+            revision: Some(output.revision.clone()),
+            history: self.settings.history,
+            now_ms: now,
+            ..Commit::default()
+        };
+
+        // What HEAD renders for each cluster.
+        let mut latest: HashMap<String, Arc<Latest>> = HashMap::with_capacity(output.bundles.len());
+        for (name, bundle) in &output.bundles {
+            let previous = old_latest.get(name);
+            let revision = match previous {
+                Some(p) if p.digest == bundle.digest => p.revision.clone(),
+                _ => self
+                    .store
+                    .revision_in_history(name, &bundle.digest)
+                    .await?
+                    .unwrap_or_else(|| output.revision.clone()),
+            };
+            let place = plan.place(name);
+            let entry = Latest {
+                digest: bundle.digest.clone(),
+                revision,
+                policy: place.map(|(p, _)| p.name.clone()),
+                wave: place.map(|(_, w)| w.name.clone()),
+                paused: plan.paused.contains(name),
+            };
+            if previous.map(|p| p.as_ref()) != Some(&entry) {
+                commit.rendered.push(RenderedCluster {
+                    cluster: name.clone(),
+                    digest: entry.digest.clone(),
+                    revision: entry.revision.clone(),
+                    policy: entry.policy.clone(),
+                    wave: entry.wave.clone(),
+                    paused: entry.paused,
+                });
+            }
+            latest.insert(name.clone(), Arc::new(entry));
+        }
+        let removed: BTreeSet<String> = served
+            .clusters
+            .keys()
+            .chain(old_latest.keys())
+            .filter(|name| !output.bundles.contains_key(*name))
+            .cloned()
+            .collect();
+        commit.removed = removed.iter().cloned().collect();
+
+        // At once: ungoverned clusters get HEAD's render; new clusters are held on what
+        // their agent runs (a fresh agent gets HEAD's render) unless ungoverned.
+        let mut now_served: HashMap<&str, (Digest, bool)> = HashMap::new();
+        for (name, entry) in &latest {
+            let current = served.clusters.get(name);
+            let governed = entry.policy.is_some();
+            let change = match current {
+                None => Some(entry.paused || governed),
+                Some(_) if entry.paused => None,
+                Some(c) if !governed && (c.digest != entry.digest || c.hold) => Some(false),
+                Some(c) if governed && c.hold && c.digest != entry.digest => Some(true),
+                Some(_) => None,
+            };
+            if let Some(hold) = change {
+                commit.served.push(ServedChange {
+                    cluster: name.clone(),
+                    digest: entry.digest.clone(),
+                    revision: entry.revision.clone(),
+                    hold,
+                });
+                now_served.insert(name, (entry.digest.clone(), hold));
+            } else if let Some(c) = current {
+                now_served.insert(name, (c.digest.clone(), c.hold));
+            }
+        }
+        let changing = |name: &str, entry: &Latest| -> bool {
+            entry.policy.is_some()
+                && !entry.paused
+                && now_served
+                    .get(name)
+                    .is_none_or(|(digest, hold)| *hold || *digest != entry.digest)
+        };
+        // A policy is touched by this commit when one of its clusters changes and
+        // what HEAD renders for it is new (or it is new to the policy).
+        let mut touched: BTreeSet<&str> = BTreeSet::new();
+        for (name, entry) in &latest {
+            if !changing(name, entry) {
+                continue;
+            }
+            let new_here = old_latest.get(name).is_none_or(|old| {
+                old.digest != entry.digest || old.policy != entry.policy || old.paused
+            });
+            if new_here && let Some(policy) = &entry.policy {
+                touched.insert(policy);
+            }
+        }
+
+        let mut writes = Vec::new();
+        let mut served_changes: Vec<ServedChange> = Vec::new();
+        // Running rollouts: clusters that left, and supersede.
+        for a in active.iter_mut() {
+            let mut steps = Vec::new();
+            for i in 0..a.rollout.members.len() {
+                let member = &a.rollout.members[i];
+                if member.left {
+                    continue;
+                }
+                let why = match latest.get(&member.cluster) {
+                    None => Some("removed from the fleet".to_string()),
+                    Some(l) if l.paused => Some("paused (spec.paused)".to_string()),
+                    Some(l) if l.policy.as_deref() != Some(&a.rollout.policy.name) => {
+                        Some(format!(
+                            "no longer governed by rollout policy {}",
+                            a.rollout.policy.name
+                        ))
+                    }
+                    _ => None,
+                };
+                if let Some(why) = why {
+                    steps.push(a.rollout.leave(i, &why, now));
+                }
+            }
+            if touched.contains(a.rollout.policy.name.as_str())
+                && a.rollout.revision != output.revision
+            {
+                steps.push(a.rollout.supersede(&output.revision, now));
+                self.rollouts.superseded.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    rollout = a.id,
+                    policy = %a.rollout.policy.name,
+                    by = %output.revision,
+                    "superseded by a newer commit"
+                );
+            }
+            if !a.rollout.state.is_active() || !steps.is_empty() {
+                // A rollout whose clusters all left may complete now.
+                steps.push(decide_now(self, a, now));
+            }
+            let merged = merge_steps(steps);
+            if merged.changed || !merged.dirty.is_empty() || !merged.serve.is_empty() {
+                let (write, served) = write_of(a, &merged, false, &latest);
+                writes.push(write);
+                served_changes.extend(served);
+            }
+        }
+
+        // New rollouts.
+        let mut started = 0;
+        let mut next_id = self.store.next_rollout_id().await?;
+        let mut new_actives = Vec::new();
+        for policy in &plan.policies {
+            if !touched.contains(policy.name.as_str()) {
+                continue;
+            }
+            if self
+                .store
+                .rollout_exists(&policy.name, &output.revision)
+                .await?
+            {
+                continue;
+            }
+            let mut members: Vec<(Member, Revisions, [u8; 32])> = Vec::new();
+            for (name, placement) in &plan.placements {
+                let Some(entry) = latest.get(name) else {
+                    continue;
+                };
+                if plan.policies.get(placement.policy).map(|p| &p.name) != Some(&policy.name)
+                    || !changing(name, entry)
+                {
+                    continue;
+                }
+                let current = served.clusters.get(name).filter(|c| !c.hold);
+                members.push((
+                    Member::new(
+                        name.clone(),
+                        placement.wave,
+                        current.map(|c| c.digest.clone()),
+                        entry.digest.clone(),
+                    ),
+                    (current.map(|c| c.revision.clone()), entry.revision.clone()),
+                    order_key(&policy.name, name),
+                ));
+            }
+            if members.is_empty() {
+                continue;
+            }
+            members.sort_by(|a, b| (a.0.wave, &a.2).cmp(&(b.0.wave, &b.2)));
+            let (list, revisions): (Vec<Member>, Vec<_>) =
+                members.into_iter().map(|(m, r, _)| (m, r)).unzip();
+            let (rollout, start) =
+                Rollout::start(policy.clone(), output.revision.clone(), forced, list, now);
+            let mut a = Active::new(
+                self,
+                StoredRollout {
+                    id: next_id,
+                    rollout,
+                    revisions,
+                },
+            );
+            next_id += 1;
+            let first = decide_now(self, &mut a, now);
+            let merged = merge_steps(vec![start, first]);
+            let (write, served) = write_of(&a, &merged, true, &latest);
+            tracing::info!(
+                rollout = a.id,
+                policy = %policy.name,
+                revision = %output.revision,
+                clusters = a.rollout.members.len(),
+                forced,
+                "rollout started"
+            );
+            writes.push(write);
+            served_changes.extend(served);
+            new_actives.push(a);
+            started += 1;
+        }
+
+        // Later changes of a cluster win over earlier ones within this commit.
+        commit.served.extend(served_changes);
+        let mut last: HashMap<String, ServedChange> = HashMap::new();
+        for change in commit.served.drain(..) {
+            last.insert(change.cluster.clone(), change);
+        }
+        commit.served = last.into_values().collect();
+        commit.served.sort_by(|a, b| a.cluster.cmp(&b.cluster));
+        commit.rollouts = writes;
+        let unreferenced = self.store.commit(&commit).await?;
+
+        let outcome = RenderOutcome {
+            served_changes: commit.served.len(),
+            removed: removed.len(),
+            rollouts_started: started,
+        };
+        self.latest.store(Arc::new(latest));
+        self.apply_served(&commit.served, &removed);
+        if !removed.is_empty() {
+            let mut statuses = self.statuses.write().unwrap_or_else(|e| e.into_inner());
+            for name in &removed {
+                statuses.remove(name);
+            }
+        }
+        active.extend(new_actives);
+        active.retain(|a| a.rollout.state.is_active());
+        self.rollouts.decisions.fetch_add(1, Ordering::Relaxed);
+        self.publish_views(&active);
+        drop(active);
+        self.rollouts.wake.notify_one();
+        self.delete_objects(&unreferenced);
+        Ok(outcome)
+    }
+
+    /// Swaps in what clusters are served now (and wakes the long-polls).
+    fn apply_served(&self, changes: &[ServedChange], removed: &BTreeSet<String>) {
+        if changes.is_empty() && removed.is_empty() {
+            return;
+        }
+        let current = self.served.load_full();
+        let mut next = Served {
+            clusters: current.clusters.clone(),
+        };
+        for name in removed {
+            next.clusters.remove(name);
+        }
+        for change in changes {
+            let pulse = self.pulse(&change.cluster);
+            next.clusters.insert(
+                change.cluster.clone(),
+                Arc::new(ClusterBundle::serving(
+                    change.cluster.clone(),
+                    change.digest.clone(),
+                    change.revision.clone(),
+                    change.hold,
+                    pulse,
+                )),
+            );
+        }
+        self.swap(next);
+    }
+
+    fn delete_objects(&self, digests: &[Digest]) {
+        for digest in digests {
+            if let Err(err) = self.store.objects.remove(digest) {
+                tracing::warn!(%digest, "cannot delete an object nothing refers to: {err}");
+            }
+        }
+    }
+
+    /// Writes the steps of some rollouts and applies what they serve.
+    async fn commit_steps(
+        &self,
+        active: &mut [Active],
+        steps: Vec<(usize, Step)>,
+    ) -> Result<(), HubError> {
+        let latest = self.latest.load_full();
+        let mut commit = Commit {
+            history: self.settings.history,
+            now_ms: self.settings.clock.now_ms(),
+            ..Commit::default()
+        };
+        for (index, step) in &steps {
+            if !(step.changed || !step.dirty.is_empty() || !step.serve.is_empty()) {
+                continue;
+            }
+            let (write, served) = write_of(&active[*index], step, false, &latest);
+            commit.rollouts.push(write);
+            commit.served.extend(served);
+        }
+        if commit.rollouts.is_empty() {
+            return Ok(());
+        }
+        let unreferenced = self.store.commit(&commit).await?;
+        self.apply_served(&commit.served, &BTreeSet::new());
+        self.delete_objects(&unreferenced);
+        Ok(())
+    }
+
+    /// A status report arrived: the rollout it concerns decides again.
+    pub async fn report_to_rollouts(
+        &self,
+        cluster: &str,
+        report: &flotilla_core::status::StatusReport,
+        at: Millis,
+    ) -> Result<(), HubError> {
+        let mut active = self.rollouts.active.lock().await;
+        let now = self.settings.clock.now_ms();
+        let mut steps = Vec::new();
+        for (index, a) in active.iter_mut().enumerate() {
+            let Some(&i) = a.index.get(cluster) else {
+                continue;
+            };
+            if a.rollout.members[i].left {
+                continue;
+            }
+            a.observations[i].report = Some(Report {
+                health: judge(report, &a.rollout.members[i].target),
+                at,
+            });
+            let step = decide_now(self, a, now);
+            steps.push((index, step));
+        }
+        if steps.is_empty() {
+            return Ok(());
+        }
+        self.finish(&mut active, steps, true).await
+    }
+
+    /// Records the steps; `wake` tells the timer that the next deadline may have moved
+    /// (not needed when the timer itself decided).
+    async fn finish(
+        &self,
+        active: &mut Vec<Active>,
+        steps: Vec<(usize, Step)>,
+        wake: bool,
+    ) -> Result<(), HubError> {
+        self.rollouts
+            .decisions
+            .fetch_add(steps.len() as u64, Ordering::Relaxed);
+        let result = self.commit_steps(active, steps).await;
+        if result.is_err() {
+            // What is in memory may be ahead of the store: read it back.
+            let stored = self.store.active_rollouts().await?;
+            *active = stored.into_iter().map(|s| Active::new(self, s)).collect();
+        }
+        active.retain(|a| a.rollout.state.is_active());
+        self.publish_views(active);
+        if wake {
+            self.rollouts.wake.notify_one();
+        }
+        result
+    }
+
+    /// Decides every active rollout again (on the timer); returns when to do it next.
+    pub async fn tick_rollouts(&self) -> Result<Option<Millis>, HubError> {
+        let mut active = self.rollouts.active.lock().await;
+        let now = self.settings.clock.now_ms();
+        let mut steps = Vec::new();
+        let mut next: Option<Millis> = None;
+        for (index, a) in active.iter_mut().enumerate() {
+            let step = decide_now(self, a, now);
+            if let Some(at) = step.next_check {
+                next = Some(next.map_or(at, |n| n.min(at)));
+            }
+            steps.push((index, step));
+        }
+        self.finish(&mut active, steps, false).await?;
+        Ok(next)
+    }
+
+    /// An operator's `pause`, `resume`, `promote` or `abort`, recorded with the id of
+    /// the token that asked for it.
+    pub async fn rollout_action(
+        &self,
+        id: i64,
+        action: Action,
+        by: &str,
+    ) -> Result<RolloutView, ActionRefused> {
+        let mut active = self.rollouts.active.lock().await;
+        let now = self.settings.clock.now_ms();
+        let Some(index) = active.iter().position(|a| a.id == id) else {
+            drop(active);
+            return match self.store.rollout(id).await.map_err(HubError::from)? {
+                Some(stored) => Err(ActionRefused::Conflict(ActionError(format!(
+                    "the rollout is {} and can no longer be changed",
+                    stored.rollout.state
+                )))),
+                None => Err(ActionRefused::NotFound(id)),
+            };
+        };
+        let offline = offline_after(self);
+        let a = &mut active[index];
+        a.refresh();
+        let acted = match action {
+            Action::Pause => a.rollout.pause(by, now),
+            Action::Resume => a.rollout.resume(by, now),
+            Action::Promote => {
+                let observations = a.observations.clone();
+                a.rollout.promote(by, now, offline, &observations)
+            }
+            Action::Abort => a.rollout.abort(by, now),
+        }?;
+        let then = decide_now(self, a, now);
+        let step = merge_steps(vec![acted, then]);
+        tracing::info!(rollout = id, ?action, by, "operator action");
+        let view = a.view(now, offline, true);
+        self.finish(&mut active, vec![(index, step)], true).await?;
+        drop(active);
+        let mut view = view;
+        view.events = self
+            .store
+            .rollout_events(id)
+            .await
+            .map_err(HubError::from)?
+            .iter()
+            .map(EventView::from)
+            .collect();
+        Ok(view)
+    }
+
+    /// `GET /v1/rollouts`: the active rollouts, then the most recent ended ones.
+    pub async fn rollout_list(&self) -> Result<Vec<RolloutView>, HubError> {
+        let now = self.settings.clock.now_ms();
+        let mut views: Vec<RolloutView> = {
+            let active = self.rollouts.active.lock().await;
+            active
+                .iter()
+                .rev()
+                .map(|a| a.view(now, offline_after(self), false))
+                .collect()
+        };
+        for stored in self.store.recent_rollouts(RECENT_ROLLOUTS).await? {
+            views.push(self.ended_view(stored, now, false));
+        }
+        Ok(views)
+    }
+
+    fn ended_view(&self, stored: StoredRollout, now: Millis, detail: bool) -> RolloutView {
+        let mut a = Active::new(self, stored);
+        a.refresh();
+        a.view(now, offline_after(self), detail)
+    }
+
+    /// `GET /v1/rollouts/{id}`: one rollout with its clusters and every event.
+    pub async fn rollout_detail(&self, id: i64) -> Result<Option<RolloutView>, HubError> {
+        let now = self.settings.clock.now_ms();
+        let view = {
+            let active = self.rollouts.active.lock().await;
+            active
+                .iter()
+                .find(|a| a.id == id)
+                .map(|a| a.view(now, offline_after(self), true))
+        };
+        let view = match view {
+            Some(view) => view,
+            None => match self.store.rollout(id).await? {
+                Some(stored) => self.ended_view(stored, now, true),
+                None => return Ok(None),
+            },
+        };
+        let mut view = view;
+        view.events = self
+            .store
+            .rollout_events(id)
+            .await?
+            .iter()
+            .map(EventView::from)
+            .collect();
+        Ok(Some(view))
+    }
+
+    /// Writes when each cluster was last seen, for a restarted hub.
+    pub async fn flush_seen(&self, written: &mut HashMap<String, i64>) -> Result<(), HubError> {
+        let pulses: Vec<(String, i64)> = {
+            let pulses = self.pulses.lock().unwrap_or_else(|e| e.into_inner());
+            pulses
+                .iter()
+                .filter_map(|(name, pulse)| Some((name.clone(), pulse.seen()?)))
+                .filter(|(name, seen)| written.get(name) != Some(seen))
+                .collect()
+        };
+        if pulses.is_empty() {
+            return Ok(());
+        }
+        self.store.put_seen(&pulses).await?;
+        written.extend(pulses);
+        Ok(())
+    }
+}
+
+/// Several steps of one rollout as one.
+fn merge_steps(steps: Vec<Step>) -> Step {
+    let mut merged = Step::default();
+    for step in steps {
+        merged.serve.extend(step.serve);
+        merged.events.extend(step.events);
+        merged.dirty.extend(step.dirty);
+        merged.changed |= step.changed;
+        merged.next_check = match (merged.next_check, step.next_check) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    merged.dirty.sort_unstable();
+    merged.dirty.dedup();
+    merged
+}
+
+/// How often the last-seen times are written to the store.
+const SEEN_FLUSH: Duration = Duration::from_secs(30);
+
+/// The rollout timer: decides again at the next bake end, deadline, silence or window
+/// (or when woken), and writes last-seen times now and then.
+pub async fn run_timer(shared: Arc<Shared>) {
+    let mut shutdown = shared.shutdown.subscribe();
+    let mut written = HashMap::new();
+    let mut last_flush = tokio::time::Instant::now();
+    loop {
+        let next = match shared.tick_rollouts().await {
+            Ok(next) => next,
+            Err(err) => {
+                tracing::error!("cannot decide on the rollouts: {err}");
+                Some(shared.settings.clock.now_ms() + 5_000)
+            }
+        };
+        if last_flush.elapsed() >= SEEN_FLUSH {
+            if let Err(err) = shared.flush_seen(&mut written).await {
+                tracing::warn!("cannot record when clusters were last seen: {err}");
+            }
+            last_flush = tokio::time::Instant::now();
+        }
+        let wait = next
+            .map(|at| {
+                Duration::from_millis(
+                    u64::try_from(at - shared.settings.clock.now_ms()).unwrap_or(0),
+                )
+            })
+            .unwrap_or(SEEN_FLUSH)
+            .min(SEEN_FLUSH);
+        let clock = shared.settings.clock.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shared.rollouts.wake.notified() => {}
+            _ = async {
+                match clock.advanced() {
+                    Some(notify) => notify.notified().await,
+                    None => std::future::pending().await,
+                }
+            } => {}
+            _ = shutdown.changed() => {
+                let _ = shared.flush_seen(&mut written).await;
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! Rollouts in the store: one row per rollout (with the policy it runs by, as JSON),
+//! its waves, its changing clusters and its events. Decisions write only what they
+//! changed: the rollout's row, its waves (a handful), the members that changed and
+//! the new events.
+
+use std::collections::BTreeSet;
+
+use sqlx::Row;
+use sqlx::sqlite::SqliteRow;
+
+use super::{Store, StoreError, parse_digest};
+use flotilla_core::bundle::Digest;
+use flotilla_core::rollout::{Event, Member, Policy, Rollout, RolloutState, Wave, WaveState};
+
+/// A member with its position and the revisions its two digests came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberRow {
+    pub ordinal: usize,
+    pub member: Member,
+    pub previous_revision: Option<String>,
+    pub target_revision: String,
+}
+
+/// What one decision writes about one rollout.
+#[derive(Clone, Debug)]
+pub struct RolloutWrite {
+    pub id: i64,
+    /// A new rollout: its row, waves and members are inserted.
+    pub insert: bool,
+    pub policy: String,
+    pub revision: String,
+    /// The policy as JSON (written when inserted).
+    pub plan: String,
+    pub forced: bool,
+    pub state: RolloutState,
+    pub reason: Option<String>,
+    pub started_at: i64,
+    pub ended_at: Option<i64>,
+    pub waves: Vec<Wave>,
+    pub members: Vec<MemberRow>,
+    pub events: Vec<Event>,
+}
+
+/// A rollout as read back, with the revisions of each member's digests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredRollout {
+    pub id: i64,
+    pub rollout: Rollout,
+    /// Per member: (previous revision, target revision).
+    pub revisions: Vec<(Option<String>, String)>,
+}
+
+type Tx<'a> = sqlx::Transaction<'a, sqlx::Sqlite>;
+
+pub(super) async fn write(
+    tx: &mut Tx<'_>,
+    write: &RolloutWrite,
+    candidates: &mut BTreeSet<String>,
+) -> Result<(), sqlx::Error> {
+    if write.insert {
+        sqlx::query(
+            "INSERT INTO rollouts (id, policy, revision, plan, forced, state, reason, started_at, ended_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        )
+        .bind(write.id)
+        .bind(&write.policy)
+        .bind(&write.revision)
+        .bind(&write.plan)
+        .bind(write.forced)
+        .bind(write.state.as_str())
+        .bind(&write.reason)
+        .bind(write.started_at)
+        .bind(write.ended_at)
+        .execute(&mut **tx)
+        .await?;
+    } else {
+        sqlx::query("UPDATE rollouts SET state = $1, reason = $2, ended_at = $3 WHERE id = $4")
+            .bind(write.state.as_str())
+            .bind(&write.reason)
+            .bind(write.ended_at)
+            .bind(write.id)
+            .execute(&mut **tx)
+            .await?;
+    }
+    for (ordinal, wave) in write.waves.iter().enumerate() {
+        sqlx::query(
+            "INSERT INTO rollout_waves (rollout_id, ordinal, name, state, released_at, completed_at, deadline)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             ON CONFLICT (rollout_id, ordinal) DO UPDATE SET state = excluded.state,
+                 released_at = excluded.released_at, completed_at = excluded.completed_at,
+                 deadline = excluded.deadline",
+        )
+        .bind(write.id)
+        .bind(ordinal as i64)
+        .bind(&wave.name)
+        .bind(wave.state.as_str())
+        .bind(wave.released_at)
+        .bind(wave.completed_at)
+        .bind(wave.deadline)
+        .execute(&mut **tx)
+        .await?;
+    }
+    for row in &write.members {
+        let m = &row.member;
+        sqlx::query(
+            "INSERT INTO rollout_clusters (rollout_id, ordinal, cluster, wave, previous, previous_revision,
+                 target, target_revision, offline_at_release, admitted_at, fetched, healthy_since,
+                 baked_at, failed, rolled_back, left_rollout)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+             ON CONFLICT (rollout_id, ordinal) DO UPDATE SET
+                 offline_at_release = excluded.offline_at_release, admitted_at = excluded.admitted_at,
+                 fetched = excluded.fetched, healthy_since = excluded.healthy_since,
+                 baked_at = excluded.baked_at, failed = excluded.failed,
+                 rolled_back = excluded.rolled_back, left_rollout = excluded.left_rollout",
+        )
+        .bind(write.id)
+        .bind(row.ordinal as i64)
+        .bind(&m.cluster)
+        .bind(m.wave as i64)
+        .bind(m.previous.as_ref().map(Digest::as_str))
+        .bind(&row.previous_revision)
+        .bind(m.target.as_str())
+        .bind(&row.target_revision)
+        .bind(m.offline_at_release)
+        .bind(m.admitted_at)
+        .bind(m.fetched)
+        .bind(m.healthy_since)
+        .bind(m.baked_at)
+        .bind(m.failed)
+        .bind(m.rolled_back)
+        .bind(m.left)
+        .execute(&mut **tx)
+        .await?;
+    }
+    if !write.events.is_empty() {
+        let next: i64 = sqlx::query(
+            "SELECT COALESCE(MAX(seq), 0) AS last FROM rollout_events WHERE rollout_id = $1",
+        )
+        .bind(write.id)
+        .fetch_one(&mut **tx)
+        .await?
+        .get("last");
+        for (offset, event) in write.events.iter().enumerate() {
+            sqlx::query(
+                "INSERT INTO rollout_events (rollout_id, seq, happened_at, message, by_token)
+                 VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(write.id)
+            .bind(next + 1 + offset as i64)
+            .bind(event.at)
+            .bind(&event.message)
+            .bind(&event.by)
+            .execute(&mut **tx)
+            .await?;
+        }
+    }
+    if write.ended_at.is_some() {
+        // An ended rollout no longer keeps its digests' objects.
+        let rows = sqlx::query(
+            "SELECT DISTINCT previous, target FROM rollout_clusters WHERE rollout_id = $1",
+        )
+        .bind(write.id)
+        .fetch_all(&mut **tx)
+        .await?;
+        for row in rows {
+            if let Some(previous) = row.get::<Option<String>, _>("previous") {
+                candidates.insert(previous);
+            }
+            candidates.insert(row.get("target"));
+        }
+    }
+    Ok(())
+}
+
+fn malformed(column: &'static str, message: impl Into<String>) -> StoreError {
+    StoreError::Malformed {
+        table: "rollouts",
+        column,
+        message: message.into(),
+    }
+}
+
+impl Store {
+    /// The id for the next rollout.
+    pub async fn next_rollout_id(&self) -> Result<i64, StoreError> {
+        let row = sqlx::query("SELECT COALESCE(MAX(id), 0) + 1 AS next FROM rollouts")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        Ok(row.get("next"))
+    }
+
+    /// Whether a rollout of this policy for this revision was started (in any state).
+    pub async fn rollout_exists(&self, policy: &str, revision: &str) -> Result<bool, StoreError> {
+        let row = sqlx::query("SELECT 1 FROM rollouts WHERE policy = $1 AND revision = $2")
+            .bind(policy)
+            .bind(revision)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        Ok(row.is_some())
+    }
+
+    /// Every rollout that has not ended.
+    pub async fn active_rollouts(&self) -> Result<Vec<StoredRollout>, StoreError> {
+        self.rollouts_where("WHERE ended_at IS NULL ORDER BY id", None)
+            .await
+    }
+
+    /// The most recent ended rollouts, newest first.
+    pub async fn recent_rollouts(&self, limit: i64) -> Result<Vec<StoredRollout>, StoreError> {
+        self.rollouts_where(
+            "WHERE ended_at IS NOT NULL ORDER BY id DESC LIMIT $1",
+            Some(limit),
+        )
+        .await
+    }
+
+    pub async fn rollout(&self, id: i64) -> Result<Option<StoredRollout>, StoreError> {
+        Ok(self
+            .rollouts_where("WHERE id = $1", Some(id))
+            .await?
+            .into_iter()
+            .next())
+    }
+
+    async fn rollouts_where(
+        &self,
+        clause: &str,
+        parameter: Option<i64>,
+    ) -> Result<Vec<StoredRollout>, StoreError> {
+        let sql = format!(
+            "SELECT id, policy, revision, plan, forced, state, reason, started_at, ended_at FROM rollouts {clause}"
+        );
+        let mut query = sqlx::query(&sql);
+        if let Some(parameter) = parameter {
+            query = query.bind(parameter);
+        }
+        let rows = query
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            out.push(self.read_rollout(&row).await?);
+        }
+        Ok(out)
+    }
+
+    async fn read_rollout(&self, row: &SqliteRow) -> Result<StoredRollout, StoreError> {
+        let id: i64 = row.get("id");
+        let plan: String = row.get("plan");
+        let policy: Policy =
+            serde_json::from_str(&plan).map_err(|e| malformed("plan", e.to_string()))?;
+        let state: String = row.get("state");
+        let state = RolloutState::parse(&state)
+            .ok_or_else(|| malformed("state", format!("unknown state {state:?}")))?;
+        let waves = sqlx::query(
+            "SELECT name, state, released_at, completed_at, deadline FROM rollout_waves
+             WHERE rollout_id = $1 ORDER BY ordinal",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| self.db_error(e))?
+        .iter()
+        .map(|w| {
+            let state: String = w.get("state");
+            Ok(Wave {
+                name: w.get("name"),
+                state: WaveState::parse(&state)
+                    .ok_or_else(|| malformed("wave state", format!("unknown state {state:?}")))?,
+                released_at: w.get("released_at"),
+                completed_at: w.get("completed_at"),
+                deadline: w.get("deadline"),
+            })
+        })
+        .collect::<Result<Vec<Wave>, StoreError>>()?;
+        let member_rows = sqlx::query(
+            "SELECT cluster, wave, previous, previous_revision, target, target_revision,
+                 offline_at_release, admitted_at, fetched, healthy_since, baked_at, failed,
+                 rolled_back, left_rollout
+             FROM rollout_clusters WHERE rollout_id = $1 ORDER BY ordinal",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| self.db_error(e))?;
+        let mut members = Vec::with_capacity(member_rows.len());
+        let mut revisions = Vec::with_capacity(member_rows.len());
+        for m in member_rows {
+            let previous = m
+                .get::<Option<String>, _>("previous")
+                .map(|d| parse_digest("rollout_clusters", "previous", d))
+                .transpose()?;
+            let wave: i64 = m.get("wave");
+            members.push(Member {
+                cluster: m.get("cluster"),
+                wave: usize::try_from(wave).map_err(|e| malformed("wave", e.to_string()))?,
+                previous,
+                target: parse_digest("rollout_clusters", "target", m.get("target"))?,
+                offline_at_release: m.get("offline_at_release"),
+                admitted_at: m.get("admitted_at"),
+                fetched: m.get("fetched"),
+                healthy_since: m.get("healthy_since"),
+                baked_at: m.get("baked_at"),
+                failed: m.get("failed"),
+                rolled_back: m.get("rolled_back"),
+                left: m.get("left_rollout"),
+            });
+            revisions.push((m.get("previous_revision"), m.get("target_revision")));
+        }
+        Ok(StoredRollout {
+            id,
+            rollout: Rollout {
+                policy,
+                revision: row.get("revision"),
+                forced: row.get("forced"),
+                state,
+                reason: row.get("reason"),
+                started_at: row.get("started_at"),
+                ended_at: row.get("ended_at"),
+                waves,
+                members,
+            },
+            revisions,
+        })
+    }
+
+    /// A rollout's events, oldest first.
+    pub async fn rollout_events(&self, id: i64) -> Result<Vec<Event>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT happened_at, message, by_token FROM rollout_events WHERE rollout_id = $1 ORDER BY seq",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| self.db_error(e))?;
+        Ok(rows
+            .iter()
+            .map(|row| Event {
+                at: row.get("happened_at"),
+                message: row.get("message"),
+                by: row.get("by_token"),
+            })
+            .collect())
+    }
+}
