@@ -60,7 +60,12 @@ fn fleet() -> (Rollout, Vec<Observation>, i64) {
                 1000..5000 => 2,
                 _ => 3,
             };
-            Member::new(format!("store-{i:05}"), wave, Some(digest(i)), digest(CLUSTERS + i))
+            Member::new(
+                format!("store-{i:05}"),
+                wave,
+                Some(digest(i)),
+                digest(CLUSTERS + i),
+            )
         })
         .collect();
     let (mut rollout, _) = Rollout::start(policy, "main@sha1:2".into(), false, members, T0);
@@ -88,24 +93,31 @@ fn bench(c: &mut Criterion) {
     let (rollout, observations, now) = fleet();
     let last_wave = rollout.wave_members(3);
     let mut next = last_wave.start;
-    c.bench_function("decide after a report (10,000 clusters, 4 waves, last wave released)", |b| {
-        b.iter_batched(
-            || {
-                let reporter = next;
-                next = if next + 1 < last_wave.end { next + 1 } else { last_wave.start };
-                (rollout.clone(), observations.clone(), reporter)
-            },
-            |(mut rollout, mut observations, reporter)| {
-                observations[reporter].report = Some(Report {
-                    health: Health::Healthy,
-                    at: now,
-                });
-                observations[reporter].last_seen = Some(now);
-                black_box(decide(&mut rollout, &observations, now, OFFLINE_AFTER))
-            },
-            BatchSize::LargeInput,
-        )
-    });
+    c.bench_function(
+        "decide after a report (10,000 clusters, 4 waves, last wave released)",
+        |b| {
+            b.iter_batched(
+                || {
+                    let reporter = next;
+                    next = if next + 1 < last_wave.end {
+                        next + 1
+                    } else {
+                        last_wave.start
+                    };
+                    (rollout.clone(), observations.clone(), reporter)
+                },
+                |(mut rollout, mut observations, reporter)| {
+                    observations[reporter].report = Some(Report {
+                        health: Health::Healthy,
+                        at: now,
+                    });
+                    observations[reporter].last_seen = Some(now);
+                    black_box(decide(&mut rollout, &observations, now, OFFLINE_AFTER))
+                },
+                BatchSize::LargeInput,
+            )
+        },
+    );
 }
 
 criterion_group!(benches, bench);

@@ -92,7 +92,15 @@ async fn main() {
     set_version(dir, "v1");
     git(dir, &["init", "--quiet", "--initial-branch=main"]);
     git(dir, &["add", "--all"]);
-    git(dir, &["commit", "--quiet", "-m", "v1\n\nFlotilla-Rollout: immediate"]);
+    git(
+        dir,
+        &[
+            "commit",
+            "--quiet",
+            "-m",
+            "v1\n\nFlotilla-Rollout: immediate",
+        ],
+    );
 
     let state = tempfile::tempdir().expect("state dir");
     let mut tokens = Vec::with_capacity(clusters);
@@ -125,7 +133,9 @@ async fn main() {
     // The bench moves the clock by whole bakes: agents count as seen for an hour.
     config.offline_after = Duration::from_secs(3600);
     let hub = Hub::start(config).await.expect("hub");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("address"));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let served = tokio::spawn(hub.serve(listener, async {
@@ -146,7 +156,9 @@ async fn main() {
             .await;
         if let Ok(r) = fleet
             && r.status() == 200
-            && r.json::<serde_json::Value>().await.is_ok_and(|f| f["revision"].is_string())
+            && r.json::<serde_json::Value>()
+                .await
+                .is_ok_and(|f| f["revision"].is_string())
         {
             break;
         }
@@ -164,8 +176,16 @@ async fn main() {
                 tokens[i].clone(),
             );
             async move {
-                let response = client.get(url).bearer_auth(token).send().await.expect("get");
-                let etag = response.headers()["etag"].to_str().expect("etag").to_string();
+                let response = client
+                    .get(url)
+                    .bearer_auth(token)
+                    .send()
+                    .await
+                    .expect("get");
+                let etag = response.headers()["etag"]
+                    .to_str()
+                    .expect("etag")
+                    .to_string();
                 (i, etag.trim_matches('"').to_string())
             }
         }))
@@ -179,8 +199,10 @@ async fn main() {
         client
             .post(format!("{base}/v1/clusters/{}/status", name(i)))
             .bearer_auth(&tokens[i])
-            .json(&json!({"applied": digest, "attempted": digest, "resources": [],
-                          "message": "", "agentVersion": "bench"}))
+            .json(
+                &json!({"applied": digest, "attempted": digest, "resources": [],
+                          "message": "", "agentVersion": "bench"}),
+            )
             .send()
     };
     let mut latencies = Vec::with_capacity(clusters);
@@ -211,10 +233,10 @@ async fn main() {
             .json()
             .await
             .expect("json");
-        if let Some(r) = list["rollouts"]
-            .as_array()
-            .and_then(|l| l.iter().find(|r| r["waves"][0]["state"] == "released" && r["forced"] == false))
-        {
+        if let Some(r) = list["rollouts"].as_array().and_then(|l| {
+            l.iter()
+                .find(|r| r["waves"][0]["state"] == "released" && r["forced"] == false)
+        }) {
             break r["id"].clone();
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -239,7 +261,11 @@ async fn main() {
             .collect()
     };
     let (canaries, tenth) = (in_wave("canary"), in_wave("tenth"));
-    println!("canary wave: {} clusters, tenth wave: {} clusters", canaries.len(), tenth.len());
+    println!(
+        "canary wave: {} clusters, tenth wave: {} clusters",
+        canaries.len(),
+        tenth.len()
+    );
     let held: Vec<_> = tenth
         .iter()
         .map(|&i| {
@@ -270,7 +296,11 @@ async fn main() {
             .send()
             .await
             .expect("get");
-        let digest = response.headers()["etag"].to_str().expect("etag").trim_matches('"').to_string();
+        let digest = response.headers()["etag"]
+            .to_str()
+            .expect("etag")
+            .trim_matches('"')
+            .to_string();
         report(i, &digest).await.expect("report");
     }
     // Once every long-poll is held, the clock moves past the canaries' bake.

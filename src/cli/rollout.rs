@@ -8,6 +8,7 @@ use serde::Deserialize;
 
 use super::EXIT_OK;
 use super::remote::{HubArgs, HubClient, Output};
+use flotilla_core::api;
 use flotilla_core::rollout::view::RolloutView;
 
 #[derive(Debug, Args)]
@@ -73,21 +74,21 @@ pub fn run_rollout(args: &RolloutArgs) -> anyhow::Result<u8> {
     let client = HubClient::new(hub)?;
     let text = match (action, id) {
         (None, None) => {
-            let list: serde_json::Value = client.get("/v1/rollouts")?;
+            let list: serde_json::Value = client.get(api::routes::ROLLOUTS)?;
             match hub.output {
                 Output::Json => pretty(&list)?,
                 Output::Table => list_table(&serde_json::from_value::<List>(list)?.rollouts),
             }
         }
         (None, Some(id)) => {
-            let view: serde_json::Value = client.get(&format!("/v1/rollouts/{id}"))?;
+            let view: serde_json::Value = client.get(&api::rollout(id))?;
             match hub.output {
                 Output::Json => pretty(&view)?,
                 Output::Table => show(&serde_json::from_value(view)?),
             }
         }
         (Some(action), Some(id)) => {
-            let view: serde_json::Value = client.post(&format!("/v1/rollouts/{id}/{action}"))?;
+            let view: serde_json::Value = client.post(&api::rollout_action(id, action))?;
             match hub.output {
                 Output::Json => pretty(&view)?,
                 Output::Table => {

@@ -11,6 +11,9 @@ pub mod routes {
     pub const BUNDLE_BY_DIGEST: &str = "/v1/clusters/{cluster}/bundles/{digest}";
     pub const STATUS: &str = "/v1/clusters/{cluster}/status";
     pub const FLEET: &str = "/v1/fleet";
+    pub const ROLLOUTS: &str = "/v1/rollouts";
+    pub const ROLLOUT: &str = "/v1/rollouts/{id}";
+    pub const ROLLOUT_ACTION: &str = "/v1/rollouts/{id}/{action}";
     pub const GIT_HOOK: &str = "/v1/hooks/git";
     pub const HEALTHZ: &str = "/healthz";
     pub const READYZ: &str = "/readyz";
@@ -39,6 +42,16 @@ pub fn bundle_by_digest<'a>(cluster: &'a str, digest: &'a str) -> [&'a str; 5] {
 /// `v1/clusters/{cluster}/status`: where the agent posts its report.
 pub fn status(cluster: &str) -> [&str; 4] {
     ["v1", "clusters", cluster, "status"]
+}
+
+/// `/v1/rollouts/{id}`: one rollout.
+pub fn rollout(id: u64) -> String {
+    format!("{}/{id}", routes::ROLLOUTS)
+}
+
+/// `/v1/rollouts/{id}/{action}`: pause, resume, promote or abort a rollout.
+pub fn rollout_action(id: u64, action: &str) -> String {
+    format!("{}/{id}/{action}", routes::ROLLOUTS)
 }
 
 /// Joins segments into an absolute URL path (no escaping: for display and tests).
@@ -73,6 +86,13 @@ mod tests {
         assert_eq!(
             to_path(&bundle(c)),
             format!("{}/{c}/{CURRENT_BUNDLE}", to_path(&CLUSTERS))
+        );
+        assert_eq!(rollout(7), routes::ROLLOUT.replace("{id}", "7"));
+        assert_eq!(
+            rollout_action(7, "pause"),
+            routes::ROLLOUT_ACTION
+                .replace("{id}", "7")
+                .replace("{action}", "pause")
         );
     }
 }

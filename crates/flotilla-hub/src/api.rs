@@ -52,27 +52,25 @@ const VARY_ENCODING: HeaderValue = HeaderValue::from_static("Accept-Encoding");
 type SharedState = State<Arc<Shared>>;
 
 pub fn router(shared: Arc<Shared>) -> Router {
+    use flotilla_core::api::routes;
     Router::new()
-        .route("/v1/clusters/{cluster}/bundle", get(get_bundle))
+        .route(routes::BUNDLE, get(get_bundle))
+        .route(routes::BUNDLE_BY_DIGEST, get(get_bundle_at))
         .route(
-            "/v1/clusters/{cluster}/bundles/{digest}",
-            get(get_bundle_at),
-        )
-        .route(
-            "/v1/clusters/{cluster}/status",
+            routes::STATUS,
             post(post_status).layer(DefaultBodyLimit::max(STATUS_BODY_LIMIT)),
         )
-        .route("/v1/fleet", get(get_fleet))
-        .route("/v1/rollouts", get(get_rollouts))
-        .route("/v1/rollouts/{id}", get(get_rollout))
-        .route("/v1/rollouts/{id}/{action}", post(post_rollout_action))
+        .route(routes::FLEET, get(get_fleet))
+        .route(routes::ROLLOUTS, get(get_rollouts))
+        .route(routes::ROLLOUT, get(get_rollout))
+        .route(routes::ROLLOUT_ACTION, post(post_rollout_action))
         .route(
-            "/v1/hooks/git",
+            routes::GIT_HOOK,
             post(post_hook).layer(DefaultBodyLimit::max(HOOK_BODY_LIMIT)),
         )
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        .route(routes::HEALTHZ, get(healthz))
+        .route(routes::READYZ, get(readyz))
+        .route(routes::METRICS, get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(shared)
