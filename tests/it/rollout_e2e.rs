@@ -909,3 +909,55 @@ async fn a_restarted_hub_goes_on_where_it_was() {
     assert_ne!(scene.rollout_of(&v2).await["waves"][1]["state"], "waiting");
     scene.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_writes_what_the_hub_serves_given_its_state_dir() {
+    let mut scene = Scene::at_v1(&["c1"], POLICY).await;
+    let v1 = scene.runs.clone();
+    let v2 = scene.fleet.release("v2", "v2");
+    scene.wait_waves(&v2, &["released", "waiting"]).await;
+    scene.stop().await;
+    let publish = |extra: &[&str]| {
+        let out = tempfile::tempdir().expect("out");
+        let output = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(["publish", "--repo"])
+            .arg(scene.fleet.repo.path())
+            .arg("--out")
+            .arg(out.path())
+            .args(extra)
+            .output()
+            .expect("flotilla publish runs");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let digest_of = |cluster: &str| -> String {
+            let text =
+                std::fs::read_to_string(out.path().join(format!("v1/clusters/{cluster}/bundle")))
+                    .expect("published");
+            let document: Value = serde_json::from_str(&text).expect("json");
+            document["digest"].as_str().expect("digest").to_string()
+        };
+        let digests: BTreeMap<String, String> = ["c1", "s1", "lab"]
+            .iter()
+            .map(|c| (c.to_string(), digest_of(c)))
+            .collect();
+        (
+            digests,
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let state = scene.state.path().display().to_string();
+    let (served, stderr) = publish(&["--state-dir", &state]);
+    assert!(!stderr.contains("bypasses"), "{stderr}");
+    assert_eq!(served["s1"], v1["s1"], "the store keeps v1 until its wave");
+    assert_ne!(served["c1"], v1["c1"], "the canary is served v2");
+    let (head, stderr) = publish(&[]);
+    assert!(stderr.contains("bypasses rollouts"), "{stderr}");
+    assert_ne!(
+        head["s1"], v1["s1"],
+        "without the hub's state every cluster gets HEAD"
+    );
+    assert_eq!(head["c1"], served["c1"]);
+}

@@ -330,4 +330,91 @@ mod tests {
         });
         check(Some(unhealthy), 1_000, ClusterState::Failed);
     }
+
+    fn summary_of(
+        desired: Desired<'_>,
+        status: Option<StoredStatus>,
+        now_ms: i64,
+    ) -> ClusterSummary {
+        let statuses: HashMap<String, StoredStatus> =
+            status.into_iter().map(|s| ("c".to_string(), s)).collect();
+        summarize(
+            [desired],
+            &statuses,
+            &RenderStatus::default(),
+            now_ms,
+            FIVE_MINUTES,
+        )
+        .clusters
+        .pop()
+        .expect("one cluster")
+    }
+
+    fn desired<'a>(digest: &'a Digest, latest: Option<&'a Digest>) -> Desired<'a> {
+        Desired {
+            name: "c",
+            digest,
+            revision: "main@sha1:1",
+            hold: false,
+            seen_ms: None,
+            latest,
+            policy: Some("stores"),
+            wave: Some("rest"),
+            paused: false,
+        }
+    }
+
+    #[test]
+    fn waiting_paused_held_and_seen_by_polls() {
+        let (a, b) = (digest('a'), digest('b'));
+        // In sync with an older digest than HEAD renders: waiting, in its wave.
+        let waiting = summary_of(
+            desired(&a, Some(&b)),
+            Some(seen(0, Some('a'), Some('a'))),
+            1_000,
+        );
+        assert_eq!(waiting.state, ClusterState::Waiting);
+        assert_eq!(
+            (waiting.latest.as_ref(), waiting.wave.as_deref()),
+            (Some(&b), Some("rest"))
+        );
+        // A failure is never hidden behind waiting.
+        let failed = summary_of(
+            desired(&a, Some(&b)),
+            Some(seen(0, Some('c'), Some('a'))),
+            1_000,
+        );
+        assert_eq!(failed.state, ClusterState::Failed);
+        // Paused: in sync or on its way.
+        let mut paused = desired(&a, Some(&b));
+        paused.paused = true;
+        assert_eq!(
+            summary_of(paused, Some(seen(0, Some('c'), Some('c'))), 1_000).state,
+            ClusterState::Paused
+        );
+        // Held on what its agent runs: desired is what it applied.
+        let mut held = desired(&b, Some(&b));
+        held.hold = true;
+        let summary = summary_of(held, Some(seen(0, Some('a'), Some('a'))), 1_000);
+        assert_eq!(
+            (summary.state, summary.desired),
+            (ClusterState::Waiting, a.clone())
+        );
+        // An idle agent that polls stays online without resending its report.
+        let mut polled = desired(&a, Some(&a));
+        polled.seen_ms = Some(600_000);
+        assert_eq!(
+            summary_of(polled, Some(seen(0, Some('a'), Some('a'))), 650_000).state,
+            ClusterState::InSync
+        );
+        assert_eq!(
+            summary_of(
+                desired(&a, Some(&a)),
+                Some(seen(0, Some('a'), Some('a'))),
+                650_000
+            )
+            .state,
+            ClusterState::Offline
+        );
+    }
 }

@@ -638,7 +638,7 @@ pub fn decide_with(
         rollout.ended_at = Some(now);
         step.event(now, "complete: every wave baked".to_string());
     }
-    step.next_check = next_check(rollout, observations, now, offline_after);
+    step.next_check = next_check(rollout, observations, now, offline_after, settled);
     if !settled
         && rollout.state == RolloutState::Progressing
         && let Some(at) = release_not_before
@@ -1011,6 +1011,7 @@ fn next_check(
     observations: &[Observation],
     now: Millis,
     offline_after: Millis,
+    releasing: bool,
 ) -> Option<Millis> {
     if !rollout.state.is_active() {
         return None;
@@ -1043,7 +1044,8 @@ fn next_check(
             }
         }
     }
-    if rollout.state == RolloutState::Progressing
+    if releasing
+        && rollout.state == RolloutState::Progressing
         && !rollout.forced
         && let Some(next_wave) = rollout
             .waves

@@ -864,4 +864,93 @@ mod tests {
             .collect();
         assert_eq!(names, vec!["a"]);
     }
+
+    #[tokio::test]
+    async fn every_change_of_what_is_served_bumps_the_sequence_and_rollouts_keep_their_objects() {
+        use flotilla_core::rollout::{Member, RolloutState, Wave, WaveState};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = Store::open(dir.path()).await.expect("open");
+        let serve = |c: char, hold: bool| ServedChange {
+            cluster: "a".into(),
+            digest: digest(c),
+            revision: format!("r{c}"),
+            hold,
+        };
+        let commit = |served: Vec<ServedChange>, rollouts: Vec<RolloutWrite>| Commit {
+            served,
+            rollouts,
+            history: 1,
+            now_ms: 1,
+            ..Commit::default()
+        };
+        store
+            .commit(&commit(vec![serve('1', true)], vec![]))
+            .await
+            .expect("held");
+        assert!(
+            store.history("a").await.expect("history").is_empty(),
+            "a held digest is not served history"
+        );
+        store
+            .commit(&commit(vec![serve('1', false)], vec![]))
+            .await
+            .expect("released");
+        store
+            .commit(&commit(vec![serve('2', false)], vec![]))
+            .await
+            .expect("new");
+        // A running rollout remembers '2' as the previous digest and '3' as the new one.
+        let member =
+            |previous: char| Member::new("a".into(), 0, Some(digest(previous)), digest('3'));
+        let rollout = |ended: Option<i64>| {
+            RolloutWrite {
+            id: 1,
+            insert: ended.is_none(),
+            policy: "p".into(),
+            revision: "r3".into(),
+            plan: r#"{"name":"p","file":"rollouts/p.yaml","waves":[{"name":"w","bake":"0s","maxFailed":0,"maxParallel":null}],"offline":"skip","onFailure":"halt"}"#.into(),
+            forced: false,
+            state: if ended.is_some() { RolloutState::Complete } else { RolloutState::Progressing },
+            reason: None,
+            started_at: 1,
+            ended_at: ended,
+            waves: vec![Wave {
+                name: "w".into(),
+                state: WaveState::Released,
+                released_at: Some(1),
+                completed_at: None,
+                deadline: None,
+            }],
+            members: vec![rollouts::MemberRow {
+                ordinal: 0,
+                member: member('2'),
+                previous_revision: Some("r2".into()),
+                target_revision: "r3".into(),
+            }],
+            events: vec![],
+        }
+        };
+        store
+            .commit(&commit(vec![], vec![rollout(None)]))
+            .await
+            .expect("rollout");
+        // Rolled back to '1' (history keeps one digest): '2' is still the rollout's.
+        let dropped = store
+            .commit(&commit(vec![serve('1', false)], vec![]))
+            .await
+            .expect("back");
+        assert!(dropped.is_empty(), "{dropped:?}");
+        assert_eq!(store.serve_sequence("a").await.expect("sequence"), Some(4));
+        let stored = store.rollout(1).await.expect("read").expect("there");
+        assert_eq!(stored.rollout.members[0].previous, Some(digest('2')));
+        assert_eq!(stored.revisions[0], (Some("r2".into()), "r3".into()));
+        // Once the rollout ends, '2' and '3' are unreferenced.
+        let dropped = store
+            .commit(&commit(vec![], vec![rollout(Some(2))]))
+            .await
+            .expect("ended");
+        assert_eq!(dropped, vec![digest('2'), digest('3')]);
+        assert!(store.active_rollouts().await.expect("active").is_empty());
+        store.close().await;
+    }
 }
