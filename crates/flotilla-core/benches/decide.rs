@@ -5,7 +5,7 @@
 //! rollout is decided again.
 //!
 //! ```text
-//! cargo bench --bench rollouts
+//! cargo bench -p flotilla-core --bench decide
 //! ```
 
 use std::hint::black_box;
