@@ -123,6 +123,7 @@ impl DirSink {
                 resources,
                 complete: false,
                 message,
+                kept: Vec::new(),
             }
         };
         if let Err(err) = prepare_target(&self.target) {
@@ -252,6 +253,7 @@ impl DirSink {
                 resources,
                 complete: false,
                 message,
+                kept: Vec::new(),
             };
         }
 
@@ -304,6 +306,7 @@ impl DirSink {
                 resources,
                 complete: false,
                 message,
+                kept: Vec::new(),
             },
             None => ApplyOutcome {
                 resources,
@@ -313,6 +316,7 @@ impl DirSink {
                     bundle.resources.len(),
                     self.target.display()
                 ),
+                kept: Vec::new(),
             },
         }
     }

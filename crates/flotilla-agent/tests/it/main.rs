@@ -4,4 +4,6 @@
 mod agent_http;
 mod agent_kill;
 mod agent_kube_live;
+mod kube_https;
+mod kube_scenarios;
 mod support;
