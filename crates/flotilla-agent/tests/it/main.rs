@@ -4,6 +4,7 @@
 mod agent_http;
 mod agent_kill;
 mod agent_kube_live;
+mod deploy_files;
 mod kube_https;
 mod kube_scenarios;
 mod support;
