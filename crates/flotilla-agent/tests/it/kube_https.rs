@@ -102,7 +102,13 @@ async fn the_flotilla_agent_binary_applies_through_a_kubeconfig_and_stops_on_sig
     );
     publish(publish_dir.path(), &bundle);
     let log = dir.path().join("agent.log");
-    let mut agent = Command::new(env!("CARGO_BIN_EXE_flotilla-agent"))
+    // FLOTILLA_AGENT_BINARY runs another build of the same binary, the release one say:
+    // FLOTILLA_AGENT_BINARY=$PWD/target/release/flotilla-agent cargo test -p flotilla-agent --test it kube_https
+    let binary = std::env::var_os("FLOTILLA_AGENT_BINARY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_flotilla-agent")));
+    eprintln!("running {}", binary.display());
+    let mut agent = Command::new(&binary)
         .args([
             "--cluster",
             "edge-1",

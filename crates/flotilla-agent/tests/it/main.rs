@@ -1,5 +1,7 @@
 //! The agent against a hub stand-in over HTTP, the `flotilla-agent` binary killed at
-//! random moments, and (ignored by default) a live Kubernetes cluster.
+//! random moments, the kube sink against the fake API server (in process, and the real
+//! kube client and the binary over HTTPS), the files in `deploy/`, and (ignored by
+//! default) a live Kubernetes cluster.
 
 mod agent_http;
 mod agent_kill;
