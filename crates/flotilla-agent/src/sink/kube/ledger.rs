@@ -84,6 +84,15 @@ impl LedgerEntry {
     }
 }
 
+/// Why the ledger was not written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SaveError {
+    /// It has outgrown a ConfigMap: the cluster keeps no copy, the state folder's stays.
+    TooBig(String),
+    /// The API server refused or did not answer.
+    Failed(String),
+}
+
 /// The ledger of one cluster.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Ledger {
@@ -185,14 +194,15 @@ impl Ledger {
         self.entries.retain(|e| keys.contains(&e.key()));
     }
 
-    fn to_configmap(&self, namespace: &str) -> Result<Value, String> {
-        let text = serde_json::to_string(self).map_err(|err| err.to_string())?;
+    fn to_configmap(&self, namespace: &str) -> Result<Value, SaveError> {
+        let text = serde_json::to_string(self).map_err(|err| SaveError::Failed(err.to_string()))?;
         if text.len() > MAX_BYTES {
-            return Err(format!(
-                "the inventory of {} objects takes {} bytes, more than a ConfigMap holds",
+            return Err(SaveError::TooBig(format!(
+                "the inventory of {} objects takes {} bytes, more than a ConfigMap holds: the cluster keeps \
+                 no copy of it (the state folder does)",
                 self.entries.len(),
                 text.len()
-            ));
+            )));
         }
         Ok(json!({
             "apiVersion": "v1", "kind": "ConfigMap",
@@ -236,7 +246,7 @@ impl Ledger {
     }
 
     /// Writes the ledger (server-side apply, taking over any field).
-    pub async fn save(&self, api: &Api, namespace: &str) -> Result<(), String> {
+    pub async fn save(&self, api: &Api, namespace: &str) -> Result<(), SaveError> {
         let configmap = self.to_configmap(namespace)?;
         let name = configmap_name(&self.cluster);
         api.apply(
@@ -256,10 +266,10 @@ impl Ledger {
             } else {
                 String::new()
             };
-            format!(
+            SaveError::Failed(format!(
                 "cannot record the inventory in ConfigMap {namespace}/{name}: {}{hint}",
                 failure.describe("patch", "configmaps")
-            )
+            ))
         })
     }
 }
@@ -342,9 +352,7 @@ mod tests {
             entries: vec![ledger.entries[0].clone(); 20_000],
         };
         assert!(
-            huge.to_configmap("x")
-                .expect_err("too big")
-                .contains("ConfigMap")
+            matches!(huge.to_configmap("x"), Err(SaveError::TooBig(note)) if note.contains("20000 objects"))
         );
     }
 }

@@ -46,7 +46,7 @@ use failure::{ApiStatus, Failure, SERVER_ERRORS_BEFORE_STOP};
 use flotilla_core::bundle::{Bundle, Digest, Resource, ResourceKey, api_group};
 use flotilla_core::status::{ResourceState, ResourceStatus};
 pub use health::{has_health_rule, health};
-use ledger::Ledger;
+use ledger::{Ledger, SaveError};
 
 /// The field manager of every apply.
 pub const FIELD_MANAGER: &str = "flotilla";
@@ -298,17 +298,27 @@ impl KubeSink {
         Ok(())
     }
 
-    /// Writes the ledger if it changed since it was last written.
-    async fn save_ledger(&mut self, api: &Api) -> Result<(), String> {
+    /// Writes the ledger if it changed since it was last written. A ledger too big
+    /// for a ConfigMap is not an error of the apply: it is logged, and the state
+    /// folder's inventory carries on alone (returned as a note for the report).
+    async fn save_ledger(&mut self, api: &Api) -> Result<Option<String>, String> {
         let Some(ledger) = &self.ledger else {
-            return Ok(());
+            return Ok(None);
         };
         if self.saved.as_ref() == Some(ledger) {
-            return Ok(());
+            return Ok(None);
         }
-        ledger.save(api, &self.ledger_namespace).await?;
-        self.saved = Some(ledger.clone());
-        Ok(())
+        match ledger.save(api, &self.ledger_namespace).await {
+            Ok(()) => {
+                self.saved = Some(ledger.clone());
+                Ok(None)
+            }
+            Err(SaveError::TooBig(note)) => {
+                tracing::error!("{note}");
+                Ok(Some(note))
+            }
+            Err(SaveError::Failed(message)) => Err(message),
+        }
     }
 
     /// What to prune: the state folder's list, and what the ledger lists that the
@@ -348,9 +358,10 @@ impl KubeSink {
             ledger.intend(&InventoryEntry::of_bundle(bundle));
         }
         let api = self.api.clone();
-        if let Err(message) = self.save_ledger(&api).await {
-            return nothing_applied(bundle, message);
-        }
+        let mut note = match self.save_ledger(&api).await {
+            Ok(note) => note,
+            Err(message) => return nothing_applied(bundle, message),
+        };
         let Some(mut ledger) = self.ledger.take() else {
             return nothing_applied(bundle, "the cluster's inventory is not open".into());
         };
@@ -438,9 +449,15 @@ impl KubeSink {
             }
             message
         };
-        if let Err(problem) = saved {
-            complete = false;
-            message = format!("{message}; {problem}");
+        match saved {
+            Ok(later) => note = later.or(note),
+            Err(problem) => {
+                complete = false;
+                message = format!("{message}; {problem}");
+            }
+        }
+        if let Some(note) = note {
+            message = format!("{message}; {note}");
         }
         ApplyOutcome {
             resources,
