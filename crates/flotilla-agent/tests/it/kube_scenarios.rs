@@ -296,6 +296,20 @@ async fn five_server_errors_in_a_row_or_one_unavailable_answer_stop_the_apply() 
             .1
             .starts_with("not attempted")
     );
+    // A connection cut stops it too.
+    fake.fail(Fault::disconnect().on("PATCH", "/configmaps/c3"));
+    let outcome = sink.apply(&bundle, &[]).await;
+    assert!(!outcome.complete);
+    let (_, message) = line(&outcome, "ConfigMap", "c3");
+    assert!(
+        message.contains("no answer from the Kubernetes API"),
+        "{message}"
+    );
+    assert!(
+        line(&outcome, "ConfigMap", "c4")
+            .1
+            .starts_with("not attempted")
+    );
     // The next attempt resumes and completes.
     let outcome = sink.apply(&bundle, &[]).await;
     assert!(outcome.complete, "{outcome:#?}");
