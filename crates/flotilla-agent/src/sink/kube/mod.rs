@@ -374,10 +374,11 @@ impl KubeSink {
         };
         let lines = run.apply_all(&mut ledger, bundle).await;
         let apply_errors = lines.iter().filter(|l| l.apply_error).count();
+        let stopped_applying = run.stopped.clone();
 
-        let mut pruned_lines = Vec::new();
+        let mut pruned = Vec::new();
         let mut retained = Vec::new();
-        if apply_errors == 0 && run.stopped.is_none() {
+        if apply_errors == 0 && stopped_applying.is_none() {
             let context = prune::Context::new(
                 bundle,
                 self.options.prune_namespaces_and_crds,
@@ -388,7 +389,7 @@ impl KubeSink {
                 if line.retain {
                     retained.push(entry);
                 }
-                pruned_lines.push(line);
+                pruned.push(line.status);
             }
         } else {
             retained = candidates;
@@ -397,58 +398,14 @@ impl KubeSink {
         self.ledger = Some(ledger);
         let saved = self.save_ledger(&self.api.unstoppable()).await;
 
-        let mut resources: Vec<ResourceStatus> = lines.into_iter().map(|l| l.status).collect();
-        let count = |state| resources.iter().filter(|r| r.state == state).count();
-        let (healthy, progressing, unhealthy) = (
-            count(ResourceState::Healthy),
-            count(ResourceState::Progressing),
-            count(ResourceState::Failed),
-        );
-        let first_unhealthy = resources
-            .iter()
-            .find(|r| r.state == ResourceState::Failed)
-            .map(|r| format!("{}: {}", r.key(), r.message));
-        let pruned = pruned_lines
-            .iter()
-            .filter(|l| l.status.state == ResourceState::Pruned)
-            .count();
-        let left = pruned_lines
-            .iter()
-            .filter(|l| l.status.state == ResourceState::Applied)
-            .count();
-        let prune_stopped = pruned_lines
-            .iter()
-            .any(|l| l.status.state == ResourceState::Failed);
-        resources.extend(pruned_lines.into_iter().map(|l| l.status));
-        let total = bundle.resources.len();
-
         let mut complete = apply_errors == 0 && run.stopped.is_none();
-        let mut message = if apply_errors > 0 || (run.stopped.is_some() && !prune_stopped) {
-            let mut message =
-                format!("{apply_errors} of {total} resources failed to apply; nothing was pruned");
-            if let Some(reason) = &run.stopped {
-                message.push_str(&format!(" (stopped early: {reason})"));
-            } else if let Some(first) = first_unhealthy {
-                message.push_str(&format!("; first: {first}"));
-            }
-            message
-        } else if prune_stopped {
-            format!(
-                "applied {total} resources, but pruning stopped early: {}",
-                run.stopped.clone().unwrap_or_default()
-            )
-        } else {
-            let mut message = format!(
-                "applied {total} resources ({healthy} healthy, {progressing} progressing, {unhealthy} failed), pruned {pruned}"
-            );
-            if left > 0 {
-                message.push_str(&format!(", {left} left in place"));
-            }
-            if let Some(first) = first_unhealthy {
-                message.push_str(&format!("; failed: {first}"));
-            }
-            message
-        };
+        let mut message = summary(
+            bundle.resources.len(),
+            &lines,
+            &pruned,
+            stopped_applying.as_deref(),
+            run.stopped.as_deref(),
+        );
         match saved {
             Ok(later) => note = later.or(note),
             Err(problem) => {
@@ -459,6 +416,8 @@ impl KubeSink {
         if let Some(note) = note {
             message = format!("{message}; {note}");
         }
+        let mut resources: Vec<ResourceStatus> = lines.into_iter().map(|l| l.status).collect();
+        resources.extend(pruned);
         ApplyOutcome {
             resources,
             complete,
@@ -537,6 +496,64 @@ impl KubeSink {
                 .and_then(|e| e.ran.as_deref())
                 == Some(Digest::of(&resource.canonical).as_str())
     }
+}
+
+/// The report's one line about an apply: what failed to apply (and why it stopped),
+/// or how healthy the applied bundle is and what prune did.
+fn summary(
+    total: usize,
+    lines: &[Line],
+    pruned: &[ResourceStatus],
+    stopped_applying: Option<&str>,
+    stopped: Option<&str>,
+) -> String {
+    let apply_errors = lines.iter().filter(|l| l.apply_error).count();
+    if apply_errors > 0 || stopped_applying.is_some() {
+        let mut message =
+            format!("{apply_errors} of {total} resources failed to apply; nothing was pruned");
+        if let Some(reason) = stopped_applying {
+            message.push_str(&format!(" (stopped early: {reason})"));
+        } else if let Some(first) = lines.iter().find(|l| l.apply_error) {
+            message.push_str(&format!(
+                "; first: {}: {}",
+                first.status.key(),
+                first.status.message
+            ));
+        }
+        return message;
+    }
+    if let Some(reason) = stopped {
+        return format!("applied {total} resources, but pruning stopped early: {reason}");
+    }
+    let count = |state| lines.iter().filter(|l| l.status.state == state).count();
+    let mut message = format!(
+        "applied {total} resources ({} healthy, {} progressing, {} failed), pruned {}",
+        count(ResourceState::Healthy),
+        count(ResourceState::Progressing),
+        count(ResourceState::Failed),
+        pruned
+            .iter()
+            .filter(|p| p.state == ResourceState::Pruned)
+            .count()
+    );
+    let left = pruned
+        .iter()
+        .filter(|p| p.state == ResourceState::Applied)
+        .count();
+    if left > 0 {
+        message.push_str(&format!(", {left} left in place"));
+    }
+    if let Some(first) = lines
+        .iter()
+        .find(|l| l.status.state == ResourceState::Failed)
+    {
+        message.push_str(&format!(
+            "; failed: {}: {}",
+            first.status.key(),
+            first.status.message
+        ));
+    }
+    message
 }
 
 const JOB_REMOVED: &str = "ran and was removed after it finished (ttlSecondsAfterFinished); flotilla creates \
@@ -1045,5 +1062,59 @@ impl Run {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod summary_tests {
+    use super::*;
+
+    fn line(name: &str, state: ResourceState, apply_error: bool, message: &str) -> Line {
+        let key = ResourceKey {
+            group: String::new(),
+            kind: "ConfigMap".into(),
+            namespace: "demo".into(),
+            name: name.into(),
+        };
+        Line {
+            status: ResourceStatus::new(&key, state, message),
+            apply_error,
+        }
+    }
+
+    #[test]
+    fn the_summary_names_the_first_apply_error_not_the_first_unhealthy_object() {
+        let lines = [
+            line(
+                "sick",
+                ResourceState::Failed,
+                false,
+                "progress deadline exceeded",
+            ),
+            line(
+                "bad",
+                ResourceState::Failed,
+                true,
+                "apply failed: 422 invalid",
+            ),
+        ];
+        assert_eq!(
+            summary(2, &lines, &[], None, None),
+            "1 of 2 resources failed to apply; nothing was pruned; first: ConfigMap demo/bad: apply failed: 422 invalid"
+        );
+        let healthy = [line("ok", ResourceState::Healthy, false, "")];
+        assert_eq!(
+            summary(1, &healthy, &[], None, Some("503 unavailable")),
+            "applied 1 resources, but pruning stopped early: 503 unavailable"
+        );
+        let left = ResourceStatus::new(
+            &lines[0].status.key(),
+            ResourceState::Applied,
+            "left in place: …",
+        );
+        assert_eq!(
+            summary(2, &lines[..1], &[left], None, None),
+            "applied 2 resources (0 healthy, 0 progressing, 1 failed), pruned 0, 1 left in place; failed: ConfigMap demo/sick: progress deadline exceeded"
+        );
     }
 }
