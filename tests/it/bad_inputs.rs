@@ -164,6 +164,7 @@ cases! {
     unknown_group_and_workload_in_overlay => "unknown-group-and-workload-in-overlay",
     overlay_selects_no_one => "overlay-selects-no-one",
     selector_matches_nothing_is_a_warning => "selector-matches-nothing-is-a-warning",
+    exported_manifest_is_a_warning => "exported-manifest-is-a-warning",
     bad_match_expressions => "bad-match-expressions",
     manifests_without_workload => "manifests-without-workload",
     manifest_without_name => "manifest-without-name",

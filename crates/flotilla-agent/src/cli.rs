@@ -15,7 +15,7 @@ use crate::backoff::BackoffPolicy;
 use crate::client::Server;
 use crate::logging::{LogFormat, init_logging};
 use crate::sink::dir::DirSink;
-use crate::sink::kube::KubeSink;
+use crate::sink::kube::{KubeOptions, KubeSink};
 use crate::{Agent, AgentConfig};
 
 #[derive(Debug, Args)]
@@ -45,6 +45,23 @@ pub struct AgentArgs {
     /// With `--sink kube`: take over fields another field manager owns.
     #[arg(long, env = "FLOTILLA_AGENT_FORCE_CONFLICTS")]
     pub force_conflicts: bool,
+    /// With `--sink kube`: prune Namespaces and CustomResourceDefinitions that left the
+    /// bundle even without the `flotilla.dev/prune: allow` annotation (deleting one
+    /// deletes everything in it, or every custom resource of its kind).
+    #[arg(long, env = "FLOTILLA_AGENT_PRUNE_NAMESPACES_AND_CRDS")]
+    pub prune_namespaces_and_crds: bool,
+    /// With `--sink kube`: the namespace of the ConfigMap holding the cluster's copy of
+    /// the inventory (default: the agent's own namespace in a cluster, else the
+    /// kubeconfig context's).
+    #[arg(
+        long,
+        env = "FLOTILLA_AGENT_INVENTORY_NAMESPACE",
+        value_name = "NAMESPACE"
+    )]
+    pub inventory_namespace: Option<String>,
+    /// With `--sink kube`: the longest wait for one answer of the Kubernetes API.
+    #[arg(long, env = "FLOTILLA_AGENT_KUBE_TIMEOUT", default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    pub kube_timeout: Duration,
     /// How long the hub may hold a poll open waiting for a change (a folder is re-read
     /// this often).
     #[arg(long, env = "FLOTILLA_AGENT_WAIT", default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
@@ -95,7 +112,7 @@ struct Settings {
     config: AgentConfig,
     sink: SinkSpec,
     kustomization: bool,
-    force_conflicts: bool,
+    kube: KubeOptions,
 }
 
 fn settings(args: &AgentArgs) -> anyhow::Result<Settings> {
@@ -106,9 +123,23 @@ fn settings(args: &AgentArgs) -> anyhow::Result<Settings> {
     if args.kustomization && args.sink == SinkSpec::Kube {
         bail!("--kustomization only applies to `--sink dir:PATH`");
     }
-    if args.force_conflicts && args.sink != SinkSpec::Kube {
-        bail!("--force-conflicts only applies to `--sink kube`");
+    let kube_only = [
+        ("--force-conflicts", args.force_conflicts),
+        (
+            "--prune-namespaces-and-crds",
+            args.prune_namespaces_and_crds,
+        ),
+        ("--inventory-namespace", args.inventory_namespace.is_some()),
+    ];
+    for (flag, given) in kube_only {
+        if given && args.sink != SinkSpec::Kube {
+            bail!("{flag} only applies to `--sink kube`");
+        }
     }
+    if args.kube_timeout < Duration::from_secs(1) {
+        bail!("--kube-timeout must be at least 1s");
+    }
+    crate::sink::check_cluster_name(&args.cluster).map_err(anyhow::Error::msg)?;
     if args.max_backoff < Duration::from_secs(1) {
         bail!("--max-backoff must be at least 1s");
     }
@@ -126,7 +157,13 @@ fn settings(args: &AgentArgs) -> anyhow::Result<Settings> {
         config,
         sink: args.sink.clone(),
         kustomization: args.kustomization,
-        force_conflicts: args.force_conflicts,
+        kube: KubeOptions {
+            force_conflicts: args.force_conflicts,
+            prune_namespaces_and_crds: args.prune_namespaces_and_crds,
+            request_timeout: args.kube_timeout,
+            inventory_namespace: args.inventory_namespace.clone(),
+            ..KubeOptions::default()
+        },
     })
 }
 
@@ -144,11 +181,11 @@ pub fn run_agent(args: &AgentArgs) -> anyhow::Result<()> {
             config,
             sink,
             kustomization,
-            force_conflicts,
+            kube,
         } = settings;
         match sink {
             SinkSpec::Kube => {
-                let sink = KubeSink::connect(force_conflicts).await?;
+                let sink = KubeSink::connect(kube).await?;
                 Agent::new(config, sink).run(shutdown_signal()).await?;
             }
             SinkSpec::Dir(path) => {
@@ -231,6 +268,27 @@ mod tests {
     }
 
     #[test]
+    fn refuses_a_cluster_name_that_cannot_be_a_label_value() {
+        let long = "e".repeat(64);
+        let args = parse(&[
+            "--server",
+            "file:///srv/f",
+            "--cluster",
+            &long,
+            "--state-dir",
+            "/s",
+            "--sink",
+            "kube",
+        ])
+        .expect("parses");
+        let err = settings(&args).err().expect("refused").to_string();
+        assert!(
+            err.contains("64 characters") && err.contains("flotilla.dev/cluster"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn refuses_bad_sinks_and_mismatched_flags() {
         let base = [
             "--server",
@@ -252,6 +310,22 @@ mod tests {
         assert!(settings(&args).is_err());
         let args = with(&["--sink", "dir:/x", "--force-conflicts"]).expect("parses");
         assert!(settings(&args).is_err());
+        let args = with(&["--sink", "dir:/x", "--prune-namespaces-and-crds"]).expect("parses");
+        assert!(settings(&args).is_err());
+        let args = with(&[
+            "--sink",
+            "kube",
+            "--prune-namespaces-and-crds",
+            "--kube-timeout",
+            "5s",
+            "--inventory-namespace",
+            "ops",
+        ])
+        .expect("parses");
+        let kube = settings(&args).expect("valid").kube;
+        assert!(kube.prune_namespaces_and_crds);
+        assert_eq!(kube.request_timeout, Duration::from_secs(5));
+        assert_eq!(kube.inventory_namespace.as_deref(), Some("ops"));
         let args = with(&["--sink", "dir:/x", "--wait", "0"]).expect("parses");
         assert!(settings(&args).is_err());
         let args = with(&["--sink", "kube", "--resync", "0"]).expect("parses");

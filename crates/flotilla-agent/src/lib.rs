@@ -41,7 +41,7 @@ use backoff::{Backoff, BackoffPolicy, Sleeper, TokioSleeper};
 use cache::{Inventory, InventoryEntry, StateDir, StoredStatus};
 use client::{FailureKind, Fetched, HubClient, Server};
 use flotilla_core::status::{ResourceState, StatusReport};
-use sink::{ApplyOutcome, Sink};
+use sink::{ApplyOutcome, Sink, StopSignal};
 
 use flotilla_core::bundle::{self, Bundle, Digest};
 
@@ -88,7 +88,14 @@ pub enum AgentError {
     State(#[from] cache::StateError),
     #[error(transparent)]
     Client(#[from] client::ClientError),
+    #[error("{0}")]
+    ClusterName(String),
 }
+
+/// How long an apply under way may take to wind down once the agent is asked to
+/// stop: the request in flight is abandoned at once, and what the apply learnt is
+/// recorded.
+const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// How often a rollout that is still progressing is looked at again, at first and at most.
 const HEALTH_FIRST: Duration = Duration::from_secs(5);
@@ -140,10 +147,13 @@ impl<S: Sink> Agent<S> {
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
         let Agent {
             config,
-            sink,
+            mut sink,
             sleeper,
             reports,
         } = self;
+        sink::check_cluster_name(&config.cluster).map_err(AgentError::ClusterName)?;
+        let stop = StopSignal::default();
+        sink.watch_stop(stop.clone());
         let state = Arc::new(StateDir::open(&config.state_dir)?);
         let last_known_good = state.load_bundle(&config.cluster)?;
         let mut inventory = state.load_inventory();
@@ -216,7 +226,7 @@ impl<S: Sink> Agent<S> {
             observers: reports,
             backoff: Backoff::new(config.backoff),
         };
-        applier.run(events_rx, shutdown).await;
+        applier.run(events_rx, shutdown, stop).await;
         poller.abort();
         reporter.abort();
         tracing::info!("flotilla agent stopped");
@@ -238,7 +248,12 @@ struct Applier<'a, S: Sink> {
 }
 
 impl<S: Sink> Applier<'_, S> {
-    async fn run(mut self, mut events: mpsc::Receiver<Event>, shutdown: impl Future<Output = ()>) {
+    async fn run(
+        mut self,
+        mut events: mpsc::Receiver<Event>,
+        shutdown: impl Future<Output = ()>,
+        stop: StopSignal,
+    ) {
         tokio::pin!(shutdown);
         let far_future = || Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600);
         // At boot the last-known-good bundle is applied at once, hub or no hub.
@@ -253,7 +268,22 @@ impl<S: Sink> Applier<'_, S> {
         loop {
             if apply_now && let Some(bundle) = self.desired.clone() {
                 apply_now = false;
-                let complete = self.apply(&bundle).await;
+                let complete = {
+                    let apply = self.apply(&bundle);
+                    tokio::pin!(apply);
+                    tokio::select! {
+                        complete = &mut apply => complete,
+                        () = &mut shutdown => {
+                            // SIGTERM during an apply: the sink abandons the request in
+                            // flight, records what it learnt and returns.
+                            stop.raise();
+                            if tokio::time::timeout(STOP_GRACE, apply).await.is_err() {
+                                tracing::warn!("the apply did not wind down in time; stopping anyway");
+                            }
+                            return;
+                        }
+                    }
+                };
                 if complete {
                     self.backoff.reset();
                     retry_at = None;
@@ -318,23 +348,29 @@ impl<S: Sink> Applier<'_, S> {
             applied: self.inventory.applied.clone(),
             entries: self.inventory.union_with(bundle),
         };
+        let applied_before = self.inventory.entries.clone();
         let outcome = match self.state.save_inventory(&intent) {
             Ok(()) => {
                 self.inventory = intent;
+                self.sink.recall(&applied_before);
                 self.sink.apply(bundle, &prune).await
             }
             Err(err) => ApplyOutcome {
                 resources: Vec::new(),
                 complete: false,
                 message: format!("nothing applied: {err}"),
+                kept: Vec::new(),
             },
         };
         let mut complete = outcome.complete;
         if complete {
+            // What could not be pruned yet stays listed, so a later apply tries again.
+            let mut entries = InventoryEntry::of_bundle(bundle);
+            entries.extend(outcome.kept.iter().cloned());
             let done = Inventory {
                 sink: self.inventory.sink.clone(),
                 applied: Some(bundle.digest.clone()),
-                entries: InventoryEntry::of_bundle(bundle),
+                entries,
             };
             match self.state.save_inventory(&done) {
                 Ok(()) => self.inventory = done,

@@ -17,3 +17,15 @@ pub fn bundle_of(cluster: &str, values: Vec<Value>) -> Bundle {
         .collect();
     Bundle::new(cluster, resources)
 }
+
+/// Merges `extra` into `value`, maps key by key.
+pub fn merge(value: &mut Value, extra: &Value) {
+    match (value.as_object_mut(), extra.as_object()) {
+        (Some(map), Some(extra)) => {
+            for (key, child) in extra {
+                merge(map.entry(key.clone()).or_insert(Value::Null), child);
+            }
+        }
+        _ => *value = extra.clone(),
+    }
+}

@@ -137,6 +137,20 @@ impl fmt::Display for ResourceKey {
     }
 }
 
+/// Metadata the Kubernetes API server sets on an object. A manifest exported with
+/// `kubectl get -o yaml` carries it: the renderer warns about it, and the agent drops it
+/// (and `status`) before applying.
+pub const SERVER_SET_METADATA: &[&str] = &[
+    "resourceVersion",
+    "uid",
+    "creationTimestamp",
+    "generation",
+    "managedFields",
+    "selfLink",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+];
+
 /// The API group of an `apiVersion`: `apps/v1` → `apps`, `v1` → `""`.
 pub fn api_group(api_version: &str) -> &str {
     match api_version.rsplit_once('/') {

@@ -247,6 +247,9 @@ fn load_file(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Loade
         ["workloads", workload, "manifests", .., file] if is_yaml(file) => {
             match yaml::parse_documents(text) {
                 Ok(parsed) => {
+                    for document in &parsed {
+                        warn_about_server_set_fields(path, workload, document, diagnostics);
+                    }
                     let file: Arc<str> = Arc::from(path);
                     let documents = parsed
                         .into_iter()
@@ -281,6 +284,42 @@ fn load_file(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Loade
         _ => None,
     };
     loaded.unwrap_or(Loaded::Nothing)
+}
+
+/// Fields the API server sets, which a manifest exported with `kubectl get -o yaml`
+/// carries: the agent drops them before applying, but they do not belong in a fleet.
+fn warn_about_server_set_fields(
+    path: &str,
+    workload: &str,
+    document: &YamlDocument,
+    diagnostics: &mut Vec<Diagnostic>,
+) {
+    let mut found: Vec<String> = flotilla_core::bundle::SERVER_SET_METADATA
+        .iter()
+        .filter(|field| {
+            document
+                .value
+                .pointer(&format!("/metadata/{field}"))
+                .is_some()
+        })
+        .map(|field| format!("metadata.{field}"))
+        .collect();
+    if document.value.get("status").is_some() {
+        found.push("status".to_string());
+    }
+    if !found.is_empty() {
+        diagnostics.push(
+            Diagnostic::warning(format!(
+                "{} {} set by the Kubernetes API server (exported with `kubectl get -o yaml`?); \
+                 the agent drops them before applying: remove them from the manifest",
+                found.join(", "),
+                if found.len() == 1 { "is" } else { "are" }
+            ))
+            .in_file(path)
+            .at_line(Some(document.line))
+            .for_workload(workload),
+        );
+    }
 }
 
 fn is_yaml(file: &str) -> bool {

@@ -142,6 +142,7 @@ impl DirSink {
                 resources,
                 complete: false,
                 message,
+                kept: Vec::new(),
             }
         };
         if let Err(err) = prepare_target(&self.target) {
@@ -195,6 +196,7 @@ impl DirSink {
                 resources,
                 complete: false,
                 message,
+                kept: Vec::new(),
             };
         }
 
@@ -231,6 +233,7 @@ impl DirSink {
                 resources,
                 complete: false,
                 message,
+                kept: Vec::new(),
             },
             None => ApplyOutcome {
                 resources,
@@ -243,6 +246,7 @@ impl DirSink {
                     writes.unchanged,
                     removal.removed
                 ),
+                kept: Vec::new(),
             },
         }
     }

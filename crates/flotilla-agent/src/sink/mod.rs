@@ -9,6 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use serde_json::Value;
+use tokio::sync::watch;
 
 use super::cache::InventoryEntry;
 use flotilla_core::bundle::{Bundle, Digest, Resource, ResourceKey};
@@ -18,19 +19,29 @@ use flotilla_core::status::{ResourceState, ResourceStatus};
 pub const CLUSTER_LABEL: &str = "flotilla.dev/cluster";
 /// The annotation holding the digest of the bundle an object was last applied from.
 pub const DIGEST_ANNOTATION: &str = "flotilla.dev/bundle-digest";
-/// An object annotated with this set to `disabled` is never pruned.
+/// An object annotated with this set to `disabled` is never pruned; set to `allow` on a
+/// Namespace or a CustomResourceDefinition, it may be (those are kept otherwise, since
+/// deleting them deletes everything in them).
 pub const PRUNE_ANNOTATION: &str = "flotilla.dev/prune";
+
+/// Metadata the API server sets, dropped before applying: applied back, a stale
+/// `resourceVersion` makes the write conditional (409), and `managedFields` is refused.
+pub use flotilla_core::bundle::SERVER_SET_METADATA;
 
 /// What one apply did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApplyOutcome {
     /// One line per resource of the bundle, then one per resource pruned or kept back.
     pub resources: Vec<ResourceStatus>,
-    /// True when every resource was applied and everything to prune was pruned; only
-    /// then is the bundle "applied". Otherwise the agent tries again later.
+    /// True when every resource was applied (whatever its health) and nothing left to
+    /// prune needs another try; only then is the bundle "applied". Otherwise the agent
+    /// tries again later.
     pub complete: bool,
     /// A summary for humans.
     pub message: String,
+    /// Objects the bundle no longer holds that could not be pruned yet (refused for
+    /// now, or still needed); they stay in the inventory so a later apply tries again.
+    pub kept: Vec<InventoryEntry>,
 }
 
 impl ApplyOutcome {
@@ -62,14 +73,63 @@ pub trait Sink: Send {
         &'a mut self,
         bundle: &'a Bundle,
     ) -> impl Future<Output = Option<Vec<ResourceStatus>>> + Send + 'a;
+
+    /// Gives the sink the agent's stop signal, so that an apply under way ends soon
+    /// and cleanly when the agent is asked to stop. Sinks whose applies are quick
+    /// need not listen.
+    fn watch_stop(&mut self, _stop: StopSignal) {}
+
+    /// Tells the sink, before an apply, what the state folder's inventory lists: what
+    /// flotilla applied through this sink before. A sink that keeps its own record
+    /// takes it over when it has none yet.
+    fn recall(&mut self, _applied_before: &[InventoryEntry]) {}
+}
+
+/// Raised once when the agent is asked to stop (SIGTERM); cloned by whoever must notice.
+#[derive(Clone, Debug)]
+pub struct StopSignal {
+    raised: watch::Sender<bool>,
+}
+
+impl Default for StopSignal {
+    fn default() -> Self {
+        StopSignal {
+            raised: watch::channel(false).0,
+        }
+    }
+}
+
+impl StopSignal {
+    pub fn raise(&self) {
+        self.raised.send_replace(true);
+    }
+
+    pub fn is_raised(&self) -> bool {
+        *self.raised.borrow()
+    }
+
+    /// Completes once the signal is raised.
+    pub async fn raised(&self) {
+        let mut receiver = self.raised.subscribe();
+        // The sender lives in `self`, so the channel cannot close while this waits.
+        let _ = receiver.wait_for(|raised| *raised).await;
+    }
 }
 
 /// Apply order: CustomResourceDefinitions, then Namespaces, then everything else, each
-/// in bundle order. Kinds a CRD defines and objects in a namespace can then be applied.
+/// in bundle order, and last the admission webhook configurations and APIServices.
+/// Kinds a CRD defines and objects in a namespace can then be applied, and a webhook is
+/// registered only after the Service and workload that serve it, so that it cannot
+/// refuse the objects applied before it exists.
 pub fn apply_rank(key: &ResourceKey) -> u8 {
     match (key.group.as_str(), key.kind.as_str()) {
         ("apiextensions.k8s.io", "CustomResourceDefinition") => 0,
         ("", "Namespace") => 1,
+        (
+            "admissionregistration.k8s.io",
+            "ValidatingWebhookConfiguration" | "MutatingWebhookConfiguration",
+        )
+        | ("apiregistration.k8s.io", "APIService") => 3,
         _ => 2,
     }
 }
@@ -93,11 +153,18 @@ pub fn prune_order(entries: &[InventoryEntry]) -> Vec<InventoryEntry> {
     ordered
 }
 
-/// The object as flotilla applies it: labelled with the cluster, and annotated with
-/// the bundle digest when one is given.
+/// The object as flotilla applies it: without the metadata the API server sets and
+/// without `status`, labelled with the cluster, and annotated with the bundle digest
+/// when one is given.
 pub fn with_flotilla_metadata(value: &Value, cluster: &str, digest: Option<&Digest>) -> Value {
     let mut value = value.clone();
+    if let Some(object) = value.as_object_mut() {
+        object.remove("status");
+    }
     if let Some(metadata) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+        for field in SERVER_SET_METADATA {
+            metadata.remove(*field);
+        }
         insert_string(metadata, "labels", CLUSTER_LABEL, cluster);
         if let Some(digest) = digest {
             insert_string(metadata, "annotations", DIGEST_ANNOTATION, digest.as_str());
@@ -123,13 +190,49 @@ fn insert_string(
     }
 }
 
-/// True when the object's annotations say it must never be pruned.
-pub fn prune_disabled(object: &Value) -> bool {
+fn prune_annotation(object: &Value) -> Option<&str> {
     object
         .pointer("/metadata/annotations")
         .and_then(|a| a.get(PRUNE_ANNOTATION))
         .and_then(Value::as_str)
-        == Some("disabled")
+}
+
+/// True when the object's annotations say it must never be pruned.
+pub fn prune_disabled(object: &Value) -> bool {
+    prune_annotation(object) == Some("disabled")
+}
+
+/// True when the object's annotations allow pruning it even where flotilla otherwise
+/// keeps it (a Namespace, a CustomResourceDefinition).
+pub fn prune_allowed(object: &Value) -> bool {
+    prune_annotation(object) == Some("allow")
+}
+
+/// Checks that a cluster name can be the value of the `flotilla.dev/cluster` label every
+/// applied object carries: at most 63 characters, letters, digits, `-`, `_` and `.`,
+/// starting and ending with a letter or digit (Kubernetes' label-value rule). Any other
+/// name would make the API server refuse every object (422).
+pub fn check_cluster_name(cluster: &str) -> Result<(), String> {
+    let alphanumeric = |c: char| c.is_ascii_alphanumeric();
+    if cluster.is_empty() || cluster.len() > 63 {
+        return Err(format!(
+            "cluster name {cluster:?} has {} characters; it must have 1 to 63, since it is the value of the \
+             {CLUSTER_LABEL} label on every object flotilla applies",
+            cluster.len()
+        ));
+    }
+    let valid = cluster.starts_with(alphanumeric)
+        && cluster.ends_with(alphanumeric)
+        && cluster
+            .chars()
+            .all(|c| alphanumeric(c) || matches!(c, '-' | '_' | '.'));
+    if !valid {
+        return Err(format!(
+            "cluster name {cluster:?} cannot be the value of the {CLUSTER_LABEL} label on the objects flotilla \
+             applies: use letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -193,5 +296,74 @@ mod tests {
         assert!(!prune_disabled(&labelled));
         let kept = json!({"metadata": {"annotations": {"flotilla.dev/prune": "disabled"}}});
         assert!(prune_disabled(&kept));
+        assert!(!prune_allowed(&kept));
+        let allowed = json!({"metadata": {"annotations": {"flotilla.dev/prune": "allow"}}});
+        assert!(prune_allowed(&allowed));
+    }
+
+    #[test]
+    fn server_set_metadata_and_status_are_not_applied() {
+        // As `kubectl get -o yaml` exports it.
+        let exported = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "x", "namespace": "demo", "resourceVersion": "4711",
+                         "uid": "0e1f", "creationTimestamp": "2024-01-01T00:00:00Z",
+                         "generation": 3, "managedFields": [{"manager": "kubectl"}]},
+            "data": {"k": "v"}, "status": {"phase": "Active"}});
+        let applied = with_flotilla_metadata(&exported, "edge-1", None);
+        assert_eq!(
+            applied,
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
+                   "metadata": {"name": "x", "namespace": "demo",
+                                "labels": {"flotilla.dev/cluster": "edge-1"}},
+                   "data": {"k": "v"}})
+        );
+    }
+
+    #[test]
+    fn webhooks_are_applied_last_and_pruned_first() {
+        let webhook = object(
+            "admissionregistration.k8s.io/v1",
+            "ValidatingWebhookConfiguration",
+            None,
+            "check",
+        );
+        let bundle = bundle_of(
+            "edge-1",
+            vec![
+                webhook,
+                object("apps/v1", "Deployment", Some("demo"), "web"),
+            ],
+        );
+        let applied: Vec<&str> = apply_order(&bundle)
+            .iter()
+            .map(|r| r.key.name.as_str())
+            .collect();
+        assert_eq!(applied, ["web", "check"]);
+        let pruned: Vec<String> = prune_order(&InventoryEntry::of_bundle(&bundle))
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(pruned, ["check", "web"]);
+    }
+
+    #[test]
+    fn cluster_names_must_be_label_values() {
+        for good in ["edge-7", "EDGE_7.north", "a", &"a".repeat(63)] {
+            assert_eq!(check_cluster_name(good), Ok(()), "{good}");
+        }
+        for bad in ["", &"a".repeat(64), "-edge", "edge-", "edge 7", "edge/7"] {
+            let err = check_cluster_name(bad).expect_err(bad);
+            assert!(err.contains("flotilla.dev/cluster"), "{err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_raised_stop_signal_is_seen_by_every_clone() {
+        let stop = StopSignal::default();
+        let seen = stop.clone();
+        assert!(!seen.is_raised());
+        stop.raise();
+        seen.raised().await;
+        assert!(seen.is_raised());
     }
 }

@@ -2,6 +2,8 @@
 //! folder, and a sleeper that records waits instead of spending them.
 #![allow(dead_code)]
 
+pub mod kube;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};

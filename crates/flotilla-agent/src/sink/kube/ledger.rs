@@ -1,0 +1,358 @@
+//! The ledger: the inventory the kube sink keeps in the cluster, in a ConfigMap of the
+//! agent's namespace, beside the one in the state folder.
+//!
+//! It survives a lost state folder (a missing inventory would otherwise read as empty
+//! and leave every object flotilla created behind for ever), and it knows what the
+//! state folder does not: which objects flotilla **created** (the apply answered 201)
+//! rather than adopted (an object that existed, whose fields agreed), each object's uid,
+//! and for Jobs the manifest they last ran from.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use flotilla_core::bundle::{Bundle, Digest, ResourceKey};
+
+use super::Api;
+use super::failure::Failure;
+use crate::cache::InventoryEntry;
+use crate::sink::{CLUSTER_LABEL, PRUNE_ANNOTATION};
+
+/// The ConfigMap key holding the ledger.
+const DATA_KEY: &str = "inventory.json";
+/// A ConfigMap holds at most 1 MiB; the ledger stops short of it.
+const MAX_BYTES: usize = 900 * 1024;
+
+/// Where an object flotilla applied came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Origin {
+    /// flotilla's apply created it (the API server answered 201).
+    Created,
+    /// It existed before flotilla first applied it (answered 200): flotilla adopted it.
+    Adopted,
+    /// Applied by an agent that kept no ledger: flotilla applied it, but cannot tell
+    /// whether it created it.
+    #[default]
+    Unknown,
+    /// Recorded before it was applied, and no answer recorded since (an apply cut
+    /// short): flotilla cannot tell whether it exists at all.
+    Pending,
+}
+
+/// One object flotilla applied.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct LedgerEntry {
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    pub name: String,
+    #[serde(default)]
+    pub origin: Origin,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    /// For a Job: the digest of the manifest it was last created from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ran: Option<String>,
+}
+
+impl LedgerEntry {
+    pub fn key(&self) -> ResourceKey {
+        self.inventory_entry().key()
+    }
+
+    pub fn inventory_entry(&self) -> InventoryEntry {
+        InventoryEntry {
+            api_version: self.api_version.clone(),
+            kind: self.kind.clone(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        }
+    }
+
+    fn unknown(entry: &InventoryEntry) -> LedgerEntry {
+        LedgerEntry {
+            api_version: entry.api_version.clone(),
+            kind: entry.kind.clone(),
+            namespace: entry.namespace.clone(),
+            name: entry.name.clone(),
+            origin: Origin::Unknown,
+            uid: None,
+            ran: None,
+        }
+    }
+}
+
+/// Why the ledger was not written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SaveError {
+    /// It has outgrown a ConfigMap: the cluster keeps no copy, the state folder's stays.
+    TooBig(String),
+    /// The API server refused or did not answer.
+    Failed(String),
+}
+
+/// The ledger of one cluster.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Ledger {
+    pub cluster: String,
+    pub entries: Vec<LedgerEntry>,
+}
+
+/// The ConfigMap's name: `flotilla-inventory-<cluster>`, or with a hash of the name
+/// when the name cannot be part of an object name.
+pub(crate) fn configmap_name(cluster: &str) -> String {
+    const PREFIX: &str = "flotilla-inventory-";
+    let dns_label = !cluster.is_empty()
+        && cluster.len() + PREFIX.len() <= 63
+        && cluster
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !cluster.ends_with('-');
+    if dns_label {
+        format!("{PREFIX}{cluster}")
+    } else {
+        let digest = Digest::of(cluster.as_bytes());
+        format!("{PREFIX}{}", &digest.hex()[..16])
+    }
+}
+
+impl Ledger {
+    pub fn new(cluster: &str) -> Ledger {
+        Ledger {
+            cluster: cluster.to_string(),
+            entries: Vec::new(),
+        }
+    }
+
+    pub fn entry(&self, key: &ResourceKey) -> Option<&LedgerEntry> {
+        self.entries.iter().find(|e| &e.key() == key)
+    }
+
+    fn entry_mut(&mut self, key: &ResourceKey) -> Option<&mut LedgerEntry> {
+        self.entries.iter_mut().find(|e| &e.key() == key)
+    }
+
+    /// Records, before an apply touches anything, what it is about to touch: objects
+    /// the ledger does not know yet are `Pending` until the API server answers.
+    pub fn intend(&mut self, bundle: &[InventoryEntry]) {
+        for entry in bundle {
+            if self.entry(&entry.key()).is_none() {
+                let mut pending = LedgerEntry::unknown(entry);
+                pending.origin = Origin::Pending;
+                self.entries.push(pending);
+            }
+        }
+    }
+
+    /// Takes over what an agent without a ledger applied (its state folder's
+    /// inventory), with origin `Unknown`.
+    pub fn adopt_inventory(&mut self, applied_before: &[InventoryEntry]) {
+        for entry in applied_before {
+            if self.entry(&entry.key()).is_none() {
+                self.entries.push(LedgerEntry::unknown(entry));
+            }
+        }
+    }
+
+    /// Records an apply's answer: 201 means flotilla created the object; 200 for an
+    /// object it had not applied before, or for one whose uid changed since (someone
+    /// deleted and re-created it), means it adopted it; otherwise what was known stays.
+    pub fn record_apply(&mut self, entry: &InventoryEntry, created: bool, uid: Option<&str>) {
+        let key = entry.key();
+        if self.entry(&key).is_none() {
+            self.intend(std::slice::from_ref(entry));
+        }
+        if let Some(recorded) = self.entry_mut(&key) {
+            let replaced = recorded.uid.is_some() && recorded.uid.as_deref() != uid;
+            if created {
+                recorded.origin = Origin::Created;
+            } else if recorded.origin == Origin::Pending || replaced {
+                recorded.origin = Origin::Adopted;
+            }
+            recorded.api_version = entry.api_version.clone();
+            recorded.uid = uid.map(str::to_string);
+        }
+    }
+
+    /// Records that a Job was applied from the manifest with this digest.
+    pub fn record_run(&mut self, key: &ResourceKey, manifest: &Digest) {
+        if let Some(recorded) = self.entry_mut(key) {
+            recorded.ran = Some(manifest.to_string());
+        }
+    }
+
+    /// Keeps only the entries of `bundle` and `kept`: what a complete apply leaves.
+    pub fn settle(&mut self, bundle: &Bundle, kept: &[InventoryEntry]) {
+        let keys: std::collections::HashSet<ResourceKey> = bundle
+            .resources
+            .iter()
+            .map(|r| r.key.clone())
+            .chain(kept.iter().map(InventoryEntry::key))
+            .collect();
+        self.entries.retain(|e| keys.contains(&e.key()));
+    }
+
+    fn to_configmap(&self, namespace: &str) -> Result<Value, SaveError> {
+        let text = serde_json::to_string(self).map_err(|err| SaveError::Failed(err.to_string()))?;
+        if text.len() > MAX_BYTES {
+            return Err(SaveError::TooBig(format!(
+                "the inventory of {} objects takes {} bytes, more than a ConfigMap holds: the cluster keeps \
+                 no copy of it (the state folder does)",
+                self.entries.len(),
+                text.len()
+            )));
+        }
+        Ok(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": configmap_name(&self.cluster), "namespace": namespace,
+                         "labels": {CLUSTER_LABEL: self.cluster},
+                         // It is no resource of any bundle; never prune it.
+                         "annotations": {PRUNE_ANNOTATION: "disabled"}},
+            "data": {DATA_KEY: text}}))
+    }
+
+    fn from_configmap(configmap: &Value, cluster: &str) -> Option<Ledger> {
+        let text = configmap.pointer(&format!("/data/{DATA_KEY}"))?.as_str()?;
+        match serde_json::from_str::<Ledger>(text) {
+            Ok(ledger) if ledger.cluster == cluster => Some(ledger),
+            Ok(ledger) => {
+                tracing::warn!(
+                    found = %ledger.cluster, cluster,
+                    "the cluster's inventory ConfigMap belongs to another cluster; ignoring it"
+                );
+                None
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "the cluster's inventory ConfigMap cannot be read; ignoring it");
+                None
+            }
+        }
+    }
+
+    /// Reads the ledger; `None` when there is none yet.
+    pub async fn load(
+        api: &Api,
+        namespace: &str,
+        cluster: &str,
+    ) -> Result<Option<Ledger>, Failure> {
+        let name = configmap_name(cluster);
+        match api.get(&configmap_resource(), Some(namespace), &name).await {
+            Ok(configmap) => Ok(Ledger::from_configmap(&configmap, cluster)),
+            Err(failure) if failure.is_not_found() => Ok(None),
+            Err(failure) => Err(failure),
+        }
+    }
+
+    /// Writes the ledger (server-side apply, taking over any field).
+    pub async fn save(&self, api: &Api, namespace: &str) -> Result<(), SaveError> {
+        let configmap = self.to_configmap(namespace)?;
+        let name = configmap_name(&self.cluster);
+        api.apply(
+            &configmap_resource(),
+            Some(namespace),
+            &name,
+            &configmap,
+            true,
+        )
+        .await
+        .map(|_| ())
+        .map_err(|failure| {
+            let hint = if failure.is_not_found() {
+                format!(
+                    "; create namespace {namespace} or choose another with --inventory-namespace"
+                )
+            } else {
+                String::new()
+            };
+            SaveError::Failed(format!(
+                "cannot record the inventory in ConfigMap {namespace}/{name}: {}{hint}",
+                failure.describe("patch", "configmaps")
+            ))
+        })
+    }
+}
+
+fn configmap_resource() -> kube::core::ApiResource {
+    kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("", "v1", "ConfigMap"),
+        "configmaps",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str) -> InventoryEntry {
+        InventoryEntry {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            namespace: "demo".into(),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn names_are_object_names() {
+        assert_eq!(configmap_name("edge-7"), "flotilla-inventory-edge-7");
+        let odd = configmap_name("Edge_7");
+        assert!(
+            odd.starts_with("flotilla-inventory-") && odd.len() == 35,
+            "{odd}"
+        );
+        assert_ne!(odd, configmap_name("edge_7"));
+        assert_eq!(configmap_name(&"a".repeat(60)).len(), 35);
+    }
+
+    #[test]
+    fn provenance_is_learnt_from_the_answers() {
+        let origin =
+            |ledger: &Ledger, name: &str| ledger.entry(&entry(name).key()).map(|e| e.origin);
+        let mut ledger = Ledger::new("edge-1");
+        // "legacy" was applied by an agent that kept no ledger.
+        ledger.adopt_inventory(&[entry("legacy")]);
+        ledger.intend(&[entry("new"), entry("found"), entry("legacy")]);
+        assert_eq!(origin(&ledger, "new"), Some(Origin::Pending));
+        assert_eq!(origin(&ledger, "legacy"), Some(Origin::Unknown));
+        ledger.record_apply(&entry("new"), true, Some("u1"));
+        ledger.record_apply(&entry("found"), false, Some("u2"));
+        ledger.record_apply(&entry("legacy"), false, Some("u3"));
+        assert_eq!(origin(&ledger, "new"), Some(Origin::Created));
+        assert_eq!(origin(&ledger, "found"), Some(Origin::Adopted));
+        assert_eq!(
+            origin(&ledger, "legacy"),
+            Some(Origin::Unknown),
+            "an older agent may have created it"
+        );
+        // The same object again keeps what was known; a new uid means someone else
+        // re-created it.
+        ledger.record_apply(&entry("new"), false, Some("u1"));
+        assert_eq!(origin(&ledger, "new"), Some(Origin::Created));
+        ledger.record_apply(&entry("new"), false, Some("u9"));
+        assert_eq!(origin(&ledger, "new"), Some(Origin::Adopted));
+        ledger.record_apply(&entry("legacy"), false, Some("u3"));
+        assert_eq!(origin(&ledger, "legacy"), Some(Origin::Unknown));
+    }
+
+    #[test]
+    fn the_configmap_round_trips_and_belongs_to_one_cluster() {
+        let mut ledger = Ledger::new("edge-1");
+        ledger.record_apply(&entry("a"), true, Some("u1"));
+        let configmap = ledger.to_configmap("flotilla-system").expect("fits");
+        assert_eq!(configmap["metadata"]["labels"][CLUSTER_LABEL], "edge-1");
+        assert_eq!(
+            Ledger::from_configmap(&configmap, "edge-1"),
+            Some(ledger.clone())
+        );
+        assert_eq!(Ledger::from_configmap(&configmap, "edge-2"), None);
+        let huge = Ledger {
+            cluster: "edge-1".into(),
+            entries: vec![ledger.entries[0].clone(); 20_000],
+        };
+        assert!(
+            matches!(huge.to_configmap("x"), Err(SaveError::TooBig(note)) if note.contains("20000 objects"))
+        );
+    }
+}

@@ -1,0 +1,1120 @@
+//! The `kube` sink: server-side apply through the Kubernetes API with kube-rs. This is
+//! the only module that knows kube-rs.
+//!
+//! One apply:
+//! 1. reads the **ledger** (the inventory kept in the cluster, [`ledger`]) once, and
+//!    records in it what the apply is about to touch;
+//! 2. applies CustomResourceDefinitions, waiting until each is Established; then
+//!    Namespaces; then everything else; admission webhooks and APIServices last. Every
+//!    object is sent without the metadata the server sets, labelled with the cluster,
+//!    annotated with the bundle digest, with field manager `flotilla` (forcing
+//!    conflicts only when asked). The answer says whether flotilla created the object
+//!    (201) or found it (200), and how healthy it is ([`health`]);
+//! 3. only when every object was applied (healthy or not), deletes what the previous
+//!    inventory held and the bundle does not, in reverse order, as [`prune`] decides;
+//! 4. records the outcome in the ledger.
+//!
+//! An error the API server gives for one object (invalid, forbidden, a conflict, a
+//! 500 from a webhook or a typed patch) fails that object alone. No answer, 401, 429,
+//! 502, 503, 504, or five 500s in a row stop the apply, and the agent tries again
+//! later; server-side apply is idempotent, so the next attempt resumes. A workload that
+//! is unhealthy is reported `failed`, but does not stop the bundle from being applied.
+
+mod discovery;
+mod failure;
+mod health;
+mod ledger;
+mod prune;
+#[cfg(test)]
+mod wire_tests;
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::time::Duration;
+
+use kube::api::{DeleteParams, GetParams, Patch, PatchParams, Preconditions, PropagationPolicy};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use serde_json::Value;
+use tokio::time::Instant;
+
+use super::{
+    ApplyOutcome, Sink, StopSignal, apply_order, apply_rank, prune_order, with_flotilla_metadata,
+};
+use crate::cache::InventoryEntry;
+use discovery::{Discovery, Found};
+use failure::{ApiStatus, Failure, SERVER_ERRORS_BEFORE_STOP};
+use flotilla_core::bundle::{Bundle, Digest, Resource, ResourceKey, api_group};
+use flotilla_core::status::{ResourceState, ResourceStatus};
+pub use health::{has_health_rule, health};
+use ledger::{Ledger, SaveError};
+
+/// The field manager of every apply.
+pub const FIELD_MANAGER: &str = "flotilla";
+
+/// Namespaces Kubernetes itself needs (the API server refuses to delete the first
+/// three, and recreates `kube-node-lease`); flotilla never prunes them.
+pub const SYSTEM_NAMESPACES: &[&str] =
+    &["default", "kube-system", "kube-public", "kube-node-lease"];
+
+/// The kube sink's settings.
+#[derive(Debug, Clone)]
+pub struct KubeOptions {
+    /// Take over fields another field manager owns (`--force-conflicts`).
+    pub force_conflicts: bool,
+    /// Prune Namespaces and CustomResourceDefinitions without the
+    /// `flotilla.dev/prune: allow` annotation (`--prune-namespaces-and-crds`).
+    pub prune_namespaces_and_crds: bool,
+    /// The longest wait for one answer of the API server (`--kube-timeout`).
+    pub request_timeout: Duration,
+    /// How long a CRD may take to become Established.
+    pub crd_timeout: Duration,
+    /// How often a CRD is looked at while waiting.
+    pub crd_poll: Duration,
+    /// Where the ledger is kept; the client's namespace when `None` (in a cluster, the
+    /// agent's own namespace).
+    pub inventory_namespace: Option<String>,
+}
+
+impl Default for KubeOptions {
+    fn default() -> Self {
+        KubeOptions {
+            force_conflicts: false,
+            prune_namespaces_and_crds: false,
+            request_timeout: Duration::from_secs(30),
+            crd_timeout: Duration::from_secs(60),
+            crd_poll: Duration::from_secs(1),
+            inventory_namespace: None,
+        }
+    }
+}
+
+/// Why the sink could not connect to the Kubernetes API.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error(
+        "cannot find a Kubernetes API to apply to (in-cluster service account or kubeconfig): {0}; \
+         run the agent in the cluster, or set KUBECONFIG"
+    )]
+    Config(#[source] kube::config::InferConfigError),
+    #[error("cannot make a client for the Kubernetes API: {0}")]
+    Client(#[source] kube::Error),
+}
+
+/// Requests to the API server, each with its own timeout, abandoned when the agent
+/// is asked to stop.
+#[derive(Clone)]
+pub(crate) struct Api {
+    client: kube::Client,
+    timeout: Duration,
+    stop: StopSignal,
+}
+
+impl Api {
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    /// Runs `request` with the timeout and the stop signal; the outer error says it
+    /// got no answer.
+    pub async fn guard<T>(
+        &self,
+        request: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<Result<T, kube::Error>, Failure> {
+        tokio::select! {
+            biased;
+            () = self.stop.raised() => Err(Failure::Stopped),
+            answer = tokio::time::timeout(self.timeout, request) => {
+                answer.map_err(|_| Failure::Timeout(self.timeout))
+            }
+        }
+    }
+
+    /// Sends one request; an answer of 400 or more is a failure.
+    async fn send(
+        &self,
+        request: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
+    ) -> Result<(u16, Value), Failure> {
+        let request = request.map_err(|err| Failure::Transport(err.to_string()))?;
+        let client = self.client.clone();
+        let exchange = async move {
+            let response = client.send(request.map(kube::client::Body::from)).await?;
+            let code = response.status().as_u16();
+            let body = response.into_body().collect_bytes().await?;
+            Ok((code, body))
+        };
+        let (code, body) = self.guard(exchange).await?.map_err(Failure::from_kube)?;
+        if code >= 400 {
+            return Err(Failure::Api(ApiStatus::from_body(code, &body)));
+        }
+        Ok((code, serde_json::from_slice(&body).unwrap_or(Value::Null)))
+    }
+
+    fn request(resource: &ApiResource, namespace: Option<&str>) -> kube::core::Request {
+        kube::core::Request::new(<DynamicObject as kube::Resource>::url_path(
+            resource, namespace,
+        ))
+    }
+
+    pub async fn get(
+        &self,
+        resource: &ApiResource,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Value, Failure> {
+        let request = Api::request(resource, namespace).get(name, &GetParams::default());
+        self.send(request).await.map(|(_, body)| body)
+    }
+
+    /// Server-side apply; answers the status code (201 created, 200 updated) and the
+    /// object.
+    pub async fn apply(
+        &self,
+        resource: &ApiResource,
+        namespace: Option<&str>,
+        name: &str,
+        object: &Value,
+        force: bool,
+    ) -> Result<(u16, Value), Failure> {
+        let mut params = PatchParams::apply(FIELD_MANAGER);
+        if force {
+            params = params.force();
+        }
+        let request = Api::request(resource, namespace).patch(name, &params, &Patch::Apply(object));
+        self.send(request).await
+    }
+
+    /// Deletes in the background, on condition that the object still has this uid and
+    /// resourceVersion (so an object made again meanwhile is not deleted).
+    async fn delete(
+        &self,
+        resource: &ApiResource,
+        namespace: Option<&str>,
+        name: &str,
+        uid: Option<String>,
+        resource_version: Option<String>,
+    ) -> Result<Value, Failure> {
+        let params = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            preconditions: Some(Preconditions {
+                uid,
+                resource_version,
+            }),
+            ..DeleteParams::default()
+        };
+        let request = Api::request(resource, namespace).delete(name, &params);
+        self.send(request).await.map(|(_, body)| body)
+    }
+
+    /// The same, deaf to the stop signal: for the last write of an apply, which
+    /// records what it learnt.
+    fn unstoppable(&self) -> Api {
+        Api {
+            stop: StopSignal::default(),
+            ..self.clone()
+        }
+    }
+}
+
+/// Applies bundles to a Kubernetes cluster.
+pub struct KubeSink {
+    api: Api,
+    options: KubeOptions,
+    ledger_namespace: String,
+    /// The ledger, once read; and as it was last written.
+    ledger: Option<Ledger>,
+    saved: Option<Ledger>,
+    /// What the state folder says flotilla applied before (see [`Sink::recall`]).
+    applied_before: Vec<InventoryEntry>,
+}
+
+impl std::fmt::Debug for KubeSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeSink")
+            .field("options", &self.options)
+            .field("ledger_namespace", &self.ledger_namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubeSink {
+    /// Connects the way kube-rs finds a cluster: the in-cluster service account, or
+    /// the kubeconfig (KUBECONFIG, ~/.kube/config). Every request gets
+    /// `options.request_timeout` (not kube-rs's default of 295 s for reads).
+    pub async fn connect(options: KubeOptions) -> Result<KubeSink, ConnectError> {
+        let mut config = kube::Config::infer().await.map_err(ConnectError::Config)?;
+        config.read_timeout = Some(options.request_timeout);
+        config.write_timeout = Some(options.request_timeout);
+        config.connect_timeout = Some(options.request_timeout.min(Duration::from_secs(10)));
+        let client = kube::Client::try_from(config).map_err(ConnectError::Client)?;
+        Ok(KubeSink::with_client(client, options))
+    }
+
+    pub fn with_client(client: kube::Client, options: KubeOptions) -> KubeSink {
+        let ledger_namespace = options
+            .inventory_namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_string());
+        KubeSink {
+            api: Api {
+                client,
+                timeout: options.request_timeout,
+                stop: StopSignal::default(),
+            },
+            options,
+            ledger_namespace,
+            ledger: None,
+            saved: None,
+            applied_before: Vec::new(),
+        }
+    }
+
+    /// Reads the ledger the first time (or when the cluster changed).
+    async fn open_ledger(&mut self, cluster: &str) -> Result<(), String> {
+        if self.ledger.as_ref().is_some_and(|l| l.cluster == cluster) {
+            return Ok(());
+        }
+        match Ledger::load(&self.api, &self.ledger_namespace, cluster).await {
+            Ok(Some(ledger)) => {
+                self.saved = Some(ledger.clone());
+                self.ledger = Some(ledger);
+            }
+            Ok(None) => {
+                // No ledger yet: what the state folder lists was applied by an agent
+                // that kept none.
+                let mut ledger = Ledger::new(cluster);
+                ledger.adopt_inventory(&self.applied_before);
+                self.saved = None;
+                self.ledger = Some(ledger);
+            }
+            Err(failure) => {
+                return Err(format!(
+                    "cannot read the cluster's inventory (ConfigMap {}/{}): {}",
+                    self.ledger_namespace,
+                    ledger::configmap_name(cluster),
+                    failure.describe("get", "configmaps")
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the ledger if it changed since it was last written. A ledger too big
+    /// for a ConfigMap is not an error of the apply: it is logged, and the state
+    /// folder's inventory carries on alone (returned as a note for the report).
+    async fn save_ledger(&mut self, api: &Api) -> Result<Option<String>, String> {
+        let Some(ledger) = &self.ledger else {
+            return Ok(None);
+        };
+        if self.saved.as_ref() == Some(ledger) {
+            return Ok(None);
+        }
+        match ledger.save(api, &self.ledger_namespace).await {
+            Ok(()) => {
+                self.saved = Some(ledger.clone());
+                Ok(None)
+            }
+            Err(SaveError::TooBig(note)) => {
+                tracing::error!("{note}");
+                Ok(Some(note))
+            }
+            Err(SaveError::Failed(message)) => Err(message),
+        }
+    }
+
+    /// What to prune: the state folder's list, and what the ledger lists that the
+    /// bundle does not hold (the state folder may have been lost).
+    fn prune_candidates(&self, bundle: &Bundle, prune: &[InventoryEntry]) -> Vec<InventoryEntry> {
+        let mut candidates = prune.to_vec();
+        let Some(ledger) = &self.ledger else {
+            return candidates;
+        };
+        let mut known: HashSet<ResourceKey> =
+            bundle.resources.iter().map(|r| r.key.clone()).collect();
+        known.extend(prune.iter().map(InventoryEntry::key));
+        let forgotten: Vec<InventoryEntry> = ledger
+            .entries
+            .iter()
+            .filter(|e| !known.contains(&e.key()))
+            .map(ledger::LedgerEntry::inventory_entry)
+            .collect();
+        if !forgotten.is_empty() {
+            tracing::warn!(
+                objects = forgotten.len(),
+                inventory = %format!("{}/{}", self.ledger_namespace, ledger::configmap_name(&bundle.cluster)),
+                "the cluster's inventory lists objects the state folder does not: was the state folder lost? \
+                 Keep it on persistent storage; the objects are pruned as the cluster's inventory says"
+            );
+            candidates.extend(forgotten);
+        }
+        candidates
+    }
+
+    async fn apply_bundle(&mut self, bundle: &Bundle, prune: &[InventoryEntry]) -> ApplyOutcome {
+        if let Err(message) = self.open_ledger(&bundle.cluster).await {
+            return nothing_applied(bundle, message);
+        }
+        let candidates = self.prune_candidates(bundle, prune);
+        if let Some(ledger) = &mut self.ledger {
+            ledger.intend(&InventoryEntry::of_bundle(bundle));
+        }
+        let api = self.api.clone();
+        let mut note = match self.save_ledger(&api).await {
+            Ok(note) => note,
+            Err(message) => return nothing_applied(bundle, message),
+        };
+        let Some(mut ledger) = self.ledger.take() else {
+            return nothing_applied(bundle, "the cluster's inventory is not open".into());
+        };
+        let mut run = Run {
+            api: self.api.clone(),
+            options: self.options.clone(),
+            discovery: Discovery::default(),
+            stopped: None,
+            server_errors: 0,
+        };
+        let lines = run.apply_all(&mut ledger, bundle).await;
+        let apply_errors = lines.iter().filter(|l| l.apply_error).count();
+        let stopped_applying = run.stopped.clone();
+
+        let mut pruned = Vec::new();
+        let mut retained = Vec::new();
+        if apply_errors == 0 && stopped_applying.is_none() {
+            let context = prune::Context::new(
+                bundle,
+                self.options.prune_namespaces_and_crds,
+                &self.ledger_namespace,
+            );
+            for entry in prune_order(&candidates) {
+                let line = run.prune_one(&ledger, &entry, &context).await;
+                if line.retain {
+                    retained.push(entry);
+                }
+                pruned.push(line.status);
+            }
+        } else {
+            retained = candidates;
+        }
+        ledger.settle(bundle, &retained);
+        self.ledger = Some(ledger);
+        let saved = self.save_ledger(&self.api.unstoppable()).await;
+
+        let mut complete = apply_errors == 0 && run.stopped.is_none();
+        let mut message = summary(
+            bundle.resources.len(),
+            &lines,
+            &pruned,
+            stopped_applying.as_deref(),
+            run.stopped.as_deref(),
+        );
+        match saved {
+            Ok(later) => note = later.or(note),
+            Err(problem) => {
+                complete = false;
+                message = format!("{message}; {problem}");
+            }
+        }
+        if let Some(note) = note {
+            message = format!("{message}; {note}");
+        }
+        let mut resources: Vec<ResourceStatus> = lines.into_iter().map(|l| l.status).collect();
+        resources.extend(pruned);
+        ApplyOutcome {
+            resources,
+            complete,
+            message,
+            kept: retained,
+        }
+    }
+
+    async fn bundle_health(&self, bundle: &Bundle) -> Option<Vec<ResourceStatus>> {
+        let mut discovery = Discovery::default();
+        let mut statuses = Vec::with_capacity(bundle.resources.len());
+        for resource in apply_order(bundle) {
+            let key = &resource.key;
+            if !has_health_rule(key) {
+                statuses.push(ResourceStatus::new(key, ResourceState::Applied, ""));
+                continue;
+            }
+            let status = |state, message: String| ResourceStatus::new(key, state, message);
+            let unreadable = |failure: Failure| {
+                status(
+                    ResourceState::Progressing,
+                    format!(
+                        "cannot read its health: {}",
+                        failure.describe("get", &key.kind)
+                    ),
+                )
+            };
+            let found = match discovery
+                .resolve(&self.api, api_version_of(resource), &key.kind)
+                .await
+            {
+                Ok(Some(found)) => found,
+                Ok(None) => {
+                    statuses.push(status(
+                        ResourceState::Failed,
+                        "its kind is not served".into(),
+                    ));
+                    continue;
+                }
+                Err(failure) if failure.stops_run() => return None,
+                Err(failure) => {
+                    statuses.push(unreadable(failure));
+                    continue;
+                }
+            };
+            let namespace = found.namespaced.then_some(key.namespace.as_str());
+            match self.api.get(&found.resource, namespace, &key.name).await {
+                Ok(live) => {
+                    let (state, message) = health(key, &live);
+                    statuses.push(status(state, message));
+                }
+                Err(failure) if failure.is_not_found() => {
+                    if self.job_ran(resource) {
+                        statuses.push(status(ResourceState::Applied, JOB_REMOVED.into()));
+                    } else {
+                        statuses.push(status(
+                            ResourceState::Failed,
+                            "it is gone (deleted since it was applied); the next resync applies it again".into(),
+                        ));
+                    }
+                }
+                Err(failure) if failure.stops_run() => return None,
+                Err(failure) => statuses.push(unreadable(failure)),
+            }
+        }
+        Some(statuses)
+    }
+
+    /// Whether this Job was applied from exactly this manifest before.
+    fn job_ran(&self, resource: &Resource) -> bool {
+        is_job(&resource.key)
+            && self
+                .ledger
+                .as_ref()
+                .and_then(|l| l.entry(&resource.key))
+                .and_then(|e| e.ran.as_deref())
+                == Some(Digest::of(&resource.canonical).as_str())
+    }
+}
+
+/// The report's one line about an apply: what failed to apply (and why it stopped),
+/// or how healthy the applied bundle is and what prune did.
+fn summary(
+    total: usize,
+    lines: &[Line],
+    pruned: &[ResourceStatus],
+    stopped_applying: Option<&str>,
+    stopped: Option<&str>,
+) -> String {
+    let apply_errors = lines.iter().filter(|l| l.apply_error).count();
+    if apply_errors > 0 || stopped_applying.is_some() {
+        let mut message =
+            format!("{apply_errors} of {total} resources failed to apply; nothing was pruned");
+        if let Some(reason) = stopped_applying {
+            message.push_str(&format!(" (stopped early: {reason})"));
+        } else if let Some(first) = lines.iter().find(|l| l.apply_error) {
+            message.push_str(&format!(
+                "; first: {}: {}",
+                first.status.key(),
+                first.status.message
+            ));
+        }
+        return message;
+    }
+    if let Some(reason) = stopped {
+        return format!("applied {total} resources, but pruning stopped early: {reason}");
+    }
+    let count = |state| lines.iter().filter(|l| l.status.state == state).count();
+    let mut message = format!(
+        "applied {total} resources ({} healthy, {} progressing, {} failed), pruned {}",
+        count(ResourceState::Healthy),
+        count(ResourceState::Progressing),
+        count(ResourceState::Failed),
+        pruned
+            .iter()
+            .filter(|p| p.state == ResourceState::Pruned)
+            .count()
+    );
+    let left = pruned
+        .iter()
+        .filter(|p| p.state == ResourceState::Applied)
+        .count();
+    if left > 0 {
+        message.push_str(&format!(", {left} left in place"));
+    }
+    if let Some(first) = lines
+        .iter()
+        .find(|l| l.status.state == ResourceState::Failed)
+    {
+        message.push_str(&format!(
+            "; failed: {}: {}",
+            first.status.key(),
+            first.status.message
+        ));
+    }
+    message
+}
+
+const JOB_REMOVED: &str = "ran and was removed after it finished (ttlSecondsAfterFinished); flotilla creates \
+                           a Job again only when its manifest changes";
+
+fn nothing_applied(bundle: &Bundle, message: String) -> ApplyOutcome {
+    ApplyOutcome {
+        resources: bundle
+            .resources
+            .iter()
+            .map(|r| {
+                ResourceStatus::new(
+                    &r.key,
+                    ResourceState::Failed,
+                    format!("not attempted: {message}"),
+                )
+            })
+            .collect(),
+        complete: false,
+        message: format!("nothing applied: {message}"),
+        kept: Vec::new(),
+    }
+}
+
+impl Sink for KubeSink {
+    fn id(&self) -> String {
+        "kube".to_string()
+    }
+
+    fn apply<'a>(
+        &'a mut self,
+        bundle: &'a Bundle,
+        prune: &'a [InventoryEntry],
+    ) -> impl std::future::Future<Output = ApplyOutcome> + Send + 'a {
+        self.apply_bundle(bundle, prune)
+    }
+
+    fn health<'a>(
+        &'a mut self,
+        bundle: &'a Bundle,
+    ) -> impl std::future::Future<Output = Option<Vec<ResourceStatus>>> + Send + 'a {
+        self.bundle_health(bundle)
+    }
+
+    fn watch_stop(&mut self, stop: StopSignal) {
+        self.api.stop = stop;
+    }
+
+    fn recall(&mut self, applied_before: &[InventoryEntry]) {
+        self.applied_before = applied_before.to_vec();
+    }
+}
+
+/// One resource's line of the report, and whether it failed to apply (as opposed to
+/// being applied and unhealthy).
+struct Line {
+    status: ResourceStatus,
+    apply_error: bool,
+}
+
+/// One object considered for pruning, and whether it stays in the inventory.
+struct PruneLine {
+    status: ResourceStatus,
+    retain: bool,
+}
+
+/// The state of one apply.
+struct Run {
+    api: Api,
+    options: KubeOptions,
+    discovery: Discovery,
+    /// Why the apply stopped early, if it did.
+    stopped: Option<String>,
+    /// 500 answers in a row.
+    server_errors: u32,
+}
+
+fn is_job(key: &ResourceKey) -> bool {
+    key.group == "batch" && key.kind == "Job"
+}
+
+fn is_established(crd: &Value) -> bool {
+    crd.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Established" && c["status"] == "True")
+}
+
+fn qualified(found: &Found) -> String {
+    if found.resource.group.is_empty() {
+        found.resource.plural.clone()
+    } else {
+        format!("{}.{}", found.resource.plural, found.resource.group)
+    }
+}
+
+fn crd_resource() -> ApiResource {
+    let gvk = GroupVersionKind::gvk("apiextensions.k8s.io", "v1", "CustomResourceDefinition");
+    ApiResource::from_gvk_with_plural(&gvk, "customresourcedefinitions")
+}
+
+fn api_version_of(resource: &Resource) -> &str {
+    resource
+        .value
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("v1")
+}
+
+impl Run {
+    /// Notes a failure: it may stop the apply, and 500s are counted.
+    fn note(&mut self, key: &ResourceKey, failure: &Failure, described: &str) {
+        if failure.code() == Some(500) {
+            self.server_errors += 1;
+            if self.server_errors >= SERVER_ERRORS_BEFORE_STOP && self.stopped.is_none() {
+                self.stopped = Some(format!(
+                    "{} requests in a row were answered 500, the last for {key}: {described}; the API server \
+                     or an admission webhook is in trouble",
+                    self.server_errors
+                ));
+            }
+        } else {
+            self.server_errors = 0;
+        }
+        if failure.stops_run() && self.stopped.is_none() {
+            self.stopped = Some(format!("{key}: {described}"));
+        }
+    }
+
+    fn apply_failed(
+        &mut self,
+        key: &ResourceKey,
+        what: &str,
+        verb: &str,
+        resource: &str,
+        failure: Failure,
+    ) -> Line {
+        let described = failure.describe(verb, resource);
+        self.note(key, &failure, &described);
+        Line {
+            status: ResourceStatus::new(key, ResourceState::Failed, format!("{what}: {described}")),
+            apply_error: true,
+        }
+    }
+
+    /// Waits, unless the agent is asked to stop.
+    async fn pause(&self, duration: Duration) -> Result<(), Failure> {
+        tokio::select! {
+            () = self.api.stop.raised() => Err(Failure::Stopped),
+            () = tokio::time::sleep(duration) => Ok(()),
+        }
+    }
+
+    /// Applies the bundle in order; CRDs are waited for until Established.
+    async fn apply_all(&mut self, ledger: &mut Ledger, bundle: &Bundle) -> Vec<Line> {
+        let (definitions, others): (Vec<_>, Vec<_>) = apply_order(bundle)
+            .into_iter()
+            .partition(|r| apply_rank(&r.key) == 0);
+        let mut lines = Vec::with_capacity(bundle.resources.len());
+        let mut waiting = Vec::new();
+        for resource in &definitions {
+            let (line, live) = self
+                .apply_one(ledger, bundle, resource, &HashSet::new())
+                .await;
+            if live.as_ref().is_some_and(|live| !is_established(live)) {
+                waiting.push(lines.len());
+            }
+            lines.push(line);
+        }
+        for index in waiting {
+            if self.stopped.is_some() {
+                break;
+            }
+            let key = lines[index].status.key();
+            if let Err(message) = self.wait_established(&key).await {
+                lines[index] = Line {
+                    status: ResourceStatus::new(&key, ResourceState::Failed, message),
+                    apply_error: true,
+                };
+            }
+        }
+        // The kinds the bundle's own, established, CRDs define: discovery may take a
+        // moment to serve them.
+        let defined: HashSet<(String, String)> = definitions
+            .iter()
+            .zip(&lines)
+            .filter(|(_, line)| !line.apply_error)
+            .flat_map(|(crd, _)| {
+                let spec = &crd.value["spec"];
+                let group = spec["group"].as_str().unwrap_or_default().to_string();
+                let kind = spec["names"]["kind"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                spec["versions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|v| v["served"].as_bool() == Some(true))
+                    .filter_map(|v| v["name"].as_str())
+                    .map(move |version| (format!("{group}/{version}"), kind.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        for resource in &others {
+            let (line, _) = self.apply_one(ledger, bundle, resource, &defined).await;
+            lines.push(line);
+        }
+        lines
+    }
+
+    /// Finds a kind to apply; a kind one of the bundle's CRDs defines is looked for
+    /// again until it is served or the CRD timeout passes.
+    async fn resolve_for_apply(
+        &mut self,
+        api_version: &str,
+        kind: &str,
+        defined: &HashSet<(String, String)>,
+    ) -> Result<Option<Found>, Failure> {
+        let found = self.discovery.resolve(&self.api, api_version, kind).await?;
+        if found.is_some() || !defined.contains(&(api_version.to_string(), kind.to_string())) {
+            return Ok(found);
+        }
+        let deadline = Instant::now() + self.options.crd_timeout;
+        while Instant::now() + self.options.crd_poll <= deadline {
+            self.pause(self.options.crd_poll).await?;
+            self.discovery.forget(api_version);
+            if let Some(found) = self.discovery.resolve(&self.api, api_version, kind).await? {
+                return Ok(Some(found));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Applies one resource; returns its line and, on success, the object as the
+    /// server returned it.
+    async fn apply_one(
+        &mut self,
+        ledger: &mut Ledger,
+        bundle: &Bundle,
+        resource: &Resource,
+        defined: &HashSet<(String, String)>,
+    ) -> (Line, Option<Value>) {
+        let key = &resource.key;
+        if let Some(reason) = &self.stopped {
+            let message = format!("not attempted: the apply stopped early ({reason})");
+            return (
+                Line {
+                    status: ResourceStatus::new(key, ResourceState::Failed, message),
+                    apply_error: true,
+                },
+                None,
+            );
+        }
+        let api_version = api_version_of(resource);
+        let found = match self
+            .resolve_for_apply(api_version, &key.kind, defined)
+            .await
+        {
+            Ok(Some(found)) => found,
+            Ok(None) => {
+                let message = format!(
+                    "the API server does not serve kind {} in {api_version} (is its CustomResourceDefinition installed?)",
+                    key.kind
+                );
+                return (
+                    Line {
+                        status: ResourceStatus::new(key, ResourceState::Failed, message),
+                        apply_error: true,
+                    },
+                    None,
+                );
+            }
+            Err(failure) => {
+                return (
+                    self.apply_failed(key, "cannot discover its API", "get", api_version, failure),
+                    None,
+                );
+            }
+        };
+        let namespace = found.namespaced.then_some(key.namespace.as_str());
+        let resource_name = qualified(&found);
+        let manifest = Digest::of(&resource.canonical);
+        // A Job runs once per manifest: one that finished and was removed
+        // (ttlSecondsAfterFinished) is not created again by a resync.
+        if is_job(key)
+            && ledger.entry(key).and_then(|e| e.ran.as_deref()) == Some(manifest.as_str())
+        {
+            match self.api.get(&found.resource, namespace, &key.name).await {
+                Ok(_) => {}
+                Err(failure) if failure.is_not_found() => {
+                    return (
+                        Line {
+                            status: ResourceStatus::new(key, ResourceState::Applied, JOB_REMOVED),
+                            apply_error: false,
+                        },
+                        None,
+                    );
+                }
+                Err(failure) => {
+                    return (
+                        self.apply_failed(key, "cannot read it", "get", &resource_name, failure),
+                        None,
+                    );
+                }
+            }
+        }
+        let mut object =
+            with_flotilla_metadata(&resource.value, &bundle.cluster, Some(&bundle.digest));
+        if !found.namespaced
+            && let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut)
+        {
+            // The API server rejects a namespace on a cluster-scoped object.
+            metadata.remove("namespace");
+        }
+        match self
+            .api
+            .apply(
+                &found.resource,
+                namespace,
+                &key.name,
+                &object,
+                self.options.force_conflicts,
+            )
+            .await
+        {
+            Ok((code, live)) => {
+                self.server_errors = 0;
+                let uid = live.pointer("/metadata/uid").and_then(Value::as_str);
+                ledger.record_apply(&InventoryEntry::of(resource), code == 201, uid);
+                if is_job(key) {
+                    ledger.record_run(key, &manifest);
+                }
+                let (state, message) = health(key, &live);
+                (
+                    Line {
+                        status: ResourceStatus::new(key, state, message),
+                        apply_error: false,
+                    },
+                    Some(live),
+                )
+            }
+            Err(failure) => (
+                self.apply_failed(key, "apply failed", "patch", &resource_name, failure),
+                None,
+            ),
+        }
+    }
+
+    /// Waits until the CRD is Established.
+    async fn wait_established(&mut self, key: &ResourceKey) -> Result<(), String> {
+        let deadline = Instant::now() + self.options.crd_timeout;
+        loop {
+            match self.api.get(&crd_resource(), None, &key.name).await {
+                Ok(crd) if is_established(&crd) => return Ok(()),
+                Ok(_) => {}
+                Err(failure) => {
+                    let described =
+                        failure.describe("get", "customresourcedefinitions.apiextensions.k8s.io");
+                    self.note(key, &failure, &described);
+                    return Err(format!(
+                        "cannot read it back to see it established: {described}"
+                    ));
+                }
+            }
+            if Instant::now() + self.options.crd_poll > deadline {
+                return Err(format!(
+                    "not Established after {}s; its custom resources cannot be applied",
+                    self.options.crd_timeout.as_secs()
+                ));
+            }
+            if let Err(failure) = self.pause(self.options.crd_poll).await {
+                let described = failure.describe("get", "customresourcedefinitions");
+                self.note(key, &failure, &described);
+                return Err(described);
+            }
+        }
+    }
+
+    /// Finds the kind of an object to prune: in the version it was applied with, or
+    /// (that version no longer served) in any served version of its group.
+    async fn find_for_prune(&mut self, entry: &InventoryEntry) -> Result<Option<Found>, Failure> {
+        if let Some(found) = self
+            .discovery
+            .resolve(&self.api, &entry.api_version, &entry.kind)
+            .await?
+        {
+            return Ok(Some(found));
+        }
+        self.discovery
+            .resolve_in_group(&self.api, api_group(&entry.api_version), &entry.kind)
+            .await
+    }
+
+    /// Prunes one object the bundle no longer holds, as [`prune::judge`] decides.
+    async fn prune_one(
+        &mut self,
+        ledger: &Ledger,
+        entry: &InventoryEntry,
+        context: &prune::Context<'_>,
+    ) -> PruneLine {
+        let key = entry.key();
+        let line = |state, message: String, retain| PruneLine {
+            status: ResourceStatus::new(&key, state, message),
+            retain,
+        };
+        if let Some(reason) = &self.stopped {
+            return line(
+                ResourceState::Failed,
+                format!("not pruned yet: the apply stopped early ({reason})"),
+                true,
+            );
+        }
+        let failed = |run: &mut Run, what: &str, verb: &str, resource: &str, failure: Failure| {
+            let described = failure.describe(verb, resource);
+            run.note(&key, &failure, &described);
+            if failure.stops_run() {
+                line(ResourceState::Failed, format!("{what}: {described}"), true)
+            } else {
+                line(
+                    ResourceState::Applied,
+                    format!("left in place: {what}: {described}"),
+                    true,
+                )
+            }
+        };
+        let found = match self.find_for_prune(entry).await {
+            Ok(Some(found)) => found,
+            Ok(None) => {
+                // Not "gone": the objects of a kind that is not served any more may
+                // still be stored; flotilla cannot see them, so it does not claim them.
+                return line(
+                    ResourceState::Applied,
+                    format!(
+                        "left in place: kind {} is not served in any version of {} any more, so flotilla cannot \
+                         see or delete it (if its CustomResourceDefinition was deleted, it went with it)",
+                        entry.kind, entry.api_version
+                    ),
+                    false,
+                );
+            }
+            Err(failure) => {
+                return failed(
+                    self,
+                    "cannot discover its API to prune it",
+                    "get",
+                    &entry.api_version,
+                    failure,
+                );
+            }
+        };
+        let resource_name = qualified(&found);
+        let namespace = found.namespaced.then_some(entry.namespace.as_str());
+        let live = match self.api.get(&found.resource, namespace, &entry.name).await {
+            Ok(live) => live,
+            Err(failure) if failure.is_not_found() => {
+                return line(ResourceState::Pruned, "already gone".into(), false);
+            }
+            Err(failure) => {
+                return failed(
+                    self,
+                    "cannot read it to prune it",
+                    "get",
+                    &resource_name,
+                    failure,
+                );
+            }
+        };
+        match prune::judge(entry, ledger.entry(&key), &live, context) {
+            prune::Verdict::Gone(why) => line(ResourceState::Pruned, why, false),
+            prune::Verdict::Keep { reason, retry } => line(
+                ResourceState::Applied,
+                format!("left in place: {reason}"),
+                retry,
+            ),
+            prune::Verdict::Delete {
+                uid,
+                resource_version,
+            } => {
+                match self
+                    .api
+                    .delete(
+                        &found.resource,
+                        namespace,
+                        &entry.name,
+                        uid,
+                        resource_version,
+                    )
+                    .await
+                {
+                    Ok(answer) => {
+                        self.server_errors = 0;
+                        line(ResourceState::Pruned, prune::after_delete(&answer), false)
+                    }
+                    Err(failure) if failure.is_not_found() => {
+                        line(ResourceState::Pruned, "already gone".into(), false)
+                    }
+                    Err(failure) => failed(
+                        self,
+                        "the delete was refused",
+                        "delete",
+                        &resource_name,
+                        failure,
+                    ),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod summary_tests {
+    use super::*;
+
+    fn line(name: &str, state: ResourceState, apply_error: bool, message: &str) -> Line {
+        let key = ResourceKey {
+            group: String::new(),
+            kind: "ConfigMap".into(),
+            namespace: "demo".into(),
+            name: name.into(),
+        };
+        Line {
+            status: ResourceStatus::new(&key, state, message),
+            apply_error,
+        }
+    }
+
+    #[test]
+    fn the_summary_names_the_first_apply_error_not_the_first_unhealthy_object() {
+        let lines = [
+            line(
+                "sick",
+                ResourceState::Failed,
+                false,
+                "progress deadline exceeded",
+            ),
+            line(
+                "bad",
+                ResourceState::Failed,
+                true,
+                "apply failed: 422 invalid",
+            ),
+        ];
+        assert_eq!(
+            summary(2, &lines, &[], None, None),
+            "1 of 2 resources failed to apply; nothing was pruned; first: ConfigMap demo/bad: apply failed: 422 invalid"
+        );
+        let healthy = [line("ok", ResourceState::Healthy, false, "")];
+        assert_eq!(
+            summary(1, &healthy, &[], None, Some("503 unavailable")),
+            "applied 1 resources, but pruning stopped early: 503 unavailable"
+        );
+        let left = ResourceStatus::new(
+            &lines[0].status.key(),
+            ResourceState::Applied,
+            "left in place: …",
+        );
+        assert_eq!(
+            summary(2, &lines[..1], &[left], None, None),
+            "applied 2 resources (0 healthy, 0 progressing, 1 failed), pruned 0, 1 left in place; failed: ConfigMap demo/sick: progress deadline exceeded"
+        );
+    }
+}

@@ -1,0 +1,1160 @@
+//! The kube sink against the fake API server (crates/flotilla-kube-fake), which answers
+//! as a real one does: one scenario per way the sink used to misbehave on a real
+//! cluster (the defects of issue 16, numbered as there).
+
+use crate::support as agent_support;
+
+use std::time::Duration;
+
+use agent_support::kube::*;
+use agent_support::{bundle, publish};
+use flotilla_agent::cache::InventoryEntry;
+use flotilla_agent::client::Server;
+use flotilla_agent::sink::Sink;
+use flotilla_agent::sink::kube::KubeOptions;
+use flotilla_agent::{Agent, AgentConfig, AgentError};
+use flotilla_core::status::{ResourceState, StatusReport};
+use flotilla_kube_fake::{FakeApiServer, Fault};
+use serde_json::{Value, json};
+
+fn cm(name: &str, value: &str) -> Value {
+    kube_config_map("demo", name, value)
+}
+
+fn job(name: &str, command: &str, extra: Value) -> Value {
+    let mut spec = json!({"backoffLimit": 1,
+        "template": {"spec": {"restartPolicy": "Never",
+                              "containers": [{"name": "run", "image": "busybox:1.36", "command": ["sh", "-c", command]}]}}});
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    object("batch/v1", "Job", "demo", name, json!({"spec": spec}))
+}
+
+/// Runs an agent that reads its bundles from a publish folder and applies them with
+/// the kube sink to `fake`; returns its reports and a way to stop it.
+struct RunningAgent {
+    reports: tokio::sync::watch::Receiver<Option<StatusReport>>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), AgentError>>,
+}
+
+impl RunningAgent {
+    fn start(
+        fake: &FakeApiServer,
+        publish: &std::path::Path,
+        state: &std::path::Path,
+        cluster: &str,
+    ) -> RunningAgent {
+        let mut config = AgentConfig::new(
+            Server::File(publish.to_path_buf()),
+            cluster,
+            state.to_path_buf(),
+        );
+        config.resync = Duration::ZERO;
+        let agent = Agent::new(config, sink(fake, options()));
+        let reports = agent.reports();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(agent.run(async {
+            let _ = stopped.await;
+        }));
+        RunningAgent {
+            reports,
+            stop,
+            task,
+        }
+    }
+
+    async fn report_for(&mut self, digest: &flotilla_core::bundle::Digest) -> StatusReport {
+        self.reports
+            .wait_for(|r| {
+                r.as_ref()
+                    .is_some_and(|r| r.applied.as_ref() == Some(digest))
+            })
+            .await
+            .expect("a report")
+            .clone()
+            .expect("present")
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.expect("joined").expect("the agent ran");
+    }
+}
+
+// Defect 1: an unhealthy workload is reported failed, but the bundle is applied, its
+// leftovers pruned, and `applied` moves.
+#[tokio::test(start_paused = true)]
+async fn an_unhealthy_workload_is_reported_failed_but_the_bundle_is_applied() {
+    let fake = FakeApiServer::new();
+    let publish_dir = tempfile::tempdir().expect("tempdir");
+    let state = tempfile::tempdir().expect("tempdir");
+    let first = bundle(
+        "edge-1",
+        vec![
+            kube_namespace("demo"),
+            cm("old", "1"),
+            job("migrate", "exit 1", json!({})),
+        ],
+    );
+    publish(publish_dir.path(), &first);
+    let mut agent = RunningAgent::start(&fake, publish_dir.path(), state.path(), "edge-1");
+    agent.report_for(&first.digest).await;
+
+    // The Job fails (its controller says so).
+    fake.set_status(
+        "batch/v1",
+        "Job",
+        "demo",
+        "migrate",
+        json!({"failed": 2, "conditions": [
+        {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded"},
+        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+         "message": "Job has reached the specified backoff limit"}]}),
+    );
+    let second = bundle(
+        "edge-1",
+        vec![
+            kube_namespace("demo"),
+            cm("new", "1"),
+            job("migrate", "exit 1", json!({})),
+            deployment("demo", "web", 1),
+        ],
+    );
+    publish(publish_dir.path(), &second);
+    let report = agent.report_for(&second.digest).await;
+
+    assert_eq!(report.attempted, Some(second.digest.clone()));
+    assert!(
+        !report.is_success(),
+        "a failed workload is a failure to report"
+    );
+    let state_of = |report: &StatusReport, kind: &str, name: &str| {
+        report
+            .resources
+            .iter()
+            .find(|r| r.kind == kind && r.name == name)
+            .map(|r| (r.state, r.message.clone()))
+            .expect("a line")
+    };
+    assert_eq!(
+        state_of(&report, "Job", "migrate"),
+        (
+            ResourceState::Failed,
+            "Job has reached the specified backoff limit".into()
+        )
+    );
+    assert_eq!(
+        state_of(&report, "ConfigMap", "old").0,
+        ResourceState::Pruned
+    );
+    assert!(
+        fake.get("v1", "ConfigMap", "demo", "old").is_none(),
+        "the leftover was pruned"
+    );
+    assert!(report.message.contains("1 failed"), "{}", report.message);
+    assert!(
+        !report.message.contains("failed to apply"),
+        "{}",
+        report.message
+    );
+
+    // The Deployment, progressing after the apply, misses its progress deadline: the
+    // agent follows its health and reports it failed, the bundle still applied.
+    assert_eq!(
+        state_of(&report, "Deployment", "web").0,
+        ResourceState::Progressing
+    );
+    fake.update("apps/v1", "Deployment", "demo", "web", |d| {
+        d["status"] = json!({"observedGeneration": d["metadata"]["generation"], "conditions": [{"type": "Progressing",
+            "status": "False", "reason": "ProgressDeadlineExceeded", "message": "ReplicaSet \"web-5d\" has timed out progressing."}]});
+    });
+    let followed = agent
+        .reports
+        .wait_for(|r| {
+            r.as_ref().is_some_and(|r| {
+                r.resources
+                    .iter()
+                    .any(|l| l.name == "web" && l.state == ResourceState::Failed)
+            })
+        })
+        .await
+        .expect("a report")
+        .clone()
+        .expect("present");
+    agent.stop().await;
+    assert_eq!(followed.applied, Some(second.digest.clone()));
+    assert!(
+        state_of(&followed, "Deployment", "web")
+            .1
+            .starts_with("progress deadline exceeded")
+    );
+}
+
+// Defect 2: a 500 for one object fails that object alone.
+#[tokio::test(start_paused = true)]
+async fn a_typed_patch_error_fails_one_object_and_the_rest_is_applied() {
+    let fake = FakeApiServer::new();
+    let mut sink = sink(&fake, options());
+    let mut bad_env = deployment("demo", "bad", 1);
+    bad_env["spec"]["template"]["spec"]["containers"][0]["env"] =
+        json!([{"name": "MODE", "value": "a"}, {"name": "MODE", "value": "b"}]);
+    let mut undeclared = cm("typo", "1");
+    undeclared["dta"] = json!({"k": "v"});
+    let bundle = bundle(
+        "edge-1",
+        vec![
+            kube_namespace("demo"),
+            undeclared,
+            cm("good", "1"),
+            bad_env,
+            deployment("demo", "fine", 1),
+        ],
+    );
+    let outcome = sink.apply(&bundle, &[]).await;
+
+    assert!(!outcome.complete);
+    let (state, message) = line(&outcome, "ConfigMap", "typo");
+    assert_eq!(state, ResourceState::Failed);
+    assert!(message.contains("500 failed to create typed patch object (demo/typo; /v1, Kind=ConfigMap): .dta: field not declared in schema"), "{message}");
+    let (state, message) = line(&outcome, "Deployment", "bad");
+    assert_eq!(state, ResourceState::Failed);
+    assert!(
+        message.contains("duplicate entries for key [name=\"MODE\"]"),
+        "{message}"
+    );
+    assert_eq!(
+        line(&outcome, "ConfigMap", "good").0,
+        ResourceState::Applied
+    );
+    assert_eq!(
+        line(&outcome, "Deployment", "fine").0,
+        ResourceState::Progressing
+    );
+    assert!(
+        !outcome.message.contains("stopped early"),
+        "{}",
+        outcome.message
+    );
+    assert!(fake.get("apps/v1", "Deployment", "demo", "fine").is_some());
+}
+
+// Defect 2: many 500s in a row stop the apply (the server is in trouble), as do 503s.
+#[tokio::test(start_paused = true)]
+async fn five_server_errors_in_a_row_or_one_unavailable_answer_stop_the_apply() {
+    let fake = FakeApiServer::new();
+    let mut sink = sink(&fake, options());
+    let names: Vec<String> = (0..8).map(|i| format!("c{i}")).collect();
+    let bundle = bundle(
+        "edge-1",
+        std::iter::once(kube_namespace("demo"))
+            .chain(names.iter().map(|n| cm(n, "1")))
+            .collect(),
+    );
+    fake.fail(
+        Fault::status(
+            500,
+            "InternalError",
+            "Internal error occurred: etcdserver: leader changed",
+        )
+        .on("PATCH", "/configmaps/c")
+        .times(usize::MAX),
+    );
+    let outcome = sink.apply(&bundle, &[]).await;
+    assert!(!outcome.complete);
+    let attempted = requests(&fake)
+        .iter()
+        .filter(|r| r.starts_with("PATCH /api/v1/namespaces/demo/configmaps/c"))
+        .count();
+    assert_eq!(attempted, 5, "stopped after five 500s in a row");
+    let (state, message) = line(&outcome, "ConfigMap", "c7");
+    assert_eq!(state, ResourceState::Failed);
+    assert!(message.starts_with("not attempted"), "{message}");
+    assert!(
+        outcome
+            .message
+            .contains("5 requests in a row were answered 500"),
+        "{}",
+        outcome.message
+    );
+
+    let fake = FakeApiServer::new();
+    let mut sink = agent_support::kube::sink(&fake, options());
+    fake.fail(
+        Fault::status(
+            503,
+            "ServiceUnavailable",
+            "the server is currently unable to handle the request",
+        )
+        .on("PATCH", "/configmaps/c1"),
+    );
+    let outcome = sink.apply(&bundle, &[]).await;
+    assert!(!outcome.complete);
+    assert!(
+        line(&outcome, "ConfigMap", "c2")
+            .1
+            .starts_with("not attempted")
+    );
+    // A connection cut stops it too.
+    fake.fail(Fault::disconnect().on("PATCH", "/configmaps/c3"));
+    let outcome = sink.apply(&bundle, &[]).await;
+    assert!(!outcome.complete);
+    let (_, message) = line(&outcome, "ConfigMap", "c3");
+    assert!(
+        message.contains("no answer from the Kubernetes API"),
+        "{message}"
+    );
+    assert!(
+        line(&outcome, "ConfigMap", "c4")
+            .1
+            .starts_with("not attempted")
+    );
+    // The next attempt resumes and completes.
+    let outcome = sink.apply(&bundle, &[]).await;
+    assert!(outcome.complete, "{outcome:#?}");
+}
+
+// Defect 2: an admission webhook is registered after the workload that serves it, and
+// a webhook that is down fails only the objects it is called for.
+#[tokio::test(start_paused = true)]
+async fn webhooks_are_applied_after_what_serves_them_and_a_broken_one_fails_only_its_objects() {
+    let fake = FakeApiServer::new();
+    let mut sink = sink(&fake, options());
+    let webhook = |name: &str, service: &str, resources: Value| {
+        object(
+            "admissionregistration.k8s.io/v1",
+            "ValidatingWebhookConfiguration",
+            "",
+            name,
+            json!({"webhooks": [{"name": format!("{name}.example.com"), "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "clientConfig": {"service": {"namespace": "hooks", "name": service, "path": "/validate"}},
+                "rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": ["", "apps"], "apiVersions": ["v1"],
+                           "resources": resources}]}]}),
+        )
+    };
+    let service = object(
+        "v1",
+        "Service",
+        "hooks",
+        "validator",
+        json!({"spec": {"ports": [{"port": 443}]}}),
+    );
+    // In bundle order the webhook (group admissionregistration.k8s.io) sorts before the
+    // Service it calls: applied first, it would refuse the Service itself.
+    let bundle = bundle(
+        "edge-1",
+        vec![
+            webhook(
+                "check",
+                "validator",
+                json!(["services", "deployments", "configmaps"]),
+            ),
+            kube_namespace("hooks"),
+            service,
+            deployment("hooks", "validator", 1),
+            kube_config_map("hooks", "settings", "1"),
+        ],
+    );
+    let outcome = sink.apply(&bundle, &[]).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    let order: Vec<String> = requests(&fake)
+        .into_iter()
+        .filter(|r| r.starts_with("PATCH"))
+        .collect();
+    assert!(
+        order[order.len() - 2].contains("validatingwebhookconfigurations/check"),
+        "{order:#?}"
+    );
+
+    // A second webhook whose Service does not exist fails what it matches, alone.
+    fake.insert(webhook("broken", "missing", json!(["secrets"])), "helm");
+    let next = bundle_with(
+        &bundle,
+        vec![
+            kube_config_map("hooks", "more", "1"),
+            object("v1", "Secret", "hooks", "s", json!({})),
+        ],
+    );
+    let outcome = sink.apply(&next, &[]).await;
+    assert!(!outcome.complete);
+    let (state, message) = line(&outcome, "Secret", "s");
+    assert_eq!(state, ResourceState::Failed);
+    assert!(
+        message
+            .contains("500 Internal error occurred: failed calling webhook \"broken.example.com\""),
+        "{message}"
+    );
+    assert_eq!(
+        line(&outcome, "ConfigMap", "more").0,
+        ResourceState::Applied
+    );
+}
+
+fn bundle_with(
+    base: &flotilla_core::bundle::Bundle,
+    more: Vec<Value>,
+) -> flotilla_core::bundle::Bundle {
+    let values = base
+        .resources
+        .iter()
+        .map(|r| r.value.clone())
+        .chain(more)
+        .collect();
+    bundle(&base.cluster, values)
+}
+
+// Defect 3: prune deletes only what flotilla created; Namespaces and CRDs only when
+// allowed and unused.
+#[tokio::test(start_paused = true)]
+async fn prune_deletes_what_flotilla_created_and_leaves_what_it_adopted() {
+    let fake = FakeApiServer::new();
+    fake.insert(kube_namespace("demo"), "kubectl");
+    fake.insert(cm("theirs", "1"), "kubectl");
+    let mut sink = sink(&fake, options());
+    // Server-side apply adopts an object whose fields agree: the apply answers 200.
+    let first = bundle(
+        "edge-1",
+        vec![kube_namespace("demo"), cm("theirs", "1"), cm("mine", "1")],
+    );
+    assert!(sink.apply(&first, &[]).await.complete);
+    let second = bundle("edge-1", vec![cm("kept", "1")]);
+    let outcome = sink.apply(&second, &prune_list(&first, &second)).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    assert_eq!(line(&outcome, "ConfigMap", "mine").0, ResourceState::Pruned);
+    let (state, message) = line(&outcome, "ConfigMap", "theirs");
+    assert_eq!(state, ResourceState::Applied);
+    assert!(
+        message.contains("existed before flotilla first applied it"),
+        "{message}"
+    );
+    // The namespace existed too (flotilla adopted it), and the bundle still uses it.
+    let (state, message) = line(&outcome, "Namespace", "demo");
+    assert_eq!(state, ResourceState::Applied);
+    assert!(
+        message.contains("existed before flotilla first applied it"),
+        "{message}"
+    );
+    assert!(fake.get("v1", "ConfigMap", "demo", "theirs").is_some());
+    assert!(fake.get("v1", "ConfigMap", "demo", "mine").is_none());
+    assert!(fake.get("v1", "Namespace", "", "demo").is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn namespaces_and_definitions_are_pruned_only_when_allowed_and_unused() {
+    let fake = FakeApiServer::new();
+    let mut sink = sink(&fake, options());
+    let widgets = crd(
+        "example.com",
+        "Widget",
+        "widgets",
+        json!([served("v1", true)]),
+    );
+    let widget = object(
+        "example.com/v1",
+        "Widget",
+        "team",
+        "w1",
+        json!({"spec": {"size": 1}}),
+    );
+    let first = bundle(
+        "edge-1",
+        vec![
+            widgets.clone(),
+            kube_namespace("team"),
+            widget.clone(),
+            kube_config_map("team", "cfg", "1"),
+        ],
+    );
+    let outcome = sink.apply(&first, &[]).await;
+    assert!(outcome.complete, "{outcome:#?}");
+
+    // The CRD and the Namespace leave the bundle, but a Widget and a ConfigMap in
+    // the namespace stay: both are kept, and listed for a later try.
+    let second = bundle(
+        "edge-1",
+        vec![widget.clone(), kube_config_map("team", "cfg", "1")],
+    );
+    let outcome = sink.apply(&second, &prune_list(&first, &second)).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    assert!(
+        line(&outcome, "CustomResourceDefinition", "widgets.example.com")
+            .1
+            .contains("the bundle still holds Widget resources")
+    );
+    assert!(
+        line(&outcome, "Namespace", "team")
+            .1
+            .contains("resources of the bundle are still in it")
+    );
+    let kept: Vec<&str> = outcome.kept.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(kept, ["team", "widgets.example.com"]);
+
+    // Everything goes: without the opt-in, Namespace and CRD stay, for good.
+    let third = bundle("edge-1", vec![kube_namespace("other")]);
+    let mut candidates = prune_list(&second, &third);
+    candidates.extend(outcome.kept.clone());
+    let outcome = sink.apply(&third, &candidates).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    assert_eq!(line(&outcome, "Widget", "w1").0, ResourceState::Pruned);
+    assert!(
+        line(&outcome, "Namespace", "team")
+            .1
+            .contains("deleting a Namespace deletes everything in it")
+    );
+    assert!(
+        line(&outcome, "CustomResourceDefinition", "widgets.example.com")
+            .1
+            .contains("--prune-namespaces-and-crds")
+    );
+    assert!(outcome.kept.is_empty());
+    assert!(fake.get("v1", "Namespace", "", "team").is_some());
+
+    // With the opt-in they are deleted: the Namespace goes Terminating.
+    let mut allowed = sink_with_prune(&fake);
+    let outcome = allowed.apply(&third, &candidates).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    assert_eq!(
+        line(&outcome, "Namespace", "team"),
+        (
+            ResourceState::Pruned,
+            "deleted; the namespace is terminating".into()
+        )
+    );
+    assert_eq!(
+        line(&outcome, "CustomResourceDefinition", "widgets.example.com").0,
+        ResourceState::Pruned
+    );
+    assert_eq!(
+        fake.get("v1", "Namespace", "", "team")
+            .expect("terminating")["status"]["phase"],
+        "Terminating"
+    );
+    assert!(
+        fake.get(
+            "apiextensions.k8s.io/v1",
+            "CustomResourceDefinition",
+            "",
+            "widgets.example.com"
+        )
+        .is_none()
+    );
+}
+
+fn sink_with_prune(fake: &FakeApiServer) -> flotilla_agent::sink::kube::KubeSink {
+    sink(
+        fake,
+        KubeOptions {
+            prune_namespaces_and_crds: true,
+            ..options()
+        },
+    )
+}
+
+// Defect 3: a delete names the object it means: one changed or made again since it
+// was read is not deleted.
+#[tokio::test(start_paused = true)]
+async fn an_object_changed_between_the_read_and_the_delete_is_not_deleted() {
+    let fake = FakeApiServer::new();
+    let mut sink = sink(&fake, options());
+    let first = bundle(
+        "edge-1",
+        vec![kube_namespace("demo"), cm("old", "1"), cm("again", "1")],
+    );
+    assert!(sink.apply(&first, &[]).await.complete);
+    // Someone deletes "again" and makes it anew (with flotilla's label, say by a restore).
+    fake.remove("v1", "ConfigMap", "demo", "again");
+    let mut restored = cm("again", "1");
+    restored["metadata"]["labels"] = json!({"flotilla.dev/cluster": "edge-1"});
+    fake.insert(restored, "velero");
+    // A controller writes to "old" just after the agent read it.
+    fake.before("DELETE", "/configmaps/old", |fake| {
+        fake.update("v1", "ConfigMap", "demo", "old", |cm| {
+            cm["data"]["k"] = json!("2")
+        });
+    });
+    let second = bundle("edge-1", vec![kube_namespace("demo")]);
+    let outcome = sink.apply(&second, &prune_list(&first, &second)).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    let (state, message) = line(&outcome, "ConfigMap", "old");
+    assert_eq!(state, ResourceState::Applied);
+    assert!(message.contains("409 conflict: Operation cannot be fulfilled on configmaps \"old\": Precondition failed: ResourceVersion"), "{message}");
+    assert!(
+        line(&outcome, "ConfigMap", "again")
+            .1
+            .contains("made again by someone else")
+    );
+    assert!(fake.get("v1", "ConfigMap", "demo", "old").is_some());
+    assert!(fake.get("v1", "ConfigMap", "demo", "again").is_some());
+    // "old" stays listed and goes at the next apply.
+    let kept: Vec<&str> = outcome.kept.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(kept, ["old"]);
+    let outcome = sink.apply(&second, &outcome.kept).await;
+    assert_eq!(line(&outcome, "ConfigMap", "old").0, ResourceState::Pruned);
+}
+
+// Defect 4: a 403 names the verb and the resource, including `create` for an apply
+// that creates and `escalate` for a role.
+#[tokio::test(start_paused = true)]
+async fn a_forbidden_apply_says_which_verb_is_missing() {
+    let fake = FakeApiServer::new().with_rules(&json!([
+        {"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "patch", "delete"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"], "resourceNames": ["flotilla-inventory-edge-1"]},
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "verbs": ["create"]}
+    ]));
+    fake.insert(kube_namespace("demo"), "kubectl");
+    let mut sink = sink(&fake, options());
+    let role = object(
+        "rbac.authorization.k8s.io/v1",
+        "Role",
+        "demo",
+        "reader",
+        json!({"rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]}),
+    );
+    let bundle = bundle("edge-1", vec![cm("new", "1"), role]);
+    let outcome = sink.apply(&bundle, &[]).await;
+    assert!(!outcome.complete);
+    let (_, message) = line(&outcome, "ConfigMap", "new");
+    assert!(
+        message.contains(
+            "cannot create resource \"configmaps\" in API group \"\" in the namespace \"demo\""
+        ),
+        "{message}"
+    );
+    assert!(
+        message.contains("needs `create` on configmaps"),
+        "{message}"
+    );
+    let (_, message) = line(&outcome, "Role", "reader");
+    assert!(
+        message.contains("is attempting to grant RBAC permissions not currently held"),
+        "{message}"
+    );
+    assert!(
+        message.contains("`escalate` on roles and clusterroles"),
+        "{message}"
+    );
+}
+
+// Defect 5: a prune that cannot succeed leaves the object in place and does not block.
+#[tokio::test(start_paused = true)]
+async fn prunes_that_cannot_succeed_do_not_block_the_bundle() {
+    let fake = FakeApiServer::new();
+    let mut sink = sink_with_prune(&fake);
+    let first = bundle(
+        "edge-1",
+        vec![
+            kube_namespace("old-team"),
+            kube_namespace("demo"),
+            object(
+                "v1",
+                "ConfigMap",
+                "demo",
+                "guarded",
+                json!({"metadata": {"finalizers": ["example.com/backup"]}}),
+            ),
+        ],
+    );
+    assert!(sink.apply(&first, &[]).await.complete);
+    // The namespace is already being deleted by someone, held by a finalizer.
+    fake.update("v1", "Namespace", "", "old-team", |ns| {
+        ns["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:00:00Z");
+        ns["status"]["phase"] = json!("Terminating");
+    });
+    // A state folder from an older agent also lists kube-public (it was applied once).
+    let kube_public = InventoryEntry {
+        api_version: "v1".into(),
+        kind: "Namespace".into(),
+        namespace: String::new(),
+        name: "kube-public".into(),
+    };
+    let second = bundle("edge-1", vec![kube_namespace("demo")]);
+    let mut candidates = prune_list(&first, &second);
+    candidates.push(kube_public);
+    let outcome = sink.apply(&second, &candidates).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    assert_eq!(
+        line(&outcome, "Namespace", "old-team"),
+        (
+            ResourceState::Pruned,
+            "terminating: its deletion is under way".into()
+        )
+    );
+    assert!(
+        line(&outcome, "Namespace", "kube-public")
+            .1
+            .contains("a namespace Kubernetes itself needs")
+    );
+    assert_eq!(
+        line(&outcome, "ConfigMap", "guarded"),
+        (
+            ResourceState::Pruned,
+            "deleted; waiting for its finalizers".into()
+        )
+    );
+    let deletes: Vec<String> = requests(&fake)
+        .into_iter()
+        .filter(|r| r.starts_with("DELETE"))
+        .collect();
+    assert_eq!(
+        deletes,
+        ["DELETE /api/v1/namespaces/demo/configmaps/guarded"],
+        "no delete for the terminating or system namespace"
+    );
+
+    // Without `delete` on namespaces the refusal leaves it in place and is retried later.
+    let fake = FakeApiServer::new().with_rules(&json!([
+        {"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "patch", "create"]},
+        {"apiGroups": ["*"], "resources": ["configmaps"], "verbs": ["delete"]}]));
+    let mut sink = sink_with_prune(&fake);
+    let first = bundle(
+        "edge-1",
+        vec![kube_namespace("old-team"), kube_namespace("demo")],
+    );
+    assert!(sink.apply(&first, &[]).await.complete);
+    let outcome = sink.apply(&second, &prune_list(&first, &second)).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    let (state, message) = line(&outcome, "Namespace", "old-team");
+    assert_eq!(state, ResourceState::Applied);
+    assert!(
+        message.contains("left in place: the delete was refused: 403")
+            && message.contains("needs `delete` on namespaces"),
+        "{message}"
+    );
+    assert_eq!(outcome.kept.len(), 1);
+}
+
+// Defect 6: a kind whose version is no longer served is found in another version.
+#[tokio::test(start_paused = true)]
+async fn an_object_of_a_version_no_longer_served_is_found_in_another_and_pruned() {
+    let fake = FakeApiServer::new();
+    let mut sink = sink(&fake, options());
+    let widgets = |versions: Value| crd("example.com", "Widget", "widgets", versions);
+    let hpa = object(
+        "autoscaling/v2",
+        "HorizontalPodAutoscaler",
+        "demo",
+        "web",
+        json!({"spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}, "maxReplicas": 3}}),
+    );
+    let widget = object(
+        "example.com/v1beta1",
+        "Widget",
+        "demo",
+        "w1",
+        json!({"spec": {"size": 1}}),
+    );
+    let first = bundle(
+        "edge-1",
+        vec![
+            kube_namespace("demo"),
+            widgets(json!([served("v1beta1", true), served("v1", false)])),
+            widget,
+            hpa,
+        ],
+    );
+    assert!(sink.apply(&first, &[]).await.complete);
+    // The CRD stops serving v1beta1; the inventory of an older agent says the HPA was
+    // applied as autoscaling/v2beta2 (no longer served since Kubernetes 1.26).
+    let mut v1 = served("v1", true);
+    v1["storage"] = json!(true);
+    let mut v1beta1 = served("v1beta1", false);
+    v1beta1["served"] = json!(false);
+    let second = bundle(
+        "edge-1",
+        vec![kube_namespace("demo"), widgets(json!([v1beta1, v1]))],
+    );
+    let mut candidates = prune_list(&first, &second);
+    for entry in &mut candidates {
+        if entry.kind == "HorizontalPodAutoscaler" {
+            entry.api_version = "autoscaling/v2beta2".into();
+        }
+    }
+    candidates.push(InventoryEntry {
+        api_version: "gone.example.com/v1".into(),
+        kind: "Gizmo".into(),
+        namespace: "demo".into(),
+        name: "g".into(),
+    });
+    let outcome = sink.apply(&second, &candidates).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    assert_eq!(line(&outcome, "Widget", "w1").0, ResourceState::Pruned);
+    assert_eq!(
+        line(&outcome, "HorizontalPodAutoscaler", "web").0,
+        ResourceState::Pruned
+    );
+    assert!(
+        fake.get("autoscaling/v2", "HorizontalPodAutoscaler", "demo", "web")
+            .is_none()
+    );
+    assert!(fake.get("example.com/v1", "Widget", "demo", "w1").is_none());
+    // A kind served in no version is not claimed as pruned.
+    let (state, message) = line(&outcome, "Gizmo", "g");
+    assert_eq!(state, ResourceState::Applied);
+    assert!(
+        message.contains("is not served in any version"),
+        "{message}"
+    );
+}
+
+// Defect 7: metadata the server sets is not sent back; a real conflict suggests
+// --force-conflicts, and forcing takes the field over.
+#[tokio::test(start_paused = true)]
+async fn exported_manifests_apply_and_only_field_conflicts_suggest_forcing() {
+    let fake = FakeApiServer::new();
+    fake.insert(kube_namespace("demo"), "kubectl");
+    let mut sink = sink(&fake, options());
+    let first = bundle("edge-1", vec![cm("exported", "1")]);
+    assert!(sink.apply(&first, &[]).await.complete);
+    // The manifest as `kubectl get -o yaml` prints it, now stale.
+    let mut exported = fake
+        .get("v1", "ConfigMap", "demo", "exported")
+        .expect("applied");
+    exported["data"]["k"] = json!("2");
+    fake.update("v1", "ConfigMap", "demo", "exported", |cm| {
+        cm["metadata"]["annotations"]["touched"] = json!("yes")
+    });
+    let second = bundle("edge-1", vec![exported]);
+    let outcome = sink.apply(&second, &[]).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    assert_eq!(
+        fake.get("v1", "ConfigMap", "demo", "exported")
+            .expect("there")["data"]["k"],
+        "2"
+    );
+
+    fake.insert(cm("shared", "kubectl's"), "kubectl");
+    let third = bundle("edge-1", vec![cm("shared", "flotilla's")]);
+    let outcome = sink.apply(&third, &[]).await;
+    assert!(!outcome.complete);
+    let (_, message) = line(&outcome, "ConfigMap", "shared");
+    assert!(
+        message
+            .contains("Apply failed with 1 conflict: conflict with \"kubectl\" using v1: .data.k"),
+        "{message}"
+    );
+    assert!(message.contains("--force-conflicts"), "{message}");
+    let mut forced = sink_forced(&fake);
+    assert!(forced.apply(&third, &[]).await.complete);
+    assert_eq!(
+        fake.get("v1", "ConfigMap", "demo", "shared")
+            .expect("there")["data"]["k"],
+        "flotilla's"
+    );
+}
+
+fn sink_forced(fake: &FakeApiServer) -> flotilla_agent::sink::kube::KubeSink {
+    sink(
+        fake,
+        KubeOptions {
+            force_conflicts: true,
+            ..options()
+        },
+    )
+}
+
+// Defect 8: a Job that finished and was removed (ttlSecondsAfterFinished) is not
+// created again for the same manifest; a changed manifest runs again.
+#[tokio::test(start_paused = true)]
+async fn a_finished_job_removed_by_its_ttl_is_not_run_again() {
+    let fake = FakeApiServer::new();
+    fake.insert(kube_namespace("demo"), "kubectl");
+    let mut sink = sink(&fake, options());
+    let first = bundle(
+        "edge-1",
+        vec![job(
+            "seed",
+            "echo seeded",
+            json!({"ttlSecondsAfterFinished": 0}),
+        )],
+    );
+    assert!(sink.apply(&first, &[]).await.complete);
+    fake.set_status(
+        "batch/v1",
+        "Job",
+        "demo",
+        "seed",
+        json!({"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}),
+    );
+    let health = sink.health(&first).await.expect("readable");
+    assert_eq!(health[0].state, ResourceState::Healthy);
+    // The TTL controller deletes it.
+    assert!(fake.remove("batch/v1", "Job", "demo", "seed"));
+    fake.clear_exchanges();
+    let outcome = sink.apply(&first, &[]).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    let (state, message) = line(&outcome, "Job", "seed");
+    assert_eq!(state, ResourceState::Applied);
+    assert!(
+        message.contains("creates a Job again only when its manifest changes"),
+        "{message}"
+    );
+    assert!(fake.get("batch/v1", "Job", "demo", "seed").is_none());
+    assert!(
+        !requests(&fake)
+            .iter()
+            .any(|r| r.starts_with("PATCH /apis/batch")),
+        "{:#?}",
+        requests(&fake)
+    );
+    assert_eq!(
+        sink.health(&first).await.expect("readable")[0].state,
+        ResourceState::Applied
+    );
+
+    let second = bundle(
+        "edge-1",
+        vec![job(
+            "seed",
+            "echo seeded again",
+            json!({"ttlSecondsAfterFinished": 0}),
+        )],
+    );
+    let outcome = sink.apply(&second, &[]).await;
+    assert_eq!(line(&outcome, "Job", "seed").0, ResourceState::Progressing);
+    assert!(
+        fake.get("batch/v1", "Job", "demo", "seed").is_some(),
+        "a new manifest runs again"
+    );
+}
+
+// Defect 8 and 12: right after a spec change the server returns the old status and a
+// raised generation, so the workload is progressing, never healthy at once.
+#[tokio::test(start_paused = true)]
+async fn right_after_a_change_a_workload_is_progressing() {
+    let fake = FakeApiServer::new();
+    fake.insert(kube_namespace("demo"), "kubectl");
+    let mut sink = sink(&fake, options());
+    let first = bundle("edge-1", vec![deployment("demo", "web", 2)]);
+    let outcome = sink.apply(&first, &[]).await;
+    assert_eq!(
+        line(&outcome, "Deployment", "web"),
+        (
+            ResourceState::Progressing,
+            "waiting for the controller to observe generation 1".into()
+        )
+    );
+    fake.set_status("apps/v1", "Deployment", "demo", "web",
+        json!({"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "availableReplicas": 2}));
+    assert_eq!(
+        sink.health(&first).await.expect("readable")[0].state,
+        ResourceState::Healthy
+    );
+    let second = bundle("edge-1", vec![deployment("demo", "web", 3)]);
+    let outcome = sink.apply(&second, &[]).await;
+    assert_eq!(
+        line(&outcome, "Deployment", "web"),
+        (
+            ResourceState::Progressing,
+            "waiting for the controller to observe generation 2".into()
+        )
+    );
+}
+
+// Defect 9: with the state folder lost, the cluster's inventory still prunes.
+#[tokio::test(start_paused = true)]
+async fn a_lost_state_folder_does_not_leak_objects() {
+    let fake = FakeApiServer::new();
+    let publish_dir = tempfile::tempdir().expect("tempdir");
+    let first = bundle(
+        "edge-1",
+        vec![kube_namespace("demo"), cm("a", "1"), cm("b", "1")],
+    );
+    publish(publish_dir.path(), &first);
+    {
+        let state = tempfile::tempdir().expect("tempdir");
+        let mut agent = RunningAgent::start(&fake, publish_dir.path(), state.path(), "edge-1");
+        agent.report_for(&first.digest).await;
+        agent.stop().await;
+        // The state folder is lost with this tempdir.
+    }
+    assert!(
+        fake.get(
+            "v1",
+            "ConfigMap",
+            AGENT_NAMESPACE,
+            "flotilla-inventory-edge-1"
+        )
+        .is_some()
+    );
+    let second = bundle("edge-1", vec![kube_namespace("demo"), cm("a", "1")]);
+    publish(publish_dir.path(), &second);
+    let state = tempfile::tempdir().expect("tempdir");
+    let mut agent = RunningAgent::start(&fake, publish_dir.path(), state.path(), "edge-1");
+    let report = agent.report_for(&second.digest).await;
+    agent.stop().await;
+    assert!(
+        fake.get("v1", "ConfigMap", "demo", "b").is_none(),
+        "{report:#?}"
+    );
+    assert!(
+        report
+            .resources
+            .iter()
+            .any(|r| r.name == "b" && r.state == ResourceState::Pruned)
+    );
+}
+
+// Defect 10: a cluster name that cannot be a label value is refused at start; the
+// API server would refuse every object.
+#[tokio::test(start_paused = true)]
+async fn a_cluster_name_that_is_no_label_value_is_refused_at_start() {
+    let fake = FakeApiServer::new();
+    let long = "edge-".repeat(13);
+    // What the API server does with it: every write is invalid.
+    let mut sink = sink(&fake, options());
+    let outcome = sink.apply(&bundle(&long, vec![cm("a", "1")]), &[]).await;
+    assert!(!outcome.complete);
+    assert!(
+        outcome.message.contains("422")
+            && outcome
+                .message
+                .contains("must be no more than 63 characters"),
+        "{}",
+        outcome.message
+    );
+
+    let fake = FakeApiServer::new();
+    let publish_dir = tempfile::tempdir().expect("tempdir");
+    let state = tempfile::tempdir().expect("tempdir");
+    let agent = RunningAgent::start(&fake, publish_dir.path(), state.path(), &long);
+    let err = agent.task.await.expect("joined").expect_err("refused");
+    assert!(matches!(err, AgentError::ClusterName(_)), "{err}");
+    assert!(err.to_string().contains("65 characters"), "{err}");
+    assert!(fake.exchanges().is_empty(), "nothing was sent");
+}
+
+// Defect 11: each request has its own timeout.
+#[tokio::test(start_paused = true)]
+async fn a_request_that_never_answers_times_out_on_its_own_timeout() {
+    let fake = FakeApiServer::new();
+    fake.insert(kube_namespace("demo"), "kubectl");
+    let mut sink = sink(
+        &fake,
+        KubeOptions {
+            request_timeout: Duration::from_secs(20),
+            ..options()
+        },
+    );
+    fake.fail(Fault::hang().on("PATCH", "/configmaps/a"));
+    let started = tokio::time::Instant::now();
+    let outcome = sink
+        .apply(&bundle("edge-1", vec![cm("a", "1"), cm("b", "1")]), &[])
+        .await;
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(20) && waited < Duration::from_secs(60),
+        "{waited:?}"
+    );
+    assert!(
+        line(&outcome, "ConfigMap", "a")
+            .1
+            .contains("no answer from the Kubernetes API within 20s")
+    );
+    assert!(
+        line(&outcome, "ConfigMap", "b")
+            .1
+            .starts_with("not attempted")
+    );
+}
+
+// Defect 11: a 401 ends the run at once and says so.
+#[tokio::test(start_paused = true)]
+async fn unauthorized_ends_the_run_at_once() {
+    let fake = FakeApiServer::new().with_token("the-right-one");
+    let mut sink = sink(&fake, options());
+    let outcome = sink
+        .apply(
+            &bundle(
+                "edge-1",
+                vec![kube_namespace("demo"), cm("a", "1"), cm("b", "1")],
+            ),
+            &[],
+        )
+        .await;
+    assert!(!outcome.complete);
+    assert_eq!(fake.exchanges().len(), 1, "one refused request is enough");
+    assert!(
+        outcome
+            .message
+            .contains("refused the agent's credentials (401 Unauthorized)"),
+        "{}",
+        outcome.message
+    );
+
+    let fake = FakeApiServer::new();
+    let mut sink = agent_support::kube::sink(&fake, options());
+    fake.fail(Fault::status(401, "Unauthorized", "Unauthorized").on("PATCH", "/configmaps/a"));
+    let outcome = sink
+        .apply(
+            &bundle(
+                "edge-1",
+                vec![kube_namespace("demo"), cm("a", "1"), cm("b", "1")],
+            ),
+            &[],
+        )
+        .await;
+    assert!(
+        line(&outcome, "ConfigMap", "b")
+            .1
+            .starts_with("not attempted")
+    );
+    assert!(
+        outcome.message.contains("stopped early"),
+        "{}",
+        outcome.message
+    );
+}
+
+// Defect 11: SIGTERM stops an apply under way promptly, and what it learnt is kept.
+#[tokio::test(start_paused = true)]
+async fn stopping_the_agent_ends_an_apply_under_way_promptly() {
+    let fake = FakeApiServer::new();
+    let publish_dir = tempfile::tempdir().expect("tempdir");
+    let state = tempfile::tempdir().expect("tempdir");
+    let bundle = bundle(
+        "edge-1",
+        vec![kube_namespace("demo"), cm("a", "1"), cm("b", "1")],
+    );
+    publish(publish_dir.path(), &bundle);
+    fake.fail(Fault::hang().on("PATCH", "/configmaps/b"));
+    let agent = RunningAgent::start(&fake, publish_dir.path(), state.path(), "edge-1");
+    // Wait until the apply hangs on "b".
+    for _ in 0..1000 {
+        if fake
+            .exchanges()
+            .iter()
+            .any(|e| e.path.ends_with("/configmaps/b"))
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let started = tokio::time::Instant::now();
+    agent.stop().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    // The cluster's inventory records that flotilla created "a".
+    let ledger = fake
+        .get(
+            "v1",
+            "ConfigMap",
+            AGENT_NAMESPACE,
+            "flotilla-inventory-edge-1",
+        )
+        .expect("kept");
+    let entries: Value =
+        serde_json::from_str(ledger["data"]["inventory.json"].as_str().expect("text"))
+            .expect("json");
+    let a = entries["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .find(|e| e["name"] == "a")
+        .expect("a");
+    assert_eq!(a["origin"], "created");
+}
