@@ -1,4 +1,4 @@
-//! The HTTP API of PRODUCT.md section 4 (documented in docs/api.md).
+//! The hub's HTTP API, version 1 (documented in docs/api.md).
 //!
 //! The bundle path is the hot one: it reads the in-memory [`Served`] snapshot and the
 //! in-memory token table, and answers a matching `If-None-Match` with a 304 without
@@ -53,6 +53,7 @@ type SharedState = State<Arc<Shared>>;
 
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
+        .route(INDEX, get(index))
         .route("/v1/clusters/{cluster}/bundle", get(get_bundle))
         .route(
             "/v1/clusters/{cluster}/bundles/{digest}",
@@ -137,7 +138,7 @@ fn path_error(rejection: PathRejection) -> ApiError {
 /// Checks the token and that it may read `cluster`; returns the cluster's current
 /// bundle. A cluster token reads only its own cluster (403 for any other); an admin
 /// token reads any. 404 only when the cluster the token may read is not served.
-fn authorize_read(
+async fn authorize_read(
     shared: &Shared,
     headers: &HeaderMap,
     cluster: &str,
@@ -145,10 +146,9 @@ fn authorize_read(
     if !shared.ready.load(Ordering::Relaxed) {
         return Err(ApiError::not_ready());
     }
-    let tokens = shared.tokens.load();
-    match tokens.check(headers.get(AUTHORIZATION)) {
+    match shared.grant(headers.get(AUTHORIZATION)).await {
         Err(err) => Err(ApiError::new(StatusCode::UNAUTHORIZED, err.message())),
-        Ok(Grant::Cluster(own)) if **own != *cluster => Err(ApiError::new(
+        Ok(Grant::Cluster(own)) if *own != *cluster => Err(ApiError::new(
             StatusCode::FORBIDDEN,
             format!("this token belongs to cluster {own:?} and cannot read cluster {cluster:?}"),
         )),
@@ -191,7 +191,7 @@ async fn current_bundle(
     headers: &HeaderMap,
     query: Option<&str>,
 ) -> Result<Response, ApiError> {
-    let entry = authorize_read(shared, headers, cluster)?;
+    let entry = authorize_read(shared, headers, cluster).await?;
     let wait = parse_wait(query)?;
     let unchanged = headers
         .get(IF_NONE_MATCH)
@@ -400,7 +400,7 @@ async fn bundle_at(
     digest: &str,
     headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
-    let current = authorize_read(shared, headers, cluster)?;
+    let current = authorize_read(shared, headers, cluster).await?;
     let digest = Digest::parse(digest)
         .map_err(|err| ApiError::new(StatusCode::BAD_REQUEST, err.to_string()))?;
     if digest == current.digest {
@@ -469,9 +469,9 @@ async fn store_status(
     if !shared.ready.load(Ordering::Relaxed) {
         return Err(ApiError::not_ready());
     }
-    match shared.tokens.load().check(headers.get(AUTHORIZATION)) {
+    match shared.grant(headers.get(AUTHORIZATION)).await {
         Err(err) => return Err(ApiError::new(StatusCode::UNAUTHORIZED, err.message())),
-        Ok(Grant::Cluster(own)) if **own == *cluster => {}
+        Ok(Grant::Cluster(own)) if *own == *cluster => {}
         Ok(Grant::Cluster(own)) => {
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
@@ -541,7 +541,7 @@ async fn get_fleet(State(shared): SharedState, headers: HeaderMap) -> Response {
     if !shared.ready.load(Ordering::Relaxed) {
         return ApiError::not_ready().into_response();
     }
-    match shared.tokens.load().check(headers.get(AUTHORIZATION)) {
+    match shared.grant(headers.get(AUTHORIZATION)).await {
         Err(err) => ApiError::new(StatusCode::UNAUTHORIZED, err.message()).into_response(),
         Ok(Grant::Cluster(_)) => ApiError::new(
             StatusCode::FORBIDDEN,
@@ -608,6 +608,40 @@ fn check_hook(
     })
 }
 
+/// The hub's front door.
+pub const INDEX: &str = "/";
+
+/// `GET /`: where to go from here, as a JSON index of the endpoints. When the hub
+/// serves a web page, this handler becomes a redirect to it; nothing else changes.
+async fn index() -> Response {
+    use flotilla_core::api::routes;
+    let endpoint = |method: &str, path: &str, auth: &str, what: &str| json!({ "method": method, "path": path, "auth": auth, "what": what });
+    let cluster_token = "the cluster's token (an admin token reads too)";
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "name": "flotilla hub",
+            "version": env!("CARGO_PKG_VERSION"),
+            "documentation": "docs/api.md in the flotilla repository",
+            "endpoints": [
+                endpoint("GET", routes::BUNDLE, cluster_token,
+                    "the cluster's current bundle; ETag is its digest, If-None-Match answers 304, ?wait=30s long-polls"),
+                endpoint("GET", routes::BUNDLE_BY_DIGEST, cluster_token,
+                    "an earlier bundle of the cluster, by digest (immutable)"),
+                endpoint("POST", routes::STATUS, "the cluster's token",
+                    "the agent's status report"),
+                endpoint("GET", routes::FLEET, "an admin token",
+                    "every cluster's desired and applied digest, state and last report; render errors"),
+                endpoint("POST", routes::GIT_HOOK, "an HMAC signature (X-Hub-Signature-256)",
+                    "a push happened: look for a new commit now"),
+                endpoint("GET", routes::HEALTHZ, "none", "liveness"),
+                endpoint("GET", routes::READYZ, "none", "readiness: 200 once bundles are served"),
+                endpoint("GET", routes::METRICS, "none", "Prometheus text format"),
+            ],
+        }),
+    )
+}
+
 async fn healthz() -> Response {
     json_response(StatusCode::OK, &json!({ "status": "ok" }))
 }
@@ -642,7 +676,7 @@ async fn not_found(request: Request) -> Response {
     ApiError::new(
         StatusCode::NOT_FOUND,
         format!(
-            "no such endpoint: {} (see docs/api.md)",
+            "no such endpoint: {} (GET / lists them; see docs/api.md)",
             request.uri().path()
         ),
     )

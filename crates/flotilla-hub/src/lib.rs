@@ -1,6 +1,6 @@
 //! The hub: follows the fleet repository, renders every new commit off the request
 //! path, keeps the results in the [`store`](crate::store), and serves one bundle per
-//! cluster over HTTP (PRODUCT.md section 4, docs/api.md).
+//! cluster over HTTP (docs/api.md).
 //!
 //! - [`follow`]: the follower task (notify watcher, poll, remote mirror, webhook wake-up)
 //!   that renders and installs clean renders;
@@ -125,6 +125,7 @@ impl Hub {
                 clock: config.clock,
             },
             look_now: Arc::new(Notify::new()),
+            token_recheck: Default::default(),
         });
         let loaded = shared.load_from_store().await?;
         if loaded > 0 {
