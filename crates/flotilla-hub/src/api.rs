@@ -52,25 +52,23 @@ const VARY_ENCODING: HeaderValue = HeaderValue::from_static("Accept-Encoding");
 type SharedState = State<Arc<Shared>>;
 
 pub fn router(shared: Arc<Shared>) -> Router {
+    use flotilla_core::api::routes;
     Router::new()
         .route(INDEX, get(index))
-        .route("/v1/clusters/{cluster}/bundle", get(get_bundle))
+        .route(routes::BUNDLE, get(get_bundle))
+        .route(routes::BUNDLE_BY_DIGEST, get(get_bundle_at))
         .route(
-            "/v1/clusters/{cluster}/bundles/{digest}",
-            get(get_bundle_at),
-        )
-        .route(
-            "/v1/clusters/{cluster}/status",
+            routes::STATUS,
             post(post_status).layer(DefaultBodyLimit::max(STATUS_BODY_LIMIT)),
         )
-        .route("/v1/fleet", get(get_fleet))
+        .route(routes::FLEET, get(get_fleet))
         .route(
-            "/v1/hooks/git",
+            routes::GIT_HOOK,
             post(post_hook).layer(DefaultBodyLimit::max(HOOK_BODY_LIMIT)),
         )
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        .route(routes::HEALTHZ, get(healthz))
+        .route(routes::READYZ, get(readyz))
+        .route(routes::METRICS, get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(shared)
