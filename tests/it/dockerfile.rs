@@ -372,8 +372,9 @@ fn the_parser_sees_what_docker_sees() {
 #[test]
 #[ignore = "needs a Docker engine: cargo test --test it -- --ignored docker_images_build"]
 fn docker_images_build() {
-    let engine = flotilla_testkit::command_works("docker", &["info"]);
-    assert!(engine.is_ok(), "no Docker engine: {}", engine.unwrap_err());
+    if let Err(reason) = flotilla_testkit::command_works("docker", &["info"]) {
+        panic!("no Docker engine: {reason}");
+    }
     for (target, tag) in [("agent", "flotilla-agent:test"), ("hub", "flotilla:test")] {
         let status = Command::new("docker")
             .args(["build", "--target", target, "-t", tag, "."])

@@ -725,8 +725,10 @@ fn change_of(status: git2::Status) -> Option<DiskChange> {
     use git2::Status;
     let in_commit = !status.intersects(Status::INDEX_NEW | Status::WT_NEW)
         || status.contains(Status::INDEX_DELETED | Status::WT_NEW);
-    let on_disk = !status.contains(Status::WT_DELETED)
-        && !(status.contains(Status::INDEX_DELETED) && !status.contains(Status::WT_NEW));
+    // Deleted on disk, or removed with `git rm` (and not put back as a new file).
+    let gone = status.contains(Status::WT_DELETED)
+        || (status.contains(Status::INDEX_DELETED) && !status.contains(Status::WT_NEW));
+    let on_disk = !gone;
     match (in_commit, on_disk) {
         (false, true) => Some(DiskChange::New),
         (true, false) => Some(DiskChange::Deleted),
@@ -746,6 +748,28 @@ mod tests {
         assert!(checked_subpath("../x").is_err());
         assert!(checked_subpath("/etc").is_err());
         assert!(checked_subpath("a/../../b").is_err());
+    }
+
+    #[test]
+    fn git_status_entries_say_how_the_disk_differs_from_the_commit() {
+        use git2::Status;
+        let check = |status: Status, expect: Option<DiskChange>| {
+            assert_eq!(change_of(status), expect, "{status:?}");
+        };
+        check(Status::WT_MODIFIED, Some(DiskChange::Modified));
+        check(Status::INDEX_MODIFIED, Some(DiskChange::Modified));
+        check(Status::WT_NEW, Some(DiskChange::New));
+        check(Status::INDEX_NEW, Some(DiskChange::New));
+        check(Status::WT_DELETED, Some(DiskChange::Deleted));
+        check(Status::INDEX_DELETED, Some(DiskChange::Deleted));
+        // Staged as new, then deleted: neither in the commit nor on disk.
+        check(Status::INDEX_NEW | Status::WT_DELETED, None);
+        // `git rm --cached`: in the commit and still on disk.
+        check(
+            Status::INDEX_DELETED | Status::WT_NEW,
+            Some(DiskChange::Modified),
+        );
+        check(Status::CURRENT, None);
     }
 
     #[test]
