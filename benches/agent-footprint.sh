@@ -68,7 +68,7 @@ measure() {
     --wait 30s "$@" 2>"$work/$label.log" &
   local pid=$!
   pids+=("$pid")
-  for _ in $(seq 100); do
+  for _ in $(seq 600); do
     [ -f "$state/status.json" ] && grep -q '"applied": "sha256' "$state/status.json" && break
     sleep 0.1
   done
@@ -82,6 +82,7 @@ measure() {
     "$label" "$(kib "$pid" VmRSS)" "$(kib "$pid" RssAnon)" "$(kib "$pid" RssFile)" \
     "$(kib "$pid" VmHWM)" "$(kib "$pid" Threads)" "$idle" "$((after - before))" "$ticks"
   kill "$pid"
+  wait "$pid" 2>/dev/null || true
 }
 
 measure file --server "file://$work/pub"

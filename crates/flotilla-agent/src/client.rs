@@ -159,8 +159,9 @@ pub struct HubClient {
     cluster: String,
     token: Option<Token>,
     http: reqwest::Client,
-    /// For a folder: the digest of the raw bytes last returned, to answer "not modified".
-    last_file_bytes: Option<Digest>,
+    /// The digest of the raw document last returned, to answer "not modified" for
+    /// servers that cannot (a folder, a static server that ignores If-None-Match).
+    last_body: Option<Digest>,
 }
 
 #[derive(Debug, Clone)]
@@ -196,12 +197,23 @@ impl HubClient {
             cluster: cluster.to_string(),
             token,
             http,
-            last_file_bytes: None,
+            last_body: None,
         })
     }
 
     pub fn server(&self) -> &Server {
         &self.server
+    }
+
+    /// Whether `body` is byte for byte the document fetched last, while the caller
+    /// holds a bundle (`if_none_match`); remembers `body` otherwise.
+    fn unchanged(&mut self, body: &[u8], if_none_match: Option<&str>) -> bool {
+        let seen = Digest::of(body);
+        if if_none_match.is_some() && self.last_body.as_ref() == Some(&seen) {
+            return true;
+        }
+        self.last_body = Some(seen);
+        false
     }
 
     /// Fetches the cluster's bundle unless its ETag is still `if_none_match`; a hub
@@ -241,6 +253,11 @@ impl HubClient {
                     .and_then(|v| v.to_str().ok())
                     .map(str::to_string);
                 let body = self.read_limited(response).await?;
+                // A server that ignores If-None-Match (a plain static server) sends the
+                // same document again: answered as "not modified" without parsing it.
+                if self.unchanged(&body, if_none_match) {
+                    return Ok(Fetched::NotModified);
+                }
                 Ok(Fetched::Bundle { body, etag })
             }
             Server::File(root) => {
@@ -256,11 +273,9 @@ impl HubClient {
                         server: self.server.to_string(),
                     });
                 }
-                let seen = Digest::of(&body);
-                if if_none_match.is_some() && self.last_file_bytes.as_ref() == Some(&seen) {
+                if self.unchanged(&body, if_none_match) {
                     return Ok(Fetched::NotModified);
                 }
-                self.last_file_bytes = Some(seen);
                 Ok(Fetched::Bundle { body, etag: None })
             }
         }

@@ -531,12 +531,11 @@ impl Poller {
 
     /// Verifies a received document.
     fn judge(&self, body: &[u8], etag: Option<&str>) -> Verdict {
-        let claimed = claimed_digest(body);
         let bundle = match bundle::verify_document(body, Some(&self.cluster)) {
             Ok(bundle) => bundle,
             Err(err) => {
                 return Verdict::Refused(
-                    claimed,
+                    claimed_digest(body),
                     format!(
                         "refused the bundle from {}: {err}; keeping the last-known-good bundle",
                         self.client.server()
@@ -571,10 +570,15 @@ impl Poller {
     }
 }
 
-/// The digest a document claims, if it has a well-formed one.
+/// The digest a document claims, if it has a well-formed one (read without building
+/// the document's tree: only the `digest` field is kept).
 fn claimed_digest(body: &[u8]) -> Option<Digest> {
-    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    Digest::parse(value.get("digest")?.as_str()?).ok()
+    #[derive(serde::Deserialize)]
+    struct Claim {
+        digest: Option<String>,
+    }
+    let claim: Claim = serde_json::from_slice(body).ok()?;
+    Digest::parse(&claim.digest?).ok()
 }
 
 /// The digest in a flotilla ETag (`"sha256:…"`, possibly weak). Other ETags, as a
