@@ -1,27 +1,62 @@
-# Multi-stage build: compile in the Rust image, run from a small Debian image.
-# docker build -t flotilla .
-# docker run --rm -v "$PWD/fleet-example:/fleet:ro" flotilla render --repo /fleet
-FROM rust:1.89-bookworm AS build
-WORKDIR /src
-# Dependencies first, so source edits do not rebuild them.
-COPY Cargo.toml Cargo.lock ./
-RUN mkdir -p src benches examples/support \
-    && echo 'fn main() {}' > src/main.rs \
-    && touch src/lib.rs \
-    && echo 'fn main() {}' > benches/render.rs \
-    && echo 'fn main() {}' > examples/gen_fleet.rs \
-    && cargo build --release --locked \
-    && rm -rf src benches examples
-COPY . .
-RUN touch src/main.rs src/lib.rs && cargo build --release --locked --bin flotilla
+# syntax=docker/dockerfile:1
+# Two images from one build (BuildKit, the default builder of current Docker):
+#
+#   docker build --target hub -t flotilla .           # the hub, and every flotilla command
+#   docker build --target agent -t flotilla-agent .   # the edge agent alone, a small image
+#
+# README.md ("Docker") has the `docker run` lines for both.
 
-FROM debian:bookworm-slim
+ARG RUST_VERSION=1.89
+
+FROM rust:${RUST_VERSION}-bookworm AS build
+WORKDIR /src
+# .dockerignore keeps target/, .git and state folders out of the context.
+COPY . .
+# The registry and target/ are cache mounts, so a rebuild after a source edit compiles
+# only what changed; the binaries are copied out, since cache mounts are not layers.
+# The empty state folder is the agent image's volume, owned by the agent's user.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked -p flotilla -p flotilla-agent --bins \
+    && mkdir -p /out/agent-state \
+    && cp target/release/flotilla target/release/flotilla-agent /out/
+
+# The edge agent alone, on a distroless base (glibc and CA certificates, no shell),
+# as an unprivileged user. Its settings come from FLOTILLA_AGENT_* variables or flags.
+FROM gcr.io/distroless/cc-debian12:nonroot AS agent
+COPY --from=build /out/flotilla-agent /usr/local/bin/flotilla-agent
+COPY --from=build --chown=65532:65532 /out/agent-state /var/lib/flotilla-agent
+# The token file's path, not a token: mount the cluster's token (a Secret) there.
+# hadolint ignore=DL3064
+ENV FLOTILLA_AGENT_STATE_DIR=/var/lib/flotilla-agent \
+    FLOTILLA_AGENT_TOKEN_FILE=/etc/flotilla/token \
+    FLOTILLA_AGENT_SINK=kube
+VOLUME ["/var/lib/flotilla-agent"]
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/flotilla-agent"]
+
+# The hub (the last stage, so that a plain `docker build .` gives it). Git is there
+# to follow a remote repository (`--repo https://…`), which the hub mirrors with it.
+# A fleet mounted at /fleet belongs to the host's user, not to the container's, and
+# Git (libgit2 too) refuses a repository someone else owns unless it is trusted: the
+# system configuration trusts /fleet. Package versions follow the Debian release the
+# base image names (security updates included), so they are not pinned.
+FROM debian:bookworm-slim AS hub
+# hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates git \
     && rm -rf /var/lib/apt/lists/* \
-    && useradd --system --uid 10001 --home-dir /var/lib/flotilla --create-home flotilla
-COPY --from=build /src/target/release/flotilla /usr/local/bin/flotilla
-USER 10001
+    && useradd --system --uid 10001 --home-dir /var/lib/flotilla --create-home flotilla \
+    && install -d -o 10001 -g 10001 -m 0700 /var/lib/flotilla/state \
+    && git config --system --add safe.directory /fleet
+COPY --from=build /out/flotilla /usr/local/bin/flotilla
+# Inside the container the hub listens on every interface (outside one, loopback
+# stays the default); its state is a volume; the fleet is read from /fleet.
+ENV FLOTILLA_LISTEN=0.0.0.0:8080 \
+    FLOTILLA_STATE_DIR=/var/lib/flotilla/state
+VOLUME ["/var/lib/flotilla/state"]
+EXPOSE 8080
+USER 10001:10001
 WORKDIR /var/lib/flotilla
 ENTRYPOINT ["/usr/local/bin/flotilla"]
-CMD ["--help"]
+CMD ["serve", "--repo", "/fleet"]

@@ -126,6 +126,7 @@ async fn main() {
             repo: dir.display().to_string(),
             branch: None,
             path: String::new(),
+            worktree: false,
         },
     );
     config.clock = clock.clone();
@@ -198,8 +199,10 @@ async fn main() {
         client
             .post(format!("{base}/v1/clusters/{}/status", name(i)))
             .bearer_auth(&tokens[i])
-            .json(&json!({"applied": digest, "attempted": digest, "resources": [],
-                          "message": "", "agentVersion": "bench"}))
+            .json(
+                &json!({"applied": digest, "attempted": digest, "resources": [],
+                          "message": "", "agentVersion": "bench"}),
+            )
             .send()
     };
     // A hub on an empty store waits the offline threshold before it releases a wave.

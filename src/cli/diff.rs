@@ -99,13 +99,18 @@ pub fn run_diff(args: &DiffArgs) -> anyhow::Result<u8> {
 
     let base_name = format!("BASE ({base_rev})");
     let (base_snapshot, head_snapshot) = std::thread::scope(|scope| {
-        let base_job = scope.spawn(|| read(&base_location, &base_name));
+        let base_job = scope.spawn(|| super::source::read_base(&base_location, &base_name));
         let head = read(&head_location, &head_name);
         let base = base_job
             .join()
             .map_err(|_| anyhow::anyhow!("reading {base_name} failed unexpectedly"))?;
         anyhow::Ok((base?, head?))
     })?;
+    let (base_snapshot, base_note) = base_snapshot;
+    if let Some(note) = base_note {
+        eprintln!("{note}");
+    }
+    super::source::warn_for_diff(&head_location, &base_rev, args.head.as_deref());
 
     let options = DiffOptions {
         context: args.context,

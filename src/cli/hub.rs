@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 
-use super::{EXIT_FINDINGS, EXIT_OK, PublishArgs, ServeArgs, TokenArgs, TokenCommand};
+use super::{EXIT_FINDINGS, EXIT_OK, PublishArgs, ServeArgs, StoreArgs, TokenArgs, TokenCommand};
 use flotilla_hub::clock::{Clock, SystemClock, rfc3339};
 use flotilla_hub::source;
 use flotilla_hub::store::Store;
@@ -29,14 +29,34 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
             args.repo
         );
     }
-    if args.branch.is_some()
-        && !source::follow::is_remote(&args.repo)
-        && source::follow::kind_of(Path::new(&args.repo))? == source::follow::RepoKind::Folder
-    {
-        bail!(
-            "--branch needs a Git repository, and {} is a plain folder (served as its files are on disk)",
-            args.repo
-        );
+    if !source::follow::is_remote(&args.repo) {
+        let local = source::follow::local_source(Path::new(&args.repo), &args.path, args.worktree)?;
+        if local.kind == source::follow::RepoKind::Folder && !args.worktree {
+            if args.branch.is_some() {
+                bail!(
+                    "--branch needs a Git repository, and {} is in none (a plain folder is served as its files are on disk)",
+                    args.repo
+                );
+            }
+        } else if args.branch.is_none() {
+            let location = source::Location {
+                repo: PathBuf::from(&args.repo),
+                rev: None,
+                path: args.path.clone(),
+                worktree: args.worktree,
+            };
+            let hint = format!(
+                "to serve the files on disk: {}",
+                super::source::command_line(
+                    "serve",
+                    &[],
+                    Path::new(&args.repo),
+                    &args.path,
+                    "--worktree"
+                )
+            );
+            super::source::warn_if_disk_differs(&location, &hint);
+        }
     }
     let webhook_secret = match &args.webhook_secret_file {
         Some(path) => {
@@ -56,6 +76,7 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
             repo: args.repo.clone(),
             branch: args.branch.clone(),
             path: args.path.clone(),
+            worktree: args.worktree,
         },
     );
     config.poll_interval = args.poll_interval.into();
@@ -152,16 +173,18 @@ async fn first_run_hint(state_dir: PathBuf, base: String) {
     let state = state_dir.display();
     eprintln!(
         "\nNo tokens yet. In another terminal, make one for a cluster (the hub picks it up within a second):\n\n    \
-         TOKEN=$(flotilla token create {cluster} --state-dir {state} | awk '{{print $NF}}')\n\n\
+         flotilla token create {cluster} --state-dir {state} > {cluster}.token\n\n\
          then fetch that cluster's bundle (and again with its ETag, for a 304):\n\n    \
-         curl -i -H \"Authorization: Bearer $TOKEN\" {base}/v1/clusters/{cluster}/bundle\n\n\
-         (`cargo run --release -- token create …` from a checkout.) An admin token for {base}/v1/fleet: \
+         curl -i -H \"Authorization: Bearer $(cat {cluster}.token)\" {base}/v1/clusters/{cluster}/bundle\n\n\
+         and run an agent for it that writes into ./out:\n\n    \
+         flotilla agent --server {base} --cluster {cluster} --token-file {cluster}.token --state-dir agent-state --sink dir:./out\n\n\
+         (From a checkout, `cargo run -q --` stands for `flotilla`.) An admin token for {base}/v1/fleet: \
          flotilla token create --admin --state-dir {state}\n"
     );
 }
 
 pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
-    let snapshot = source::read(&args.source.location()).context("cannot read the fleet")?;
+    let snapshot = super::source::read(&args.source, "publish")?;
     let output = render(&snapshot);
     for diagnostic in output.warnings().chain(output.errors()) {
         eprintln!("{diagnostic}");
@@ -231,19 +254,63 @@ pub fn run_token(args: &TokenArgs) -> anyhow::Result<u8> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
-        let state_dir = match &args.command {
-            TokenCommand::Create { state_dir, .. }
-            | TokenCommand::Revoke { state_dir, .. }
-            | TokenCommand::List { state_dir } => state_dir,
+        let store_args = match &args.command {
+            TokenCommand::Create { store, .. }
+            | TokenCommand::Revoke { store, .. }
+            | TokenCommand::List { store } => store,
         };
-        let store = Store::open(state_dir)
-            .await
-            .with_context(|| format!("cannot open the store in {}", state_dir.display()))?;
+        let store = open_token_store(store_args).await?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let result = token_command(&store, &args.command, clock.now_ms()).await;
         store.close().await;
         result
     })
+}
+
+/// Opens the hub's store for a `token` command, and says on stderr which one. A
+/// state dir that does not exist is refused unless `--init` is given: a token made
+/// in a new, empty store (a mistyped path, the wrong folder) is one the running hub
+/// never accepts. An existing empty folder may be initialised.
+async fn open_token_store(args: &StoreArgs) -> anyhow::Result<Store> {
+    let dir = &args.state_dir;
+    let database = dir.join(flotilla_hub::store::DATABASE_FILE);
+    let fresh = match std::fs::read_dir(dir) {
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            if !args.init {
+                bail!(
+                    "the state dir {} does not exist: give the --state-dir the hub uses \
+                     (`flotilla serve` creates it at its first start), or add --init to create a new one",
+                    dir.display()
+                );
+            }
+            true
+        }
+        Err(err) => {
+            return Err(err)
+                .with_context(|| format!("cannot read the state dir {}", dir.display()));
+        }
+        Ok(mut entries) if !database.exists() => {
+            if entries.next().is_some() {
+                bail!(
+                    "{} is not a flotilla state dir: it holds files but no {}; give the --state-dir the hub uses",
+                    dir.display(),
+                    flotilla_hub::store::DATABASE_FILE
+                );
+            }
+            true
+        }
+        Ok(_) => false,
+    };
+    let store = Store::open(dir)
+        .await
+        .with_context(|| format!("cannot open the store in {}", dir.display()))?;
+    let shown = database.canonicalize().unwrap_or(database);
+    if fresh {
+        eprintln!("initialised a new store: {}", shown.display());
+    } else {
+        eprintln!("store: {}", shown.display());
+    }
+    Ok(store)
 }
 
 async fn token_command(store: &Store, command: &TokenCommand, now_ms: i64) -> anyhow::Result<u8> {
@@ -270,10 +337,12 @@ async fn token_command(store: &Store, command: &TokenCommand, now_ms: i64) -> an
                 Some(name) => format!("for cluster {name}"),
                 None => "with admin rights".to_string(),
             };
-            println!(
-                "created token {} {scope} (shown once; only its hash is stored): {}",
-                token.stored.id, token.secret
+            // Only the token goes to stdout, so `> FILE` and `$(…)` keep just the token.
+            eprintln!(
+                "created token {} {scope}; it is shown once, on stdout (only its hash is stored)",
+                token.stored.id
             );
+            println!("{}", token.secret);
         }
         TokenCommand::Revoke { id, .. } => {
             let id = if id.starts_with(auth::TOKEN_PREFIX) {
@@ -291,7 +360,7 @@ async fn token_command(store: &Store, command: &TokenCommand, now_ms: i64) -> an
             let tokens = store.tokens().await?;
             if tokens.is_empty() {
                 println!(
-                    "no tokens; make one with `flotilla token create CLUSTER --state-dir DIR`"
+                    "no tokens; make one with `flotilla token create CLUSTER --state-dir DIR > FILE`"
                 );
             }
             for token in tokens {

@@ -3,9 +3,12 @@
 
 mod diff;
 mod hub;
+mod init;
+mod manual;
 pub mod remote;
 mod render;
 mod rollout;
+mod source;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -52,21 +55,31 @@ pub enum Command {
     Agent(flotilla_agent::cli::AgentArgs),
     /// Watch and steer rollouts on a running hub: list, show, pause, resume, promote, abort.
     Rollout(rollout::RolloutArgs),
+    /// Write a new fleet repository: a cluster, a group, a workload, an overlay, the
+    /// JSON Schemas its files point at, and a CI job that validates and diffs.
+    Init(init::InitArgs),
+    /// Print a shell completion script for bash, zsh, fish, elvish or powershell.
+    Completions(manual::CompletionsArgs),
+    /// Print the man page (or write every page into a folder).
+    Man(manual::ManArgs),
     /// Write the JSON Schemas of flotilla's kinds (Cluster, Group, Workload, Overlay).
     #[command(hide = true)]
     Schemas(SchemasArgs),
 }
 
-/// Where the fleet is read from.
+/// Where the fleet is read from. Inside a Git repository, a commit is read (HEAD
+/// unless --rev says otherwise), whether --repo is the repository's top or a folder
+/// inside it; outside one, or with --worktree, the files on disk.
 #[derive(Debug, Clone, Args)]
 pub struct SourceArgs {
-    /// The fleet repository: a Git repository or a plain folder.
+    /// The fleet: a folder inside a Git repository (read at a commit) or in none (read
+    /// from disk). `--repo fleet` and `--repo . --path fleet` read the same files.
     #[arg(long, default_value = ".", value_name = "PATH")]
     pub repo: PathBuf,
-    /// The Git revision to read (default: HEAD for a Git repository; a plain folder is read as it is on disk).
+    /// The Git revision to read [default: HEAD].
     #[arg(long, value_name = "REV")]
     pub rev: Option<String>,
-    /// The fleet root inside the repository.
+    /// The fleet root, relative to --repo.
     #[arg(
         long,
         default_value = "",
@@ -74,7 +87,7 @@ pub struct SourceArgs {
         hide_default_value = true
     )]
     pub path: String,
-    /// Read the files on disk even in a Git repository (uncommitted edits included).
+    /// Read the files on disk even inside a Git repository (uncommitted edits included).
     #[arg(long, conflicts_with = "rev")]
     pub worktree: bool,
 }
@@ -132,14 +145,15 @@ pub use flotilla_agent::logging::{LogFormat, init_logging};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// The fleet repository: a local Git repository, a plain folder, or a remote URL
-    /// (https://, ssh://, file://, user@host:path), which is mirrored into the state dir.
+    /// The fleet: a folder inside a local Git repository (its commits are followed), a
+    /// folder in none (watched on disk), or a remote URL (https://, ssh://, file://,
+    /// user@host:path), which is mirrored into the state dir.
     #[arg(long, default_value = ".", value_name = "PATH|URL")]
     pub repo: String,
-    /// The branch to follow (default: the repository's HEAD).
+    /// The branch to follow [default: the repository's HEAD].
     #[arg(long, value_name = "BRANCH")]
     pub branch: Option<String>,
-    /// The fleet root inside the repository.
+    /// The fleet root, relative to --repo.
     #[arg(
         long,
         default_value = "",
@@ -147,11 +161,16 @@ pub struct ServeArgs {
         hide_default_value = true
     )]
     pub path: String,
-    /// Where the hub keeps bundles, status and tokens.
+    /// Serve the files on disk even inside a Git repository (rendered again whenever
+    /// they change, uncommitted edits included).
+    #[arg(long, conflicts_with = "branch")]
+    pub worktree: bool,
+    /// Where the hub keeps bundles, status and tokens (created at the first start).
     #[arg(long, env = "FLOTILLA_STATE_DIR", default_value = DEFAULT_STATE_DIR, value_name = "DIR")]
     pub state_dir: PathBuf,
-    /// The address to listen on (loopback by default).
-    #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR", value_parser = hub::parse_listen)]
+    /// The address to listen on: loopback by default; the container image sets
+    /// FLOTILLA_LISTEN=0.0.0.0:8080.
+    #[arg(long, env = "FLOTILLA_LISTEN", default_value = "127.0.0.1:8080", value_name = "ADDR", value_parser = hub::parse_listen)]
     pub listen: std::net::SocketAddr,
     /// How often to look for new commits (with 10% jitter); a local repository is also watched.
     #[arg(long, default_value = "15s", value_name = "DURATION")]
@@ -200,7 +219,8 @@ pub struct TokenArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum TokenCommand {
-    /// Make a token and print it once (its last word on stdout); only its hash is kept.
+    /// Make a token and print it once, alone on stdout (`> FILE` keeps just the token);
+    /// only its hash is kept.
     Create {
         /// The cluster whose bundles the token reads.
         #[arg(value_name = "CLUSTER")]
@@ -208,21 +228,34 @@ pub enum TokenCommand {
         /// Make an admin token (reads /v1/fleet and every bundle) instead.
         #[arg(long)]
         admin: bool,
-        #[arg(long, env = "FLOTILLA_STATE_DIR", default_value = DEFAULT_STATE_DIR, value_name = "DIR")]
-        state_dir: PathBuf,
+        #[command(flatten)]
+        store: StoreArgs,
     },
     /// Revoke a token by its id (from `token list`) or by the token itself.
     Revoke {
+        /// The token's id, as `token list` shows it, or the token itself (flt_…).
         #[arg(value_name = "ID")]
         id: String,
-        #[arg(long, env = "FLOTILLA_STATE_DIR", default_value = DEFAULT_STATE_DIR, value_name = "DIR")]
-        state_dir: PathBuf,
+        #[command(flatten)]
+        store: StoreArgs,
     },
     /// List tokens: id, what they grant, when made, whether revoked.
     List {
-        #[arg(long, env = "FLOTILLA_STATE_DIR", default_value = DEFAULT_STATE_DIR, value_name = "DIR")]
-        state_dir: PathBuf,
+        #[command(flatten)]
+        store: StoreArgs,
     },
+}
+
+/// The hub's store, for the `token` commands.
+#[derive(Debug, Args)]
+pub struct StoreArgs {
+    /// The hub's state dir (the one `flotilla serve --state-dir` uses; the hub picks up
+    /// token changes within a second).
+    #[arg(long, env = "FLOTILLA_STATE_DIR", default_value = DEFAULT_STATE_DIR, value_name = "DIR")]
+    pub state_dir: PathBuf,
+    /// Create the state dir when it does not exist yet (before the hub's first start).
+    #[arg(long)]
+    pub init: bool,
 }
 
 /// Parses the command line, runs the subcommand and turns errors into exit code 2.
@@ -241,7 +274,7 @@ pub fn main() -> ExitCode {
             ExitCode::from(EXIT_OK)
         }
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", flotilla_agent::logging::error_line(&err));
             ExitCode::from(EXIT_ERROR)
         }
     }
@@ -258,5 +291,58 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Token(args) => hub::run_token(&args),
         Command::Agent(args) => flotilla_agent::cli::run_agent(&args).map(|()| EXIT_OK),
         Command::Rollout(args) => rollout::run_rollout(&args),
+        Command::Init(args) => init::run_init(&args),
+        Command::Completions(args) => manual::run_completions(&args),
+        Command::Man(args) => manual::run_man(&args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory as _;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    /// `--help` explains every flag and positional argument of every subcommand.
+    #[test]
+    fn every_argument_of_every_subcommand_has_help() {
+        fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    let name = match arg.get_long() {
+                        Some(long) => format!("--{long}"),
+                        None => id.to_uppercase(),
+                    };
+                    missing.push(format!("{path} {name}"));
+                }
+            }
+            for sub in command.get_subcommands() {
+                let sub_path = format!("{path} {}", sub.get_name());
+                if sub.get_about().is_none() {
+                    missing.push(format!("{sub_path} (the subcommand itself)"));
+                }
+                walk(sub, &sub_path, missing);
+            }
+        }
+        let command = Cli::command();
+        let mut missing = Vec::new();
+        walk(&command, "flotilla", &mut missing);
+        assert!(
+            missing.is_empty(),
+            "without help text (add a doc comment):\n{}",
+            missing.join("\n")
+        );
+        // The walk reaches nested subcommands and positional arguments.
+        let token = command.find_subcommand("token").expect("token");
+        let revoke = token.find_subcommand("revoke").expect("revoke");
+        assert!(revoke.get_arguments().any(|a| a.get_id() == "id"));
     }
 }

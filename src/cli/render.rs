@@ -8,7 +8,6 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::{EXIT_FINDINGS, EXIT_OK, OutputFormat, RenderArgs, SchemasArgs, ValidateArgs};
 use flotilla_core::bundle::Bundle;
-use flotilla_hub::source;
 use flotilla_render::{RenderOptions, RenderOutput, render_with};
 
 /// A progress bar on a terminal, shown only once a render has taken more than a moment.
@@ -45,8 +44,12 @@ impl Progress {
     }
 }
 
-fn render_fleet(source: &super::SourceArgs, clusters: &[String]) -> anyhow::Result<RenderOutput> {
-    let snapshot = source::read(&source.location()).context("cannot read the fleet")?;
+fn render_fleet(
+    source: &super::SourceArgs,
+    command: &str,
+    clusters: &[String],
+) -> anyhow::Result<RenderOutput> {
+    let snapshot = super::source::read(source, command)?;
     let progress = Progress::new();
     let callback = |done: usize, total: usize| progress.update(done, total);
     let options = RenderOptions {
@@ -65,7 +68,7 @@ fn print_diagnostics(output: &RenderOutput) {
 }
 
 pub fn run_render(args: &RenderArgs) -> anyhow::Result<u8> {
-    let output = render_fleet(&args.source, &args.clusters)?;
+    let output = render_fleet(&args.source, "render", &args.clusters)?;
     print_diagnostics(&output);
     if !output.is_clean() {
         let count = output.errors().count();
@@ -139,7 +142,7 @@ fn document_value(bundle: &Bundle, revision: &str) -> anyhow::Result<serde_json:
 }
 
 pub fn run_validate(args: &ValidateArgs) -> anyhow::Result<u8> {
-    let output = render_fleet(&args.source, &[])?;
+    let output = render_fleet(&args.source, "validate", &[])?;
     print_diagnostics(&output);
     let errors = output.errors().count();
     let warnings = output.warnings().count();

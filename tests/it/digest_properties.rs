@@ -1,4 +1,4 @@
-//! Properties of digests and canonical JSON (PRODUCT.md section 3): a bundle's digest
+//! Properties of digests and canonical JSON (docs/api.md): a bundle's digest
 //! depends on its content only, not on how the files are named, split or ordered,
 //! not on the order of keys in the YAML, and not on the revision or commit; clusters
 //! with the same content share a digest, and clusters with different content do not.

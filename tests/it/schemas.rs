@@ -70,6 +70,14 @@ fn schemas_are_useful_to_an_editor() {
         );
         assert_eq!(schema["title"], kind);
         assert_eq!(
+            schema["$id"],
+            format!(
+                "https://flotilla.dev/schemas/v1alpha1/{}.json",
+                kind.to_lowercase()
+            ),
+            "{kind}: editors and catalogues tell schemas apart by $id"
+        );
+        assert_eq!(
             schema["properties"]["apiVersion"]["const"],
             "flotilla.dev/v1alpha1"
         );
@@ -476,7 +484,7 @@ fn check(root: &Value, schema: &Value, instance: &Value, at: &str, errors: &mut 
     };
     for (keyword, value) in object {
         match keyword.as_str() {
-            "$schema" | "title" | "description" | "default" | "format" | "definitions" => {}
+            "$schema" | "$id" | "title" | "description" | "default" | "format" | "definitions" => {}
             "$ref" => check(
                 root,
                 resolve(root, value.as_str().expect("$ref is a string")),

@@ -81,6 +81,11 @@ pub enum ClientError {
     },
     #[error("the token file {path} is empty; put the token from `flotilla token create` in it")]
     EmptyToken { path: PathBuf },
+    #[error(
+        "the token file {path} does not hold a flotilla token (flt_…){found}; write just the \
+         token into it: `flotilla token create CLUSTER > FILE`"
+    )]
+    NotAToken { path: PathBuf, found: String },
     #[error("--token-file is required with an http(s) server")]
     NoToken,
     #[error("cannot build the HTTP client: {0}")]
@@ -399,6 +404,26 @@ fn read_token(path: &Path) -> Result<String, ClientError> {
             path: path.to_path_buf(),
         });
     }
+    if !flotilla_core::api::is_token(token) {
+        // Say what is there without printing a secret: a token among other words
+        // is named by its position only.
+        let words = token.split_whitespace().count();
+        let found = match token
+            .split_whitespace()
+            .position(flotilla_core::api::is_token)
+        {
+            Some(at) => format!(
+                ": it holds {words} words, and the token is word {} of them",
+                at + 1
+            ),
+            None if words > 1 => format!(": it holds {words} words"),
+            None => String::new(),
+        };
+        return Err(ClientError::NotAToken {
+            path: path.to_path_buf(),
+            found,
+        });
+    }
     Ok(token.to_string())
 }
 
@@ -484,11 +509,11 @@ mod tests {
             auth.clone(),
         ));
         match auth.as_deref() {
-            Some("Bearer good") => {}
-            Some("Bearer other-cluster") => {
+            Some("Bearer flt_good") => {}
+            Some("Bearer flt_other-cluster") => {
                 return (AxumStatus::FORBIDDEN, r#"{"message":"forbidden"}"#).into_response();
             }
-            Some("Bearer busy") => {
+            Some("Bearer flt_busy") => {
                 return (
                     AxumStatus::SERVICE_UNAVAILABLE,
                     [("retry-after", "17")],
@@ -542,7 +567,7 @@ mod tests {
         let mut client = HubClient::new(
             Server::Http(url),
             "edge-1",
-            Some(&token_file(dir.path(), "good")),
+            Some(&token_file(dir.path(), "flt_good")),
         )
         .expect("client");
         let first = client
@@ -569,13 +594,13 @@ mod tests {
                     "bundle".to_string(),
                     None,
                     Some("30s".to_string()),
-                    Some("Bearer good".to_string())
+                    Some("Bearer flt_good".to_string())
                 ),
                 (
                     "bundle".to_string(),
                     Some("\"sha256:current\"".to_string()),
                     Some("30s".to_string()),
-                    Some("Bearer good".to_string())
+                    Some("Bearer flt_good".to_string())
                 ),
             ]
         );
@@ -585,7 +610,7 @@ mod tests {
     async fn errors_are_classified_and_carry_retry_after() {
         let (url, _seen) = start_hub().await;
         let dir = tempfile::tempdir().expect("tempdir");
-        let token = token_file(dir.path(), "nonsense");
+        let token = token_file(dir.path(), "flt_nonsense");
         let mut client =
             HubClient::new(Server::Http(url.clone()), "edge-1", Some(&token)).expect("client");
         let err = client
@@ -597,7 +622,7 @@ mod tests {
         assert!(err.to_string().contains("--token-file"), "{err}");
 
         // A rotated token file is read again after a 401.
-        std::fs::write(&token, "other-cluster").expect("rotates");
+        std::fs::write(&token, "flt_other-cluster").expect("rotates");
         let err = client
             .fetch_bundle(None, Duration::ZERO)
             .await
@@ -605,7 +630,7 @@ mod tests {
         assert_eq!(err.kind(), FailureKind::Auth);
         assert!(err.to_string().contains("403"), "{err}");
 
-        std::fs::write(&token, "busy").expect("rotates");
+        std::fs::write(&token, "flt_busy").expect("rotates");
         let err = client
             .fetch_bundle(None, Duration::ZERO)
             .await
@@ -626,7 +651,7 @@ mod tests {
         let mut client = HubClient::new(
             Server::Http(url),
             "edge-1",
-            Some(&token_file(dir.path(), "good")),
+            Some(&token_file(dir.path(), "flt_good")),
         )
         .expect("client");
         let err = client
@@ -644,7 +669,7 @@ mod tests {
         let mut client = HubClient::new(
             Server::Http(url),
             "edge-1",
-            Some(&token_file(dir.path(), "good")),
+            Some(&token_file(dir.path(), "flt_good")),
         )
         .expect("client");
         client
@@ -706,6 +731,32 @@ mod tests {
         let err = HubClient::new(Server::parse("http://h").expect("url"), "c", None)
             .expect_err("token needed");
         assert!(matches!(err, ClientError::NoToken));
+    }
+
+    #[test]
+    fn a_token_file_must_hold_just_a_token() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let server = || Server::parse("http://h").expect("url");
+        let refused = |text: &str| {
+            let path = token_file(dir.path(), text);
+            HubClient::new(server(), "c", Some(&path))
+                .expect_err("refused")
+                .to_string()
+                .replace(&dir.path().display().to_string(), "$DIR")
+        };
+        assert_eq!(
+            refused("created token 0a1b for cluster red (shown once): flt_0a1b"),
+            "the token file $DIR/token does not hold a flotilla token (flt_…): it holds 9 words, \
+             and the token is word 9 of them; write just the token into it: \
+             `flotilla token create CLUSTER > FILE`"
+        );
+        assert_eq!(
+            refused("hunter2"),
+            "the token file $DIR/token does not hold a flotilla token (flt_…); write just the \
+             token into it: `flotilla token create CLUSTER > FILE`"
+        );
+        let path = token_file(dir.path(), "  flt_0a1b\n");
+        assert!(HubClient::new(server(), "c", Some(&path)).is_ok());
     }
 
     #[test]

@@ -21,7 +21,7 @@ fn main() -> ExitCode {
     match flotilla_agent::cli::run_agent(&cli.agent) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", flotilla_agent::logging::error_line(&err));
             ExitCode::from(2)
         }
     }

@@ -94,26 +94,29 @@ fn bench(c: &mut Criterion) {
     let last_wave = rollout.wave_members(3);
     let mut next = last_wave.start;
     let mut pass = 0u64;
-    c.bench_function("decide after a report (10,000 clusters, 4 waves, last wave released)", |b| {
-        b.iter(|| {
-            // The next cluster of the released wave reports: healthy on one pass over
-            // the wave, still progressing on the next, so the decision has work to do
-            // (bakes start and stop, clusters are admitted) and the wave never ends.
-            let health = if pass % 2 == 0 {
-                Health::Healthy
-            } else {
-                Health::Progressing
-            };
-            observations[next].report = Some(Report { health, at: now });
-            observations[next].last_seen = Some(now);
-            next += 1;
-            if next == last_wave.end {
-                next = last_wave.start;
-                pass += 1;
-            }
-            black_box(decide(&mut rollout, &observations, now, OFFLINE_AFTER))
-        })
-    });
+    c.bench_function(
+        "decide after a report (10,000 clusters, 4 waves, last wave released)",
+        |b| {
+            b.iter(|| {
+                // The next cluster of the released wave reports: healthy on one pass over
+                // the wave, still progressing on the next, so the decision has work to do
+                // (bakes start and stop, clusters are admitted) and the wave never ends.
+                let health = if pass % 2 == 0 {
+                    Health::Healthy
+                } else {
+                    Health::Progressing
+                };
+                observations[next].report = Some(Report { health, at: now });
+                observations[next].last_seen = Some(now);
+                next += 1;
+                if next == last_wave.end {
+                    next = last_wave.start;
+                    pass += 1;
+                }
+                black_box(decide(&mut rollout, &observations, now, OFFLINE_AFTER))
+            })
+        },
+    );
 }
 
 criterion_group!(benches, bench);

@@ -5,6 +5,20 @@
 //! Paths are given as segments, so that a caller joins them the way its medium needs:
 //! percent-encoded into a URL, or as file names under a folder.
 
+/// Every token starts with this, so a leaked one is easy to recognise and scan for.
+pub const TOKEN_PREFIX: &str = "flt_";
+
+/// Whether `text` has the shape of a flotilla token: [`TOKEN_PREFIX`], then letters,
+/// digits, `-` or `_` (nothing else, no spaces).
+pub fn is_token(text: &str) -> bool {
+    text.strip_prefix(TOKEN_PREFIX).is_some_and(|rest| {
+        !rest.is_empty()
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    })
+}
+
 /// Route templates, in the `{name}` syntax of the hub's router.
 pub mod routes {
     pub const BUNDLE: &str = "/v1/clusters/{cluster}/bundle";
@@ -72,6 +86,17 @@ mod tests {
         template
             .replace("{cluster}", cluster)
             .replace("{digest}", digest)
+    }
+
+    #[test]
+    fn tells_tokens_from_other_text() {
+        assert!(is_token("flt_0123abcdef"));
+        assert!(!is_token("flt_"));
+        assert!(!is_token("0123abcdef"));
+        assert!(!is_token(
+            "created token 0123 for cluster red (shown once): flt_0123"
+        ));
+        assert!(!is_token("flt_01 23"));
     }
 
     #[test]

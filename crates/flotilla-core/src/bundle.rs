@@ -220,7 +220,7 @@ impl Bundle {
         out
     }
 
-    /// The served document (PRODUCT.md section 3) as bytes.
+    /// The served document (docs/api.md, "The bundle document") as bytes.
     pub fn document(&self, revision: &str) -> Vec<u8> {
         document_bytes(
             &self.cluster,

@@ -1,4 +1,4 @@
-//! The HTTP API of PRODUCT.md section 4 (documented in docs/api.md).
+//! The hub's HTTP API, version 1 (documented in docs/api.md).
 //!
 //! The bundle path is the hot one: it reads the in-memory [`Served`] snapshot and the
 //! in-memory token table, and answers a matching `If-None-Match` with a 304 without
@@ -54,6 +54,7 @@ type SharedState = State<Arc<Shared>>;
 pub fn router(shared: Arc<Shared>) -> Router {
     use flotilla_core::api::routes;
     Router::new()
+        .route(INDEX, get(index))
         .route(routes::BUNDLE, get(get_bundle))
         .route(routes::BUNDLE_BY_DIGEST, get(get_bundle_at))
         .route(
@@ -140,7 +141,7 @@ fn path_error(rejection: PathRejection) -> ApiError {
 /// cluster being seen). A cluster token reads only its own cluster (403 for any
 /// other); an admin token reads any. 404 only when the cluster the token may read is
 /// not served.
-fn authorize_read(
+async fn authorize_read(
     shared: &Shared,
     headers: &HeaderMap,
     cluster: &str,
@@ -148,10 +149,9 @@ fn authorize_read(
     if !shared.ready.load(Ordering::Relaxed) {
         return Err(ApiError::not_ready());
     }
-    let tokens = shared.tokens.load();
-    let own = match tokens.check(headers.get(AUTHORIZATION)) {
+    let own = match shared.grant_with_id(headers.get(AUTHORIZATION)).await {
         Err(err) => return Err(ApiError::new(StatusCode::UNAUTHORIZED, err.message())),
-        Ok(Grant::Cluster(own)) if **own != *cluster => {
+        Ok((Grant::Cluster(own), _)) if *own != *cluster => {
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 format!(
@@ -159,8 +159,8 @@ fn authorize_read(
                 ),
             ));
         }
-        Ok(Grant::Cluster(_)) => true,
-        Ok(Grant::Admin) => false,
+        Ok((Grant::Cluster(_), _)) => true,
+        Ok((Grant::Admin, _)) => false,
     };
     shared
         .served
@@ -178,21 +178,21 @@ fn authorize_read(
 }
 
 /// Checks for an admin token; returns its id (recorded with operator actions).
-fn authorize_admin(shared: &Shared, headers: &HeaderMap, what: &str) -> Result<String, ApiError> {
+async fn authorize_admin(
+    shared: &Shared,
+    headers: &HeaderMap,
+    what: &str,
+) -> Result<String, ApiError> {
     if !shared.ready.load(Ordering::Relaxed) {
         return Err(ApiError::not_ready());
     }
-    match shared
-        .tokens
-        .load()
-        .check_with_id(headers.get(AUTHORIZATION))
-    {
+    match shared.grant_with_id(headers.get(AUTHORIZATION)).await {
         Err(err) => Err(ApiError::new(StatusCode::UNAUTHORIZED, err.message())),
         Ok((Grant::Cluster(_), _)) => Err(ApiError::new(
             StatusCode::FORBIDDEN,
             format!("{what} needs an admin token (`flotilla token create --admin`)"),
         )),
-        Ok((Grant::Admin, id)) => Ok(id.to_string()),
+        Ok((Grant::Admin, id)) => Ok(id),
     }
 }
 
@@ -220,7 +220,7 @@ async fn current_bundle(
     headers: &HeaderMap,
     query: Option<&str>,
 ) -> Result<Response, ApiError> {
-    let (entry, own) = authorize_read(shared, headers, cluster)?;
+    let (entry, own) = authorize_read(shared, headers, cluster).await?;
     if own {
         entry.pulse.see(shared.settings.clock.now_ms());
     }
@@ -497,7 +497,7 @@ async fn bundle_at(
     digest: &str,
     headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
-    let (current, _) = authorize_read(shared, headers, cluster)?;
+    let (current, _) = authorize_read(shared, headers, cluster).await?;
     let digest = Digest::parse(digest)
         .map_err(|err| ApiError::new(StatusCode::BAD_REQUEST, err.to_string()))?;
     if digest == current.digest {
@@ -566,9 +566,9 @@ async fn store_status(
     if !shared.ready.load(Ordering::Relaxed) {
         return Err(ApiError::not_ready());
     }
-    match shared.tokens.load().check(headers.get(AUTHORIZATION)) {
+    match shared.grant(headers.get(AUTHORIZATION)).await {
         Err(err) => return Err(ApiError::new(StatusCode::UNAUTHORIZED, err.message())),
-        Ok(Grant::Cluster(own)) if **own == *cluster => {}
+        Ok(Grant::Cluster(own)) if *own == *cluster => {}
         Ok(Grant::Cluster(own)) => {
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
@@ -649,7 +649,7 @@ async fn get_fleet(State(shared): SharedState, headers: HeaderMap) -> Response {
     if !shared.ready.load(Ordering::Relaxed) {
         return ApiError::not_ready().into_response();
     }
-    match shared.tokens.load().check(headers.get(AUTHORIZATION)) {
+    match shared.grant(headers.get(AUTHORIZATION)).await {
         Err(err) => ApiError::new(StatusCode::UNAUTHORIZED, err.message()).into_response(),
         Ok(Grant::Cluster(_)) => ApiError::new(
             StatusCode::FORBIDDEN,
@@ -662,7 +662,7 @@ async fn get_fleet(State(shared): SharedState, headers: HeaderMap) -> Response {
 
 async fn get_rollouts(State(shared): SharedState, headers: HeaderMap) -> Response {
     let result = async {
-        authorize_admin(&shared, &headers, "the rollouts")?;
+        authorize_admin(&shared, &headers, "the rollouts").await?;
         let rollouts = shared
             .rollout_list()
             .await
@@ -692,7 +692,7 @@ async fn get_rollout(
 ) -> Response {
     let result = async {
         let Path(id) = id.map_err(path_error)?;
-        authorize_admin(&shared, &headers, "a rollout")?;
+        authorize_admin(&shared, &headers, "a rollout").await?;
         let id = rollout_id(&id)?;
         match shared.rollout_detail(id).await {
             Ok(Some(view)) => Ok(json_response(StatusCode::OK, &view)),
@@ -717,7 +717,7 @@ async fn post_rollout_action(
 ) -> Response {
     let result = async {
         let Path((id, action)) = params.map_err(path_error)?;
-        let by = authorize_admin(&shared, &headers, "steering a rollout")?;
+        let by = authorize_admin(&shared, &headers, "steering a rollout").await?;
         let id = rollout_id(&id)?;
         let action = Action::parse(&action).ok_or_else(|| {
             ApiError::new(
@@ -800,6 +800,40 @@ fn check_hook(
     })
 }
 
+/// The hub's front door.
+pub const INDEX: &str = "/";
+
+/// `GET /`: where to go from here, as a JSON index of the endpoints. When the hub
+/// serves a web page, this handler becomes a redirect to it; nothing else changes.
+async fn index() -> Response {
+    use flotilla_core::api::routes;
+    let endpoint = |method: &str, path: &str, auth: &str, what: &str| json!({ "method": method, "path": path, "auth": auth, "what": what });
+    let cluster_token = "the cluster's token (an admin token reads too)";
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "name": "flotilla hub",
+            "version": env!("CARGO_PKG_VERSION"),
+            "documentation": "docs/api.md in the flotilla repository",
+            "endpoints": [
+                endpoint("GET", routes::BUNDLE, cluster_token,
+                    "the cluster's current bundle; ETag is its digest, If-None-Match answers 304, ?wait=30s long-polls"),
+                endpoint("GET", routes::BUNDLE_BY_DIGEST, cluster_token,
+                    "an earlier bundle of the cluster, by digest (immutable)"),
+                endpoint("POST", routes::STATUS, "the cluster's token",
+                    "the agent's status report"),
+                endpoint("GET", routes::FLEET, "an admin token",
+                    "every cluster's desired and applied digest, state and last report; render errors"),
+                endpoint("POST", routes::GIT_HOOK, "an HMAC signature (X-Hub-Signature-256)",
+                    "a push happened: look for a new commit now"),
+                endpoint("GET", routes::HEALTHZ, "none", "liveness"),
+                endpoint("GET", routes::READYZ, "none", "readiness: 200 once bundles are served"),
+                endpoint("GET", routes::METRICS, "none", "Prometheus text format"),
+            ],
+        }),
+    )
+}
+
 async fn healthz() -> Response {
     json_response(StatusCode::OK, &json!({ "status": "ok" }))
 }
@@ -839,7 +873,7 @@ async fn not_found(request: Request) -> Response {
     ApiError::new(
         StatusCode::NOT_FOUND,
         format!(
-            "no such endpoint: {} (see docs/api.md)",
+            "no such endpoint: {} (GET / lists them; see docs/api.md)",
             request.uri().path()
         ),
     )

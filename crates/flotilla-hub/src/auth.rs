@@ -13,8 +13,7 @@ use sha2::{Digest as _, Sha256};
 
 use crate::store::StoredToken;
 
-/// Every token starts with this, so a leaked one is easy to recognise and scan for.
-pub const TOKEN_PREFIX: &str = "flt_";
+pub use flotilla_core::api::TOKEN_PREFIX;
 
 /// What a token allows.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -26,7 +26,7 @@ use flotilla_render::render;
 const FETCH_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Where the fleet comes from, as given on the command line.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct SourceSpec {
     /// A path (Git repository or plain folder) or a remote URL.
     pub repo: String,
@@ -34,12 +34,21 @@ pub struct SourceSpec {
     pub branch: Option<String>,
     /// The fleet root inside the repository.
     pub path: String,
+    /// Serve the files on disk even inside a Git work tree.
+    pub worktree: bool,
 }
 
 #[derive(Clone, Debug)]
 enum Origin {
-    Local { path: PathBuf, kind: RepoKind },
-    Remote { url: String, mirror: PathBuf },
+    Local {
+        path: PathBuf,
+        kind: RepoKind,
+        subpath: String,
+    },
+    Remote {
+        url: String,
+        mirror: PathBuf,
+    },
 }
 
 impl Origin {
@@ -51,10 +60,35 @@ impl Origin {
             };
         }
         let path = PathBuf::from(&spec.repo);
-        // A path that does not exist yet is taken for a folder; reading it reports why
-        // it cannot be read, and the follower tries again on the next poll.
-        let kind = git::kind_of(&path).unwrap_or(RepoKind::Folder);
-        Origin::Local { path, kind }
+        match git::local_source(&path, &spec.path, spec.worktree) {
+            Ok(local) => Origin::Local {
+                path: local.root,
+                kind: local.kind,
+                subpath: local.subpath,
+            },
+            // A repository Git refuses is followed as a repository all the same: every
+            // look reports why it cannot be read, instead of serving its files.
+            Err(SourceError::NotOwned { .. }) => Origin::Local {
+                path,
+                kind: RepoKind::Git,
+                subpath: spec.path.clone(),
+            },
+            // A path that does not exist yet is taken for a folder; reading it reports
+            // why it cannot be read, and the follower tries again on the next poll.
+            Err(_) => Origin::Local {
+                path,
+                kind: RepoKind::Folder,
+                subpath: spec.path.clone(),
+            },
+        }
+    }
+
+    /// The fleet root inside what is followed.
+    fn subpath<'a>(&'a self, spec: &'a SourceSpec) -> &'a str {
+        match self {
+            Origin::Local { subpath, .. } => subpath,
+            Origin::Remote { .. } => &spec.path,
+        }
     }
 }
 
@@ -121,7 +155,7 @@ impl Follower {
     /// Sets up the file-system watcher for a local source. Without one (it can fail,
     /// e.g. when inotify watches run out) the poll still finds new commits.
     fn watch(&self) -> Option<notify::RecommendedWatcher> {
-        let Origin::Local { path, kind } = &self.origin else {
+        let Origin::Local { path, kind, .. } = &self.origin else {
             return None;
         };
         let root = path.canonicalize().unwrap_or_else(|_| path.clone());
@@ -245,12 +279,13 @@ impl Follower {
             Origin::Local {
                 path,
                 kind: RepoKind::Git,
+                ..
             } => self.snapshot_of_tip(path).await,
             Origin::Local {
                 path,
                 kind: RepoKind::Folder,
+                subpath,
             } => {
-                let subpath = self.spec.path.clone();
                 let snapshot = tokio::task::spawn_blocking(move || from_folder(&path, &subpath))
                     .await
                     .map_err(|e| SourceError::Io {
@@ -272,7 +307,7 @@ impl Follower {
         repo: PathBuf,
     ) -> Result<Option<(FleetSnapshot, bool)>, SourceError> {
         let branch = self.spec.branch.clone();
-        let subpath = self.spec.path.clone();
+        let subpath = self.origin.subpath(&self.spec).to_string();
         let last = self.last_commit.clone();
         let result = tokio::task::spawn_blocking(
             move || -> Result<Option<(Tip, FleetSnapshot, bool)>, SourceError> {

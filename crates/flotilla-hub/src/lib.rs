@@ -1,6 +1,6 @@
 //! The hub: follows the fleet repository, renders every new commit off the request
 //! path, keeps the results in the [`store`](crate::store), and serves one bundle per
-//! cluster over HTTP (PRODUCT.md section 4, docs/api.md).
+//! cluster over HTTP (docs/api.md).
 //!
 //! - [`follow`]: the follower task (notify watcher, poll, remote mirror, webhook wake-up)
 //!   that renders and installs clean renders;
@@ -130,6 +130,7 @@ impl Hub {
             latest: ArcSwap::default(),
             pulses: Mutex::default(),
             rollouts: rollouts::Engine::default(),
+            token_recheck: Default::default(),
         });
         let loaded = shared.load_from_store().await?;
         if shared

@@ -14,7 +14,7 @@ use http::HeaderValue;
 use tokio::sync::{Notify, watch};
 
 use super::HubError;
-use super::auth::TokenTable;
+use super::auth::{AuthError, Grant, TokenTable};
 use super::clock::Clock;
 use super::fleet::{Desired, FleetSummary, RenderStatus, summarize};
 use super::metrics::Metrics;
@@ -209,9 +209,50 @@ pub struct Shared {
     pub pulses: Mutex<HashMap<String, Arc<Pulse>>>,
     /// The rollouts: their state, decisions and timer.
     pub rollouts: Engine,
+    /// When the store was last asked for tokens because a request brought an
+    /// unknown one (see [`Shared::grant`]).
+    pub token_recheck: tokio::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
+/// The shortest time between two looks into the store for an unknown token.
+const TOKEN_RECHECK: Duration = Duration::from_millis(250);
+
 impl Shared {
+    /// What a request's token grants. A token the table does not know may have been
+    /// made a moment ago by `flotilla token create`: the store is asked again before
+    /// the token is refused (at most every 250 ms, however many unknown tokens
+    /// arrive), so a new token works at once, not only after the next refresh.
+    pub async fn grant(&self, header: Option<&HeaderValue>) -> Result<Grant, AuthError> {
+        self.grant_with_id(header).await.map(|(grant, _)| grant)
+    }
+
+    /// [`Shared::grant`], with the token's id (recorded with operator actions).
+    pub async fn grant_with_id(
+        &self,
+        header: Option<&HeaderValue>,
+    ) -> Result<(Grant, String), AuthError> {
+        fn owned((grant, id): (&Grant, &str)) -> (Grant, String) {
+            (grant.clone(), id.to_string())
+        }
+        match self.tokens.load().check_with_id(header) {
+            Err(AuthError::Unknown) => {}
+            known => return known.map(owned),
+        }
+        {
+            let mut last = self.token_recheck.lock().await;
+            if last.is_none_or(|at| at.elapsed() >= TOKEN_RECHECK) {
+                *last = Some(tokio::time::Instant::now());
+                match self.store.tokens().await {
+                    Ok(tokens) => self
+                        .tokens
+                        .store(Arc::new(TokenTable::from_stored(&tokens))),
+                    Err(err) => tracing::warn!("cannot look for new tokens: {err}"),
+                }
+            }
+        }
+        self.tokens.load().check_with_id(header).map(owned)
+    }
+
     pub fn render_status(&self) -> RenderStatus {
         self.render
             .lock()

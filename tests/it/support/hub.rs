@@ -126,6 +126,7 @@ pub fn config(state_dir: &Path, repo: &str) -> HubConfig {
             repo: repo.to_string(),
             branch: None,
             path: String::new(),
+            worktree: false,
         },
     );
     config.poll_interval = Duration::from_secs(3600);

@@ -59,7 +59,7 @@ struct FakeHub {
 impl FakeHub {
     async fn start() -> FakeHub {
         let state = Arc::new(Mutex::new(HubState {
-            token: "good".into(),
+            token: "flt_good".into(),
             ..HubState::default()
         }));
         let changed = Arc::new(Notify::new());
@@ -297,7 +297,7 @@ async fn polls_conditionally_with_wait_and_takes_a_change_at_once() {
     let hub = FakeHub::start().await;
     let a = bundle("edge-1", vec![config_map("a", "1")]);
     hub.serve(&a);
-    let site = site("good");
+    let site = site("flt_good");
     let mut agent = start(&hub, &site, BackoffPolicy::default());
     agent.applied(&a.digest).await;
     eventually("a conditional poll", || {
@@ -352,7 +352,7 @@ async fn a_failing_hub_is_retried_with_capped_jittered_back_off_honouring_retry_
         s.script.push_back((Mode::Fail(503, Some(7)), 3));
         s.script.push_back((Mode::Fail(500, None), 6));
     });
-    let site = site("good");
+    let site = site("flt_good");
     let policy = BackoffPolicy {
         base: Duration::from_secs(1),
         cap: Duration::from_secs(10),
@@ -388,7 +388,7 @@ async fn an_unreachable_hub_is_retried_without_busy_looping_and_the_cap_holds() 
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binds");
     let address = listener.local_addr().expect("address");
     drop(listener);
-    let site = site("good");
+    let site = site("flt_good");
     let mut config = AgentConfig::new(
         Server::Http(url::Url::parse(&format!("http://{address}/")).expect("url")),
         "edge-1",
@@ -424,11 +424,11 @@ async fn a_refused_token_is_retried_slowly_and_a_rotated_token_file_is_picked_up
     let hub = FakeHub::start().await;
     let a = bundle("edge-1", vec![config_map("a", "1")]);
     hub.serve(&a);
-    let site = site("stale-token");
+    let site = site("flt_stale-token");
     let mut agent = start(&hub, &site, BackoffPolicy::default());
     eventually("two refusals", || agent.sleeper.waits().len() >= 2).await;
     // The operator puts the right token in the file; no restart is needed.
-    std::fs::write(&site.token_file, "good\n").expect("rotates");
+    std::fs::write(&site.token_file, "flt_good\n").expect("rotates");
     agent.applied(&a.digest).await;
     let waits = agent.sleeper.waits();
     agent.stop().await;
@@ -450,7 +450,7 @@ async fn a_bundle_whose_etag_disagrees_with_its_content_is_refused_and_reported(
     let other = bundle("edge-1", vec![config_map("a", "other")]);
     hub.serve(&a);
     hub.with(|s| s.etag_override = Some(format!("\"{}\"", other.digest)));
-    let site = site("good");
+    let site = site("flt_good");
     let mut agent = start(&hub, &site, BackoffPolicy::default());
     let refused = agent
         .until("a refusal", |r| r.message.contains("ETag"))
@@ -488,7 +488,7 @@ async fn reports_are_kept_while_the_hub_refuses_them_and_only_the_latest_is_sent
     hub.with(|s| s.statuses_fail = true);
     let a = bundle("edge-1", vec![config_map("a", "1")]);
     hub.serve(&a);
-    let site = site("good");
+    let site = site("flt_good");
     let mut agent = start(&hub, &site, BackoffPolicy::default());
     agent.applied(&a.digest).await;
     eventually("a refused report", || hub.with(|s| s.statuses_refused) >= 1).await;
@@ -521,7 +521,7 @@ async fn after_an_outage_the_agent_catches_up_with_one_request() {
     let hub = FakeHub::start().await;
     let a = bundle("edge-1", vec![config_map("a", "1")]);
     hub.serve(&a);
-    let site = site("good");
+    let site = site("flt_good");
     let mut agent = start(&hub, &site, BackoffPolicy::default());
     agent.applied(&a.digest).await;
 
@@ -560,7 +560,7 @@ async fn a_server_that_answers_at_once_is_asked_once_per_wait() {
     let hub = FakeHub::start().await;
     let a = bundle("edge-1", vec![config_map("a", "1")]);
     hub.serve(&a);
-    let site = site("good");
+    let site = site("flt_good");
     let mut agent = start(&hub, &site, BackoffPolicy::default());
     agent.applied(&a.digest).await;
     eventually("three paced polls", || agent.sleeper.waits().len() >= 3).await;
@@ -581,7 +581,7 @@ async fn an_idle_agent_reports_again_on_its_heartbeat_so_the_hub_knows_it_is_ali
     let hub = FakeHub::start().await;
     let a = bundle("edge-1", vec![config_map("a", "1")]);
     hub.serve(&a);
-    let site = site("good");
+    let site = site("flt_good");
     let mut config = AgentConfig::new(
         Server::Http(hub.url.clone()),
         "edge-1",

@@ -291,6 +291,9 @@ pub struct PatchTarget {
 /// in a fleet's files fully support. Optional fields are given as their plain type
 /// without `null`: the parser reads an explicit null as "absent", but in a fleet file
 /// an empty value (`newTag:`) is nearly always a mistake an editor should flag.
+///
+/// Each has an `$id` under [`SCHEMA_BASE`] (`…/v1alpha1/cluster.json`), so that
+/// editors and schema catalogues can tell them apart and refer to them by name.
 pub fn schemas() -> Vec<(&'static str, Value)> {
     fn schema<T: JsonSchema>() -> Value {
         let mut settings = schemars::generate::SchemaSettings::draft07();
@@ -298,14 +301,23 @@ pub fn schemas() -> Vec<(&'static str, Value)> {
         let schema = settings.into_generator().into_root_schema_for::<T>();
         serde_json::to_value(schema).unwrap_or(Value::Null)
     }
-    vec![
+    let mut all = vec![
         ("cluster.json", schema::<ClusterDoc>()),
         ("group.json", schema::<GroupDoc>()),
         ("workload.json", schema::<WorkloadDoc>()),
         ("overlay.json", schema::<OverlayDoc>()),
         ("rolloutpolicy.json", schema::<RolloutPolicyDoc>()),
-    ]
+    ];
+    for (name, schema) in &mut all {
+        if let Value::Object(object) = schema {
+            object.insert("$id".into(), Value::String(format!("{SCHEMA_BASE}{name}")));
+        }
+    }
+    all
 }
+
+/// Where the `$id` of every schema of this API version starts.
+pub const SCHEMA_BASE: &str = "https://flotilla.dev/schemas/v1alpha1/";
 
 /// Turns `Option<T>`'s `T or null` into plain `T`: `"type": ["string", "null"]`
 /// becomes `"type": "string"`, and `"anyOf": [T, {"type": "null"}]` becomes `T`.

@@ -7,8 +7,6 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use git2::Repository;
-
 use super::{SourceError, open_repository, resolve, snapshot_of_commit};
 use flotilla_core::snapshot::FleetSnapshot;
 
@@ -34,17 +32,49 @@ pub fn is_remote(repo: &str) -> bool {
     }
 }
 
-pub fn kind_of(path: &Path) -> Result<RepoKind, SourceError> {
-    if Repository::open(path).is_ok() {
-        return Ok(RepoKind::Git);
+/// A local `--repo` and `--path` as the hub follows them: the folder to read or
+/// the repository to follow, and the fleet root inside it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalSource {
+    pub kind: RepoKind,
+    /// The folder (for [`RepoKind::Folder`]) or the repository's top folder.
+    pub root: PathBuf,
+    /// The fleet root inside `root`.
+    pub subpath: String,
+}
+
+/// Where a local source is, by the rule `flotilla render` reads by: a path inside a
+/// Git work tree follows that repository's commits (so `--repo fleet` and `--repo .
+/// --path fleet` follow the same thing); a folder in no repository, or any folder with
+/// `worktree`, is read from disk. A repository Git refuses for its owner is an error.
+pub fn local_source(
+    repo: &Path,
+    subpath: &str,
+    worktree: bool,
+) -> Result<LocalSource, SourceError> {
+    let folder = || LocalSource {
+        kind: RepoKind::Folder,
+        root: repo.to_path_buf(),
+        subpath: subpath.to_string(),
+    };
+    if worktree {
+        super::checked_subpath(subpath)?;
+        return Ok(folder());
     }
-    if path.is_dir() {
-        return Ok(RepoKind::Folder);
+    match super::locate(repo, subpath)? {
+        super::Root::Folder { .. } => Ok(folder()),
+        super::Root::Git {
+            repository,
+            subpath,
+        } => Ok(LocalSource {
+            kind: RepoKind::Git,
+            root: repository
+                .workdir()
+                .unwrap_or_else(|| repository.path())
+                .to_path_buf(),
+            subpath,
+        }),
     }
-    Err(SourceError::Io {
-        path: path.display().to_string(),
-        message: "no such folder or Git repository".into(),
-    })
 }
 
 /// A branch tip: the name to show and the commit.

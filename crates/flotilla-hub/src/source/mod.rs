@@ -17,6 +17,21 @@ use flotilla_core::snapshot::{FleetSnapshot, MAX_FILE_BYTES, is_fleet_file};
 pub enum SourceError {
     #[error("{path}: not a Git repository ({message}); pass --rev only with a Git repository")]
     NotARepository { path: String, message: String },
+    #[error(
+        "{path}: Git refuses to read this repository: {message}; if you trust it, allow it \
+         with `git config --global --add safe.directory {workdir}`, or run flotilla as the \
+         user who owns it"
+    )]
+    NotOwned {
+        path: String,
+        message: String,
+        workdir: String,
+    },
+    #[error(
+        "{repo} has no commit yet: commit the fleet (git add, git commit), or add --worktree to \
+         read the files on disk"
+    )]
+    NoCommit { repo: String },
     #[error("revision {rev:?} not found in {repo}: {message}")]
     UnknownRevision {
         repo: String,
@@ -25,8 +40,18 @@ pub enum SourceError {
     },
     #[error("--path {0:?} must be a relative path inside the repository, without \"..\"")]
     PathEscapes(String),
-    #[error("--path {path:?} does not exist at {revision}")]
-    NoSuchPath { path: String, revision: String },
+    #[error("the fleet root {path:?} does not exist at {revision}{hint}")]
+    NoSuchPath {
+        path: String,
+        revision: String,
+        /// What to do, when there is more to say: starts with "; ".
+        hint: String,
+    },
+    #[error(
+        "no fleet in {looked}: there is no clusters/<name>.yaml there (a fleet root holds \
+         clusters/, groups/, workloads/ and overlays/; check --repo and --path)"
+    )]
+    NoClusters { looked: String },
     #[error("{path}: {message}")]
     Io { path: String, message: String },
     #[error("Git error in {repo}: {message}")]
@@ -52,13 +77,53 @@ pub fn from_git(repo_path: &Path, rev: &str, subpath: &str) -> Result<FleetSnaps
     snapshot_of_rev(&repo, rev, subpath)
 }
 
+/// Opens the Git repository at `repo_path` or around it (as `git` finds it from a
+/// folder inside a work tree). A repository Git refuses for its owner is an error
+/// that says how to allow it, never a reason to read the folder some other way.
 pub fn open_repository(repo_path: &Path) -> Result<Repository, SourceError> {
-    Repository::open(repo_path)
-        .or_else(|_| Repository::discover(repo_path))
-        .map_err(|err| SourceError::NotARepository {
+    match discover(repo_path)? {
+        Some(repository) => Ok(repository),
+        None => Err(SourceError::NotARepository {
             path: repo_path.display().to_string(),
+            message: "no Git repository here or in any parent folder".into(),
+        }),
+    }
+}
+
+/// The Git repository `path` is in (itself, or the work tree or bare repository
+/// around it), `None` when there is none.
+pub fn discover(path: &Path) -> Result<Option<Repository>, SourceError> {
+    match Repository::open(path).or_else(|_| Repository::discover(path)) {
+        Ok(repository) => Ok(Some(repository)),
+        Err(err) if err.code() == git2::ErrorCode::NotFound => Ok(None),
+        Err(err) if err.code() == git2::ErrorCode::Owner => Err(not_owned(path, &err)),
+        Err(err) => Err(SourceError::NotARepository {
+            path: path.display().to_string(),
             message: err.message().to_string(),
-        })
+        }),
+    }
+}
+
+/// libgit2's ownership check failed: say so, with the path `safe.directory` needs
+/// (the repository's top folder, which libgit2 names in its message).
+fn not_owned(path: &Path, err: &git2::Error) -> SourceError {
+    let message = err.message().to_string();
+    let named = message
+        .split('\'')
+        .nth(1)
+        .map(|p| p.trim_end_matches('/').to_string())
+        .filter(|p| !p.is_empty());
+    let workdir = named.unwrap_or_else(|| {
+        path.canonicalize()
+            .unwrap_or_else(|_| path.to_path_buf())
+            .display()
+            .to_string()
+    });
+    SourceError::NotOwned {
+        path: path.display().to_string(),
+        message,
+        workdir,
+    }
 }
 
 /// The commit a revision names, as a 40-hex string.
@@ -118,6 +183,7 @@ pub fn snapshot_of_commit(
             .map_err(|_| SourceError::NoSuchPath {
                 path: subpath.to_string(),
                 revision: revision.clone(),
+                hint: String::new(),
             })?;
         entry
             .to_object(repo)
@@ -125,6 +191,7 @@ pub fn snapshot_of_commit(
             .map_err(|_| SourceError::NoSuchPath {
                 path: subpath.to_string(),
                 revision: revision.clone(),
+                hint: String::new(),
             })?
     };
     let mut snapshot = FleetSnapshot {
@@ -373,17 +440,83 @@ pub fn from_folder(repo_path: &Path, subpath: &str) -> Result<FleetSnapshot, Sou
 #[derive(Clone, Debug)]
 pub struct Location {
     pub repo: PathBuf,
-    /// A Git revision; `None` means `HEAD` for a repository and the files for a folder.
+    /// A Git revision; `None` means `HEAD` inside a Git repository.
     pub rev: Option<String>,
-    /// The fleet root inside the repository.
+    /// The fleet root, relative to `repo`.
     pub path: String,
-    /// Read the files on disk even when `repo` is a Git repository.
+    /// Read the files on disk even inside a Git repository.
     pub worktree: bool,
 }
 
-/// Reads a snapshot. A Git repository is read at `rev` (default `HEAD`) from its
-/// object database; a plain folder is read from disk. A folder inside a repository
-/// given with `--rev` is read from that repository at that revision.
+/// Where `--repo` and `--path` point once Git has been asked.
+pub enum Root {
+    /// Inside a Git repository (a work tree or a bare repository): the fleet root is
+    /// `subpath` in the repository's tree. `--repo fleet` and `--repo . --path fleet`
+    /// name the same root.
+    Git {
+        repository: Repository,
+        subpath: String,
+    },
+    /// In no Git repository: a folder, read as it is on disk.
+    Folder { path: PathBuf },
+}
+
+/// Finds what `repo` and `subpath` name. A path inside a Git work tree is a path in
+/// that repository's tree, wherever the work tree's top is.
+pub fn locate(repo: &Path, subpath: &str) -> Result<Root, SourceError> {
+    let parts = checked_subpath(subpath)?;
+    if !repo.exists() {
+        return Err(SourceError::Io {
+            path: repo.display().to_string(),
+            message: "no such folder or Git repository".into(),
+        });
+    }
+    let Some(repository) = discover(repo)? else {
+        return Ok(Root::Folder {
+            path: parts
+                .iter()
+                .fold(repo.to_path_buf(), |p, part| p.join(part)),
+        });
+    };
+    let inside = match repository.workdir() {
+        Some(workdir) => relative_inside(repo, workdir).unwrap_or_default(),
+        None => String::new(),
+    };
+    let mut joined: Vec<String> = checked_subpath(&inside)?;
+    joined.extend(parts);
+    Ok(Root::Git {
+        repository,
+        subpath: joined.join("/"),
+    })
+}
+
+/// `path` relative to `workdir` with `/` separators, when it lies inside it and is
+/// not the Git folder itself.
+fn relative_inside(path: &Path, workdir: &Path) -> Option<String> {
+    let full = path.canonicalize().ok()?;
+    let base = workdir.canonicalize().ok()?;
+    let relative = full.strip_prefix(&base).ok()?;
+    if relative
+        .components()
+        .next()
+        .is_some_and(|c| c.as_os_str() == ".git")
+    {
+        return None;
+    }
+    Some(
+        relative
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join("/"),
+    )
+}
+
+/// Reads a snapshot, by one rule: inside a Git repository the fleet is read from a
+/// commit (`rev`, default `HEAD`), straight from the object database, whether
+/// `repo` is the work tree's top or a folder inside it; outside any repository, and
+/// with `worktree`, it is read from the files on disk. A fleet with no cluster file is
+/// an error that says where it looked.
 pub fn read(location: &Location) -> Result<FleetSnapshot, SourceError> {
     let Location {
         repo,
@@ -391,38 +524,218 @@ pub fn read(location: &Location) -> Result<FleetSnapshot, SourceError> {
         path,
         worktree,
     } = location;
-    if *worktree {
-        return from_folder(repo, path);
-    }
-    if let Ok(repository) = Repository::open(repo) {
-        return snapshot_of_rev(&repository, rev.as_deref().unwrap_or("HEAD"), path);
-    }
-    let Some(rev) = rev else {
-        return from_folder(repo, path);
+    let (snapshot, looked) = if *worktree {
+        let snapshot = from_folder(repo, path)?;
+        (snapshot, folder_name(repo, path))
+    } else {
+        match locate(repo, path)? {
+            Root::Folder { path: root } => {
+                if let Some(rev) = rev {
+                    return Err(SourceError::NotARepository {
+                        path: repo.display().to_string(),
+                        message: format!(
+                            "--rev {rev} needs one, and neither this folder nor a parent is in Git"
+                        ),
+                    });
+                }
+                (from_folder(repo, path)?, folder_name(&root, ""))
+            }
+            Root::Git {
+                repository,
+                subpath,
+            } => {
+                let snapshot = commit_snapshot(&repository, rev.as_deref(), &subpath, repo, path)?;
+                let looked = git_name(&repository, &subpath, &snapshot.revision);
+                (snapshot, looked)
+            }
+        }
     };
-    let repository = open_repository(repo)?;
-    let workdir = repository
-        .workdir()
-        .ok_or_else(|| SourceError::NotARepository {
-            path: repo.display().to_string(),
-            message: "a bare repository has no folders to be inside of".into(),
+    require_clusters(&snapshot, looked)?;
+    Ok(snapshot)
+}
+
+fn commit_snapshot(
+    repository: &Repository,
+    rev: Option<&str>,
+    subpath: &str,
+    repo: &Path,
+    path: &str,
+) -> Result<FleetSnapshot, SourceError> {
+    let rev = rev.unwrap_or("HEAD");
+    if rev == "HEAD"
+        && let Err(err) = repository.head()
+        && err.code() == git2::ErrorCode::UnbornBranch
+    {
+        return Err(SourceError::NoCommit {
+            repo: repository
+                .workdir()
+                .unwrap_or_else(|| repository.path())
+                .display()
+                .to_string(),
+        });
+    }
+    match snapshot_of_rev(repository, rev, subpath) {
+        Err(SourceError::NoSuchPath {
+            path: missing,
+            revision,
+            ..
+        }) => {
+            let on_disk = checked_subpath(path)
+                .map(|parts| {
+                    parts
+                        .iter()
+                        .fold(repo.to_path_buf(), |p, part| p.join(part))
+                })
+                .is_ok_and(|folder| folder.is_dir());
+            let hint = if on_disk && repository.workdir().is_some() {
+                "; it is on disk but not in that commit: commit it, or add --worktree to read the files on disk".to_string()
+            } else {
+                String::new()
+            };
+            Err(SourceError::NoSuchPath {
+                path: missing,
+                revision,
+                hint,
+            })
+        }
+        other => other,
+    }
+}
+
+fn folder_name(repo: &Path, subpath: &str) -> String {
+    let root = checked_subpath(subpath)
+        .unwrap_or_default()
+        .iter()
+        .fold(repo.to_path_buf(), |p, part| p.join(part));
+    root.canonicalize().unwrap_or(root).display().to_string()
+}
+
+fn git_name(repository: &Repository, subpath: &str, revision: &str) -> String {
+    let top = repository.workdir().unwrap_or_else(|| repository.path());
+    let top = top.display().to_string();
+    let top = top.trim_end_matches('/');
+    if subpath.is_empty() {
+        format!("{top} at {revision}")
+    } else {
+        format!("{top}/{subpath} at {revision}")
+    }
+}
+
+/// A fleet needs at least one cluster file; without one, `--repo` or `--path` is
+/// almost certainly wrong, and a CI job that checks nothing must not pass.
+fn require_clusters(snapshot: &FleetSnapshot, looked: String) -> Result<(), SourceError> {
+    let is_cluster = |path: &str| path.starts_with("clusters/");
+    let found = snapshot.files.keys().any(|path| is_cluster(path))
+        || snapshot
+            .problems
+            .iter()
+            .any(|problem| problem.file.as_deref().is_some_and(is_cluster));
+    if found {
+        Ok(())
+    } else {
+        Err(SourceError::NoClusters { looked })
+    }
+}
+
+/// How a fleet file on disk differs from the commit that was read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum DiskChange {
+    Modified,
+    New,
+    Deleted,
+}
+
+impl DiskChange {
+    /// The word `git status` uses.
+    pub fn label(self) -> &'static str {
+        match self {
+            DiskChange::Modified => "modified:",
+            DiskChange::New => "new file:",
+            DiskChange::Deleted => "deleted:",
+        }
+    }
+}
+
+/// The fleet files (paths relative to the fleet root) whose content on disk differs
+/// from the commit that [`read`] reads for `location`, when that commit is the one
+/// `HEAD` points at in a work tree: edits, staged or not, new files and deleted ones,
+/// as `git status` sees them (ignored files are left out). `None` when the question
+/// does not arise (files on disk were read, a bare repository, another revision).
+pub fn disk_changes(location: &Location) -> Result<Option<Vec<(DiskChange, String)>>, SourceError> {
+    if location.worktree {
+        return Ok(None);
+    }
+    let Root::Git {
+        repository,
+        subpath,
+    } = locate(&location.repo, &location.path)?
+    else {
+        return Ok(None);
+    };
+    if repository.is_bare() || repository.workdir().is_none() {
+        return Ok(None);
+    }
+    let Ok(head) = resolve(&repository, "HEAD") else {
+        return Ok(None);
+    };
+    if let Some(rev) = &location.rev
+        && resolve(&repository, rev).ok() != Some(head)
+    {
+        return Ok(None);
+    }
+    let mut options = git2::StatusOptions::new();
+    options
+        .include_untracked(true)
+        .recurse_untracked_dirs(true)
+        .include_ignored(false)
+        .exclude_submodules(true);
+    if !subpath.is_empty() {
+        options.pathspec(&subpath);
+    }
+    let statuses = repository
+        .statuses(Some(&mut options))
+        .map_err(|err| SourceError::Git {
+            repo: repository.path().display().to_string(),
+            message: err.message().to_string(),
         })?;
-    let inside = repo
-        .canonicalize()
-        .ok()
-        .and_then(|full| {
-            let base = workdir.canonicalize().ok()?;
-            full.strip_prefix(&base)
-                .ok()
-                .map(|p| p.to_string_lossy().into_owned())
-        })
-        .unwrap_or_default();
-    let joined = match (inside.is_empty(), path.is_empty()) {
-        (true, _) => path.clone(),
-        (false, true) => inside,
-        (false, false) => format!("{inside}/{path}"),
+    let prefix = if subpath.is_empty() {
+        String::new()
+    } else {
+        format!("{subpath}/")
     };
-    snapshot_of_rev(&repository, rev, &joined)
+    let mut changes = Vec::new();
+    for entry in statuses.iter() {
+        let Ok(path) = entry.path() else { continue };
+        let Some(relative) = path.strip_prefix(prefix.as_str()) else {
+            continue;
+        };
+        if !is_fleet_file(relative) || relative.split('/').any(|part| part.starts_with('.')) {
+            continue;
+        }
+        if let Some(change) = change_of(entry.status()) {
+            changes.push((change, relative.to_string()));
+        }
+    }
+    changes.sort_by(|a, b| a.1.cmp(&b.1));
+    Ok(Some(changes))
+}
+
+/// A `git status` entry as a difference between the commit and the disk.
+fn change_of(status: git2::Status) -> Option<DiskChange> {
+    use git2::Status;
+    let in_commit = !status.intersects(Status::INDEX_NEW | Status::WT_NEW)
+        || status.contains(Status::INDEX_DELETED | Status::WT_NEW);
+    // Deleted on disk, or removed with `git rm` (and not put back as a new file).
+    let gone = status.contains(Status::WT_DELETED)
+        || (status.contains(Status::INDEX_DELETED) && !status.contains(Status::WT_NEW));
+    let on_disk = !gone;
+    match (in_commit, on_disk) {
+        (false, true) => Some(DiskChange::New),
+        (true, false) => Some(DiskChange::Deleted),
+        (false, false) => None,
+        (true, true) if status.is_empty() || status == Status::CURRENT => None,
+        (true, true) => Some(DiskChange::Modified),
+    }
 }
 
 #[cfg(test)]
@@ -435,6 +748,28 @@ mod tests {
         assert!(checked_subpath("../x").is_err());
         assert!(checked_subpath("/etc").is_err());
         assert!(checked_subpath("a/../../b").is_err());
+    }
+
+    #[test]
+    fn git_status_entries_say_how_the_disk_differs_from_the_commit() {
+        use git2::Status;
+        let check = |status: Status, expect: Option<DiskChange>| {
+            assert_eq!(change_of(status), expect, "{status:?}");
+        };
+        check(Status::WT_MODIFIED, Some(DiskChange::Modified));
+        check(Status::INDEX_MODIFIED, Some(DiskChange::Modified));
+        check(Status::WT_NEW, Some(DiskChange::New));
+        check(Status::INDEX_NEW, Some(DiskChange::New));
+        check(Status::WT_DELETED, Some(DiskChange::Deleted));
+        check(Status::INDEX_DELETED, Some(DiskChange::Deleted));
+        // Staged as new, then deleted: neither in the commit nor on disk.
+        check(Status::INDEX_NEW | Status::WT_DELETED, None);
+        // `git rm --cached`: in the commit and still on disk.
+        check(
+            Status::INDEX_DELETED | Status::WT_NEW,
+            Some(DiskChange::Modified),
+        );
+        check(Status::CURRENT, None);
     }
 
     #[test]

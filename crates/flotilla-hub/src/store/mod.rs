@@ -125,9 +125,50 @@ pub struct Store {
     db_path: String,
 }
 
-/// The schema's migrations, in `migrations/`, applied in order at open (and
-/// recorded in `_sqlx_migrations`).
-static MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+/// The schema's migrations, the files in `migrations/`, compiled in. They are
+/// applied in order at open and recorded in `_sqlx_migrations` by sqlx's migrator,
+/// exactly as `sqlx::migrate!` would; listing them here instead of using that macro
+/// spares every build sqlx's macro crates and a second SQLite compiled for them.
+/// A test checks that every file in `migrations/` is listed.
+const MIGRATIONS: &[(i64, &str, &str)] = &[(
+    1,
+    "initial",
+    include_str!("../../migrations/0001_initial.sql"),
+)];
+
+/// [`MIGRATIONS`] as sqlx reads a migrations folder.
+#[derive(Debug)]
+struct EmbeddedMigrations;
+
+impl sqlx::migrate::MigrationSource<'static> for EmbeddedMigrations {
+    fn resolve(
+        self,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<
+                    Output = Result<Vec<sqlx::migrate::Migration>, sqlx::error::BoxDynError>,
+                > + Send,
+        >,
+    > {
+        Box::pin(async {
+            Ok(MIGRATIONS
+                .iter()
+                .map(|(version, description, sql)| {
+                    sqlx::migrate::Migration::new(
+                        *version,
+                        (*description).into(),
+                        sqlx::migrate::MigrationType::Simple,
+                        (*sql).into(),
+                        false,
+                    )
+                })
+                .collect())
+        })
+    }
+}
+
+/// The database's file name inside the state dir.
+pub const DATABASE_FILE: &str = "flotilla.db";
 
 const META_REVISION: &str = "revision";
 const META_GENERATION: &str = "generation";
@@ -148,7 +189,7 @@ impl Store {
             path: state_dir.join("objects").display().to_string(),
             source,
         })?;
-        let db_file = state_dir.join("flotilla.db");
+        let db_file = state_dir.join(DATABASE_FILE);
         let db_path = db_file.display().to_string();
         let db_error = |source| StoreError::Database {
             path: db_path.clone(),
@@ -172,7 +213,9 @@ impl Store {
             .connect_with(options)
             .await
             .map_err(db_error)?;
-        MIGRATIONS
+        sqlx::migrate::Migrator::new(EmbeddedMigrations)
+            .await
+            .map_err(|source| db_error(source.into()))?
             .run(&pool)
             .await
             .map_err(|source| db_error(source.into()))?;
@@ -743,6 +786,40 @@ fn create_private_file(path: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every `migrations/<version>_<description>.sql` is compiled in, with its
+    /// content (sqlx checks a recorded migration by the checksum of its SQL).
+    #[test]
+    fn every_migration_file_is_compiled_in() {
+        let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        let mut files: Vec<(i64, String, String)> = std::fs::read_dir(&folder)
+            .expect("migrations/")
+            .map(|entry| {
+                let path = entry.expect("entry").path();
+                let name = path
+                    .file_stem()
+                    .expect("a name")
+                    .to_string_lossy()
+                    .into_owned();
+                let (version, description) = name.split_once('_').expect("VERSION_DESCRIPTION");
+                let sql = std::fs::read_to_string(&path).expect("readable");
+                (
+                    version.parse().expect("a numeric version"),
+                    description.replace('_', " "),
+                    sql,
+                )
+            })
+            .collect();
+        files.sort();
+        let compiled: Vec<(i64, String, String)> = MIGRATIONS
+            .iter()
+            .map(|(v, d, s)| (*v, d.to_string(), s.to_string()))
+            .collect();
+        assert_eq!(
+            compiled, files,
+            "list every file of migrations/ in MIGRATIONS"
+        );
+    }
 
     #[cfg(unix)]
     #[tokio::test]
