@@ -11,6 +11,7 @@
 //! outputs) combination, however many clusters share it. Clusters render in parallel.
 
 pub mod diff;
+pub mod kyaml;
 pub mod load;
 pub mod patch;
 pub mod scope;
