@@ -2,11 +2,12 @@
 # The edge agent's footprint: binary size, resident memory and CPU while idle.
 #
 #   cargo build --release && benches/agent-footprint.sh [IDLE_SECONDS]
+#   AGENT_BIN=target/release/flotilla benches/agent-footprint.sh   # `flotilla agent` instead
 #   SYNTHETIC=2000 benches/agent-footprint.sh     # a bundle of 2,000 ConfigMaps instead
 #
 # Renders one cluster of fleet-example (or makes a synthetic bundle of $SYNTHETIC
 # ConfigMaps of about 1 KiB each), lays it out as `flotilla publish` would, and
-# runs `flotilla agent` with the dir sink: against the folder (file://), against a
+# runs the edge agent (`flotilla-agent`) with the dir sink: against the folder (file://), against a
 # static web server on loopback (http://, python3's http.server, which answers at
 # once, so the agent paces itself to one request per --wait), and (fleet-example
 # only) against the real hub, `flotilla serve`, which holds each long-poll. After
@@ -17,6 +18,10 @@ cd "$(dirname "$0")/.."
 
 idle="${1:-30}"
 bin="${FLOTILLA_BIN:-target/release/flotilla}"
+agent_bin="${AGENT_BIN:-target/release/flotilla-agent}"
+# `flotilla` runs its agent as a subcommand; the edge binary is the agent itself.
+agent_cmd=("$agent_bin")
+[ "$(basename "$agent_bin")" = "flotilla" ] && agent_cmd+=(agent)
 work="$(mktemp -d)"
 pids=()
 cleanup() {
@@ -49,7 +54,7 @@ cluster="$(basename "$document" .json)"
 mkdir -p "$work/pub/v1/clusters/$cluster"
 cp "$document" "$work/pub/v1/clusters/$cluster/bundle"
 resources="$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["resources"]))' "$document")"
-echo "binary: $bin, $(stat -c %s "$bin") bytes"
+echo "agent binary: $agent_bin, $(stat -c %s "$agent_bin") bytes"
 echo "cluster $cluster: $resources resources"
 
 ticks="$(getconf CLK_TCK)"
@@ -59,7 +64,7 @@ kib() { awk -v key="$2:" '$1 == key {print $2}' "/proc/$1/status"; }
 measure() {
   local label="$1"; shift
   local state="$work/state-$label" target="$work/target-$label"
-  "$bin" agent --cluster "$cluster" --state-dir "$state" --sink "dir:$target" \
+  "${agent_cmd[@]}" --cluster "$cluster" --state-dir "$state" --sink "dir:$target" \
     --wait 30s "$@" 2>"$work/$label.log" &
   local pid=$!
   pids+=("$pid")

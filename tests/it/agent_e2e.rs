@@ -524,19 +524,20 @@ fn spawn_agent(site: &Site, base: &str) -> Child {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_binary_killed_during_writes_against_the_hub_always_starts_cleanly() {
     use rand::Rng;
+    let mut rng = flotilla_testkit::seeded_rng("agent binary killed against the hub");
     let f = fixture().await;
     let hub = HubProcess::start(f.hub_state.path(), &f.repo, any_port()).await;
     let base = hub.base();
     let mut replicas = 1;
     for iteration in 0..20 {
         let mut agent = spawn_agent(&f.site, &base);
-        let delay = rand::rng().random_range(5..120);
+        let delay = rng.random_range(5..120);
         tokio::time::sleep(Duration::from_millis(delay)).await;
         if iteration % 2 == 0 {
             replicas += 1;
             set_replicas(&f.repo, replicas);
             f.repo.commit(&format!("kuard: {replicas} replicas"));
-            let delay = rand::rng().random_range(0..60);
+            let delay = rng.random_range(0..60);
             tokio::time::sleep(Duration::from_millis(delay)).await;
         }
         if let Ok(Some(status)) = agent.try_wait() {

@@ -3,6 +3,7 @@
 
 mod agent_e2e;
 mod agent_file;
+mod architecture;
 mod bad_inputs;
 mod diff_cli;
 mod digest_properties;

@@ -7,8 +7,10 @@
 //! temporary file left behind by such a kill is removed at the next start.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
+
+use flotilla_fs::Mode;
 
 use serde::{Deserialize, Serialize};
 
@@ -19,8 +21,9 @@ const LOCK_FILE: &str = "lock";
 const BUNDLE_FILE: &str = "bundle.json";
 const INVENTORY_FILE: &str = "inventory.json";
 const STATUS_FILE: &str = "status.json";
-/// Temporary files in the state folder are named `.<final name>.tmp`.
-const TMP_SUFFIX: &str = ".tmp";
+/// Earlier versions named temporary files in the state folder `.<final name>.tmp`;
+/// today's are [`flotilla_fs`]'s.
+const OLD_TMP_SUFFIX: &str = ".tmp";
 
 /// Why the state folder cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -63,7 +66,7 @@ impl StateDir {
             path: path.to_path_buf(),
             source,
         };
-        create_private_dir(path).map_err(io_error)?;
+        flotilla_fs::create_dir(path, Mode::Private).map_err(io_error)?;
         let lock = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -79,8 +82,9 @@ impl StateDir {
             }
             Err(fs::TryLockError::Error(source)) => return Err(io_error(source)),
         }
-        remove_temporary_files(path, |name| {
-            name.starts_with('.') && name.ends_with(TMP_SUFFIX)
+        flotilla_fs::remove_temporary_files(path, |name| {
+            flotilla_fs::is_temporary(name)
+                || (name.starts_with('.') && name.ends_with(OLD_TMP_SUFFIX))
         })
         .map_err(io_error)?;
         Ok(StateDir {
@@ -179,7 +183,7 @@ impl StateDir {
     }
 
     fn write(&self, name: &str, bytes: &[u8]) -> Result<(), StateError> {
-        write_atomically(&self.path, name, bytes, &format!(".{name}{TMP_SUFFIX}")).map_err(
+        flotilla_fs::write_atomically(&self.path.join(name), bytes, Mode::Private).map_err(
             |source| StateError::Io {
                 path: self.path.join(name),
                 source,
@@ -281,75 +285,6 @@ impl InventoryEntry {
     }
 }
 
-/// Replaces `dir/name` with `bytes` atomically: the bytes go to `dir/tmp_name`, which
-/// is fsynced and renamed over `dir/name`, and then the folder is fsynced so the rename
-/// itself survives a power cut. Files are created readable by their owner only, since
-/// bundles may hold Secrets.
-pub fn write_atomically(dir: &Path, name: &str, bytes: &[u8], tmp_name: &str) -> io::Result<()> {
-    replace_file(dir, name, bytes, tmp_name)?;
-    sync_dir(dir)
-}
-
-/// Replaces `dir/name` with `bytes` through `dir/tmp_name`, so the file is never seen
-/// half written; the rename is durable only once the caller has synced the folder
-/// (one sync for many files is much cheaper than one per file).
-pub fn replace_file(dir: &Path, name: &str, bytes: &[u8], tmp_name: &str) -> io::Result<()> {
-    let tmp = dir.join(tmp_name);
-    {
-        let mut options = OpenOptions::new();
-        options.write(true).create(true).truncate(true);
-        private_file_mode(&mut options);
-        let mut file = options.open(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-    }
-    fs::rename(&tmp, dir.join(name))
-}
-
-/// Makes a rename or removal in `dir` durable.
-pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
-/// Removes the files of `dir` (not folders) whose names `is_temporary` accepts.
-pub fn remove_temporary_files(dir: &Path, is_temporary: impl Fn(&str) -> bool) -> io::Result<()> {
-    let mut removed = false;
-    for entry in fs::read_dir(dir)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if is_temporary(name) && entry.file_type()?.is_file() {
-            fs::remove_file(entry.path())?;
-            removed = true;
-        }
-    }
-    if removed {
-        sync_dir(dir)?;
-    }
-    Ok(())
-}
-
-fn create_private_dir(path: &Path) -> io::Result<()> {
-    let mut builder = fs::DirBuilder::new();
-    builder.recursive(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::DirBuilderExt;
-        builder.mode(0o700);
-    }
-    builder.create(path)
-}
-
-fn private_file_mode(options: &mut OpenOptions) {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o600);
-    }
-    #[cfg(not(unix))]
-    let _ = options;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -381,7 +316,7 @@ mod tests {
         let names: Vec<String> = fs::read_dir(dir.path())
             .expect("lists")
             .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-            .filter(|n| n.ends_with(TMP_SUFFIX))
+            .filter(|n| flotilla_fs::is_temporary(n) || n.ends_with(OLD_TMP_SUFFIX))
             .collect();
         assert!(names.is_empty(), "no temporary file remains: {names:?}");
     }

@@ -9,6 +9,7 @@ use reqwest::StatusCode;
 use reqwest::header::{self, HeaderMap};
 use url::Url;
 
+use flotilla_core::api;
 use flotilla_core::bundle::Digest;
 use flotilla_core::status::StatusReport;
 
@@ -207,7 +208,7 @@ impl HubClient {
     ) -> Result<Fetched, FetchError> {
         match &self.server {
             Server::Http(base) => {
-                let mut url = cluster_url(base, &self.cluster, "bundle");
+                let mut url = api_url(base, &api::bundle(&self.cluster));
                 if !wait.is_zero() {
                     url.query_pairs_mut()
                         .append_pair("wait", &format!("{}s", wait.as_secs().max(1)));
@@ -238,11 +239,9 @@ impl HubClient {
                 Ok(Fetched::Bundle { body, etag })
             }
             Server::File(root) => {
-                let path = root
-                    .join("v1")
-                    .join("clusters")
-                    .join(&self.cluster)
-                    .join("bundle");
+                let path = api::bundle(&self.cluster)
+                    .iter()
+                    .fold(root.clone(), |path, segment| path.join(segment));
                 let body = std::fs::read(&path).map_err(|source| FetchError::File {
                     path: path.clone(),
                     source,
@@ -268,7 +267,7 @@ impl HubClient {
         let Server::Http(base) = &self.server else {
             return Ok(());
         };
-        let url = cluster_url(base, &self.cluster, "status");
+        let url = api_url(base, &api::status(&self.cluster));
         let request = self.http.post(url).timeout(REQUEST_GRACE).json(report);
         let request = self.authorise(request);
         let response = request.send().await.map_err(|err| self.unreachable(err))?;
@@ -364,13 +363,12 @@ impl HubClient {
 }
 
 /// `<base>/v1/clusters/<cluster>/<leaf>`, keeping any path prefix of the base URL.
-fn cluster_url(base: &Url, cluster: &str, leaf: &str) -> Url {
+/// `base` followed by the API path `segments` (each percent-encoded as needed).
+fn api_url(base: &Url, segments: &[&str]) -> Url {
     let mut url = base.clone();
     url.set_query(None);
-    if let Ok(mut segments) = url.path_segments_mut() {
-        segments
-            .pop_if_empty()
-            .extend(["v1", "clusters", cluster, leaf]);
+    if let Ok(mut path) = url.path_segments_mut() {
+        path.pop_if_empty().extend(segments);
     }
     url
 }

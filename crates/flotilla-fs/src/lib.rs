@@ -26,10 +26,19 @@ pub const TEMP_PREFIX: &str = ".flotilla-tmp-";
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
-/// A temporary name unique within this process and across processes.
+/// A temporary name unique within this process, and across processes even where
+/// process ids repeat (every container's first process is pid 1): the pid, the
+/// process's start time in nanoseconds and a counter.
 fn temp_name() -> String {
+    static STARTED: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
+    let started = STARTED.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default()
+    });
     let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("{TEMP_PREFIX}{}-{n}", std::process::id())
+    format!("{TEMP_PREFIX}{}-{started:x}-{n}", std::process::id())
 }
 
 /// Whether a file name is one of this crate's temporary files (left behind only by a
@@ -50,7 +59,7 @@ pub fn write_atomically(path: &Path, bytes: &[u8], mode: Mode) -> io::Result<()>
 pub fn replace_file(path: &Path, bytes: &[u8], mode: Mode) -> io::Result<()> {
     let tmp = parent_of(path).join(temp_name());
     let result = (|| {
-        let mut file = open_new(&tmp, mode)?;
+        let mut file = open_for_writing(&tmp, mode)?;
         file.write_all(bytes)?;
         file.sync_all()?;
         fs::rename(&tmp, path)
@@ -110,9 +119,9 @@ pub fn remove_temporary_files(
     Ok(removed)
 }
 
-fn open_new(path: &Path, mode: Mode) -> io::Result<File> {
+fn open_for_writing(path: &Path, mode: Mode) -> io::Result<File> {
     let mut options = OpenOptions::new();
-    options.write(true).create_new(true);
+    options.write(true).create(true).truncate(true);
     #[cfg(unix)]
     if mode == Mode::Private {
         use std::os::unix::fs::OpenOptionsExt;

@@ -52,24 +52,22 @@ const VARY_ENCODING: HeaderValue = HeaderValue::from_static("Accept-Encoding");
 type SharedState = State<Arc<Shared>>;
 
 pub fn router(shared: Arc<Shared>) -> Router {
+    use flotilla_core::api::routes;
     Router::new()
-        .route("/v1/clusters/{cluster}/bundle", get(get_bundle))
+        .route(routes::BUNDLE, get(get_bundle))
+        .route(routes::BUNDLE_BY_DIGEST, get(get_bundle_at))
         .route(
-            "/v1/clusters/{cluster}/bundles/{digest}",
-            get(get_bundle_at),
-        )
-        .route(
-            "/v1/clusters/{cluster}/status",
+            routes::STATUS,
             post(post_status).layer(DefaultBodyLimit::max(STATUS_BODY_LIMIT)),
         )
-        .route("/v1/fleet", get(get_fleet))
+        .route(routes::FLEET, get(get_fleet))
         .route(
-            "/v1/hooks/git",
+            routes::GIT_HOOK,
             post(post_hook).layer(DefaultBodyLimit::max(HOOK_BODY_LIMIT)),
         )
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        .route(routes::HEALTHZ, get(healthz))
+        .route(routes::READYZ, get(readyz))
+        .route(routes::METRICS, get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(shared)
@@ -530,10 +528,7 @@ async fn store_status(
         .write()
         .unwrap_or_else(|e| e.into_inner())
         .insert(cluster.to_string(), status);
-    shared
-        .metrics
-        .statuses_received
-        .fetch_add(1, Ordering::Relaxed);
+    shared.metrics.status_received();
     Ok(json_response(
         StatusCode::OK,
         &json!({ "cluster": cluster, "desired": desired, "state": state }),
@@ -561,12 +556,7 @@ async fn post_hook(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let result = check_hook(&shared, &headers, body);
-    let counter = if result.is_ok() {
-        &shared.metrics.webhooks_accepted
-    } else {
-        &shared.metrics.webhooks_rejected
-    };
-    counter.fetch_add(1, Ordering::Relaxed);
+    shared.metrics.webhook(result.is_ok());
     match result {
         Ok(()) => {
             // The payload is not read: it only says "look now".
@@ -640,7 +630,7 @@ async fn metrics(State(shared): SharedState) -> Response {
     let mut response = Response::new(Body::from(text));
     response.headers_mut().insert(
         CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
     );
     response.headers_mut().insert(CACHE_CONTROL, NO_STORE);
     response

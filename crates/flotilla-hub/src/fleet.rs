@@ -93,7 +93,7 @@ pub struct RenderStatus {
     pub renders_failed: u64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct FleetSummary {
     /// The commit whose bundles are served.

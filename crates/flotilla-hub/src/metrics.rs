@@ -1,237 +1,303 @@
-//! Counters for `/metrics`, written in the Prometheus text format by hand.
+//! `/metrics`, in the OpenMetrics text format (which Prometheus reads), through
+//! `prometheus-client`.
+//!
+//! Two kinds of figures: counters and gauges the request path moves as things happen
+//! ([`Metrics`], registered once), and figures derived from the hub's state at scrape
+//! time (the render, the fleet's states, tokens), written into a registry made for
+//! each scrape.
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 use http::StatusCode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
 use super::fleet::{ClusterState, FleetSummary, RenderStatus};
+
+/// The content type of the exposition.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// The status codes the bundle endpoints count separately; anything else is "other".
 const CODES: [u16; 8] = [200, 304, 400, 401, 403, 404, 500, 503];
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CodeLabel {
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
+/// A label value written as the text format requires: backslash, double quote and
+/// newline escaped. prometheus-client (0.24) writes label values as they are, so a
+/// value that may hold those characters (a revision, a file name, an error message
+/// from the fleet repository) goes through this first.
+fn label_value(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CommitLabels {
+    revision: String,
+    role: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    file: String,
+    line: String,
+    message: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: &'static str,
+}
+
+type F64Gauge = Gauge<f64, AtomicU64>;
+
+/// What the request path counts as it goes.
+#[derive(Debug)]
 pub struct Metrics {
-    bundle_responses: [AtomicU64; CODES.len() + 1],
-    long_polls_held: AtomicI64,
-    pub statuses_received: AtomicU64,
-    pub webhooks_accepted: AtomicU64,
-    pub webhooks_rejected: AtomicU64,
-    pub objects_written: AtomicU64,
+    registry: Registry,
+    bundle_responses: Family<CodeLabel, Counter>,
+    long_polls_held: Gauge,
+    statuses_received: Counter,
+    webhooks: Family<ResultLabel, Counter>,
+    objects_written: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let bundle_responses = Family::<CodeLabel, Counter>::default();
+        // Every code is shown from the start, at zero, so rates work from the first scrape.
+        for code in CODES.iter().map(u16::to_string).chain(["other".into()]) {
+            let _ = bundle_responses.get_or_create(&CodeLabel { code });
+        }
+        registry.register(
+            "flotilla_bundle_responses",
+            "Responses to bundle requests, by status code",
+            bundle_responses.clone(),
+        );
+        let long_polls_held = Gauge::default();
+        registry.register(
+            "flotilla_long_polls_held",
+            "Bundle requests waiting for a change right now",
+            long_polls_held.clone(),
+        );
+        let statuses_received = Counter::default();
+        registry.register(
+            "flotilla_status_reports",
+            "Agent status reports stored",
+            statuses_received.clone(),
+        );
+        let webhooks = Family::<ResultLabel, Counter>::default();
+        for result in ["accepted", "rejected"] {
+            let _ = webhooks.get_or_create(&ResultLabel { result });
+        }
+        registry.register(
+            "flotilla_webhooks",
+            "Webhook calls, by result",
+            webhooks.clone(),
+        );
+        let objects_written = Counter::default();
+        registry.register(
+            "flotilla_objects_written",
+            "Bundle objects written to the store",
+            objects_written.clone(),
+        );
+        Metrics {
+            registry,
+            bundle_responses,
+            long_polls_held,
+            statuses_received,
+            webhooks,
+            objects_written,
+        }
+    }
 }
 
 impl Metrics {
     pub fn count_bundle_response(&self, status: StatusCode) {
-        let index = CODES
-            .iter()
-            .position(|&c| c == status.as_u16())
-            .unwrap_or(CODES.len());
-        self.bundle_responses[index].fetch_add(1, Ordering::Relaxed);
+        let code = if CODES.contains(&status.as_u16()) {
+            status.as_u16().to_string()
+        } else {
+            "other".to_string()
+        };
+        self.bundle_responses
+            .get_or_create(&CodeLabel { code })
+            .inc();
     }
 
     fn bundle_responses(&self, code: u16) -> u64 {
-        CODES
-            .iter()
-            .position(|&c| c == code)
-            .map(|i| self.bundle_responses[i].load(Ordering::Relaxed))
-            .unwrap_or(0)
+        self.bundle_responses
+            .get_or_create(&CodeLabel {
+                code: code.to_string(),
+            })
+            .get()
     }
 
     pub fn long_poll_started(&self) -> LongPollGuard<'_> {
-        self.long_polls_held.fetch_add(1, Ordering::Relaxed);
+        self.long_polls_held.inc();
         LongPollGuard(self)
     }
 
     pub fn long_polls_held(&self) -> i64 {
-        self.long_polls_held.load(Ordering::Relaxed)
+        self.long_polls_held.get()
     }
 
-    /// The whole exposition.
-    pub fn render(&self, render: &RenderStatus, fleet: &FleetSummary, tokens: usize) -> String {
-        let mut out = String::with_capacity(4096);
-        let mut family = |name: &str, kind: &str, help: &str| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        };
-        family(
-            "flotilla_commit_info",
-            "gauge",
-            "The commit whose bundles are served (value 1), and the last one attempted.",
-        );
-        let mut lines = String::new();
-        if let Some(revision) = &render.served_revision {
-            let _ = writeln!(
-                lines,
-                "flotilla_commit_info{{revision=\"{}\",role=\"served\"}} 1",
-                escape(revision)
-            );
-        }
-        if let Some(revision) = &render.attempted_revision {
-            let _ = writeln!(
-                lines,
-                "flotilla_commit_info{{revision=\"{}\",role=\"attempted\"}} 1",
-                escape(revision)
-            );
-        }
-        out.push_str(&lines);
+    pub fn status_received(&self) {
+        self.statuses_received.inc();
+    }
 
-        let mut push = |name: &str, kind: &str, help: &str, samples: &[(String, f64)]| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for (labels, value) in samples {
-                if labels.is_empty() {
-                    let _ = writeln!(out, "{name} {value}");
-                } else {
-                    let _ = writeln!(out, "{name}{{{labels}}} {value}");
-                }
-            }
-        };
-        push(
-            "flotilla_render_duration_seconds",
-            "gauge",
-            "How long the last render took.",
-            &[(
-                String::new(),
-                render.duration.map(|d| d.as_secs_f64()).unwrap_or(0.0),
-            )],
+    pub fn webhook(&self, accepted: bool) {
+        let result = if accepted { "accepted" } else { "rejected" };
+        self.webhooks.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    pub fn objects_written(&self, count: u64) {
+        self.objects_written.inc_by(count);
+    }
+
+    /// The whole exposition: the live figures, then those derived from the hub's state.
+    pub fn render(&self, render: &RenderStatus, fleet: &FleetSummary, tokens: usize) -> String {
+        let mut derived = Registry::default();
+        register_render(&mut derived, render);
+        register_fleet(&mut derived, fleet, tokens);
+        register_not_modified_ratio(
+            &mut derived,
+            self.bundle_responses(200),
+            self.bundle_responses(304),
         );
-        push(
-            "flotilla_renders_total",
-            "counter",
-            "Renders since the hub started, by result.",
-            &[
-                ("result=\"clean\"".into(), render.renders_clean as f64),
-                ("result=\"failed\"".into(), render.renders_failed as f64),
-            ],
-        );
-        push(
-            "flotilla_render_errors",
-            "gauge",
-            "Errors in the last render attempt (0 when it was clean).",
-            &[(String::new(), render.errors.len() as f64)],
-        );
-        let error_samples: Vec<(String, f64)> = render
-            .errors
-            .iter()
-            .take(100)
-            .map(|d| {
-                (
-                    format!(
-                        "file=\"{}\",line=\"{}\",message=\"{}\"",
-                        escape(d.file.as_deref().unwrap_or("")),
-                        d.line.map(|l| l.to_string()).unwrap_or_default(),
-                        escape(&d.to_string())
-                    ),
-                    1.0,
-                )
-            })
-            .collect();
-        push(
-            "flotilla_render_error_info",
-            "gauge",
-            "One sample per error of the last render attempt (the first 100).",
-            &error_samples,
-        );
-        push(
-            "flotilla_source_up",
-            "gauge",
-            "1 when the repository was last read or fetched without error.",
-            &[(
-                String::new(),
-                if render.source_error.is_some() {
-                    0.0
-                } else {
-                    1.0
-                },
-            )],
-        );
-        let mut responses: Vec<(String, f64)> = CODES
-            .iter()
-            .map(|c| (format!("code=\"{c}\""), self.bundle_responses(*c) as f64))
-            .collect();
-        responses.push((
-            "code=\"other\"".into(),
-            self.bundle_responses[CODES.len()].load(Ordering::Relaxed) as f64,
-        ));
-        push(
-            "flotilla_bundle_responses_total",
-            "counter",
-            "Responses to bundle requests, by status code.",
-            &responses,
-        );
-        let ok = self.bundle_responses(200) as f64;
-        let not_modified = self.bundle_responses(304) as f64;
-        let ratio = if ok + not_modified > 0.0 {
-            not_modified / (ok + not_modified)
-        } else {
-            0.0
-        };
-        push(
-            "flotilla_bundle_not_modified_ratio",
-            "gauge",
-            "304 responses as a share of 200 and 304 responses since the hub started.",
-            &[(String::new(), ratio)],
-        );
-        let states: Vec<(String, f64)> = ClusterState::ALL
-            .iter()
-            .map(|s| {
-                (
-                    format!("state=\"{}\"", s.as_str()),
-                    fleet.counts.get(s.as_str()).copied().unwrap_or(0) as f64,
-                )
-            })
-            .collect();
-        push(
-            "flotilla_clusters",
-            "gauge",
-            "Served clusters by state.",
-            &states,
-        );
-        push(
-            "flotilla_long_polls_held",
-            "gauge",
-            "Bundle requests waiting for a change right now.",
-            &[(String::new(), self.long_polls_held() as f64)],
-        );
-        push(
-            "flotilla_status_reports_total",
-            "counter",
-            "Agent status reports stored.",
-            &[(
-                String::new(),
-                self.statuses_received.load(Ordering::Relaxed) as f64,
-            )],
-        );
-        push(
-            "flotilla_webhooks_total",
-            "counter",
-            "Webhook calls, by result.",
-            &[
-                (
-                    "result=\"accepted\"".into(),
-                    self.webhooks_accepted.load(Ordering::Relaxed) as f64,
-                ),
-                (
-                    "result=\"rejected\"".into(),
-                    self.webhooks_rejected.load(Ordering::Relaxed) as f64,
-                ),
-            ],
-        );
-        push(
-            "flotilla_objects_written_total",
-            "counter",
-            "Bundle objects written to the store.",
-            &[(
-                String::new(),
-                self.objects_written.load(Ordering::Relaxed) as f64,
-            )],
-        );
-        push(
-            "flotilla_tokens",
-            "gauge",
-            "Tokens that are not revoked.",
-            &[(String::new(), tokens as f64)],
-        );
+        let mut out = String::with_capacity(4096);
+        // Writing into a String cannot fail.
+        let _ = encode_registry(&mut out, &self.registry)
+            .and_then(|()| encode_registry(&mut out, &derived))
+            .and_then(|()| encode_eof(&mut out));
         out
     }
+}
+
+fn gauge_f64(registry: &mut Registry, name: &str, help: &str, value: f64) {
+    let gauge = F64Gauge::default();
+    gauge.set(value);
+    registry.register(name, help, gauge);
+}
+
+fn gauge_i64(registry: &mut Registry, name: &str, help: &str, value: i64) {
+    let gauge: Gauge = Gauge::default();
+    gauge.set(value);
+    registry.register(name, help, gauge);
+}
+
+fn register_render(registry: &mut Registry, render: &RenderStatus) {
+    let commits = Family::<CommitLabels, Gauge>::default();
+    for (role, revision) in [
+        ("served", &render.served_revision),
+        ("attempted", &render.attempted_revision),
+    ] {
+        if let Some(revision) = revision {
+            commits
+                .get_or_create(&CommitLabels {
+                    revision: label_value(revision),
+                    role,
+                })
+                .set(1);
+        }
+    }
+    registry.register(
+        "flotilla_commit_info",
+        "The commit whose bundles are served (value 1), and the last one attempted",
+        commits,
+    );
+    gauge_f64(
+        registry,
+        "flotilla_render_duration_seconds",
+        "How long the last render took",
+        render.duration.map(|d| d.as_secs_f64()).unwrap_or(0.0),
+    );
+    let renders = Family::<ResultLabel, Counter>::default();
+    renders
+        .get_or_create(&ResultLabel { result: "clean" })
+        .inc_by(render.renders_clean);
+    renders
+        .get_or_create(&ResultLabel { result: "failed" })
+        .inc_by(render.renders_failed);
+    registry.register(
+        "flotilla_renders",
+        "Renders since the hub started, by result",
+        renders,
+    );
+    gauge_i64(
+        registry,
+        "flotilla_render_errors",
+        "Errors in the last render attempt (0 when it was clean)",
+        render.errors.len() as i64,
+    );
+    let error_info = Family::<ErrorLabels, Gauge>::default();
+    for diagnostic in render.errors.iter().take(100) {
+        error_info
+            .get_or_create(&ErrorLabels {
+                file: label_value(diagnostic.file.as_deref().unwrap_or_default()),
+                line: diagnostic.line.map(|l| l.to_string()).unwrap_or_default(),
+                message: label_value(&diagnostic.to_string()),
+            })
+            .set(1);
+    }
+    registry.register(
+        "flotilla_render_error_info",
+        "One sample per error of the last render attempt (the first 100)",
+        error_info,
+    );
+    gauge_i64(
+        registry,
+        "flotilla_source_up",
+        "1 when the repository was last read or fetched without error",
+        i64::from(render.source_error.is_none()),
+    );
+}
+
+fn register_fleet(registry: &mut Registry, fleet: &FleetSummary, tokens: usize) {
+    let states = Family::<StateLabel, Gauge>::default();
+    for state in ClusterState::ALL {
+        let count = fleet.counts.get(state.as_str()).copied().unwrap_or(0);
+        states
+            .get_or_create(&StateLabel {
+                state: state.as_str(),
+            })
+            .set(count as i64);
+    }
+    registry.register("flotilla_clusters", "Served clusters by state", states);
+    gauge_i64(
+        registry,
+        "flotilla_tokens",
+        "Tokens that are not revoked",
+        tokens as i64,
+    );
+}
+
+fn register_not_modified_ratio(registry: &mut Registry, ok: u64, not_modified: u64) {
+    let answered = ok + not_modified;
+    gauge_f64(
+        registry,
+        "flotilla_bundle_not_modified_ratio",
+        "304 responses as a share of 200 and 304 responses since the hub started",
+        if answered > 0 {
+            not_modified as f64 / answered as f64
+        } else {
+            0.0
+        },
+    );
 }
 
 /// Counts a long-poll as held until it is dropped, however the request ends.
@@ -239,14 +305,73 @@ pub struct LongPollGuard<'a>(&'a Metrics);
 
 impl Drop for LongPollGuard<'_> {
     fn drop(&mut self) {
-        self.0.long_polls_held.fetch_sub(1, Ordering::Relaxed);
+        self.0.long_polls_held.dec();
     }
 }
 
-/// Escapes a label value: backslash, double quote and newline.
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+    }
+
+    #[test]
+    fn counts_and_derives_in_openmetrics_text() {
+        let metrics = Metrics::default();
+        metrics.count_bundle_response(StatusCode::OK);
+        metrics.count_bundle_response(StatusCode::NOT_MODIFIED);
+        metrics.count_bundle_response(StatusCode::NOT_MODIFIED);
+        metrics.count_bundle_response(StatusCode::IM_A_TEAPOT);
+        metrics.webhook(false);
+        let held = metrics.long_poll_started();
+        let render = RenderStatus {
+            served_revision: Some("main@sha1:1".into()),
+            errors: vec![
+                flotilla_core::diagnostic::Diagnostic::error("bad \"quote\"\nnewline")
+                    .in_file("clusters/red.yaml")
+                    .at_line(Some(4)),
+            ],
+            renders_clean: 2,
+            ..RenderStatus::default()
+        };
+        let text = metrics.render(&render, &FleetSummary::default(), 3);
+        drop(held);
+        assert_eq!(
+            sample(&text, "flotilla_bundle_responses_total{code=\"304\"}"),
+            Some("2")
+        );
+        assert_eq!(
+            sample(&text, "flotilla_bundle_responses_total{code=\"other\"}"),
+            Some("1")
+        );
+        assert_eq!(
+            sample(&text, "flotilla_bundle_responses_total{code=\"404\"}"),
+            Some("0")
+        );
+        assert_eq!(
+            sample(&text, "flotilla_webhooks_total{result=\"rejected\"}"),
+            Some("1")
+        );
+        assert_eq!(sample(&text, "flotilla_long_polls_held"), Some("1"));
+        assert_eq!(
+            sample(&text, "flotilla_renders_total{result=\"clean\"}"),
+            Some("2")
+        );
+        assert_eq!(sample(&text, "flotilla_render_errors"), Some("1"));
+        assert_eq!(sample(&text, "flotilla_tokens"), Some("3"));
+        let ratio: f64 = sample(&text, "flotilla_bundle_not_modified_ratio")
+            .and_then(|v| v.parse().ok())
+            .expect("ratio");
+        assert!((ratio - 2.0 / 3.0).abs() < 1e-9);
+        // Label values are escaped, so one error message cannot break the exposition.
+        assert!(
+            text.contains(r#"message="clusters/red.yaml:4: bad \"quote\"\nnewline""#),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"));
+        assert_eq!(metrics.long_polls_held(), 0);
+    }
 }

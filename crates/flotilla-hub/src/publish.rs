@@ -8,11 +8,12 @@
 //! ```
 
 use std::collections::BTreeSet;
-use std::fs::{self, File};
-use std::io::{self, Write};
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::store::objects::sync_dir;
+use flotilla_core::api;
+use flotilla_fs::Mode;
 use flotilla_render::RenderOutput;
 
 #[derive(Debug, thiserror::Error)]
@@ -36,7 +37,7 @@ pub struct Published {
 /// Earlier `bundles/<digest>` files stay, which gives mirrors a history; clusters that
 /// left the fleet are removed.
 pub fn publish(output: &RenderOutput, out: &Path) -> Result<Published, PublishError> {
-    let clusters_dir = out.join("v1").join("clusters");
+    let clusters_dir = join(out, &api::CLUSTERS);
     create_dir(&clusters_dir)?;
     let mut published = Published {
         clusters: output.bundles.len(),
@@ -44,7 +45,7 @@ pub fn publish(output: &RenderOutput, out: &Path) -> Result<Published, PublishEr
     };
     for (name, bundle) in &output.bundles {
         let dir = clusters_dir.join(name);
-        let by_digest = dir.join("bundles");
+        let by_digest = dir.join(api::BUNDLES_BY_DIGEST);
         create_dir(&by_digest)?;
         let document = bundle.document(&output.revision);
         let digest_file = by_digest.join(bundle.digest.as_str());
@@ -58,7 +59,7 @@ pub fn publish(output: &RenderOutput, out: &Path) -> Result<Published, PublishEr
                 document
             }
         };
-        let current = dir.join("bundle");
+        let current = dir.join(api::CURRENT_BUNDLE);
         if fs::read(&current).is_ok_and(|existing| existing == digest_document) {
             published.unchanged += 1;
         } else {
@@ -71,7 +72,7 @@ pub fn publish(output: &RenderOutput, out: &Path) -> Result<Published, PublishEr
     let entries = fs::read_dir(&clusters_dir).map_err(|source| error(&clusters_dir, source))?;
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if !keep.contains(name.as_str()) && entry.path().join("bundle").is_file() {
+        if !keep.contains(name.as_str()) && entry.path().join(api::CURRENT_BUNDLE).is_file() {
             fs::remove_dir_all(entry.path()).map_err(|source| error(&entry.path(), source))?;
             published.removed.push(name);
         }
@@ -87,28 +88,22 @@ fn error(path: &Path, source: io::Error) -> PublishError {
     }
 }
 
+fn join(root: &Path, segments: &[&str]) -> PathBuf {
+    segments
+        .iter()
+        .fold(root.to_path_buf(), |path, s| path.join(s))
+}
+
+// Published files are meant for a web server or a mirror to read, so they keep the
+// umask's permissions; the folder `out` is the operator's to protect.
 fn create_dir(path: &Path) -> Result<(), PublishError> {
-    fs::create_dir_all(path).map_err(|source| error(path, source))
+    flotilla_fs::create_dir(path, Mode::Public).map_err(|source| error(path, source))
 }
 
 fn sync(dir: &Path) -> Result<(), PublishError> {
-    sync_dir(dir).map_err(|source| error(dir, source))
+    flotilla_fs::sync_dir(dir).map_err(|source| error(dir, source))
 }
 
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), PublishError> {
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let temp: PathBuf = path.with_file_name(format!(".{file_name}.tmp-{}", std::process::id()));
-    let result = (|| {
-        let mut file = File::create(&temp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        fs::rename(&temp, path)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&temp);
-    }
-    result.map_err(|source| error(path, source))
+    flotilla_fs::replace_file(path, bytes, Mode::Public).map_err(|source| error(path, source))
 }

@@ -4,7 +4,7 @@
 //! bumps.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
@@ -348,9 +348,7 @@ impl Shared {
         let (written, entries) = tokio::join!(writing, revisions);
         let written = written.map_err(|e| HubError::Task(e.to_string()))??;
         let entries = entries?;
-        self.metrics
-            .objects_written
-            .fetch_add(written as u64, Ordering::Relaxed);
+        self.metrics.objects_written(written as u64);
 
         let now = self.settings.clock.now_ms();
         let unreferenced = self

@@ -141,3 +141,16 @@ impl TestCa {
         }
     }
 }
+
+/// A random generator for a test that picks random moments or inputs, seeded from
+/// `FLOTILLA_TEST_SEED` when set, else at random; the seed is printed, so a failing
+/// run can be replayed with `FLOTILLA_TEST_SEED=<seed>`.
+pub fn seeded_rng(test: &str) -> rand::rngs::StdRng {
+    use rand::SeedableRng;
+    let seed = std::env::var("FLOTILLA_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    eprintln!("{test}: seed {seed} (FLOTILLA_TEST_SEED={seed} replays it)");
+    rand::rngs::StdRng::seed_from_u64(seed)
+}

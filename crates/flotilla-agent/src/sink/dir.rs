@@ -17,8 +17,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use flotilla_fs::Mode;
+
 use super::{ApplyOutcome, Sink, apply_order, apply_rank, with_flotilla_metadata};
-use crate::cache::{self, InventoryEntry};
+use crate::cache::InventoryEntry;
 use flotilla_core::bundle::{Bundle, Digest, ResourceKey};
 use flotilla_core::status::{ResourceState, ResourceStatus};
 
@@ -26,11 +28,12 @@ use flotilla_core::status::{ResourceState, ResourceStatus};
 const MANIFEST_FILE: &str = "dir-sink.json";
 /// The file a MicroShift-style kustomize loader reads.
 pub const KUSTOMIZATION_FILE: &str = "kustomization.yaml";
-/// Temporary files in the target folder: `.flotilla-<name>.tmp`. Neither k3s (which
+/// Temporary files of earlier versions in the target folder: `.flotilla-<name>.tmp`.
+/// Today's are [`flotilla_fs`]'s hidden `.flotilla-tmp-…` names. Neither k3s (which
 /// reads `.yaml`, `.yml` and `.json`) nor kustomize (which reads what it is told)
-/// picks them up.
-const TMP_PREFIX: &str = ".flotilla-";
-const TMP_SUFFIX: &str = ".tmp";
+/// picks either up.
+const OLD_TMP_PREFIX: &str = ".flotilla-";
+const OLD_TMP_SUFFIX: &str = ".tmp";
 /// File names longer than this are shortened and made unique with a hash.
 const MAX_NAME_BYTES: usize = 200;
 
@@ -40,6 +43,27 @@ pub struct DirSink {
     target: PathBuf,
     state_dir: PathBuf,
     kustomization: bool,
+}
+
+/// File name → (the resource it holds, or `None` for the kustomization; its content).
+type DesiredFiles = BTreeMap<String, (Option<ResourceKey>, Vec<u8>)>;
+
+/// What writing the desired files did.
+#[derive(Default)]
+struct Writes {
+    written: usize,
+    unchanged: usize,
+    /// A failure of a file that holds no resource (the kustomization).
+    other_failure: Option<String>,
+}
+
+/// What removing the files of resources that left did.
+#[derive(Default)]
+struct Removal {
+    removed: usize,
+    /// Files that could not be removed (they stay in the manifest).
+    kept: BTreeSet<String>,
+    failure: Option<String>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -94,24 +118,19 @@ impl DirSink {
 
     fn save_manifest(&self, manifest: &Manifest) -> io::Result<()> {
         let bytes = serde_json::to_vec_pretty(manifest).map_err(io::Error::other)?;
-        cache::write_atomically(
-            &self.state_dir,
-            MANIFEST_FILE,
-            &bytes,
-            &format!(".{MANIFEST_FILE}.tmp"),
-        )
+        flotilla_fs::write_atomically(&self.state_dir.join(MANIFEST_FILE), &bytes, Mode::Private)
     }
 
-    /// Replaces one file; the folder is synced once after all of them.
+    /// Replaces one file (readable by its owner only: bundles may hold Secrets, and
+    /// k3s and MicroShift read their folders as root); the folder is synced once after
+    /// all of them.
     fn write_file(&self, name: &str, content: &[u8]) -> io::Result<()> {
-        cache::replace_file(
-            &self.target,
-            name,
-            content,
-            &format!("{TMP_PREFIX}{name}{TMP_SUFFIX}"),
-        )
+        flotilla_fs::replace_file(&self.target.join(name), content, Mode::Private)
     }
 
+    /// Writes the bundle's files, then removes the files of resources that left it.
+    /// Nothing is removed while the new bundle is not fully in place, so the folder
+    /// never holds less than the old bundle did.
     fn apply_files(&mut self, bundle: &Bundle, prune: &[InventoryEntry]) -> ApplyOutcome {
         let failed_everything = |message: String| {
             let resources = bundle
@@ -132,11 +151,111 @@ impl DirSink {
             ));
         }
         let old = self.load_manifest();
-
-        // Decide every file's content and whether its name is free to use.
         let header = header(&bundle.cluster);
-        let mut desired: BTreeMap<String, (Option<ResourceKey>, Vec<u8>)> = BTreeMap::new();
-        let mut statuses: BTreeMap<ResourceKey, ResourceStatus> = BTreeMap::new();
+        let (desired, mut statuses) = self.desired_files(bundle, &header);
+        let foreign: BTreeSet<String> = desired
+            .keys()
+            .filter(|name| !old.files.contains(*name) && self.is_foreign(name, &header))
+            .cloned()
+            .collect();
+
+        // Record intent: every file this apply may write, plus the old ones.
+        let mut intent = old.files.clone();
+        intent.extend(desired.keys().filter(|n| !foreign.contains(*n)).cloned());
+        if let Err(err) = self.save_manifest(&Manifest {
+            target: self.target.clone(),
+            files: intent,
+        }) {
+            return failed_everything(format!(
+                "cannot record the dir sink's manifest in {}: {err}",
+                self.state_dir.display()
+            ));
+        }
+
+        let writes = self.write_desired(&desired, &foreign, &mut statuses);
+        let failures = statuses
+            .values()
+            .filter(|s| s.state == ResourceState::Failed)
+            .count();
+        let mut resources: Vec<ResourceStatus> = apply_order(bundle)
+            .iter()
+            .filter_map(|r| statuses.remove(&r.key))
+            .collect();
+        let synced = flotilla_fs::sync_dir(&self.target);
+        if failures > 0 || writes.other_failure.is_some() {
+            let mut message = format!(
+                "{failures} of {} resources could not be written to {}",
+                bundle.resources.len(),
+                self.target.display()
+            );
+            if let Some(other) = writes.other_failure {
+                message = format!("{message}; {other}");
+            }
+            return ApplyOutcome {
+                resources,
+                complete: false,
+                message,
+            };
+        }
+
+        let removal = self.remove_left(&old, &desired);
+        let sync = synced.and_then(|()| flotilla_fs::sync_dir(&self.target));
+        for entry in prune {
+            let key = entry.key();
+            let (state, message) = if removal.kept.contains(&file_name(&key)) {
+                (ResourceState::Failed, "its file could not be removed")
+            } else {
+                (ResourceState::Pruned, "its file was removed")
+            };
+            resources.push(ResourceStatus::new(&key, state, message));
+        }
+        let mut files: BTreeSet<String> = desired.into_keys().collect();
+        files.extend(removal.kept);
+        let committed = self.save_manifest(&Manifest {
+            target: self.target.clone(),
+            files,
+        });
+        let problem = removal
+            .failure
+            .or_else(|| {
+                sync.err()
+                    .map(|e| format!("cannot sync {}: {e}", self.target.display()))
+            })
+            .or_else(|| {
+                committed
+                    .err()
+                    .map(|e| format!("cannot record the dir sink's manifest: {e}"))
+            });
+        match problem {
+            Some(message) => ApplyOutcome {
+                resources,
+                complete: false,
+                message,
+            },
+            None => ApplyOutcome {
+                resources,
+                complete: true,
+                message: format!(
+                    "{} resources in {}: {} written, {} unchanged, {} removed",
+                    bundle.resources.len(),
+                    self.target.display(),
+                    writes.written,
+                    writes.unchanged,
+                    removal.removed
+                ),
+            },
+        }
+    }
+
+    /// Every file's name and content (with the resource it holds, `None` for the
+    /// kustomization), and the failed status of resources that cannot be written.
+    fn desired_files(
+        &self,
+        bundle: &Bundle,
+        header: &str,
+    ) -> (DesiredFiles, BTreeMap<ResourceKey, ResourceStatus>) {
+        let mut desired = DesiredFiles::new();
+        let mut statuses = BTreeMap::new();
         for resource in apply_order(bundle) {
             let name = file_name(&resource.key);
             let value = with_flotilla_metadata(&resource.value, &bundle.cluster, None);
@@ -159,34 +278,22 @@ impl DirSink {
         }
         if self.kustomization {
             let listed: Vec<&String> = desired.keys().collect();
-            let content = kustomization(&header, &listed);
+            let content = kustomization(header, &listed);
             desired.insert(KUSTOMIZATION_FILE.to_string(), (None, content));
         }
-        let mut foreign = BTreeSet::new();
-        for name in desired.keys() {
-            if !old.files.contains(name) && self.is_foreign(name, &header) {
-                foreign.insert(name.clone());
-            }
-        }
+        (desired, statuses)
+    }
 
-        // Record intent: every file this apply may write, plus the old ones.
-        let mut intent = old.files.clone();
-        intent.extend(desired.keys().filter(|n| !foreign.contains(*n)).cloned());
-        let intent = Manifest {
-            target: self.target.clone(),
-            files: intent,
-        };
-        if let Err(err) = self.save_manifest(&intent) {
-            return failed_everything(format!(
-                "cannot record the dir sink's manifest in {}: {err}",
-                self.state_dir.display()
-            ));
-        }
-
-        let mut written = 0usize;
-        let mut unchanged = 0usize;
-        let mut other_failure: Option<String> = None;
-        for (name, (key, content)) in &desired {
+    /// Writes the files that changed, never one that is `foreign`, and records each
+    /// resource's outcome in `statuses`.
+    fn write_desired(
+        &self,
+        desired: &DesiredFiles,
+        foreign: &BTreeSet<String>,
+        statuses: &mut BTreeMap<ResourceKey, ResourceStatus>,
+    ) -> Writes {
+        let mut writes = Writes::default();
+        for (name, (key, content)) in desired {
             let outcome = if foreign.contains(name) {
                 Err(format!(
                     "{} already exists and was not written by flotilla; it is left alone: \
@@ -196,12 +303,12 @@ impl DirSink {
             } else if fs::read(self.target.join(name)).is_ok_and(|existing| existing == *content) {
                 // Unchanged files are not rewritten: k3s re-applies a file whenever
                 // its modification time changes.
-                unchanged += 1;
+                writes.unchanged += 1;
                 Ok(())
             } else {
                 match self.write_file(name, content) {
                     Ok(()) => {
-                        written += 1;
+                        writes.written += 1;
                         Ok(())
                     }
                     Err(err) => Err(format!(
@@ -224,97 +331,29 @@ impl DirSink {
                     );
                 }
                 (None, Ok(())) => {}
-                (None, Err(message)) => other_failure = Some(message),
+                (None, Err(message)) => writes.other_failure = Some(message),
             }
         }
-        let failures = statuses
-            .values()
-            .filter(|s| s.state == ResourceState::Failed)
-            .count();
-        let mut resources: Vec<ResourceStatus> = apply_order(bundle)
-            .iter()
-            .filter_map(|r| statuses.remove(&r.key))
-            .collect();
+        writes
+    }
 
-        let synced = cache::sync_dir(&self.target);
-        if failures > 0 || other_failure.is_some() {
-            // Nothing is removed while the new bundle is not fully in place, so the
-            // folder never holds less than the old bundle did.
-            let mut message = format!(
-                "{failures} of {} resources could not be written to {}",
-                bundle.resources.len(),
-                self.target.display()
-            );
-            if let Some(other) = other_failure {
-                message = format!("{message}; {other}");
-            }
-            return ApplyOutcome {
-                resources,
-                complete: false,
-                message,
-            };
-        }
-
-        // Remove the files of resources that left the bundle, then forget them.
-        let mut removed = 0usize;
-        let mut remove_failure = None;
-        let mut kept = BTreeSet::new();
+    /// Removes the files of the old manifest that the new bundle does not hold.
+    fn remove_left(&self, old: &Manifest, desired: &DesiredFiles) -> Removal {
+        let mut removal = Removal::default();
         for name in old.files.iter().filter(|n| !desired.contains_key(*n)) {
             match fs::remove_file(self.target.join(name)) {
-                Ok(()) => removed += 1,
+                Ok(()) => removal.removed += 1,
                 Err(err) if err.kind() == io::ErrorKind::NotFound => {}
                 Err(err) => {
-                    kept.insert(name.clone());
-                    remove_failure = Some(format!(
+                    removal.kept.insert(name.clone());
+                    removal.failure = Some(format!(
                         "cannot remove {}: {err}",
                         self.target.join(name).display()
                     ));
                 }
             }
         }
-        let sync = synced.and_then(|()| cache::sync_dir(&self.target));
-        for entry in prune {
-            let key = entry.key();
-            let name = file_name(&key);
-            let (state, message) = if kept.contains(&name) {
-                (ResourceState::Failed, "its file could not be removed")
-            } else {
-                (ResourceState::Pruned, "its file was removed")
-            };
-            resources.push(ResourceStatus::new(&key, state, message));
-        }
-        let mut files: BTreeSet<String> = desired.into_keys().collect();
-        files.extend(kept);
-        let committed = self.save_manifest(&Manifest {
-            target: self.target.clone(),
-            files,
-        });
-        let problem = remove_failure
-            .or_else(|| {
-                sync.err()
-                    .map(|e| format!("cannot sync {}: {e}", self.target.display()))
-            })
-            .or_else(|| {
-                committed
-                    .err()
-                    .map(|e| format!("cannot record the dir sink's manifest: {e}"))
-            });
-        match problem {
-            Some(message) => ApplyOutcome {
-                resources,
-                complete: false,
-                message,
-            },
-            None => ApplyOutcome {
-                resources,
-                complete: true,
-                message: format!(
-                    "{} resources in {}: {written} written, {unchanged} unchanged, {removed} removed",
-                    bundle.resources.len(),
-                    self.target.display()
-                ),
-            },
-        }
+        removal
     }
 
     /// A file not in the manifest may still be ours if the manifest was lost (a wiped
@@ -353,9 +392,11 @@ impl Sink for DirSink {
 
 fn prepare_target(target: &Path) -> io::Result<()> {
     fs::create_dir_all(target)?;
-    cache::remove_temporary_files(target, |name| {
-        name.starts_with(TMP_PREFIX) && name.ends_with(TMP_SUFFIX)
+    flotilla_fs::remove_temporary_files(target, |name| {
+        flotilla_fs::is_temporary(name)
+            || (name.starts_with(OLD_TMP_PREFIX) && name.ends_with(OLD_TMP_SUFFIX))
     })
+    .map(drop)
 }
 
 /// The first line of every file the sink writes.

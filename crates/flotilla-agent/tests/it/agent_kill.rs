@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 
 use agent_support::*;
 use flotilla_core::bundle::{Bundle, verify_document};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use serde_json::Value;
 
 fn numbered_bundle(generation: usize) -> Bundle {
@@ -68,14 +67,7 @@ fn killed_at_random_moments_it_always_starts_again_and_converges() {
     let state = tempfile::tempdir().expect("tempdir");
     let target = tempfile::tempdir().expect("tempdir");
     std::fs::write(target.path().join("operator.yaml"), "kind: Mine\n").expect("writes");
-    // The kill moments are random, from a seed printed here: FLOTILLA_TEST_SEED=<seed>
-    // replays a failing run's moments.
-    let seed = std::env::var("FLOTILLA_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    eprintln!("agent kill test: seed {seed} (FLOTILLA_TEST_SEED={seed} replays it)");
-    let mut rng = StdRng::seed_from_u64(seed);
+    let mut rng = flotilla_testkit::seeded_rng("agent kill test");
 
     for iteration in 0..30 {
         publish(publish_dir.path(), &numbered_bundle(iteration));
@@ -137,7 +129,7 @@ fn killed_at_random_moments_it_always_starts_again_and_converges() {
     let leftovers: Vec<String> = std::fs::read_dir(target.path())
         .expect("lists")
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".tmp"))
+        .filter(|n| flotilla_fs::is_temporary(n) || n.ends_with(".tmp"))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
     for resource in &last.resources {

@@ -95,54 +95,24 @@ pub struct Store {
     db_path: String,
 }
 
-const SCHEMA: &[&str] = &[
-    "CREATE TABLE IF NOT EXISTS clusters (
-        name TEXT PRIMARY KEY,
-        digest TEXT NOT NULL,
-        revision TEXT NOT NULL,
-        updated_at BIGINT NOT NULL
-    )",
-    "CREATE TABLE IF NOT EXISTS bundle_history (
-        cluster TEXT NOT NULL,
-        digest TEXT NOT NULL,
-        revision TEXT NOT NULL,
-        generation BIGINT NOT NULL,
-        PRIMARY KEY (cluster, digest)
-    )",
-    "CREATE INDEX IF NOT EXISTS bundle_history_digest ON bundle_history (digest)",
-    "CREATE TABLE IF NOT EXISTS agent_status (
-        cluster TEXT PRIMARY KEY,
-        applied TEXT,
-        attempted TEXT,
-        resources TEXT NOT NULL,
-        message TEXT NOT NULL,
-        agent_version TEXT NOT NULL,
-        received_at BIGINT NOT NULL
-    )",
-    "CREATE TABLE IF NOT EXISTS tokens (
-        id TEXT PRIMARY KEY,
-        hash TEXT NOT NULL UNIQUE,
-        cluster TEXT,
-        admin BOOLEAN NOT NULL,
-        created_at BIGINT NOT NULL,
-        revoked_at BIGINT
-    )",
-    "CREATE TABLE IF NOT EXISTS hub_meta (
-        key TEXT PRIMARY KEY,
-        value TEXT NOT NULL
-    )",
-];
+/// The schema's migrations, in `migrations/`, applied in order at open (and
+/// recorded in `_sqlx_migrations`).
+static MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 const META_REVISION: &str = "revision";
 const META_GENERATION: &str = "generation";
 const META_TOKENS: &str = "tokens_generation";
 
 impl Store {
-    /// Opens the store under `state_dir`, creating it on first use.
+    /// Opens the store under `state_dir`, creating it on first use. The folder, the
+    /// database and the objects are readable by the hub's user only: they hold token
+    /// hashes and bundles, which may hold Secrets.
     pub async fn open(state_dir: &Path) -> Result<Store, StoreError> {
-        std::fs::create_dir_all(state_dir).map_err(|source| StoreError::CreateDir {
-            path: state_dir.display().to_string(),
-            source,
+        flotilla_fs::create_dir(state_dir, flotilla_fs::Mode::Private).map_err(|source| {
+            StoreError::CreateDir {
+                path: state_dir.display().to_string(),
+                source,
+            }
         })?;
         let objects = Objects::open(state_dir).map_err(|source| StoreError::CreateDir {
             path: state_dir.join("objects").display().to_string(),
@@ -154,6 +124,12 @@ impl Store {
             path: db_path.clone(),
             source,
         };
+        // SQLite creates its journal files with the database's permissions, so a
+        // private database file keeps all of them private.
+        create_private_file(&db_file).map_err(|source| StoreError::CreateDir {
+            path: db_path.clone(),
+            source,
+        })?;
         let options = SqliteConnectOptions::from_str("sqlite://")
             .map_err(db_error)?
             .filename(&db_file)
@@ -166,12 +142,10 @@ impl Store {
             .connect_with(options)
             .await
             .map_err(db_error)?;
-        for statement in SCHEMA {
-            sqlx::query(statement)
-                .execute(&pool)
-                .await
-                .map_err(db_error)?;
-        }
+        MIGRATIONS
+            .run(&pool)
+            .await
+            .map_err(|source| db_error(source.into()))?;
         Ok(Store {
             root: state_dir.to_path_buf(),
             objects,
@@ -568,9 +542,76 @@ fn parse_digest(
     })
 }
 
+/// Creates `path` empty with mode 0600 unless it exists.
+fn create_private_file(path: &Path) -> std::io::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    match options.open(path) {
+        Ok(_) => Ok(()),
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(err) => Err(err),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn the_state_dir_database_and_objects_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("state");
+        let store = Store::open(&root).await.expect("opens");
+        let bytes = b"[]".as_slice();
+        let d = Digest::of(bytes);
+        store.objects.write_all(&[(&d, bytes)]).expect("writes");
+        store.close().await;
+        let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode(&root), 0o700);
+        assert_eq!(mode(&root.join("flotilla.db")), 0o600);
+        assert_eq!(mode(&root.join("objects/sha256")), 0o700);
+        assert_eq!(mode(&store.objects.path_of(&d)), 0o600);
+    }
+
+    /// A store made before the schema moved into migrations holds the tables but no
+    /// record of migrations: it opens, and keeps what it holds.
+    #[tokio::test]
+    async fn a_store_from_before_migrations_opens_and_keeps_its_data() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let options = SqliteConnectOptions::from_str("sqlite://")
+                .expect("options")
+                .filename(dir.path().join("flotilla.db"))
+                .create_if_missing(true);
+            let pool = SqlitePoolOptions::new()
+                .connect_with(options)
+                .await
+                .expect("connects");
+            let schema = include_str!("../../migrations/0001_initial.sql");
+            sqlx::raw_sql(schema).execute(&pool).await.expect("schema");
+            sqlx::query(
+                "INSERT INTO clusters (name, digest, revision, updated_at) VALUES ($1, $2, $3, 0)",
+            )
+            .bind("red")
+            .bind(digest('a').as_str())
+            .bind("main@sha1:1")
+            .execute(&pool)
+            .await
+            .expect("insert");
+            pool.close().await;
+        }
+        let store = Store::open(dir.path()).await.expect("opens");
+        let clusters = store.clusters().await.expect("reads");
+        assert_eq!(clusters, [changed("red", 'a', "main@sha1:1")]);
+        store.close().await;
+    }
 
     fn digest(c: char) -> Digest {
         Digest::parse(&format!("sha256:{}", c.to_string().repeat(64))).expect("digest")

@@ -1,4 +1,4 @@
--- wrk script for bench/hub_load.sh: conditional GETs spread over many clusters.
+-- wrk script for benches/hub_load.sh: conditional GETs spread over many clusters.
 -- REQUESTS names a file of tab-separated lines: path, bearer token, ETag.
 -- Every request is built once in init(), so wrk's Lua costs the same for both
 -- servers and stays out of the measurement as far as it can.

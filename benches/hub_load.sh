@@ -5,7 +5,7 @@
 #  2. the hub's memory with that fleet loaded;
 #  3. commit-to-new-digest-served latency on a 1,000-cluster fleet in a local repository.
 #
-# Usage: bench/hub_load.sh            (from the repository root)
+# Usage: benches/hub_load.sh            (from the repository root)
 # Knobs (environment): CLUSTERS=10000 WORKLOADS=4 RESOURCES=5 DURATION=10s RUNS=3
 #   CONNECTIONS=64 THREADS=1 LATENCY_CLUSTERS=1000 LATENCY_RUNS=5
 #   GEN_FLEET="command --clusters N --workloads W --resources R OUT" to use another
@@ -116,7 +116,7 @@ cpu_ticks() { # cpu_ticks PID...: user+system clock ticks used so far, all threa
 run_wrk() {
   local out before after requests
   before=$(cpu_ticks "${@:3}")
-  out=$(REQUESTS="$2" wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" -s "$ROOT/bench/hub_load.lua" "$1")
+  out=$(REQUESTS="$2" wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" -s "$ROOT/benches/hub_load.lua" "$1")
   after=$(cpu_ticks "${@:3}")
   if grep -q "Non-2xx or 3xx" <<<"$out"; then echo "$out" >&2; echo "errors during the load run" >&2; exit 1; fi
   requests=$(awk '/requests in/ {print $1}' <<<"$out")
