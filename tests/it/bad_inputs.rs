@@ -173,6 +173,20 @@ cases! {
     every_error_at_once => "every-error-at-once",
     path_escape => "path-escape",
     symlink_outside_the_fleet => "symlink-outside-the-fleet",
+    kustomization_among_manifests => "kustomization-among-manifests",
+    fleet_yaml_among_manifests => "fleet-yaml-among-manifests",
+    overlay_patch_puts_namespace_on_cluster_scoped_kind => "overlay-patch-puts-namespace-on-cluster-scoped-kind",
+    patch_target_matches_nothing_is_a_warning => "patch-target-matches-nothing-is-a-warning",
+    strategic_overlay_patch_errors => "strategic-overlay-patch-errors",
+    kustomization_without_workload => "kustomization-without-workload",
+    kustomize_resources_refused => "kustomize-resources-refused",
+    kustomize_plugins_and_unsupported_fields => "kustomize-plugins-and-unsupported-fields",
+    kustomize_kustomization_file_problems => "kustomize-kustomization-file-problems",
+    kustomize_bases_and_components => "kustomize-bases-and-components",
+    kustomize_patch_errors => "kustomize-patch-errors",
+    kustomize_generator_errors => "kustomize-generator-errors",
+    kustomize_transformer_errors => "kustomize-transformer-errors",
+    manifest_with_infinity => "manifest-with-infinity",
 }
 
 #[test]

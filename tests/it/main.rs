@@ -13,3 +13,4 @@ mod hub_scale;
 mod render_example;
 mod schemas;
 mod support;
+mod validate_cli;

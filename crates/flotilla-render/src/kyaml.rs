@@ -21,7 +21,7 @@
 //! refuses alias bombs, and refuses duplicate keys.
 
 use serde_json::{Map, Number, Value};
-use serde_saphyr::granit_parser::{Event, Options, Parser, ScalarStyle, Span, Tag};
+use serde_saphyr::granit_parser::{Event, Options, Parser, ScalarStyle, Span, StructureStyle, Tag};
 
 /// A YAML problem: the message and the 1-based line it concerns, if known.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,17 +45,30 @@ const MAX_ALIASES: usize = 1_000;
 const ALIAS_BOMB: &str = "the YAML grows past the parser's limits once its anchors and aliases \
                           are expanded (an alias bomb?); flotilla does not read it";
 
+/// Where a mapping is in its document: kustomize writes the values of a resource's
+/// `metadata.annotations` as the text they were written with.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Root,
+    Metadata,
+    Annotations,
+    Other,
+}
+
 /// A collection being built.
 enum Frame {
     Sequence {
         items: Vec<Value>,
         anchor: usize,
         nodes: usize,
+        flow: bool,
     },
     Mapping {
         entries: Map<String, Value>,
         anchor: usize,
         nodes: usize,
+        flow: bool,
+        role: Role,
         /// The key whose value comes next, and its line.
         key: Option<(PendingKey, u64)>,
         /// Keys that came from a merge (`<<`): a later explicit key replaces them.
@@ -79,6 +92,8 @@ struct Reader {
     anchors: Vec<Option<Anchored>>,
     nodes: usize,
     aliases: usize,
+    /// How many flow collections (`[...]`, `{...}`) the parser is inside.
+    flow_depth: usize,
 }
 
 /// Reads every document of a stream; empty and null documents are skipped.
@@ -94,6 +109,7 @@ pub fn read_documents(text: &str) -> Result<Vec<Document>, ReadError> {
         anchors: Vec::new(),
         nodes: 0,
         aliases: 0,
+        flow_depth: 0,
     };
     let mut root_line: Option<u64> = None;
     let mut root: Option<Value> = None;
@@ -130,9 +146,11 @@ pub fn read_documents(text: &str) -> Result<Vec<Document>, ReadError> {
                 if reader.expects_key() {
                     reader.push_key(&text, style, tag.as_deref(), line)?;
                     None
+                } else if reader.in_annotations() {
+                    Some((Value::String(text.to_string()), 1))
                 } else {
-                    let value =
-                        resolve(&text, style, tag.as_deref()).map_err(|message| ReadError {
+                    let value = resolve_in(&text, style, tag.as_deref(), reader.flow_depth > 0)
+                        .map_err(|message| ReadError {
                             line: Some(line),
                             message,
                         })?;
@@ -140,29 +158,37 @@ pub fn read_documents(text: &str) -> Result<Vec<Document>, ReadError> {
                     Some((value, 1))
                 }
             }
-            Event::SequenceStart(_, anchor, _) => {
+            Event::SequenceStart(structure, anchor, _) => {
                 if reader.stack.is_empty() && root_line.is_none() {
                     root_line = Some(line);
                 }
                 reader.refuse_complex_key(line)?;
                 reader.count(1, line)?;
+                let flow = structure == StructureStyle::Flow;
+                reader.flow_depth += usize::from(flow);
                 reader.stack.push(Frame::Sequence {
                     items: Vec::new(),
                     anchor,
                     nodes: 1,
+                    flow,
                 });
                 None
             }
-            Event::MappingStart(_, anchor, _) => {
+            Event::MappingStart(structure, anchor, _) => {
                 if reader.stack.is_empty() && root_line.is_none() {
                     root_line = Some(line);
                 }
                 reader.refuse_complex_key(line)?;
                 reader.count(1, line)?;
+                let flow = structure == StructureStyle::Flow;
+                reader.flow_depth += usize::from(flow);
+                let role = reader.child_role();
                 reader.stack.push(Frame::Mapping {
                     entries: Map::new(),
                     anchor,
                     nodes: 1,
+                    flow,
+                    role,
                     key: None,
                     merged: Vec::new(),
                 });
@@ -173,7 +199,9 @@ pub fn read_documents(text: &str) -> Result<Vec<Document>, ReadError> {
                     items,
                     anchor,
                     nodes,
+                    flow,
                 }) => {
+                    reader.flow_depth -= usize::from(flow);
                     let value = Value::Array(items);
                     reader.remember(anchor, &value, nodes);
                     Some((value, nodes))
@@ -182,8 +210,10 @@ pub fn read_documents(text: &str) -> Result<Vec<Document>, ReadError> {
                     entries,
                     anchor,
                     nodes,
+                    flow,
                     ..
                 }) => {
+                    reader.flow_depth -= usize::from(flow);
                     let value = Value::Object(entries);
                     reader.remember(anchor, &value, nodes);
                     Some((value, nodes))
@@ -254,6 +284,33 @@ impl Reader {
             });
         }
         Ok(())
+    }
+
+    /// The role of a mapping that starts now, from the one it is in.
+    fn child_role(&self) -> Role {
+        match self.stack.last() {
+            None => Role::Root,
+            Some(Frame::Mapping {
+                role,
+                key: Some((PendingKey::Key(key), _)),
+                ..
+            }) => match (role, key.as_str()) {
+                (Role::Root, "metadata") => Role::Metadata,
+                (Role::Metadata, "annotations") => Role::Annotations,
+                _ => Role::Other,
+            },
+            Some(_) => Role::Other,
+        }
+    }
+
+    fn in_annotations(&self) -> bool {
+        matches!(
+            self.stack.last(),
+            Some(Frame::Mapping {
+                role: Role::Annotations,
+                ..
+            })
+        )
     }
 
     fn expects_key(&self) -> bool {
@@ -338,9 +395,21 @@ impl Reader {
                 key,
                 merged,
                 nodes: total,
+                role,
                 ..
             }) => {
                 *total += nodes;
+                // kustomize writes annotations as text: what is not a single value
+                // becomes empty.
+                let value = match (*role, value) {
+                    (Role::Annotations, Value::String(text)) => Value::String(text),
+                    (Role::Annotations, Value::Array(_) | Value::Object(_)) => {
+                        Value::String(String::new())
+                    }
+                    (Role::Annotations, Value::Null) => Value::String("null".into()),
+                    (Role::Annotations, other) => Value::String(other.to_string()),
+                    (_, value) => value,
+                };
                 match key.take() {
                     Some((PendingKey::Key(name), _)) => {
                         entries.insert(name, value);
@@ -419,6 +488,17 @@ fn wanted(tag: Option<&Tag>) -> Wanted {
 
 /// Resolves one scalar to a JSON value as kustomize does.
 pub fn resolve(text: &str, style: ScalarStyle, tag: Option<&Tag>) -> Result<Value, String> {
+    resolve_in(text, style, tag, false)
+}
+
+/// As [`resolve`]; inside a flow collection (`[...]`, `{...}`) kustomize keeps a
+/// timestamp with a time of day (it holds a `:`) as its text.
+fn resolve_in(
+    text: &str,
+    style: ScalarStyle,
+    tag: Option<&Tag>,
+    in_flow: bool,
+) -> Result<Value, String> {
     let want = wanted(tag);
     if matches!(want, Wanted::Str) {
         return Ok(Value::String(text.to_string()));
@@ -426,7 +506,7 @@ pub fn resolve(text: &str, style: ScalarStyle, tag: Option<&Tag>) -> Result<Valu
     if style != ScalarStyle::Plain && matches!(want, Wanted::Any) {
         return Ok(Value::String(text.to_string()));
     }
-    let resolved = resolve_plain(text)?;
+    let resolved = resolve_plain(text, in_flow)?;
     let fits = match want {
         Wanted::Any | Wanted::Str => true,
         Wanted::Int => matches!(&resolved, Value::Number(n) if !n.is_f64()),
@@ -446,7 +526,7 @@ fn looks_like_timestamp(text: &str) -> bool {
     parse_timestamp(text).is_some()
 }
 
-fn resolve_plain(text: &str) -> Result<Value, String> {
+fn resolve_plain(text: &str, in_flow: bool) -> Result<Value, String> {
     match text {
         "" | "~" | "null" | "Null" | "NULL" => return Ok(Value::Null),
         "true" | "True" | "TRUE" => return Ok(Value::Bool(true)),
@@ -463,6 +543,7 @@ fn resolve_plain(text: &str) -> Result<Value, String> {
     match first {
         b'0'..=b'9' | b'+' | b'-' => {
             if first.is_ascii_digit()
+                && !(in_flow && text.contains(':'))
                 && let Some(timestamp) = parse_timestamp(text)
             {
                 return Ok(Value::String(timestamp));
@@ -628,10 +709,12 @@ fn parse_timestamp(text: &str) -> Option<String> {
         while cursor.peek().is_some_and(|b| b.is_ascii_digit()) {
             cursor.at += 1;
         }
-        if cursor.at == start || cursor.at - start > 9 {
+        if cursor.at == start {
             return None;
         }
-        fraction = text[start..cursor.at].trim_end_matches('0').to_string();
+        // Go keeps nanoseconds: digits past the ninth are dropped.
+        let digits = &text[start..cursor.at.min(start + 9)];
+        fraction = digits.trim_end_matches('0').to_string();
     }
     let zone = if zoned {
         match cursor.next()? {
@@ -779,6 +862,18 @@ mod tests {
         assert_eq!(documents[0].value["d"], json!({"b": 1, "c": 3}));
         assert_eq!(documents[1].value["e"], json!([1, 1]));
         assert_eq!(documents[1].line, 8);
+        let text = "metadata:\n  annotations: {a: 0755, b: yes, c: ~, d: [1]}\n  labels: {a: 0755}\nspec:\n  annotations: {a: 0755}\n  t: [2001-12-14T21:59:43Z, 2001-12-14]\n";
+        let value = &read_documents(text).expect("reads")[0].value;
+        assert_eq!(
+            value["metadata"]["annotations"],
+            json!({"a": "0755", "b": "yes", "c": "~", "d": ""})
+        );
+        assert_eq!(value["metadata"]["labels"], json!({"a": 493}));
+        assert_eq!(value["spec"]["annotations"], json!({"a": 493}));
+        assert_eq!(
+            value["spec"]["t"],
+            json!(["2001-12-14T21:59:43Z", "2001-12-14T00:00:00Z"])
+        );
         let err = read_documents("a: 1\na: 2\n").expect_err("duplicate key");
         assert_eq!(err.line, Some(2));
     }

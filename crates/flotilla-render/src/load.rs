@@ -231,7 +231,9 @@ fn build_kustomization(
     match kustomize::file::find_in(snapshot, &dir) {
         Ok(Some(file)) => Some(kustomize::build(snapshot, &dir, &file)),
         Ok(None) => None,
-        Err(message) => Some(Err(vec![Diagnostic::error(message).in_file(dir)])),
+        Err(message) => Some(Err(vec![
+            Diagnostic::error(message).in_file(format!("{dir}/kustomization.yaml")),
+        ])),
     }
 }
 

@@ -30,10 +30,22 @@ pub fn run(
                 entry.referenced.line(),
                 resource,
                 accumulator,
-            )?;
+            )
+            .map_err(|err| Error {
+                message: format!("{}: {}", field_name(kind), err.message),
+                ..err
+            })?;
         }
     }
     Ok(())
+}
+
+fn field_name(kind: &str) -> &'static str {
+    if kind == "ConfigMap" {
+        "configMapGenerator"
+    } else {
+        "secretGenerator"
+    }
 }
 
 /// Local options, with the global ones added where the local ones say nothing.
@@ -69,11 +81,7 @@ fn generate(
     global: Option<&GeneratorOptions>,
 ) -> Result<Resource, Error> {
     let line = Some(entry.referenced.line());
-    let field = if kind == "ConfigMap" {
-        "configMapGenerator"
-    } else {
-        "secretGenerator"
-    };
+    let field = field_name(kind);
     let error = |message: String| kustomization.error(line, format!("{field}: {message}"));
     let doc = &entry.value;
     let Some(name) = doc.name.as_deref().filter(|n| !n.is_empty()) else {

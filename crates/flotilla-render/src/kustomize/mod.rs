@@ -322,12 +322,24 @@ pub fn build(
         .collect())
 }
 
-/// An error that belongs to the top kustomization.
+/// An error that belongs to the top kustomization as a whole (updating references
+/// after every rename). It is shown at the first field of the top kustomization
+/// that renames objects.
 struct TopError(String);
 
 impl TopError {
     fn at(self, kustomization: &Kustomization) -> Error {
-        kustomization.error(None, self.0)
+        let line = [
+            "namePrefix",
+            "nameSuffix",
+            "namespace",
+            "configMapGenerator",
+            "secretGenerator",
+            "resources",
+        ]
+        .iter()
+        .find_map(|key| kustomization.key_line(key));
+        kustomization.error(line, self.0)
     }
 }
 
@@ -339,17 +351,6 @@ impl Build<'_> {
         kustomization: &Kustomization,
         mut accumulator: Accumulator,
     ) -> Result<Accumulator, Error> {
-        if self.stack.contains(&kustomization.dir) {
-            let mut cycle = self.stack.clone();
-            cycle.push(kustomization.dir.clone());
-            return Err(kustomization.error(
-                None,
-                format!(
-                    "kustomizations include each other in a cycle: {}",
-                    cycle.join(" -> ")
-                ),
-            ));
-        }
         self.stack.push(kustomization.dir.clone());
         let result = self.accumulate_inner(kustomization, &mut accumulator);
         self.stack.pop();
@@ -409,6 +410,17 @@ impl Build<'_> {
         line: Option<u64>,
         dir: &str,
     ) -> Result<Kustomization, Error> {
+        if self.stack.iter().any(|d| d == dir) {
+            let mut cycle = self.stack.clone();
+            cycle.push(dir.to_string());
+            return Err(kustomization.error(
+                line,
+                format!(
+                    "kustomizations include each other in a cycle: {}",
+                    cycle.join(" -> ")
+                ),
+            ));
+        }
         let found = file::find_in(self.snapshot, dir).map_err(|m| kustomization.error(line, m))?;
         let Some(path) = found else {
             return Err(kustomization.error(

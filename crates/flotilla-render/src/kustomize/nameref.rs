@@ -380,7 +380,11 @@ pub fn fix(resources: &mut [Resource]) -> Result<(), TopError> {
                         .flatten(),
                 };
                 let field = FieldSpec::new(&spec.path, None, None, None, false);
-                let description = resources[index].describe();
+                let description = format!(
+                    "{} (from {})",
+                    resources[index].describe(),
+                    resources[index].origin()
+                );
                 fieldspec::visit(
                     &mut resources[index].value,
                     &field,
@@ -389,7 +393,7 @@ pub fn fix(resources: &mut [Resource]) -> Result<(), TopError> {
                 )
                 .map_err(|message| {
                     TopError(format!(
-                        "updating the names {description} refers to: {message}"
+                        "after renaming, the names {description} refers to cannot be updated: {message}"
                     ))
                 })?;
             }

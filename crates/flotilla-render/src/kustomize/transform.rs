@@ -69,12 +69,18 @@ pub fn run(
                 &[FieldSpec::new("metadata/labels", None, None, None, true)],
             );
         }
-        set_entries(&label.pairs, &specs, accumulator)
-            .map_err(|message| kustomization.error(Some(entry.referenced.line()), message))?;
+        set_entries(&label.pairs, &specs, accumulator).map_err(|message| {
+            kustomization.error(Some(entry.referenced.line()), format!("labels: {message}"))
+        })?;
     }
     if !doc.common_labels.is_empty() {
         set_entries(&doc.common_labels, &fieldspec::common_labels(), accumulator).map_err(
-            |message| kustomization.error(kustomization.key_line("commonLabels"), message),
+            |message| {
+                kustomization.error(
+                    kustomization.key_line("commonLabels"),
+                    format!("commonLabels: {message}"),
+                )
+            },
         )?;
     }
     if !doc.common_annotations.is_empty() {
@@ -84,7 +90,10 @@ pub fn run(
             accumulator,
         )
         .map_err(|message| {
-            kustomization.error(kustomization.key_line("commonAnnotations"), message)
+            kustomization.error(
+                kustomization.key_line("commonAnnotations"),
+                format!("commonAnnotations: {message}"),
+            )
         })?;
     }
     for entry in &doc.patches_json6902 {
@@ -625,6 +634,7 @@ impl ImageRule {
                 "images: the name {:?} is not usable as kustomize uses it (a regular expression): {}",
                 image.name,
                 err.to_string().lines().last().unwrap_or_default()
+                    .trim_start_matches("error: ")
             )
         })?;
         Ok(ImageRule {

@@ -4,3 +4,4 @@
 mod kustomize_corpus;
 mod kustomize_diff;
 mod patch_conformance;
+mod regressions;
