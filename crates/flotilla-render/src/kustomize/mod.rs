@@ -269,6 +269,9 @@ impl Accumulator {
     }
 }
 
+/// How deep kustomizations may include one another.
+const MAX_DEPTH: usize = 64;
+
 /// One build: the snapshot and the kustomizations being built (for cycles).
 struct Build<'s> {
     snapshot: &'s FleetSnapshot,
@@ -410,6 +413,14 @@ impl Build<'_> {
         line: Option<u64>,
         dir: &str,
     ) -> Result<Kustomization, Error> {
+        if self.stack.len() >= MAX_DEPTH {
+            return Err(kustomization.error(
+                line,
+                format!(
+                    "kustomizations nest more than {MAX_DEPTH} deep here; flotilla stops there"
+                ),
+            ));
+        }
         if self.stack.iter().any(|d| d == dir) {
             let mut cycle = self.stack.clone();
             cycle.push(dir.to_string());
