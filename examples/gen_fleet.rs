@@ -2,13 +2,17 @@
 //!
 //! ```text
 //! cargo run --release --example gen_fleet -- --clusters 10000 --workloads 20 --resources 5 OUT
-//!     [--git] [--kustomize K]
+//!     [--git] [--kustomize K] [--kustomize-bases]
 //! ```
 //!
 //! The fleet is described in `examples/support/synthetic.rs`. `--git` makes OUT a
 //! Git repository with one commit. `--kustomize K` also writes `OUT-kustomize/`, a
 //! kustomize layout equivalent for the first K clusters (a base per workload, an
 //! overlay per cluster), to compare against `kubectl kustomize`.
+//! `--kustomize-bases` makes every workload of OUT a kustomize base (a name prefix,
+//! a ConfigMap generator and two patches each), and writes `OUT-plain/`, the same
+//! fleet with each base built into plain manifests by flotilla: both render the same
+//! bundles, so they compare the cost of building kustomize bases.
 
 #[path = "support/synthetic.rs"]
 mod synthetic;
@@ -23,6 +27,7 @@ struct Args {
     out: PathBuf,
     git: bool,
     kustomize: usize,
+    kustomize_bases: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -33,6 +38,7 @@ fn parse_args() -> Result<Args, String> {
         out: PathBuf::new(),
         git: false,
         kustomize: 0,
+        kustomize_bases: false,
     };
     let mut it = std::env::args().skip(1);
     let number = |value: Option<String>, flag: &str| -> Result<usize, String> {
@@ -48,6 +54,7 @@ fn parse_args() -> Result<Args, String> {
             "--resources" => args.resources = number(it.next(), "--resources")?,
             "--kustomize" => args.kustomize = number(it.next(), "--kustomize")?,
             "--git" => args.git = true,
+            "--kustomize-bases" => args.kustomize_bases = true,
             "-h" | "--help" => return Err(String::new()),
             other if !other.starts_with('-') => args.out = PathBuf::from(other),
             other => return Err(format!("unknown option {other}")),
@@ -72,6 +79,42 @@ fn write_all(root: &Path, files: &synthetic::Files) {
     }
 }
 
+/// The fleet with each workload's kustomization built (by flotilla's renderer) into
+/// one manifest file, and the kustomization and its inputs left out.
+fn built_into_manifests(files: &synthetic::Files, workloads: usize) -> synthetic::Files {
+    let snapshot = flotilla_core::snapshot::FleetSnapshot::from_files(
+        files.0.iter().map(|(p, t)| (p.as_str(), t.as_str())),
+    );
+    let mut plain = synthetic::Files::default();
+    for (path, text) in &files.0 {
+        let parts: Vec<&str> = path.split('/').collect();
+        if !matches!(
+            parts.as_slice(),
+            ["workloads", _, "kustomization.yaml"] | ["workloads", _, "base", _]
+        ) {
+            plain.0.push((path.clone(), text.clone()));
+        }
+    }
+    for w in 0..workloads {
+        let dir = format!("workloads/w{w:02}");
+        let documents = flotilla_render::kustomize::build(
+            &snapshot,
+            &dir,
+            &format!("{dir}/kustomization.yaml"),
+        )
+        .unwrap_or_else(|errors| panic!("{dir} does not build: {errors:?}"));
+        let mut text = String::new();
+        for document in documents {
+            text.push_str("---\n");
+            text.push_str(
+                &serde_saphyr::to_string(&document.value).expect("a resource serialises"),
+            );
+        }
+        plain.0.push((format!("{dir}/manifests/built.yaml"), text));
+    }
+    plain
+}
+
 fn git(dir: &Path, arguments: &[&str]) {
     let status = Command::new("git")
         .args(arguments)
@@ -90,15 +133,23 @@ fn main() {
         Ok(args) => args,
         Err(message) => {
             eprintln!(
-                "{message}\nusage: gen_fleet --clusters N --workloads W --resources R OUT [--git] [--kustomize K]"
+                "{message}\nusage: gen_fleet --clusters N --workloads W --resources R OUT [--git] [--kustomize K] [--kustomize-bases]"
             );
             std::process::exit(2);
         }
     };
-    write_all(
-        &args.out,
-        &synthetic::fleet(args.clusters, args.workloads, args.resources),
-    );
+    if args.kustomize_bases {
+        let files =
+            synthetic::fleet_with_kustomize_bases(args.clusters, args.workloads, args.resources);
+        let plain = PathBuf::from(format!("{}-plain", args.out.display()));
+        write_all(&plain, &built_into_manifests(&files, args.workloads));
+        write_all(&args.out, &files);
+    } else {
+        write_all(
+            &args.out,
+            &synthetic::fleet(args.clusters, args.workloads, args.resources),
+        );
+    }
     if args.kustomize > 0 {
         let root = PathBuf::from(format!("{}-kustomize", args.out.display()));
         write_all(

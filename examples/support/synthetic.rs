@@ -198,6 +198,73 @@ pub fn fleet(clusters: usize, workloads: usize, resources: usize) -> Files {
     files
 }
 
+/// The fleet of [`fleet`] with every workload a kustomize base: its plain resources
+/// listed by `workloads/<w>/kustomization.yaml` (from `base/`) with a name prefix,
+/// a ConfigMap generator the Deployments read, a strategic merge patch (the
+/// Deployments' `envFrom`) and a JSON patch (a label on the Services). Templates
+/// stay under `manifests/`, beside the kustomization.
+pub fn fleet_with_kustomize_bases(clusters: usize, workloads: usize, resources: usize) -> Files {
+    let plain = fleet(clusters, workloads, resources);
+    let mut files = Files::default();
+    for (path, text) in plain.0 {
+        let parts: Vec<&str> = path.split('/').collect();
+        match parts.as_slice() {
+            ["workloads", workload, "manifests", file] if !file.ends_with(".j2") => {
+                files.add(format!("workloads/{workload}/base/{file}"), &text);
+            }
+            _ => files.0.push((path, text)),
+        }
+    }
+    for w in 0..workloads {
+        let templated = w.is_multiple_of(4);
+        let mut text = String::from(
+            "namePrefix: k-
+resources:
+",
+        );
+        for r in 0..resources {
+            if templated && r == resources - 1 {
+                continue;
+            }
+            let _ = writeln!(text, "  - base/r{r}.yaml");
+        }
+        let _ = write!(
+            text,
+            r#"configMapGenerator:
+  - name: w{w:02}-settings
+    literals:
+      - LOG_LEVEL=info
+      - UPSTREAM=https://api.example.com/w{w:02}
+      - RETRIES=3
+patches:
+  - target:
+      kind: Deployment
+    patch: |-
+      apiVersion: apps/v1
+      kind: Deployment
+      metadata:
+        name: any
+      spec:
+        template:
+          spec:
+            containers:
+              - name: main
+                envFrom:
+                  - configMapRef:
+                      name: w{w:02}-settings
+  - target:
+      kind: Service
+    patch: |-
+      - op: add
+        path: /metadata/labels/exposed
+        value: "true"
+"#
+        );
+        files.add(format!("workloads/w{w:02}/kustomization.yaml"), &text);
+    }
+    files
+}
+
 /// The same fleet for the first K clusters as kustomize sees it: one base per
 /// workload, one overlay folder per cluster with the region's images, the tier's
 /// patch and labels. Template manifests have no kustomize equivalent and are

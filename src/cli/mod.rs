@@ -129,6 +129,10 @@ pub struct RenderArgs {
 pub struct ValidateArgs {
     #[command(flatten)]
     pub source: SourceArgs,
+    /// Count warnings as errors (a patch target that matches nothing, a group that
+    /// selects no cluster, ...): exit 1 if there is any.
+    #[arg(long)]
+    pub strict: bool,
 }
 
 #[derive(Debug, Args)]

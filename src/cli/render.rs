@@ -154,6 +154,13 @@ pub fn run_validate(args: &ValidateArgs) -> anyhow::Result<u8> {
         );
         return Ok(EXIT_FINDINGS);
     }
+    if args.strict && warnings > 0 {
+        eprintln!(
+            "{warnings} warning{}, which --strict counts as errors: the fleet is invalid",
+            plural(warnings)
+        );
+        return Ok(EXIT_FINDINGS);
+    }
     println!(
         "valid: {} cluster{} rendered ({}), {warnings} warning{}",
         output.bundles.len(),

@@ -176,6 +176,20 @@ cases! {
     symlink_outside_the_fleet => "symlink-outside-the-fleet",
     rollout_policy_errors => "rollout-policy-errors",
     rollout_wave_selects_no_cluster_is_a_warning => "rollout-wave-selects-no-cluster-is-a-warning",
+    kustomization_among_manifests => "kustomization-among-manifests",
+    fleet_yaml_among_manifests => "fleet-yaml-among-manifests",
+    overlay_patch_puts_namespace_on_cluster_scoped_kind => "overlay-patch-puts-namespace-on-cluster-scoped-kind",
+    patch_target_matches_nothing_is_a_warning => "patch-target-matches-nothing-is-a-warning",
+    strategic_overlay_patch_errors => "strategic-overlay-patch-errors",
+    kustomization_without_workload => "kustomization-without-workload",
+    kustomize_resources_refused => "kustomize-resources-refused",
+    kustomize_plugins_and_unsupported_fields => "kustomize-plugins-and-unsupported-fields",
+    kustomize_kustomization_file_problems => "kustomize-kustomization-file-problems",
+    kustomize_bases_and_components => "kustomize-bases-and-components",
+    kustomize_patch_errors => "kustomize-patch-errors",
+    kustomize_generator_errors => "kustomize-generator-errors",
+    kustomize_transformer_errors => "kustomize-transformer-errors",
+    manifest_with_infinity => "manifest-with-infinity",
 }
 
 #[test]
@@ -368,8 +382,29 @@ mod never_panics {
             "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: web-{{ cluster.name }}\ndata:\n  site: \"{{ cluster.vars.site }}\"\n  replicas: \"{{ vars.replicas }}\"\n{% for k, v in cluster.labels|items %}  {{ k }}: \"{{ v }}\"\n{% endfor %}",
         ),
         (
+            "workloads/api/workload.yaml",
+            "apiVersion: flotilla.dev/v1alpha1\nkind: Workload\nmetadata:\n  name: api\nspec:\n  namespace: api\n  targets:\n    - group: eu\n",
+        ),
+        (
+            "workloads/api/kustomization.yaml",
+            "namePrefix: edge-\nresources:\n  - base\nconfigMapGenerator:\n  - name: settings\n    literals: [MODE=blue]\n    envs: [app.env]\npatches:\n  - path: patch.yaml\n  - target: {kind: Deployment}\n    patch: |-\n      - {op: add, path: /spec/paused, value: false}\n",
+        ),
+        (
+            "workloads/api/base/kustomization.yaml",
+            "resources: [deployment.yaml]\ncommonLabels: {app: api}\n",
+        ),
+        (
+            "workloads/api/base/deployment.yaml",
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: api\nspec:\n  template:\n    spec:\n      containers:\n        - name: api\n          image: api:1\n          envFrom: [{configMapRef: {name: settings}}]\n",
+        ),
+        (
+            "workloads/api/patch.yaml",
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: api}\nspec:\n  template:\n    spec:\n      containers:\n        - name: api\n          env: [{name: A, value: b}]\n",
+        ),
+        ("workloads/api/app.env", "LOG=debug\n"),
+        (
             "overlays/eu.yaml",
-            "apiVersion: flotilla.dev/v1alpha1\nkind: Overlay\nmetadata:\n  name: eu\nspec:\n  groups: [eu]\n  images:\n    - {name: nginx, newName: mirror/nginx, newTag: '1.28'}\n  patches:\n    - target: {kind: Deployment, labelSelector: 'app in (web)'}\n      ops:\n        - {op: add, path: /spec/replicas, value: 3}\n    - target: {kind: ConfigMap, name: 'web-.*'}\n      merge: {data: {extra: 'yes'}}\n  labels: {team: edge}\n",
+            "apiVersion: flotilla.dev/v1alpha1\nkind: Overlay\nmetadata:\n  name: eu\nspec:\n  groups: [eu]\n  images:\n    - {name: nginx, newName: mirror/nginx, newTag: '1.28'}\n  patches:\n    - target: {kind: Deployment, labelSelector: 'app in (web)'}\n      ops:\n        - {op: add, path: /spec/replicas, value: 3}\n    - target: {kind: ConfigMap, name: 'web-.*'}\n      merge: {data: {extra: 'yes'}}\n    - target: {kind: Deployment|StatefulSet, name: web}\n      strategic: {spec: {template: {spec: {containers: [{name: web, env: [{name: X, value: y}]}]}}}}\n  labels: {team: edge}\n",
         ),
     ];
 
@@ -486,7 +521,8 @@ mod never_panics {
         // The mutations start from a fleet that works, so they reach deep code.
         let output = render(&FleetSnapshot::from_files(VALID.iter().copied()));
         assert!(output.is_clean(), "{:?}", output.diagnostics);
-        assert_eq!(output.bundles["edge-1"].resources.len(), 3);
+        // web's Deployment, Namespace and ConfigMap; api's Deployment and ConfigMap.
+        assert_eq!(output.bundles["edge-1"].resources.len(), 5);
     }
 }
 

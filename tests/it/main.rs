@@ -17,3 +17,4 @@ mod render_example;
 mod rollout_e2e;
 mod schemas;
 mod support;
+mod validate_cli;

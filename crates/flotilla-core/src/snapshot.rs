@@ -19,6 +19,10 @@ pub struct FleetSnapshot {
     pub revision: String,
     /// Problems met while reading (paths escaping the root, oversized files, ...).
     pub problems: Vec<Diagnostic>,
+    /// Files that are not fleet files and could not be held as text (binary, too big,
+    /// a symlink out of the root), with the reason. They matter only if a
+    /// kustomization refers to them, which then says why it cannot use them.
+    pub skipped: BTreeMap<String, String>,
 }
 
 impl FleetSnapshot {
@@ -31,17 +35,25 @@ impl FleetSnapshot {
                 .collect(),
             revision: "memory".to_string(),
             problems: Vec::new(),
+            skipped: BTreeMap::new(),
         }
     }
 }
 
-/// Whether a path (relative to the fleet root) is one the renderer reads.
+/// The names kustomize looks for in a folder, in its order.
+pub const KUSTOMIZATION_FILE_NAMES: [&str; 3] =
+    ["kustomization.yaml", "kustomization.yml", "Kustomization"];
+
+/// Whether a path (relative to the fleet root) is one the renderer reads by its path:
+/// such a file must be readable text, or the fleet does not render. The snapshot also
+/// holds every other text file of the fleet root, for kustomizations to refer to.
 pub fn is_fleet_file(path: &str) -> bool {
     let yaml = |p: &str| p.ends_with(".yaml") || p.ends_with(".yml");
     let parts: Vec<&str> = path.split('/').collect();
     match parts.as_slice() {
         ["clusters", file] | ["groups", file] | ["rollouts", file] => yaml(file),
         ["workloads", _, "workload.yaml"] => true,
+        ["workloads", _, file] => KUSTOMIZATION_FILE_NAMES.contains(file),
         ["workloads", _, "manifests", .., file] => {
             yaml(file) || file.ends_with(".yaml.j2") || file.ends_with(".yml.j2")
         }

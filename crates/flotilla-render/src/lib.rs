@@ -11,10 +11,13 @@
 //! outputs) combination, however many clusters share it. Clusters render in parallel.
 
 pub mod diff;
+pub mod kustomize;
+pub mod kyaml;
 pub mod load;
 pub mod patch;
 pub mod rollouts;
 pub mod scope;
+pub mod strategic;
 pub mod template;
 pub mod transform;
 pub mod yaml;
@@ -125,12 +128,15 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
 
     // Phase 2: every distinct unit of work, rendered once.
     let units = plan_units(&plans_per_cluster, &cluster_scope);
-    let rendered: Vec<Result<Vec<Rendered>, Vec<Diagnostic>>> = units
+    let (rendered, matched): (Vec<UnitResult>, Vec<Vec<(usize, usize)>>) = units
         .keys
         .par_iter()
         .map(|key| render_unit(&fleet, key, &scope_table[key.scope], &parsed_outputs))
-        .collect();
+        .unzip();
     report_unit_errors(&fleet, &clusters, &units, &rendered, &mut diagnostics);
+    if options.clusters.is_empty() && !diagnostics.iter().any(Diagnostic::is_error) {
+        warn_about_unmatched_patches(&fleet, &units, &matched, &mut diagnostics);
+    }
     let unit_ranks = rank_resources(&rendered);
 
     // Phase 3, per cluster: gather, check identities, sort and hash.
@@ -598,25 +604,56 @@ struct UnitKey {
     output: Option<usize>,
 }
 
+type UnitResult = Result<Vec<Rendered>, Vec<Diagnostic>>;
+
+/// Renders one unit; also returns the (overlay, patch) pairs whose target matched one
+/// of its resources.
 fn render_unit(
     fleet: &Fleet,
     key: &UnitKey,
     scopes: &CustomScopes,
     parsed_outputs: &[Result<Vec<SourcedDocument>, Diagnostic>],
-) -> Result<Vec<Rendered>, Vec<Diagnostic>> {
+) -> (UnitResult, Vec<(usize, usize)>) {
     let workload = &fleet.workloads[key.workload];
     let overlays: Vec<&Overlay> = key.overlays.iter().map(|&o| &fleet.overlays[o]).collect();
     let documents: &[SourcedDocument] = match key.output {
         None => &workload.documents,
         Some(output) => match &parsed_outputs[output] {
             Ok(documents) => documents,
-            Err(diagnostic) => return Err(vec![diagnostic.clone()]),
+            Err(diagnostic) => return (Err(vec![diagnostic.clone()]), Vec::new()),
         },
     };
+    let mut flags: Vec<Vec<bool>> = overlays
+        .iter()
+        .map(|overlay| vec![false; overlay.patches.len()])
+        .collect();
+    let result = transform_documents(documents, workload, &overlays, scopes, &mut flags);
+    let matched = key
+        .overlays
+        .iter()
+        .zip(&flags)
+        .flat_map(|(&overlay, flags)| {
+            flags
+                .iter()
+                .enumerate()
+                .filter(|(_, hit)| **hit)
+                .map(move |(patch, _)| (overlay, patch))
+        })
+        .collect();
+    (result, matched)
+}
+
+fn transform_documents(
+    documents: &[SourcedDocument],
+    workload: &Workload,
+    overlays: &[&Overlay],
+    scopes: &CustomScopes,
+    flags: &mut [Vec<bool>],
+) -> UnitResult {
     let mut rendered = Vec::with_capacity(documents.len());
     let mut errors = Vec::new();
     for document in documents {
-        match transform::transform(document, workload, &overlays, scopes) {
+        match transform::transform(document, workload, overlays, scopes, flags) {
             Ok((key, value)) => rendered.push(Rendered {
                 resource: Arc::new(Resource::new(key, value)),
                 file: document.file.clone(),
@@ -722,6 +759,38 @@ fn warn_about_empty_selections(
                 Diagnostic::warning(format!("overlay {:?} selects no cluster", overlay.name))
                     .in_file(&overlay.file),
             );
+        }
+    }
+}
+
+/// kustomize fails on a patch whose target matches nothing; an overlay is shared by
+/// many clusters, so such a patch is a warning (an error under `validate --strict`),
+/// given when no cluster has a resource it matches.
+fn warn_about_unmatched_patches(
+    fleet: &Fleet,
+    units: &Units,
+    matched: &[Vec<(usize, usize)>],
+    diagnostics: &mut Vec<Diagnostic>,
+) {
+    let used: BTreeSet<usize> = units
+        .keys
+        .iter()
+        .flat_map(|key| key.overlays.iter().copied())
+        .collect();
+    let hit: BTreeSet<(usize, usize)> = matched.iter().flatten().copied().collect();
+    for &index in &used {
+        let overlay = &fleet.overlays[index];
+        for (patch_index, patch) in overlay.patches.iter().enumerate() {
+            if !hit.contains(&(index, patch_index)) {
+                diagnostics.push(
+                    Diagnostic::warning(format!(
+                        "the target of this patch of overlay {:?} matches no resource on any cluster it applies to",
+                        overlay.name
+                    ))
+                    .in_file(&overlay.file)
+                    .at_line(Some(patch.line)),
+                );
+            }
         }
     }
 }

@@ -9,6 +9,7 @@ use rayon::prelude::*;
 use regex::Regex;
 use serde::de::DeserializeOwned;
 
+use super::kustomize;
 use super::yaml::{self, YamlDocument};
 use flotilla_core::diagnostic::{Diagnostic, did_you_mean};
 use flotilla_core::model::{
@@ -16,7 +17,7 @@ use flotilla_core::model::{
     RolloutPolicyDoc, Target, Vars, WorkloadDoc, parse_selector,
 };
 use flotilla_core::rollout::{self, Budget, Policy, WavePlan, Window};
-use flotilla_core::snapshot::FleetSnapshot;
+use flotilla_core::snapshot::{FleetSnapshot, KUSTOMIZATION_FILE_NAMES};
 
 const API_VERSION: &str = flotilla_core::bundle::API_VERSION;
 
@@ -79,9 +80,9 @@ pub struct Overlay {
 #[derive(Debug)]
 pub struct CompiledPatch {
     pub line: u64,
-    pub group: Option<String>,
-    pub version: Option<String>,
-    pub kind: Option<String>,
+    pub group: Option<Regex>,
+    pub version: Option<Regex>,
+    pub kind: Option<Regex>,
     pub name: Option<Regex>,
     pub namespace: Option<Regex>,
     pub label_selector: Option<LabelSelector>,
@@ -93,6 +94,7 @@ pub struct CompiledPatch {
 pub enum PatchAction {
     JsonPatch(serde_json::Value),
     MergePatch(serde_json::Value),
+    StrategicMerge(serde_json::Value),
 }
 
 /// A RolloutPolicy as read: the checked policy and how its waves select clusters.
@@ -188,9 +190,40 @@ pub fn load(snapshot: &FleetSnapshot, diagnostics: &mut Vec<Diagnostic>) -> Flee
             Loaded::Nothing => {}
         }
     }
-    for workload in &mut fleet.workloads {
-        workload.documents = Arc::new(manifests.remove(&workload.name).unwrap_or_default());
+    // A workload that is a kustomize base is built once here, for every cluster.
+    let built: Vec<Option<Result<Vec<SourcedDocument>, Vec<Diagnostic>>>> = fleet
+        .workloads
+        .par_iter()
+        .map(|workload| build_kustomization(snapshot, &workload.name))
+        .collect();
+    for (workload, built) in fleet.workloads.iter_mut().zip(built) {
+        let mut documents = manifests.remove(&workload.name).unwrap_or_default();
+        match built {
+            Some(Ok(resources)) => documents.extend(resources),
+            Some(Err(errors)) => diagnostics.extend(
+                errors
+                    .into_iter()
+                    .map(|d| d.for_workload(workload.name.clone())),
+            ),
+            None => {}
+        }
+        workload.documents = Arc::new(documents);
         workload.templates = templates.remove(&workload.name).unwrap_or_default();
+    }
+    for path in snapshot.files.keys() {
+        if let ["workloads", name, file] = path.split('/').collect::<Vec<_>>().as_slice()
+            && KUSTOMIZATION_FILE_NAMES.contains(file)
+            && !snapshot
+                .files
+                .contains_key(&format!("workloads/{name}/workload.yaml"))
+        {
+            diagnostics.push(
+                Diagnostic::error(format!(
+                    "a kustomization for workload {name:?}, but there is no workloads/{name}/workload.yaml"
+                ))
+                .in_file(path),
+            );
+        }
     }
     let orphans = manifests
         .into_iter()
@@ -228,6 +261,50 @@ pub fn load(snapshot: &FleetSnapshot, diagnostics: &mut Vec<Diagnostic>) -> Flee
     fleet
 }
 
+/// Builds `workloads/<name>/` if it holds a kustomization file.
+fn build_kustomization(
+    snapshot: &FleetSnapshot,
+    name: &str,
+) -> Option<Result<Vec<SourcedDocument>, Vec<Diagnostic>>> {
+    let dir = format!("workloads/{name}");
+    match kustomize::file::find_in(snapshot, &dir) {
+        Ok(Some(file)) => Some(kustomize::build(snapshot, &dir, &file)),
+        Ok(None) => None,
+        Err(message) => Some(Err(vec![
+            Diagnostic::error(message).in_file(format!("{dir}/kustomization.yaml")),
+        ])),
+    }
+}
+
+/// A file among a workload's manifests that is not a manifest but the file of
+/// another tool: what it is and where it belongs.
+fn misplaced_tool_file(path: &str, workload: &str, file: &str, text: &str) -> Option<String> {
+    let folder = path.rsplit_once('/').map_or("", |(dir, _)| dir);
+    let relative = folder
+        .strip_prefix(&format!("workloads/{workload}/"))
+        .unwrap_or(folder);
+    let is_kustomization = KUSTOMIZATION_FILE_NAMES.contains(&file)
+        || text.lines().any(|line| {
+            // A top-level key only: an indented one may be text inside a block scalar.
+            line.strip_prefix("apiVersion:").is_some_and(|v| {
+                v.trim()
+                    .trim_matches(['"', '\''])
+                    .starts_with("kustomize.config.k8s.io/")
+            })
+        });
+    if is_kustomization {
+        return Some(format!(
+            "this is a kustomization, not a Kubernetes manifest: flotilla builds a workload's kustomize base from workloads/{workload}/kustomization.yaml; move it there (with its paths made relative to workloads/{workload}/), or list this folder there under `resources: [{relative}]`"
+        ));
+    }
+    if file == "fleet.yaml" || file == "fleet.yml" {
+        return Some(format!(
+            "this is a Fleet bundle file (fleet.yaml), not a Kubernetes manifest: in flotilla its namespace is spec.namespace of workloads/{workload}/workload.yaml, its targets are spec.targets there, and its targetCustomizations are groups and overlays (see docs/migrating.md); remove it from the manifests"
+        ));
+    }
+    None
+}
+
 fn load_file(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Loaded {
     let parts: Vec<&str> = path.split('/').collect();
     let loaded = match parts.as_slice() {
@@ -243,6 +320,17 @@ fn load_file(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Loade
                 workload: workload.to_string(),
                 path: path.to_string(),
             })
+        }
+        ["workloads", workload, "manifests", .., file]
+            if (is_yaml(file) || KUSTOMIZATION_FILE_NAMES.contains(file))
+                && let Some(message) = misplaced_tool_file(path, workload, file, text) =>
+        {
+            diagnostics.push(
+                Diagnostic::error(message)
+                    .in_file(path)
+                    .for_workload(*workload),
+            );
+            None
         }
         ["workloads", workload, "manifests", .., file] if is_yaml(file) => {
             match yaml::parse_documents(text) {
@@ -598,14 +686,28 @@ fn compile_patch(
     diagnostics: &mut Vec<Diagnostic>,
 ) -> Option<CompiledPatch> {
     let line = patch.referenced.line();
-    let Patch { target, ops, merge } = patch.value;
+    let Patch {
+        target,
+        ops,
+        merge,
+        strategic,
+    } = patch.value;
     let error = |message: String| Diagnostic::error(message).in_file(path).at_line(Some(line));
-    let action = match (ops, merge) {
-        (Some(ops), None) => PatchAction::JsonPatch(serde_json::Value::Array(ops)),
-        (None, Some(merge)) => PatchAction::MergePatch(merge),
+    let action = match (ops, merge, strategic) {
+        (Some(ops), None, None) => PatchAction::JsonPatch(serde_json::Value::Array(ops)),
+        (None, Some(merge), None) => PatchAction::MergePatch(merge),
+        (None, None, Some(strategic @ serde_json::Value::Object(_))) => {
+            PatchAction::StrategicMerge(strategic)
+        }
+        (None, None, Some(_)) => {
+            diagnostics.push(error(
+                "\"strategic\" must be a mapping: the part of the resource to merge in".into(),
+            ));
+            return None;
+        }
         _ => {
             diagnostics.push(error(
-                "a patch needs exactly one of \"ops\" (RFC 6902) or \"merge\" (RFC 7396)".into(),
+                "a patch needs exactly one of \"ops\" (RFC 6902), \"merge\" (RFC 7396) or \"strategic\" (a strategic merge patch)".into(),
             ));
             return None;
         }
@@ -631,6 +733,9 @@ fn compile_patch(
             }
         }
     };
+    let group = regex("group", target.group);
+    let version = regex("version", target.version);
+    let kind = regex("kind", target.kind);
     let name = regex("name", target.name);
     let namespace = regex("namespace", target.namespace);
     let mut selector = |field: &str, text: Option<String>| -> Option<LabelSelector> {
@@ -647,9 +752,9 @@ fn compile_patch(
     let annotation_selector = selector("annotationSelector", target.annotation_selector);
     (!failed).then_some(CompiledPatch {
         line,
-        group: target.group,
-        version: target.version,
-        kind: target.kind,
+        group,
+        version,
+        kind,
         name,
         namespace,
         label_selector,

@@ -5,18 +5,22 @@
 use serde_json::{Map, Value};
 
 use super::load::{CompiledPatch, Overlay, PatchAction, SourcedDocument, Workload};
-use super::patch;
 use super::scope::{CustomScopes, is_cluster_scoped};
+use super::{patch, strategic};
 use flotilla_core::bundle::ResourceKey;
 use flotilla_core::diagnostic::Diagnostic;
 use flotilla_core::model::ImageOverride;
 
 /// Renders one document: returns the final resource or the error that stopped it.
+/// Every overlay patch whose target matched the resource is marked in `matched`
+/// (`matched[overlay position][patch index]`), so that a target that never matches
+/// can be reported.
 pub fn transform(
     document: &SourcedDocument,
     workload: &Workload,
     overlays: &[&Overlay],
     scopes: &CustomScopes,
+    matched: &mut [Vec<bool>],
 ) -> Result<(ResourceKey, Value), Diagnostic> {
     let located = |message: String| {
         Diagnostic::error(message)
@@ -39,10 +43,15 @@ pub fn transform(
     {
         metadata.insert("namespace".into(), Value::String(namespace.clone()));
     }
-    for overlay in overlays {
-        for patch in &overlay.patches {
+    for (position, overlay) in overlays.iter().enumerate() {
+        for (index, patch) in overlay.patches.iter().enumerate() {
             if !patch_matches(patch, &value) {
                 continue;
+            }
+            if let Some(flags) = matched.get_mut(position)
+                && let Some(flag) = flags.get_mut(index)
+            {
+                *flag = true;
             }
             let before = identity(&value).map_err(&located)?;
             let result = match &patch.action {
@@ -53,8 +62,25 @@ pub fn transform(
                     patch::apply_merge_patch(&mut value, merge);
                     Ok(())
                 }
+                PatchAction::StrategicMerge(merge) => match strategic::apply(&mut value, merge) {
+                    Ok(strategic::Outcome::Patched) => Ok(()),
+                    Ok(strategic::Outcome::Deleted) => Err(
+                        "`$patch: delete` at the top of an overlay's patch would remove the resource; an overlay changes resources, it does not remove them".to_string(),
+                    ),
+                    Err(err) => Err(err.to_string()),
+                },
             };
-            let result = result.and_then(|()| identity(&value).map(|_| ()));
+            // A patch must leave a resource with an identity, and cannot move a
+            // cluster-scoped resource into a namespace (the manifest cannot either).
+            let result = result.and_then(|()| {
+                let key = identity(&value)?;
+                if !key.namespace.is_empty() && is_cluster_scoped(&key.group, &key.kind, scopes) {
+                    return Err(format!(
+                        "{key} is cluster-scoped and must not set metadata.namespace"
+                    ));
+                }
+                Ok(())
+            });
             if let Err(reason) = result {
                 return Err(Diagnostic::error(format!(
                     "patch of overlay {:?} on {} (from {}:{}) failed: {reason}",
@@ -134,9 +160,9 @@ fn patch_matches(patch: &CompiledPatch, value: &Value) -> bool {
             })
             .unwrap_or_default()
     };
-    patch.group.as_deref().is_none_or(|g| g == group)
-        && patch.version.as_deref().is_none_or(|v| v == version)
-        && patch.kind.as_deref().is_none_or(|k| k == kind)
+    patch.group.as_ref().is_none_or(|r| r.is_match(group))
+        && patch.version.as_ref().is_none_or(|r| r.is_match(version))
+        && patch.kind.as_ref().is_none_or(|r| r.is_match(kind))
         && patch.name.as_ref().is_none_or(|r| r.is_match(text("name")))
         && patch
             .namespace

@@ -22,6 +22,10 @@ fn options() -> serde_saphyr::Options {
     budget.max_events = 2_000_000;
     options.budget = Some(budget);
     options.duplicate_keys = serde_saphyr::DuplicateKeyPolicy::Error;
+    // Read flotilla's own files with the scalar rules kustomize applies to manifests:
+    // `yes`/`on` stay strings and `0755` is octal.
+    options.strict_booleans = true;
+    options.legacy_octal_numbers = true;
     options
 }
 
@@ -37,70 +41,23 @@ pub struct YamlDocument {
     pub line: u64,
 }
 
-/// Parses every document of a multi-document stream. Documents are split at `---`
-/// lines so each keeps its own starting line; empty documents are skipped.
+/// Parses every document of a multi-document stream of manifests, reading scalars
+/// as kustomize does (see [`crate::kyaml`]); empty documents are skipped.
 pub fn parse_documents(text: &str) -> Result<Vec<YamlDocument>, YamlError> {
-    let mut documents = Vec::new();
-    for (start_line, body) in split_documents(text) {
-        if body.lines().all(|line| {
-            let trimmed = line.trim();
-            trimmed.is_empty() || trimmed.starts_with('#')
-        }) {
-            continue;
-        }
-        let value: Value = parse(body).map_err(|err| YamlError {
-            line: err.line.map(|line| line + start_line - 1),
-            message: err.message,
-        })?;
-        if value.is_null() {
-            continue;
-        }
-        documents.push(YamlDocument {
-            value,
-            line: first_content_line(body) + start_line - 1,
-        });
-    }
-    Ok(documents)
-}
-
-/// Splits at lines that are exactly a document marker (`---` possibly followed by
-/// content or a comment) or a document end (`...`). Returns each body with the
-/// 1-based line its first line has in the whole text.
-fn split_documents(text: &str) -> Vec<(u64, &str)> {
-    let mut documents = Vec::new();
-    let mut start_offset = 0;
-    let mut start_line = 1u64;
-    let mut offset = 0;
-    for (index, line) in text.split_inclusive('\n').enumerate() {
-        let line_number = index as u64 + 1;
-        let bare = line.trim_end_matches(['\n', '\r']);
-        let is_marker = bare == "---" || bare.starts_with("--- ") || bare.starts_with("---\t");
-        let is_end = bare == "...";
-        if is_marker || is_end {
-            documents.push((start_line, &text[start_offset..offset]));
-            if is_marker && bare.len() > 3 {
-                // Content after the marker on the same line ("--- !tag" or "--- |")
-                // belongs to the next document; keep the line but blank the marker.
-                start_offset = offset + 3;
-                start_line = line_number;
-            } else {
-                start_offset = offset + line.len();
-                start_line = line_number + 1;
-            }
-        }
-        offset += line.len();
-    }
-    documents.push((start_line, &text[start_offset..]));
-    documents
-}
-
-fn first_content_line(body: &str) -> u64 {
-    body.lines()
-        .position(|line| {
-            let trimmed = line.trim();
-            !trimmed.is_empty() && !trimmed.starts_with('#')
+    crate::kyaml::read_documents(text)
+        .map(|documents| {
+            documents
+                .into_iter()
+                .map(|d| YamlDocument {
+                    value: d.value,
+                    line: d.line,
+                })
+                .collect()
         })
-        .map_or(1, |index| index as u64 + 1)
+        .map_err(|err| YamlError {
+            line: err.line,
+            message: err.message,
+        })
 }
 
 fn convert(err: &serde_saphyr::Error) -> YamlError {

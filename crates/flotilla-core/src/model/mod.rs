@@ -229,10 +229,11 @@ pub struct ImageOverride {
     pub digest: Option<String>,
 }
 
-/// A patch: a target and exactly one of `ops` (RFC 6902) or `merge` (RFC 7396).
+/// A patch: a target and exactly one of `ops` (RFC 6902), `merge` (RFC 7396) or
+/// `strategic` (a strategic merge patch).
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-#[schemars(extend("oneOf" = [{"required": ["ops"]}, {"required": ["merge"]}]))]
+#[schemars(extend("oneOf" = [{"required": ["ops"]}, {"required": ["merge"]}, {"required": ["strategic"]}]))]
 pub struct Patch {
     /// Which resources the patch applies to; absent means every resource.
     #[serde(default)]
@@ -254,21 +255,30 @@ pub struct Patch {
     /// An RFC 7396 JSON Merge Patch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merge: Option<Value>,
+    /// A strategic merge patch, as kustomize applies it: lists of the built-in kinds
+    /// merge by their keys (`containers` and `env` by `name`, `ports` by
+    /// `containerPort`, `volumeMounts` by `mountPath`, ...), other lists are replaced;
+    /// `$patch: delete|replace` and `$setElementOrder/<list>` are understood.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("type" = "object"))]
+    pub strategic: Option<Value>,
 }
 
-/// kustomize patch-target semantics: every field given must match; `name` and
-/// `namespace` are anchored regular expressions, `labelSelector` and
-/// `annotationSelector` use the Kubernetes selector syntax (`app=web,tier in (a,b)`).
+/// kustomize patch-target semantics: every field given must match; `group`,
+/// `version`, `kind`, `name` and `namespace` are anchored regular expressions
+/// (`kind: Deployment|StatefulSet`), `labelSelector` and `annotationSelector` use the
+/// Kubernetes selector syntax (`app=web,tier in (a,b)`).
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct PatchTarget {
-    /// The API group (`apps`; `""` for the core group of `v1`).
+    /// An anchored regular expression over the API group (`apps`; `""` for the core
+    /// group of `v1` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
-    /// The API version (`v1`).
+    /// An anchored regular expression over the API version (`v1`, `v1(beta1)?`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
-    /// The kind (`Deployment`).
+    /// An anchored regular expression over the kind (`Deployment|StatefulSet`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
     /// An anchored regular expression over `metadata.name`.

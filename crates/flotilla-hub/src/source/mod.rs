@@ -4,7 +4,6 @@
 
 pub mod follow;
 
-use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
@@ -201,8 +200,7 @@ pub fn snapshot_of_commit(
     let mut walker = GitWalker {
         repo,
         root: &tree,
-        files: &mut snapshot.files,
-        problems: &mut snapshot.problems,
+        snapshot: &mut snapshot,
     };
     walker.walk(&tree, "")?;
     Ok(snapshot)
@@ -211,8 +209,7 @@ pub fn snapshot_of_commit(
 struct GitWalker<'a> {
     repo: &'a Repository,
     root: &'a Tree<'a>,
-    files: &'a mut BTreeMap<String, Arc<str>>,
-    problems: &'a mut Vec<Diagnostic>,
+    snapshot: &'a mut FleetSnapshot,
 }
 
 const SYMLINK_MODE: i32 = 0o120000;
@@ -221,7 +218,7 @@ impl GitWalker<'_> {
     fn walk(&mut self, tree: &Tree<'_>, prefix: &str) -> Result<(), SourceError> {
         for entry in tree.iter() {
             let Ok(name) = entry.name() else {
-                self.problems.push(
+                self.snapshot.problems.push(
                     Diagnostic::error("a file name is not valid UTF-8; it was skipped")
                         .in_file(prefix),
                 );
@@ -239,18 +236,24 @@ impl GitWalker<'_> {
                     }
                     let Ok(subtree) = entry.to_object(self.repo).and_then(|o| o.peel_to_tree())
                     else {
-                        self.problems.push(
+                        self.snapshot.problems.push(
                             Diagnostic::error("cannot read this folder from Git").in_file(&path),
                         );
                         continue;
                     };
                     self.walk(&subtree, &path)?;
                 }
-                Some(ObjectType::Blob) if is_fleet_file(&path) => {
+                Some(ObjectType::Blob) => {
                     let Ok(blob) = self.repo.find_blob(entry.id()) else {
-                        self.problems.push(
-                            Diagnostic::error("cannot read this file from Git").in_file(&path),
-                        );
+                        if is_fleet_file(&path) {
+                            self.snapshot.problems.push(
+                                Diagnostic::error("cannot read this file from Git").in_file(&path),
+                            );
+                        } else {
+                            self.snapshot
+                                .skipped
+                                .insert(path, "cannot be read from Git".into());
+                        }
                         continue;
                     };
                     if entry.filemode() == SYMLINK_MODE {
@@ -269,12 +272,15 @@ impl GitWalker<'_> {
     fn read_symlink(&mut self, path: &str, target: &[u8]) {
         let target = String::from_utf8_lossy(target);
         let Some(resolved) = resolve_inside(path, &target) else {
-            self.problems.push(
-                Diagnostic::error(format!(
-                    "symlink to {target:?} points outside the fleet root; it was not read"
-                ))
-                .in_file(path),
-            );
+            let reason =
+                format!("symlink to {target:?} points outside the fleet root; it was not read");
+            if is_fleet_file(path) {
+                self.snapshot
+                    .problems
+                    .push(Diagnostic::error(reason).in_file(path));
+            } else {
+                self.snapshot.skipped.insert(path.to_string(), reason);
+            }
             return;
         };
         let blob = self
@@ -285,42 +291,57 @@ impl GitWalker<'_> {
             .and_then(|e| self.repo.find_blob(e.id()).ok());
         match blob {
             Some(blob) => self.add(path, blob.content()),
-            None => self.problems.push(
-                Diagnostic::error(format!(
-                    "symlink to {target:?} does not lead to a file in the fleet"
-                ))
-                .in_file(path),
-            ),
+            None => {
+                let reason = format!("symlink to {target:?} does not lead to a file in the fleet");
+                if is_fleet_file(path) {
+                    self.snapshot
+                        .problems
+                        .push(Diagnostic::error(reason).in_file(path));
+                } else {
+                    self.snapshot.skipped.insert(path.to_string(), reason);
+                }
+            }
         }
     }
 
     fn add(&mut self, path: &str, content: &[u8]) {
-        add_file(self.files, self.problems, path, content);
+        add_file(self.snapshot, path, content);
     }
 }
 
-fn add_file(
-    files: &mut BTreeMap<String, Arc<str>>,
-    problems: &mut Vec<Diagnostic>,
-    path: &str,
-    content: &[u8],
-) {
+/// Adds a file to the snapshot. A fleet file that is too big or not UTF-8 is a
+/// problem; any other file is only noted as skipped, since it matters only if a
+/// kustomization refers to it.
+fn add_file(snapshot: &mut FleetSnapshot, path: &str, content: &[u8]) {
+    let fleet_file = is_fleet_file(path);
+    let mut refuse = |reason: String| {
+        if fleet_file {
+            snapshot
+                .problems
+                .push(Diagnostic::error(format!("{reason}; it was not read")).in_file(path));
+        } else {
+            snapshot.skipped.insert(path.to_string(), reason);
+        }
+    };
     if content.len() as u64 > MAX_FILE_BYTES {
-        problems.push(
-            Diagnostic::error(format!(
-                "file is {} bytes, over the limit of {MAX_FILE_BYTES} bytes; it was not read",
-                content.len()
-            ))
-            .in_file(path),
-        );
+        refuse(format!(
+            "file is {} bytes, over the limit of {MAX_FILE_BYTES} bytes",
+            content.len()
+        ));
         return;
     }
     match std::str::from_utf8(content) {
         Ok(text) => {
-            files.insert(path.to_string(), Arc::from(text));
+            snapshot.files.insert(path.to_string(), Arc::from(text));
         }
-        Err(err) => problems
+        Err(err) if fleet_file => snapshot
+            .problems
             .push(Diagnostic::error(format!("file is not UTF-8 text ({err})")).in_file(path)),
+        Err(_) => {
+            snapshot
+                .skipped
+                .insert(path.to_string(), "file is not UTF-8 text".to_string());
+        }
     }
 }
 
@@ -370,9 +391,7 @@ pub fn from_folder(repo_path: &Path, subpath: &str) -> Result<FleetSnapshot, Sou
         for entry in entries {
             let entry = entry.map_err(|e| io(&dir, e))?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with('.') {
-                continue;
-            }
+            let hidden = name.starts_with('.');
             let rel = if prefix.is_empty() {
                 name.clone()
             } else {
@@ -380,6 +399,10 @@ pub fn from_folder(repo_path: &Path, subpath: &str) -> Result<FleetSnapshot, Sou
             };
             let path = entry.path();
             let file_type = entry.file_type().map_err(|e| io(&path, e))?;
+            if hidden && file_type.is_dir() {
+                // `.git` and the like; hidden files (`.env`) are read.
+                continue;
+            }
             let (real, is_dir) = if file_type.is_symlink() {
                 match path.canonicalize() {
                     Ok(real) if real.starts_with(&canonical_root) => {
@@ -387,14 +410,16 @@ pub fn from_folder(repo_path: &Path, subpath: &str) -> Result<FleetSnapshot, Sou
                         (real, is_dir)
                     }
                     Ok(real) => {
-                        if is_fleet_file(&rel) || real.is_dir() {
-                            snapshot.problems.push(
-                                Diagnostic::error(format!(
-                                    "symlink to {} points outside the fleet root; it was not read",
-                                    real.display()
-                                ))
-                                .in_file(&rel),
-                            );
+                        let reason = format!(
+                            "symlink to {} points outside the fleet root; it was not read",
+                            real.display()
+                        );
+                        if is_fleet_file(&rel) || (real.is_dir() && !hidden) {
+                            snapshot
+                                .problems
+                                .push(Diagnostic::error(reason).in_file(&rel));
+                        } else {
+                            snapshot.skipped.insert(rel, reason);
                         }
                         continue;
                     }
@@ -403,6 +428,8 @@ pub fn from_folder(repo_path: &Path, subpath: &str) -> Result<FleetSnapshot, Sou
                             snapshot
                                 .problems
                                 .push(Diagnostic::error("broken symlink").in_file(&rel));
+                        } else {
+                            snapshot.skipped.insert(rel, "broken symlink".into());
                         }
                         continue;
                     }
@@ -410,6 +437,9 @@ pub fn from_folder(repo_path: &Path, subpath: &str) -> Result<FleetSnapshot, Sou
             } else {
                 (path.clone(), file_type.is_dir())
             };
+            if is_dir && hidden {
+                continue;
+            }
             if is_dir {
                 // A symlinked folder inside the root is read through its real path,
                 // which is always a subfolder, so there are no cycles to follow.
@@ -418,19 +448,21 @@ pub fn from_folder(repo_path: &Path, subpath: &str) -> Result<FleetSnapshot, Sou
                 }
                 continue;
             }
-            if !is_fleet_file(&rel) {
-                continue;
-            }
             let size = std::fs::metadata(&real).map_err(|e| io(&real, e))?.len();
             if size > MAX_FILE_BYTES {
-                snapshot.problems.push(
-                    Diagnostic::error(format!("file is {size} bytes, over the limit of {MAX_FILE_BYTES} bytes; it was not read"))
-                        .in_file(&rel),
-                );
+                let reason =
+                    format!("file is {size} bytes, over the limit of {MAX_FILE_BYTES} bytes");
+                if is_fleet_file(&rel) {
+                    snapshot.problems.push(
+                        Diagnostic::error(format!("{reason}; it was not read")).in_file(&rel),
+                    );
+                } else {
+                    snapshot.skipped.insert(rel, reason);
+                }
                 continue;
             }
             let content = std::fs::read(&real).map_err(|e| io(&real, e))?;
-            add_file(&mut snapshot.files, &mut snapshot.problems, &rel, &content);
+            add_file(&mut snapshot, &rel, &content);
         }
     }
     Ok(snapshot)

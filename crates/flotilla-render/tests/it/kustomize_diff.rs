@@ -93,10 +93,11 @@ fn kustomize_output(case: &Case) -> Vec<Value> {
         String::from_utf8_lossy(&output.stderr)
     );
     let text = String::from_utf8(output.stdout).expect("kustomize prints UTF-8");
-    serde_saphyr::from_multiple::<Value>(&text)
-        .unwrap_or_else(|err| panic!("kustomize's output is not YAML: {err}\n{text}"))
+    // Read as kustomize reads YAML (`- tRUE` is a string there).
+    flotilla_render::yaml::parse_documents(&text)
+        .unwrap_or_else(|err| panic!("kustomize's output is not YAML: {}\n{text}", err.message))
         .into_iter()
-        .filter(|v| !v.is_null())
+        .map(|d| d.value)
         .collect()
 }
 
@@ -109,10 +110,17 @@ fn sorted(mut resources: Vec<Value>) -> Vec<Value> {
     resources
 }
 
+/// Pretty JSON of the canonical form, so that `8` and `8.0` compare equal, as they
+/// are in a bundle.
 fn pretty(resources: &[Value]) -> Vec<String> {
     resources
         .iter()
-        .map(|r| serde_json::to_string_pretty(r).expect("serialisable"))
+        .map(|r| {
+            let mut bytes = Vec::new();
+            flotilla_core::bundle::write_canonical(&mut bytes, r);
+            let normal: Value = serde_json::from_slice(&bytes).expect("canonical JSON parses");
+            serde_json::to_string_pretty(&normal).expect("serialisable")
+        })
         .collect()
 }
 
@@ -317,6 +325,69 @@ fn merge_patches_on_non_list_fields() {
       metadata: {name: any}
       data: {mode: green, list: null, added: 'x'}
 ",
+    });
+}
+
+/// A strategic merge patch in an overlay and the same patch in a kustomization agree,
+/// lists merged by their keys included.
+#[test]
+fn strategic_merge_patches_on_lists() {
+    let patch = "spec:
+  replicas: 2
+  template:
+    spec:
+      initContainers:
+        - name: init
+          $patch: delete
+      containers:
+        - name: web
+          ports: [{containerPort: 8443, name: https}]
+          env: [{name: MODE, value: edge}]
+        - name: cache
+          image: redis:7.2
+        - name: logger
+          image: fluent-bit:3
+";
+    check(&Case {
+        manifests: DEPLOYMENT,
+        namespace: None,
+        overlay: Box::leak(
+            format!(
+                "  patches:\n    - target: {{kind: Deployment}}\n      strategic:\n{}",
+                indent(patch, 8)
+            )
+            .into_boxed_str(),
+        ),
+        kustomization: Box::leak(
+            format!(
+                "patches:\n  - target: {{kind: Deployment}}\n    patch: |-\n      apiVersion: apps/v1\n      kind: Deployment\n      metadata: {{name: web}}\n{}",
+                indent(patch, 6)
+            )
+            .into_boxed_str(),
+        ),
+    });
+}
+
+/// YAML scalars in manifests read as kustomize reads them: legacy octal numbers,
+/// `yes`/`on` as strings, timestamps written as Go writes them.
+#[test]
+fn yaml_scalars_in_manifests() {
+    check(&Case {
+        manifests: "apiVersion: v1
+kind: Pod
+metadata: {name: scalars, annotations: {a: yes, b: on, c: 2024-01-02}}
+spec:
+  containers:
+    - name: c
+      image: busybox
+      args: [yes, on, y, off, no, 0755, 012, 0o17, 0x1F, 1_000, 08, 1e3, .5, +12, 2001-12-14T21:59:43.10-05:00, tRUE, Null]
+  volumes:
+    - {name: a, configMap: {name: c, defaultMode: 0755}}
+    - {name: b, secret: {secretName: s, defaultMode: 0644}}
+",
+        namespace: None,
+        overlay: "  labels: {seen: 'true'}\n",
+        kustomization: "labels:\n  - pairs: {seen: 'true'}\n",
     });
 }
 

@@ -1,0 +1,782 @@
+//! A kustomization's transformers, in kustomize's order: `patchesStrategicMerge`,
+//! `patches`, `namespace`, `namePrefix`, `nameSuffix`, `labels` and `commonLabels`,
+//! `commonAnnotations`, `patchesJson6902`, `replicas`, `images`.
+
+use std::collections::BTreeMap;
+
+use regex::Regex;
+use serde_json::{Map, Value};
+
+use super::fieldspec::{self, Create, FieldSpec};
+use super::file::{ImageDoc, Kustomization, PatchDoc, SelectorDoc};
+use super::{Accumulator, Error, Resource, group_version};
+use crate::{patch, strategic, yaml};
+use flotilla_core::model::{LabelSelector, parse_selector};
+use flotilla_core::snapshot::FleetSnapshot;
+
+pub fn run(
+    snapshot: &FleetSnapshot,
+    kustomization: &Kustomization,
+    accumulator: &mut Accumulator,
+) -> Result<(), Error> {
+    let doc = &kustomization.doc;
+    for entry in &doc.patches_strategic_merge {
+        let line = Some(entry.referenced.line());
+        let text = match kustomization
+            .resolve(line, &entry.value)
+            .ok()
+            .and_then(|path| snapshot.files.get(&path))
+        {
+            Some(text) => text.to_string(),
+            None => entry.value.clone(),
+        };
+        let patches = strategic_patches(&text).map_err(|message| {
+            kustomization.error(line, format!("patchesStrategicMerge entry: {message}"))
+        })?;
+        for patch in patches {
+            apply_untargeted(kustomization, line, &patch, accumulator, &BTreeMap::new())?;
+        }
+    }
+    for entry in &doc.patches {
+        apply_patch_entry(snapshot, kustomization, entry, false, accumulator)?;
+    }
+    if let Some(namespace) = doc.namespace.as_deref().filter(|n| !n.is_empty()) {
+        set_namespace(namespace, accumulator);
+    }
+    if let Some(prefix) = doc.name_prefix.as_deref().filter(|p| !p.is_empty()) {
+        rename(accumulator, |resource| {
+            resource.prefixes.push(prefix.to_string());
+            format!("{prefix}{}", resource.name())
+        });
+    }
+    if let Some(suffix) = doc.name_suffix.as_deref().filter(|s| !s.is_empty()) {
+        rename(accumulator, |resource| {
+            resource.suffixes.push(suffix.to_string());
+            format!("{}{suffix}", resource.name())
+        });
+    }
+    for entry in &doc.labels {
+        let label = &entry.value;
+        let mut specs: Vec<FieldSpec> = label.fields.iter().map(FieldSpec::from_doc).collect();
+        if label.include_selectors {
+            fieldspec::merge_all(&mut specs, &fieldspec::common_labels());
+        } else {
+            if label.include_templates {
+                fieldspec::merge_all(&mut specs, &fieldspec::metadata_labels());
+            }
+            fieldspec::merge_all(
+                &mut specs,
+                &[FieldSpec::new("metadata/labels", None, None, None, true)],
+            );
+        }
+        set_entries(&label.pairs, &specs, accumulator).map_err(|message| {
+            kustomization.error(Some(entry.referenced.line()), format!("labels: {message}"))
+        })?;
+    }
+    if !doc.common_labels.is_empty() {
+        set_entries(&doc.common_labels, &fieldspec::common_labels(), accumulator).map_err(
+            |message| {
+                kustomization.error(
+                    kustomization.key_line("commonLabels"),
+                    format!("commonLabels: {message}"),
+                )
+            },
+        )?;
+    }
+    if !doc.common_annotations.is_empty() {
+        set_entries(
+            &doc.common_annotations,
+            &fieldspec::common_annotations(),
+            accumulator,
+        )
+        .map_err(|message| {
+            kustomization.error(
+                kustomization.key_line("commonAnnotations"),
+                format!("commonAnnotations: {message}"),
+            )
+        })?;
+    }
+    for entry in &doc.patches_json6902 {
+        apply_patch_entry(snapshot, kustomization, entry, true, accumulator)?;
+    }
+    for entry in &doc.replicas {
+        let line = Some(entry.referenced.line());
+        let replica = &entry.value;
+        let specs = fieldspec::replicas();
+        let mut found = false;
+        for resource in &mut accumulator.resources {
+            let (group, version) = group_version(resource.api_version());
+            let (group, version) = (group.to_string(), version.to_string());
+            let named = resource.all_ids().any(|id| id.name == replica.name);
+            for spec in &specs {
+                let kind_matches = resource
+                    .all_ids()
+                    .any(|id| spec.selects(&group, &version, &id.kind));
+                if !named || !kind_matches {
+                    continue;
+                }
+                found = true;
+                fieldspec::visit(&mut resource.value, spec, Create::Scalar, &mut |field| {
+                    *field = Value::from(replica.count);
+                    Ok(())
+                })
+                .map_err(|message| kustomization.error(line, message))?;
+            }
+        }
+        if !found {
+            return Err(kustomization.error(
+                line,
+                format!(
+                    "replicas: no Deployment, ReplicationController, ReplicaSet or StatefulSet is named {:?}",
+                    replica.name
+                ),
+            ));
+        }
+    }
+    for entry in doc.images.iter().chain(&doc.image_tags) {
+        let line = Some(entry.referenced.line());
+        let image = ImageRule::new(&entry.value).map_err(|m| kustomization.error(line, m))?;
+        for resource in &mut accumulator.resources {
+            image.apply(resource);
+        }
+    }
+    Ok(())
+}
+
+/// Parses a patch that must be strategic: one or more YAML maps.
+fn strategic_patches(text: &str) -> Result<Vec<Value>, String> {
+    let documents = yaml::parse_documents(text).map_err(|err| match err.line {
+        Some(line) => format!("line {line} of the patch: {}", err.message),
+        None => err.message,
+    })?;
+    if documents.is_empty() {
+        return Err("the patch is empty".into());
+    }
+    documents
+        .into_iter()
+        .map(|d| match d.value {
+            Value::Object(_) => Ok(d.value),
+            other => Err(format!(
+                "a strategic merge patch must be a YAML mapping, not {}",
+                kind_of(&other)
+            )),
+        })
+        .collect()
+}
+
+fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Array(_) => "a list",
+        Value::String(_) => "a string",
+        Value::Object(_) => "a mapping",
+        _ => "a single value",
+    }
+}
+
+/// A `patches` (or `patchesJson6902`) entry.
+fn apply_patch_entry(
+    snapshot: &FleetSnapshot,
+    kustomization: &Kustomization,
+    entry: &flotilla_core::model::Located<PatchDoc>,
+    json_only: bool,
+    accumulator: &mut Accumulator,
+) -> Result<(), Error> {
+    let line = Some(entry.referenced.line());
+    let error = |message: String| kustomization.error(line, message);
+    let doc = &entry.value;
+    let field = if json_only {
+        "patchesJson6902"
+    } else {
+        "patches"
+    };
+    let (text, source) = match (&doc.patch, &doc.path) {
+        (Some(patch), None) if !patch.trim().is_empty() => {
+            (patch.clone(), "the inline patch".to_string())
+        }
+        (None, Some(path)) => {
+            let resolved = kustomization.resolve(line, path)?;
+            match snapshot.files.get(&resolved) {
+                Some(text) => (text.to_string(), format!("patch file {path}")),
+                None => {
+                    let why = snapshot.skipped.get(&resolved).map_or_else(
+                        || "it does not exist in the fleet".to_string(),
+                        Clone::clone,
+                    );
+                    return Err(error(format!(
+                        "{field}: patch file {path} cannot be read: {why}"
+                    )));
+                }
+            }
+        }
+        (Some(_), Some(_)) => {
+            return Err(error(format!(
+                "{field}: give the patch inline (`patch:`) or in a file (`path:`), not both"
+            )));
+        }
+        _ => {
+            return Err(error(format!(
+                "{field}: give `patch:` (inline) or `path:` (a file)"
+            )));
+        }
+    };
+    let documents = yaml::parse_documents(text.trim()).map_err(|err| {
+        error(match err.line {
+            Some(at) => format!("{source}, line {at}: {}", err.message),
+            None => format!("{source}: {}", err.message),
+        })
+    })?;
+    let is_json = matches!(documents.as_slice(), [only] if only.value.is_array());
+    if is_json {
+        let Some(target) = &doc.target else {
+            return Err(error(format!(
+                "{field}: a JSON 6902 patch needs a `target` to say which resources it changes"
+            )));
+        };
+        if json_only && target.name.as_deref().is_none_or(str::is_empty) {
+            return Err(error("patchesJson6902: the target needs a name".into()));
+        }
+        let ops = &documents[0].value;
+        let selector = Selector::compile(target).map_err(&error)?;
+        for resource in accumulator.resources.iter_mut() {
+            if !selector.matches(resource) {
+                continue;
+            }
+            let description = resource.describe();
+            let origin = resource.origin();
+            if !json_only {
+                resource.store_previous_id();
+            }
+            patch::apply_json_patch(&mut resource.value, ops).map_err(|err| {
+                error(format!("{source} on {description} (from {origin}): {err}"))
+            })?;
+        }
+        return Ok(());
+    }
+    if json_only {
+        return Err(error(
+            "patchesJson6902: the patch must be a list of RFC 6902 operations".into(),
+        ));
+    }
+    let patches = documents
+        .into_iter()
+        .map(|d| match d.value {
+            Value::Object(_) => Ok(d.value),
+            other => Err(error(format!(
+                "{source}: a patch is a list of RFC 6902 operations or a strategic merge patch (a mapping), not {}",
+                kind_of(&other)
+            ))),
+        })
+        .collect::<Result<Vec<Value>, Error>>()?;
+    match &doc.target {
+        Some(target) => {
+            if patches.len() > 1 {
+                return Err(error(format!(
+                    "{source} holds {} strategic merge patches; with a `target` give one",
+                    patches.len()
+                )));
+            }
+            let selector = Selector::compile(target).map_err(&error)?;
+            let mut kept = Vec::with_capacity(accumulator.resources.len());
+            for mut resource in std::mem::take(&mut accumulator.resources) {
+                if selector.matches(&resource) {
+                    let deleted = apply_strategic(&mut resource, &patches[0], &doc.options)
+                        .map_err(|m| error(format!("{source}: {m}")))?;
+                    if deleted {
+                        continue;
+                    }
+                }
+                kept.push(resource);
+            }
+            accumulator.resources = kept;
+        }
+        None => {
+            for patch in &patches {
+                apply_untargeted(kustomization, line, patch, accumulator, &doc.options)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A strategic merge patch without a target applies to the resource with the patch's
+/// own identity (any identity the resource has had counts).
+fn apply_untargeted(
+    kustomization: &Kustomization,
+    line: Option<u64>,
+    patch: &Value,
+    accumulator: &mut Accumulator,
+    options: &BTreeMap<String, bool>,
+) -> Result<(), Error> {
+    let text = |pointer: &str| patch.pointer(pointer).and_then(Value::as_str).unwrap_or("");
+    let (api_version, kind, name, namespace) = (
+        text("/apiVersion"),
+        text("/kind"),
+        text("/metadata/name"),
+        text("/metadata/namespace"),
+    );
+    if kind.is_empty() || name.is_empty() {
+        return Err(kustomization.error(
+            line,
+            "a strategic merge patch without a `target` must name its resource (apiVersion, kind and metadata.name)",
+        ));
+    }
+    let (group, _) = group_version(api_version);
+    let wanted_namespace = Resource::effective_namespace_of(group, kind, namespace);
+    let matches: Vec<usize> = accumulator
+        .resources
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| {
+            r.api_version() == api_version
+                && r.all_ids().any(|id| {
+                    id.kind == kind && id.name == name && id.namespace == wanted_namespace
+                })
+        })
+        .map(|(index, _)| index)
+        .collect();
+    let id = if namespace.is_empty() {
+        format!("{kind} {name} ({api_version})")
+    } else {
+        format!("{kind} {namespace}/{name} ({api_version})")
+    };
+    let index = match matches.as_slice() {
+        [one] => *one,
+        [] => {
+            return Err(kustomization.error(
+                line,
+                format!("no resource matches the strategic merge patch for {id}"),
+            ));
+        }
+        _ => {
+            return Err(kustomization.error(
+                line,
+                format!("more than one resource matches the strategic merge patch for {id}"),
+            ));
+        }
+    };
+    let deleted = apply_strategic(&mut accumulator.resources[index], patch, options)
+        .map_err(|message| kustomization.error(line, message))?;
+    if deleted {
+        accumulator.resources.remove(index);
+    }
+    Ok(())
+}
+
+/// Applies a strategic merge patch as kustomize does: with the resource's apiVersion,
+/// keeping its kind, name and namespace unless the options allow a change. Returns
+/// whether the patch deleted the resource.
+fn apply_strategic(
+    resource: &mut Resource,
+    patch: &Value,
+    options: &BTreeMap<String, bool>,
+) -> Result<bool, String> {
+    let allow_name = options.get("allowNameChange").copied().unwrap_or(false);
+    let allow_kind = options.get("allowKindChange").copied().unwrap_or(false);
+    let (kind, name, namespace) = (
+        resource.kind().to_string(),
+        resource.name().to_string(),
+        resource.value.pointer("/metadata/namespace").cloned(),
+    );
+    if allow_name || allow_kind {
+        resource.store_previous_id();
+    }
+    let mut patch = patch.clone();
+    if let Some(map) = patch.as_object_mut() {
+        map.insert(
+            "apiVersion".into(),
+            Value::String(resource.api_version().to_string()),
+        );
+    }
+    let description = resource.describe();
+    let origin = resource.origin();
+    let outcome = strategic::apply(&mut resource.value, &patch)
+        .map_err(|err| format!("strategic merge patch on {description} (from {origin}): {err}"))?;
+    if outcome == strategic::Outcome::Deleted {
+        return Ok(true);
+    }
+    if let Some(map) = resource.value.as_object_mut() {
+        if !allow_kind {
+            map.insert("kind".into(), Value::String(kind));
+        }
+        let metadata = map
+            .entry("metadata")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Some(metadata) = metadata.as_object_mut() {
+            if !allow_name {
+                metadata.insert("name".into(), Value::String(name));
+            }
+            match namespace {
+                Some(namespace) => {
+                    metadata.insert("namespace".into(), namespace);
+                }
+                None => {
+                    metadata.remove("namespace");
+                }
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// A patch target: regular expressions over group, version, kind, name and
+/// namespace (empty ones match anything), and label and annotation selectors.
+pub struct Selector {
+    group: Option<Regex>,
+    version: Option<Regex>,
+    kind: Option<Regex>,
+    name: Option<Regex>,
+    namespace: Option<Regex>,
+    labels: Option<LabelSelector>,
+    annotations: Option<LabelSelector>,
+}
+
+impl Selector {
+    pub fn compile(doc: &SelectorDoc) -> Result<Selector, String> {
+        let regex = |field: &str, pattern: &Option<String>| -> Result<Option<Regex>, String> {
+            match pattern.as_deref() {
+                None | Some("") => Ok(None),
+                Some(pattern) => Regex::new(&format!("^(?:{pattern})$"))
+                    .map(Some)
+                    .map_err(|err| {
+                        format!(
+                            "target.{field}: invalid regular expression {pattern:?}: {}",
+                            err.to_string()
+                                .lines()
+                                .last()
+                                .unwrap_or_default()
+                                .trim_start_matches("error: ")
+                        )
+                    }),
+            }
+        };
+        let selector =
+            |field: &str, text: &Option<String>| -> Result<Option<LabelSelector>, String> {
+                match text.as_deref() {
+                    None | Some("") => Ok(None),
+                    Some(text) => parse_selector(text)
+                        .map(Some)
+                        .map_err(|err| format!("target.{field}: {err}")),
+                }
+            };
+        Ok(Selector {
+            group: regex("group", &doc.group)?,
+            version: regex("version", &doc.version)?,
+            kind: regex("kind", &doc.kind)?,
+            name: regex("name", &doc.name)?,
+            namespace: regex("namespace", &doc.namespace)?,
+            labels: selector("labelSelector", &doc.label_selector)?,
+            annotations: selector("annotationSelector", &doc.annotation_selector)?,
+        })
+    }
+
+    /// kustomize's `Select`: namespace and name match the original or the current
+    /// ones; group, version and kind the current ones.
+    fn matches(&self, resource: &Resource) -> bool {
+        let original = resource.original_id();
+        let current = resource.current_id();
+        let any = |regex: &Option<Regex>, a: &str, b: &str| {
+            regex
+                .as_ref()
+                .is_none_or(|r| r.is_match(a) || r.is_match(b))
+        };
+        let one =
+            |regex: &Option<Regex>, value: &str| regex.as_ref().is_none_or(|r| r.is_match(value));
+        any(&self.namespace, &original.namespace, &current.namespace)
+            && any(&self.name, &original.name, &current.name)
+            && one(&self.group, resource.group())
+            && one(&self.version, resource.version())
+            && one(&self.kind, resource.kind())
+            && self
+                .labels
+                .as_ref()
+                .is_none_or(|s| s.matches(&resource.string_map("labels")))
+            && self
+                .annotations
+                .as_ref()
+                .is_none_or(|s| s.matches(&resource.string_map("annotations")))
+    }
+}
+
+/// kustomize's namespace transformer: every namespaced resource is moved into the
+/// namespace (replacing the one it names), a v1 Namespace is renamed to it, and a
+/// few fields that name namespaces follow.
+fn set_namespace(namespace: &str, accumulator: &mut Accumulator) {
+    let value = || Value::String(namespace.to_string());
+    for resource in &mut accumulator.resources {
+        resource.store_previous_id();
+        let cluster_scoped = resource.cluster_scoped();
+        let (group, kind, api_version) = (
+            resource.group().to_string(),
+            resource.kind().to_string(),
+            resource.api_version().to_string(),
+        );
+        let Some(map) = resource.value.as_object_mut() else {
+            continue;
+        };
+        if !cluster_scoped {
+            let metadata = map
+                .entry("metadata")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Some(metadata) = metadata.as_object_mut() {
+                metadata.insert("namespace".into(), value());
+            }
+        }
+        if kind == "Namespace"
+            && api_version == "v1"
+            && let Some(metadata) = map.get_mut("metadata").and_then(Value::as_object_mut)
+        {
+            metadata.insert("name".into(), value());
+        }
+        if kind == "APIService" && group == "apiregistration.k8s.io" {
+            let spec = fieldspec::FieldSpec::new("spec/service/namespace", None, None, None, true);
+            let _ = fieldspec::visit(&mut resource.value, &spec, Create::Scalar, &mut |field| {
+                *field = value();
+                Ok(())
+            });
+        }
+        if kind == "CustomResourceDefinition" {
+            let spec = fieldspec::FieldSpec::new(
+                "spec/conversion/webhook/clientConfig/service/namespace",
+                None,
+                None,
+                None,
+                false,
+            );
+            let _ = fieldspec::visit(&mut resource.value, &spec, Create::Nothing, &mut |field| {
+                *field = value();
+                Ok(())
+            });
+        }
+        if (kind == "RoleBinding" || kind == "ClusterRoleBinding")
+            && let Some(Value::Array(subjects)) = resource.value.get_mut("subjects")
+        {
+            for subject in subjects.iter_mut() {
+                if subject.get("name").and_then(Value::as_str) == Some("default")
+                    && let Some(subject) = subject.as_object_mut()
+                {
+                    subject.insert("namespace".into(), value());
+                }
+            }
+        }
+    }
+}
+
+/// `namePrefix` and `nameSuffix`: every resource but CRDs, APIServices and
+/// Namespaces (by the kind it was read with).
+fn rename(accumulator: &mut Accumulator, new_name: impl Fn(&mut Resource) -> String) {
+    for resource in &mut accumulator.resources {
+        let original = resource.original_id();
+        let group = resource.group().to_string();
+        let skip = original.kind == "CustomResourceDefinition"
+            || original.kind == "Namespace"
+            || (original.kind == "APIService" && group == "apiregistration.k8s.io");
+        if skip {
+            continue;
+        }
+        let name = new_name(resource);
+        resource.store_previous_id();
+        resource.set_name(name);
+    }
+}
+
+/// Sets every `key: value` at every field of `specs` that applies to a resource.
+fn set_entries(
+    entries: &BTreeMap<String, String>,
+    specs: &[FieldSpec],
+    accumulator: &mut Accumulator,
+) -> Result<(), String> {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    for resource in &mut accumulator.resources {
+        let (group, version) = group_version(resource.api_version());
+        let (group, version, kind) = (
+            group.to_string(),
+            version.to_string(),
+            resource.kind().to_string(),
+        );
+        let description = resource.describe();
+        for spec in specs.iter().filter(|s| s.selects(&group, &version, &kind)) {
+            fieldspec::visit(&mut resource.value, spec, Create::Map, &mut |field| {
+                if field.is_null() {
+                    *field = Value::Object(Map::new());
+                }
+                let Some(map) = field.as_object_mut() else {
+                    return Err("expected a map".into());
+                };
+                for (key, value) in entries {
+                    map.insert(key.clone(), Value::String(value.clone()));
+                }
+                Ok(())
+            })
+            .map_err(|message| format!("{description}: {message}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// An `images` entry: which images it matches and what it makes of them.
+struct ImageRule {
+    pattern: Regex,
+    image: ImageDoc,
+}
+
+impl ImageRule {
+    fn new(image: &ImageDoc) -> Result<ImageRule, String> {
+        // kustomize uses the name as a regular expression, followed by an optional
+        // tag and digest.
+        let pattern = Regex::new(&format!(
+            "^{}(:[a-zA-Z0-9_.{{}}-]*)?(@sha256:[a-zA-Z0-9_.{{}}-]*)?$",
+            image.name
+        ))
+        .map_err(|err| {
+            format!(
+                "images: the name {:?} is not usable as kustomize uses it (a regular expression): {}",
+                image.name,
+                err.to_string().lines().last().unwrap_or_default()
+                    .trim_start_matches("error: ")
+            )
+        })?;
+        Ok(ImageRule {
+            pattern,
+            image: image.clone(),
+        })
+    }
+
+    fn rewrite(&self, current: &str) -> Option<String> {
+        if !self.pattern.is_match(current) {
+            return None;
+        }
+        let (name, tag, digest) = split_image(current);
+        let mut name = name.to_string();
+        let mut tag = tag.to_string();
+        let mut digest = digest.to_string();
+        let nonempty = |v: &Option<String>| v.clone().filter(|s| !s.is_empty());
+        if let Some(new_name) = nonempty(&self.image.new_name) {
+            name = new_name;
+        }
+        match (
+            nonempty(&self.image.new_tag),
+            nonempty(&self.image.digest),
+            nonempty(&self.image.tag_suffix),
+        ) {
+            (Some(new_tag), Some(new_digest), _) => {
+                tag = new_tag;
+                digest = new_digest;
+            }
+            (Some(new_tag), None, _) => {
+                tag = new_tag;
+                digest.clear();
+            }
+            (None, Some(new_digest), _) => {
+                tag.clear();
+                digest = new_digest;
+            }
+            (None, None, Some(suffix)) => {
+                tag.push_str(&suffix);
+                digest.clear();
+            }
+            (None, None, None) => {}
+        }
+        if !tag.is_empty() {
+            name.push(':');
+            name.push_str(&tag);
+        }
+        if !digest.is_empty() {
+            name.push('@');
+            name.push_str(&digest);
+        }
+        Some(name)
+    }
+
+    /// kustomize searches every `containers` and `initContainers` list of a resource
+    /// (not of CRDs), then the pod-spec paths of its field specs once more.
+    fn apply(&self, resource: &mut Resource) {
+        if resource.kind() == "CustomResourceDefinition" {
+            return;
+        }
+        self.search(&mut resource.value);
+        for spec in fieldspec::images() {
+            let _ = fieldspec::visit(&mut resource.value, &spec, Create::Nothing, &mut |field| {
+                if let Value::String(image) = field
+                    && let Some(new) = self.rewrite(image)
+                {
+                    *image = new;
+                }
+                Ok(())
+            });
+        }
+    }
+
+    fn search(&self, value: &mut Value) {
+        match value {
+            Value::Object(map) => {
+                for (key, child) in map.iter_mut() {
+                    self.search(child);
+                    if (key == "containers" || key == "initContainers")
+                        && let Value::Array(containers) = child
+                    {
+                        for container in containers {
+                            if let Some(Value::String(image)) = container.get_mut("image")
+                                && let Some(new) = self.rewrite(image)
+                            {
+                                *image = new;
+                            }
+                        }
+                    }
+                }
+            }
+            Value::Array(items) => {
+                for item in items {
+                    self.search(item);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// kustomize's split of an image into name, tag and digest: the tag and digest are
+/// looked for after the first `/`.
+fn split_image(image: &str) -> (&str, &str, &str) {
+    let slash = match image.find('/') {
+        Some(at) if at > 0 => at,
+        _ => 0,
+    };
+    let search = &image[slash..];
+    let at = search.find('@');
+    let colon = search.find(':');
+    match (at, colon) {
+        (None, None) => (image, "", ""),
+        (Some(at), colon) if colon.is_none_or(|c| at < c) => {
+            (&image[..slash + at], "", &image[slash + at + 1..])
+        }
+        (Some(at), Some(colon)) => (
+            &image[..slash + colon],
+            &image[slash + colon + 1..slash + at],
+            &image[slash + at + 1..],
+        ),
+        (None, Some(colon)) => (&image[..slash + colon], &image[slash + colon + 1..], ""),
+        (Some(_), None) => (image, "", ""),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn images_split_as_kustomize_splits_them() {
+        assert_eq!(split_image("nginx"), ("nginx", "", ""));
+        assert_eq!(split_image("nginx:1.25"), ("nginx", "1.25", ""));
+        assert_eq!(split_image("nginx@sha256:ab"), ("nginx", "", "sha256:ab"));
+        assert_eq!(
+            split_image("localhost:5000/a/b:v1@sha256:00"),
+            ("localhost:5000/a/b", "v1", "sha256:00")
+        );
+        assert_eq!(
+            split_image("localhost:5000/a/b"),
+            ("localhost:5000/a/b", "", "")
+        );
+    }
+}
