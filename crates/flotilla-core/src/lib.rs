@@ -7,6 +7,8 @@
 pub mod api;
 pub mod bundle;
 pub mod diagnostic;
+pub mod limits;
 pub mod model;
+pub mod names;
 pub mod snapshot;
 pub mod status;

@@ -13,10 +13,36 @@
 //! Nothing in this module panics on malformed input: every problem with the
 //! patch or with how it fits the document is reported as a [`PatchError`]
 //! naming the operation (0-based index and op name), the pointer and the cause.
+//!
+//! A JSON Patch can grow a document without bound (`copy` the root into a child
+//! twelve times and it nests 4,096 deep; forty times and it holds 2^40 copies), so
+//! every operation is checked against [`PatchLimits`] before its result is built:
+//! the nesting depth (the one limit the agent applies too) and the size as JSON.
 
 use std::fmt;
 
 use serde_json::{Map, Number, Value};
+
+use flotilla_core::bundle::{MAX_NESTING_DEPTH, approximate_json_size, nests_deeper_than};
+use flotilla_core::limits::Limits;
+
+/// How deep and how large a patched document may become.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PatchLimits {
+    /// The deepest nesting of arrays and objects (a scalar is at depth 0).
+    pub max_depth: usize,
+    /// The largest document, in bytes of compact JSON (escapes not counted).
+    pub max_bytes: usize,
+}
+
+impl Default for PatchLimits {
+    fn default() -> PatchLimits {
+        PatchLimits {
+            max_depth: MAX_NESTING_DEPTH,
+            max_bytes: Limits::DEFAULT_MAX_RESOURCE_BYTES,
+        }
+    }
+}
 
 /// Which pointer of an operation an error is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,6 +184,30 @@ pub enum PatchError {
     /// A `remove` of the whole document (`path` is `""`).
     #[error("operation {index} (remove \"\"): cannot remove the whole document")]
     RemoveRoot { index: usize },
+
+    /// The operation would nest the document deeper than [`PatchLimits::max_depth`].
+    #[error(
+        "operation {index} ({op} {}): the result would nest arrays and objects deeper than {limit} levels",
+        show(.path)
+    )]
+    TooDeep {
+        index: usize,
+        op: &'static str,
+        path: String,
+        limit: usize,
+    },
+
+    /// The operation would make the document larger than [`PatchLimits::max_bytes`].
+    #[error(
+        "operation {index} ({op} {}): the result would be larger than {limit} bytes as JSON",
+        show(.path)
+    )]
+    TooLarge {
+        index: usize,
+        op: &'static str,
+        path: String,
+        limit: usize,
+    },
 }
 
 impl PatchError {
@@ -178,12 +228,14 @@ impl PatchError {
             | PatchError::InvalidIndex { index, .. }
             | PatchError::TestFailed { index, .. }
             | PatchError::MoveIntoChild { index, .. }
+            | PatchError::TooDeep { index, .. }
+            | PatchError::TooLarge { index, .. }
             | PatchError::RemoveRoot { index } => Some(*index),
         }
     }
 }
 
-/// Applies an RFC 6902 JSON Patch to `doc`.
+/// Applies an RFC 6902 JSON Patch to `doc`, within the default [`PatchLimits`].
 ///
 /// `ops` must be a JSON array of operation objects. The whole patch is
 /// validated (members, op names, pointer syntax) before anything is applied,
@@ -195,15 +247,28 @@ impl PatchError {
 ///
 /// Returns a [`PatchError`] when `ops` is not an array of well-formed
 /// operations, or when an operation cannot be applied (a location that does
-/// not exist, a bad array index, a failed `test`, a `move` into its own child).
+/// not exist, a bad array index, a failed `test`, a `move` into its own child,
+/// a result too deep or too large).
 pub fn apply_json_patch(doc: &mut Value, ops: &Value) -> Result<(), PatchError> {
+    apply_json_patch_within(doc, ops, &PatchLimits::default())
+}
+
+/// [`apply_json_patch`] within the given limits. Each operation is checked before
+/// its result is built, so a patch that would grow the document past them costs no
+/// more memory than about twice `limits.max_bytes`.
+pub fn apply_json_patch_within(
+    doc: &mut Value,
+    ops: &Value,
+    limits: &PatchLimits,
+) -> Result<(), PatchError> {
     let ops = parse_patch(ops)?;
     if ops.is_empty() {
         return Ok(());
     }
     let mut work = doc.clone();
+    let mut size = approximate_json_size(&work, usize::MAX);
     for op in &ops {
-        op.apply(&mut work)?;
+        op.apply(&mut work, &mut size, limits)?;
     }
     *doc = work;
     Ok(())
@@ -399,19 +464,37 @@ enum Fault {
 }
 
 impl Operation<'_> {
-    fn apply(&self, doc: &mut Value) -> Result<(), PatchError> {
+    /// Applies the operation to `doc`, whose size as JSON is `size` (kept up to date).
+    fn apply(
+        &self,
+        doc: &mut Value,
+        size: &mut usize,
+        limits: &PatchLimits,
+    ) -> Result<(), PatchError> {
         let at_path = |fault| self.error(fault, Location::Path);
         match &self.action {
-            Action::Add(value) => add(doc, &self.path, (*value).clone()).map_err(at_path),
+            Action::Add(value) => {
+                self.check_depth(value, limits)?;
+                let added = self.check_size(value, *size, limits)?;
+                let replaced = add(doc, &self.path, (*value).clone()).map_err(at_path)?;
+                self.grow(size, added, replaced.as_ref(), limits)
+            }
             Action::Remove => {
                 if self.path.is_empty() {
                     return Err(PatchError::RemoveRoot { index: self.index });
                 }
-                remove(doc, &self.path).map(drop).map_err(at_path)
+                let removed = remove(doc, &self.path).map_err(at_path)?;
+                self.shrink(size, &removed);
+                Ok(())
             }
             Action::Replace(value) => {
-                *lookup_mut(doc, &self.path).map_err(at_path)? = (*value).clone();
-                Ok(())
+                self.check_depth(value, limits)?;
+                let added = self.check_size(value, *size, limits)?;
+                let target = lookup_mut(doc, &self.path).map_err(at_path)?;
+                let old = std::mem::replace(target, (*value).clone());
+                *size = size.saturating_sub(approximate_json_size(&old, usize::MAX));
+                *size = size.saturating_add(added);
+                self.within_size(*size, limits)
             }
             Action::Test(expected) => {
                 let actual = lookup(doc, &self.path).map_err(at_path)?;
@@ -425,10 +508,15 @@ impl Operation<'_> {
                 }
             }
             Action::Copy { from_raw, from } => {
-                let value = lookup(doc, from)
-                    .map_err(|fault| self.error(fault, Location::From((*from_raw).to_owned())))?
-                    .clone();
-                add(doc, &self.path, value).map_err(at_path)
+                let source = lookup(doc, from)
+                    .map_err(|fault| self.error(fault, Location::From((*from_raw).to_owned())))?;
+                // Measured before it is cloned: a copy that would break a limit is
+                // never made.
+                self.check_depth(source, limits)?;
+                let added = self.check_size(source, *size, limits)?;
+                let value = source.clone();
+                let replaced = add(doc, &self.path, value).map_err(at_path)?;
+                self.grow(size, added, replaced.as_ref(), limits)
             }
             Action::Move { from_raw, from } => {
                 let at_from = |fault| self.error(fault, Location::From((*from_raw).to_owned()));
@@ -444,9 +532,89 @@ impl Operation<'_> {
                         from: (*from_raw).to_owned(),
                     });
                 }
+                self.check_depth(lookup(doc, from).map_err(at_from)?, limits)?;
                 let value = remove(doc, from).map_err(at_from)?;
-                add(doc, &self.path, value).map_err(at_path)
+                self.shrink(size, &value);
+                let added = approximate_json_size(&value, usize::MAX);
+                let replaced = add(doc, &self.path, value).map_err(at_path)?;
+                self.grow(size, added, replaced.as_ref(), limits)
             }
+        }
+    }
+
+    /// Refuses a value that would nest too deep at this operation's path: it sits
+    /// inside one container per token of the path.
+    fn check_depth(&self, value: &Value, limits: &PatchLimits) -> Result<(), PatchError> {
+        let room = limits.max_depth.checked_sub(self.path.len());
+        match room {
+            Some(room) if !nests_deeper_than(value, room) => Ok(()),
+            _ => Err(PatchError::TooDeep {
+                index: self.index,
+                op: self.op,
+                path: self.path_raw.to_owned(),
+                limit: limits.max_depth,
+            }),
+        }
+    }
+
+    /// The size of a value about to be added, refused before it is built when the
+    /// document could not hold it.
+    fn check_size(
+        &self,
+        value: &Value,
+        size: usize,
+        limits: &PatchLimits,
+    ) -> Result<usize, PatchError> {
+        let room = limits.max_bytes.saturating_sub(size);
+        let added = approximate_json_size(value, room);
+        if added > room {
+            return Err(self.too_large(limits));
+        }
+        Ok(added)
+    }
+
+    /// Accounts for a value added at this operation's path (and the member it
+    /// replaced, if any), and checks the total.
+    fn grow(
+        &self,
+        size: &mut usize,
+        added: usize,
+        replaced: Option<&Value>,
+        limits: &PatchLimits,
+    ) -> Result<(), PatchError> {
+        match replaced {
+            Some(old) => *size = size.saturating_sub(approximate_json_size(old, usize::MAX)),
+            None => *size = size.saturating_add(self.member_overhead()),
+        }
+        *size = size.saturating_add(added);
+        self.within_size(*size, limits)
+    }
+
+    fn shrink(&self, size: &mut usize, removed: &Value) {
+        let removed = approximate_json_size(removed, usize::MAX) + self.member_overhead();
+        *size = size.saturating_sub(removed);
+    }
+
+    /// What a member adds besides its value: a comma, and for an object member its
+    /// quoted key and colon (counted for arrays too, which only overestimates).
+    fn member_overhead(&self) -> usize {
+        self.path.last().map_or(0, |key| key.len() + 4)
+    }
+
+    fn within_size(&self, size: usize, limits: &PatchLimits) -> Result<(), PatchError> {
+        if size > limits.max_bytes {
+            Err(self.too_large(limits))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn too_large(&self, limits: &PatchLimits) -> PatchError {
+        PatchError::TooLarge {
+            index: self.index,
+            op: self.op,
+            path: self.path_raw.to_owned(),
+            limit: limits.max_bytes,
         }
     }
 
@@ -560,29 +728,26 @@ fn lookup_mut<'v>(doc: &'v mut Value, tokens: &[String]) -> Result<&'v mut Value
 }
 
 /// RFC 6902 section 4.1: insert into an array, add or overwrite an object
-/// member, or replace the whole document when `tokens` is empty.
-fn add(doc: &mut Value, tokens: &[String], value: Value) -> Result<(), Fault> {
+/// member, or replace the whole document when `tokens` is empty. Returns what was
+/// overwritten.
+fn add(doc: &mut Value, tokens: &[String], value: Value) -> Result<Option<Value>, Fault> {
     let Some((last, parents)) = tokens.split_last() else {
-        *doc = value;
-        return Ok(());
+        return Ok(Some(std::mem::replace(doc, value)));
     };
     let parent = lookup_mut(doc, parents).map_err(|fault| match fault {
         Fault::NotFound => Fault::ParentNotFound,
         other => other,
     })?;
     match parent {
-        Value::Object(map) => {
-            map.insert(last.clone(), value);
-            Ok(())
-        }
+        Value::Object(map) => Ok(map.insert(last.clone(), value)),
         Value::Array(items) => match parse_array_index(last)? {
             ArrayIndex::End => {
                 items.push(value);
-                Ok(())
+                Ok(None)
             }
             ArrayIndex::At(index) if index <= items.len() => {
                 items.insert(index, value);
-                Ok(())
+                Ok(None)
             }
             ArrayIndex::At(index) => Err(Fault::OutOfBounds {
                 index,
@@ -720,6 +885,71 @@ mod tests {
         assert!(parse_pointer("/a~").is_err());
         assert!(parse_pointer("/a~2").is_err());
         assert!(parse_pointer("a").is_err());
+    }
+
+    /// Doubling the depth of a nest with each operation: round k copies the nest,
+    /// 2^k levels deep, into its own innermost object. Twelve rounds nest 4,096
+    /// deep, which used to overflow the stack of whoever cloned, dropped or wrote it.
+    fn doubling_ops(rounds: u32) -> Value {
+        let mut ops = vec![json!({"op": "add", "path": "/n", "value": {}})];
+        for round in 0..rounds {
+            let into = "/n".repeat(2usize.pow(round) + 1);
+            ops.push(json!({"op": "copy", "from": "/n", "path": into}));
+        }
+        Value::Array(ops)
+    }
+
+    #[test]
+    fn a_patch_cannot_nest_deeper_than_the_shared_limit() {
+        let mut doc = json!({"kind": "ConfigMap"});
+        let err = apply_json_patch(&mut doc, &doubling_ops(12)).expect_err("too deep");
+        let path = "/n".repeat(65);
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "operation 7 (copy {path}): the result would nest arrays and objects deeper than 100 levels"
+            )
+        );
+        assert_eq!(
+            doc,
+            json!({"kind": "ConfigMap"}),
+            "the document is unchanged"
+        );
+        // Below the limit the same operations apply.
+        apply_json_patch(&mut doc, &doubling_ops(6)).expect("64 levels are fine");
+        assert_eq!(flotilla_core::bundle::nesting_depth(&doc), 65);
+    }
+
+    #[test]
+    fn a_patch_cannot_grow_a_document_past_its_size_limit() {
+        // Forty copies of the root into itself would hold 2^40 copies.
+        let mut ops = vec![json!({"op": "add", "path": "/a", "value": "x".repeat(1000)})];
+        for round in 0..40 {
+            ops.push(json!({"op": "copy", "from": "", "path": format!("/c{round}")}));
+        }
+        let mut doc = json!({});
+        let limits = PatchLimits {
+            max_depth: MAX_NESTING_DEPTH,
+            max_bytes: 1_000_000,
+        };
+        let err =
+            apply_json_patch_within(&mut doc, &Value::Array(ops), &limits).expect_err("too large");
+        assert_eq!(
+            err.to_string(),
+            "operation 10 (copy /c9): the result would be larger than 1000000 bytes as JSON"
+        );
+        assert_eq!(err.operation_index(), Some(10));
+        // Removing and replacing keeps the count honest: a document may be rewritten
+        // many times over as long as it stays small.
+        let mut churn = Vec::new();
+        for _ in 0..2000 {
+            churn.push(json!({"op": "add", "path": "/big", "value": "y".repeat(900)}));
+            churn.push(json!({"op": "replace", "path": "/big", "value": "z".repeat(900)}));
+            churn.push(json!({"op": "remove", "path": "/big"}));
+        }
+        let mut doc = json!({});
+        apply_json_patch_within(&mut doc, &Value::Array(churn), &limits).expect("stays small");
+        assert_eq!(doc, json!({}));
     }
 
     #[test]
