@@ -12,7 +12,7 @@ use flotilla_hub::clock::{Clock, SystemClock, rfc3339};
 use flotilla_hub::source;
 use flotilla_hub::store::Store;
 use flotilla_hub::{Hub, HubConfig, SourceSpec, auth, publish};
-use flotilla_render::render;
+use flotilla_render::{RenderOptions, render_with};
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
@@ -63,6 +63,7 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
     config.max_wait = args.max_wait.into();
     config.history = args.history;
     config.webhook_secret = webhook_secret;
+    config.limits = args.limits.limits();
     let listen = args.listen;
     let tls = args.tls_cert.clone().zip(args.tls_key.clone());
     if !listen.ip().is_loopback() && tls.is_none() {
@@ -72,7 +73,8 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
         );
     }
     let state_dir = args.state_dir.clone();
-    runtime()?.block_on(async move {
+    let runtime = runtime()?;
+    let result = runtime.block_on(async move {
         let hub = Hub::start(config).await.with_context(|| {
             format!("cannot start the hub with state in {}", state_dir.display())
         })?;
@@ -101,7 +103,11 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
         }
         tracing::info!("flotilla hub stopped");
         Ok(EXIT_OK)
-    })
+    });
+    // Dropping the runtime would wait for every blocking task; a snapshot still being
+    // read is not worth holding the exit for.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -161,8 +167,16 @@ async fn first_run_hint(state_dir: PathBuf, base: String) {
 }
 
 pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
-    let snapshot = source::read(&args.source.location()).context("cannot read the fleet")?;
-    let output = render(&snapshot);
+    let limits = args.limits.limits();
+    let snapshot =
+        source::read_within(&args.source.location(), &limits).context("cannot read the fleet")?;
+    let output = render_with(
+        &snapshot,
+        &RenderOptions {
+            limits,
+            ..RenderOptions::default()
+        },
+    );
     for diagnostic in output.warnings().chain(output.errors()) {
         eprintln!("{diagnostic}");
     }

@@ -45,13 +45,21 @@ impl Progress {
     }
 }
 
-fn render_fleet(source: &super::SourceArgs, clusters: &[String]) -> anyhow::Result<RenderOutput> {
-    let snapshot = source::read(&source.location()).context("cannot read the fleet")?;
+fn render_fleet(
+    source: &super::SourceArgs,
+    clusters: &[String],
+    limits: &super::LimitArgs,
+) -> anyhow::Result<RenderOutput> {
+    let limits = limits.limits();
+    let snapshot =
+        source::read_within(&source.location(), &limits).context("cannot read the fleet")?;
     let progress = Progress::new();
     let callback = |done: usize, total: usize| progress.update(done, total);
     let options = RenderOptions {
         clusters: clusters.iter().cloned().collect(),
         progress: Some(&callback),
+        limits,
+        cancel: None,
     };
     let output = render_with(&snapshot, &options);
     progress.bar.finish_and_clear();
@@ -65,7 +73,7 @@ fn print_diagnostics(output: &RenderOutput) {
 }
 
 pub fn run_render(args: &RenderArgs) -> anyhow::Result<u8> {
-    let output = render_fleet(&args.source, &args.clusters)?;
+    let output = render_fleet(&args.source, &args.clusters, &args.limits)?;
     print_diagnostics(&output);
     if !output.is_clean() {
         let count = output.errors().count();
@@ -139,7 +147,7 @@ fn document_value(bundle: &Bundle, revision: &str) -> anyhow::Result<serde_json:
 }
 
 pub fn run_validate(args: &ValidateArgs) -> anyhow::Result<u8> {
-    let output = render_fleet(&args.source, &[])?;
+    let output = render_fleet(&args.source, &[], &args.limits)?;
     print_diagnostics(&output);
     let errors = output.errors().count();
     let warnings = output.warnings().count();
