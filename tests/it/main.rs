@@ -9,6 +9,7 @@ mod diff_cli;
 mod digest_properties;
 mod hub_api;
 mod hub_follow;
+mod hub_hostile;
 mod hub_scale;
 mod render_example;
 mod schemas;
