@@ -7,6 +7,7 @@ mod architecture;
 mod bad_inputs;
 mod diff_cli;
 mod digest_properties;
+mod fuzz_regressions;
 mod hub_api;
 mod hub_follow;
 mod hub_hostile;

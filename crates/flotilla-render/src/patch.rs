@@ -476,15 +476,15 @@ impl Operation<'_> {
             Action::Add(value) => {
                 self.check_depth(value, limits)?;
                 let added = self.check_size(value, *size, limits)?;
-                let replaced = add(doc, &self.path, (*value).clone()).map_err(at_path)?;
-                self.grow(size, added, replaced.as_ref(), limits)
+                let placed = add(doc, &self.path, (*value).clone()).map_err(at_path)?;
+                self.grow(size, added, placed, limits)
             }
             Action::Remove => {
                 if self.path.is_empty() {
                     return Err(PatchError::RemoveRoot { index: self.index });
                 }
-                let removed = remove(doc, &self.path).map_err(at_path)?;
-                self.shrink(size, &removed);
+                let taken = remove(doc, &self.path).map_err(at_path)?;
+                shrink(size, &taken);
                 Ok(())
             }
             Action::Replace(value) => {
@@ -515,8 +515,8 @@ impl Operation<'_> {
                 self.check_depth(source, limits)?;
                 let added = self.check_size(source, *size, limits)?;
                 let value = source.clone();
-                let replaced = add(doc, &self.path, value).map_err(at_path)?;
-                self.grow(size, added, replaced.as_ref(), limits)
+                let placed = add(doc, &self.path, value).map_err(at_path)?;
+                self.grow(size, added, placed, limits)
             }
             Action::Move { from_raw, from } => {
                 let at_from = |fault| self.error(fault, Location::From((*from_raw).to_owned()));
@@ -533,11 +533,11 @@ impl Operation<'_> {
                     });
                 }
                 self.check_depth(lookup(doc, from).map_err(at_from)?, limits)?;
-                let value = remove(doc, from).map_err(at_from)?;
-                self.shrink(size, &value);
-                let added = approximate_json_size(&value, usize::MAX);
-                let replaced = add(doc, &self.path, value).map_err(at_path)?;
-                self.grow(size, added, replaced.as_ref(), limits)
+                let taken = remove(doc, from).map_err(at_from)?;
+                shrink(size, &taken);
+                let added = approximate_json_size(&taken.value, usize::MAX);
+                let placed = add(doc, &self.path, taken.value).map_err(at_path)?;
+                self.grow(size, added, placed, limits)
             }
         }
     }
@@ -573,32 +573,20 @@ impl Operation<'_> {
         Ok(added)
     }
 
-    /// Accounts for a value added at this operation's path (and the member it
-    /// replaced, if any), and checks the total.
+    /// Accounts for a value of `added` bytes placed in the document (and what it
+    /// replaced), and checks the total.
     fn grow(
         &self,
         size: &mut usize,
         added: usize,
-        replaced: Option<&Value>,
+        placed: Placed,
         limits: &PatchLimits,
     ) -> Result<(), PatchError> {
-        match replaced {
-            Some(old) => *size = size.saturating_sub(approximate_json_size(old, usize::MAX)),
-            None => *size = size.saturating_add(self.member_overhead()),
+        if let Some(old) = &placed.replaced {
+            *size = size.saturating_sub(approximate_json_size(old, usize::MAX));
         }
-        *size = size.saturating_add(added);
+        *size = size.saturating_add(added).saturating_add(placed.overhead);
         self.within_size(*size, limits)
-    }
-
-    fn shrink(&self, size: &mut usize, removed: &Value) {
-        let removed = approximate_json_size(removed, usize::MAX) + self.member_overhead();
-        *size = size.saturating_sub(removed);
-    }
-
-    /// What a member adds besides its value: a comma, and for an object member its
-    /// quoted key and colon (counted for arrays too, which only overestimates).
-    fn member_overhead(&self) -> usize {
-        self.path.last().map_or(0, |key| key.len() + 4)
     }
 
     fn within_size(&self, size: usize, limits: &PatchLimits) -> Result<(), PatchError> {
@@ -727,27 +715,65 @@ fn lookup_mut<'v>(doc: &'v mut Value, tokens: &[String]) -> Result<&'v mut Value
     Ok(current)
 }
 
+/// What placing a value in a document did besides adding the value: the value it
+/// replaced, and the bytes its place takes as JSON (a member's key and colon, a
+/// comma), so a document's size can be kept without measuring it again.
+struct Placed {
+    replaced: Option<Value>,
+    overhead: usize,
+}
+
+/// A value taken out of a document, and the bytes its place took.
+struct Taken {
+    value: Value,
+    overhead: usize,
+}
+
+/// Accounts for a value taken out of a document of `size` bytes.
+fn shrink(size: &mut usize, taken: &Taken) {
+    let removed = approximate_json_size(&taken.value, usize::MAX) + taken.overhead;
+    *size = size.saturating_sub(removed);
+}
+
 /// RFC 6902 section 4.1: insert into an array, add or overwrite an object
-/// member, or replace the whole document when `tokens` is empty. Returns what was
-/// overwritten.
-fn add(doc: &mut Value, tokens: &[String], value: Value) -> Result<Option<Value>, Fault> {
+/// member, or replace the whole document when `tokens` is empty.
+fn add(doc: &mut Value, tokens: &[String], value: Value) -> Result<Placed, Fault> {
     let Some((last, parents)) = tokens.split_last() else {
-        return Ok(Some(std::mem::replace(doc, value)));
+        return Ok(Placed {
+            replaced: Some(std::mem::replace(doc, value)),
+            overhead: 0,
+        });
     };
     let parent = lookup_mut(doc, parents).map_err(|fault| match fault {
         Fault::NotFound => Fault::ParentNotFound,
         other => other,
     })?;
     match parent {
-        Value::Object(map) => Ok(map.insert(last.clone(), value)),
+        Value::Object(map) => {
+            let overhead = if map.contains_key(last.as_str()) {
+                0
+            } else {
+                member_overhead(last, !map.is_empty())
+            };
+            let replaced = map.insert(last.clone(), value);
+            Ok(Placed { replaced, overhead })
+        }
         Value::Array(items) => match parse_array_index(last)? {
             ArrayIndex::End => {
+                let overhead = usize::from(!items.is_empty());
                 items.push(value);
-                Ok(None)
+                Ok(Placed {
+                    replaced: None,
+                    overhead,
+                })
             }
             ArrayIndex::At(index) if index <= items.len() => {
+                let overhead = usize::from(!items.is_empty());
                 items.insert(index, value);
-                Ok(None)
+                Ok(Placed {
+                    replaced: None,
+                    overhead,
+                })
             }
             ArrayIndex::At(index) => Err(Fault::OutOfBounds {
                 index,
@@ -759,19 +785,31 @@ fn add(doc: &mut Value, tokens: &[String], value: Value) -> Result<Option<Value>
 }
 
 /// RFC 6902 section 4.2: remove and return the value at a non-empty pointer.
-fn remove(doc: &mut Value, tokens: &[String]) -> Result<Value, Fault> {
+fn remove(doc: &mut Value, tokens: &[String]) -> Result<Taken, Fault> {
     let Some((last, parents)) = tokens.split_last() else {
         // The whole document cannot be removed; callers rule this out first.
         return Err(Fault::NotFound);
     };
     match lookup_mut(doc, parents)? {
-        Value::Object(map) => take_member(map, last).ok_or(Fault::NotFound),
+        Value::Object(map) => {
+            let value = take_member(map, last).ok_or(Fault::NotFound)?;
+            let overhead = member_overhead(last, !map.is_empty());
+            Ok(Taken { value, overhead })
+        }
         Value::Array(items) => {
             let index = existing_index(last, items.len())?;
-            Ok(items.remove(index))
+            let value = items.remove(index);
+            let overhead = usize::from(!items.is_empty());
+            Ok(Taken { value, overhead })
         }
         _ => Err(Fault::NotFound),
     }
+}
+
+/// The bytes an object member takes besides its value: its quoted key, the colon,
+/// and a comma when it has a neighbour.
+fn member_overhead(key: &str, has_neighbour: bool) -> usize {
+    key.len() + 3 + usize::from(has_neighbour)
 }
 
 // ---------------------------------------------------------------------------
@@ -950,6 +988,37 @@ mod tests {
         let mut doc = json!({});
         apply_json_patch_within(&mut doc, &Value::Array(churn), &limits).expect("stays small");
         assert_eq!(doc, json!({}));
+    }
+
+    #[test]
+    fn the_size_kept_is_the_size_of_the_document() {
+        let limits = PatchLimits {
+            max_depth: MAX_NESTING_DEPTH,
+            max_bytes: 100,
+        };
+        // `{"k":[{"a":"…"}],"long-key":"x"}`, built up and moved around, ends exactly
+        // at the limit; one more byte anywhere is refused.
+        let ops = |text: &str| {
+            json!([
+                {"op": "add", "path": "/long-key", "value": "x"},
+                {"op": "copy", "from": "/long-key", "path": "/tmp"},
+                {"op": "move", "from": "/tmp", "path": "/t"},
+                {"op": "remove", "path": "/t"},
+                {"op": "add", "path": "/k", "value": []},
+                {"op": "add", "path": "/k/-", "value": {"b": 1}},
+                {"op": "replace", "path": "/k/0", "value": {"bb": 22}},
+                {"op": "remove", "path": "/k/0"},
+                {"op": "add", "path": "/k/-", "value": {"a": text}},
+            ])
+        };
+        let fits = "y".repeat(100 - r#"{"k":[{"a":""}],"long-key":"x"}"#.len());
+        let mut doc = json!({});
+        apply_json_patch_within(&mut doc, &ops(&fits), &limits).expect("exactly at the limit");
+        assert_eq!(serde_json::to_vec(&doc).expect("serialises").len(), 100);
+        let mut doc = json!({});
+        let err = apply_json_patch_within(&mut doc, &ops(&format!("{fits}y")), &limits)
+            .expect_err("one byte over");
+        assert!(matches!(err, PatchError::TooLarge { .. }), "{err}");
     }
 
     #[test]
