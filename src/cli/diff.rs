@@ -9,12 +9,13 @@ use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 
 use super::{EXIT_ERROR, EXIT_FINDINGS, EXIT_OK};
+use flotilla_core::limits::Limits;
 use flotilla_core::snapshot::FleetSnapshot;
 use flotilla_hub::source::{self, Location};
 use flotilla_render::diff::markdown::{DEFAULT_MAX_BYTES, MIN_MAX_BYTES, MarkdownOptions};
 use flotilla_render::diff::text::TextOptions;
 use flotilla_render::diff::{DiffOptions, FleetDiff};
-use flotilla_render::render;
+use flotilla_render::{RenderOptions, render_with};
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
 pub enum DiffFormat {
@@ -69,6 +70,8 @@ pub struct DiffArgs {
     /// When to colour the text report.
     #[arg(long, value_enum, default_value_t = ColourChoice::Auto, value_name = "WHEN")]
     pub color: ColourChoice,
+    #[command(flatten)]
+    pub limits: super::LimitArgs,
 }
 
 /// Reads and renders BASE and HEAD (in parallel), prints the report, and returns 0
@@ -97,10 +100,21 @@ pub fn run_diff(args: &DiffArgs) -> anyhow::Result<u8> {
         (location, format!("HEAD ({rev})"))
     };
 
+    let limits = args.limits.limits();
+    let render = |snapshot: &FleetSnapshot| {
+        render_with(
+            snapshot,
+            &RenderOptions {
+                limits: limits.clone(),
+                ..RenderOptions::default()
+            },
+        )
+    };
     let base_name = format!("BASE ({base_rev})");
     let (base_snapshot, head_snapshot) = std::thread::scope(|scope| {
-        let base_job = scope.spawn(|| super::source::read_base(&base_location, &base_name));
-        let head = read(&head_location, &head_name);
+        let base_job =
+            scope.spawn(|| super::source::read_base(&base_location, &base_name, &limits));
+        let head = read(&head_location, &head_name, &limits);
         let base = base_job
             .join()
             .map_err(|_| anyhow::anyhow!("reading {base_name} failed unexpectedly"))?;
@@ -170,8 +184,8 @@ pub fn run_diff(args: &DiffArgs) -> anyhow::Result<u8> {
     Ok(code)
 }
 
-fn read(location: &Location, name: &str) -> anyhow::Result<FleetSnapshot> {
-    source::read(location).with_context(|| format!("cannot read {name}"))
+fn read(location: &Location, name: &str, limits: &Limits) -> anyhow::Result<FleetSnapshot> {
+    source::read_within(location, limits).with_context(|| format!("cannot read {name}"))
 }
 
 /// 2 when HEAD does not render (CI must stop), 1 when clusters change, else 0.

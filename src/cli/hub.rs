@@ -12,7 +12,7 @@ use flotilla_hub::clock::{Clock, SystemClock, rfc3339};
 use flotilla_hub::source;
 use flotilla_hub::store::Store;
 use flotilla_hub::{Hub, HubConfig, SourceSpec, auth, publish};
-use flotilla_render::render;
+use flotilla_render::{RenderOptions, render_with};
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
@@ -84,6 +84,7 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
     config.max_wait = args.max_wait.into();
     config.history = args.history;
     config.webhook_secret = webhook_secret;
+    config.limits = args.limits.limits();
     let listen = args.listen;
     let tls = args.tls_cert.clone().zip(args.tls_key.clone());
     if !listen.ip().is_loopback() && tls.is_none() {
@@ -93,7 +94,8 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
         );
     }
     let state_dir = args.state_dir.clone();
-    runtime()?.block_on(async move {
+    let runtime = runtime()?;
+    let result = runtime.block_on(async move {
         let hub = Hub::start(config).await.with_context(|| {
             format!("cannot start the hub with state in {}", state_dir.display())
         })?;
@@ -122,7 +124,11 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
         }
         tracing::info!("flotilla hub stopped");
         Ok(EXIT_OK)
-    })
+    });
+    // Dropping the runtime would wait for every blocking task; a snapshot still being
+    // read is not worth holding the exit for.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -184,8 +190,15 @@ async fn first_run_hint(state_dir: PathBuf, base: String) {
 }
 
 pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
-    let snapshot = super::source::read(&args.source, "publish")?;
-    let output = render(&snapshot);
+    let limits = args.limits.limits();
+    let snapshot = super::source::read(&args.source, "publish", &limits)?;
+    let output = render_with(
+        &snapshot,
+        &RenderOptions {
+            limits,
+            ..RenderOptions::default()
+        },
+    );
     for diagnostic in output.warnings().chain(output.errors()) {
         eprintln!("{diagnostic}");
     }

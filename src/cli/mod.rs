@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use flotilla_core::limits::Limits;
 
 /// Exit code for "ran fine, nothing to report".
 pub const EXIT_OK: u8 = 0;
@@ -103,6 +104,56 @@ impl SourceArgs {
     }
 }
 
+/// The budgets of reading and rendering a fleet (docs/security.md): a fleet that
+/// breaks one is reported with the file that did, and nothing past it is read or
+/// rendered.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Budgets")]
+pub struct LimitArgs {
+    /// The largest fleet file read; larger ones are refused.
+    #[arg(long, env = "FLOTILLA_MAX_FILE_BYTES", value_name = "BYTES",
+          default_value_t = Limits::default().max_file_bytes)]
+    pub max_file_bytes: u64,
+    /// The most bytes read across all fleet files, every path counted (even paths
+    /// whose content Git stores once).
+    #[arg(long, env = "FLOTILLA_MAX_FLEET_BYTES", value_name = "BYTES",
+          default_value_t = Limits::DEFAULT_MAX_FLEET_BYTES)]
+    pub max_fleet_bytes: u64,
+    /// The most instructions one template may run for one cluster.
+    #[arg(long, env = "FLOTILLA_TEMPLATE_FUEL", value_name = "N",
+          default_value_t = Limits::DEFAULT_TEMPLATE_FUEL)]
+    pub template_fuel: u64,
+    /// The most bytes one template may write for one cluster.
+    #[arg(long = "max-template-output", env = "FLOTILLA_MAX_TEMPLATE_OUTPUT",
+          value_name = "BYTES", default_value_t = Limits::DEFAULT_MAX_TEMPLATE_OUTPUT_BYTES)]
+    pub max_template_output: usize,
+    /// The largest rendered resource (canonical JSON); no patch may grow one past it.
+    #[arg(long, env = "FLOTILLA_MAX_RESOURCE_BYTES", value_name = "BYTES",
+          default_value_t = Limits::DEFAULT_MAX_RESOURCE_BYTES)]
+    pub max_resource_bytes: usize,
+    /// How long a whole render may take before it is abandoned and reported.
+    #[arg(
+        long,
+        env = "FLOTILLA_RENDER_TIMEOUT",
+        value_name = "DURATION",
+        default_value = "30s"
+    )]
+    pub render_timeout: humantime::Duration,
+}
+
+impl LimitArgs {
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_file_bytes: self.max_file_bytes,
+            max_fleet_bytes: self.max_fleet_bytes,
+            template_fuel: self.template_fuel,
+            max_template_output_bytes: self.max_template_output,
+            max_resource_bytes: self.max_resource_bytes,
+            render_timeout: self.render_timeout.into(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
 pub enum OutputFormat {
     Yaml,
@@ -123,6 +174,8 @@ pub struct RenderArgs {
     /// print one summary line per cluster.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub limits: LimitArgs,
 }
 
 #[derive(Debug, Args)]
@@ -133,6 +186,8 @@ pub struct ValidateArgs {
     /// selects no cluster, ...): exit 1 if there is any.
     #[arg(long)]
     pub strict: bool,
+    #[command(flatten)]
+    pub limits: LimitArgs,
 }
 
 #[derive(Debug, Args)]
@@ -200,6 +255,8 @@ pub struct ServeArgs {
     /// Log as text lines or as JSON objects (one per line).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    #[command(flatten)]
+    pub limits: LimitArgs,
 }
 
 #[derive(Debug, Args)]
@@ -213,6 +270,8 @@ pub struct PublishArgs {
     /// hold on the mirror) instead of HEAD's render for every cluster at once.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub limits: LimitArgs,
 }
 
 #[derive(Debug, Args)]

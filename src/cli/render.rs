@@ -48,13 +48,17 @@ fn render_fleet(
     source: &super::SourceArgs,
     command: &str,
     clusters: &[String],
+    limits: &super::LimitArgs,
 ) -> anyhow::Result<RenderOutput> {
-    let snapshot = super::source::read(source, command)?;
+    let limits = limits.limits();
+    let snapshot = super::source::read(source, command, &limits)?;
     let progress = Progress::new();
     let callback = |done: usize, total: usize| progress.update(done, total);
     let options = RenderOptions {
         clusters: clusters.iter().cloned().collect(),
         progress: Some(&callback),
+        limits,
+        cancel: None,
     };
     let output = render_with(&snapshot, &options);
     progress.bar.finish_and_clear();
@@ -68,7 +72,7 @@ fn print_diagnostics(output: &RenderOutput) {
 }
 
 pub fn run_render(args: &RenderArgs) -> anyhow::Result<u8> {
-    let output = render_fleet(&args.source, "render", &args.clusters)?;
+    let output = render_fleet(&args.source, "render", &args.clusters, &args.limits)?;
     print_diagnostics(&output);
     if !output.is_clean() {
         let count = output.errors().count();
@@ -142,7 +146,7 @@ fn document_value(bundle: &Bundle, revision: &str) -> anyhow::Result<serde_json:
 }
 
 pub fn run_validate(args: &ValidateArgs) -> anyhow::Result<u8> {
-    let output = render_fleet(&args.source, "validate", &[])?;
+    let output = render_fleet(&args.source, "validate", &[], &args.limits)?;
     print_diagnostics(&output);
     let errors = output.errors().count();
     let warnings = output.warnings().count();

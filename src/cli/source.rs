@@ -9,16 +9,18 @@ use std::path::Path;
 use anyhow::Context as _;
 
 use super::SourceArgs;
+use flotilla_core::limits::Limits;
 use flotilla_core::snapshot::FleetSnapshot;
 use flotilla_hub::source::{self, DiskChange, Location, SourceError};
 
 /// The most changed files listed by name; the rest are counted.
 const LISTED: usize = 10;
 
-/// Reads the fleet `args` names for `command` (the subcommand's name, for the hint).
-pub fn read(args: &SourceArgs, command: &str) -> anyhow::Result<FleetSnapshot> {
+/// Reads the fleet `args` names for `command` (the subcommand's name, for the hint),
+/// within `limits`.
+pub fn read(args: &SourceArgs, command: &str, limits: &Limits) -> anyhow::Result<FleetSnapshot> {
     let location = args.location();
-    let snapshot = source::read(&location).context("cannot read the fleet")?;
+    let snapshot = source::read_within(&location, limits).context("cannot read the fleet")?;
     let hint = format!(
         "to read the files on disk: {}",
         command_line(command, &[], &args.repo, &args.path, "--worktree")
@@ -70,8 +72,9 @@ pub fn disk_warning(changes: &[(DiskChange, String)], hint: &str) -> Option<Stri
 pub fn read_base(
     location: &Location,
     name: &str,
+    limits: &Limits,
 ) -> anyhow::Result<(FleetSnapshot, Option<String>)> {
-    match source::read(location) {
+    match source::read_within(location, limits) {
         Ok(snapshot) => Ok((snapshot, None)),
         Err(err @ (SourceError::NoClusters { .. } | SourceError::NoSuchPath { .. })) => {
             // What to do about a missing fleet root concerns HEAD, not BASE.

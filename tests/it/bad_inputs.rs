@@ -190,6 +190,14 @@ cases! {
     kustomize_generator_errors => "kustomize-generator-errors",
     kustomize_transformer_errors => "kustomize-transformer-errors",
     manifest_with_infinity => "manifest-with-infinity",
+    patch_nests_too_deep => "patch-nests-too-deep",
+    patch_grows_too_large => "patch-grows-too-large",
+    template_runs_out_of_fuel => "template-runs-out-of-fuel",
+    template_output_too_large => "template-output-too-large",
+    manifest_nests_too_deep => "manifest-nests-too-deep",
+    invalid_resource_names => "invalid-resource-names",
+    invalid_fleet_names => "invalid-fleet-names",
+    cluster_defined_twice => "cluster-defined-twice",
 }
 
 #[test]
@@ -257,7 +265,7 @@ fn file_over_the_size_limit() {
     assert_eq!(
         lines,
         [format!(
-            "workloads/web/manifests/big.yaml: file is {} bytes, over the limit of {} bytes; it was not read",
+            "workloads/web/manifests/big.yaml: file is {} bytes, over the limit of {} bytes (--max-file-bytes); it was not read",
             flotilla_core::snapshot::MAX_FILE_BYTES + 1,
             flotilla_core::snapshot::MAX_FILE_BYTES
         )]
@@ -553,4 +561,254 @@ fn deep_nesting_is_refused_not_a_crash() {
             output.diagnostics
         );
     }
+}
+
+/// The fleet every generated case below starts from: one cluster, one group, one
+/// workload with a ConfigMap.
+fn small_fleet(to: &Path) {
+    copy_tree(&corpus().join("template-runs-out-of-fuel"), to);
+    std::fs::remove_file(to.join("workloads/web/manifests/config.yaml.j2")).expect("remove");
+    std::fs::write(
+        to.join("workloads/web/manifests/config.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: web-config\ndata:\n  a: \"1\"\n",
+    )
+    .expect("write the ConfigMap");
+}
+
+fn lines(output: &RenderOutput) -> Vec<String> {
+    output
+        .diagnostics
+        .iter()
+        .map(Diagnostic::to_string)
+        .collect()
+}
+
+/// A Git tree 4,000 folders deep used to overflow the stack of the recursive tree
+/// walk; the walk keeps its own stack now, and the overlay at the bottom is read.
+#[test]
+fn git_tree_thousands_of_folders_deep() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    small_fleet(dir.path());
+    if !commit_all(dir.path()) {
+        eprintln!("skipping: the git command is not available");
+        return;
+    }
+    let repo = git2::Repository::open(dir.path()).expect("open");
+    let overlay = "apiVersion: flotilla.dev/v1alpha1\nkind: Overlay\nmetadata:\n  name: deep\nspec:\n  clusterSelector: {}\n  labels: {depth: \"4000\"}\n";
+    let blob = repo.blob(overlay.as_bytes()).expect("blob");
+    let mut builder = repo.treebuilder(None).expect("tree builder");
+    builder.insert("deep.yaml", blob, 0o100644).expect("insert");
+    let mut tree = builder.write().expect("tree");
+    for _ in 0..4000 {
+        let mut builder = repo.treebuilder(None).expect("tree builder");
+        builder.insert("d", tree, 0o040000).expect("insert");
+        tree = builder.write().expect("tree");
+    }
+    let head = repo.head().expect("head").peel_to_commit().expect("commit");
+    let mut root = repo
+        .treebuilder(Some(&head.tree().expect("tree")))
+        .expect("builder");
+    root.insert("overlays", tree, 0o040000).expect("insert");
+    let root = repo
+        .find_tree(root.write().expect("root"))
+        .expect("root tree");
+    let signature = git2::Signature::now("flotilla test", "test@flotilla.invalid").expect("sig");
+    repo.commit(
+        Some("HEAD"),
+        &signature,
+        &signature,
+        "deep",
+        &root,
+        &[&head],
+    )
+    .expect("commit");
+
+    let location = Location {
+        repo: dir.path().to_path_buf(),
+        rev: Some("HEAD".into()),
+        path: String::new(),
+        worktree: false,
+    };
+    let snapshot = source::read(&location).expect("the commit is readable");
+    let deep_path = format!("overlays/{}deep.yaml", "d/".repeat(4000));
+    assert!(snapshot.files.contains_key(&deep_path));
+    let output = render(&snapshot);
+    assert!(output.is_clean(), "{:?}", lines(&output));
+    let bundle = &output.bundles["edge-1"];
+    assert_eq!(
+        bundle.resources[0].value["metadata"]["labels"]["depth"],
+        "4000"
+    );
+}
+
+/// 400 paths to one 4 MB blob: Git stores it once, but every path is read and
+/// parsed, so every path counts against the fleet's budget (256 MiB by default).
+#[test]
+fn fleet_budget_counts_every_path_to_a_shared_blob() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    small_fleet(dir.path());
+    if !commit_all(dir.path()) {
+        eprintln!("skipping: the git command is not available");
+        return;
+    }
+    let repo = git2::Repository::open(dir.path()).expect("open");
+    let mut content = String::from("# one of 400 paths to the same blob\n");
+    content.push_str(&"#".repeat(4_000_000 - content.len() - 1));
+    content.push('\n');
+    let blob = repo.blob(content.as_bytes()).expect("blob");
+    let head = repo.head().expect("head").peel_to_commit().expect("commit");
+    let head_tree = head.tree().expect("tree");
+    let manifests_id = head_tree
+        .get_path(Path::new("workloads/web/manifests"))
+        .expect("manifests")
+        .id();
+    let mut manifests = repo
+        .treebuilder(Some(&repo.find_tree(manifests_id).expect("tree")))
+        .expect("builder");
+    for index in 0..400 {
+        manifests
+            .insert(format!("f{index:03}.yaml"), blob, 0o100644)
+            .expect("insert");
+    }
+    let manifests = manifests.write().expect("manifests");
+    let web_id = head_tree
+        .get_path(Path::new("workloads/web"))
+        .expect("web")
+        .id();
+    let mut web = repo
+        .treebuilder(Some(&repo.find_tree(web_id).expect("tree")))
+        .expect("builder");
+    web.insert("manifests", manifests, 0o040000)
+        .expect("insert");
+    let web = web.write().expect("web");
+    let mut workloads = repo.treebuilder(None).expect("builder");
+    workloads.insert("web", web, 0o040000).expect("insert");
+    let workloads = workloads.write().expect("workloads");
+    let mut root = repo.treebuilder(Some(&head_tree)).expect("builder");
+    root.insert("workloads", workloads, 0o040000)
+        .expect("insert");
+    let root = repo
+        .find_tree(root.write().expect("root"))
+        .expect("root tree");
+    let signature = git2::Signature::now("flotilla test", "test@flotilla.invalid").expect("sig");
+    repo.commit(
+        Some("HEAD"),
+        &signature,
+        &signature,
+        "400 paths",
+        &root,
+        &[&head],
+    )
+    .expect("commit");
+
+    let location = Location {
+        repo: dir.path().to_path_buf(),
+        rev: Some("HEAD".into()),
+        path: String::new(),
+        worktree: false,
+    };
+    let snapshot = source::read(&location).expect("the commit is readable");
+    let problems: Vec<String> = snapshot
+        .problems
+        .iter()
+        .map(Diagnostic::to_string)
+        .collect();
+    assert_eq!(
+        problems,
+        [
+            "workloads/web/manifests/f067.yaml: the fleet's files come to more than 268435456 bytes \
+          (--max-fleet-bytes, every path counted) with this one; it and the files after it were not read"
+        ]
+    );
+    let read: u64 = snapshot.files.values().map(|text| text.len() as u64).sum();
+    assert!(read <= flotilla_core::limits::Limits::DEFAULT_MAX_FLEET_BYTES);
+    let shared = snapshot
+        .files
+        .keys()
+        .filter(|path| path.contains("/f"))
+        .count();
+    assert_eq!(
+        shared, 67,
+        "the 67 paths within the budget are read, none after"
+    );
+}
+
+/// A resource may not be larger than the API server would accept (3 MiB by default).
+#[test]
+fn resource_over_the_size_limit() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    small_fleet(dir.path());
+    let mut text =
+        String::from("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: big\ndata:\n  blob: \"");
+    text.push_str(&"x".repeat(3_500_000));
+    text.push_str("\"\n");
+    std::fs::write(dir.path().join("workloads/web/manifests/big.yaml"), &text).expect("write");
+    let snapshot = source::from_folder(dir.path(), "").expect("readable");
+    let output = render(&snapshot);
+    assert_eq!(
+        lines(&output),
+        [
+            "workloads/web/manifests/big.yaml:1: ConfigMap web/big is 3500101 bytes as JSON, over the \
+          limit of 3145728 bytes for one resource (--max-resource-bytes) (cluster edge-1, workload web)"
+        ]
+    );
+    assert!(output.bundles.is_empty());
+}
+
+/// A render past its deadline is abandoned between units of work and names the
+/// file it was busy with; it does not run on to the end.
+#[test]
+fn a_render_past_its_deadline_is_abandoned() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    small_fleet(dir.path());
+    for index in 2..=200 {
+        std::fs::write(
+            dir.path().join(format!("clusters/edge-{index}.yaml")),
+            format!("apiVersion: flotilla.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name: edge-{index}\n  labels:\n    region: eu\n"),
+        )
+        .expect("write a cluster");
+    }
+    // About 600,000 instructions for each cluster: within the fuel, but 200 of them
+    // take far longer than the deadline.
+    std::fs::write(
+        dir.path().join("workloads/web/manifests/slow.yaml.j2"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: slow\ndata:\n  n: \"{% for i in range(100000) %}{% if i < 0 %}{{ i }}{% endif %}{% endfor %}{{ cluster.name }}\"\n",
+    )
+    .expect("write the template");
+    let snapshot = source::from_folder(dir.path(), "").expect("readable");
+    let limits = flotilla_core::limits::Limits {
+        render_timeout: std::time::Duration::from_millis(300),
+        ..Default::default()
+    };
+    let started = std::time::Instant::now();
+    let output = flotilla_render::render_with(
+        &snapshot,
+        &flotilla_render::RenderOptions {
+            limits,
+            ..Default::default()
+        },
+    );
+    let took = started.elapsed();
+    assert_eq!(
+        lines(&output),
+        [
+            "workloads/web/manifests/slow.yaml.j2: the render took longer than 300ms \
+          (--render-timeout) and was abandoned while this file was being rendered"
+        ]
+    );
+    assert!(output.bundles.is_empty());
+    assert!(
+        took < std::time::Duration::from_secs(10),
+        "stopped soon after its deadline: {took:?}"
+    );
+
+    let cancel = std::sync::atomic::AtomicBool::new(true);
+    let output = flotilla_render::render_with(
+        &snapshot,
+        &flotilla_render::RenderOptions {
+            cancel: Some(&cancel),
+            ..Default::default()
+        },
+    );
+    assert_eq!(lines(&output), ["the render was cancelled"]);
 }

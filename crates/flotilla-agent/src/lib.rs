@@ -570,8 +570,11 @@ impl Poller {
         let bundle = match bundle::verify_document(body, Some(&self.cluster)) {
             Ok(bundle) => bundle,
             Err(err) => {
+                // A document too broken to name its digest (too deep to read, say) is
+                // still reported against the digest its ETag names, so the hub shows
+                // the cluster failed on it rather than pending.
                 return Verdict::Refused(
-                    claimed_digest(body),
+                    claimed_digest(body).or_else(|| etag.and_then(digest_of_etag)),
                     format!(
                         "refused the bundle from {}: {err}; keeping the last-known-good bundle",
                         self.client.server()

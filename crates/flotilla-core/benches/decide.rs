@@ -101,7 +101,7 @@ fn bench(c: &mut Criterion) {
                 // The next cluster of the released wave reports: healthy on one pass over
                 // the wave, still progressing on the next, so the decision has work to do
                 // (bakes start and stop, clusters are admitted) and the wave never ends.
-                let health = if pass % 2 == 0 {
+                let health = if pass.is_multiple_of(2) {
                     Health::Healthy
                 } else {
                     Health::Progressing

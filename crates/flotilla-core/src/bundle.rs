@@ -15,6 +15,91 @@ use sha2::{Digest as _, Sha256};
 /// The API version of every flotilla document.
 pub const API_VERSION: &str = "flotilla.dev/v1alpha1";
 
+/// The deepest nesting of arrays and objects a resource may have (a scalar is at
+/// depth 0, `{"a": 1}` at depth 1). The renderer refuses to produce a deeper resource
+/// and the agent refuses to accept one, with this one constant on both sides, so a
+/// hub never serves a bundle its agents would refuse. Real manifests stay far below
+/// it (a large CustomResourceDefinition nests about 30 deep); the served document
+/// wraps resources two levels deeper, well inside a JSON reader's default limit of 128.
+pub const MAX_NESTING_DEPTH: usize = 100;
+
+/// Whether `value` nests arrays and objects deeper than `max` (see
+/// [`MAX_NESTING_DEPTH`]). Walks the value without recursion and stops at the first
+/// path that is too deep.
+pub fn nests_deeper_than(value: &Value, max: usize) -> bool {
+    let mut stack: Vec<(&Value, usize)> = vec![(value, 0)];
+    while let Some((value, depth)) = stack.pop() {
+        match value {
+            Value::Array(_) | Value::Object(_) if depth >= max => return true,
+            Value::Array(items) => stack.extend(items.iter().map(|child| (child, depth + 1))),
+            Value::Object(map) => stack.extend(map.values().map(|child| (child, depth + 1))),
+            _ => {}
+        }
+    }
+    false
+}
+
+/// The nesting depth of `value` (0 for a scalar), found without recursion.
+pub fn nesting_depth(value: &Value) -> usize {
+    let mut deepest = 0;
+    let mut stack: Vec<(&Value, usize)> = vec![(value, 0)];
+    while let Some((value, depth)) = stack.pop() {
+        match value {
+            Value::Array(items) => {
+                deepest = deepest.max(depth + 1);
+                stack.extend(items.iter().map(|child| (child, depth + 1)));
+            }
+            Value::Object(map) => {
+                deepest = deepest.max(depth + 1);
+                stack.extend(map.values().map(|child| (child, depth + 1)));
+            }
+            _ => {}
+        }
+    }
+    deepest
+}
+
+/// About how many bytes `value` takes as compact JSON (string escapes are not
+/// counted, a fractional number counts as 24), found without recursion. Counting
+/// stops as soon as the total passes `stop_above`, so measuring a huge value costs
+/// no more than measuring `stop_above` bytes of it; the result is then some number
+/// above `stop_above`.
+pub fn approximate_json_size(value: &Value, stop_above: usize) -> usize {
+    let mut total = 0usize;
+    let mut stack: Vec<&Value> = vec![value];
+    while let Some(value) = stack.pop() {
+        total = total.saturating_add(match value {
+            Value::Null | Value::Bool(true) => 4,
+            Value::Bool(false) => 5,
+            Value::Number(number) => number_size(number),
+            Value::String(text) => text.len() + 2,
+            Value::Array(items) => {
+                stack.extend(items.iter());
+                2 + items.len().saturating_sub(1)
+            }
+            Value::Object(map) => {
+                stack.extend(map.values());
+                2 + map.len().saturating_sub(1) + map.keys().map(|k| k.len() + 3).sum::<usize>()
+            }
+        });
+        if total > stop_above {
+            break;
+        }
+    }
+    total
+}
+
+fn number_size(number: &serde_json::Number) -> usize {
+    let digits = |n: u64| n.checked_ilog10().map_or(1, |d| d as usize + 1);
+    if let Some(n) = number.as_u64() {
+        digits(n)
+    } else if let Some(n) = number.as_i64() {
+        digits(n.unsigned_abs()) + 1
+    } else {
+        24
+    }
+}
+
 /// A content digest, always of the form `sha256:<64 lowercase hex digits>`.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -310,6 +395,14 @@ pub enum VerifyError {
         "bundle resources are not sorted by (group, kind, namespace, name) or repeat an identity at {index}"
     )]
     NotSorted { index: usize },
+    #[error(
+        "bundle resource {index} nests arrays and objects deeper than {MAX_NESTING_DEPTH} levels, which flotilla never renders"
+    )]
+    TooDeep { index: usize },
+    #[error(
+        "bundle nests arrays and objects deeper than {MAX_NESTING_DEPTH} levels, which flotilla never renders"
+    )]
+    DocumentTooDeep,
 }
 
 /// Parses a served Bundle document and checks it: the recomputed digest over the
@@ -319,7 +412,15 @@ pub fn verify_document(
     bytes: &[u8],
     expected_cluster: Option<&str>,
 ) -> Result<Bundle, VerifyError> {
-    let doc: BundleDocument = serde_json::from_slice(bytes)?;
+    // serde_json stops at 128 levels of nesting: deeper than any document flotilla
+    // serves (resources at most MAX_NESTING_DEPTH, wrapped two levels deeper).
+    let doc: BundleDocument = serde_json::from_slice(bytes).map_err(|err| {
+        if err.to_string().starts_with("recursion limit exceeded") {
+            VerifyError::DocumentTooDeep
+        } else {
+            VerifyError::Json(err)
+        }
+    })?;
     if doc.api_version != API_VERSION || doc.kind != "Bundle" {
         return Err(VerifyError::WrongKind(doc.api_version, doc.kind));
     }
@@ -333,6 +434,9 @@ pub fn verify_document(
     }
     let mut resources = Vec::with_capacity(doc.resources.len());
     for (index, value) in doc.resources.into_iter().enumerate() {
+        if nests_deeper_than(&value, MAX_NESTING_DEPTH) {
+            return Err(VerifyError::TooDeep { index });
+        }
         let key = ResourceKey::of(&value).ok_or(VerifyError::BadResource { index })?;
         resources.push(Arc::new(Resource::new(key, value)));
     }
@@ -360,49 +464,92 @@ pub fn to_canonical_vec(value: &Value) -> Vec<u8> {
 
 /// Writes `value` as RFC 8785 canonical JSON: object members sorted by the UTF-16
 /// code units of their names, no insignificant whitespace, ECMAScript number forms,
-/// and the minimal string escapes.
+/// and the minimal string escapes. The walk keeps its own stack instead of
+/// recursing, so no value, however deep, can overflow the thread's stack here.
 pub fn write_canonical(out: &mut Vec<u8>, value: &Value) {
-    match value {
-        Value::Null => out.extend_from_slice(b"null"),
-        Value::Bool(true) => out.extend_from_slice(b"true"),
-        Value::Bool(false) => out.extend_from_slice(b"false"),
-        Value::Number(number) => write_canonical_number(out, number),
-        Value::String(text) => write_canonical_string(out, text),
-        Value::Array(items) => {
-            out.push(b'[');
-            for (index, item) in items.iter().enumerate() {
-                if index > 0 {
-                    out.push(b',');
+    let mut stack: Vec<Open<'_>> = Vec::new();
+    let mut next = Some(value);
+    loop {
+        if let Some(value) = next.take() {
+            match value {
+                Value::Null => out.extend_from_slice(b"null"),
+                Value::Bool(true) => out.extend_from_slice(b"true"),
+                Value::Bool(false) => out.extend_from_slice(b"false"),
+                Value::Number(number) => write_canonical_number(out, number),
+                Value::String(text) => write_canonical_string(out, text),
+                Value::Array(items) => {
+                    out.push(b'[');
+                    stack.push(Open::Array(items.iter(), true));
                 }
-                write_canonical(out, item);
+                Value::Object(map) => {
+                    out.push(b'{');
+                    // serde_json's map is ordered by UTF-8 bytes, which equals UTF-16
+                    // order unless a key holds a character at or above U+E000; only
+                    // then re-sort.
+                    let members = if map.keys().any(|k| k.chars().any(|c| c >= '\u{e000}')) {
+                        let mut entries: Vec<_> = map.iter().collect();
+                        entries.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+                        Members::Sorted(entries.into_iter())
+                    } else {
+                        Members::InOrder(map.iter())
+                    };
+                    stack.push(Open::Object(members, true));
+                }
             }
-            out.push(b']');
         }
-        Value::Object(map) => {
-            out.push(b'{');
-            // serde_json's map is ordered by UTF-8 bytes, which equals UTF-16 order
-            // unless a key holds a character at or above U+E000; only then re-sort.
-            let needs_utf16_sort = map.keys().any(|k| k.chars().any(|c| c >= '\u{e000}'));
-            if needs_utf16_sort {
-                let mut entries: Vec<_> = map.iter().collect();
-                entries.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
-                write_members(out, entries.into_iter());
-            } else {
-                write_members(out, map.iter());
-            }
-            out.push(b'}');
+        let Some(open) = stack.last_mut() else {
+            return;
+        };
+        match open {
+            Open::Array(items, first) => match items.next() {
+                Some(item) => {
+                    if !std::mem::take(first) {
+                        out.push(b',');
+                    }
+                    next = Some(item);
+                }
+                None => {
+                    out.push(b']');
+                    stack.pop();
+                }
+            },
+            Open::Object(members, first) => match members.next() {
+                Some((key, item)) => {
+                    if !std::mem::take(first) {
+                        out.push(b',');
+                    }
+                    write_canonical_string(out, key);
+                    out.push(b':');
+                    next = Some(item);
+                }
+                None => {
+                    out.push(b'}');
+                    stack.pop();
+                }
+            },
         }
     }
 }
 
-fn write_members<'a>(out: &mut Vec<u8>, members: impl Iterator<Item = (&'a String, &'a Value)>) {
-    for (index, (key, item)) in members.enumerate() {
-        if index > 0 {
-            out.push(b',');
+/// An array or object being written by [`write_canonical`], with whether its first
+/// element is still to come.
+enum Open<'a> {
+    Array(std::slice::Iter<'a, Value>, bool),
+    Object(Members<'a>, bool),
+}
+
+enum Members<'a> {
+    InOrder(serde_json::map::Iter<'a>),
+    Sorted(std::vec::IntoIter<(&'a String, &'a Value)>),
+}
+
+impl<'a> Iterator for Members<'a> {
+    type Item = (&'a String, &'a Value);
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            Members::InOrder(members) => members.next(),
+            Members::Sorted(members) => members.next(),
         }
-        write_canonical_string(out, key);
-        out.push(b':');
-        write_canonical(out, item);
     }
 }
 
@@ -532,6 +679,67 @@ mod tests {
             verify_document(tampered.as_bytes(), Some("edge-1")),
             Err(VerifyError::DigestMismatch { .. })
         ));
+    }
+
+    /// A ConfigMap whose `data` holds arrays nested until the resource is `depth` deep.
+    fn nested_config_map(depth: usize) -> Value {
+        let mut value = json!(1);
+        for _ in 0..depth - 1 {
+            value = json!([value]);
+        }
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "deep"}, "data": value})
+    }
+
+    #[test]
+    fn depth_is_measured_without_recursion() {
+        assert_eq!(nesting_depth(&json!(1)), 0);
+        assert_eq!(nesting_depth(&json!({"a": [1, {"b": []}]})), 4);
+        assert!(!nests_deeper_than(&json!({"a": [1]}), 2));
+        assert!(nests_deeper_than(&json!({"a": [[1]]}), 2));
+        assert!(!nests_deeper_than(&json!([]), 1));
+        assert!(nests_deeper_than(&json!([]), 0));
+        assert_eq!(
+            nesting_depth(&nested_config_map(MAX_NESTING_DEPTH)),
+            MAX_NESTING_DEPTH
+        );
+    }
+
+    #[test]
+    fn sizes_are_those_of_compact_json() {
+        for value in [
+            json!({"a": [1, -20, 3.5, null, true, false, "xyz"], "bc": {}}),
+            json!([]),
+            json!(""),
+            json!(u64::MAX),
+        ] {
+            let exact = serde_json::to_vec(&value).expect("serialises").len();
+            let approximate = approximate_json_size(&value, usize::MAX);
+            assert!(
+                approximate >= exact.saturating_sub(16) && approximate <= exact + 24,
+                "{value}: {approximate} against {exact}"
+            );
+        }
+        let big = Value::Array(vec![json!("x".repeat(1000)); 1000]);
+        assert!(approximate_json_size(&big, 10_000) <= 10_000 + 1002);
+    }
+
+    #[test]
+    fn the_agent_refuses_what_the_renderer_would_never_produce() {
+        let bundle_of = |resource: Value| {
+            let key = ResourceKey::of(&resource).expect("has identity");
+            Bundle::new("edge-1", vec![Arc::new(Resource::new(key, resource))])
+        };
+        let at_limit = bundle_of(nested_config_map(MAX_NESTING_DEPTH));
+        assert!(verify_document(&at_limit.document("r"), Some("edge-1")).is_ok());
+        let deeper = bundle_of(nested_config_map(MAX_NESTING_DEPTH + 1));
+        let err = verify_document(&deeper.document("r"), Some("edge-1")).expect_err("too deep");
+        assert_eq!(
+            err.to_string(),
+            "bundle resource 0 nests arrays and objects deeper than 100 levels, which flotilla never renders"
+        );
+        let far_deeper = bundle_of(nested_config_map(300));
+        let err = verify_document(&far_deeper.document("r"), Some("edge-1")).expect_err("too deep");
+        assert!(matches!(err, VerifyError::DocumentTooDeep), "{err}");
     }
 
     #[test]

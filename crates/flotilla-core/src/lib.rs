@@ -8,7 +8,9 @@
 pub mod api;
 pub mod bundle;
 pub mod diagnostic;
+pub mod limits;
 pub mod model;
+pub mod names;
 pub mod rollout;
 pub mod snapshot;
 pub mod status;

@@ -9,21 +9,45 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use notify::{RecursiveMode, Watcher as _};
-use tokio::sync::{Notify, watch};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Notify, oneshot, watch};
 
 use super::HubError;
 use super::state::Shared;
 use crate::source::follow::{self as git, RepoKind, Tip};
-use crate::source::{SourceError, from_folder};
+use crate::source::{SourceError, from_folder_within};
+use flotilla_core::bundle::Digest;
+use flotilla_core::diagnostic::Diagnostic;
+use flotilla_core::limits::Limits;
 use flotilla_core::snapshot::FleetSnapshot;
-use flotilla_render::render;
+use flotilla_render::{RenderOptions, RenderOutput, render_with};
 
 /// How long a `git clone` or `git fetch` may take.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How long past its own deadline a render is waited for before the hub gives up on
+/// it. The render stops itself at its deadline between units of work, so this only
+/// matters when one unit runs long.
+const RENDER_GRACE: Duration = Duration::from_secs(5);
+
+/// The file in the state dir that says a render is under way. One left behind means
+/// the hub died while rendering (killed, out of memory, a crash); a commit the hub
+/// died on twice is not rendered again, so that a commit that kills the hub cannot
+/// keep it in a crash loop.
+const RENDER_MARKER: &str = "render-in-progress.json";
+/// How many times the hub may die rendering one commit before it stops trying.
+const RENDER_ATTEMPTS: u32 = 2;
+
+#[derive(Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct RenderMarker {
+    /// The commit (or, for a folder, a digest of its files) being rendered.
+    source: String,
+    attempts: u32,
+}
 
 /// Where the fleet comes from, as given on the command line.
 #[derive(Clone, Debug, Default)]
@@ -96,6 +120,8 @@ pub struct Follower {
     shared: Arc<Shared>,
     origin: Origin,
     spec: SourceSpec,
+    limits: Limits,
+    state_dir: PathBuf,
     poll_interval: Duration,
     last_commit: Option<String>,
     last_files: Option<BTreeMap<String, Arc<str>>>,
@@ -108,11 +134,14 @@ impl Follower {
         spec: SourceSpec,
         state_dir: &Path,
         poll_interval: Duration,
+        limits: Limits,
     ) -> Follower {
         Follower {
             origin: Origin::of(&spec, state_dir),
             shared,
             spec,
+            limits,
+            state_dir: state_dir.to_path_buf(),
             poll_interval,
             last_commit: None,
             last_files: None,
@@ -131,7 +160,10 @@ impl Follower {
             _ => Duration::from_millis(20),
         };
         loop {
-            self.check().await;
+            self.check_until(&mut shutdown).await;
+            if *shutdown.borrow() {
+                break;
+            }
             self.shared.ready.store(true, Ordering::Relaxed);
             let delay = self
                 .poll_interval
@@ -208,6 +240,12 @@ impl Follower {
 
     /// Looks once: reads what is new, renders it and installs it if it is clean.
     pub async fn check(&mut self) {
+        let (_keep, mut never) = watch::channel(false);
+        self.check_until(&mut never).await;
+    }
+
+    /// [`Follower::check`], given up at once when `shutdown` changes.
+    async fn check_until(&mut self, shutdown: &mut watch::Receiver<bool>) {
         let (snapshot, forced) = match self.next_snapshot().await {
             Ok(Some(found)) => found,
             Ok(None) => return,
@@ -226,7 +264,7 @@ impl Follower {
             tracing::info!("the fleet repository can be read again");
         }
         self.shared.update_render_status(|r| r.source_error = None);
-        if let Err(err) = self.render_and_install(snapshot, forced).await {
+        if let Err(err) = self.render_and_install(snapshot, forced, shutdown).await {
             tracing::error!("cannot install the new bundles: {err}");
             // Try the same commit again next time.
             self.last_commit = None;
@@ -238,14 +276,64 @@ impl Follower {
         &self,
         snapshot: FleetSnapshot,
         forced: bool,
+        shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), HubError> {
-        let (output, duration) = tokio::task::spawn_blocking(move || {
-            let started = Instant::now();
-            let output = render(&snapshot);
-            (output, started.elapsed())
-        })
-        .await
-        .map_err(|e| HubError::Task(e.to_string()))?;
+        let revision = snapshot.revision.clone();
+        let source = render_source(&snapshot);
+        let marker = self.state_dir.join(RENDER_MARKER);
+        let attempts = read_marker(&marker)
+            .filter(|m| m.source == source)
+            .map_or(0, |m| m.attempts);
+        if attempts >= RENDER_ATTEMPTS {
+            self.shared.record_failed_render(
+                &failed_output(
+                    &revision,
+                    format!(
+                        "the hub stopped {attempts} times while rendering this commit (killed, out \
+                         of memory or a crash), so it is not rendered again; the last good bundles \
+                         stay served: push a commit that changes the fleet"
+                    ),
+                ),
+                Duration::ZERO,
+            );
+            return Ok(());
+        }
+        write_marker(
+            &marker,
+            &RenderMarker {
+                source,
+                attempts: attempts + 1,
+            },
+        );
+        let rendered = self.render_off_runtime(snapshot, shutdown).await;
+        // Whatever the outcome, the hub did not die rendering it.
+        let _ = std::fs::remove_file(&marker);
+        let (output, duration) = match rendered {
+            Rendered::Done(output, duration) => (output, duration),
+            Rendered::ShuttingDown => return Ok(()),
+            Rendered::Abandoned(waited) => {
+                let output = failed_output(
+                    &revision,
+                    format!(
+                        "the render of this commit took longer than {} (--render-timeout) and was \
+                         abandoned; the last good bundles stay served",
+                        humantime::format_duration(self.limits.render_timeout)
+                    ),
+                );
+                self.shared.record_failed_render(&output, waited);
+                return Ok(());
+            }
+            Rendered::Panicked(message) => {
+                let output = failed_output(
+                    &revision,
+                    format!(
+                        "the render failed unexpectedly (a flotilla bug, please report it): {message}"
+                    ),
+                );
+                self.shared.record_failed_render(&output, Duration::ZERO);
+                return Ok(());
+            }
+        };
         if !output.is_clean() {
             self.shared.record_failed_render(&output, duration);
             return Ok(());
@@ -268,6 +356,60 @@ impl Follower {
         Ok(())
     }
 
+    /// Renders on a thread of its own, never on the async runtime's threads: the hub
+    /// keeps answering meanwhile, and neither a render past its deadline nor one in
+    /// progress at shutdown holds it. Such a render is told to stop (it does at its
+    /// next unit of work) and left to finish on its own; the process does not wait
+    /// for it to exit.
+    async fn render_off_runtime(
+        &self,
+        snapshot: FleetSnapshot,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Rendered {
+        let cancel = Arc::new(AtomicBool::new(false));
+        let (done, result) = oneshot::channel();
+        let limits = self.limits.clone();
+        let stop = cancel.clone();
+        let spawned = std::thread::Builder::new()
+            .name("flotilla-render".into())
+            .spawn(move || {
+                let started = Instant::now();
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let options = RenderOptions {
+                        limits,
+                        cancel: Some(&stop),
+                        ..RenderOptions::default()
+                    };
+                    render_with(&snapshot, &options)
+                }));
+                let _ = done.send(match outcome {
+                    Ok(output) => Rendered::Done(output, started.elapsed()),
+                    Err(panic) => Rendered::Panicked(panic_message(&panic)),
+                });
+            });
+        if let Err(err) = spawned {
+            return Rendered::Panicked(format!("cannot start a render thread: {err}"));
+        }
+        // A wall-clock timer on a thread of its own: the render's deadline is real
+        // time, whatever the runtime's clock says (tests pause it).
+        let patience = self.limits.render_timeout + RENDER_GRACE;
+        let (expired, timer) = oneshot::channel();
+        std::thread::spawn(move || {
+            std::thread::sleep(patience);
+            let _ = expired.send(());
+        });
+        let started = Instant::now();
+        let outcome = tokio::select! {
+            result = result => result.unwrap_or_else(|_| Rendered::Panicked("the render thread ended without a result".into())),
+            _ = timer => Rendered::Abandoned(started.elapsed()),
+            _ = shutdown.changed() => Rendered::ShuttingDown,
+        };
+        if !matches!(outcome, Rendered::Done(..)) {
+            cancel.store(true, Ordering::Relaxed);
+        }
+        outcome
+    }
+
     /// The snapshot to render, and whether its commit forces an immediate rollout
     /// (`Flotilla-Rollout: immediate`); `None` when nothing changed since the last look.
     async fn next_snapshot(&mut self) -> Result<Option<(FleetSnapshot, bool)>, SourceError> {
@@ -286,12 +428,15 @@ impl Follower {
                 kind: RepoKind::Folder,
                 subpath,
             } => {
-                let snapshot = tokio::task::spawn_blocking(move || from_folder(&path, &subpath))
-                    .await
-                    .map_err(|e| SourceError::Io {
-                        path: self.spec.repo.clone(),
-                        message: e.to_string(),
-                    })??;
+                let limits = self.limits.clone();
+                let snapshot = tokio::task::spawn_blocking(move || {
+                    from_folder_within(&path, &subpath, &limits)
+                })
+                .await
+                .map_err(|e| SourceError::Io {
+                    path: self.spec.repo.clone(),
+                    message: e.to_string(),
+                })??;
                 if self.last_files.as_ref() == Some(&snapshot.files) && snapshot.problems.is_empty()
                 {
                     return Ok(None);
@@ -309,13 +454,14 @@ impl Follower {
         let branch = self.spec.branch.clone();
         let subpath = self.origin.subpath(&self.spec).to_string();
         let last = self.last_commit.clone();
+        let limits = self.limits.clone();
         let result = tokio::task::spawn_blocking(
             move || -> Result<Option<(Tip, FleetSnapshot, bool)>, SourceError> {
                 let tip = git::tip(&repo, branch.as_deref())?;
                 if last.as_deref() == Some(tip.commit.as_str()) {
                     return Ok(None);
                 }
-                let snapshot = git::snapshot_at(&repo, &tip, &subpath)?;
+                let snapshot = git::snapshot_at_within(&repo, &tip, &subpath, &limits)?;
                 let forced = flotilla_core::rollout::is_forced(&git::commit_message(&repo, &tip)?);
                 Ok(Some((tip, snapshot, forced)))
             },
@@ -339,4 +485,63 @@ fn hidden_below(root: &Path, path: &Path) -> bool {
         rel.components()
             .any(|c| c.as_os_str().to_string_lossy().starts_with('.'))
     })
+}
+
+/// How a render handed to its thread ended.
+enum Rendered {
+    Done(RenderOutput, Duration),
+    /// Not finished within its deadline and the grace after it; the time waited.
+    Abandoned(Duration),
+    /// The hub is shutting down; the render was told to stop.
+    ShuttingDown,
+    Panicked(String),
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
+}
+
+/// A render that failed as a whole, with one error saying why.
+fn failed_output(revision: &str, message: String) -> RenderOutput {
+    RenderOutput {
+        revision: revision.to_string(),
+        diagnostics: vec![Diagnostic::error(message)],
+        ..RenderOutput::default()
+    }
+}
+
+/// What identifies the content being rendered: the revision of a commit, or for a
+/// folder (whose revision never changes) a digest of its files.
+fn render_source(snapshot: &FleetSnapshot) -> String {
+    if !snapshot.revision.starts_with("folder:") {
+        return snapshot.revision.clone();
+    }
+    let mut listing = Vec::new();
+    for (path, text) in &snapshot.files {
+        listing.extend_from_slice(path.as_bytes());
+        listing.push(0);
+        listing.extend_from_slice(Digest::of(text.as_bytes()).as_str().as_bytes());
+        listing.push(0);
+    }
+    format!("{}@{}", snapshot.revision, Digest::of(&listing))
+}
+
+fn read_marker(path: &Path) -> Option<RenderMarker> {
+    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+}
+
+fn write_marker(path: &Path, marker: &RenderMarker) {
+    let written = serde_json::to_vec(marker)
+        .map_err(std::io::Error::other)
+        .and_then(|bytes| flotilla_fs::write_atomically(path, &bytes, flotilla_fs::Mode::Private));
+    if let Err(err) = written {
+        tracing::warn!(
+            "cannot record the render in progress in {}: {err}",
+            path.display()
+        );
+    }
 }

@@ -76,6 +76,8 @@ pub struct HubConfig {
     pub clock: Arc<dyn Clock>,
     /// How often to look for tokens created or revoked by `flotilla token`.
     pub token_refresh: Duration,
+    /// The budgets of reading and rendering each commit.
+    pub limits: flotilla_core::limits::Limits,
 }
 
 impl HubConfig {
@@ -90,6 +92,7 @@ impl HubConfig {
             webhook_secret: None,
             clock: Arc::new(SystemClock),
             token_refresh: Duration::from_secs(1),
+            limits: flotilla_core::limits::Limits::default(),
         }
     }
 }
@@ -157,6 +160,7 @@ impl Hub {
             config.source,
             &config.state_dir,
             config.poll_interval,
+            config.limits,
         );
         let tasks = vec![
             tokio::spawn({
@@ -265,7 +269,8 @@ impl Hub {
     async fn stop(self) {
         self.shared.shutdown.send_replace(true);
         for task in self.tasks {
-            // A render in progress is let finish for a while, then abandoned.
+            // The follower returns at once (a render in progress is told to stop and
+            // left behind); any task still busy after a while is abandoned.
             let abort = task.abort_handle();
             if tokio::time::timeout(Duration::from_secs(10), task)
                 .await

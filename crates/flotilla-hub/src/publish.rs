@@ -16,8 +16,8 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use flotilla_core::api;
 use flotilla_core::bundle::{Digest, document_bytes};
+use flotilla_core::{api, names};
 use flotilla_fs::Mode;
 use flotilla_render::RenderOutput;
 
@@ -27,6 +27,10 @@ use crate::store::{ObjectError, Objects, StoredCluster};
 pub enum PublishError {
     #[error("cannot write {path}: {source}")]
     Write { path: String, source: io::Error },
+    /// A cluster name that is not a DNS-1123 label could name a path outside `out`
+    /// (`..`, `a/b`); the renderer refuses such names, and publish checks again.
+    #[error("cluster name {0} is not a DNS-1123 label; nothing was published")]
+    UnsafeName(String),
     #[error("cannot read what the hub serves to {cluster}: {source}")]
     Served {
         cluster: String,
@@ -108,6 +112,14 @@ pub fn publish_served(
 /// serves half a bundle. Earlier `bundles/<digest>` files stay, which gives mirrors a
 /// history; clusters that left the fleet are removed.
 fn write_documents(documents: Vec<Document>, out: &Path) -> Result<Published, PublishError> {
+    // Checked before anything is written: no name may lead out of `out`.
+    if let Some(name) = documents
+        .iter()
+        .map(|d| &d.cluster)
+        .find(|name| names::dns1123_label(name).is_err())
+    {
+        return Err(PublishError::UnsafeName(names::shown(name)));
+    }
     let clusters_dir = join(out, &api::CLUSTERS);
     create_dir(&clusters_dir)?;
     let mut published = Published {
@@ -181,4 +193,26 @@ fn sync(dir: &Path) -> Result<(), PublishError> {
 
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), PublishError> {
     flotilla_fs::replace_file(path, bytes, Mode::Public).map_err(|source| error(path, source))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flotilla_core::bundle::Bundle;
+
+    #[test]
+    fn a_name_that_could_leave_the_folder_writes_nothing() {
+        let out = tempfile::tempdir().expect("tempdir");
+        let inside = out.path().join("site");
+        for name in ["..", "../escape", "a/b", "%2e%2e", "A B"] {
+            let mut output = RenderOutput::default();
+            output
+                .bundles
+                .insert(name.to_string(), Bundle::new(name, Vec::new()));
+            let err = publish(&output, &inside).expect_err("refused");
+            assert!(matches!(err, PublishError::UnsafeName(_)), "{name}: {err}");
+            assert!(!inside.exists(), "{name}: nothing was written");
+            assert!(!out.path().join("v1").exists() && !out.path().join("escape").exists());
+        }
+    }
 }

@@ -23,18 +23,21 @@ pub mod transform;
 pub mod yaml;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 use serde_json::{Map, Value};
 
 use flotilla_core::bundle::{Bundle, Resource, ResourceKey};
 use flotilla_core::diagnostic::Diagnostic;
+use flotilla_core::limits::Limits;
 use flotilla_core::model::{Target, Vars};
 use flotilla_core::rollout::RolloutPlan;
 use flotilla_core::snapshot::FleetSnapshot;
 use load::{Cluster, Fleet, Overlay, SourcedDocument, Workload};
+use patch::PatchLimits;
 use scope::CustomScopes;
 use template::{ClusterContext, Context, Templates, WorkloadContext};
 
@@ -45,6 +48,12 @@ pub struct RenderOptions<'a> {
     pub clusters: BTreeSet<String>,
     /// Called with (clusters done, clusters in all) as bundles complete.
     pub progress: Option<&'a (dyn Fn(usize, usize) + Sync)>,
+    /// The budgets to render within (template fuel and output, resource size, the
+    /// render's deadline).
+    pub limits: Limits,
+    /// Set from another thread to abandon the render: it stops at the next unit of
+    /// work and reports that it was cancelled.
+    pub cancel: Option<&'a AtomicBool>,
 }
 
 /// The result of rendering one snapshot.
@@ -97,11 +106,154 @@ struct Plan {
     outputs: Vec<usize>,
 }
 
+/// Whether a render should stop: it was cancelled, or its deadline passed. Workers
+/// ask between units of work (a template render, a unit, a cluster's assembly);
+/// template fuel bounds the work inside one unit. The files being rendered when the
+/// deadline passed are named in the error.
+struct Stop<'a> {
+    cancel: Option<&'a AtomicBool>,
+    deadline: Instant,
+    timeout: Duration,
+    stopped: AtomicBool,
+    /// Files being rendered now, with how many workers are on each.
+    in_flight: Mutex<BTreeMap<Arc<str>, usize>>,
+    /// The file whose work started last, named when none is in flight.
+    last_started: Mutex<Option<Arc<str>>>,
+    /// The files in flight when the deadline passed.
+    culprits: Mutex<Vec<Arc<str>>>,
+}
+
+impl<'a> Stop<'a> {
+    fn new(options: &RenderOptions<'a>) -> Stop<'a> {
+        Stop {
+            cancel: options.cancel,
+            deadline: Instant::now() + options.limits.render_timeout,
+            timeout: options.limits.render_timeout,
+            stopped: AtomicBool::new(false),
+            in_flight: Mutex::default(),
+            last_started: Mutex::default(),
+            culprits: Mutex::default(),
+        }
+    }
+
+    /// Asks whether to stop; the first worker to find the deadline passed notes
+    /// which files were in flight.
+    fn now(&self) -> bool {
+        if self.stopped.load(Ordering::Relaxed) {
+            return true;
+        }
+        let cancelled = self.cancel.is_some_and(|c| c.load(Ordering::Relaxed));
+        if !cancelled && Instant::now() < self.deadline {
+            return false;
+        }
+        if !self.stopped.swap(true, Ordering::Relaxed) && !cancelled {
+            let in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+            let mut culprits: Vec<Arc<str>> = in_flight.keys().cloned().collect();
+            if culprits.is_empty() {
+                culprits.extend(
+                    self.last_started
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .clone(),
+                );
+            }
+            *self.culprits.lock().unwrap_or_else(|e| e.into_inner()) = culprits;
+        }
+        true
+    }
+
+    /// Runs `work` on `file` unless the render should stop, noting the file as in
+    /// flight meanwhile.
+    fn run<T>(&self, file: &Arc<str>, work: impl FnOnce() -> T) -> Option<T> {
+        if self.now() {
+            return None;
+        }
+        *self
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(file.clone())
+            .or_default() += 1;
+        *self.last_started.lock().unwrap_or_else(|e| e.into_inner()) = Some(file.clone());
+        let result = work();
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = in_flight.get_mut(file) {
+            *count -= 1;
+            if *count == 0 {
+                in_flight.remove(file);
+            }
+        }
+        Some(result)
+    }
+
+    /// The output of a render that stopped: what was found before, and why it stopped.
+    fn abandoned(
+        &self,
+        snapshot: &FleetSnapshot,
+        mut diagnostics: Vec<Diagnostic>,
+    ) -> RenderOutput {
+        let cancelled = self.cancel.is_some_and(|c| c.load(Ordering::Relaxed));
+        let culprits = self
+            .culprits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if cancelled {
+            diagnostics.push(Diagnostic::error("the render was cancelled"));
+        } else if culprits.is_empty() {
+            diagnostics.push(Diagnostic::error(format!(
+                "the render took longer than {} (--render-timeout) and was abandoned",
+                humanize(self.timeout)
+            )));
+        }
+        for file in culprits {
+            diagnostics.push(
+                Diagnostic::error(format!(
+                    "the render took longer than {} (--render-timeout) and was abandoned while \
+                     this file was being rendered",
+                    humanize(self.timeout)
+                ))
+                .in_file(&*file),
+            );
+        }
+        diagnostics.sort();
+        diagnostics.dedup();
+        RenderOutput {
+            revision: snapshot.revision.clone(),
+            diagnostics,
+            ..RenderOutput::default()
+        }
+    }
+}
+
+/// A duration as a person writes it: `30s`, `1500ms`.
+fn humanize(duration: Duration) -> String {
+    if duration.subsec_millis() == 0 {
+        format!("{}s", duration.as_secs())
+    } else {
+        format!("{}ms", duration.as_millis())
+    }
+}
+
 pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> RenderOutput {
+    let stop = Stop::new(options);
+    let limits = &options.limits;
+    let patch_limits = PatchLimits {
+        max_bytes: limits.max_resource_bytes,
+        ..PatchLimits::default()
+    };
     let mut diagnostics = snapshot.problems.clone();
     let fleet = load::load(snapshot, &mut diagnostics);
     let template_paths: Vec<&String> = fleet.workloads.iter().flat_map(|w| &w.templates).collect();
-    let templates = Templates::compile(snapshot, template_paths.iter().copied(), &mut diagnostics);
+    let templates = Templates::compile_with(
+        snapshot,
+        template_paths.iter().copied(),
+        limits,
+        &mut diagnostics,
+    );
+    if stop.now() {
+        return stop.abandoned(snapshot, diagnostics);
+    }
     let (clusters, memberships) = select_clusters(&fleet, options, &mut diagnostics);
     // Selections are judged only when every file loaded: with a broken cluster file
     // "selects no cluster" would be a guess.
@@ -117,8 +269,11 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
     let cluster_plans: Vec<ClusterPlan> = clusters
         .par_iter()
         .zip(memberships.par_iter())
-        .map(|(cluster, groups)| plan_cluster(&fleet, &templates, cluster, groups))
+        .map(|(cluster, groups)| plan_cluster(&fleet, &templates, cluster, groups, &stop))
         .collect();
+    if stop.now() {
+        return stop.abandoned(snapshot, diagnostics);
+    }
     let (plans_per_cluster, outputs) = intern_outputs(cluster_plans, &mut diagnostics);
     let parsed_outputs: Vec<Result<Vec<SourcedDocument>, Diagnostic>> = outputs
         .par_iter()
@@ -131,8 +286,27 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
     let (rendered, matched): (Vec<UnitResult>, Vec<Vec<(usize, usize)>>) = units
         .keys
         .par_iter()
-        .map(|key| render_unit(&fleet, key, &scope_table[key.scope], &parsed_outputs))
+        .map(|key| {
+            let file = match key.output {
+                Some(output) => Arc::from(template_paths[outputs[output].0].as_str()),
+                None => Arc::from(fleet.workloads[key.workload].file.as_str()),
+            };
+            stop.run(&file, || {
+                let unit = UnitContext {
+                    fleet: &fleet,
+                    scopes: &scope_table[key.scope],
+                    parsed_outputs: &parsed_outputs,
+                    patch_limits: &patch_limits,
+                    max_resource_bytes: limits.max_resource_bytes,
+                };
+                render_unit(&unit, key)
+            })
+            .unwrap_or_else(|| (Err(Vec::new()), Vec::new()))
+        })
         .unzip();
+    if stop.now() {
+        return stop.abandoned(snapshot, diagnostics);
+    }
     report_unit_errors(&fleet, &clusters, &units, &rendered, &mut diagnostics);
     if options.clusters.is_empty() && !diagnostics.iter().any(Diagnostic::is_error) {
         warn_about_unmatched_patches(&fleet, &units, &matched, &mut diagnostics);
@@ -146,6 +320,9 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
         .par_iter()
         .zip(units.per_cluster.par_iter())
         .map(|(cluster, unit_list)| {
+            if stop.now() {
+                return Err(Vec::new());
+            }
             let result = assemble(
                 &fleet,
                 cluster,
@@ -161,6 +338,9 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
             result
         })
         .collect();
+    if stop.now() {
+        return stop.abandoned(snapshot, diagnostics);
+    }
     let mut output = collect_output(
         snapshot,
         &fleet,
@@ -486,6 +666,7 @@ fn plan_cluster(
     templates: &Templates,
     cluster: &Cluster,
     groups: &[usize],
+    stop: &Stop<'_>,
 ) -> ClusterPlan {
     let mut plans = Vec::new();
     let mut texts = Vec::new();
@@ -525,7 +706,11 @@ fn plan_cluster(
                 vars: &vars,
             };
             for (offset, path) in workload.templates.iter().enumerate() {
-                match templates.render(path, &context) {
+                let file: Arc<str> = Arc::from(path.as_str());
+                let Some(rendered) = stop.run(&file, || templates.render(path, &context)) else {
+                    return (plans, texts, diagnostics);
+                };
+                match rendered {
                     Some(Ok(text)) => {
                         outputs.push(texts.len());
                         texts.push((first_template + offset, text));
@@ -606,19 +791,24 @@ struct UnitKey {
 
 type UnitResult = Result<Vec<Rendered>, Vec<Diagnostic>>;
 
+/// What rendering a unit needs besides its key.
+struct UnitContext<'a> {
+    fleet: &'a Fleet,
+    scopes: &'a CustomScopes,
+    parsed_outputs: &'a [Result<Vec<SourcedDocument>, Diagnostic>],
+    patch_limits: &'a PatchLimits,
+    max_resource_bytes: usize,
+}
+
 /// Renders one unit; also returns the (overlay, patch) pairs whose target matched one
 /// of its resources.
-fn render_unit(
-    fleet: &Fleet,
-    key: &UnitKey,
-    scopes: &CustomScopes,
-    parsed_outputs: &[Result<Vec<SourcedDocument>, Diagnostic>],
-) -> (UnitResult, Vec<(usize, usize)>) {
+fn render_unit(unit: &UnitContext<'_>, key: &UnitKey) -> (UnitResult, Vec<(usize, usize)>) {
+    let fleet = unit.fleet;
     let workload = &fleet.workloads[key.workload];
     let overlays: Vec<&Overlay> = key.overlays.iter().map(|&o| &fleet.overlays[o]).collect();
     let documents: &[SourcedDocument] = match key.output {
         None => &workload.documents,
-        Some(output) => match &parsed_outputs[output] {
+        Some(output) => match &unit.parsed_outputs[output] {
             Ok(documents) => documents,
             Err(diagnostic) => return (Err(vec![diagnostic.clone()]), Vec::new()),
         },
@@ -627,7 +817,7 @@ fn render_unit(
         .iter()
         .map(|overlay| vec![false; overlay.patches.len()])
         .collect();
-    let result = transform_documents(documents, workload, &overlays, scopes, &mut flags);
+    let result = transform_documents(unit, documents, workload, &overlays, &mut flags);
     let matched = key
         .overlays
         .iter()
@@ -644,21 +834,45 @@ fn render_unit(
 }
 
 fn transform_documents(
+    unit: &UnitContext<'_>,
     documents: &[SourcedDocument],
     workload: &Workload,
     overlays: &[&Overlay],
-    scopes: &CustomScopes,
     flags: &mut [Vec<bool>],
 ) -> UnitResult {
     let mut rendered = Vec::with_capacity(documents.len());
     let mut errors = Vec::new();
     for document in documents {
-        match transform::transform(document, workload, overlays, scopes, flags) {
-            Ok((key, value)) => rendered.push(Rendered {
-                resource: Arc::new(Resource::new(key, value)),
-                file: document.file.clone(),
-                line: document.line,
-            }),
+        match transform::transform(
+            document,
+            workload,
+            overlays,
+            unit.scopes,
+            unit.patch_limits,
+            flags,
+        ) {
+            Ok((key, value)) => {
+                let resource = Resource::new(key, value);
+                if resource.canonical.len() > unit.max_resource_bytes {
+                    errors.push(
+                        Diagnostic::error(format!(
+                            "{} is {} bytes as JSON, over the limit of {} bytes for one resource \
+                             (--max-resource-bytes)",
+                            resource.key,
+                            resource.canonical.len(),
+                            unit.max_resource_bytes
+                        ))
+                        .in_file(&*document.file)
+                        .at_line(Some(document.line)),
+                    );
+                    continue;
+                }
+                rendered.push(Rendered {
+                    resource: Arc::new(resource),
+                    file: document.file.clone(),
+                    line: document.line,
+                });
+            }
             Err(diagnostic) => errors.push(diagnostic),
         }
     }

@@ -16,6 +16,7 @@ use flotilla_core::model::{
     ClusterDoc, GroupDoc, ImageOverride, LabelSelector, Located, OverlayDoc, Patch,
     RolloutPolicyDoc, Target, Vars, WorkloadDoc, parse_selector,
 };
+use flotilla_core::names;
 use flotilla_core::rollout::{self, Budget, Policy, WavePlan, Window};
 use flotilla_core::snapshot::{FleetSnapshot, KUSTOMIZATION_FILE_NAMES};
 
@@ -254,8 +255,7 @@ pub fn load(snapshot: &FleetSnapshot, diagnostics: &mut Vec<Diagnostic>) -> Flee
     fleet
         .overlays
         .sort_by(|a, b| (a.priority, &a.name).cmp(&(b.priority, &b.name)));
-    fleet.rollout_policies.sort_by(|a, b| a.name.cmp(&b.name));
-    check_duplicates(&fleet, diagnostics);
+    check_duplicates(&mut fleet, diagnostics);
     check_references(snapshot, &fleet, diagnostics);
     check_policy_references(snapshot, &fleet, diagnostics);
     fleet
@@ -521,6 +521,46 @@ fn describe(value: Option<&str>) -> String {
     value.map_or_else(|| "nothing".to_string(), |v| format!("{v:?}"))
 }
 
+/// A cluster, group, workload or overlay name must be a DNS-1123 label: it becomes
+/// a file name, a URL path segment and a label value.
+fn check_label(
+    path: &str,
+    text: &str,
+    what: &str,
+    name: &str,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> bool {
+    match names::dns1123_label(name) {
+        Ok(()) => true,
+        Err(invalid) => {
+            diagnostics.push(
+                Diagnostic::error(format!(
+                    "metadata.name {} is not a valid {what} name: it {invalid}",
+                    names::shown(name)
+                ))
+                .in_file(path)
+                .at_line(metadata_name_line(text)),
+            );
+            false
+        }
+    }
+}
+
+/// The line of `metadata.name` in a block-style document, found by reading the text
+/// (the typed result no longer knows it): the first `name:` below `metadata:`.
+fn metadata_name_line(text: &str) -> Option<u64> {
+    let lines: Vec<&str> = text.lines().collect();
+    let metadata = lines.iter().position(|line| {
+        line.strip_prefix("metadata")
+            .is_some_and(|rest| rest.trim_start().starts_with(':'))
+    })?;
+    lines[metadata + 1..]
+        .iter()
+        .take_while(|line| line.trim().is_empty() || line.starts_with([' ', '\t', '#']))
+        .position(|line| line.trim_start().starts_with("name:"))
+        .map(|offset| (metadata + offset + 2) as u64)
+}
+
 fn check_name(
     path: &str,
     what: &str,
@@ -553,6 +593,9 @@ fn check_selector(
 
 fn load_cluster(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Option<Cluster> {
     let doc: ClusterDoc = parse_kind(path, text, "Cluster", diagnostics)?;
+    if !check_label(path, text, "cluster", &doc.metadata.name, diagnostics) {
+        return None;
+    }
     check_name(
         path,
         "file name",
@@ -572,6 +615,9 @@ fn load_cluster(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Op
 fn load_group(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Option<Group> {
     let doc: GroupDoc = parse_kind(path, text, "Group", diagnostics)?;
     check_selector(path, "spec.selector", &doc.spec.selector, diagnostics);
+    if !check_label(path, text, "group", &doc.metadata.name, diagnostics) {
+        return None;
+    }
     check_name(
         path,
         "file name",
@@ -590,7 +636,20 @@ fn load_group(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Opti
 fn load_workload(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Option<Workload> {
     let doc: WorkloadDoc = parse_kind(path, text, "Workload", diagnostics)?;
     let folder = path.split('/').nth(1).unwrap_or_default();
-    let mut ok = check_name(path, "folder name", &doc.metadata.name, folder, diagnostics);
+    let mut ok = check_label(path, text, "workload", &doc.metadata.name, diagnostics)
+        && check_name(path, "folder name", &doc.metadata.name, folder, diagnostics);
+    if let Some(namespace) = &doc.spec.namespace
+        && let Err(invalid) = names::dns1123_label(namespace)
+    {
+        ok = false;
+        diagnostics.push(
+            Diagnostic::error(format!(
+                "spec.namespace {} is not a valid namespace: it {invalid}",
+                names::shown(namespace)
+            ))
+            .in_file(path),
+        );
+    }
     for target in &doc.spec.targets {
         let set = [
             target.value.group.is_some(),
@@ -634,6 +693,7 @@ fn load_overlay(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Op
     let doc: OverlayDoc = parse_kind(path, text, "Overlay", diagnostics)?;
     let spec = doc.spec;
     let before = diagnostics.len();
+    check_label(path, text, "overlay", &doc.metadata.name, diagnostics);
     if spec.clusters.is_empty() && spec.groups.is_empty() && spec.cluster_selector.is_none() {
         diagnostics.push(
             Diagnostic::error(
@@ -763,7 +823,10 @@ fn compile_patch(
     })
 }
 
-fn check_duplicates(fleet: &Fleet, diagnostics: &mut Vec<Diagnostic>) {
+/// Every fleet object is defined once: two overlays with one name, or a cluster or
+/// group defined by two files (`clusters/red.yaml` and `clusters/red.yml`), are
+/// errors naming both files. Only the first definition (by file name) is kept.
+fn check_duplicates(fleet: &mut Fleet, diagnostics: &mut Vec<Diagnostic>) {
     let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
     for overlay in &fleet.overlays {
         if let Some(first) = seen.insert(&overlay.name, &overlay.file) {
@@ -776,6 +839,59 @@ fn check_duplicates(fleet: &Fleet, diagnostics: &mut Vec<Diagnostic>) {
             );
         }
     }
+    report_twice_defined(
+        "cluster",
+        &mut fleet.clusters,
+        |c| (&c.name, &c.file),
+        diagnostics,
+    );
+    report_twice_defined(
+        "group",
+        &mut fleet.groups,
+        |g| (&g.name, &g.file),
+        diagnostics,
+    );
+    report_twice_defined(
+        "workload",
+        &mut fleet.workloads,
+        |w| (&w.name, &w.file),
+        diagnostics,
+    );
+    report_twice_defined(
+        "rollout policy",
+        &mut fleet.rollout_policies,
+        |p| (&p.name, &p.file),
+        diagnostics,
+    );
+}
+
+/// Reports and drops the later definitions of a name in a list sorted by name.
+fn report_twice_defined<T>(
+    what: &str,
+    items: &mut Vec<T>,
+    name_and_file: impl Fn(&T) -> (&String, &String),
+    diagnostics: &mut Vec<Diagnostic>,
+) {
+    items.sort_by(|a, b| name_and_file(a).cmp(&name_and_file(b)));
+    let mut kept: Vec<T> = Vec::with_capacity(items.len());
+    for item in items.drain(..) {
+        if let Some(first) = kept.last() {
+            let (first_name, first_file) = name_and_file(first);
+            let (name, file) = name_and_file(&item);
+            if first_name == name {
+                diagnostics.push(
+                    Diagnostic::error(format!(
+                        "{what} {name:?} is defined twice: here and in {first_file}; keep one of \
+                         the two files"
+                    ))
+                    .in_file(file),
+                );
+                continue;
+            }
+        }
+        kept.push(item);
+    }
+    *items = kept;
 }
 
 /// Every name a workload target or an overlay refers to must exist.

@@ -13,10 +13,36 @@
 //! Nothing in this module panics on malformed input: every problem with the
 //! patch or with how it fits the document is reported as a [`PatchError`]
 //! naming the operation (0-based index and op name), the pointer and the cause.
+//!
+//! A JSON Patch can grow a document without bound (`copy` the root into a child
+//! twelve times and it nests 4,096 deep; forty times and it holds 2^40 copies), so
+//! every operation is checked against [`PatchLimits`] before its result is built:
+//! the nesting depth (the one limit the agent applies too) and the size as JSON.
 
 use std::fmt;
 
 use serde_json::{Map, Number, Value};
+
+use flotilla_core::bundle::{MAX_NESTING_DEPTH, approximate_json_size, nests_deeper_than};
+use flotilla_core::limits::Limits;
+
+/// How deep and how large a patched document may become.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PatchLimits {
+    /// The deepest nesting of arrays and objects (a scalar is at depth 0).
+    pub max_depth: usize,
+    /// The largest document, in bytes of compact JSON (escapes not counted).
+    pub max_bytes: usize,
+}
+
+impl Default for PatchLimits {
+    fn default() -> PatchLimits {
+        PatchLimits {
+            max_depth: MAX_NESTING_DEPTH,
+            max_bytes: Limits::DEFAULT_MAX_RESOURCE_BYTES,
+        }
+    }
+}
 
 /// Which pointer of an operation an error is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,6 +184,30 @@ pub enum PatchError {
     /// A `remove` of the whole document (`path` is `""`).
     #[error("operation {index} (remove \"\"): cannot remove the whole document")]
     RemoveRoot { index: usize },
+
+    /// The operation would nest the document deeper than [`PatchLimits::max_depth`].
+    #[error(
+        "operation {index} ({op} {}): the result would nest arrays and objects deeper than {limit} levels",
+        show(.path)
+    )]
+    TooDeep {
+        index: usize,
+        op: &'static str,
+        path: String,
+        limit: usize,
+    },
+
+    /// The operation would make the document larger than [`PatchLimits::max_bytes`].
+    #[error(
+        "operation {index} ({op} {}): the result would be larger than {limit} bytes as JSON",
+        show(.path)
+    )]
+    TooLarge {
+        index: usize,
+        op: &'static str,
+        path: String,
+        limit: usize,
+    },
 }
 
 impl PatchError {
@@ -178,12 +228,14 @@ impl PatchError {
             | PatchError::InvalidIndex { index, .. }
             | PatchError::TestFailed { index, .. }
             | PatchError::MoveIntoChild { index, .. }
+            | PatchError::TooDeep { index, .. }
+            | PatchError::TooLarge { index, .. }
             | PatchError::RemoveRoot { index } => Some(*index),
         }
     }
 }
 
-/// Applies an RFC 6902 JSON Patch to `doc`.
+/// Applies an RFC 6902 JSON Patch to `doc`, within the default [`PatchLimits`].
 ///
 /// `ops` must be a JSON array of operation objects. The whole patch is
 /// validated (members, op names, pointer syntax) before anything is applied,
@@ -195,15 +247,28 @@ impl PatchError {
 ///
 /// Returns a [`PatchError`] when `ops` is not an array of well-formed
 /// operations, or when an operation cannot be applied (a location that does
-/// not exist, a bad array index, a failed `test`, a `move` into its own child).
+/// not exist, a bad array index, a failed `test`, a `move` into its own child,
+/// a result too deep or too large).
 pub fn apply_json_patch(doc: &mut Value, ops: &Value) -> Result<(), PatchError> {
+    apply_json_patch_within(doc, ops, &PatchLimits::default())
+}
+
+/// [`apply_json_patch`] within the given limits. Each operation is checked before
+/// its result is built, so a patch that would grow the document past them costs no
+/// more memory than about twice `limits.max_bytes`.
+pub fn apply_json_patch_within(
+    doc: &mut Value,
+    ops: &Value,
+    limits: &PatchLimits,
+) -> Result<(), PatchError> {
     let ops = parse_patch(ops)?;
     if ops.is_empty() {
         return Ok(());
     }
     let mut work = doc.clone();
+    let mut size = approximate_json_size(&work, usize::MAX);
     for op in &ops {
-        op.apply(&mut work)?;
+        op.apply(&mut work, &mut size, limits)?;
     }
     *doc = work;
     Ok(())
@@ -399,19 +464,37 @@ enum Fault {
 }
 
 impl Operation<'_> {
-    fn apply(&self, doc: &mut Value) -> Result<(), PatchError> {
+    /// Applies the operation to `doc`, whose size as JSON is `size` (kept up to date).
+    fn apply(
+        &self,
+        doc: &mut Value,
+        size: &mut usize,
+        limits: &PatchLimits,
+    ) -> Result<(), PatchError> {
         let at_path = |fault| self.error(fault, Location::Path);
         match &self.action {
-            Action::Add(value) => add(doc, &self.path, (*value).clone()).map_err(at_path),
+            Action::Add(value) => {
+                self.check_depth(value, limits)?;
+                let added = self.check_size(value, *size, limits)?;
+                let placed = add(doc, &self.path, (*value).clone()).map_err(at_path)?;
+                self.grow(size, added, placed, limits)
+            }
             Action::Remove => {
                 if self.path.is_empty() {
                     return Err(PatchError::RemoveRoot { index: self.index });
                 }
-                remove(doc, &self.path).map(drop).map_err(at_path)
+                let taken = remove(doc, &self.path).map_err(at_path)?;
+                shrink(size, &taken);
+                Ok(())
             }
             Action::Replace(value) => {
-                *lookup_mut(doc, &self.path).map_err(at_path)? = (*value).clone();
-                Ok(())
+                self.check_depth(value, limits)?;
+                let added = self.check_size(value, *size, limits)?;
+                let target = lookup_mut(doc, &self.path).map_err(at_path)?;
+                let old = std::mem::replace(target, (*value).clone());
+                *size = size.saturating_sub(approximate_json_size(&old, usize::MAX));
+                *size = size.saturating_add(added);
+                self.within_size(*size, limits)
             }
             Action::Test(expected) => {
                 let actual = lookup(doc, &self.path).map_err(at_path)?;
@@ -425,10 +508,15 @@ impl Operation<'_> {
                 }
             }
             Action::Copy { from_raw, from } => {
-                let value = lookup(doc, from)
-                    .map_err(|fault| self.error(fault, Location::From((*from_raw).to_owned())))?
-                    .clone();
-                add(doc, &self.path, value).map_err(at_path)
+                let source = lookup(doc, from)
+                    .map_err(|fault| self.error(fault, Location::From((*from_raw).to_owned())))?;
+                // Measured before it is cloned: a copy that would break a limit is
+                // never made.
+                self.check_depth(source, limits)?;
+                let added = self.check_size(source, *size, limits)?;
+                let value = source.clone();
+                let placed = add(doc, &self.path, value).map_err(at_path)?;
+                self.grow(size, added, placed, limits)
             }
             Action::Move { from_raw, from } => {
                 let at_from = |fault| self.error(fault, Location::From((*from_raw).to_owned()));
@@ -444,9 +532,77 @@ impl Operation<'_> {
                         from: (*from_raw).to_owned(),
                     });
                 }
-                let value = remove(doc, from).map_err(at_from)?;
-                add(doc, &self.path, value).map_err(at_path)
+                self.check_depth(lookup(doc, from).map_err(at_from)?, limits)?;
+                let taken = remove(doc, from).map_err(at_from)?;
+                shrink(size, &taken);
+                let added = approximate_json_size(&taken.value, usize::MAX);
+                let placed = add(doc, &self.path, taken.value).map_err(at_path)?;
+                self.grow(size, added, placed, limits)
             }
+        }
+    }
+
+    /// Refuses a value that would nest too deep at this operation's path: it sits
+    /// inside one container per token of the path.
+    fn check_depth(&self, value: &Value, limits: &PatchLimits) -> Result<(), PatchError> {
+        let room = limits.max_depth.checked_sub(self.path.len());
+        match room {
+            Some(room) if !nests_deeper_than(value, room) => Ok(()),
+            _ => Err(PatchError::TooDeep {
+                index: self.index,
+                op: self.op,
+                path: self.path_raw.to_owned(),
+                limit: limits.max_depth,
+            }),
+        }
+    }
+
+    /// The size of a value about to be added, refused before it is built when the
+    /// document could not hold it.
+    fn check_size(
+        &self,
+        value: &Value,
+        size: usize,
+        limits: &PatchLimits,
+    ) -> Result<usize, PatchError> {
+        let room = limits.max_bytes.saturating_sub(size);
+        let added = approximate_json_size(value, room);
+        if added > room {
+            return Err(self.too_large(limits));
+        }
+        Ok(added)
+    }
+
+    /// Accounts for a value of `added` bytes placed in the document (and what it
+    /// replaced), and checks the total.
+    fn grow(
+        &self,
+        size: &mut usize,
+        added: usize,
+        placed: Placed,
+        limits: &PatchLimits,
+    ) -> Result<(), PatchError> {
+        if let Some(old) = &placed.replaced {
+            *size = size.saturating_sub(approximate_json_size(old, usize::MAX));
+        }
+        *size = size.saturating_add(added).saturating_add(placed.overhead);
+        self.within_size(*size, limits)
+    }
+
+    fn within_size(&self, size: usize, limits: &PatchLimits) -> Result<(), PatchError> {
+        if size > limits.max_bytes {
+            Err(self.too_large(limits))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn too_large(&self, limits: &PatchLimits) -> PatchError {
+        PatchError::TooLarge {
+            index: self.index,
+            op: self.op,
+            path: self.path_raw.to_owned(),
+            limit: limits.max_bytes,
         }
     }
 
@@ -559,12 +715,34 @@ fn lookup_mut<'v>(doc: &'v mut Value, tokens: &[String]) -> Result<&'v mut Value
     Ok(current)
 }
 
+/// What placing a value in a document did besides adding the value: the value it
+/// replaced, and the bytes its place takes as JSON (a member's key and colon, a
+/// comma), so a document's size can be kept without measuring it again.
+struct Placed {
+    replaced: Option<Value>,
+    overhead: usize,
+}
+
+/// A value taken out of a document, and the bytes its place took.
+struct Taken {
+    value: Value,
+    overhead: usize,
+}
+
+/// Accounts for a value taken out of a document of `size` bytes.
+fn shrink(size: &mut usize, taken: &Taken) {
+    let removed = approximate_json_size(&taken.value, usize::MAX) + taken.overhead;
+    *size = size.saturating_sub(removed);
+}
+
 /// RFC 6902 section 4.1: insert into an array, add or overwrite an object
 /// member, or replace the whole document when `tokens` is empty.
-fn add(doc: &mut Value, tokens: &[String], value: Value) -> Result<(), Fault> {
+fn add(doc: &mut Value, tokens: &[String], value: Value) -> Result<Placed, Fault> {
     let Some((last, parents)) = tokens.split_last() else {
-        *doc = value;
-        return Ok(());
+        return Ok(Placed {
+            replaced: Some(std::mem::replace(doc, value)),
+            overhead: 0,
+        });
     };
     let parent = lookup_mut(doc, parents).map_err(|fault| match fault {
         Fault::NotFound => Fault::ParentNotFound,
@@ -572,17 +750,30 @@ fn add(doc: &mut Value, tokens: &[String], value: Value) -> Result<(), Fault> {
     })?;
     match parent {
         Value::Object(map) => {
-            map.insert(last.clone(), value);
-            Ok(())
+            let overhead = if map.contains_key(last.as_str()) {
+                0
+            } else {
+                member_overhead(last, !map.is_empty())
+            };
+            let replaced = map.insert(last.clone(), value);
+            Ok(Placed { replaced, overhead })
         }
         Value::Array(items) => match parse_array_index(last)? {
             ArrayIndex::End => {
+                let overhead = usize::from(!items.is_empty());
                 items.push(value);
-                Ok(())
+                Ok(Placed {
+                    replaced: None,
+                    overhead,
+                })
             }
             ArrayIndex::At(index) if index <= items.len() => {
+                let overhead = usize::from(!items.is_empty());
                 items.insert(index, value);
-                Ok(())
+                Ok(Placed {
+                    replaced: None,
+                    overhead,
+                })
             }
             ArrayIndex::At(index) => Err(Fault::OutOfBounds {
                 index,
@@ -594,19 +785,31 @@ fn add(doc: &mut Value, tokens: &[String], value: Value) -> Result<(), Fault> {
 }
 
 /// RFC 6902 section 4.2: remove and return the value at a non-empty pointer.
-fn remove(doc: &mut Value, tokens: &[String]) -> Result<Value, Fault> {
+fn remove(doc: &mut Value, tokens: &[String]) -> Result<Taken, Fault> {
     let Some((last, parents)) = tokens.split_last() else {
         // The whole document cannot be removed; callers rule this out first.
         return Err(Fault::NotFound);
     };
     match lookup_mut(doc, parents)? {
-        Value::Object(map) => take_member(map, last).ok_or(Fault::NotFound),
+        Value::Object(map) => {
+            let value = take_member(map, last).ok_or(Fault::NotFound)?;
+            let overhead = member_overhead(last, !map.is_empty());
+            Ok(Taken { value, overhead })
+        }
         Value::Array(items) => {
             let index = existing_index(last, items.len())?;
-            Ok(items.remove(index))
+            let value = items.remove(index);
+            let overhead = usize::from(!items.is_empty());
+            Ok(Taken { value, overhead })
         }
         _ => Err(Fault::NotFound),
     }
+}
+
+/// The bytes an object member takes besides its value: its quoted key, the colon,
+/// and a comma when it has a neighbour.
+fn member_overhead(key: &str, has_neighbour: bool) -> usize {
+    key.len() + 3 + usize::from(has_neighbour)
 }
 
 // ---------------------------------------------------------------------------
@@ -720,6 +923,102 @@ mod tests {
         assert!(parse_pointer("/a~").is_err());
         assert!(parse_pointer("/a~2").is_err());
         assert!(parse_pointer("a").is_err());
+    }
+
+    /// Doubling the depth of a nest with each operation: round k copies the nest,
+    /// 2^k levels deep, into its own innermost object. Twelve rounds nest 4,096
+    /// deep, which used to overflow the stack of whoever cloned, dropped or wrote it.
+    fn doubling_ops(rounds: u32) -> Value {
+        let mut ops = vec![json!({"op": "add", "path": "/n", "value": {}})];
+        for round in 0..rounds {
+            let into = "/n".repeat(2usize.pow(round) + 1);
+            ops.push(json!({"op": "copy", "from": "/n", "path": into}));
+        }
+        Value::Array(ops)
+    }
+
+    #[test]
+    fn a_patch_cannot_nest_deeper_than_the_shared_limit() {
+        let mut doc = json!({"kind": "ConfigMap"});
+        let err = apply_json_patch(&mut doc, &doubling_ops(12)).expect_err("too deep");
+        let path = "/n".repeat(65);
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "operation 7 (copy {path}): the result would nest arrays and objects deeper than 100 levels"
+            )
+        );
+        assert_eq!(
+            doc,
+            json!({"kind": "ConfigMap"}),
+            "the document is unchanged"
+        );
+        // Below the limit the same operations apply.
+        apply_json_patch(&mut doc, &doubling_ops(6)).expect("64 levels are fine");
+        assert_eq!(flotilla_core::bundle::nesting_depth(&doc), 65);
+    }
+
+    #[test]
+    fn a_patch_cannot_grow_a_document_past_its_size_limit() {
+        // Forty copies of the root into itself would hold 2^40 copies.
+        let mut ops = vec![json!({"op": "add", "path": "/a", "value": "x".repeat(1000)})];
+        for round in 0..40 {
+            ops.push(json!({"op": "copy", "from": "", "path": format!("/c{round}")}));
+        }
+        let mut doc = json!({});
+        let limits = PatchLimits {
+            max_depth: MAX_NESTING_DEPTH,
+            max_bytes: 1_000_000,
+        };
+        let err =
+            apply_json_patch_within(&mut doc, &Value::Array(ops), &limits).expect_err("too large");
+        assert_eq!(
+            err.to_string(),
+            "operation 10 (copy /c9): the result would be larger than 1000000 bytes as JSON"
+        );
+        assert_eq!(err.operation_index(), Some(10));
+        // Removing and replacing keeps the count honest: a document may be rewritten
+        // many times over as long as it stays small.
+        let mut churn = Vec::new();
+        for _ in 0..2000 {
+            churn.push(json!({"op": "add", "path": "/big", "value": "y".repeat(900)}));
+            churn.push(json!({"op": "replace", "path": "/big", "value": "z".repeat(900)}));
+            churn.push(json!({"op": "remove", "path": "/big"}));
+        }
+        let mut doc = json!({});
+        apply_json_patch_within(&mut doc, &Value::Array(churn), &limits).expect("stays small");
+        assert_eq!(doc, json!({}));
+    }
+
+    #[test]
+    fn the_size_kept_is_the_size_of_the_document() {
+        let limits = PatchLimits {
+            max_depth: MAX_NESTING_DEPTH,
+            max_bytes: 100,
+        };
+        // `{"k":[{"a":"…"}],"long-key":"x"}`, built up and moved around, ends exactly
+        // at the limit; one more byte anywhere is refused.
+        let ops = |text: &str| {
+            json!([
+                {"op": "add", "path": "/long-key", "value": "x"},
+                {"op": "copy", "from": "/long-key", "path": "/tmp"},
+                {"op": "move", "from": "/tmp", "path": "/t"},
+                {"op": "remove", "path": "/t"},
+                {"op": "add", "path": "/k", "value": []},
+                {"op": "add", "path": "/k/-", "value": {"b": 1}},
+                {"op": "replace", "path": "/k/0", "value": {"bb": 22}},
+                {"op": "remove", "path": "/k/0"},
+                {"op": "add", "path": "/k/-", "value": {"a": text}},
+            ])
+        };
+        let fits = "y".repeat(100 - r#"{"k":[{"a":""}],"long-key":"x"}"#.len());
+        let mut doc = json!({});
+        apply_json_patch_within(&mut doc, &ops(&fits), &limits).expect("exactly at the limit");
+        assert_eq!(serde_json::to_vec(&doc).expect("serialises").len(), 100);
+        let mut doc = json!({});
+        let err = apply_json_patch_within(&mut doc, &ops(&format!("{fits}y")), &limits)
+            .expect_err("one byte over");
+        assert!(matches!(err, PatchError::TooLarge { .. }), "{err}");
     }
 
     #[test]

@@ -1,15 +1,28 @@
 //! minijinja templates (`*.j2` manifests) in strict mode: an undefined variable is an
 //! error, never an empty string.
+//!
+//! Each render of a template for one cluster runs within two budgets of
+//! [`Limits`]: fuel (how many instructions it may run, so an endless or absurdly
+//! long loop ends with an error) and the size of its output.
 
-use minijinja::{AutoEscape, Environment, UndefinedBehavior};
+use std::io;
+
+use minijinja::{AutoEscape, Environment, ErrorKind, UndefinedBehavior};
 use serde::Serialize;
 
 use flotilla_core::diagnostic::Diagnostic;
+use flotilla_core::limits::Limits;
 use flotilla_core::snapshot::FleetSnapshot;
+
+/// How deep macros and includes may call each other. minijinja's own limit (500)
+/// can need more stack than a render thread has; real templates nest a few levels.
+const RECURSION_LIMIT: usize = 64;
 
 /// Every template of the fleet, compiled once per render and shared by all threads.
 pub struct Templates {
     env: Environment<'static>,
+    fuel: u64,
+    max_output_bytes: usize,
 }
 
 /// What a template sees.
@@ -34,16 +47,29 @@ pub struct WorkloadContext<'a> {
 }
 
 impl Templates {
-    /// Compiles the given template files; syntax errors become diagnostics.
+    /// Compiles the given template files with the default [`Limits`]; syntax errors
+    /// become diagnostics.
     pub fn compile<'a>(
         snapshot: &FleetSnapshot,
         paths: impl IntoIterator<Item = &'a String>,
+        diagnostics: &mut Vec<Diagnostic>,
+    ) -> Templates {
+        Templates::compile_with(snapshot, paths, &Limits::default(), diagnostics)
+    }
+
+    /// Compiles the given template files, to be rendered within `limits`.
+    pub fn compile_with<'a>(
+        snapshot: &FleetSnapshot,
+        paths: impl IntoIterator<Item = &'a String>,
+        limits: &Limits,
         diagnostics: &mut Vec<Diagnostic>,
     ) -> Templates {
         let mut env = Environment::new();
         env.set_undefined_behavior(UndefinedBehavior::Strict);
         env.set_auto_escape_callback(|_| AutoEscape::None);
         env.set_keep_trailing_newline(true);
+        env.set_fuel(Some(limits.template_fuel));
+        env.set_recursion_limit(RECURSION_LIMIT);
         for path in paths {
             let Some(source) = snapshot.files.get(path) else {
                 continue;
@@ -52,17 +78,71 @@ impl Templates {
                 diagnostics.push(describe(&err, path, Some(source)));
             }
         }
-        Templates { env }
+        Templates {
+            env,
+            fuel: limits.template_fuel,
+            max_output_bytes: limits.max_template_output_bytes,
+        }
     }
 
     /// Renders one template; `None` if it failed to compile (already reported).
     pub fn render(&self, path: &str, context: &Context<'_>) -> Option<Result<String, Diagnostic>> {
         let template = self.env.get_template(path).ok()?;
-        Some(
-            template
-                .render(context)
-                .map_err(|err| describe(&err, path, template.source().into())),
-        )
+        let mut output = CappedWriter {
+            bytes: Vec::new(),
+            cap: self.max_output_bytes,
+        };
+        let result = template.render_captured_to(context, &mut output);
+        let source = template.source();
+        Some(match result {
+            Ok(_) => String::from_utf8(output.bytes).map_err(|_| {
+                Diagnostic::error("template error: the output is not UTF-8 text").in_file(path)
+            }),
+            Err(err) if output.bytes.len() >= self.max_output_bytes && is_write_failure(&err) => {
+                Err(Diagnostic::error(format!(
+                    "the template writes more than {} bytes for this cluster, the limit for one \
+                     template's output (--max-template-output)",
+                    self.max_output_bytes
+                ))
+                .in_file(path))
+            }
+            Err(err) if err.kind() == ErrorKind::OutOfFuel => Err(Diagnostic::error(format!(
+                "the template runs more than {} instructions for this cluster, the limit for one \
+                 template (--template-fuel): a loop too long or without end?",
+                self.fuel
+            ))
+            .in_file(path)
+            .at_line(err.line().map(|line| line as u64))),
+            Err(err) => Err(describe(&err, path, Some(source))),
+        })
+    }
+}
+
+fn is_write_failure(err: &minijinja::Error) -> bool {
+    err.kind() == ErrorKind::WriteFailure
+}
+
+/// Collects a template's output and refuses to grow past `cap` bytes, which stops
+/// the render at once.
+struct CappedWriter {
+    bytes: Vec<u8>,
+    cap: usize,
+}
+
+impl io::Write for CappedWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.bytes.len().saturating_add(buf.len()) > self.cap {
+            // Keep what fits, so the caller sees the output reached the cap.
+            let room = self.cap - self.bytes.len();
+            self.bytes.extend_from_slice(&buf[..room]);
+            return Err(io::Error::other("the template's output is over its limit"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 
@@ -83,4 +163,87 @@ fn describe(err: &minijinja::Error, path: &str, source: Option<&str>) -> Diagnos
     Diagnostic::error(message)
         .in_file(path)
         .at_line(err.line().map(|line| line as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Renders one template on its own with `limits`; the text of the result or error.
+    fn check(source: &str, limits: &Limits) -> Result<String, String> {
+        let path = "workloads/w/manifests/t.yaml.j2".to_string();
+        let snapshot = FleetSnapshot::from_files([(path.as_str(), source)]);
+        let mut diagnostics = Vec::new();
+        let templates = Templates::compile_with(&snapshot, [&path], limits, &mut diagnostics);
+        assert!(diagnostics.is_empty(), "{diagnostics:?}");
+        let vars = flotilla_core::model::Vars::new();
+        let labels = Default::default();
+        let context = Context {
+            cluster: ClusterContext {
+                name: "c",
+                labels: &labels,
+                vars: &vars,
+            },
+            workload: WorkloadContext {
+                name: "w",
+                namespace: None,
+            },
+            vars: &vars,
+        };
+        templates
+            .render(&path, &context)
+            .expect("compiled")
+            .map_err(|d| d.to_string())
+    }
+
+    #[test]
+    fn an_endless_loop_runs_out_of_fuel() {
+        let limits = Limits::default();
+        let err = check(
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            &limits,
+        )
+        .expect_err("out of fuel");
+        assert_eq!(
+            err,
+            "workloads/w/manifests/t.yaml.j2:1: the template runs more than 1000000 instructions \
+             for this cluster, the limit for one template (--template-fuel): a loop too long or \
+             without end?"
+        );
+        assert!(check("{% for i in range(1000) %}{{ i }}{% endfor %}", &limits).is_ok());
+    }
+
+    #[test]
+    fn output_past_the_cap_stops_the_render() {
+        let limits = Limits {
+            max_template_output_bytes: 1_000_000,
+            ..Limits::default()
+        };
+        let err = check(
+            "a: 1\n{% for i in range(100000) %}{{ 'x' * 100000000 }}{% endfor %}",
+            &limits,
+        )
+        .expect_err("too much output");
+        assert_eq!(
+            err,
+            "workloads/w/manifests/t.yaml.j2: the template writes more than 1000000 bytes for \
+             this cluster, the limit for one template's output (--max-template-output)"
+        );
+        let text = check("{{ 'x' * 1000000 }}", &limits).expect("exactly at the cap");
+        assert_eq!(text.len(), 1_000_000);
+    }
+
+    #[test]
+    fn deep_macro_recursion_is_an_error_not_a_stack_overflow() {
+        let source = "{% macro down(n) %}{{ down(n + 1) }}{% endmacro %}{{ down(0) }}";
+        // Rendered on a thread with the usual 2 MiB stack, as rayon's workers have.
+        let err = std::thread::Builder::new()
+            .stack_size(2 * 1024 * 1024)
+            .spawn(move || check(source, &Limits::default()))
+            .expect("thread")
+            .join()
+            .expect("no stack overflow")
+            .expect_err("too deep");
+        assert!(err.contains("recursion"), "{err}");
+    }
 }

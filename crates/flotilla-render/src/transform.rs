@@ -5,21 +5,24 @@
 use serde_json::{Map, Value};
 
 use super::load::{CompiledPatch, Overlay, PatchAction, SourcedDocument, Workload};
+use super::patch::{self, PatchLimits};
 use super::scope::{CustomScopes, is_cluster_scoped};
-use super::{patch, strategic};
-use flotilla_core::bundle::ResourceKey;
+use super::strategic;
+use flotilla_core::bundle::{MAX_NESTING_DEPTH, ResourceKey, nests_deeper_than};
 use flotilla_core::diagnostic::Diagnostic;
 use flotilla_core::model::ImageOverride;
+use flotilla_core::names;
 
-/// Renders one document: returns the final resource or the error that stopped it.
-/// Every overlay patch whose target matched the resource is marked in `matched`
-/// (`matched[overlay position][patch index]`), so that a target that never matches
-/// can be reported.
+/// Renders one document, its patches applied within `limits`: returns the final
+/// resource or the error that stopped it. Every overlay patch whose target matched
+/// the resource is marked in `matched` (`matched[overlay position][patch index]`), so
+/// that a target that never matches can be reported.
 pub fn transform(
     document: &SourcedDocument,
     workload: &Workload,
     overlays: &[&Overlay],
     scopes: &CustomScopes,
+    limits: &PatchLimits,
     matched: &mut [Vec<bool>],
 ) -> Result<(ResourceKey, Value), Diagnostic> {
     let located = |message: String| {
@@ -56,7 +59,8 @@ pub fn transform(
             let before = identity(&value).map_err(&located)?;
             let result = match &patch.action {
                 PatchAction::JsonPatch(ops) => {
-                    patch::apply_json_patch(&mut value, ops).map_err(|err| err.to_string())
+                    patch::apply_json_patch_within(&mut value, ops, limits)
+                        .map_err(|err| err.to_string())
                 }
                 PatchAction::MergePatch(merge) => {
                     patch::apply_merge_patch(&mut value, merge);
@@ -97,6 +101,13 @@ pub fn transform(
         add_metadata(&mut value, "annotations", &overlay.annotations);
     }
     let key = identity(&value).map_err(located)?;
+    // Patches check depth as they go and YAML is read no deeper; this is the last
+    // word, so the hub never serves what the agent refuses.
+    if nests_deeper_than(&value, MAX_NESTING_DEPTH) {
+        return Err(located(format!(
+            "{key} nests arrays and objects deeper than {MAX_NESTING_DEPTH} levels"
+        )));
+    }
     Ok((key, value))
 }
 
@@ -129,7 +140,38 @@ fn identity(value: &Value) -> Result<ResourceKey, String> {
     {
         return Err("metadata.namespace must be a string".into());
     }
-    ResourceKey::of(value).ok_or_else(|| "manifest has no usable identity".into())
+    let key =
+        ResourceKey::of(value).ok_or_else(|| "manifest has no usable identity".to_string())?;
+    check_names(&key)?;
+    Ok(key)
+}
+
+/// The kind, name and namespace by the API server's rules: a name that would be
+/// refused there is refused here, with the file and line, and no name that passes
+/// can hold `/`, `..`, NUL or a line break.
+fn check_names(key: &ResourceKey) -> Result<(), String> {
+    if let Err(invalid) = names::kind(&key.kind) {
+        return Err(format!(
+            "kind {} is not valid: it {invalid}",
+            names::shown(&key.kind)
+        ));
+    }
+    if let Err(invalid) = names::resource_name(&key.group, &key.kind, &key.name) {
+        return Err(format!(
+            "metadata.name {} is not a valid name for a {}: it {invalid}",
+            names::shown(&key.name),
+            key.kind
+        ));
+    }
+    if !key.namespace.is_empty()
+        && let Err(invalid) = names::dns1123_label(&key.namespace)
+    {
+        return Err(format!(
+            "metadata.namespace {} is not valid: it {invalid}",
+            names::shown(&key.namespace)
+        ));
+    }
+    Ok(())
 }
 
 fn patch_matches(patch: &CompiledPatch, value: &Value) -> bool {

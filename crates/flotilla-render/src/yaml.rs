@@ -4,6 +4,7 @@
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use flotilla_core::bundle::MAX_NESTING_DEPTH;
 use flotilla_core::diagnostic::did_you_mean;
 
 /// A YAML problem: the message and the 1-based line it concerns, if known.
@@ -20,6 +21,9 @@ fn options() -> serde_saphyr::Options {
     let mut budget = serde_saphyr::Budget::default();
     budget.max_aliases = 1_000;
     budget.max_events = 2_000_000;
+    // The depth every rendered resource must keep (and the agent checks): no
+    // document deeper than that is read, so nothing built from one can be either.
+    budget.max_depth = MAX_NESTING_DEPTH;
     options.budget = Some(budget);
     options.duplicate_keys = serde_saphyr::DuplicateKeyPolicy::Error;
     // Read flotilla's own files with the scalar rules kustomize applies to manifests:
@@ -96,6 +100,16 @@ fn improve_message(message: &str) -> String {
     }) {
         return format!("duplicate key {key:?}; each key may appear once in a mapping");
     }
+    // The parser stops flow collections (`[[[...]]]`) at its own nesting limit, past
+    // the budget's depth; both mean the same to a fleet author.
+    if (message.starts_with("budget breached") && message.contains("depth"))
+        || message.starts_with("recursion limit exceeded")
+    {
+        return format!(
+            "the YAML nests sequences and mappings deeper than {MAX_NESTING_DEPTH} levels; \
+             flotilla does not read it"
+        );
+    }
     if message.starts_with("budget breached") {
         return "the YAML grows past the parser's limits once its anchors and aliases are \
                 expanded (an alias bomb?); flotilla does not read it"
@@ -167,6 +181,34 @@ mod tests {
             ));
         }
         assert!(parse::<Value>(&text).is_err());
+    }
+
+    #[test]
+    fn nesting_deeper_than_the_shared_limit_is_refused() {
+        let nested = |depth: usize| format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+        let value: Value = parse(&nested(MAX_NESTING_DEPTH)).expect("at the limit");
+        assert_eq!(
+            flotilla_core::bundle::nesting_depth(&value),
+            MAX_NESTING_DEPTH
+        );
+        let err = parse::<Value>(&nested(MAX_NESTING_DEPTH + 1)).expect_err("past the limit");
+        assert_eq!(
+            err.message,
+            "the YAML nests sequences and mappings deeper than 100 levels; flotilla does not read it"
+        );
+        let mut block = String::new();
+        for level in 0..=MAX_NESTING_DEPTH {
+            block.push_str(&format!("{}k{level}:\n", "  ".repeat(level)));
+        }
+        block.push_str(&format!("{}leaf: 1\n", "  ".repeat(MAX_NESTING_DEPTH + 1)));
+        let err = parse::<Value>(&block).expect_err("block mappings past the limit");
+        assert!(err.message.contains("deeper than 100"), "{err:?}");
+        // A stream thousands of levels deep is refused, not a stack overflow, with the
+        // same message (the parser has a flow-nesting limit of its own at 256).
+        for depth in [256, 100_000] {
+            let err = parse::<Value>(&nested(depth)).expect_err("far past the limit");
+            assert!(err.message.contains("deeper than 100"), "{depth}: {err:?}");
+        }
     }
 
     #[test]

@@ -265,7 +265,8 @@ impl DirSink {
             let value = with_flotilla_metadata(&resource.value, &bundle.cluster, None);
             match serde_saphyr::to_string(&value) {
                 Ok(yaml) => {
-                    let content = format!("{header}\n# {}\n{yaml}", resource.key).into_bytes();
+                    let identity = comment_safe(&resource.key.to_string());
+                    let content = format!("{header}\n# {identity}\n{yaml}").into_bytes();
                     desired.insert(name, (Some(resource.key.clone()), content));
                 }
                 Err(err) => {
@@ -406,8 +407,25 @@ fn prepare_target(target: &Path) -> io::Result<()> {
 /// The first line of every file the sink writes.
 fn header(cluster: &str) -> String {
     format!(
-        "# Written by the flotilla agent for cluster {cluster}. Do not edit: the agent replaces this file."
+        "# Written by the flotilla agent for cluster {}. Do not edit: the agent replaces this file.",
+        comment_safe(cluster)
     )
+}
+
+/// Text that is safe inside a `#` comment line: printable ASCII stays, anything else
+/// (a line break, which would end the comment and let the rest be read as YAML, or
+/// U+0085, U+2028 and U+2029, which YAML 1.1 readers also take for line breaks) is
+/// written as a `\u{…}` escape, and `\` as `\\`.
+fn comment_safe(text: &str) -> String {
+    let mut safe = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\\' => safe.push_str("\\\\"),
+            ' '..='~' => safe.push(c),
+            other => safe.push_str(&format!("\\u{{{:x}}}", other as u32)),
+        }
+    }
+    safe
 }
 
 fn kustomization(header: &str, files: &[&String]) -> Vec<u8> {
@@ -553,6 +571,50 @@ mod tests {
             parsed["metadata"]["labels"]["flotilla.dev/cluster"],
             "edge-1"
         );
+    }
+
+    #[test]
+    fn no_name_can_break_out_of_the_comment_and_add_an_object() {
+        // The payload from the issue tracker: a name that ends the comment line and
+        // starts a second YAML document, a Secret in kube-system that is in no bundle.
+        let payload = "innocent\n---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: planted\n  namespace: kube-system\ndata:\n  token: aGk=\n";
+        let fixture = Fixture::new();
+        let resources = vec![
+            config_map(payload, json!({"k": "v"})),
+            config_map("line\u{2028}separator\u{85}next\rreturn", json!({})),
+        ];
+        let bundle = bundle_of("edge-1\n---\nkind: Secret", resources);
+        let outcome = apply(&mut fixture.sink(false), &bundle, &[]);
+        assert!(outcome.complete, "{outcome:?}");
+        for file in fixture.files() {
+            let text = fixture.read(&file);
+            let lines: Vec<&str> = text.lines().collect();
+            assert!(
+                lines[0].starts_with("# Written by the flotilla agent"),
+                "{text}"
+            );
+            assert!(lines[1].starts_with("# "), "{text}");
+            assert!(
+                lines[..2]
+                    .iter()
+                    .all(|l| l.bytes().all(|b| (b' '..=b'~').contains(&b))),
+                "the comment lines hold printable ASCII only: {text}"
+            );
+            let documents: Vec<Value> =
+                serde_saphyr::from_multiple(&text).expect("the file is YAML");
+            assert_eq!(documents.len(), 1, "one object per file: {text}");
+            assert_eq!(documents[0]["kind"], "ConfigMap", "{text}");
+        }
+        let text = fixture.read(&cm(payload));
+        assert!(
+            text.starts_with(
+                "# Written by the flotilla agent for cluster edge-1\\u{a}---\\u{a}kind: Secret. \
+                 Do not edit: the agent replaces this file.\n# ConfigMap demo/innocent\\u{a}---\\u{a}apiVersion: v1"
+            ),
+            "{text}"
+        );
+        let parsed: Value = serde_saphyr::from_str(&text).expect("valid YAML");
+        assert_eq!(parsed["metadata"]["name"], payload);
     }
 
     #[test]

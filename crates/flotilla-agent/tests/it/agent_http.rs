@@ -482,6 +482,34 @@ async fn a_bundle_whose_etag_disagrees_with_its_content_is_refused_and_reported(
     assert_eq!(yaml_names(site.target.path()), [config_map_file("a")]);
 }
 
+/// A bundle nested deeper than any flotilla renders (as only a forged or broken
+/// server could send) is refused with the reason, and reported against the digest
+/// its ETag names, so the hub shows the cluster failed on it rather than pending.
+#[tokio::test]
+async fn a_bundle_nested_too_deep_is_refused_and_reported_against_its_etag() {
+    let hub = FakeHub::start().await;
+    let mut deep = serde_json::json!("leaf");
+    for _ in 0..200 {
+        deep = serde_json::json!([deep]);
+    }
+    let mut resource = config_map("deep", "x");
+    resource["data"] = serde_json::json!({ "nested": deep });
+    let forged = bundle("edge-1", vec![resource]);
+    hub.serve(&forged);
+    hub.with(|s| s.etag_override = Some(format!("\"{}\"", forged.digest)));
+    let site = site("good");
+    let mut agent = start(&hub, &site, BackoffPolicy::default());
+    let refused = agent
+        .until("a refusal", |r| {
+            r.message.contains("deeper than 100 levels")
+        })
+        .await;
+    assert_eq!(refused.applied, None);
+    assert_eq!(refused.attempted, Some(forged.digest.clone()));
+    assert!(yaml_names(site.target.path()).is_empty(), "nothing applied");
+    agent.stop().await;
+}
+
 #[tokio::test]
 async fn reports_are_kept_while_the_hub_refuses_them_and_only_the_latest_is_sent() {
     let hub = FakeHub::start().await;

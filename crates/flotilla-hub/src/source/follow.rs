@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use super::{SourceError, open_repository, resolve, snapshot_of_commit};
+use super::{SourceError, open_repository, resolve, snapshot_of_commit_within};
+use flotilla_core::limits::Limits;
 use flotilla_core::snapshot::FleetSnapshot;
 
 /// What `--repo` names.
@@ -129,18 +130,28 @@ pub fn commit_message(repo_path: &Path, tip: &Tip) -> Result<String, SourceError
     Ok(String::from_utf8_lossy(commit.message_bytes()).into_owned())
 }
 
-/// The fleet files of a commit.
+/// The fleet files of a commit, within the default [`Limits`].
 pub fn snapshot_at(
     repo_path: &Path,
     tip: &Tip,
     subpath: &str,
+) -> Result<FleetSnapshot, SourceError> {
+    snapshot_at_within(repo_path, tip, subpath, &Limits::default())
+}
+
+/// The fleet files of a commit, within `limits`.
+pub fn snapshot_at_within(
+    repo_path: &Path,
+    tip: &Tip,
+    subpath: &str,
+    limits: &Limits,
 ) -> Result<FleetSnapshot, SourceError> {
     let repo = open_repository(repo_path)?;
     let oid = git2::Oid::from_str(&tip.commit).map_err(|err| SourceError::Git {
         repo: repo_path.display().to_string(),
         message: err.message().to_string(),
     })?;
-    snapshot_of_commit(&repo, oid, &tip.label, subpath)
+    snapshot_of_commit_within(&repo, oid, &tip.label, subpath, limits)
 }
 
 /// What to watch so that a new commit, a branch switch or a `git gc` is seen: the Git

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use git2::{ObjectType, Repository, Tree};
 
 use flotilla_core::diagnostic::Diagnostic;
-use flotilla_core::snapshot::{FleetSnapshot, MAX_FILE_BYTES, is_fleet_file};
+use flotilla_core::limits::Limits;
+use flotilla_core::snapshot::{FleetSnapshot, is_fleet_file};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
@@ -154,17 +155,39 @@ pub fn snapshot_of_rev(
     rev: &str,
     subpath: &str,
 ) -> Result<FleetSnapshot, SourceError> {
-    let oid = resolve(repo, rev)?;
-    let label = branch_label(repo, rev);
-    snapshot_of_commit(repo, oid, &label, subpath)
+    snapshot_of_rev_within(repo, rev, subpath, &Limits::default())
 }
 
-/// Reads every fleet file under `subpath` of a commit's tree.
+pub fn snapshot_of_rev_within(
+    repo: &Repository,
+    rev: &str,
+    subpath: &str,
+    limits: &Limits,
+) -> Result<FleetSnapshot, SourceError> {
+    let oid = resolve(repo, rev)?;
+    let label = branch_label(repo, rev);
+    snapshot_of_commit_within(repo, oid, &label, subpath, limits)
+}
+
+/// Reads every file under `subpath` of a commit's tree, within the default
+/// [`Limits`].
 pub fn snapshot_of_commit(
     repo: &Repository,
     oid: git2::Oid,
     label: &str,
     subpath: &str,
+) -> Result<FleetSnapshot, SourceError> {
+    snapshot_of_commit_within(repo, oid, label, subpath, &Limits::default())
+}
+
+/// Reads every file under `subpath` of a commit's tree, within `limits`: no file
+/// larger than `max_file_bytes` and no more than `max_fleet_bytes` in all.
+pub fn snapshot_of_commit_within(
+    repo: &Repository,
+    oid: git2::Oid,
+    label: &str,
+    subpath: &str,
+    limits: &Limits,
 ) -> Result<FleetSnapshot, SourceError> {
     let git_error = |err: git2::Error| SourceError::Git {
         repo: repo.path().display().to_string(),
@@ -200,87 +223,199 @@ pub fn snapshot_of_commit(
     let mut walker = GitWalker {
         repo,
         root: &tree,
-        snapshot: &mut snapshot,
+        files: Files::new(&mut snapshot, limits),
     };
-    walker.walk(&tree, "")?;
+    walker.walk(&tree)?;
     Ok(snapshot)
+}
+
+/// The files of a snapshot being read, and what reading them has cost so far.
+///
+/// A fleet file (YAML under the fleet's folders) that cannot be read is a problem;
+/// any other file is only noted as skipped, since it matters only if a kustomization
+/// refers to it.
+struct Files<'a> {
+    snapshot: &'a mut FleetSnapshot,
+    limits: &'a Limits,
+    bytes_read: u64,
+    /// Set once the fleet's budget is spent: nothing more is read.
+    exhausted: bool,
+}
+
+impl<'a> Files<'a> {
+    fn new(snapshot: &'a mut FleetSnapshot, limits: &'a Limits) -> Files<'a> {
+        Files {
+            snapshot,
+            limits,
+            bytes_read: 0,
+            exhausted: false,
+        }
+    }
+
+    fn problem(&mut self, diagnostic: Diagnostic) {
+        self.snapshot.problems.push(diagnostic);
+    }
+
+    /// A file that was not read: a problem for a fleet file, else only noted.
+    fn refuse(&mut self, path: &str, reason: String) {
+        if is_fleet_file(path) {
+            self.problem(Diagnostic::error(reason).in_file(path));
+        } else {
+            self.snapshot.skipped.insert(path.to_string(), reason);
+        }
+    }
+
+    /// Whether a file of `size` bytes may be read at all (it is not too large and the
+    /// budget is not spent); reports why not. Counts nothing.
+    fn may_read(&mut self, path: &str, size: u64) -> bool {
+        if self.exhausted {
+            return false;
+        }
+        if size > self.limits.max_file_bytes {
+            self.refuse(
+                path,
+                format!(
+                    "file is {size} bytes, over the limit of {} bytes (--max-file-bytes); it was not read",
+                    self.limits.max_file_bytes
+                ),
+            );
+            return false;
+        }
+        true
+    }
+
+    /// Whether a file of `size` bytes may be read, counting it; reports why not. Every
+    /// path counts against the fleet's budget, even one whose content Git stores once
+    /// for many paths: what costs is reading and parsing it, once per path.
+    fn admit(&mut self, path: &str, size: u64) -> bool {
+        if !self.may_read(path, size) {
+            return false;
+        }
+        self.bytes_read = self.bytes_read.saturating_add(size);
+        if self.bytes_read > self.limits.max_fleet_bytes {
+            self.exhausted = true;
+            self.problem(
+                Diagnostic::error(format!(
+                    "the fleet's files come to more than {} bytes (--max-fleet-bytes, every path \
+                     counted) with this one; it and the files after it were not read",
+                    self.limits.max_fleet_bytes
+                ))
+                .in_file(path),
+            );
+            return false;
+        }
+        true
+    }
+
+    /// Adds a file's content, if it is admitted and is UTF-8 text.
+    fn add(&mut self, path: &str, content: &[u8]) {
+        if !self.admit(path, content.len() as u64) {
+            return;
+        }
+        match std::str::from_utf8(content) {
+            Ok(text) => {
+                self.snapshot
+                    .files
+                    .insert(path.to_string(), Arc::from(text));
+            }
+            Err(err) => self.refuse(path, format!("file is not UTF-8 text ({err})")),
+        }
+    }
 }
 
 struct GitWalker<'a> {
     repo: &'a Repository,
     root: &'a Tree<'a>,
-    snapshot: &'a mut FleetSnapshot,
+    files: Files<'a>,
 }
 
 const SYMLINK_MODE: i32 = 0o120000;
 
 impl GitWalker<'_> {
-    fn walk(&mut self, tree: &Tree<'_>, prefix: &str) -> Result<(), SourceError> {
-        for entry in tree.iter() {
-            let Ok(name) = entry.name() else {
-                self.snapshot.problems.push(
-                    Diagnostic::error("a file name is not valid UTF-8; it was skipped")
-                        .in_file(prefix),
-                );
-                continue;
-            };
-            let path = if prefix.is_empty() {
-                name.to_string()
-            } else {
-                format!("{prefix}/{name}")
-            };
-            match entry.kind() {
-                Some(ObjectType::Tree) => {
-                    if name.starts_with('.') {
-                        continue;
-                    }
-                    let Ok(subtree) = entry.to_object(self.repo).and_then(|o| o.peel_to_tree())
-                    else {
-                        self.snapshot.problems.push(
-                            Diagnostic::error("cannot read this folder from Git").in_file(&path),
-                        );
-                        continue;
-                    };
-                    self.walk(&subtree, &path)?;
-                }
-                Some(ObjectType::Blob) => {
-                    let Ok(blob) = self.repo.find_blob(entry.id()) else {
-                        if is_fleet_file(&path) {
-                            self.snapshot.problems.push(
-                                Diagnostic::error("cannot read this file from Git").in_file(&path),
-                            );
-                        } else {
-                            self.snapshot
-                                .skipped
-                                .insert(path, "cannot be read from Git".into());
-                        }
-                        continue;
-                    };
-                    if entry.filemode() == SYMLINK_MODE {
-                        self.read_symlink(&path, blob.content());
-                    } else {
-                        self.add(&path, blob.content());
-                    }
-                }
-                _ => {}
+    /// Walks the tree with a stack of folders still to read, never recursing, so a
+    /// tree thousands of folders deep cannot overflow the stack.
+    fn walk(&mut self, root: &Tree<'_>) -> Result<(), SourceError> {
+        let mut folders: Vec<(Tree<'_>, String)> = vec![(root.clone(), String::new())];
+        while let Some((tree, prefix)) = folders.pop() {
+            if self.files.exhausted {
+                break;
             }
+            // Subfolders go on the stack in reverse, so files are read in a fixed
+            // order (a folder's files, then its subfolders by name) and the file
+            // that breaks a budget is always the same one.
+            let mut subfolders = Vec::new();
+            for entry in tree.iter() {
+                let Ok(name) = entry.name() else {
+                    self.files.problem(
+                        Diagnostic::error("a file name is not valid UTF-8; it was skipped")
+                            .in_file(&prefix),
+                    );
+                    continue;
+                };
+                let path = if prefix.is_empty() {
+                    name.to_string()
+                } else {
+                    format!("{prefix}/{name}")
+                };
+                match entry.kind() {
+                    Some(ObjectType::Tree) => {
+                        if name.starts_with('.') {
+                            continue;
+                        }
+                        let Ok(subtree) = entry.to_object(self.repo).and_then(|o| o.peel_to_tree())
+                        else {
+                            self.files.problem(
+                                Diagnostic::error("cannot read this folder from Git")
+                                    .in_file(&path),
+                            );
+                            continue;
+                        };
+                        subfolders.push((subtree, path));
+                    }
+                    Some(ObjectType::Blob) => {
+                        self.read_blob(&path, entry.id(), entry.filemode());
+                    }
+                    _ => {}
+                }
+            }
+            folders.extend(subfolders.into_iter().rev());
         }
         Ok(())
+    }
+
+    fn read_blob(&mut self, path: &str, id: git2::Oid, mode: i32) {
+        // The size is known from the object's header, before its content is read.
+        if let Ok(size) = self.size_of(id)
+            && !self.files.may_read(path, size)
+        {
+            return;
+        }
+        let Ok(blob) = self.repo.find_blob(id) else {
+            self.files
+                .refuse(path, "cannot read this file from Git".to_string());
+            return;
+        };
+        if mode == SYMLINK_MODE {
+            self.read_symlink(path, blob.content());
+        } else {
+            self.files.add(path, blob.content());
+        }
+    }
+
+    fn size_of(&self, id: git2::Oid) -> Result<u64, git2::Error> {
+        let odb = self.repo.odb()?;
+        let (size, _) = odb.read_header(id)?;
+        Ok(size as u64)
     }
 
     /// A symlink is followed only when its target stays inside the fleet root.
     fn read_symlink(&mut self, path: &str, target: &[u8]) {
         let target = String::from_utf8_lossy(target);
         let Some(resolved) = resolve_inside(path, &target) else {
-            let reason =
-                format!("symlink to {target:?} points outside the fleet root; it was not read");
-            if is_fleet_file(path) {
-                self.snapshot
-                    .problems
-                    .push(Diagnostic::error(reason).in_file(path));
-            } else {
-                self.snapshot.skipped.insert(path.to_string(), reason);
-            }
+            self.files.refuse(
+                path,
+                format!("symlink to {target:?} points outside the fleet root; it was not read"),
+            );
             return;
         };
         let blob = self
@@ -290,57 +425,11 @@ impl GitWalker<'_> {
             .filter(|e| e.filemode() != SYMLINK_MODE)
             .and_then(|e| self.repo.find_blob(e.id()).ok());
         match blob {
-            Some(blob) => self.add(path, blob.content()),
-            None => {
-                let reason = format!("symlink to {target:?} does not lead to a file in the fleet");
-                if is_fleet_file(path) {
-                    self.snapshot
-                        .problems
-                        .push(Diagnostic::error(reason).in_file(path));
-                } else {
-                    self.snapshot.skipped.insert(path.to_string(), reason);
-                }
-            }
-        }
-    }
-
-    fn add(&mut self, path: &str, content: &[u8]) {
-        add_file(self.snapshot, path, content);
-    }
-}
-
-/// Adds a file to the snapshot. A fleet file that is too big or not UTF-8 is a
-/// problem; any other file is only noted as skipped, since it matters only if a
-/// kustomization refers to it.
-fn add_file(snapshot: &mut FleetSnapshot, path: &str, content: &[u8]) {
-    let fleet_file = is_fleet_file(path);
-    let mut refuse = |reason: String| {
-        if fleet_file {
-            snapshot
-                .problems
-                .push(Diagnostic::error(format!("{reason}; it was not read")).in_file(path));
-        } else {
-            snapshot.skipped.insert(path.to_string(), reason);
-        }
-    };
-    if content.len() as u64 > MAX_FILE_BYTES {
-        refuse(format!(
-            "file is {} bytes, over the limit of {MAX_FILE_BYTES} bytes",
-            content.len()
-        ));
-        return;
-    }
-    match std::str::from_utf8(content) {
-        Ok(text) => {
-            snapshot.files.insert(path.to_string(), Arc::from(text));
-        }
-        Err(err) if fleet_file => snapshot
-            .problems
-            .push(Diagnostic::error(format!("file is not UTF-8 text ({err})")).in_file(path)),
-        Err(_) => {
-            snapshot
-                .skipped
-                .insert(path.to_string(), "file is not UTF-8 text".to_string());
+            Some(blob) => self.files.add(path, blob.content()),
+            None => self.files.refuse(
+                path,
+                format!("symlink to {target:?} does not lead to a file in the fleet"),
+            ),
         }
     }
 }
@@ -364,8 +453,18 @@ fn resolve_inside(link_path: &str, target: &str) -> Option<String> {
     Some(parts.join("/"))
 }
 
-/// Reads a snapshot from a folder on disk (the working tree, uncommitted edits included).
+/// Reads a snapshot from a folder on disk (the working tree, uncommitted edits
+/// included), within the default [`Limits`].
 pub fn from_folder(repo_path: &Path, subpath: &str) -> Result<FleetSnapshot, SourceError> {
+    from_folder_within(repo_path, subpath, &Limits::default())
+}
+
+/// Reads a snapshot from a folder on disk, within `limits`.
+pub fn from_folder_within(
+    repo_path: &Path,
+    subpath: &str,
+    limits: &Limits,
+) -> Result<FleetSnapshot, SourceError> {
     let parts = checked_subpath(subpath)?;
     let root: PathBuf = parts
         .iter()
@@ -385,11 +484,21 @@ pub fn from_folder(repo_path: &Path, subpath: &str) -> Result<FleetSnapshot, Sou
         revision: format!("folder:{}", root.display()),
         ..FleetSnapshot::default()
     };
+    let mut files = Files::new(&mut snapshot, limits);
     let mut stack = vec![(canonical_root.clone(), String::new())];
     while let Some((dir, prefix)) = stack.pop() {
-        let entries = std::fs::read_dir(&dir).map_err(|e| io(&dir, e))?;
+        if files.exhausted {
+            break;
+        }
+        // In name order, subfolders pushed in reverse: files are read in a fixed
+        // order (as from Git), so the file that breaks a budget is always the same one.
+        let mut entries = std::fs::read_dir(&dir)
+            .map_err(|e| io(&dir, e))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| io(&dir, e))?;
+        entries.sort_by_key(|entry| entry.file_name());
+        let mut subfolders = Vec::new();
         for entry in entries {
-            let entry = entry.map_err(|e| io(&dir, e))?;
             let name = entry.file_name().to_string_lossy().into_owned();
             let hidden = name.starts_with('.');
             let rel = if prefix.is_empty() {
@@ -414,23 +523,15 @@ pub fn from_folder(repo_path: &Path, subpath: &str) -> Result<FleetSnapshot, Sou
                             "symlink to {} points outside the fleet root; it was not read",
                             real.display()
                         );
-                        if is_fleet_file(&rel) || (real.is_dir() && !hidden) {
-                            snapshot
-                                .problems
-                                .push(Diagnostic::error(reason).in_file(&rel));
+                        if real.is_dir() && !hidden {
+                            files.problem(Diagnostic::error(reason).in_file(&rel));
                         } else {
-                            snapshot.skipped.insert(rel, reason);
+                            files.refuse(&rel, reason);
                         }
                         continue;
                     }
                     Err(_) => {
-                        if is_fleet_file(&rel) {
-                            snapshot
-                                .problems
-                                .push(Diagnostic::error("broken symlink").in_file(&rel));
-                        } else {
-                            snapshot.skipped.insert(rel, "broken symlink".into());
-                        }
+                        files.refuse(&rel, "broken symlink".into());
                         continue;
                     }
                 }
@@ -444,26 +545,18 @@ pub fn from_folder(repo_path: &Path, subpath: &str) -> Result<FleetSnapshot, Sou
                 // A symlinked folder inside the root is read through its real path,
                 // which is always a subfolder, so there are no cycles to follow.
                 if !file_type.is_symlink() {
-                    stack.push((real, rel));
+                    subfolders.push((real, rel));
                 }
                 continue;
             }
             let size = std::fs::metadata(&real).map_err(|e| io(&real, e))?.len();
-            if size > MAX_FILE_BYTES {
-                let reason =
-                    format!("file is {size} bytes, over the limit of {MAX_FILE_BYTES} bytes");
-                if is_fleet_file(&rel) {
-                    snapshot.problems.push(
-                        Diagnostic::error(format!("{reason}; it was not read")).in_file(&rel),
-                    );
-                } else {
-                    snapshot.skipped.insert(rel, reason);
-                }
+            if !files.may_read(&rel, size) {
                 continue;
             }
             let content = std::fs::read(&real).map_err(|e| io(&real, e))?;
-            add_file(&mut snapshot, &rel, &content);
+            files.add(&rel, &content);
         }
+        stack.extend(subfolders.into_iter().rev());
     }
     Ok(snapshot)
 }
@@ -550,6 +643,11 @@ fn relative_inside(path: &Path, workdir: &Path) -> Option<String> {
 /// with `worktree`, it is read from the files on disk. A fleet with no cluster file is
 /// an error that says where it looked.
 pub fn read(location: &Location) -> Result<FleetSnapshot, SourceError> {
+    read_within(location, &Limits::default())
+}
+
+/// Reads a snapshot (as [`read`] does) within `limits`.
+pub fn read_within(location: &Location, limits: &Limits) -> Result<FleetSnapshot, SourceError> {
     let Location {
         repo,
         rev,
@@ -557,7 +655,7 @@ pub fn read(location: &Location) -> Result<FleetSnapshot, SourceError> {
         worktree,
     } = location;
     let (snapshot, looked) = if *worktree {
-        let snapshot = from_folder(repo, path)?;
+        let snapshot = from_folder_within(repo, path, limits)?;
         (snapshot, folder_name(repo, path))
     } else {
         match locate(repo, path)? {
@@ -570,13 +668,17 @@ pub fn read(location: &Location) -> Result<FleetSnapshot, SourceError> {
                         ),
                     });
                 }
-                (from_folder(repo, path)?, folder_name(&root, ""))
+                (
+                    from_folder_within(repo, path, limits)?,
+                    folder_name(&root, ""),
+                )
             }
             Root::Git {
                 repository,
                 subpath,
             } => {
-                let snapshot = commit_snapshot(&repository, rev.as_deref(), &subpath, repo, path)?;
+                let snapshot =
+                    commit_snapshot(&repository, rev.as_deref(), &subpath, repo, path, limits)?;
                 let looked = git_name(&repository, &subpath, &snapshot.revision);
                 (snapshot, looked)
             }
@@ -592,6 +694,7 @@ fn commit_snapshot(
     subpath: &str,
     repo: &Path,
     path: &str,
+    limits: &Limits,
 ) -> Result<FleetSnapshot, SourceError> {
     let rev = rev.unwrap_or("HEAD");
     if rev == "HEAD"
@@ -606,7 +709,7 @@ fn commit_snapshot(
                 .to_string(),
         });
     }
-    match snapshot_of_rev(repository, rev, subpath) {
+    match snapshot_of_rev_within(repository, rev, subpath, limits) {
         Err(SourceError::NoSuchPath {
             path: missing,
             revision,

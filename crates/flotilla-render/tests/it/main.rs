@@ -1,6 +1,7 @@
-//! The renderer against external references: the RFC 6902 and RFC 7396 conformance
-//! suites, and `kubectl kustomize`.
+//! The renderer against external references (the RFC 6902 and RFC 7396 conformance
+//! suites, and `kubectl kustomize`), and property tests of its budgets.
 
+mod budgets;
 mod kustomize_corpus;
 mod kustomize_diff;
 mod patch_conformance;
