@@ -33,24 +33,28 @@ pub enum RolloutCommand {
     },
     /// Stop releasing waves and changing clusters until `resume`.
     Pause {
+        /// The id of the rollout to pause (from `rollout list`).
         id: u64,
         #[command(flatten)]
         hub: HubArgs,
     },
     /// Go on after a pause; after a halt, release the failed wave again with a new deadline.
     Resume {
+        /// The id of the rollout to resume (from `rollout list`).
         id: u64,
         #[command(flatten)]
         hub: HubArgs,
     },
     /// Release the next wave now, without waiting for the bake or a window.
     Promote {
+        /// The id of the rollout to promote (from `rollout list`).
         id: u64,
         #[command(flatten)]
         hub: HubArgs,
     },
     /// End the rollout for good: every cluster it changed gets its previous digest back.
     Abort {
+        /// The id of the rollout to abort (from `rollout list`).
         id: u64,
         #[command(flatten)]
         hub: HubArgs,

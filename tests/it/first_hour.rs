@@ -487,7 +487,7 @@ fn the_kube_sink_without_a_kubeconfig_says_each_cause_once() {
         2,
         "",
         "error: cannot find a Kubernetes API to apply to (in-cluster service account or kubeconfig): \
-         Failed to infer configuration: failed to infer config: in-cluster: (failed to read an \
+         failed to infer config: in-cluster: (failed to read an \
          incluster environment variable: environment variable not found), kubeconfig: (failed to \
          read kubeconfig from '\"$DIR/kubeconfig\"': No such file or directory (os error 2)); run \
          the agent in the cluster, or set KUBECONFIG\n",

@@ -20,8 +20,16 @@
 //! overflow the stack), expands anchors and merge keys (`<<`) within a budget that
 //! refuses alias bombs, and refuses duplicate keys.
 
+use flotilla_core::bundle::MAX_NESTING_DEPTH;
 use serde_json::{Map, Number, Value};
 use serde_saphyr::granit_parser::{Event, Options, Parser, ScalarStyle, Span, StructureStyle, Tag};
+
+fn too_deep() -> String {
+    format!(
+        "the YAML nests sequences and mappings deeper than {MAX_NESTING_DEPTH} levels; flotilla \
+         does not read it"
+    )
+}
 
 /// A YAML problem: the message and the 1-based line it concerns, if known.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,7 +124,13 @@ pub fn read_documents(text: &str) -> Result<Vec<Document>, ReadError> {
     while let Some(next) = parser.next_event() {
         let (event, span) = next.map_err(|err| ReadError {
             line: Some(err.marker().line() as u64).filter(|&l| l > 0),
-            message: err.info(),
+            // The parser stops flow collections (`[[[...]]]`) at its own nesting limit,
+            // past flotilla's depth; both mean the same to a fleet author.
+            message: if err.info().starts_with("recursion limit exceeded") {
+                too_deep()
+            } else {
+                err.info()
+            },
         })?;
         let line = span_line(&span);
         let completed = match event {
@@ -164,6 +178,7 @@ pub fn read_documents(text: &str) -> Result<Vec<Document>, ReadError> {
                 }
                 reader.refuse_complex_key(line)?;
                 reader.count(1, line)?;
+                reader.refuse_deeper(line)?;
                 let flow = structure == StructureStyle::Flow;
                 reader.flow_depth += usize::from(flow);
                 reader.stack.push(Frame::Sequence {
@@ -180,6 +195,7 @@ pub fn read_documents(text: &str) -> Result<Vec<Document>, ReadError> {
                 }
                 reader.refuse_complex_key(line)?;
                 reader.count(1, line)?;
+                reader.refuse_deeper(line)?;
                 let flow = structure == StructureStyle::Flow;
                 reader.flow_depth += usize::from(flow);
                 let role = reader.child_role();
@@ -275,6 +291,18 @@ fn span_line(span: &Span) -> u64 {
 }
 
 impl Reader {
+    /// A collection may open only within the nesting depth every rendered resource
+    /// keeps (and the agent checks), so nothing deeper is ever built.
+    fn refuse_deeper(&self, line: u64) -> Result<(), ReadError> {
+        if self.stack.len() >= MAX_NESTING_DEPTH {
+            return Err(ReadError {
+                line: Some(line),
+                message: too_deep(),
+            });
+        }
+        Ok(())
+    }
+
     fn count(&mut self, nodes: usize, line: u64) -> Result<(), ReadError> {
         self.nodes += nodes;
         if self.nodes > MAX_NODES {

@@ -497,7 +497,7 @@ async fn a_bundle_nested_too_deep_is_refused_and_reported_against_its_etag() {
     let forged = bundle("edge-1", vec![resource]);
     hub.serve(&forged);
     hub.with(|s| s.etag_override = Some(format!("\"{}\"", forged.digest)));
-    let site = site("good");
+    let site = site("flt_good");
     let mut agent = start(&hub, &site, BackoffPolicy::default());
     let refused = agent
         .until("a refusal", |r| {

@@ -272,13 +272,15 @@ impl<'a> Files<'a> {
             return false;
         }
         if size > self.limits.max_file_bytes {
-            self.refuse(
-                path,
-                format!(
-                    "file is {size} bytes, over the limit of {} bytes (--max-file-bytes); it was not read",
-                    self.limits.max_file_bytes
-                ),
+            let reason = format!(
+                "file is {size} bytes, over the limit of {} bytes (--max-file-bytes)",
+                self.limits.max_file_bytes
             );
+            if is_fleet_file(path) {
+                self.problem(Diagnostic::error(format!("{reason}; it was not read")).in_file(path));
+            } else {
+                self.snapshot.skipped.insert(path.to_string(), reason);
+            }
             return false;
         }
         true
@@ -318,7 +320,14 @@ impl<'a> Files<'a> {
                     .files
                     .insert(path.to_string(), Arc::from(text));
             }
-            Err(err) => self.refuse(path, format!("file is not UTF-8 text ({err})")),
+            Err(err) if is_fleet_file(path) => self.problem(
+                Diagnostic::error(format!("file is not UTF-8 text ({err})")).in_file(path),
+            ),
+            Err(_) => {
+                self.snapshot
+                    .skipped
+                    .insert(path.to_string(), "file is not UTF-8 text".to_string());
+            }
         }
     }
 }

@@ -130,11 +130,18 @@ pub struct Store {
 /// exactly as `sqlx::migrate!` would; listing them here instead of using that macro
 /// spares every build sqlx's macro crates and a second SQLite compiled for them.
 /// A test checks that every file in `migrations/` is listed.
-const MIGRATIONS: &[(i64, &str, &str)] = &[(
-    1,
-    "initial",
-    include_str!("../../migrations/0001_initial.sql"),
-)];
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "initial",
+        include_str!("../../migrations/0001_initial.sql"),
+    ),
+    (
+        2,
+        "rollouts",
+        include_str!("../../migrations/0002_rollouts.sql"),
+    ),
+];
 
 /// [`MIGRATIONS`] as sqlx reads a migrations folder.
 #[derive(Debug)]
