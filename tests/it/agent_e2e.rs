@@ -210,7 +210,9 @@ impl RunningAgent {
                 r.applied.as_ref() == Some(digest) && r.attempted.as_ref() == Some(digest)
             })
         });
-        let found = match tokio::time::timeout(Duration::from_secs(20), wait).await {
+        // Generous: on a loaded CI machine an agent may sit out a whole request timeout
+        // (the wait plus 30 s) on a connection to a hub that was stopping.
+        let found = match tokio::time::timeout(Duration::from_secs(60), wait).await {
             Ok(Ok(report)) => report.clone(),
             _ => None,
         };
