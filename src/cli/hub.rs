@@ -11,7 +11,7 @@ use super::{EXIT_FINDINGS, EXIT_OK, PublishArgs, ServeArgs, StoreArgs, TokenArgs
 use flotilla_hub::clock::{Clock, SystemClock, rfc3339};
 use flotilla_hub::source;
 use flotilla_hub::store::Store;
-use flotilla_hub::{Hub, HubConfig, SourceSpec, auth, publish};
+use flotilla_hub::{ConnectionLimits, Hub, HubConfig, SourceSpec, TlsFiles, auth, publish};
 use flotilla_render::{RenderOptions, render_with};
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -85,8 +85,42 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
     config.history = args.history;
     config.webhook_secret = webhook_secret;
     config.limits = args.limits.limits();
+    if args.header_timeout.as_secs() < 1 || args.idle_timeout.as_secs() < 1 {
+        bail!("--header-timeout and --idle-timeout must be at least 1s");
+    }
+    if args.max_connections == Some(0) {
+        bail!("--max-connections must be at least 1");
+    }
+    config.connections = ConnectionLimits {
+        header_timeout: args.header_timeout.into(),
+        idle_timeout: args.idle_timeout.into(),
+        max_connections: args.max_connections,
+    };
+    match flotilla_hub::listen::raise_open_file_limit() {
+        Ok(files) => tracing::info!(
+            soft = files.soft,
+            hard = files.hard,
+            was = files.before,
+            max_connections = args
+                .max_connections
+                .unwrap_or_else(|| flotilla_hub::listen::connection_cap(files.soft)),
+            "open-file limit"
+        ),
+        Err(err) => tracing::warn!(
+            soft = flotilla_hub::listen::open_file_limit(),
+            "cannot raise the open-file limit: {err}"
+        ),
+    }
     let listen = args.listen;
-    let tls = args.tls_cert.clone().zip(args.tls_key.clone());
+    let tls = args
+        .tls_cert
+        .clone()
+        .zip(args.tls_key.clone())
+        .map(|(cert, key)| TlsFiles {
+            cert,
+            key,
+            client_ca: args.client_ca.clone(),
+        });
     if !listen.ip().is_loopback() && tls.is_none() {
         tracing::warn!(
             %listen,
@@ -112,8 +146,8 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
             format!("{scheme}://{address}"),
         ));
         match tls {
-            Some((cert, key)) => {
-                hub.serve_tls(std_listener, &cert, &key, shutdown_signal())
+            Some(files) => {
+                hub.serve_tls(std_listener, &files, shutdown_signal())
                     .await?
             }
             None => {

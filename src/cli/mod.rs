@@ -252,6 +252,24 @@ pub struct ServeArgs {
     /// The PEM private key for --tls-cert.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// Require client certificates signed by this CA (PEM) on every path but the
+    /// health, metrics and webhook ones; a cluster's paths need a certificate whose DNS
+    /// names include the cluster (needs --tls-cert).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub client_ca: Option<PathBuf>,
+    /// How long a client has to finish the TLS handshake and send a request's headers
+    /// (and an HTTP/1.1 connection may wait for its next request).
+    #[arg(long, default_value = "30s", value_name = "DURATION")]
+    pub header_timeout: humantime::Duration,
+    /// How long a connection may stay open with no request in flight (a held long-poll
+    /// is a request in flight: only --max-wait ends it).
+    #[arg(long, default_value = "2m", value_name = "DURATION")]
+    pub idle_timeout: humantime::Duration,
+    /// The most connections held at once [default: the open-file limit, raised to its
+    /// hard limit at start, less a quarter of it, at most 1,024, for the hub's own
+    /// files]. At the cap, the connection idle the longest is closed to make room.
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
     /// Log as text lines or as JSON objects (one per line).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

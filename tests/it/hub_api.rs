@@ -333,6 +333,29 @@ async fn status_reports_move_clusters_between_states() {
         assert_eq!(status, expect);
         assert!(error["error"].is_string());
     }
+    // A valid report that does not say it is JSON: 415, with a JSON error.
+    let valid = serde_json::to_vec(&report(Some(&desired), Some(&desired), false)).expect("json");
+    for content_type in [
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        None,
+    ] {
+        let mut request = client
+            .post(&status_url)
+            .bearer_auth(&red)
+            .body(valid.clone());
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        let (status, error) = status_of(request.send().await.expect("post")).await;
+        assert_eq!(status, 415, "{content_type:?}");
+        assert!(
+            error["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("application/json")),
+            "{error}"
+        );
+    }
     let fleet = get_json(&client, &fleet_url, &admin).await;
     assert_eq!(red_in(&fleet)["state"], "offline");
     hub.stop().await;
@@ -590,7 +613,12 @@ async fn serves_https_when_given_a_certificate() {
     let task = tokio::spawn({
         let (cert, key) = (cert.clone(), key.clone());
         async move {
-            hub.serve_tls(listener, &cert, &key, async {
+            let files = flotilla_hub::TlsFiles {
+                cert,
+                key,
+                client_ca: None,
+            };
+            hub.serve_tls(listener, &files, async {
                 let _ = stopped.await;
             })
             .await

@@ -11,6 +11,7 @@ mod dockerfile;
 mod first_hour;
 mod fuzz_regressions;
 mod hub_api;
+mod hub_connections;
 mod hub_follow;
 mod hub_hostile;
 mod hub_scale;

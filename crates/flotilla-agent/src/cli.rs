@@ -76,6 +76,28 @@ pub struct AgentArgs {
     /// The longest wait between retries when the hub is unreachable.
     #[arg(long, env = "FLOTILLA_AGENT_MAX_BACKOFF", default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
     pub max_backoff: Duration,
+    /// TLS: a PEM file of CA certificates to trust besides the system's trust store
+    /// (which honours SSL_CERT_FILE and SSL_CERT_DIR), such as a site's own CA that
+    /// signed the hub's certificate.
+    #[arg(long, env = "FLOTILLA_AGENT_CA_FILE", value_name = "PEM")]
+    pub ca_file: Option<PathBuf>,
+    /// TLS: this cluster's client certificate (PEM), for a hub started with
+    /// --client-ca; its DNS names must include the cluster's name.
+    #[arg(
+        long,
+        env = "FLOTILLA_AGENT_CLIENT_CERT",
+        value_name = "PEM",
+        requires = "client_key"
+    )]
+    pub client_cert: Option<PathBuf>,
+    /// TLS: the private key of --client-cert (PEM).
+    #[arg(
+        long,
+        env = "FLOTILLA_AGENT_CLIENT_KEY",
+        value_name = "PEM",
+        requires = "client_cert"
+    )]
+    pub client_key: Option<PathBuf>,
     /// Log format on standard error.
     #[arg(long, env = "FLOTILLA_AGENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -148,6 +170,10 @@ fn settings(args: &AgentArgs) -> anyhow::Result<Settings> {
     config.wait = args.wait;
     config.resync = args.resync;
     config.heartbeat = args.heartbeat;
+    config.tls = crate::client::TlsOptions {
+        ca_file: args.ca_file.clone(),
+        client_cert: args.client_cert.clone().zip(args.client_key.clone()),
+    };
     config.backoff = BackoffPolicy {
         cap: args.max_backoff,
         auth_retry: args.max_backoff,

@@ -90,6 +90,82 @@ pub enum ClientError {
     NoToken,
     #[error("cannot build the HTTP client: {0}")]
     Http(#[from] reqwest::Error),
+    #[error("--ca-file {path}: {reason}")]
+    CaFile { path: PathBuf, reason: String },
+    #[error("--client-cert {cert} / --client-key {key}: {reason}")]
+    ClientCert {
+        cert: PathBuf,
+        key: PathBuf,
+        reason: String,
+    },
+    #[error("{flag} needs an https:// server, not {server}")]
+    TlsFlagWithoutTls { flag: &'static str, server: String },
+}
+
+/// How the agent authenticates the hub and itself over TLS. The system's trust store
+/// (with `SSL_CERT_FILE` and `SSL_CERT_DIR` honoured) is always trusted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsOptions {
+    /// A PEM file of CA certificates trusted besides the system's store.
+    pub ca_file: Option<PathBuf>,
+    /// This cluster's client certificate and its private key (PEM), for a hub that
+    /// requires them (`serve --client-ca`).
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+impl TlsOptions {
+    /// Refuses TLS settings for a server that does not use TLS.
+    fn check(&self, server: &Server) -> Result<(), ClientError> {
+        let is_https = matches!(server, Server::Http(url) if url.scheme() == "https");
+        let flags = [
+            ("--ca-file", self.ca_file.is_some()),
+            ("--client-cert", self.client_cert.is_some()),
+        ];
+        for (flag, given) in flags {
+            if given && !is_https {
+                return Err(ClientError::TlsFlagWithoutTls {
+                    flag,
+                    server: server.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn apply(
+        &self,
+        mut builder: reqwest::ClientBuilder,
+    ) -> Result<reqwest::ClientBuilder, ClientError> {
+        if let Some(path) = &self.ca_file {
+            let ca_error = |reason: String| ClientError::CaFile {
+                path: path.clone(),
+                reason,
+            };
+            let pem = std::fs::read(path).map_err(|err| ca_error(err.to_string()))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|err| ca_error(format!("not PEM certificates: {err}")))?;
+            if certs.is_empty() {
+                return Err(ca_error("holds no PEM certificate".into()));
+            }
+            for cert in certs {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        if let Some((cert, key)) = &self.client_cert {
+            let cert_error = |reason: String| ClientError::ClientCert {
+                cert: cert.clone(),
+                key: key.clone(),
+                reason,
+            };
+            let mut pem = std::fs::read(cert).map_err(|err| cert_error(err.to_string()))?;
+            pem.push(b'\n');
+            pem.extend(std::fs::read(key).map_err(|err| cert_error(err.to_string()))?);
+            let identity = reqwest::Identity::from_pem(&pem)
+                .map_err(|err| cert_error(format!("not a PEM certificate and key: {err}")))?;
+            builder = builder.identity(identity);
+        }
+        Ok(builder)
+    }
 }
 
 /// What one fetch brought back.
@@ -179,6 +255,17 @@ impl HubClient {
         cluster: &str,
         token_file: Option<&Path>,
     ) -> Result<HubClient, ClientError> {
+        HubClient::with_tls(server, cluster, token_file, &TlsOptions::default())
+    }
+
+    /// [`HubClient::new`] with a CA to trust and a client certificate.
+    pub fn with_tls(
+        server: Server,
+        cluster: &str,
+        token_file: Option<&Path>,
+        tls: &TlsOptions,
+    ) -> Result<HubClient, ClientError> {
+        tls.check(&server)?;
         let token = match token_file {
             Some(path) => Some(Token {
                 path: path.to_path_buf(),
@@ -188,10 +275,10 @@ impl HubClient {
             None if matches!(server, Server::Http(_)) => return Err(ClientError::NoToken),
             None => None,
         };
-        let http = reqwest::Client::builder()
+        let builder = reqwest::Client::builder()
             .user_agent(concat!("flotilla-agent/", env!("CARGO_PKG_VERSION")))
-            .connect_timeout(CONNECT_TIMEOUT)
-            .build()?;
+            .connect_timeout(CONNECT_TIMEOUT);
+        let http = tls.apply(builder)?.build()?;
         Ok(HubClient {
             server,
             cluster: cluster.to_string(),
@@ -316,7 +403,9 @@ impl HubClient {
         let reason = if err.is_timeout() {
             "the request timed out".to_string()
         } else {
-            error_chain(&err)
+            let chain = error_chain(&err);
+            let hint = tls_hint(&chain);
+            chain + hint
         };
         FetchError::Unreachable {
             server: self.server.to_string(),
@@ -454,6 +543,24 @@ fn error_message(body: &str) -> String {
         "no message".to_string()
     } else {
         trimmed.chars().take(300).collect()
+    }
+}
+
+/// What to do about a TLS failure, from the words rustls uses.
+fn tls_hint(chain: &str) -> &'static str {
+    if chain.contains("UnknownIssuer") {
+        " (the hub's certificate is signed by a CA this agent does not trust: give the \
+         site's CA with --ca-file, or add it to the system's trust store or SSL_CERT_FILE)"
+    } else if chain.contains("NotValidForName") {
+        " (the hub's certificate does not name the host in --server: use the name the \
+         certificate was made for)"
+    } else if chain.contains("alert") && chain.contains("UnknownCA") {
+        " (the hub refused this agent's client certificate: --client-cert must be signed \
+         by the CA the hub was given with --client-ca)"
+    } else if chain.contains("CertificateRequired") {
+        " (the hub requires a client certificate: give --client-cert and --client-key)"
+    } else {
+        ""
     }
 }
 

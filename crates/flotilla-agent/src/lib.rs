@@ -62,6 +62,8 @@ pub struct AgentConfig {
     /// (5 minutes by default), so this must be shorter; zero disables it.
     pub heartbeat: Duration,
     pub backoff: BackoffPolicy,
+    /// A CA to trust besides the system's store, and a client certificate.
+    pub tls: client::TlsOptions,
 }
 
 impl AgentConfig {
@@ -77,6 +79,7 @@ impl AgentConfig {
             resync: Duration::from_secs(600),
             heartbeat: Duration::from_secs(120),
             backoff: BackoffPolicy::default(),
+            tls: client::TlsOptions::default(),
         }
     }
 }
@@ -171,10 +174,11 @@ impl<S: Sink> Agent<S> {
                 entries: Vec::new(),
             };
         }
-        let client = HubClient::new(
+        let client = HubClient::with_tls(
             config.server.clone(),
             &config.cluster,
             config.token_file.as_deref(),
+            &config.tls,
         )?;
         tracing::info!(
             cluster = %config.cluster, server = %config.server,

@@ -557,6 +557,16 @@ async fn post_status(
     result.unwrap_or_else(IntoResponse::into_response)
 }
 
+/// Whether the request says its body is JSON: `application/json`, with or without
+/// parameters such as `; charset=utf-8`.
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
+}
+
 async fn store_status(
     shared: &Arc<Shared>,
     cluster: &str,
@@ -596,6 +606,12 @@ async fn store_status(
                 format!("no cluster named {cluster:?} is served"),
             )
         })?;
+    if !is_json(headers) {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "a status report must be sent as Content-Type: application/json",
+        ));
+    }
     let body =
         body.map_err(|rejection| ApiError::new(rejection.status(), rejection.body_text()))?;
     let report: StatusReport = serde_json::from_slice(&body).map_err(|err| {

@@ -342,6 +342,7 @@ impl Follower {
             tracing::warn!(revision = %output.revision, "{warning}");
         }
         let report = self.shared.install(output, duration, forced).await?;
+        self.shared.collect_garbage().await;
         tracing::info!(
             revision = %report.revision,
             clusters = report.clusters,

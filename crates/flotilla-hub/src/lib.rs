@@ -17,21 +17,23 @@ pub mod auth;
 pub mod clock;
 pub mod fleet;
 pub mod follow;
+pub mod listen;
+pub mod lock;
 pub mod metrics;
 pub mod publish;
 pub mod rollouts;
 pub mod source;
 pub mod state;
 pub mod store;
+pub mod tls;
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use axum::serve::ListenerExt as _;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
@@ -39,7 +41,9 @@ use crate::store::{ObjectError, Store, StoreError};
 use auth::TokenTable;
 use clock::{Clock, SystemClock};
 pub use follow::SourceSpec;
+pub use listen::ConnectionLimits;
 use state::{Served, Settings, Shared};
+pub use tls::TlsFiles;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HubError {
@@ -47,10 +51,14 @@ pub enum HubError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Object(#[from] ObjectError),
+    #[error(transparent)]
+    Locked(#[from] lock::LockError),
     #[error("a background task failed: {0}")]
     Task(String),
     #[error("the server stopped with an error: {0}")]
     Serve(std::io::Error),
+    #[error("cannot use --client-ca {path}: {message}")]
+    ClientCa { path: String, message: String },
     #[error("cannot load the TLS certificate {cert} and key {key}: {message}")]
     Tls {
         cert: String,
@@ -78,6 +86,8 @@ pub struct HubConfig {
     pub token_refresh: Duration,
     /// The budgets of reading and rendering each commit.
     pub limits: flotilla_core::limits::Limits,
+    /// Timeouts and the cap on connections.
+    pub connections: ConnectionLimits,
 }
 
 impl HubConfig {
@@ -93,6 +103,7 @@ impl HubConfig {
             clock: Arc::new(SystemClock),
             token_refresh: Duration::from_secs(1),
             limits: flotilla_core::limits::Limits::default(),
+            connections: ConnectionLimits::default(),
         }
     }
 }
@@ -101,12 +112,24 @@ impl HubConfig {
 pub struct Hub {
     shared: Arc<Shared>,
     tasks: Vec<JoinHandle<()>>,
+    connections: ConnectionLimits,
+    /// Released last, once the store is closed.
+    lock: lock::StateDirLock,
 }
 
 impl Hub {
     /// Opens the store, loads what it holds (so bundles are served at once, with the
     /// ETags they had before a restart) and starts following the repository.
     pub async fn start(config: HubConfig) -> Result<Hub, HubError> {
+        // Lock first: a second hub on this state dir stops here, before it reads or
+        // writes anything.
+        flotilla_fs::create_dir(&config.state_dir, flotilla_fs::Mode::Private).map_err(
+            |source| StoreError::CreateDir {
+                path: config.state_dir.display().to_string(),
+                source,
+            },
+        )?;
+        let lock = lock::StateDirLock::acquire(&config.state_dir)?;
         let store = Store::open(&config.state_dir).await?;
         let tokens = TokenTable::from_stored(&store.tokens().await?);
         let tokens_generation = store.tokens_generation().await?;
@@ -167,6 +190,7 @@ impl Hub {
                 let shared = shared.clone();
                 async move {
                     shared.verify_objects().await;
+                    shared.collect_garbage().await;
                     follower.run(shared.shutdown.subscribe()).await
                 }
             }),
@@ -177,7 +201,12 @@ impl Hub {
             )),
             tokio::spawn(rollouts::run_timer(shared.clone())),
         ];
-        Ok(Hub { shared, tasks })
+        Ok(Hub {
+            shared,
+            tasks,
+            connections: config.connections,
+            lock,
+        })
     }
 
     /// The API as an axum router, for serving it another way.
@@ -211,57 +240,48 @@ impl Hub {
         listener: tokio::net::TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), HubError> {
-        let shared = self.shared.clone();
-        let signal = async move {
-            shutdown.await;
-            shared.shutdown.send_replace(true);
-        };
-        let listener = listener.tap_io(|tcp| {
-            // Answers are small and latency matters more than packet count.
-            let _ = tcp.set_nodelay(true);
-        });
-        let result = axum::serve(listener, self.router())
-            .with_graceful_shutdown(signal)
+        self.serve_with(listener, listen::Transport::Plain, shutdown)
             .await
-            .map_err(HubError::Serve);
-        self.stop().await;
-        result
     }
 
-    /// Serves HTTPS (rustls) on `listener` until `shutdown` completes.
+    /// Serves HTTPS (rustls) on `listener` until `shutdown` completes; with
+    /// [`TlsFiles::client_ca`], client certificates are required and bound to clusters
+    /// (see [`tls`]).
     pub async fn serve_tls(
         self,
         listener: std::net::TcpListener,
-        cert: &Path,
-        key: &Path,
+        files: &TlsFiles,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), HubError> {
-        // Both rustls back ends are compiled in (through other dependencies), so name one.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let tls_error = |message: String| HubError::Tls {
-            cert: cert.display().to_string(),
-            key: key.display().to_string(),
-            message,
-        };
-        let config = axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
-            .await
-            .map_err(|e| tls_error(e.to_string()))?;
-        listener
+        let config = tls::server_config(files)?;
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = listener
             .set_nonblocking(true)
-            .map_err(|e| tls_error(e.to_string()))?;
-        let handle = axum_server::Handle::new();
-        let shared = self.shared.clone();
-        let stopper = handle.clone();
-        tokio::spawn(async move {
-            shutdown.await;
-            shared.shutdown.send_replace(true);
-            stopper.graceful_shutdown(Some(Duration::from_secs(10)));
-        });
-        let result = axum_server::from_tcp_rustls(listener, config)
-            .handle(handle)
-            .serve(self.router().into_make_service())
-            .await
-            .map_err(HubError::Serve);
+            .and_then(|()| tokio::net::TcpListener::from_std(listener))
+            .map_err(HubError::Serve)?;
+        let transport = listen::Transport::Tls {
+            acceptor,
+            client_auth: files.client_ca.is_some(),
+        };
+        self.serve_with(listener, transport, shutdown).await
+    }
+
+    async fn serve_with(
+        self,
+        listener: tokio::net::TcpListener,
+        transport: listen::Transport,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), HubError> {
+        let result = listen::serve(
+            listener,
+            transport,
+            self.router(),
+            self.connections,
+            self.shared.shutdown.clone(),
+            shutdown,
+        )
+        .await
+        .map_err(HubError::Serve);
         self.stop().await;
         result
     }
@@ -280,6 +300,7 @@ impl Hub {
             }
         }
         self.shared.store.close().await;
+        drop(self.lock);
     }
 }
 

@@ -426,6 +426,45 @@ impl Shared {
         }
     }
 
+    /// Deletes every object the store does not refer to (see
+    /// [`Store::referenced_digests`]): those a crash left between writing a render's
+    /// objects and recording it. Only the follower writes new objects, and it calls
+    /// this between renders, so no object of a render being installed is taken.
+    /// Returns how many objects were deleted.
+    pub async fn collect_garbage(&self) -> usize {
+        let referenced = match self.store.referenced_digests().await {
+            Ok(referenced) => referenced,
+            Err(err) => {
+                tracing::warn!("cannot collect unused objects: {err}");
+                return 0;
+            }
+        };
+        let objects = self.store.objects.clone();
+        let swept = tokio::task::spawn_blocking(move || {
+            let mut removed = 0;
+            let on_disk = match objects.list() {
+                Ok(on_disk) => on_disk,
+                Err(err) => {
+                    tracing::warn!("cannot list the stored objects: {err}");
+                    return 0;
+                }
+            };
+            for digest in on_disk.iter().filter(|d| !referenced.contains(*d)) {
+                match objects.remove(digest) {
+                    Ok(()) => removed += 1,
+                    Err(err) => tracing::warn!(%digest, "cannot delete an unused object: {err}"),
+                }
+            }
+            removed
+        })
+        .await
+        .unwrap_or(0);
+        if swept > 0 {
+            tracing::info!(objects = swept, "deleted objects no cluster refers to");
+        }
+        swept
+    }
+
     /// Records a render attempt that had errors: nothing served changes.
     pub fn record_failed_render(&self, output: &RenderOutput, duration: Duration) {
         let errors: Vec<_> = output.errors().cloned().collect();

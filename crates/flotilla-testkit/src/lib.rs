@@ -120,6 +120,11 @@ impl TestCa {
         self.leaf(&[name], name, false)
     }
 
+    /// A client certificate whose DNS names are `names` (several clusters, or none).
+    pub fn client_named(&self, common_name: &str, names: &[&str]) -> TestLeaf {
+        self.leaf(names, common_name, false)
+    }
+
     fn leaf(&self, names: &[&str], common_name: &str, server: bool) -> TestLeaf {
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         let mut params = rcgen::CertificateParams::new(names).expect("leaf params");

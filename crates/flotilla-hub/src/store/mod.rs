@@ -472,6 +472,26 @@ impl Store {
         Ok(unreferenced)
     }
 
+    /// Every digest the store refers to: served, rendered, kept in a cluster's history
+    /// or named by a rollout under way. An object outside this set is garbage.
+    pub async fn referenced_digests(&self) -> Result<BTreeSet<Digest>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT digest FROM bundle_history
+             UNION SELECT digest FROM clusters
+             UNION SELECT digest FROM rendered
+             UNION SELECT c.previous FROM rollout_clusters c JOIN rollouts r ON r.id = c.rollout_id
+                   WHERE r.ended_at IS NULL AND c.previous IS NOT NULL
+             UNION SELECT c.target FROM rollout_clusters c JOIN rollouts r ON r.id = c.rollout_id
+                   WHERE r.ended_at IS NULL AND c.target IS NOT NULL",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| self.db_error(e))?;
+        rows.into_iter()
+            .map(|row| parse_digest("bundle_history", "digest", row.get(0)))
+            .collect()
+    }
+
     /// Stores an agent's report, replacing the previous one.
     pub async fn put_status(&self, status: &StoredStatus) -> Result<(), StoreError> {
         let resources =

@@ -133,6 +133,20 @@ impl Objects {
         }
     }
 
+    /// The digests of every object on disk (temporary files and anything else that is
+    /// not named as an object are left out).
+    pub fn list(&self) -> io::Result<Vec<Digest>> {
+        let mut digests = Vec::new();
+        for entry in fs::read_dir(&self.dir)? {
+            let name = entry?.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if let Ok(digest) = Digest::parse(&format!("sha256:{name}")) {
+                digests.push(digest);
+            }
+        }
+        Ok(digests)
+    }
+
     /// Removes temporary files a crash may have left behind.
     pub fn clean_temporaries(&self) {
         if let Err(err) = flotilla_fs::remove_temporary_files(&self.dir, flotilla_fs::is_temporary)

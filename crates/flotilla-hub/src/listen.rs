@@ -1,0 +1,475 @@
+//! Accepting connections, plain or TLS, within limits: a time to send a request's
+//! headers, a time a connection may sit without a request in flight, and a cap on the
+//! connections held at once, derived from the open-file limit.
+//!
+//! A held long-poll is a request in flight: no timeout here ends it, so `--max-wait`
+//! alone bounds it. When the cap is reached, the connection that has been idle the
+//! longest (no request in flight, or still in its TLS handshake) is closed to make room:
+//! sockets that only hold a file descriptor never keep an agent with a real request
+//! out. With `--client-ca`, every connection's certificate is checked against the path
+//! it asks for (see [`crate::tls`]).
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use rustls::pki_types::CertificateDer;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, Semaphore, watch};
+use tower::Service as _;
+
+/// The limits on connections. [`ConnectionLimits::default`] gives the documented
+/// defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// How long a client has to complete the TLS handshake and send a request's
+    /// headers; an HTTP/1.1 connection waiting for its next request counts as reading
+    /// headers.
+    pub header_timeout: Duration,
+    /// How long a connection may stay open without a request in flight.
+    pub idle_timeout: Duration,
+    /// The most connections held at once; `None` derives it from the open-file limit
+    /// (see [`connection_cap`]).
+    pub max_connections: Option<usize>,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> ConnectionLimits {
+        ConnectionLimits {
+            header_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(120),
+            max_connections: None,
+        }
+    }
+}
+
+/// The open-file limit before and after [`raise_open_file_limit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFiles {
+    /// The soft limit the process started with.
+    pub before: u64,
+    /// The soft limit now.
+    pub soft: u64,
+    /// The hard limit (the most the soft limit can be raised to).
+    pub hard: u64,
+}
+
+/// Raises the soft open-file limit to the hard limit (each held connection is a file
+/// descriptor, and the usual soft limit of 1,024 is far below a fleet's agents).
+pub fn raise_open_file_limit() -> std::io::Result<OpenFiles> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let before = limit.current.unwrap_or(u64::MAX);
+    let hard = limit.maximum.unwrap_or(u64::MAX);
+    if before < hard {
+        setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: limit.maximum,
+                maximum: limit.maximum,
+            },
+        )?;
+    }
+    let soft = getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX);
+    Ok(OpenFiles { before, soft, hard })
+}
+
+/// The current soft open-file limit.
+pub fn open_file_limit() -> u64 {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX)
+}
+
+/// The connection cap for a soft open-file limit: the limit less what the hub needs
+/// besides connections (the database, objects being read and written, the fleet
+/// repository, the watcher): a quarter of the limit, at most 1,024. A limit of 65,536
+/// gives 64,512 connections; 1,024 gives 768.
+pub fn connection_cap(open_files: u64) -> usize {
+    let reserve = (open_files / 4).min(1024);
+    usize::try_from(open_files.saturating_sub(reserve))
+        .unwrap_or(usize::MAX)
+        .max(1)
+}
+
+/// One connection as the accept loop sees it.
+struct Tracked {
+    in_flight: AtomicUsize,
+    /// Requests received so far: before the first, the header timeout applies.
+    requests: AtomicU64,
+    /// When the last request ended (or the connection opened), in ms since `epoch`.
+    idle_since_ms: AtomicU64,
+    evict: Notify,
+}
+
+struct Registry {
+    epoch: Instant,
+    next_id: AtomicU64,
+    live: Mutex<HashMap<u64, Arc<Tracked>>>,
+}
+
+impl Registry {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn add(self: &Arc<Self>) -> (Arc<Tracked>, Unregister) {
+        let tracked = Arc::new(Tracked {
+            in_flight: AtomicUsize::new(0),
+            requests: AtomicU64::new(0),
+            idle_since_ms: AtomicU64::new(self.now_ms()),
+            evict: Notify::new(),
+        });
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, tracked.clone());
+        (
+            tracked,
+            Unregister {
+                registry: self.clone(),
+                id,
+            },
+        )
+    }
+
+    /// Tells the connection idle the longest to close; false when every connection has
+    /// a request in flight.
+    fn evict_one(&self) -> bool {
+        let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        let oldest = live
+            .values()
+            .filter(|c| c.in_flight.load(Ordering::Relaxed) == 0)
+            .min_by_key(|c| c.idle_since_ms.load(Ordering::Relaxed));
+        match oldest {
+            Some(connection) => {
+                connection.evict.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+struct Unregister {
+    registry: Arc<Registry>,
+    id: u64,
+}
+
+impl Drop for Unregister {
+    fn drop(&mut self) {
+        self.registry
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
+    }
+}
+
+/// Marks a request in flight on its connection until dropped.
+struct Busy {
+    tracked: Arc<Tracked>,
+    registry: Arc<Registry>,
+}
+
+impl Busy {
+    fn new(tracked: &Arc<Tracked>, registry: &Arc<Registry>) -> Busy {
+        tracked.in_flight.fetch_add(1, Ordering::Relaxed);
+        tracked.requests.fetch_add(1, Ordering::Relaxed);
+        Busy {
+            tracked: tracked.clone(),
+            registry: registry.clone(),
+        }
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.tracked
+            .idle_since_ms
+            .store(self.registry.now_ms(), Ordering::Relaxed);
+        self.tracked.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How connections are secured.
+pub(crate) enum Transport {
+    Plain,
+    Tls {
+        acceptor: tokio_rustls::TlsAcceptor,
+        /// Whether client certificates are required and bound to clusters.
+        client_auth: bool,
+    },
+}
+
+/// How long connections still open at shutdown are waited for.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Accepts and serves connections on `listener` until `shutdown` completes, then
+/// closes every connection once its request in flight is answered (waiting at most
+/// [`SHUTDOWN_GRACE`]). `stopping` is set when `shutdown` completes.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    transport: Transport,
+    router: axum::Router,
+    limits: ConnectionLimits,
+    stopping: watch::Sender<bool>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let cap = limits
+        .max_connections
+        .unwrap_or_else(|| connection_cap(open_file_limit()));
+    let cap_permits = u32::try_from(cap).unwrap_or(u32::MAX / 2).min(u32::MAX / 2);
+    tracing::info!(
+        max_connections = cap_permits,
+        header_timeout = %humantime::format_duration(limits.header_timeout),
+        idle_timeout = %humantime::format_duration(limits.idle_timeout),
+        "accepting connections"
+    );
+    let permits = Arc::new(Semaphore::new(cap_permits as usize));
+    let registry = Arc::new(Registry {
+        epoch: Instant::now(),
+        next_id: AtomicU64::new(0),
+        live: Mutex::default(),
+    });
+    let transport = Arc::new(transport);
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    builder.http2().timer(TokioTimer::new());
+    let builder = Arc::new(builder);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let permit = match permits.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                // At the cap: make room by closing the connection idle the longest,
+                // or wait for one to end when every connection is busy.
+                registry.evict_one();
+                tokio::select! {
+                    permit = permits.clone().acquire_owned() => match permit {
+                        Ok(permit) => permit,
+                        Err(_) => break,
+                    },
+                    _ = &mut shutdown => break,
+                }
+            }
+        };
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    // Out of file descriptors, or a connection reset before it was
+                    // taken: wait a moment instead of spinning.
+                    tracing::warn!("cannot accept a connection: {err}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        // Answers are small and latency matters more than packet count.
+        let _ = tcp.set_nodelay(true);
+        let (tracked, unregister) = registry.add();
+        let connection = Connection {
+            tracked,
+            registry: registry.clone(),
+            builder: builder.clone(),
+            router: router.clone(),
+            limits,
+            stopping: stopping.subscribe(),
+        };
+        let transport = transport.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let _unregister = unregister;
+            connection.run(tcp, &transport, peer).await;
+        });
+    }
+    stopping.send_replace(true);
+    // Every connection holds a permit until it ends: all of them back means all ended.
+    let all = tokio::time::timeout(SHUTDOWN_GRACE, permits.acquire_many(cap_permits)).await;
+    if all.is_err() {
+        let open = registry.live.lock().map(|l| l.len()).unwrap_or(0);
+        tracing::warn!(
+            connections = open,
+            "connections still open after {}; closing them",
+            humantime::format_duration(SHUTDOWN_GRACE)
+        );
+    }
+    Ok(())
+}
+
+struct Connection {
+    tracked: Arc<Tracked>,
+    registry: Arc<Registry>,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    router: axum::Router,
+    limits: ConnectionLimits,
+    stopping: watch::Receiver<bool>,
+}
+
+impl Connection {
+    async fn run(
+        mut self,
+        tcp: tokio::net::TcpStream,
+        transport: &Transport,
+        peer: std::net::SocketAddr,
+    ) {
+        match transport {
+            Transport::Plain => self.http(tcp, None).await,
+            Transport::Tls {
+                acceptor,
+                client_auth,
+            } => {
+                let handshake =
+                    tokio::time::timeout(self.limits.header_timeout, acceptor.accept(tcp));
+                let tls = tokio::select! {
+                    done = handshake => match done {
+                        Ok(Ok(tls)) => tls,
+                        Ok(Err(err)) => {
+                            tracing::debug!(%peer, "TLS handshake failed: {err}");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake not completed in time");
+                            return;
+                        }
+                    },
+                    _ = self.tracked.evict.notified() => return,
+                    _ = self.stopping.wait_for(|stop| *stop) => return,
+                };
+                let client = if *client_auth {
+                    let certificate = tls
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|chain| chain.first())
+                        .map(|cert| Arc::new(cert.clone().into_owned()));
+                    Some(certificate)
+                } else {
+                    None
+                };
+                self.http(tls, client).await;
+            }
+        }
+    }
+
+    /// Serves HTTP on `io`. `client` is `Some` when client certificates are required:
+    /// the peer's certificate, if it sent one.
+    async fn http<I>(&mut self, io: I, client: Option<Option<Arc<CertificateDer<'static>>>>)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let service = {
+            let (tracked, registry, router) = (
+                self.tracked.clone(),
+                self.registry.clone(),
+                self.router.clone(),
+            );
+            hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+                let busy = Busy::new(&tracked, &registry);
+                let mut router = router.clone();
+                let refusal = client
+                    .as_ref()
+                    .and_then(|cert| crate::tls::refuse(request.uri().path(), cert.as_deref()));
+                async move {
+                    let response = match refusal {
+                        Some(refusal) => refusal,
+                        None => match router.call(request).await {
+                            Ok(response) => response,
+                            Err(never) => match never {},
+                        },
+                    };
+                    drop(busy);
+                    Ok::<_, Infallible>(response)
+                }
+            })
+        };
+        let builder = self.builder.clone();
+        let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+        let mut connection = std::pin::pin!(connection);
+        let mut closing = false;
+        loop {
+            let idle_until = idle_deadline(&self.tracked, &self.registry, &self.limits);
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(err) = result {
+                        tracing::debug!("connection ended: {err}");
+                    }
+                    return;
+                }
+                _ = self.tracked.evict.notified(), if !closing => {
+                    if self.tracked.in_flight.load(Ordering::Relaxed) == 0 {
+                        return;
+                    }
+                    connection.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+                _ = self.stopping.wait_for(|stop| *stop), if !closing => {
+                    connection.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+                _ = tokio::time::sleep_until(idle_until.into()), if !closing => {
+                    if self.tracked.in_flight.load(Ordering::Relaxed) == 0
+                        && idle_deadline(&self.tracked, &self.registry, &self.limits) <= Instant::now()
+                    {
+                        connection.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// When a connection is closed if no request comes: the header timeout after it opened
+/// while it has sent no request (whatever the protocol), the idle timeout after its
+/// last request ended; while a request is in flight, an idle timeout from now, to look
+/// again then.
+fn idle_deadline(tracked: &Tracked, registry: &Registry, limits: &ConnectionLimits) -> Instant {
+    let idle = limits.idle_timeout;
+    if tracked.in_flight.load(Ordering::Relaxed) > 0 {
+        return Instant::now() + idle;
+    }
+    let allowed = if tracked.requests.load(Ordering::Relaxed) == 0 {
+        limits.header_timeout
+    } else {
+        idle
+    };
+    let since = tracked.idle_since_ms.load(Ordering::Relaxed);
+    registry.epoch + Duration::from_millis(since) + allowed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_leaves_room_for_the_hub_and_reaches_ten_thousand_where_the_limit_allows() {
+        assert_eq!(connection_cap(1_048_576), 1_047_552);
+        assert_eq!(connection_cap(65_536), 64_512);
+        assert_eq!(connection_cap(11_024), 10_000);
+        assert_eq!(connection_cap(1_024), 768);
+        assert_eq!(connection_cap(256), 192);
+        assert_eq!(connection_cap(0), 1);
+    }
+
+    #[test]
+    fn the_open_file_limit_is_raised_to_the_hard_limit() {
+        let limits = raise_open_file_limit().expect("raise");
+        assert_eq!(limits.soft, limits.hard);
+        assert!(limits.before <= limits.soft);
+        assert_eq!(open_file_limit(), limits.soft);
+    }
+}

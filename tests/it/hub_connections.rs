@@ -1,0 +1,623 @@
+//! The hub's connections as a hostile network meets them: client certificates bound to
+//! clusters (mTLS), a private CA for agents, idle sockets beyond the connection cap, a
+//! client that never finishes its headers, held polls outliving every connection
+//! timeout, one hub per state dir, and garbage collection of stored objects.
+
+use crate::support::hub::*;
+
+use std::io::{Read as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use flotilla_agent::client::{FailureKind, Fetched, HubClient, Server, TlsOptions};
+use flotilla_hub::{ConnectionLimits, Hub, HubError, TlsFiles};
+use flotilla_testkit::{TestCa, TestLeaf};
+
+/// PEM files of one test's PKI, written into a temp dir.
+struct Pki {
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        Pki {
+            dir: tempfile::tempdir().expect("dir"),
+        }
+    }
+
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, text).expect("write PEM");
+        path
+    }
+
+    /// Writes a leaf as `<name>.crt` and `<name>.key`.
+    fn leaf(&self, name: &str, leaf: &TestLeaf) -> (PathBuf, PathBuf) {
+        (
+            self.write(&format!("{name}.crt"), &leaf.cert_pem),
+            self.write(&format!("{name}.key"), &leaf.key_pem),
+        )
+    }
+}
+
+/// A hub serving HTTPS on 127.0.0.1 with `files`, stopped when the returned sender is
+/// dropped or sent to.
+async fn serve_tls(
+    hub: Hub,
+    files: TlsFiles,
+) -> (
+    String,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), HubError>>,
+) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let base = format!("https://{}", listener.local_addr().expect("address"));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        hub.serve_tls(listener, &files, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    (base, stop, task)
+}
+
+fn tls_client(ca: &Path, identity: Option<(&Path, &Path)>) -> reqwest::Client {
+    let mut builder = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(
+            reqwest::Certificate::from_pem(&std::fs::read(ca).expect("ca")).expect("pem"),
+        );
+    if let Some((cert, key)) = identity {
+        let mut pem = std::fs::read(cert).expect("cert");
+        pem.extend(std::fs::read(key).expect("key"));
+        builder = builder.identity(reqwest::Identity::from_pem(&pem).expect("identity"));
+    }
+    builder.build().expect("client")
+}
+
+async fn answer(request: reqwest::RequestBuilder) -> (u16, String) {
+    let response = request.send().await.expect("request");
+    let status = response.status().as_u16();
+    (status, response.text().await.expect("body"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_bind_each_connection_to_its_cluster() {
+    let pki = Pki::new();
+    let site_ca = TestCa::new("site CA");
+    let other_ca = TestCa::new("some other CA");
+    let ca = pki.write("ca.pem", &site_ca.cert_pem());
+    let (cert, key) = pki.leaf("hub", &site_ca.server(&["127.0.0.1"]));
+    let red = pki.leaf("red", &site_ca.client("red"));
+    let blue = pki.leaf("blue", &site_ca.client("blue"));
+    let operator = pki.leaf("operator", &site_ca.client("ops.example"));
+    let forged_red = pki.leaf("forged-red", &other_ca.client("red"));
+
+    let repo = Repo::new();
+    let state = tempfile::tempdir().expect("state dir");
+    let red_token = make_token(state.path(), Some("red")).await;
+    let blue_token = make_token(state.path(), Some("blue")).await;
+    let admin_token = make_token(state.path(), None).await;
+    let red_token_file = pki.write("red.token", &red_token);
+    let hub = Hub::start(config(state.path(), &repo.path().display().to_string()))
+        .await
+        .expect("hub");
+    let files = TlsFiles {
+        cert,
+        key,
+        client_ca: Some(ca.clone()),
+    };
+    let (base, stop, task) = serve_tls(hub, files).await;
+    let url = |path: &str| format!("{base}{path}");
+    let red_bundle = url("/v1/clusters/red/bundle");
+    let blue_bundle = url("/v1/clusters/blue/bundle");
+
+    let as_red = tls_client(&ca, Some((&red.0, &red.1)));
+    let body = eventually(
+        "red's bundle with red's certificate",
+        Duration::from_secs(10),
+        || {
+            let (client, url, token) = (&as_red, &red_bundle, &red_token);
+            async move {
+                let (status, _, body) = get_bundle(client, url, token, None).await;
+                (status == 200).then_some(body)
+            }
+        },
+    )
+    .await;
+    flotilla_core::bundle::verify_document(&body, Some("red")).expect("red's bundle");
+
+    // Red's certificate reads nothing of blue's, whatever token comes with it.
+    for token in [&blue_token, &admin_token] {
+        let (status, body) = answer(as_red.get(&blue_bundle).bearer_auth(token)).await;
+        assert_eq!(status, 403, "{body}");
+        assert!(
+            body.contains("not for cluster \\\"blue\\\""),
+            "the refusal says why: {body}"
+        );
+    }
+    let (status, _) = answer(
+        as_red
+            .post(url("/v1/clusters/blue/status"))
+            .bearer_auth(&blue_token)
+            .header("content-type", "application/json")
+            .body("{}"),
+    )
+    .await;
+    assert_eq!(status, 403);
+    // The certificate narrows the token, never replaces it.
+    let (status, _) = answer(as_red.get(&red_bundle)).await;
+    assert_eq!(status, 401);
+    let (status, _) = answer(as_red.get(&red_bundle).bearer_auth(&blue_token)).await;
+    assert_eq!(status, 403);
+
+    // Blue's own certificate reads blue's bundle.
+    let as_blue = tls_client(&ca, Some((&blue.0, &blue.1)));
+    let (status, _, _) = get_bundle(&as_blue, &blue_bundle, &blue_token, None).await;
+    assert_eq!(status, 200);
+
+    // The common name is not read: a certificate named red only there is not red's.
+    let common_name_only = pki.leaf("cn-red", &site_ca.client_named("red", &[]));
+    let as_cn_red = tls_client(&ca, Some((&common_name_only.0, &common_name_only.1)));
+    let (status, _) = answer(as_cn_red.get(&red_bundle).bearer_auth(&red_token)).await;
+    assert_eq!(status, 403);
+    // One certificate may name several clusters.
+    let both = pki.leaf("both", &site_ca.client_named("mirror", &["red", "blue"]));
+    let as_both = tls_client(&ca, Some((&both.0, &both.1)));
+    let (status, _, _) = get_bundle(&as_both, &blue_bundle, &blue_token, None).await;
+    assert_eq!(status, 200);
+    let (status, _, _) = get_bundle(&as_both, &red_bundle, &red_token, None).await;
+    assert_eq!(status, 200);
+
+    // An operator's certificate (any name) reaches the fleet with an admin token.
+    let as_operator = tls_client(&ca, Some((&operator.0, &operator.1)));
+    let (status, _) = answer(as_operator.get(url("/v1/fleet")).bearer_auth(&admin_token)).await;
+    assert_eq!(status, 200);
+
+    // Without a certificate: probes answer, everything else asks for one.
+    let anonymous = tls_client(&ca, None);
+    let (status, _) = answer(anonymous.get(url("/healthz"))).await;
+    assert_eq!(status, 200);
+    let (status, body) = answer(anonymous.get(&red_bundle).bearer_auth(&red_token)).await;
+    assert_eq!(status, 401);
+    assert!(body.contains("requires a client certificate"), "{body}");
+    let (status, _) = answer(anonymous.get(url("/v1/fleet")).bearer_auth(&admin_token)).await;
+    assert_eq!(status, 401);
+
+    // A certificate named "red" from another CA ends the handshake.
+    let forged = tls_client(&ca, Some((&forged_red.0, &forged_red.1)));
+    let refused = forged.get(&red_bundle).bearer_auth(&red_token).send().await;
+    assert!(
+        refused.is_err(),
+        "a certificate of an unknown CA was accepted: {refused:?}"
+    );
+
+    // The agent's client: the site CA through --ca-file and red's certificate.
+    let server = Server::parse(&base).expect("url");
+    let tls = TlsOptions {
+        ca_file: Some(ca.clone()),
+        client_cert: Some(red.clone()),
+    };
+    let mut agent =
+        HubClient::with_tls(server.clone(), "red", Some(&red_token_file), &tls).expect("client");
+    let fetched = agent
+        .fetch_bundle(None, Duration::ZERO)
+        .await
+        .expect("fetched");
+    assert!(matches!(fetched, Fetched::Bundle { .. }), "{fetched:?}");
+
+    // Without --ca-file the hub's private CA is unknown: a clear error.
+    let no_ca = TlsOptions {
+        ca_file: None,
+        client_cert: Some(red.clone()),
+    };
+    let mut agent =
+        HubClient::with_tls(server.clone(), "red", Some(&red_token_file), &no_ca).expect("client");
+    let err = agent
+        .fetch_bundle(None, Duration::ZERO)
+        .await
+        .expect_err("unknown issuer");
+    let message = err.to_string();
+    assert!(
+        message.contains("UnknownIssuer") && message.contains("--ca-file"),
+        "{message}"
+    );
+    assert_eq!(err.kind(), FailureKind::Transient);
+
+    // Without a client certificate: the hub asks for one.
+    let no_cert = TlsOptions {
+        ca_file: Some(ca.clone()),
+        client_cert: None,
+    };
+    let mut agent = HubClient::with_tls(server.clone(), "red", Some(&red_token_file), &no_cert)
+        .expect("client");
+    let err = agent
+        .fetch_bundle(None, Duration::ZERO)
+        .await
+        .expect_err("refused");
+    assert!(
+        err.to_string().contains("requires a client certificate"),
+        "{err}"
+    );
+
+    // Blue's certificate in red's agent: refused, and the message says why.
+    let wrong_cert = TlsOptions {
+        ca_file: Some(ca.clone()),
+        client_cert: Some(blue.clone()),
+    };
+    let mut agent =
+        HubClient::with_tls(server, "red", Some(&red_token_file), &wrong_cert).expect("client");
+    let err = agent
+        .fetch_bundle(None, Duration::ZERO)
+        .await
+        .expect_err("refused");
+    assert!(err.to_string().contains("not for cluster"), "{err}");
+
+    let _ = stop.send(());
+    task.await.expect("task").expect("stops cleanly");
+}
+
+#[test]
+fn tls_flags_are_refused_where_they_cannot_apply() {
+    let dir = tempfile::tempdir().expect("dir");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "flt_abcdefghijklmnopqrstuvwxyz0123456789").expect("write");
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, "not a certificate").expect("write");
+    let with_ca = TlsOptions {
+        ca_file: Some(ca.clone()),
+        client_cert: None,
+    };
+    let plain = Server::parse("http://hub.example").expect("url");
+    let err = HubClient::with_tls(plain, "red", Some(&token), &with_ca).expect_err("refused");
+    assert!(
+        err.to_string().contains("needs an https:// server"),
+        "{err}"
+    );
+    let https = Server::parse("https://hub.example").expect("url");
+    let err =
+        HubClient::with_tls(https.clone(), "red", Some(&token), &with_ca).expect_err("refused");
+    assert!(
+        err.to_string().contains("--ca-file") && err.to_string().contains("no PEM"),
+        "{err}"
+    );
+    let missing = TlsOptions {
+        ca_file: None,
+        client_cert: Some((dir.path().join("no.crt"), dir.path().join("no.key"))),
+    };
+    let err = HubClient::with_tls(https, "red", Some(&token), &missing).expect_err("refused");
+    assert!(err.to_string().contains("--client-cert"), "{err}");
+}
+
+/// The agent binary trusts a CA given through SSL_CERT_FILE (the system's store), and
+/// presents its client certificate, against a hub requiring them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_binary_trusts_ssl_cert_file_and_presents_its_certificate() {
+    let pki = Pki::new();
+    let site_ca = TestCa::new("site CA");
+    let ca = pki.write("ca.pem", &site_ca.cert_pem());
+    let (cert, key) = pki.leaf("hub", &site_ca.server(&["127.0.0.1"]));
+    let red = pki.leaf("red", &site_ca.client("red"));
+    let repo = Repo::new();
+    let state = tempfile::tempdir().expect("state dir");
+    let token = make_token(state.path(), Some("red")).await;
+    let token_file = pki.write("red.token", &token);
+    let hub = Hub::start(config(state.path(), &repo.path().display().to_string()))
+        .await
+        .expect("hub");
+    let files = TlsFiles {
+        cert,
+        key,
+        client_ca: Some(ca.clone()),
+    };
+    let (base, stop, task) = serve_tls(hub, files).await;
+    let agent_state = tempfile::tempdir().expect("agent state");
+    let out = tempfile::tempdir().expect("out");
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args([
+            "agent",
+            "--cluster",
+            "red",
+            "--wait",
+            "5s",
+            "--max-backoff",
+            "1s",
+        ])
+        .args(["--server", &base])
+        .arg("--token-file")
+        .arg(&token_file)
+        .arg("--client-cert")
+        .arg(&red.0)
+        .arg("--client-key")
+        .arg(&red.1)
+        .arg("--state-dir")
+        .arg(agent_state.path())
+        .arg("--sink")
+        .arg(format!("dir:{}", out.path().display()))
+        .env("SSL_CERT_FILE", &ca)
+        .env_remove("SSL_CERT_DIR")
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the agent starts");
+    let applied = eventually(
+        "the agent to apply red's bundle",
+        Duration::from_secs(60),
+        || {
+            let out = out.path().to_path_buf();
+            async move {
+                let files = std::fs::read_dir(&out).ok()?.count();
+                (files > 0).then_some(files)
+            }
+        },
+    )
+    .await;
+    assert!(applied > 0);
+    agent.kill().expect("kill");
+    let _ = agent.wait();
+    let _ = stop.send(());
+    task.await.expect("task").expect("stops cleanly");
+}
+
+/// Starts a plain-HTTP hub with these connection limits on `repo`.
+async fn hub_with(limits: ConnectionLimits, state: &Path, repo: &Repo) -> Running {
+    let mut config = config(state, &repo.path().display().to_string());
+    config.connections = limits;
+    config.max_wait = Duration::from_secs(3);
+    Running::start_ready(config).await
+}
+
+fn address(base: &str) -> String {
+    base.trim_start_matches("http://").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_sockets_beyond_the_cap_do_not_keep_a_request_out() {
+    let repo = Repo::new();
+    let state = tempfile::tempdir().expect("state dir");
+    let limits = ConnectionLimits {
+        max_connections: Some(8),
+        ..ConnectionLimits::default()
+    };
+    let hub = hub_with(limits, state.path(), &repo).await;
+    let address = address(&hub.base);
+    // Five times the cap of sockets that never send a byte (with the default 30 s
+    // header timeout, none of them would go away by itself before the request below).
+    let idle: Vec<std::net::TcpStream> = (0..40)
+        .map(|_| std::net::TcpStream::connect(&address).expect("connect"))
+        .collect();
+    let started = Instant::now();
+    let response = client()
+        .get(hub.url("/healthz"))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .expect("a real request is served beside idle sockets");
+    assert_eq!(response.status(), 200);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+    // The oldest idle socket was closed to make room.
+    let mut first = idle.into_iter().next().expect("one");
+    first
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut byte = [0u8; 1];
+    assert_eq!(first.read(&mut byte).expect("closed, not timed out"), 0);
+    hub.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_finishes_its_headers_is_dropped_and_held_polls_are_not() {
+    let repo = Repo::new();
+    let state = tempfile::tempdir().expect("state dir");
+    let red = make_token(state.path(), Some("red")).await;
+    let limits = ConnectionLimits {
+        header_timeout: Duration::from_secs(1),
+        idle_timeout: Duration::from_secs(1),
+        max_connections: None,
+    };
+    let hub = hub_with(limits, state.path(), &repo).await;
+
+    let mut slow = std::net::TcpStream::connect(address(&hub.base)).expect("connect");
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: hub\r\n")
+        .expect("half a request");
+    slow.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    let _ = slow.read_to_end(&mut answer);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_secs(5),
+        "dropped after {waited:?}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&answer).contains("200 OK"),
+        "{answer:?}"
+    );
+
+    // A poll held for --max-wait (3 s) outlives the 1 s header and idle timeouts.
+    let client = client();
+    let url = hub.url("/v1/clusters/red/bundle");
+    let (status, etag, _) = get_bundle(&client, &url, &red, None).await;
+    assert_eq!(status, 200);
+    let etag = etag.expect("etag");
+    let started = Instant::now();
+    let (status, _, _) = get_bundle(&client, &format!("{url}?wait=3s"), &red, Some(&etag)).await;
+    assert_eq!(status, 304);
+    assert!(
+        started.elapsed() >= Duration::from_millis(2900),
+        "the held poll ended after {:?}",
+        started.elapsed()
+    );
+    hub.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_hub_per_state_dir_and_the_other_commands_still_work_beside_it() {
+    let repo = Repo::new();
+    let state = tempfile::tempdir().expect("state dir");
+    let repo_arg = repo.path().display().to_string();
+    let hub = Running::start_ready(config(state.path(), &repo_arg)).await;
+
+    // A second hub in this process.
+    let second = Hub::start(config(state.path(), &repo_arg)).await;
+    let Err(err) = second else {
+        panic!("a second hub started on the same state dir");
+    };
+    let message = err.to_string();
+    assert!(
+        message.contains("another hub is already serving")
+            && message.contains(&format!("process {}", std::process::id())),
+        "{message}"
+    );
+
+    // A second `flotilla serve` exits at once, naming the process in the way.
+    let state_arg = state.path().display().to_string();
+    let started = Instant::now();
+    let output = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["serve", "--repo", &repo_arg, "--state-dir", &state_arg])
+        .args(["--listen", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("runs");
+    assert!(!output.status.success());
+    assert!(started.elapsed() < Duration::from_secs(20));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("another hub is already serving")
+            && stderr.contains(&std::process::id().to_string()),
+        "{stderr}"
+    );
+
+    // `token` and `publish --state-dir` work beside the running hub.
+    let output = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["token", "create", "red", "--state-dir", &state_arg])
+        .output()
+        .expect("runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let token = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    let out = tempfile::tempdir().expect("out");
+    let output = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["publish", "--repo", &repo_arg, "--state-dir", &state_arg])
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .expect("runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // The running hub takes the new token.
+    let client = client();
+    let url = hub.url("/v1/clusters/red/bundle");
+    eventually("the new token to work", Duration::from_secs(10), || {
+        let (client, url, token) = (&client, &url, &token);
+        async move { (get_bundle(client, url, token, None).await.0 == 200).then_some(()) }
+    })
+    .await;
+
+    // Once the first hub stops, the state dir is free again.
+    hub.stop().await;
+    let hub = Running::start_ready(config(state.path(), &repo_arg)).await;
+    hub.stop().await;
+}
+
+fn objects_in(state: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(state.join("objects/sha256"))
+        .expect("objects")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_no_cluster_refers_to_are_collected_at_start_and_after_renders() {
+    let repo = Repo::new();
+    let state = tempfile::tempdir().expect("state dir");
+    let repo_arg = repo.path().display().to_string();
+    let red = make_token(state.path(), Some("red")).await;
+    let mut hub_config = config(state.path(), &repo_arg);
+    hub_config.history = 2;
+    let hub = Running::start_ready(hub_config).await;
+    let client = client();
+    let url = hub.url("/v1/clusters/red/bundle");
+    let (_, first_etag, _) = get_bundle(&client, &url, &red, None).await;
+    let first = first_etag.expect("etag").trim_matches('"').to_string();
+    hub.stop().await;
+    let served = objects_in(state.path());
+    assert!(served.contains(&first.trim_start_matches("sha256:").to_string()));
+
+    // What a crash between writing a render's objects and recording it leaves.
+    let leftover = "0".repeat(64);
+    std::fs::write(state.path().join("objects/sha256").join(&leftover), "[]").expect("write");
+    let hub = Running::start_ready(config(state.path(), &repo_arg)).await;
+    eventually(
+        "the leftover to be collected",
+        Duration::from_secs(10),
+        || {
+            let gone = !objects_in(state.path()).contains(&leftover);
+            async move { gone.then_some(()) }
+        },
+    )
+    .await;
+    // Everything served stays.
+    assert_eq!(objects_in(state.path()), served);
+
+    // After a render: the new digest served, the old one kept in red's history, and a
+    // leftover of a crash gone.
+    std::fs::write(state.path().join("objects/sha256").join(&leftover), "[]").expect("write");
+    let overlay = repo
+        .read("overlays/demo/kuard-red.yaml")
+        .replace("newTag: red", "newTag: crimson");
+    repo.write("overlays/demo/kuard-red.yaml", &overlay);
+    repo.commit("change red");
+    let second = eventually("red's new bundle", Duration::from_secs(20), || {
+        let (client, url, red, first) = (&client, hub.url("/v1/clusters/red/bundle"), &red, &first);
+        async move {
+            let (_, etag, _) = get_bundle(client, &url, red, None).await;
+            let digest = etag?.trim_matches('"').to_string();
+            (digest != *first).then_some(digest)
+        }
+    })
+    .await;
+    let objects = eventually(
+        "the leftover to be collected",
+        Duration::from_secs(10),
+        || {
+            let objects = objects_in(state.path());
+            let gone = !objects.contains(&leftover);
+            async move { gone.then_some(objects) }
+        },
+    )
+    .await;
+    for digest in [&first, &second] {
+        assert!(
+            objects.contains(&digest.trim_start_matches("sha256:").to_string()),
+            "{digest} was collected although red has it in its history"
+        );
+    }
+    let old = client
+        .get(hub.url(&format!("/v1/clusters/red/bundles/{first}")))
+        .bearer_auth(&red)
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(old.status(), 200, "red's previous bundle is still served");
+    hub.stop().await;
+}
