@@ -20,7 +20,8 @@ use super::fleet::{Desired, FleetSummary, RenderStatus, summarize};
 use super::metrics::Metrics;
 use super::rollouts::Engine;
 use crate::store::{ObjectError, Store, StoredStatus};
-use flotilla_core::bundle::{Digest, document_bytes};
+use flotilla_core::bundle::{Digest, signed_document_bytes};
+use flotilla_core::signing::SigningKey;
 use flotilla_render::RenderOutput;
 
 /// When a cluster was last heard from, updated without locks on the request path: a
@@ -81,13 +82,17 @@ pub struct ClusterBundle {
     pub hold: bool,
     /// When the cluster was last seen and last fetched what it is served.
     pub pulse: Arc<Pulse>,
+    /// The cluster's serve sequence for this entry (signed with the document). An entry
+    /// is made for each change of what the cluster is served and never changes, so the
+    /// document and its compressed forms below, signature included, are made once.
+    pub sequence: u64,
     gzip: OnceLock<Bytes>,
     zstd: OnceLock<Bytes>,
 }
 
 impl ClusterBundle {
     pub fn new(name: String, digest: Digest, revision: String) -> ClusterBundle {
-        ClusterBundle::serving(name, digest, revision, false, Arc::default())
+        ClusterBundle::serving(name, digest, revision, false, Arc::default(), 0)
     }
 
     pub fn serving(
@@ -96,6 +101,7 @@ impl ClusterBundle {
         revision: String,
         hold: bool,
         pulse: Arc<Pulse>,
+        sequence: u64,
     ) -> ClusterBundle {
         let etag = HeaderValue::from_str(&format!("\"{digest}\""))
             .unwrap_or_else(|_| HeaderValue::from_static("\"\""));
@@ -109,19 +115,28 @@ impl ClusterBundle {
             revision_header,
             hold,
             pulse,
+            sequence,
             gzip: OnceLock::new(),
             zstd: OnceLock::new(),
         }
     }
 
-    /// The served document, read from the store and checked against its digest.
-    pub fn document(&self, store: &Store) -> Result<Vec<u8>, ObjectError> {
+    /// The served document, read from the store and checked against its digest, and
+    /// signed with the hub's key when it has one.
+    pub fn document(
+        &self,
+        store: &Store,
+        signer: Option<&SigningKey>,
+    ) -> Result<Vec<u8>, ObjectError> {
         let canonical = store.objects.read(&self.digest)?;
-        Ok(document_bytes(
+        let signature =
+            signer.map(|key| key.sign(&self.name, &self.digest, &self.revision, self.sequence));
+        Ok(signed_document_bytes(
             &self.name,
             &self.digest,
             &self.revision,
             &canonical,
+            signature.as_ref(),
         ))
     }
 
@@ -185,6 +200,8 @@ pub struct Settings {
     pub history: usize,
     pub webhook_secret: Option<Vec<u8>>,
     pub clock: Arc<dyn Clock>,
+    /// Signs every served document (`serve --signing-key`).
+    pub signing_key: Option<Arc<SigningKey>>,
 }
 
 /// State shared by the request handlers and the background tasks.
@@ -365,6 +382,7 @@ impl Shared {
                     cluster.revision,
                     cluster.hold,
                     pulse,
+                    cluster.sequence,
                 )),
             );
         }
