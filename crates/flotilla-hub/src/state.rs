@@ -21,7 +21,7 @@ use super::metrics::Metrics;
 use super::rollouts::Engine;
 use crate::store::{ObjectError, Store, StoredStatus};
 use flotilla_core::bundle::{Digest, signed_document_bytes};
-use flotilla_core::signing::SigningKey;
+use flotilla_core::signing::{BundleSignature, SigningKey};
 use flotilla_render::RenderOutput;
 
 /// When a cluster was last heard from, updated without locks on the request path: a
@@ -86,6 +86,7 @@ pub struct ClusterBundle {
     /// is made for each change of what the cluster is served and never changes, so the
     /// document and its compressed forms below, signature included, are made once.
     pub sequence: u64,
+    signature: OnceLock<BundleSignature>,
     gzip: OnceLock<Bytes>,
     zstd: OnceLock<Bytes>,
 }
@@ -116,6 +117,7 @@ impl ClusterBundle {
             hold,
             pulse,
             sequence,
+            signature: OnceLock::new(),
             gzip: OnceLock::new(),
             zstd: OnceLock::new(),
         }
@@ -129,14 +131,16 @@ impl ClusterBundle {
         signer: Option<&SigningKey>,
     ) -> Result<Vec<u8>, ObjectError> {
         let canonical = store.objects.read(&self.digest)?;
-        let signature =
-            signer.map(|key| key.sign(&self.name, &self.digest, &self.revision, self.sequence));
+        let signature = signer.map(|key| {
+            self.signature
+                .get_or_init(|| key.sign(&self.name, &self.digest, &self.revision, self.sequence))
+        });
         Ok(signed_document_bytes(
             &self.name,
             &self.digest,
             &self.revision,
             &canonical,
-            signature.as_ref(),
+            signature,
         ))
     }
 
