@@ -88,6 +88,8 @@ pub struct HubConfig {
     pub limits: flotilla_core::limits::Limits,
     /// Timeouts and the cap on connections.
     pub connections: ConnectionLimits,
+    /// Signs every served document (docs/security.md, "Signed bundles").
+    pub signing_key: Option<Arc<flotilla_core::signing::SigningKey>>,
 }
 
 impl HubConfig {
@@ -104,6 +106,7 @@ impl HubConfig {
             token_refresh: Duration::from_secs(1),
             limits: flotilla_core::limits::Limits::default(),
             connections: ConnectionLimits::default(),
+            signing_key: None,
         }
     }
 }
@@ -151,6 +154,7 @@ impl Hub {
                 history: config.history.max(1),
                 webhook_secret: config.webhook_secret,
                 clock: config.clock,
+                signing_key: config.signing_key,
             },
             look_now: Arc::new(Notify::new()),
             latest: ArcSwap::default(),
