@@ -13,6 +13,7 @@ mod fuzz_regressions;
 mod hub_api;
 mod hub_follow;
 mod hub_hostile;
+mod hub_peers;
 mod hub_scale;
 mod readme;
 mod render_example;

@@ -209,6 +209,8 @@ pub struct Shared {
     pub pulses: Mutex<HashMap<String, Arc<Pulse>>>,
     /// The rollouts: their state, decisions and timer.
     pub rollouts: Engine,
+    /// Whether this hub records renders and decides rollouts (several hubs).
+    pub lease: crate::peers::Lease,
     /// When the store was last asked for tokens because a request brought an
     /// unknown one (see [`Shared::grant`]).
     pub token_recheck: tokio::sync::Mutex<Option<tokio::time::Instant>>,
@@ -426,6 +428,27 @@ impl Shared {
         }
     }
 
+    /// Writes the objects of a render this hub does not record (several hubs), so it
+    /// can serve them when the database says so.
+    pub async fn install_objects_only(&self, output: &RenderOutput) -> Result<(), HubError> {
+        let bundles: Vec<(Digest, Vec<u8>)> = output
+            .bundles
+            .values()
+            .filter(|b| !self.store.objects.contains(&b.digest))
+            .map(|b| (b.digest.clone(), b.canonical_resources()))
+            .collect();
+        let objects = self.store.objects.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            let pairs: Vec<(&Digest, &[u8])> =
+                bundles.iter().map(|(d, b)| (d, b.as_slice())).collect();
+            objects.write_all(&pairs)
+        })
+        .await
+        .map_err(|e| HubError::Task(e.to_string()))??;
+        self.metrics.objects_written(written as u64);
+        Ok(())
+    }
+
     /// Records a render attempt that had errors: nothing served changes.
     pub fn record_failed_render(&self, output: &RenderOutput, duration: Duration) {
         let errors: Vec<_> = output.errors().cloned().collect();
@@ -458,6 +481,7 @@ impl Shared {
         output: RenderOutput,
         duration: Duration,
         forced: bool,
+        expect_revision: Option<Option<String>>,
     ) -> Result<InstallReport, HubError> {
         debug_assert!(output.is_clean());
         let started = Instant::now();
@@ -497,7 +521,14 @@ impl Shared {
         self.metrics.objects_written(written as u64);
 
         let now = self.settings.clock.now_ms();
-        let outcome = self.record_render(&output, forced, now).await?;
+        let outcome = self
+            .record_render(&output, forced, now, expect_revision)
+            .await?;
+        if self.lease.is_shared() && !self.lease.holds() {
+            // Another hub records renders: serve what it recorded, now that this
+            // hub has the objects too.
+            self.sync_from_store().await?;
+        }
         let report = InstallReport {
             revision: output.revision.clone(),
             clusters: output.bundles.len(),
