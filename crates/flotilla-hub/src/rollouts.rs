@@ -732,7 +732,7 @@ impl Shared {
         if !self.lease.holds() {
             return Err(ActionRefused::Conflict(ActionError(
                 "this hub does not hold the rollout lease (another hub decides rollouts); \
-                 send the action again, to any hub: the holder takes it"
+                 send the action to the hub whose /readyz says \"rolloutLease\": true"
                     .into(),
             )));
         }
