@@ -85,6 +85,8 @@ pub struct HubConfig {
     /// Several hubs on one database: the lease's length and how often to look for
     /// changes other hubs made.
     pub peers: peers::PeerTiming,
+    /// Signs every served document (docs/security.md, "Signed bundles").
+    pub signing_key: Option<Arc<flotilla_core::signing::SigningKey>>,
 }
 
 impl HubConfig {
@@ -102,6 +104,7 @@ impl HubConfig {
             token_refresh: Duration::from_secs(1),
             limits: flotilla_core::limits::Limits::default(),
             peers: peers::PeerTiming::default(),
+            signing_key: None,
         }
     }
 }
@@ -141,6 +144,7 @@ impl Hub {
                 history: config.history.max(1),
                 webhook_secret: config.webhook_secret,
                 clock: config.clock,
+                signing_key: config.signing_key,
             },
             look_now: Arc::new(Notify::new()),
             latest: ArcSwap::default(),

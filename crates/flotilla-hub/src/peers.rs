@@ -290,6 +290,7 @@ impl Shared {
                 e.digest == cluster.digest
                     && e.hold == cluster.hold
                     && e.revision == cluster.revision
+                    && e.sequence == cluster.sequence
             });
             if same {
                 if let Some(entry) = existing {
@@ -313,6 +314,7 @@ impl Shared {
                     cluster.revision,
                     cluster.hold,
                     pulse,
+                    cluster.sequence,
                 )),
             );
         }
