@@ -10,7 +10,7 @@ use anyhow::{Context as _, bail};
 use super::{EXIT_FINDINGS, EXIT_OK, PublishArgs, ServeArgs, StoreArgs, TokenArgs, TokenCommand};
 use flotilla_hub::clock::{Clock, SystemClock, rfc3339};
 use flotilla_hub::source;
-use flotilla_hub::store::Store;
+use flotilla_hub::store::{Database, Store};
 use flotilla_hub::{ConnectionLimits, Hub, HubConfig, SourceSpec, TlsFiles, auth, publish};
 use flotilla_render::{RenderOptions, render_with};
 
@@ -79,6 +79,7 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
             worktree: args.worktree,
         },
     );
+    config.database = args.database.database();
     config.poll_interval = args.poll_interval.into();
     config.offline_after = args.offline_after.into();
     config.max_wait = args.max_wait.into();
@@ -133,21 +134,27 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
         );
     }
     let state_dir = args.state_dir.clone();
+    let database = config.database.clone();
+    let shown_database = database.display(&state_dir);
     let runtime = runtime()?;
     let result = runtime.block_on(async move {
         let hub = Hub::start(config).await.with_context(|| {
-            format!("cannot start the hub with state in {}", state_dir.display())
+            format!(
+                "cannot start the hub with state in {} and database {shown_database}",
+                state_dir.display()
+            )
         })?;
         let scheme = if tls.is_some() { "https" } else { "http" };
         let std_listener = std::net::TcpListener::bind(listen)
             .with_context(|| format!("cannot listen on {listen}"))?;
         let address = std_listener.local_addr().unwrap_or(listen);
         tracing::info!(
-            "flotilla hub serving on {scheme}://{address} (state in {})",
+            "flotilla hub serving on {scheme}://{address} (state in {}, database {shown_database})",
             state_dir.display()
         );
         tokio::spawn(first_run_hint(
             state_dir.clone(),
+            database,
             format!("{scheme}://{address}"),
         ));
         match tls {
@@ -194,8 +201,8 @@ async fn shutdown_signal() {
 }
 
 /// On a first run (no tokens yet), says how to make one and fetch a bundle.
-async fn first_run_hint(state_dir: PathBuf, base: String) {
-    let Ok(store) = Store::open(&state_dir).await else {
+async fn first_run_hint(state_dir: PathBuf, database: Database, base: String) {
+    let Ok(store) = Store::open_with(&state_dir, &database).await else {
         return;
     };
     if !store.tokens().await.map(|t| t.is_empty()).unwrap_or(false) {
@@ -260,9 +267,16 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
                 .build()
                 .context("cannot start the async runtime")?;
             let (served, revision) = runtime.block_on(async {
-                let store = Store::open(state_dir).await.with_context(|| {
-                    format!("cannot open the hub's store in {}", state_dir.display())
-                })?;
+                let database = args.database.clone().unwrap_or(Database::StateDir);
+                let store = Store::open_with(state_dir, &database)
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "cannot open the hub's store in {} (database {})",
+                            state_dir.display(),
+                            database.display(state_dir)
+                        )
+                    })?;
                 let served = store.clusters().await;
                 let revision = store.revision().await;
                 store.close().await;
@@ -330,6 +344,16 @@ pub fn run_token(args: &TokenArgs) -> anyhow::Result<u8> {
 /// never accepts. An existing empty folder may be initialised.
 async fn open_token_store(args: &StoreArgs) -> anyhow::Result<Store> {
     let dir = &args.state_dir;
+    let database = args.database.database();
+    if database != Database::StateDir {
+        // The tokens are in that database, whatever the local state dir holds.
+        let shown = database.display(dir);
+        let store = Store::open_tables(&database)
+            .await
+            .with_context(|| format!("cannot open the database {shown}"))?;
+        eprintln!("store: {shown}");
+        return Ok(store);
+    }
     let database = dir.join(flotilla_hub::store::DATABASE_FILE);
     let fresh = match std::fs::read_dir(dir) {
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {

@@ -204,6 +204,7 @@ pub struct SchemasArgs {
 pub const DEFAULT_STATE_DIR: &str = ".flotilla-state";
 
 pub use flotilla_agent::logging::{LogFormat, init_logging};
+use flotilla_hub::store::Database;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -230,6 +231,8 @@ pub struct ServeArgs {
     /// Where the hub keeps bundles, status and tokens (created at the first start).
     #[arg(long, env = "FLOTILLA_STATE_DIR", default_value = DEFAULT_STATE_DIR, value_name = "DIR")]
     pub state_dir: PathBuf,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
     /// The address to listen on: loopback by default; the container image sets
     /// FLOTILLA_LISTEN=0.0.0.0:8080.
     #[arg(long, env = "FLOTILLA_LISTEN", default_value = "127.0.0.1:8080", value_name = "ADDR", value_parser = hub::parse_listen)]
@@ -295,12 +298,36 @@ pub struct PublishArgs {
     /// hold on the mirror) instead of HEAD's render for every cluster at once.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// The hub's database, when it is not the file in --state-dir (the objects are
+    /// still read from --state-dir).
+    #[arg(long, env = "FLOTILLA_DATABASE", value_name = "URL", requires = "state_dir", value_parser = parse_database)]
+    pub database: Option<Database>,
     /// Sign each cluster's current bundle with this private key (from `flotilla key
     /// generate`), continuing the sequence of the previous output in --out.
     #[arg(long, env = "FLOTILLA_SIGNING_KEY", value_name = "KEY")]
     pub signing_key: Option<PathBuf>,
     #[command(flatten)]
     pub limits: LimitArgs,
+}
+
+/// `--database URL`, for the commands that open the hub's store.
+#[derive(Debug, Args)]
+pub struct DatabaseArgs {
+    /// Where the hub keeps tokens, status and rollouts: the SQLite file flotilla.db in
+    /// the state dir by default, sqlite:///path/to/file.db, or
+    /// postgres://user:password@host:port/database, a server several hubs share.
+    #[arg(long, env = "FLOTILLA_DATABASE", value_name = "URL", value_parser = parse_database)]
+    pub database: Option<Database>,
+}
+
+impl DatabaseArgs {
+    pub fn database(&self) -> Database {
+        self.database.clone().unwrap_or(Database::StateDir)
+    }
+}
+
+fn parse_database(url: &str) -> Result<Database, String> {
+    url.parse()
 }
 
 #[derive(Debug, Args)]
@@ -345,6 +372,8 @@ pub struct StoreArgs {
     /// token changes within a second).
     #[arg(long, env = "FLOTILLA_STATE_DIR", default_value = DEFAULT_STATE_DIR, value_name = "DIR")]
     pub state_dir: PathBuf,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
     /// Create the state dir when it does not exist yet (before the hub's first start).
     #[arg(long)]
     pub init: bool,

@@ -14,6 +14,7 @@ mod hub_api;
 mod hub_connections;
 mod hub_follow;
 mod hub_hostile;
+mod hub_peers;
 mod hub_scale;
 mod readme;
 mod render_example;

@@ -864,7 +864,14 @@ async fn readyz(State(shared): SharedState) -> Response {
     if shared.ready.load(Ordering::Relaxed) {
         json_response(
             StatusCode::OK,
-            &json!({ "status": "ready", "clusters": shared.served.load().clusters.len() }),
+            &json!({
+                "status": "ready",
+                "clusters": shared.served.load().clusters.len(),
+                // Several hubs: whether this one reaches the database it shares (it
+                // keeps serving what it has when it does not) and holds the lease.
+                "database": if shared.metrics.database_is_unreachable() { "unreachable" } else { "ok" },
+                "rolloutLease": shared.lease.holds(),
+            }),
         )
     } else {
         ApiError::not_ready().into_response()

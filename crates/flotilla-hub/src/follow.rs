@@ -246,6 +246,12 @@ impl Follower {
 
     /// [`Follower::check`], given up at once when `shutdown` changes.
     async fn check_until(&mut self, shutdown: &mut watch::Receiver<bool>) {
+        if self.shared.lease.take_render_again() {
+            // This hub just took the rollout lease: record HEAD if the last holder
+            // did not get to it.
+            self.last_commit = None;
+            self.last_files = None;
+        }
         let (snapshot, forced) = match self.next_snapshot().await {
             Ok(Some(found)) => found,
             Ok(None) => return,
@@ -341,7 +347,31 @@ impl Follower {
         for warning in output.warnings() {
             tracing::warn!(revision = %output.revision, "{warning}");
         }
-        let report = self.shared.install(output, duration, forced).await?;
+        // Several hubs: record a render only when its commit descends from the one
+        // recorded, so a hub that is behind never moves the fleet back. The recorded
+        // revision is compared again inside the transaction that records.
+        let expect = if self.shared.lease.is_shared() {
+            let recorded = self.shared.store.revision().await?;
+            if let Some(recorded) = &recorded
+                && *recorded != output.revision
+                && !self.descends(&output.revision, recorded).await
+            {
+                tracing::warn!(
+                    revision = %output.revision,
+                    recorded = %recorded,
+                    "this commit does not descend from the one recorded; not recorded (a hub behind, or a force-push)"
+                );
+                self.shared.install_objects_only(&output).await?;
+                return Ok(());
+            }
+            Some(recorded)
+        } else {
+            None
+        };
+        let report = self
+            .shared
+            .install(output, duration, forced, expect)
+            .await?;
         self.shared.collect_garbage().await;
         tracing::info!(
             revision = %report.revision,
@@ -476,6 +506,37 @@ impl Follower {
             self.last_commit = Some(tip.commit);
             (snapshot, forced)
         }))
+    }
+}
+
+impl Follower {
+    /// Whether the commit of `revision` descends from (or is) the commit of
+    /// `recorded`, in the repository this hub follows; false when either is unknown
+    /// here (this hub has not fetched it yet: it is behind).
+    async fn descends(&self, revision: &str, recorded: &str) -> bool {
+        let repo = match &self.origin {
+            Origin::Remote { mirror, .. } => mirror.clone(),
+            Origin::Local {
+                path,
+                kind: RepoKind::Git,
+                ..
+            } => path.clone(),
+            Origin::Local { .. } => return true,
+        };
+        let commit = |r: &str| r.rsplit_once("@sha1:").map(|(_, c)| c.to_string());
+        let (Some(new), Some(old)) = (commit(revision), commit(recorded)) else {
+            return false;
+        };
+        tokio::task::spawn_blocking(move || {
+            let repository = crate::source::open_repository(&repo).ok()?;
+            let new = git2::Oid::from_str(&new).ok()?;
+            let old = git2::Oid::from_str(&old).ok()?;
+            Some(new == old || repository.graph_descendant_of(new, old).ok()?)
+        })
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
     }
 }
 

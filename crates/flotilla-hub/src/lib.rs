@@ -20,6 +20,7 @@ pub mod follow;
 pub mod listen;
 pub mod lock;
 pub mod metrics;
+pub mod peers;
 pub mod publish;
 pub mod rollouts;
 pub mod source;
@@ -70,6 +71,9 @@ pub enum HubError {
 /// How the hub runs. [`HubConfig::new`] gives the documented defaults.
 pub struct HubConfig {
     pub state_dir: PathBuf,
+    /// Where the tables live: the SQLite file in the state dir by default, or a
+    /// PostgreSQL server several hubs share.
+    pub database: store::Database,
     pub source: SourceSpec,
     /// How often to look for a new commit when nothing says so sooner.
     pub poll_interval: Duration,
@@ -88,6 +92,9 @@ pub struct HubConfig {
     pub limits: flotilla_core::limits::Limits,
     /// Timeouts and the cap on connections.
     pub connections: ConnectionLimits,
+    /// Several hubs on one database: the lease's length and how often to look for
+    /// changes other hubs made.
+    pub peers: peers::PeerTiming,
     /// Signs every served document (docs/security.md, "Signed bundles").
     pub signing_key: Option<Arc<flotilla_core::signing::SigningKey>>,
 }
@@ -96,6 +103,7 @@ impl HubConfig {
     pub fn new(state_dir: impl Into<PathBuf>, source: SourceSpec) -> HubConfig {
         HubConfig {
             state_dir: state_dir.into(),
+            database: store::Database::StateDir,
             source,
             poll_interval: Duration::from_secs(15),
             offline_after: Duration::from_secs(300),
@@ -106,6 +114,7 @@ impl HubConfig {
             token_refresh: Duration::from_secs(1),
             limits: flotilla_core::limits::Limits::default(),
             connections: ConnectionLimits::default(),
+            peers: peers::PeerTiming::default(),
             signing_key: None,
         }
     }
@@ -133,7 +142,11 @@ impl Hub {
             },
         )?;
         let lock = lock::StateDirLock::acquire(&config.state_dir)?;
-        let store = Store::open(&config.state_dir).await?;
+        let store = Store::open_with(&config.state_dir, &config.database).await?;
+        let lease = match store.engine() {
+            store::Engine::Sqlite => peers::Lease::alone(),
+            store::Engine::Postgres => peers::Lease::shared(),
+        };
         let tokens = TokenTable::from_stored(&store.tokens().await?);
         let tokens_generation = store.tokens_generation().await?;
         let (generation, _) = watch::channel(0u64);
@@ -160,6 +173,7 @@ impl Hub {
             latest: ArcSwap::default(),
             pulses: Mutex::default(),
             rollouts: rollouts::Engine::default(),
+            lease,
             token_recheck: Default::default(),
         });
         let loaded = shared.load_from_store().await?;
@@ -189,7 +203,7 @@ impl Hub {
             config.poll_interval,
             config.limits,
         );
-        let tasks = vec![
+        let mut tasks = vec![
             tokio::spawn({
                 let shared = shared.clone();
                 async move {
@@ -205,6 +219,10 @@ impl Hub {
             )),
             tokio::spawn(rollouts::run_timer(shared.clone())),
         ];
+        if shared.lease.is_shared() {
+            tasks.push(tokio::spawn(peers::run_lease(shared.clone(), config.peers)));
+            tasks.push(tokio::spawn(peers::run_sync(shared.clone(), config.peers)));
+        }
         Ok(Hub {
             shared,
             tasks,
@@ -226,6 +244,12 @@ impl Hub {
     /// Whether the hub has something to serve (or has tried to render once).
     pub fn is_ready(&self) -> bool {
         self.shared.ready.load(Ordering::Relaxed)
+    }
+
+    /// Whether this hub holds the lease to record renders and decide rollouts (always,
+    /// alone on its database).
+    pub fn holds_rollout_lease(&self) -> bool {
+        self.shared.lease.holds()
     }
 
     /// Reloads tokens from the store now instead of on the next refresh.

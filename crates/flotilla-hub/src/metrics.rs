@@ -98,6 +98,9 @@ pub struct Metrics {
     statuses_received: Counter,
     webhooks: Family<ResultLabel, Counter>,
     objects_written: Counter,
+    /// 1 while the last look at the database (several hubs) failed.
+    database_unreachable: Gauge,
+    rollout_lease_held: Gauge,
 }
 
 impl Default for Metrics {
@@ -140,7 +143,21 @@ impl Default for Metrics {
             "Bundle objects written to the store",
             objects_written.clone(),
         );
+        let database_unreachable = Gauge::default();
+        registry.register(
+            "flotilla_database_unreachable",
+            "1 while this hub cannot reach the database it shares with other hubs (it serves what it has)",
+            database_unreachable.clone(),
+        );
+        let rollout_lease_held = Gauge::default();
+        registry.register(
+            "flotilla_rollout_lease_held",
+            "1 while this hub holds the lease to record renders and decide rollouts",
+            rollout_lease_held.clone(),
+        );
         Metrics {
+            database_unreachable,
+            rollout_lease_held,
             registry,
             bundle_responses,
             long_polls_held,
@@ -178,6 +195,22 @@ impl Metrics {
 
     pub fn long_polls_held(&self) -> i64 {
         self.long_polls_held.get()
+    }
+
+    pub fn database_ok(&self) {
+        self.database_unreachable.set(0);
+    }
+
+    pub fn database_error(&self) {
+        self.database_unreachable.set(1);
+    }
+
+    pub fn database_is_unreachable(&self) -> bool {
+        self.database_unreachable.get() != 0
+    }
+
+    pub fn lease_held(&self, held: bool) {
+        self.rollout_lease_held.set(i64::from(held));
     }
 
     pub fn status_received(&self) {

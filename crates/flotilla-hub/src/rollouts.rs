@@ -315,8 +315,13 @@ impl Shared {
         output: &RenderOutput,
         forced: bool,
         now: Millis,
+        expect_revision: Option<Option<String>>,
     ) -> Result<RenderOutcome, HubError> {
         let mut active = self.rollouts.active.lock().await;
+        if !self.lease.holds() {
+            // Another hub records renders; this one serves what it records.
+            return Ok(RenderOutcome::default());
+        }
         let served = self.served.load_full();
         let old_latest = self.latest.load_full();
         let plan = &output.rollouts;
@@ -324,6 +329,8 @@ impl Shared {
             revision: Some(output.revision.clone()),
             history: self.settings.history,
             now_ms: now,
+            fence: self.lease.fence(),
+            expect_revision,
             ..Commit::default()
         };
 
@@ -621,6 +628,7 @@ impl Shared {
         let mut commit = Commit {
             history: self.settings.history,
             now_ms: self.settings.clock.now_ms(),
+            fence: self.lease.fence(),
             ..Commit::default()
         };
         for (index, step) in &steps {
@@ -647,6 +655,10 @@ impl Shared {
         report: &flotilla_core::status::StatusReport,
         at: Millis,
     ) -> Result<(), HubError> {
+        if !self.lease.holds() {
+            // The lease holder reads the report from the database and decides.
+            return Ok(());
+        }
         let mut active = self.rollouts.active.lock().await;
         let now = self.settings.clock.now_ms();
         let mut steps = Vec::new();
@@ -697,6 +709,9 @@ impl Shared {
 
     /// Decides every active rollout again (on the timer); returns when to do it next.
     pub async fn tick_rollouts(&self) -> Result<Option<Millis>, HubError> {
+        if !self.lease.holds() {
+            return Ok(None);
+        }
         let mut active = self.rollouts.active.lock().await;
         let now = self.settings.clock.now_ms();
         let mut steps = Vec::new();
@@ -720,6 +735,13 @@ impl Shared {
         action: Action,
         by: &str,
     ) -> Result<RolloutView, ActionRefused> {
+        if !self.lease.holds() {
+            return Err(ActionRefused::Conflict(ActionError(
+                "this hub does not hold the rollout lease (another hub decides rollouts); \
+                 send the action to the hub whose /readyz says \"rolloutLease\": true"
+                    .into(),
+            )));
+        }
         let mut active = self.rollouts.active.lock().await;
         let now = self.settings.clock.now_ms();
         let Some(index) = active.iter().position(|a| a.id == id) else {

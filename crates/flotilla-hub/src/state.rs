@@ -230,6 +230,8 @@ pub struct Shared {
     pub pulses: Mutex<HashMap<String, Arc<Pulse>>>,
     /// The rollouts: their state, decisions and timer.
     pub rollouts: Engine,
+    /// Whether this hub records renders and decides rollouts (several hubs).
+    pub lease: crate::peers::Lease,
     /// When the store was last asked for tokens because a request brought an
     /// unknown one (see [`Shared::grant`]).
     pub token_recheck: tokio::sync::Mutex<Option<tokio::time::Instant>>,
@@ -453,7 +455,14 @@ impl Shared {
     /// objects and recording it. Only the follower writes new objects, and it calls
     /// this between renders, so no object of a render being installed is taken.
     /// Returns how many objects were deleted.
+    ///
+    /// Not with several hubs on one database: an object this hub wrote for a render
+    /// it did not record may be recorded a moment later by the hub that holds the
+    /// lease, so nothing unreferenced is known to be garbage there.
     pub async fn collect_garbage(&self) -> usize {
+        if self.lease.is_shared() {
+            return 0;
+        }
         let referenced = match self.store.referenced_digests().await {
             Ok(referenced) => referenced,
             Err(err) => {
@@ -485,6 +494,27 @@ impl Shared {
             tracing::info!(objects = swept, "deleted objects no cluster refers to");
         }
         swept
+    }
+
+    /// Writes the objects of a render this hub does not record (several hubs), so it
+    /// can serve them when the database says so.
+    pub async fn install_objects_only(&self, output: &RenderOutput) -> Result<(), HubError> {
+        let bundles: Vec<(Digest, Vec<u8>)> = output
+            .bundles
+            .values()
+            .filter(|b| !self.store.objects.contains(&b.digest))
+            .map(|b| (b.digest.clone(), b.canonical_resources()))
+            .collect();
+        let objects = self.store.objects.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            let pairs: Vec<(&Digest, &[u8])> =
+                bundles.iter().map(|(d, b)| (d, b.as_slice())).collect();
+            objects.write_all(&pairs)
+        })
+        .await
+        .map_err(|e| HubError::Task(e.to_string()))??;
+        self.metrics.objects_written(written as u64);
+        Ok(())
     }
 
     /// Records a render attempt that had errors: nothing served changes.
@@ -519,6 +549,7 @@ impl Shared {
         output: RenderOutput,
         duration: Duration,
         forced: bool,
+        expect_revision: Option<Option<String>>,
     ) -> Result<InstallReport, HubError> {
         debug_assert!(output.is_clean());
         let started = Instant::now();
@@ -558,7 +589,14 @@ impl Shared {
         self.metrics.objects_written(written as u64);
 
         let now = self.settings.clock.now_ms();
-        let outcome = self.record_render(&output, forced, now).await?;
+        let outcome = self
+            .record_render(&output, forced, now, expect_revision)
+            .await?;
+        if self.lease.is_shared() && !self.lease.holds() {
+            // Another hub records renders: serve what it recorded, now that this
+            // hub has the objects too.
+            self.sync_from_store().await?;
+        }
         let report = InstallReport {
             revision: output.revision.clone(),
             clusters: output.bundles.len(),

@@ -31,6 +31,62 @@ pub fn can_run(test: &str, missing: Option<String>) -> bool {
     }
 }
 
+/// The variable naming the PostgreSQL server tests may use (`.ci/postgres` starts
+/// one and prints its URL): `postgres://user@host:port/database`.
+pub const POSTGRES_VARIABLE: &str = "FLOTILLA_TEST_POSTGRES";
+
+/// A new, empty database on the test PostgreSQL server, for one test: its URL, or
+/// `None` when `test` skips because no server is named or reachable (outside CI;
+/// in CI that fails the test, see [`can_run`]).
+pub async fn postgres_database(test: &str) -> Option<String> {
+    use sqlx::Connection as _;
+    let server = match std::env::var(POSTGRES_VARIABLE) {
+        Ok(url) if !url.is_empty() => url,
+        _ => {
+            can_run(
+                test,
+                Some(format!(
+                    "no PostgreSQL server: set {POSTGRES_VARIABLE} (`export {POSTGRES_VARIABLE}=\"$(.ci/postgres)\"` starts one)"
+                )),
+            );
+            return None;
+        }
+    };
+    let mut connection = match sqlx::PgConnection::connect(&server).await {
+        Ok(connection) => connection,
+        Err(err) => {
+            can_run(
+                test,
+                Some(format!(
+                    "the PostgreSQL server {POSTGRES_VARIABLE} names is not reachable: {err}"
+                )),
+            );
+            return None;
+        }
+    };
+    let name = format!("flotilla_test_{:016x}", rand::random::<u64>());
+    if let Err(err) =
+        sqlx::Executor::execute(&mut connection, format!("CREATE DATABASE {name}").as_str()).await
+    {
+        can_run(
+            test,
+            Some(format!("cannot create a database for the test: {err}")),
+        );
+        return None;
+    }
+    let _ = connection.close().await;
+    let (base, query) = match server.split_once('?') {
+        Some((base, query)) => (base, format!("?{query}")),
+        None => (server.as_str(), String::new()),
+    };
+    let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    let host_part = match base[scheme_end..].find('/') {
+        Some(i) => &base[..scheme_end + i],
+        None => base,
+    };
+    Some(format!("{host_part}/{name}{query}"))
+}
+
 /// The workspace's root folder (where `fleet-example/` is).
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -16,8 +16,9 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{Row, SqlitePool};
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions, AnyRow};
+use sqlx::sqlite::SqliteConnectOptions;
+use sqlx::{AnyPool, ConnectOptions, Row};
 
 use flotilla_core::bundle::Digest;
 use flotilla_core::status::StatusReport;
@@ -43,6 +44,22 @@ pub enum StoreError {
     },
     #[error("{0}")]
     Token(String),
+    #[error(
+        "this hub no longer holds the {lease} lease (epoch {epoch}): another hub took it over; nothing was written"
+    )]
+    Fenced { lease: String, epoch: i64 },
+    #[error(
+        "another hub recorded {recorded} while this one rendered (it expected {expected}); nothing was written, the next look decides again"
+    )]
+    RevisionMoved { expected: String, recorded: String },
+}
+
+/// A lease as held by this hub: its name and the epoch every write checks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fence {
+    pub lease: String,
+    pub holder: String,
+    pub epoch: i64,
 }
 
 /// What a cluster is served, as recorded.
@@ -118,13 +135,97 @@ pub struct Commit {
     /// How many digests to keep per cluster.
     pub history: usize,
     pub now_ms: i64,
+    /// Written only while this lease is held at this epoch (several hubs).
+    pub fence: Option<Fence>,
+    /// With `revision`: written only if the recorded revision is still this one
+    /// (`Some(None)`: none recorded yet), so an older render never replaces a newer.
+    pub expect_revision: Option<Option<String>>,
 }
 
 pub struct Store {
     root: PathBuf,
     pub objects: Objects,
-    pool: SqlitePool,
+    pool: AnyPool,
+    /// The database as people are shown it (a PostgreSQL password left out).
     db_path: String,
+    engine: Engine,
+}
+
+/// A transaction on either engine.
+type Tx<'a> = sqlx::Transaction<'a, sqlx::Any>;
+
+/// Which engine holds the tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    /// An embedded SQLite file: one hub.
+    Sqlite,
+    /// A PostgreSQL server, which several hubs may share.
+    Postgres,
+}
+
+/// Where the hub's tables live: `--database URL`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Database {
+    /// The SQLite file [`DATABASE_FILE`] in the state dir (the default).
+    StateDir,
+    /// A SQLite file elsewhere: `sqlite:///path/to/flotilla.db`.
+    Sqlite(PathBuf),
+    /// A PostgreSQL server: `postgres://user:password@host:port/database?sslmode=…`.
+    Postgres(String),
+}
+
+impl FromStr for Database {
+    type Err = String;
+
+    fn from_str(url: &str) -> Result<Database, String> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(Database::Postgres(url.to_string()));
+        }
+        if let Some(path) = url.strip_prefix("sqlite://") {
+            if path.is_empty() {
+                return Err(
+                    "sqlite:// needs a file, as in sqlite:///var/lib/flotilla/flotilla.db".into(),
+                );
+            }
+            return Ok(Database::Sqlite(PathBuf::from(path)));
+        }
+        Err(format!(
+            "{url:?} is not a database URL flotilla knows: give postgres://user@host:port/database \
+             or sqlite:///path/to/file.db (without --database the hub uses {DATABASE_FILE} in its state dir)"
+        ))
+    }
+}
+
+impl Database {
+    /// The URL with any password left out, for messages and logs.
+    pub fn display(&self, state_dir: &Path) -> String {
+        match self {
+            Database::StateDir => state_dir.join(DATABASE_FILE).display().to_string(),
+            Database::Sqlite(path) => path.display().to_string(),
+            Database::Postgres(url) => redact_password(url),
+        }
+    }
+}
+
+/// `postgres://user:secret@host/db` → `postgres://user:…@host/db`.
+fn redact_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let (authority, tail) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    match authority.rsplit_once('@') {
+        Some((user_info, host)) => {
+            let user = user_info
+                .split_once(':')
+                .map_or(user_info, |(user, _)| user);
+            let hidden = if user_info.contains(':') { ":…" } else { "" };
+            format!("{scheme}://{user}{hidden}@{host}{tail}")
+        }
+        None => url.to_string(),
+    }
 }
 
 /// The schema's migrations, the files in `migrations/`, compiled in. They are
@@ -148,6 +249,9 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "signing",
         include_str!("../../migrations/0004_signing.sql"),
     ),
+    // 0003 is taken by work on another branch (web sessions); numbers need not be
+    // contiguous, only increasing.
+    (5, "hubs", include_str!("../../migrations/0005_hubs.sql")),
 ];
 
 /// [`MIGRATIONS`] as sqlx reads a migrations folder.
@@ -187,12 +291,21 @@ pub const DATABASE_FILE: &str = "flotilla.db";
 const META_REVISION: &str = "revision";
 const META_GENERATION: &str = "generation";
 const META_TOKENS: &str = "tokens_generation";
+const META_CHANGES: &str = "changes";
 
 impl Store {
-    /// Opens the store under `state_dir`, creating it on first use. The folder, the
-    /// database and the objects are readable by the hub's user only: they hold token
-    /// hashes and bundles, which may hold Secrets.
+    /// Opens the store under `state_dir` with its tables in the SQLite file there,
+    /// creating both on first use.
     pub async fn open(state_dir: &Path) -> Result<Store, StoreError> {
+        Store::open_with(state_dir, &Database::StateDir).await
+    }
+
+    /// Opens the store: objects under `state_dir`, tables in `database`; the schema's
+    /// migrations are applied (the same files on either engine; on PostgreSQL sqlx
+    /// takes an advisory lock, so hubs starting together migrate once). The folder,
+    /// a SQLite database and the objects are readable by the hub's user only: they
+    /// hold token hashes and bundles, which may hold Secrets.
+    pub async fn open_with(state_dir: &Path, database: &Database) -> Result<Store, StoreError> {
         flotilla_fs::create_dir(state_dir, flotilla_fs::Mode::Private).map_err(|source| {
             StoreError::CreateDir {
                 path: state_dir.display().to_string(),
@@ -203,42 +316,34 @@ impl Store {
             path: state_dir.join("objects").display().to_string(),
             source,
         })?;
-        let db_file = state_dir.join(DATABASE_FILE);
-        let db_path = db_file.display().to_string();
-        let db_error = |source| StoreError::Database {
-            path: db_path.clone(),
-            source,
-        };
-        // SQLite creates its journal files with the database's permissions, so a
-        // private database file keeps all of them private.
-        create_private_file(&db_file).map_err(|source| StoreError::CreateDir {
-            path: db_path.clone(),
-            source,
-        })?;
-        let options = SqliteConnectOptions::from_str("sqlite://")
-            .map_err(db_error)?
-            .filename(&db_file)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(Duration::from_secs(10));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect_with(options)
-            .await
-            .map_err(db_error)?;
-        sqlx::migrate::Migrator::new(EmbeddedMigrations)
-            .await
-            .map_err(|source| db_error(source.into()))?
-            .run(&pool)
-            .await
-            .map_err(|source| db_error(source.into()))?;
+        let (pool, engine) = connect(state_dir, database).await?;
         Ok(Store {
             root: state_dir.to_path_buf(),
             objects,
             pool,
-            db_path,
+            db_path: database.display(state_dir),
+            engine,
         })
+    }
+
+    /// Opens only the tables of a database named by URL (not [`Database::StateDir`]),
+    /// for commands that read or write tokens and served digests and no bundle: no
+    /// state dir is created, and [`Store::objects`] points at none (reading one fails).
+    pub async fn open_tables(database: &Database) -> Result<Store, StoreError> {
+        let nowhere = Path::new("");
+        let (pool, engine) = connect(nowhere, database).await?;
+        Ok(Store {
+            root: PathBuf::new(),
+            objects: Objects::unopened(Path::new("/nonexistent/flotilla-objects")),
+            pool,
+            db_path: database.display(nowhere),
+            engine,
+        })
+    }
+
+    /// Which engine holds the tables: on PostgreSQL several hubs may share them.
+    pub fn engine(&self) -> Engine {
+        self.engine
     }
 
     pub fn root(&self) -> &Path {
@@ -260,7 +365,7 @@ impl Store {
     /// Every cluster's current bundle.
     pub async fn clusters(&self) -> Result<Vec<StoredCluster>, StoreError> {
         let rows = sqlx::query(
-            "SELECT name, digest, revision, hold, serve_sequence FROM clusters ORDER BY name",
+            "SELECT name, digest, revision, CAST(hold AS INTEGER) AS hold, serve_sequence FROM clusters ORDER BY name",
         )
         .fetch_all(&self.pool)
         .await
@@ -271,7 +376,7 @@ impl Store {
                     name: row.get("name"),
                     digest: parse_digest("clusters", "digest", row.get("digest"))?,
                     revision: row.get("revision"),
-                    hold: row.get("hold"),
+                    hold: flag(row, "hold"),
                     sequence: sequence_of(row.get("serve_sequence"))?,
                 })
             })
@@ -281,7 +386,7 @@ impl Store {
     /// What the last clean render gives each cluster.
     pub async fn rendered(&self) -> Result<Vec<RenderedCluster>, StoreError> {
         let rows = sqlx::query(
-            "SELECT cluster, digest, revision, policy, wave, paused FROM rendered ORDER BY cluster",
+            "SELECT cluster, digest, revision, policy, wave, CAST(paused AS INTEGER) AS paused FROM rendered ORDER BY cluster",
         )
         .fetch_all(&self.pool)
         .await
@@ -294,7 +399,7 @@ impl Store {
                     revision: row.get("revision"),
                     policy: row.get("policy"),
                     wave: row.get("wave"),
-                    paused: row.get("paused"),
+                    paused: flag(row, "paused"),
                 })
             })
             .collect()
@@ -409,6 +514,40 @@ impl Store {
         let err = |e| self.db_error(e);
         let mut sequences = HashMap::with_capacity(commit.served.len());
         let mut tx = self.pool.begin().await.map_err(err)?;
+        if let Some(fence) = &commit.fence {
+            // Touching the lease's row holds it locked until this transaction ends, so
+            // a hub taking the lease over waits for this write or fences it out.
+            let held = sqlx::query(
+                "UPDATE hub_leases SET epoch = epoch WHERE name = $1 AND holder = $2 AND epoch = $3",
+            )
+            .bind(&fence.lease)
+            .bind(&fence.holder)
+            .bind(fence.epoch)
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?
+            .rows_affected();
+            if held != 1 {
+                return Err(StoreError::Fenced {
+                    lease: fence.lease.clone(),
+                    epoch: fence.epoch,
+                });
+            }
+        }
+        if let (Some(revision), Some(expected)) = (&commit.revision, &commit.expect_revision) {
+            let recorded: Option<String> = sqlx::query("SELECT value FROM hub_meta WHERE key = $1")
+                .bind(META_REVISION)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(err)?
+                .map(|row| row.get("value"));
+            if recorded != *expected && recorded.as_ref() != Some(revision) {
+                return Err(StoreError::RevisionMoved {
+                    expected: expected.clone().unwrap_or_else(|| "nothing".into()),
+                    recorded: recorded.unwrap_or_else(|| "nothing".into()),
+                });
+            }
+        }
         let mut candidates: BTreeSet<String> = BTreeSet::new();
         for row in &commit.rendered {
             if let Some(old) = sqlx::query("SELECT digest FROM rendered WHERE cluster = $1")
@@ -484,6 +623,7 @@ impl Store {
                 .await
                 .map_err(err)?;
         }
+        bump_counter(&mut tx, META_CHANGES).await.map_err(err)?;
         let mut unreferenced = Vec::new();
         for digest in candidates {
             if !referenced(&mut tx, &digest).await.map_err(err)? {
@@ -516,6 +656,8 @@ impl Store {
 
     /// Stores an agent's report, replacing the previous one.
     pub async fn put_status(&self, status: &StoredStatus) -> Result<(), StoreError> {
+        let err = |e| self.db_error(e);
+        let mut tx = self.pool.begin().await.map_err(err)?;
         let resources =
             serde_json::to_string(&status.report.resources).map_err(|e| StoreError::Malformed {
                 table: "agent_status",
@@ -536,10 +678,84 @@ impl Store {
         .bind(&status.report.message)
         .bind(&status.report.agent_version)
         .bind(status.received_at_ms)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await
-        .map_err(|e| self.db_error(e))?;
+        .map_err(err)?;
+        bump_counter(&mut tx, META_CHANGES).await.map_err(err)?;
+        tx.commit().await.map_err(err)?;
         Ok(())
+    }
+
+    /// A number that changes with every write of what hubs serve or show (renders,
+    /// rollout decisions, status reports): other hubs on the same database poll this
+    /// one row and read the rest only when it moved.
+    pub async fn changes(&self) -> Result<i64, StoreError> {
+        Ok(self
+            .meta(META_CHANGES)
+            .await?
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0))
+    }
+
+    /// Takes or renews the lease `name` for `holder` for `ttl_ms` on the database's
+    /// clock: granted when it is free, lapsed or already this holder's. Returns the
+    /// epoch (up by one whenever the lease changes hands or is taken after lapsing),
+    /// or `None` while another hub holds it.
+    pub async fn acquire_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl_ms: i64,
+    ) -> Result<Option<i64>, StoreError> {
+        let now = self.now_sql();
+        let sql = format!(
+            "INSERT INTO hub_leases (name, holder, epoch, expires_at) VALUES ($1, $2, 1, {now} + $3)
+             ON CONFLICT (name) DO UPDATE SET
+                 epoch = CASE WHEN hub_leases.holder = excluded.holder AND hub_leases.expires_at > {now}
+                              THEN hub_leases.epoch ELSE hub_leases.epoch + 1 END,
+                 holder = excluded.holder,
+                 expires_at = excluded.expires_at
+             WHERE hub_leases.holder = excluded.holder OR hub_leases.expires_at <= {now}
+             RETURNING epoch"
+        );
+        let row = sqlx::query(&sql)
+            .bind(name)
+            .bind(holder)
+            .bind(ttl_ms)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        Ok(row.map(|r| r.get("epoch")))
+    }
+
+    /// Gives the lease up (a hub stopping), so another takes it at once.
+    pub async fn release_lease(&self, name: &str, holder: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE hub_leases SET expires_at = 0 WHERE name = $1 AND holder = $2")
+            .bind(name)
+            .bind(holder)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        Ok(())
+    }
+
+    /// The database's clock, in milliseconds since the Unix epoch.
+    pub async fn database_now_ms(&self) -> Result<i64, StoreError> {
+        let sql = format!("SELECT {} AS now", self.now_sql());
+        let row = sqlx::query(&sql)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        Ok(row.get("now"))
+    }
+
+    /// The SQL for "now in milliseconds" on this engine: the one place the two
+    /// engines' SQL differs.
+    fn now_sql(&self) -> &'static str {
+        match self.engine {
+            Engine::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS BIGINT)",
+            Engine::Postgres => "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
+        }
     }
 
     /// Every agent's last report.
@@ -645,7 +861,7 @@ impl Store {
     /// Every token, revoked ones included, oldest first.
     pub async fn tokens(&self) -> Result<Vec<StoredToken>, StoreError> {
         let rows = sqlx::query(
-            "SELECT id, hash, cluster, admin, created_at, revoked_at FROM tokens ORDER BY created_at, id",
+            "SELECT id, hash, cluster, CAST(admin AS INTEGER) AS admin, created_at, revoked_at FROM tokens ORDER BY created_at, id",
         )
         .fetch_all(&self.pool)
         .await
@@ -656,7 +872,7 @@ impl Store {
                 id: row.get("id"),
                 hash: row.get("hash"),
                 cluster: row.get("cluster"),
-                admin: row.get("admin"),
+                admin: flag(row, "admin"),
                 created_at_ms: row.get("created_at"),
                 revoked_at_ms: row.get("revoked_at"),
             })
@@ -674,7 +890,76 @@ impl Store {
     }
 }
 
-async fn next_generation(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>) -> Result<i64, sqlx::Error> {
+/// Connects to the database and applies the migrations.
+async fn connect(state_dir: &Path, database: &Database) -> Result<(AnyPool, Engine), StoreError> {
+    let db_path = database.display(state_dir);
+    let db_error = |source| StoreError::Database {
+        path: db_path.clone(),
+        source,
+    };
+    sqlx::any::install_default_drivers();
+    let (engine, options, max_connections) = match database {
+        Database::StateDir | Database::Sqlite(_) => {
+            let db_file = match database {
+                Database::Sqlite(path) => path.clone(),
+                _ => state_dir.join(DATABASE_FILE),
+            };
+            // SQLite creates its journal files with the database's permissions, so
+            // a private database file keeps all of them private.
+            create_private_file(&db_file).map_err(|source| StoreError::CreateDir {
+                path: db_path.clone(),
+                source,
+            })?;
+            let url = SqliteConnectOptions::new()
+                .filename(&db_file)
+                .create_if_missing(true)
+                .to_url_lossy();
+            (
+                Engine::Sqlite,
+                AnyConnectOptions::from_url(&url).map_err(db_error)?,
+                4,
+            )
+        }
+        Database::Postgres(url) => (
+            Engine::Postgres,
+            AnyConnectOptions::from_str(url).map_err(db_error)?,
+            8,
+        ),
+    };
+    let pool = AnyPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(30))
+        .after_connect(move |connection, _| {
+            Box::pin(async move {
+                if engine == Engine::Sqlite {
+                    // Through sqlx's `Any` driver SQLite's settings are set here:
+                    // a write-ahead log (readers never wait for the writer), every
+                    // commit synced, and writers wait for each other.
+                    for pragma in [
+                        "PRAGMA journal_mode = WAL",
+                        "PRAGMA synchronous = FULL",
+                        "PRAGMA busy_timeout = 10000",
+                        "PRAGMA foreign_keys = ON",
+                    ] {
+                        sqlx::Executor::execute(&mut *connection, pragma).await?;
+                    }
+                }
+                Ok(())
+            })
+        })
+        .connect_with(options)
+        .await
+        .map_err(db_error)?;
+    sqlx::migrate::Migrator::new(EmbeddedMigrations)
+        .await
+        .map_err(|source| db_error(source.into()))?
+        .run(&pool)
+        .await
+        .map_err(|source| db_error(source.into()))?;
+    Ok((pool, engine))
+}
+
+async fn next_generation(tx: &mut Tx<'_>) -> Result<i64, sqlx::Error> {
     let generation: i64 = sqlx::query("SELECT value FROM hub_meta WHERE key = $1")
         .bind(META_GENERATION)
         .fetch_optional(&mut **tx)
@@ -699,7 +984,7 @@ fn sequence_of(value: i64) -> Result<u64, StoreError> {
 /// sequence up by one, continuing the sequence of a cluster that left and came back)
 /// and, for a digest really served, its history. Returns the new sequence.
 async fn write_served(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tx: &mut Tx<'_>,
     change: &ServedChange,
     generation: i64,
     commit: &Commit,
@@ -773,10 +1058,7 @@ async fn write_served(
 /// Whether anything still refers to a digest: a cluster's history, what it is served,
 /// what HEAD renders for it, or a rollout that has not ended (its previous and new
 /// digests are kept until it ends).
-async fn referenced(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-    digest: &str,
-) -> Result<bool, sqlx::Error> {
+async fn referenced(tx: &mut Tx<'_>, digest: &str) -> Result<bool, sqlx::Error> {
     for query in [
         "SELECT 1 FROM bundle_history WHERE digest = $1 LIMIT 1",
         "SELECT 1 FROM clusters WHERE digest = $1 LIMIT 1",
@@ -796,11 +1078,7 @@ async fn referenced(
     Ok(false)
 }
 
-async fn set_meta(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-    key: &str,
-    value: &str,
-) -> Result<(), sqlx::Error> {
+async fn set_meta(tx: &mut Tx<'_>, key: &str, value: &str) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO hub_meta (key, value) VALUES ($1, $2)
          ON CONFLICT (key) DO UPDATE SET value = excluded.value",
@@ -812,16 +1090,28 @@ async fn set_meta(
     Ok(())
 }
 
-async fn bump_tokens_generation(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-) -> Result<(), sqlx::Error> {
-    let current: i64 = sqlx::query("SELECT value FROM hub_meta WHERE key = $1")
-        .bind(META_TOKENS)
-        .fetch_optional(&mut **tx)
-        .await?
-        .and_then(|row| row.get::<String, _>("value").parse().ok())
-        .unwrap_or(0);
-    set_meta(tx, META_TOKENS, &(current + 1).to_string()).await
+async fn bump_tokens_generation(tx: &mut Tx<'_>) -> Result<(), sqlx::Error> {
+    bump_counter(tx, META_TOKENS).await
+}
+
+/// Adds one to a counter in `hub_meta`, in one statement (row-locked on
+/// PostgreSQL), so concurrent writers on several hubs never lose an increment.
+async fn bump_counter(tx: &mut Tx<'_>, key: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO hub_meta (key, value) VALUES ($1, '1')
+         ON CONFLICT (key) DO UPDATE SET value = CAST(CAST(hub_meta.value AS BIGINT) + 1 AS TEXT)",
+    )
+    .bind(key)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// A boolean column, selected as `CAST(column AS INTEGER) AS column`: sqlx's `Any`
+/// driver reads no SQLite BOOLEAN column, and an integer reads the same on both
+/// engines.
+fn flag(row: &AnyRow, column: &str) -> bool {
+    row.get::<i64, _>(column) != 0
 }
 
 fn parse_digest(
@@ -918,7 +1208,7 @@ mod tests {
                 .expect("options")
                 .filename(dir.path().join("flotilla.db"))
                 .create_if_missing(true);
-            let pool = SqlitePoolOptions::new()
+            let pool = sqlx::sqlite::SqlitePoolOptions::new()
                 .connect_with(options)
                 .await
                 .expect("connects");
@@ -955,10 +1245,38 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn history_is_trimmed_and_unreferenced_digests_are_returned() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let store = Store::open(dir.path()).await.expect("open");
+    /// Runs a store test on SQLite and, in a second test, on a fresh PostgreSQL
+    /// database (skipped with a reason when no server is given, failed in CI).
+    macro_rules! on_both_engines {
+        ($name:ident) => {
+            mod $name {
+                #[tokio::test]
+                async fn sqlite() {
+                    let dir = tempfile::tempdir().expect("temp dir");
+                    let store = super::Store::open(dir.path()).await.expect("open");
+                    super::$name(store).await;
+                }
+
+                #[tokio::test]
+                async fn postgres() {
+                    let test = concat!("store::", stringify!($name), "::postgres");
+                    let Some(url) = flotilla_testkit::postgres_database(test).await else {
+                        return;
+                    };
+                    let dir = tempfile::tempdir().expect("temp dir");
+                    let database = super::Database::Postgres(url);
+                    let store = super::Store::open_with(dir.path(), &database)
+                        .await
+                        .expect("open");
+                    assert_eq!(store.engine(), super::Engine::Postgres);
+                    super::$name(store).await;
+                }
+            }
+        };
+    }
+
+    on_both_engines!(history_is_trimmed_and_unreferenced_digests_are_returned);
+    async fn history_is_trimmed_and_unreferenced_digests_are_returned(store: Store) {
         let commit = |changed: Vec<StoredCluster>, removed: Vec<String>| Commit {
             revision: Some("r".into()),
             served: changed
@@ -1012,11 +1330,13 @@ mod tests {
         assert_eq!(names, vec!["a"]);
     }
 
-    #[tokio::test]
-    async fn every_change_of_what_is_served_bumps_the_sequence_and_rollouts_keep_their_objects() {
+    on_both_engines!(
+        every_change_of_what_is_served_bumps_the_sequence_and_rollouts_keep_their_objects
+    );
+    async fn every_change_of_what_is_served_bumps_the_sequence_and_rollouts_keep_their_objects(
+        store: Store,
+    ) {
         use flotilla_core::rollout::{Member, RolloutState, Wave, WaveState};
-        let dir = tempfile::tempdir().expect("temp dir");
-        let store = Store::open(dir.path()).await.expect("open");
         let serve = |c: char, hold: bool| ServedChange {
             cluster: "a".into(),
             digest: digest(c),
@@ -1115,5 +1435,115 @@ mod tests {
         let clusters = store.clusters().await.expect("clusters");
         assert_eq!(clusters[0].sequence, 5);
         store.close().await;
+    }
+
+    on_both_engines!(tokens_statuses_and_held_clusters_read_back_as_written);
+    async fn tokens_statuses_and_held_clusters_read_back_as_written(store: Store) {
+        let admin = StoredToken {
+            id: "adm1".into(),
+            hash: "h1".into(),
+            cluster: None,
+            admin: true,
+            created_at_ms: 1,
+            revoked_at_ms: None,
+        };
+        let edge = StoredToken {
+            id: "edge1".into(),
+            hash: "h2".into(),
+            cluster: Some("red".into()),
+            admin: false,
+            created_at_ms: 2,
+            revoked_at_ms: None,
+        };
+        let before = store.tokens_generation().await.expect("generation");
+        store.insert_token(&admin).await.expect("admin");
+        store.insert_token(&edge).await.expect("edge");
+        let revoked = store.revoke_token("edge1", 3).await.expect("revoke");
+        assert_eq!(revoked.revoked_at_ms, Some(3));
+        assert_eq!(
+            store.tokens().await.expect("tokens"),
+            vec![
+                admin,
+                StoredToken {
+                    revoked_at_ms: Some(3),
+                    ..edge
+                }
+            ]
+        );
+        assert_eq!(
+            store.tokens_generation().await.expect("generation"),
+            before + 3
+        );
+
+        let status = StoredStatus {
+            cluster: "red".into(),
+            report: StatusReport {
+                applied: Some(digest('a')),
+                attempted: Some(digest('b')),
+                resources: vec![],
+                message: "applying".into(),
+                agent_version: "1".into(),
+            },
+            received_at_ms: 5,
+        };
+        store.put_status(&status).await.expect("status");
+        assert_eq!(store.statuses().await.expect("statuses"), vec![status]);
+
+        store
+            .commit(&Commit {
+                served: vec![ServedChange {
+                    cluster: "red".into(),
+                    digest: digest('c'),
+                    revision: "main@sha1:1".into(),
+                    hold: true,
+                }],
+                rendered: vec![RenderedCluster {
+                    cluster: "red".into(),
+                    digest: digest('c'),
+                    revision: "main@sha1:1".into(),
+                    policy: Some("p".into()),
+                    wave: Some("w".into()),
+                    paused: true,
+                }],
+                revision: Some("main@sha1:1".into()),
+                history: 2,
+                now_ms: 6,
+                ..Commit::default()
+            })
+            .await
+            .expect("commit");
+        let held = store.clusters().await.expect("clusters");
+        assert!(held[0].hold);
+        assert!(store.rendered().await.expect("rendered")[0].paused);
+        assert_eq!(
+            store.revision().await.expect("revision").as_deref(),
+            Some("main@sha1:1")
+        );
+        store.close().await;
+    }
+
+    #[test]
+    fn database_urls_are_read_and_passwords_never_shown() {
+        let state = Path::new("/var/lib/flotilla");
+        let check = |url: &str, shown: &str| {
+            let database: Database = url.parse().expect(url);
+            assert_eq!(database.display(state), shown, "{url}");
+        };
+        check(
+            "postgres://hub:s3cret@db:5432/fleet",
+            "postgres://hub:…@db:5432/fleet",
+        );
+        check(
+            "postgresql://db/fleet?sslmode=require",
+            "postgresql://db/fleet?sslmode=require",
+        );
+        check("sqlite:///srv/flotilla.db", "/srv/flotilla.db");
+        assert_eq!(
+            Database::StateDir.display(state),
+            "/var/lib/flotilla/flotilla.db"
+        );
+        for bad in ["mysql://db/fleet", "sqlite://", "flotilla.db"] {
+            assert!(bad.parse::<Database>().is_err(), "{bad}");
+        }
     }
 }

@@ -43,6 +43,13 @@ impl Objects {
         Ok(Objects { dir })
     }
 
+    /// Objects under `dir` (`<root>/objects/sha256`) without creating anything.
+    pub fn unopened(dir: &Path) -> Objects {
+        Objects {
+            dir: dir.to_path_buf(),
+        }
+    }
+
     pub fn path_of(&self, digest: &Digest) -> PathBuf {
         self.dir.join(digest.hex())
     }

@@ -6,9 +6,9 @@
 use std::collections::BTreeSet;
 
 use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
+use sqlx::any::AnyRow;
 
-use super::{Store, StoreError, parse_digest};
+use super::{Store, StoreError, Tx, flag, parse_digest};
 use flotilla_core::bundle::Digest;
 use flotilla_core::rollout::{Event, Member, Policy, Rollout, RolloutState, Wave, WaveState};
 
@@ -49,8 +49,6 @@ pub struct StoredRollout {
     /// Per member: (previous revision, target revision).
     pub revisions: Vec<(Option<String>, String)>,
 }
-
-type Tx<'a> = sqlx::Transaction<'a, sqlx::Sqlite>;
 
 pub(super) async fn write(
     tx: &mut Tx<'_>,
@@ -230,7 +228,7 @@ impl Store {
         parameter: Option<i64>,
     ) -> Result<Vec<StoredRollout>, StoreError> {
         let sql = format!(
-            "SELECT id, policy, revision, plan, forced, state, reason, started_at, ended_at FROM rollouts {clause}"
+            "SELECT id, policy, revision, plan, CAST(forced AS INTEGER) AS forced, state, reason, started_at, ended_at FROM rollouts {clause}"
         );
         let mut query = sqlx::query(&sql);
         if let Some(parameter) = parameter {
@@ -247,7 +245,7 @@ impl Store {
         Ok(out)
     }
 
-    async fn read_rollout(&self, row: &SqliteRow) -> Result<StoredRollout, StoreError> {
+    async fn read_rollout(&self, row: &AnyRow) -> Result<StoredRollout, StoreError> {
         let id: i64 = row.get("id");
         let plan: String = row.get("plan");
         let policy: Policy =
@@ -278,8 +276,10 @@ impl Store {
         .collect::<Result<Vec<Wave>, StoreError>>()?;
         let member_rows = sqlx::query(
             "SELECT cluster, wave, previous, previous_revision, target, target_revision,
-                 offline_at_release, admitted_at, fetched, healthy_since, baked_at, failed,
-                 rolled_back, left_rollout
+                 CAST(offline_at_release AS INTEGER) AS offline_at_release, admitted_at,
+                 CAST(fetched AS INTEGER) AS fetched, healthy_since, baked_at,
+                 CAST(failed AS INTEGER) AS failed, CAST(rolled_back AS INTEGER) AS rolled_back,
+                 CAST(left_rollout AS INTEGER) AS left_rollout
              FROM rollout_clusters WHERE rollout_id = $1 ORDER BY ordinal",
         )
         .bind(id)
@@ -299,14 +299,14 @@ impl Store {
                 wave: usize::try_from(wave).map_err(|e| malformed("wave", e.to_string()))?,
                 previous,
                 target: parse_digest("rollout_clusters", "target", m.get("target"))?,
-                offline_at_release: m.get("offline_at_release"),
+                offline_at_release: flag(&m, "offline_at_release"),
                 admitted_at: m.get("admitted_at"),
-                fetched: m.get("fetched"),
+                fetched: flag(&m, "fetched"),
                 healthy_since: m.get("healthy_since"),
                 baked_at: m.get("baked_at"),
-                failed: m.get("failed"),
-                rolled_back: m.get("rolled_back"),
-                left: m.get("left_rollout"),
+                failed: flag(&m, "failed"),
+                rolled_back: flag(&m, "rolled_back"),
+                left: flag(&m, "left_rollout"),
             });
             revisions.push((m.get("previous_revision"), m.get("target_revision")));
         }
@@ -315,7 +315,7 @@ impl Store {
             rollout: Rollout {
                 policy,
                 revision: row.get("revision"),
-                forced: row.get("forced"),
+                forced: flag(row, "forced"),
                 state,
                 reason: row.get("reason"),
                 started_at: row.get("started_at"),

@@ -1,0 +1,255 @@
+//! Several hubs on one PostgreSQL database: they serve the same digests, share
+//! tokens and reports, both take every commit, one decides each rollout, and when
+//! the one deciding stops the other takes over. Needs a PostgreSQL server
+//! (`FLOTILLA_TEST_POSTGRES`, started by `.ci/postgres`): skipped without one outside
+//! CI, failed without one in CI.
+
+use crate::support::hub as hub_common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use flotilla_hub::auth::new_token;
+use flotilla_hub::peers::PeerTiming;
+use flotilla_hub::store::{Database, Store};
+use hub_common::*;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn peer_config(
+    state: &std::path::Path,
+    repo: &Repo,
+    database: &Database,
+) -> flotilla_hub::HubConfig {
+    let mut config = config(state, &repo.path().display().to_string());
+    config.database = database.clone();
+    config.peers = PeerTiming {
+        lease_ttl: Duration::from_millis(1500),
+        sync_interval: Duration::from_millis(50),
+    };
+    config
+}
+
+async fn ready(client: &reqwest::Client, hub: &Running) -> Value {
+    client
+        .get(hub.url("/readyz"))
+        .send()
+        .await
+        .expect("readyz")
+        .json()
+        .await
+        .expect("json")
+}
+
+async fn etag(client: &reqwest::Client, hub: &Running, cluster: &str, token: &str) -> String {
+    let (status, etag, _) = get_bundle(
+        client,
+        &hub.url(&format!("/v1/clusters/{cluster}/bundle")),
+        token,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{cluster} on {}", hub.base);
+    etag.expect("an ETag")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hubs_on_one_database_serve_one_fleet() {
+    let Some(url) =
+        flotilla_testkit::postgres_database("hub_peers::two_hubs_on_one_database_serve_one_fleet")
+            .await
+    else {
+        return;
+    };
+    let database = Database::Postgres(url);
+    let repo = Repo::with_rollouts();
+    let (state_a, state_b) = (
+        tempfile::tempdir().expect("a"),
+        tempfile::tempdir().expect("b"),
+    );
+    let a = Running::start_ready(peer_config(state_a.path(), &repo, &database)).await;
+    let b = Running::start_ready(peer_config(state_b.path(), &repo, &database)).await;
+    let client = client();
+
+    // A token made in the shared database (as `flotilla token create --database`
+    // does) works on both hubs.
+    let store = Store::open_tables(&database).await.expect("database");
+    let admin = new_token(None, 0);
+    store
+        .insert_token(&admin.stored)
+        .await
+        .expect("admin token");
+    let red = new_token(Some("red"), 0);
+    store.insert_token(&red.stored).await.expect("red token");
+    let (admin, red) = (admin.secret, red.secret);
+
+    // Exactly one hub holds the lease.
+    let leases = eventually("one hub to hold the rollout lease", WAIT, || async {
+        let held = [
+            ready(&client, &a).await["rolloutLease"] == true,
+            ready(&client, &b).await["rolloutLease"] == true,
+        ];
+        (held.iter().filter(|h| **h).count() == 1).then_some(held)
+    })
+    .await;
+
+    // The same digests on both, once both serve every cluster.
+    let fleet = get_json(&client, &a.url("/v1/fleet"), &admin).await;
+    let clusters: Vec<String> = fleet["clusters"]
+        .as_array()
+        .expect("clusters")
+        .iter()
+        .map(|c| c["name"].as_str().expect("name").to_string())
+        .collect();
+    assert!(clusters.len() > 10, "{fleet}");
+    for cluster in &clusters {
+        let token = if cluster == "red" { &red } else { &admin };
+        let on_a = etag(&client, &a, cluster, token).await;
+        let on_b = eventually("b to serve what a serves", WAIT, || async {
+            let (status, etag, _) = get_bundle(
+                &client,
+                &b.url(&format!("/v1/clusters/{cluster}/bundle")),
+                token,
+                None,
+            )
+            .await;
+            (status == 200).then_some(etag).flatten()
+        })
+        .await;
+        assert_eq!(on_a, on_b, "{cluster}");
+    }
+
+    // A report posted to one hub shows in the other's /v1/fleet.
+    let red_digest = etag(&client, &a, "red", &red)
+        .await
+        .trim_matches('"')
+        .to_string();
+    let response = client
+        .post(a.url("/v1/clusters/red/status"))
+        .bearer_auth(&red)
+        .json(
+            &json!({"applied": red_digest, "attempted": red_digest, "resources": [],
+                      "message": "applied on a", "agentVersion": "test"}),
+        )
+        .send()
+        .await
+        .expect("report");
+    assert_eq!(response.status(), 200);
+    eventually("b to show red's report", WAIT, || async {
+        let fleet = get_json(&client, &b.url("/v1/fleet"), &admin).await;
+        let red = fleet["clusters"]
+            .as_array()?
+            .iter()
+            .find(|c| c["name"] == "red")?
+            .clone();
+        (red["applied"] == red_digest.as_str()).then_some(())
+    })
+    .await;
+
+    // A commit reaches both: red and blue (no policy governs them) change at once,
+    // the edge sites through one rollout, decided by the lease holder alone.
+    repo.write(
+        "workloads/kuard/manifests/settings.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  colour: green\n",
+    );
+    repo.write(
+        "workloads/telemetry-agent/manifests/peers.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: peers\ndata:\n  hubs: \"2\"\n",
+    );
+    let commit = repo.commit("a change for both hubs");
+    let new_red = eventually("both hubs to serve red's new bundle", WAIT, || async {
+        let on_a = etag(&client, &a, "red", &red).await;
+        let on_b = etag(&client, &b, "red", &red).await;
+        (on_a == on_b && on_a.trim_matches('"') != red_digest).then_some(on_a)
+    })
+    .await;
+    assert!(new_red.starts_with("\"sha256:"));
+    let rollout_ids = |hub: &Running| {
+        let client = client.clone();
+        let admin = admin.clone();
+        let url = hub.url("/v1/rollouts");
+        let commit = commit.clone();
+        async move {
+            let list = get_json(&client, &url, &admin).await;
+            list["rollouts"]
+                .as_array()
+                .expect("rollouts")
+                .iter()
+                .filter(|r| {
+                    r["revision"]
+                        .as_str()
+                        .is_some_and(|rev| rev.ends_with(&commit))
+                })
+                .map(|r| r["id"].as_i64().expect("id"))
+                .collect::<Vec<i64>>()
+        }
+    };
+    let id = eventually(
+        "both hubs to show the commit's one rollout",
+        WAIT,
+        || async {
+            let (on_a, on_b) = (rollout_ids(&a).await, rollout_ids(&b).await);
+            (on_a.len() == 1 && on_a == on_b).then(|| on_a[0])
+        },
+    )
+    .await;
+    // Every decision of that rollout was taken once: its events, as both hubs show
+    // them, hold no message twice.
+    let events = |hub: &Running| {
+        let client = client.clone();
+        let admin = admin.clone();
+        let url = hub.url(&format!("/v1/rollouts/{id}"));
+        async move {
+            let detail = get_json(&client, &url, &admin).await;
+            detail["events"]
+                .as_array()
+                .expect("events")
+                .iter()
+                .map(|e| e["message"].as_str().unwrap_or_default().to_string())
+                .collect::<Vec<String>>()
+        }
+    };
+    let shown = eventually("both hubs to show the same events", WAIT, || async {
+        let (on_a, on_b) = (events(&a).await, events(&b).await);
+        (!on_a.is_empty() && on_a == on_b).then_some(on_a)
+    })
+    .await;
+    let distinct: BTreeSet<&String> = shown.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        shown.len(),
+        "a decision taken twice: {shown:?}"
+    );
+
+    // The lease holder stops; the other takes the lease over once it lapses, and
+    // takes the next commit alone.
+    let (holder, other) = if leases[0] { (a, b) } else { (b, a) };
+    holder.stop().await;
+    eventually("the other hub to take the lease", WAIT, || async {
+        (ready(&client, &other).await["rolloutLease"] == true).then_some(())
+    })
+    .await;
+    repo.write(
+        "workloads/kuard/manifests/settings.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  colour: blue\n",
+    );
+    repo.commit("a change after one hub stopped");
+    eventually(
+        "the remaining hub to serve the next commit",
+        WAIT,
+        || async {
+            let now = etag(&client, &other, "red", &red).await;
+            (now != new_red).then_some(())
+        },
+    )
+    .await;
+    let recorded = store.revision().await.expect("revision").expect("recorded");
+    assert!(
+        recorded.ends_with(&repo.git(&["rev-parse", "HEAD"])),
+        "{recorded}"
+    );
+    store.close().await;
+    other.stop().await;
+}
