@@ -9,6 +9,7 @@ mod diff_cli;
 mod digest_properties;
 mod dockerfile;
 mod first_hour;
+mod fleet_view;
 mod fuzz_regressions;
 mod hub_api;
 mod hub_follow;

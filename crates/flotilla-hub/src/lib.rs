@@ -8,6 +8,7 @@
 //! - [`rollouts`]: rollouts, decided by the pure core and recorded in the store;
 //! - [`api`]: the axum routes; [`auth`]: tokens; [`fleet`]: cluster states and the
 //!   fleet summary; [`metrics`]: Prometheus text;
+//! - [`ui`]: the web page at `/ui/` (login, fleet, clusters, rollouts);
 //! - [`publish`]: the same bundles as static files.
 //!
 //! This is the only module that knows axum's server side.
@@ -23,6 +24,7 @@ pub mod rollouts;
 pub mod source;
 pub mod state;
 pub mod store;
+pub mod ui;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -131,6 +133,7 @@ impl Hub {
             },
             look_now: Arc::new(Notify::new()),
             latest: ArcSwap::default(),
+            memberships: ArcSwap::default(),
             pulses: Mutex::default(),
             rollouts: rollouts::Engine::default(),
             token_recheck: Default::default(),
@@ -180,9 +183,15 @@ impl Hub {
         Ok(Hub { shared, tasks })
     }
 
-    /// The API as an axum router, for serving it another way.
+    /// The API and the web page as an axum router, for serving it another way
+    /// (over plain HTTP: the page's cookie is not marked Secure).
     pub fn router(&self) -> axum::Router {
-        api::router(self.shared.clone())
+        self.app(false)
+    }
+
+    /// The API and the web page; `secure` when served over TLS.
+    fn app(&self, secure: bool) -> axum::Router {
+        api::router(self.shared.clone()).merge(ui::router(self.shared.clone(), secure))
     }
 
     /// Long-polls being held right now.
@@ -259,7 +268,7 @@ impl Hub {
         });
         let result = axum_server::from_tcp_rustls(listener, config)
             .handle(handle)
-            .serve(self.router().into_make_service())
+            .serve(self.app(true).into_make_service())
             .await
             .map_err(HubError::Serve);
         self.stop().await;
