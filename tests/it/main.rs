@@ -20,4 +20,5 @@ mod render_example;
 mod rollout_e2e;
 mod schemas;
 mod support;
+mod ui_browser;
 mod validate_cli;
