@@ -75,7 +75,7 @@ pub struct FleetQuery {
 impl FleetQuery {
     fn matches(&self, cluster: &ClusterSummary) -> bool {
         (self.state.is_empty() || cluster.state.as_str() == self.state)
-            && (self.group.is_empty() || cluster.groups.iter().any(|g| *g == self.group))
+            && (self.group.is_empty() || cluster.groups.contains(&self.group))
             && (self.name.is_empty() || cluster.name.contains(self.name.trim()))
     }
 
