@@ -80,6 +80,8 @@ pub struct HubConfig {
     pub token_refresh: Duration,
     /// The budgets of reading and rendering each commit.
     pub limits: flotilla_core::limits::Limits,
+    /// Signs every served document (docs/security.md, "Signed bundles").
+    pub signing_key: Option<Arc<flotilla_core::signing::SigningKey>>,
 }
 
 impl HubConfig {
@@ -95,6 +97,7 @@ impl HubConfig {
             clock: Arc::new(SystemClock),
             token_refresh: Duration::from_secs(1),
             limits: flotilla_core::limits::Limits::default(),
+            signing_key: None,
         }
     }
 }
@@ -130,6 +133,7 @@ impl Hub {
                 history: config.history.max(1),
                 webhook_secret: config.webhook_secret,
                 clock: config.clock,
+                signing_key: config.signing_key,
             },
             look_now: Arc::new(Notify::new()),
             latest: ArcSwap::default(),
