@@ -383,7 +383,9 @@ async fn cluster_bundle(
     };
     let shared = ui.shared.clone();
     let read = tokio::task::spawn_blocking(move || {
-        let document = entry.document(&shared.store).map_err(|e| e.to_string())?;
+        let document = entry
+            .document(&shared.store, None)
+            .map_err(|e| e.to_string())?;
         let mut value: serde_json::Value =
             serde_json::from_slice(&document).map_err(|e| e.to_string())?;
         page::redact_secrets(&mut value);
