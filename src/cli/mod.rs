@@ -10,6 +10,7 @@ pub mod remote;
 mod render;
 mod rollout;
 mod source;
+mod status;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -57,6 +58,9 @@ pub enum Command {
     Key(key::KeyArgs),
     /// Run the edge agent: pull this cluster's bundle, verify, keep, apply, prune, report.
     Agent(flotilla_agent::cli::AgentArgs),
+    /// Show the fleet from a running hub: counts by state, render errors, rollouts and
+    /// the clusters that need attention (exit 0 none failed, 1 some failed, 2 could not ask).
+    Status(status::StatusArgs),
     /// Watch and steer rollouts on a running hub: list, show, pause, resume, promote, abort.
     Rollout(rollout::RolloutArgs),
     /// Write a new fleet repository: a cluster, a group, a workload, an overlay, the
@@ -413,6 +417,7 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Key(args) => key::run_key(&args),
         Command::Agent(args) => flotilla_agent::cli::run_agent(&args).map(|()| EXIT_OK),
         Command::Rollout(args) => rollout::run_rollout(&args),
+        Command::Status(args) => status::run_status(&args),
         Command::Init(args) => init::run_init(&args),
         Command::Completions(args) => manual::run_completions(&args),
         Command::Man(args) => manual::run_man(&args),

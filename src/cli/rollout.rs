@@ -127,7 +127,7 @@ fn pretty(value: &serde_json::Value) -> anyhow::Result<String> {
 }
 
 /// `canary ✓ 3/3 · rest 2/9 (1 failed)`: each wave's clusters in sync of all.
-fn waves_line(view: &RolloutView) -> String {
+pub(super) fn waves_line(view: &RolloutView) -> String {
     view.waves
         .iter()
         .map(|w| {
@@ -178,7 +178,7 @@ fn list_table(rollouts: &[RolloutView]) -> String {
     )
 }
 
-fn short_revision(revision: &str) -> String {
+pub(super) fn short_revision(revision: &str) -> String {
     match revision.split_once("@sha1:") {
         Some((branch, commit)) => format!("{branch}@{}", &commit[..commit.len().min(10)]),
         None => revision.to_string(),
@@ -186,6 +186,19 @@ fn short_revision(revision: &str) -> String {
 }
 
 fn table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> String {
+    table_painted(header, rows, None)
+}
+
+/// Picks a terminal colour (an ANSI escape) for a cell's text, or none.
+pub(super) type Paint = fn(&str) -> Option<&'static str>;
+
+/// Aligned columns, two spaces apart, like `kubectl get`. `painted` colours one
+/// column's cells (for a terminal) without changing the alignment.
+pub(super) fn table_painted<const N: usize>(
+    header: &[&str; N],
+    rows: &[[String; N]],
+    painted: Option<(usize, Paint)>,
+) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
@@ -193,22 +206,29 @@ fn table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> String {
         }
     }
     let mut out = String::new();
-    let mut line = |cells: Vec<&str>| {
+    let mut line = |cells: Vec<&str>, paint: bool| {
         let mut text = String::new();
         for (i, (cell, width)) in cells.iter().zip(&widths).enumerate() {
+            let colour = painted
+                .filter(|(column, _)| paint && *column == i)
+                .and_then(|(_, paint)| paint(cell));
+            let shown = match colour {
+                Some(colour) => format!("{colour}{cell}\x1b[0m"),
+                None => cell.to_string(),
+            };
             if i + 1 == cells.len() {
-                text.push_str(cell);
+                text.push_str(&shown);
             } else {
                 let pad = width - cell.chars().count();
-                let _ = write!(text, "{cell}{}  ", " ".repeat(pad));
+                let _ = write!(text, "{shown}{}  ", " ".repeat(pad));
             }
         }
         out.push_str(text.trim_end());
         out.push('\n');
     };
-    line(header.to_vec());
+    line(header.to_vec(), false);
     for row in rows {
-        line(row.iter().map(String::as_str).collect());
+        line(row.iter().map(String::as_str).collect(), true);
     }
     out
 }

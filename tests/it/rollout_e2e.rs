@@ -18,9 +18,9 @@ use crate::support::hub::*;
 use flotilla_hub::clock::ManualClock;
 
 /// Wednesday 2025-01-15 00:00 UTC.
-const START: u64 = 1_736_899_200;
+pub(crate) const START: u64 = 1_736_899_200;
 
-const POLICY: &str = "apiVersion: flotilla.dev/v1alpha1
+pub(crate) const POLICY: &str = "apiVersion: flotilla.dev/v1alpha1
 kind: RolloutPolicy
 metadata:
   name: stores
@@ -32,13 +32,13 @@ spec:
 ";
 
 /// The test's fleet in a Git repository.
-struct Fleet {
-    repo: Repo,
+pub(crate) struct Fleet {
+    pub(crate) repo: Repo,
     canaries: Vec<&'static str>,
 }
 
 impl Fleet {
-    fn new(canaries: &[&'static str], policy: &str) -> Fleet {
+    pub(crate) fn new(canaries: &[&'static str], policy: &str) -> Fleet {
         let fleet = Fleet {
             repo: Repo::empty(),
             canaries: canaries.to_vec(),
@@ -59,13 +59,13 @@ impl Fleet {
         fleet
     }
 
-    fn clusters(&self) -> Vec<&'static str> {
+    pub(crate) fn clusters(&self) -> Vec<&'static str> {
         let mut names = self.canaries.clone();
         names.extend(["s1", "s2", "s3", "s4", "lab"]);
         names
     }
 
-    fn write_cluster(&self, name: &str, paused: bool) {
+    pub(crate) fn write_cluster(&self, name: &str, paused: bool) {
         let labels = if name == "lab" {
             "{kind: lab}"
         } else if self.canaries.contains(&name) {
@@ -81,7 +81,7 @@ impl Fleet {
         );
     }
 
-    fn set_version(&self, version: &str) {
+    pub(crate) fn set_version(&self, version: &str) {
         self.repo.write(
             "workloads/app/workload.yaml",
             &format!(
@@ -91,30 +91,30 @@ impl Fleet {
     }
 
     /// Commits a new version and returns the revision the hub will name.
-    fn release(&self, version: &str, message: &str) -> String {
+    pub(crate) fn release(&self, version: &str, message: &str) -> String {
         self.set_version(version);
         format!("main@sha1:{}", self.repo.commit(message))
     }
 }
 
 /// The hub on the fleet, agents for its clusters and an admin token.
-struct Scene {
-    fleet: Fleet,
-    state: tempfile::TempDir,
-    hub: Option<Running>,
-    clock: Arc<ManualClock>,
-    client: reqwest::Client,
-    admin: String,
-    tokens: BTreeMap<String, String>,
+pub(crate) struct Scene {
+    pub(crate) fleet: Fleet,
+    pub(crate) state: tempfile::TempDir,
+    pub(crate) hub: Option<Running>,
+    pub(crate) clock: Arc<ManualClock>,
+    pub(crate) client: reqwest::Client,
+    pub(crate) admin: String,
+    pub(crate) tokens: BTreeMap<String, String>,
     /// What each simulated agent runs.
-    runs: BTreeMap<String, String>,
+    pub(crate) runs: BTreeMap<String, String>,
 }
 
 impl Scene {
     /// Starts a hub on an empty store with the fleet at v1 committed with the
     /// immediate trailer, so every agent fetches v1 at once; every agent then fetches
     /// and reports, and the first rollout completes.
-    async fn at_v1(canaries: &[&'static str], policy: &str) -> Scene {
+    pub(crate) async fn at_v1(canaries: &[&'static str], policy: &str) -> Scene {
         let fleet = Fleet::new(canaries, policy);
         let first = format!(
             "main@sha1:{}",
@@ -147,7 +147,7 @@ impl Scene {
         scene
     }
 
-    async fn start(&mut self) {
+    pub(crate) async fn start(&mut self) {
         let mut config = config(
             self.state.path(),
             &self.fleet.repo.path().display().to_string(),
@@ -156,19 +156,19 @@ impl Scene {
         self.hub = Some(Running::start_ready(config).await);
     }
 
-    async fn stop(&mut self) {
+    pub(crate) async fn stop(&mut self) {
         if let Some(hub) = self.hub.take() {
             hub.stop().await;
         }
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         self.hub.as_ref().expect("the hub runs").url(path)
     }
 
     /// One poll of a cluster's bundle, naming the digest its agent runs; the agent
     /// takes what it is sent. Returns the status code.
-    async fn poll(&mut self, cluster: &str) -> u16 {
+    pub(crate) async fn poll(&mut self, cluster: &str) -> u16 {
         let url = self.url(&format!("/v1/clusters/{cluster}/bundle"));
         let runs = self.runs.get(cluster).map(|d| format!("\"{d}\""));
         let (status, etag, body) =
@@ -183,7 +183,7 @@ impl Scene {
     }
 
     /// The agent reports what it runs: healthy, or with a failed Deployment.
-    async fn report(&self, cluster: &str, healthy: bool) {
+    pub(crate) async fn report(&self, cluster: &str, healthy: bool) {
         let runs = self.runs.get(cluster).cloned();
         let resources = if healthy {
             json!([])
@@ -206,7 +206,7 @@ impl Scene {
     }
 
     /// Every cluster not in `silent` polls (and takes what it is sent) and reports.
-    async fn all_check_in(&mut self, silent: &[&str]) {
+    pub(crate) async fn all_check_in(&mut self, silent: &[&str]) {
         for name in self.fleet.clusters() {
             if !silent.contains(&name) {
                 self.poll(name).await;
@@ -217,18 +217,18 @@ impl Scene {
 
     /// Moves the hub's clock, a minute at a time, with every cluster not in `silent`
     /// checking in each minute (as their agents' long-polls and heartbeats would).
-    async fn advance(&mut self, minutes: u64, silent: &[&str]) {
+    pub(crate) async fn advance(&mut self, minutes: u64, silent: &[&str]) {
         for _ in 0..minutes {
             self.clock.advance(Duration::from_secs(60));
             self.all_check_in(silent).await;
         }
     }
 
-    async fn fleet(&self) -> Value {
+    pub(crate) async fn fleet(&self) -> Value {
         get_json(&self.client, &self.url("/v1/fleet"), &self.admin).await
     }
 
-    async fn wait_revision(&self, revision: &str) {
+    pub(crate) async fn wait_revision(&self, revision: &str) {
         let url = self.url("/v1/fleet");
         eventually(
             "the hub to serve the commit",
@@ -244,12 +244,12 @@ impl Scene {
         .await;
     }
 
-    async fn rollouts(&self) -> Vec<Value> {
+    pub(crate) async fn rollouts(&self) -> Vec<Value> {
         let list = get_json(&self.client, &self.url("/v1/rollouts"), &self.admin).await;
         list["rollouts"].as_array().expect("rollouts").clone()
     }
 
-    async fn rollout_of(&self, revision: &str) -> Value {
+    pub(crate) async fn rollout_of(&self, revision: &str) -> Value {
         let url = self.url("/v1/rollouts");
         let id = eventually("the rollout to start", Duration::from_secs(10), || {
             let (client, url, admin) = (&self.client, &url, &self.admin);
@@ -272,7 +272,7 @@ impl Scene {
     }
 
     /// Waits (on the hub's timer, which runs on its own task) for a rollout state.
-    async fn wait_rollout_state(&self, revision: &str, state: &str) -> Value {
+    pub(crate) async fn wait_rollout_state(&self, revision: &str, state: &str) -> Value {
         let url = self.url("/v1/rollouts");
         eventually(
             &format!("the rollout of {revision} to be {state}"),
@@ -293,7 +293,7 @@ impl Scene {
     }
 
     /// Waits for the wave states of the rollout of `revision`.
-    async fn wait_waves(&self, revision: &str, expect: &[&str]) -> Value {
+    pub(crate) async fn wait_waves(&self, revision: &str, expect: &[&str]) -> Value {
         let url = self.url("/v1/rollouts");
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
@@ -334,7 +334,7 @@ impl Scene {
     }
 
     /// Waits until wave `index` of the rollout of `revision` is in `state`.
-    async fn wait_wave(&self, revision: &str, index: usize, state: &str) -> Value {
+    pub(crate) async fn wait_wave(&self, revision: &str, index: usize, state: &str) -> Value {
         let url = self.url("/v1/rollouts");
         eventually(
             &format!("wave {index} of {revision} to be {state}"),
@@ -356,7 +356,7 @@ impl Scene {
     }
 
     /// The digest the hub serves each cluster now and the one HEAD renders for it.
-    async fn served(&self) -> BTreeMap<String, (String, String)> {
+    pub(crate) async fn served(&self) -> BTreeMap<String, (String, String)> {
         self.fleet().await["clusters"]
             .as_array()
             .expect("clusters")
@@ -374,7 +374,7 @@ impl Scene {
     }
 
     /// The clusters served what HEAD renders, sorted.
-    async fn on_latest(&self) -> Vec<String> {
+    pub(crate) async fn on_latest(&self) -> Vec<String> {
         self.served()
             .await
             .into_iter()
@@ -764,7 +764,11 @@ async fn the_immediate_trailer_releases_every_wave_at_once() {
     scene.stop().await;
 }
 
-fn flotilla(args: &[&str], server: &str, token_file: &std::path::Path) -> (bool, String, String) {
+pub(crate) fn flotilla(
+    args: &[&str],
+    server: &str,
+    token_file: &std::path::Path,
+) -> (bool, String, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_flotilla"))
         .args(args)
         .env("FLOTILLA_SERVER", server)

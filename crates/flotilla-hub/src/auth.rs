@@ -115,6 +115,14 @@ impl TokenTable {
         self.by_hash.len()
     }
 
+    /// What the live token with this id grants (`None`: unknown or revoked).
+    pub fn grant_of_id(&self, id: &str) -> Option<&Grant> {
+        self.by_hash
+            .values()
+            .find(|(_, token_id)| token_id == id)
+            .map(|(grant, _)| grant)
+    }
+
     /// Checks an `Authorization` header value.
     pub fn check(&self, header: Option<&HeaderValue>) -> Result<&Grant, AuthError> {
         self.check_with_id(header).map(|(grant, _)| grant)

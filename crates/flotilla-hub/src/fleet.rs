@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::store::StoredStatus;
 use flotilla_core::bundle::Digest;
@@ -15,7 +15,7 @@ use flotilla_core::diagnostic::Diagnostic;
 use super::clock::rfc3339;
 
 /// Where a cluster stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ClusterState {
     /// The agent applied the desired digest and reported no failed resource.
@@ -46,6 +46,41 @@ impl ClusterState {
         ClusterState::Offline,
         ClusterState::NeverSeen,
     ];
+
+    /// The states in the order an operator should look at them: failed first, then
+    /// offline, pending, never seen, paused, waiting, and in sync last.
+    pub const BY_URGENCY: [ClusterState; 7] = [
+        ClusterState::Failed,
+        ClusterState::Offline,
+        ClusterState::Pending,
+        ClusterState::NeverSeen,
+        ClusterState::Paused,
+        ClusterState::Waiting,
+        ClusterState::InSync,
+    ];
+
+    /// 0 for the most urgent state (see [`ClusterState::BY_URGENCY`]).
+    pub fn urgency(self) -> usize {
+        ClusterState::BY_URGENCY
+            .iter()
+            .position(|s| *s == self)
+            .unwrap_or(ClusterState::BY_URGENCY.len())
+    }
+
+    /// Whether an operator should look at a cluster in this state.
+    pub fn needs_attention(self) -> bool {
+        matches!(
+            self,
+            ClusterState::Failed
+                | ClusterState::Offline
+                | ClusterState::Pending
+                | ClusterState::NeverSeen
+        )
+    }
+
+    pub fn parse(text: &str) -> Option<ClusterState> {
+        ClusterState::ALL.into_iter().find(|s| s.as_str() == text)
+    }
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -152,6 +187,10 @@ pub struct ClusterSummary {
     pub agent_version: Option<String>,
     /// Resources the agent reported as failed.
     pub failed_resources: Vec<String>,
+    /// The fleet groups it belongs to (from the last clean render).
+    pub groups: Vec<String>,
+    /// How long since it was last seen, in seconds on the hub's clock.
+    pub silent_for_seconds: Option<i64>,
 }
 
 /// One served cluster, as the summary needs it.
@@ -167,6 +206,8 @@ pub struct Desired<'a> {
     pub policy: Option<&'a str>,
     pub wave: Option<&'a str>,
     pub paused: bool,
+    /// The fleet groups it belongs to.
+    pub groups: &'a [String],
 }
 
 pub fn summarize<'a>(
@@ -236,6 +277,8 @@ pub fn summarize<'a>(
                             .collect()
                     })
                     .unwrap_or_default(),
+                groups: d.groups.to_vec(),
+                silent_for_seconds: last_seen.map(|at| now_ms.saturating_sub(at).max(0) / 1000),
             }
         })
         .collect();
@@ -361,6 +404,7 @@ mod tests {
             policy: Some("stores"),
             wave: Some("rest"),
             paused: false,
+            groups: &[],
         }
     }
 

@@ -8,6 +8,7 @@
 //! - [`rollouts`]: rollouts, decided by the pure core and recorded in the store;
 //! - [`api`]: the axum routes; [`auth`]: tokens; [`fleet`]: cluster states and the
 //!   fleet summary; [`metrics`]: Prometheus text;
+//! - [`ui`]: the web page at `/ui/` (login, fleet, clusters, rollouts);
 //! - [`publish`]: the same bundles as static files.
 //!
 //! This is the only module that knows axum's server side.
@@ -27,6 +28,7 @@ pub mod source;
 pub mod state;
 pub mod store;
 pub mod tls;
+pub mod ui;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -171,6 +173,7 @@ impl Hub {
             },
             look_now: Arc::new(Notify::new()),
             latest: ArcSwap::default(),
+            memberships: ArcSwap::default(),
             pulses: Mutex::default(),
             rollouts: rollouts::Engine::default(),
             lease,
@@ -231,9 +234,15 @@ impl Hub {
         })
     }
 
-    /// The API as an axum router, for serving it another way.
+    /// The API and the web page as an axum router, for serving it another way
+    /// (over plain HTTP: the page's cookie is not marked Secure).
     pub fn router(&self) -> axum::Router {
-        api::router(self.shared.clone())
+        self.app(false)
+    }
+
+    /// The API and the web page; `secure` when served over TLS.
+    fn app(&self, secure: bool) -> axum::Router {
+        api::router(self.shared.clone()).merge(ui::router(self.shared.clone(), secure))
     }
 
     /// Long-polls being held right now.
@@ -268,7 +277,7 @@ impl Hub {
         listener: tokio::net::TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), HubError> {
-        self.serve_with(listener, listen::Transport::Plain, shutdown)
+        self.serve_with(listener, listen::Transport::Plain, false, shutdown)
             .await
     }
 
@@ -291,19 +300,20 @@ impl Hub {
             acceptor,
             client_auth: files.client_ca.is_some(),
         };
-        self.serve_with(listener, transport, shutdown).await
+        self.serve_with(listener, transport, true, shutdown).await
     }
 
     async fn serve_with(
         self,
         listener: tokio::net::TcpListener,
         transport: listen::Transport,
+        secure: bool,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), HubError> {
         let result = listen::serve(
             listener,
             transport,
-            self.router(),
+            self.app(secure),
             self.connections,
             self.shared.shutdown.clone(),
             shutdown,

@@ -226,6 +226,9 @@ pub struct Shared {
     pub look_now: Arc<Notify>,
     /// What the last clean render gives each cluster.
     pub latest: ArcSwap<HashMap<String, Arc<Latest>>>,
+    /// The fleet groups of each cluster, from the last clean render (for the fleet
+    /// summary, `flotilla status --group` and the web page).
+    pub memberships: ArcSwap<HashMap<String, Vec<String>>>,
     /// Per cluster, when it was last seen and fetched (kept across swaps of `served`).
     pub pulses: Mutex<HashMap<String, Arc<Pulse>>>,
     /// The rollouts: their state, decisions and timer.
@@ -290,10 +293,12 @@ impl Shared {
     pub fn fleet_summary(&self) -> FleetSummary {
         let served = self.served.load();
         let latest = self.latest.load();
+        let memberships = self.memberships.load();
         let statuses = self.statuses.read().unwrap_or_else(|e| e.into_inner());
         summarize(
             served.clusters.values().map(|c| {
                 let latest = latest.get(&c.name);
+                let groups = memberships.get(&c.name).map_or(&[][..], Vec::as_slice);
                 Desired {
                     name: &c.name,
                     digest: &c.digest,
@@ -304,6 +309,7 @@ impl Shared {
                     policy: latest.and_then(|l| l.policy.as_deref()),
                     wave: latest.and_then(|l| l.wave.as_deref()),
                     paused: latest.is_some_and(|l| l.paused),
+                    groups,
                 }
             }),
             &statuses,
@@ -319,6 +325,7 @@ impl Shared {
         let entry = served.clusters.get(cluster)?;
         let latest = self.latest.load();
         let latest = latest.get(cluster);
+        let memberships = self.memberships.load();
         let statuses = self.statuses.read().unwrap_or_else(|e| e.into_inner());
         summarize(
             [Desired {
@@ -331,6 +338,7 @@ impl Shared {
                 policy: latest.and_then(|l| l.policy.as_deref()),
                 wave: latest.and_then(|l| l.wave.as_deref()),
                 paused: latest.is_some_and(|l| l.paused),
+                groups: memberships.get(cluster).map_or(&[][..], Vec::as_slice),
             }],
             &statuses,
             &RenderStatus::default(),
@@ -597,6 +605,13 @@ impl Shared {
             // hub has the objects too.
             self.sync_from_store().await?;
         }
+        self.memberships.store(Arc::new(
+            output
+                .memberships
+                .iter()
+                .map(|(cluster, groups)| (cluster.clone(), groups.clone()))
+                .collect(),
+        ));
         let report = InstallReport {
             revision: output.revision.clone(),
             clusters: output.bundles.len(),

@@ -10,6 +10,7 @@
 
 pub mod objects;
 pub mod rollouts;
+pub mod sessions;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -24,6 +25,7 @@ use flotilla_core::bundle::Digest;
 use flotilla_core::status::StatusReport;
 pub use objects::{ObjectError, Objects};
 pub use rollouts::{RolloutWrite, StoredRollout};
+pub use sessions::StoredSession;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -243,6 +245,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         2,
         "rollouts",
         include_str!("../../migrations/0002_rollouts.sql"),
+    ),
+    (
+        3,
+        "sessions",
+        include_str!("../../migrations/0003_sessions.sql"),
     ),
     (
         4,

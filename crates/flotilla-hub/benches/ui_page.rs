@@ -1,0 +1,157 @@
+//! The web page's fleet page at 10,000 clusters: the fleet summary built from what
+//! the hub holds in memory, then one page of the cluster list rendered, as the
+//! `/ui/` handler does. Prints the page's size; BENCHMARKS.md has the figures.
+//!
+//! `cargo bench -p flotilla-hub --bench ui_page`
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use flotilla_core::bundle::Digest;
+use flotilla_core::status::{ResourceState, ResourceStatus, StatusReport};
+use flotilla_hub::fleet::{Desired, RenderStatus, summarize};
+use flotilla_hub::store::StoredStatus;
+use flotilla_hub::ui::page::{FleetQuery, fleet_page};
+
+const CLUSTERS: usize = 10_000;
+const NOW_MS: i64 = 1_736_899_200_000;
+
+struct Fleet {
+    names: Vec<String>,
+    digests: Vec<Digest>,
+    groups: Vec<Vec<String>>,
+    statuses: HashMap<String, StoredStatus>,
+}
+
+fn digest(i: usize) -> Digest {
+    Digest::parse(&format!("sha256:{i:064x}")).expect("digest")
+}
+
+/// 10,000 stores in 20 regions: most in sync, some failed, offline, pending, never seen.
+fn fleet() -> Fleet {
+    let names: Vec<String> = (0..CLUSTERS).map(|i| format!("store-{i:05}")).collect();
+    let digests: Vec<Digest> = (0..CLUSTERS).map(|i| digest(i % 50)).collect();
+    let groups = (0..CLUSTERS)
+        .map(|i| {
+            vec![
+                format!("region-{:02}", i % 20),
+                if i % 100 == 0 {
+                    "canary".into()
+                } else {
+                    "stable".into()
+                },
+            ]
+        })
+        .collect();
+    let mut statuses = HashMap::new();
+    for (i, name) in names.iter().enumerate() {
+        if i % 97 == 0 {
+            continue; // never seen
+        }
+        let applied = if i % 13 == 0 {
+            digest(999)
+        } else {
+            digests[i].clone()
+        };
+        let failed = i % 41 == 0;
+        let received_at_ms = if i % 53 == 0 {
+            NOW_MS - 3_600_000
+        } else {
+            NOW_MS - 20_000
+        };
+        statuses.insert(
+            name.clone(),
+            StoredStatus {
+                cluster: name.clone(),
+                report: StatusReport {
+                    applied: Some(applied.clone()),
+                    attempted: Some(digests[i].clone()),
+                    resources: if failed {
+                        vec![ResourceStatus {
+                            group: "apps".into(),
+                            kind: "Deployment".into(),
+                            namespace: "pos".into(),
+                            name: "api".into(),
+                            state: ResourceState::Failed,
+                            message: "ImagePullBackOff: image pos/api:2.4.1 not found".into(),
+                        }]
+                    } else {
+                        vec![]
+                    },
+                    message: "applied 42 resources".into(),
+                    agent_version: "0.1.0".into(),
+                },
+                received_at_ms,
+            },
+        );
+    }
+    Fleet {
+        names,
+        digests,
+        groups,
+        statuses,
+    }
+}
+
+fn page(fleet: &Fleet, query: &FleetQuery) -> String {
+    let render = RenderStatus {
+        served_revision: Some("main@sha1:0123456789abcdef0123456789abcdef01234567".into()),
+        attempted_revision: Some("main@sha1:0123456789abcdef0123456789abcdef01234567".into()),
+        ..RenderStatus::default()
+    };
+    let summary = summarize(
+        fleet.names.iter().enumerate().map(|(i, name)| Desired {
+            name,
+            digest: &fleet.digests[i],
+            revision: "main@sha1:0123456789abcdef0123456789abcdef01234567",
+            hold: false,
+            seen_ms: None,
+            latest: Some(&fleet.digests[i]),
+            policy: Some("stores"),
+            wave: Some(if i % 100 == 0 { "canary" } else { "rest" }),
+            paused: false,
+            groups: &fleet.groups[i],
+        }),
+        &fleet.statuses,
+        &render,
+        NOW_MS,
+        Duration::from_secs(300),
+    );
+    fleet_page(&summary, &[], query, &"0".repeat(64)).expect("page")
+}
+
+fn bench(c: &mut Criterion) {
+    let fleet = fleet();
+    let all = FleetQuery::default();
+    let failed = FleetQuery {
+        state: "failed".into(),
+        ..FleetQuery::default()
+    };
+    let last = FleetQuery {
+        page: Some(100),
+        ..FleetQuery::default()
+    };
+    for (what, query) in [
+        ("first page", &all),
+        ("failed", &failed),
+        ("page 100", &last),
+    ] {
+        let html = page(&fleet, query);
+        println!(
+            "fleet page at {CLUSTERS} clusters, {what}: {} bytes",
+            html.len()
+        );
+    }
+    let mut group = c.benchmark_group("ui");
+    group.bench_function("fleet page, 10,000 clusters", |b| {
+        b.iter(|| page(&fleet, &all))
+    });
+    group.bench_function("fleet page, 10,000 clusters, state=failed", |b| {
+        b.iter(|| page(&fleet, &failed))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

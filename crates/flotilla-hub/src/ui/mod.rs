@@ -1,0 +1,483 @@
+//! The web page at `/ui/` (docs/ui.md): the fleet, a page per cluster and per
+//! rollout, server-rendered HTML behind a login with an admin token.
+//!
+//! - [`session`]: login, the session cookie, form tokens and the origin check;
+//! - [`page`]: view models and templates (pure: the benchmark builds pages with it).
+//!
+//! Every page but the login redirects to it without a session, before it reads
+//! anything of the fleet. Rollout actions go through the same engine as the API's
+//! and are recorded with the id of the token that opened the session.
+
+pub mod page;
+pub mod session;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::rejection::{FormRejection, QueryRejection};
+use axum::extract::{Form, Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use http::header::{
+    CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, LOCATION, REFERRER_POLICY, SET_COOKIE,
+    X_CONTENT_TYPE_OPTIONS, X_FRAME_OPTIONS,
+};
+use http::{HeaderMap, HeaderValue, StatusCode};
+use serde::Deserialize;
+
+use crate::auth::{Grant, TokenTable};
+use crate::rollouts::{Action, ActionRefused};
+use crate::state::Shared;
+use crate::store::StoredSession;
+use page::FleetQuery;
+
+/// The web page's routes.
+pub mod routes {
+    pub const HOME: &str = "/ui/";
+    pub const LOGIN: &str = "/ui/login";
+    pub const LOGOUT: &str = "/ui/logout";
+    pub const FLEET_JSON: &str = "/ui/fleet.json";
+    pub const CLUSTER: &str = "/ui/clusters/{cluster}";
+    pub const CLUSTER_BUNDLE: &str = "/ui/clusters/{cluster}/bundle";
+    pub const ROLLOUT: &str = "/ui/rollouts/{id}";
+    pub const ROLLOUT_ACTION: &str = "/ui/rollouts/{id}/{action}";
+    pub const STYLE: &str = "/ui/assets/style.css";
+    pub const SCRIPT: &str = "/ui/assets/ui.js";
+}
+
+#[derive(Clone)]
+struct Ui {
+    shared: Arc<Shared>,
+    /// Served over TLS: the cookie is marked Secure.
+    secure: bool,
+}
+
+/// The routes of the web page; `secure` when the hub serves HTTPS.
+pub fn router(shared: Arc<Shared>, secure: bool) -> Router {
+    Router::new()
+        .route("/ui", get(|| async { redirect(routes::HOME) }))
+        .route(routes::HOME, get(fleet))
+        .route(routes::LOGIN, get(login_form).post(login))
+        .route(routes::LOGOUT, post(logout))
+        .route(routes::FLEET_JSON, get(fleet_json))
+        .route(routes::CLUSTER, get(cluster))
+        .route(routes::CLUSTER_BUNDLE, get(cluster_bundle))
+        .route(routes::ROLLOUT, get(rollout))
+        .route(routes::ROLLOUT_ACTION, post(rollout_action))
+        .route(
+            routes::STYLE,
+            get(|| async { asset(page::STYLE, "text/css; charset=utf-8") }),
+        )
+        .route(
+            routes::SCRIPT,
+            get(|| async { asset(page::SCRIPT, "text/javascript; charset=utf-8") }),
+        )
+        .with_state(Ui { shared, secure })
+}
+
+/// What every page answer carries: no caching, no framing, only the hub's own
+/// scripts and styles.
+fn harden(response: &mut Response) {
+    let headers = response.headers_mut();
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert(X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    headers.insert(REFERRER_POLICY, HeaderValue::from_static("same-origin"));
+    headers.insert(
+        CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; style-src 'self' 'unsafe-inline'; script-src 'self'; connect-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+}
+
+fn html(status: StatusCode, body: String) -> Response {
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    harden(&mut response);
+    response
+}
+
+fn page_result(result: Result<String, page::PageError>) -> Response {
+    match result {
+        Ok(body) => html(StatusCode::OK, body),
+        Err(err) => {
+            tracing::error!("{err}");
+            let mut response =
+                Response::new(Body::from("the page could not be built; see the hub's log"));
+            *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+            harden(&mut response);
+            response
+        }
+    }
+}
+
+fn error(status: StatusCode, message: &str, csrf: Option<&str>) -> Response {
+    match page::error_page(message, csrf) {
+        Ok(body) => html(status, body),
+        Err(err) => page_result(Err(err)),
+    }
+}
+
+fn redirect(to: &str) -> Response {
+    let mut response = Response::new(Body::empty());
+    *response.status_mut() = StatusCode::SEE_OTHER;
+    if let Ok(value) = HeaderValue::from_str(to) {
+        response.headers_mut().insert(LOCATION, value);
+    }
+    harden(&mut response);
+    response
+}
+
+fn asset(body: &'static str, content_type: &'static str) -> Response {
+    let mut response = Response::new(Body::from(body));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    harden(&mut response);
+    response.headers_mut().insert(
+        CACHE_CONTROL,
+        HeaderValue::from_static("public, max-age=300"),
+    );
+    response
+}
+
+/// Whether the admin token with this id is still live (a revoked token's sessions
+/// end with it).
+fn admin_live(tokens: &TokenTable, token_id: &str) -> bool {
+    tokens.grant_of_id(token_id) == Some(&Grant::Admin)
+}
+
+/// The request's session, or the answer to give instead (a redirect to the login).
+async fn session(ui: &Ui, headers: &HeaderMap) -> Result<StoredSession, Response> {
+    let Some(id) = session::cookie_id(headers) else {
+        return Err(redirect(routes::LOGIN));
+    };
+    let now = ui.shared.settings.clock.now_ms();
+    match ui.shared.store.session(&session::id_hash(&id), now).await {
+        Ok(Some(session)) if admin_live(&ui.shared.tokens.load(), &session.token_id) => Ok(session),
+        Ok(_) => Err(redirect(routes::LOGIN)),
+        Err(err) => {
+            tracing::error!("cannot read the web page's sessions: {err}");
+            Err(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the hub cannot read its store; see its log",
+                None,
+            ))
+        }
+    }
+}
+
+fn not_ready() -> Response {
+    let mut response = error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the hub is starting and has not loaded its store yet; this page reloads shortly",
+        None,
+    );
+    response
+        .headers_mut()
+        .insert(http::header::RETRY_AFTER, HeaderValue::from(5));
+    response
+}
+
+async fn login_form(State(ui): State<Ui>, headers: HeaderMap) -> Response {
+    if session(&ui, &headers).await.is_ok() {
+        return redirect(routes::HOME);
+    }
+    page_result(page::login_page(None))
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    #[serde(default)]
+    token: String,
+}
+
+async fn login(
+    State(ui): State<Ui>,
+    headers: HeaderMap,
+    form: Result<Form<LoginForm>, FormRejection>,
+) -> Response {
+    if !session::same_origin(&headers) {
+        return error(
+            StatusCode::FORBIDDEN,
+            "this form must be sent from the hub's own page",
+            None,
+        );
+    }
+    let token = form.map(|Form(f)| f.token).unwrap_or_default();
+    let refused = |status, message: &str| match page::login_page(Some(message)) {
+        Ok(body) => html(status, body),
+        Err(err) => page_result(Err(err)),
+    };
+    let Ok(header) = HeaderValue::from_str(&format!("Bearer {}", token.trim())) else {
+        return refused(StatusCode::UNAUTHORIZED, "that is not a token");
+    };
+    let token_id = match ui.shared.grant_with_id(Some(&header)).await {
+        Ok((Grant::Admin, id)) => id,
+        Ok((Grant::Cluster(_), _)) => {
+            return refused(
+                StatusCode::FORBIDDEN,
+                "that is a cluster's token; the page needs an admin token (flotilla token create --admin)",
+            );
+        }
+        Err(_) => return refused(StatusCode::UNAUTHORIZED, "the token is unknown or revoked"),
+    };
+    let new = session::new_session(&token_id, ui.shared.settings.clock.now_ms());
+    if let Err(err) = ui.shared.store.insert_session(&new.stored).await {
+        tracing::error!("cannot record a web page session: {err}");
+        return error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the hub cannot write its store; see its log",
+            None,
+        );
+    }
+    tracing::info!(token = %token_id, "logged in to the web page");
+    let mut response = redirect(routes::HOME);
+    if let Ok(cookie) = HeaderValue::from_str(&session::set_cookie(&new.id, ui.secure)) {
+        response.headers_mut().insert(SET_COOKIE, cookie);
+    }
+    response
+}
+
+#[derive(Deserialize)]
+struct CsrfForm {
+    #[serde(default)]
+    csrf: String,
+}
+
+/// Checks a state-changing request: a session, the hub's own origin, the session's
+/// form token.
+async fn check_post(
+    ui: &Ui,
+    headers: &HeaderMap,
+    form: Result<Form<CsrfForm>, FormRejection>,
+) -> Result<StoredSession, Response> {
+    let session = session(ui, headers).await?;
+    if !session::same_origin(headers) {
+        return Err(error(
+            StatusCode::FORBIDDEN,
+            "this form must be sent from the hub's own page",
+            Some(&session.csrf),
+        ));
+    }
+    let sent = form.map(|Form(f)| f.csrf).unwrap_or_default();
+    if !session::same_token(&sent, &session.csrf) {
+        return Err(error(
+            StatusCode::FORBIDDEN,
+            "the form is out of date or was not sent by this page; reload it and try again",
+            Some(&session.csrf),
+        ));
+    }
+    Ok(session)
+}
+
+async fn logout(
+    State(ui): State<Ui>,
+    headers: HeaderMap,
+    form: Result<Form<CsrfForm>, FormRejection>,
+) -> Response {
+    let session = match check_post(&ui, &headers, form).await {
+        Ok(session) => session,
+        Err(response) => return response,
+    };
+    if let Err(err) = ui.shared.store.delete_session(&session.id_hash).await {
+        tracing::error!("cannot end a web page session: {err}");
+    }
+    let mut response = redirect(routes::LOGIN);
+    if let Ok(cookie) = HeaderValue::from_str(&session::clear_cookie(ui.secure)) {
+        response.headers_mut().insert(SET_COOKIE, cookie);
+    }
+    response
+}
+
+async fn fleet(
+    State(ui): State<Ui>,
+    headers: HeaderMap,
+    query: Result<Query<FleetQuery>, QueryRejection>,
+) -> Response {
+    let session = match session(&ui, &headers).await {
+        Ok(session) => session,
+        Err(response) => return response,
+    };
+    if !ui.shared.ready.load(Ordering::Relaxed) {
+        return not_ready();
+    }
+    let query = query.map(|Query(q)| q).unwrap_or_default();
+    let summary = ui.shared.fleet_summary();
+    let rollouts = ui.shared.rollouts.active_views();
+    page_result(page::fleet_page(&summary, &rollouts, &query, &session.csrf))
+}
+
+async fn fleet_json(State(ui): State<Ui>, headers: HeaderMap) -> Response {
+    if session(&ui, &headers).await.is_err() {
+        let mut response = Response::new(Body::from(r#"{"error":"log in at /ui/login"}"#));
+        *response.status_mut() = StatusCode::UNAUTHORIZED;
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        harden(&mut response);
+        return response;
+    }
+    let summary = ui.shared.fleet_summary();
+    let rollouts = ui.shared.rollouts.active_views();
+    let body = serde_json::json!({
+        "stamp": page::stamp(&summary, &rollouts),
+        "revision": summary.revision,
+        "counts": summary.counts,
+    });
+    let mut response = Response::new(Body::from(body.to_string()));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    harden(&mut response);
+    response
+}
+
+async fn cluster(State(ui): State<Ui>, headers: HeaderMap, Path(name): Path<String>) -> Response {
+    let session = match session(&ui, &headers).await {
+        Ok(session) => session,
+        Err(response) => return response,
+    };
+    let Some(summary) = ui.shared.fleet_summary_of(&name) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            &format!("no cluster named {name:?} is served"),
+            Some(&session.csrf),
+        );
+    };
+    let history = match ui.shared.store.history(&name).await {
+        Ok(history) => history
+            .into_iter()
+            .map(|(d, r)| (d.to_string(), r))
+            .collect::<Vec<_>>(),
+        Err(err) => {
+            tracing::error!("cannot read the history of {name}: {err}");
+            Vec::new()
+        }
+    };
+    page_result(page::cluster_page(&summary, &history, &session.csrf))
+}
+
+async fn cluster_bundle(
+    State(ui): State<Ui>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Response {
+    let session = match session(&ui, &headers).await {
+        Ok(session) => session,
+        Err(response) => return response,
+    };
+    let Some(entry) = ui.shared.served.load().clusters.get(&name).cloned() else {
+        return error(
+            StatusCode::NOT_FOUND,
+            &format!("no cluster named {name:?} is served"),
+            Some(&session.csrf),
+        );
+    };
+    let shared = ui.shared.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        let document = entry
+            .document(&shared.store, None)
+            .map_err(|e| e.to_string())?;
+        let mut value: serde_json::Value =
+            serde_json::from_slice(&document).map_err(|e| e.to_string())?;
+        page::redact_secrets(&mut value);
+        serde_json::to_string_pretty(&value).map_err(|e| e.to_string())
+    })
+    .await;
+    match read {
+        Ok(Ok(text)) => {
+            let digest = ui
+                .shared
+                .served
+                .load()
+                .clusters
+                .get(&name)
+                .map(|c| c.digest.to_string())
+                .unwrap_or_default();
+            page_result(page::bundle_page(&name, &digest, &text, &session.csrf))
+        }
+        Ok(Err(err)) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("cannot read the bundle of {name}: {err}"),
+            Some(&session.csrf),
+        ),
+        Err(err) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &err.to_string(),
+            Some(&session.csrf),
+        ),
+    }
+}
+
+async fn rollout(State(ui): State<Ui>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    let session = match session(&ui, &headers).await {
+        Ok(session) => session,
+        Err(response) => return response,
+    };
+    let Ok(id) = id.parse::<i64>() else {
+        return error(
+            StatusCode::NOT_FOUND,
+            &format!("{id:?} is not a rollout id"),
+            Some(&session.csrf),
+        );
+    };
+    match ui.shared.rollout_detail(id).await {
+        Ok(Some(view)) => page_result(page::rollout_page(&view, &session.csrf)),
+        Ok(None) => error(
+            StatusCode::NOT_FOUND,
+            &format!("no rollout with id {id}"),
+            Some(&session.csrf),
+        ),
+        Err(err) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &err.to_string(),
+            Some(&session.csrf),
+        ),
+    }
+}
+
+async fn rollout_action(
+    State(ui): State<Ui>,
+    headers: HeaderMap,
+    Path((id, action)): Path<(String, String)>,
+    form: Result<Form<CsrfForm>, FormRejection>,
+) -> Response {
+    let session = match check_post(&ui, &headers, form).await {
+        Ok(session) => session,
+        Err(response) => return response,
+    };
+    let csrf = Some(session.csrf.as_str());
+    let (Ok(id), Some(action)) = (id.parse::<i64>(), Action::parse(&action)) else {
+        return error(StatusCode::NOT_FOUND, "no such rollout or action", csrf);
+    };
+    match ui
+        .shared
+        .rollout_action(id, action, &session.token_id)
+        .await
+    {
+        Ok(_) => redirect(&format!("/ui/rollouts/{id}")),
+        Err(ActionRefused::NotFound(id)) => error(
+            StatusCode::NOT_FOUND,
+            &format!("no rollout with id {id}"),
+            csrf,
+        ),
+        Err(ActionRefused::Conflict(err)) => error(StatusCode::CONFLICT, &err.to_string(), csrf),
+        Err(ActionRefused::Hub(err)) => {
+            error(StatusCode::INTERNAL_SERVER_ERROR, &err.to_string(), csrf)
+        }
+    }
+}
+
+impl IntoResponse for page::PageError {
+    fn into_response(self) -> Response {
+        page_result(Err(self))
+    }
+}

@@ -1,0 +1,348 @@
+//! `flotilla status`: the fleet as a running hub sees it, like `kubectl get`: counts by
+//! state, the served and attempted revision with any render error, active rollouts
+//! with each wave's progress, then the clusters that need attention (failed with
+//! their failed resources, offline with how long, pending, never seen).
+//!
+//! Exit 0 when no cluster is failed, 1 when some cluster is failed, 2 when the hub
+//! cannot be asked.
+
+use std::cmp::Reverse;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::IsTerminal as _;
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use super::remote::{HubArgs, HubClient, Output};
+use super::rollout::{Paint, short_revision, table_painted, waves_line};
+use super::{EXIT_FINDINGS, EXIT_OK};
+use flotilla_core::api;
+use flotilla_core::rollout::view::RolloutView;
+use flotilla_hub::fleet::ClusterState;
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub hub: HubArgs,
+    /// Only clusters in this state (repeatable): in-sync, pending, waiting, paused,
+    /// failed, offline, never-seen. With a filter every matching cluster is listed.
+    #[arg(long = "state", value_name = "STATE", value_parser = parse_state)]
+    pub states: Vec<ClusterState>,
+    /// Only clusters in this fleet group (repeatable).
+    #[arg(long = "group", value_name = "GROUP")]
+    pub groups: Vec<String>,
+    /// Only this cluster (repeatable).
+    #[arg(long = "cluster", value_name = "NAME")]
+    pub clusters: Vec<String>,
+}
+
+fn parse_state(text: &str) -> Result<ClusterState, String> {
+    ClusterState::parse(text).ok_or_else(|| {
+        let states: Vec<&str> = ClusterState::ALL.iter().map(|s| s.as_str()).collect();
+        format!("no state {text:?}; the states are {}", states.join(", "))
+    })
+}
+
+/// `GET /v1/fleet`, as this command reads it.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Fleet {
+    revision: Option<String>,
+    attempted_revision: Option<String>,
+    #[serde(default)]
+    render_errors: Vec<RenderError>,
+    source_error: Option<String>,
+    #[serde(default)]
+    counts: BTreeMap<String, usize>,
+    clusters: Vec<Cluster>,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+struct RenderError {
+    text: String,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Cluster {
+    name: String,
+    state: ClusterState,
+    desired: String,
+    desired_revision: String,
+    latest: Option<String>,
+    wave: Option<String>,
+    applied: Option<String>,
+    last_seen: Option<String>,
+    message: Option<String>,
+    #[serde(default)]
+    failed_resources: Vec<String>,
+    #[serde(default)]
+    groups: Vec<String>,
+    silent_for_seconds: Option<i64>,
+}
+
+#[derive(Deserialize)]
+struct Rollouts {
+    rollouts: Vec<RolloutView>,
+}
+
+/// What `-o json` prints: the fleet summary restricted to the selection, with counts
+/// over the selection, and the active rollouts.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Report<'a> {
+    revision: &'a Option<String>,
+    attempted_revision: &'a Option<String>,
+    render_errors: &'a [RenderError],
+    source_error: &'a Option<String>,
+    counts: BTreeMap<&'static str, usize>,
+    failed: usize,
+    rollouts: Vec<&'a RolloutView>,
+    clusters: Vec<&'a Cluster>,
+}
+
+pub fn run_status(args: &StatusArgs) -> anyhow::Result<u8> {
+    let client = HubClient::new(&args.hub)?;
+    let fleet: Fleet = client.get(api::routes::FLEET)?;
+    let rollouts: Rollouts = client.get(api::routes::ROLLOUTS)?;
+    let mut selected: Vec<&Cluster> = fleet
+        .clusters
+        .iter()
+        .filter(|c| args.states.is_empty() || args.states.contains(&c.state))
+        .filter(|c| args.groups.is_empty() || c.groups.iter().any(|g| args.groups.contains(g)))
+        .filter(|c| args.clusters.is_empty() || args.clusters.contains(&c.name))
+        .collect();
+    selected.sort_by_key(|c| {
+        (
+            c.state.urgency(),
+            Reverse(c.silent_for_seconds.unwrap_or(0)),
+            c.name.clone(),
+        )
+    });
+    let mut counts: BTreeMap<&'static str, usize> =
+        ClusterState::ALL.iter().map(|s| (s.as_str(), 0)).collect();
+    for cluster in &selected {
+        *counts.entry(cluster.state.as_str()).or_default() += 1;
+    }
+    let failed = counts[ClusterState::Failed.as_str()];
+    let active: Vec<&RolloutView> = rollouts
+        .rollouts
+        .iter()
+        .filter(|r| r.ended_at.is_none())
+        .collect();
+    let filtered = !(args.states.is_empty() && args.groups.is_empty() && args.clusters.is_empty());
+    let text = match args.hub.output {
+        Output::Json => {
+            let report = Report {
+                revision: &fleet.revision,
+                attempted_revision: &fleet.attempted_revision,
+                render_errors: &fleet.render_errors,
+                source_error: &fleet.source_error,
+                counts: counts.clone(),
+                failed,
+                rollouts: active,
+                clusters: selected,
+            };
+            let mut text = serde_json::to_string_pretty(&report)?;
+            text.push('\n');
+            text
+        }
+        Output::Table => {
+            let paint = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+            table(&fleet, &counts, &active, &selected, filtered, paint)
+        }
+    };
+    print!("{text}");
+    Ok(if failed > 0 { EXIT_FINDINGS } else { EXIT_OK })
+}
+
+/// `3m`, `2h5m`, `4d1h`: how long, to the minute (seconds under a minute).
+fn ago(seconds: i64) -> String {
+    let seconds = seconds.max(0);
+    let (d, h, m) = (seconds / 86_400, seconds / 3600 % 24, seconds / 60 % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{seconds}s"),
+        (0, 0, m) => format!("{m}m"),
+        (0, h, 0) => format!("{h}h"),
+        (0, h, m) => format!("{h}h{m}m"),
+        (d, 0, _) => format!("{d}d"),
+        (d, h, _) => format!("{d}d{h}h"),
+    }
+}
+
+fn state_colour(state: &str) -> Option<&'static str> {
+    match state {
+        "failed" => Some("\x1b[31m"),
+        "offline" | "never-seen" => Some("\x1b[33m"),
+        "pending" | "waiting" | "paused" => Some("\x1b[36m"),
+        "in-sync" => Some("\x1b[32m"),
+        _ => None,
+    }
+}
+
+fn table(
+    fleet: &Fleet,
+    counts: &BTreeMap<&'static str, usize>,
+    active: &[&RolloutView],
+    selected: &[&Cluster],
+    filtered: bool,
+    paint: bool,
+) -> String {
+    let mut out = String::new();
+    let served = fleet
+        .revision
+        .as_deref()
+        .map_or("none yet".into(), short_revision);
+    let _ = writeln!(out, "revision   {served} (served)");
+    if let Some(attempted) = &fleet.attempted_revision
+        && fleet.revision.as_ref() != Some(attempted)
+    {
+        let _ = writeln!(
+            out,
+            "attempted  {} (does not render: {} error{}; the served revision stays)",
+            short_revision(attempted),
+            fleet.render_errors.len(),
+            if fleet.render_errors.len() == 1 {
+                ""
+            } else {
+                "s"
+            }
+        );
+    }
+    for error in &fleet.render_errors {
+        let _ = writeln!(out, "  {}", error.text);
+    }
+    if let Some(error) = &fleet.source_error {
+        let _ = writeln!(out, "source     {error}");
+    }
+    let total: usize = counts.values().sum();
+    let by_state: Vec<String> = ClusterState::BY_URGENCY
+        .iter()
+        .filter(|s| counts.get(s.as_str()).copied().unwrap_or(0) > 0)
+        .map(|s| {
+            let text = format!("{} {}", counts[s.as_str()], s.as_str());
+            match state_colour(s.as_str()).filter(|_| paint) {
+                Some(colour) => format!("{colour}{text}\x1b[0m"),
+                None => text,
+            }
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "clusters   {total}{}{}",
+        if by_state.is_empty() { "" } else { ": " },
+        by_state.join(", ")
+    );
+    if !active.is_empty() {
+        out.push('\n');
+        let rows: Vec<[String; 5]> = active
+            .iter()
+            .map(|r| {
+                [
+                    r.id.to_string(),
+                    r.policy.clone(),
+                    short_revision(&r.revision),
+                    r.state.to_string(),
+                    waves_line(r),
+                ]
+            })
+            .collect();
+        out.push_str(&table_painted(
+            &[
+                "ROLLOUT",
+                "POLICY",
+                "REVISION",
+                "STATE",
+                "WAVES (in sync/changing)",
+            ],
+            &rows,
+            None,
+        ));
+    }
+    let listed: Vec<&&Cluster> = selected
+        .iter()
+        .filter(|c| filtered || c.state.needs_attention())
+        .collect();
+    if listed.is_empty() {
+        if !filtered && total > 0 {
+            out.push_str("\nno cluster needs attention\n");
+        } else if filtered {
+            out.push_str("\nno cluster matches\n");
+        }
+        return out;
+    }
+    out.push('\n');
+    let rows: Vec<[String; 5]> = listed
+        .iter()
+        .map(|c| {
+            let seen = match (c.silent_for_seconds, &c.last_seen) {
+                (Some(s), _) => format!("{} ago", ago(s)),
+                (None, _) => "never".to_string(),
+            };
+            let detail = match c.state {
+                ClusterState::Failed if !c.failed_resources.is_empty() => {
+                    c.failed_resources.join("; ")
+                }
+                ClusterState::Offline => format!(
+                    "silent for {}{}",
+                    c.silent_for_seconds.map_or("ever".into(), ago),
+                    c.applied
+                        .as_deref()
+                        .map(|a| format!(", runs {}", short_digest(a)))
+                        .unwrap_or_default()
+                ),
+                ClusterState::Pending => format!(
+                    "to apply {} of {}",
+                    short_digest(&c.desired),
+                    short_revision(&c.desired_revision)
+                ),
+                ClusterState::Waiting => format!(
+                    "runs {}, {} waits for its wave",
+                    short_digest(&c.desired),
+                    c.latest.as_deref().map(short_digest).unwrap_or_default()
+                ),
+                ClusterState::NeverSeen => "no report yet: is its agent running?".to_string(),
+                _ => c.message.clone().unwrap_or_default(),
+            };
+            [
+                c.name.clone(),
+                c.state.as_str().to_string(),
+                c.wave.clone().unwrap_or_else(|| "-".into()),
+                seen,
+                detail,
+            ]
+        })
+        .collect();
+    out.push_str(&table_painted(
+        &["CLUSTER", "STATE", "WAVE", "LAST SEEN", "DETAIL"],
+        &rows,
+        paint.then_some((1, state_colour as Paint)),
+    ));
+    out
+}
+
+/// `sha256:0123456789ab`: enough of a digest to tell it apart in a table.
+fn short_digest(digest: &str) -> String {
+    digest.chars().take("sha256:".len() + 12).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_like_kubectl() {
+        for (seconds, expect) in [
+            (0, "0s"),
+            (59, "59s"),
+            (60, "1m"),
+            (3600, "1h"),
+            (3720, "1h2m"),
+            (86_400 * 2 + 3600 * 5 + 7, "2d5h"),
+            (86_400, "1d"),
+        ] {
+            assert_eq!(ago(seconds), expect, "{seconds}s");
+        }
+    }
+}

@@ -1,0 +1,537 @@
+//! Seeing the fleet: `flotilla status` against the real hub, with clusters in every
+//! state (the hub's clock moved by hand, so one cluster is offline for exactly six
+//! minutes).
+
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::rollout_e2e::{POLICY, Scene};
+use crate::support::hub::make_token;
+
+/// The hub with a cluster in each state, and a rollout of v2 under way:
+/// - `c1` (canary) took v2 and reports a crashing Deployment: failed;
+/// - `s1`, `s2` run v1 and wait for the rest wave: waiting;
+/// - `s3` went silent six minutes ago: offline;
+/// - `s4` is `spec.paused`: paused;
+/// - `lab` (no policy) was sent v2 but still runs v1: pending;
+/// - `fresh` (new in v2, no policy) never reported: never-seen;
+/// - `edge` (new in v2, no policy) took v2 and is healthy: in-sync.
+pub(crate) async fn every_state() -> (Scene, String) {
+    let mut scene = Scene::at_v1(&["c1"], POLICY).await;
+    let lab_v1 = scene.runs["lab"].clone();
+    scene.fleet.write_cluster("s4", true);
+    for name in ["fresh", "edge"] {
+        scene.fleet.repo.write(
+            &format!("clusters/{name}.yaml"),
+            &format!("apiVersion: flotilla.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name: {name}\n  labels: {{kind: lab}}\n"),
+        );
+    }
+    // A Secret, whose values the web page must never show.
+    scene.fleet.repo.write(
+        "workloads/app/manifests/secret.yaml",
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: app\nstringData:\n  password: hunter2-secret\n",
+    );
+    let edge = make_token(scene.state.path(), Some("edge")).await;
+    scene.tokens.insert("edge".into(), edge);
+    let v2 = scene.fleet.release("v2", "v2");
+    scene.wait_waves(&v2, &["released", "waiting"]).await;
+    scene.advance(6, &["s3"]).await;
+    scene.report("c1", false).await;
+    scene.runs.insert("lab".into(), lab_v1);
+    scene.report("lab", true).await;
+    assert_eq!(scene.poll("edge").await, 200);
+    scene.report("edge", true).await;
+    (scene, v2)
+}
+
+fn run_status(server: &str, token_file: &std::path::Path, args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .arg("status")
+        .args(args)
+        .env("FLOTILLA_SERVER", server)
+        .env("FLOTILLA_TOKEN_FILE", token_file)
+        .env_remove("FLOTILLA_AGENT_SERVER")
+        .output()
+        .expect("flotilla runs");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// The table's row for `cluster`, split on runs of two or more spaces.
+fn row<'a>(out: &'a str, cluster: &str) -> Vec<&'a str> {
+    out.lines()
+        .find(|l| l.split_whitespace().next() == Some(cluster))
+        .unwrap_or_else(|| panic!("no row for {cluster} in:\n{out}"))
+        .split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_every_state_and_exits_1_when_a_cluster_failed() {
+    let (mut scene, v2) = every_state().await;
+    let run = |args: &'static [&'static str]| {
+        let (server, file) = (
+            scene.hub.as_ref().expect("hub").base.clone(),
+            scene.state.path().join("admin-token"),
+        );
+        std::fs::write(&file, &scene.admin).expect("token file");
+        tokio::task::spawn_blocking(move || run_status(&server, &file, args))
+    };
+
+    let (code, out, err) = run(&[]).await.expect("runs");
+    assert_eq!(code, 1, "a failed cluster: exit 1\n{out}{err}");
+    let short_v2 = format!("main@{}", &v2["main@sha1:".len()..][..10]);
+    assert!(
+        out.starts_with(&format!("revision   {short_v2} (served)\n")),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "clusters   8: 1 failed, 1 offline, 1 pending, 1 never-seen, 1 paused, 2 waiting, 1 in-sync\n"
+        ),
+        "{out}"
+    );
+    assert!(
+        !out.contains('\x1b'),
+        "no colour when not a terminal:\n{out}"
+    );
+    // The active rollout, with its waves' progress.
+    let rollout = out
+        .lines()
+        .find(|l| l.contains("stores"))
+        .unwrap_or_else(|| panic!("no rollout line:\n{out}"));
+    assert!(
+        rollout.contains(&short_v2) && rollout.contains("canary"),
+        "{rollout}"
+    );
+    // The clusters needing attention, most urgent first, in aligned columns.
+    let header = out
+        .lines()
+        .find(|l| l.starts_with("CLUSTER"))
+        .expect("cluster table");
+    let listed: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.starts_with("CLUSTER"))
+        .skip(1)
+        .map(|l| l.split_whitespace().next().unwrap_or(""))
+        .collect();
+    assert_eq!(listed, ["c1", "s3", "lab", "fresh"], "{out}");
+    assert_eq!(
+        row(&out, "c1"),
+        [
+            "c1",
+            "failed",
+            "canary",
+            "0s ago",
+            "Deployment.apps app/app: CrashLoopBackOff"
+        ]
+    );
+    assert_eq!(row(&out, "s3")[..4], ["s3", "offline", "rest", "6m ago"]);
+    assert!(
+        row(&out, "s3")[4].starts_with("silent for 6m, runs sha256:"),
+        "{out}"
+    );
+    assert_eq!(row(&out, "lab")[..2], ["lab", "pending"]);
+    assert_eq!(
+        row(&out, "fresh"),
+        [
+            "fresh",
+            "never-seen",
+            "-",
+            "never",
+            "no report yet: is its agent running?"
+        ]
+    );
+    let state_column = header.find("STATE").expect("STATE");
+    for cluster in ["c1", "s3", "lab", "fresh"] {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&format!("{cluster} ")))
+            .expect("row");
+        assert!(
+            line[state_column..].starts_with(row(&out, cluster)[1]),
+            "columns aligned:\n{out}"
+        );
+    }
+
+    // Filters list every matching cluster; the exit code follows the selection.
+    let (code, out, _) = run(&["--state", "waiting"]).await.expect("runs");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("clusters   2: 2 waiting\n"), "{out}");
+    assert_eq!(row(&out, "s1")[..3], ["s1", "waiting", "rest"]);
+    assert_eq!(row(&out, "s2")[..3], ["s2", "waiting", "rest"]);
+    let (code, out, _) = run(&["--group", "canary"]).await.expect("runs");
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("clusters   1: 1 failed\n"), "{out}");
+    let (code, out, _) = run(&["--cluster", "s4"]).await.expect("runs");
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(row(&out, "s4")[..2], ["s4", "paused"]);
+    let (code, _, err) = run(&["--state", "broken"]).await.expect("runs");
+    assert_eq!(code, 2);
+    assert!(err.contains("the states are in-sync, pending"), "{err}");
+
+    // JSON: the same, for scripts.
+    let (code, out, err) = run(&["-o", "json"]).await.expect("runs");
+    assert_eq!(code, 1, "{err}");
+    let json: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(json["revision"], v2.as_str());
+    assert_eq!(json["failed"], 1);
+    assert_eq!(json["counts"]["waiting"], 2);
+    assert_eq!(json["counts"]["offline"], 1);
+    assert_eq!(json["rollouts"][0]["policy"], "stores");
+    let names: Vec<&str> = json["clusters"]
+        .as_array()
+        .expect("clusters")
+        .iter()
+        .map(|c| c["name"].as_str().expect("name"))
+        .collect();
+    assert_eq!(
+        names,
+        ["c1", "s3", "lab", "fresh", "s4", "s1", "s2", "edge"]
+    );
+    assert_eq!(json["clusters"][1]["silentForSeconds"], 360);
+    assert_eq!(json["clusters"][0]["groups"], serde_json::json!(["canary"]));
+
+    let server = scene.hub.as_ref().expect("hub").base.clone();
+    scene.stop().await;
+    // The hub cannot be asked: exit 2, and why.
+    let (code, _, err) = run_status(&server, &scene.state.path().join("admin-token"), &[]);
+    assert_eq!(code, 2);
+    assert!(err.contains("cannot reach the hub"), "{err}");
+}
+
+/// A client that shows redirects instead of following them, and keeps no cookies.
+fn browser() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client")
+}
+
+struct Page {
+    status: u16,
+    location: Option<String>,
+    cookie: Option<String>,
+    body: String,
+}
+
+async fn send(request: reqwest::RequestBuilder) -> Page {
+    let response = request.send().await.expect("request");
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let (location, cookie) = (header("location"), header("set-cookie"));
+    Page {
+        status: response.status().as_u16(),
+        location,
+        cookie,
+        body: response.text().await.expect("body"),
+    }
+}
+
+/// The value of `name="csrf"` in a page's forms.
+fn csrf_of(body: &str) -> String {
+    let marker = "name=\"csrf\" value=\"";
+    let at = body.find(marker).expect("a form token") + marker.len();
+    body[at..at + 64].to_string()
+}
+
+/// Cluster names in the order the fleet page's table lists them.
+fn listed(body: &str) -> Vec<String> {
+    body.split("<tr><td><a href=\"")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("\">"))
+        .map(|(_, rest)| rest.split("</a>").next().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_page_shows_the_fleet_only_after_login_and_refuses_cross_site_forms() {
+    let (mut scene, v2) = every_state().await;
+    let web = browser();
+    let url = |path: &str| scene.url(path);
+    let origin = scene.hub.as_ref().expect("hub").base.clone();
+    let rollout_id = scene.rollout_of(&v2).await["id"].as_i64().expect("id");
+    let c1_digest = scene.fleet().await["clusters"]
+        .as_array()
+        .expect("clusters")
+        .iter()
+        .find(|c| c["name"] == "c1")
+        .map(|c| c["desired"].as_str().expect("digest").to_string())
+        .expect("c1");
+
+    // Without a session every page redirects to the login and shows nothing.
+    for path in [
+        "/ui/".to_string(),
+        "/ui/?state=failed".to_string(),
+        "/ui/clusters/c1".to_string(),
+        "/ui/clusters/c1/bundle".to_string(),
+        format!("/ui/rollouts/{rollout_id}"),
+    ] {
+        let page = send(web.get(url(&path))).await;
+        assert_eq!(
+            (page.status, page.location.as_deref()),
+            (303, Some("/ui/login")),
+            "{path}"
+        );
+        assert!(page.body.is_empty(), "{path} leaks: {}", page.body);
+    }
+    let json = send(web.get(url("/ui/fleet.json"))).await;
+    assert_eq!(json.status, 401);
+    assert!(!json.body.contains("counts"), "{}", json.body);
+    let forged = send(
+        web.post(url(&format!("/ui/rollouts/{rollout_id}/pause")))
+            .header("origin", &origin)
+            .form(&[("csrf", "0".repeat(64))]),
+    )
+    .await;
+    assert_eq!(forged.status, 303, "no session: to the login");
+    let login = send(web.get(url("/ui/login"))).await;
+    assert_eq!(login.status, 200);
+    assert!(login.body.contains("type=\"password\""), "{}", login.body);
+    assert!(!login.body.contains("c1") && !login.body.contains("sha256:"));
+
+    // Wrong tokens, a cluster's token, and a login posted from another site fail.
+    let wrong = send(
+        web.post(url("/ui/login"))
+            .header("origin", &origin)
+            .form(&[("token", "flt_nope")]),
+    )
+    .await;
+    assert_eq!(wrong.status, 401);
+    assert!(wrong.body.contains("unknown or revoked") && wrong.cookie.is_none());
+    let cluster_token = send(
+        web.post(url("/ui/login"))
+            .header("origin", &origin)
+            .form(&[("token", scene.tokens["c1"].as_str())]),
+    )
+    .await;
+    assert_eq!(cluster_token.status, 403);
+    assert!(cluster_token.cookie.is_none());
+    let cross = send(
+        web.post(url("/ui/login"))
+            .header("origin", "https://evil.example")
+            .form(&[("token", scene.admin.as_str())]),
+    )
+    .await;
+    assert_eq!(cross.status, 403);
+    assert!(cross.cookie.is_none());
+
+    // The admin token opens a session: an HttpOnly, SameSite=Strict cookie.
+    let ok = send(
+        web.post(url("/ui/login"))
+            .header("origin", &origin)
+            .form(&[("token", scene.admin.as_str())]),
+    )
+    .await;
+    assert_eq!((ok.status, ok.location.as_deref()), (303, Some("/ui/")));
+    let set_cookie = ok.cookie.expect("a session cookie");
+    for part in ["HttpOnly", "SameSite=Strict", "Max-Age=", "Path=/ui"] {
+        assert!(set_cookie.contains(part), "{set_cookie}");
+    }
+    assert!(!set_cookie.contains("Secure"), "plain HTTP: {set_cookie}");
+    let cookie = set_cookie
+        .split(';')
+        .next()
+        .expect("name=value")
+        .to_string();
+    let get = |path: String| web.get(url(&path)).header("cookie", &cookie);
+
+    // The fleet page: counts, groups, the rollout with a bar per wave, the list by urgency.
+    let fleet = send(get("/ui/".into())).await;
+    assert_eq!(fleet.status, 200);
+    for (state, n) in [
+        ("failed", 1),
+        ("offline", 1),
+        ("pending", 1),
+        ("never-seen", 1),
+        ("paused", 1),
+        ("waiting", 2),
+        ("in-sync", 1),
+    ] {
+        assert!(
+            fleet
+                .body
+                .contains(&format!("data-state=\"{state}\">{n}</span>")),
+            "{state}: {n}\n{}",
+            fleet.body
+        );
+    }
+    assert!(fleet.body.contains("<h2 id=\"counts-h\">8 clusters</h2>"));
+    assert!(fleet.body.contains(">canary</a>"), "a bar per group");
+    assert!(fleet.body.contains(&format!(">Rollout {rollout_id}</a>")));
+    assert_eq!(
+        fleet.body.matches("<progress").count(),
+        2,
+        "one bar per wave"
+    );
+    assert!(fleet.body.contains(&v2), "the served revision");
+    assert_eq!(
+        listed(&fleet.body),
+        ["c1", "s3", "lab", "fresh", "s4", "s1", "s2", "edge"]
+    );
+    assert!(
+        fleet
+            .body
+            .contains("Deployment.apps app&#x2f;app: CrashLoopBackOff")
+    );
+    assert!(fleet.body.contains("6m ago"), "s3 silent for six minutes");
+    assert!(!fleet.body.contains("hunter2"));
+    let failed = send(get("/ui/?state=failed".into())).await;
+    assert_eq!(listed(&failed.body), ["c1"]);
+    let named = send(get("/ui/?name=s&group=".into())).await;
+    assert_eq!(listed(&named.body), ["s3", "fresh", "s4", "s1", "s2"]);
+    let canary = send(get("/ui/?group=canary".into())).await;
+    assert_eq!(listed(&canary.body), ["c1"]);
+    let refresh: Value =
+        serde_json::from_str(&send(get("/ui/fleet.json".into())).await.body).expect("json");
+    assert_eq!(refresh["counts"]["failed"], 1);
+    assert!(fleet.body.contains(&format!(
+        "data-stamp=\"{}\"",
+        refresh["stamp"].as_str().expect("stamp")
+    )));
+
+    // Autoescaped: what an agent reports is shown as text, never as markup.
+    let lab_runs = scene.runs["lab"].clone();
+    let response = scene
+        .client
+        .post(url("/v1/clusters/lab/status"))
+        .bearer_auth(&scene.tokens["lab"])
+        .json(
+            &serde_json::json!({"applied": lab_runs, "attempted": lab_runs, "resources": [],
+            "message": "<script>alert(1)</script>", "agentVersion": "test"}),
+        )
+        .send()
+        .await
+        .expect("report");
+    assert_eq!(response.status(), 200);
+    let lab = send(get("/ui/clusters/lab".into())).await;
+    assert!(!lab.body.contains("<script>alert"), "{}", lab.body);
+    assert!(
+        lab.body
+            .contains("&lt;script&gt;alert(1)&lt;&#x2f;script&gt;")
+    );
+
+    // The cluster page: digests in full, the failed resources, the recent digests.
+    let c1 = send(get("/ui/clusters/c1".into())).await;
+    assert_eq!(c1.status, 200);
+    assert!(
+        c1.body.contains(&format!("<code>{c1_digest}</code>")),
+        "{}",
+        c1.body
+    );
+    assert!(c1.body.contains("CrashLoopBackOff") && c1.body.contains("canary"));
+    assert!(c1.body.contains(&v2));
+    assert!(
+        c1.body.matches("<tr><td><code>sha256:").count() >= 2,
+        "recent digests"
+    );
+    let bundle = send(get("/ui/clusters/c1/bundle".into())).await;
+    assert_eq!(bundle.status, 200);
+    assert!(bundle.body.contains("(redacted)") && bundle.body.contains("&quot;password&quot;"));
+    assert!(!bundle.body.contains("hunter2"), "{}", bundle.body);
+    assert_eq!(send(get("/ui/clusters/nope".into())).await.status, 404);
+
+    // The rollout page and its buttons: the canary failed, so the rollout halted and
+    // offers resume and abort; the form token and the origin are checked.
+    let rollout = send(get(format!("/ui/rollouts/{rollout_id}"))).await;
+    assert_eq!(rollout.status, 200);
+    assert!(rollout.body.contains("halted"), "{}", rollout.body);
+    for button in ["action-resume", "action-abort"] {
+        assert!(rollout.body.contains(button), "{button}: {}", rollout.body);
+    }
+    assert!(!rollout.body.contains("action-pause"));
+    assert!(rollout.body.contains("canary") && rollout.body.contains("<ol class=\"events\">"));
+    let csrf = csrf_of(&rollout.body);
+    let post = |action: &str, csrf: &str, origin: Option<&str>| {
+        let mut request = web
+            .post(url(&format!("/ui/rollouts/{rollout_id}/{action}")))
+            .header("cookie", &cookie)
+            .form(&[("csrf", csrf)]);
+        if let Some(origin) = origin {
+            request = request.header("origin", origin);
+        }
+        send(request)
+    };
+    let zeros = "0".repeat(64);
+    assert_eq!(
+        post("resume", &zeros, Some(&origin)).await.status,
+        403,
+        "a stale form token"
+    );
+    assert_eq!(
+        post("resume", &csrf, Some("https://evil.example"))
+            .await
+            .status,
+        403,
+        "another site"
+    );
+    assert_eq!(post("resume", &csrf, None).await.status, 403, "no origin");
+    assert_eq!(
+        scene.rollout_of(&v2).await["state"],
+        "halted",
+        "nothing changed"
+    );
+    // The canary recovers; the operator resumes, then pauses.
+    scene.report("c1", true).await;
+    let resumed = post("resume", &csrf, Some(&origin)).await;
+    let back = format!("/ui/rollouts/{rollout_id}");
+    assert_eq!(
+        (resumed.status, resumed.location.as_deref()),
+        (303, Some(back.as_str()))
+    );
+    let progressing = send(get(back.clone())).await;
+    assert!(
+        progressing.body.contains("action-pause"),
+        "{}",
+        progressing.body
+    );
+    let paused = post("pause", &csrf, Some(&origin)).await;
+    assert_eq!(paused.status, 303);
+    let detail = scene.rollout_of(&v2).await;
+    assert_eq!(detail["state"], "paused");
+    let admin_id = flotilla_hub::auth::token_id(&scene.admin);
+    let by_admin = detail["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["by"] == admin_id.as_str())
+        .count();
+    assert_eq!(
+        by_admin, 2,
+        "resume and pause, recorded with the token that logged in"
+    );
+    let after = send(get(back)).await;
+    assert!(after.body.contains("action-resume") && !after.body.contains("action-pause"));
+
+    // Logout ends the session: the old cookie opens nothing.
+    let logout = send(
+        web.post(url("/ui/logout"))
+            .header("cookie", &cookie)
+            .header("origin", &origin)
+            .form(&[("csrf", csrf.as_str())]),
+    )
+    .await;
+    assert_eq!(
+        (logout.status, logout.location.as_deref()),
+        (303, Some("/ui/login"))
+    );
+    assert!(logout.cookie.is_some_and(|c| c.contains("Max-Age=0")));
+    let gone = send(get("/ui/".into())).await;
+    assert_eq!(
+        (gone.status, gone.location.as_deref()),
+        (303, Some("/ui/login"))
+    );
+    scene.stop().await;
+}

@@ -1,0 +1,309 @@
+//! The web page in a real browser: headless Chromium driven through chromedriver
+//! (the W3C WebDriver protocol, spoken here over plain HTTP with the tests' own
+//! client). Logs in, reads the counts, filters to the failed clusters, opens one,
+//! resumes and pauses a rollout, and saves screenshots for docs/ui.md into
+//! docs/images/. Skips with a printed reason when Chromium or chromedriver is
+//! missing, except in CI.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::fleet_view::every_state;
+use crate::support::hub::eventually;
+
+/// chromedriver on a port of its own, stopped when dropped.
+struct Driver {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn chromium() -> Option<&'static str> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|name| flotilla_testkit::command_works(name, &["--version"]).is_ok())
+}
+
+/// One browser session.
+struct Browser {
+    http: reqwest::Client,
+    session: String,
+}
+
+impl Browser {
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let url = format!("{}{path}", self.session);
+        let mut request = self.http.request(method.clone(), &url);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.expect("chromedriver answers");
+        let status = response.status();
+        let value: Value = response.json().await.expect("JSON from chromedriver");
+        assert!(status.is_success(), "{method} {path}: {status} {value}");
+        value["value"].clone()
+    }
+
+    async fn go(&self, url: &str) {
+        self.call(reqwest::Method::POST, "/url", Some(json!({ "url": url })))
+            .await;
+    }
+
+    async fn find(&self, css: &str) -> String {
+        let found = self
+            .call(
+                reqwest::Method::POST,
+                "/element",
+                Some(json!({"using": "css selector", "value": css})),
+            )
+            .await;
+        found
+            .as_object()
+            .and_then(|o| o.values().next())
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| panic!("no element {css}: {found}"))
+            .to_string()
+    }
+
+    async fn click(&self, css: &str) {
+        let element = self.find(css).await;
+        self.call(
+            reqwest::Method::POST,
+            &format!("/element/{element}/click"),
+            Some(json!({})),
+        )
+        .await;
+    }
+
+    async fn type_into(&self, css: &str, text: &str) {
+        let element = self.find(css).await;
+        self.call(
+            reqwest::Method::POST,
+            &format!("/element/{element}/value"),
+            Some(json!({ "text": text })),
+        )
+        .await;
+    }
+
+    async fn text(&self, css: &str) -> String {
+        let element = self.find(css).await;
+        self.call(
+            reqwest::Method::GET,
+            &format!("/element/{element}/text"),
+            None,
+        )
+        .await
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+    }
+
+    async fn all_texts(&self, css: &str) -> Vec<String> {
+        let found = self
+            .call(
+                reqwest::Method::POST,
+                "/elements",
+                Some(json!({"using": "css selector", "value": css})),
+            )
+            .await;
+        let mut texts = Vec::new();
+        for element in found.as_array().cloned().unwrap_or_default() {
+            let id = element
+                .as_object()
+                .and_then(|o| o.values().next())
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            let text = self
+                .call(reqwest::Method::GET, &format!("/element/{id}/text"), None)
+                .await;
+            texts.push(text.as_str().unwrap_or_default().to_string());
+        }
+        texts
+    }
+
+    async fn title(&self) -> String {
+        self.call(reqwest::Method::GET, "/title", None)
+            .await
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    async fn screenshot(&self, name: &str) {
+        let png = self.call(reqwest::Method::GET, "/screenshot", None).await;
+        let bytes = base64_decode(png.as_str().expect("base64 PNG"));
+        assert!(bytes.starts_with(b"\x89PNG"), "a PNG");
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/images");
+        std::fs::create_dir_all(&dir).expect("docs/images");
+        std::fs::write(dir.join(name), bytes).expect("write the screenshot");
+    }
+}
+
+fn base64_decode(text: &str) -> Vec<u8> {
+    let value = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    let (mut buffer, mut bits) = (0u32, 0);
+    for c in text.bytes().filter_map(value) {
+        buffer = (buffer << 6) | c;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((buffer >> bits) as u8);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_logs_in_filters_opens_a_cluster_and_pauses_a_rollout_in_chromium() {
+    let browser_binary = chromium();
+    let missing = match (
+        browser_binary,
+        flotilla_testkit::command_works("chromedriver", &["--version"]),
+    ) {
+        (None, _) => {
+            Some("Chromium is not installed (apt-get install chromium chromium-driver)".to_string())
+        }
+        (_, Err(reason)) => Some(format!("{reason} (apt-get install chromium-driver)")),
+        (Some(_), Ok(())) => None,
+    };
+    if !flotilla_testkit::can_run(
+        "an_operator_logs_in_filters_opens_a_cluster_and_pauses_a_rollout_in_chromium",
+        missing,
+    ) {
+        return;
+    }
+    let port = free_port();
+    let driver = Driver {
+        child: Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver starts"),
+        base: format!("http://127.0.0.1:{port}"),
+    };
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client");
+    eventually("chromedriver to listen", Duration::from_secs(20), || {
+        let (http, base) = (&http, &driver.base);
+        async move {
+            let response = http.get(format!("{base}/status")).send().await.ok()?;
+            let status: Value = response.json().await.ok()?;
+            (status["value"]["ready"] == true).then_some(())
+        }
+    })
+    .await;
+    let (mut scene, v2) = every_state().await;
+    let rollout_id = scene.rollout_of(&v2).await["id"].as_i64().expect("id");
+    let hub = scene.hub.as_ref().expect("hub").base.clone();
+
+    let which = browser_binary.unwrap_or("chromium");
+    let binary = String::from_utf8(
+        Command::new("sh")
+            .args(["-c", &format!("command -v {which}")])
+            .output()
+            .expect("sh")
+            .stdout,
+    )
+    .expect("path")
+    .trim()
+    .to_string();
+    let created: Value = http
+        .post(format!("{}/session", driver.base))
+        .json(&json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": binary,
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1200,1100"]
+            }
+        }}}))
+        .send()
+        .await
+        .expect("new session")
+        .json()
+        .await
+        .expect("JSON");
+    let session = created["value"]["sessionId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no session: {created}"))
+        .to_string();
+    let browser = Browser {
+        http: http.clone(),
+        session: format!("{}/session/{session}", driver.base),
+    };
+
+    // The page sends a visitor without a session to the login.
+    browser.go(&format!("{hub}/ui/")).await;
+    assert_eq!(browser.title().await, "Log in · flotilla");
+    browser.screenshot("ui-login.png").await;
+    browser.type_into("#token", &scene.admin).await;
+    browser.click("form.login button[type=submit]").await;
+    assert_eq!(browser.title().await, "Fleet · flotilla");
+    assert_eq!(browser.text("#counts-h").await, "8 clusters");
+    assert_eq!(browser.text(".n[data-state=failed]").await, "1");
+    assert_eq!(browser.text(".n[data-state=waiting]").await, "2");
+    browser.screenshot("ui-fleet.png").await;
+
+    // Filter to the failed clusters, then open the one there is.
+    browser.click("a.chip.s-failed").await;
+    let names = browser
+        .all_texts("table.clusters tbody tr td:first-child a")
+        .await;
+    assert_eq!(names, ["c1"]);
+    browser
+        .click("table.clusters tbody tr td:first-child a")
+        .await;
+    assert_eq!(browser.title().await, "c1 · flotilla");
+    let failed = browser.text("ul.failed").await;
+    assert!(failed.contains("CrashLoopBackOff"), "{failed}");
+    browser.screenshot("ui-cluster.png").await;
+
+    // The canary recovers; the operator resumes the halted rollout, then pauses it.
+    scene.report("c1", true).await;
+    browser.go(&format!("{hub}/ui/rollouts/{rollout_id}")).await;
+    browser.click("#action-resume").await;
+    browser.click("#action-pause").await;
+    assert_eq!(browser.text("h1 .chip").await, "paused");
+    assert_eq!(scene.rollout_of(&v2).await["state"], "paused");
+    browser.screenshot("ui-rollout.png").await;
+
+    // Logging out ends the session.
+    browser.click("nav button.link").await;
+    assert_eq!(browser.title().await, "Log in · flotilla");
+    browser.go(&format!("{hub}/ui/")).await;
+    assert_eq!(browser.title().await, "Log in · flotilla");
+
+    let _ = http.delete(&browser.session).send().await;
+    drop(driver);
+    scene.stop().await;
+}
