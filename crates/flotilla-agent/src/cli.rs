@@ -63,15 +63,15 @@ pub struct AgentArgs {
     #[arg(long, env = "FLOTILLA_AGENT_KUBE_TIMEOUT", default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
     pub kube_timeout: Duration,
     /// How long the hub may hold a poll open waiting for a change (a folder is re-read
-    /// this often).
-    #[arg(long, env = "FLOTILLA_AGENT_WAIT", default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    /// this often); keep it below the idle timeout of any proxy on the way.
+    #[arg(long, env = "FLOTILLA_AGENT_WAIT", default_value = "55s", value_parser = parse_duration, value_name = "DURATION")]
     pub wait: Duration,
     /// How often to apply the current bundle again to undo drift (0 to never).
     #[arg(long, env = "FLOTILLA_AGENT_RESYNC", default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
     pub resync: Duration,
-    /// How long the agent may stay silent before it sends its last status again (the
-    /// hub counts a cluster offline after its --offline-after, 5m by default; 0 never).
-    #[arg(long, env = "FLOTILLA_AGENT_HEARTBEAT", default_value = "2m", value_parser = parse_duration, value_name = "DURATION")]
+    /// Send the last status report again after this long without a new one (0: never;
+    /// the hub counts the agent's polls as it being seen, so none is needed).
+    #[arg(long, env = "FLOTILLA_AGENT_HEARTBEAT", default_value = "0s", value_parser = parse_duration, value_name = "DURATION")]
     pub heartbeat: Duration,
     /// The longest wait between retries when the hub is unreachable.
     #[arg(long, env = "FLOTILLA_AGENT_MAX_BACKOFF", default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
@@ -265,6 +265,32 @@ mod tests {
         assert_eq!(settings.config.wait, Duration::from_secs(45));
         assert_eq!(settings.config.resync, Duration::from_secs(900));
         assert_eq!(settings.config.backoff.cap, Duration::from_secs(300));
+    }
+
+    #[test]
+    fn the_command_line_defaults_are_the_library_defaults() {
+        let args = parse(&[
+            "--server",
+            "file:///srv/f",
+            "--cluster",
+            "edge-1",
+            "--state-dir",
+            "/var/lib/flotilla",
+            "--sink",
+            "dir:/x",
+        ])
+        .expect("parses");
+        let settings = settings(&args).expect("valid");
+        let library = crate::AgentConfig::new(
+            settings.config.server.clone(),
+            "edge-1",
+            settings.config.state_dir.clone(),
+        );
+        assert_eq!(settings.config.wait, library.wait);
+        assert_eq!(settings.config.wait, crate::DEFAULT_WAIT);
+        assert_eq!(settings.config.heartbeat, Duration::ZERO);
+        assert_eq!(settings.config.heartbeat, library.heartbeat);
+        assert_eq!(settings.config.resync, library.resync);
     }
 
     #[test]
