@@ -73,6 +73,11 @@ pub struct AgentArgs {
     /// the hub counts the agent's polls as it being seen, so none is needed).
     #[arg(long, env = "FLOTILLA_AGENT_HEARTBEAT", default_value = "0s", value_parser = parse_duration, value_name = "DURATION")]
     pub heartbeat: Duration,
+    /// Speak HTTP/2 to an http:// hub from the first byte (https:// negotiates it):
+    /// repeated headers then cost a few bytes a poll. Only for servers that accept
+    /// HTTP/2 without TLS, as the hub does.
+    #[arg(long, env = "FLOTILLA_AGENT_HTTP2")]
+    pub http2: bool,
     /// The longest wait between retries when the hub is unreachable.
     #[arg(long, env = "FLOTILLA_AGENT_MAX_BACKOFF", default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
     pub max_backoff: Duration,
@@ -148,6 +153,7 @@ fn settings(args: &AgentArgs) -> anyhow::Result<Settings> {
     config.wait = args.wait;
     config.resync = args.resync;
     config.heartbeat = args.heartbeat;
+    config.http2 = args.http2;
     config.backoff = BackoffPolicy {
         cap: args.max_backoff,
         auth_retry: args.max_backoff,

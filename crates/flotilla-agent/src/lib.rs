@@ -62,6 +62,8 @@ pub struct AgentConfig {
     /// How long the agent stays silent before it sends its last report again; zero (the
     /// default) never does: the hub counts the agent's polls as it being seen.
     pub heartbeat: Duration,
+    /// Speak HTTP/2 to an `http://` hub without asking first (`https://` negotiates it).
+    pub http2: bool,
     pub backoff: BackoffPolicy,
 }
 
@@ -77,6 +79,7 @@ impl AgentConfig {
             wait: DEFAULT_WAIT,
             resync: Duration::from_secs(600),
             heartbeat: Duration::ZERO,
+            http2: false,
             backoff: BackoffPolicy::default(),
         }
     }
@@ -178,11 +181,14 @@ impl<S: Sink> Agent<S> {
                 entries: Vec::new(),
             };
         }
-        let client = HubClient::new(
+        let mut client = HubClient::new(
             config.server.clone(),
             &config.cluster,
             config.token_file.as_deref(),
         )?;
+        if config.http2 {
+            client = client.with_http2_prior_knowledge()?;
+        }
         tracing::info!(
             cluster = %config.cluster, server = %config.server,
             state_dir = %config.state_dir.display(),
