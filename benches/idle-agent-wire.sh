@@ -90,8 +90,8 @@ state="$(curl -fs -H "Authorization: Bearer $admin" "http://127.0.0.1:$hub_port/
   python3 -c 'import json,sys; d=json.load(sys.stdin); print([c["state"] for c in d["clusters"] if c.get("name", c.get("cluster"))=="blue"][0])' || echo unknown)"
 kill "$agent" 2>/dev/null || true
 
-python3 - "$work/wire.json" "$steady_from" "$scale" "$state" "${agent_args[*]}" ${SHOW:+show} <<'PY'
-import json, sys
+python3 - "$work/wire.json" "$steady_from" "$scale" "$state" "${agent_args[*]}" "$wait_s" ${SHOW:+show} <<'PY'
+import collections, json, sys
 wire = json.load(open(sys.argv[1]))
 steady_from, scale, state, args = float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5]
 end = wire["seconds"]
@@ -108,7 +108,17 @@ ups = [n for t, d, n in chunks if t >= steady_from and d == "up"]
 print(f"steady: {up} bytes up in {len(ups)} requests; request sizes {sorted(set(ups))}")
 print(f"steady: {up} bytes up, {sum(down)} down in {len(down)} answers; answer sizes {sorted(set(down))}")
 print(f"per hour: {per_hour(up) / 1000:.1f} KB up + {per_hour(sum(down)) / 1000:.1f} KB down = {per_hour(up + sum(down)) / 1000:.1f} KB")
-if len(sys.argv) > 6:
+# A poll is the most common request and the most common answer; anything else in
+# the window (a report) is listed apart, since a report made once after start-up
+# (the first resync) would otherwise be scaled up as if it recurred.
+poll_up = collections.Counter(ups).most_common(1)[0][0] if ups else 0
+poll_down = collections.Counter(down).most_common(1)[0][0] if down else 0
+polls = ups.count(poll_up)
+others = [n for n in ups if n != poll_up]
+wait_default = float(sys.argv[6])
+print(f"a poll: {poll_up} bytes up + {poll_down} down = {poll_up + poll_down}; {polls} polls; other requests: {others}")
+print(f"polls alone at one per {wait_default:.0f} s: {(poll_up + poll_down) * 3600 / wait_default / 1000:.1f} KB an hour")
+if len(sys.argv) > 7:
     for key, text in wire["samples"].items():
         print(f"--- {key} bytes:\n{text}")
 print(f"hub's state for the cluster at the end: {state}")
