@@ -311,15 +311,16 @@ async fn polls_conditionally_with_wait_and_takes_a_change_at_once() {
     agent.stop().await;
 
     let requests = hub.requests();
+    let wait = format!("{}s", DEFAULT_WAIT.as_secs());
     assert_eq!(
         requests[0],
-        (None, Some("30s".into()), 200),
+        (None, Some(wait.clone()), 200),
         "a fresh agent asks without If-None-Match"
     );
     assert!(
         requests
             .iter()
-            .all(|(_, wait, _)| wait.as_deref() == Some("30s"))
+            .all(|(_, asked, _)| asked.as_deref() == Some(wait.as_str()))
     );
     let quoted_a = format!("\"{}\"", a.digest);
     assert!(
