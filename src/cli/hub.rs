@@ -85,6 +85,11 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
     config.history = args.history;
     config.webhook_secret = webhook_secret;
     config.limits = args.limits.limits();
+    if let Some(path) = &args.signing_key {
+        let key = super::key::read_signing_key(path)?;
+        tracing::info!(key_id = key.key_id(), "signing every served bundle");
+        config.signing_key = Some(Arc::new(key));
+    }
     let listen = args.listen;
     let tls = args.tls_cert.clone().zip(args.tls_key.clone());
     if !listen.ip().is_loopback() && tls.is_none() {
@@ -190,6 +195,11 @@ async fn first_run_hint(state_dir: PathBuf, base: String) {
 }
 
 pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
+    let signer = args
+        .signing_key
+        .as_deref()
+        .map(super::key::read_signing_key)
+        .transpose()?;
     let limits = args.limits.limits();
     let snapshot = super::source::read(&args.source, "publish", &limits)?;
     let output = render_with(
@@ -233,7 +243,7 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
             }
             let objects = flotilla_hub::store::Objects::open(state_dir)
                 .with_context(|| format!("cannot open the objects in {}", state_dir.display()))?;
-            publish::publish_served(&output, &served, &objects, &args.out)?
+            publish::publish_served(&output, &served, &objects, &args.out, signer.as_ref())?
         }
         None => {
             if !output.rollouts.policies.is_empty() {
@@ -242,7 +252,7 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
                      give the hub's --state-dir to publish what it serves each cluster"
                 );
             }
-            publish::publish(&output, &args.out)?
+            publish::publish(&output, &args.out, signer.as_ref())?
         }
     };
     println!(

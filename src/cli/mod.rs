@@ -4,6 +4,7 @@
 mod diff;
 mod hub;
 mod init;
+mod key;
 mod manual;
 pub mod remote;
 mod render;
@@ -52,6 +53,8 @@ pub enum Command {
     Publish(PublishArgs),
     /// Create, revoke and list the tokens agents and operators use with the hub.
     Token(TokenArgs),
+    /// Make the key pair that signs served bundles (`key generate --out KEY`).
+    Key(key::KeyArgs),
     /// Run the edge agent: pull this cluster's bundle, verify, keep, apply, prune, report.
     Agent(flotilla_agent::cli::AgentArgs),
     /// Watch and steer rollouts on a running hub: list, show, pause, resume, promote, abort.
@@ -252,6 +255,10 @@ pub struct ServeArgs {
     /// The PEM private key for --tls-cert.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// Sign every served bundle with this private key (from `flotilla key generate`);
+    /// agents with `--trust-key` accept only bundles it signed.
+    #[arg(long, env = "FLOTILLA_SIGNING_KEY", value_name = "KEY")]
+    pub signing_key: Option<PathBuf>,
     /// Log as text lines or as JSON objects (one per line).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -270,6 +277,10 @@ pub struct PublishArgs {
     /// hold on the mirror) instead of HEAD's render for every cluster at once.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Sign each cluster's current bundle with this private key (from `flotilla key
+    /// generate`), continuing the sequence of the previous output in --out.
+    #[arg(long, env = "FLOTILLA_SIGNING_KEY", value_name = "KEY")]
+    pub signing_key: Option<PathBuf>,
     #[command(flatten)]
     pub limits: LimitArgs,
 }
@@ -352,6 +363,7 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Serve(args) => hub::run_serve(&args),
         Command::Publish(args) => hub::run_publish(&args),
         Command::Token(args) => hub::run_token(&args),
+        Command::Key(args) => key::run_key(&args),
         Command::Agent(args) => flotilla_agent::cli::run_agent(&args).map(|()| EXIT_OK),
         Command::Rollout(args) => rollout::run_rollout(&args),
         Command::Init(args) => init::run_init(&args),

@@ -15,7 +15,8 @@ use flotilla_agent::backoff::BackoffPolicy;
 use flotilla_agent::client::Server;
 use flotilla_agent::sink::dir::{DirSink, file_name};
 use flotilla_agent::{Agent, AgentConfig, AgentError};
-use flotilla_core::bundle::{Bundle, Digest};
+use flotilla_core::bundle::{Bundle, Digest, verify_document_parts};
+use flotilla_core::signing::{BundleSignature, PublicKey, SigningKey, TrustedKeys};
 use flotilla_core::status::StatusReport;
 use flotilla_hub::{Hub, HubError};
 use hub_common::{Repo, client, config, make_token};
@@ -496,6 +497,232 @@ async fn a_tampered_bundle_in_a_published_folder_is_refused() {
     .await
     .expect("applied in time")
     .expect("a report");
+    let _ = stop.send(());
+    task.await.expect("no panic").expect("ran");
+}
+
+/// `flotilla key generate --out DIR/hub.key`: the signing key, and the trust of an
+/// agent that is given its KEY.pub.
+fn generate_key(dir: &Path) -> (PathBuf, SigningKey, TrustedKeys) {
+    let key_path = dir.join("hub.key");
+    let output = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["key", "generate", "--out"])
+        .arg(&key_path)
+        .output()
+        .expect("flotilla key generate runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let key = SigningKey::parse(&std::fs::read_to_string(&key_path).expect("KEY")).expect("a key");
+    let printed = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    assert_eq!(printed, key.key_id(), "the key id is printed");
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&key_path)
+            .expect("stat")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    let public = std::fs::read_to_string(dir.join("hub.key.pub")).expect("KEY.pub");
+    assert_eq!(public.lines().count(), 1);
+    let trusted = TrustedKeys::new(vec![PublicKey::parse(&public).expect("a public key")]);
+    (key_path, key, trusted)
+}
+
+/// The signature of the bundle the hub serves the cluster now.
+async fn served_signature(hub: &HubProcess, token: &str) -> BundleSignature {
+    let document = client()
+        .get(format!("{}/v1/clusters/{CLUSTER}/bundle", hub.base()))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("GET bundle")
+        .bytes()
+        .await
+        .expect("body");
+    verify_document_parts(&document, Some(CLUSTER))
+        .expect("verifies")
+        .signature
+        .expect("the hub signs")
+}
+
+#[tokio::test]
+async fn a_signing_hub_and_a_trusting_agent_take_every_change_and_a_rollback_with_a_higher_sequence()
+ {
+    let f = fixture().await;
+    let (_, key, trusted) = generate_key(f.site.dir.path());
+    let mut hub_config = config(f.hub_state.path(), &f.repo.path().display().to_string());
+    hub_config.signing_key = Some(std::sync::Arc::new(key));
+    let hub = HubProcess::start_with(hub_config, any_port()).await;
+    let token = std::fs::read_to_string(&f.site.token_file).expect("token");
+    let mut agent = RunningAgent::start_with(&f.site, &hub.base(), |config| {
+        config.trusted = trusted.clone();
+    });
+    let first = rendered(&f.repo);
+    agent.applied(&first.digest).await;
+    let first_sequence = served_signature(&hub, &token).await.sequence;
+
+    set_replicas(&f.repo, 3);
+    f.repo.commit("kuard: three replicas");
+    let second = rendered(&f.repo);
+    agent.applied(&second.digest).await;
+    let second_sequence = served_signature(&hub, &token).await.sequence;
+    assert_eq!(second_sequence, first_sequence + 1);
+
+    // Back to the first content: an older digest, re-served and signed anew with a
+    // higher sequence, which the agent takes.
+    set_replicas(&f.repo, 1);
+    f.repo.commit("kuard: back to one replica");
+    assert_eq!(rendered(&f.repo).digest, first.digest);
+    let report = agent.applied(&first.digest).await;
+    assert!(report.is_success(), "{report:?}");
+    assert_eq!(
+        served_signature(&hub, &token).await.sequence,
+        second_sequence + 1
+    );
+    until_in_sync(&hub, &f.admin, &first.digest).await;
+    agent.stop().await;
+
+    // The sequence is stored with what is served: a restarted hub signs the same one.
+    hub.stop().await;
+    let mut hub_config = config(f.hub_state.path(), &f.repo.path().display().to_string());
+    hub_config.signing_key = Some(std::sync::Arc::new(
+        SigningKey::parse(
+            &std::fs::read_to_string(f.site.dir.path().join("hub.key")).expect("KEY"),
+        )
+        .expect("a key"),
+    ));
+    let hub = HubProcess::start_with(hub_config, any_port()).await;
+    assert_eq!(
+        served_signature(&hub, &token).await.sequence,
+        second_sequence + 1
+    );
+    hub.stop().await;
+}
+
+#[tokio::test]
+async fn a_signed_publish_mirror_that_is_tampered_with_or_replayed_is_refused() {
+    let f = fixture().await;
+    let (key_path, _, trusted) = generate_key(f.site.dir.path());
+    let mirror = tempfile::tempdir().expect("tempdir");
+    let publish = || {
+        let output = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(["publish", "--repo"])
+            .arg(f.repo.path())
+            .arg("--out")
+            .arg(mirror.path())
+            .arg("--signing-key")
+            .arg(&key_path)
+            .output()
+            .expect("flotilla publish runs");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    let bundle_path = mirror
+        .path()
+        .join("v1/clusters")
+        .join(CLUSTER)
+        .join("bundle");
+    publish();
+    let first = std::fs::read(&bundle_path).expect("published");
+    set_replicas(&f.repo, 3);
+    f.repo.commit("kuard: three replicas");
+    publish();
+    let second = std::fs::read(&bundle_path).expect("published");
+    let second_digest = rendered(&f.repo).digest;
+
+    // Someone with write access to the mirror changes an image and recomputes the
+    // digest, so the document matches its digest but not its signature.
+    let mut forged: Value = serde_json::from_slice(&second).expect("JSON");
+    let resources: Vec<std::sync::Arc<flotilla_core::bundle::Resource>> = forged["resources"]
+        .as_array()
+        .expect("resources")
+        .iter()
+        .map(|value| {
+            let value: Value = serde_json::from_str(
+                &value
+                    .to_string()
+                    .replace("kuard-amd64:blue", "kuard-amd64:evil"),
+            )
+            .expect("JSON");
+            let key = flotilla_core::bundle::ResourceKey::of(&value).expect("identity");
+            std::sync::Arc::new(flotilla_core::bundle::Resource::new(key, value))
+        })
+        .collect();
+    let forged_bundle = Bundle::new(CLUSTER, resources);
+    assert_ne!(forged_bundle.digest, second_digest);
+    forged["digest"] = Value::String(forged_bundle.digest.to_string());
+    forged["resources"] = serde_json::to_value(
+        forged_bundle
+            .resources
+            .iter()
+            .map(|r| r.value.clone())
+            .collect::<Vec<_>>(),
+    )
+    .expect("resources");
+    agent_support::publish_document(
+        mirror.path(),
+        CLUSTER,
+        &serde_json::to_vec(&forged).expect("JSON"),
+    );
+
+    let mut config = AgentConfig::new(
+        Server::File(mirror.path().to_path_buf()),
+        CLUSTER,
+        f.site.state(),
+    );
+    config.wait = Duration::from_millis(100);
+    config.trusted = trusted;
+    let agent = Agent::new(
+        config,
+        DirSink::new(&f.site.target(), &f.site.state(), false),
+    );
+    let mut reports = agent.reports();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(agent.run(async {
+        let _ = stopped.await;
+    }));
+    let mut until = async |what: &str, test: &dyn Fn(&StatusReport) -> bool| -> StatusReport {
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            reports.wait_for(|r| r.as_ref().is_some_and(test)),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("the agent never reported {what}"))
+        .expect("a report")
+        .clone()
+        .expect("present")
+    };
+    let refused = until("the forgery refused", &|r| {
+        r.message.contains("does not verify")
+    })
+    .await;
+    assert_eq!(refused.applied, None);
+    assert_eq!(refused.attempted, Some(forged_bundle.digest.clone()));
+    assert!(
+        files(&f.site.target()).is_empty(),
+        "nothing of the forgery was written"
+    );
+
+    // The genuine document is taken; the first one put back (a replay) is refused.
+    agent_support::publish_document(mirror.path(), CLUSTER, &second);
+    until("the genuine bundle applied", &|r| {
+        r.applied.as_ref() == Some(&second_digest)
+    })
+    .await;
+    agent_support::publish_document(mirror.path(), CLUSTER, &first);
+    let refused = until("the replay refused", &|r| {
+        r.message.contains("is older than")
+    })
+    .await;
+    assert_eq!(refused.applied, Some(second_digest.clone()));
+    assert_eq!(files(&f.site.target()), expected_files(&rendered(&f.repo)));
     let _ = stop.send(());
     task.await.expect("no panic").expect("ran");
 }

@@ -52,6 +52,11 @@ fn the_core_links_no_runtime_git_database_http_kubernetes_template_engine_or_thr
             "notify",
             "minijinja",
             "rayon",
+            // Signatures in the core are pure Rust (ed25519-dalek): no C or assembly
+            // crypto in the crate every other one links.
+            "ring",
+            "aws-lc-rs",
+            "openssl",
         ],
     );
 }

@@ -14,7 +14,9 @@ use flotilla_fs::Mode;
 
 use serde::{Deserialize, Serialize};
 
-use flotilla_core::bundle::{self, Bundle, Digest, Resource, ResourceKey, VerifyError};
+use flotilla_core::bundle::{
+    self, Bundle, Digest, Resource, ResourceKey, VerifiedDocument, VerifyError,
+};
 use flotilla_core::status::StatusReport;
 
 const LOCK_FILE: &str = "lock";
@@ -101,14 +103,21 @@ impl StateDir {
     /// verifies (a damaged disk) is moved aside to `bundle.json.damaged` and ignored,
     /// so the agent starts as if it had none and fetches a fresh one.
     pub fn load_bundle(&self, cluster: &str) -> Result<Option<Bundle>, StateError> {
+        Ok(self.load_document(cluster)?.map(|document| document.bundle))
+    }
+
+    /// [`StateDir::load_bundle`], with the document's revision and signature: the
+    /// stored document is the one received, so its signature's sequence is the one the
+    /// agent holds, kept atomically with the bundle it came with.
+    pub fn load_document(&self, cluster: &str) -> Result<Option<VerifiedDocument>, StateError> {
         let path = self.path.join(BUNDLE_FILE);
         let bytes = match fs::read(&path) {
             Ok(bytes) => bytes,
             Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(source) => return Err(StateError::Io { path, source }),
         };
-        match bundle::verify_document(&bytes, Some(cluster)) {
-            Ok(bundle) => Ok(Some(bundle)),
+        match bundle::verify_document_parts(&bytes, Some(cluster)) {
+            Ok(document) => Ok(Some(document)),
             Err(VerifyError::WrongCluster { expected, found }) => Err(StateError::WrongCluster {
                 path: self.path.clone(),
                 expected,

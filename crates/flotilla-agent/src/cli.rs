@@ -17,6 +17,7 @@ use crate::logging::{LogFormat, init_logging};
 use crate::sink::dir::DirSink;
 use crate::sink::kube::{KubeOptions, KubeSink};
 use crate::{Agent, AgentConfig};
+use flotilla_core::signing::{PublicKey, TrustedKeys};
 
 #[derive(Debug, Args)]
 pub struct AgentArgs {
@@ -84,6 +85,17 @@ pub struct AgentArgs {
     /// Log format on standard error.
     #[arg(long, env = "FLOTILLA_AGENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Accept only bundles signed by this public key (a KEY.pub from `flotilla key
+    /// generate`), with a sequence that never goes back. Repeat it to trust two keys
+    /// while keys are rotated; in the variable, separate files with commas. Without
+    /// it, bundles are checked against their digests only.
+    #[arg(
+        long = "trust-key",
+        env = "FLOTILLA_AGENT_TRUST_KEY",
+        value_name = "KEY.pub",
+        value_delimiter = ','
+    )]
+    pub trust_keys: Vec<PathBuf>,
 }
 
 /// Where the agent applies bundles.
@@ -149,6 +161,7 @@ fn settings(args: &AgentArgs) -> anyhow::Result<Settings> {
         bail!("--max-backoff must be at least 1s");
     }
     let mut config = AgentConfig::new(server, &args.cluster, args.state_dir.clone());
+    config.trusted = trusted_keys(&args.trust_keys)?;
     config.token_file = args.token_file.clone();
     config.wait = args.wait;
     config.resync = args.resync;
@@ -171,6 +184,21 @@ fn settings(args: &AgentArgs) -> anyhow::Result<Settings> {
             ..KubeOptions::default()
         },
     })
+}
+
+/// Reads every `--trust-key` file; one that is missing or not a public key stops the
+/// agent before it starts (an agent that silently trusted fewer keys would refuse
+/// every bundle, or one that trusted none would check digests only).
+fn trusted_keys(paths: &[PathBuf]) -> anyhow::Result<TrustedKeys> {
+    let mut keys = Vec::with_capacity(paths.len());
+    for path in paths {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read --trust-key {}", path.display()))?;
+        let key =
+            PublicKey::parse(&text).with_context(|| format!("--trust-key {}", path.display()))?;
+        keys.push(key);
+    }
+    Ok(TrustedKeys::new(keys))
 }
 
 /// Runs the agent until SIGTERM or Ctrl-C.
@@ -364,6 +392,59 @@ mod tests {
         assert_eq!(
             settings(&args).expect("valid").config.resync,
             Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn trusts_every_key_given_and_refuses_a_file_that_is_not_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let write = |name: &str, seed: u8| {
+            let path = dir.path().join(name);
+            let key = flotilla_core::signing::SigningKey::from_seed([seed; 32]);
+            std::fs::write(&path, key.public_key().to_file_text()).expect("writes");
+            (path.display().to_string(), key.key_id().to_string())
+        };
+        let (old, old_id) = write("old.pub", 1);
+        let (new, new_id) = write("new.pub", 2);
+        let base = [
+            "--server",
+            "file:///srv/f",
+            "--cluster",
+            "c",
+            "--state-dir",
+            "/s",
+            "--sink",
+            "kube",
+        ];
+        let with = |extra: &[&str]| {
+            let mut all: Vec<&str> = base.to_vec();
+            all.extend_from_slice(extra);
+            settings(&parse(&all).expect("parses"))
+        };
+        let config = with(&["--trust-key", &old, "--trust-key", &new])
+            .expect("valid")
+            .config;
+        assert_eq!(config.trusted.ids(), vec![old_id.as_str(), new_id.as_str()]);
+        assert!(with(&[]).expect("valid").config.trusted.is_empty());
+        let private = dir.path().join("key");
+        std::fs::write(
+            &private,
+            flotilla_core::signing::SigningKey::from_seed([3; 32]).to_file_text(),
+        )
+        .expect("writes");
+        let err = with(&["--trust-key", &private.display().to_string()])
+            .err()
+            .expect("refused");
+        assert!(
+            format!("{err:#}").contains("not a flotilla public key"),
+            "{err:#}"
+        );
+        let err = with(&["--trust-key", "/no/such.pub"])
+            .err()
+            .expect("refused");
+        assert!(
+            format!("{err:#}").contains("cannot read --trust-key /no/such.pub"),
+            "{err:#}"
         );
     }
 }

@@ -17,7 +17,8 @@
 //!   default) resends the last report on a schedule, for hubs that need it.
 //!
 //! The agent depends on `flotilla-core` and on no crate of the renderer or the hub: it
-//! trusts digests, not the server.
+//! trusts digests, not the server. With trusted keys (`--trust-key`) it also trusts
+//! only bundles a trusted key signed, with a sequence that never goes back.
 
 /// The version of this agent, sent with every report.
 pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -46,6 +47,7 @@ use flotilla_core::status::{ResourceState, StatusReport};
 use sink::{ApplyOutcome, Sink, StopSignal};
 
 use flotilla_core::bundle::{self, Bundle, Digest};
+use flotilla_core::signing::{Held, TrustedKeys};
 
 /// The agent's settings, validated.
 #[derive(Debug, Clone)]
@@ -65,6 +67,8 @@ pub struct AgentConfig {
     /// Speak HTTP/2 to an `http://` hub without asking first (`https://` negotiates it).
     pub http2: bool,
     pub backoff: BackoffPolicy,
+    /// The keys whose signatures the agent accepts; empty: digests are checked only.
+    pub trusted: TrustedKeys,
 }
 
 impl AgentConfig {
@@ -81,6 +85,7 @@ impl AgentConfig {
             heartbeat: Duration::ZERO,
             http2: false,
             backoff: BackoffPolicy::default(),
+            trusted: TrustedKeys::default(),
         }
     }
 }
@@ -165,7 +170,15 @@ impl<S: Sink> Agent<S> {
         let stop = StopSignal::default();
         sink.watch_stop(stop.clone());
         let state = Arc::new(StateDir::open(&config.state_dir)?);
-        let last_known_good = state.load_bundle(&config.cluster)?;
+        let last_known_good = state.load_document(&config.cluster)?;
+        // The stored document was checked when it arrived; its sequence is the one held.
+        let held = last_known_good.as_ref().and_then(|document| {
+            document.signature.as_ref().map(|signature| Held {
+                sequence: signature.sequence,
+                digest: document.bundle.digest.clone(),
+            })
+        });
+        let last_known_good = last_known_good.map(|document| document.bundle);
         let mut inventory = state.load_inventory();
         let sink_id = sink.id();
         if inventory.sink != sink_id {
@@ -195,6 +208,17 @@ impl<S: Sink> Agent<S> {
             last_known_good = last_known_good.as_ref().map(|b| b.digest.to_string()).unwrap_or_else(|| "none".into()),
             "flotilla agent starting"
         );
+        if config.trusted.is_empty() {
+            tracing::info!(
+                "no --trust-key: bundles are checked against their digests only, not for who signed them"
+            );
+        } else {
+            tracing::info!(
+                trusted_keys = %config.trusted.ids().join(","),
+                held_sequence = held.as_ref().map(|h| h.sequence).unwrap_or(0),
+                "accepting only bundles signed by a trusted key with a sequence that does not go back"
+            );
+        }
 
         let stored = state.load_status();
         let first_report = match &stored {
@@ -222,6 +246,8 @@ impl<S: Sink> Agent<S> {
             events: events_tx,
             current: last_known_good.as_ref().map(|b| b.digest.clone()),
             etag: None,
+            trusted: config.trusted.clone(),
+            held,
         };
         let poller = tokio::spawn(poller.run());
 
@@ -480,11 +506,17 @@ struct Poller {
     current: Option<Digest>,
     /// The ETag that bundle came with, sent back as `If-None-Match`.
     etag: Option<String>,
+    /// The keys whose signatures are accepted (none: digests only).
+    trusted: TrustedKeys,
+    /// The sequence and digest of the last signed bundle accepted.
+    held: Option<Held>,
 }
 
 enum Verdict {
-    New(Bundle),
+    New(Bundle, Option<Held>),
     Same,
+    /// The bundle held, signed again with a higher sequence: stored, not applied again.
+    Resigned(Held),
     Refused(Option<Digest>, String),
 }
 
@@ -506,9 +538,10 @@ impl Poller {
                     self.pace(started)
                 }
                 Ok(Fetched::Bundle { body, etag }) => match self.judge(&body, etag.as_deref()) {
-                    Verdict::New(bundle) => match self.state.save_bundle(&body) {
+                    Verdict::New(bundle, held) => match self.state.save_bundle(&body) {
                         Ok(()) => {
                             self.backoff.reset();
+                            self.held = held;
                             self.current = Some(bundle.digest.clone());
                             self.etag = etag;
                             if self
@@ -539,6 +572,18 @@ impl Poller {
                     Verdict::Same => {
                         self.backoff.reset();
                         self.etag = etag;
+                        self.pace(started)
+                    }
+                    Verdict::Resigned(held) => {
+                        self.backoff.reset();
+                        self.etag = etag;
+                        match self.state.save_bundle(&body) {
+                            Ok(()) => self.held = Some(held),
+                            Err(err) => tracing::warn!(
+                                error = %err,
+                                "cannot store the bundle's newer signature; the older one stays held"
+                            ),
+                        }
                         self.pace(started)
                     }
                     Verdict::Refused(claimed, message) => {
@@ -580,8 +625,8 @@ impl Poller {
 
     /// Verifies a received document.
     fn judge(&self, body: &[u8], etag: Option<&str>) -> Verdict {
-        let bundle = match bundle::verify_document(body, Some(&self.cluster)) {
-            Ok(bundle) => bundle,
+        let document = match bundle::verify_document_parts(body, Some(&self.cluster)) {
+            Ok(document) => document,
             Err(err) => {
                 // A document too broken to name its digest (too deep to read, say) is
                 // still reported against the digest its ETag names, so the hub shows
@@ -596,21 +641,53 @@ impl Poller {
             }
         };
         if let Some(etag_digest) = etag.and_then(digest_of_etag)
-            && etag_digest != bundle.digest
+            && etag_digest != document.bundle.digest
         {
             return Verdict::Refused(
                 Some(etag_digest.clone()),
                 format!(
                     "refused the bundle from {}: its ETag says {etag_digest} but its resources hash to {}; keeping the last-known-good bundle",
                     self.client.server(),
-                    bundle.digest
+                    document.bundle.digest
                 ),
             );
         }
+        let bundle = document.bundle;
+        if self.trusted.is_empty() {
+            return if self.current.as_ref() == Some(&bundle.digest) {
+                Verdict::Same
+            } else {
+                Verdict::New(bundle, None)
+            };
+        }
+        if let Err(err) = self.trusted.check(
+            &self.cluster,
+            &bundle.digest,
+            &document.revision,
+            document.signature.as_ref(),
+            self.held.as_ref(),
+        ) {
+            return Verdict::Refused(
+                Some(bundle.digest.clone()),
+                format!(
+                    "refused the bundle {} from {}: {err}; keeping the last-known-good bundle",
+                    bundle.digest,
+                    self.client.server()
+                ),
+            );
+        }
+        // A trusted document is signed (an unsigned one was refused above).
+        let held = document.signature.map(|signature| Held {
+            sequence: signature.sequence,
+            digest: bundle.digest.clone(),
+        });
         if self.current.as_ref() == Some(&bundle.digest) {
-            Verdict::Same
+            match held {
+                Some(held) if self.held.as_ref() != Some(&held) => Verdict::Resigned(held),
+                _ => Verdict::Same,
+            }
         } else {
-            Verdict::New(bundle)
+            Verdict::New(bundle, held)
         }
     }
 

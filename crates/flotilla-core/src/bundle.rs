@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
+use crate::signing::BundleSignature;
+
 /// The API version of every flotilla document.
 pub const API_VERSION: &str = "flotilla.dev/v1alpha1";
 
@@ -349,7 +351,19 @@ pub fn document_bytes(
     revision: &str,
     canonical_resources: &[u8],
 ) -> Vec<u8> {
-    let mut out = Vec::with_capacity(canonical_resources.len() + 256);
+    signed_document_bytes(cluster, digest, revision, canonical_resources, None)
+}
+
+/// [`document_bytes`] with the document's `signature` (see [`crate::signing`]), which
+/// the digest does not cover.
+pub fn signed_document_bytes(
+    cluster: &str,
+    digest: &Digest,
+    revision: &str,
+    canonical_resources: &[u8],
+    signature: Option<&BundleSignature>,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(canonical_resources.len() + 384);
     out.extend_from_slice(b"{\"apiVersion\":");
     write_canonical_string(&mut out, API_VERSION);
     out.extend_from_slice(b",\"cluster\":");
@@ -360,6 +374,13 @@ pub fn document_bytes(
     out.extend_from_slice(canonical_resources);
     out.extend_from_slice(b",\"revision\":");
     write_canonical_string(&mut out, revision);
+    if let Some(signature) = signature {
+        out.extend_from_slice(b",\"signature\":{\"keyId\":");
+        write_canonical_string(&mut out, &signature.key_id);
+        let _ = write!(out, ",\"sequence\":{},\"sig\":", signature.sequence);
+        write_canonical_string(&mut out, &signature.sig);
+        out.push(b'}');
+    }
     out.extend_from_slice(b"}");
     out
 }
@@ -374,6 +395,18 @@ pub struct BundleDocument {
     pub digest: String,
     pub revision: String,
     pub resources: Vec<Value>,
+    /// Present when the hub signs what it serves; outside the digest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<BundleSignature>,
+}
+
+/// A received document that matches its digest: the bundle, and what the document
+/// says beside it (checked against trusted keys by an agent that has some).
+#[derive(Clone, Debug)]
+pub struct VerifiedDocument {
+    pub bundle: Bundle,
+    pub revision: String,
+    pub signature: Option<BundleSignature>,
 }
 
 /// Why a received bundle is not trusted.
@@ -412,6 +445,14 @@ pub fn verify_document(
     bytes: &[u8],
     expected_cluster: Option<&str>,
 ) -> Result<Bundle, VerifyError> {
+    verify_document_parts(bytes, expected_cluster).map(|verified| verified.bundle)
+}
+
+/// [`verify_document`], keeping the document's revision and signature.
+pub fn verify_document_parts(
+    bytes: &[u8],
+    expected_cluster: Option<&str>,
+) -> Result<VerifiedDocument, VerifyError> {
     // serde_json stops at 128 levels of nesting: deeper than any document flotilla
     // serves (resources at most MAX_NESTING_DEPTH, wrapped two levels deeper).
     let doc: BundleDocument = serde_json::from_slice(bytes).map_err(|err| {
@@ -452,7 +493,11 @@ pub fn verify_document(
             actual: bundle.digest,
         });
     }
-    Ok(bundle)
+    Ok(VerifiedDocument {
+        bundle,
+        revision: doc.revision,
+        signature: doc.signature,
+    })
 }
 
 /// Serialises a JSON value as RFC 8785 canonical JSON.
@@ -679,6 +724,35 @@ mod tests {
             verify_document(tampered.as_bytes(), Some("edge-1")),
             Err(VerifyError::DigestMismatch { .. })
         ));
+    }
+
+    #[test]
+    fn a_signed_document_is_canonical_and_its_signature_outside_the_digest() {
+        let resource = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}});
+        let key = ResourceKey::of(&resource).expect("has identity");
+        let bundle = Bundle::new("edge-1", vec![Arc::new(Resource::new(key, resource))]);
+        let signer = crate::signing::SigningKey::from_seed([7; 32]);
+        let signature = signer.sign("edge-1", &bundle.digest, "main@sha1:abc", 12);
+        let document = signed_document_bytes(
+            "edge-1",
+            &bundle.digest,
+            "main@sha1:abc",
+            &bundle.canonical_resources(),
+            Some(&signature),
+        );
+        let parsed: Value = serde_json::from_slice(&document).expect("JSON");
+        assert_eq!(
+            to_canonical_vec(&parsed),
+            document,
+            "the document is canonical"
+        );
+        assert_eq!(parsed["signature"]["sequence"], json!(12));
+        let verified = verify_document_parts(&document, Some("edge-1")).expect("verifies");
+        assert_eq!(verified.bundle.digest, bundle.digest);
+        assert_eq!(verified.revision, "main@sha1:abc");
+        assert_eq!(verified.signature, Some(signature));
+        let unsigned = verify_document_parts(&bundle.document("r"), None).expect("verifies");
+        assert_eq!(unsigned.signature, None);
     }
 
     /// A ConfigMap whose `data` holds arrays nested until the resource is `depth` deep.

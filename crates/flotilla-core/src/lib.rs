@@ -12,5 +12,6 @@ pub mod limits;
 pub mod model;
 pub mod names;
 pub mod rollout;
+pub mod signing;
 pub mod snapshot;
 pub mod status;

@@ -447,7 +447,7 @@ async fn full_response(
             let entry = entry.clone();
             tokio::task::spawn_blocking(move || {
                 entry
-                    .document(&shared.store)
+                    .document(&shared.store, shared.settings.signing_key.as_deref())
                     .map(|document| entry.encoded(encoding, &document))
                     .map_err(|err| {
                         tracing::error!(cluster = %entry.name, "cannot serve the bundle: {err}");
@@ -500,7 +500,9 @@ async fn bundle_at(
     let (current, _) = authorize_read(shared, headers, cluster).await?;
     let digest = Digest::parse(digest)
         .map_err(|err| ApiError::new(StatusCode::BAD_REQUEST, err.to_string()))?;
-    if digest == current.digest {
+    // A bundle by digest is history and carries no signature; the current one is the
+    // same document as `/bundle` only when the hub does not sign.
+    if digest == current.digest && shared.settings.signing_key.is_none() {
         if headers
             .get(IF_NONE_MATCH)
             .is_some_and(|value| etag_matches(value, &current))
@@ -509,12 +511,16 @@ async fn bundle_at(
         }
         return full_response(shared, current, headers, IMMUTABLE).await;
     }
-    let revision = shared
-        .store
-        .revision_in_history(cluster, &digest)
-        .await
-        .map_err(|err| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?
-        .ok_or_else(|| {
+    let revision = if digest == current.digest {
+        Some(current.revision.clone())
+    } else {
+        shared
+            .store
+            .revision_in_history(cluster, &digest)
+            .await
+            .map_err(|err| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?
+    };
+    let revision = revision.ok_or_else(|| {
             ApiError::new(
                 StatusCode::NOT_FOUND,
                 format!(

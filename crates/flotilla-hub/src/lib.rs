@@ -78,6 +78,8 @@ pub struct HubConfig {
     pub token_refresh: Duration,
     /// The budgets of reading and rendering each commit.
     pub limits: flotilla_core::limits::Limits,
+    /// Signs every served document (docs/security.md, "Signed bundles").
+    pub signing_key: Option<Arc<flotilla_core::signing::SigningKey>>,
 }
 
 impl HubConfig {
@@ -93,6 +95,7 @@ impl HubConfig {
             clock: Arc::new(SystemClock),
             token_refresh: Duration::from_secs(1),
             limits: flotilla_core::limits::Limits::default(),
+            signing_key: None,
         }
     }
 }
@@ -128,6 +131,7 @@ impl Hub {
                 history: config.history.max(1),
                 webhook_secret: config.webhook_secret,
                 clock: config.clock,
+                signing_key: config.signing_key,
             },
             look_now: Arc::new(Notify::new()),
             latest: ArcSwap::default(),

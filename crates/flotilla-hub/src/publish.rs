@@ -10,6 +10,11 @@
 //! OUT/v1/clusters/<cluster>/bundle               the current Bundle document
 //! OUT/v1/clusters/<cluster>/bundles/<digest>     the same document, by digest
 //! ```
+//!
+//! With a signing key the current document is signed (the documents by digest are
+//! history and are not). Its sequence continues the one in the previous output: the
+//! same as before while the digest is unchanged, one more when it changes, and never
+//! below the hub's own sequence for the cluster when the hub's store is given.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -17,6 +22,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use flotilla_core::bundle::{Digest, document_bytes};
+use flotilla_core::signing::{BundleSignature, SigningKey};
 use flotilla_core::{api, names};
 use flotilla_fs::Mode;
 use flotilla_render::RenderOutput;
@@ -36,6 +42,10 @@ pub enum PublishError {
         cluster: String,
         source: ObjectError,
     },
+    #[error(
+        "{path} is not a bundle document flotilla wrote ({message}); remove it and publish again"
+    )]
+    Unreadable { path: String, message: String },
 }
 
 /// One cluster's document as it is to be published.
@@ -43,6 +53,8 @@ struct Document {
     cluster: String,
     digest: Digest,
     bytes: Vec<u8>,
+    /// The hub's serve sequence for what it serves the cluster, if a hub's store says.
+    hub_sequence: Option<u64>,
 }
 
 /// What one publish wrote.
@@ -56,7 +68,11 @@ pub struct Published {
 
 /// Writes every bundle of a clean render under `out`, as if every cluster were served
 /// what HEAD renders (no rollout holds a static mirror back).
-pub fn publish(output: &RenderOutput, out: &Path) -> Result<Published, PublishError> {
+pub fn publish(
+    output: &RenderOutput,
+    out: &Path,
+    signer: Option<&SigningKey>,
+) -> Result<Published, PublishError> {
     let documents = output
         .bundles
         .iter()
@@ -64,9 +80,10 @@ pub fn publish(output: &RenderOutput, out: &Path) -> Result<Published, PublishEr
             cluster: name.clone(),
             digest: bundle.digest.clone(),
             bytes: bundle.document(&output.revision),
+            hub_sequence: None,
         })
         .collect();
-    write_documents(documents, out)
+    write_documents(documents, out, signer)
 }
 
 /// Writes, for every cluster of a clean render, what a hub's store says it is served
@@ -77,6 +94,7 @@ pub fn publish_served(
     served: &[StoredCluster],
     objects: &Objects,
     out: &Path,
+    signer: Option<&SigningKey>,
 ) -> Result<Published, PublishError> {
     let served: std::collections::HashMap<&str, &StoredCluster> =
         served.iter().map(|c| (c.name.as_str(), c)).collect();
@@ -95,23 +113,29 @@ pub fn publish_served(
                     cluster: name.clone(),
                     digest: cluster.digest.clone(),
                     bytes: document_bytes(name, &cluster.digest, &cluster.revision, &canonical),
+                    hub_sequence: Some(cluster.sequence),
                 }
             }
             _ => Document {
                 cluster: name.clone(),
                 digest: bundle.digest.clone(),
                 bytes: bundle.document(&output.revision),
+                hub_sequence: served.get(name.as_str()).map(|c| c.sequence),
             },
         };
         documents.push(document);
     }
-    write_documents(documents, out)
+    write_documents(documents, out, signer)
 }
 
 /// Files are replaced atomically (temporary file, fsync, rename), so a web server never
 /// serves half a bundle. Earlier `bundles/<digest>` files stay, which gives mirrors a
 /// history; clusters that left the fleet are removed.
-fn write_documents(documents: Vec<Document>, out: &Path) -> Result<Published, PublishError> {
+fn write_documents(
+    documents: Vec<Document>,
+    out: &Path,
+    signer: Option<&SigningKey>,
+) -> Result<Published, PublishError> {
     // Checked before anything is written: no name may lead out of `out`.
     if let Some(name) = documents
         .iter()
@@ -130,6 +154,7 @@ fn write_documents(documents: Vec<Document>, out: &Path) -> Result<Published, Pu
         cluster,
         digest,
         bytes: document,
+        hub_sequence,
     } in &documents
     {
         let dir = clusters_dir.join(cluster);
@@ -147,10 +172,24 @@ fn write_documents(documents: Vec<Document>, out: &Path) -> Result<Published, Pu
             }
         };
         let current = dir.join(api::CURRENT_BUNDLE);
-        if fs::read(&current).is_ok_and(|existing| existing == digest_document) {
+        let previous = fs::read(&current).ok();
+        let current_document = match signer {
+            None => digest_document,
+            Some(key) => {
+                let held = previous
+                    .as_deref()
+                    .map(|bytes| read_claims(&current, bytes))
+                    .transpose()?;
+                let sequence = next_sequence(held.as_ref(), digest).max(hub_sequence.unwrap_or(0));
+                let claims = read_claims(&digest_file, &digest_document)?;
+                let signature = key.sign(cluster, digest, &claims.revision, sequence);
+                signed(&digest_document, &signature)
+            }
+        };
+        if previous.is_some_and(|existing| existing == current_document) {
             published.unchanged += 1;
         } else {
-            write_atomically(&current, &digest_document)?;
+            write_atomically(&current, &current_document)?;
             sync(&dir)?;
             published.written += 1;
         }
@@ -166,6 +205,48 @@ fn write_documents(documents: Vec<Document>, out: &Path) -> Result<Published, Pu
     }
     sync(&clusters_dir)?;
     Ok(published)
+}
+
+/// What a published document says besides its resources (which are not read).
+#[derive(serde::Deserialize)]
+struct Claims {
+    digest: String,
+    revision: String,
+    signature: Option<BundleSignature>,
+}
+
+fn read_claims(path: &Path, bytes: &[u8]) -> Result<Claims, PublishError> {
+    serde_json::from_slice(bytes).map_err(|err| PublishError::Unreadable {
+        path: path.display().to_string(),
+        message: err.to_string(),
+    })
+}
+
+/// The sequence to sign for `digest`, continuing the previous output: the same while
+/// the digest is unchanged, one more when it changes (a rollback included).
+fn next_sequence(previous: Option<&Claims>, digest: &Digest) -> u64 {
+    match previous {
+        None => 1,
+        Some(claims) => match &claims.signature {
+            Some(signature) if claims.digest == digest.as_str() => signature.sequence,
+            Some(signature) => signature.sequence.saturating_add(1),
+            None => 1,
+        },
+    }
+}
+
+/// The unsigned canonical document with its signature added. `signature` sorts after
+/// every other member of the document, so adding it last keeps the document canonical.
+fn signed(unsigned: &[u8], signature: &BundleSignature) -> Vec<u8> {
+    let without_brace = unsigned.strip_suffix(b"}").unwrap_or(unsigned);
+    let mut out = Vec::with_capacity(unsigned.len() + 160);
+    out.extend_from_slice(without_brace);
+    out.extend_from_slice(b",\"signature\":");
+    // A BundleSignature serialises as canonical JSON: its members are in canonical
+    // order, and its strings (a hex key id, base64) need no escapes.
+    let _ = serde_json::to_writer(&mut out, signature);
+    out.push(b'}');
+    out
 }
 
 fn error(path: &Path, source: io::Error) -> PublishError {
@@ -209,10 +290,75 @@ mod tests {
             output
                 .bundles
                 .insert(name.to_string(), Bundle::new(name, Vec::new()));
-            let err = publish(&output, &inside).expect_err("refused");
+            let err = publish(&output, &inside, None).expect_err("refused");
             assert!(matches!(err, PublishError::UnsafeName(_)), "{name}: {err}");
             assert!(!inside.exists(), "{name}: nothing was written");
             assert!(!out.path().join("v1").exists() && !out.path().join("escape").exists());
+        }
+    }
+
+    #[test]
+    fn signed_output_continues_its_sequence_across_publishes() {
+        use flotilla_core::bundle::{Resource, ResourceKey, verify_document_parts};
+        use flotilla_core::signing::{Held, SigningKey, TrustedKeys};
+        use std::sync::Arc;
+        let out = tempfile::tempdir().expect("tempdir");
+        let key = SigningKey::from_seed([9; 32]);
+        let trusted = TrustedKeys::new(vec![key.public_key()]);
+        let render = |value: &str, revision: &str| {
+            let resource = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "c"}, "data": {"v": value}});
+            let resource_key = ResourceKey::of(&resource).expect("identity");
+            let mut output = RenderOutput {
+                revision: revision.to_string(),
+                ..RenderOutput::default()
+            };
+            output.bundles.insert(
+                "edge-1".into(),
+                Bundle::new(
+                    "edge-1",
+                    vec![Arc::new(Resource::new(resource_key, resource))],
+                ),
+            );
+            output
+        };
+        let current = out.path().join("v1/clusters/edge-1/bundle");
+        let mut held: Option<Held> = None;
+        // A, A again, B, then A again (a rollback): sequences 1, 1, 2, 3.
+        for (value, revision, sequence, written) in [
+            ("a", "main@sha1:1", 1, 1),
+            ("a", "main@sha1:2", 1, 0),
+            ("b", "main@sha1:3", 2, 1),
+            ("a", "main@sha1:4", 3, 1),
+        ] {
+            let published =
+                publish(&render(value, revision), out.path(), Some(&key)).expect("publishes");
+            assert_eq!(published.written, written, "{value} at {revision}");
+            let bytes = fs::read(&current).expect("current");
+            let document = verify_document_parts(&bytes, Some("edge-1")).expect("verifies");
+            let signature = document.signature.clone().expect("signed");
+            assert_eq!(signature.sequence, sequence, "{value} at {revision}");
+            trusted
+                .check(
+                    "edge-1",
+                    &document.bundle.digest,
+                    &document.revision,
+                    Some(&signature),
+                    held.as_ref(),
+                )
+                .expect("an agent following the mirror accepts every step");
+            held = Some(Held {
+                sequence,
+                digest: document.bundle.digest,
+            });
+        }
+        // The documents by digest stay unsigned history, with their first revision.
+        let by_digest = fs::read_dir(out.path().join("v1/clusters/edge-1/bundles")).expect("dir");
+        for entry in by_digest {
+            let bytes = fs::read(entry.expect("entry").path()).expect("reads");
+            let document = verify_document_parts(&bytes, None).expect("verifies");
+            assert!(document.signature.is_none());
+            assert!(["main@sha1:1", "main@sha1:3"].contains(&document.revision.as_str()));
         }
     }
 }

@@ -544,7 +544,7 @@ impl Shared {
         commit.served = last.into_values().collect();
         commit.served.sort_by(|a, b| a.cluster.cmp(&b.cluster));
         commit.rollouts = writes;
-        let unreferenced = self.store.commit(&commit).await?;
+        let (unreferenced, sequences) = self.store.commit_with_sequences(&commit).await?;
 
         let outcome = RenderOutcome {
             served_changes: commit.served.len(),
@@ -552,7 +552,7 @@ impl Shared {
             rollouts_started: started,
         };
         self.latest.store(Arc::new(latest));
-        self.apply_served(&commit.served, &removed);
+        self.apply_served(&commit.served, &sequences, &removed);
         if !removed.is_empty() {
             let mut statuses = self.statuses.write().unwrap_or_else(|e| e.into_inner());
             for name in &removed {
@@ -570,7 +570,12 @@ impl Shared {
     }
 
     /// Swaps in what clusters are served now (and wakes the long-polls).
-    fn apply_served(&self, changes: &[ServedChange], removed: &BTreeSet<String>) {
+    fn apply_served(
+        &self,
+        changes: &[ServedChange],
+        sequences: &HashMap<String, u64>,
+        removed: &BTreeSet<String>,
+    ) {
         if changes.is_empty() && removed.is_empty() {
             return;
         }
@@ -591,6 +596,7 @@ impl Shared {
                     change.revision.clone(),
                     change.hold,
                     pulse,
+                    sequences.get(&change.cluster).copied().unwrap_or(0),
                 )),
             );
         }
@@ -628,8 +634,8 @@ impl Shared {
         if commit.rollouts.is_empty() {
             return Ok(());
         }
-        let unreferenced = self.store.commit(&commit).await?;
-        self.apply_served(&commit.served, &BTreeSet::new());
+        let (unreferenced, sequences) = self.store.commit_with_sequences(&commit).await?;
+        self.apply_served(&commit.served, &sequences, &BTreeSet::new());
         self.delete_objects(&unreferenced);
         Ok(())
     }

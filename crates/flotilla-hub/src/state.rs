@@ -20,7 +20,8 @@ use super::fleet::{Desired, FleetSummary, RenderStatus, summarize};
 use super::metrics::Metrics;
 use super::rollouts::Engine;
 use crate::store::{ObjectError, Store, StoredStatus};
-use flotilla_core::bundle::{Digest, document_bytes};
+use flotilla_core::bundle::{Digest, signed_document_bytes};
+use flotilla_core::signing::{BundleSignature, SigningKey};
 use flotilla_render::RenderOutput;
 
 /// When a cluster was last heard from, updated without locks on the request path: a
@@ -81,13 +82,18 @@ pub struct ClusterBundle {
     pub hold: bool,
     /// When the cluster was last seen and last fetched what it is served.
     pub pulse: Arc<Pulse>,
+    /// The cluster's serve sequence for this entry (signed with the document). An entry
+    /// is made for each change of what the cluster is served and never changes, so the
+    /// document and its compressed forms below, signature included, are made once.
+    pub sequence: u64,
+    signature: OnceLock<BundleSignature>,
     gzip: OnceLock<Bytes>,
     zstd: OnceLock<Bytes>,
 }
 
 impl ClusterBundle {
     pub fn new(name: String, digest: Digest, revision: String) -> ClusterBundle {
-        ClusterBundle::serving(name, digest, revision, false, Arc::default())
+        ClusterBundle::serving(name, digest, revision, false, Arc::default(), 0)
     }
 
     pub fn serving(
@@ -96,6 +102,7 @@ impl ClusterBundle {
         revision: String,
         hold: bool,
         pulse: Arc<Pulse>,
+        sequence: u64,
     ) -> ClusterBundle {
         let etag = HeaderValue::from_str(&format!("\"{digest}\""))
             .unwrap_or_else(|_| HeaderValue::from_static("\"\""));
@@ -109,19 +116,31 @@ impl ClusterBundle {
             revision_header,
             hold,
             pulse,
+            sequence,
+            signature: OnceLock::new(),
             gzip: OnceLock::new(),
             zstd: OnceLock::new(),
         }
     }
 
-    /// The served document, read from the store and checked against its digest.
-    pub fn document(&self, store: &Store) -> Result<Vec<u8>, ObjectError> {
+    /// The served document, read from the store and checked against its digest, and
+    /// signed with the hub's key when it has one.
+    pub fn document(
+        &self,
+        store: &Store,
+        signer: Option<&SigningKey>,
+    ) -> Result<Vec<u8>, ObjectError> {
         let canonical = store.objects.read(&self.digest)?;
-        Ok(document_bytes(
+        let signature = signer.map(|key| {
+            self.signature
+                .get_or_init(|| key.sign(&self.name, &self.digest, &self.revision, self.sequence))
+        });
+        Ok(signed_document_bytes(
             &self.name,
             &self.digest,
             &self.revision,
             &canonical,
+            signature,
         ))
     }
 
@@ -185,6 +204,8 @@ pub struct Settings {
     pub history: usize,
     pub webhook_secret: Option<Vec<u8>>,
     pub clock: Arc<dyn Clock>,
+    /// Signs every served document (`serve --signing-key`).
+    pub signing_key: Option<Arc<SigningKey>>,
 }
 
 /// State shared by the request handlers and the background tasks.
@@ -365,6 +386,7 @@ impl Shared {
                     cluster.revision,
                     cluster.hold,
                     pulse,
+                    cluster.sequence,
                 )),
             );
         }

@@ -18,7 +18,8 @@ use flotilla_agent::backoff::BackoffPolicy;
 use flotilla_agent::client::Server;
 use flotilla_agent::sink::dir::DirSink;
 use flotilla_agent::{Agent, AgentConfig, DEFAULT_WAIT};
-use flotilla_core::bundle::{Bundle, Digest};
+use flotilla_core::bundle::{Bundle, Digest, signed_document_bytes};
+use flotilla_core::signing::{SigningKey, TrustedKeys};
 use flotilla_core::status::StatusReport;
 use serde_json::Value;
 use tokio::sync::{Notify, oneshot, watch};
@@ -85,6 +86,11 @@ impl FakeHub {
 
     fn serve(&self, bundle: &Bundle) {
         self.with(|s| s.document = Some(bundle.document("main@sha1:test")));
+        self.changed.notify_waiters();
+    }
+
+    fn serve_document(&self, document: Vec<u8>) {
+        self.with(|s| s.document = Some(document));
         self.changed.notify_waiters();
     }
 
@@ -255,6 +261,15 @@ fn site(token: &str) -> Site {
 }
 
 fn start(hub: &FakeHub, site: &Site, policy: BackoffPolicy) -> Running {
+    start_trusting(hub, site, policy, TrustedKeys::default())
+}
+
+fn start_trusting(
+    hub: &FakeHub,
+    site: &Site,
+    policy: BackoffPolicy,
+    trusted: TrustedKeys,
+) -> Running {
     let mut config = AgentConfig::new(
         Server::Http(hub.url.clone()),
         "edge-1",
@@ -262,6 +277,7 @@ fn start(hub: &FakeHub, site: &Site, policy: BackoffPolicy) -> Running {
     );
     config.token_file = Some(site.token_file.clone());
     config.backoff = policy;
+    config.trusted = trusted;
     let sleeper = Arc::new(RecordingSleeper::default());
     let agent = Agent::new(
         config,
@@ -703,4 +719,135 @@ async fn an_idle_agent_reports_again_on_its_heartbeat_so_the_hub_knows_it_is_ali
         applied.windows(2).all(|pair| pair[0] == pair[1]),
         "a heartbeat repeats the last report: {applied:?}"
     );
+}
+
+/// A bundle's document signed by `key` with `sequence`.
+fn signed(bundle: &Bundle, key: &SigningKey, sequence: u64) -> Vec<u8> {
+    let revision = "main@sha1:test";
+    let signature = key.sign(&bundle.cluster, &bundle.digest, revision, sequence);
+    signed_document_bytes(
+        &bundle.cluster,
+        &bundle.digest,
+        revision,
+        &bundle.canonical_resources(),
+        Some(&signature),
+    )
+}
+
+/// The agent applies only bundles a trusted key signed with a sequence that goes up
+/// (or the same bundle again); every other document is refused with the reason,
+/// reported, and the last good bundle stays applied and kept.
+#[tokio::test]
+async fn a_trusting_agent_applies_only_signed_bundles_whose_sequence_goes_up() {
+    let hub = FakeHub::start().await;
+    let key = SigningKey::from_seed([1; 32]);
+    let stranger = SigningKey::from_seed([2; 32]);
+    let a = bundle("edge-1", vec![config_map("a", "1")]);
+    let b = bundle("edge-1", vec![config_map("b", "1")]);
+    let c = bundle("edge-1", vec![config_map("c", "1")]);
+    let site = site("flt_good");
+    let kept = site.state.path().join("agent/bundle.json");
+    hub.serve_document(signed(&a, &key, 1));
+    let mut agent = start_trusting(
+        &hub,
+        &site,
+        BackoffPolicy::default(),
+        TrustedKeys::new(vec![key.public_key()]),
+    );
+    agent.applied(&a.digest).await;
+    hub.serve_document(signed(&b, &key, 2));
+    agent.applied(&b.digest).await;
+
+    // Forged content whose digest was recomputed, under B's genuine signature.
+    let forged = signed_document_bytes(
+        "edge-1",
+        &c.digest,
+        "main@sha1:test",
+        &c.canonical_resources(),
+        Some(&key.sign("edge-1", &b.digest, "main@sha1:test", 3)),
+    );
+    let refusals: Vec<(&str, Vec<u8>, &Digest)> = vec![
+        ("does not verify", forged, &c.digest),
+        ("does not trust", signed(&c, &stranger, 3), &c.digest),
+        ("is older than the 2", signed(&a, &key, 1), &a.digest),
+        (
+            "two bundles signed with one sequence",
+            signed(&c, &key, 2),
+            &c.digest,
+        ),
+        ("is not signed", c.document("main@sha1:test"), &c.digest),
+    ];
+    for (reason, document, offered) in refusals {
+        hub.serve_document(document);
+        let refused = agent.until(reason, |r| r.message.contains(reason)).await;
+        assert_eq!(refused.applied, Some(b.digest.clone()), "{reason}");
+        assert_eq!(refused.attempted.as_ref(), Some(offered), "{reason}");
+        assert!(
+            refused
+                .message
+                .contains("keeping the last-known-good bundle"),
+            "{}",
+            refused.message
+        );
+        assert_eq!(
+            yaml_names(site.target.path()),
+            [config_map_file("b")],
+            "{reason}"
+        );
+        let stored =
+            flotilla_core::bundle::verify_document(&std::fs::read(&kept).expect("kept"), None)
+                .expect("verifies");
+        assert_eq!(
+            stored.digest, b.digest,
+            "{reason}: the last good bundle stays kept"
+        );
+    }
+    eventually("the refusals reach the hub", || {
+        hub.statuses().iter().any(|s| {
+            s["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("is not signed"))
+        })
+    })
+    .await;
+
+    // A genuine rollback: the older bundle re-served with a higher sequence.
+    hub.serve_document(signed(&a, &key, 4));
+    agent.applied(&a.digest).await;
+    assert_eq!(yaml_names(site.target.path()), [config_map_file("a")]);
+    agent.stop().await;
+}
+
+/// The sequence held is the stored bundle's: a restarted agent still refuses what is
+/// older, and during a key rotation it trusts both keys it is given.
+#[tokio::test]
+async fn a_restarted_agent_keeps_its_sequence_and_trusts_both_keys_while_they_rotate() {
+    let hub = FakeHub::start().await;
+    let old = SigningKey::from_seed([1; 32]);
+    let new = SigningKey::from_seed([3; 32]);
+    let a = bundle("edge-1", vec![config_map("a", "1")]);
+    let b = bundle("edge-1", vec![config_map("b", "1")]);
+    let site = site("flt_good");
+    hub.serve_document(signed(&a, &old, 7));
+    let mut agent = start_trusting(
+        &hub,
+        &site,
+        BackoffPolicy::default(),
+        TrustedKeys::new(vec![old.public_key()]),
+    );
+    agent.applied(&a.digest).await;
+    agent.stop().await;
+
+    let both = TrustedKeys::new(vec![old.public_key(), new.public_key()]);
+    hub.serve_document(signed(&b, &new, 6));
+    let mut agent = start_trusting(&hub, &site, BackoffPolicy::default(), both.clone());
+    agent
+        .until("a refusal of the older sequence", |r| {
+            r.message.contains("is older than the 7")
+        })
+        .await;
+    assert_eq!(yaml_names(site.target.path()), [config_map_file("a")]);
+    hub.serve_document(signed(&b, &new, 8));
+    agent.applied(&b.digest).await;
+    agent.stop().await;
 }

@@ -11,7 +11,7 @@
 pub mod objects;
 pub mod rollouts;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
@@ -55,6 +55,8 @@ pub struct StoredCluster {
     /// A new cluster whose wave is not released: an agent naming the digest it runs
     /// keeps it (304); a fresh agent gets `digest`.
     pub hold: bool,
+    /// The serve sequence of this change, signed with the served document.
+    pub sequence: u64,
 }
 
 /// What the last clean render gives a cluster, and where the rollout plan puts it.
@@ -140,6 +142,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         2,
         "rollouts",
         include_str!("../../migrations/0002_rollouts.sql"),
+    ),
+    (
+        4,
+        "signing",
+        include_str!("../../migrations/0004_signing.sql"),
     ),
 ];
 
@@ -252,10 +259,12 @@ impl Store {
 
     /// Every cluster's current bundle.
     pub async fn clusters(&self) -> Result<Vec<StoredCluster>, StoreError> {
-        let rows = sqlx::query("SELECT name, digest, revision, hold FROM clusters ORDER BY name")
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.db_error(e))?;
+        let rows = sqlx::query(
+            "SELECT name, digest, revision, hold, serve_sequence FROM clusters ORDER BY name",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| self.db_error(e))?;
         rows.iter()
             .map(|row| {
                 Ok(StoredCluster {
@@ -263,6 +272,7 @@ impl Store {
                     digest: parse_digest("clusters", "digest", row.get("digest"))?,
                     revision: row.get("revision"),
                     hold: row.get("hold"),
+                    sequence: sequence_of(row.get("serve_sequence"))?,
                 })
             })
             .collect()
@@ -386,7 +396,18 @@ impl Store {
     /// on disk. Returns the digests nothing refers to any more, whose objects the
     /// caller may delete.
     pub async fn commit(&self, commit: &Commit) -> Result<Vec<Digest>, StoreError> {
+        self.commit_with_sequences(commit)
+            .await
+            .map(|(unreferenced, _)| unreferenced)
+    }
+
+    /// [`Store::commit`], also returning the serve sequence each served change got.
+    pub async fn commit_with_sequences(
+        &self,
+        commit: &Commit,
+    ) -> Result<(Vec<Digest>, HashMap<String, u64>), StoreError> {
         let err = |e| self.db_error(e);
+        let mut sequences = HashMap::with_capacity(commit.served.len());
         let mut tx = self.pool.begin().await.map_err(err)?;
         let mut candidates: BTreeSet<String> = BTreeSet::new();
         for row in &commit.rendered {
@@ -418,9 +439,10 @@ impl Store {
         if !commit.served.is_empty() {
             let generation = next_generation(&mut tx).await.map_err(err)?;
             for change in &commit.served {
-                write_served(&mut tx, change, generation, commit, &mut candidates)
+                let sequence = write_served(&mut tx, change, generation, commit, &mut candidates)
                     .await
                     .map_err(err)?;
+                sequences.insert(change.cluster.clone(), sequence_of(sequence)?);
             }
         }
         for name in &commit.removed {
@@ -469,7 +491,7 @@ impl Store {
             }
         }
         tx.commit().await.map_err(err)?;
-        Ok(unreferenced)
+        Ok((unreferenced, sequences))
     }
 
     /// Stores an agent's report, replacing the previous one.
@@ -644,15 +666,25 @@ async fn next_generation(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>) -> Result
     Ok(generation)
 }
 
+/// A stored sequence as the unsigned number it is.
+fn sequence_of(value: i64) -> Result<u64, StoreError> {
+    u64::try_from(value).map_err(|_| StoreError::Malformed {
+        table: "serve_sequences",
+        column: "sequence",
+        message: format!("{value} is negative"),
+    })
+}
+
 /// Records one change of what a cluster is served: the `clusters` row (its serve
-/// sequence up by one) and, for a digest really served, its history.
+/// sequence up by one, continuing the sequence of a cluster that left and came back)
+/// and, for a digest really served, its history. Returns the new sequence.
 async fn write_served(
     tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
     change: &ServedChange,
     generation: i64,
     commit: &Commit,
     candidates: &mut BTreeSet<String>,
-) -> Result<(), sqlx::Error> {
+) -> Result<i64, sqlx::Error> {
     if let Some(old) = sqlx::query("SELECT digest FROM clusters WHERE name = $1")
         .bind(&change.cluster)
         .fetch_optional(&mut **tx)
@@ -660,22 +692,32 @@ async fn write_served(
     {
         candidates.insert(old.get("digest"));
     }
+    let sequence: i64 = sqlx::query(
+        "INSERT INTO serve_sequences (cluster, sequence) VALUES ($1, 1)
+         ON CONFLICT (cluster) DO UPDATE SET sequence = serve_sequences.sequence + 1
+         RETURNING sequence",
+    )
+    .bind(&change.cluster)
+    .fetch_one(&mut **tx)
+    .await?
+    .get("sequence");
     sqlx::query(
         "INSERT INTO clusters (name, digest, revision, updated_at, hold, serve_sequence)
-         VALUES ($1, $2, $3, $4, $5, 1)
+         VALUES ($1, $2, $3, $4, $5, $6)
          ON CONFLICT (name) DO UPDATE SET digest = excluded.digest,
              revision = excluded.revision, updated_at = excluded.updated_at,
-             hold = excluded.hold, serve_sequence = clusters.serve_sequence + 1",
+             hold = excluded.hold, serve_sequence = excluded.serve_sequence",
     )
     .bind(&change.cluster)
     .bind(change.digest.as_str())
     .bind(&change.revision)
     .bind(commit.now_ms)
     .bind(change.hold)
+    .bind(sequence)
     .execute(&mut **tx)
     .await?;
     if change.hold {
-        return Ok(());
+        return Ok(sequence);
     }
     sqlx::query(
         "INSERT INTO bundle_history (cluster, digest, revision, generation) VALUES ($1, $2, $3, $4)
@@ -705,7 +747,7 @@ async fn write_served(
             .await?;
         candidates.insert(digest);
     }
-    Ok(())
+    Ok(sequence)
 }
 
 /// Whether anything still refers to a digest: a cluster's history, what it is served,
@@ -889,6 +931,7 @@ mod tests {
             digest: digest(c),
             revision: revision.into(),
             hold: false,
+            sequence: 0,
         }
     }
 
@@ -1035,6 +1078,22 @@ mod tests {
             .expect("ended");
         assert_eq!(dropped, vec![digest('2'), digest('3')]);
         assert!(store.active_rollouts().await.expect("active").is_empty());
+        // A cluster that leaves the fleet and comes back continues its sequence: its
+        // agent refuses a lower one than it holds.
+        store
+            .commit(&Commit {
+                removed: vec!["a".into()],
+                ..commit(vec![], vec![])
+            })
+            .await
+            .expect("removed");
+        let (_, sequences) = store
+            .commit_with_sequences(&commit(vec![serve('2', false)], vec![]))
+            .await
+            .expect("back");
+        assert_eq!(sequences.get("a"), Some(&5));
+        let clusters = store.clusters().await.expect("clusters");
+        assert_eq!(clusters[0].sequence, 5);
         store.close().await;
     }
 }
