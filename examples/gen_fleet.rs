@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release --example gen_fleet -- --clusters 10000 --workloads 20 --resources 5 OUT
-//!     [--git] [--kustomize K] [--kustomize-bases]
+//!     [--git] [--kustomize K] [--kustomize-bases] [--templated PERCENT]
 //! ```
 //!
 //! The fleet is described in `examples/support/synthetic.rs`. `--git` makes OUT a
@@ -13,6 +13,10 @@
 //! a ConfigMap generator and two patches each), and writes `OUT-plain/`, the same
 //! fleet with each base built into plain manifests by flotilla: both render the same
 //! bundles, so they compare the cost of building kustomize bases.
+//! `--templated PERCENT` makes PERCENT of the manifests per-cluster templates (an
+//! annotation with the cluster's `site` variable) and the rest literal (the same
+//! annotation with a fixed value): `--templated 100` and `--templated 0` are the
+//! templated and the literal fleet of the same 100 resources a cluster.
 
 #[path = "support/synthetic.rs"]
 mod synthetic;
@@ -28,6 +32,7 @@ struct Args {
     git: bool,
     kustomize: usize,
     kustomize_bases: bool,
+    templated: Option<usize>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -39,6 +44,7 @@ fn parse_args() -> Result<Args, String> {
         git: false,
         kustomize: 0,
         kustomize_bases: false,
+        templated: None,
     };
     let mut it = std::env::args().skip(1);
     let number = |value: Option<String>, flag: &str| -> Result<usize, String> {
@@ -53,6 +59,13 @@ fn parse_args() -> Result<Args, String> {
             "--workloads" => args.workloads = number(it.next(), "--workloads")?,
             "--resources" => args.resources = number(it.next(), "--resources")?,
             "--kustomize" => args.kustomize = number(it.next(), "--kustomize")?,
+            "--templated" => {
+                let percent = number(it.next(), "--templated")?;
+                if percent > 100 {
+                    return Err("--templated takes a percentage from 0 to 100".into());
+                }
+                args.templated = Some(percent);
+            }
             "--git" => args.git = true,
             "--kustomize-bases" => args.kustomize_bases = true,
             "-h" | "--help" => return Err(String::new()),
@@ -133,7 +146,7 @@ fn main() {
         Ok(args) => args,
         Err(message) => {
             eprintln!(
-                "{message}\nusage: gen_fleet --clusters N --workloads W --resources R OUT [--git] [--kustomize K] [--kustomize-bases]"
+                "{message}\nusage: gen_fleet --clusters N --workloads W --resources R OUT [--git] [--kustomize K] [--kustomize-bases] [--templated PERCENT]"
             );
             std::process::exit(2);
         }
@@ -144,6 +157,11 @@ fn main() {
         let plain = PathBuf::from(format!("{}-plain", args.out.display()));
         write_all(&plain, &built_into_manifests(&files, args.workloads));
         write_all(&args.out, &files);
+    } else if let Some(percent) = args.templated {
+        write_all(
+            &args.out,
+            &synthetic::fleet_templated(args.clusters, args.workloads, args.resources, percent),
+        );
     } else {
         write_all(
             &args.out,

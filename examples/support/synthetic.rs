@@ -198,6 +198,58 @@ pub fn fleet(clusters: usize, workloads: usize, resources: usize) -> Files {
     files
 }
 
+/// The fleet of [`fleet`] with `percent` of its manifests per-cluster templates and
+/// the rest literal, to compare templated and shared rendering on the same shapes.
+/// Every manifest is the plain resource of [`fleet`] with one more annotation,
+/// `example.com/site`: in a template it is the cluster's own `site` variable (so each
+/// cluster's copy differs), in a literal manifest it is `"all"` (so clusters share
+/// it). `percent = 0` and `percent = 100` give the literal and the templated fleet
+/// of the same resources; manifest `i` (counting workload by workload) is a
+/// template when `i % 100 < percent`.
+pub fn fleet_templated(
+    clusters: usize,
+    workloads: usize,
+    resources: usize,
+    percent: usize,
+) -> Files {
+    let base = fleet(clusters, workloads, resources);
+    let mut files = Files::default();
+    for (path, text) in base.0 {
+        let parts: Vec<&str> = path.split('/').collect();
+        let ["workloads", workload, "manifests", file] = parts.as_slice() else {
+            files.0.push((path, text));
+            continue;
+        };
+        let w: usize = workload
+            .trim_start_matches('w')
+            .parse()
+            .expect("workload number");
+        let r: usize = file
+            .trim_start_matches('r')
+            .split('.')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .expect("manifest number");
+        let templated = (w * resources + r) % 100 < percent;
+        let site = if templated {
+            "\"{{ cluster.vars.site }}\""
+        } else {
+            "\"all\""
+        };
+        let text = resource(w, r).replacen(
+            "\nmetadata:\n",
+            &format!("\nmetadata:\n  annotations:\n    example.com/site: {site}\n"),
+            1,
+        );
+        let extension = if templated { "yaml.j2" } else { "yaml" };
+        files.0.push((
+            format!("workloads/{workload}/manifests/r{r}.{extension}"),
+            text,
+        ));
+    }
+    files
+}
+
 /// The fleet of [`fleet`] with every workload a kustomize base: its plain resources
 /// listed by `workloads/<w>/kustomization.yaml` (from `base/`) with a name prefix,
 /// a ConfigMap generator the Deployments read, a strategic merge patch (the

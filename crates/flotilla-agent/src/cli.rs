@@ -64,16 +64,21 @@ pub struct AgentArgs {
     #[arg(long, env = "FLOTILLA_AGENT_KUBE_TIMEOUT", default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
     pub kube_timeout: Duration,
     /// How long the hub may hold a poll open waiting for a change (a folder is re-read
-    /// this often).
-    #[arg(long, env = "FLOTILLA_AGENT_WAIT", default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    /// this often); keep it below the idle timeout of any proxy on the way.
+    #[arg(long, env = "FLOTILLA_AGENT_WAIT", default_value = "55s", value_parser = parse_duration, value_name = "DURATION")]
     pub wait: Duration,
     /// How often to apply the current bundle again to undo drift (0 to never).
     #[arg(long, env = "FLOTILLA_AGENT_RESYNC", default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
     pub resync: Duration,
-    /// How long the agent may stay silent before it sends its last status again (the
-    /// hub counts a cluster offline after its --offline-after, 5m by default; 0 never).
-    #[arg(long, env = "FLOTILLA_AGENT_HEARTBEAT", default_value = "2m", value_parser = parse_duration, value_name = "DURATION")]
+    /// Send the last status report again after this long without a new one (0: never;
+    /// the hub counts the agent's polls as it being seen, so none is needed).
+    #[arg(long, env = "FLOTILLA_AGENT_HEARTBEAT", default_value = "0s", value_parser = parse_duration, value_name = "DURATION")]
     pub heartbeat: Duration,
+    /// Speak HTTP/2 to an http:// hub from the first byte (https:// negotiates it):
+    /// repeated headers then cost a few bytes a poll. Only for servers that accept
+    /// HTTP/2 without TLS, as the hub does.
+    #[arg(long, env = "FLOTILLA_AGENT_HTTP2")]
+    pub http2: bool,
     /// The longest wait between retries when the hub is unreachable.
     #[arg(long, env = "FLOTILLA_AGENT_MAX_BACKOFF", default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
     pub max_backoff: Duration,
@@ -187,6 +192,7 @@ fn settings(args: &AgentArgs) -> anyhow::Result<Settings> {
         ca_file: args.ca_file.clone(),
         client_cert: args.client_cert.clone().zip(args.client_key.clone()),
     };
+    config.http2 = args.http2;
     config.backoff = BackoffPolicy {
         cap: args.max_backoff,
         auth_retry: args.max_backoff,
@@ -319,6 +325,32 @@ mod tests {
         assert_eq!(settings.config.wait, Duration::from_secs(45));
         assert_eq!(settings.config.resync, Duration::from_secs(900));
         assert_eq!(settings.config.backoff.cap, Duration::from_secs(300));
+    }
+
+    #[test]
+    fn the_command_line_defaults_are_the_library_defaults() {
+        let args = parse(&[
+            "--server",
+            "file:///srv/f",
+            "--cluster",
+            "edge-1",
+            "--state-dir",
+            "/var/lib/flotilla",
+            "--sink",
+            "dir:/x",
+        ])
+        .expect("parses");
+        let settings = settings(&args).expect("valid");
+        let library = crate::AgentConfig::new(
+            settings.config.server.clone(),
+            "edge-1",
+            settings.config.state_dir.clone(),
+        );
+        assert_eq!(settings.config.wait, library.wait);
+        assert_eq!(settings.config.wait, crate::DEFAULT_WAIT);
+        assert_eq!(settings.config.heartbeat, Duration::ZERO);
+        assert_eq!(settings.config.heartbeat, library.heartbeat);
+        assert_eq!(settings.config.resync, library.resync);
     }
 
     #[test]

@@ -275,10 +275,7 @@ impl HubClient {
             None if matches!(server, Server::Http(_)) => return Err(ClientError::NoToken),
             None => None,
         };
-        let builder = reqwest::Client::builder()
-            .user_agent(concat!("flotilla-agent/", env!("CARGO_PKG_VERSION")))
-            .connect_timeout(CONNECT_TIMEOUT);
-        let http = tls.apply(builder)?.build()?;
+        let http = tls.apply(http_client())?.build()?;
         Ok(HubClient {
             server,
             cluster: cluster.to_string(),
@@ -290,6 +287,17 @@ impl HubClient {
 
     pub fn server(&self) -> &Server {
         &self.server
+    }
+
+    /// Speaks HTTP/2 to an `http://` server from the first byte (prior knowledge), for
+    /// hubs reached without TLS. An `https://` server is offered HTTP/2 in the TLS
+    /// handshake anyway and chooses. On a kept connection HTTP/2 compresses repeated
+    /// headers to a few bytes, which is most of what an idle agent sends.
+    pub fn with_http2_prior_knowledge(mut self) -> Result<HubClient, ClientError> {
+        if matches!(&self.server, Server::Http(url) if url.scheme() == "http") {
+            self.http = http_client().http2_prior_knowledge().build()?;
+        }
+        Ok(self)
     }
 
     /// Whether `body` is byte for byte the document fetched last, while the caller
@@ -473,6 +481,14 @@ impl HubClient {
 
 /// `<base>/v1/clusters/<cluster>/<leaf>`, keeping any path prefix of the base URL.
 /// `base` followed by the API path `segments` (each percent-encoded as needed).
+/// The HTTP client's settings. One client per agent: its pool keeps the connection
+/// between polls and reports, so an idle agent opens no new connections.
+fn http_client() -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .user_agent(concat!("flotilla-agent/", env!("CARGO_PKG_VERSION")))
+        .connect_timeout(CONNECT_TIMEOUT)
+}
+
 fn api_url(base: &Url, segments: &[&str]) -> Url {
     let mut url = base.clone();
     url.set_query(None);
@@ -665,6 +681,48 @@ mod tests {
         let path = dir.join("token");
         std::fs::write(&path, format!("{token}\n")).expect("writes token");
         path
+    }
+
+    #[tokio::test]
+    async fn http2_is_spoken_to_a_plain_http_hub_only_when_asked() {
+        let versions: Arc<Mutex<Vec<axum::http::Version>>> = Arc::default();
+        let record = versions.clone();
+        let app = axum::Router::new().route(
+            "/v1/clusters/{cluster}/bundle",
+            get(move |request: axum::extract::Request| {
+                record.lock().expect("lock").push(request.version());
+                async { ([("etag", "\"sha256:current\"")], "{\"doc\":1}") }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let address = listener.local_addr().expect("address");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let url = Url::parse(&format!("http://{address}/")).expect("url");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let token = token_file(dir.path(), "flt_good");
+        let mut plain =
+            HubClient::new(Server::Http(url.clone()), "edge-1", Some(&token)).expect("client");
+        let mut http2 = HubClient::new(Server::Http(url), "edge-1", Some(&token))
+            .and_then(HubClient::with_http2_prior_knowledge)
+            .expect("client");
+        for http2_client in [false, true, true] {
+            let client = if http2_client { &mut http2 } else { &mut plain };
+            let fetched = client
+                .fetch_bundle(None, Duration::from_secs(1))
+                .await
+                .expect("fetches");
+            assert!(matches!(fetched, Fetched::Bundle { .. }), "{fetched:?}");
+        }
+        assert_eq!(
+            *versions.lock().expect("lock"),
+            [
+                axum::http::Version::HTTP_11,
+                axum::http::Version::HTTP_2,
+                axum::http::Version::HTTP_2
+            ]
+        );
     }
 
     #[tokio::test]

@@ -10,9 +10,11 @@
 //!   without waiting for the hub, then every new bundle, retries failed applies with
 //!   back-off, re-applies on `--resync`, and follows rollouts until they are healthy;
 //! - the **reporter** posts the latest status report, keeps it in the state folder
-//!   until the hub has it, and retries; a newer report replaces an unsent one. When
-//!   nothing happened for a heartbeat interval it sends the last report again, since
-//!   the hub judges an agent offline by the age of its last report.
+//!   until the hub has it, and retries; a newer report replaces an unsent one, and a
+//!   report equal to the one the hub already has (a resync that changed nothing) is
+//!   not sent again. The hub counts the agent's authenticated polls as the agent
+//!   being seen, so an idle agent sends no reports at all; `--heartbeat` (off by
+//!   default) resends the last report on a schedule, for hubs that need it.
 //!
 //! The agent depends on `flotilla-core` and on no crate of the renderer or the hub: it
 //! trusts digests, not the server. With trusted keys (`--trust-key`) it also trusts
@@ -59,10 +61,11 @@ pub struct AgentConfig {
     pub wait: Duration,
     /// How often the current bundle is applied again to undo drift; zero disables it.
     pub resync: Duration,
-    /// How long the agent stays silent before it sends its last report again. The hub
-    /// counts a cluster offline when no report arrived for its `--offline-after`
-    /// (5 minutes by default), so this must be shorter; zero disables it.
+    /// How long the agent stays silent before it sends its last report again; zero (the
+    /// default) never does: the hub counts the agent's polls as it being seen.
     pub heartbeat: Duration,
+    /// Speak HTTP/2 to an `http://` hub without asking first (`https://` negotiates it).
+    pub http2: bool,
     pub backoff: BackoffPolicy,
     /// A CA to trust besides the system's store, and a client certificate.
     pub tls: client::TlsOptions,
@@ -71,23 +74,30 @@ pub struct AgentConfig {
 }
 
 impl AgentConfig {
-    /// Settings with the defaults of the command line: `--wait 30s --resync 10m
-    /// --heartbeat 2m`, back-off capped at 5 minutes.
+    /// Settings with the defaults of the command line: `--wait 55s --resync 10m
+    /// --heartbeat 0`, back-off capped at 5 minutes.
     pub fn new(server: Server, cluster: &str, state_dir: PathBuf) -> AgentConfig {
         AgentConfig {
             server,
             cluster: cluster.to_string(),
             token_file: None,
             state_dir,
-            wait: Duration::from_secs(30),
+            wait: DEFAULT_WAIT,
             resync: Duration::from_secs(600),
-            heartbeat: Duration::from_secs(120),
+            heartbeat: Duration::ZERO,
+            http2: false,
             backoff: BackoffPolicy::default(),
             tls: client::TlsOptions::default(),
             trusted: TrustedKeys::default(),
         }
     }
 }
+
+/// How long the agent asks the hub to hold a poll by default. Long polls keep an idle
+/// agent's traffic small (one round trip per wait); 55 s stays under the 60 s idle
+/// timeouts that common proxies and load balancers apply by default (nginx's
+/// `proxy_read_timeout`, AWS ALB), so a held poll is not cut off on the way.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(55);
 
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
@@ -187,12 +197,15 @@ impl<S: Sink> Agent<S> {
                 entries: Vec::new(),
             };
         }
-        let client = HubClient::with_tls(
+        let mut client = HubClient::with_tls(
             config.server.clone(),
             &config.cluster,
             config.token_file.as_deref(),
             &config.tls,
         )?;
+        if config.http2 {
+            client = client.with_http2_prior_knowledge()?;
+        }
         tracing::info!(
             cluster = %config.cluster, server = %config.server,
             state_dir = %config.state_dir.display(),
@@ -725,10 +738,11 @@ impl Reporter {
         // The report in status.json, and whether it is marked sent there.
         let mut kept: Option<(StatusReport, bool)> = None;
         let mut last_sent: Option<StatusReport> = None;
+        let mut heartbeat_due = false;
         loop {
             let Some(report) = pending.take() else {
-                // Nothing new: wait for a report, or send the last one again when the
-                // heartbeat is due, so the hub knows this agent is alive.
+                // Nothing new: wait for a report, or send the last one again when a
+                // heartbeat is set and due.
                 let heartbeat = async {
                     match (&last_sent, self.heartbeat.is_zero()) {
                         (Some(_), false) => tokio::time::sleep(self.heartbeat).await,
@@ -742,10 +756,18 @@ impl Reporter {
                         }
                         pending = reports.borrow_and_update().clone();
                     }
-                    () = heartbeat => pending = last_sent.clone(),
+                    () = heartbeat => {
+                        pending = last_sent.clone();
+                        heartbeat_due = true;
+                    }
                 }
                 continue;
             };
+            if last_sent.as_ref() == Some(&report) && !heartbeat_due {
+                // The hub has this report already (a resync that changed nothing).
+                continue;
+            }
+            heartbeat_due = false;
             if kept.as_ref().is_none_or(|(k, _)| *k != report) {
                 self.keep(&report, false);
                 kept = Some((report.clone(), false));

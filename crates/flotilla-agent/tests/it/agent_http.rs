@@ -17,7 +17,7 @@ use axum::routing::{get, post};
 use flotilla_agent::backoff::BackoffPolicy;
 use flotilla_agent::client::Server;
 use flotilla_agent::sink::dir::DirSink;
-use flotilla_agent::{Agent, AgentConfig};
+use flotilla_agent::{Agent, AgentConfig, DEFAULT_WAIT};
 use flotilla_core::bundle::{Bundle, Digest, signed_document_bytes};
 use flotilla_core::signing::{SigningKey, TrustedKeys};
 use flotilla_core::status::StatusReport;
@@ -327,15 +327,16 @@ async fn polls_conditionally_with_wait_and_takes_a_change_at_once() {
     agent.stop().await;
 
     let requests = hub.requests();
+    let wait = format!("{}s", DEFAULT_WAIT.as_secs());
     assert_eq!(
         requests[0],
-        (None, Some("30s".into()), 200),
+        (None, Some(wait.clone()), 200),
         "a fresh agent asks without If-None-Match"
     );
     assert!(
         requests
             .iter()
-            .all(|(_, wait, _)| wait.as_deref() == Some("30s"))
+            .all(|(_, asked, _)| asked.as_deref() == Some(wait.as_str()))
     );
     let quoted_a = format!("\"{}\"", a.digest);
     assert!(
@@ -613,11 +614,69 @@ async fn a_server_that_answers_at_once_is_asked_once_per_wait() {
     assert!(
         waits
             .iter()
-            .all(|w| *w > Duration::from_secs(29) && *w <= Duration::from_secs(30)),
-        "the rest of the 30 s wait after each 304: {waits:?}"
+            .all(|w| *w > DEFAULT_WAIT - Duration::from_secs(1) && *w <= DEFAULT_WAIT),
+        "the rest of the default wait after each 304: {waits:?}"
     );
     let codes: Vec<u16> = hub.requests().iter().map(|r| r.2).collect();
     assert!(codes[1..].iter().all(|c| *c == 304), "{codes:?}");
+}
+
+#[tokio::test]
+async fn an_idle_agent_sends_no_report_when_a_resync_changes_nothing() {
+    let hub = FakeHub::start().await;
+    let a = bundle("edge-1", vec![config_map("a", "1")]);
+    hub.serve(&a);
+    let site = site("flt_good");
+    let mut config = AgentConfig::new(
+        Server::Http(hub.url.clone()),
+        "edge-1",
+        site.state.path().join("agent"),
+    );
+    config.token_file = Some(site.token_file.clone());
+    config.resync = Duration::from_millis(50);
+    let agent = Agent::new(
+        config,
+        DirSink::new(site.target.path(), &site.state.path().join("agent"), false),
+    );
+    let mut reports = agent.reports();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(agent.run(async {
+        let _ = stopped.await;
+    }));
+    // Every apply publishes a report: wait for the first apply and three resyncs.
+    let mut applies = 0;
+    while applies < 4 {
+        tokio::time::timeout(Duration::from_secs(20), reports.changed())
+            .await
+            .expect("the agent applies and resyncs")
+            .expect("the agent runs");
+        let applied = reports
+            .borrow_and_update()
+            .as_ref()
+            .is_some_and(|r| r.applied.as_ref() == Some(&a.digest));
+        applies += usize::from(applied);
+    }
+    eventually("the applied report reaches the hub", || {
+        hub.statuses()
+            .iter()
+            .any(|s| s["applied"] == a.digest.as_str())
+    })
+    .await;
+    let _ = stop.send(());
+    task.await.expect("no panic").expect("ran");
+    let statuses = hub.statuses();
+    let sent: Vec<&Value> = statuses
+        .iter()
+        .filter(|s| s["applied"] == a.digest.as_str())
+        .collect();
+    // The first apply wrote the file ("1 written"); every resync finds it unchanged
+    // ("1 unchanged"): two distinct reports for four applies, each sent once.
+    assert_eq!(
+        sent.len(),
+        2,
+        "resyncs that change nothing are not reported again: {sent:?}"
+    );
+    assert_ne!(sent[0], sent[1], "{sent:?}");
 }
 
 #[tokio::test]

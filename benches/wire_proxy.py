@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""A counting TCP proxy for measuring what an agent costs on the wire.
+
+    benches/wire_proxy.py LISTEN_PORT TARGET_PORT SECONDS REPORT.json
+
+Listens on 127.0.0.1:LISTEN_PORT (loopback only), forwards every connection to
+127.0.0.1:TARGET_PORT, and counts the bytes each way. It stops after SECONDS (a
+bound, so a forgotten run ends) or on SIGTERM, and writes the totals to
+REPORT.json: bytes up (agent to hub) and down, connections opened, and a log of
+every chunk (time since start, direction, size) and the first 400 bytes of one
+chunk of each direction and size (to read the headers), so a script can pick out the
+steady state. Application bytes only: TCP/IP and TLS framing below the proxy are
+not counted (the agent speaks plain HTTP to it here).
+"""
+
+import json
+import selectors
+import signal
+import socket
+import sys
+import time
+
+MAX_CONNECTIONS = 64
+
+
+def main():
+    listen_port, target_port, seconds, report = (
+        int(sys.argv[1]),
+        int(sys.argv[2]),
+        float(sys.argv[3]),
+        sys.argv[4],
+    )
+    start = time.monotonic()
+    stop = [False]
+    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", listen_port))
+    server.listen(16)
+    server.setblocking(False)
+    sel = selectors.DefaultSelector()
+    sel.register(server, selectors.EVENT_READ, None)
+    totals = {"up": 0, "down": 0, "connections": 0, "chunks": [], "samples": {}}
+    peers = {}
+
+    def close(sock):
+        other = peers.pop(sock, None)
+        for s in (sock, other):
+            if s is None:
+                continue
+            peers.pop(s, None)
+            try:
+                sel.unregister(s)
+            except (KeyError, ValueError):
+                pass
+            s.close()
+
+    while not stop[0] and time.monotonic() - start < seconds:
+        for key, _ in sel.select(timeout=0.2):
+            sock = key.fileobj
+            if key.data is None:
+                client, _ = server.accept()
+                if totals["connections"] >= MAX_CONNECTIONS:
+                    client.close()
+                    continue
+                upstream = socket.create_connection(("127.0.0.1", target_port))
+                totals["connections"] += 1
+                peers[client] = upstream
+                peers[upstream] = client
+                sel.register(client, selectors.EVENT_READ, "up")
+                sel.register(upstream, selectors.EVENT_READ, "down")
+                continue
+            try:
+                data = sock.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                close(sock)
+                continue
+            direction = key.data
+            totals[direction] += len(data)
+            totals["chunks"].append(
+                [round(time.monotonic() - start, 3), direction, len(data)]
+            )
+            sample = f"{direction} {len(data)}"
+            if len(totals["samples"]) < 32 and sample not in totals["samples"]:
+                totals["samples"][sample] = data[:400].decode("latin-1")
+            peer = peers.get(sock)
+            if peer is not None:
+                peer.sendall(data)
+    totals["seconds"] = round(time.monotonic() - start, 3)
+    with open(report, "w") as out:
+        json.dump(totals, out)
+
+
+if __name__ == "__main__":
+    main()
