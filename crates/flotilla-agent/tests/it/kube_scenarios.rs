@@ -1,6 +1,6 @@
 //! The kube sink against the fake API server (crates/flotilla-kube-fake), which answers
 //! as a real one does: one scenario per way the sink used to misbehave on a real
-//! cluster (the defects of issue 16, numbered as there).
+//! cluster, each named after the way it used to fail.
 
 use crate::support as agent_support;
 
