@@ -205,12 +205,46 @@ async fn main() {
             )
             .send()
     };
-    // A hub on an empty store waits the offline threshold before it releases a wave.
+    // A hub on an empty store waits the offline threshold before it releases a wave;
+    // then every agent polls (an unchanged poll counts as seen), so that none is
+    // offline when v2's first wave is released.
     clock.advance(Duration::from_secs(7201));
+    for chunk in (0..clusters).collect::<Vec<_>>().chunks(500) {
+        join_all(chunk.iter().map(|&i| {
+            let (client, url, token, runs) = (
+                client.clone(),
+                format!("{base}/v1/clusters/{}/bundle", name(i)),
+                tokens[i].clone(),
+                format!("\"{}\"", runs[i]),
+            );
+            async move {
+                let response = client
+                    .get(url)
+                    .bearer_auth(token)
+                    .header("If-None-Match", runs)
+                    .send()
+                    .await
+                    .expect("poll");
+                assert_eq!(response.status(), 304, "an unchanged poll");
+            }
+        }))
+        .await;
+    }
 
     // v2: the canaries (1%) are released at once; the tenth wave long-polls.
     set_version(dir, "v2");
     git(dir, &["commit", "--quiet", "-am", "v2"]);
+    let v2 = String::from_utf8(
+        Command::new("git")
+            .args(["rev-parse", "HEAD"])
+            .current_dir(dir)
+            .output()
+            .expect("git rev-parse")
+            .stdout,
+    )
+    .expect("a commit id")
+    .trim()
+    .to_string();
     let rollout = loop {
         let list: serde_json::Value = client
             .get(format!("{base}/v1/rollouts"))
@@ -222,8 +256,11 @@ async fn main() {
             .await
             .expect("json");
         if let Some(r) = list["rollouts"].as_array().and_then(|l| {
-            l.iter()
-                .find(|r| r["waves"][0]["state"] == "released" && r["forced"] == false)
+            l.iter().find(|r| {
+                r["waves"][0]["state"] == "released"
+                    && r["forced"] == false
+                    && r["revision"].as_str().is_some_and(|rev| rev.ends_with(&v2))
+            })
         }) {
             break r["id"].clone();
         }
