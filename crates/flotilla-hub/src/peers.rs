@@ -19,13 +19,12 @@
 //!
 //! [`Store::changes`]: crate::store::Store::changes
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use crate::HubError;
-use crate::state::{ClusterBundle, Latest, Served, Shared};
+use crate::state::{ClusterBundle, Served, Shared};
 use crate::store::{Fence, StoredStatus};
 
 /// The lease that names the hub recording renders and deciding rollouts.
@@ -322,25 +321,7 @@ impl Shared {
             self.swap(next);
         }
 
-        let latest: HashMap<String, Arc<Latest>> = self
-            .store
-            .rendered()
-            .await?
-            .into_iter()
-            .map(|r| {
-                (
-                    r.cluster,
-                    Arc::new(Latest {
-                        digest: r.digest,
-                        revision: r.revision,
-                        policy: r.policy,
-                        wave: r.wave,
-                        paused: r.paused,
-                    }),
-                )
-            })
-            .collect();
-        self.latest.store(Arc::new(latest));
+        self.load_latest().await?;
         let revision = self.store.revision().await?;
         self.update_render_status(|r| r.served_revision = revision);
 

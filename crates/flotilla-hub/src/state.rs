@@ -279,6 +279,30 @@ impl Shared {
         self.tokens.load().check_with_id(header).map(owned)
     }
 
+    /// Reads what the last clean render gives each cluster back from the store.
+    pub async fn load_latest(&self) -> Result<(), crate::StoreError> {
+        let latest: HashMap<String, Arc<Latest>> = self
+            .store
+            .rendered()
+            .await?
+            .into_iter()
+            .map(|r| {
+                (
+                    r.cluster,
+                    Arc::new(Latest {
+                        digest: r.digest,
+                        revision: r.revision,
+                        policy: r.policy,
+                        wave: r.wave,
+                        paused: r.paused,
+                    }),
+                )
+            })
+            .collect();
+        self.latest.store(Arc::new(latest));
+        Ok(())
+    }
+
     pub fn render_status(&self) -> RenderStatus {
         self.render
             .lock()
@@ -408,25 +432,7 @@ impl Shared {
             .into_iter()
             .map(|s| (s.cluster.clone(), s))
             .collect();
-        let latest: HashMap<String, Arc<Latest>> = self
-            .store
-            .rendered()
-            .await?
-            .into_iter()
-            .map(|r| {
-                (
-                    r.cluster,
-                    Arc::new(Latest {
-                        digest: r.digest,
-                        revision: r.revision,
-                        policy: r.policy,
-                        wave: r.wave,
-                        paused: r.paused,
-                    }),
-                )
-            })
-            .collect();
-        self.latest.store(Arc::new(latest));
+        self.load_latest().await?;
         self.update_render_status(|r| r.served_revision = revision);
         self.swap(served);
         self.load_rollouts().await?;
