@@ -48,16 +48,32 @@ struct Browser {
 
 impl Browser {
     async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        match self.try_call(method.clone(), path, body).await {
+            Ok(value) => value,
+            Err((status, value)) => panic!("{method} {path}: {status} {value}"),
+        }
+    }
+
+    /// A WebDriver command; the status and the whole answer when it fails.
+    async fn try_call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, (reqwest::StatusCode, Value)> {
         let url = format!("{}{path}", self.session);
-        let mut request = self.http.request(method.clone(), &url);
+        let mut request = self.http.request(method, &url);
         if let Some(body) = body {
             request = request.json(&body);
         }
         let response = request.send().await.expect("chromedriver answers");
         let status = response.status();
         let value: Value = response.json().await.expect("JSON from chromedriver");
-        assert!(status.is_success(), "{method} {path}: {status} {value}");
-        value["value"].clone()
+        if status.is_success() {
+            Ok(value["value"].clone())
+        } else {
+            Err((status, value))
+        }
     }
 
     async fn go(&self, url: &str) {
@@ -101,17 +117,28 @@ impl Browser {
         .await;
     }
 
+    /// The text of the element `css` finds. The page replaces its content when it
+    /// refreshes itself or after a form, so an element found a moment ago may be gone
+    /// ("stale"): it is found again.
     async fn text(&self, css: &str) -> String {
-        let element = self.find(css).await;
-        self.call(
-            reqwest::Method::GET,
-            &format!("/element/{element}/text"),
-            None,
-        )
-        .await
-        .as_str()
-        .unwrap_or_default()
-        .to_string()
+        for _ in 0..50 {
+            let element = self.find(css).await;
+            match self
+                .try_call(
+                    reqwest::Method::GET,
+                    &format!("/element/{element}/text"),
+                    None,
+                )
+                .await
+            {
+                Ok(text) => return text.as_str().unwrap_or_default().to_string(),
+                Err((_, value)) if value["value"]["error"] == "stale element reference" => {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err((status, value)) => panic!("the text of {css}: {status} {value}"),
+            }
+        }
+        panic!("the element {css} went stale 50 times in a row");
     }
 
     async fn all_texts(&self, css: &str) -> Vec<String> {
