@@ -1,9 +1,9 @@
 //! The web page in a real browser: headless Chromium driven through chromedriver
 //! (the W3C WebDriver protocol, spoken here over plain HTTP with the tests' own
 //! client). Logs in, reads the counts, filters to the failed clusters, opens one,
-//! resumes and pauses a rollout, and saves screenshots for docs/ui.md into
-//! docs/images/. Skips with a printed reason when Chromium or chromedriver is
-//! missing, except in CI.
+//! resumes and pauses a rollout, and saves screenshots for docs/ui.md (into
+//! docs/images/ with FLOTILLA_UPDATE_SCREENSHOTS=1). Skips with a printed reason
+//! when Chromium or chromedriver is missing, except in CI.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -177,8 +177,14 @@ impl Browser {
         let png = self.call(reqwest::Method::GET, "/screenshot", None).await;
         let bytes = base64_decode(png.as_str().expect("base64 PNG"));
         assert!(bytes.starts_with(b"\x89PNG"), "a PNG");
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/images");
-        std::fs::create_dir_all(&dir).expect("docs/images");
+        // docs/images/ is rewritten only when asked (FLOTILLA_UPDATE_SCREENSHOTS=1), so
+        // a test run never changes files of the repository.
+        let dir = if std::env::var_os("FLOTILLA_UPDATE_SCREENSHOTS").is_some() {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/images")
+        } else {
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-screenshots")
+        };
+        std::fs::create_dir_all(&dir).expect("the screenshots' folder");
         std::fs::write(dir.join(name), bytes).expect("write the screenshot");
     }
 }
