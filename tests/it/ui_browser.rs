@@ -81,30 +81,57 @@ impl Browser {
             .await;
     }
 
+    /// The element `css` finds, waited for (up to 20 s) while the next page loads.
     async fn find(&self, css: &str) -> String {
-        let found = self
-            .call(
-                reqwest::Method::POST,
-                "/element",
-                Some(json!({"using": "css selector", "value": css})),
-            )
-            .await;
-        found
-            .as_object()
-            .and_then(|o| o.values().next())
-            .and_then(Value::as_str)
-            .unwrap_or_else(|| panic!("no element {css}: {found}"))
-            .to_string()
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let found = self
+                .try_call(
+                    reqwest::Method::POST,
+                    "/element",
+                    Some(json!({"using": "css selector", "value": css})),
+                )
+                .await;
+            match found {
+                Ok(found) => {
+                    return found
+                        .as_object()
+                        .and_then(|o| o.values().next())
+                        .and_then(Value::as_str)
+                        .unwrap_or_else(|| panic!("no element {css}: {found}"))
+                        .to_string();
+                }
+                Err((_, value))
+                    if value["value"]["error"] == "no such element"
+                        && std::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err((status, value)) => panic!("no element {css}: {status} {value}"),
+            }
+        }
     }
 
+    /// Clicks the element `css` finds (found again if the page replaced it first).
     async fn click(&self, css: &str) {
-        let element = self.find(css).await;
-        self.call(
-            reqwest::Method::POST,
-            &format!("/element/{element}/click"),
-            Some(json!({})),
-        )
-        .await;
+        for _ in 0..50 {
+            let element = self.find(css).await;
+            match self
+                .try_call(
+                    reqwest::Method::POST,
+                    &format!("/element/{element}/click"),
+                    Some(json!({})),
+                )
+                .await
+            {
+                Ok(_) => return,
+                Err((_, value)) if value["value"]["error"] == "stale element reference" => {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err((status, value)) => panic!("click {css}: {status} {value}"),
+            }
+        }
+        panic!("the element {css} went stale 50 times in a row");
     }
 
     async fn type_into(&self, css: &str, text: &str) {
@@ -141,28 +168,69 @@ impl Browser {
         panic!("the element {css} went stale 50 times in a row");
     }
 
+    /// The texts of every element `css` finds, found again when the page replaced
+    /// them while they were read.
     async fn all_texts(&self, css: &str) -> Vec<String> {
-        let found = self
-            .call(
-                reqwest::Method::POST,
-                "/elements",
-                Some(json!({"using": "css selector", "value": css})),
-            )
-            .await;
-        let mut texts = Vec::new();
-        for element in found.as_array().cloned().unwrap_or_default() {
-            let id = element
-                .as_object()
-                .and_then(|o| o.values().next())
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
-            let text = self
-                .call(reqwest::Method::GET, &format!("/element/{id}/text"), None)
+        'again: for _ in 0..50 {
+            let found = self
+                .call(
+                    reqwest::Method::POST,
+                    "/elements",
+                    Some(json!({"using": "css selector", "value": css})),
+                )
                 .await;
-            texts.push(text.as_str().unwrap_or_default().to_string());
+            let mut texts = Vec::new();
+            for element in found.as_array().cloned().unwrap_or_default() {
+                let id = element
+                    .as_object()
+                    .and_then(|o| o.values().next())
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string();
+                match self
+                    .try_call(reqwest::Method::GET, &format!("/element/{id}/text"), None)
+                    .await
+                {
+                    Ok(text) => texts.push(text.as_str().unwrap_or_default().to_string()),
+                    Err((_, value)) if value["value"]["error"] == "stale element reference" => {
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        continue 'again;
+                    }
+                    Err((status, value)) => panic!("the text of {css}: {status} {value}"),
+                }
+            }
+            return texts;
         }
-        texts
+        panic!("the elements {css} went stale 50 times in a row");
+    }
+
+    /// Waits (up to 20 s) until `read` gives `expected`, and returns what it gave last:
+    /// a click on a link or a form's button returns before the browser has loaded the
+    /// next page, so what is read right after it may still be the page before.
+    async fn settles<T, F, Fut>(&self, expected: T, read: F) -> T
+    where
+        T: PartialEq,
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = T>,
+    {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let now = read().await;
+            if now == expected || std::time::Instant::now() > deadline {
+                return now;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The page's title once it is `expected` (or after 20 s, whatever it is then).
+    async fn title_once(&self, expected: &str) -> String {
+        self.settles(expected.to_string(), || self.title()).await
+    }
+
+    /// The text of `css` once it is `expected` (or after 20 s, whatever it is then).
+    async fn text_once(&self, css: &str, expected: &str) -> String {
+        self.settles(expected.to_string(), || self.text(css)).await
     }
 
     async fn title(&self) -> String {
@@ -301,7 +369,10 @@ async fn an_operator_logs_in_filters_opens_a_cluster_and_pauses_a_rollout_in_chr
     browser.screenshot("ui-login.png").await;
     browser.type_into("#token", &scene.admin).await;
     browser.click("form.login button[type=submit]").await;
-    assert_eq!(browser.title().await, "Fleet · flotilla");
+    assert_eq!(
+        browser.title_once("Fleet · flotilla").await,
+        "Fleet · flotilla"
+    );
     assert_eq!(browser.text("#counts-h").await, "8 clusters");
     assert_eq!(browser.text(".n[data-state=failed]").await, "1");
     assert_eq!(browser.text(".n[data-state=waiting]").await, "2");
@@ -310,13 +381,15 @@ async fn an_operator_logs_in_filters_opens_a_cluster_and_pauses_a_rollout_in_chr
     // Filter to the failed clusters, then open the one there is.
     browser.click("a.chip.s-failed").await;
     let names = browser
-        .all_texts("table.clusters tbody tr td:first-child a")
+        .settles(vec!["c1".to_string()], || {
+            browser.all_texts("table.clusters tbody tr td:first-child a")
+        })
         .await;
     assert_eq!(names, ["c1"]);
     browser
         .click("table.clusters tbody tr td:first-child a")
         .await;
-    assert_eq!(browser.title().await, "c1 · flotilla");
+    assert_eq!(browser.title_once("c1 · flotilla").await, "c1 · flotilla");
     let failed = browser.text("ul.failed").await;
     assert!(failed.contains("CrashLoopBackOff"), "{failed}");
     browser.screenshot("ui-cluster.png").await;
@@ -326,13 +399,16 @@ async fn an_operator_logs_in_filters_opens_a_cluster_and_pauses_a_rollout_in_chr
     browser.go(&format!("{hub}/ui/rollouts/{rollout_id}")).await;
     browser.click("#action-resume").await;
     browser.click("#action-pause").await;
-    assert_eq!(browser.text("h1 .chip").await, "paused");
+    assert_eq!(browser.text_once("h1 .chip", "paused").await, "paused");
     assert_eq!(scene.rollout_of(&v2).await["state"], "paused");
     browser.screenshot("ui-rollout.png").await;
 
     // Logging out ends the session.
     browser.click("nav button.link").await;
-    assert_eq!(browser.title().await, "Log in · flotilla");
+    assert_eq!(
+        browser.title_once("Log in · flotilla").await,
+        "Log in · flotilla"
+    );
     browser.go(&format!("{hub}/ui/")).await;
     assert_eq!(browser.title().await, "Log in · flotilla");
 

@@ -145,10 +145,14 @@ impl Registry {
     /// a request in flight.
     fn evict_one(&self) -> bool {
         let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        // Ties (connections accepted within the same millisecond) go to the one
+        // accepted first, so a burst of idle sockets never evicts the newest
+        // connection before its first request has been read.
         let oldest = live
-            .values()
-            .filter(|c| c.in_flight.load(Ordering::Relaxed) == 0)
-            .min_by_key(|c| c.idle_since_ms.load(Ordering::Relaxed));
+            .iter()
+            .filter(|(_, c)| c.in_flight.load(Ordering::Relaxed) == 0)
+            .min_by_key(|(id, c)| (c.idle_since_ms.load(Ordering::Relaxed), **id))
+            .map(|(_, c)| c);
         match oldest {
             Some(connection) => {
                 connection.evict.notify_one();
