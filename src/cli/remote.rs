@@ -1,7 +1,9 @@
 //! The small HTTP client of the operator commands that talk to a running hub
 //! (`flotilla rollout`, and `flotilla status`): where the hub is and which token to
-//! send (`--server`, `--token-file`, or `FLOTILLA_SERVER`, `FLOTILLA_TOKEN_FILE`),
-//! JSON in and out, and the hub's own error messages passed on.
+//! send (`--server`, `--token-file`, or `FLOTILLA_SERVER`, `FLOTILLA_TOKEN_FILE`), how
+//! to trust it and prove who calls over TLS (`--ca-file`, `--client-cert`,
+//! `--client-key`, the agent's own TLS code), JSON in and out, and the hub's own
+//! error messages passed on.
 //!
 //! The agent has its own variables (`FLOTILLA_AGENT_*`), so an operator's shell never
 //! points an agent elsewhere, nor the other way round.
@@ -13,6 +15,8 @@ use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
 use serde::de::DeserializeOwned;
 
+use flotilla_agent::client::{Server, TlsOptions};
+
 /// Where the hub is, and how to prove the right to ask it.
 #[derive(Debug, Clone, Args)]
 pub struct HubArgs {
@@ -22,9 +26,27 @@ pub struct HubArgs {
     /// A file holding an admin token (from `flotilla token create --admin`).
     #[arg(long, env = "FLOTILLA_TOKEN_FILE", value_name = "FILE")]
     pub token_file: PathBuf,
-    /// A PEM CA certificate to trust for an HTTPS hub, besides the system's.
-    #[arg(long, env = "FLOTILLA_CA_CERT", value_name = "FILE")]
-    pub ca_cert: Option<PathBuf>,
+    /// PEM CA certificates to trust for an HTTPS hub, besides the system's (a hub
+    /// with a certificate from a private CA).
+    #[arg(long, alias = "ca-cert", env = "FLOTILLA_CA_FILE", value_name = "PEM")]
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate (PEM) signed by the hub's `--client-ca`, for a hub that
+    /// requires one; any certificate of that CA will do, with an admin token.
+    #[arg(
+        long,
+        env = "FLOTILLA_CLIENT_CERT",
+        value_name = "PEM",
+        requires = "client_key"
+    )]
+    pub client_cert: Option<PathBuf>,
+    /// The private key (PEM) of --client-cert.
+    #[arg(
+        long,
+        env = "FLOTILLA_CLIENT_KEY",
+        value_name = "PEM",
+        requires = "client_cert"
+    )]
+    pub client_key: Option<PathBuf>,
     /// How to print the answer.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
     pub output: Output,
@@ -61,18 +83,18 @@ impl HubClient {
         if token.is_empty() {
             bail!("--token-file {} is empty", args.token_file.display());
         }
-        let mut builder = reqwest::Client::builder()
+        let tls = TlsOptions {
+            ca_file: args.ca_file.clone(),
+            client_cert: args.client_cert.clone().zip(args.client_key.clone()),
+        };
+        tls.check(&Server::parse(&base)?)?;
+        let builder = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .timeout(Duration::from_secs(60));
-        if let Some(path) = &args.ca_cert {
-            let pem = std::fs::read(path)
-                .with_context(|| format!("cannot read --ca-cert {}", path.display()))?;
-            let certificate = reqwest::Certificate::from_pem(&pem).with_context(|| {
-                format!("--ca-cert {} is not a PEM certificate", path.display())
-            })?;
-            builder = builder.add_root_certificate(certificate);
-        }
-        let http = builder.build().context("cannot set up the HTTP client")?;
+        let http = tls
+            .apply(builder)?
+            .build()
+            .context("cannot set up the HTTP client")?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -1,12 +1,11 @@
 //! `flotilla status`: the fleet as a running hub sees it, like `kubectl get`: counts by
 //! state, the served and attempted revision with any render error, active rollouts
 //! with each wave's progress, then the clusters that need attention (failed with
-//! their failed resources, offline with how long, pending, never seen).
+//! their failed resources, offline with how long, pending longest first, never seen).
 //!
 //! Exit 0 when no cluster is failed, 1 when some cluster is failed, 2 when the hub
 //! cannot be asked.
 
-use std::cmp::Reverse;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::IsTerminal as _;
@@ -19,7 +18,7 @@ use super::rollout::{Paint, short_revision, table_painted, waves_line};
 use super::{EXIT_FINDINGS, EXIT_OK};
 use flotilla_core::api;
 use flotilla_core::rollout::view::RolloutView;
-use flotilla_hub::fleet::ClusterState;
+use flotilla_hub::fleet::{ClusterState, attention_key};
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
@@ -80,6 +79,9 @@ struct Cluster {
     #[serde(default)]
     groups: Vec<String>,
     silent_for_seconds: Option<i64>,
+    /// While pending: how long since it was served the digest it has not applied.
+    #[serde(default)]
+    pending_for_seconds: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -113,13 +115,7 @@ pub fn run_status(args: &StatusArgs) -> anyhow::Result<u8> {
         .filter(|c| args.groups.is_empty() || c.groups.iter().any(|g| args.groups.contains(g)))
         .filter(|c| args.clusters.is_empty() || args.clusters.contains(&c.name))
         .collect();
-    selected.sort_by_key(|c| {
-        (
-            c.state.urgency(),
-            Reverse(c.silent_for_seconds.unwrap_or(0)),
-            c.name.clone(),
-        )
-    });
+    selected.sort_by(|a, b| attention(a).cmp(&attention(b)));
     let mut counts: BTreeMap<&'static str, usize> =
         ClusterState::ALL.iter().map(|s| (s.as_str(), 0)).collect();
     for cluster in &selected {
@@ -155,6 +151,17 @@ pub fn run_status(args: &StatusArgs) -> anyhow::Result<u8> {
     };
     print!("{text}");
     Ok(if failed > 0 { EXIT_FINDINGS } else { EXIT_OK })
+}
+
+/// Where a cluster stands in the order an operator should look at them (the web
+/// page's order): most urgent first, then the longest waiting, then by name.
+fn attention(c: &Cluster) -> (usize, std::cmp::Reverse<i64>, &str) {
+    attention_key(
+        c.state,
+        c.silent_for_seconds,
+        c.pending_for_seconds,
+        &c.name,
+    )
 }
 
 /// `3m`, `2h5m`, `4d1h`: how long, to the minute (seconds under a minute).
@@ -293,9 +300,12 @@ fn table(
                         .unwrap_or_default()
                 ),
                 ClusterState::Pending => format!(
-                    "to apply {} of {}",
+                    "to apply {} of {}{}",
                     short_digest(&c.desired),
-                    short_revision(&c.desired_revision)
+                    short_revision(&c.desired_revision),
+                    c.pending_for_seconds
+                        .map(|s| format!(", pending for {}", ago(s)))
+                        .unwrap_or_default()
                 ),
                 ClusterState::Waiting => format!(
                     "runs {}, {} waits for its wave",

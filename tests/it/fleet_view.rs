@@ -137,7 +137,9 @@ async fn status_shows_every_state_and_exits_1_when_a_cluster_failed() {
         row(&out, "s3")[4].starts_with("silent for 6m, runs sha256:"),
         "{out}"
     );
+    // Pending since the hub changed what it serves lab (v2), six minutes ago.
     assert_eq!(row(&out, "lab")[..2], ["lab", "pending"]);
+    assert!(row(&out, "lab")[4].ends_with(", pending for 6m"), "{out}");
     assert_eq!(
         row(&out, "fresh"),
         [
@@ -196,6 +198,9 @@ async fn status_shows_every_state_and_exits_1_when_a_cluster_failed() {
         ["c1", "s3", "lab", "fresh", "s4", "s1", "s2", "edge"]
     );
     assert_eq!(json["clusters"][1]["silentForSeconds"], 360);
+    assert_eq!(json["clusters"][2]["name"], "lab");
+    assert_eq!(json["clusters"][2]["pendingForSeconds"], 360);
+    assert_eq!(json["clusters"][0]["pendingForSeconds"], Value::Null);
     assert_eq!(json["clusters"][0]["groups"], serde_json::json!(["canary"]));
 
     let server = scene.hub.as_ref().expect("hub").base.clone();
@@ -387,6 +392,11 @@ async fn the_web_page_shows_the_fleet_only_after_login_and_refuses_cross_site_fo
             .contains("Deployment.apps app&#x2f;app: CrashLoopBackOff")
     );
     assert!(fleet.body.contains("6m ago"), "s3 silent for six minutes");
+    assert!(
+        fleet.body.contains(", pending for 6m</td>"),
+        "lab pending since v2 was served to it: {}",
+        fleet.body
+    );
     assert!(!fleet.body.contains("hunter2"));
     let failed = send(get("/ui/?state=failed".into())).await;
     assert_eq!(listed(&failed.body), ["c1"]);
@@ -432,6 +442,14 @@ async fn the_web_page_shows_the_fleet_only_after_login_and_refuses_cross_site_fo
         c1.body
     );
     assert!(c1.body.contains("CrashLoopBackOff") && c1.body.contains("canary"));
+    assert!(
+        c1.body.contains(
+            "<dt>Labels</dt><dd><code class=\"label\">kind=store</code> <code class=\"label\">tier=canary</code></dd>"
+        ),
+        "the cluster's labels: {}",
+        c1.body
+    );
+    assert!(lab.body.contains("pending for 6m"), "{}", lab.body);
     assert!(c1.body.contains(&v2));
     assert!(
         c1.body.matches("<tr><td><code>sha256:").count() >= 2,

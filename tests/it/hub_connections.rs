@@ -621,3 +621,284 @@ async fn objects_no_cluster_refers_to_are_collected_at_start_and_after_renders()
     assert_eq!(old.status(), 200, "red's previous bundle is still served");
     hub.stop().await;
 }
+
+/// Waits until the hub behind `client` has rendered and answers `/readyz`.
+async fn wait_ready(client: &reqwest::Client, base: &str) {
+    let url = format!("{base}/readyz");
+    eventually("the hub to be ready", Duration::from_secs(20), || {
+        let (client, url) = (client, &url);
+        async move {
+            let response = client.get(url).send().await.ok()?;
+            (response.status() == 200).then_some(())
+        }
+    })
+    .await;
+}
+
+/// fleet-example served over HTTPS by a hub whose certificate a site CA signed (and
+/// which, with `client_ca`, requires client certificates of that CA), with an admin
+/// token, ready to answer.
+struct TlsHub {
+    pki: Pki,
+    site_ca: TestCa,
+    ca: PathBuf,
+    base: String,
+    admin: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), HubError>>,
+    _repo: Repo,
+    _state: tempfile::TempDir,
+}
+
+impl TlsHub {
+    async fn start(client_ca: bool) -> TlsHub {
+        let pki = Pki::new();
+        let site_ca = TestCa::new("site CA");
+        let ca = pki.write("ca.pem", &site_ca.cert_pem());
+        let (cert, key) = pki.leaf("hub", &site_ca.server(&["127.0.0.1"]));
+        let repo = Repo::new();
+        let state = tempfile::tempdir().expect("state dir");
+        let admin = make_token(state.path(), None).await;
+        let hub = Hub::start(config(state.path(), &repo.path().display().to_string()))
+            .await
+            .expect("hub");
+        let files = TlsFiles {
+            cert,
+            key,
+            client_ca: client_ca.then(|| ca.clone()),
+        };
+        let (base, stop, task) = serve_tls(hub, files).await;
+        wait_ready(&tls_client(&ca, None), &base).await;
+        TlsHub {
+            pki,
+            site_ca,
+            ca,
+            base,
+            admin,
+            stop,
+            task,
+            _repo: repo,
+            _state: state,
+        }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task
+            .await
+            .expect("task")
+            .expect("TLS server stops cleanly");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_page_over_https_keeps_its_session_in_a_secure_cookie() {
+    let hub = TlsHub::start(false).await;
+    let (ca, base, admin) = (&hub.ca, &hub.base, &hub.admin);
+    // Like a browser: trusts the site CA, shows redirects, speaks HTTP/2 when offered.
+    let web = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(
+            reqwest::Certificate::from_pem(&std::fs::read(ca).expect("ca")).expect("pem"),
+        )
+        .build()
+        .expect("client");
+
+    let login = web
+        .post(format!("{base}/ui/login"))
+        .header("origin", base)
+        .form(&[("token", admin.as_str())])
+        .send()
+        .await
+        .expect("login");
+    assert_eq!(
+        login.version(),
+        reqwest::Version::HTTP_2,
+        "browsers speak HTTP/2 to an HTTPS hub: the origin check must work without a Host header"
+    );
+    assert_eq!(login.status(), 303, "{:?}", login.text().await);
+    let set_cookie = login
+        .headers()
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .expect("a session cookie")
+        .to_string();
+    for part in [
+        "Secure",
+        "HttpOnly",
+        "SameSite=Strict",
+        "Path=/ui",
+        "Max-Age=",
+    ] {
+        assert!(set_cookie.contains(part), "{part}: {set_cookie}");
+    }
+    let cookie = set_cookie
+        .split(';')
+        .next()
+        .expect("name=value")
+        .to_string();
+
+    // The session opens the pages over HTTPS; without it, the login.
+    let with_session = |path: &str| {
+        web.get(format!("{base}{path}"))
+            .header("cookie", &cookie)
+            .send()
+    };
+    let fleet = with_session("/ui/").await.expect("fleet page");
+    assert_eq!(fleet.status(), 200);
+    let body = fleet.text().await.expect("body");
+    assert!(
+        body.contains("<h1>Fleet</h1>") && body.contains(">red</a>"),
+        "{body}"
+    );
+    let red = with_session("/ui/clusters/red")
+        .await
+        .expect("cluster page");
+    assert_eq!(red.status(), 200);
+    let anonymous = web.get(format!("{base}/ui/")).send().await.expect("page");
+    assert_eq!(anonymous.status(), 303);
+
+    // Logging out over HTTPS: the form token and the origin pass, the session ends.
+    let csrf = body
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("form token")
+        .to_string();
+    let logout = web
+        .post(format!("{base}/ui/logout"))
+        .header("cookie", &cookie)
+        .header("origin", base)
+        .form(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .expect("logout");
+    assert_eq!(logout.status(), 303);
+    let cleared = logout
+        .headers()
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .expect("the cookie cleared")
+        .to_string();
+    assert!(
+        cleared.contains("Max-Age=0") && cleared.contains("Secure"),
+        "{cleared}"
+    );
+    let after = with_session("/ui/").await.expect("page");
+    assert_eq!(after.status(), 303, "the old cookie opens nothing");
+    hub.stop().await;
+}
+
+/// `flotilla status` with these arguments and environment; (exit code, stdout, stderr).
+fn status(args: &[&std::ffi::OsStr]) -> (i32, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .arg("status")
+        .args(args)
+        .env_remove("FLOTILLA_SERVER")
+        .env_remove("FLOTILLA_TOKEN_FILE")
+        .env_remove("FLOTILLA_CA_FILE")
+        .env_remove("FLOTILLA_CLIENT_CERT")
+        .env_remove("FLOTILLA_CLIENT_KEY")
+        .output()
+        .expect("flotilla runs");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_commands_present_a_client_certificate_to_a_hub_that_requires_one() {
+    let hub = TlsHub::start(true).await;
+    let (ca, base) = (hub.ca.clone(), hub.base.clone());
+    let operator = hub.pki.leaf("operator", &hub.site_ca.client("ops.example"));
+    let token_file = hub.pki.write("admin.token", &hub.admin);
+
+    // `flotilla status` against `server`, with the site CA and the operator's
+    // certificate or not.
+    let args = |server: &str, trust: bool, present: bool| -> Vec<std::ffi::OsString> {
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "--server".into(),
+            server.into(),
+            "--token-file".into(),
+            token_file.clone().into(),
+        ];
+        if trust {
+            args.extend(["--ca-file".into(), ca.clone().into()]);
+        }
+        if present {
+            args.extend([
+                "--client-cert".into(),
+                operator.0.clone().into(),
+                "--client-key".into(),
+                operator.1.clone().into(),
+            ]);
+        }
+        args
+    };
+    let run = |args: Vec<std::ffi::OsString>| {
+        tokio::task::spawn_blocking(move || {
+            let refs: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+            status(&refs)
+        })
+    };
+
+    // With an operator's certificate (any name the CA signed) and the admin token.
+    let (code, out, err) = run(args(&base, true, true)).await.expect("runs");
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("revision   main@"), "{out}");
+    assert!(out.contains("clusters   "), "{out}");
+    // The same through the environment.
+    let output = tokio::task::spawn_blocking({
+        let (base, token_file, ca, cert, key) = (
+            base.clone(),
+            token_file.clone(),
+            ca.clone(),
+            operator.0.clone(),
+            operator.1.clone(),
+        );
+        move || {
+            Command::new(env!("CARGO_BIN_EXE_flotilla"))
+                .args(["status", "-o", "json"])
+                .env("FLOTILLA_SERVER", base)
+                .env("FLOTILLA_TOKEN_FILE", token_file)
+                .env("FLOTILLA_CA_FILE", ca)
+                .env("FLOTILLA_CLIENT_CERT", cert)
+                .env("FLOTILLA_CLIENT_KEY", key)
+                .output()
+                .expect("runs")
+        }
+    })
+    .await
+    .expect("runs");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
+    assert!(json["clusters"].as_array().is_some_and(|c| !c.is_empty()));
+
+    // Without a certificate the hub refuses, and says what to give.
+    let (code, _, err) = run(args(&base, true, false)).await.expect("runs");
+    assert_eq!(code, 2);
+    assert!(err.contains("requires a client certificate"), "{err}");
+    // Without the site CA the hub's certificate is not trusted.
+    let (code, _, err) = run(args(&base, false, true)).await.expect("runs");
+    assert_eq!(code, 2);
+    assert!(err.contains("cannot reach the hub"), "{err}");
+    // A certificate for a plain-HTTP server is a mistake, said before anything is sent.
+    let (code, _, err) = run(args("http://127.0.0.1:1", false, true))
+        .await
+        .expect("runs");
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("--client-cert needs an https:// server"),
+        "{err}"
+    );
+    hub.stop().await;
+}

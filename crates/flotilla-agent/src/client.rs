@@ -115,7 +115,7 @@ pub struct TlsOptions {
 
 impl TlsOptions {
     /// Refuses TLS settings for a server that does not use TLS.
-    fn check(&self, server: &Server) -> Result<(), ClientError> {
+    pub fn check(&self, server: &Server) -> Result<(), ClientError> {
         let is_https = matches!(server, Server::Http(url) if url.scheme() == "https");
         let flags = [
             ("--ca-file", self.ca_file.is_some()),
@@ -132,7 +132,9 @@ impl TlsOptions {
         Ok(())
     }
 
-    fn apply(
+    /// Adds the trusted CAs and the client certificate to an HTTP client being built
+    /// (the agent's, and the operator commands' that talk to a hub).
+    pub fn apply(
         &self,
         mut builder: reqwest::ClientBuilder,
     ) -> Result<reqwest::ClientBuilder, ClientError> {

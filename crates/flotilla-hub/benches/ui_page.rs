@@ -1,6 +1,8 @@
-//! The web page's fleet page at 10,000 clusters: the fleet summary built from what
-//! the hub holds in memory, then one page of the cluster list rendered, as the
-//! `/ui/` handler does. Prints the page's size; BENCHMARKS.md has the figures.
+//! The web page's fleet page at 10,000 clusters, built as the `/ui/` handler builds
+//! it: every cluster's line judged from what the hub holds in memory, the counts and
+//! one page of the cluster list picked from them, then the page rendered. Also the
+//! whole fleet summary of `GET /v1/fleet`, for comparison. Prints the page's size;
+//! BENCHMARKS.md has the figures.
 //!
 //! `cargo bench -p flotilla-hub --bench ui_page`
 
@@ -10,9 +12,9 @@ use std::time::Duration;
 use criterion::{Criterion, criterion_group, criterion_main};
 use flotilla_core::bundle::Digest;
 use flotilla_core::status::{ResourceState, ResourceStatus, StatusReport};
-use flotilla_hub::fleet::{Desired, RenderStatus, summarize};
+use flotilla_hub::fleet::{Desired, FleetSummary, Line, NO_LABELS, RenderStatus, lines};
 use flotilla_hub::store::StoredStatus;
-use flotilla_hub::ui::page::{FleetQuery, fleet_page};
+use flotilla_hub::ui::page::{FleetModel, FleetQuery, fleet_page};
 
 const CLUSTERS: usize = 10_000;
 const NOW_MS: i64 = 1_736_899_200_000;
@@ -94,31 +96,47 @@ fn fleet() -> Fleet {
     }
 }
 
-fn page(fleet: &Fleet, query: &FleetQuery) -> String {
-    let render = RenderStatus {
+fn render_status() -> RenderStatus {
+    RenderStatus {
         served_revision: Some("main@sha1:0123456789abcdef0123456789abcdef01234567".into()),
         attempted_revision: Some("main@sha1:0123456789abcdef0123456789abcdef01234567".into()),
         ..RenderStatus::default()
-    };
-    let summary = summarize(
+    }
+}
+
+/// Every cluster's line, as `Shared::with_fleet` makes them.
+fn with_lines<R>(fleet: &Fleet, f: impl FnOnce(&[Line<'_>]) -> R) -> R {
+    let lines = lines(
         fleet.names.iter().enumerate().map(|(i, name)| Desired {
             name,
             digest: &fleet.digests[i],
             revision: "main@sha1:0123456789abcdef0123456789abcdef01234567",
             hold: false,
             seen_ms: None,
+            served_since_ms: Some(NOW_MS - 600_000 - i as i64 * 1_000),
             latest: Some(&fleet.digests[i]),
             policy: Some("stores"),
             wave: Some(if i % 100 == 0 { "canary" } else { "rest" }),
             paused: false,
             groups: &fleet.groups[i],
+            labels: &NO_LABELS,
         }),
         &fleet.statuses,
-        &render,
         NOW_MS,
         Duration::from_secs(300),
     );
-    fleet_page(&summary, &[], query, &"0".repeat(64)).expect("page")
+    f(&lines)
+}
+
+fn page(fleet: &Fleet, query: &FleetQuery) -> String {
+    let model = with_lines(fleet, |lines| FleetModel::new(lines, query, NOW_MS));
+    fleet_page(&model, &render_status(), &[], query, &"0".repeat(64)).expect("page")
+}
+
+fn summary(fleet: &Fleet) -> FleetSummary {
+    with_lines(fleet, |lines| {
+        FleetSummary::of(lines, &render_status(), NOW_MS)
+    })
 }
 
 fn bench(c: &mut Criterion) {
@@ -149,6 +167,9 @@ fn bench(c: &mut Criterion) {
     });
     group.bench_function("fleet page, 10,000 clusters, state=failed", |b| {
         b.iter(|| page(&fleet, &failed))
+    });
+    group.bench_function("fleet summary of GET /v1/fleet, 10,000 clusters", |b| {
+        b.iter(|| summary(&fleet))
     });
     group.finish();
 }

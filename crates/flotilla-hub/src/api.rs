@@ -881,7 +881,7 @@ async fn readyz(State(shared): SharedState) -> Response {
 async fn metrics(State(shared): SharedState) -> Response {
     let text = shared.metrics.render(
         &shared.render_status(),
-        &shared.fleet_summary(),
+        &shared.fleet_counts(),
         shared.tokens.load().len(),
         &crate::metrics::RolloutFigures {
             active: &shared.rollouts.active_views(),

@@ -3,6 +3,7 @@
 //! applied and its state; counts per state, and the render status. Pure: it takes the
 //! time as an argument, so tests move time without sleeping.
 
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
@@ -141,6 +142,41 @@ pub struct RenderStatus {
     pub renders_failed: u64,
 }
 
+/// How many clusters are in each state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Counts([usize; ClusterState::ALL.len()]);
+
+impl Counts {
+    /// The counts of these clusters.
+    pub fn of(lines: &[Line<'_>]) -> Counts {
+        let mut counts = Counts::default();
+        for line in lines {
+            counts.add(line.state);
+        }
+        counts
+    }
+
+    pub fn add(&mut self, state: ClusterState) {
+        self.0[state as usize] += 1;
+    }
+
+    pub fn get(&self, state: ClusterState) -> usize {
+        self.0[state as usize]
+    }
+
+    pub fn total(&self) -> usize {
+        self.0.iter().sum()
+    }
+
+    /// Every state by name, zeros included, as `GET /v1/fleet` gives them.
+    pub fn by_name(&self) -> BTreeMap<&'static str, usize> {
+        ClusterState::ALL
+            .iter()
+            .map(|s| (s.as_str(), self.get(*s)))
+            .collect()
+    }
+}
+
 #[derive(Debug, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct FleetSummary {
@@ -155,6 +191,30 @@ pub struct FleetSummary {
     pub source_error: Option<String>,
     pub counts: BTreeMap<&'static str, usize>,
     pub clusters: Vec<ClusterSummary>,
+}
+
+impl FleetSummary {
+    /// Every cluster's summary, by name, with the render status.
+    pub fn of(lines: &[Line<'_>], render: &RenderStatus, now_ms: i64) -> FleetSummary {
+        let mut clusters: Vec<ClusterSummary> = lines.iter().map(|l| l.summary(now_ms)).collect();
+        clusters.sort_by(|a, b| a.name.cmp(&b.name));
+        FleetSummary {
+            revision: render.served_revision.clone(),
+            attempted_revision: render.attempted_revision.clone(),
+            attempted_at: render.attempted_at_ms.map(rfc3339),
+            render_errors: render
+                .errors
+                .iter()
+                .map(|d| RenderError {
+                    text: d.to_string(),
+                    diagnostic: d.clone(),
+                })
+                .collect(),
+            source_error: render.source_error.clone(),
+            counts: Counts::of(lines).by_name(),
+            clusters,
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -189,8 +249,14 @@ pub struct ClusterSummary {
     pub failed_resources: Vec<String>,
     /// The fleet groups it belongs to (from the last clean render).
     pub groups: Vec<String>,
+    /// Its labels (from the last clean render).
+    pub labels: BTreeMap<String, String>,
     /// How long since it was last seen, in seconds on the hub's clock.
     pub silent_for_seconds: Option<i64>,
+    /// When the digest served to it last changed.
+    pub served_since: Option<String>,
+    /// While pending: how long since it was served the digest it has not applied yet.
+    pub pending_for_seconds: Option<i64>,
 }
 
 /// One served cluster, as the summary needs it.
@@ -202,103 +268,211 @@ pub struct Desired<'a> {
     pub hold: bool,
     /// Its last authenticated poll or report.
     pub seen_ms: Option<i64>,
+    /// When what it is served last changed.
+    pub served_since_ms: Option<i64>,
     pub latest: Option<&'a Digest>,
     pub policy: Option<&'a str>,
     pub wave: Option<&'a str>,
     pub paused: bool,
     /// The fleet groups it belongs to.
     pub groups: &'a [String],
+    /// Its labels.
+    pub labels: &'a BTreeMap<String, String>,
 }
 
+/// No labels, for a cluster the last clean render did not describe.
+pub static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+
+/// One cluster's place in the fleet, borrowed from what the hub holds: its state is
+/// decided, nothing is copied or formatted. The fleet page counts, filters and sorts
+/// these and turns only the rows it shows into text; `GET /v1/fleet` turns each into
+/// a [`ClusterSummary`].
+#[derive(Clone, Copy, Debug)]
+pub struct Line<'a> {
+    pub name: &'a str,
+    pub state: ClusterState,
+    /// The digest served to it now (for a held cluster, the one its agent runs).
+    pub desired: &'a Digest,
+    pub desired_revision: &'a str,
+    pub latest: Option<&'a Digest>,
+    pub policy: Option<&'a str>,
+    pub wave: Option<&'a str>,
+    pub groups: &'a [String],
+    pub labels: &'a BTreeMap<String, String>,
+    /// Its agent's last report.
+    pub status: Option<&'a StoredStatus>,
+    /// Its last report or authenticated poll.
+    pub last_seen_ms: Option<i64>,
+    /// When what it is served last changed.
+    pub served_since_ms: Option<i64>,
+}
+
+impl<'a> Line<'a> {
+    pub fn new(
+        d: Desired<'a>,
+        status: Option<&'a StoredStatus>,
+        now_ms: i64,
+        offline_after: Duration,
+    ) -> Line<'a> {
+        // A held cluster is served what its agent runs (its polls get a 304).
+        let desired = match status.and_then(|s| s.report.applied.as_ref()) {
+            Some(applied) if d.hold && !status.is_some_and(|s| s.report.failed_for(applied)) => {
+                applied
+            }
+            _ => d.digest,
+        };
+        let mut state = state_of(desired, status, now_ms, offline_after, d.seen_ms);
+        if d.paused && matches!(state, ClusterState::InSync | ClusterState::Pending) {
+            state = ClusterState::Paused;
+        } else if state == ClusterState::InSync && d.latest.is_some_and(|l| l != desired) {
+            state = ClusterState::Waiting;
+        }
+        let last_seen_ms = match (status.map(|s| s.received_at_ms), d.seen_ms) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        Line {
+            name: d.name,
+            state,
+            desired,
+            desired_revision: d.revision,
+            latest: d.latest,
+            policy: d.policy,
+            wave: d.wave,
+            groups: d.groups,
+            labels: d.labels,
+            status,
+            last_seen_ms,
+            served_since_ms: d.served_since_ms,
+        }
+    }
+
+    /// How long since it was last seen, in seconds.
+    pub fn silent_for_seconds(&self, now_ms: i64) -> Option<i64> {
+        self.last_seen_ms.map(|at| seconds_since(at, now_ms))
+    }
+
+    /// While pending: how long since it was served the digest it has not applied.
+    pub fn pending_for_seconds(&self, now_ms: i64) -> Option<i64> {
+        (self.state == ClusterState::Pending)
+            .then_some(self.served_since_ms)
+            .flatten()
+            .map(|at| seconds_since(at, now_ms))
+    }
+
+    /// Where it stands in the order an operator should look at clusters (see
+    /// [`attention_key`]).
+    pub fn attention_key(&self, now_ms: i64) -> (usize, Reverse<i64>, &'a str) {
+        attention_key(
+            self.state,
+            self.silent_for_seconds(now_ms),
+            self.pending_for_seconds(now_ms),
+            self.name,
+        )
+    }
+
+    /// `Kind.group namespace/name: message` of each resource its agent reported failed.
+    pub fn failed_resources(&self) -> Vec<String> {
+        let Some(status) = self.status else {
+            return Vec::new();
+        };
+        status
+            .report
+            .resources
+            .iter()
+            .filter(|r| r.state == flotilla_core::status::ResourceState::Failed)
+            .map(|r| {
+                let kind = if r.group.is_empty() {
+                    r.kind.clone()
+                } else {
+                    format!("{}.{}", r.kind, r.group)
+                };
+                if r.namespace.is_empty() {
+                    format!("{kind}/{}: {}", r.name, r.message)
+                } else {
+                    format!("{kind} {}/{}: {}", r.namespace, r.name, r.message)
+                }
+            })
+            .collect()
+    }
+
+    /// The owned summary `GET /v1/fleet` and the cluster page show.
+    pub fn summary(&self, now_ms: i64) -> ClusterSummary {
+        let status = self.status;
+        ClusterSummary {
+            name: self.name.to_string(),
+            state: self.state,
+            desired: self.desired.clone(),
+            desired_revision: self.desired_revision.to_string(),
+            latest: self.latest.cloned(),
+            policy: self.policy.map(str::to_string),
+            wave: self.wave.map(str::to_string),
+            applied: status.and_then(|s| s.report.applied.clone()),
+            attempted: status.and_then(|s| s.report.attempted.clone()),
+            last_seen: self.last_seen_ms.map(rfc3339),
+            message: status.map(|s| s.report.message.clone()),
+            agent_version: status.map(|s| s.report.agent_version.clone()),
+            failed_resources: self.failed_resources(),
+            groups: self.groups.to_vec(),
+            labels: self.labels.clone(),
+            silent_for_seconds: self.silent_for_seconds(now_ms),
+            served_since: self.served_since_ms.map(rfc3339),
+            pending_for_seconds: self.pending_for_seconds(now_ms),
+        }
+    }
+}
+
+fn seconds_since(at_ms: i64, now_ms: i64) -> i64 {
+    now_ms.saturating_sub(at_ms).max(0) / 1000
+}
+
+/// The order in which an operator should look at clusters: the most urgent state
+/// first (see [`ClusterState::BY_URGENCY`]); within a state the one waiting longest
+/// (pending: pending longest; any other state: silent longest); then by name. The
+/// web page and `flotilla status` both sort by it.
+pub fn attention_key(
+    state: ClusterState,
+    silent_for_seconds: Option<i64>,
+    pending_for_seconds: Option<i64>,
+    name: &str,
+) -> (usize, Reverse<i64>, &str) {
+    let waiting = if state == ClusterState::Pending {
+        pending_for_seconds
+    } else {
+        silent_for_seconds
+    };
+    (state.urgency(), Reverse(waiting.unwrap_or(0)), name)
+}
+
+/// Every served cluster's line, with its agent's last report.
+pub fn lines<'a>(
+    desired: impl IntoIterator<Item = Desired<'a>>,
+    statuses: &'a HashMap<String, StoredStatus>,
+    now_ms: i64,
+    offline_after: Duration,
+) -> Vec<Line<'a>> {
+    desired
+        .into_iter()
+        .map(|d| {
+            let status = statuses.get(d.name);
+            Line::new(d, status, now_ms, offline_after)
+        })
+        .collect()
+}
+
+/// The whole fleet summary of `GET /v1/fleet`.
 pub fn summarize<'a>(
     desired: impl IntoIterator<Item = Desired<'a>>,
-    statuses: &HashMap<String, StoredStatus>,
+    statuses: &'a HashMap<String, StoredStatus>,
     render: &RenderStatus,
     now_ms: i64,
     offline_after: Duration,
 ) -> FleetSummary {
-    let mut counts: BTreeMap<&'static str, usize> =
-        ClusterState::ALL.iter().map(|s| (s.as_str(), 0)).collect();
-    let mut clusters: Vec<ClusterSummary> = desired
-        .into_iter()
-        .map(|d| {
-            let status = statuses.get(d.name);
-            // A held cluster is served what its agent runs (its polls get a 304).
-            let desired = match status.and_then(|s| s.report.applied.as_ref()) {
-                Some(applied)
-                    if d.hold && !status.is_some_and(|s| s.report.failed_for(applied)) =>
-                {
-                    applied
-                }
-                _ => d.digest,
-            };
-            let mut state = state_of(desired, status, now_ms, offline_after, d.seen_ms);
-            if d.paused && matches!(state, ClusterState::InSync | ClusterState::Pending) {
-                state = ClusterState::Paused;
-            } else if state == ClusterState::InSync && d.latest.is_some_and(|l| l != desired) {
-                state = ClusterState::Waiting;
-            }
-            *counts.entry(state.as_str()).or_default() += 1;
-            let last_seen = match (status.map(|s| s.received_at_ms), d.seen_ms) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
-            };
-            ClusterSummary {
-                name: d.name.to_string(),
-                state,
-                desired: desired.clone(),
-                desired_revision: d.revision.to_string(),
-                latest: d.latest.cloned(),
-                policy: d.policy.map(str::to_string),
-                wave: d.wave.map(str::to_string),
-                applied: status.and_then(|s| s.report.applied.clone()),
-                attempted: status.and_then(|s| s.report.attempted.clone()),
-                last_seen: last_seen.map(rfc3339),
-                message: status.map(|s| s.report.message.clone()),
-                agent_version: status.map(|s| s.report.agent_version.clone()),
-                failed_resources: status
-                    .map(|s| {
-                        s.report
-                            .resources
-                            .iter()
-                            .filter(|r| r.state == flotilla_core::status::ResourceState::Failed)
-                            .map(|r| {
-                                let kind = if r.group.is_empty() {
-                                    r.kind.clone()
-                                } else {
-                                    format!("{}.{}", r.kind, r.group)
-                                };
-                                if r.namespace.is_empty() {
-                                    format!("{kind}/{}: {}", r.name, r.message)
-                                } else {
-                                    format!("{kind} {}/{}: {}", r.namespace, r.name, r.message)
-                                }
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                groups: d.groups.to_vec(),
-                silent_for_seconds: last_seen.map(|at| now_ms.saturating_sub(at).max(0) / 1000),
-            }
-        })
-        .collect();
-    clusters.sort_by(|a, b| a.name.cmp(&b.name));
-    FleetSummary {
-        revision: render.served_revision.clone(),
-        attempted_revision: render.attempted_revision.clone(),
-        attempted_at: render.attempted_at_ms.map(rfc3339),
-        render_errors: render
-            .errors
-            .iter()
-            .map(|d| RenderError {
-                text: d.to_string(),
-                diagnostic: d.clone(),
-            })
-            .collect(),
-        source_error: render.source_error.clone(),
-        counts,
-        clusters,
-    }
+    FleetSummary::of(
+        &lines(desired, statuses, now_ms, offline_after),
+        render,
+        now_ms,
+    )
 }
 
 #[cfg(test)]
@@ -400,11 +574,13 @@ mod tests {
             revision: "main@sha1:1",
             hold: false,
             seen_ms: None,
+            served_since_ms: None,
             latest,
             policy: Some("stores"),
             wave: Some("rest"),
             paused: false,
             groups: &[],
+            labels: &NO_LABELS,
         }
     }
 
@@ -459,6 +635,63 @@ mod tests {
             )
             .state,
             ClusterState::Offline
+        );
+    }
+
+    #[test]
+    fn pending_counts_from_the_change_of_what_it_is_served() {
+        let a = digest('a');
+        let mut served = desired(&a, Some(&a));
+        served.served_since_ms = Some(10_000);
+        // Seen at 60 s, still running b: pending for 50 s, since it was served a.
+        let pending = summary_of(served, Some(seen(60_000, Some('b'), Some('b'))), 60_000);
+        assert_eq!(pending.state, ClusterState::Pending);
+        assert_eq!(pending.pending_for_seconds, Some(50));
+        assert_eq!(
+            pending.served_since.as_deref(),
+            Some("1970-01-01T00:00:10Z")
+        );
+        // In sync: not pending, however long ago it was served.
+        let mut served = desired(&a, Some(&a));
+        served.served_since_ms = Some(10_000);
+        let in_sync = summary_of(served, Some(seen(60_000, Some('a'), Some('a'))), 60_000);
+        assert_eq!(
+            (in_sync.state, in_sync.pending_for_seconds),
+            (ClusterState::InSync, None)
+        );
+    }
+
+    #[test]
+    fn attention_puts_the_longest_waiting_first_within_a_state() {
+        use ClusterState::*;
+        let mut clusters = vec![
+            (InSync, Some(900), None, "quiet"),
+            (Pending, Some(1), Some(30), "pending-short"),
+            (Pending, Some(500), Some(3_000), "pending-long"),
+            (Pending, Some(9_000), None, "pending-unknown"),
+            (Offline, Some(400), None, "offline-short"),
+            (Offline, Some(4_000), None, "offline-long"),
+            (Failed, Some(0), None, "failed-b"),
+            (Failed, Some(0), None, "failed-a"),
+            (NeverSeen, None, None, "fresh"),
+        ];
+        clusters.sort_by_key(|&(state, silent, pending, name)| {
+            attention_key(state, silent, pending, name)
+        });
+        let names: Vec<&str> = clusters.iter().map(|c| c.3).collect();
+        assert_eq!(
+            names,
+            [
+                "failed-a",
+                "failed-b",
+                "offline-long",
+                "offline-short",
+                "pending-long",
+                "pending-short",
+                "pending-unknown",
+                "fresh",
+                "quiet"
+            ]
         );
     }
 }

@@ -192,7 +192,7 @@ impl Hub {
             },
             look_now: Arc::new(Notify::new()),
             latest: ArcSwap::default(),
-            memberships: ArcSwap::default(),
+            placement: ArcSwap::default(),
             pulses: Mutex::default(),
             rollouts: rollouts::Engine::default(),
             lease,

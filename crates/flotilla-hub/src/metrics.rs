@@ -16,7 +16,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::fleet::{ClusterState, FleetSummary, RenderStatus};
+use super::fleet::{ClusterState, Counts, RenderStatus};
 use flotilla_core::rollout::RolloutState;
 use flotilla_core::rollout::view::RolloutView;
 
@@ -240,7 +240,7 @@ impl Metrics {
     pub fn render(
         &self,
         render: &RenderStatus,
-        fleet: &FleetSummary,
+        fleet: &Counts,
         tokens: usize,
         rollouts: &RolloutFigures<'_>,
     ) -> String {
@@ -341,10 +341,10 @@ fn register_render(registry: &mut Registry, render: &RenderStatus) {
     );
 }
 
-fn register_fleet(registry: &mut Registry, fleet: &FleetSummary, tokens: usize) {
+fn register_fleet(registry: &mut Registry, fleet: &Counts, tokens: usize) {
     let states = Family::<StateLabel, Gauge>::default();
     for state in ClusterState::ALL {
-        let count = fleet.counts.get(state.as_str()).copied().unwrap_or(0);
+        let count = fleet.get(state);
         states
             .get_or_create(&StateLabel {
                 state: state.as_str(),
@@ -486,7 +486,7 @@ mod tests {
         };
         let text = metrics.render(
             &render,
-            &FleetSummary::default(),
+            &crate::fleet::Counts::default(),
             3,
             &RolloutFigures {
                 active: &[],

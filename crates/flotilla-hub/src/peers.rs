@@ -280,6 +280,7 @@ impl Shared {
         }
 
         let recorded = self.store.clusters().await?;
+        let since = self.store.served_since().await?;
         let current = self.served.load_full();
         let mut next = Served::default();
         let mut changed = false;
@@ -311,12 +312,13 @@ impl Shared {
             next.clusters.insert(
                 cluster.name.clone(),
                 Arc::new(ClusterBundle::serving(
-                    cluster.name,
+                    cluster.name.clone(),
                     cluster.digest,
                     cluster.revision,
                     cluster.hold,
                     pulse,
                     cluster.sequence,
+                    since.get(&cluster.name).copied(),
                 )),
             );
         }

@@ -559,7 +559,7 @@ impl Shared {
             rollouts_started: started,
         };
         self.latest.store(Arc::new(latest));
-        self.apply_served(&commit.served, &sequences, &removed);
+        self.apply_served(&commit.served, &sequences, &removed, commit.now_ms);
         if !removed.is_empty() {
             let mut statuses = self.statuses.write().unwrap_or_else(|e| e.into_inner());
             for name in &removed {
@@ -582,6 +582,7 @@ impl Shared {
         changes: &[ServedChange],
         sequences: &HashMap<String, u64>,
         removed: &BTreeSet<String>,
+        now_ms: i64,
     ) {
         if changes.is_empty() && removed.is_empty() {
             return;
@@ -604,6 +605,7 @@ impl Shared {
                     change.hold,
                     pulse,
                     sequences.get(&change.cluster).copied().unwrap_or(0),
+                    Some(now_ms),
                 )),
             );
         }
@@ -649,7 +651,7 @@ impl Shared {
             return Ok(());
         }
         let (unreferenced, sequences) = self.store.commit_with_sequences(&commit).await?;
-        self.apply_served(&commit.served, &sequences, &BTreeSet::new());
+        self.apply_served(&commit.served, &sequences, &BTreeSet::new(), commit.now_ms);
         self.delete_objects(&unreferenced).await;
         Ok(())
     }

@@ -3,7 +3,7 @@
 //! read it without locks; long-polls wait on a generation counter that every swap
 //! bumps.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
@@ -16,7 +16,7 @@ use tokio::sync::{Notify, watch};
 use super::HubError;
 use super::auth::{AuthError, Grant, TokenTable};
 use super::clock::Clock;
-use super::fleet::{Desired, FleetSummary, RenderStatus, summarize};
+use super::fleet::{Counts, Desired, FleetSummary, Line, NO_LABELS, RenderStatus, lines};
 use super::metrics::Metrics;
 use super::rollouts::Engine;
 use crate::store::{ObjectError, Store, StoredStatus};
@@ -64,6 +64,58 @@ pub struct Latest {
     pub paused: bool,
 }
 
+/// Where the last clean render places a cluster in the fleet: its groups and labels.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Placement {
+    pub groups: Vec<String>,
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Placement {
+    /// Every cluster's placement in a render.
+    pub fn of_render(output: &RenderOutput) -> HashMap<String, Placement> {
+        let mut placement: HashMap<String, Placement> = output
+            .memberships
+            .iter()
+            .map(|(cluster, groups)| {
+                (
+                    cluster.clone(),
+                    Placement {
+                        groups: groups.clone(),
+                        labels: BTreeMap::new(),
+                    },
+                )
+            })
+            .collect();
+        for (cluster, labels) in &output.labels {
+            placement.entry(cluster.clone()).or_default().labels = labels.clone();
+        }
+        placement
+    }
+}
+
+/// A served cluster as the fleet summary needs it.
+fn desired<'a>(
+    entry: &'a ClusterBundle,
+    latest: Option<&'a Arc<Latest>>,
+    placement: Option<&'a Placement>,
+) -> Desired<'a> {
+    Desired {
+        name: &entry.name,
+        digest: &entry.digest,
+        revision: &entry.revision,
+        hold: entry.hold,
+        seen_ms: entry.pulse.seen(),
+        served_since_ms: entry.served_since_ms,
+        latest: latest.map(|l| &l.digest),
+        policy: latest.and_then(|l| l.policy.as_deref()),
+        wave: latest.and_then(|l| l.wave.as_deref()),
+        paused: latest.is_some_and(|l| l.paused),
+        groups: placement.map_or(&[][..], |p| p.groups.as_slice()),
+        labels: placement.map_or(&NO_LABELS, |p| &p.labels),
+    }
+}
+
 /// One cluster's current bundle. The document itself stays on disk (read through the
 /// page cache when an agent needs it); compressed forms are made once per digest, on
 /// the first request that asks for them.
@@ -86,6 +138,9 @@ pub struct ClusterBundle {
     /// is made for each change of what the cluster is served and never changes, so the
     /// document and its compressed forms below, signature included, are made once.
     pub sequence: u64,
+    /// When what the cluster is served last changed (the store's record of this
+    /// change), so a cluster that has not applied it is pending since then.
+    pub served_since_ms: Option<i64>,
     signature: OnceLock<BundleSignature>,
     /// The canonical resources, kept once read when the objects are in a remote store
     /// (from disk they are read again through the page cache).
@@ -96,7 +151,7 @@ pub struct ClusterBundle {
 
 impl ClusterBundle {
     pub fn new(name: String, digest: Digest, revision: String) -> ClusterBundle {
-        ClusterBundle::serving(name, digest, revision, false, Arc::default(), 0)
+        ClusterBundle::serving(name, digest, revision, false, Arc::default(), 0, None)
     }
 
     pub fn serving(
@@ -106,6 +161,7 @@ impl ClusterBundle {
         hold: bool,
         pulse: Arc<Pulse>,
         sequence: u64,
+        served_since_ms: Option<i64>,
     ) -> ClusterBundle {
         let etag = HeaderValue::from_str(&format!("\"{digest}\""))
             .unwrap_or_else(|_| HeaderValue::from_static("\"\""));
@@ -120,6 +176,7 @@ impl ClusterBundle {
             hold,
             pulse,
             sequence,
+            served_since_ms,
             signature: OnceLock::new(),
             canonical: OnceLock::new(),
             gzip: OnceLock::new(),
@@ -242,9 +299,9 @@ pub struct Shared {
     pub look_now: Arc<Notify>,
     /// What the last clean render gives each cluster.
     pub latest: ArcSwap<HashMap<String, Arc<Latest>>>,
-    /// The fleet groups of each cluster, from the last clean render (for the fleet
-    /// summary, `flotilla status --group` and the web page).
-    pub memberships: ArcSwap<HashMap<String, Vec<String>>>,
+    /// The fleet groups and labels of each cluster, from the last clean render (for
+    /// the fleet summary, `flotilla status --group` and the web page).
+    pub placement: ArcSwap<HashMap<String, Placement>>,
     /// Per cluster, when it was last seen and fetched (kept across swaps of `served`).
     pub pulses: Mutex<HashMap<String, Arc<Pulse>>>,
     /// The rollouts: their state, decisions and timer.
@@ -330,33 +387,37 @@ impl Shared {
         update(&mut self.render.lock().unwrap_or_else(|e| e.into_inner()));
     }
 
-    pub fn fleet_summary(&self) -> FleetSummary {
+    /// Calls `f` with every served cluster's line of the fleet (see [`Line`]) and the
+    /// time they were judged at, borrowed from what the hub holds: nothing is copied.
+    /// The agents' reports are read-locked meanwhile, so `f` must be short: pick what
+    /// to show, copy that, and let go.
+    pub fn with_fleet<R>(&self, f: impl FnOnce(&[Line<'_>], i64) -> R) -> R {
         let served = self.served.load();
         let latest = self.latest.load();
-        let memberships = self.memberships.load();
+        let placement = self.placement.load();
         let statuses = self.statuses.read().unwrap_or_else(|e| e.into_inner());
-        summarize(
-            served.clusters.values().map(|c| {
-                let latest = latest.get(&c.name);
-                let groups = memberships.get(&c.name).map_or(&[][..], Vec::as_slice);
-                Desired {
-                    name: &c.name,
-                    digest: &c.digest,
-                    revision: &c.revision,
-                    hold: c.hold,
-                    seen_ms: c.pulse.seen(),
-                    latest: latest.map(|l| &l.digest),
-                    policy: latest.and_then(|l| l.policy.as_deref()),
-                    wave: latest.and_then(|l| l.wave.as_deref()),
-                    paused: latest.is_some_and(|l| l.paused),
-                    groups,
-                }
-            }),
+        let now = self.settings.clock.now_ms();
+        let lines = lines(
+            served
+                .clusters
+                .values()
+                .map(|c| desired(c, latest.get(&c.name), placement.get(&c.name))),
             &statuses,
-            &self.render_status(),
-            self.settings.clock.now_ms(),
+            now,
             self.settings.offline_after,
-        )
+        );
+        f(&lines, now)
+    }
+
+    /// The whole fleet summary of `GET /v1/fleet`.
+    pub fn fleet_summary(&self) -> FleetSummary {
+        let render = self.render_status();
+        self.with_fleet(|lines, now| FleetSummary::of(lines, &render, now))
+    }
+
+    /// How many clusters are in each state.
+    pub fn fleet_counts(&self) -> Counts {
+        self.with_fleet(|lines, _| Counts::of(lines))
     }
 
     /// One cluster's line of the fleet summary.
@@ -364,29 +425,16 @@ impl Shared {
         let served = self.served.load();
         let entry = served.clusters.get(cluster)?;
         let latest = self.latest.load();
-        let latest = latest.get(cluster);
-        let memberships = self.memberships.load();
+        let placement = self.placement.load();
         let statuses = self.statuses.read().unwrap_or_else(|e| e.into_inner());
-        summarize(
-            [Desired {
-                name: &entry.name,
-                digest: &entry.digest,
-                revision: &entry.revision,
-                hold: entry.hold,
-                seen_ms: entry.pulse.seen(),
-                latest: latest.map(|l| &l.digest),
-                policy: latest.and_then(|l| l.policy.as_deref()),
-                wave: latest.and_then(|l| l.wave.as_deref()),
-                paused: latest.is_some_and(|l| l.paused),
-                groups: memberships.get(cluster).map_or(&[][..], Vec::as_slice),
-            }],
-            &statuses,
-            &RenderStatus::default(),
-            self.settings.clock.now_ms(),
+        let now = self.settings.clock.now_ms();
+        let line = Line::new(
+            desired(entry, latest.get(cluster), placement.get(cluster)),
+            statuses.get(cluster),
+            now,
             self.settings.offline_after,
-        )
-        .clusters
-        .pop()
+        );
+        Some(line.summary(now))
     }
 
     pub fn is_shutting_down(&self) -> bool {
@@ -417,6 +465,7 @@ impl Shared {
             self.pulse(&status.cluster).see(status.received_at_ms);
         }
         let clusters = self.store.clusters().await?;
+        let since = self.store.served_since().await?;
         let mut served = Served::default();
         for cluster in clusters {
             // On disk a missing object is cheap to see; in a remote store the digests
@@ -434,12 +483,13 @@ impl Shared {
             served.clusters.insert(
                 cluster.name.clone(),
                 Arc::new(ClusterBundle::serving(
-                    cluster.name,
+                    cluster.name.clone(),
                     cluster.digest,
                     cluster.revision,
                     cluster.hold,
                     pulse,
                     cluster.sequence,
+                    since.get(&cluster.name).copied(),
                 )),
             );
         }
@@ -659,13 +709,8 @@ impl Shared {
             // hub has the objects too.
             self.sync_from_store().await?;
         }
-        self.memberships.store(Arc::new(
-            output
-                .memberships
-                .iter()
-                .map(|(cluster, groups)| (cluster.clone(), groups.clone()))
-                .collect(),
-        ));
+        self.placement
+            .store(Arc::new(Placement::of_render(&output)));
         let report = InstallReport {
             revision: output.revision.clone(),
             clusters: output.bundles.len(),

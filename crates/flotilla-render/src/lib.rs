@@ -67,6 +67,8 @@ pub struct RenderOutput {
     pub diagnostics: Vec<Diagnostic>,
     /// The groups each cluster belongs to (by name), for reports.
     pub memberships: BTreeMap<String, Vec<String>>,
+    /// Each cluster's labels (`metadata.labels`), for the hub's pages.
+    pub labels: BTreeMap<String, BTreeMap<String, String>>,
     /// Which rollout policy and wave each cluster belongs to, and the paused clusters.
     pub rollouts: RolloutPlan,
 }
@@ -600,6 +602,9 @@ fn collect_output(
                 .map(|&g| fleet.groups[g].name.clone())
                 .collect(),
         );
+        output
+            .labels
+            .insert(cluster.name.clone(), cluster.labels.clone());
     }
     // An error that belongs to no single cluster (a broken overlay or group file,
     // say) may have changed what every cluster gets, so no bundle is trustworthy.

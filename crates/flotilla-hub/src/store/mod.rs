@@ -402,6 +402,19 @@ impl Store {
             .collect()
     }
 
+    /// When what each cluster is served last changed (milliseconds on the hub's
+    /// clock), from the `clusters` rows; a row without a time is left out.
+    pub async fn served_since(&self) -> Result<HashMap<String, i64>, StoreError> {
+        let rows = sqlx::query("SELECT name, updated_at FROM clusters WHERE updated_at > 0")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        Ok(rows
+            .iter()
+            .map(|row| (row.get("name"), row.get("updated_at")))
+            .collect())
+    }
+
     /// What the last clean render gives each cluster.
     pub async fn rendered(&self) -> Result<Vec<RenderedCluster>, StoreError> {
         let rows = sqlx::query(

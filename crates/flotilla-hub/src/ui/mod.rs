@@ -24,7 +24,7 @@ use http::header::{
     CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, LOCATION, REFERRER_POLICY, SET_COOKIE,
     X_CONTENT_TYPE_OPTIONS, X_FRAME_OPTIONS,
 };
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use serde::Deserialize;
 
 use crate::auth::{Grant, TokenTable};
@@ -202,9 +202,10 @@ struct LoginForm {
 async fn login(
     State(ui): State<Ui>,
     headers: HeaderMap,
+    uri: Uri,
     form: Result<Form<LoginForm>, FormRejection>,
 ) -> Response {
-    if !session::same_origin(&headers) {
+    if !session::same_origin(&headers, uri.authority().map(|a| a.as_str())) {
         return error(
             StatusCode::FORBIDDEN,
             "this form must be sent from the hub's own page",
@@ -257,10 +258,11 @@ struct CsrfForm {
 async fn check_post(
     ui: &Ui,
     headers: &HeaderMap,
+    uri: &Uri,
     form: Result<Form<CsrfForm>, FormRejection>,
 ) -> Result<StoredSession, Response> {
     let session = session(ui, headers).await?;
-    if !session::same_origin(headers) {
+    if !session::same_origin(headers, uri.authority().map(|a| a.as_str())) {
         return Err(error(
             StatusCode::FORBIDDEN,
             "this form must be sent from the hub's own page",
@@ -281,9 +283,10 @@ async fn check_post(
 async fn logout(
     State(ui): State<Ui>,
     headers: HeaderMap,
+    uri: Uri,
     form: Result<Form<CsrfForm>, FormRejection>,
 ) -> Response {
-    let session = match check_post(&ui, &headers, form).await {
+    let session = match check_post(&ui, &headers, &uri, form).await {
         Ok(session) => session,
         Err(response) => return response,
     };
@@ -310,9 +313,19 @@ async fn fleet(
         return not_ready();
     }
     let query = query.map(|Query(q)| q).unwrap_or_default();
-    let summary = ui.shared.fleet_summary();
+    // Only the rows shown are copied while the fleet is held; the page renders after.
+    let model = ui
+        .shared
+        .with_fleet(|lines, now| page::FleetModel::new(lines, &query, now));
+    let render = ui.shared.render_status();
     let rollouts = ui.shared.rollouts.active_views();
-    page_result(page::fleet_page(&summary, &rollouts, &query, &session.csrf))
+    page_result(page::fleet_page(
+        &model,
+        &render,
+        &rollouts,
+        &query,
+        &session.csrf,
+    ))
 }
 
 async fn fleet_json(State(ui): State<Ui>, headers: HeaderMap) -> Response {
@@ -325,12 +338,13 @@ async fn fleet_json(State(ui): State<Ui>, headers: HeaderMap) -> Response {
         harden(&mut response);
         return response;
     }
-    let summary = ui.shared.fleet_summary();
+    let counts = ui.shared.fleet_counts();
+    let render = ui.shared.render_status();
     let rollouts = ui.shared.rollouts.active_views();
     let body = serde_json::json!({
-        "stamp": page::stamp(&summary, &rollouts),
-        "revision": summary.revision,
-        "counts": summary.counts,
+        "stamp": page::stamp(&render, &counts, &rollouts),
+        "revision": render.served_revision,
+        "counts": counts.by_name(),
     });
     let mut response = Response::new(Body::from(body.to_string()));
     response
@@ -448,9 +462,10 @@ async fn rollout_action(
     State(ui): State<Ui>,
     headers: HeaderMap,
     Path((id, action)): Path<(String, String)>,
+    uri: Uri,
     form: Result<Form<CsrfForm>, FormRejection>,
 ) -> Response {
-    let session = match check_post(&ui, &headers, form).await {
+    let session = match check_post(&ui, &headers, &uri, form).await {
         Ok(session) => session,
         Err(response) => return response,
     };

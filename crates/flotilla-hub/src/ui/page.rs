@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use minijinja::{Environment, context};
 use serde::{Deserialize, Serialize};
 
-use crate::fleet::{ClusterState, ClusterSummary, FleetSummary};
+use crate::fleet::{ClusterState, ClusterSummary, Counts, Line, RenderStatus};
 use flotilla_core::rollout::view::RolloutView;
 
 /// Clusters per page of the cluster list.
@@ -73,12 +73,6 @@ pub struct FleetQuery {
 }
 
 impl FleetQuery {
-    fn matches(&self, cluster: &ClusterSummary) -> bool {
-        (self.state.is_empty() || cluster.state.as_str() == self.state)
-            && (self.group.is_empty() || cluster.groups.contains(&self.group))
-            && (self.name.is_empty() || cluster.name.contains(self.name.trim()))
-    }
-
     /// This query's link with another page number.
     fn link(&self, page: usize) -> String {
         let mut parts = Vec::new();
@@ -123,19 +117,18 @@ struct Segment {
     percent: String,
 }
 
-fn segments(counts: &BTreeMap<&'static str, usize>) -> (usize, Vec<Segment>) {
-    let total: usize = counts.values().sum();
-    let segments = ClusterState::BY_URGENCY
+fn segments(counts: &Counts) -> Vec<Segment> {
+    let total = counts.total();
+    ClusterState::BY_URGENCY
         .iter()
-        .map(|s| (s.as_str(), counts.get(s.as_str()).copied().unwrap_or(0)))
+        .map(|s| (s.as_str(), counts.get(*s)))
         .filter(|(_, count)| *count > 0)
         .map(|(state, count)| Segment {
             state,
             count,
             percent: format!("{:.1}", count as f64 * 100.0 / total.max(1) as f64),
         })
-        .collect();
-    (total, segments)
+        .collect()
 }
 
 #[derive(Serialize)]
@@ -146,31 +139,78 @@ struct GroupBar {
 }
 
 #[derive(Serialize)]
-struct Row<'a> {
-    name: &'a str,
+struct Row {
+    name: String,
     link: String,
     state: &'static str,
-    wave: Option<&'a str>,
-    groups: &'a [String],
+    wave: Option<String>,
+    groups: Vec<String>,
     applied: Option<String>,
     last_seen: String,
     detail: String,
 }
 
-/// `3m`, `2h5m`, `4d1h`: how long ago, to the minute.
-pub fn ago(seconds: Option<i64>) -> String {
-    let Some(seconds) = seconds else {
-        return "never".to_string();
-    };
+impl Row {
+    fn of(line: &Line<'_>, now_ms: i64) -> Row {
+        let status = line.status;
+        Row {
+            name: line.name.to_string(),
+            link: format!("/ui/clusters/{}", encode(line.name)),
+            state: line.state.as_str(),
+            wave: line.wave.map(str::to_string),
+            groups: line.groups.to_vec(),
+            applied: status
+                .and_then(|s| s.report.applied.as_ref())
+                .map(|d| short(d.as_str())),
+            last_seen: ago(line.silent_for_seconds(now_ms)),
+            detail: match line.state {
+                ClusterState::Failed => {
+                    let failed = line.failed_resources();
+                    if failed.is_empty() {
+                        message(line)
+                    } else {
+                        failed.join("; ")
+                    }
+                }
+                ClusterState::Pending => match line.pending_for_seconds(now_ms) {
+                    Some(seconds) => format!(
+                        "to apply {}, pending for {}",
+                        short(line.desired.as_str()),
+                        duration(seconds)
+                    ),
+                    None => format!("to apply {}", short(line.desired.as_str())),
+                },
+                ClusterState::NeverSeen => "no report yet".to_string(),
+                _ => message(line),
+            },
+        }
+    }
+}
+
+fn message(line: &Line<'_>) -> String {
+    line.status
+        .map(|s| s.report.message.clone())
+        .unwrap_or_default()
+}
+
+/// `3m`, `2h5m`, `4d1h`: a duration, to the minute.
+fn duration(seconds: i64) -> String {
     let seconds = seconds.max(0);
     let (d, h, m) = (seconds / 86_400, seconds / 3600 % 24, seconds / 60 % 60);
-    let text = match (d, h, m) {
+    match (d, h, m) {
         (0, 0, 0) => format!("{seconds}s"),
         (0, 0, m) => format!("{m}m"),
         (0, h, m) => format!("{h}h{m}m"),
         (d, h, _) => format!("{d}d{h}h"),
-    };
-    format!("{text} ago")
+    }
+}
+
+/// `3m ago`, `2h5m ago`, `4d1h ago`: how long ago, to the minute.
+pub fn ago(seconds: Option<i64>) -> String {
+    match seconds {
+        Some(seconds) => format!("{} ago", duration(seconds)),
+        None => "never".to_string(),
+    }
 }
 
 fn short(digest: &str) -> String {
@@ -178,14 +218,14 @@ fn short(digest: &str) -> String {
 }
 
 /// What makes the self-refresh reload: a change of any count, of the served or
-/// attempted revision, or of any active rollout's progress.
-pub fn stamp(summary: &FleetSummary, rollouts: &[RolloutView]) -> String {
+/// attempted revision, of the render errors, or of any active rollout's progress.
+pub fn stamp(render: &RenderStatus, counts: &Counts, rollouts: &[RolloutView]) -> String {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    summary.revision.hash(&mut hasher);
-    summary.attempted_revision.hash(&mut hasher);
-    summary.render_errors.len().hash(&mut hasher);
-    summary.counts.hash(&mut hasher);
+    render.served_revision.hash(&mut hasher);
+    render.attempted_revision.hash(&mut hasher);
+    render.errors.len().hash(&mut hasher);
+    counts.hash(&mut hasher);
     for r in rollouts {
         (r.id, r.state.to_string()).hash(&mut hasher);
         for w in &r.waves {
@@ -195,99 +235,113 @@ pub fn stamp(summary: &FleetSummary, rollouts: &[RolloutView]) -> String {
     format!("{:016x}", hasher.finish())
 }
 
+/// What the fleet page shows of the clusters: the counts, a bar per group and one
+/// page of the cluster list, filtered and sorted by urgency. Made from the borrowed
+/// lines while the hub's state is held, so only the 100 rows shown are copied and
+/// formatted; owned, so the page is rendered after the state is let go.
+pub struct FleetModel {
+    pub counts: Counts,
+    groups: Vec<GroupBar>,
+    rows: Vec<Row>,
+    /// Clusters that match the filters.
+    matching: usize,
+    page: usize,
+    pages: usize,
+    /// The first and last row shown, counting from 1 (0, 0 when none).
+    first: usize,
+    last: usize,
+}
+
+impl FleetModel {
+    pub fn new(lines: &[Line<'_>], query: &FleetQuery, now_ms: i64) -> FleetModel {
+        let counts = Counts::of(lines);
+        let mut by_group: BTreeMap<&str, Counts> = BTreeMap::new();
+        for line in lines {
+            for group in line.groups {
+                by_group.entry(group.as_str()).or_default().add(line.state);
+            }
+        }
+        let groups = by_group
+            .iter()
+            .map(|(name, counts)| GroupBar {
+                name: name.to_string(),
+                total: counts.total(),
+                segments: segments(counts),
+            })
+            .collect();
+        // An unknown state matches nothing, as a state no cluster is in would.
+        let state = (!query.state.is_empty()).then(|| ClusterState::parse(&query.state));
+        let name = query.name.trim();
+        let mut matching: Vec<_> = lines
+            .iter()
+            .filter(|l| state.is_none_or(|s| s == Some(l.state)))
+            .filter(|l| query.group.is_empty() || l.groups.contains(&query.group))
+            .filter(|l| name.is_empty() || l.name.contains(name))
+            .map(|l| (l.attention_key(now_ms), l))
+            .collect();
+        let pages = matching.len().div_ceil(PAGE_SIZE).max(1);
+        let page = query.page.unwrap_or(1).clamp(1, pages);
+        let start = ((page - 1) * PAGE_SIZE).min(matching.len());
+        let end = (start + PAGE_SIZE).min(matching.len());
+        // Only the page shown needs to be in order: select it, then sort just that part.
+        if start > 0 {
+            matching.select_nth_unstable_by(start, |a, b| a.0.cmp(&b.0));
+        }
+        let rest = &mut matching[start..];
+        if end - start < rest.len() {
+            rest.select_nth_unstable_by(end - start, |a, b| a.0.cmp(&b.0));
+        }
+        rest[..end - start].sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let rows = matching[start..end]
+            .iter()
+            .map(|(_, line)| Row::of(line, now_ms))
+            .collect();
+        FleetModel {
+            counts,
+            groups,
+            rows,
+            matching: matching.len(),
+            page,
+            pages,
+            first: if end > start { start + 1 } else { 0 },
+            last: end,
+        }
+    }
+}
+
 /// The fleet page: counts, groups, render status, active rollouts, and one page of
-/// the cluster list, filtered and sorted by urgency.
+/// the cluster list.
 pub fn fleet_page(
-    summary: &FleetSummary,
+    model: &FleetModel,
+    status: &RenderStatus,
     rollouts: &[RolloutView],
     query: &FleetQuery,
     csrf: &str,
 ) -> Result<String, PageError> {
-    let (total, counts) = segments(&summary.counts);
-    let mut by_group: BTreeMap<&str, BTreeMap<&'static str, usize>> = BTreeMap::new();
-    for cluster in &summary.clusters {
-        for group in &cluster.groups {
-            *by_group
-                .entry(group.as_str())
-                .or_default()
-                .entry(cluster.state.as_str())
-                .or_default() += 1;
-        }
-    }
-    let groups: Vec<GroupBar> = by_group
-        .iter()
-        .map(|(name, counts)| {
-            let (total, segments) = segments(counts);
-            GroupBar {
-                name: name.to_string(),
-                total,
-                segments,
-            }
-        })
-        .collect();
-    let mut matching: Vec<&ClusterSummary> = summary
-        .clusters
-        .iter()
-        .filter(|c| query.matches(c))
-        .collect();
-    let pages = matching.len().div_ceil(PAGE_SIZE).max(1);
-    let page = query.page.unwrap_or(1).clamp(1, pages);
-    let start = (page - 1) * PAGE_SIZE;
-    // Only the page shown needs to be in order: select it, then sort just that part.
-    let key = urgency_key;
-    let end = (start + PAGE_SIZE).min(matching.len());
-    if start < matching.len() {
-        if start > 0 {
-            matching.select_nth_unstable_by_key(start, key);
-        }
-        let rest = &mut matching[start..];
-        if end - start < rest.len() {
-            rest.select_nth_unstable_by_key(end - start, key);
-        }
-        rest[..end - start].sort_unstable_by_key(key);
-    }
-    let rows: Vec<Row<'_>> = matching[start.min(matching.len())..end]
-        .iter()
-        .map(|c| Row {
-            name: &c.name,
-            link: format!("/ui/clusters/{}", encode(&c.name)),
-            state: c.state.as_str(),
-            wave: c.wave.as_deref(),
-            groups: &c.groups,
-            applied: c.applied.as_ref().map(|d| short(d.as_str())),
-            last_seen: ago(c.silent_for_seconds),
-            detail: match c.state {
-                ClusterState::Failed if !c.failed_resources.is_empty() => {
-                    c.failed_resources.join("; ")
-                }
-                ClusterState::NeverSeen => "no report yet".to_string(),
-                _ => c.message.clone().unwrap_or_default(),
-            },
-        })
-        .collect();
-    let all_groups: Vec<&str> = by_group.keys().copied().collect();
+    let all_groups: Vec<&str> = model.groups.iter().map(|g| g.name.as_str()).collect();
     let states: Vec<&str> = ClusterState::BY_URGENCY
         .iter()
         .map(|s| s.as_str())
         .collect();
+    let (page, pages) = (model.page, model.pages);
     render(
         "fleet.html",
         context! {
             title => "Fleet",
             csrf,
-            stamp => stamp(summary, rollouts),
-            revision => summary.revision,
-            attempted_revision => summary.attempted_revision,
-            render_errors => summary.render_errors.iter().map(|e| e.text.as_str()).collect::<Vec<_>>(),
-            source_error => summary.source_error,
-            total,
-            counts,
-            groups,
+            stamp => stamp(status, &model.counts, rollouts),
+            revision => status.served_revision,
+            attempted_revision => status.attempted_revision,
+            render_errors => status.errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            source_error => status.source_error,
+            total => model.counts.total(),
+            counts => segments(&model.counts),
+            groups => model.groups,
             rollouts,
-            rows,
-            matching => matching.len(),
-            first => if rows_empty(start, end) { 0 } else { start + 1 },
-            last => end,
+            rows => model.rows,
+            matching => model.matching,
+            first => model.first,
+            last => model.last,
             page,
             pages,
             previous => (page > 1).then(|| query.link(page - 1)),
@@ -297,19 +351,6 @@ pub fn fleet_page(
             all_groups,
         },
     )
-}
-
-/// Most urgent first; the longest silent first within a state; then by name.
-fn urgency_key<'a>(c: &&'a ClusterSummary) -> (usize, std::cmp::Reverse<i64>, &'a str) {
-    (
-        c.state.urgency(),
-        std::cmp::Reverse(c.silent_for_seconds.unwrap_or(0)),
-        c.name.as_str(),
-    )
-}
-
-fn rows_empty(start: usize, end: usize) -> bool {
-    end <= start
 }
 
 /// One cluster: its summary line, the recent digests it was served, and its wave.
@@ -326,6 +367,7 @@ pub fn cluster_page(
             cluster,
             state => cluster.state.as_str(),
             last_seen => ago(cluster.silent_for_seconds),
+            pending_for => cluster.pending_for_seconds.map(duration),
             bundle_link => format!("/ui/clusters/{}/bundle", encode(&cluster.name)),
             history => history.iter().map(|(d, r)| context! { digest => d, revision => r }).collect::<Vec<_>>(),
         },

@@ -80,9 +80,14 @@ pub fn cookie_id(headers: &HeaderMap) -> Option<String> {
 /// Whether a state-changing request comes from the hub's own pages: its `Origin`
 /// (or, without one, its `Referer`) names the host the request was sent to. A
 /// request that names neither is refused: every browser in use sends `Origin` with
-/// a POST.
-pub fn same_origin(headers: &HeaderMap) -> bool {
-    let Some(host) = headers.get(HOST).and_then(|h| h.to_str().ok()) else {
+/// a POST. The host is the `Host` header, or over HTTP/2 (which has none; browsers
+/// speak it to an HTTPS hub) the request's `:authority`, given as `authority`.
+pub fn same_origin(headers: &HeaderMap, authority: Option<&str>) -> bool {
+    let host = headers
+        .get(HOST)
+        .and_then(|h| h.to_str().ok())
+        .or(authority);
+    let Some(host) = host else {
         return false;
     };
     let source = headers
@@ -124,8 +129,13 @@ mod tests {
     #[test]
     fn only_the_hubs_own_origin_may_post() {
         let check = |pairs: &[(&'static str, &str)], expect: bool| {
-            assert_eq!(same_origin(&headers(pairs)), expect, "{pairs:?}");
+            assert_eq!(same_origin(&headers(pairs), None), expect, "{pairs:?}");
         };
+        // HTTP/2: no Host header, the authority of the request instead.
+        let origin = headers(&[("origin", "https://hub:8443")]);
+        assert!(same_origin(&origin, Some("hub:8443")));
+        assert!(!same_origin(&origin, Some("evil.example")));
+        assert!(!same_origin(&origin, None));
         check(&[("host", "hub:8080"), ("origin", "http://hub:8080")], true);
         check(
             &[("host", "hub:8080"), ("origin", "https://hub:8080")],
