@@ -340,6 +340,18 @@ async fn objects_unreferenced_for_an_hour_are_collected_once() {
     let red = new_token(Some("red"), 0);
     store.insert_token(&red.stored).await.expect("red token");
     let red = red.secret;
+    // The hub that does not hold the lease serves what the holder records, once its
+    // sync has read it: wait for both before the commits below.
+    eventually("both hubs to serve red", WAIT, || async {
+        let mut served = 0;
+        for hub in [&a, &b] {
+            let url = hub.url("/v1/clusters/red/bundle");
+            let (status, _, _) = get_bundle(&client, &url, &red, None).await;
+            served += usize::from(status == 200);
+        }
+        (served == 2).then_some(())
+    })
+    .await;
 
     // An object nothing refers to (a render another hub wrote and nobody recorded).
     let orphan = flotilla_core::bundle::Digest::of(b"[\"orphan\"]");
