@@ -6,7 +6,8 @@
 //! matching overlay in (priority, name) order.
 //!
 //! Work is shared where the result cannot differ: plain manifests are parsed once per
-//! file, identical template outputs are parsed once, and the resources of a workload
+//! file, identical template outputs are rendered once as one unit (and parsed inside
+//! it, so no output's tree outlives its unit), and the resources of a workload
 //! are rendered once per distinct (workload, overlays, custom scopes, template
 //! outputs) combination, however many clusters share it. Clusters render in parallel.
 
