@@ -10,7 +10,7 @@ use anyhow::{Context as _, bail};
 use super::{EXIT_FINDINGS, EXIT_OK, PublishArgs, ServeArgs, StoreArgs, TokenArgs, TokenCommand};
 use flotilla_hub::clock::{Clock, SystemClock, rfc3339};
 use flotilla_hub::source;
-use flotilla_hub::store::{Database, Store};
+use flotilla_hub::store::{Bucket, Database, ObjectsUrl, Store};
 use flotilla_hub::{ConnectionLimits, Hub, HubConfig, SourceSpec, TlsFiles, auth, publish};
 use flotilla_render::{RenderOptions, render_with};
 
@@ -80,6 +80,7 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
         },
     );
     config.database = args.database.database();
+    config.objects = args.objects.clone().unwrap_or_default();
     config.poll_interval = args.poll_interval.into();
     config.offline_after = args.offline_after.into();
     config.max_wait = args.max_wait.into();
@@ -136,11 +137,12 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
     let state_dir = args.state_dir.clone();
     let database = config.database.clone();
     let shown_database = database.display(&state_dir);
+    let shown_objects = config.objects.display(&state_dir);
     let runtime = runtime()?;
     let result = runtime.block_on(async move {
         let hub = Hub::start(config).await.with_context(|| {
             format!(
-                "cannot start the hub with state in {} and database {shown_database}",
+                "cannot start the hub with state in {}, database {shown_database} and objects in {shown_objects}",
                 state_dir.display()
             )
         })?;
@@ -149,7 +151,7 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
             .with_context(|| format!("cannot listen on {listen}"))?;
         let address = std_listener.local_addr().unwrap_or(listen);
         tracing::info!(
-            "flotilla hub serving on {scheme}://{address} (state in {}, database {shown_database})",
+            "flotilla hub serving on {scheme}://{address} (state in {}, database {shown_database}, objects in {shown_objects})",
             state_dir.display()
         );
         tokio::spawn(first_run_hint(
@@ -260,27 +262,40 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
         );
         return Ok(EXIT_FINDINGS);
     }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let site = match (&args.out, &args.objects) {
+        (Some(out), _) => publish::Site::Dir(out.clone()),
+        (None, Some(ObjectsUrl::Dir(path))) => publish::Site::Dir(path.clone()),
+        (None, Some(ObjectsUrl::S3(location))) => runtime.block_on(async {
+            let bucket = Bucket::from_env(location)?;
+            bucket.probe().await?;
+            anyhow::Ok(publish::Site::Bucket(bucket))
+        })?,
+        (None, Some(ObjectsUrl::StateDir) | None) => bail!("give --out DIR or --objects URL"),
+    };
     let published = match &args.state_dir {
         Some(state_dir) => {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("cannot start the async runtime")?;
-            let (served, revision) = runtime.block_on(async {
+            let hub_objects = args.hub_objects.clone().unwrap_or_default();
+            let (served, revision, objects) = runtime.block_on(async {
                 let database = args.database.clone().unwrap_or(Database::StateDir);
-                let store = Store::open_with(state_dir, &database)
+                let store = Store::open_with_objects(state_dir, &database, &hub_objects)
                     .await
                     .with_context(|| {
                         format!(
-                            "cannot open the hub's store in {} (database {})",
+                            "cannot open the hub's store in {} (database {}, objects in {})",
                             state_dir.display(),
-                            database.display(state_dir)
+                            database.display(state_dir),
+                            hub_objects.display(state_dir)
                         )
                     })?;
                 let served = store.clusters().await;
                 let revision = store.revision().await;
+                let objects = store.objects.clone();
                 store.close().await;
-                anyhow::Ok((served?, revision?))
+                anyhow::Ok((served?, revision?, objects))
             })?;
             if revision.as_deref() != Some(output.revision.as_str()) {
                 eprintln!(
@@ -289,9 +304,13 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
                     output.revision
                 );
             }
-            let objects = flotilla_hub::store::Objects::open(state_dir)
-                .with_context(|| format!("cannot open the objects in {}", state_dir.display()))?;
-            publish::publish_served(&output, &served, &objects, &args.out, signer.as_ref())?
+            runtime.block_on(publish::publish_served(
+                &output,
+                &served,
+                &objects,
+                &site,
+                signer.as_ref(),
+            ))?
         }
         None => {
             if !output.rollouts.policies.is_empty() {
@@ -300,14 +319,14 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
                      give the hub's --state-dir to publish what it serves each cluster"
                 );
             }
-            publish::publish(&output, &args.out, signer.as_ref())?
+            runtime.block_on(publish::publish_to(&output, &site, signer.as_ref()))?
         }
     };
     println!(
         "published {} clusters at {} into {} ({} written, {} unchanged{})",
         published.clusters,
         output.revision,
-        args.out.display(),
+        site.display(),
         published.written,
         published.unchanged,
         if published.removed.is_empty() {

@@ -208,7 +208,7 @@ pub struct SchemasArgs {
 pub const DEFAULT_STATE_DIR: &str = ".flotilla-state";
 
 pub use flotilla_agent::logging::{LogFormat, init_logging};
-use flotilla_hub::store::Database;
+use flotilla_hub::store::{Database, ObjectsUrl};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -237,6 +237,12 @@ pub struct ServeArgs {
     pub state_dir: PathBuf,
     #[command(flatten)]
     pub database: DatabaseArgs,
+    /// Where the bundles' objects are kept: the state dir by default,
+    /// file:///path (a folder several hubs share) or s3://bucket/prefix (S3 or an
+    /// S3-compatible store; region, endpoint and credentials from AWS_REGION,
+    /// AWS_ENDPOINT_URL, AWS_ALLOW_HTTP, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY).
+    #[arg(long, env = "FLOTILLA_OBJECTS", value_name = "URL", value_parser = parse_objects)]
+    pub objects: Option<ObjectsUrl>,
     /// The address to listen on: loopback by default; the container image sets
     /// FLOTILLA_LISTEN=0.0.0.0:8080.
     #[arg(long, env = "FLOTILLA_LISTEN", default_value = "127.0.0.1:8080", value_name = "ADDR", value_parser = hub::parse_listen)]
@@ -296,8 +302,18 @@ pub struct PublishArgs {
     #[command(flatten)]
     pub source: SourceArgs,
     /// The folder to write v1/clusters/<cluster>/bundle and bundles/<digest> into.
-    #[arg(long, value_name = "DIR")]
-    pub out: PathBuf,
+    #[arg(
+        long,
+        value_name = "DIR",
+        required_unless_present = "objects",
+        conflicts_with = "objects"
+    )]
+    pub out: Option<PathBuf>,
+    /// Write the same layout into an object store instead of --out:
+    /// s3://bucket/prefix (for a CDN to front; region, endpoint and credentials from
+    /// the AWS environment variables) or file:///path.
+    #[arg(long, value_name = "URL", value_parser = parse_objects)]
+    pub objects: Option<ObjectsUrl>,
     /// The hub's state dir: publish what the hub serves each cluster (so rollouts
     /// hold on the mirror) instead of HEAD's render for every cluster at once.
     #[arg(long, value_name = "DIR")]
@@ -306,6 +322,10 @@ pub struct PublishArgs {
     /// still read from --state-dir).
     #[arg(long, env = "FLOTILLA_DATABASE", value_name = "URL", requires = "state_dir", value_parser = parse_database)]
     pub database: Option<Database>,
+    /// Where the hub keeps its objects (its `serve --objects`), when not in
+    /// --state-dir: the served bundles are read from there.
+    #[arg(long, env = "FLOTILLA_OBJECTS", value_name = "URL", requires = "state_dir", value_parser = parse_objects)]
+    pub hub_objects: Option<ObjectsUrl>,
     /// Sign each cluster's current bundle with this private key (from `flotilla key
     /// generate`), continuing the sequence of the previous output in --out.
     #[arg(long, env = "FLOTILLA_SIGNING_KEY", value_name = "KEY")]
@@ -331,6 +351,10 @@ impl DatabaseArgs {
 }
 
 fn parse_database(url: &str) -> Result<Database, String> {
+    url.parse()
+}
+
+fn parse_objects(url: &str) -> Result<ObjectsUrl, String> {
     url.parse()
 }
 

@@ -52,6 +52,7 @@ fn the_core_links_no_runtime_git_database_http_kubernetes_template_engine_or_thr
             "notify",
             "minijinja",
             "rayon",
+            "object_store",
             // Signatures in the core are pure Rust (ed25519-dalek): no C or assembly
             // crypto in the crate every other one links.
             "ring",
@@ -66,7 +67,15 @@ fn the_renderer_links_no_runtime_git_database_http_or_kubernetes() {
     check(
         "flotilla-render",
         &[
-            "tokio", "axum", "hyper", "git2", "sqlx", "kube", "reqwest", "notify",
+            "tokio",
+            "axum",
+            "hyper",
+            "git2",
+            "sqlx",
+            "kube",
+            "reqwest",
+            "notify",
+            "object_store",
         ],
     );
 }
@@ -87,6 +96,7 @@ fn the_agent_links_nothing_of_the_hub_the_renderer_or_git() {
             "indicatif",
             "flotilla-render",
             "flotilla-hub",
+            "object_store",
         ],
     );
 }

@@ -587,6 +587,105 @@ async fn publish_writes_the_served_documents_as_static_files() {
     );
 }
 
+/// `flotilla publish` with the test bucket's endpoint and keys in the environment.
+fn publish_to_bucket(bucket: &flotilla_testkit::TestBucket, args: &[&str]) -> (bool, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .arg("publish")
+        .args(args)
+        .envs(bucket.env())
+        .env_remove("FLOTILLA_STATE_DIR")
+        .env_remove("FLOTILLA_OBJECTS")
+        .output()
+        .expect("flotilla runs");
+    (
+        output.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_writes_the_static_layout_into_a_bucket() {
+    let Some(bucket) =
+        flotilla_testkit::s3_bucket("hub_api::publish_writes_the_static_layout_into_a_bucket")
+    else {
+        return;
+    };
+    let repo = Repo::new();
+    let repo_arg = repo.path().display().to_string();
+    let out = tempfile::tempdir().expect("out dir");
+    let out_arg = out.path().display().to_string();
+    let (ok, stdout, stderr) = flotilla(&["publish", "--repo", &repo_arg, "--out", &out_arg]);
+    assert!(ok, "{stderr}");
+    let site = format!("s3://{}/mirror", bucket.bucket);
+    let (ok, said) = publish_to_bucket(&bucket, &["--repo", &repo_arg, "--objects", &site]);
+    assert!(ok, "{said}");
+    assert!(
+        said.contains("published 14 clusters at") && said.contains(&site),
+        "{said}"
+    );
+    assert!(said.contains("14 written"), "{said}\n{stdout}");
+
+    // The same keys as the folder's files, with the same bytes, read back through
+    // the S3 API.
+    let keys = bucket.keys("mirror/");
+    let mut files = Vec::new();
+    for cluster in std::fs::read_dir(out.path().join("v1/clusters")).expect("clusters") {
+        let cluster = cluster
+            .expect("entry")
+            .file_name()
+            .to_string_lossy()
+            .into_owned();
+        let dir = out.path().join("v1/clusters").join(&cluster);
+        files.push(format!("mirror/v1/clusters/{cluster}/bundle"));
+        for by_digest in std::fs::read_dir(dir.join("bundles")).expect("bundles") {
+            let name = by_digest
+                .expect("entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned();
+            files.push(format!("mirror/v1/clusters/{cluster}/bundles/{name}"));
+        }
+        let local = std::fs::read(dir.join("bundle")).expect("bundle");
+        let remote = bucket_object(&bucket, &format!("mirror/v1/clusters/{cluster}/bundle"))
+            .await
+            .expect("in the bucket");
+        assert_eq!(local, remote, "{cluster}");
+        verify_document(&remote, Some(&cluster)).expect("verifies");
+    }
+    files.sort();
+    assert_eq!(keys, files);
+
+    // Again: nothing changes. Then a cluster leaves the fleet and the bucket.
+    let (ok, said) = publish_to_bucket(&bucket, &["--repo", &repo_arg, "--objects", &site]);
+    assert!(ok && said.contains("0 written, 14 unchanged"), "{said}");
+    repo.remove("clusters/store-eu-003.yaml");
+    repo.commit("close store-eu-003");
+    let (ok, said) = publish_to_bucket(&bucket, &["--repo", &repo_arg, "--objects", &site]);
+    assert!(ok && said.contains("removed store-eu-003"), "{said}");
+    assert!(bucket.keys("mirror/v1/clusters/store-eu-003/").is_empty());
+    assert!(
+        bucket_object(&bucket, "mirror/v1/clusters/red/bundle")
+            .await
+            .is_some()
+    );
+
+    // A bucket that does not exist is named, and no secret is shown.
+    let (ok, said) = publish_to_bucket(
+        &bucket,
+        &["--repo", &repo_arg, "--objects", "s3://no-such-bucket/site"],
+    );
+    assert!(!ok);
+    assert!(said.contains("s3://no-such-bucket/site"), "{said}");
+    assert!(!said.contains("flotilla-test-secret"), "{said}");
+    // A URL that is not one.
+    let (ok, said) = publish_to_bucket(&bucket, &["--repo", &repo_arg, "--objects", "gs://x"]);
+    assert!(!ok && said.contains("not known"), "{said}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serves_https_when_given_a_certificate() {
     let dir = tempfile::tempdir().expect("dir");

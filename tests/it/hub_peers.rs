@@ -1,8 +1,9 @@
-//! Several hubs on one PostgreSQL database: they serve the same digests, share
-//! tokens and reports, both take every commit, one decides each rollout, and when
-//! the one deciding stops the other takes over. Needs a PostgreSQL server
-//! (`FLOTILLA_TEST_POSTGRES`, started by `.ci/postgres`): skipped without one outside
-//! CI, failed without one in CI.
+//! Several hubs on one PostgreSQL database (with their objects in their state dirs,
+//! or in one S3 bucket): they serve the same digests, share tokens and reports, both
+//! take every commit, one decides each rollout, and when the one deciding stops the
+//! other takes over. Needs a PostgreSQL server (`FLOTILLA_TEST_POSTGRES`, started by
+//! `.ci/postgres`) and, for the bucket, an S3-compatible one (`FLOTILLA_TEST_S3`,
+//! `.ci/s3`): skipped without them outside CI, failed without them in CI.
 
 use crate::support::hub as hub_common;
 
@@ -13,7 +14,8 @@ use serde_json::{Value, json};
 
 use flotilla_hub::auth::new_token;
 use flotilla_hub::peers::PeerTiming;
-use flotilla_hub::store::{Database, Store};
+use flotilla_hub::store::{Database, ObjectsUrl, S3Location, Store};
+use flotilla_testkit::TestBucket;
 use hub_common::*;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -22,9 +24,17 @@ fn peer_config(
     state: &std::path::Path,
     repo: &Repo,
     database: &Database,
+    bucket: Option<&TestBucket>,
 ) -> flotilla_hub::HubConfig {
     let mut config = config(state, &repo.path().display().to_string());
     config.database = database.clone();
+    if let Some(bucket) = bucket {
+        config.objects = ObjectsUrl::S3(S3Location {
+            bucket: bucket.bucket.clone(),
+            prefix: "fleet/objects".into(),
+            settings: bucket.settings(),
+        });
+    }
     config.peers = PeerTiming {
         lease_ttl: Duration::from_millis(1500),
         sync_interval: Duration::from_millis(50),
@@ -57,20 +67,46 @@ async fn etag(client: &reqwest::Client, hub: &Running, cluster: &str, token: &st
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hubs_on_one_database_serve_one_fleet() {
-    let Some(url) =
-        flotilla_testkit::postgres_database("hub_peers::two_hubs_on_one_database_serve_one_fleet")
-            .await
-    else {
+    let test = "hub_peers::two_hubs_on_one_database_serve_one_fleet";
+    let Some(url) = flotilla_testkit::postgres_database(test).await else {
         return;
     };
-    let database = Database::Postgres(url);
+    serve_one_fleet(Database::Postgres(url), None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hubs_on_one_database_and_one_bucket_serve_one_fleet() {
+    let test = "hub_peers::two_hubs_on_one_database_and_one_bucket_serve_one_fleet";
+    let Some(bucket) = flotilla_testkit::s3_bucket(test) else {
+        return;
+    };
+    let Some(url) = flotilla_testkit::postgres_database(test).await else {
+        return;
+    };
+    serve_one_fleet(Database::Postgres(url), Some(bucket)).await;
+}
+
+/// The object of `etag`'s digest is in the bucket (when there is one), under
+/// `fleet/objects/sha256/<hex>`.
+async fn in_bucket(bucket: Option<&TestBucket>, etag: &str) {
+    if let Some(bucket) = bucket {
+        let hex = etag.trim_matches('"').trim_start_matches("sha256:");
+        let key = format!("fleet/objects/sha256/{hex}");
+        let object = bucket_object(bucket, &key).await;
+        let object = object.unwrap_or_else(|| panic!("{key} is not in the bucket"));
+        assert_eq!(flotilla_core::bundle::Digest::of(&object).hex(), hex);
+    }
+}
+
+async fn serve_one_fleet(database: Database, bucket: Option<TestBucket>) {
+    let bucket = bucket.as_ref();
     let repo = Repo::with_rollouts();
     let (state_a, state_b) = (
         tempfile::tempdir().expect("a"),
         tempfile::tempdir().expect("b"),
     );
-    let a = Running::start_ready(peer_config(state_a.path(), &repo, &database)).await;
-    let b = Running::start_ready(peer_config(state_b.path(), &repo, &database)).await;
+    let a = Running::start_ready(peer_config(state_a.path(), &repo, &database, bucket)).await;
+    let b = Running::start_ready(peer_config(state_b.path(), &repo, &database, bucket)).await;
     let client = client();
 
     // A token made in the shared database (as `flotilla token create --database`
@@ -119,6 +155,16 @@ async fn two_hubs_on_one_database_serve_one_fleet() {
         })
         .await;
         assert_eq!(on_a, on_b, "{cluster}");
+        in_bucket(bucket, &on_a).await;
+    }
+    if bucket.is_some() {
+        // Neither hub kept objects of its own.
+        for state in [&state_a, &state_b] {
+            let own = std::fs::read_dir(state.path().join("objects/sha256"))
+                .map(|entries| entries.count())
+                .unwrap_or(0);
+            assert_eq!(own, 0, "objects in {}", state.path().display());
+        }
     }
 
     // A report posted to one hub shows in the other's /v1/fleet.
@@ -166,6 +212,7 @@ async fn two_hubs_on_one_database_serve_one_fleet() {
     })
     .await;
     assert!(new_red.starts_with("\"sha256:"));
+    in_bucket(bucket, &new_red).await;
     let rollout_ids = |hub: &Running| {
         let client = client.clone();
         let admin = admin.clone();
@@ -252,4 +299,110 @@ async fn two_hubs_on_one_database_serve_one_fleet() {
     );
     store.close().await;
     other.stop().await;
+}
+
+/// Garbage collection with several hubs sharing a folder of objects: an object
+/// nothing refers to stays while it has been unreferenced for less than an hour (on
+/// the database's clock), and the lease holder deletes it after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_unreferenced_for_an_hour_are_collected_once() {
+    let test = "hub_peers::objects_unreferenced_for_an_hour_are_collected_once";
+    let Some(url) = flotilla_testkit::postgres_database(test).await else {
+        return;
+    };
+    let database = Database::Postgres(url.clone());
+    let repo = Repo::with_rollouts();
+    let (state_a, state_b, shared) = (
+        tempfile::tempdir().expect("a"),
+        tempfile::tempdir().expect("b"),
+        tempfile::tempdir().expect("shared objects"),
+    );
+    let objects: ObjectsUrl = format!("file://{}", shared.path().display())
+        .parse()
+        .expect("objects URL");
+    let start = |state: &std::path::Path| {
+        let mut config = peer_config(state, &repo, &database, None);
+        config.objects = objects.clone();
+        Running::start_ready(config)
+    };
+    let a = start(state_a.path()).await;
+    let b = start(state_b.path()).await;
+    let client = client();
+    eventually("one hub to hold the rollout lease", WAIT, || async {
+        let held = [
+            ready(&client, &a).await["rolloutLease"] == true,
+            ready(&client, &b).await["rolloutLease"] == true,
+        ];
+        (held.iter().filter(|h| **h).count() == 1).then_some(())
+    })
+    .await;
+    let store = Store::open_tables(&database).await.expect("database");
+    let red = new_token(Some("red"), 0);
+    store.insert_token(&red.stored).await.expect("red token");
+    let red = red.secret;
+
+    // An object nothing refers to (a render another hub wrote and nobody recorded).
+    let orphan = flotilla_core::bundle::Digest::of(b"[\"orphan\"]");
+    let orphan_file = shared.path().join("sha256").join(orphan.hex());
+    std::fs::write(&orphan_file, b"[\"orphan\"]").expect("plant");
+    let commit_and_wait = |colour: &'static str| {
+        let (client, a, b, red, repo) = (&client, &a, &b, &red, &repo);
+        async move {
+            let before = etag(client, a, "red", red).await;
+            repo.write(
+                "workloads/kuard/manifests/settings.yaml",
+                &format!(
+                    "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  colour: {colour}\n"
+                ),
+            );
+            repo.commit(colour);
+            eventually("both hubs to serve red's new bundle", WAIT, || async {
+                let (on_a, on_b) = (
+                    etag(client, a, "red", red).await,
+                    etag(client, b, "red", red).await,
+                );
+                (on_a == on_b && on_a != before).then_some(on_a)
+            })
+            .await
+        }
+    };
+    let pool = sqlx::PgPool::connect(&url).await.expect("database");
+    let marked = || async {
+        sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM unreferenced_objects WHERE digest = $1")
+            .bind(orphan.as_str())
+            .fetch_one(&pool)
+            .await
+            .expect("query")
+    };
+    let first = commit_and_wait("green").await;
+    eventually(
+        "the holder to see the orphan unreferenced",
+        WAIT,
+        || async { (marked().await == 1).then_some(()) },
+    )
+    .await;
+    assert!(orphan_file.is_file(), "deleted before the grace period");
+
+    // An hour and a minute later (the records moved back), the next render's sweep
+    // takes it; what clusters are served stays.
+    sqlx::query("UPDATE unreferenced_objects SET since = since - 3660000")
+        .execute(&pool)
+        .await
+        .expect("age");
+    let second = commit_and_wait("blue").await;
+    eventually("the orphan to be collected", WAIT, || async {
+        (!orphan_file.exists() && marked().await == 0).then_some(())
+    })
+    .await;
+    for digest in [&first, &second] {
+        let hex = digest.trim_matches('"').trim_start_matches("sha256:");
+        assert!(
+            shared.path().join("sha256").join(hex).is_file(),
+            "{digest} kept"
+        );
+    }
+    pool.close().await;
+    store.close().await;
+    a.stop().await;
+    b.stop().await;
 }

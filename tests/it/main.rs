@@ -15,6 +15,7 @@ mod hub_api;
 mod hub_connections;
 mod hub_follow;
 mod hub_hostile;
+mod hub_objects;
 mod hub_peers;
 mod hub_scale;
 mod readme;

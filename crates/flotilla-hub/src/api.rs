@@ -539,7 +539,7 @@ async fn bundle_at(
     let shared_for_read = shared.clone();
     let digest = entry.digest.clone();
     let canonical =
-        tokio::task::spawn_blocking(move || shared_for_read.store.objects.read(&digest))
+        tokio::task::spawn_blocking(move || shared_for_read.store.objects.read_blocking(&digest))
             .await
             .map_err(|err| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?
             .map_err(|err| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?;

@@ -76,6 +76,9 @@ pub struct HubConfig {
     /// Where the tables live: the SQLite file in the state dir by default, or a
     /// PostgreSQL server several hubs share.
     pub database: store::Database,
+    /// Where the bundles' objects live: the state dir by default, a folder several
+    /// hubs share, or an S3 bucket.
+    pub objects: store::ObjectsUrl,
     pub source: SourceSpec,
     /// How often to look for a new commit when nothing says so sooner.
     pub poll_interval: Duration,
@@ -99,6 +102,9 @@ pub struct HubConfig {
     pub peers: peers::PeerTiming,
     /// Signs every served document (docs/security.md, "Signed bundles").
     pub signing_key: Option<Arc<flotilla_core::signing::SigningKey>>,
+    /// Several hubs: how long an object must have been unreferenced before garbage
+    /// collection deletes it (an hour).
+    pub gc_grace: Duration,
 }
 
 impl HubConfig {
@@ -106,6 +112,7 @@ impl HubConfig {
         HubConfig {
             state_dir: state_dir.into(),
             database: store::Database::StateDir,
+            objects: store::ObjectsUrl::StateDir,
             source,
             poll_interval: Duration::from_secs(15),
             offline_after: Duration::from_secs(300),
@@ -118,6 +125,7 @@ impl HubConfig {
             connections: ConnectionLimits::default(),
             peers: peers::PeerTiming::default(),
             signing_key: None,
+            gc_grace: Duration::from_secs(3600),
         }
     }
 }
@@ -144,22 +152,32 @@ impl Hub {
             },
         )?;
         let lock = lock::StateDirLock::acquire(&config.state_dir)?;
-        let store = Store::open_with(&config.state_dir, &config.database).await?;
+        let store =
+            Store::open_with_objects(&config.state_dir, &config.database, &config.objects).await?;
         let lease = match store.engine() {
             store::Engine::Sqlite => peers::Lease::alone(),
             store::Engine::Postgres => peers::Lease::shared(),
         };
+        if lease.is_shared() && !config.objects.is_shared() {
+            tracing::warn!(
+                "several hubs may share this database, but this hub keeps its objects in its own state dir: \
+                 each hub writes every object itself and only the lease holder's are collected; \
+                 give every hub the same --objects (file:///shared/folder or s3://bucket/prefix)"
+            );
+        }
         let tokens = TokenTable::from_stored(&store.tokens().await?);
         let tokens_generation = store.tokens_generation().await?;
         let (generation, _) = watch::channel(0u64);
         let (shutdown, _) = watch::channel(false);
+        let mut metrics = metrics::Metrics::default();
+        metrics.count_object_store_requests(store.objects.requests());
         let shared = Arc::new(Shared {
             served: ArcSwap::from_pointee(Served::default()),
             generation,
             shutdown,
             tokens: ArcSwap::from_pointee(tokens),
             ready: Default::default(),
-            metrics: Default::default(),
+            metrics,
             render: Mutex::default(),
             statuses: RwLock::default(),
             store,
@@ -170,6 +188,7 @@ impl Hub {
                 webhook_secret: config.webhook_secret,
                 clock: config.clock,
                 signing_key: config.signing_key,
+                gc_grace: config.gc_grace,
             },
             look_now: Arc::new(Notify::new()),
             latest: ArcSwap::default(),

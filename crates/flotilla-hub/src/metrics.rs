@@ -222,6 +222,16 @@ impl Metrics {
         self.webhooks.get_or_create(&ResultLabel { result }).inc();
     }
 
+    /// Shows the count of requests the hub's objects make to a remote store as
+    /// `flotilla_object_store_requests`.
+    pub fn count_object_store_requests(&mut self, requests: Counter) {
+        self.registry.register(
+            "flotilla_object_store_requests",
+            "Requests this hub made to the S3 object store (an unchanged poll makes none)",
+            requests,
+        );
+    }
+
     pub fn objects_written(&self, count: u64) {
         self.objects_written.inc_by(count);
     }

@@ -297,7 +297,10 @@ impl Shared {
                 }
                 continue;
             }
-            if !self.store.objects.contains(&cluster.digest) {
+            // Not written here yet (objects in each hub's own state dir): keep what is
+            // served until this hub's render writes it. Shared objects are written
+            // before the holder records them, and are not asked for.
+            if self.store.objects.known_missing(&cluster.digest) {
                 if let Some(entry) = existing {
                     next.clusters.insert(cluster.name.clone(), entry.clone());
                 }

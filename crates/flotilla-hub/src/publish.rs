@@ -11,6 +11,9 @@
 //! OUT/v1/clusters/<cluster>/bundles/<digest>     the same document, by digest
 //! ```
 //!
+//! OUT is a folder ([`Site::Dir`]) or a bucket and prefix in S3 ([`Site::Bucket`],
+//! `publish --objects s3://bucket/prefix`), with the same keys under the prefix.
+//!
 //! With a signing key the current document is signed (the documents by digest are
 //! history and are not). Its sequence continues the one in the previous output: the
 //! same as before while the digest is unchanged, one more when it changes, and never
@@ -27,7 +30,26 @@ use flotilla_core::{api, names};
 use flotilla_fs::Mode;
 use flotilla_render::RenderOutput;
 
-use crate::store::{ObjectError, Objects, StoredCluster};
+use crate::store::{Bucket, ObjectError, Objects, StoredCluster};
+
+/// Where a publish writes.
+#[derive(Debug, Clone)]
+pub enum Site {
+    /// A folder on disk.
+    Dir(PathBuf),
+    /// A bucket (and prefix) in S3 or an S3-compatible store, for a CDN to front.
+    Bucket(Bucket),
+}
+
+impl Site {
+    /// Where, for messages.
+    pub fn display(&self) -> String {
+        match self {
+            Site::Dir(path) => path.display().to_string(),
+            Site::Bucket(bucket) => bucket.url.clone(),
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
@@ -46,6 +68,12 @@ pub enum PublishError {
         "{path} is not a bundle document flotilla wrote ({message}); remove it and publish again"
     )]
     Unreadable { path: String, message: String },
+    #[error("cannot {what} {path}: {source}")]
+    Remote {
+        what: &'static str,
+        path: String,
+        source: Box<object_store::Error>,
+    },
 }
 
 /// One cluster's document as it is to be published.
@@ -73,7 +101,20 @@ pub fn publish(
     out: &Path,
     signer: Option<&SigningKey>,
 ) -> Result<Published, PublishError> {
-    let documents = output
+    write_documents(head_documents(output), out, signer)
+}
+
+/// [`publish`] into a folder or a bucket.
+pub async fn publish_to(
+    output: &RenderOutput,
+    site: &Site,
+    signer: Option<&SigningKey>,
+) -> Result<Published, PublishError> {
+    write_to(head_documents(output), site, signer).await
+}
+
+fn head_documents(output: &RenderOutput) -> Vec<Document> {
+    output
         .bundles
         .iter()
         .map(|(name, bundle)| Document {
@@ -82,50 +123,60 @@ pub fn publish(
             bytes: bundle.document(&output.revision),
             hub_sequence: None,
         })
-        .collect();
-    write_documents(documents, out, signer)
+        .collect()
+}
+
+async fn write_to(
+    documents: Vec<Document>,
+    site: &Site,
+    signer: Option<&SigningKey>,
+) -> Result<Published, PublishError> {
+    match site {
+        Site::Dir(out) => write_documents(documents, out, signer),
+        Site::Bucket(bucket) => write_documents_to_bucket(documents, bucket, signer).await,
+    }
 }
 
 /// Writes, for every cluster of a clean render, what a hub's store says it is served
 /// (with the revision the hub serves it with); a cluster the hub does not serve yet,
 /// or holds on what its agent runs, gets HEAD's render, as the hub gives a fresh agent.
-pub fn publish_served(
+pub async fn publish_served(
     output: &RenderOutput,
     served: &[StoredCluster],
     objects: &Objects,
-    out: &Path,
+    site: &Site,
     signer: Option<&SigningKey>,
 ) -> Result<Published, PublishError> {
     let served: std::collections::HashMap<&str, &StoredCluster> =
         served.iter().map(|c| (c.name.as_str(), c)).collect();
     let mut documents = Vec::with_capacity(output.bundles.len());
     for (name, bundle) in &output.bundles {
-        let document = match served.get(name.as_str()) {
-            Some(cluster) if !cluster.hold => {
-                let canonical =
-                    objects
-                        .read(&cluster.digest)
-                        .map_err(|source| PublishError::Served {
+        let document =
+            match served.get(name.as_str()) {
+                Some(cluster) if !cluster.hold => {
+                    let canonical = objects.read(&cluster.digest).await.map_err(|source| {
+                        PublishError::Served {
                             cluster: name.clone(),
                             source,
-                        })?;
-                Document {
-                    cluster: name.clone(),
-                    digest: cluster.digest.clone(),
-                    bytes: document_bytes(name, &cluster.digest, &cluster.revision, &canonical),
-                    hub_sequence: Some(cluster.sequence),
+                        }
+                    })?;
+                    Document {
+                        cluster: name.clone(),
+                        digest: cluster.digest.clone(),
+                        bytes: document_bytes(name, &cluster.digest, &cluster.revision, &canonical),
+                        hub_sequence: Some(cluster.sequence),
+                    }
                 }
-            }
-            _ => Document {
-                cluster: name.clone(),
-                digest: bundle.digest.clone(),
-                bytes: bundle.document(&output.revision),
-                hub_sequence: served.get(name.as_str()).map(|c| c.sequence),
-            },
-        };
+                _ => Document {
+                    cluster: name.clone(),
+                    digest: bundle.digest.clone(),
+                    bytes: bundle.document(&output.revision),
+                    hub_sequence: served.get(name.as_str()).map(|c| c.sequence),
+                },
+            };
         documents.push(document);
     }
-    write_documents(documents, out, signer)
+    write_to(documents, site, signer).await
 }
 
 /// Files are replaced atomically (temporary file, fsync, rename), so a web server never
@@ -136,14 +187,7 @@ fn write_documents(
     out: &Path,
     signer: Option<&SigningKey>,
 ) -> Result<Published, PublishError> {
-    // Checked before anything is written: no name may lead out of `out`.
-    if let Some(name) = documents
-        .iter()
-        .map(|d| &d.cluster)
-        .find(|name| names::dns1123_label(name).is_err())
-    {
-        return Err(PublishError::UnsafeName(names::shown(name)));
-    }
+    check_names(&documents)?;
     let clusters_dir = join(out, &api::CLUSTERS);
     create_dir(&clusters_dir)?;
     let mut published = Published {
@@ -173,19 +217,15 @@ fn write_documents(
         };
         let current = dir.join(api::CURRENT_BUNDLE);
         let previous = fs::read(&current).ok();
-        let current_document = match signer {
-            None => digest_document,
-            Some(key) => {
-                let held = previous
-                    .as_deref()
-                    .map(|bytes| read_claims(&current, bytes))
-                    .transpose()?;
-                let sequence = next_sequence(held.as_ref(), digest).max(hub_sequence.unwrap_or(0));
-                let claims = read_claims(&digest_file, &digest_document)?;
-                let signature = key.sign(cluster, digest, &claims.revision, sequence);
-                signed(&digest_document, &signature)
-            }
-        };
+        let current_document = current_document(
+            cluster,
+            digest,
+            digest_document,
+            (&digest_file.display().to_string(), previous.as_deref()),
+            &current.display().to_string(),
+            *hub_sequence,
+            signer,
+        )?;
         if previous.is_some_and(|existing| existing == current_document) {
             published.unchanged += 1;
         } else {
@@ -207,6 +247,152 @@ fn write_documents(
     Ok(published)
 }
 
+/// The document to publish as a cluster's current bundle: the one by digest, signed
+/// with a sequence that continues `previous` when there is a key.
+fn current_document(
+    cluster: &str,
+    digest: &Digest,
+    digest_document: Vec<u8>,
+    (digest_path, previous): (&str, Option<&[u8]>),
+    current_path: &str,
+    hub_sequence: Option<u64>,
+    signer: Option<&SigningKey>,
+) -> Result<Vec<u8>, PublishError> {
+    let Some(key) = signer else {
+        return Ok(digest_document);
+    };
+    let held = previous
+        .map(|bytes| read_claims(current_path, bytes))
+        .transpose()?;
+    let sequence = next_sequence(held.as_ref(), digest).max(hub_sequence.unwrap_or(0));
+    let claims = read_claims(digest_path, &digest_document)?;
+    let signature = key.sign(cluster, digest, &claims.revision, sequence);
+    Ok(signed(&digest_document, &signature))
+}
+
+/// [`write_documents`] into a bucket: the same keys under its prefix. A PUT replaces
+/// an object whole, so a reader never sees half a bundle.
+async fn write_documents_to_bucket(
+    documents: Vec<Document>,
+    bucket: &Bucket,
+    signer: Option<&SigningKey>,
+) -> Result<Published, PublishError> {
+    use futures::TryStreamExt as _;
+    use object_store::ObjectStoreExt as _;
+    check_names(&documents)?;
+    let remote = |what: &'static str, relative: &str| {
+        let path = bucket.url_of(relative);
+        move |source: object_store::Error| PublishError::Remote {
+            what,
+            path,
+            source: Box::new(source),
+        }
+    };
+    let read = |relative: String| async move {
+        match bucket.store.get(&bucket.key(&relative)).await {
+            Ok(got) => got
+                .bytes()
+                .await
+                .map(|bytes| Some(bytes.to_vec()))
+                .map_err(remote("read", &relative)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(err) => Err(remote("read", &relative)(err)),
+        }
+    };
+    let write = |relative: String, bytes: Vec<u8>| async move {
+        bucket
+            .store
+            .put(&bucket.key(&relative), bytes.into())
+            .await
+            .map(|_| ())
+            .map_err(remote("write", &relative))
+    };
+    let clusters = api::CLUSTERS.join("/");
+    let mut published = Published {
+        clusters: documents.len(),
+        ..Published::default()
+    };
+    for Document {
+        cluster,
+        digest,
+        bytes: document,
+        hub_sequence,
+    } in &documents
+    {
+        let dir = format!("{clusters}/{cluster}");
+        let digest_key = format!("{dir}/{}/{}", api::BUNDLES_BY_DIGEST, digest.as_str());
+        let digest_document = match read(digest_key.clone()).await? {
+            Some(existing) => existing,
+            None => {
+                write(digest_key.clone(), document.clone()).await?;
+                document.clone()
+            }
+        };
+        let current_key = format!("{dir}/{}", api::CURRENT_BUNDLE);
+        let previous = read(current_key.clone()).await?;
+        let current_document = current_document(
+            cluster,
+            digest,
+            digest_document,
+            (&bucket.url_of(&digest_key), previous.as_deref()),
+            &bucket.url_of(&current_key),
+            *hub_sequence,
+            signer,
+        )?;
+        if previous.is_some_and(|existing| existing == current_document) {
+            published.unchanged += 1;
+        } else {
+            write(current_key, current_document).await?;
+            published.written += 1;
+        }
+    }
+    // Clusters that left the fleet: every key under their folder goes.
+    let keep: BTreeSet<&str> = documents.iter().map(|d| d.cluster.as_str()).collect();
+    let listed = bucket
+        .store
+        .list_with_delimiter(Some(&bucket.key(&clusters)))
+        .await
+        .map_err(remote("list", &format!("{clusters}/")))?;
+    for folder in listed.common_prefixes {
+        let Some(name) = folder.filename().map(str::to_string) else {
+            continue;
+        };
+        if keep.contains(name.as_str()) {
+            continue;
+        }
+        let current_key = format!("{clusters}/{name}/{}", api::CURRENT_BUNDLE);
+        if read(current_key).await?.is_none() {
+            continue;
+        }
+        let keys: Vec<object_store::ObjectMeta> = bucket
+            .store
+            .list(Some(&folder))
+            .try_collect()
+            .await
+            .map_err(remote("list", &format!("{clusters}/{name}/")))?;
+        for meta in keys {
+            match bucket.store.delete(&meta.location).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(err) => return Err(remote("delete", meta.location.as_ref())(err)),
+            }
+        }
+        published.removed.push(name);
+    }
+    Ok(published)
+}
+
+/// Checked before anything is written: no name may lead out of the folder or prefix.
+fn check_names(documents: &[Document]) -> Result<(), PublishError> {
+    match documents
+        .iter()
+        .map(|d| &d.cluster)
+        .find(|name| names::dns1123_label(name).is_err())
+    {
+        Some(name) => Err(PublishError::UnsafeName(names::shown(name))),
+        None => Ok(()),
+    }
+}
+
 /// What a published document says besides its resources (which are not read).
 #[derive(serde::Deserialize)]
 struct Claims {
@@ -215,9 +401,9 @@ struct Claims {
     signature: Option<BundleSignature>,
 }
 
-fn read_claims(path: &Path, bytes: &[u8]) -> Result<Claims, PublishError> {
+fn read_claims(path: &str, bytes: &[u8]) -> Result<Claims, PublishError> {
     serde_json::from_slice(bytes).map_err(|err| PublishError::Unreadable {
-        path: path.display().to_string(),
+        path: path.to_string(),
         message: err.to_string(),
     })
 }

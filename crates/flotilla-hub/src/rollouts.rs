@@ -572,7 +572,7 @@ impl Shared {
         self.publish_views(&active);
         drop(active);
         self.rollouts.wake.notify_one();
-        self.delete_objects(&unreferenced);
+        self.delete_objects(&unreferenced).await;
         Ok(outcome)
     }
 
@@ -610,9 +610,15 @@ impl Shared {
         self.swap(next);
     }
 
-    fn delete_objects(&self, digests: &[Digest]) {
+    /// Deletes the objects a commit left unreferenced, on a hub alone on its database.
+    /// With several hubs, garbage collection takes them once they have been
+    /// unreferenced for long enough ([`Shared::collect_garbage`]).
+    async fn delete_objects(&self, digests: &[Digest]) {
+        if self.lease.is_shared() {
+            return;
+        }
         for digest in digests {
-            if let Err(err) = self.store.objects.remove(digest) {
+            if let Err(err) = self.store.objects.remove(digest).await {
                 tracing::warn!(%digest, "cannot delete an object nothing refers to: {err}");
             }
         }
@@ -644,7 +650,7 @@ impl Shared {
         }
         let (unreferenced, sequences) = self.store.commit_with_sequences(&commit).await?;
         self.apply_served(&commit.served, &sequences, &BTreeSet::new());
-        self.delete_objects(&unreferenced);
+        self.delete_objects(&unreferenced).await;
         Ok(())
     }
 

@@ -3,7 +3,7 @@
 //! read it without locks; long-polls wait on a generation counter that every swap
 //! bumps.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
@@ -87,6 +87,9 @@ pub struct ClusterBundle {
     /// document and its compressed forms below, signature included, are made once.
     pub sequence: u64,
     signature: OnceLock<BundleSignature>,
+    /// The canonical resources, kept once read when the objects are in a remote store
+    /// (from disk they are read again through the page cache).
+    canonical: OnceLock<Bytes>,
     gzip: OnceLock<Bytes>,
     zstd: OnceLock<Bytes>,
 }
@@ -118,19 +121,30 @@ impl ClusterBundle {
             pulse,
             sequence,
             signature: OnceLock::new(),
+            canonical: OnceLock::new(),
             gzip: OnceLock::new(),
             zstd: OnceLock::new(),
         }
     }
 
     /// The served document, read from the store and checked against its digest, and
-    /// signed with the hub's key when it has one.
+    /// signed with the hub's key when it has one. Call it on a blocking thread
+    /// (`spawn_blocking`): it reads a file or waits for the object store.
     pub fn document(
         &self,
         store: &Store,
         signer: Option<&SigningKey>,
     ) -> Result<Vec<u8>, ObjectError> {
-        let canonical = store.objects.read(&self.digest)?;
+        let canonical = match self.canonical.get() {
+            Some(bytes) => bytes.to_vec(),
+            None => {
+                let bytes = store.objects.read_blocking(&self.digest)?;
+                if !store.objects.is_local() {
+                    let _ = self.canonical.set(Bytes::from(bytes.clone()));
+                }
+                bytes
+            }
+        };
         let signature = signer.map(|key| {
             self.signature
                 .get_or_init(|| key.sign(&self.name, &self.digest, &self.revision, self.sequence))
@@ -206,6 +220,8 @@ pub struct Settings {
     pub clock: Arc<dyn Clock>,
     /// Signs every served document (`serve --signing-key`).
     pub signing_key: Option<Arc<SigningKey>>,
+    /// Several hubs: how long an object stays unreferenced before it is deleted.
+    pub gc_grace: Duration,
 }
 
 /// State shared by the request handlers and the background tasks.
@@ -403,7 +419,10 @@ impl Shared {
         let clusters = self.store.clusters().await?;
         let mut served = Served::default();
         for cluster in clusters {
-            if !self.store.objects.contains(&cluster.digest) {
+            // On disk a missing object is cheap to see; in a remote store the digests
+            // the database records are there (only unreferenced ones are deleted), and
+            // asking for each would be one request per cluster at every start.
+            if self.store.objects.known_missing(&cluster.digest) {
                 tracing::warn!(
                     cluster = %cluster.name,
                     digest = %cluster.digest,
@@ -441,8 +460,13 @@ impl Shared {
 
     /// Reads every served object back and deletes any that no longer hashes to its
     /// digest, so the next render writes it again (until then its cluster answers 500,
-    /// never the damaged bytes). Runs before the follower starts.
+    /// never the damaged bytes). Runs before the follower starts. Objects in a remote
+    /// store are checked as they are read instead (one request per cluster at every
+    /// start would be too many).
     pub async fn verify_objects(&self) {
+        if !self.store.objects.is_local() {
+            return;
+        }
         let digests: Vec<Digest> = self
             .served
             .load()
@@ -450,85 +474,141 @@ impl Shared {
             .values()
             .map(|c| c.digest.clone())
             .collect();
-        let objects = self.store.objects.clone();
-        let checked = tokio::task::spawn_blocking(move || {
-            for digest in digests {
-                if let Err(err @ ObjectError::Corrupt { .. }) = objects.read(&digest) {
-                    tracing::error!("{err}");
-                    let _ = objects.remove(&digest);
-                }
+        for digest in digests {
+            if let Err(err @ ObjectError::Corrupt { .. }) = self.store.objects.read(&digest).await {
+                tracing::error!("{err}");
+                let _ = self.store.objects.remove(&digest).await;
             }
-        });
-        if let Err(err) = checked.await {
-            tracing::warn!("could not check the stored objects: {err}");
         }
     }
 
-    /// Deletes every object the store does not refer to (see
-    /// [`Store::referenced_digests`]): those a crash left between writing a render's
-    /// objects and recording it. Only the follower writes new objects, and it calls
-    /// this between renders, so no object of a render being installed is taken.
-    /// Returns how many objects were deleted.
+    /// Deletes objects the store does not refer to (see
+    /// [`Store::referenced_digests`]). Only the follower writes new objects of renders
+    /// this hub records, and it calls this between renders, so no object of a render
+    /// being installed is taken. Returns how many objects were deleted.
     ///
-    /// Not with several hubs on one database: an object this hub wrote for a render
-    /// it did not record may be recorded a moment later by the hub that holds the
-    /// lease, so nothing unreferenced is known to be garbage there.
+    /// Alone on its database, a hub deletes every unreferenced object at once (those a
+    /// crash left between writing a render's objects and recording it). With several
+    /// hubs only the rollout lease's holder collects, and only objects unreferenced
+    /// for at least [`Settings::gc_grace`] on the database's clock: another hub may
+    /// have written an object for a render the holder records a moment later.
     pub async fn collect_garbage(&self) -> usize {
-        if self.lease.is_shared() {
+        let shared = self.lease.is_shared();
+        if shared && !self.lease.holds() {
             return 0;
         }
-        let referenced = match self.store.referenced_digests().await {
-            Ok(referenced) => referenced,
+        let objects = &self.store.objects;
+        let unreferenced = match self.unreferenced_objects().await {
+            Ok(unreferenced) => unreferenced,
             Err(err) => {
                 tracing::warn!("cannot collect unused objects: {err}");
                 return 0;
             }
         };
-        let objects = self.store.objects.clone();
-        let swept = tokio::task::spawn_blocking(move || {
-            let mut removed = 0;
-            let on_disk = match objects.list() {
-                Ok(on_disk) => on_disk,
+        let due: Vec<Digest> = if shared {
+            let grace = i64::try_from(self.settings.gc_grace.as_millis()).unwrap_or(i64::MAX);
+            let due = match self.store.mark_unreferenced(&unreferenced, grace).await {
+                Ok(due) => due,
                 Err(err) => {
-                    tracing::warn!("cannot list the stored objects: {err}");
+                    tracing::warn!("cannot collect unused objects: {err}");
                     return 0;
                 }
             };
-            for digest in on_disk.iter().filter(|d| !referenced.contains(*d)) {
-                match objects.remove(digest) {
-                    Ok(()) => removed += 1,
-                    Err(err) => tracing::warn!(%digest, "cannot delete an unused object: {err}"),
+            // Asked again just before deleting: a rollout step may have named one of
+            // them since the listing.
+            match self.store.referenced_digests().await {
+                Ok(referenced) => due
+                    .into_iter()
+                    .filter(|d| !referenced.contains(d))
+                    .collect(),
+                Err(err) => {
+                    tracing::warn!("cannot collect unused objects: {err}");
+                    return 0;
                 }
             }
-            removed
-        })
-        .await
-        .unwrap_or(0);
-        if swept > 0 {
-            tracing::info!(objects = swept, "deleted objects no cluster refers to");
+        } else {
+            unreferenced.into_iter().collect()
+        };
+        let mut deleted = Vec::new();
+        for digest in due {
+            if shared && !self.lease.holds() {
+                break;
+            }
+            match objects.remove(&digest).await {
+                Ok(()) => deleted.push(digest),
+                Err(err) => tracing::warn!(%digest, "cannot delete an unused object: {err}"),
+            }
         }
-        swept
+        if shared && let Err(err) = self.store.forget_unreferenced(&deleted).await {
+            tracing::warn!("cannot record the deleted objects: {err}");
+        }
+        if !deleted.is_empty() {
+            tracing::info!(
+                objects = deleted.len(),
+                "deleted objects no cluster refers to"
+            );
+        }
+        deleted.len()
+    }
+
+    /// The stored objects nothing in the database refers to.
+    async fn unreferenced_objects(&self) -> Result<std::collections::BTreeSet<Digest>, HubError> {
+        let referenced = self.store.referenced_digests().await?;
+        Ok(self
+            .store
+            .objects
+            .list()
+            .await?
+            .into_iter()
+            .filter(|d| !referenced.contains(d))
+            .collect())
     }
 
     /// Writes the objects of a render this hub does not record (several hubs), so it
     /// can serve them when the database says so.
     pub async fn install_objects_only(&self, output: &RenderOutput) -> Result<(), HubError> {
-        let bundles: Vec<(Digest, Vec<u8>)> = output
-            .bundles
-            .values()
-            .filter(|b| !self.store.objects.contains(&b.digest))
-            .map(|b| (b.digest.clone(), b.canonical_resources()))
-            .collect();
-        let objects = self.store.objects.clone();
-        let written = tokio::task::spawn_blocking(move || {
-            let pairs: Vec<(&Digest, &[u8])> =
-                bundles.iter().map(|(d, b)| (d, b.as_slice())).collect();
-            objects.write_all(&pairs)
-        })
-        .await
-        .map_err(|e| HubError::Task(e.to_string()))??;
+        let written = self.write_objects(output).await?;
         self.metrics.objects_written(written as u64);
         Ok(())
+    }
+
+    /// Writes the objects of a render's new digests, off the async threads. Digests a
+    /// cluster is served or was last rendered with are there already (referenced
+    /// objects are never deleted), unless a file went missing on disk (deleted, or
+    /// found corrupt at start): those are written again. New digests are written when
+    /// absent (in S3, one HEAD each first).
+    async fn write_objects(&self, output: &RenderOutput) -> Result<usize, HubError> {
+        let current = self.served.load_full();
+        let latest = self.latest.load_full();
+        let objects_to_write: Vec<(Digest, Arc<flotilla_core::bundle::Bundle>)> = {
+            let mut seen = std::collections::BTreeSet::new();
+            output
+                .bundles
+                .values()
+                .filter(|b| {
+                    let known = latest.get(&b.cluster).is_some_and(|l| l.digest == b.digest)
+                        || current
+                            .clusters
+                            .get(&b.cluster)
+                            .is_some_and(|c| c.digest == b.digest);
+                    !known || self.store.objects.known_missing(&b.digest)
+                })
+                .filter(|b| seen.insert(b.digest.clone()))
+                .map(|b| (b.digest.clone(), Arc::new(b.clone())))
+                .collect()
+        };
+        if objects_to_write.is_empty() {
+            return Ok(0);
+        }
+        let bytes = tokio::task::spawn_blocking(move || {
+            objects_to_write
+                .iter()
+                .map(|(digest, bundle)| (digest.clone(), bundle.canonical_resources()))
+                .collect::<Vec<_>>()
+        })
+        .await
+        .map_err(|e| HubError::Task(e.to_string()))?;
+        Ok(self.store.objects.write_all(bytes).await?)
     }
 
     /// Records a render attempt that had errors: nothing served changes.
@@ -567,39 +647,7 @@ impl Shared {
     ) -> Result<InstallReport, HubError> {
         debug_assert!(output.is_clean());
         let started = Instant::now();
-        let current = self.served.load_full();
-        let latest = self.latest.load_full();
-        // One object per new digest, written off the async threads. Bundles whose
-        // object went missing (deleted, or found corrupt at start) are written again.
-        let objects_to_write: Vec<(Digest, Arc<flotilla_core::bundle::Bundle>)> = {
-            let mut seen = std::collections::BTreeSet::new();
-            output
-                .bundles
-                .values()
-                .filter(|b| {
-                    let known = latest.get(&b.cluster).is_some_and(|l| l.digest == b.digest)
-                        || current
-                            .clusters
-                            .get(&b.cluster)
-                            .is_some_and(|c| c.digest == b.digest);
-                    !known || !self.store.objects.contains(&b.digest)
-                })
-                .filter(|b| seen.insert(b.digest.clone()))
-                .map(|b| (b.digest.clone(), Arc::new(b.clone())))
-                .collect()
-        };
-        let store_objects = self.store.objects.clone();
-        let written = tokio::task::spawn_blocking(move || {
-            let objects: BTreeMap<&Digest, Vec<u8>> = objects_to_write
-                .iter()
-                .map(|(digest, bundle)| (digest, bundle.canonical_resources()))
-                .collect();
-            let pairs: Vec<(&Digest, &[u8])> =
-                objects.iter().map(|(d, b)| (*d, b.as_slice())).collect();
-            store_objects.write_all(&pairs)
-        })
-        .await
-        .map_err(|e| HubError::Task(e.to_string()))??;
+        let written = self.write_objects(&output).await?;
         self.metrics.objects_written(written as u64);
 
         let now = self.settings.clock.now_ms();

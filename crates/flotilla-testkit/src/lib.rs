@@ -87,6 +87,156 @@ pub async fn postgres_database(test: &str) -> Option<String> {
     Some(format!("{host_part}/{name}{query}"))
 }
 
+/// The variable naming the S3-compatible server tests may use (`.ci/s3` starts one
+/// and prints its endpoint): `http://host:port`.
+pub const S3_VARIABLE: &str = "FLOTILLA_TEST_S3";
+
+/// A new, empty bucket on the test S3 server, for one test.
+#[derive(Debug, Clone)]
+pub struct TestBucket {
+    /// `http://host:port`.
+    pub endpoint: String,
+    pub bucket: String,
+}
+
+impl TestBucket {
+    /// The S3 settings that reach the test server (its keys are not checked), as
+    /// `object_store` configuration keys and values.
+    pub fn settings(&self) -> Vec<(String, String)> {
+        self.env()
+            .into_iter()
+            .map(|(key, value)| (key.to_ascii_lowercase(), value))
+            .collect()
+    }
+
+    /// The same as the standard AWS environment variables, for a child process.
+    pub fn env(&self) -> Vec<(String, String)> {
+        [
+            ("AWS_ENDPOINT_URL", self.endpoint.as_str()),
+            ("AWS_ALLOW_HTTP", "true"),
+            ("AWS_REGION", "us-east-1"),
+            ("AWS_ACCESS_KEY_ID", "flotilla-test"),
+            ("AWS_SECRET_ACCESS_KEY", "flotilla-test-secret"),
+        ]
+        .into_iter()
+        .map(|(key, value)| (key.to_string(), value.to_string()))
+        .collect()
+    }
+
+    /// Every key in the bucket under `prefix`, in order (one unsigned ListObjectsV2
+    /// request: the test server does not check signatures).
+    pub fn keys(&self, prefix: &str) -> Vec<String> {
+        let (status, body) = match http(
+            &self.endpoint,
+            "GET",
+            &format!("/{}?list-type=2&prefix={prefix}", self.bucket),
+        ) {
+            Ok(answer) => answer,
+            Err(err) => panic!("cannot list the test bucket: {err}"),
+        };
+        assert_eq!(status, 200, "listing the test bucket: {body}");
+        body.split("<Key>")
+            .skip(1)
+            .filter_map(|part| part.split_once("</Key>").map(|(key, _)| key.to_string()))
+            .collect()
+    }
+}
+
+/// A new bucket on the server `FLOTILLA_TEST_S3` names, or `None` when `test` skips
+/// because no server is named or reachable (outside CI; in CI that fails the test,
+/// see [`can_run`]).
+pub fn s3_bucket(test: &str) -> Option<TestBucket> {
+    let endpoint = match std::env::var(S3_VARIABLE) {
+        Ok(url) if !url.is_empty() => url.trim_end_matches('/').to_string(),
+        _ => {
+            can_run(
+                test,
+                Some(format!(
+                    "no S3-compatible server: set {S3_VARIABLE} (`export {S3_VARIABLE}=\"$(.ci/s3)\"` starts one)"
+                )),
+            );
+            return None;
+        }
+    };
+    let bucket = format!("flotilla-test-{:016x}", rand::random::<u64>());
+    match http(&endpoint, "PUT", &format!("/{bucket}")) {
+        Ok((200, _)) => Some(TestBucket { endpoint, bucket }),
+        Ok((status, body)) => {
+            can_run(
+                test,
+                Some(format!(
+                    "the S3 server {S3_VARIABLE} names did not make a bucket: {status} {body}"
+                )),
+            );
+            None
+        }
+        Err(err) => {
+            can_run(
+                test,
+                Some(format!(
+                    "the S3 server {S3_VARIABLE} names is not reachable: {err}"
+                )),
+            );
+            None
+        }
+    }
+}
+
+/// One plain HTTP/1.1 request with no body; the status and the body.
+fn http(endpoint: &str, method: &str, target: &str) -> Result<(u16, String), String> {
+    use std::io::{Read as _, Write as _};
+    let authority = endpoint
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("{endpoint} is not an http:// endpoint"))?;
+    let mut stream = std::net::TcpStream::connect(authority).map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .map_err(|e| e.to_string())?;
+    write!(
+        stream,
+        "{method} {target} HTTP/1.1\r\nHost: {authority}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).map_err(|e| e.to_string())?;
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("not an HTTP answer: {head}"))?;
+    // Bodies may come chunked; a test reads keys and small documents, so the chunk
+    // sizes are dropped.
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Ok((status, body))
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(size) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        let (Some(chunk), Some(after)) = (rest.get(..size), rest.get(size..)) else {
+            break;
+        };
+        if size == 0 {
+            break;
+        }
+        out.push_str(chunk);
+        body = after.trim_start_matches("\r\n");
+    }
+    out
+}
+
 /// The workspace's root folder (where `fleet-example/` is).
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -298,3 +298,20 @@ pub async fn metric(client: &reqwest::Client, base: &str, sample: &str) -> f64 {
         })
         .unwrap_or_else(|| panic!("no sample {sample} in /metrics:\n{text}"))
 }
+
+/// One object of a test bucket, read through the S3 API (signed, as a hub reads), or
+/// `None` when there is none.
+pub async fn bucket_object(bucket: &flotilla_testkit::TestBucket, key: &str) -> Option<Vec<u8>> {
+    use object_store::ObjectStoreExt as _;
+    let location = flotilla_hub::store::S3Location {
+        bucket: bucket.bucket.clone(),
+        prefix: String::new(),
+        settings: bucket.settings(),
+    };
+    let client = flotilla_hub::store::Bucket::from_env(&location).expect("bucket");
+    match client.store.get(&client.key(key)).await {
+        Ok(got) => Some(got.bytes().await.expect("object bytes").to_vec()),
+        Err(object_store::Error::NotFound { .. }) => None,
+        Err(err) => panic!("cannot read {key} from the test bucket: {err}"),
+    }
+}

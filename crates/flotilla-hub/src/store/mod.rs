@@ -23,7 +23,7 @@ use sqlx::{AnyPool, ConnectOptions, Row};
 
 use flotilla_core::bundle::Digest;
 use flotilla_core::status::StatusReport;
-pub use objects::{ObjectError, Objects};
+pub use objects::{Bucket, ObjectError, Objects, ObjectsUrl, S3Location};
 pub use rollouts::{RolloutWrite, StoredRollout};
 pub use sessions::StoredSession;
 
@@ -259,6 +259,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     // 0003 is taken by work on another branch (web sessions); numbers need not be
     // contiguous, only increasing.
     (5, "hubs", include_str!("../../migrations/0005_hubs.sql")),
+    (
+        6,
+        "unreferenced objects",
+        include_str!("../../migrations/0006_unreferenced_objects.sql"),
+    ),
 ];
 
 /// [`MIGRATIONS`] as sqlx reads a migrations folder.
@@ -313,16 +318,23 @@ impl Store {
     /// a SQLite database and the objects are readable by the hub's user only: they
     /// hold token hashes and bundles, which may hold Secrets.
     pub async fn open_with(state_dir: &Path, database: &Database) -> Result<Store, StoreError> {
+        Store::open_with_objects(state_dir, database, &ObjectsUrl::StateDir).await
+    }
+
+    /// [`Store::open_with`], with the objects where `objects` says (the state dir, a
+    /// shared folder or an S3 bucket, which is asked once here).
+    pub async fn open_with_objects(
+        state_dir: &Path,
+        database: &Database,
+        objects: &ObjectsUrl,
+    ) -> Result<Store, StoreError> {
         flotilla_fs::create_dir(state_dir, flotilla_fs::Mode::Private).map_err(|source| {
             StoreError::CreateDir {
                 path: state_dir.display().to_string(),
                 source,
             }
         })?;
-        let objects = Objects::open(state_dir).map_err(|source| StoreError::CreateDir {
-            path: state_dir.join("objects").display().to_string(),
-            source,
-        })?;
+        let objects = Objects::open_url(state_dir, objects).await?;
         let (pool, engine) = connect(state_dir, database).await?;
         Ok(Store {
             root: state_dir.to_path_buf(),
@@ -659,6 +671,72 @@ impl Store {
         rows.into_iter()
             .map(|row| parse_digest("bundle_history", "digest", row.get(0)))
             .collect()
+    }
+
+    /// Records that the objects `unreferenced` are referenced by nothing (each keeps the
+    /// time it was first seen so; the time is the database's clock), forgets every other
+    /// digest recorded before (referenced again, or gone), and returns those that have
+    /// been unreferenced for at least `grace_ms`: the objects garbage collection may
+    /// delete. Call [`Store::forget_unreferenced`] for those it deleted.
+    pub async fn mark_unreferenced(
+        &self,
+        unreferenced: &BTreeSet<Digest>,
+        grace_ms: i64,
+    ) -> Result<Vec<Digest>, StoreError> {
+        let err = |e| self.db_error(e);
+        let mut tx = self.pool.begin().await.map_err(err)?;
+        let rows = sqlx::query("SELECT digest FROM unreferenced_objects")
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err)?;
+        let marked: BTreeSet<String> = rows.iter().map(|row| row.get(0)).collect();
+        for digest in marked.iter().filter(|d| {
+            Digest::parse(d)
+                .map(|d| !unreferenced.contains(&d))
+                .unwrap_or(true)
+        }) {
+            sqlx::query("DELETE FROM unreferenced_objects WHERE digest = $1")
+                .bind(digest)
+                .execute(&mut *tx)
+                .await
+                .map_err(err)?;
+        }
+        let now = self.now_sql();
+        let insert = format!(
+            "INSERT INTO unreferenced_objects (digest, since) VALUES ($1, {now})
+             ON CONFLICT (digest) DO NOTHING"
+        );
+        for digest in unreferenced.iter().filter(|d| !marked.contains(d.as_str())) {
+            sqlx::query(&insert)
+                .bind(digest.as_str())
+                .execute(&mut *tx)
+                .await
+                .map_err(err)?;
+        }
+        let due = format!(
+            "SELECT digest FROM unreferenced_objects WHERE since <= {now} - $1 ORDER BY digest"
+        );
+        let rows = sqlx::query(&due)
+            .bind(grace_ms)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err)?;
+        tx.commit().await.map_err(err)?;
+        rows.into_iter()
+            .map(|row| parse_digest("unreferenced_objects", "digest", row.get(0)))
+            .collect()
+    }
+
+    /// Forgets digests whose objects garbage collection deleted.
+    pub async fn forget_unreferenced(&self, digests: &[Digest]) -> Result<(), StoreError> {
+        for digest in digests {
+            sqlx::query("DELETE FROM unreferenced_objects WHERE digest = $1")
+                .bind(digest.as_str())
+                .execute(&self.pool)
+                .await
+                .map_err(|e| self.db_error(e))?;
+        }
+        Ok(())
     }
 
     /// Stores an agent's report, replacing the previous one.
@@ -1196,13 +1274,17 @@ mod tests {
         let store = Store::open(&root).await.expect("opens");
         let bytes = b"[]".as_slice();
         let d = Digest::of(bytes);
-        store.objects.write_all(&[(&d, bytes)]).expect("writes");
+        store
+            .objects
+            .write_all(vec![(d.clone(), bytes.to_vec())])
+            .await
+            .expect("writes");
         store.close().await;
         let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
         assert_eq!(mode(&root), 0o700);
         assert_eq!(mode(&root.join("flotilla.db")), 0o600);
         assert_eq!(mode(&root.join("objects/sha256")), 0o700);
-        assert_eq!(mode(&store.objects.path_of(&d)), 0o600);
+        assert_eq!(mode(&store.objects.path_of(&d).expect("on disk")), 0o600);
     }
 
     /// A store made before the schema moved into migrations holds the tables but no
@@ -1335,6 +1417,60 @@ mod tests {
             .map(|c| c.name)
             .collect();
         assert_eq!(names, vec!["a"]);
+    }
+
+    on_both_engines!(objects_are_due_for_collection_only_after_the_grace_period);
+    async fn objects_are_due_for_collection_only_after_the_grace_period(store: Store) {
+        const HOUR: i64 = 3_600_000;
+        let set = |cs: &[char]| cs.iter().map(|c| digest(*c)).collect::<BTreeSet<Digest>>();
+        // Seen unreferenced now: not due within the hour; due with no grace at all.
+        assert!(
+            store
+                .mark_unreferenced(&set(&['1', '2']), HOUR)
+                .await
+                .expect("mark")
+                .is_empty()
+        );
+        assert_eq!(
+            store
+                .mark_unreferenced(&set(&['1', '2']), 0)
+                .await
+                .expect("mark"),
+            vec![digest('1'), digest('2')]
+        );
+        // Seen unreferenced an hour and a minute ago (moved back on the database's
+        // clock), and '2' referenced again meanwhile: only '1' is due, and '2' starts
+        // over when it is unreferenced again.
+        sqlx::query("UPDATE unreferenced_objects SET since = since - $1")
+            .bind(HOUR + 60_000)
+            .execute(&store.pool)
+            .await
+            .expect("age");
+        assert_eq!(
+            store
+                .mark_unreferenced(&set(&['1', '3']), HOUR)
+                .await
+                .expect("mark"),
+            vec![digest('1')]
+        );
+        assert!(
+            store
+                .mark_unreferenced(&set(&['1', '2', '3']), HOUR)
+                .await
+                .expect("mark")
+                == vec![digest('1')]
+        );
+        store
+            .forget_unreferenced(&[digest('1')])
+            .await
+            .expect("forget");
+        assert!(
+            store
+                .mark_unreferenced(&set(&['2', '3']), HOUR)
+                .await
+                .expect("mark")
+                .is_empty()
+        );
     }
 
     on_both_engines!(
