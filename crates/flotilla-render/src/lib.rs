@@ -6,7 +6,8 @@
 //! matching overlay in (priority, name) order.
 //!
 //! Work is shared where the result cannot differ: plain manifests are parsed once per
-//! file, identical template outputs are parsed once, and the resources of a workload
+//! file, identical template outputs are rendered once as one unit (and parsed inside
+//! it, so no output's tree outlives its unit), and the resources of a workload
 //! are rendered once per distinct (workload, overlays, custom scopes, template
 //! outputs) combination, however many clusters share it. Clusters render in parallel.
 
@@ -277,27 +278,29 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
         return stop.abandoned(snapshot, diagnostics);
     }
     let (plans_per_cluster, outputs) = intern_outputs(cluster_plans, &mut diagnostics);
-    let parsed_outputs: Vec<Result<Vec<SourcedDocument>, Diagnostic>> = outputs
+    let output_scopes: Vec<CustomScopes> = outputs
         .par_iter()
-        .map(|(template, text)| parse_output(template_paths[*template], text))
+        .map(|(template, text)| scopes_defined_by(template_paths[*template], text))
         .collect();
-    let (cluster_scope, scope_table) = custom_scopes(&fleet, &plans_per_cluster, &parsed_outputs);
+    let (cluster_scope, scope_table) = custom_scopes(&fleet, &plans_per_cluster, &output_scopes);
 
     // Phase 2: every distinct unit of work, rendered once.
     let units = plan_units(&plans_per_cluster, &cluster_scope);
+    let outputs = OutputTexts::new(outputs, &units.keys);
     let (rendered, matched): (Vec<UnitResult>, Vec<Vec<(usize, usize)>>) = units
         .keys
         .par_iter()
         .map(|key| {
             let file = match key.output {
-                Some(output) => Arc::from(template_paths[outputs[output].0].as_str()),
+                Some(output) => Arc::from(template_paths[outputs.templates[output]].as_str()),
                 None => Arc::from(fleet.workloads[key.workload].file.as_str()),
             };
             stop.run(&file, || {
                 let unit = UnitContext {
                     fleet: &fleet,
                     scopes: &scope_table[key.scope],
-                    parsed_outputs: &parsed_outputs,
+                    outputs: &outputs,
+                    template_paths: &template_paths,
                     patch_limits: &patch_limits,
                     max_resource_bytes: limits.max_resource_bytes,
                 };
@@ -306,6 +309,7 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
             .unwrap_or_else(|| (Err(Vec::new()), Vec::new()))
         })
         .unzip();
+    drop(outputs);
     if stop.now() {
         return stop.abandoned(snapshot, diagnostics);
     }
@@ -436,7 +440,7 @@ fn intern_outputs(
 fn custom_scopes(
     fleet: &Fleet,
     plans_per_cluster: &[Vec<Plan>],
-    parsed_outputs: &[Result<Vec<SourcedDocument>, Diagnostic>],
+    output_scopes: &[CustomScopes],
 ) -> (Vec<usize>, Vec<CustomScopes>) {
     let static_scopes: Vec<CustomScopes> = fleet
         .workloads
@@ -456,19 +460,81 @@ fn custom_scopes(
             for plan in plans {
                 scopes.extend(static_scopes[plan.workload].iter().cloned());
                 for &output in &plan.outputs {
-                    if let Ok(documents) = &parsed_outputs[output] {
-                        scopes.extend(
-                            documents
-                                .iter()
-                                .filter_map(|d| scope::cluster_scoped_crd(&d.value)),
-                        );
-                    }
+                    scopes.extend(output_scopes[output].iter().cloned());
                 }
             }
             distinct.intern(scopes)
         })
         .collect();
     (cluster_scope, distinct.into_table())
+}
+
+/// The cluster-scoped kinds the CRDs of one template output define. Only an output
+/// whose text could hold a CRD is parsed here: a `kind` of `CustomResourceDefinition`
+/// is spelt out in the text, or written with a YAML escape (a backslash) in a
+/// double-quoted scalar; no other YAML form (folding, block scalars, aliases, tags)
+/// makes that word from text without it. An output that does not parse defines none
+/// (its error is reported by the units that read it).
+fn scopes_defined_by(path: &str, text: &str) -> CustomScopes {
+    if !text.contains("CustomResourceDefinition") && !text.contains('\\') {
+        return CustomScopes::new();
+    }
+    match parse_output(path, text) {
+        Ok(documents) => documents
+            .iter()
+            .filter_map(|d| scope::cluster_scoped_crd(&d.value))
+            .collect(),
+        Err(_) => CustomScopes::new(),
+    }
+}
+
+/// The distinct template outputs during phase 2. Each is kept as text and parsed by
+/// the unit that reads it (a parsed tree is several times the size of its text), and
+/// the text is freed as soon as the last unit reading it has rendered, so a fleet of
+/// per-cluster templates never holds every output at once, as text or as a tree.
+struct OutputTexts {
+    /// Per output, its template (an index into the render's template paths).
+    templates: Vec<usize>,
+    texts: Vec<Mutex<Option<Arc<str>>>>,
+    /// Per output, how many units have yet to read it.
+    readers_left: Vec<AtomicUsize>,
+}
+
+impl OutputTexts {
+    fn new(outputs: Vec<(usize, String)>, units: &[UnitKey]) -> OutputTexts {
+        let readers_left: Vec<AtomicUsize> = outputs.iter().map(|_| AtomicUsize::new(0)).collect();
+        for output in units.iter().filter_map(|key| key.output) {
+            readers_left[output].fetch_add(1, Ordering::Relaxed);
+        }
+        let (templates, texts) = outputs
+            .into_iter()
+            .map(|(template, text)| (template, Mutex::new(Some(Arc::from(text)))))
+            .unzip();
+        OutputTexts {
+            templates,
+            texts,
+            readers_left,
+        }
+    }
+
+    /// The text of `output` for a unit that reads it; `None` only if every reader
+    /// already had it, which the counts rule out.
+    fn text(&self, output: usize) -> Option<Arc<str>> {
+        self.texts[output]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// A unit is done with `output`: the last reader frees its text.
+    fn done_with(&self, output: usize) {
+        if self.readers_left[output].fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.texts[output]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+        }
+    }
 }
 
 /// The distinct units of work and who uses them. A unit is a workload's plain
@@ -710,6 +776,8 @@ fn plan_cluster(
                 },
                 vars: &vars,
             };
+            // Converted once for the workload's templates, not once per template.
+            let context = minijinja::Value::from_serialize(&context);
             for (offset, path) in workload.templates.iter().enumerate() {
                 let file: Arc<str> = Arc::from(path.as_str());
                 let Some(rendered) = stop.run(&file, || templates.render(path, &context)) else {
@@ -800,7 +868,8 @@ type UnitResult = Result<Vec<Rendered>, Vec<Diagnostic>>;
 struct UnitContext<'a> {
     fleet: &'a Fleet,
     scopes: &'a CustomScopes,
-    parsed_outputs: &'a [Result<Vec<SourcedDocument>, Diagnostic>],
+    outputs: &'a OutputTexts,
+    template_paths: &'a [&'a String],
     patch_limits: &'a PatchLimits,
     max_resource_bytes: usize,
 }
@@ -811,12 +880,24 @@ fn render_unit(unit: &UnitContext<'_>, key: &UnitKey) -> (UnitResult, Vec<(usize
     let fleet = unit.fleet;
     let workload = &fleet.workloads[key.workload];
     let overlays: Vec<&Overlay> = key.overlays.iter().map(|&o| &fleet.overlays[o]).collect();
+    let parsed;
     let documents: &[SourcedDocument] = match key.output {
         None => &workload.documents,
-        Some(output) => match &unit.parsed_outputs[output] {
-            Ok(documents) => documents,
-            Err(diagnostic) => return (Err(vec![diagnostic.clone()]), Vec::new()),
-        },
+        Some(output) => {
+            let path = unit.template_paths[unit.outputs.templates[output]];
+            parsed = match unit.outputs.text(output) {
+                Some(text) => parse_output(path, &text),
+                None => Err(Diagnostic::error(
+                    "internal error: this template's output was freed before every unit had read it",
+                )
+                .in_file(path.as_str())),
+            };
+            unit.outputs.done_with(output);
+            match &parsed {
+                Ok(documents) => documents,
+                Err(diagnostic) => return (Err(vec![diagnostic.clone()]), Vec::new()),
+            }
+        }
     };
     let mut flags: Vec<Vec<bool>> = overlays
         .iter()

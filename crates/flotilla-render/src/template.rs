@@ -86,7 +86,13 @@ impl Templates {
     }
 
     /// Renders one template; `None` if it failed to compile (already reported).
-    pub fn render(&self, path: &str, context: &Context<'_>) -> Option<Result<String, Diagnostic>> {
+    /// `context` is a [`Context`], or a `minijinja::Value` made from one (converting
+    /// it once serves every template of a workload).
+    pub fn render<C: Serialize>(
+        &self,
+        path: &str,
+        context: &C,
+    ) -> Option<Result<String, Diagnostic>> {
         let template = self.env.get_template(path).ok()?;
         let mut output = CappedWriter {
             bytes: Vec::new(),

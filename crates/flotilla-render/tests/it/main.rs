@@ -6,3 +6,4 @@ mod kustomize_corpus;
 mod kustomize_diff;
 mod patch_conformance;
 mod regressions;
+mod template_scopes;
