@@ -3,11 +3,18 @@
 //!
 //! Each render of a template for one cluster runs within two budgets of
 //! [`Limits`]: fuel (how many instructions it may run, so an endless or absurdly
-//! long loop ends with an error) and the size of its output.
+//! long loop ends with an error) and the size of its output. Values built inside a
+//! template are held to the output's size too where minijinja does not bound them:
+//! its `join` is replaced by one that stops at that size (a chain of joins multiplies
+//! a string's length by its joiner's at every step, gigabytes from a few hundred
+//! bytes of template); minijinja refuses repeated strings (`'x' * n`) past 100 MB
+//! by itself.
 
+use std::fmt::Write as _;
 use std::io;
 
-use minijinja::{AutoEscape, Environment, ErrorKind, UndefinedBehavior};
+use minijinja::value::Value;
+use minijinja::{AutoEscape, Environment, Error, ErrorKind, UndefinedBehavior};
 use serde::Serialize;
 
 use flotilla_core::diagnostic::Diagnostic;
@@ -70,6 +77,10 @@ impl Templates {
         env.set_keep_trailing_newline(true);
         env.set_fuel(Some(limits.template_fuel));
         env.set_recursion_limit(RECURSION_LIMIT);
+        let cap = limits.max_template_output_bytes;
+        env.add_filter("join", move |value: &Value, joiner: Option<&str>| {
+            capped_join(value, joiner, cap)
+        });
         for path in paths {
             let Some(source) = snapshot.files.get(path) else {
                 continue;
@@ -122,6 +133,41 @@ impl Templates {
             Err(err) => Err(describe(&err, path, Some(source))),
         })
     }
+}
+
+/// minijinja's `join` (items as text, `joiner` between them; a string joins its
+/// characters), refusing to build a string longer than `cap` bytes.
+fn capped_join(value: &Value, joiner: Option<&str>, cap: usize) -> Result<Value, Error> {
+    let joiner = joiner.unwrap_or_default();
+    let items = value.try_iter().map_err(|err| {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("cannot join value of type {}", value.kind()),
+        )
+        .with_source(err)
+    })?;
+    let mut output = String::new();
+    for (index, item) in items.enumerate() {
+        if index > 0 {
+            output.push_str(joiner);
+        }
+        match item.as_str() {
+            Some(text) => output.push_str(text),
+            None => {
+                let _ = write!(output, "{item}");
+            }
+        }
+        if output.len() > cap {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!(
+                    "join would build a string of more than {cap} bytes, the limit for one \
+                     template's output (--max-template-output)"
+                ),
+            ));
+        }
+    }
+    Ok(Value::from(output))
 }
 
 fn is_write_failure(err: &minijinja::Error) -> bool {
@@ -237,6 +283,42 @@ mod tests {
         );
         let text = check("{{ 'x' * 1000000 }}", &limits).expect("exactly at the cap");
         assert_eq!(text.len(), 1_000_000);
+    }
+
+    #[test]
+    fn a_chain_of_joins_is_held_to_the_output_cap() {
+        let limits = Limits {
+            max_template_output_bytes: 1_000_000,
+            ..Limits::default()
+        };
+        // Each join multiplies the length by about 1,000: 10^3, 10^6, 10^9 bytes.
+        let source = "{{ ('x' * 1000) | join('y' * 999) | join('z' * 999) }}";
+        let err = check(source, &limits).expect_err("too large");
+        assert!(
+            err.starts_with("workloads/w/manifests/t.yaml.j2")
+                && err.contains(
+                    "join would build a string of more than 1000000 bytes, the limit for one \
+                     template's output (--max-template-output)"
+                ),
+            "{err}"
+        );
+        // Below the cap, join gives what minijinja's own gives.
+        let mut plain = minijinja::Environment::new();
+        plain.set_undefined_behavior(UndefinedBehavior::Strict);
+        plain.set_auto_escape_callback(|_| AutoEscape::None);
+        for source in [
+            "{{ 'abc' | join('-') }}",
+            "{{ [1, 'two', none, true, 2.5, [3]] | join(', ') }}",
+            "{{ ['a', 'b'] | join }}",
+            "{{ [] | join(',') }}",
+            "{{ {'k': 1, 'l': 2} | join(',') }}",
+            "{{ ('x' * 10) | join('y' * 3) | join }}",
+        ] {
+            let expect = plain.render_str(source, ()).expect("minijinja's join");
+            assert_eq!(check(source, &limits), Ok(expect), "{source}");
+        }
+        let err = check("{{ 5 | join(',') }}", &limits).expect_err("not iterable");
+        assert!(err.contains("cannot join value of type number"), "{err}");
     }
 
     #[test]
