@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use crate::HubError;
-use crate::state::{ClusterBundle, Served, Shared};
+use crate::state::{Served, Shared};
 use crate::store::{Fence, StoredStatus};
 
 /// The lease that names the hub recording renders and deciding rollouts.
@@ -308,19 +308,9 @@ impl Shared {
                 continue;
             }
             changed = true;
-            let pulse = self.pulse(&cluster.name);
-            next.clusters.insert(
-                cluster.name.clone(),
-                Arc::new(ClusterBundle::serving(
-                    cluster.name.clone(),
-                    cluster.digest,
-                    cluster.revision,
-                    cluster.hold,
-                    pulse,
-                    cluster.sequence,
-                    since.get(&cluster.name).copied(),
-                )),
-            );
+            let since = since.get(&cluster.name).copied();
+            next.clusters
+                .insert(cluster.name.clone(), self.serve_stored(cluster, since));
         }
         if changed || next.clusters.len() != current.clusters.len() {
             self.swap(next);

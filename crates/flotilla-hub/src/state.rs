@@ -447,6 +447,25 @@ impl Shared {
     }
 
     /// The pulse of a cluster, made on first use and kept for as long as the hub runs.
+    /// What is served to a cluster the store records (at start, or read back from a
+    /// store several hubs share), `since` when it was first served.
+    pub(crate) fn serve_stored(
+        &self,
+        cluster: crate::store::StoredCluster,
+        since: Option<i64>,
+    ) -> Arc<ClusterBundle> {
+        let pulse = self.pulse(&cluster.name);
+        Arc::new(ClusterBundle::serving(
+            cluster.name,
+            cluster.digest,
+            cluster.revision,
+            cluster.hold,
+            pulse,
+            cluster.sequence,
+            since,
+        ))
+    }
+
     pub fn pulse(&self, cluster: &str) -> Arc<Pulse> {
         let mut pulses = self.pulses.lock().unwrap_or_else(|e| e.into_inner());
         pulses.entry(cluster.to_string()).or_default().clone()
@@ -479,19 +498,10 @@ impl Shared {
                 );
                 continue;
             }
-            let pulse = self.pulse(&cluster.name);
-            served.clusters.insert(
-                cluster.name.clone(),
-                Arc::new(ClusterBundle::serving(
-                    cluster.name.clone(),
-                    cluster.digest,
-                    cluster.revision,
-                    cluster.hold,
-                    pulse,
-                    cluster.sequence,
-                    since.get(&cluster.name).copied(),
-                )),
-            );
+            let since = since.get(&cluster.name).copied();
+            served
+                .clusters
+                .insert(cluster.name.clone(), self.serve_stored(cluster, since));
         }
         let count = served.clusters.len();
         // Temporary files of a crashed earlier run; nothing else writes objects yet.
