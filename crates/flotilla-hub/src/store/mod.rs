@@ -12,7 +12,7 @@ pub mod objects;
 pub mod rollouts;
 pub mod sessions;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
@@ -304,6 +304,9 @@ const META_REVISION: &str = "revision";
 const META_GENERATION: &str = "generation";
 const META_TOKENS: &str = "tokens_generation";
 const META_CHANGES: &str = "changes";
+/// Clusters per statement when last-seen times are written: 2 parameters each, within
+/// SQLite's oldest limit of 999 parameters a statement.
+const SEEN_ROWS_PER_STATEMENT: usize = 400;
 
 impl Store {
     /// Opens the store under `state_dir` with its tables in the SQLite file there,
@@ -459,20 +462,34 @@ impl Store {
             .collect())
     }
 
-    /// Records when clusters were last seen (one batch, one transaction).
+    /// Records when clusters were last seen (one batch, one transaction, one statement
+    /// per [`SEEN_ROWS_PER_STATEMENT`] clusters; a cluster named twice keeps its latest
+    /// time). A hub writes a row for every cluster that polled it since the last batch:
+    /// thousands every 30 s in a large fleet, which as one statement each were nearly
+    /// all an idle hub asked its database (BENCHMARKS.md, "Hubs on PostgreSQL and S3").
     pub async fn put_seen(&self, seen: &[(String, i64)]) -> Result<(), StoreError> {
+        let mut latest: BTreeMap<&str, i64> = BTreeMap::new();
+        for (cluster, at) in seen {
+            let entry = latest.entry(cluster.as_str()).or_insert(*at);
+            *entry = (*entry).max(*at);
+        }
+        let rows: Vec<(&str, i64)> = latest.into_iter().collect();
         let err = |e| self.db_error(e);
         let mut tx = self.pool.begin().await.map_err(err)?;
-        for (cluster, at) in seen {
-            sqlx::query(
-                "INSERT INTO cluster_seen (cluster, seen_at) VALUES ($1, $2)
+        for chunk in rows.chunks(SEEN_ROWS_PER_STATEMENT) {
+            let values: Vec<String> = (0..chunk.len())
+                .map(|i| format!("(${}, ${})", 2 * i + 1, 2 * i + 2))
+                .collect();
+            let sql = format!(
+                "INSERT INTO cluster_seen (cluster, seen_at) VALUES {}
                  ON CONFLICT (cluster) DO UPDATE SET seen_at = excluded.seen_at",
-            )
-            .bind(cluster)
-            .bind(at)
-            .execute(&mut *tx)
-            .await
-            .map_err(err)?;
+                values.join(", ")
+            );
+            let mut query = sqlx::query(&sql);
+            for (cluster, at) in chunk {
+                query = query.bind(*cluster).bind(*at);
+            }
+            query.execute(&mut *tx).await.map_err(err)?;
         }
         tx.commit().await.map_err(err)?;
         Ok(())
@@ -1375,6 +1392,38 @@ mod tests {
                 }
             }
         };
+    }
+
+    on_both_engines!(last_seen_times_are_written_in_batches);
+    /// More clusters than one statement takes, a cluster named twice, and a second batch
+    /// that moves some times: every cluster reads back with its latest time.
+    async fn last_seen_times_are_written_in_batches(store: Store) {
+        let count = SEEN_ROWS_PER_STATEMENT * 2 + 7;
+        let mut batch: Vec<(String, i64)> = (0..count)
+            .map(|i| (format!("c{i:04}"), 1_000 + i as i64))
+            .collect();
+        batch.push(("c0003".into(), 5));
+        batch.push(("c0005".into(), 9_999));
+        store.put_seen(&batch).await.expect("first batch");
+        let moved: Vec<(String, i64)> = (0..count)
+            .step_by(100)
+            .map(|i| (format!("c{i:04}"), 50_000 + i as i64))
+            .collect();
+        store.put_seen(&moved).await.expect("second batch");
+        store.put_seen(&[]).await.expect("an empty batch");
+        let mut seen = store.seen().await.expect("reads");
+        seen.sort();
+        let expected: Vec<(String, i64)> = (0..count)
+            .map(|i| {
+                let at = match i {
+                    _ if i % 100 == 0 => 50_000 + i as i64,
+                    5 => 9_999,
+                    _ => 1_000 + i as i64,
+                };
+                (format!("c{i:04}"), at)
+            })
+            .collect();
+        assert_eq!(seen, expected);
     }
 
     on_both_engines!(history_is_trimmed_and_unreferenced_digests_are_returned);
