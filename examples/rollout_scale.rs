@@ -25,25 +25,9 @@ use flotilla_hub::clock::ManualClock;
 use flotilla_hub::store::Store;
 use flotilla_hub::{Hub, HubConfig, SourceSpec};
 
-fn git(dir: &Path, args: &[&str]) {
-    let status = Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_AUTHOR_NAME", "bench")
-        .env("GIT_AUTHOR_EMAIL", "bench@flotilla.invalid")
-        .env("GIT_COMMITTER_NAME", "bench")
-        .env("GIT_COMMITTER_EMAIL", "bench@flotilla.invalid")
-        .status()
-        .expect("git runs");
-    assert!(status.success(), "git {args:?}");
-}
-
-fn write(dir: &Path, file: &str, text: &str) {
-    let path = dir.join(file);
-    std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
-    std::fs::write(path, text).expect("write");
-}
+#[path = "support/repo.rs"]
+mod repo;
+use repo::{git, write};
 
 fn set_version(dir: &Path, version: &str) {
     write(
