@@ -199,7 +199,7 @@ for hub in hubs:
             f"{k}: {v} = {v / seconds:.2f}/s, {rows_kind[k]} rows" for k, v in sorted(by_kind.items())) + ")"
         line += f"; other than the background: {by_kind.get('other', 0)} statements"
         print(line)
-        for dc, q in sorted(top, reverse=True)[:8]:
+        for dc, q in sorted(top, reverse=True)[:12]:
             print(f"      {dc:7d}  {q[:150]}")
     else:
         print(line)
