@@ -30,7 +30,12 @@ use flotilla_hub::store::{Database, Store};
 #[derive(Debug, Clone, Args)]
 pub struct HubArgs {
     /// The hub's base URL (`https://hub.example.com:8443`).
-    #[arg(long, env = "FLOTILLA_SERVER", value_name = "URL", conflicts_with = "database")]
+    #[arg(
+        long,
+        env = "FLOTILLA_SERVER",
+        value_name = "URL",
+        conflicts_with = "database"
+    )]
     pub server: Option<String>,
     /// A file holding an admin token (from `flotilla token create --admin`).
     #[arg(long, env = "FLOTILLA_TOKEN_FILE", value_name = "FILE")]
@@ -101,7 +106,9 @@ impl HubClient {
             bail!("--server {base:?} must be an http:// or https:// URL");
         }
         let Some(token_file) = &args.token_file else {
-            bail!("--server needs --token-file (or FLOTILLA_TOKEN_FILE): a file holding an admin token");
+            bail!(
+                "--server needs --token-file (or FLOTILLA_TOKEN_FILE): a file holding an admin token"
+            );
         };
         let token = std::fs::read_to_string(token_file)
             .with_context(|| format!("cannot read --token-file {}", token_file.display()))?
@@ -250,7 +257,9 @@ impl Fleet {
                     Err(ActionRefused::NotFound(_)) => {
                         bail!("no rollout with id {id} (`flotilla rollout list` lists them)")
                     }
-                    Err(ActionRefused::Conflict(err)) => bail!("cannot {action} rollout {id}: {err}"),
+                    Err(ActionRefused::Conflict(err)) => {
+                        bail!("cannot {action} rollout {id}: {err}")
+                    }
                     Err(ActionRefused::Hub(err)) => Err(err.into()),
                 }
             }),
@@ -295,12 +304,10 @@ impl DatabaseClient {
             .build()
             .context("cannot start the async runtime")?;
         let store = runtime
-            .block_on(tokio::time::timeout(
-                Duration::from_secs(30),
-                Store::open_tables(database),
-            ))
-            .map_err(|_| anyhow::anyhow!("the database {shown} did not answer within 30s"))?
-            .with_context(|| format!("cannot open the database {shown}"))?;
+            .block_on(async {
+                tokio::time::timeout(Duration::from_secs(10), Store::open_tables(database)).await
+            })
+            .map_err(|_| anyhow::anyhow!("the database {shown} did not answer within 10s"))??;
         // Where the view comes from: a hub's own answer is not asked for.
         eprintln!("database: {shown} (read directly, not through a hub)");
         Ok(DatabaseClient {

@@ -288,31 +288,27 @@ fn offline_after(shared: &Shared) -> Millis {
 
 /// Brings a rollout's observations up to date and decides.
 fn decide_now(shared: &Shared, a: &mut Active, now: Millis) -> Step {
-    decide(
-        a,
+    a.refresh();
+    decide_with(
+        &mut a.rollout,
+        &a.observations,
         now,
         offline_after(shared),
         shared.rollouts.release_not_before(),
     )
 }
 
-fn decide(a: &mut Active, now: Millis, offline: Millis, not_before: Option<Millis>) -> Step {
-    a.refresh();
-    decide_with(&mut a.rollout, &a.observations, now, offline, not_before)
-}
-
-/// An operator's action on one rollout and the decision taken at once after it:
-/// the same on a hub and straight on the store.
+/// An operator's action on one rollout, and nothing it leads to: the same on a hub
+/// and straight on the store.
 fn act(
     a: &mut Active,
     action: Action,
     by: &str,
     now: Millis,
     offline: Millis,
-    not_before: Option<Millis>,
 ) -> Result<Step, ActionError> {
     a.refresh();
-    let acted = match action {
+    match action {
         Action::Pause => a.rollout.pause(by, now),
         Action::Resume => a.rollout.resume(by, now),
         Action::Promote => {
@@ -320,9 +316,7 @@ fn act(
             a.rollout.promote(by, now, offline, &observations)
         }
         Action::Abort => a.rollout.abort(by, now),
-    }?;
-    let then = decide(a, now, offline, not_before);
-    Ok(merge_steps(vec![acted, then]))
+    }
 }
 
 /// The one transaction that records some rollouts' steps and what they serve,
@@ -869,14 +863,18 @@ impl Shared {
         let now = self.settings.clock.now_ms();
         let Some(index) = active.iter().position(|a| a.id == id) else {
             drop(active);
-            return Err(match self.store.rollout(id).await.map_err(HubError::from)? {
-                Some(stored) => ended(&stored),
-                None => ActionRefused::NotFound(id),
-            });
+            return Err(
+                match self.store.rollout(id).await.map_err(HubError::from)? {
+                    Some(stored) => ended(&stored),
+                    None => ActionRefused::NotFound(id),
+                },
+            );
         };
         let offline = offline_after(self);
         let a = &mut active[index];
-        let step = act(a, action, by, now, offline, self.rollouts.release_not_before())?;
+        let acted = act(a, action, by, now, offline)?;
+        let then = decide_now(self, a, now);
+        let step = merge_steps(vec![acted, then]);
         tracing::info!(rollout = id, ?action, by, "operator action");
         let view = a.view(now, offline, true);
         self.finish(&mut active, vec![(index, step)], true).await?;
@@ -971,7 +969,7 @@ async fn with_events(store: &Store, mut view: RolloutView) -> Result<RolloutView
 /// (`flotilla rollout --database`): for an operator on the database's host, or
 /// when every hub is down. An action is the hub's own ([`act`], written by
 /// [`steps_commit`]) on the rollout as the store holds it, timed on the database's
-/// clock, and written only while the rollouts are at the version it read: a hub's
+/// clock (the hubs decide what follows from it), and written only while the rollouts are at the version it read: a hub's
 /// decision taken meanwhile makes it read and decide again, and a hub's next
 /// decision on what it held before is refused and read again
 /// ([`Shared::pick_up_rollout_changes`] reads it within a second anyway), so the
@@ -1026,7 +1024,10 @@ pub mod in_store {
 
     /// `GET /v1/rollouts` from the store: the active rollouts, newest first, then the
     /// most recent ended ones.
-    pub async fn list(store: &Store, offline_after: Duration) -> Result<Vec<RolloutView>, StoreError> {
+    pub async fn list(
+        store: &Store,
+        offline_after: Duration,
+    ) -> Result<Vec<RolloutView>, StoreError> {
         let now = store.database_now_ms().await?;
         let observed = Observed::read(store).await?;
         let offline = millis(offline_after);
@@ -1049,7 +1050,9 @@ pub mod in_store {
         };
         let now = store.database_now_ms().await?;
         let observed = Observed::read(store).await?;
-        let view = observed.active(stored).view(now, millis(offline_after), true);
+        let view = observed
+            .active(stored)
+            .view(now, millis(offline_after), true);
         Ok(Some(with_events(store, view).await?))
     }
 
@@ -1076,9 +1079,11 @@ pub mod in_store {
             let latest = crate::state::latest_of(rendered);
             let now = store.database_now_ms().await.map_err(HubError::from)?;
             let mut a = observed.active(stored);
-            // No release is held back here: a hub that holds them after a start on an
-            // empty store decides again on what this writes.
-            let step = act(&mut a, action, by, now, offline, None)?;
+            // The action alone: what follows from it (a bake ends, a wave fails, the
+            // next is released) is the lease holder's to decide, on the reports and
+            // polls it sees first-hand; this side sees polls only as the hubs last
+            // wrote them (every 30 s), too late to judge who is offline.
+            let step = act(&mut a, action, by, now, offline)?;
             let view = a.view(now, offline, true);
             // The history of what clusters were served is trimmed by the hubs, to
             // their own `--history`.
@@ -1094,7 +1099,11 @@ pub mod in_store {
             match store.commit(&commit).await {
                 Ok(_) => return Ok(with_events(store, view).await.map_err(HubError::from)?),
                 Err(StoreError::RolloutsMoved { .. }) if attempt < ATTEMPTS => {
-                    tracing::debug!(rollout = id, attempt, "a hub decided meanwhile; deciding again");
+                    tracing::debug!(
+                        rollout = id,
+                        attempt,
+                        "a hub decided meanwhile; deciding again"
+                    );
                 }
                 Err(err) => return Err(HubError::from(err).into()),
             }

@@ -126,7 +126,14 @@ fn desired<'a>(
     Desired {
         seen_ms: entry.pulse.seen(),
         served_since_ms: entry.served_since_ms,
-        ..stored_desired(&entry.name, &entry.digest, &entry.revision, entry.hold, latest, placement)
+        ..stored_desired(
+            &entry.name,
+            &entry.digest,
+            &entry.revision,
+            entry.hold,
+            latest,
+            placement,
+        )
     }
 }
 
@@ -184,7 +191,14 @@ pub async fn fleet_summary_from_store(
     let desired = clusters.iter().map(|c| Desired {
         seen_ms: seen.get(&c.name).copied(),
         served_since_ms: since.get(&c.name).copied(),
-        ..stored_desired(&c.name, &c.digest, &c.revision, c.hold, latest.get(&c.name), None)
+        ..stored_desired(
+            &c.name,
+            &c.digest,
+            &c.revision,
+            c.hold,
+            latest.get(&c.name),
+            None,
+        )
     });
     Ok(summarize(desired, &statuses, &render, now, offline_after))
 }
