@@ -1604,6 +1604,31 @@ mod tests {
             .commit(&commit(vec![], vec![rollout(None)]))
             .await
             .expect("rollout");
+        // A decision taken on the rollouts as they were before someone else wrote them
+        // (an operator through the database) is refused, and writes nothing; one taken
+        // on what is there now is written and moves the version on.
+        assert_eq!(store.rollouts_version().await.expect("version"), 1);
+        let paused = |version: i64| Commit {
+            rollouts_version: Some(version),
+            ..commit(
+                vec![],
+                vec![RolloutWrite {
+                    insert: false,
+                    state: RolloutState::Paused,
+                    ..rollout(None)
+                }],
+            )
+        };
+        assert!(matches!(
+            store.commit(&paused(0)).await,
+            Err(StoreError::RolloutsMoved { expected: 0 })
+        ));
+        let stored = store.rollout(1).await.expect("read").expect("there");
+        assert_eq!(stored.rollout.state, RolloutState::Progressing);
+        store.commit(&paused(1)).await.expect("paused");
+        assert_eq!(store.rollouts_version().await.expect("version"), 2);
+        let stored = store.rollout(1).await.expect("read").expect("there");
+        assert_eq!(stored.rollout.state, RolloutState::Paused);
         // Rolled back to '1' (history keeps one digest): '2' is still the rollout's.
         let dropped = store
             .commit(&commit(vec![serve('1', false)], vec![]))
