@@ -449,7 +449,7 @@ impl Store {
             .collect()
     }
 
-    /// A cluster's serve sequence: how many times what it is served has changed.
+    /// A cluster's serve sequence, which goes up with every change of what it is served.
     pub async fn serve_sequence(&self, cluster: &str) -> Result<Option<i64>, StoreError> {
         let row = sqlx::query("SELECT serve_sequence FROM clusters WHERE name = $1")
             .bind(cluster)
@@ -1126,7 +1126,8 @@ fn sequence_of(value: i64) -> Result<u64, StoreError> {
 }
 
 /// Records one change of what a cluster is served: the `clusters` row (its serve
-/// sequence up by one, continuing the sequence of a cluster that left and came back)
+/// sequence moved up: the change's time in milliseconds, or one more than before if
+/// that is higher, continuing the sequence of a cluster that left and came back)
 /// and, for a digest really served, its history. Returns the new sequence.
 async fn write_served(
     tx: &mut Tx<'_>,
@@ -1142,12 +1143,18 @@ async fn write_served(
     {
         candidates.insert(old.get("digest"));
     }
+    // The sequence is the change's time in milliseconds, or one more than the last
+    // one when that is higher: it goes up on every change, and a store that was lost
+    // or restored from a backup still signs above what agents hold.
     let sequence: i64 = sqlx::query(
-        "INSERT INTO serve_sequences (cluster, sequence) VALUES ($1, 1)
-         ON CONFLICT (cluster) DO UPDATE SET sequence = serve_sequences.sequence + 1
+        "INSERT INTO serve_sequences (cluster, sequence) VALUES ($1, $2)
+         ON CONFLICT (cluster) DO UPDATE SET sequence =
+             CASE WHEN serve_sequences.sequence + 1 > $2 THEN serve_sequences.sequence + 1
+                  ELSE $2 END
          RETURNING sequence",
     )
     .bind(&change.cluster)
+    .bind(commit.now_ms.max(1))
     .fetch_one(&mut **tx)
     .await?
     .get("sequence");
@@ -1662,6 +1669,23 @@ mod tests {
         assert_eq!(sequences.get("a"), Some(&5));
         let clusters = store.clusters().await.expect("clusters");
         assert_eq!(clusters[0].sequence, 5);
+        // The sequence is the change's time when that is higher (a store rebuilt or
+        // restored later still signs above what agents hold), and one more than
+        // before when the clock is behind it.
+        let at = |now_ms: i64, to: char| Commit {
+            now_ms,
+            ..commit(vec![serve(to, false)], vec![])
+        };
+        let (_, sequences) = store
+            .commit_with_sequences(&at(1_000_000, '1'))
+            .await
+            .expect("later");
+        assert_eq!(sequences.get("a"), Some(&1_000_000));
+        let (_, sequences) = store
+            .commit_with_sequences(&at(10, '2'))
+            .await
+            .expect("behind");
+        assert_eq!(sequences.get("a"), Some(&1_000_001));
         store.close().await;
     }
 
