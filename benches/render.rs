@@ -40,7 +40,7 @@ fn bench_canonical(c: &mut Criterion) {
     let values: Vec<serde_json::Value> = output
         .bundles
         .values()
-        .flat_map(|b| b.resources.iter().map(|r| r.value.clone()))
+        .flat_map(|b| b.resources.iter().map(|r| r.value()))
         .collect();
     let bytes: usize = values
         .iter()

@@ -141,7 +141,7 @@ fn document_value(bundle: &Bundle, revision: &str) -> anyhow::Result<serde_json:
         "cluster": bundle.cluster,
         "digest": bundle.digest,
         "revision": revision,
-        "resources": bundle.resources.iter().map(|r| &r.value).collect::<Vec<_>>(),
+        "resources": bundle.resources.iter().map(|r| r.value()).collect::<Vec<_>>(),
     }))
 }
 

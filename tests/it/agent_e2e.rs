@@ -652,7 +652,7 @@ async fn a_signed_publish_mirror_that_is_tampered_with_or_replayed_is_refused() 
             )
             .expect("JSON");
             let key = flotilla_core::bundle::ResourceKey::of(&value).expect("identity");
-            std::sync::Arc::new(flotilla_core::bundle::Resource::new(key, value))
+            std::sync::Arc::new(flotilla_core::bundle::Resource::new(key, &value))
         })
         .collect();
     let forged_bundle = Bundle::new(CLUSTER, resources);
@@ -662,7 +662,7 @@ async fn a_signed_publish_mirror_that_is_tampered_with_or_replayed_is_refused() 
         forged_bundle
             .resources
             .iter()
-            .map(|r| r.value.clone())
+            .map(|r| r.value())
             .collect::<Vec<_>>(),
     )
     .expect("resources");

@@ -158,7 +158,7 @@ async fn a_rendered_bundle_from_a_publish_folder_becomes_one_file_per_resource()
                 .expect("metadata")
                 .remove("labels");
         }
-        assert_eq!(written, resource.value, "{name}");
+        assert_eq!(written, resource.value(), "{name}");
     }
     // The last-known-good bundle is the published document, byte for byte.
     assert_eq!(

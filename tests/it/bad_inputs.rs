@@ -232,7 +232,7 @@ fn cluster_scoped_crd_gets_no_namespace() {
             .iter()
             .find(|r| r.key.kind == kind)
             .unwrap_or_else(|| panic!("the bundle holds a {kind}"));
-        resource.value["metadata"].get("namespace").cloned()
+        resource.value()["metadata"].get("namespace").cloned()
     };
     assert_eq!(namespace("Site"), None);
     assert_eq!(namespace("CustomResourceDefinition"), None);
@@ -636,7 +636,7 @@ fn git_tree_thousands_of_folders_deep() {
     assert!(output.is_clean(), "{:?}", lines(&output));
     let bundle = &output.bundles["edge-1"];
     assert_eq!(
-        bundle.resources[0].value["metadata"]["labels"]["depth"],
+        bundle.resources[0].value()["metadata"]["labels"]["depth"],
         "4000"
     );
 }

@@ -66,7 +66,7 @@ fn summary_of_every_cluster() {
 fn bundle_of_every_cluster() {
     let output = render_example();
     for (cluster, bundle) in &output.bundles {
-        let resources: Vec<&Value> = bundle.resources.iter().map(|r| &r.value).collect();
+        let resources: Vec<Value> = bundle.resources.iter().map(|r| r.value()).collect();
         insta::assert_yaml_snapshot!(format!("bundle-{cluster}"), resources);
     }
 }
@@ -82,7 +82,7 @@ fn kuard_reaches_red_and_blue_with_their_own_colour() {
             .iter()
             .find(|r| r.key.kind == "Deployment" && r.key.name == "kuard")
             .and_then(|r| {
-                r.value
+                r.value()
                     .pointer("/spec/template/spec/containers/0/image")?
                     .as_str()
                     .map(str::to_string)

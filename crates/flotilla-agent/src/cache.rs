@@ -263,13 +263,8 @@ pub struct InventoryEntry {
 impl InventoryEntry {
     pub fn of(resource: &Resource) -> InventoryEntry {
         // A verified bundle's resources all have a string apiVersion.
-        let api_version = resource
-            .value
-            .get("apiVersion")
-            .and_then(serde_json::Value::as_str)
-            .unwrap_or_default();
         InventoryEntry {
-            api_version: api_version.to_string(),
+            api_version: resource.api_version().unwrap_or_default(),
             kind: resource.key.kind.clone(),
             namespace: resource.key.namespace.clone(),
             name: resource.key.name.clone(),

@@ -12,7 +12,7 @@ pub fn bundle_of(cluster: &str, values: Vec<Value>) -> Bundle {
         .into_iter()
         .map(|value| {
             let key = ResourceKey::of(&value).expect("test resources have an identity");
-            Arc::new(Resource::new(key, value))
+            Arc::new(Resource::new(key, &value))
         })
         .collect();
     Bundle::new(cluster, resources)

@@ -246,23 +246,46 @@ pub fn api_group(api_version: &str) -> &str {
     }
 }
 
-/// One fully rendered resource with its canonical bytes, shared between every
-/// cluster whose rendering produced the same content.
+/// One fully rendered resource, kept only as its canonical bytes (RFC 8785 JSON) and
+/// its identity, and shared between every cluster whose rendering produced the same
+/// content. A fleet holds one of these per distinct resource per cluster, so it keeps
+/// no parsed tree: [`Resource::value`] parses the bytes again for the few readers that
+/// need one (the diff of a changed resource, the agent's apply).
 #[derive(Debug, PartialEq)]
 pub struct Resource {
     pub key: ResourceKey,
-    pub value: Value,
     pub canonical: Box<[u8]>,
 }
 
 impl Resource {
-    pub fn new(key: ResourceKey, value: Value) -> Resource {
-        let canonical = to_canonical_vec(&value).into_boxed_slice();
+    pub fn new(key: ResourceKey, value: &Value) -> Resource {
         Resource {
             key,
-            value,
-            canonical,
+            canonical: to_canonical_vec(value).into_boxed_slice(),
         }
+    }
+
+    /// The resource as a JSON value, parsed from its canonical bytes. Parsing canonical
+    /// JSON gives back a value whose canonical form is the same bytes, so this is the
+    /// resource exactly as the digest covers it (and as an agent receives it).
+    pub fn value(&self) -> Value {
+        // The bytes were written by `write_canonical` from a value no deeper than
+        // `MAX_NESTING_DEPTH`, so they are always valid JSON that serde_json reads.
+        serde_json::from_slice(&self.canonical)
+            .expect("canonical bytes written from a JSON value parse as JSON")
+    }
+
+    /// The resource's `apiVersion`, read from its canonical bytes without building the
+    /// whole tree; `None` if it has none (a bundle's resources always have one).
+    pub fn api_version(&self) -> Option<String> {
+        #[derive(serde::Deserialize)]
+        struct Head {
+            #[serde(rename = "apiVersion")]
+            api_version: Option<String>,
+        }
+        serde_json::from_slice::<Head>(&self.canonical)
+            .ok()
+            .and_then(|head| head.api_version)
     }
 }
 
@@ -479,7 +502,7 @@ pub fn verify_document_parts(
             return Err(VerifyError::TooDeep { index });
         }
         let key = ResourceKey::of(&value).ok_or(VerifyError::BadResource { index })?;
-        resources.push(Arc::new(Resource::new(key, value)));
+        resources.push(Arc::new(Resource::new(key, &value)));
     }
     for (index, pair) in resources.windows(2).enumerate() {
         if pair[0].key >= pair[1].key {
@@ -713,7 +736,7 @@ mod tests {
     fn digest_round_trips_through_a_document() {
         let resource = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "d"}});
         let key = ResourceKey::of(&resource).expect("has identity");
-        let bundle = Bundle::new("edge-1", vec![Arc::new(Resource::new(key, resource))]);
+        let bundle = Bundle::new("edge-1", vec![Arc::new(Resource::new(key, &resource))]);
         let document = bundle.document("main@sha1:abc");
         let verified = verify_document(&document, Some("edge-1")).expect("verifies");
         assert_eq!(verified.digest, bundle.digest);
@@ -730,7 +753,7 @@ mod tests {
     fn a_signed_document_is_canonical_and_its_signature_outside_the_digest() {
         let resource = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}});
         let key = ResourceKey::of(&resource).expect("has identity");
-        let bundle = Bundle::new("edge-1", vec![Arc::new(Resource::new(key, resource))]);
+        let bundle = Bundle::new("edge-1", vec![Arc::new(Resource::new(key, &resource))]);
         let signer = crate::signing::SigningKey::from_seed([7; 32]);
         let signature = signer.sign("edge-1", &bundle.digest, "main@sha1:abc", 12);
         let document = signed_document_bytes(
@@ -801,7 +824,7 @@ mod tests {
     fn the_agent_refuses_what_the_renderer_would_never_produce() {
         let bundle_of = |resource: Value| {
             let key = ResourceKey::of(&resource).expect("has identity");
-            Bundle::new("edge-1", vec![Arc::new(Resource::new(key, resource))])
+            Bundle::new("edge-1", vec![Arc::new(Resource::new(key, &resource))])
         };
         let at_limit = bundle_of(nested_config_map(MAX_NESTING_DEPTH));
         assert!(verify_document(&at_limit.document("r"), Some("edge-1")).is_ok());

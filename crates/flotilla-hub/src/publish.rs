@@ -503,7 +503,7 @@ mod tests {
                 "edge-1".into(),
                 Bundle::new(
                     "edge-1",
-                    vec![Arc::new(Resource::new(resource_key, resource))],
+                    vec![Arc::new(Resource::new(resource_key, &resource))],
                 ),
             );
             output

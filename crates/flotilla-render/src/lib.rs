@@ -938,7 +938,7 @@ fn transform_documents(
             flags,
         ) {
             Ok((key, value)) => {
-                let resource = Resource::new(key, value);
+                let resource = Resource::new(key, &value);
                 if resource.canonical.len() > unit.max_resource_bytes {
                     errors.push(
                         Diagnostic::error(format!(

@@ -262,7 +262,7 @@ impl DirSink {
         let mut statuses = BTreeMap::new();
         for resource in apply_order(bundle) {
             let name = file_name(&resource.key);
-            let value = with_flotilla_metadata(&resource.value, &bundle.cluster, None);
+            let value = with_flotilla_metadata(resource.value(), &bundle.cluster, None);
             match serde_saphyr::to_string(&value) {
                 Ok(yaml) => {
                     let identity = comment_safe(&resource.key.to_string());

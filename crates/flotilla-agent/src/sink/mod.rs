@@ -156,8 +156,7 @@ pub fn prune_order(entries: &[InventoryEntry]) -> Vec<InventoryEntry> {
 /// The object as flotilla applies it: without the metadata the API server sets and
 /// without `status`, labelled with the cluster, and annotated with the bundle digest
 /// when one is given.
-pub fn with_flotilla_metadata(value: &Value, cluster: &str, digest: Option<&Digest>) -> Value {
-    let mut value = value.clone();
+pub fn with_flotilla_metadata(mut value: Value, cluster: &str, digest: Option<&Digest>) -> Value {
     if let Some(object) = value.as_object_mut() {
         object.remove("status");
     }
@@ -287,7 +286,7 @@ mod tests {
         let digest = Digest::of(b"d");
         let value = json!({"apiVersion": "v1", "kind": "ConfigMap",
                            "metadata": {"name": "x", "labels": {"app": "a"}}});
-        let labelled = with_flotilla_metadata(&value, "edge-1", Some(&digest));
+        let labelled = with_flotilla_metadata(value.clone(), "edge-1", Some(&digest));
         assert_eq!(
             labelled["metadata"],
             json!({"name": "x", "labels": {"app": "a", "flotilla.dev/cluster": "edge-1"},
@@ -309,7 +308,7 @@ mod tests {
                          "uid": "0e1f", "creationTimestamp": "2024-01-01T00:00:00Z",
                          "generation": 3, "managedFields": [{"manager": "kubectl"}]},
             "data": {"k": "v"}, "status": {"phase": "Active"}});
-        let applied = with_flotilla_metadata(&exported, "edge-1", None);
+        let applied = with_flotilla_metadata(exported.clone(), "edge-1", None);
         assert_eq!(
             applied,
             json!({"apiVersion": "v1", "kind": "ConfigMap",

@@ -136,10 +136,8 @@ fn killed_at_random_moments_it_always_starts_again_and_converges() {
         let name = flotilla_agent::sink::dir::file_name(&resource.key);
         let text = std::fs::read_to_string(target.path().join(&name)).expect("reads");
         let value: Value = serde_saphyr::from_str(&text).expect("whole YAML");
-        assert_eq!(
-            value["metadata"]["name"],
-            resource.value["metadata"]["name"]
-        );
-        assert_eq!(value.get("data"), resource.value.get("data"), "{name}");
+        let expected = resource.value();
+        assert_eq!(value["metadata"]["name"], expected["metadata"]["name"]);
+        assert_eq!(value.get("data"), expected.get("data"), "{name}");
     }
 }

@@ -399,7 +399,7 @@ fn bundle_with(
     let values = base
         .resources
         .iter()
-        .map(|r| r.value.clone())
+        .map(|r| r.value())
         .chain(more)
         .collect();
     bundle(&base.cluster, values)

@@ -702,9 +702,11 @@ fn diff_texts(
     let texts: Vec<Arc<str>> = contents
         .par_iter()
         .map(|pair| {
+            let before = pair.before.map(|r| r.value());
+            let after = pair.after.map(|r| r.value());
             Arc::from(content::resource_diff(
-                pair.before.map(|r| &r.value),
-                pair.after.map(|r| &r.value),
+                before.as_ref(),
+                after.as_ref(),
                 options.context,
             ))
         })

@@ -65,7 +65,7 @@ fn render_fleet(manifests: &[(&str, String)], overlay: Option<String>) -> Render
     }
     for (cluster, bundle) in &output.bundles {
         for resource in &bundle.resources {
-            assert!(nesting_depth(&resource.value) <= MAX_NESTING_DEPTH);
+            assert!(nesting_depth(&resource.value()) <= MAX_NESTING_DEPTH);
             assert!(resource.canonical.len() <= limits.max_resource_bytes);
         }
         verify_document(&bundle.document("r"), Some(cluster)).expect("the agent accepts it");

@@ -75,7 +75,10 @@ fn flotilla_output(case: &str) -> Result<BTreeMap<ResourceKey, String>, String> 
     Ok(output.bundles["edge"]
         .resources
         .iter()
-        .map(|r| (r.key.clone(), canonical(&r.value)))
+        .map(|r| {
+            let text = String::from_utf8(r.canonical.to_vec()).expect("UTF-8");
+            (r.key.clone(), text)
+        })
         .collect())
 }
 

@@ -67,7 +67,7 @@ fn flotilla_output(case: &Case) -> Vec<Value> {
     output.bundles["edge"]
         .resources
         .iter()
-        .map(|r| r.value.clone())
+        .map(|r| r.value())
         .collect()
 }
 

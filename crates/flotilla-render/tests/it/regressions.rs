@@ -43,7 +43,7 @@ fn resource(output: &RenderOutput, kind: &str) -> Value {
         .resources
         .iter()
         .find(|r| r.key.kind == kind)
-        .map(|r| r.value.clone())
+        .map(|r| r.value())
         .unwrap_or_else(|| panic!("no {kind}"))
 }
 
@@ -119,7 +119,7 @@ fn labelled(output: &RenderOutput) -> Vec<String> {
     output.bundles["edge"]
         .resources
         .iter()
-        .filter(|r| r.value.pointer("/metadata/labels/hit").is_some())
+        .filter(|r| r.value().pointer("/metadata/labels/hit").is_some())
         .map(|r| r.key.kind.clone())
         .collect()
 }

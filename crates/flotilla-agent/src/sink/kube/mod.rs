@@ -446,7 +446,7 @@ impl KubeSink {
                 )
             };
             let found = match discovery
-                .resolve(&self.api, api_version_of(resource), &key.kind)
+                .resolve(&self.api, &api_version_of(resource), &key.kind)
                 .await
             {
                 Ok(Some(found)) => found,
@@ -656,12 +656,8 @@ fn crd_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(&gvk, "customresourcedefinitions")
 }
 
-fn api_version_of(resource: &Resource) -> &str {
-    resource
-        .value
-        .get("apiVersion")
-        .and_then(Value::as_str)
-        .unwrap_or("v1")
+fn api_version_of(resource: &Resource) -> String {
+    resource.api_version().unwrap_or_else(|| "v1".to_string())
 }
 
 impl Run {
@@ -743,7 +739,8 @@ impl Run {
             .zip(&lines)
             .filter(|(_, line)| !line.apply_error)
             .flat_map(|(crd, _)| {
-                let spec = &crd.value["spec"];
+                let crd = crd.value();
+                let spec = &crd["spec"];
                 let group = spec["group"].as_str().unwrap_or_default().to_string();
                 let kind = spec["names"]["kind"]
                     .as_str()
@@ -811,7 +808,7 @@ impl Run {
         }
         let api_version = api_version_of(resource);
         let found = match self
-            .resolve_for_apply(api_version, &key.kind, defined)
+            .resolve_for_apply(&api_version, &key.kind, defined)
             .await
         {
             Ok(Some(found)) => found,
@@ -830,7 +827,7 @@ impl Run {
             }
             Err(failure) => {
                 return (
-                    self.apply_failed(key, "cannot discover its API", "get", api_version, failure),
+                    self.apply_failed(key, "cannot discover its API", "get", &api_version, failure),
                     None,
                 );
             }
@@ -863,7 +860,7 @@ impl Run {
             }
         }
         let mut object =
-            with_flotilla_metadata(&resource.value, &bundle.cluster, Some(&bundle.digest));
+            with_flotilla_metadata(resource.value(), &bundle.cluster, Some(&bundle.digest));
         if !found.namespaced
             && let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut)
         {
