@@ -646,13 +646,19 @@ async fn a_hub_with_a_skewed_clock_decides_bake_on_the_databases_clock() {
     })
     .await;
     let b = Running::start_ready(peer_config(state_b.path(), &repo, &database, None)).await;
-    let before: Vec<String> = {
-        let mut etags = Vec::new();
-        for canary in canaries {
-            etags.push(etag(&client, &b, canary, &tokens[canary]).await);
-        }
-        etags
-    };
+    // b serves what a records once its sync has read it.
+    let mut before = Vec::new();
+    for canary in canaries {
+        let token = &tokens[canary];
+        let url = b.url(&format!("/v1/clusters/{canary}/bundle"));
+        before.push(
+            eventually(&format!("b to serve {canary}"), WAIT, || async {
+                let (status, etag, _) = get_bundle(&client, &url, token, None).await;
+                (status == 200).then_some(etag).flatten()
+            })
+            .await,
+        );
+    }
 
     // A change for the edge sites: one rollout, its canary wave released at once.
     repo.write(
