@@ -91,7 +91,8 @@ pub struct HubConfig {
     /// The webhook's HMAC secret; the webhook is off without one.
     pub webhook_secret: Option<Vec<u8>>,
     pub clock: Arc<dyn Clock>,
-    /// How often to look for tokens created or revoked by `flotilla token`.
+    /// How often to look for tokens created or revoked by `flotilla token`, and for
+    /// rollouts steered by `flotilla rollout --database`.
     pub token_refresh: Duration,
     /// The budgets of reading and rendering each commit.
     pub limits: flotilla_core::limits::Limits,
@@ -253,6 +254,7 @@ impl Hub {
                 config.token_refresh,
             )),
             tokio::spawn(rollouts::run_timer(shared.clone())),
+            tokio::spawn(rollouts::run_watch(shared.clone(), config.token_refresh)),
         ];
         if shared.lease.is_shared() {
             tasks.push(tokio::spawn(peers::run_lease(shared.clone(), config.peers)));

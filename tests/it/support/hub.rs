@@ -223,7 +223,18 @@ impl Running {
 /// Makes a token the way `flotilla token create` does (stored hashed in the state dir)
 /// and returns the secret.
 pub async fn make_token(state_dir: &Path, cluster: Option<&str>) -> String {
-    let store = Store::open(state_dir).await.expect("open store");
+    make_token_in(state_dir, &flotilla_hub::store::Database::StateDir, cluster).await
+}
+
+/// [`make_token`], with the hub's tables in `database`.
+pub async fn make_token_in(
+    state_dir: &Path,
+    database: &flotilla_hub::store::Database,
+    cluster: Option<&str>,
+) -> String {
+    let store = Store::open_with(state_dir, database)
+        .await
+        .expect("open store");
     let token = new_token(cluster, 0);
     store
         .insert_token(&token.stored)

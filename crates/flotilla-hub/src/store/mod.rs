@@ -53,6 +53,11 @@ pub enum StoreError {
     )]
     Fenced { lease: String, epoch: i64 },
     #[error(
+        "the rollouts were changed by someone else (an operator's action through the database, or another hub) \
+         since they were read at version {expected}; nothing was written, they are read again and decided again"
+    )]
+    RolloutsMoved { expected: i64 },
+    #[error(
         "another hub recorded {recorded} while this one rendered (it expected {expected}); nothing was written, the next look decides again"
     )]
     RevisionMoved { expected: String, recorded: String },
@@ -144,6 +149,11 @@ pub struct Commit {
     /// With `revision`: written only if the recorded revision is still this one
     /// (`Some(None)`: none recorded yet), so an older render never replaces a newer.
     pub expect_revision: Option<Option<String>>,
+    /// Written only if the rollouts are still at this version (see
+    /// [`Store::rollouts_version`]), which the commit moves on by one: a decision
+    /// taken on rollouts someone else has written since (an operator's action through
+    /// the database, another hub) is refused instead of overwriting them.
+    pub rollouts_version: Option<i64>,
 }
 
 pub struct Store {
@@ -311,6 +321,8 @@ const META_REVISION: &str = "revision";
 const META_GENERATION: &str = "generation";
 const META_TOKENS: &str = "tokens_generation";
 const META_CHANGES: &str = "changes";
+/// Moves on with every write of rollouts (see [`Commit::rollouts_version`]).
+const META_ROLLOUTS: &str = "rollouts_version";
 
 impl Store {
     /// Opens the store under `state_dir` with its tables in the SQLite file there,
@@ -573,6 +585,24 @@ impl Store {
                 });
             }
         }
+        if let Some(expected) = commit.rollouts_version {
+            // Compare and move on in one statement, which holds the row (PostgreSQL)
+            // or the database (SQLite) until this transaction ends: of two writers
+            // that read the same version, the second is refused.
+            let moved = sqlx::query("UPDATE hub_meta SET value = $1 WHERE key = $2 AND value = $3")
+                .bind((expected + 1).to_string())
+                .bind(META_ROLLOUTS)
+                .bind(expected.to_string())
+                .execute(&mut *tx)
+                .await
+                .map_err(err)?
+                .rows_affected();
+            if moved != 1 {
+                return Err(StoreError::RolloutsMoved { expected });
+            }
+        } else if !commit.rollouts.is_empty() {
+            bump_counter(&mut tx, META_ROLLOUTS).await.map_err(err)?;
+        }
         if let (Some(revision), Some(expected)) = (&commit.revision, &commit.expect_revision) {
             let recorded: Option<String> = sqlx::query("SELECT value FROM hub_meta WHERE key = $1")
                 .bind(META_REVISION)
@@ -797,6 +827,16 @@ impl Store {
     pub async fn changes(&self) -> Result<i64, StoreError> {
         Ok(self
             .meta(META_CHANGES)
+            .await?
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0))
+    }
+
+    /// The version of the rollouts: it moves on with every write of rollouts. Read it
+    /// before the rollouts, and give it to the [`Commit`] that writes them.
+    pub async fn rollouts_version(&self) -> Result<i64, StoreError> {
+        Ok(self
+            .meta(META_ROLLOUTS)
             .await?
             .and_then(|v| v.parse().ok())
             .unwrap_or(0))
@@ -1061,6 +1101,13 @@ async fn connect(state_dir: &Path, database: &Database) -> Result<(AnyPool, Engi
         .run(&pool)
         .await
         .map_err(|source| db_error(source.into()))?;
+    // The rollouts' version is compared in place (see `Commit::rollouts_version`), so
+    // its row exists from the start.
+    sqlx::query("INSERT INTO hub_meta (key, value) VALUES ($1, '0') ON CONFLICT (key) DO NOTHING")
+        .bind(META_ROLLOUTS)
+        .execute(&pool)
+        .await
+        .map_err(db_error)?;
     Ok((pool, engine))
 }
 
@@ -1564,6 +1611,31 @@ mod tests {
             .commit(&commit(vec![], vec![rollout(None)]))
             .await
             .expect("rollout");
+        // A decision taken on the rollouts as they were before someone else wrote them
+        // (an operator through the database) is refused, and writes nothing; one taken
+        // on what is there now is written and moves the version on.
+        assert_eq!(store.rollouts_version().await.expect("version"), 1);
+        let paused = |version: i64| Commit {
+            rollouts_version: Some(version),
+            ..commit(
+                vec![],
+                vec![RolloutWrite {
+                    insert: false,
+                    state: RolloutState::Paused,
+                    ..rollout(None)
+                }],
+            )
+        };
+        assert!(matches!(
+            store.commit(&paused(0)).await,
+            Err(StoreError::RolloutsMoved { expected: 0 })
+        ));
+        let stored = store.rollout(1).await.expect("read").expect("there");
+        assert_eq!(stored.rollout.state, RolloutState::Progressing);
+        store.commit(&paused(1)).await.expect("paused");
+        assert_eq!(store.rollouts_version().await.expect("version"), 2);
+        let stored = store.rollout(1).await.expect("read").expect("there");
+        assert_eq!(stored.rollout.state, RolloutState::Paused);
         // Rolled back to '1' (history keeps one digest): '2' is still the rollout's.
         let dropped = store
             .commit(&commit(vec![serve('1', false)], vec![]))
