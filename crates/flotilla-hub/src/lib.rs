@@ -166,6 +166,17 @@ impl Hub {
                  give every hub the same --objects (file:///shared/folder or s3://bucket/prefix)"
             );
         }
+        // Several hubs decide on the database's clock (a clock moved by hand, in tests,
+        // is taken as it is).
+        let database_clock = (lease.is_shared() && config.clock.advanced().is_none())
+            .then(|| Arc::new(clock::DatabaseClock::new(config.clock.clone())));
+        if lease.is_shared() {
+            peers::heartbeat(&store, lease.holder(), database_clock.as_deref()).await?;
+        }
+        let clock: Arc<dyn Clock> = match &database_clock {
+            Some(database_clock) => database_clock.clone(),
+            None => config.clock,
+        };
         let tokens = TokenTable::from_stored(&store.tokens().await?);
         let tokens_generation = store.tokens_generation().await?;
         let (generation, _) = watch::channel(0u64);
@@ -187,9 +198,11 @@ impl Hub {
                 max_wait: config.max_wait,
                 history: config.history.max(1),
                 webhook_secret: config.webhook_secret,
-                clock: config.clock,
+                clock,
                 signing_key: config.signing_key,
                 gc_grace: config.gc_grace,
+                peers: config.peers,
+                database_clock,
             },
             look_now: Arc::new(Notify::new()),
             latest: ArcSwap::default(),

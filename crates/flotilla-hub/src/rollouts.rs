@@ -12,8 +12,9 @@
 //!   long-polls of the clusters concerned are woken.
 //!
 //! Decisions are taken one at a time (an async mutex), with every time from the hub's
-//! clock, and the state they act on is the store's, so a restarted hub goes on where
-//! it was.
+//! clock (with several hubs on one database, the database's clock: see
+//! [`crate::clock::DatabaseClock`]), and the state they act on is the store's, so a
+//! restarted hub goes on where it was.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;

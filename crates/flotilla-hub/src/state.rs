@@ -366,6 +366,11 @@ pub struct Settings {
     pub signing_key: Option<Arc<SigningKey>>,
     /// Several hubs: how long an object stays unreferenced before it is deleted.
     pub gc_grace: Duration,
+    /// Several hubs: the lease's length (also how long a hub counts as live after its
+    /// last heartbeat) and how often the database is looked at.
+    pub peers: crate::peers::PeerTiming,
+    /// Several hubs: `clock`, as the database's clock, sampled at every heartbeat.
+    pub database_clock: Option<Arc<crate::clock::DatabaseClock>>,
 }
 
 /// State shared by the request handlers and the background tasks.
@@ -770,27 +775,26 @@ impl Shared {
     /// (and its revision), so its ETag and bytes stay the same.
     pub async fn install(
         &self,
-        output: RenderOutput,
+        output: &RenderOutput,
         duration: Duration,
         forced: bool,
         expect_revision: Option<Option<String>>,
     ) -> Result<InstallReport, HubError> {
         debug_assert!(output.is_clean());
         let started = Instant::now();
-        let written = self.write_objects(&output).await?;
+        let written = self.write_objects(output).await?;
         self.metrics.objects_written(written as u64);
 
         let now = self.settings.clock.now_ms();
         let outcome = self
-            .record_render(&output, forced, now, expect_revision)
+            .record_render(output, forced, now, expect_revision)
             .await?;
         if self.lease.is_shared() && !self.lease.holds() {
             // Another hub records renders: serve what it recorded, now that this
             // hub has the objects too.
             self.sync_from_store().await?;
         }
-        self.placement
-            .store(Arc::new(Placement::of_render(&output)));
+        self.placement.store(Arc::new(Placement::of_render(output)));
         let report = InstallReport {
             revision: output.revision.clone(),
             clusters: output.bundles.len(),

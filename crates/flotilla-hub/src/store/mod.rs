@@ -8,6 +8,7 @@
 //! SQLite-only functions) so the same statements can run on PostgreSQL once a fleet
 //! outgrows one hub. The store knows nothing of HTTP, Git or rendering.
 
+pub mod hubs;
 pub mod objects;
 pub mod rollouts;
 pub mod sessions;
@@ -23,6 +24,7 @@ use sqlx::{AnyPool, ConnectOptions, Row};
 
 use flotilla_core::bundle::Digest;
 use flotilla_core::status::StatusReport;
+pub use hubs::Sighting;
 pub use objects::{Bucket, ObjectError, Objects, ObjectsUrl, S3Location};
 pub use rollouts::{RolloutWrite, StoredRollout};
 pub use sessions::StoredSession;
@@ -273,6 +275,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         6,
         "unreferenced objects",
         include_str!("../../migrations/0006_unreferenced_objects.sql"),
+    ),
+    (
+        7,
+        "hubs seen",
+        include_str!("../../migrations/0007_hubs_seen.sql"),
     ),
 ];
 
@@ -1797,5 +1804,49 @@ mod tests {
         for bad in ["mysql://db/fleet", "sqlite://", "flotilla.db"] {
             assert!(bad.parse::<Database>().is_err(), "{bad}");
         }
+    }
+
+    on_both_engines!(hubs_are_live_while_their_heartbeat_is_young);
+    async fn hubs_are_live_while_their_heartbeat_is_young(store: Store) {
+        let before = store.database_now_ms().await.expect("now");
+        let at = store.heartbeat("a").await.expect("heartbeat");
+        assert!(at >= before, "{at} < {before}");
+        store
+            .see_tip("b", Some("main@sha1:1"), 2)
+            .await
+            .expect("see");
+        let live = store.live_hubs(60_000).await.expect("live");
+        assert_eq!(
+            live,
+            vec![
+                Sighting {
+                    hub: "a".into(),
+                    tip: None,
+                    polls: 0
+                },
+                Sighting {
+                    hub: "b".into(),
+                    tip: Some("main@sha1:1".into()),
+                    polls: 2
+                },
+            ]
+        );
+        // A heartbeat keeps the tip; a tip seen again replaces it.
+        store.heartbeat("b").await.expect("heartbeat");
+        store
+            .see_tip("a", Some("main@sha1:1"), 3)
+            .await
+            .expect("see");
+        let live = store.live_hubs(60_000).await.expect("live");
+        assert_eq!(live[1].tip.as_deref(), Some("main@sha1:1"));
+        assert_eq!(live[0].polls, 3);
+        // Aged out of the window, or gone.
+        sqlx::query("UPDATE hubs SET heartbeat_at = heartbeat_at - 120000 WHERE name = 'a'")
+            .execute(&store.pool)
+            .await
+            .expect("age");
+        store.leave("b").await.expect("leave");
+        assert!(store.live_hubs(60_000).await.expect("live").is_empty());
+        store.close().await;
     }
 }
