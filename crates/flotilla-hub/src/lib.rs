@@ -70,6 +70,15 @@ pub enum HubError {
     },
 }
 
+impl HubError {
+    /// Another writer (an operator's `--database` action, another hub) changed the
+    /// rollouts since this hub read them: nothing was written, and the hub reads them
+    /// again and decides again. Expected now and then; not a fault.
+    pub fn is_concurrent_change(&self) -> bool {
+        matches!(self, HubError::Store(StoreError::RolloutsMoved { .. }))
+    }
+}
+
 /// How the hub runs. [`HubConfig::new`] gives the documented defaults.
 pub struct HubConfig {
     pub state_dir: PathBuf,

@@ -1157,6 +1157,10 @@ pub async fn run_timer(shared: Arc<Shared>) {
     loop {
         let next = match shared.tick_rollouts().await {
             Ok(next) => next,
+            Err(err) if err.is_concurrent_change() => {
+                tracing::info!("deciding on the rollouts again: {err}");
+                Some(shared.settings.clock.now_ms() + 1_000)
+            }
             Err(err) => {
                 tracing::error!("cannot decide on the rollouts: {err}");
                 Some(shared.settings.clock.now_ms() + 5_000)
