@@ -8,8 +8,8 @@
 #   - database statements and object-store requests per second, idle and during a
 #     commit that changes every cluster's bundle;
 #   - what an idle hub asks the database, statement by statement, so the background
-#     (the change counter and token generation read every second, lease renewals,
-#     the last-seen batch every 30 s) is counted and subtracted from the total;
+#     (the change counter, token generation and rollouts version read every second,
+#     lease renewals and heartbeats, the last-seen batch every 30 s) is counted and subtracted from the total;
 #   - the hub's RSS with the long-polls held;
 #   - how long after the render was recorded each agent had its new digest.
 #
@@ -172,8 +172,9 @@ def metric_sum(path, prefix):
     return sum(float(l.split()[-1]) for l in open(path) if l.startswith(prefix))
 def kind(q):
     ql = q.lower()
-    if "hub_meta" in ql and ql.startswith("select"): return "change counter / token generation read (1 s each)"
+    if "hub_meta" in ql and ql.startswith("select"): return "change counter / token generation / rollouts version read (1 s each)"
     if "hub_leases" in ql: return "lease renewal (every 5 s)"
+    if re.search(r"\b(into|update) hubs\b", ql): return "heartbeat (every 5 s)"
     if "cluster_seen" in ql and ql.startswith("insert"): return "last-seen batch (every 30 s, one row per cluster polled)"
     if ql in ("begin", "commit", "rollback"): return "BEGIN/COMMIT"
     return "other"

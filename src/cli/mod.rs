@@ -58,10 +58,12 @@ pub enum Command {
     Key(key::KeyArgs),
     /// Run the edge agent: pull this cluster's bundle, verify, keep, apply, prune, report.
     Agent(flotilla_agent::cli::AgentArgs),
-    /// Show the fleet from a running hub: counts by state, render errors, rollouts and
-    /// the clusters that need attention (exit 0 none failed, 1 some failed, 2 could not ask).
+    /// Show the fleet from a running hub (or its database): counts by state, render errors,
+    /// rollouts and the clusters that need attention (exit 0 none failed, 1 some failed,
+    /// 2 could not ask).
     Status(status::StatusArgs),
-    /// Watch and steer rollouts on a running hub: list, show, pause, resume, promote, abort.
+    /// Watch and steer rollouts on a running hub (or its database): list, show, pause,
+    /// resume, promote, abort.
     Rollout(rollout::RolloutArgs),
     /// Write a new fleet repository: a cluster, a group, a workload, an overlay, the
     /// JSON Schemas its files point at, and a CI job that validates and diffs.

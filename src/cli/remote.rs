@@ -5,6 +5,10 @@
 //! `--client-key`, the agent's own TLS code), JSON in and out, and the hub's own
 //! error messages passed on.
 //!
+//! With `--database` instead, the same questions are answered and the same actions
+//! taken straight on the hub's database ([`Fleet::Database`]), with the hub's own
+//! code: for an operator on the database's host, or when every hub is down.
+//!
 //! The agent has its own variables (`FLOTILLA_AGENT_*`), so an operator's shell never
 //! points an agent elsewhere, nor the other way round.
 
@@ -14,18 +18,39 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
 use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
 
 use flotilla_agent::client::{Server, TlsOptions};
+use flotilla_core::api;
+use flotilla_hub::rollouts::{Action, ActionRefused, in_store};
+use flotilla_hub::store::{Database, Store};
 
-/// Where the hub is, and how to prove the right to ask it.
+/// Where the fleet is read and steered: a running hub (`--server`, with an admin
+/// token), or the hub's database itself (`--database`).
 #[derive(Debug, Clone, Args)]
 pub struct HubArgs {
     /// The hub's base URL (`https://hub.example.com:8443`).
-    #[arg(long, env = "FLOTILLA_SERVER", value_name = "URL")]
-    pub server: String,
+    #[arg(
+        long,
+        env = "FLOTILLA_SERVER",
+        value_name = "URL",
+        conflicts_with = "database"
+    )]
+    pub server: Option<String>,
     /// A file holding an admin token (from `flotilla token create --admin`).
     #[arg(long, env = "FLOTILLA_TOKEN_FILE", value_name = "FILE")]
-    pub token_file: PathBuf,
+    pub token_file: Option<PathBuf>,
+    /// Where the hub keeps tokens, status and rollouts: sqlite:///path/to/file.db (a
+    /// hub's default is flotilla.db in its state dir) or
+    /// postgres://user:password@host:port/database, a server several hubs share.
+    /// Read and steer the fleet there instead of asking a hub (--server): on the
+    /// database's host, or when every hub is down.
+    #[arg(long, env = "FLOTILLA_DATABASE", value_name = "URL", value_parser = parse_database)]
+    pub database: Option<Database>,
+    /// With --database: how long an agent may stay silent before its cluster counts
+    /// as offline (the hubs' `serve --offline-after`).
+    #[arg(long, default_value = "5m", value_name = "DURATION")]
+    pub offline_after: humantime::Duration,
     /// PEM CA certificates to trust for an HTTPS hub, besides the system's (a hub
     /// with a certificate from a private CA).
     #[arg(long, alias = "ca-cert", env = "FLOTILLA_CA_FILE", value_name = "PEM")]
@@ -52,6 +77,10 @@ pub struct HubArgs {
     pub output: Output,
 }
 
+fn parse_database(url: &str) -> Result<Database, String> {
+    url.parse()
+}
+
 /// How operator commands print.
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
 pub enum Output {
@@ -71,17 +100,22 @@ pub struct HubClient {
 }
 
 impl HubClient {
-    pub fn new(args: &HubArgs) -> anyhow::Result<HubClient> {
-        let base = args.server.trim_end_matches('/').to_string();
+    pub fn new(args: &HubArgs, server: &str) -> anyhow::Result<HubClient> {
+        let base = server.trim_end_matches('/').to_string();
         if !(base.starts_with("http://") || base.starts_with("https://")) {
             bail!("--server {base:?} must be an http:// or https:// URL");
         }
-        let token = std::fs::read_to_string(&args.token_file)
-            .with_context(|| format!("cannot read --token-file {}", args.token_file.display()))?
+        let Some(token_file) = &args.token_file else {
+            bail!(
+                "--server needs --token-file (or FLOTILLA_TOKEN_FILE): a file holding an admin token"
+            );
+        };
+        let token = std::fs::read_to_string(token_file)
+            .with_context(|| format!("cannot read --token-file {}", token_file.display()))?
             .trim()
             .to_string();
         if token.is_empty() {
-            bail!("--token-file {} is empty", args.token_file.display());
+            bail!("--token-file {} is empty", token_file.display());
         }
         let tls = TlsOptions {
             ca_file: args.ca_file.clone(),
@@ -143,5 +177,157 @@ impl HubClient {
                 format!("the hub's answer to {method} {path} is not what this version of flotilla expects")
             })
         })
+    }
+}
+
+/// Where an operator command reads the fleet and steers rollouts: a running hub, or
+/// the hub's database. Both answer with the hub API's JSON.
+pub enum Fleet {
+    Hub(HubClient),
+    Database(DatabaseClient),
+}
+
+impl Fleet {
+    /// `--server` or `--database`: one of them, never both (clap refuses that).
+    pub fn new(args: &HubArgs) -> anyhow::Result<Fleet> {
+        match (&args.server, &args.database) {
+            (Some(server), None) => Ok(Fleet::Hub(HubClient::new(args, server)?)),
+            (None, Some(database)) => Ok(Fleet::Database(DatabaseClient::open(
+                database,
+                args.offline_after.into(),
+            )?)),
+            (Some(_), Some(_)) => bail!(
+                "give --server (ask a running hub) or --database (read the hub's database), not both"
+            ),
+            (None, None) => bail!(
+                "give --server URL (a running hub, with --token-file) or --database URL (the hub's \
+                 database: sqlite:///STATE_DIR/flotilla.db or postgres://…); FLOTILLA_SERVER and \
+                 FLOTILLA_DATABASE work too"
+            ),
+        }
+    }
+
+    /// `GET /v1/fleet`.
+    pub fn fleet(&self) -> anyhow::Result<Value> {
+        match self {
+            Fleet::Hub(client) => client.get(api::routes::FLEET),
+            Fleet::Database(db) => db.run(|store, offline| async move {
+                let summary = flotilla_hub::state::fleet_summary_from_store(store, offline).await?;
+                Ok(serde_json::to_value(summary)?)
+            }),
+        }
+    }
+
+    /// `GET /v1/rollouts`.
+    pub fn rollouts(&self) -> anyhow::Result<Value> {
+        match self {
+            Fleet::Hub(client) => client.get(api::routes::ROLLOUTS),
+            Fleet::Database(db) => db.run(|store, offline| async move {
+                let rollouts = in_store::list(store, offline).await?;
+                Ok(json!({ "rollouts": rollouts }))
+            }),
+        }
+    }
+
+    /// `GET /v1/rollouts/{id}`.
+    pub fn rollout(&self, id: u64) -> anyhow::Result<Value> {
+        match self {
+            Fleet::Hub(client) => client.get(&api::rollout(id)),
+            Fleet::Database(db) => db.run(|store, offline| async move {
+                match in_store::detail(store, rollout_id(id)?, offline).await? {
+                    Some(view) => Ok(serde_json::to_value(view)?),
+                    None => bail!("no rollout with id {id} (`flotilla rollout list` lists them)"),
+                }
+            }),
+        }
+    }
+
+    /// `POST /v1/rollouts/{id}/{action}`.
+    pub fn act(&self, id: u64, action: &str) -> anyhow::Result<Value> {
+        match self {
+            Fleet::Hub(client) => client.post(&api::rollout_action(id, action)),
+            Fleet::Database(db) => db.run(|store, offline| async move {
+                let Some(action_kind) = Action::parse(action) else {
+                    bail!("no action {action:?}; the actions are pause, resume, promote and abort");
+                };
+                match in_store::action(store, rollout_id(id)?, action_kind, &operator(), offline)
+                    .await
+                {
+                    Ok(view) => Ok(serde_json::to_value(view)?),
+                    Err(ActionRefused::NotFound(_)) => {
+                        bail!("no rollout with id {id} (`flotilla rollout list` lists them)")
+                    }
+                    Err(ActionRefused::Conflict(err)) => {
+                        bail!("cannot {action} rollout {id}: {err}")
+                    }
+                    Err(ActionRefused::Hub(err)) => Err(err.into()),
+                }
+            }),
+        }
+    }
+}
+
+fn rollout_id(id: u64) -> anyhow::Result<i64> {
+    i64::try_from(id).map_err(|_| anyhow::anyhow!("{id} is not a rollout id"))
+}
+
+/// Who acted, as the rollout's events record it: there is no token on this path, so
+/// the operator's login name on the machine that wrote into the database.
+fn operator() -> String {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("USERNAME"))
+        .unwrap_or_else(|_| "unknown".to_string());
+    format!("database:{user}")
+}
+
+/// The hub's database, opened by an operator command.
+pub struct DatabaseClient {
+    store: Store,
+    offline_after: Duration,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl DatabaseClient {
+    fn open(database: &Database, offline_after: Duration) -> anyhow::Result<DatabaseClient> {
+        let shown = database.display(std::path::Path::new(""));
+        if let Database::Sqlite(path) = database
+            && !path.is_file()
+        {
+            // Opening would make a new, empty database there.
+            bail!(
+                "no database at {shown}: give the hub's --database (by default the file \
+                 flotilla.db in its state dir, as sqlite:///STATE_DIR/flotilla.db)"
+            );
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?;
+        let store = runtime
+            .block_on(async {
+                tokio::time::timeout(Duration::from_secs(10), Store::open_tables(database)).await
+            })
+            .map_err(|_| anyhow::anyhow!("the database {shown} did not answer within 10s"))??;
+        // Where the view comes from: a hub's own answer is not asked for.
+        eprintln!("database: {shown} (read directly, not through a hub)");
+        Ok(DatabaseClient {
+            store,
+            offline_after,
+            runtime,
+        })
+    }
+
+    fn run<'a, F, Fut>(&'a self, f: F) -> anyhow::Result<Value>
+    where
+        F: FnOnce(&'a Store, Duration) -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<Value>>,
+    {
+        self.runtime.block_on(f(&self.store, self.offline_after))
+    }
+}
+
+impl Drop for DatabaseClient {
+    fn drop(&mut self) {
+        self.runtime.block_on(self.store.close());
     }
 }

@@ -1,5 +1,6 @@
 //! `flotilla rollout list|show|pause|resume|promote|abort`: watch and steer rollouts on
-//! a running hub (an admin token; every action is recorded with the token's id).
+//! a running hub (an admin token; every action is recorded with the token's id), or
+//! straight on the hub's database with `--database` (recorded as `database:USER`).
 
 use std::fmt::Write as _;
 
@@ -7,8 +8,7 @@ use clap::{Args, Subcommand};
 use serde::Deserialize;
 
 use super::EXIT_OK;
-use super::remote::{HubArgs, HubClient, Output};
-use flotilla_core::api;
+use super::remote::{Fleet, HubArgs, Output};
 use flotilla_core::rollout::view::RolloutView;
 
 #[derive(Debug, Args)]
@@ -75,24 +75,24 @@ pub fn run_rollout(args: &RolloutArgs) -> anyhow::Result<u8> {
         RolloutCommand::Promote { id, hub } => (hub, Some("promote"), Some(*id)),
         RolloutCommand::Abort { id, hub } => (hub, Some("abort"), Some(*id)),
     };
-    let client = HubClient::new(hub)?;
+    let client = Fleet::new(hub)?;
     let text = match (action, id) {
         (None, None) => {
-            let list: serde_json::Value = client.get(api::routes::ROLLOUTS)?;
+            let list = client.rollouts()?;
             match hub.output {
                 Output::Json => pretty(&list)?,
                 Output::Table => list_table(&serde_json::from_value::<List>(list)?.rollouts),
             }
         }
         (None, Some(id)) => {
-            let view: serde_json::Value = client.get(&api::rollout(id))?;
+            let view = client.rollout(id)?;
             match hub.output {
                 Output::Json => pretty(&view)?,
                 Output::Table => show(&serde_json::from_value(view)?),
             }
         }
         (Some(action), Some(id)) => {
-            let view: serde_json::Value = client.post(&api::rollout_action(id, action))?;
+            let view = client.act(id, action)?;
             match hub.output {
                 Output::Json => pretty(&view)?,
                 Output::Table => {

@@ -3,20 +3,24 @@
 //! with each wave's progress, then the clusters that need attention (failed with
 //! their failed resources, offline with how long, pending longest first, never seen).
 //!
+//! With `--database` the same view is read straight from the hub's database (see
+//! [`remote::Fleet`]); the database records neither the fleet's groups nor the last
+//! render's errors, which a hub keeps in memory.
+//!
 //! Exit 0 when no cluster is failed, 1 when some cluster is failed, 2 when the hub
-//! cannot be asked.
+//! (or its database) cannot be asked.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::IsTerminal as _;
 
+use anyhow::bail;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use super::remote::{HubArgs, HubClient, Output};
+use super::remote::{self, HubArgs, Output};
 use super::rollout::{Paint, short_revision, table_painted, waves_line};
 use super::{EXIT_FINDINGS, EXIT_OK};
-use flotilla_core::api;
 use flotilla_core::rollout::view::RolloutView;
 use flotilla_hub::fleet::{ClusterState, attention_key};
 
@@ -105,9 +109,15 @@ struct Report<'a> {
 }
 
 pub fn run_status(args: &StatusArgs) -> anyhow::Result<u8> {
-    let client = HubClient::new(&args.hub)?;
-    let fleet: Fleet = client.get(api::routes::FLEET)?;
-    let rollouts: Rollouts = client.get(api::routes::ROLLOUTS)?;
+    if args.hub.database.is_some() && !args.groups.is_empty() {
+        bail!(
+            "--group needs a hub (--server): the database does not record the fleet's groups \
+             (each hub reads them from the repository)"
+        );
+    }
+    let source = remote::Fleet::new(&args.hub)?;
+    let fleet: Fleet = serde_json::from_value(source.fleet()?)?;
+    let rollouts: Rollouts = serde_json::from_value(source.rollouts()?)?;
     let mut selected: Vec<&Cluster> = fleet
         .clusters
         .iter()

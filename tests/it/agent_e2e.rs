@@ -570,7 +570,10 @@ async fn a_signing_hub_and_a_trusting_agent_take_every_change_and_a_rollback_wit
     let second = rendered(&f.repo);
     agent.applied(&second.digest).await;
     let second_sequence = served_signature(&hub, &token).await.sequence;
-    assert_eq!(second_sequence, first_sequence + 1);
+    assert!(
+        second_sequence > first_sequence,
+        "{second_sequence} after {first_sequence}"
+    );
 
     // Back to the first content: an older digest, re-served and signed anew with a
     // higher sequence, which the agent takes.
@@ -579,9 +582,10 @@ async fn a_signing_hub_and_a_trusting_agent_take_every_change_and_a_rollback_wit
     assert_eq!(rendered(&f.repo).digest, first.digest);
     let report = agent.applied(&first.digest).await;
     assert!(report.is_success(), "{report:?}");
-    assert_eq!(
-        served_signature(&hub, &token).await.sequence,
-        second_sequence + 1
+    let third_sequence = served_signature(&hub, &token).await.sequence;
+    assert!(
+        third_sequence > second_sequence,
+        "{third_sequence} after {second_sequence}"
     );
     until_in_sync(&hub, &f.admin, &first.digest).await;
     agent.stop().await;
@@ -598,7 +602,7 @@ async fn a_signing_hub_and_a_trusting_agent_take_every_change_and_a_rollback_wit
     let hub = HubProcess::start_with(hub_config, any_port()).await;
     assert_eq!(
         served_signature(&hub, &token).await.sequence,
-        second_sequence + 1
+        third_sequence
     );
     hub.stop().await;
 }

@@ -7,9 +7,6 @@ use crate::support::hub as hub_common;
 
 use std::time::{Duration, Instant};
 
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
-
 use flotilla_core::bundle::verify_document;
 use hub_common::*;
 
@@ -350,12 +347,6 @@ async fn a_plain_folder_is_served_and_read_again_when_a_file_changes() {
     hub.stop().await;
 }
 
-fn sign(secret: &[u8], body: &[u8]) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("key");
-    mac.update(body);
-    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_repository_is_fetched_when_a_correctly_signed_webhook_arrives() {
     let repo = Repo::new();
@@ -408,26 +399,36 @@ async fn a_remote_repository_is_fetched_when_a_correctly_signed_webhook_arrives(
         3.0
     );
 
-    let response = client
-        .post(&hook)
-        .header("X-Hub-Signature-256", sign(&secret, payload))
-        .body(payload.to_vec())
-        .send()
-        .await
-        .expect("hook");
-    assert_eq!(response.status(), 202);
-    let body = eventually(
-        "the fetched commit to be served",
-        Duration::from_secs(5),
-        || {
-            let (client, url, token, etag) = (&client, &url, &token, &etag);
-            async move {
-                let (status, _, body) = get_bundle(client, url, token, Some(etag)).await;
-                (status == 200).then_some(body)
-            }
-        },
-    )
-    .await;
+    assert_eq!(post_webhook(&client, &hub, &secret).await, 202);
+    let body = new_bundle(&client, &url, &token, &etag, Duration::from_secs(5)).await;
     assert!(String::from_utf8_lossy(&body).contains("500Gi"));
+    hub.stop().await;
+}
+
+/// A hub alone on its database (SQLite) takes a force-pushed branch at its first poll,
+/// like any other commit: no hub can be behind it, so there is nothing to wait for
+/// (several hubs wait for three polls in a row, see `hub_peers`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_alone_takes_a_force_push_at_once() {
+    let repo = Repo::new();
+    let state = tempfile::tempdir().expect("state dir");
+    let token = make_token(state.path(), Some("store-us-002")).await;
+    let admin = make_token(state.path(), None).await;
+    let hub = Running::start_ready(config(state.path(), &repo.path().display().to_string())).await;
+    let client = client();
+    let url = hub.url("/v1/clusters/store-us-002/bundle");
+    let (status, etag, _) = get_bundle(&client, &url, &token, None).await;
+    assert_eq!(status, 200);
+    let etag = etag.expect("an ETag");
+
+    let text = repo.read(OVERLAY).replace("value: 200Gi", "value: 700Gi");
+    let rewritten = repo.force_push(OVERLAY, &text);
+    let body = new_bundle(&client, &url, &token, &etag, Duration::from_secs(10)).await;
+    let body = String::from_utf8(body).expect("utf-8");
+    assert!(body.contains("700Gi"), "the force-pushed content");
+    assert!(body.contains(&format!("\"revision\":\"main@sha1:{rewritten}\"")));
+    let fleet = get_json(&client, &hub.url("/v1/fleet"), &admin).await;
+    assert_eq!(fleet["revision"], format!("main@sha1:{rewritten}"));
+    assert!(fleet.get("forcePush").is_none(), "{fleet}");
     hub.stop().await;
 }

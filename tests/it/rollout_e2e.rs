@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 
 use crate::support::hub::*;
 use flotilla_hub::clock::ManualClock;
+use flotilla_hub::store::Database;
 
 /// Wednesday 2025-01-15 00:00 UTC.
 pub(crate) const START: u64 = 1_736_899_200;
@@ -108,6 +109,8 @@ pub(crate) struct Scene {
     pub(crate) tokens: BTreeMap<String, String>,
     /// What each simulated agent runs.
     pub(crate) runs: BTreeMap<String, String>,
+    /// The hub's database (its state dir's SQLite file unless a test says otherwise).
+    pub(crate) database: Database,
 }
 
 impl Scene {
@@ -115,6 +118,15 @@ impl Scene {
     /// immediate trailer, so every agent fetches v1 at once; every agent then fetches
     /// and reports, and the first rollout completes.
     pub(crate) async fn at_v1(canaries: &[&'static str], policy: &str) -> Scene {
+        Scene::at_v1_on(canaries, policy, Database::StateDir).await
+    }
+
+    /// [`Scene::at_v1`], with the hub's tables in `database`.
+    pub(crate) async fn at_v1_on(
+        canaries: &[&'static str],
+        policy: &str,
+        database: Database,
+    ) -> Scene {
         let fleet = Fleet::new(canaries, policy);
         let first = format!(
             "main@sha1:{}",
@@ -125,7 +137,7 @@ impl Scene {
             SystemTime::UNIX_EPOCH + Duration::from_secs(START),
         ));
         let mut scene = Scene {
-            admin: make_token(state.path(), None).await,
+            admin: make_token_in(state.path(), &database, None).await,
             tokens: BTreeMap::new(),
             fleet,
             state,
@@ -133,13 +145,29 @@ impl Scene {
             clock,
             client: client(),
             runs: BTreeMap::new(),
+            database,
         };
         for name in scene.fleet.clusters() {
-            let token = make_token(scene.state.path(), Some(name)).await;
+            let token = make_token_in(scene.state.path(), &scene.database, Some(name)).await;
             scene.tokens.insert(name.to_string(), token);
         }
         scene.start().await;
         scene.wait_revision(&first).await;
+        // On PostgreSQL the hub renders before it holds the rollout lease, and serves
+        // once it has recorded that render.
+        let expected = scene.fleet.clusters().len();
+        eventually(
+            "every cluster to be served",
+            Duration::from_secs(20),
+            || {
+                let scene = &scene;
+                async move {
+                    let fleet = scene.fleet().await;
+                    (fleet["clusters"].as_array()?.len() == expected).then_some(())
+                }
+            },
+        )
+        .await;
         scene.all_check_in(&[]).await;
         // The canaries bake (a forced rollout still bakes), then it is complete.
         scene.advance(15, &[]).await;
@@ -153,6 +181,7 @@ impl Scene {
             &self.fleet.repo.path().display().to_string(),
         );
         config.clock = self.clock.clone();
+        config.database = self.database.clone();
         self.hub = Some(Running::start_ready(config).await);
     }
 

@@ -651,10 +651,15 @@ async fn store_status(
         .report_to_rollouts(cluster, &status.report, status.received_at_ms)
         .await
     {
-        tracing::error!(
-            cluster,
-            "cannot decide on the rollouts after a report: {err}"
-        );
+        if err.is_concurrent_change() {
+            // Read again and decided by the next report or the rollout timer.
+            tracing::info!(cluster, "rollouts changed meanwhile: {err}");
+        } else {
+            tracing::error!(
+                cluster,
+                "cannot decide on the rollouts after a report: {err}"
+            );
+        }
     }
     let summary = shared.fleet_summary_of(cluster);
     Ok(json_response(

@@ -140,6 +140,34 @@ pub struct RenderStatus {
     pub source_error: Option<String>,
     pub renders_clean: u64,
     pub renders_failed: u64,
+    /// Several hubs: a tip of the followed branch that does not descend from the
+    /// recorded commit, waiting for every live hub to see it for three polls in a row.
+    pub force_push: Option<ForcePush>,
+}
+
+/// A force-pushed tip waiting to be recorded (several hubs), as `GET /v1/fleet` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ForcePush {
+    /// The tip this hub follows, which does not descend from `recorded`.
+    pub revision: String,
+    /// The commit the database records (still served).
+    pub recorded: String,
+    /// How many polls in a row every live hub must see `revision`.
+    pub polls_needed: i64,
+    /// Every live hub, and how many of its polls in a row saw `revision` (0 for a hub
+    /// that sees another tip, or none yet).
+    pub hubs: Vec<ForcePushHub>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ForcePushHub {
+    /// The hub's name in the database (random per process).
+    pub hub: String,
+    pub polls: i64,
+    /// Whether it is the hub that answered.
+    pub this_hub: bool,
 }
 
 /// How many clusters are in each state.
@@ -190,6 +218,9 @@ pub struct FleetSummary {
     pub render_errors: Vec<RenderError>,
     pub source_error: Option<String>,
     pub counts: BTreeMap<&'static str, usize>,
+    /// Several hubs: a force-pushed tip not recorded yet (absent when there is none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub force_push: Option<ForcePush>,
     pub clusters: Vec<ClusterSummary>,
 }
 
@@ -212,6 +243,7 @@ impl FleetSummary {
                 .collect(),
             source_error: render.source_error.clone(),
             counts: Counts::of(lines).by_name(),
+            force_push: render.force_push.clone(),
             clusters,
         }
     }

@@ -5,6 +5,19 @@
 //! is seen within milliseconds; a plain folder is watched recursively; a remote URL is
 //! mirrored into the state directory and fetched every poll interval (with jitter) or
 //! when the webhook says so. A slow poll backs up the watchers in every case.
+//!
+//! **Force-push** (several hubs on one database). A hub records a render only when its
+//! commit descends from the recorded one, so a hub that is behind never moves the
+//! fleet back. A tip that does not descend from it — the branch was force-pushed, or
+//! this hub is behind — is rendered, its objects written, and counted: each hub
+//! records in the database the tip it sees and how many of its polls in a row saw it
+//! (a poll that cannot read the repository neither counts nor resets; another tip
+//! starts again at one). Once every live hub (see `crate::peers`) has seen the same
+//! tip for [`FORCE_PUSH_POLLS`] polls in a row, the lease holder records it (in the
+//! one transaction that checks the recorded commit did not move meanwhile) and every
+//! hub serves it. Each step is logged, and `GET /v1/fleet` shows the pending tip with
+//! every live hub's count. A hub alone on its database takes a force-push at its first
+//! poll, as any other commit: nothing can be behind it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, oneshot, watch};
 
 use super::HubError;
+use super::fleet::{ForcePush, ForcePushHub};
 use super::state::Shared;
 use crate::source::follow::{self as git, RepoKind, Tip};
 use crate::source::{SourceError, from_folder_within};
@@ -47,6 +61,20 @@ struct RenderMarker {
     /// The commit (or, for a folder, a digest of its files) being rendered.
     source: String,
     attempts: u32,
+}
+
+/// How many polls in a row every live hub must see a force-pushed tip before it is
+/// recorded.
+pub const FORCE_PUSH_POLLS: i64 = 3;
+
+/// A clean render of a tip that does not descend from the recorded commit, waiting
+/// for every live hub to see that tip for [`FORCE_PUSH_POLLS`] polls in a row.
+struct PendingForcePush {
+    output: RenderOutput,
+    duration: Duration,
+    forced: bool,
+    /// This hub's polls in a row that saw the tip.
+    polls: i64,
 }
 
 /// Where the fleet comes from, as given on the command line.
@@ -126,6 +154,7 @@ pub struct Follower {
     last_commit: Option<String>,
     last_files: Option<BTreeMap<String, Arc<str>>>,
     last_source_error: Option<String>,
+    pending: Option<PendingForcePush>,
 }
 
 impl Follower {
@@ -146,6 +175,7 @@ impl Follower {
             last_commit: None,
             last_files: None,
             last_source_error: None,
+            pending: None,
         }
     }
 
@@ -169,14 +199,28 @@ impl Follower {
                 .poll_interval
                 .mul_f64(rand::random_range(0.9..1.1))
                 .max(Duration::from_millis(10));
-            tokio::select! {
-                _ = self.shared.look_now.notified() => {
-                    // Let a burst of file-system events (a commit touches several
-                    // files) settle before reading.
-                    tokio::time::sleep(settle).await;
+            let next_poll = tokio::time::Instant::now() + delay;
+            loop {
+                // A force-pushed tip this hub has seen enough: the other hubs' counts
+                // are looked at between polls too, so the holder records it as soon
+                // as the last hub's poll agrees.
+                let waiting = self
+                    .pending
+                    .as_ref()
+                    .is_some_and(|p| p.polls >= FORCE_PUSH_POLLS);
+                tokio::select! {
+                    _ = self.shared.look_now.notified() => {
+                        // Let a burst of file-system events (a commit touches several
+                        // files) settle before reading.
+                        tokio::time::sleep(settle).await;
+                        break;
+                    }
+                    _ = tokio::time::sleep_until(next_poll) => break,
+                    _ = tokio::time::sleep(self.shared.settings.peers.sync_interval), if waiting => {
+                        self.weigh_force_push(false).await;
+                    }
+                    _ = shutdown.changed() => return,
                 }
-                _ = tokio::time::sleep(delay) => {}
-                _ = shutdown.changed() => break,
             }
             if *shutdown.borrow() {
                 break;
@@ -254,7 +298,14 @@ impl Follower {
         }
         let (snapshot, forced) = match self.next_snapshot().await {
             Ok(Some(found)) => found,
-            Ok(None) => return,
+            Ok(None) => {
+                // The same tip as the last poll: one more poll that saw it.
+                if let Some(pending) = &mut self.pending {
+                    pending.polls += 1;
+                    self.weigh_force_push(true).await;
+                }
+                return;
+            }
             Err(err) => {
                 let message = err.to_string();
                 if self.last_source_error.as_deref() != Some(&message) {
@@ -279,7 +330,7 @@ impl Follower {
     }
 
     async fn render_and_install(
-        &self,
+        &mut self,
         snapshot: FleetSnapshot,
         forced: bool,
         shutdown: &mut watch::Receiver<bool>,
@@ -356,18 +407,44 @@ impl Follower {
                 && *recorded != output.revision
                 && !self.descends(&output.revision, recorded).await
             {
+                self.shared.install_objects_only(&output).await?;
+                let polls = match &self.pending {
+                    Some(p) if p.output.revision == output.revision => p.polls + 1,
+                    _ => 1,
+                };
                 tracing::warn!(
                     revision = %output.revision,
                     recorded = %recorded,
-                    "this commit does not descend from the one recorded; not recorded (a hub behind, or a force-push)"
+                    "this commit does not descend from the one recorded (a force-push, or this hub is behind); \
+                     it is recorded once every live hub has seen it for {FORCE_PUSH_POLLS} polls in a row"
                 );
-                self.shared.install_objects_only(&output).await?;
+                self.pending = Some(PendingForcePush {
+                    output,
+                    duration,
+                    forced,
+                    polls,
+                });
+                self.weigh_force_push(true).await;
                 return Ok(());
             }
+            self.forget_force_push().await;
             Some(recorded)
         } else {
             None
         };
+        self.install_and_log(&output, duration, forced, expect)
+            .await
+    }
+
+    /// Installs a clean render (recorded if this hub holds the lease, with `expect`
+    /// the recorded revision the transaction checks) and logs what it did.
+    async fn install_and_log(
+        &self,
+        output: &RenderOutput,
+        duration: Duration,
+        forced: bool,
+        expect: Option<Option<String>>,
+    ) -> Result<(), HubError> {
         let report = self
             .shared
             .install(output, duration, forced, expect)
@@ -510,6 +587,121 @@ impl Follower {
 }
 
 impl Follower {
+    /// Counts a poll that saw the pending force-pushed tip (`polled`; otherwise only
+    /// looks at the other hubs' counts): writes this hub's count, reads every live
+    /// hub's, shows them in `/v1/fleet`, and records the tip when this hub holds the
+    /// lease and every live hub has seen it [`FORCE_PUSH_POLLS`] times in a row. A
+    /// hub that finds it recorded serves it. Errors are logged; the next poll tries
+    /// again.
+    async fn weigh_force_push(&mut self, polled: bool) {
+        if let Err(err) = self.try_weigh_force_push(polled).await {
+            tracing::error!("cannot weigh the force-pushed tip: {err}");
+        }
+    }
+
+    async fn try_weigh_force_push(&mut self, polled: bool) -> Result<(), HubError> {
+        let Some(pending) = &self.pending else {
+            return Ok(());
+        };
+        let tip = pending.output.revision.clone();
+        let polls = pending.polls;
+        let store = &self.shared.store;
+        let hub = self.shared.lease.holder().to_string();
+        let recorded = store.revision().await?;
+        if recorded.as_deref() == Some(tip.as_str()) {
+            tracing::info!(revision = %tip, "the force-pushed commit is recorded; serving it");
+            return self.take_force_push(recorded).await;
+        }
+        if let Some(recorded) = &recorded
+            && self.descends(&tip, recorded).await
+        {
+            // Another commit was recorded meanwhile, and this tip descends from it.
+            return self.take_force_push(Some(recorded.clone())).await;
+        }
+        if polled {
+            store.see_tip(&hub, Some(&tip), polls).await?;
+        }
+        let live_ms =
+            i64::try_from(self.shared.settings.peers.lease_ttl.as_millis()).unwrap_or(i64::MAX);
+        let live = store.live_hubs(live_ms).await?;
+        let hubs: Vec<ForcePushHub> = live
+            .iter()
+            .map(|s| ForcePushHub {
+                hub: s.hub.clone(),
+                polls: if s.tip.as_deref() == Some(tip.as_str()) {
+                    s.polls
+                } else {
+                    0
+                },
+                this_hub: s.hub == hub,
+            })
+            .collect();
+        let agreed = hubs.iter().filter(|h| h.polls >= FORCE_PUSH_POLLS).count();
+        let everyone = hubs.iter().any(|h| h.this_hub) && agreed == hubs.len();
+        let recorded = recorded.unwrap_or_default();
+        if polled {
+            tracing::info!(
+                revision = %tip,
+                recorded = %recorded,
+                polls,
+                hubs_agreeing = agreed,
+                live_hubs = hubs.len(),
+                "force-pushed tip seen by this hub for {polls} poll(s) in a row; {agreed} of {} live hub(s) have seen it {FORCE_PUSH_POLLS} times",
+                hubs.len()
+            );
+        }
+        self.shared.update_render_status(|r| {
+            r.force_push = Some(ForcePush {
+                revision: tip.clone(),
+                recorded: recorded.clone(),
+                polls_needed: FORCE_PUSH_POLLS,
+                hubs,
+            });
+        });
+        if everyone && self.shared.lease.holds() {
+            tracing::info!(
+                revision = %tip,
+                recorded = %recorded,
+                "every live hub has seen the force-pushed tip for {FORCE_PUSH_POLLS} polls in a row; recording it"
+            );
+            return self.take_force_push(Some(recorded)).await;
+        }
+        Ok(())
+    }
+
+    /// Installs the pending force-pushed render (recorded if this hub holds the lease
+    /// and `recorded` is still what the database records) and forgets it.
+    async fn take_force_push(&mut self, recorded: Option<String>) -> Result<(), HubError> {
+        let Some(pending) = &self.pending else {
+            return Ok(());
+        };
+        // Kept until recorded: if the transaction finds the recorded commit moved, the
+        // tip stays pending and the next poll weighs it again.
+        self.install_and_log(
+            &pending.output,
+            pending.duration,
+            pending.forced,
+            Some(recorded),
+        )
+        .await?;
+        self.forget_force_push().await;
+        Ok(())
+    }
+
+    /// No force-pushed tip pending any more: this hub's count is cleared in the
+    /// database and `/v1/fleet`.
+    async fn forget_force_push(&mut self) {
+        let shown = self.shared.render_status().force_push.is_some();
+        if self.pending.take().is_none() && !shown {
+            return;
+        }
+        self.shared.update_render_status(|r| r.force_push = None);
+        let hub = self.shared.lease.holder().to_string();
+        if let Err(err) = self.shared.store.see_tip(&hub, None, 0).await {
+            tracing::warn!("cannot clear this hub's force-push count: {err}");
+        }
+    }
+
     /// Whether the commit of `revision` descends from (or is) the commit of
     /// `recorded`, in the repository this hub follows; false when either is unknown
     /// here (this hub has not fetched it yet: it is behind).

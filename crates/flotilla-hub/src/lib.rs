@@ -70,6 +70,15 @@ pub enum HubError {
     },
 }
 
+impl HubError {
+    /// Another writer (an operator's `--database` action, another hub) changed the
+    /// rollouts since this hub read them: nothing was written, and the hub reads them
+    /// again and decides again. Expected now and then; not a fault.
+    pub fn is_concurrent_change(&self) -> bool {
+        matches!(self, HubError::Store(StoreError::RolloutsMoved { .. }))
+    }
+}
+
 /// How the hub runs. [`HubConfig::new`] gives the documented defaults.
 pub struct HubConfig {
     pub state_dir: PathBuf,
@@ -91,7 +100,8 @@ pub struct HubConfig {
     /// The webhook's HMAC secret; the webhook is off without one.
     pub webhook_secret: Option<Vec<u8>>,
     pub clock: Arc<dyn Clock>,
-    /// How often to look for tokens created or revoked by `flotilla token`.
+    /// How often to look for tokens created or revoked by `flotilla token`, and for
+    /// rollouts steered by `flotilla rollout --database`.
     pub token_refresh: Duration,
     /// The budgets of reading and rendering each commit.
     pub limits: flotilla_core::limits::Limits,
@@ -165,6 +175,17 @@ impl Hub {
                  give every hub the same --objects (file:///shared/folder or s3://bucket/prefix)"
             );
         }
+        // Several hubs decide on the database's clock (a clock moved by hand, in tests,
+        // is taken as it is).
+        let database_clock = (lease.is_shared() && config.clock.advanced().is_none())
+            .then(|| Arc::new(clock::DatabaseClock::new(config.clock.clone())));
+        if lease.is_shared() {
+            peers::heartbeat(&store, lease.holder(), database_clock.as_deref()).await?;
+        }
+        let clock: Arc<dyn Clock> = match &database_clock {
+            Some(database_clock) => database_clock.clone(),
+            None => config.clock,
+        };
         let tokens = TokenTable::from_stored(&store.tokens().await?);
         let tokens_generation = store.tokens_generation().await?;
         let (generation, _) = watch::channel(0u64);
@@ -186,9 +207,11 @@ impl Hub {
                 max_wait: config.max_wait,
                 history: config.history.max(1),
                 webhook_secret: config.webhook_secret,
-                clock: config.clock,
+                clock,
                 signing_key: config.signing_key,
                 gc_grace: config.gc_grace,
+                peers: config.peers,
+                database_clock,
             },
             look_now: Arc::new(Notify::new()),
             latest: ArcSwap::default(),
@@ -240,6 +263,7 @@ impl Hub {
                 config.token_refresh,
             )),
             tokio::spawn(rollouts::run_timer(shared.clone())),
+            tokio::spawn(rollouts::run_watch(shared.clone(), config.token_refresh)),
         ];
         if shared.lease.is_shared() {
             tasks.push(tokio::spawn(peers::run_lease(shared.clone(), config.peers)));

@@ -14,8 +14,19 @@
 //! the long-polls of the clusters whose bundle changed. A poll answered 304 still
 //! touches neither the database nor the objects.
 //!
-//! With the embedded SQLite file there is one hub: it always holds the lease and
-//! nothing here runs.
+//! Every hub writes a heartbeat to the `hubs` table every third of the lease's length
+//! ([`heartbeat`]); a hub is **live** while its heartbeat is younger than the lease's
+//! length on the database's clock (a hub that stops cleanly leaves the table at once).
+//! The heartbeat's answer is the database's time, from which each hub keeps the
+//! offset of the database's clock ([`DatabaseClock`]): every time that decides (bake,
+//! deadlines, offline, reports' arrival) is the database's, so hubs whose own clocks
+//! disagree still decide alike. The live hubs are those that must agree before a
+//! force-pushed tip is recorded (see `crate::follow`).
+//!
+//! With the embedded SQLite file there is one hub: it always holds the lease, its own
+//! clock decides, and nothing here runs.
+//!
+//! [`DatabaseClock`]: crate::clock::DatabaseClock
 //!
 //! [`Store::changes`]: crate::store::Store::changes
 
@@ -24,8 +35,9 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use crate::HubError;
+use crate::clock::DatabaseClock;
 use crate::state::{Served, Shared};
-use crate::store::{Fence, StoredStatus};
+use crate::store::{Fence, Store, StoreError, StoredStatus};
 
 /// The lease that names the hub recording renders and deciding rollouts.
 pub const ROLLOUT_LEASE: &str = "rollouts";
@@ -135,12 +147,37 @@ impl Default for PeerTiming {
     }
 }
 
+/// Marks this hub live in the database and, given the hub's database clock, samples
+/// the database's time from the same round trip.
+pub async fn heartbeat(
+    store: &Store,
+    holder: &str,
+    clock: Option<&DatabaseClock>,
+) -> Result<(), StoreError> {
+    let sent = clock.map(DatabaseClock::local_ms);
+    let database_ms = store.heartbeat(holder).await?;
+    if let (Some(clock), Some(sent)) = (clock, sent) {
+        clock.sample(database_ms, sent, clock.local_ms());
+    }
+    Ok(())
+}
+
 /// Takes and renews the lease; when this hub becomes the holder it first reads the
 /// rollouts back from the database (another hub may have moved them on).
 pub async fn run_lease(shared: Arc<Shared>, timing: PeerTiming) {
     let mut shutdown = shared.shutdown.subscribe();
     let ttl_ms = i64::try_from(timing.lease_ttl.as_millis()).unwrap_or(i64::MAX);
     loop {
+        let beat = heartbeat(
+            &shared.store,
+            shared.lease.holder(),
+            shared.settings.database_clock.as_deref(),
+        )
+        .await;
+        if let Err(err) = beat {
+            tracing::warn!("cannot write this hub's heartbeat: {err}");
+            shared.metrics.database_error();
+        }
         let asked_at = monotonic_ms();
         match shared
             .store
@@ -199,6 +236,8 @@ pub async fn run_lease(shared: Arc<Shared>, timing: PeerTiming) {
             }
         }
         if !continue_after(&mut shutdown, timing.lease_ttl / 3).await {
+            // No longer among the live hubs that must see a force-push.
+            let _ = shared.store.leave(shared.lease.holder()).await;
             if shared.lease.epoch() != 0 {
                 let _ = shared
                     .store
@@ -318,7 +357,13 @@ impl Shared {
 
         self.load_latest().await?;
         let revision = self.store.revision().await?;
-        self.update_render_status(|r| r.served_revision = revision);
+        self.update_render_status(|r| {
+            if r.force_push.as_ref().map(|f| &f.revision) == revision.as_ref() {
+                // The force-pushed tip was recorded (by the lease holder).
+                r.force_push = None;
+            }
+            r.served_revision = revision;
+        });
 
         if self.lease.holds() {
             for status in new_reports {

@@ -264,7 +264,7 @@ fn current_document(
     let held = previous
         .map(|bytes| read_claims(current_path, bytes))
         .transpose()?;
-    let sequence = next_sequence(held.as_ref(), digest).max(hub_sequence.unwrap_or(0));
+    let sequence = next_sequence(held.as_ref(), digest, now_ms()).max(hub_sequence.unwrap_or(0));
     let claims = read_claims(digest_path, &digest_document)?;
     let signature = key.sign(cluster, digest, &claims.revision, sequence);
     Ok(signed(&digest_document, &signature))
@@ -409,16 +409,25 @@ fn read_claims(path: &str, bytes: &[u8]) -> Result<Claims, PublishError> {
 }
 
 /// The sequence to sign for `digest`, continuing the previous output: the same while
-/// the digest is unchanged, one more when it changes (a rollback included).
-fn next_sequence(previous: Option<&Claims>, digest: &Digest) -> u64 {
-    match previous {
-        None => 1,
-        Some(claims) => match &claims.signature {
-            Some(signature) if claims.digest == digest.as_str() => signature.sequence,
-            Some(signature) => signature.sequence.saturating_add(1),
-            None => 1,
-        },
+/// the digest is unchanged; when it changes (a rollback included) or there is no
+/// previous output, the time in milliseconds, or one more than before if that is
+/// higher — so a mirror rebuilt from nothing still signs above what agents hold.
+fn next_sequence(previous: Option<&Claims>, digest: &Digest, now_ms: u64) -> u64 {
+    let held = previous.and_then(|claims| claims.signature.as_ref().map(|s| (claims, s)));
+    match held {
+        Some((claims, signature)) if claims.digest == digest.as_str() => signature.sequence,
+        Some((_, signature)) => signature.sequence.saturating_add(1).max(now_ms),
+        None => now_ms.max(1),
     }
+}
+
+/// Milliseconds since the Unix epoch on this machine's clock.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        })
 }
 
 /// The unsigned canonical document with its signature added. `signature` sorts after
@@ -484,6 +493,25 @@ mod tests {
     }
 
     #[test]
+    fn a_sequence_is_the_time_or_one_more_than_before_whichever_is_higher() {
+        use flotilla_core::signing::SigningKey;
+        let key = SigningKey::from_seed([9; 32]);
+        let (a, b) = (Digest::of(b"a"), Digest::of(b"b"));
+        let claims = |digest: &Digest, sequence: u64| Claims {
+            digest: digest.as_str().to_string(),
+            revision: "r".into(),
+            signature: Some(key.sign("edge-1", digest, "r", sequence)),
+        };
+        // Nothing published before: the time.
+        assert_eq!(next_sequence(None, &a, 5_000), 5_000);
+        // The same digest keeps its sequence, even one from the future.
+        assert_eq!(next_sequence(Some(&claims(&a, 9_000)), &a, 5_000), 9_000);
+        // A change: the time, or one more when the last one is ahead of the clock.
+        assert_eq!(next_sequence(Some(&claims(&a, 4_000)), &b, 5_000), 5_000);
+        assert_eq!(next_sequence(Some(&claims(&a, 9_000)), &b, 5_000), 9_001);
+    }
+
+    #[test]
     fn signed_output_continues_its_sequence_across_publishes() {
         use flotilla_core::bundle::{Resource, ResourceKey, verify_document_parts};
         use flotilla_core::signing::{Held, SigningKey, TrustedKeys};
@@ -510,12 +538,15 @@ mod tests {
         };
         let current = out.path().join("v1/clusters/edge-1/bundle");
         let mut held: Option<Held> = None;
-        // A, A again, B, then A again (a rollback): sequences 1, 1, 2, 3.
-        for (value, revision, sequence, written) in [
-            ("a", "main@sha1:1", 1, 1),
-            ("a", "main@sha1:2", 1, 0),
-            ("b", "main@sha1:3", 2, 1),
-            ("a", "main@sha1:4", 3, 1),
+        // A, A again, B, then A again (a rollback): the same sequence while the digest
+        // stays, a higher one at each change; the first is the time in milliseconds.
+        let started = now_ms();
+        let mut sequences = Vec::new();
+        for (value, revision, written) in [
+            ("a", "main@sha1:1", 1),
+            ("a", "main@sha1:2", 0),
+            ("b", "main@sha1:3", 1),
+            ("a", "main@sha1:4", 1),
         ] {
             let published =
                 publish(&render(value, revision), out.path(), Some(&key)).expect("publishes");
@@ -523,7 +554,7 @@ mod tests {
             let bytes = fs::read(&current).expect("current");
             let document = verify_document_parts(&bytes, Some("edge-1")).expect("verifies");
             let signature = document.signature.clone().expect("signed");
-            assert_eq!(signature.sequence, sequence, "{value} at {revision}");
+            sequences.push(signature.sequence);
             trusted
                 .check(
                     "edge-1",
@@ -534,10 +565,19 @@ mod tests {
                 )
                 .expect("an agent following the mirror accepts every step");
             held = Some(Held {
-                sequence,
+                sequence: signature.sequence,
                 digest: document.bundle.digest,
             });
         }
+        assert!(sequences[0] >= started, "{sequences:?} from {started}");
+        assert_eq!(
+            sequences[1], sequences[0],
+            "the same digest keeps its sequence"
+        );
+        assert!(
+            sequences[2] > sequences[1] && sequences[3] > sequences[2],
+            "{sequences:?}"
+        );
         // The documents by digest stay unsigned history, with their first revision.
         let by_digest = fs::read_dir(out.path().join("v1/clusters/edge-1/bundles")).expect("dir");
         for entry in by_digest {

@@ -12,8 +12,9 @@
 //!   long-polls of the clusters concerned are woken.
 //!
 //! Decisions are taken one at a time (an async mutex), with every time from the hub's
-//! clock, and the state they act on is the store's, so a restarted hub goes on where
-//! it was.
+//! clock (with several hubs on one database, the database's clock: see
+//! [`crate::clock::DatabaseClock`]), and the state they act on is the store's, so a
+//! restarted hub goes on where it was.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -25,7 +26,10 @@ use tokio::sync::Notify;
 use super::HubError;
 use super::state::{ClusterBundle, Latest, Pulse, Served, Shared};
 use crate::store::rollouts::MemberRow;
-use crate::store::{Commit, RenderedCluster, RolloutWrite, ServedChange, StoredRollout};
+use crate::store::{
+    Commit, Fence, RenderedCluster, RolloutWrite, ServedChange, Store, StoreError, StoredRollout,
+    StoredStatus,
+};
 use flotilla_core::bundle::Digest;
 use flotilla_core::rollout::view::{EventView, RolloutView};
 use flotilla_core::rollout::{
@@ -53,6 +57,16 @@ struct Active {
 
 impl Active {
     fn new(shared: &Shared, stored: StoredRollout) -> Active {
+        let statuses = shared.statuses.read().unwrap_or_else(|e| e.into_inner());
+        Active::with(stored, &statuses, |cluster| shared.pulse(cluster))
+    }
+
+    /// A rollout with its clusters' last reports and pulses.
+    fn with(
+        stored: StoredRollout,
+        statuses: &HashMap<String, StoredStatus>,
+        pulse: impl Fn(&str) -> Arc<Pulse>,
+    ) -> Active {
         let index = stored
             .rollout
             .members
@@ -64,9 +78,8 @@ impl Active {
             .rollout
             .members
             .iter()
-            .map(|m| shared.pulse(&m.cluster))
+            .map(|m| pulse(&m.cluster))
             .collect();
-        let statuses = shared.statuses.read().unwrap_or_else(|e| e.into_inner());
         let observations = stored
             .rollout
             .members
@@ -80,7 +93,6 @@ impl Active {
                 fetched_at: None,
             })
             .collect();
-        drop(statuses);
         Active {
             id: stored.id,
             rollout: stored.rollout,
@@ -126,6 +138,10 @@ pub struct Engine {
     release_not_before: std::sync::atomic::AtomicI64,
     /// The active rollouts as last decided, for `/metrics` and `/v1/fleet` without a lock.
     views: arc_swap::ArcSwap<Vec<RolloutView>>,
+    /// The store's version of the rollouts held in `active` (see
+    /// [`Store::rollouts_version`]): a decision is written only while the store is
+    /// still at it.
+    version: std::sync::atomic::AtomicI64,
 }
 
 impl Engine {
@@ -283,20 +299,104 @@ fn decide_now(shared: &Shared, a: &mut Active, now: Millis) -> Step {
     )
 }
 
+/// An operator's action on one rollout, and nothing it leads to: the same on a hub
+/// and straight on the store.
+fn act(
+    a: &mut Active,
+    action: Action,
+    by: &str,
+    now: Millis,
+    offline: Millis,
+) -> Result<Step, ActionError> {
+    a.refresh();
+    match action {
+        Action::Pause => a.rollout.pause(by, now),
+        Action::Resume => a.rollout.resume(by, now),
+        Action::Promote => {
+            let observations = a.observations.clone();
+            a.rollout.promote(by, now, offline, &observations)
+        }
+        Action::Abort => a.rollout.abort(by, now),
+    }
+}
+
+/// The one transaction that records some rollouts' steps and what they serve,
+/// written only while the rollouts are at `version`.
+fn steps_commit(
+    active: &[Active],
+    steps: &[(usize, Step)],
+    latest: &HashMap<String, Arc<Latest>>,
+    history: usize,
+    now_ms: Millis,
+    fence: Option<Fence>,
+    version: i64,
+) -> Commit {
+    let mut commit = Commit {
+        history,
+        now_ms,
+        fence,
+        rollouts_version: Some(version),
+        ..Commit::default()
+    };
+    for (index, step) in steps {
+        if !(step.changed || !step.dirty.is_empty() || !step.serve.is_empty()) {
+            continue;
+        }
+        let (write, served) = write_of(&active[*index], step, false, latest);
+        commit.rollouts.push(write);
+        commit.served.extend(served);
+    }
+    commit
+}
+
 impl Shared {
     /// Loads the rollouts that have not ended (at start).
     pub(crate) async fn load_rollouts(&self) -> Result<(), HubError> {
-        let stored = self.store.active_rollouts().await?;
         let mut active = self.rollouts.active.lock().await;
-        *active = stored.into_iter().map(|s| Active::new(self, s)).collect();
+        self.reload_rollouts(&mut active).await?;
         if !active.is_empty() {
             tracing::info!(
                 rollouts = active.len(),
                 "going on with the rollouts in the store"
             );
         }
-        self.publish_views(&active);
         Ok(())
+    }
+
+    /// Reads the active rollouts back from the store, with their version (read
+    /// first: a write that lands between the two reads makes the next decision
+    /// refused and read again, never lost).
+    async fn reload_rollouts(&self, active: &mut Vec<Active>) -> Result<(), HubError> {
+        let version = self.store.rollouts_version().await?;
+        let stored = self.store.active_rollouts().await?;
+        *active = stored.into_iter().map(|s| Active::new(self, s)).collect();
+        self.rollouts.version.store(version, Ordering::Release);
+        self.publish_views(active);
+        Ok(())
+    }
+
+    /// Something beside this hub changed the rollouts (an operator's action written
+    /// straight into the database): read what is served and the rollouts again, and
+    /// decide on them. Returns whether they had changed.
+    pub async fn pick_up_rollout_changes(&self) -> Result<bool, HubError> {
+        let known = || self.rollouts.version.load(Ordering::Acquire);
+        if self.store.rollouts_version().await? == known() {
+            return Ok(false);
+        }
+        let mut active = self.rollouts.active.lock().await;
+        if self.store.rollouts_version().await? == known() {
+            // This hub's own decision, recorded meanwhile.
+            return Ok(false);
+        }
+        self.reload_rollouts(&mut active).await?;
+        drop(active);
+        tracing::info!("the rollouts were changed in the database; read them again");
+        if self.lease.holds() {
+            // Promote and abort change what clusters are served.
+            self.sync_from_store().await?;
+        }
+        self.rollouts.wake.notify_one();
+        Ok(true)
     }
 
     fn publish_views(&self, active: &[Active]) {
@@ -333,6 +433,7 @@ impl Shared {
             expect_revision,
             ..Commit::default()
         };
+        let version = self.rollouts.version.load(Ordering::Acquire);
 
         // What HEAD renders for each cluster.
         let mut latest: HashMap<String, Arc<Latest>> = HashMap::with_capacity(output.bundles.len());
@@ -551,7 +652,20 @@ impl Shared {
         commit.served = last.into_values().collect();
         commit.served.sort_by(|a, b| a.cluster.cmp(&b.cluster));
         commit.rollouts = writes;
-        let (unreferenced, sequences) = self.store.commit_with_sequences(&commit).await?;
+        if !commit.rollouts.is_empty() {
+            commit.rollouts_version = Some(version);
+        }
+        let (unreferenced, sequences) = match self.store.commit_with_sequences(&commit).await {
+            Ok(written) => written,
+            Err(err) => {
+                // What is in memory may be ahead of the store: read it back.
+                self.reload_rollouts(&mut active).await?;
+                return Err(err.into());
+            }
+        };
+        if !commit.rollouts.is_empty() {
+            self.rollouts.version.store(version + 1, Ordering::Release);
+        }
 
         let outcome = RenderOutcome {
             served_changes: commit.served.len(),
@@ -633,24 +747,21 @@ impl Shared {
         steps: Vec<(usize, Step)>,
     ) -> Result<(), HubError> {
         let latest = self.latest.load_full();
-        let mut commit = Commit {
-            history: self.settings.history,
-            now_ms: self.settings.clock.now_ms(),
-            fence: self.lease.fence(),
-            ..Commit::default()
-        };
-        for (index, step) in &steps {
-            if !(step.changed || !step.dirty.is_empty() || !step.serve.is_empty()) {
-                continue;
-            }
-            let (write, served) = write_of(&active[*index], step, false, &latest);
-            commit.rollouts.push(write);
-            commit.served.extend(served);
-        }
+        let version = self.rollouts.version.load(Ordering::Acquire);
+        let commit = steps_commit(
+            active,
+            &steps,
+            &latest,
+            self.settings.history,
+            self.settings.clock.now_ms(),
+            self.lease.fence(),
+            version,
+        );
         if commit.rollouts.is_empty() {
             return Ok(());
         }
         let (unreferenced, sequences) = self.store.commit_with_sequences(&commit).await?;
+        self.rollouts.version.store(version + 1, Ordering::Release);
         self.apply_served(&commit.served, &sequences, &BTreeSet::new(), commit.now_ms);
         self.delete_objects(&unreferenced).await;
         Ok(())
@@ -704,8 +815,7 @@ impl Shared {
         let result = self.commit_steps(active, steps).await;
         if result.is_err() {
             // What is in memory may be ahead of the store: read it back.
-            let stored = self.store.active_rollouts().await?;
-            *active = stored.into_iter().map(|s| Active::new(self, s)).collect();
+            self.reload_rollouts(active).await?;
         }
         active.retain(|a| a.rollout.state.is_active());
         self.publish_views(active);
@@ -754,42 +864,25 @@ impl Shared {
         let now = self.settings.clock.now_ms();
         let Some(index) = active.iter().position(|a| a.id == id) else {
             drop(active);
-            return match self.store.rollout(id).await.map_err(HubError::from)? {
-                Some(stored) => Err(ActionRefused::Conflict(ActionError(format!(
-                    "the rollout is {} and can no longer be changed",
-                    stored.rollout.state
-                )))),
-                None => Err(ActionRefused::NotFound(id)),
-            };
+            return Err(
+                match self.store.rollout(id).await.map_err(HubError::from)? {
+                    Some(stored) => ended(&stored),
+                    None => ActionRefused::NotFound(id),
+                },
+            );
         };
         let offline = offline_after(self);
         let a = &mut active[index];
-        a.refresh();
-        let acted = match action {
-            Action::Pause => a.rollout.pause(by, now),
-            Action::Resume => a.rollout.resume(by, now),
-            Action::Promote => {
-                let observations = a.observations.clone();
-                a.rollout.promote(by, now, offline, &observations)
-            }
-            Action::Abort => a.rollout.abort(by, now),
-        }?;
+        let acted = act(a, action, by, now, offline)?;
         let then = decide_now(self, a, now);
         let step = merge_steps(vec![acted, then]);
         tracing::info!(rollout = id, ?action, by, "operator action");
         let view = a.view(now, offline, true);
         self.finish(&mut active, vec![(index, step)], true).await?;
         drop(active);
-        let mut view = view;
-        view.events = self
-            .store
-            .rollout_events(id)
+        Ok(with_events(&self.store, view)
             .await
-            .map_err(HubError::from)?
-            .iter()
-            .map(EventView::from)
-            .collect();
-        Ok(view)
+            .map_err(HubError::from)?)
     }
 
     /// `GET /v1/rollouts`: the active rollouts, then the most recent ended ones.
@@ -832,15 +925,7 @@ impl Shared {
                 None => return Ok(None),
             },
         };
-        let mut view = view;
-        view.events = self
-            .store
-            .rollout_events(id)
-            .await?
-            .iter()
-            .map(EventView::from)
-            .collect();
-        Ok(Some(view))
+        Ok(Some(with_events(&self.store, view).await?))
     }
 
     /// Writes when each cluster was last seen, for a restarted hub.
@@ -862,6 +947,171 @@ impl Shared {
     }
 }
 
+/// An action refused because the rollout has ended.
+fn ended(stored: &StoredRollout) -> ActionRefused {
+    ActionRefused::Conflict(ActionError(format!(
+        "the rollout is {} and can no longer be changed",
+        stored.rollout.state
+    )))
+}
+
+/// A rollout's view with every one of its events.
+async fn with_events(store: &Store, mut view: RolloutView) -> Result<RolloutView, StoreError> {
+    view.events = store
+        .rollout_events(view.id)
+        .await?
+        .iter()
+        .map(EventView::from)
+        .collect();
+    Ok(view)
+}
+
+/// The rollouts read and steered straight on the store, with no hub in between
+/// (`flotilla rollout --database`): for an operator on the database's host, or
+/// when every hub is down. An action is the hub's own ([`act`], written by
+/// [`steps_commit`]) on the rollout as the store holds it, timed on the database's
+/// clock (the hubs decide what follows from it), and written only while the rollouts are at the version it read: a hub's
+/// decision taken meanwhile makes it read and decide again, and a hub's next
+/// decision on what it held before is refused and read again
+/// ([`Shared::pick_up_rollout_changes`] reads it within a second anyway), so the
+/// operator's action is neither lost nor overwritten.
+pub mod in_store {
+    use super::*;
+
+    /// How many times an action is read and decided again when a hub wrote the
+    /// rollouts between its read and its write.
+    const ATTEMPTS: usize = 10;
+
+    /// The clusters as the store records them: their last reports, and when each
+    /// was last seen (as the hubs last wrote it).
+    struct Observed {
+        statuses: HashMap<String, StoredStatus>,
+        pulses: HashMap<String, Arc<Pulse>>,
+    }
+
+    impl Observed {
+        async fn read(store: &Store) -> Result<Observed, StoreError> {
+            let statuses: HashMap<String, StoredStatus> = store
+                .statuses()
+                .await?
+                .into_iter()
+                .map(|s| (s.cluster.clone(), s))
+                .collect();
+            let mut pulses: HashMap<String, Arc<Pulse>> = HashMap::new();
+            for (cluster, at) in store.seen().await? {
+                pulses.entry(cluster).or_default().see(at);
+            }
+            for status in statuses.values() {
+                pulses
+                    .entry(status.cluster.clone())
+                    .or_default()
+                    .see(status.received_at_ms);
+            }
+            Ok(Observed { statuses, pulses })
+        }
+
+        fn active(&self, stored: StoredRollout) -> Active {
+            let mut a = Active::with(stored, &self.statuses, |cluster| {
+                self.pulses.get(cluster).cloned().unwrap_or_default()
+            });
+            a.refresh();
+            a
+        }
+    }
+
+    fn millis(duration: Duration) -> Millis {
+        Millis::try_from(duration.as_millis()).unwrap_or(Millis::MAX)
+    }
+
+    /// `GET /v1/rollouts` from the store: the active rollouts, newest first, then the
+    /// most recent ended ones.
+    pub async fn list(
+        store: &Store,
+        offline_after: Duration,
+    ) -> Result<Vec<RolloutView>, StoreError> {
+        let now = store.database_now_ms().await?;
+        let observed = Observed::read(store).await?;
+        let offline = millis(offline_after);
+        let active = store.active_rollouts().await?.into_iter().rev();
+        let ended = store.recent_rollouts(RECENT_ROLLOUTS).await?;
+        Ok(active
+            .chain(ended)
+            .map(|stored| observed.active(stored).view(now, offline, false))
+            .collect())
+    }
+
+    /// `GET /v1/rollouts/{id}` from the store.
+    pub async fn detail(
+        store: &Store,
+        id: i64,
+        offline_after: Duration,
+    ) -> Result<Option<RolloutView>, StoreError> {
+        let Some(stored) = store.rollout(id).await? else {
+            return Ok(None);
+        };
+        let now = store.database_now_ms().await?;
+        let observed = Observed::read(store).await?;
+        let view = observed
+            .active(stored)
+            .view(now, millis(offline_after), true);
+        Ok(Some(with_events(store, view).await?))
+    }
+
+    /// `POST /v1/rollouts/{id}/{action}` on the store, recorded as done `by`.
+    pub async fn action(
+        store: &Store,
+        id: i64,
+        action: Action,
+        by: &str,
+        offline_after: Duration,
+    ) -> Result<RolloutView, ActionRefused> {
+        let offline = millis(offline_after);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let version = store.rollouts_version().await.map_err(HubError::from)?;
+            let stored = match store.rollout(id).await.map_err(HubError::from)? {
+                None => return Err(ActionRefused::NotFound(id)),
+                Some(stored) if !stored.rollout.state.is_active() => return Err(ended(&stored)),
+                Some(stored) => stored,
+            };
+            let observed = Observed::read(store).await.map_err(HubError::from)?;
+            let rendered = store.rendered().await.map_err(HubError::from)?;
+            let latest = crate::state::latest_of(rendered);
+            let now = store.database_now_ms().await.map_err(HubError::from)?;
+            let mut a = observed.active(stored);
+            // The action alone: what follows from it (a bake ends, a wave fails, the
+            // next is released) is the lease holder's to decide, on the reports and
+            // polls it sees first-hand; this side sees polls only as the hubs last
+            // wrote them (every 30 s), too late to judge who is offline.
+            let step = act(&mut a, action, by, now, offline)?;
+            let view = a.view(now, offline, true);
+            // The history of what clusters were served is trimmed by the hubs, to
+            // their own `--history`.
+            let commit = steps_commit(
+                std::slice::from_ref(&a),
+                &[(0, step)],
+                &latest,
+                usize::MAX,
+                now,
+                None,
+                version,
+            );
+            match store.commit(&commit).await {
+                Ok(_) => return Ok(with_events(store, view).await.map_err(HubError::from)?),
+                Err(StoreError::RolloutsMoved { .. }) if attempt < ATTEMPTS => {
+                    tracing::debug!(
+                        rollout = id,
+                        attempt,
+                        "a hub decided meanwhile; deciding again"
+                    );
+                }
+                Err(err) => return Err(HubError::from(err).into()),
+            }
+        }
+    }
+}
+
 /// Several steps of one rollout as one.
 fn merge_steps(steps: Vec<Step>) -> Step {
     let mut merged = Step::default();
@@ -880,6 +1130,21 @@ fn merge_steps(steps: Vec<Step>) -> Step {
     merged
 }
 
+/// Looks every `every` whether the rollouts were changed beside this hub (an
+/// operator's action written straight into the database) and takes the change up.
+pub async fn run_watch(shared: Arc<Shared>, every: Duration) {
+    let mut shutdown = shared.shutdown.subscribe();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = shutdown.changed() => return,
+        }
+        if let Err(err) = shared.pick_up_rollout_changes().await {
+            tracing::warn!("cannot look for changes of the rollouts in the database: {err}");
+        }
+    }
+}
+
 /// How often the last-seen times are written to the store.
 const SEEN_FLUSH: Duration = Duration::from_secs(30);
 
@@ -892,6 +1157,10 @@ pub async fn run_timer(shared: Arc<Shared>) {
     loop {
         let next = match shared.tick_rollouts().await {
             Ok(next) => next,
+            Err(err) if err.is_concurrent_change() => {
+                tracing::info!("deciding on the rollouts again: {err}");
+                Some(shared.settings.clock.now_ms() + 1_000)
+            }
             Err(err) => {
                 tracing::error!("cannot decide on the rollouts: {err}");
                 Some(shared.settings.clock.now_ms() + 5_000)

@@ -16,7 +16,9 @@ use tokio::sync::{Notify, watch};
 use super::HubError;
 use super::auth::{AuthError, Grant, TokenTable};
 use super::clock::Clock;
-use super::fleet::{Counts, Desired, FleetSummary, Line, NO_LABELS, RenderStatus, lines};
+use super::fleet::{
+    Counts, Desired, FleetSummary, Line, NO_LABELS, RenderStatus, lines, summarize,
+};
 use super::metrics::Metrics;
 use super::rollouts::Engine;
 use crate::store::{ObjectError, Store, StoredStatus};
@@ -64,6 +66,27 @@ pub struct Latest {
     pub paused: bool,
 }
 
+/// What the last clean render gives each cluster, as the store records it.
+pub(crate) fn latest_of(
+    rendered: Vec<crate::store::RenderedCluster>,
+) -> HashMap<String, Arc<Latest>> {
+    rendered
+        .into_iter()
+        .map(|r| {
+            (
+                r.cluster,
+                Arc::new(Latest {
+                    digest: r.digest,
+                    revision: r.revision,
+                    policy: r.policy,
+                    wave: r.wave,
+                    paused: r.paused,
+                }),
+            )
+        })
+        .collect()
+}
+
 /// Where the last clean render places a cluster in the fleet: its groups and labels.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Placement {
@@ -101,12 +124,36 @@ fn desired<'a>(
     placement: Option<&'a Placement>,
 ) -> Desired<'a> {
     Desired {
-        name: &entry.name,
-        digest: &entry.digest,
-        revision: &entry.revision,
-        hold: entry.hold,
         seen_ms: entry.pulse.seen(),
         served_since_ms: entry.served_since_ms,
+        ..stored_desired(
+            &entry.name,
+            &entry.digest,
+            &entry.revision,
+            entry.hold,
+            latest,
+            placement,
+        )
+    }
+}
+
+/// What is served to a cluster and what HEAD renders for it, as the fleet summary
+/// needs them (not yet when it was seen and served).
+fn stored_desired<'a>(
+    name: &'a str,
+    digest: &'a Digest,
+    revision: &'a str,
+    hold: bool,
+    latest: Option<&'a Arc<Latest>>,
+    placement: Option<&'a Placement>,
+) -> Desired<'a> {
+    Desired {
+        name,
+        digest,
+        revision,
+        hold,
+        seen_ms: None,
+        served_since_ms: None,
         latest: latest.map(|l| &l.digest),
         policy: latest.and_then(|l| l.policy.as_deref()),
         wave: latest.and_then(|l| l.wave.as_deref()),
@@ -114,6 +161,46 @@ fn desired<'a>(
         groups: placement.map_or(&[][..], |p| p.groups.as_slice()),
         labels: placement.map_or(&NO_LABELS, |p| &p.labels),
     }
+}
+
+/// The fleet summary of `GET /v1/fleet` read straight from the store, with no hub in
+/// between (`flotilla status --database`): what each cluster is served, what HEAD
+/// renders for it, its agent's last report and when it was last seen (as the hubs
+/// last wrote it: they write polls every 30 s), judged on the database's clock. The
+/// store records neither the fleet's groups and labels nor the last render's errors
+/// (a hub keeps them in memory): they are left empty.
+pub async fn fleet_summary_from_store(
+    store: &Store,
+    offline_after: Duration,
+) -> Result<FleetSummary, crate::StoreError> {
+    let clusters = store.clusters().await?;
+    let since = store.served_since().await?;
+    let latest = latest_of(store.rendered().await?);
+    let seen: HashMap<String, i64> = store.seen().await?.into_iter().collect();
+    let statuses: HashMap<String, StoredStatus> = store
+        .statuses()
+        .await?
+        .into_iter()
+        .map(|s| (s.cluster.clone(), s))
+        .collect();
+    let render = RenderStatus {
+        served_revision: store.revision().await?,
+        ..RenderStatus::default()
+    };
+    let now = store.database_now_ms().await?;
+    let desired = clusters.iter().map(|c| Desired {
+        seen_ms: seen.get(&c.name).copied(),
+        served_since_ms: since.get(&c.name).copied(),
+        ..stored_desired(
+            &c.name,
+            &c.digest,
+            &c.revision,
+            c.hold,
+            latest.get(&c.name),
+            None,
+        )
+    });
+    Ok(summarize(desired, &statuses, &render, now, offline_after))
 }
 
 /// One cluster's current bundle. The document itself stays on disk (read through the
@@ -279,6 +366,11 @@ pub struct Settings {
     pub signing_key: Option<Arc<SigningKey>>,
     /// Several hubs: how long an object stays unreferenced before it is deleted.
     pub gc_grace: Duration,
+    /// Several hubs: the lease's length (also how long a hub counts as live after its
+    /// last heartbeat) and how often the database is looked at.
+    pub peers: crate::peers::PeerTiming,
+    /// Several hubs: `clock`, as the database's clock, sampled at every heartbeat.
+    pub database_clock: Option<Arc<crate::clock::DatabaseClock>>,
 }
 
 /// State shared by the request handlers and the background tasks.
@@ -354,24 +446,7 @@ impl Shared {
 
     /// Reads what the last clean render gives each cluster back from the store.
     pub async fn load_latest(&self) -> Result<(), crate::StoreError> {
-        let latest: HashMap<String, Arc<Latest>> = self
-            .store
-            .rendered()
-            .await?
-            .into_iter()
-            .map(|r| {
-                (
-                    r.cluster,
-                    Arc::new(Latest {
-                        digest: r.digest,
-                        revision: r.revision,
-                        policy: r.policy,
-                        wave: r.wave,
-                        paused: r.paused,
-                    }),
-                )
-            })
-            .collect();
+        let latest = latest_of(self.store.rendered().await?);
         self.latest.store(Arc::new(latest));
         Ok(())
     }
@@ -700,27 +775,26 @@ impl Shared {
     /// (and its revision), so its ETag and bytes stay the same.
     pub async fn install(
         &self,
-        output: RenderOutput,
+        output: &RenderOutput,
         duration: Duration,
         forced: bool,
         expect_revision: Option<Option<String>>,
     ) -> Result<InstallReport, HubError> {
         debug_assert!(output.is_clean());
         let started = Instant::now();
-        let written = self.write_objects(&output).await?;
+        let written = self.write_objects(output).await?;
         self.metrics.objects_written(written as u64);
 
         let now = self.settings.clock.now_ms();
         let outcome = self
-            .record_render(&output, forced, now, expect_revision)
+            .record_render(output, forced, now, expect_revision)
             .await?;
         if self.lease.is_shared() && !self.lease.holds() {
             // Another hub records renders: serve what it recorded, now that this
             // hub has the objects too.
             self.sync_from_store().await?;
         }
-        self.placement
-            .store(Arc::new(Placement::of_render(&output)));
+        self.placement.store(Arc::new(Placement::of_render(output)));
         let report = InstallReport {
             revision: output.revision.clone(),
             clusters: output.bundles.len(),

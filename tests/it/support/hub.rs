@@ -109,6 +109,19 @@ impl Repo {
         std::fs::remove_file(self.path().join(relative)).expect("remove");
     }
 
+    /// Moves the current branch to a new root commit (no history in common with the
+    /// one before) whose tree is the current one with `relative` holding `text`, as a
+    /// force-push does; returns the commit id.
+    pub fn force_push(&self, relative: &str, text: &str) -> String {
+        self.write(relative, text);
+        self.git(&["add", "--all"]);
+        let tree = self.git(&["write-tree"]);
+        let commit = self.git(&["commit-tree", &tree, "-m", "history rewritten"]);
+        // One change of the branch's ref: a follower never sees a state in between.
+        self.git(&["update-ref", "HEAD", &commit]);
+        commit
+    }
+
     /// Commits everything and returns the commit id.
     pub fn commit(&self, message: &str) -> String {
         self.git(&["add", "--all"]);
@@ -210,7 +223,18 @@ impl Running {
 /// Makes a token the way `flotilla token create` does (stored hashed in the state dir)
 /// and returns the secret.
 pub async fn make_token(state_dir: &Path, cluster: Option<&str>) -> String {
-    let store = Store::open(state_dir).await.expect("open store");
+    make_token_in(state_dir, &flotilla_hub::store::Database::StateDir, cluster).await
+}
+
+/// [`make_token`], with the hub's tables in `database`.
+pub async fn make_token_in(
+    state_dir: &Path,
+    database: &flotilla_hub::store::Database,
+    cluster: Option<&str>,
+) -> String {
+    let store = Store::open_with(state_dir, database)
+        .await
+        .expect("open store");
     let token = new_token(cluster, 0);
     store
         .insert_token(&token.stored)
@@ -314,4 +338,41 @@ pub async fn bucket_object(bucket: &flotilla_testkit::TestBucket, key: &str) -> 
         Err(object_store::Error::NotFound { .. }) => None,
         Err(err) => panic!("cannot read {key} from the test bucket: {err}"),
     }
+}
+
+/// The `X-Hub-Signature-256` header of a webhook `body` signed with `secret`.
+pub fn sign(secret: &[u8], body: &[u8]) -> String {
+    use hmac::{Hmac, Mac};
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(secret).expect("key");
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// Posts a push webhook signed with `secret` to `hub`; the response's status code.
+pub async fn post_webhook(client: &reqwest::Client, hub: &Running, secret: &[u8]) -> u16 {
+    let payload = br#"{"ref":"refs/heads/main"}"#;
+    client
+        .post(hub.url("/v1/hooks/git"))
+        .header("X-Hub-Signature-256", sign(secret, payload))
+        .body(payload.to_vec())
+        .send()
+        .await
+        .expect("hook")
+        .status()
+        .as_u16()
+}
+
+/// Waits until a poll naming `etag` gets a new bundle; its body.
+pub async fn new_bundle(
+    client: &reqwest::Client,
+    url: &str,
+    token: &str,
+    etag: &str,
+    timeout: Duration,
+) -> Vec<u8> {
+    eventually("a new bundle to be served", timeout, || async {
+        let (status, _, body) = get_bundle(client, url, token, Some(etag)).await;
+        (status == 200).then_some(body)
+    })
+    .await
 }

@@ -8,6 +8,7 @@
 //! SQLite-only functions) so the same statements can run on PostgreSQL once a fleet
 //! outgrows one hub. The store knows nothing of HTTP, Git or rendering.
 
+pub mod hubs;
 pub mod objects;
 pub mod rollouts;
 pub mod sessions;
@@ -23,6 +24,7 @@ use sqlx::{AnyPool, ConnectOptions, Row};
 
 use flotilla_core::bundle::Digest;
 use flotilla_core::status::StatusReport;
+pub use hubs::Sighting;
 pub use objects::{Bucket, ObjectError, Objects, ObjectsUrl, S3Location};
 pub use rollouts::{RolloutWrite, StoredRollout};
 pub use sessions::StoredSession;
@@ -50,6 +52,11 @@ pub enum StoreError {
         "this hub no longer holds the {lease} lease (epoch {epoch}): another hub took it over; nothing was written"
     )]
     Fenced { lease: String, epoch: i64 },
+    #[error(
+        "the rollouts were changed by someone else (an operator's action through the database, or another hub) \
+         since they were read at version {expected}; nothing was written, they are read again and decided again"
+    )]
+    RolloutsMoved { expected: i64 },
     #[error(
         "another hub recorded {recorded} while this one rendered (it expected {expected}); nothing was written, the next look decides again"
     )]
@@ -142,6 +149,11 @@ pub struct Commit {
     /// With `revision`: written only if the recorded revision is still this one
     /// (`Some(None)`: none recorded yet), so an older render never replaces a newer.
     pub expect_revision: Option<Option<String>>,
+    /// Written only if the rollouts are still at this version (see
+    /// [`Store::rollouts_version`]), which the commit moves on by one: a decision
+    /// taken on rollouts someone else has written since (an operator's action through
+    /// the database, another hub) is refused instead of overwriting them.
+    pub rollouts_version: Option<i64>,
 }
 
 pub struct Store {
@@ -264,6 +276,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "unreferenced objects",
         include_str!("../../migrations/0006_unreferenced_objects.sql"),
     ),
+    (
+        7,
+        "hubs seen",
+        include_str!("../../migrations/0007_hubs_seen.sql"),
+    ),
 ];
 
 /// [`MIGRATIONS`] as sqlx reads a migrations folder.
@@ -304,6 +321,8 @@ const META_REVISION: &str = "revision";
 const META_GENERATION: &str = "generation";
 const META_TOKENS: &str = "tokens_generation";
 const META_CHANGES: &str = "changes";
+/// Moves on with every write of rollouts (see [`Commit::rollouts_version`]).
+const META_ROLLOUTS: &str = "rollouts_version";
 /// Clusters per statement when last-seen times are written: 2 parameters each, within
 /// SQLite's oldest limit of 999 parameters a statement.
 const SEEN_ROWS_PER_STATEMENT: usize = 400;
@@ -440,7 +459,7 @@ impl Store {
             .collect()
     }
 
-    /// A cluster's serve sequence: how many times what it is served has changed.
+    /// A cluster's serve sequence, which goes up with every change of what it is served.
     pub async fn serve_sequence(&self, cluster: &str) -> Result<Option<i64>, StoreError> {
         let row = sqlx::query("SELECT serve_sequence FROM clusters WHERE name = $1")
             .bind(cluster)
@@ -582,6 +601,24 @@ impl Store {
                     epoch: fence.epoch,
                 });
             }
+        }
+        if let Some(expected) = commit.rollouts_version {
+            // Compare and move on in one statement, which holds the row (PostgreSQL)
+            // or the database (SQLite) until this transaction ends: of two writers
+            // that read the same version, the second is refused.
+            let moved = sqlx::query("UPDATE hub_meta SET value = $1 WHERE key = $2 AND value = $3")
+                .bind((expected + 1).to_string())
+                .bind(META_ROLLOUTS)
+                .bind(expected.to_string())
+                .execute(&mut *tx)
+                .await
+                .map_err(err)?
+                .rows_affected();
+            if moved != 1 {
+                return Err(StoreError::RolloutsMoved { expected });
+            }
+        } else if !commit.rollouts.is_empty() {
+            bump_counter(&mut tx, META_ROLLOUTS).await.map_err(err)?;
         }
         if let (Some(revision), Some(expected)) = (&commit.revision, &commit.expect_revision) {
             let recorded: Option<String> = sqlx::query("SELECT value FROM hub_meta WHERE key = $1")
@@ -807,6 +844,16 @@ impl Store {
     pub async fn changes(&self) -> Result<i64, StoreError> {
         Ok(self
             .meta(META_CHANGES)
+            .await?
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0))
+    }
+
+    /// The version of the rollouts: it moves on with every write of rollouts. Read it
+    /// before the rollouts, and give it to the [`Commit`] that writes them.
+    pub async fn rollouts_version(&self) -> Result<i64, StoreError> {
+        Ok(self
+            .meta(META_ROLLOUTS)
             .await?
             .and_then(|v| v.parse().ok())
             .unwrap_or(0))
@@ -1071,6 +1118,13 @@ async fn connect(state_dir: &Path, database: &Database) -> Result<(AnyPool, Engi
         .run(&pool)
         .await
         .map_err(|source| db_error(source.into()))?;
+    // The rollouts' version is compared in place (see `Commit::rollouts_version`), so
+    // its row exists from the start.
+    sqlx::query("INSERT INTO hub_meta (key, value) VALUES ($1, '0') ON CONFLICT (key) DO NOTHING")
+        .bind(META_ROLLOUTS)
+        .execute(&pool)
+        .await
+        .map_err(db_error)?;
     Ok((pool, engine))
 }
 
@@ -1096,7 +1150,8 @@ fn sequence_of(value: i64) -> Result<u64, StoreError> {
 }
 
 /// Records one change of what a cluster is served: the `clusters` row (its serve
-/// sequence up by one, continuing the sequence of a cluster that left and came back)
+/// sequence moved up: the change's time in milliseconds, or one more than before if
+/// that is higher, continuing the sequence of a cluster that left and came back)
 /// and, for a digest really served, its history. Returns the new sequence.
 async fn write_served(
     tx: &mut Tx<'_>,
@@ -1112,12 +1167,18 @@ async fn write_served(
     {
         candidates.insert(old.get("digest"));
     }
+    // The sequence is the change's time in milliseconds, or one more than the last
+    // one when that is higher: it goes up on every change, and a store that was lost
+    // or restored from a backup still signs above what agents hold.
     let sequence: i64 = sqlx::query(
-        "INSERT INTO serve_sequences (cluster, sequence) VALUES ($1, 1)
-         ON CONFLICT (cluster) DO UPDATE SET sequence = serve_sequences.sequence + 1
+        "INSERT INTO serve_sequences (cluster, sequence) VALUES ($1, $2)
+         ON CONFLICT (cluster) DO UPDATE SET sequence =
+             CASE WHEN serve_sequences.sequence + 1 > $2 THEN serve_sequences.sequence + 1
+                  ELSE $2 END
          RETURNING sequence",
     )
     .bind(&change.cluster)
+    .bind(commit.now_ms.max(1))
     .fetch_one(&mut **tx)
     .await?
     .get("sequence");
@@ -1606,6 +1667,31 @@ mod tests {
             .commit(&commit(vec![], vec![rollout(None)]))
             .await
             .expect("rollout");
+        // A decision taken on the rollouts as they were before someone else wrote them
+        // (an operator through the database) is refused, and writes nothing; one taken
+        // on what is there now is written and moves the version on.
+        assert_eq!(store.rollouts_version().await.expect("version"), 1);
+        let paused = |version: i64| Commit {
+            rollouts_version: Some(version),
+            ..commit(
+                vec![],
+                vec![RolloutWrite {
+                    insert: false,
+                    state: RolloutState::Paused,
+                    ..rollout(None)
+                }],
+            )
+        };
+        assert!(matches!(
+            store.commit(&paused(0)).await,
+            Err(StoreError::RolloutsMoved { expected: 0 })
+        ));
+        let stored = store.rollout(1).await.expect("read").expect("there");
+        assert_eq!(stored.rollout.state, RolloutState::Progressing);
+        store.commit(&paused(1)).await.expect("paused");
+        assert_eq!(store.rollouts_version().await.expect("version"), 2);
+        let stored = store.rollout(1).await.expect("read").expect("there");
+        assert_eq!(stored.rollout.state, RolloutState::Paused);
         // Rolled back to '1' (history keeps one digest): '2' is still the rollout's.
         let dropped = store
             .commit(&commit(vec![serve('1', false)], vec![]))
@@ -1639,6 +1725,23 @@ mod tests {
         assert_eq!(sequences.get("a"), Some(&5));
         let clusters = store.clusters().await.expect("clusters");
         assert_eq!(clusters[0].sequence, 5);
+        // The sequence is the change's time when that is higher (a store rebuilt or
+        // restored later still signs above what agents hold), and one more than
+        // before when the clock is behind it.
+        let at = |now_ms: i64, to: char| Commit {
+            now_ms,
+            ..commit(vec![serve(to, false)], vec![])
+        };
+        let (_, sequences) = store
+            .commit_with_sequences(&at(1_000_000, '1'))
+            .await
+            .expect("later");
+        assert_eq!(sequences.get("a"), Some(&1_000_000));
+        let (_, sequences) = store
+            .commit_with_sequences(&at(10, '2'))
+            .await
+            .expect("behind");
+        assert_eq!(sequences.get("a"), Some(&1_000_001));
         store.close().await;
     }
 
@@ -1750,5 +1853,49 @@ mod tests {
         for bad in ["mysql://db/fleet", "sqlite://", "flotilla.db"] {
             assert!(bad.parse::<Database>().is_err(), "{bad}");
         }
+    }
+
+    on_both_engines!(hubs_are_live_while_their_heartbeat_is_young);
+    async fn hubs_are_live_while_their_heartbeat_is_young(store: Store) {
+        let before = store.database_now_ms().await.expect("now");
+        let at = store.heartbeat("a").await.expect("heartbeat");
+        assert!(at >= before, "{at} < {before}");
+        store
+            .see_tip("b", Some("main@sha1:1"), 2)
+            .await
+            .expect("see");
+        let live = store.live_hubs(60_000).await.expect("live");
+        assert_eq!(
+            live,
+            vec![
+                Sighting {
+                    hub: "a".into(),
+                    tip: None,
+                    polls: 0
+                },
+                Sighting {
+                    hub: "b".into(),
+                    tip: Some("main@sha1:1".into()),
+                    polls: 2
+                },
+            ]
+        );
+        // A heartbeat keeps the tip; a tip seen again replaces it.
+        store.heartbeat("b").await.expect("heartbeat");
+        store
+            .see_tip("a", Some("main@sha1:1"), 3)
+            .await
+            .expect("see");
+        let live = store.live_hubs(60_000).await.expect("live");
+        assert_eq!(live[1].tip.as_deref(), Some("main@sha1:1"));
+        assert_eq!(live[0].polls, 3);
+        // Aged out of the window, or gone.
+        sqlx::query("UPDATE hubs SET heartbeat_at = heartbeat_at - 120000 WHERE name = 'a'")
+            .execute(&store.pool)
+            .await
+            .expect("age");
+        store.leave("b").await.expect("leave");
+        assert!(store.live_hubs(60_000).await.expect("live").is_empty());
+        store.close().await;
     }
 }
