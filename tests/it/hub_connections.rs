@@ -463,6 +463,46 @@ async fn a_client_that_never_finishes_its_headers_is_dropped_and_held_polls_are_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_with_a_request_in_flight_is_closed_when_the_hub_stops() {
+    let repo = Repo::new();
+    let state = tempfile::tempdir().expect("state dir");
+    let red = make_token(state.path(), Some("red")).await;
+    let hub = hub_with(ConnectionLimits::default(), state.path(), &repo).await;
+    // A request whose body never comes: stopping the hub closes its connection (at
+    // the latest when the shutdown's grace period of 10 s ends), even though the hub
+    // runs inside this test's process, which goes on.
+    let mut stuck = std::net::TcpStream::connect(address(&hub.base)).expect("connect");
+    stuck
+        .write_all(
+            format!(
+                "POST /v1/clusters/red/status HTTP/1.1\r\nHost: hub\r\n\
+                 Authorization: Bearer {red}\r\nContent-Type: application/json\r\n\
+                 Content-Length: 100\r\n\r\n{{\"a\""
+            )
+            .as_bytes(),
+        )
+        .expect("a request without its body");
+    hub.stop().await;
+    stuck
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut answer = Vec::new();
+    let read = stuck.read_to_end(&mut answer);
+    // Closed: an end of stream or a reset, not a read that times out.
+    let closed = match &read {
+        Ok(_) => true,
+        Err(err) => !matches!(
+            err.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    };
+    assert!(
+        closed,
+        "the connection was left open after the hub stopped: {read:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_hub_per_state_dir_and_the_other_commands_still_work_beside_it() {
     let repo = Repo::new();
     let state = tempfile::tempdir().expect("state dir");

@@ -253,7 +253,11 @@ pub(crate) async fn serve(
     builder.http2().timer(TokioTimer::new());
     let builder = Arc::new(builder);
     let mut shutdown = std::pin::pin!(shutdown);
+    // Every connection's task, so the ones still open when the grace period ends are
+    // really closed (a hub run inside another program, such as a test, outlives it).
+    let mut tasks = tokio::task::JoinSet::new();
     loop {
+        while tasks.try_join_next().is_some() {}
         let permit = match permits.clone().try_acquire_owned() {
             Ok(permit) => permit,
             Err(_) => {
@@ -294,7 +298,7 @@ pub(crate) async fn serve(
             stopping: stopping.subscribe(),
         };
         let transport = transport.clone();
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             let _permit = permit;
             let _unregister = unregister;
             connection.run(tcp, &transport, peer).await;
@@ -311,6 +315,8 @@ pub(crate) async fn serve(
             humantime::format_duration(SHUTDOWN_GRACE)
         );
     }
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
     Ok(())
 }
 
