@@ -991,12 +991,7 @@ pub mod in_store {
 
     impl Observed {
         async fn read(store: &Store) -> Result<Observed, StoreError> {
-            let statuses: HashMap<String, StoredStatus> = store
-                .statuses()
-                .await?
-                .into_iter()
-                .map(|s| (s.cluster.clone(), s))
-                .collect();
+            let statuses = store.statuses_by_cluster().await?;
             let mut pulses: HashMap<String, Arc<Pulse>> = HashMap::new();
             for (cluster, at) in store.seen().await? {
                 pulses.entry(cluster).or_default().see(at);

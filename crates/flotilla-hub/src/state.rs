@@ -177,12 +177,7 @@ pub async fn fleet_summary_from_store(
     let since = store.served_since().await?;
     let latest = latest_of(store.rendered().await?);
     let seen: HashMap<String, i64> = store.seen().await?.into_iter().collect();
-    let statuses: HashMap<String, StoredStatus> = store
-        .statuses()
-        .await?
-        .into_iter()
-        .map(|s| (s.cluster.clone(), s))
-        .collect();
+    let statuses = store.statuses_by_cluster().await?;
     let render = RenderStatus {
         served_revision: store.revision().await?,
         ..RenderStatus::default()

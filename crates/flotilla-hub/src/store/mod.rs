@@ -921,6 +921,18 @@ impl Store {
     }
 
     /// Every agent's last report.
+    /// [`Store::statuses`] by cluster.
+    pub async fn statuses_by_cluster(
+        &self,
+    ) -> Result<std::collections::HashMap<String, StoredStatus>, StoreError> {
+        Ok(self
+            .statuses()
+            .await?
+            .into_iter()
+            .map(|s| (s.cluster.clone(), s))
+            .collect())
+    }
+
     pub async fn statuses(&self) -> Result<Vec<StoredStatus>, StoreError> {
         let rows = sqlx::query(
             "SELECT cluster, applied, attempted, resources, message, agent_version, received_at
