@@ -25,7 +25,10 @@ pub fn can_run(test: &str, missing: Option<String>) -> bool {
             )
         }
         Some(reason) => {
-            eprintln!("SKIPPED {test}: {reason}");
+            // Straight to the process's standard error: libtest captures `eprintln!`
+            // and shows it only for a failing test, and a skip must be seen.
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
             false
         }
     }
