@@ -575,7 +575,7 @@ mod tests {
 
     use flotilla_hub::{Hub, HubConfig, SourceSpec};
 
-    use super::repo::{git, write};
+    use super::repo::{git, until_long_polls_held, write};
 
     fn set_version(dir: &Path, version: &str) {
         write(
@@ -652,20 +652,7 @@ mod tests {
             .no_proxy()
             .build()
             .expect("client");
-        loop {
-            let metrics = client
-                .get(format!("{base}/metrics"))
-                .send()
-                .await
-                .expect("metrics")
-                .text()
-                .await
-                .expect("text");
-            if metrics.lines().any(|l| l == "flotilla_long_polls_held 3") {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        until_long_polls_held(&client, &base, 3).await;
         set_version(dir, "v2");
         git(dir, &["commit", "--quiet", "-am", "v2"]);
         let summary = load.await.expect("the load client");

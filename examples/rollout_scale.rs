@@ -27,7 +27,7 @@ use flotilla_hub::{Hub, HubConfig, SourceSpec};
 
 #[path = "support/repo.rs"]
 mod repo;
-use repo::{git, write};
+use repo::{git, until_long_polls_held, write};
 
 fn set_version(dir: &Path, version: &str) {
     write(
@@ -313,25 +313,7 @@ async fn main() {
         report(i, &digest).await.expect("report");
     }
     // Once every long-poll is held, the clock moves past the canaries' bake.
-    loop {
-        let text = client
-            .get(format!("{base}/metrics"))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text");
-        let held_now = text
-            .lines()
-            .find_map(|l| l.strip_prefix("flotilla_long_polls_held "))
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .unwrap_or(0);
-        if held_now >= tenth.len() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_long_polls_held(&client, &base, tenth.len()).await;
     let trigger = Instant::now();
     clock.advance(Duration::from_secs(15 * 60 + 1));
     let answers = join_all(held).await;

@@ -1,5 +1,5 @@
 //! A fleet repository in a temporary folder for the examples that start a hub in
-//! process (`rollout_scale`, and `poll_load`'s test).
+//! process (`rollout_scale`, and `poll_load`'s test), and waiting on that hub.
 
 use std::path::Path;
 use std::process::Command;
@@ -24,4 +24,28 @@ pub fn write(dir: &Path, file: &str, text: &str) {
     let path = dir.join(file);
     std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
     std::fs::write(path, text).expect("write");
+}
+
+/// Waits until the hub at `base` holds at least `count` long-polls (its
+/// `flotilla_long_polls_held` metric).
+pub async fn until_long_polls_held(client: &reqwest::Client, base: &str, count: usize) {
+    loop {
+        let text = client
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        let held = text
+            .lines()
+            .find_map(|l| l.strip_prefix("flotilla_long_polls_held "))
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(0);
+        if held >= count {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
