@@ -87,6 +87,13 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
     config.history = args.history;
     config.webhook_secret = webhook_secret;
     config.limits = args.limits.limits();
+    if !args.render_in_process {
+        config.render_worker = Some(flotilla_hub::render_worker::RenderWorker {
+            program: std::env::current_exe()
+                .context("cannot find the flotilla binary to render with")?,
+            memory_limit: Some(args.render_memory),
+        });
+    }
     if args.header_timeout.as_secs() < 1 || args.idle_timeout.as_secs() < 1 {
         bail!("--header-timeout and --idle-timeout must be at least 1s");
     }

@@ -75,6 +75,16 @@ pub enum Command {
     /// Write the JSON Schemas of flotilla's kinds (Cluster, Group, Workload, Overlay).
     #[command(hide = true)]
     Schemas(SchemasArgs),
+    /// Render one snapshot read from standard input (what `serve` runs for each commit).
+    #[command(hide = true, name = "render-worker")]
+    RenderWorker(RenderWorkerArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RenderWorkerArgs {
+    /// This process's data-segment limit (RLIMIT_DATA), in bytes.
+    #[arg(long, value_name = "BYTES")]
+    pub memory_limit: Option<u64>,
 }
 
 /// Where the fleet is read from. Inside a Git repository, a commit is read (HEAD
@@ -297,6 +307,49 @@ pub struct ServeArgs {
     pub log_format: LogFormat,
     #[command(flatten)]
     pub limits: LimitArgs,
+    /// The most memory the render of one commit may take: each commit is rendered in a
+    /// process of its own, and one that needs more ends there and is reported as a
+    /// failed render (a template building a huge string, say). Bytes, or with KiB,
+    /// MiB or GiB.
+    #[arg(long, env = "FLOTILLA_RENDER_MEMORY", default_value = "4GiB", value_name = "SIZE",
+          value_parser = parse_size, help_heading = "Budgets")]
+    pub render_memory: u64,
+    /// Render on a thread of the hub's own instead of a child process: no memory limit,
+    /// and a render that exhausts memory takes the hub down (for debugging).
+    #[arg(long, help_heading = "Budgets")]
+    pub render_in_process: bool,
+}
+
+/// A size in bytes: a number, or a number with KiB, MiB or GiB (or K, M, G).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (bytes, or a number with KiB, MiB or GiB)"))?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KiB" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        "G" | "GiB" => 1 << 30,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {text:?}: use KiB, MiB or GiB (or none for bytes)"
+            ));
+        }
+    };
+    let bytes = number
+        .checked_mul(scale)
+        .ok_or_else(|| format!("{text:?} is too large"))?;
+    if bytes < 64 << 20 {
+        return Err(format!(
+            "{text:?} is less than 64MiB, too little to render even a small fleet"
+        ));
+    }
+    Ok(bytes)
 }
 
 #[derive(Debug, Args)]
@@ -447,6 +500,14 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Init(args) => init::run_init(&args),
         Command::Completions(args) => manual::run_completions(&args),
         Command::Man(args) => manual::run_man(&args),
+        Command::RenderWorker(args) => {
+            flotilla_hub::render_worker::run_worker(
+                args.memory_limit,
+                std::io::stdin().lock(),
+                std::io::stdout().lock(),
+            )?;
+            Ok(EXIT_OK)
+        }
     }
 }
 
@@ -454,6 +515,18 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
 mod tests {
     use super::*;
     use clap::CommandFactory as _;
+
+    #[test]
+    fn sizes_read_with_or_without_a_unit() {
+        assert_eq!(parse_size("4GiB"), Ok(4 << 30));
+        assert_eq!(parse_size("768MiB"), Ok(768 << 20));
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("1073741824"), Ok(1 << 30));
+        assert!(parse_size("1 TB").expect_err("unknown unit").contains("unknown unit"));
+        assert!(parse_size("GiB").expect_err("no number").contains("is not a size"));
+        assert!(parse_size("1MiB").expect_err("too small").contains("less than 64MiB"));
+        assert!(parse_size("99999999999G").expect_err("overflow").contains("too large"));
+    }
 
     #[test]
     fn the_command_line_is_well_formed() {

@@ -186,6 +186,11 @@ async fn hostile_commits_are_refused_one_by_one_and_the_fix_is_followed() {
     // within that.
     config.limits.render_timeout = Duration::from_secs(3);
     config.limits.max_resource_bytes = 256 * 1024;
+    // Rendered as `flotilla serve` renders: in a child process with a memory limit.
+    config.render_worker = Some(flotilla_hub::render_worker::RenderWorker {
+        program: env!("CARGO_BIN_EXE_flotilla").into(),
+        memory_limit: Some(512 * 1024 * 1024),
+    });
     let hub = Running::start_ready(config).await;
     let client = client();
     let fleet_url = hub.url("/v1/fleet");
@@ -257,14 +262,39 @@ async fn hostile_commits_are_refused_one_by_one_and_the_fix_is_followed() {
             "the template writes more than 4194304 bytes for this cluster",
         ),
         (
+            "a template that doubles a string until memory runs out",
+            Box::new(|repo| {
+                workload(
+                    repo,
+                    "double",
+                    &[(
+                        "double.yaml.j2",
+                        "{% set a = 'x' * 100000000 %}{% for i in range(40) %}{% set a = a ~ a %}{% endfor %}{{ a | length }}",
+                    )],
+                );
+                repo.commit("double")
+            }),
+            // Only the process knows where it was; the error names no file.
+            "",
+            "the render of this commit needed more than 512 MiB of memory (--render-memory) and was stopped",
+        ),
+        (
             "a tree 4,000 folders deep",
-            Box::new(move |repo| deep_tree_commit(repo, &repo.git(&["rev-parse", "HEAD"]))),
+            Box::new({
+                // On the good commit's tree, not HEAD's (the previous hostile commit,
+                // which would fail the render before this one's error is reached).
+                let good = good.clone();
+                move |repo| deep_tree_commit(repo, &good)
+            }),
             "overlays/d/d/d/",
             "metadata.name \"Deep Overlay\" is not a valid overlay name",
         ),
         (
             "400 paths to one 4 MB blob",
-            Box::new(move |repo| shared_blob_commit(repo, &repo.git(&["rev-parse", "HEAD"]))),
+            Box::new({
+                let good = good.clone();
+                move |repo| shared_blob_commit(repo, &good)
+            }),
             "overlays/shared/f067.yaml",
             "the fleet's files come to more than 268435456 bytes (--max-fleet-bytes",
         ),
@@ -337,7 +367,7 @@ async fn hostile_commits_are_refused_one_by_one_and_the_fix_is_followed() {
         assert!(
             errors
                 .iter()
-                .any(|e| e["file"].as_str().is_some_and(|f| f.starts_with(file))
+                .any(|e| e["file"].as_str().unwrap_or("").starts_with(file)
                     && e["text"].as_str().is_some_and(|t| t.contains(says))),
             "{what}: an error in {file} saying {says:?}: {errors:#?}"
         );
@@ -425,6 +455,9 @@ fn sigterm_ends_the_hub_within_seconds_even_mid_render() {
     std::thread::sleep(Duration::from_millis(500));
     assert!(child.try_wait().expect("wait").is_none(), "the hub runs");
     assert!(marker.exists(), "the render is still in progress");
+    // The render runs in a child process of the hub's.
+    let workers = children_of(child.id());
+    assert_eq!(workers.len(), 1, "one render process: {workers:?}");
     let signalled = Instant::now();
     let killed = std::process::Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -442,10 +475,41 @@ fn sigterm_ends_the_hub_within_seconds_even_mid_render() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "the hub stops cleanly: {status}");
+    // And it does not outlive the hub.
+    let worker = std::path::PathBuf::from(format!("/proc/{}", workers[0]));
+    while worker.exists() {
+        assert!(
+            signalled.elapsed() < Duration::from_secs(5),
+            "the render process outlived the hub"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert!(
         !marker.exists(),
         "a deliberate stop is no crash: the next start renders the commit again"
     );
+}
+
+/// The processes whose parent is `pid` (from /proc).
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut children = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc") {
+        let entry = entry.expect("entry");
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid …: comm may hold spaces, so read after the last ')'.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let ppid = rest.split_whitespace().nth(1);
+        if ppid == Some(pid.to_string().as_str())
+            && let Ok(child) = entry.file_name().to_string_lossy().parse()
+        {
+            children.push(child);
+        }
+    }
+    children
 }
 
 /// A commit the hub died on twice (a marker left behind by two starts that never

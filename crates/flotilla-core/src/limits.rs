@@ -13,7 +13,7 @@ use crate::snapshot::MAX_FILE_BYTES;
 
 /// The budgets of reading and rendering one fleet snapshot. [`Limits::default`]
 /// gives the documented defaults.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Limits {
     /// The largest fleet file read; larger ones are refused, not read.
     pub max_file_bytes: u64,

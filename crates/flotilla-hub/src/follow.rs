@@ -40,6 +40,8 @@ use flotilla_core::limits::Limits;
 use flotilla_core::snapshot::FleetSnapshot;
 use flotilla_render::{RenderOptions, RenderOutput, render_with};
 
+use crate::render_worker::{RenderWorker, WorkerOutcome};
+
 /// How long a `git clone` or `git fetch` may take.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -149,6 +151,9 @@ pub struct Follower {
     origin: Origin,
     spec: SourceSpec,
     limits: Limits,
+    /// Renders in a child process under a memory limit; on a thread of the hub's own
+    /// without one.
+    render_worker: Option<RenderWorker>,
     state_dir: PathBuf,
     poll_interval: Duration,
     last_commit: Option<String>,
@@ -164,12 +169,14 @@ impl Follower {
         state_dir: &Path,
         poll_interval: Duration,
         limits: Limits,
+        render_worker: Option<RenderWorker>,
     ) -> Follower {
         Follower {
             origin: Origin::of(&spec, state_dir),
             shared,
             spec,
             limits,
+            render_worker,
             state_dir: state_dir.to_path_buf(),
             poll_interval,
             last_commit: None,
@@ -380,6 +387,24 @@ impl Follower {
                 self.shared.record_failed_render(&output, waited);
                 return Ok(());
             }
+            Rendered::OutOfMemory => {
+                let limit = self
+                    .render_worker
+                    .as_ref()
+                    .and_then(|w| w.memory_limit)
+                    .unwrap_or_default();
+                let output = failed_output(
+                    &revision,
+                    format!(
+                        "the render of this commit needed more than {} of memory \
+                         (--render-memory) and was stopped: a template that builds a huge \
+                         string or list? The last good bundles stay served",
+                        human_bytes(limit)
+                    ),
+                );
+                self.shared.record_failed_render(&output, Duration::ZERO);
+                return Ok(());
+            }
             Rendered::Panicked(message) => {
                 let output = failed_output(
                     &revision,
@@ -474,6 +499,9 @@ impl Follower {
         snapshot: FleetSnapshot,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Rendered {
+        if let Some(worker) = &self.render_worker {
+            return self.render_in_worker(worker, snapshot, shutdown).await;
+        }
         let cancel = Arc::new(AtomicBool::new(false));
         let (done, result) = oneshot::channel();
         let limits = self.limits.clone();
@@ -516,6 +544,31 @@ impl Follower {
             cancel.store(true, Ordering::Relaxed);
         }
         outcome
+    }
+
+    /// Renders in a child process (see [`crate::render_worker`]), killed at the
+    /// deadline and its grace, or when the hub stops.
+    async fn render_in_worker(
+        &self,
+        worker: &RenderWorker,
+        snapshot: FleetSnapshot,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Rendered {
+        let started = Instant::now();
+        let patience = self.limits.render_timeout + RENDER_GRACE;
+        let stop = async {
+            let _ = shutdown.changed().await;
+        };
+        match worker.render(&snapshot, &self.limits, patience, stop).await {
+            WorkerOutcome::Done(output) => Rendered::Done(output, started.elapsed()),
+            WorkerOutcome::OutOfMemory(said) => {
+                tracing::warn!(revision = %snapshot.revision, "the render process ran out of memory: {said}");
+                Rendered::OutOfMemory
+            }
+            WorkerOutcome::TimedOut => Rendered::Abandoned(started.elapsed()),
+            WorkerOutcome::Stopped => Rendered::ShuttingDown,
+            WorkerOutcome::Failed(message) => Rendered::Panicked(message),
+        }
     }
 
     /// The snapshot to render, and whether its commit forces an immediate rollout
@@ -748,7 +801,21 @@ enum Rendered {
     Abandoned(Duration),
     /// The hub is shutting down; the render was told to stop.
     ShuttingDown,
+    /// The render process went past its memory limit.
+    OutOfMemory,
     Panicked(String),
+}
+
+/// `4 GiB`, `512 MiB`, or bytes when not a whole number of either.
+fn human_bytes(bytes: u64) -> String {
+    const MIB: u64 = 1024 * 1024;
+    if bytes >= 1024 * MIB && bytes.is_multiple_of(1024 * MIB) {
+        format!("{} GiB", bytes / (1024 * MIB))
+    } else if bytes >= MIB && bytes.is_multiple_of(MIB) {
+        format!("{} MiB", bytes / MIB)
+    } else {
+        format!("{bytes} bytes")
+    }
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {

@@ -23,6 +23,7 @@ pub mod lock;
 pub mod metrics;
 pub mod peers;
 pub mod publish;
+pub mod render_worker;
 pub mod rollouts;
 pub mod source;
 pub mod state;
@@ -115,6 +116,9 @@ pub struct HubConfig {
     /// Several hubs: how long an object must have been unreferenced before garbage
     /// collection deletes it (an hour).
     pub gc_grace: Duration,
+    /// Render each commit in a child process under a memory limit (`flotilla serve`
+    /// does); `None` renders on a thread of the hub's own.
+    pub render_worker: Option<render_worker::RenderWorker>,
 }
 
 impl HubConfig {
@@ -136,6 +140,7 @@ impl HubConfig {
             peers: peers::PeerTiming::default(),
             signing_key: None,
             gc_grace: Duration::from_secs(3600),
+            render_worker: None,
         }
     }
 }
@@ -247,6 +252,7 @@ impl Hub {
             &config.state_dir,
             config.poll_interval,
             config.limits,
+            config.render_worker,
         );
         let mut tasks = vec![
             tokio::spawn({

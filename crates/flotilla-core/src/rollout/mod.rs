@@ -268,7 +268,7 @@ pub fn order_key(policy: &str, cluster: &str) -> [u8; 32] {
 }
 
 /// Where one governed cluster goes in a rollout of its policy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Placement {
     /// Index into [`RolloutPlan::policies`].
     pub policy: usize,
@@ -277,7 +277,7 @@ pub struct Placement {
 }
 
 /// Which policy and wave each cluster of one render belongs to.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RolloutPlan {
     /// Every policy of the fleet, by name.
     pub policies: Vec<Policy>,

@@ -1,0 +1,557 @@
+//! Rendering in a process of its own, under a memory limit.
+//!
+//! The template engine has no memory budget of its own: fuel bounds how many
+//! instructions a template runs, the output cap how much it writes, but one expression
+//! such as `a ~ a` doubles a string in a single instruction, so a dozen of them ask
+//! for gigabytes. A render inside the hub's process would take the hub down with it.
+//! `flotilla serve` therefore renders each commit in a child process (the same
+//! binary, `flotilla render-worker`) whose data segment is capped with `RLIMIT_DATA`
+//! (`--render-memory`): a template past it ends only that process, and the hub
+//! reports the commit as failed and keeps serving the last good bundles. The child
+//! is also killed at the render's deadline and when the hub stops, and it dies with
+//! the hub (`PR_SET_PDEATHSIG`). Its working set never becomes the hub's: all of it
+//! goes back to the system when the child exits.
+//!
+//! The protocol is private to one binary (parent and child are the same build): the
+//! snapshot and the limits go in as JSON on standard input; the output comes back on
+//! standard output as a JSON header (revision, diagnostics, memberships, labels,
+//! rollout plan) followed by every distinct resource once and each cluster's bundle
+//! as indexes into them, so clusters that share resources still share them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{self, Read, Write};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use flotilla_core::bundle::{Bundle, Digest, Resource, ResourceKey};
+use flotilla_core::diagnostic::Diagnostic;
+use flotilla_core::limits::Limits;
+use flotilla_core::rollout::RolloutPlan;
+use flotilla_core::snapshot::FleetSnapshot;
+use flotilla_render::{RenderOptions, RenderOutput, render_with};
+
+/// The hidden subcommand of the `flotilla` binary that runs [`run_worker`].
+pub const WORKER_COMMAND: &str = "render-worker";
+
+/// The default cap on a render's memory: 4 GiB, four times what a render of 10,000
+/// clusters whose every manifest is a per-cluster template needs.
+pub const DEFAULT_RENDER_MEMORY: u64 = 4 * 1024 * 1024 * 1024;
+
+/// How much of the child's standard error is kept for the report.
+const STDERR_KEPT: u64 = 16 * 1024;
+
+/// Where and how renders run in a child process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenderWorker {
+    /// The `flotilla` binary to run as `PROGRAM render-worker`.
+    pub program: PathBuf,
+    /// The child's `RLIMIT_DATA`, in bytes; `None` for no limit.
+    pub memory_limit: Option<u64>,
+}
+
+/// How a render in a child process ended.
+#[derive(Debug)]
+pub enum WorkerOutcome {
+    Done(RenderOutput),
+    /// The child ran out of the memory it is allowed; what it said.
+    OutOfMemory(String),
+    /// Still running at the deadline; killed.
+    TimedOut,
+    /// The hub is stopping; killed.
+    Stopped,
+    /// It crashed, was killed by someone else, or said something unreadable.
+    Failed(String),
+}
+
+/// Everything of the input but the files' contents.
+#[derive(Serialize, Deserialize)]
+struct InputHeader {
+    limits: Limits,
+    revision: String,
+    problems: Vec<Diagnostic>,
+    skipped: BTreeMap<String, String>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Header {
+    revision: String,
+    diagnostics: Vec<Diagnostic>,
+    memberships: BTreeMap<String, Vec<String>>,
+    labels: BTreeMap<String, BTreeMap<String, String>>,
+    rollouts: RolloutPlan,
+}
+
+impl RenderWorker {
+    /// Renders `snapshot` in a child process. Resolves when the child has answered, or
+    /// kills it when `deadline` passes or `stop` resolves first.
+    pub async fn render(
+        &self,
+        snapshot: &FleetSnapshot,
+        limits: &Limits,
+        deadline: Duration,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> WorkerOutcome {
+        let mut input = Vec::new();
+        if let Err(err) = encode_input(snapshot, limits, &mut input) {
+            return WorkerOutcome::Failed(format!("cannot encode the snapshot: {err}"));
+        }
+        let mut command = tokio::process::Command::new(&self.program);
+        command.arg(WORKER_COMMAND);
+        if let Some(limit) = self.memory_limit {
+            command.arg("--memory-limit").arg(limit.to_string());
+        }
+        command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            Err(err) => {
+                return WorkerOutcome::Failed(format!(
+                    "cannot start {} {WORKER_COMMAND}: {err}",
+                    self.program.display()
+                ));
+            }
+        };
+        let (Some(mut stdin), Some(mut stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return WorkerOutcome::Failed("the render process has no pipes".into());
+        };
+        // Feed, drain and collect at once, so neither side waits on a full pipe.
+        let feed = tokio::spawn(async move {
+            // A child that dies early closes its end; what it says then is the news.
+            let _ = stdin.write_all(&input).await;
+        });
+        let drain = tokio::spawn(async move {
+            let mut out = Vec::new();
+            stdout.read_to_end(&mut out).await.map(|_| out)
+        });
+        let errors = tokio::spawn(async move {
+            let mut text = Vec::new();
+            let _ = stderr.take(STDERR_KEPT).read_to_end(&mut text).await;
+            String::from_utf8_lossy(&text).into_owned()
+        });
+        let finished = async {
+            let status = child.wait().await;
+            (status, drain.await, errors.await)
+        };
+        tokio::pin!(finished);
+        let timer = tokio::time::sleep(deadline);
+        let (status, out, errors) = tokio::select! {
+            done = &mut finished => done,
+            _ = timer => {
+                feed.abort();
+                return WorkerOutcome::TimedOut;
+            }
+            _ = stop => {
+                feed.abort();
+                return WorkerOutcome::Stopped;
+            }
+        };
+        // (A return above drops `child`, which kills it: `kill_on_drop`.)
+        let status = match status {
+            Ok(status) => status,
+            Err(err) => return WorkerOutcome::Failed(format!("cannot wait for the render: {err}")),
+        };
+        let errors = errors.unwrap_or_default();
+        if !status.success() {
+            // An allocation that failed aborts ("memory allocation of N bytes failed");
+            // one reading the input fails as an error ("out of memory").
+            if let Some(line) = errors
+                .lines()
+                .find(|l| l.contains("memory allocation of") || l.contains("out of memory"))
+            {
+                return WorkerOutcome::OutOfMemory(line.trim().to_string());
+            }
+            let last = errors.lines().rev().find(|l| !l.trim().is_empty());
+            return WorkerOutcome::Failed(match last {
+                Some(line) => format!("the render process ended with {status}: {}", line.trim()),
+                None => format!("the render process ended with {status}"),
+            });
+        }
+        let out = match out {
+            Ok(Ok(out)) => out,
+            Ok(Err(err)) => return WorkerOutcome::Failed(format!("cannot read the render: {err}")),
+            Err(err) => return WorkerOutcome::Failed(format!("cannot read the render: {err}")),
+        };
+        match tokio::task::spawn_blocking(move || decode_output(&out)).await {
+            Ok(Ok(output)) => WorkerOutcome::Done(output),
+            Ok(Err(err)) => {
+                WorkerOutcome::Failed(format!("the render's answer is unreadable: {err}"))
+            }
+            Err(err) => WorkerOutcome::Failed(format!("cannot read the render: {err}")),
+        }
+    }
+}
+
+/// The child's side: caps its own memory, reads the snapshot and limits from
+/// `input`, renders and writes the result to `output`. Rendering runs out of memory
+/// by aborting the process, which the parent recognises.
+pub fn run_worker(
+    memory_limit: Option<u64>,
+    input: impl Read,
+    output: impl Write,
+) -> io::Result<()> {
+    // Dies with the hub, whatever way the hub ends.
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+        .map_err(io::Error::from)?;
+    if let Some(limit) = memory_limit {
+        rustix::process::setrlimit(
+            rustix::process::Resource::Data,
+            rustix::process::Rlimit {
+                current: Some(limit),
+                maximum: Some(limit),
+            },
+        )
+        .map_err(io::Error::from)?;
+    }
+    let (limits, snapshot) = decode_input(io::BufReader::new(input))?;
+    let options = RenderOptions {
+        limits,
+        ..RenderOptions::default()
+    };
+    let rendered = render_with(&snapshot, &options);
+    drop(snapshot);
+    let mut output = io::BufWriter::new(output);
+    encode_output(&rendered, &mut output)?;
+    output.flush()
+}
+
+fn put_len(out: &mut impl Write, len: usize) -> io::Result<()> {
+    out.write_all(&(len as u64).to_le_bytes())
+}
+
+fn put_bytes(out: &mut impl Write, bytes: &[u8]) -> io::Result<()> {
+    put_len(out, bytes.len())?;
+    out.write_all(bytes)
+}
+
+/// Writes a snapshot and the limits to render it within: a JSON header, then each
+/// distinct file content once (paths to the same content share it), then each path
+/// with the index of its content.
+fn encode_input(snapshot: &FleetSnapshot, limits: &Limits, out: &mut impl Write) -> io::Result<()> {
+    let header = InputHeader {
+        limits: limits.clone(),
+        revision: snapshot.revision.clone(),
+        problems: snapshot.problems.clone(),
+        skipped: snapshot.skipped.clone(),
+    };
+    put_bytes(out, &serde_json::to_vec(&header).map_err(io::Error::other)?)?;
+    let mut index: HashMap<*const u8, usize> = HashMap::new();
+    let mut order: Vec<&str> = Vec::new();
+    let indexes: Vec<usize> = snapshot
+        .files
+        .values()
+        .map(|text| {
+            *index.entry(text.as_ptr()).or_insert_with(|| {
+                order.push(text);
+                order.len() - 1
+            })
+        })
+        .collect();
+    put_len(out, order.len())?;
+    for text in order {
+        put_bytes(out, text.as_bytes())?;
+    }
+    put_len(out, snapshot.files.len())?;
+    for (path, i) in snapshot.files.keys().zip(indexes) {
+        put_bytes(out, path.as_bytes())?;
+        put_len(out, i)?;
+    }
+    Ok(())
+}
+
+/// Reads what [`encode_input`] wrote, as it arrives (the files are not held twice).
+fn decode_input(mut input: impl Read) -> io::Result<(Limits, FleetSnapshot)> {
+    fn invalid(message: impl std::fmt::Display) -> io::Error {
+        io::Error::new(io::ErrorKind::InvalidData, message.to_string())
+    }
+    fn len(input: &mut impl Read) -> io::Result<usize> {
+        let mut word = [0u8; 8];
+        input.read_exact(&mut word)?;
+        usize::try_from(u64::from_le_bytes(word)).map_err(invalid)
+    }
+    fn text(input: &mut impl Read) -> io::Result<String> {
+        let len = len(input)?;
+        let mut bytes = Vec::new();
+        bytes.try_reserve_exact(len)?;
+        input.take(len as u64).read_to_end(&mut bytes)?;
+        if bytes.len() != len {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        String::from_utf8(bytes).map_err(invalid)
+    }
+    let header: InputHeader = serde_json::from_str(&text(&mut input)?).map_err(invalid)?;
+    let count = len(&mut input)?;
+    let mut texts: Vec<Arc<str>> = Vec::new();
+    for _ in 0..count {
+        texts.push(Arc::from(text(&mut input)?));
+    }
+    let count = len(&mut input)?;
+    let mut files = BTreeMap::new();
+    for _ in 0..count {
+        let path = text(&mut input)?;
+        let content = texts
+            .get(len(&mut input)?)
+            .ok_or_else(|| invalid("file index out of range"))?;
+        files.insert(path, content.clone());
+    }
+    if input.read(&mut [0u8])? != 0 {
+        return Err(invalid("trailing bytes"));
+    }
+    let snapshot = FleetSnapshot {
+        files,
+        revision: header.revision,
+        problems: header.problems,
+        skipped: header.skipped,
+    };
+    Ok((header.limits, snapshot))
+}
+
+/// Writes a render: the header, every distinct resource once, then each bundle as
+/// its cluster, digest and resource indexes.
+pub fn encode_output(rendered: &RenderOutput, out: &mut impl Write) -> io::Result<()> {
+    let header = Header {
+        revision: rendered.revision.clone(),
+        diagnostics: rendered.diagnostics.clone(),
+        memberships: rendered.memberships.clone(),
+        labels: rendered.labels.clone(),
+        rollouts: rendered.rollouts.clone(),
+    };
+    put_bytes(out, &serde_json::to_vec(&header).map_err(io::Error::other)?)?;
+    let mut index: HashMap<*const Resource, usize> = HashMap::new();
+    let mut order: Vec<&Arc<Resource>> = Vec::new();
+    for bundle in rendered.bundles.values() {
+        for resource in &bundle.resources {
+            index.entry(Arc::as_ptr(resource)).or_insert_with(|| {
+                order.push(resource);
+                order.len() - 1
+            });
+        }
+    }
+    put_len(out, order.len())?;
+    for resource in order {
+        put_bytes(
+            out,
+            &serde_json::to_vec(&resource.key).map_err(io::Error::other)?,
+        )?;
+        put_bytes(out, &resource.canonical)?;
+    }
+    put_len(out, rendered.bundles.len())?;
+    for bundle in rendered.bundles.values() {
+        put_bytes(out, bundle.cluster.as_bytes())?;
+        put_bytes(out, bundle.digest.as_str().as_bytes())?;
+        put_len(out, bundle.resources.len())?;
+        for resource in &bundle.resources {
+            put_len(out, index[&Arc::as_ptr(resource)])?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads what [`encode_output`] wrote.
+pub fn decode_output(bytes: &[u8]) -> Result<RenderOutput, String> {
+    let mut reader = Reader { bytes, at: 0 };
+    let header: Header =
+        serde_json::from_slice(reader.bytes()?).map_err(|e| format!("header: {e}"))?;
+    let count = reader.len()?;
+    let mut resources = Vec::with_capacity(count.min(bytes.len()));
+    for _ in 0..count {
+        let key: ResourceKey =
+            serde_json::from_slice(reader.bytes()?).map_err(|e| format!("resource key: {e}"))?;
+        let canonical = reader.bytes()?.to_vec().into_boxed_slice();
+        resources.push(Arc::new(Resource { key, canonical }));
+    }
+    let count = reader.len()?;
+    let mut bundles = BTreeMap::new();
+    for _ in 0..count {
+        let cluster = reader.text()?.to_string();
+        let digest = Digest::try_from(reader.text()?.to_string()).map_err(|e| e.to_string())?;
+        let n = reader.len()?;
+        let mut list = Vec::with_capacity(n.min(resources.len()));
+        for _ in 0..n {
+            let i = reader.len()?;
+            list.push(
+                resources
+                    .get(i)
+                    .ok_or("resource index out of range")?
+                    .clone(),
+            );
+        }
+        bundles.insert(
+            cluster.clone(),
+            Bundle {
+                cluster,
+                digest,
+                resources: list,
+            },
+        );
+    }
+    if reader.at != bytes.len() {
+        return Err("trailing bytes".into());
+    }
+    Ok(RenderOutput {
+        revision: header.revision,
+        bundles,
+        diagnostics: header.diagnostics,
+        memberships: header.memberships,
+        labels: header.labels,
+        rollouts: header.rollouts,
+    })
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn len(&mut self) -> Result<usize, String> {
+        let end = self.at + 8;
+        let raw = self.bytes.get(self.at..end).ok_or("truncated")?;
+        self.at = end;
+        let mut word = [0u8; 8];
+        word.copy_from_slice(raw);
+        usize::try_from(u64::from_le_bytes(word)).map_err(|e| e.to_string())
+    }
+
+    fn text(&mut self) -> Result<&'a str, String> {
+        std::str::from_utf8(self.bytes()?).map_err(|e| e.to_string())
+    }
+
+    fn bytes(&mut self) -> Result<&'a [u8], String> {
+        let len = self.len()?;
+        let end = self.at.checked_add(len).ok_or("length overflows")?;
+        let raw = self.bytes.get(self.at..end).ok_or("truncated")?;
+        self.at = end;
+        Ok(raw)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    fn example() -> (FleetSnapshot, RenderOutput) {
+        let root = flotilla_testkit::workspace_root().join("fleet-example");
+        let snapshot = crate::source::from_folder(&root, "").expect("fleet-example reads");
+        let rendered = flotilla_render::render(&snapshot);
+        assert!(rendered.is_clean(), "{:?}", rendered.diagnostics);
+        (snapshot, rendered)
+    }
+
+    fn distinct(output: &RenderOutput) -> usize {
+        let pointers: HashSet<*const Resource> = output
+            .bundles
+            .values()
+            .flat_map(|b| b.resources.iter().map(Arc::as_ptr))
+            .collect();
+        pointers.len()
+    }
+
+    #[test]
+    fn a_render_comes_back_whole_with_its_resources_still_shared() {
+        let (_, rendered) = example();
+        let mut bytes = Vec::new();
+        encode_output(&rendered, &mut bytes).expect("encodes");
+        let back = decode_output(&bytes).expect("decodes");
+        assert_eq!(back.revision, rendered.revision);
+        assert_eq!(back.diagnostics, rendered.diagnostics);
+        assert_eq!(back.memberships, rendered.memberships);
+        assert_eq!(back.labels, rendered.labels);
+        assert_eq!(back.rollouts, rendered.rollouts);
+        assert_eq!(
+            back.bundles.keys().collect::<Vec<_>>(),
+            rendered.bundles.keys().collect::<Vec<_>>()
+        );
+        for (cluster, bundle) in &rendered.bundles {
+            let other = &back.bundles[cluster];
+            assert_eq!(other.cluster, bundle.cluster);
+            assert_eq!(other.digest, bundle.digest);
+            assert_eq!(other.resources, bundle.resources, "{cluster}");
+            // The digest sent is the digest of the resources sent.
+            let again = Bundle::from_sorted(cluster.clone(), other.resources.clone());
+            assert_eq!(again.digest, bundle.digest, "{cluster}");
+        }
+        // Resources shared between clusters in the render are shared after it.
+        assert!(distinct(&rendered) < rendered.bundles.values().map(|b| b.resources.len()).sum());
+        assert_eq!(distinct(&back), distinct(&rendered));
+    }
+
+    #[test]
+    fn a_snapshot_goes_over_whole_and_paths_to_one_content_share_it() {
+        let (mut snapshot, _) = example();
+        let shared: Arc<str> = Arc::from("# the same content at two paths\n");
+        snapshot.files.insert("a/one.txt".into(), shared.clone());
+        snapshot.files.insert("b/two.txt".into(), shared);
+        snapshot
+            .problems
+            .push(Diagnostic::error("a problem").in_file("x.yaml"));
+        snapshot.skipped.insert("bin.dat".into(), "binary".into());
+        let limits = Limits {
+            template_fuel: 7,
+            ..Limits::default()
+        };
+        let mut bytes = Vec::new();
+        encode_input(&snapshot, &limits, &mut bytes).expect("encodes");
+        let (back_limits, back) = decode_input(bytes.as_slice()).expect("decodes");
+        assert_eq!(back_limits, limits);
+        assert_eq!(back.files, snapshot.files);
+        assert_eq!(back.revision, snapshot.revision);
+        assert_eq!(back.problems, snapshot.problems);
+        assert_eq!(back.skipped, snapshot.skipped);
+        assert!(Arc::ptr_eq(
+            &back.files["a/one.txt"],
+            &back.files["b/two.txt"]
+        ));
+        assert!(decode_input(&bytes[..bytes.len() - 1]).is_err());
+        bytes.push(0);
+        assert!(decode_input(bytes.as_slice()).is_err());
+    }
+
+    #[test]
+    fn a_damaged_answer_is_an_error_not_a_panic() {
+        let (_, rendered) = example();
+        let mut bytes = Vec::new();
+        encode_output(&rendered, &mut bytes).expect("encodes");
+        for cut in [0, 7, 8, 100, bytes.len() / 2, bytes.len() - 1] {
+            assert!(decode_output(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert_eq!(
+            decode_output(&longer).err().as_deref(),
+            Some("trailing bytes")
+        );
+        let mut huge = bytes;
+        huge[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(decode_output(&huge).is_err());
+    }
+
+    #[test]
+    fn the_worker_renders_what_the_hub_would() {
+        let (snapshot, rendered) = example();
+        let mut input = Vec::new();
+        encode_input(&snapshot, &Limits::default(), &mut input).expect("encodes");
+        let mut out = Vec::new();
+        // No memory limit here: this is the test process itself.
+        run_worker(None, input.as_slice(), &mut out).expect("renders");
+        let back = decode_output(&out).expect("decodes");
+        let digests = |o: &RenderOutput| {
+            o.bundles
+                .iter()
+                .map(|(c, b)| (c.clone(), b.digest.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(digests(&back), digests(&rendered));
+        assert_eq!(back.diagnostics, rendered.diagnostics);
+    }
+}
