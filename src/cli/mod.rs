@@ -522,10 +522,26 @@ mod tests {
         assert_eq!(parse_size("768MiB"), Ok(768 << 20));
         assert_eq!(parse_size("512M"), Ok(512 << 20));
         assert_eq!(parse_size("1073741824"), Ok(1 << 30));
-        assert!(parse_size("1 TB").expect_err("unknown unit").contains("unknown unit"));
-        assert!(parse_size("GiB").expect_err("no number").contains("is not a size"));
-        assert!(parse_size("1MiB").expect_err("too small").contains("less than 64MiB"));
-        assert!(parse_size("99999999999G").expect_err("overflow").contains("too large"));
+        assert!(
+            parse_size("1 TB")
+                .expect_err("unknown unit")
+                .contains("unknown unit")
+        );
+        assert!(
+            parse_size("GiB")
+                .expect_err("no number")
+                .contains("is not a size")
+        );
+        assert!(
+            parse_size("1MiB")
+                .expect_err("too small")
+                .contains("less than 64MiB")
+        );
+        assert!(
+            parse_size("99999999999G")
+                .expect_err("overflow")
+                .contains("too large")
+        );
     }
 
     #[test]

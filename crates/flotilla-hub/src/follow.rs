@@ -484,6 +484,7 @@ impl Follower {
             objects_written = report.objects_written,
             render_ms = report.render_duration.as_millis() as u64,
             install_ms = report.install_duration.as_millis() as u64,
+            objects_ms = report.objects_duration.as_millis() as u64,
             "serving the new render"
         );
         Ok(())

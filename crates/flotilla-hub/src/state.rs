@@ -779,6 +779,7 @@ impl Shared {
         let started = Instant::now();
         let written = self.write_objects(output).await?;
         self.metrics.objects_written(written as u64);
+        let objects_duration = started.elapsed();
 
         let now = self.settings.clock.now_ms();
         let outcome = self
@@ -797,6 +798,7 @@ impl Shared {
             removed: outcome.removed,
             rollouts_started: outcome.rollouts_started,
             objects_written: written,
+            objects_duration,
             render_duration: duration,
             install_duration: started.elapsed(),
         };
@@ -823,6 +825,9 @@ pub struct InstallReport {
     pub removed: usize,
     pub rollouts_started: usize,
     pub objects_written: usize,
+    /// Of the install, the time spent writing objects (the rest records the render
+    /// and what is served in the database).
+    pub objects_duration: Duration,
     pub render_duration: Duration,
     pub install_duration: Duration,
 }

@@ -635,39 +635,47 @@ impl Store {
             }
         }
         let mut candidates: BTreeSet<String> = BTreeSet::new();
-        for row in &commit.rendered {
-            if let Some(old) = sqlx::query("SELECT digest FROM rendered WHERE cluster = $1")
-                .bind(&row.cluster)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(err)?
-            {
-                candidates.insert(old.get("digest"));
-            }
-            sqlx::query(
+        // Many rows to a statement: a commit that changes 10,000 clusters is a few
+        // dozen statements, not tens of thousands (each a round trip to PostgreSQL).
+        for chunk in chunks_by_key(&commit.rendered, |row| &row.cluster) {
+            let names: Vec<&str> = chunk.iter().map(|row| row.cluster.as_str()).collect();
+            let old = select_in(
+                &mut tx,
+                "SELECT digest FROM rendered WHERE cluster IN ({})",
+                &names,
+            )
+            .await
+            .map_err(err)?;
+            candidates.extend(old.iter().map(|row| row.get::<String, _>("digest")));
+            let sql = format!(
                 "INSERT INTO rendered (cluster, digest, revision, policy, wave, paused)
-                 VALUES ($1, $2, $3, $4, $5, $6)
+                 VALUES {}
                  ON CONFLICT (cluster) DO UPDATE SET digest = excluded.digest,
                      revision = excluded.revision, policy = excluded.policy,
                      wave = excluded.wave, paused = excluded.paused",
-            )
-            .bind(&row.cluster)
-            .bind(row.digest.as_str())
-            .bind(&row.revision)
-            .bind(&row.policy)
-            .bind(&row.wave)
-            .bind(row.paused)
-            .execute(&mut *tx)
-            .await
-            .map_err(err)?;
+                value_rows(chunk.len(), 6)
+            );
+            let mut query = sqlx::query(&sql);
+            for row in chunk {
+                query = query
+                    .bind(&row.cluster)
+                    .bind(row.digest.as_str())
+                    .bind(&row.revision)
+                    .bind(&row.policy)
+                    .bind(&row.wave)
+                    .bind(row.paused);
+            }
+            query.execute(&mut *tx).await.map_err(err)?;
         }
         if !commit.served.is_empty() {
             let generation = next_generation(&mut tx).await.map_err(err)?;
-            for change in &commit.served {
-                let sequence = write_served(&mut tx, change, generation, commit, &mut candidates)
+            for chunk in chunks_by_key(&commit.served, |change| &change.cluster) {
+                let written = write_served(&mut tx, chunk, generation, commit, &mut candidates)
                     .await
                     .map_err(err)?;
-                sequences.insert(change.cluster.clone(), sequence_of(sequence)?);
+                for (cluster, sequence) in written {
+                    sequences.insert(cluster, sequence_of(sequence)?);
+                }
             }
         }
         for name in &commit.removed {
@@ -711,10 +719,8 @@ impl Store {
         }
         bump_counter(&mut tx, META_CHANGES).await.map_err(err)?;
         let mut unreferenced = Vec::new();
-        for digest in candidates {
-            if !referenced(&mut tx, &digest).await.map_err(err)? {
-                unreferenced.push(parse_digest("bundle_history", "digest", digest)?);
-            }
+        for digest in unreferenced_of(&mut tx, candidates).await.map_err(err)? {
+            unreferenced.push(parse_digest("bundle_history", "digest", digest)?);
         }
         tx.commit().await.map_err(err)?;
         Ok((unreferenced, sequences))
@@ -1161,109 +1167,222 @@ fn sequence_of(value: i64) -> Result<u64, StoreError> {
     })
 }
 
-/// Records one change of what a cluster is served: the `clusters` row (its serve
-/// sequence moved up: the change's time in milliseconds, or one more than before if
-/// that is higher, continuing the sequence of a cluster that left and came back)
-/// and, for a digest really served, its history. Returns the new sequence.
+/// Rows written by one statement: at six columns, well under the bound-parameter
+/// limits of SQLite (32,766) and PostgreSQL (65,535).
+const ROWS_PER_STATEMENT: usize = 500;
+
+/// `($1, $2), ($3, $4)`: `rows` tuples of `columns` placeholders.
+fn value_rows(rows: usize, columns: usize) -> String {
+    let mut sql = String::with_capacity(rows * columns * 5);
+    for row in 0..rows {
+        if row > 0 {
+            sql.push_str(", ");
+        }
+        sql.push('(');
+        for column in 0..columns {
+            if column > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str(&format!("${}", row * columns + column + 1));
+        }
+        sql.push(')');
+    }
+    sql
+}
+
+/// `items` in runs of at most [`ROWS_PER_STATEMENT`], a new run starting where a key
+/// comes again, so that no statement writes one row twice (PostgreSQL refuses an
+/// upsert that does) and later writes of a key still follow earlier ones.
+fn chunks_by_key<T>(items: &[T], key: impl Fn(&T) -> &str) -> Vec<&[T]> {
+    let mut chunks = Vec::new();
+    let mut start = 0;
+    let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    for (i, item) in items.iter().enumerate() {
+        if i - start == ROWS_PER_STATEMENT || !seen.insert(key(item)) {
+            chunks.push(&items[start..i]);
+            start = i;
+            seen.clear();
+            seen.insert(key(item));
+        }
+    }
+    if start < items.len() {
+        chunks.push(&items[start..]);
+    }
+    chunks
+}
+
+/// Runs `sql`, whose `{}` is replaced by one placeholder per value, with `values`.
+async fn select_in(
+    tx: &mut Tx<'_>,
+    sql: &str,
+    values: &[&str],
+) -> Result<Vec<AnyRow>, sqlx::Error> {
+    let list: Vec<String> = (1..=values.len()).map(|i| format!("${i}")).collect();
+    let sql = sql.replace("{}", &list.join(", "));
+    let mut query = sqlx::query(&sql);
+    for value in values {
+        query = query.bind(*value);
+    }
+    query.fetch_all(&mut **tx).await
+}
+
+/// Records changes of what clusters are served (no cluster twice in `changes`): each
+/// `clusters` row (its serve sequence moved up: the change's time in milliseconds, or
+/// one more than before if that is higher, continuing the sequence of a cluster that
+/// left and came back) and, for a digest really served, its history. Returns each
+/// cluster's new sequence.
 async fn write_served(
     tx: &mut Tx<'_>,
-    change: &ServedChange,
+    changes: &[ServedChange],
     generation: i64,
     commit: &Commit,
     candidates: &mut BTreeSet<String>,
-) -> Result<i64, sqlx::Error> {
-    if let Some(old) = sqlx::query("SELECT digest FROM clusters WHERE name = $1")
-        .bind(&change.cluster)
-        .fetch_optional(&mut **tx)
-        .await?
-    {
-        candidates.insert(old.get("digest"));
-    }
+) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    let names: Vec<&str> = changes.iter().map(|c| c.cluster.as_str()).collect();
+    let old = select_in(tx, "SELECT digest FROM clusters WHERE name IN ({})", &names).await?;
+    candidates.extend(old.iter().map(|row| row.get::<String, _>("digest")));
     // The sequence is the change's time in milliseconds, or one more than the last
     // one when that is higher: it goes up on every change, and a store that was lost
     // or restored from a backup still signs above what agents hold.
-    let sequence: i64 = sqlx::query(
-        "INSERT INTO serve_sequences (cluster, sequence) VALUES ($1, $2)
+    let sql = format!(
+        "INSERT INTO serve_sequences (cluster, sequence) VALUES {}
          ON CONFLICT (cluster) DO UPDATE SET sequence =
-             CASE WHEN serve_sequences.sequence + 1 > $2 THEN serve_sequences.sequence + 1
-                  ELSE $2 END
-         RETURNING sequence",
-    )
-    .bind(&change.cluster)
-    .bind(commit.now_ms.max(1))
-    .fetch_one(&mut **tx)
-    .await?
-    .get("sequence");
-    sqlx::query(
+             CASE WHEN serve_sequences.sequence + 1 > excluded.sequence
+                  THEN serve_sequences.sequence + 1
+                  ELSE excluded.sequence END
+         RETURNING cluster, sequence",
+        value_rows(changes.len(), 2)
+    );
+    let mut query = sqlx::query(&sql);
+    for change in changes {
+        query = query.bind(&change.cluster).bind(commit.now_ms.max(1));
+    }
+    let sequences: HashMap<String, i64> = query
+        .fetch_all(&mut **tx)
+        .await?
+        .iter()
+        .map(|row| (row.get("cluster"), row.get("sequence")))
+        .collect();
+    let sequence_of = |cluster: &str| {
+        sequences
+            .get(cluster)
+            .copied()
+            .ok_or_else(|| sqlx::Error::RowNotFound)
+    };
+    let sql = format!(
         "INSERT INTO clusters (name, digest, revision, updated_at, hold, serve_sequence)
-         VALUES ($1, $2, $3, $4, $5, $6)
+         VALUES {}
          ON CONFLICT (name) DO UPDATE SET digest = excluded.digest,
              revision = excluded.revision, updated_at = excluded.updated_at,
              hold = excluded.hold, serve_sequence = excluded.serve_sequence",
-    )
-    .bind(&change.cluster)
-    .bind(change.digest.as_str())
-    .bind(&change.revision)
-    .bind(commit.now_ms)
-    .bind(change.hold)
-    .bind(sequence)
-    .execute(&mut **tx)
-    .await?;
-    if change.hold {
-        return Ok(sequence);
-    }
-    sqlx::query(
-        "INSERT INTO bundle_history (cluster, digest, revision, generation) VALUES ($1, $2, $3, $4)
-         ON CONFLICT (cluster, digest) DO UPDATE SET generation = excluded.generation",
-    )
-    .bind(&change.cluster)
-    .bind(change.digest.as_str())
-    .bind(&change.revision)
-    .bind(generation)
-    .execute(&mut **tx)
-    .await?;
-    let old: Vec<String> = sqlx::query(
-        "SELECT digest FROM bundle_history WHERE cluster = $1 ORDER BY generation DESC",
-    )
-    .bind(&change.cluster)
-    .fetch_all(&mut **tx)
-    .await?
-    .iter()
-    .skip(commit.history.max(1))
-    .map(|row| row.get("digest"))
-    .collect();
-    for digest in old {
-        sqlx::query("DELETE FROM bundle_history WHERE cluster = $1 AND digest = $2")
+        value_rows(changes.len(), 6)
+    );
+    let mut query = sqlx::query(&sql);
+    for change in changes {
+        query = query
             .bind(&change.cluster)
-            .bind(&digest)
-            .execute(&mut **tx)
-            .await?;
-        candidates.insert(digest);
+            .bind(change.digest.as_str())
+            .bind(&change.revision)
+            .bind(commit.now_ms)
+            .bind(change.hold)
+            .bind(sequence_of(&change.cluster)?);
     }
-    Ok(sequence)
-}
+    query.execute(&mut **tx).await?;
+    let written = changes
+        .iter()
+        .map(|c| Ok((c.cluster.clone(), sequence_of(&c.cluster)?)))
+        .collect::<Result<Vec<_>, sqlx::Error>>()?;
 
-/// Whether anything still refers to a digest: a cluster's history, what it is served,
-/// what HEAD renders for it, or a rollout that has not ended (its previous and new
-/// digests are kept until it ends).
-async fn referenced(tx: &mut Tx<'_>, digest: &str) -> Result<bool, sqlx::Error> {
-    for query in [
-        "SELECT 1 FROM bundle_history WHERE digest = $1 LIMIT 1",
-        "SELECT 1 FROM clusters WHERE digest = $1 LIMIT 1",
-        "SELECT 1 FROM rendered WHERE digest = $1 LIMIT 1",
-        "SELECT 1 FROM rollout_clusters c JOIN rollouts r ON r.id = c.rollout_id
-         WHERE r.ended_at IS NULL AND (c.previous = $1 OR c.target = $1) LIMIT 1",
-    ] {
-        if sqlx::query(query)
-            .bind(digest)
-            .fetch_optional(&mut **tx)
-            .await?
-            .is_some()
-        {
-            return Ok(true);
+    // History, for digests really served (not a hold).
+    let kept: Vec<&ServedChange> = changes.iter().filter(|c| !c.hold).collect();
+    if kept.is_empty() {
+        return Ok(written);
+    }
+    let sql = format!(
+        "INSERT INTO bundle_history (cluster, digest, revision, generation) VALUES {}
+         ON CONFLICT (cluster, digest) DO UPDATE SET generation = excluded.generation",
+        value_rows(kept.len(), 4)
+    );
+    let mut query = sqlx::query(&sql);
+    for change in &kept {
+        query = query
+            .bind(&change.cluster)
+            .bind(change.digest.as_str())
+            .bind(&change.revision)
+            .bind(generation);
+    }
+    query.execute(&mut **tx).await?;
+    let names: Vec<&str> = kept.iter().map(|c| c.cluster.as_str()).collect();
+    let rows = select_in(
+        tx,
+        "SELECT cluster, digest FROM bundle_history WHERE cluster IN ({})
+         ORDER BY cluster, generation DESC",
+        &names,
+    )
+    .await?;
+    let mut trimmed: Vec<(String, String)> = Vec::new();
+    let mut current: Option<String> = None;
+    let mut kept_of_cluster = 0;
+    for row in &rows {
+        let cluster: String = row.get("cluster");
+        if current.as_deref() != Some(cluster.as_str()) {
+            current = Some(cluster.clone());
+            kept_of_cluster = 0;
+        }
+        kept_of_cluster += 1;
+        if kept_of_cluster > commit.history.max(1) {
+            trimmed.push((cluster, row.get("digest")));
         }
     }
-    Ok(false)
+    for chunk in trimmed.chunks(ROWS_PER_STATEMENT) {
+        let condition: Vec<String> = (0..chunk.len())
+            .map(|i| format!("(cluster = ${} AND digest = ${})", 2 * i + 1, 2 * i + 2))
+            .collect();
+        let sql = format!(
+            "DELETE FROM bundle_history WHERE {}",
+            condition.join(" OR ")
+        );
+        let mut query = sqlx::query(&sql);
+        for (cluster, digest) in chunk {
+            query = query.bind(cluster).bind(digest);
+        }
+        query.execute(&mut **tx).await?;
+    }
+    candidates.extend(trimmed.into_iter().map(|(_, digest)| digest));
+    Ok(written)
+}
+
+/// The digests of `candidates` nothing refers to any more: not in a cluster's
+/// history, not what it is served, not what HEAD renders for it, not the previous or
+/// new digest of a rollout that has not ended. In sorted order.
+async fn unreferenced_of(
+    tx: &mut Tx<'_>,
+    candidates: BTreeSet<String>,
+) -> Result<Vec<String>, sqlx::Error> {
+    let mut left = candidates;
+    for sql in [
+        "SELECT DISTINCT digest FROM bundle_history WHERE digest IN ({})",
+        "SELECT DISTINCT digest FROM clusters WHERE digest IN ({})",
+        "SELECT DISTINCT digest FROM rendered WHERE digest IN ({})",
+        "SELECT DISTINCT c.previous AS digest FROM rollout_clusters c
+         JOIN rollouts r ON r.id = c.rollout_id
+         WHERE r.ended_at IS NULL AND c.previous IN ({})",
+        "SELECT DISTINCT c.target AS digest FROM rollout_clusters c
+         JOIN rollouts r ON r.id = c.rollout_id
+         WHERE r.ended_at IS NULL AND c.target IN ({})",
+    ] {
+        if left.is_empty() {
+            break;
+        }
+        let asked: Vec<String> = left.iter().cloned().collect();
+        for chunk in asked.chunks(ROWS_PER_STATEMENT) {
+            let values: Vec<&str> = chunk.iter().map(String::as_str).collect();
+            for row in select_in(tx, sql, &values).await? {
+                left.remove(&row.get::<String, _>("digest"));
+            }
+        }
+    }
+    Ok(left.into_iter().collect())
 }
 
 async fn set_meta(tx: &mut Tx<'_>, key: &str, value: &str) -> Result<(), sqlx::Error> {
@@ -1497,6 +1616,102 @@ mod tests {
             })
             .collect();
         assert_eq!(seen, expected);
+    }
+
+    on_both_engines!(a_commit_of_more_clusters_than_one_statement_takes_reads_back_whole);
+    /// A commit is written many rows to a statement: more clusters than one statement
+    /// takes read back as if written one by one.
+    async fn a_commit_of_more_clusters_than_one_statement_takes_reads_back_whole(store: Store) {
+        let count = ROWS_PER_STATEMENT * 2 + 34;
+        let name = |i: usize| format!("c{i:04}");
+        let digest_of = |round: usize, i: usize| Digest::of(format!("{round}/{i}").as_bytes());
+        let commit = |round: usize, now_ms: i64| {
+            let served: Vec<ServedChange> = (0..count)
+                .map(|i| ServedChange {
+                    cluster: name(i),
+                    digest: digest_of(round, i),
+                    revision: format!("r{round}"),
+                    hold: i % 10 == 3,
+                })
+                .collect();
+            Commit {
+                revision: Some(format!("r{round}")),
+                rendered: (0..count)
+                    .map(|i| RenderedCluster {
+                        cluster: name(i),
+                        digest: digest_of(round, i),
+                        revision: format!("r{round}"),
+                        policy: (i.is_multiple_of(2)).then(|| "edge".to_string()),
+                        wave: None,
+                        paused: i.is_multiple_of(5),
+                    })
+                    .collect(),
+                served,
+                history: 1,
+                now_ms,
+                ..Commit::default()
+            }
+        };
+        let (none, first) = store
+            .commit_with_sequences(&commit(1, 1_000))
+            .await
+            .expect("first commit");
+        assert!(none.is_empty(), "{none:?}");
+        assert_eq!(first.len(), count);
+        assert_eq!(first[&name(0)], 1_000);
+        assert_eq!(first[&name(count - 1)], 1_000);
+        let (dropped, second) = store
+            .commit_with_sequences(&commit(2, 1_000))
+            .await
+            .expect("second commit");
+        // Every cluster moved on; its old digests (rendered, served, kept in a
+        // history of one) are no longer referenced.
+        let mut expected: Vec<Digest> = (0..count).map(|i| digest_of(1, i)).collect();
+        expected.sort();
+        assert_eq!(dropped, expected);
+        assert_eq!(
+            second[&name(0)],
+            1_001,
+            "one more than before: the clock stood still"
+        );
+
+        let clusters = store.clusters().await.expect("clusters");
+        assert_eq!(clusters.len(), count);
+        for cluster in &clusters {
+            let i: usize = cluster.name[1..].parse().expect("number");
+            assert_eq!(cluster.digest, digest_of(2, i), "{}", cluster.name);
+            assert_eq!(cluster.hold, i % 10 == 3, "{}", cluster.name);
+            assert_eq!(cluster.sequence, second[&cluster.name], "{}", cluster.name);
+            let history = store.history(&cluster.name).await.expect("history");
+            let expect_history = if i % 10 == 3 {
+                vec![]
+            } else {
+                vec![(digest_of(2, i), "r2".to_string())]
+            };
+            assert_eq!(history, expect_history, "{}", cluster.name);
+        }
+        let rendered = store.rendered().await.expect("rendered");
+        assert_eq!(rendered.len(), count);
+        for row in rendered {
+            let i: usize = row.cluster[1..].parse().expect("number");
+            assert_eq!(row.digest, digest_of(2, i));
+            assert_eq!(row.paused, i.is_multiple_of(5));
+            assert_eq!(row.policy.is_some(), i.is_multiple_of(2));
+        }
+    }
+
+    #[test]
+    fn chunks_hold_no_key_twice_and_keep_the_order() {
+        let keys: Vec<String> = (0..ROWS_PER_STATEMENT + 10)
+            .map(|i| format!("k{i}"))
+            .chain(["k3".to_string(), "x".to_string(), "x".to_string()])
+            .collect();
+        let chunks = chunks_by_key(&keys, |k| k.as_str());
+        let sizes: Vec<usize> = chunks.iter().map(|c| c.len()).collect();
+        assert_eq!(sizes, [ROWS_PER_STATEMENT, 12, 1]);
+        assert_eq!(chunks.concat(), keys, "every item, in order");
+        assert!(chunks_by_key(&Vec::<String>::new(), |k| k.as_str()).is_empty());
+        assert_eq!(value_rows(2, 3), "($1, $2, $3), ($4, $5, $6)");
     }
 
     on_both_engines!(history_is_trimmed_and_unreferenced_digests_are_returned);
