@@ -119,19 +119,29 @@ impl RenderWorker {
                 ));
             }
         };
-        let (Some(mut stdin), Some(mut stdout), Some(stderr)) =
+        let (Some(mut stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
             return WorkerOutcome::Failed("the render process has no pipes".into());
+        };
+        // The answer is read as it comes, on a thread of its own (a blocking read of
+        // the pipe): a render of 10,000 per-cluster templates answers with hundreds
+        // of megabytes, which are never all held twice.
+        let stdout = match stdout.into_owned_fd().and_then(|fd| {
+            rustix::io::ioctl_fionbio(&fd, false)
+                .map(|()| fd)
+                .map_err(io::Error::from)
+        }) {
+            Ok(fd) => std::fs::File::from(fd),
+            Err(err) => return WorkerOutcome::Failed(format!("cannot read the render: {err}")),
         };
         // Feed, drain and collect at once, so neither side waits on a full pipe.
         let feed = tokio::spawn(async move {
             // A child that dies early closes its end; what it says then is the news.
             let _ = stdin.write_all(&input).await;
         });
-        let drain = tokio::spawn(async move {
-            let mut out = Vec::new();
-            stdout.read_to_end(&mut out).await.map(|_| out)
+        let drain = tokio::task::spawn_blocking(move || {
+            decode_output(io::BufReader::with_capacity(1 << 20, stdout))
         });
         let errors = tokio::spawn(async move {
             let mut text = Vec::new();
@@ -176,12 +186,7 @@ impl RenderWorker {
                 None => format!("the render process ended with {status}"),
             });
         }
-        let out = match out {
-            Ok(Ok(out)) => out,
-            Ok(Err(err)) => return WorkerOutcome::Failed(format!("cannot read the render: {err}")),
-            Err(err) => return WorkerOutcome::Failed(format!("cannot read the render: {err}")),
-        };
-        match tokio::task::spawn_blocking(move || decode_output(&out)).await {
+        match out {
             Ok(Ok(output)) => WorkerOutcome::Done(output),
             Ok(Err(err)) => {
                 WorkerOutcome::Failed(format!("the render's answer is unreadable: {err}"))
@@ -270,36 +275,18 @@ fn encode_input(snapshot: &FleetSnapshot, limits: &Limits, out: &mut impl Write)
 
 /// Reads what [`encode_input`] wrote, as it arrives (the files are not held twice).
 fn decode_input(mut input: impl Read) -> io::Result<(Limits, FleetSnapshot)> {
-    fn invalid(message: impl std::fmt::Display) -> io::Error {
-        io::Error::new(io::ErrorKind::InvalidData, message.to_string())
-    }
-    fn len(input: &mut impl Read) -> io::Result<usize> {
-        let mut word = [0u8; 8];
-        input.read_exact(&mut word)?;
-        usize::try_from(u64::from_le_bytes(word)).map_err(invalid)
-    }
-    fn text(input: &mut impl Read) -> io::Result<String> {
-        let len = len(input)?;
-        let mut bytes = Vec::new();
-        bytes.try_reserve_exact(len)?;
-        input.take(len as u64).read_to_end(&mut bytes)?;
-        if bytes.len() != len {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        String::from_utf8(bytes).map_err(invalid)
-    }
-    let header: InputHeader = serde_json::from_str(&text(&mut input)?).map_err(invalid)?;
-    let count = len(&mut input)?;
+    let header: InputHeader = serde_json::from_slice(&read_bytes(&mut input)?).map_err(invalid)?;
+    let count = read_len(&mut input)?;
     let mut texts: Vec<Arc<str>> = Vec::new();
     for _ in 0..count {
-        texts.push(Arc::from(text(&mut input)?));
+        texts.push(Arc::from(read_text(&mut input)?));
     }
-    let count = len(&mut input)?;
+    let count = read_len(&mut input)?;
     let mut files = BTreeMap::new();
     for _ in 0..count {
-        let path = text(&mut input)?;
+        let path = read_text(&mut input)?;
         let content = texts
-            .get(len(&mut input)?)
+            .get(read_len(&mut input)?)
             .ok_or_else(|| invalid("file index out of range"))?;
         files.insert(path, content.clone());
     }
@@ -356,34 +343,28 @@ pub fn encode_output(rendered: &RenderOutput, out: &mut impl Write) -> io::Resul
     Ok(())
 }
 
-/// Reads what [`encode_output`] wrote.
-pub fn decode_output(bytes: &[u8]) -> Result<RenderOutput, String> {
-    let mut reader = Reader { bytes, at: 0 };
-    let header: Header =
-        serde_json::from_slice(reader.bytes()?).map_err(|e| format!("header: {e}"))?;
-    let count = reader.len()?;
-    let mut resources = Vec::with_capacity(count.min(bytes.len()));
+/// Reads what [`encode_output`] wrote, as it arrives.
+pub fn decode_output(mut input: impl Read) -> io::Result<RenderOutput> {
+    let header: Header = serde_json::from_slice(&read_bytes(&mut input)?).map_err(invalid)?;
+    let count = read_len(&mut input)?;
+    let mut resources = Vec::new();
     for _ in 0..count {
-        let key: ResourceKey =
-            serde_json::from_slice(reader.bytes()?).map_err(|e| format!("resource key: {e}"))?;
-        let canonical = reader.bytes()?.to_vec().into_boxed_slice();
+        let key: ResourceKey = serde_json::from_slice(&read_bytes(&mut input)?).map_err(invalid)?;
+        let canonical = read_bytes(&mut input)?.into_boxed_slice();
         resources.push(Arc::new(Resource { key, canonical }));
     }
-    let count = reader.len()?;
+    let count = read_len(&mut input)?;
     let mut bundles = BTreeMap::new();
     for _ in 0..count {
-        let cluster = reader.text()?.to_string();
-        let digest = Digest::try_from(reader.text()?.to_string()).map_err(|e| e.to_string())?;
-        let n = reader.len()?;
-        let mut list = Vec::with_capacity(n.min(resources.len()));
+        let cluster = read_text(&mut input)?;
+        let digest = Digest::try_from(read_text(&mut input)?).map_err(invalid)?;
+        let n = read_len(&mut input)?;
+        let mut list = Vec::new();
         for _ in 0..n {
-            let i = reader.len()?;
-            list.push(
-                resources
-                    .get(i)
-                    .ok_or("resource index out of range")?
-                    .clone(),
-            );
+            let resource = resources
+                .get(read_len(&mut input)?)
+                .ok_or_else(|| invalid("resource index out of range"))?;
+            list.push(resource.clone());
         }
         bundles.insert(
             cluster.clone(),
@@ -394,8 +375,8 @@ pub fn decode_output(bytes: &[u8]) -> Result<RenderOutput, String> {
             },
         );
     }
-    if reader.at != bytes.len() {
-        return Err("trailing bytes".into());
+    if input.read(&mut [0u8])? != 0 {
+        return Err(invalid("trailing bytes"));
     }
     Ok(RenderOutput {
         revision: header.revision,
@@ -407,32 +388,29 @@ pub fn decode_output(bytes: &[u8]) -> Result<RenderOutput, String> {
     })
 }
 
-struct Reader<'a> {
-    bytes: &'a [u8],
-    at: usize,
+fn invalid(message: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, message.to_string())
 }
 
-impl<'a> Reader<'a> {
-    fn len(&mut self) -> Result<usize, String> {
-        let end = self.at + 8;
-        let raw = self.bytes.get(self.at..end).ok_or("truncated")?;
-        self.at = end;
-        let mut word = [0u8; 8];
-        word.copy_from_slice(raw);
-        usize::try_from(u64::from_le_bytes(word)).map_err(|e| e.to_string())
-    }
+fn read_len(input: &mut impl Read) -> io::Result<usize> {
+    let mut word = [0u8; 8];
+    input.read_exact(&mut word)?;
+    usize::try_from(u64::from_le_bytes(word)).map_err(invalid)
+}
 
-    fn text(&mut self) -> Result<&'a str, String> {
-        std::str::from_utf8(self.bytes()?).map_err(|e| e.to_string())
+fn read_bytes(input: &mut impl Read) -> io::Result<Vec<u8>> {
+    let len = read_len(input)?;
+    let mut bytes = Vec::new();
+    bytes.try_reserve_exact(len)?;
+    input.take(len as u64).read_to_end(&mut bytes)?;
+    if bytes.len() != len {
+        return Err(io::ErrorKind::UnexpectedEof.into());
     }
+    Ok(bytes)
+}
 
-    fn bytes(&mut self) -> Result<&'a [u8], String> {
-        let len = self.len()?;
-        let end = self.at.checked_add(len).ok_or("length overflows")?;
-        let raw = self.bytes.get(self.at..end).ok_or("truncated")?;
-        self.at = end;
-        Ok(raw)
-    }
+fn read_text(input: &mut impl Read) -> io::Result<String> {
+    String::from_utf8(read_bytes(input)?).map_err(invalid)
 }
 
 #[cfg(test)]
@@ -462,7 +440,7 @@ mod tests {
         let (_, rendered) = example();
         let mut bytes = Vec::new();
         encode_output(&rendered, &mut bytes).expect("encodes");
-        let back = decode_output(&bytes).expect("decodes");
+        let back = decode_output(bytes.as_slice()).expect("decodes");
         assert_eq!(back.revision, rendered.revision);
         assert_eq!(back.diagnostics, rendered.diagnostics);
         assert_eq!(back.memberships, rendered.memberships);
@@ -527,13 +505,11 @@ mod tests {
         }
         let mut longer = bytes.clone();
         longer.push(0);
-        assert_eq!(
-            decode_output(&longer).err().as_deref(),
-            Some("trailing bytes")
-        );
+        let err = decode_output(longer.as_slice()).expect_err("trailing");
+        assert_eq!(err.to_string(), "trailing bytes");
         let mut huge = bytes;
         huge[..8].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert!(decode_output(&huge).is_err());
+        assert!(decode_output(huge.as_slice()).is_err());
     }
 
     #[test]
@@ -544,7 +520,7 @@ mod tests {
         let mut out = Vec::new();
         // No memory limit here: this is the test process itself.
         run_worker(None, input.as_slice(), &mut out).expect("renders");
-        let back = decode_output(&out).expect("decodes");
+        let back = decode_output(out.as_slice()).expect("decodes");
         let digests = |o: &RenderOutput| {
             o.bundles
                 .iter()

@@ -402,6 +402,8 @@ pub struct Shared {
 
 /// The shortest time between two looks into the store for an unknown token.
 const TOKEN_RECHECK: Duration = Duration::from_millis(250);
+/// How many bundles' objects are made and written at a time after a render.
+const OBJECTS_PER_BATCH: usize = 512;
 
 impl Shared {
     /// What a request's token grants. A token the table does not know may have been
@@ -730,15 +732,23 @@ impl Shared {
         if objects_to_write.is_empty() {
             return Ok(0);
         }
-        let bytes = tokio::task::spawn_blocking(move || {
-            objects_to_write
-                .iter()
-                .map(|(digest, bundle)| (digest.clone(), bundle.canonical_resources()))
-                .collect::<Vec<_>>()
-        })
-        .await
-        .map_err(|e| HubError::Task(e.to_string()))?;
-        Ok(self.store.objects.write_all(bytes).await?)
+        // A batch at a time: the bytes of 10,000 bundles of per-cluster templates are
+        // hundreds of megabytes, and need not all be held at once.
+        let mut written = 0;
+        let mut pending = objects_to_write.into_iter().peekable();
+        while pending.peek().is_some() {
+            let batch: Vec<_> = pending.by_ref().take(OBJECTS_PER_BATCH).collect();
+            let bytes = tokio::task::spawn_blocking(move || {
+                batch
+                    .iter()
+                    .map(|(digest, bundle)| (digest.clone(), bundle.canonical_resources()))
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .map_err(|e| HubError::Task(e.to_string()))?;
+            written += self.store.objects.write_all(bytes).await?;
+        }
+        Ok(written)
     }
 
     /// Records a render attempt that had errors: nothing served changes.
