@@ -14,6 +14,7 @@ use std::fmt::Write as _;
 use std::io;
 
 use minijinja::value::Value;
+use minijinja::value::{Kwargs, StringInput};
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, UndefinedBehavior};
 use serde::Serialize;
 
@@ -82,6 +83,57 @@ impl Templates {
             capped_join(value, joiner, cap)
         });
         env.add_filter("format", checked_format);
+        env.add_filter(
+            "indent",
+            move |value: StringInput<'_>,
+                  width: Option<usize>,
+                  first: Option<bool>,
+                  blank: Option<bool>,
+                  kwargs: Kwargs| {
+                checked_indent(value, width, first, blank, kwargs, cap)
+            },
+        );
+        env.add_filter(
+            "replace",
+            move |state: &minijinja::State<'_, '_>,
+                  value: StringInput<'_>,
+                  from: StringInput<'_>,
+                  to: StringInput<'_>| {
+                let (text, from_text) = (value.as_str(), from.as_str());
+                let matches = if from_text.is_empty() {
+                    text.chars().count() + 1
+                } else {
+                    text.matches(from_text).count()
+                };
+                let size = matches
+                    .checked_mul(to.as_str().len())
+                    .and_then(|added| added.checked_add(text.len()));
+                if size.is_none_or(|size| size > cap) {
+                    return Err(Error::new(
+                        ErrorKind::InvalidOperation,
+                        format!(
+                            "replace would build a string of more than {cap} bytes, the limit \
+                             for one template's output (--max-template-output)"
+                        ),
+                    ));
+                }
+                minijinja::filters::replace(state, value, from, to)
+            },
+        );
+        env.add_filter(
+            "slice",
+            |state: &minijinja::State<'_, '_>, value: Value, count: usize, fill: Option<Value>| {
+                checked_count("slice", count)?;
+                minijinja::filters::slice(state, value, count, fill)
+            },
+        );
+        env.add_filter(
+            "batch",
+            |state: &minijinja::State<'_, '_>, value: Value, count: usize, fill: Option<Value>| {
+                checked_count("batch", count)?;
+                minijinja::filters::batch(state, value, count, fill)
+            },
+        );
         for path in paths {
             let Some(source) = snapshot.files.get(path) else {
                 continue;
@@ -136,30 +188,125 @@ impl Templates {
     }
 }
 
-/// minijinja's `format` filter, after refusing what makes it panic: its printf-style
-/// parser steps through a `%(key)` mapping key one byte at a time and panics on a
-/// character of more than one byte there (minijinja 2.24). Found by fuzzing; such a
-/// key is refused with an error instead (real keys are identifiers).
+/// The widest field and the most digits `format` may write for one placeholder.
+const MAX_FORMAT_WIDTH: usize = 10_000;
+
+/// minijinja's `format` filter, after refusing what makes it panic or abort (each
+/// found by fuzzing, minijinja 2.24): its printf-style parser steps through a
+/// `%(key)` mapping key one byte at a time and panics on a character of more than
+/// one byte there; a width such as `%555555555555d` pads by allocating that many
+/// bytes at once; a precision past 65,535 (`%.99999f`) panics in Rust's own
+/// formatting. Such placeholders are refused with an error (real keys are
+/// identifiers, real widths are small).
 fn checked_format(
     state: &minijinja::State<'_, '_>,
     value: &Value,
     args: minijinja::value::Rest<Value>,
 ) -> Result<Value, Error> {
     if let Some(text) = value.as_str() {
-        let mut rest = text;
-        while let Some(at) = rest.find("%(") {
-            let after = &rest[at + 2..];
-            let key_end = after.find(')').unwrap_or(after.len());
-            if !after[..key_end].is_ascii() {
-                return Err(Error::new(
-                    ErrorKind::InvalidOperation,
-                    "format: a %(key) placeholder may hold only ASCII characters",
-                ));
-            }
-            rest = &after[key_end..];
-        }
+        check_printf_placeholders(text)?;
     }
     minijinja::filters::format(state, value, args)
+}
+
+/// Checks every `%` placeholder of a printf-style format string (see
+/// [`checked_format`]); what it does not refuse, minijinja parses as before.
+fn check_printf_placeholders(text: &str) -> Result<(), Error> {
+    let refuse = |message: String| Err(Error::new(ErrorKind::InvalidOperation, message));
+    let bytes = text.as_bytes();
+    let mut at = 0;
+    while let Some(found) = text[at..].find('%') {
+        at += found + 1;
+        if bytes.get(at) == Some(&b'%') {
+            at += 1;
+            continue;
+        }
+        if bytes.get(at) == Some(&b'(') {
+            let key_end = text[at..].find(')').map_or(text.len(), |end| at + end);
+            if !text[at + 1..key_end].is_ascii() {
+                return refuse(
+                    "format: a %(key) placeholder may hold only ASCII characters".to_string(),
+                );
+            }
+            at = (key_end + 1).min(text.len());
+        }
+        while matches!(bytes.get(at), Some(b'#' | b'0' | b'-' | b' ' | b'+')) {
+            at += 1;
+        }
+        for what in ["width", "precision"] {
+            if what == "precision" {
+                if bytes.get(at) != Some(&b'.') {
+                    break;
+                }
+                at += 1;
+            }
+            let digits = bytes[at..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
+                .count();
+            let number = &text[at..at + digits];
+            at += digits;
+            if digits > 0
+                && number
+                    .parse::<usize>()
+                    .map_or(true, |n| n > MAX_FORMAT_WIDTH)
+            {
+                return refuse(format!(
+                    "format: a placeholder's {what} may be at most {MAX_FORMAT_WIDTH}, not {number}"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// minijinja's `indent`, refusing a width that would make a string longer than `cap`
+/// bytes: minijinja makes the indentation first (`" ".repeat(width)`), so
+/// `indent(555555555555)` asked for 555 GB at once and aborted the process (found by
+/// fuzzing).
+fn checked_indent(
+    value: StringInput<'_>,
+    width: Option<usize>,
+    first: Option<bool>,
+    blank: Option<bool>,
+    kwargs: Kwargs,
+    cap: usize,
+) -> Result<Value, Error> {
+    let asked = match width {
+        Some(width) => width,
+        None => kwargs.peek::<Option<usize>>("width")?.unwrap_or(4),
+    };
+    let lines = value.as_str().matches('\n').count() + 1;
+    let size = asked
+        .checked_mul(lines)
+        .and_then(|n| n.checked_add(value.as_str().len()));
+    if size.is_none_or(|size| size > cap) {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!(
+                "indent({asked}) would build a string of more than {cap} bytes, the limit for \
+                 one template's output (--max-template-output)"
+            ),
+        ));
+    }
+    minijinja::filters::indent(value, width, first, blank, kwargs)
+}
+
+/// The most parts `slice` and `batch` may make: as many items as `range()` may
+/// give (minijinja's own limit).
+const MAX_PARTS: usize = 100_000;
+
+/// Refuses a `slice` or `batch` count past [`MAX_PARTS`]: minijinja reserves room for
+/// `count` items (or slices) before it looks at the value, so a count of billions
+/// asked for terabytes at once and aborted the process (found by fuzzing).
+fn checked_count(filter: &str, count: usize) -> Result<(), Error> {
+    if count > MAX_PARTS {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("{filter}({count}): at most {MAX_PARTS} parts"),
+        ));
+    }
+    Ok(())
 }
 
 /// minijinja's `join` (items as text, `joiner` between them; a string joins its
@@ -334,6 +481,95 @@ mod tests {
         ] {
             assert_eq!(check(source, &limits).as_deref(), Ok(expect), "{source}");
         }
+    }
+
+    #[test]
+    fn format_refuses_widths_and_precisions_that_would_abort_and_formats_the_rest() {
+        let limits = Limits::default();
+        for (source, says) in [
+            (
+                "{{ '%555555555555d'|format(1) }}",
+                "a placeholder's width may be at most 10000, not 555555555555",
+            ),
+            (
+                "{{ 'x %(a)-+#0010001s'|format(a=1) }}",
+                "a placeholder's width may be at most 10000, not 10001",
+            ),
+            (
+                "{{ '%.555555555555f'|format(1.5) }}",
+                "a placeholder's precision may be at most 10000, not 555555555555",
+            ),
+            (
+                "{{ '%5.99999999999999999999999e'|format(1.5) }}",
+                "a placeholder's precision may be at most 10000, not 99999999999999999999999",
+            ),
+        ] {
+            let err = check(source, &limits).expect_err(source);
+            assert!(err.contains(says), "{source}: {err}");
+        }
+        let mut plain = Environment::new();
+        plain.set_auto_escape_callback(|_| AutoEscape::None);
+        for source in [
+            "{{ '%5d|%-5s|%05.2f|%%|%.3e'|format(42, 'ab', 3.14159, 2.5) }}",
+            "{{ '%(a)s and %(b)08.3f'|format({'a': 1, 'b': 2.5}) }}",
+            "{{ '100%% %s'|format('sure') }}",
+            "{{ '%10000s'|format('') | length }}",
+            "{{ 'no placeholders'|format() }}",
+        ] {
+            let expect = plain.render_str(source, ()).expect(source);
+            assert_eq!(check(source, &limits), Ok(expect), "{source}");
+        }
+    }
+
+    #[test]
+    fn indent_slice_batch_and_replace_refuse_sizes_past_their_bounds() {
+        let limits = Limits::default();
+        for (source, says) in [
+            (
+                "{{ 0|indent|indent(555555555555) }}",
+                "indent(555555555555) would build a string of more than 4194304 bytes",
+            ),
+            (
+                "{{ 'a\nb'|indent(width=3000000) }}",
+                "indent(3000000) would build a string of more than 4194304 bytes",
+            ),
+            (
+                "{{ [1, 2]|slice(555555555555) }}",
+                "slice(555555555555): at most 100000 parts",
+            ),
+            (
+                "{{ ('x' * 3000)|replace('', 'y' * 3000) }}",
+                "replace would build a string of more than 4194304 bytes",
+            ),
+            (
+                "{{ [1, 2]|batch(555555555555) }}",
+                "batch(555555555555): at most 100000 parts",
+            ),
+        ] {
+            let err = check(source, &limits).expect_err(source);
+            assert!(err.contains(says), "{source}: {err}");
+        }
+        // Within the limits, the filters are minijinja's own.
+        let mut plain = Environment::new();
+        plain.set_auto_escape_callback(|_| AutoEscape::None);
+        plain.set_keep_trailing_newline(true);
+        for source in [
+            "{{ 'a\nb\n\nc'|indent }}",
+            "{{ 'a\nb\n\nc'|indent(2, true, true) }}",
+            "{{ 'a\nb'|indent(width=3, first=true) }}",
+            "{{ [1, 2, 3, 4, 5]|slice(2) }}",
+            "{{ [1, 2, 3, 4, 5]|slice(3, 0) }}",
+            "{{ [1, 2, 3, 4, 5]|batch(2) }}",
+            "{{ [1, 2, 3]|batch(2, 'x') }}",
+            "{{ 'a-b-c'|replace('-', '+') }}",
+            "{{ 'abc'|replace('', '.') }}",
+            "{{ 'aaa'|replace('a', '') }}",
+        ] {
+            let expect = plain.render_str(source, ()).expect(source);
+            assert_eq!(check(source, &limits), Ok(expect), "{source}");
+        }
+        let err = check("{{ 'a'|indent(2, nope=1) }}", &limits).expect_err("unknown keyword");
+        assert!(err.contains("nope"), "{err}");
     }
 
     #[test]
