@@ -276,6 +276,11 @@ impl ClusterBundle {
     ) -> Result<Vec<u8>, ObjectError> {
         let canonical = match self.canonical.get() {
             Some(bytes) => bytes.to_vec(),
+            None if let Some(bytes) = store.objects.recent(&self.digest) => {
+                // Written by this hub's last render: kept, not read back.
+                let _ = self.canonical.set(bytes.clone());
+                bytes.to_vec()
+            }
             None => {
                 let bytes = store.objects.read_blocking(&self.digest)?;
                 if !store.objects.is_local() {
@@ -710,6 +715,7 @@ impl Shared {
     /// found corrupt at start): those are written again. New digests are written when
     /// absent (in S3, one HEAD each first).
     async fn write_objects(&self, output: &RenderOutput) -> Result<usize, HubError> {
+        self.store.objects.forget_recent();
         let current = self.served.load_full();
         let latest = self.latest.load_full();
         let objects_to_write: Vec<(Digest, Arc<flotilla_core::bundle::Bundle>)> = {

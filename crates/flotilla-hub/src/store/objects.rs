@@ -290,6 +290,20 @@ pub struct Objects {
     shared: bool,
     /// Requests made to a remote store (`flotilla_object_store_requests`).
     requests: prometheus_client::metrics::counter::Counter,
+    /// The objects of the last render written to (or found in) a remote store, kept
+    /// so that the first answer of each new digest does not read back what the hub
+    /// wrote a moment ago; at most [`RECENT_BYTES`], until the next render.
+    recent: Arc<std::sync::Mutex<Recent>>,
+}
+
+/// How many bytes of a render's new objects a hub with a remote store keeps after
+/// writing them (their served clusters keep them anyway once asked for).
+pub const RECENT_BYTES: usize = 256 * 1024 * 1024;
+
+#[derive(Debug, Default)]
+struct Recent {
+    objects: std::collections::HashMap<Digest, bytes::Bytes>,
+    bytes: usize,
 }
 
 impl Objects {
@@ -306,6 +320,7 @@ impl Objects {
             backend: Backend::Dir(dir),
             shared: false,
             requests: Default::default(),
+            recent: Default::default(),
         })
     }
 
@@ -327,6 +342,7 @@ impl Objects {
                     backend: Backend::S3(bucket),
                     shared: true,
                     requests: Default::default(),
+                    recent: Default::default(),
                 });
             }
         };
@@ -340,6 +356,7 @@ impl Objects {
             backend: Backend::Dir(dir.to_path_buf()),
             shared: false,
             requests: Default::default(),
+            recent: Default::default(),
         }
     }
 
@@ -353,6 +370,17 @@ impl Objects {
     /// cache) rather than in a remote store (every read a request).
     pub fn is_local(&self) -> bool {
         matches!(self.backend, Backend::Dir(_))
+    }
+
+    /// An object of the last render this hub wrote to a remote store, if it kept it.
+    pub fn recent(&self, digest: &Digest) -> Option<bytes::Bytes> {
+        let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        recent.objects.get(digest).cloned()
+    }
+
+    /// Forgets the objects kept from the last render (a new one is being written).
+    pub fn forget_recent(&self) {
+        *self.recent.lock().unwrap_or_else(|e| e.into_inner()) = Recent::default();
     }
 
     /// Where an object is, for messages (a path or an s3:// URL).
@@ -426,6 +454,9 @@ impl Objects {
                 self.checked(digest, bytes)
             }
             Backend::S3(_) => {
+                if let Some(bytes) = self.recent(digest) {
+                    return Ok(bytes.to_vec());
+                }
                 let handle =
                     tokio::runtime::Handle::try_current().map_err(|err| ObjectError::Read {
                         path: self.location_of(digest),
@@ -490,6 +521,21 @@ impl Objects {
                     })?
             }
             Backend::S3(bucket) => {
+                let objects: Vec<(Digest, bytes::Bytes)> = objects
+                    .into_iter()
+                    .map(|(digest, bytes)| (digest, bytes::Bytes::from(bytes)))
+                    .collect();
+                {
+                    let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+                    for (digest, bytes) in &objects {
+                        if recent.bytes + bytes.len() <= RECENT_BYTES
+                            && !recent.objects.contains_key(digest)
+                        {
+                            recent.bytes += bytes.len();
+                            recent.objects.insert(digest.clone(), bytes.clone());
+                        }
+                    }
+                }
                 let written = futures::stream::iter(objects)
                     .map(|(digest, bytes)| async move {
                         let key = Objects::key_of(bucket, &digest);
@@ -755,6 +801,25 @@ mod tests {
             bucket.keys("hub/"),
             vec![format!("hub/objects/sha256/{}", digest.hex())]
         );
+        // The hub keeps what its last render wrote, so the first answer of a new
+        // digest does not read it back; until the next render.
+        let asked = objects.requests().get();
+        assert_eq!(objects.recent(&digest).as_deref(), Some(&b"[7]"[..]));
+        let other = Digest::of(b"[8]");
+        objects
+            .write_all(vec![(other.clone(), b"[8]".to_vec())])
+            .await
+            .expect("write");
+        assert_eq!(objects.recent(&other).as_deref(), Some(&b"[8]"[..]));
+        assert_eq!(
+            objects.requests().get(),
+            asked + 2,
+            "a HEAD and a PUT, no GET"
+        );
+        objects.forget_recent();
+        assert_eq!(objects.recent(&digest), None);
+        assert_eq!(objects.read(&other).await.expect("read"), b"[8]");
+        objects.remove(&other).await.expect("remove");
         objects.remove(&digest).await.expect("remove");
         check(objects).await;
     }
