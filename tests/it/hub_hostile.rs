@@ -565,3 +565,44 @@ async fn a_commit_the_hub_died_on_twice_is_not_rendered_again() {
     assert!(!marker.exists(), "a finished render leaves no marker");
     hub.stop().await;
 }
+
+/// A render process that cannot be started (the binary replaced or removed under a
+/// running hub) is a render error saying what to do, not a crash or "a flotilla bug".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_render_process_that_cannot_start_is_reported_with_what_to_do() {
+    let repo = Repo::new();
+    let state = tempfile::tempdir().expect("state dir");
+    let admin = make_token(state.path(), None).await;
+    let mut config = config(state.path(), &repo.path().display().to_string());
+    config.render_worker = Some(flotilla_hub::render_worker::RenderWorker {
+        program: state.path().join("no-such-flotilla"),
+        memory_limit: None,
+    });
+    let hub = Running::start(config).await;
+    let client = client();
+    let url = hub.url("/v1/fleet");
+    let text = eventually("the render error", Duration::from_secs(30), || {
+        let (client, url, admin) = (&client, &url, &admin);
+        async move {
+            // 503 until the hub has loaded its (empty) store.
+            let response = client
+                .get(url.as_str())
+                .bearer_auth(admin)
+                .send()
+                .await
+                .ok()?;
+            let fleet: serde_json::Value = response.json().await.ok()?;
+            fleet["renderErrors"][0]["text"]
+                .as_str()
+                .map(str::to_string)
+        }
+    })
+    .await;
+    assert!(
+        text.contains("cannot start the render process (")
+            && text.contains("no-such-flotilla render-worker")
+            && text.contains("restart the hub (was its binary replaced or removed?), or give it --render-in-process"),
+        "{text}"
+    );
+    hub.stop().await;
+}

@@ -405,6 +405,18 @@ impl Follower {
                 self.shared.record_failed_render(&output, Duration::ZERO);
                 return Ok(());
             }
+            Rendered::CannotStart(message) => {
+                let output = failed_output(
+                    &revision,
+                    format!(
+                        "cannot start the render process ({message}): restart the hub (was \
+                         its binary replaced or removed?), or give it --render-in-process; \
+                         the last good bundles stay served"
+                    ),
+                );
+                self.shared.record_failed_render(&output, Duration::ZERO);
+                return Ok(());
+            }
             Rendered::Panicked(message) => {
                 let output = failed_output(
                     &revision,
@@ -568,6 +580,7 @@ impl Follower {
             }
             WorkerOutcome::TimedOut => Rendered::Abandoned(started.elapsed()),
             WorkerOutcome::Stopped => Rendered::ShuttingDown,
+            WorkerOutcome::CannotStart(message) => Rendered::CannotStart(message),
             WorkerOutcome::Failed(message) => Rendered::Panicked(message),
         }
     }
@@ -804,6 +817,8 @@ enum Rendered {
     ShuttingDown,
     /// The render process went past its memory limit.
     OutOfMemory,
+    /// The render process could not be started.
+    CannotStart(String),
     Panicked(String),
 }
 

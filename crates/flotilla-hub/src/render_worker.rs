@@ -64,6 +64,9 @@ pub enum WorkerOutcome {
     TimedOut,
     /// The hub is stopping; killed.
     Stopped,
+    /// The process could not be started (the binary replaced or removed under a
+    /// running hub, say).
+    CannotStart(String),
     /// It crashed, was killed by someone else, or said something unreadable.
     Failed(String),
 }
@@ -113,8 +116,8 @@ impl RenderWorker {
         let mut child = match command.spawn() {
             Ok(child) => child,
             Err(err) => {
-                return WorkerOutcome::Failed(format!(
-                    "cannot start {} {WORKER_COMMAND}: {err}",
+                return WorkerOutcome::CannotStart(format!(
+                    "{} {WORKER_COMMAND}: {err}",
                     self.program.display()
                 ));
             }
