@@ -162,7 +162,25 @@ impl Templates {
             bytes: Vec::new(),
             cap: self.max_output_bytes,
         };
-        let result = template.render_captured_to(context, &mut output);
+        // minijinja 2.24 panics on a few inputs (found by fuzzing: a backwards slice
+        // of an empty string, `''[2::-1]`); such a panic is this template's error, not
+        // the end of the render.
+        let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            template.render_captured_to(context, &mut output)
+        })) {
+            Ok(result) => result,
+            Err(panic) => {
+                let why = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                return Some(Err(Diagnostic::error(format!(
+                    "template error: the template engine failed on this template ({why})"
+                ))
+                .in_file(path)));
+            }
+        };
         let source = template.source();
         Some(match result {
             Ok(_) => String::from_utf8(output.bytes).map_err(|_| {
@@ -519,6 +537,20 @@ mod tests {
             let expect = plain.render_str(source, ()).expect(source);
             assert_eq!(check(source, &limits), Ok(expect), "{source}");
         }
+    }
+
+    #[test]
+    fn a_panic_of_the_template_engine_is_the_templates_error() {
+        let limits = Limits::default();
+        // minijinja 2.24 indexes an empty string when slicing it backwards.
+        let err = check("{{ ''[2::-568] }}", &limits).expect_err("an error, not a panic");
+        assert!(
+            err.contains(
+                "template error: the template engine failed on this template (index out of bounds"
+            ),
+            "{err}"
+        );
+        assert_eq!(check("{{ 'abc'[::-1] }}", &limits).as_deref(), Ok("cba"));
     }
 
     #[test]
