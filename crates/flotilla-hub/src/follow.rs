@@ -372,59 +372,52 @@ impl Follower {
         let rendered = self.render_off_runtime(snapshot, shutdown).await;
         // Whatever the outcome, the hub did not die rendering it.
         let _ = std::fs::remove_file(&marker);
-        let (output, duration) = match rendered {
-            Rendered::Done(output, duration) => (output, duration),
+        // A render that failed as a whole: one error saying why, and how long it took.
+        let (failure, waited) = match rendered {
+            Rendered::Done(output, duration) => (Ok((output, duration)), Duration::ZERO),
             Rendered::ShuttingDown => return Ok(()),
-            Rendered::Abandoned(waited) => {
-                let output = failed_output(
-                    &revision,
-                    format!(
-                        "the render of this commit took longer than {} (--render-timeout) and was \
-                         abandoned; the last good bundles stay served",
-                        humantime::format_duration(self.limits.render_timeout)
-                    ),
-                );
-                self.shared.record_failed_render(&output, waited);
-                return Ok(());
-            }
+            Rendered::Abandoned(waited) => (
+                Err(format!(
+                    "the render of this commit took longer than {} (--render-timeout) and was \
+                     abandoned; the last good bundles stay served",
+                    humantime::format_duration(self.limits.render_timeout)
+                )),
+                waited,
+            ),
             Rendered::OutOfMemory => {
                 let limit = self
                     .render_worker
                     .as_ref()
                     .and_then(|w| w.memory_limit)
                     .unwrap_or_default();
-                let output = failed_output(
-                    &revision,
-                    format!(
-                        "the render of this commit needed more than {} of memory \
-                         (--render-memory) and was stopped: a template that builds a huge \
-                         string or list? The last good bundles stay served",
-                        human_bytes(limit)
-                    ),
+                let message = format!(
+                    "the render of this commit needed more than {} of memory \
+                     (--render-memory) and was stopped: a template that builds a huge \
+                     string or list? The last good bundles stay served",
+                    human_bytes(limit)
                 );
-                self.shared.record_failed_render(&output, Duration::ZERO);
-                return Ok(());
+                (Err(message), Duration::ZERO)
             }
-            Rendered::CannotStart(message) => {
-                let output = failed_output(
-                    &revision,
-                    format!(
-                        "cannot start the render process ({message}): restart the hub (was \
-                         its binary replaced or removed?), or give it --render-in-process; \
-                         the last good bundles stay served"
-                    ),
-                );
-                self.shared.record_failed_render(&output, Duration::ZERO);
-                return Ok(());
-            }
-            Rendered::Panicked(message) => {
-                let output = failed_output(
-                    &revision,
-                    format!(
-                        "the render failed unexpectedly (a flotilla bug, please report it): {message}"
-                    ),
-                );
-                self.shared.record_failed_render(&output, Duration::ZERO);
+            Rendered::CannotStart(message) => (
+                Err(format!(
+                    "cannot start the render process ({message}): restart the hub (was \
+                     its binary replaced or removed?), or give it --render-in-process; \
+                     the last good bundles stay served"
+                )),
+                Duration::ZERO,
+            ),
+            Rendered::Panicked(message) => (
+                Err(format!(
+                    "the render failed unexpectedly (a flotilla bug, please report it): {message}"
+                )),
+                Duration::ZERO,
+            ),
+        };
+        let (output, duration) = match failure {
+            Ok(done) => done,
+            Err(message) => {
+                let output = failed_output(&revision, message);
+                self.shared.record_failed_render(&output, waited);
                 return Ok(());
             }
         };
