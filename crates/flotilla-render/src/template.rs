@@ -108,15 +108,7 @@ impl Templates {
                 let size = matches
                     .checked_mul(to.as_str().len())
                     .and_then(|added| added.checked_add(text.len()));
-                if size.is_none_or(|size| size > cap) {
-                    return Err(Error::new(
-                        ErrorKind::InvalidOperation,
-                        format!(
-                            "replace would build a string of more than {cap} bytes, the limit \
-                             for one template's output (--max-template-output)"
-                        ),
-                    ));
-                }
+                within_output_cap("replace", size, cap)?;
                 minijinja::filters::replace(state, value, from, to)
             },
         );
@@ -298,16 +290,24 @@ fn checked_indent(
     let size = asked
         .checked_mul(lines)
         .and_then(|n| n.checked_add(value.as_str().len()));
+    within_output_cap(&format!("indent({asked})"), size, cap)?;
+    minijinja::filters::indent(value, width, first, blank, kwargs)
+}
+
+/// Refuses a string a filter would build (`size` bytes; `None` past `usize`) when it
+/// is longer than one template may write: a filter can multiply a string's length in
+/// one instruction, which fuel does not see.
+fn within_output_cap(what: &str, size: Option<usize>, cap: usize) -> Result<(), Error> {
     if size.is_none_or(|size| size > cap) {
         return Err(Error::new(
             ErrorKind::InvalidOperation,
             format!(
-                "indent({asked}) would build a string of more than {cap} bytes, the limit for \
-                 one template's output (--max-template-output)"
+                "{what} would build a string of more than {cap} bytes, the limit for one \
+                 template's output (--max-template-output)"
             ),
         ));
     }
-    minijinja::filters::indent(value, width, first, blank, kwargs)
+    Ok(())
 }
 
 /// The most parts `slice` and `batch` may make: as many items as `range()` may
@@ -349,15 +349,7 @@ fn capped_join(value: &Value, joiner: Option<&str>, cap: usize) -> Result<Value,
                 let _ = write!(output, "{item}");
             }
         }
-        if output.len() > cap {
-            return Err(Error::new(
-                ErrorKind::InvalidOperation,
-                format!(
-                    "join would build a string of more than {cap} bytes, the limit for one \
-                     template's output (--max-template-output)"
-                ),
-            ));
-        }
+        within_output_cap("join", Some(output.len()), cap)?;
     }
     Ok(Value::from(output))
 }
