@@ -204,14 +204,7 @@ async fn a_broken_commit_keeps_every_last_good_bundle_and_shows_the_error() {
     let (status, _, _) = get_bundle(&client, &store_url, &store, Some(&old_store)).await;
     assert_eq!(status, 304, "no partial render is served");
     assert!(metric(&client, &hub.base, "flotilla_render_errors").await >= 1.0);
-    let metrics = client
-        .get(hub.url("/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = metrics_text(&client, &hub.base).await;
     assert!(metrics.contains("flotilla_render_error_info{file=\"clusters/red.yaml\""));
     assert!(metrics.contains("flotilla_renders_total{result=\"failed\"} 1"));
 

@@ -65,6 +65,14 @@ async fn one_holds_the_lease(client: &reqwest::Client, a: &Running, b: &Running)
     .await
 }
 
+/// A token made in the shared database (as `flotilla token create --database` does):
+/// an operator's with no cluster, else that cluster's.
+async fn token_in(store: &Store, cluster: Option<&str>) -> String {
+    let token = new_token(cluster, 0);
+    store.insert_token(&token.stored).await.expect("token");
+    token.secret
+}
+
 async fn etag(client: &reqwest::Client, hub: &Running, cluster: &str, token: &str) -> String {
     let (status, etag, _) = get_bundle(
         client,
@@ -124,14 +132,8 @@ async fn serve_one_fleet(database: Database, bucket: Option<TestBucket>) {
     // A token made in the shared database (as `flotilla token create --database`
     // does) works on both hubs.
     let store = Store::open_tables(&database).await.expect("database");
-    let admin = new_token(None, 0);
-    store
-        .insert_token(&admin.stored)
-        .await
-        .expect("admin token");
-    let red = new_token(Some("red"), 0);
-    store.insert_token(&red.stored).await.expect("red token");
-    let (admin, red) = (admin.secret, red.secret);
+    let admin = token_in(&store, None).await;
+    let red = token_in(&store, Some("red")).await;
 
     // Exactly one hub holds the lease.
     let leases = one_holds_the_lease(&client, &a, &b).await;
@@ -448,12 +450,7 @@ async fn a_force_push_is_taken_once_every_hub_has_seen_it_three_polls_in_a_row()
     let client = client();
     one_holds_the_lease(&client, &a, &b).await;
     let store = Store::open_tables(&database).await.expect("database");
-    let admin = new_token(None, 0);
-    store
-        .insert_token(&admin.stored)
-        .await
-        .expect("admin token");
-    let admin = admin.secret;
+    let admin = token_in(&store, None).await;
     let served = |hub: &Running| {
         let (client, admin, url) = (client.clone(), admin.clone(), hub.url("/v1/fleet"));
         async move {
@@ -618,17 +615,10 @@ async fn a_hub_with_a_skewed_clock_decides_bake_on_the_databases_clock() {
         })
         .collect();
     store.put_seen(&seen).await.expect("seen");
-    let admin = new_token(None, 0);
-    store
-        .insert_token(&admin.stored)
-        .await
-        .expect("admin token");
-    let admin = admin.secret;
+    let admin = token_in(&store, None).await;
     let mut tokens = std::collections::BTreeMap::new();
     for canary in canaries {
-        let token = new_token(Some(canary), 0);
-        store.insert_token(&token.stored).await.expect("token");
-        tokens.insert(canary, token.secret);
+        tokens.insert(canary, token_in(&store, Some(canary)).await);
     }
 
     let (state_a, state_b) = (

@@ -304,16 +304,21 @@ pub async fn get_json(client: &reqwest::Client, url: &str, token: &str) -> serde
     response.json().await.expect("json")
 }
 
-/// Reads one sample from /metrics, e.g. `flotilla_long_polls_held`.
-pub async fn metric(client: &reqwest::Client, base: &str, sample: &str) -> f64 {
-    let text = client
+/// The hub's /metrics, as text.
+pub async fn metrics_text(client: &reqwest::Client, base: &str) -> String {
+    client
         .get(format!("{base}/metrics"))
         .send()
         .await
         .expect("metrics")
         .text()
         .await
-        .expect("text");
+        .expect("text")
+}
+
+/// Reads one sample from /metrics, e.g. `flotilla_long_polls_held`.
+pub async fn metric(client: &reqwest::Client, base: &str, sample: &str) -> f64 {
+    let text = metrics_text(client, base).await;
     text.lines()
         .find_map(|line| {
             line.strip_prefix(sample)
