@@ -40,7 +40,7 @@ use flotilla_core::limits::Limits;
 use flotilla_core::snapshot::FleetSnapshot;
 use flotilla_render::{RenderOptions, RenderOutput, render_with};
 
-use crate::render_worker::{RenderWorker, WorkerOutcome};
+use crate::render_worker::{RenderWorker, Rendered};
 
 /// How long a `git clone` or `git fetch` may take.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(300);
@@ -560,22 +560,11 @@ impl Follower {
         snapshot: FleetSnapshot,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Rendered {
-        let started = Instant::now();
         let patience = self.limits.render_timeout + RENDER_GRACE;
         let stop = async {
             let _ = shutdown.changed().await;
         };
-        match worker.render(&snapshot, &self.limits, patience, stop).await {
-            WorkerOutcome::Done(output) => Rendered::Done(output, started.elapsed()),
-            WorkerOutcome::OutOfMemory(said) => {
-                tracing::warn!(revision = %snapshot.revision, "the render process ran out of memory: {said}");
-                Rendered::OutOfMemory
-            }
-            WorkerOutcome::TimedOut => Rendered::Abandoned(started.elapsed()),
-            WorkerOutcome::Stopped => Rendered::ShuttingDown,
-            WorkerOutcome::CannotStart(message) => Rendered::CannotStart(message),
-            WorkerOutcome::Failed(message) => Rendered::Panicked(message),
-        }
+        worker.render(snapshot, &self.limits, patience, stop).await
     }
 
     /// The snapshot to render, and whether its commit forces an immediate rollout
@@ -799,20 +788,6 @@ fn hidden_below(root: &Path, path: &Path) -> bool {
         rel.components()
             .any(|c| c.as_os_str().to_string_lossy().starts_with('.'))
     })
-}
-
-/// How a render handed to its thread ended.
-enum Rendered {
-    Done(RenderOutput, Duration),
-    /// Not finished within its deadline and the grace after it; the time waited.
-    Abandoned(Duration),
-    /// The hub is shutting down; the render was told to stop.
-    ShuttingDown,
-    /// The render process went past its memory limit.
-    OutOfMemory,
-    /// The render process could not be started.
-    CannotStart(String),
-    Panicked(String),
 }
 
 /// `4 GiB`, `512 MiB`, or bytes when not a whole number of either.

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 
 use flotilla_core::bundle::{Bundle, Digest, Resource, ResourceKey};
 use flotilla_core::diagnostic::Diagnostic;
@@ -54,21 +54,22 @@ pub struct RenderWorker {
     pub memory_limit: Option<u64>,
 }
 
-/// How a render in a child process ended.
+/// How a render ended, on the hub's own thread or in a child process.
 #[derive(Debug)]
-pub enum WorkerOutcome {
-    Done(RenderOutput),
-    /// The child ran out of the memory it is allowed; what it said.
-    OutOfMemory(String),
-    /// Still running at the deadline; killed.
-    TimedOut,
-    /// The hub is stopping; killed.
-    Stopped,
-    /// The process could not be started (the binary replaced or removed under a
-    /// running hub, say).
+pub enum Rendered {
+    /// The render, and how long it took.
+    Done(RenderOutput, Duration),
+    /// Not finished within its deadline and the grace after it; the time waited.
+    Abandoned(Duration),
+    /// The hub is shutting down; the render was told to stop (or killed).
+    ShuttingDown,
+    /// The render process went past its memory limit.
+    OutOfMemory,
+    /// The render process could not be started (the binary replaced or removed
+    /// under a running hub, say).
     CannotStart(String),
-    /// It crashed, was killed by someone else, or said something unreadable.
-    Failed(String),
+    /// It panicked, crashed, was killed by someone else, or said something unreadable.
+    Panicked(String),
 }
 
 /// Everything of the input but the files' contents.
@@ -94,15 +95,13 @@ impl RenderWorker {
     /// kills it when `deadline` passes or `stop` resolves first.
     pub async fn render(
         &self,
-        snapshot: &FleetSnapshot,
+        snapshot: FleetSnapshot,
         limits: &Limits,
         deadline: Duration,
         stop: impl std::future::Future<Output = ()>,
-    ) -> WorkerOutcome {
-        let mut input = Vec::new();
-        if let Err(err) = encode_input(snapshot, limits, &mut input) {
-            return WorkerOutcome::Failed(format!("cannot encode the snapshot: {err}"));
-        }
+    ) -> Rendered {
+        let started = std::time::Instant::now();
+        let revision = snapshot.revision.clone();
         let mut command = tokio::process::Command::new(&self.program);
         command.arg(WORKER_COMMAND);
         if let Some(limit) = self.memory_limit {
@@ -116,32 +115,36 @@ impl RenderWorker {
         let mut child = match command.spawn() {
             Ok(child) => child,
             Err(err) => {
-                return WorkerOutcome::CannotStart(format!(
+                return Rendered::CannotStart(format!(
                     "{} {WORKER_COMMAND}: {err}",
                     self.program.display()
                 ));
             }
         };
-        let (Some(mut stdin), Some(stdout), Some(stderr)) =
+        let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
-            return WorkerOutcome::Failed("the render process has no pipes".into());
+            return Rendered::Panicked("the render process has no pipes".into());
         };
-        // The answer is read as it comes, on a thread of its own (a blocking read of
-        // the pipe): a render of 10,000 per-cluster templates answers with hundreds
-        // of megabytes, which are never all held twice.
-        let stdout = match stdout.into_owned_fd().and_then(|fd| {
-            rustix::io::ioctl_fionbio(&fd, false)
-                .map(|()| fd)
-                .map_err(io::Error::from)
-        }) {
-            Ok(fd) => std::fs::File::from(fd),
-            Err(err) => return WorkerOutcome::Failed(format!("cannot read the render: {err}")),
+        // The snapshot is written and the answer read as they go, each on a thread of
+        // its own (blocking on the pipe): a fleet is up to --max-fleet-bytes, and a
+        // render of 10,000 per-cluster templates answers with hundreds of megabytes;
+        // neither is ever held twice. Feeding, draining and collecting at once, neither
+        // side waits on a full pipe.
+        let (stdin, stdout) = match (
+            blocking(stdin.into_owned_fd()),
+            blocking(stdout.into_owned_fd()),
+        ) {
+            (Ok(stdin), Ok(stdout)) => (stdin, stdout),
+            (Err(err), _) | (_, Err(err)) => {
+                return Rendered::Panicked(format!("cannot talk to the render process: {err}"));
+            }
         };
-        // Feed, drain and collect at once, so neither side waits on a full pipe.
-        let feed = tokio::spawn(async move {
+        let limits = limits.clone();
+        let feed = tokio::task::spawn_blocking(move || {
             // A child that dies early closes its end; what it says then is the news.
-            let _ = stdin.write_all(&input).await;
+            let mut input = io::BufWriter::with_capacity(1 << 20, stdin);
+            let _ = encode_input(&snapshot, &limits, &mut input).and_then(|()| input.flush());
         });
         let drain = tokio::task::spawn_blocking(move || {
             decode_output(io::BufReader::with_capacity(1 << 20, stdout))
@@ -159,19 +162,15 @@ impl RenderWorker {
         let timer = tokio::time::sleep(deadline);
         let (status, out, errors) = tokio::select! {
             done = &mut finished => done,
-            _ = timer => {
-                feed.abort();
-                return WorkerOutcome::TimedOut;
-            }
-            _ = stop => {
-                feed.abort();
-                return WorkerOutcome::Stopped;
-            }
+            _ = timer => return Rendered::Abandoned(started.elapsed()),
+            _ = stop => return Rendered::ShuttingDown,
         };
-        // (A return above drops `child`, which kills it: `kill_on_drop`.)
+        // (A return above drops `child`, which kills it (`kill_on_drop`); the feeding
+        // thread then meets a closed pipe and ends.)
+        drop(feed);
         let status = match status {
             Ok(status) => status,
-            Err(err) => return WorkerOutcome::Failed(format!("cannot wait for the render: {err}")),
+            Err(err) => return Rendered::Panicked(format!("cannot wait for the render: {err}")),
         };
         let errors = errors.unwrap_or_default();
         if !status.success() {
@@ -181,22 +180,29 @@ impl RenderWorker {
                 .lines()
                 .find(|l| l.contains("memory allocation of") || l.contains("out of memory"))
             {
-                return WorkerOutcome::OutOfMemory(line.trim().to_string());
+                tracing::warn!(%revision, "the render process ran out of memory: {}", line.trim());
+                return Rendered::OutOfMemory;
             }
             let last = errors.lines().rev().find(|l| !l.trim().is_empty());
-            return WorkerOutcome::Failed(match last {
+            return Rendered::Panicked(match last {
                 Some(line) => format!("the render process ended with {status}: {}", line.trim()),
                 None => format!("the render process ended with {status}"),
             });
         }
         match out {
-            Ok(Ok(output)) => WorkerOutcome::Done(output),
-            Ok(Err(err)) => {
-                WorkerOutcome::Failed(format!("the render's answer is unreadable: {err}"))
-            }
-            Err(err) => WorkerOutcome::Failed(format!("cannot read the render: {err}")),
+            Ok(Ok(output)) => Rendered::Done(output, started.elapsed()),
+            Ok(Err(err)) => Rendered::Panicked(format!("the render's answer is unreadable: {err}")),
+            Err(err) => Rendered::Panicked(format!("cannot read the render: {err}")),
         }
     }
+}
+
+/// A pipe end of the child as a file for blocking reads or writes (tokio opens it
+/// non-blocking).
+fn blocking(fd: io::Result<std::os::fd::OwnedFd>) -> io::Result<std::fs::File> {
+    let fd = fd?;
+    rustix::io::ioctl_fionbio(&fd, false)?;
+    Ok(std::fs::File::from(fd))
 }
 
 /// The child's side: caps its own memory, reads the snapshot and limits from
