@@ -519,7 +519,21 @@ async fn a_force_push_is_taken_once_every_hub_has_seen_it_three_polls_in_a_row()
                 "taken after {polls} poll(s)"
             );
             for hub in [a, b] {
-                let (digests, fleet) = served(hub).await;
+                // The hub shows its own count once it has written it and weighed it:
+                // a moment after the database holds it.
+                let (digests, fleet) = eventually(
+                    &format!("{} to show {polls} poll(s) of {commit}", hub.base),
+                    WAIT,
+                    || async {
+                        let (digests, fleet) = served(hub).await;
+                        let shown = fleet["forcePush"]["hubs"].as_array().is_some_and(|hubs| {
+                            hubs.iter()
+                                .any(|h| h["thisHub"] == true && h["polls"] == polls)
+                        });
+                        shown.then_some((digests, fleet))
+                    },
+                )
+                .await;
                 assert_eq!(&digests, first, "{} serves the force-push early", hub.base);
                 let pending = &fleet["forcePush"];
                 assert!(
