@@ -135,7 +135,7 @@ pub fn template(data: &[u8]) {
         },
         vars: &vars,
     };
-    if let Some(Ok(text)) = templates.render(&path, &context) {
+    if let Some(Ok(text)) = templates.render(&path, &context.to_value()) {
         assert!(text.len() <= limits.max_template_output_bytes);
         if let Ok(documents) = yaml::parse_documents(&text) {
             for document in documents {

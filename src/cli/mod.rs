@@ -138,7 +138,8 @@ pub struct LimitArgs {
     #[arg(long, env = "FLOTILLA_MAX_FLEET_BYTES", value_name = "BYTES",
           default_value_t = Limits::DEFAULT_MAX_FLEET_BYTES)]
     pub max_fleet_bytes: u64,
-    /// The most instructions one template may run for one cluster.
+    /// The most fuel one template may use for one cluster: one for each instruction
+    /// and for each 64 bytes of data it builds or writes.
     #[arg(long, env = "FLOTILLA_TEMPLATE_FUEL", value_name = "N",
           default_value_t = Limits::DEFAULT_TEMPLATE_FUEL)]
     pub template_fuel: u64,

@@ -194,6 +194,7 @@ cases! {
     patch_grows_too_large => "patch-grows-too-large",
     template_runs_out_of_fuel => "template-runs-out-of-fuel",
     template_output_too_large => "template-output-too-large",
+    template_builds_huge_string => "template-builds-huge-string",
     manifest_nests_too_deep => "manifest-nests-too-deep",
     invalid_resource_names => "invalid-resource-names",
     invalid_fleet_names => "invalid-fleet-names",

@@ -243,7 +243,7 @@ async fn hostile_commits_are_refused_one_by_one_and_the_fix_is_followed() {
                 repo.commit("spin")
             }),
             "workloads/spin/manifests/spin.yaml.j2",
-            "instructions for this cluster, the limit for one template (--template-fuel)",
+            "fuel for this cluster (one for each instruction and each 64 bytes it builds or writes), the limit for one template (--template-fuel)",
         ),
         (
             "a template that writes gigabytes",
@@ -253,7 +253,7 @@ async fn hostile_commits_are_refused_one_by_one_and_the_fix_is_followed() {
                     "bomb",
                     &[(
                         "bomb.yaml.j2",
-                        "{% for i in range(100000) %}{{ 'x' * 100000000 }}{% endfor %}",
+                        "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}",
                     )],
                 );
                 repo.commit("bomb")
@@ -273,6 +273,23 @@ async fn hostile_commits_are_refused_one_by_one_and_the_fix_is_followed() {
                     )],
                 );
                 repo.commit("double")
+            }),
+            // Refused before the string is built: fuel pays for data too.
+            "workloads/double/manifests/double.yaml.j2",
+            "the template needs more than 1000000 fuel for this cluster",
+        ),
+        (
+            "templates that together write more than the render's memory",
+            Box::new(|repo| {
+                // 200 templates of 4 MB each: every one within its fuel and output
+                // cap, 800 MB for one cluster's texts together.
+                let files: Vec<(String, &str)> = (0..200)
+                    .map(|n| (format!("big-{n}.yaml.j2"), "{{ 'x' * 4000000 }}"))
+                    .collect();
+                let files: Vec<(&str, &str)> =
+                    files.iter().map(|(f, t)| (f.as_str(), *t)).collect();
+                workload(repo, "big", &files);
+                repo.commit("big")
             }),
             // Only the process knows where it was; the error names no file.
             "",

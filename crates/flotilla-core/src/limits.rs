@@ -20,7 +20,8 @@ pub struct Limits {
     /// The most bytes read across all fleet files of one snapshot. Every path
     /// counts, even when Git stores its content once for many paths.
     pub max_fleet_bytes: u64,
-    /// The most minijinja instructions one template may run for one cluster.
+    /// The most fuel one template may use for one cluster: minijinja charges one for
+    /// each instruction and one for each 64 bytes of data built or written.
     pub template_fuel: u64,
     /// The most bytes one template may write for one cluster.
     pub max_template_output_bytes: usize,
@@ -34,8 +35,8 @@ pub struct Limits {
 impl Limits {
     /// 256 MiB: a fleet of 10,000 clusters and 100 workloads reads about 10 MB.
     pub const DEFAULT_MAX_FLEET_BYTES: u64 = 256 * 1024 * 1024;
-    /// One million instructions: about 10 ms of template work for one cluster, a
-    /// hundred times what a template of the example fleet runs.
+    /// One million: about 20 ms of template work for one cluster (or 64 MB of data
+    /// built), a hundred times what a template of the example fleet uses.
     pub const DEFAULT_TEMPLATE_FUEL: u64 = 1_000_000;
     /// As large as a fleet file may be.
     pub const DEFAULT_MAX_TEMPLATE_OUTPUT_BYTES: usize = MAX_FILE_BYTES as usize;

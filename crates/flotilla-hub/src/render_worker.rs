@@ -1,9 +1,11 @@
 //! Rendering in a process of its own, under a memory limit.
 //!
-//! The template engine has no memory budget of its own: fuel bounds how many
-//! instructions a template runs, the output cap how much it writes, but one expression
-//! such as `a ~ a` doubles a string in a single instruction, so a dozen of them ask
-//! for gigabytes. A render inside the hub's process would take the hub down with it.
+//! Fuel bounds what one template does for one cluster (its instructions and the
+//! data it builds, which minijinja charges by the byte) and the output cap what it
+//! writes, but nothing bounds a whole commit's render: 200 templates of 4 MB each,
+//! every one within its budgets, are 800 MB for one cluster, and a fault of the
+//! template engine or of any other step could ask for more. A render inside the
+//! hub's process would take the hub down with it.
 //! `flotilla serve` therefore renders each commit in a child process (the same
 //! binary, `flotilla render-worker`) whose data segment is capped with `RLIMIT_DATA`
 //! (`--render-memory`): a template past it ends only that process, and the hub

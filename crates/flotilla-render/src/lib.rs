@@ -777,7 +777,7 @@ fn plan_cluster(
                 vars: &vars,
             };
             // Converted once for the workload's templates, not once per template.
-            let context = minijinja::Value::from_serialize(&context);
+            let context = context.to_value();
             for (offset, path) in workload.templates.iter().enumerate() {
                 let file: Arc<str> = Arc::from(path.as_str());
                 let Some(rendered) = stop.run(&file, || templates.render(path, &context)) else {

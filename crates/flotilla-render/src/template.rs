@@ -2,13 +2,15 @@
 //! error, never an empty string.
 //!
 //! Each render of a template for one cluster runs within two budgets of
-//! [`Limits`]: fuel (how many instructions it may run, so an endless or absurdly
-//! long loop ends with an error) and the size of its output. Values built inside a
-//! template are held to the output's size too where minijinja does not bound them:
-//! its `join` is replaced by one that stops at that size (a chain of joins multiplies
-//! a string's length by its joiner's at every step, gigabytes from a few hundred
-//! bytes of template); minijinja refuses repeated strings (`'x' * n`) past 100 MB
-//! by itself.
+//! [`Limits`]: fuel and the size of its output. minijinja charges one fuel for each
+//! instruction and one for each 64 bytes of data a template builds, writes or hands
+//! to a filter, and refuses an allocation of a known size (`'x' * n`, `a ~ a`)
+//! before making it when the fuel left would not pay for it: an endless loop ends
+//! with an error, and one template's values stay within fuel × 64 bytes (64 MB
+//! with the default fuel). A few filters are wrapped where minijinja would allocate
+//! or panic before it charges anything (`indent`, `slice`, `batch`, `format`) or
+//! where a chain of them multiplies a string's length (`join`, `replace`): those
+//! are held to the output's size or to fixed bounds.
 
 use std::fmt::Write as _;
 use std::io;
@@ -39,6 +41,13 @@ pub struct Context<'a> {
     pub cluster: ClusterContext<'a>,
     pub workload: WorkloadContext<'a>,
     pub vars: &'a flotilla_core::model::Vars,
+}
+
+impl Context<'_> {
+    /// The context as the template engine's value.
+    pub fn to_value(&self) -> Value {
+        Value::from(minijinja::value::Serde(self))
+    }
 }
 
 #[derive(Serialize)]
@@ -75,7 +84,7 @@ impl Templates {
         let mut env = Environment::new();
         env.set_undefined_behavior(UndefinedBehavior::Strict);
         env.set_auto_escape_callback(|_| AutoEscape::None);
-        env.set_keep_trailing_newline(true);
+        env.set_syntax(syntax());
         env.set_fuel(Some(limits.template_fuel));
         env.set_recursion_limit(RECURSION_LIMIT);
         let cap = limits.max_template_output_bytes;
@@ -95,7 +104,7 @@ impl Templates {
         );
         env.add_filter(
             "replace",
-            move |state: &minijinja::State<'_, '_>,
+            move |state: &mut minijinja::State<'_, '_>,
                   value: StringInput<'_>,
                   from: StringInput<'_>,
                   to: StringInput<'_>| {
@@ -142,23 +151,19 @@ impl Templates {
     }
 
     /// Renders one template; `None` if it failed to compile (already reported).
-    /// `context` is a [`Context`], or a `minijinja::Value` made from one (converting
-    /// it once serves every template of a workload).
-    pub fn render<C: Serialize>(
-        &self,
-        path: &str,
-        context: &C,
-    ) -> Option<Result<String, Diagnostic>> {
+    /// `context` is a `minijinja::Value` made from a [`Context`] (converted once for
+    /// every template of a workload, see [`Context::to_value`]).
+    pub fn render(&self, path: &str, context: &Value) -> Option<Result<String, Diagnostic>> {
         let template = self.env.get_template(path).ok()?;
         let mut output = CappedWriter {
             bytes: Vec::new(),
             cap: self.max_output_bytes,
         };
-        // minijinja 2.24 panics on a few inputs (found by fuzzing: a backwards slice
-        // of an empty string, `''[2::-1]`); such a panic is this template's error, not
-        // the end of the render.
+        // minijinja 2.24 panicked on a few inputs (found by fuzzing: a backwards slice
+        // of an empty string, `''[2::-1]`; 3.1 fixed it); should the engine panic
+        // again, the panic is this template's error, not the end of the render.
         let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            template.render_captured_to(context, &mut output)
+            template.render_captured_to(context.clone(), &mut output)
         })) {
             Ok(result) => result,
             Err(panic) => {
@@ -187,8 +192,9 @@ impl Templates {
                 .in_file(path))
             }
             Err(err) if err.kind() == ErrorKind::OutOfFuel => Err(Diagnostic::error(format!(
-                "the template runs more than {} instructions for this cluster, the limit for one \
-                 template (--template-fuel): a loop too long or without end?",
+                "the template needs more than {} fuel for this cluster (one for each \
+                 instruction and each 64 bytes it builds or writes), the limit for one template \
+                 (--template-fuel): a loop too long or without end, or a string too large?",
                 self.fuel
             ))
             .in_file(path)
@@ -196,6 +202,15 @@ impl Templates {
             Err(err) => Err(describe(&err, path, Some(source))),
         })
     }
+}
+
+/// The default delimiters, keeping a template's last newline (a manifest file ends
+/// with one, and its rendered text keeps it).
+fn syntax() -> minijinja::syntax::SyntaxConfig {
+    minijinja::syntax::SyntaxConfig::builder()
+        .keep_trailing_newline(true)
+        .build()
+        .expect("the default delimiters are valid")
 }
 
 /// The widest field and the most digits `format` may write for one placeholder.
@@ -209,9 +224,9 @@ const MAX_FORMAT_WIDTH: usize = 10_000;
 /// formatting. Such placeholders are refused with an error (real keys are
 /// identifiers, real widths are small).
 fn checked_format(
-    state: &minijinja::State<'_, '_>,
+    state: &mut minijinja::State<'_, '_>,
     value: &Value,
-    args: minijinja::value::Rest<Value>,
+    args: minijinja::value::Rest<minijinja::value::ValueOrKwargs>,
 ) -> Result<Value, Error> {
     if let Some(text) = value.as_str() {
         check_printf_placeholders(text)?;
@@ -388,11 +403,15 @@ fn describe(err: &minijinja::Error, path: &str, source: Option<&str>) -> Diagnos
         None => format!("template error: {}", err.kind()),
     };
     // The offending expression, when minijinja knows it, is the most useful hint
-    // ("undefined value `vars.replicas`").
+    // (`unknown filter … in `vars.x | nope``), unless the detail names it already
+    // ("`vars.replicas` is undefined").
     if let (Some(range), Some(source)) = (err.range(), source)
         && let Some(snippet) = source.get(range)
         && !snippet.contains('\n')
         && snippet.len() < 120
+        && !err
+            .detail()
+            .is_some_and(|detail| detail.contains(&format!("`{}`", snippet.trim())))
     {
         message.push_str(&format!(" in `{}`", snippet.trim()));
     }
@@ -427,7 +446,7 @@ mod tests {
             vars: &vars,
         };
         templates
-            .render(&path, &context)
+            .render(&path, &context.to_value())
             .expect("compiled")
             .map_err(|d| d.to_string())
     }
@@ -442,9 +461,10 @@ mod tests {
         .expect_err("out of fuel");
         assert_eq!(
             err,
-            "workloads/w/manifests/t.yaml.j2:1: the template runs more than 1000000 instructions \
-             for this cluster, the limit for one template (--template-fuel): a loop too long or \
-             without end?"
+            "workloads/w/manifests/t.yaml.j2:1: the template needs more than 1000000 fuel for \
+             this cluster (one for each instruction and each 64 bytes it builds or writes), the \
+             limit for one template (--template-fuel): a loop too long or without end, or a \
+             string too large?"
         );
         assert!(check("{% for i in range(1000) %}{{ i }}{% endfor %}", &limits).is_ok());
     }
@@ -455,8 +475,9 @@ mod tests {
             max_template_output_bytes: 1_000_000,
             ..Limits::default()
         };
+        // 100 MB in pieces of 1,000 bytes: about 25,000 fuel when the cap stops it.
         let err = check(
-            "a: 1\n{% for i in range(100000) %}{{ 'x' * 100000000 }}{% endfor %}",
+            "a: 1\n{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}",
             &limits,
         )
         .expect_err("too much output");
@@ -467,6 +488,29 @@ mod tests {
         );
         let text = check("{{ 'x' * 1000000 }}", &limits).expect("exactly at the cap");
         assert_eq!(text.len(), 1_000_000);
+    }
+
+    #[test]
+    fn fuel_pays_for_the_data_a_template_builds_before_it_is_built() {
+        let limits = Limits::default();
+        // 1,000 bytes doubled `times` times, then its length.
+        let doubled = |times: usize| {
+            format!(
+                "{{% set a = 'x' * 1000 %}}{}{{{{ a | length }}}}",
+                "{% set a = a ~ a %}".repeat(times)
+            )
+        };
+        // 100 MB in one expression, or a string doubled 30 times: refused before it
+        // is allocated, once the fuel left would not pay for it.
+        for source in ["{{ 'x' * 100000000 }}".to_string(), doubled(30)] {
+            let err = check(&source, &limits).expect_err("out of fuel");
+            assert!(
+                err.contains("the template needs more than 1000000 fuel"),
+                "{source}: {err}"
+            );
+        }
+        // 12 doublings (4 MB) are well within the default fuel.
+        assert_eq!(check(&doubled(12), &limits).as_deref(), Ok("4096000"));
     }
 
     #[test]
@@ -534,15 +578,29 @@ mod tests {
     #[test]
     fn a_panic_of_the_template_engine_is_the_templates_error() {
         let limits = Limits::default();
-        // minijinja 2.24 indexes an empty string when slicing it backwards.
-        let err = check("{{ ''[2::-568] }}", &limits).expect_err("an error, not a panic");
+        // minijinja 2.24 indexed an empty string when slicing it backwards (3.1 does
+        // not); a filter of the fleet's own that panics stands for whatever fault the
+        // engine has next.
+        assert_eq!(check("{{ ''[2::-568] }}", &limits).as_deref(), Ok(""));
+        assert_eq!(check("{{ 'abc'[::-1] }}", &limits).as_deref(), Ok("cba"));
+        let path = "workloads/w/manifests/t.yaml.j2".to_string();
+        let snapshot = FleetSnapshot::from_files([(path.as_str(), "{{ 1 | explode }}")]);
+        let mut diagnostics = Vec::new();
+        let mut templates = Templates::compile_with(&snapshot, [&path], &limits, &mut diagnostics);
+        templates.env.add_filter("explode", |_: Value| -> Value {
+            panic!("index out of bounds: the len is 0 but the index is 2")
+        });
+        let err = templates
+            .render(&path, &Value::UNDEFINED)
+            .expect("compiled")
+            .expect_err("an error, not a panic")
+            .to_string();
         assert!(
             err.contains(
                 "template error: the template engine failed on this template (index out of bounds"
             ),
             "{err}"
         );
-        assert_eq!(check("{{ 'abc'[::-1] }}", &limits).as_deref(), Ok("cba"));
     }
 
     #[test]
@@ -576,7 +634,7 @@ mod tests {
         // Within the limits, the filters are minijinja's own.
         let mut plain = Environment::new();
         plain.set_auto_escape_callback(|_| AutoEscape::None);
-        plain.set_keep_trailing_newline(true);
+        plain.set_syntax(syntax());
         for source in [
             "{{ 'a\nb\n\nc'|indent }}",
             "{{ 'a\nb\n\nc'|indent(2, true, true) }}",

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
+use minijinja::value::Serde;
 use minijinja::{Environment, context};
 use serde::{Deserialize, Serialize};
 
@@ -330,15 +331,15 @@ pub fn fleet_page(
             title => "Fleet",
             csrf,
             stamp => stamp(status, &model.counts, rollouts),
-            revision => status.served_revision,
-            attempted_revision => status.attempted_revision,
+            revision => status.served_revision.as_deref(),
+            attempted_revision => status.attempted_revision.as_deref(),
             render_errors => status.errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            source_error => status.source_error,
+            source_error => status.source_error.as_deref(),
             total => model.counts.total(),
-            counts => segments(&model.counts),
-            groups => model.groups,
-            rollouts,
-            rows => model.rows,
+            counts => Serde(segments(&model.counts)),
+            groups => Serde(&model.groups),
+            rollouts => Serde(rollouts),
+            rows => Serde(&model.rows),
             matching => model.matching,
             first => model.first,
             last => model.last,
@@ -346,9 +347,9 @@ pub fn fleet_page(
             pages,
             previous => (page > 1).then(|| query.link(page - 1)),
             next => (page < pages).then(|| query.link(page + 1)),
-            query,
+            query => Serde(query),
             states,
-            all_groups,
+            all_groups => Serde(&all_groups),
         },
     )
 }
@@ -364,7 +365,7 @@ pub fn cluster_page(
         context! {
             title => cluster.name.clone(),
             csrf,
-            cluster,
+            cluster => Serde(cluster),
             state => cluster.state.as_str(),
             last_seen => ago(cluster.silent_for_seconds),
             pending_for => cluster.pending_for_seconds.map(duration),
@@ -411,7 +412,7 @@ pub fn rollout_page(rollout: &RolloutView, csrf: &str) -> Result<String, PageErr
         context! {
             title => format!("Rollout {}", rollout.id),
             csrf,
-            rollout,
+            rollout => Serde(rollout),
             state,
             actions,
             action_base => format!("/ui/rollouts/{}", rollout.id),
