@@ -106,6 +106,57 @@ struct Reader {
 
 /// Reads every document of a stream; empty and null documents are skipped.
 pub fn read_documents(text: &str) -> Result<Vec<Document>, ReadError> {
+    read(text, None)
+}
+
+/// A scalar value that holds a hole of a template's shape (see [`crate::shape`]).
+#[derive(Debug, Clone)]
+pub struct HoleSite {
+    /// The document it is in, counting the documents read.
+    pub document: usize,
+    /// Where it is in that document.
+    pub path: Vec<Step>,
+    /// Its text as read, holes written as [`HOLE_START`] index [`HOLE_END`].
+    pub text: String,
+    pub style: ScalarStyle,
+    pub tag: Option<Tag>,
+    pub in_flow: bool,
+    /// A value of `metadata.annotations`, which is kept as its text.
+    pub annotation: bool,
+    /// The line of the scalar; it starts and ends on it.
+    pub line: u64,
+}
+
+/// One step into a document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    Key(String),
+    Index(usize),
+}
+
+/// Marks a hole in the text of a template's shape: private-use characters, which
+/// YAML reads as part of a plain or quoted scalar like a letter.
+pub const HOLE_START: char = '\u{E000}';
+pub const HOLE_END: char = '\u{E001}';
+
+/// Reads a template's shape, whose holes are marked with [`HOLE_START`]: the
+/// documents (each hole's scalar read as null) and where the holes are. An error
+/// also when a hole is anywhere but inside a scalar value on one line, or when the
+/// shape has anchors, aliases or merge keys (which would copy or move a hole).
+pub fn read_shape(text: &str) -> Result<(Vec<Document>, Vec<HoleSite>), ReadError> {
+    let mut holes = Vec::new();
+    let documents = read(text, Some(&mut holes))?;
+    Ok((documents, holes))
+}
+
+fn not_a_shape(line: u64, why: &str) -> ReadError {
+    ReadError {
+        line: Some(line),
+        message: format!("not a shape: {why}"),
+    }
+}
+
+fn read(text: &str, mut holes: Option<&mut Vec<HoleSite>>) -> Result<Vec<Document>, ReadError> {
     let mut options = Options::default();
     // libyaml, and with it Go's yaml.v3, ends a block scalar that ends the input
     // without a line break without one.
@@ -157,8 +208,44 @@ pub fn read_documents(text: &str) -> Result<Vec<Document>, ReadError> {
                     root_line = Some(line);
                 }
                 reader.count(1, line)?;
+                if let Some(holes) = holes.as_deref_mut() {
+                    if anchor != 0 {
+                        return Err(not_a_shape(line, "an anchor"));
+                    }
+                    if text.contains(HOLE_START) {
+                        if reader.expects_key() {
+                            return Err(not_a_shape(line, "a hole in a key"));
+                        }
+                        if span.end.line() != span.start.line()
+                            || !matches!(
+                                style,
+                                ScalarStyle::Plain
+                                    | ScalarStyle::SingleQuoted
+                                    | ScalarStyle::DoubleQuoted
+                            )
+                        {
+                            return Err(not_a_shape(line, "a hole in a scalar of many lines"));
+                        }
+                        let Some(path) = reader.path() else {
+                            return Err(not_a_shape(line, "a hole outside a collection"));
+                        };
+                        holes.push(HoleSite {
+                            document: documents.len(),
+                            path,
+                            text: text.to_string(),
+                            style,
+                            tag: tag.as_deref().cloned(),
+                            in_flow: reader.flow_depth > 0,
+                            annotation: reader.in_annotations(),
+                            line,
+                        });
+                    }
+                }
                 if reader.expects_key() {
                     reader.push_key(&text, style, tag.as_deref(), line)?;
+                    if holes.is_some() && reader.merge_pending() {
+                        return Err(not_a_shape(line, "a merge key"));
+                    }
                     None
                 } else if reader.in_annotations() {
                     Some((Value::String(text.to_string()), 1))
@@ -176,6 +263,9 @@ pub fn read_documents(text: &str) -> Result<Vec<Document>, ReadError> {
                 if reader.stack.is_empty() && root_line.is_none() {
                     root_line = Some(line);
                 }
+                if holes.is_some() && anchor != 0 {
+                    return Err(not_a_shape(line, "an anchor"));
+                }
                 reader.refuse_complex_key(line)?;
                 reader.count(1, line)?;
                 reader.refuse_deeper(line)?;
@@ -192,6 +282,9 @@ pub fn read_documents(text: &str) -> Result<Vec<Document>, ReadError> {
             Event::MappingStart(structure, anchor, _) => {
                 if reader.stack.is_empty() && root_line.is_none() {
                     root_line = Some(line);
+                }
+                if holes.is_some() && anchor != 0 {
+                    return Err(not_a_shape(line, "an anchor"));
                 }
                 reader.refuse_complex_key(line)?;
                 reader.count(1, line)?;
@@ -239,6 +332,9 @@ pub fn read_documents(text: &str) -> Result<Vec<Document>, ReadError> {
             Event::Alias(id) => {
                 if reader.stack.is_empty() && root_line.is_none() {
                     root_line = Some(line);
+                }
+                if holes.is_some() {
+                    return Err(not_a_shape(line, "an alias"));
                 }
                 reader.aliases += 1;
                 if reader.aliases > MAX_ALIASES {
@@ -329,6 +425,36 @@ impl Reader {
             },
             Some(_) => Role::Other,
         }
+    }
+
+    /// Whether the mapping being built waits for the value of a merge key (`<<`).
+    fn merge_pending(&self) -> bool {
+        matches!(
+            self.stack.last(),
+            Some(Frame::Mapping {
+                key: Some((PendingKey::Merge, _)),
+                ..
+            })
+        )
+    }
+
+    /// Where the node that comes next goes in its document; `None` at the root, or
+    /// under a merge key.
+    fn path(&self) -> Option<Vec<Step>> {
+        if self.stack.is_empty() {
+            return None;
+        }
+        self.stack
+            .iter()
+            .map(|frame| match frame {
+                Frame::Sequence { items, .. } => Some(Step::Index(items.len())),
+                Frame::Mapping {
+                    key: Some((PendingKey::Key(key), _)),
+                    ..
+                } => Some(Step::Key(key.clone())),
+                Frame::Mapping { .. } => None,
+            })
+            .collect()
     }
 
     fn in_annotations(&self) -> bool {
@@ -521,7 +647,7 @@ pub fn resolve(text: &str, style: ScalarStyle, tag: Option<&Tag>) -> Result<Valu
 
 /// As [`resolve`]; inside a flow collection (`[...]`, `{...}`) kustomize keeps a
 /// timestamp with a time of day (it holds a `:`) as its text.
-fn resolve_in(
+pub(crate) fn resolve_in(
     text: &str,
     style: ScalarStyle,
     tag: Option<&Tag>,

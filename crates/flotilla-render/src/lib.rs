@@ -18,6 +18,7 @@ pub mod load;
 pub mod patch;
 pub mod rollouts;
 pub mod scope;
+pub mod shape;
 pub mod strategic;
 pub mod template;
 pub mod transform;
@@ -40,6 +41,7 @@ use flotilla_core::snapshot::FleetSnapshot;
 use load::{Cluster, Fleet, Overlay, SourcedDocument, Workload};
 use patch::PatchLimits;
 use scope::CustomScopes;
+use shape::Shape;
 use template::{ClusterContext, Context, Templates, WorkloadContext};
 
 /// What to render.
@@ -254,6 +256,16 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
         limits,
         &mut diagnostics,
     );
+    // Each template's shape, read once: most outputs are then read without parsing.
+    let shapes: Vec<Option<Shape>> = template_paths
+        .par_iter()
+        .map(|path| {
+            snapshot
+                .files
+                .get(*path)
+                .and_then(|source| Shape::of_template(source))
+        })
+        .collect();
     if stop.now() {
         return stop.abandoned(snapshot, diagnostics);
     }
@@ -301,6 +313,7 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
                     scopes: &scope_table[key.scope],
                     outputs: &outputs,
                     template_paths: &template_paths,
+                    shapes: &shapes,
                     patch_limits: &patch_limits,
                     max_resource_bytes: limits.max_resource_bytes,
                 };
@@ -479,7 +492,7 @@ fn scopes_defined_by(path: &str, text: &str) -> CustomScopes {
     if !text.contains("CustomResourceDefinition") && !text.contains('\\') {
         return CustomScopes::new();
     }
-    match parse_output(path, text) {
+    match parse_output(path, None, text) {
         Ok(documents) => documents
             .iter()
             .filter_map(|d| scope::cluster_scoped_crd(&d.value))
@@ -826,30 +839,38 @@ fn merged_vars(
     vars
 }
 
-fn parse_output(path: &str, text: &str) -> Result<Vec<SourcedDocument>, Diagnostic> {
+/// The documents of a template's output: read through the template's shape when it
+/// has one that fits this output (see [`shape`]), else parsed.
+fn parse_output(
+    path: &str,
+    shape: Option<&Shape>,
+    text: &str,
+) -> Result<Vec<SourcedDocument>, Diagnostic> {
     let file: Arc<str> = Arc::from(path);
-    yaml::parse_documents(text)
-        .map(|documents| {
-            documents
-                .into_iter()
-                .map(|d| SourcedDocument {
-                    value: d.value,
-                    file: file.clone(),
-                    line: d.line,
-                })
-                .collect()
-        })
-        .map_err(|err| {
-            let at = err
-                .line
-                .map(|l| format!(" at line {l} of the rendered output"))
-                .unwrap_or_default();
-            Diagnostic::error(format!(
-                "the rendered template is not valid YAML{at}: {}",
-                err.message
-            ))
-            .in_file(path)
-        })
+    let sourced = |documents: Vec<kyaml::Document>| {
+        documents
+            .into_iter()
+            .map(|d| SourcedDocument {
+                value: d.value,
+                file: file.clone(),
+                line: d.line,
+            })
+            .collect()
+    };
+    if let Some(documents) = shape.and_then(|shape| shape.read(text)) {
+        return Ok(sourced(documents));
+    }
+    kyaml::read_documents(text).map(sourced).map_err(|err| {
+        let at = err
+            .line
+            .map(|l| format!(" at line {l} of the rendered output"))
+            .unwrap_or_default();
+        Diagnostic::error(format!(
+            "the rendered template is not valid YAML{at}: {}",
+            err.message
+        ))
+        .in_file(path)
+    })
 }
 
 /// One distinct piece of rendering work (see [`Units`]).
@@ -870,6 +891,7 @@ struct UnitContext<'a> {
     scopes: &'a CustomScopes,
     outputs: &'a OutputTexts,
     template_paths: &'a [&'a String],
+    shapes: &'a [Option<Shape>],
     patch_limits: &'a PatchLimits,
     max_resource_bytes: usize,
 }
@@ -884,9 +906,10 @@ fn render_unit(unit: &UnitContext<'_>, key: &UnitKey) -> (UnitResult, Vec<(usize
     let documents: &[SourcedDocument] = match key.output {
         None => &workload.documents,
         Some(output) => {
-            let path = unit.template_paths[unit.outputs.templates[output]];
+            let template = unit.outputs.templates[output];
+            let path = unit.template_paths[template];
             parsed = match unit.outputs.text(output) {
-                Some(text) => parse_output(path, &text),
+                Some(text) => parse_output(path, unit.shapes[template].as_ref(), &text),
                 None => Err(Diagnostic::error(
                     "internal error: this template's output was freed before every unit had read it",
                 )

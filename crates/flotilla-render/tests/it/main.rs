@@ -6,4 +6,5 @@ mod kustomize_corpus;
 mod kustomize_diff;
 mod patch_conformance;
 mod regressions;
+mod shape;
 mod template_scopes;
