@@ -372,15 +372,18 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
     output
 }
 
-/// Assigns dense ids to distinct keys in the order they are first seen.
+/// Assigns dense ids to distinct keys in the order they are first seen. Keys can be
+/// whole template outputs, so the hash is a fast one (foldhash, seeded at random, as
+/// the keys come from the fleet's authors); SipHash was a tenth of a templated
+/// fleet's render.
 struct Interner<K> {
-    ids: HashMap<K, usize>,
+    ids: HashMap<K, usize, foldhash::fast::RandomState>,
 }
 
 impl<K: std::hash::Hash + Eq + Clone + Default> Interner<K> {
     fn new() -> Self {
         Interner {
-            ids: HashMap::new(),
+            ids: HashMap::default(),
         }
     }
 
@@ -902,13 +905,14 @@ fn render_unit(unit: &UnitContext<'_>, key: &UnitKey) -> (UnitResult, Vec<(usize
     let fleet = unit.fleet;
     let workload = &fleet.workloads[key.workload];
     let overlays: Vec<&Overlay> = key.overlays.iter().map(|&o| &fleet.overlays[o]).collect();
-    let parsed;
-    let documents: &[SourcedDocument] = match key.output {
-        None => &workload.documents,
+    // The workload's own manifests are shared by its units and copied; a template's
+    // output was read for this unit and is used up.
+    let documents: Vec<SourcedDocument> = match key.output {
+        None => workload.documents.to_vec(),
         Some(output) => {
             let template = unit.outputs.templates[output];
             let path = unit.template_paths[template];
-            parsed = match unit.outputs.text(output) {
+            let parsed = match unit.outputs.text(output) {
                 Some(text) => parse_output(path, unit.shapes[template].as_ref(), &text),
                 None => Err(Diagnostic::error(
                     "internal error: this template's output was freed before every unit had read it",
@@ -916,9 +920,9 @@ fn render_unit(unit: &UnitContext<'_>, key: &UnitKey) -> (UnitResult, Vec<(usize
                 .in_file(path.as_str())),
             };
             unit.outputs.done_with(output);
-            match &parsed {
+            match parsed {
                 Ok(documents) => documents,
-                Err(diagnostic) => return (Err(vec![diagnostic.clone()]), Vec::new()),
+                Err(diagnostic) => return (Err(vec![diagnostic]), Vec::new()),
             }
         }
     };
@@ -944,7 +948,7 @@ fn render_unit(unit: &UnitContext<'_>, key: &UnitKey) -> (UnitResult, Vec<(usize
 
 fn transform_documents(
     unit: &UnitContext<'_>,
-    documents: &[SourcedDocument],
+    documents: Vec<SourcedDocument>,
     workload: &Workload,
     overlays: &[&Overlay],
     flags: &mut [Vec<bool>],
@@ -952,6 +956,7 @@ fn transform_documents(
     let mut rendered = Vec::with_capacity(documents.len());
     let mut errors = Vec::new();
     for document in documents {
+        let (file, line) = (document.file.clone(), document.line);
         match transform::transform(
             document,
             workload,
@@ -971,15 +976,15 @@ fn transform_documents(
                             resource.canonical.len(),
                             unit.max_resource_bytes
                         ))
-                        .in_file(&*document.file)
-                        .at_line(Some(document.line)),
+                        .in_file(&*file)
+                        .at_line(Some(line)),
                     );
                     continue;
                 }
                 rendered.push(Rendered {
                     resource: Arc::new(resource),
-                    file: document.file.clone(),
-                    line: document.line,
+                    file,
+                    line,
                 });
             }
             Err(diagnostic) => errors.push(diagnostic),

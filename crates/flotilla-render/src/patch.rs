@@ -261,16 +261,24 @@ pub fn apply_json_patch_within(
     ops: &Value,
     limits: &PatchLimits,
 ) -> Result<(), PatchError> {
-    let ops = parse_patch(ops)?;
-    if ops.is_empty() {
-        return Ok(());
-    }
     let mut work = doc.clone();
-    let mut size = approximate_json_size(&work, usize::MAX);
-    for op in &ops {
-        op.apply(&mut work, &mut size, limits)?;
-    }
+    apply_json_patch_in_place(&mut work, ops, limits)?;
     *doc = work;
+    Ok(())
+}
+
+/// As [`apply_json_patch_within`], but patching `doc` itself: after an error it is
+/// left partly patched, for a caller that then drops it.
+pub fn apply_json_patch_in_place(
+    doc: &mut Value,
+    ops: &Value,
+    limits: &PatchLimits,
+) -> Result<(), PatchError> {
+    let ops = parse_patch(ops)?;
+    let mut size = approximate_json_size(doc, usize::MAX);
+    for op in &ops {
+        op.apply(doc, &mut size, limits)?;
+    }
     Ok(())
 }
 

@@ -18,7 +18,7 @@ use flotilla_core::names;
 /// the resource is marked in `matched` (`matched[overlay position][patch index]`), so
 /// that a target that never matches can be reported.
 pub fn transform(
-    document: &SourcedDocument,
+    document: SourcedDocument,
     workload: &Workload,
     overlays: &[&Overlay],
     scopes: &CustomScopes,
@@ -30,7 +30,7 @@ pub fn transform(
             .in_file(&*document.file)
             .at_line(Some(document.line))
     };
-    let mut value = document.value.clone();
+    let mut value = document.value;
     let key = identity(&value).map_err(located)?;
     let cluster_scoped = is_cluster_scoped(&key.group, &key.kind, scopes);
     if cluster_scoped && !key.namespace.is_empty() {
@@ -59,7 +59,8 @@ pub fn transform(
             let before = identity(&value).map_err(&located)?;
             let result = match &patch.action {
                 PatchAction::JsonPatch(ops) => {
-                    patch::apply_json_patch_within(&mut value, ops, limits)
+                    // On an error the resource is dropped: no need to keep it whole.
+                    patch::apply_json_patch_in_place(&mut value, ops, limits)
                         .map_err(|err| err.to_string())
                 }
                 PatchAction::MergePatch(merge) => {
