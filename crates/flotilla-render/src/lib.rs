@@ -625,21 +625,22 @@ fn report_unit_errors(
 /// cluster, sorting and the duplicate check compare integers, not strings. Returns,
 /// per unit, the rank of each of its resources.
 fn rank_resources(rendered: &[Result<Vec<Rendered>, Vec<Diagnostic>>]) -> Vec<Vec<u32>> {
-    let mut keys: Vec<&ResourceKey> = rendered
+    // Distinct first: with per-cluster templates every cluster renders the same
+    // identities, and sorting a million of them compared strings for a tenth of the
+    // render.
+    let mut ranks: HashMap<&ResourceKey, u32, foldhash::fast::RandomState> = rendered
         .iter()
         .flatten()
         .flatten()
-        .map(|rendered| &rendered.resource.key)
+        .map(|rendered| (&rendered.resource.key, 0))
         .collect();
+    let mut keys: Vec<&ResourceKey> = ranks.keys().copied().collect();
     keys.sort_unstable();
-    keys.dedup();
-    let ranks: HashMap<&ResourceKey, u32> = keys
-        .iter()
-        .enumerate()
-        .map(|(rank, key)| (*key, rank as u32))
-        .collect();
+    for (rank, key) in keys.into_iter().enumerate() {
+        ranks.insert(key, rank as u32);
+    }
     rendered
-        .iter()
+        .par_iter()
         .map(|unit| match unit {
             Ok(rendered) => rendered.iter().map(|r| ranks[&r.resource.key]).collect(),
             Err(_) => Vec::new(),
