@@ -392,8 +392,9 @@ impl Follower {
                     .unwrap_or_default();
                 let message = format!(
                     "the render of this commit needed more than {} of memory \
-                     (--render-memory) and was stopped: a template that builds a huge \
-                     string or list? The last good bundles stay served",
+                     (--render-memory) and was stopped: templates that write large \
+                     outputs for many clusters, or a fleet larger than the limit allows? \
+                     The last good bundles stay served",
                     human_bytes(limit)
                 );
                 (Err(message), Duration::ZERO)
