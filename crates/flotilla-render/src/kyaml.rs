@@ -125,6 +125,10 @@ pub struct HoleSite {
     pub annotation: bool,
     /// The line of the scalar; it starts and ends on it.
     pub line: u64,
+    /// Where the scalar starts: its column (0-based), and the characters it spans
+    /// in the text (from, to).
+    pub column: usize,
+    pub chars: (usize, usize),
 }
 
 /// One step into a document.
@@ -238,6 +242,8 @@ fn read(text: &str, mut holes: Option<&mut Vec<HoleSite>>) -> Result<Vec<Documen
                             in_flow: reader.flow_depth > 0,
                             annotation: reader.in_annotations(),
                             line,
+                            column: span.start.col(),
+                            chars: (span.start.index(), span.end.index()),
                         });
                     }
                 }

@@ -45,6 +45,9 @@ impl Shape {
         }
         let mut literals = Vec::new();
         let mut marked = String::with_capacity(source.len());
+        // Where each marker starts in `marked`, in characters.
+        let mut marker_at = Vec::new();
+        let mut marked_chars = 0;
         let mut rest = source;
         while let Some(start) = rest.find("{{") {
             let end = start + rest[start..].find("}}")?;
@@ -62,20 +65,30 @@ impl Shape {
             }
             literals.push(literal.to_string());
             marked.push_str(literal);
-            marked.push(HOLE_START);
-            marked.push_str(&(literals.len() - 1).to_string());
-            marked.push(HOLE_END);
+            marked_chars += literal.chars().count();
+            marker_at.push(marked_chars);
+            let marker = format!("{HOLE_START}{}{HOLE_END}", literals.len() - 1);
+            marked_chars += marker.chars().count();
+            marked.push_str(&marker);
             rest = &rest[end + 2..];
         }
         literals.push(rest.to_string());
         marked.push_str(rest);
         let (documents, holes) = kyaml::read_shape(&marked).ok()?;
-        // Every value is in exactly one scalar (none in a comment, none made by an
-        // escape sequence).
+        // Every value is in exactly one scalar, and the scalar is where its marker
+        // is: none in a comment, none made by an escape sequence (`"\uE000"`). And
+        // no hole scalar starts a line: a value there could complete a document
+        // marker (`--` and a value `-`, inside a flow collection).
         let mut seen = vec![false; literals.len() - 1];
         for site in &holes {
+            if site.column == 0 {
+                return None;
+            }
             for index in hole_indexes(&site.text)? {
                 if std::mem::replace(seen.get_mut(index)?, true) {
+                    return None;
+                }
+                if !(site.chars.0..site.chars.1).contains(&marker_at[index]) {
                     return None;
                 }
             }
@@ -291,6 +304,13 @@ mod tests {
             "# {{ x }}\na: 1\n",
             "a: {{- x }}\n",
             "{{ x }}\n",
+            // Found in review: a value hidden in a comment, its marker spelt by an
+            // escape in a quoted scalar; and a value that completes `---` at the
+            // start of a line inside a flow collection.
+            "# {{ x }}\na: \"\\uE0000\\uE001\"\n",
+            "a: \"x\" # {{ x }}\nb: \"\\U0000E0000\\U0000E001\"\n",
+            "[\n-{{ x }} ]\n",
+            "a: [\n.{{ x }}\n]\n",
         ] {
             assert!(Shape::of_template(template).is_none(), "{template:?}");
         }

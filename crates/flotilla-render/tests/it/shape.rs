@@ -153,10 +153,13 @@ fn template() -> impl Strategy<Value = String> {
     (
         proptest::collection::vec(scalar(), 0..3),
         proptest::collection::vec(entry(), 1..4),
-        any::<bool>(),
+        0..6usize,
     )
         .prop_map(|(annotations, entries, second)| {
-            let mut text = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: n\n".to_string();
+            // (found in review) a value in a comment, first, whose marker an escape
+            // spells in the last document.
+            let mut text = if second == 5 { "# {{ u }}\n" } else { "" }.to_string();
+            text.push_str("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: n\n");
             if !annotations.is_empty() {
                 text.push_str("  annotations:\n");
                 for (n, a) in annotations.iter().enumerate() {
@@ -169,16 +172,27 @@ fn template() -> impl Strategy<Value = String> {
                     text.push_str(&format!("  {line}\n"));
                 }
             }
-            if second {
-                text.push_str("---\nkind: Second\nvalue: {{ v }}\n");
-            }
+            // A second document: plain, or (found in review) a value at the start
+            // of a line in a flow collection, where `--` and `-` make a document
+            // marker, or the escaped marker of the comment above.
+            text.push_str(match second {
+                0 | 1 => "",
+                2 => "---\nkind: Second\nvalue: {{ v }}\n",
+                3 => "---\n[\n-{{ u }} ]\n",
+                4 => "---\n[\n..{{ u }}\n]\n",
+                _ => "---\nq: \"\\uE0000\\uE001\"\n",
+            });
             text
         })
 }
 
-/// The template's output with these values: `{{ v }}` and `{{ w }}` replaced.
-fn output(template: &str, v: &str, w: &str) -> String {
-    template.replace("{{ v }}", v).replace("{{ w }}", w)
+/// The template's output with these values: `{{ v }}`, `{{ w }}` and `{{ u }}`
+/// replaced.
+fn output(template: &str, [v, w, u]: [&str; 3]) -> String {
+    template
+        .replace("{{ v }}", v)
+        .replace("{{ w }}", w)
+        .replace("{{ u }}", u)
 }
 
 fn pairs(documents: Vec<Document>) -> Vec<(serde_json::Value, u64)> {
@@ -191,17 +205,17 @@ fn an_output_read_through_its_shape_is_what_parsing_it_gives() {
         cases: 6000,
         ..Config::default()
     });
-    let strategy = (template(), value(), value());
+    let strategy = (template(), value(), value(), value());
     let (mut cases, mut shaped, mut read, mut refused) = (0, 0, 0, 0);
     for _ in 0..6000 {
         let tree = strategy.new_tree(&mut runner).expect("a case");
-        let (template, v, w) = tree.current();
+        let (template, v, w, u) = tree.current();
         cases += 1;
         let Some(shape) = Shape::of_template(&template) else {
             continue;
         };
         shaped += 1;
-        let text = output(&template, &v, &w);
+        let text = output(&template, [&v, &w, &u]);
         let parsed = kyaml::read_documents(&text).map(pairs);
         match shape.read(&text) {
             Some(documents) => {
@@ -209,7 +223,7 @@ fn an_output_read_through_its_shape_is_what_parsing_it_gives() {
                 assert_eq!(
                     Ok(pairs(documents)),
                     parsed,
-                    "template:\n{template}\nv = {v:?}, w = {w:?}\noutput:\n{text}"
+                    "template:\n{template}\nv = {v:?}, w = {w:?}, u = {u:?}\noutput:\n{text}"
                 );
             }
             None => refused += 1,
