@@ -102,6 +102,12 @@ struct Reader {
     aliases: usize,
     /// How many flow collections (`[...]`, `{...}`) the parser is inside.
     flow_depth: usize,
+    /// The lines the open flow collections start on.
+    flow_lines: Vec<u64>,
+    /// Whether a flow collection spans lines, and whether a hole of a shape is in
+    /// one (see [`read_shape`]).
+    multiline_flow: bool,
+    hole_in_flow: bool,
 }
 
 /// Reads every document of a stream; empty and null documents are skipped.
@@ -149,7 +155,14 @@ pub const HOLE_END: char = '\u{E001}';
 /// shape has anchors, aliases or merge keys (which would copy or move a hole).
 pub fn read_shape(text: &str) -> Result<(Vec<Document>, Vec<HoleSite>), ReadError> {
     let mut holes = Vec::new();
-    let documents = read(text, Some(&mut holes))?;
+    let (documents, reader) = read_with(text, Some(&mut holes))?;
+    // A value shorter than its marker moves what follows it on its line to the
+    // left, and across lines a flow collection's keys are checked against the
+    // indentation of the block around it: a hole in a flow collection is used only
+    // when no flow collection spans lines.
+    if reader.hole_in_flow && reader.multiline_flow {
+        return Err(not_a_shape(1, "a hole in a flow collection of many lines"));
+    }
     Ok((documents, holes))
 }
 
@@ -160,7 +173,14 @@ fn not_a_shape(line: u64, why: &str) -> ReadError {
     }
 }
 
-fn read(text: &str, mut holes: Option<&mut Vec<HoleSite>>) -> Result<Vec<Document>, ReadError> {
+fn read(text: &str, holes: Option<&mut Vec<HoleSite>>) -> Result<Vec<Document>, ReadError> {
+    read_with(text, holes).map(|(documents, _)| documents)
+}
+
+fn read_with(
+    text: &str,
+    mut holes: Option<&mut Vec<HoleSite>>,
+) -> Result<(Vec<Document>, Reader), ReadError> {
     let mut options = Options::default();
     // libyaml, and with it Go's yaml.v3, ends a block scalar that ends the input
     // without a line break without one.
@@ -173,6 +193,9 @@ fn read(text: &str, mut holes: Option<&mut Vec<HoleSite>>) -> Result<Vec<Documen
         nodes: 0,
         aliases: 0,
         flow_depth: 0,
+        flow_lines: Vec::new(),
+        multiline_flow: false,
+        hole_in_flow: false,
     };
     let mut root_line: Option<u64> = None;
     let mut root: Option<Value> = None;
@@ -233,6 +256,7 @@ fn read(text: &str, mut holes: Option<&mut Vec<HoleSite>>) -> Result<Vec<Documen
                         let Some(path) = reader.path() else {
                             return Err(not_a_shape(line, "a hole outside a collection"));
                         };
+                        reader.hole_in_flow |= reader.flow_depth > 0;
                         holes.push(HoleSite {
                             document: documents.len(),
                             path,
@@ -277,6 +301,9 @@ fn read(text: &str, mut holes: Option<&mut Vec<HoleSite>>) -> Result<Vec<Documen
                 reader.refuse_deeper(line)?;
                 let flow = structure == StructureStyle::Flow;
                 reader.flow_depth += usize::from(flow);
+                if flow {
+                    reader.flow_lines.push(line);
+                }
                 reader.stack.push(Frame::Sequence {
                     items: Vec::new(),
                     anchor,
@@ -297,6 +324,9 @@ fn read(text: &str, mut holes: Option<&mut Vec<HoleSite>>) -> Result<Vec<Documen
                 reader.refuse_deeper(line)?;
                 let flow = structure == StructureStyle::Flow;
                 reader.flow_depth += usize::from(flow);
+                if flow {
+                    reader.flow_lines.push(line);
+                }
                 let role = reader.child_role();
                 reader.stack.push(Frame::Mapping {
                     entries: Map::new(),
@@ -317,6 +347,7 @@ fn read(text: &str, mut holes: Option<&mut Vec<HoleSite>>) -> Result<Vec<Documen
                     flow,
                 }) => {
                     reader.flow_depth -= usize::from(flow);
+                    reader.end_flow(flow, line);
                     let value = Value::Array(items);
                     reader.remember(anchor, &value, nodes);
                     Some((value, nodes))
@@ -329,6 +360,7 @@ fn read(text: &str, mut holes: Option<&mut Vec<HoleSite>>) -> Result<Vec<Documen
                     ..
                 }) => {
                     reader.flow_depth -= usize::from(flow);
+                    reader.end_flow(flow, line);
                     let value = Value::Object(entries);
                     reader.remember(anchor, &value, nodes);
                     Some((value, nodes))
@@ -385,7 +417,7 @@ fn read(text: &str, mut holes: Option<&mut Vec<HoleSite>>) -> Result<Vec<Documen
             }
         }
     }
-    Ok(documents)
+    Ok((documents, reader))
 }
 
 fn span_line(span: &Span) -> u64 {
@@ -430,6 +462,13 @@ impl Reader {
                 _ => Role::Other,
             },
             Some(_) => Role::Other,
+        }
+    }
+
+    /// Notes a flow collection that ends on another line than it began.
+    fn end_flow(&mut self, flow: bool, line: u64) {
+        if flow && self.flow_lines.pop() != Some(line) {
+            self.multiline_flow = true;
         }
     }
 

@@ -311,6 +311,9 @@ mod tests {
             "a: \"x\" # {{ x }}\nb: \"\\U0000E0000\\U0000E001\"\n",
             "[\n-{{ x }} ]\n",
             "a: [\n.{{ x }}\n]\n",
+            // And a value shorter than its marker, which moves a flow key on its
+            // line to the left, past the indentation of the block around it.
+            "   a: {b:\n {{ v }},k\n     : 1}\n",
         ] {
             assert!(Shape::of_template(template).is_none(), "{template:?}");
         }
