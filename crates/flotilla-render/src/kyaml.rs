@@ -150,7 +150,8 @@ pub const HOLE_START: char = '\u{E000}';
 pub const HOLE_END: char = '\u{E001}';
 
 /// Reads a template's shape, whose holes are marked with [`HOLE_START`]: the
-/// documents (each hole's scalar read as null) and where the holes are. An error
+/// documents (each hole's scalar read with its markers, to be replaced) and where the
+/// holes are (a hole with a core tag other than `!!str` cannot be read so: no shape). An error
 /// also when a hole is anywhere but inside a scalar value on one line, or when the
 /// shape has anchors, aliases or merge keys (which would copy or move a hole).
 pub fn read_shape(text: &str) -> Result<(Vec<Document>, Vec<HoleSite>), ReadError> {
