@@ -275,16 +275,11 @@ impl ClusterBundle {
         signer: Option<&SigningKey>,
     ) -> Result<Vec<u8>, ObjectError> {
         let canonical = match self.canonical.get() {
-            Some(bytes) => bytes.to_vec(),
-            None if let Some(bytes) = store.objects.recent(&self.digest) => {
-                // Written by this hub's last render: kept, not read back.
-                let _ = self.canonical.set(bytes.clone());
-                bytes.to_vec()
-            }
+            Some(bytes) => bytes.clone(),
             None => {
                 let bytes = store.objects.read_blocking(&self.digest)?;
                 if !store.objects.is_local() {
-                    let _ = self.canonical.set(Bytes::from(bytes.clone()));
+                    let _ = self.canonical.set(bytes.clone());
                 }
                 bytes
             }

@@ -442,8 +442,9 @@ impl Objects {
     }
 
     /// [`Objects::read`] for a blocking thread (one of `spawn_blocking`'s): from disk
-    /// at once, from S3 through the runtime the thread belongs to.
-    pub fn read_blocking(&self, digest: &Digest) -> Result<Vec<u8>, ObjectError> {
+    /// at once, from S3 through the runtime the thread belongs to, unless the last
+    /// render kept the object (then it is shared, not copied).
+    pub fn read_blocking(&self, digest: &Digest) -> Result<bytes::Bytes, ObjectError> {
         match &self.backend {
             Backend::Dir(dir) => {
                 let path = dir.join(digest.hex());
@@ -451,18 +452,18 @@ impl Objects {
                     path: path.display().to_string(),
                     source,
                 })?;
-                self.checked(digest, bytes)
+                self.checked(digest, bytes).map(bytes::Bytes::from)
             }
             Backend::S3(_) => {
                 if let Some(bytes) = self.recent(digest) {
-                    return Ok(bytes.to_vec());
+                    return Ok(bytes);
                 }
                 let handle =
                     tokio::runtime::Handle::try_current().map_err(|err| ObjectError::Read {
                         path: self.location_of(digest),
                         source: io::Error::other(err.to_string()),
                     })?;
-                handle.block_on(self.read(digest))
+                handle.block_on(self.read(digest)).map(bytes::Bytes::from)
             }
         }
     }
