@@ -104,15 +104,13 @@ struct Reader {
     flow_depth: usize,
     /// The lines the open flow collections start on.
     flow_lines: Vec<u64>,
-    /// Whether a flow collection spans lines, and whether a hole of a shape is in
-    /// one (see [`read_shape`]).
+    /// Whether a flow collection spans lines (see [`read_shape`]).
     multiline_flow: bool,
-    hole_in_flow: bool,
 }
 
 /// Reads every document of a stream; empty and null documents are skipped.
 pub fn read_documents(text: &str) -> Result<Vec<Document>, ReadError> {
-    read(text, None)
+    read(text, None).map(|(documents, _)| documents)
 }
 
 /// A scalar value that holds a hole of a template's shape (see [`crate::shape`]).
@@ -129,11 +127,7 @@ pub struct HoleSite {
     pub in_flow: bool,
     /// A value of `metadata.annotations`, which is kept as its text.
     pub annotation: bool,
-    /// The line of the scalar; it starts and ends on it.
-    pub line: u64,
-    /// Where the scalar starts: its column (0-based), and the characters it spans
-    /// in the text (from, to).
-    pub column: usize,
+    /// The characters the scalar spans in the text (from, to).
     pub chars: (usize, usize),
 }
 
@@ -151,17 +145,19 @@ pub const HOLE_END: char = '\u{E001}';
 
 /// Reads a template's shape, whose holes are marked with [`HOLE_START`]: the
 /// documents (each hole's scalar read with its markers, to be replaced) and where the
-/// holes are (a hole with a core tag other than `!!str` cannot be read so: no shape). An error
-/// also when a hole is anywhere but inside a scalar value on one line, or when the
-/// shape has anchors, aliases or merge keys (which would copy or move a hole).
+/// holes are (a hole with a core tag other than `!!str` cannot be read so: no shape).
+/// An error also when a hole is anywhere but inside a scalar value on one line that
+/// does not start the line (there a value could complete a document marker, `--`
+/// and `-`), or when the shape has anchors, aliases or merge keys (which would copy
+/// or move a hole).
 pub fn read_shape(text: &str) -> Result<(Vec<Document>, Vec<HoleSite>), ReadError> {
     let mut holes = Vec::new();
-    let (documents, reader) = read_with(text, Some(&mut holes))?;
+    let (documents, multiline_flow) = read(text, Some(&mut holes))?;
     // A value shorter than its marker moves what follows it on its line to the
     // left, and across lines a flow collection's keys are checked against the
     // indentation of the block around it: a hole in a flow collection is used only
     // when no flow collection spans lines.
-    if reader.hole_in_flow && reader.multiline_flow {
+    if multiline_flow && holes.iter().any(|hole| hole.in_flow) {
         return Err(not_a_shape(1, "a hole in a flow collection of many lines"));
     }
     Ok((documents, holes))
@@ -174,14 +170,12 @@ fn not_a_shape(line: u64, why: &str) -> ReadError {
     }
 }
 
-fn read(text: &str, holes: Option<&mut Vec<HoleSite>>) -> Result<Vec<Document>, ReadError> {
-    read_with(text, holes).map(|(documents, _)| documents)
-}
-
-fn read_with(
+/// The documents, and whether a flow collection spans lines; with `holes`, reads a
+/// shape (see [`read_shape`]).
+fn read(
     text: &str,
     mut holes: Option<&mut Vec<HoleSite>>,
-) -> Result<(Vec<Document>, Reader), ReadError> {
+) -> Result<(Vec<Document>, bool), ReadError> {
     let mut options = Options::default();
     // libyaml, and with it Go's yaml.v3, ends a block scalar that ends the input
     // without a line break without one.
@@ -196,7 +190,6 @@ fn read_with(
         flow_depth: 0,
         flow_lines: Vec::new(),
         multiline_flow: false,
-        hole_in_flow: false,
     };
     let mut root_line: Option<u64> = None;
     let mut root: Option<Value> = None;
@@ -244,6 +237,12 @@ fn read_with(
                         if reader.expects_key() {
                             return Err(not_a_shape(line, "a hole in a key"));
                         }
+                        // Only a flow collection of many lines puts a value at a
+                        // line's start, and the rule for those (below) refuses it
+                        // too; kept so that this reason stands on its own.
+                        if span.start.col() == 0 {
+                            return Err(not_a_shape(line, "a hole scalar at the start of a line"));
+                        }
                         if span.end.line() != span.start.line()
                             || !matches!(
                                 style,
@@ -257,7 +256,6 @@ fn read_with(
                         let Some(path) = reader.path() else {
                             return Err(not_a_shape(line, "a hole outside a collection"));
                         };
-                        reader.hole_in_flow |= reader.flow_depth > 0;
                         holes.push(HoleSite {
                             document: documents.len(),
                             path,
@@ -266,8 +264,6 @@ fn read_with(
                             tag: tag.as_deref().cloned(),
                             in_flow: reader.flow_depth > 0,
                             annotation: reader.in_annotations(),
-                            line,
-                            column: span.start.col(),
                             chars: (span.start.index(), span.end.index()),
                         });
                     }
@@ -418,7 +414,7 @@ fn read_with(
             }
         }
     }
-    Ok((documents, reader))
+    Ok((documents, reader.multiline_flow))
 }
 
 fn span_line(span: &Span) -> u64 {

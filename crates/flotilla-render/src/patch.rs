@@ -261,6 +261,9 @@ pub fn apply_json_patch_within(
     ops: &Value,
     limits: &PatchLimits,
 ) -> Result<(), PatchError> {
+    if ops.as_array().is_some_and(Vec::is_empty) {
+        return Ok(());
+    }
     let mut work = doc.clone();
     apply_json_patch_in_place(&mut work, ops, limits)?;
     *doc = work;

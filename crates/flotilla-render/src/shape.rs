@@ -76,14 +76,9 @@ impl Shape {
         marked.push_str(rest);
         let (documents, holes) = kyaml::read_shape(&marked).ok()?;
         // Every value is in exactly one scalar, and the scalar is where its marker
-        // is: none in a comment, none made by an escape sequence (`"\uE000"`). And
-        // no hole scalar starts a line: a value there could complete a document
-        // marker (`--` and a value `-`, inside a flow collection).
+        // is: none in a comment, none made by an escape sequence (`"\uE000"`).
         let mut seen = vec![false; literals.len() - 1];
         for site in &holes {
-            if site.column == 0 {
-                return None;
-            }
             for index in hole_indexes(&site.text)? {
                 if std::mem::replace(seen.get_mut(index)?, true) {
                     return None;
