@@ -107,19 +107,7 @@ impl Templates {
             move |state: &mut minijinja::State<'_, '_>,
                   value: StringInput<'_>,
                   from: StringInput<'_>,
-                  to: StringInput<'_>| {
-                let (text, from_text) = (value.as_str(), from.as_str());
-                let matches = if from_text.is_empty() {
-                    text.chars().count() + 1
-                } else {
-                    text.matches(from_text).count()
-                };
-                let size = matches
-                    .checked_mul(to.as_str().len())
-                    .and_then(|added| added.checked_add(text.len()));
-                within_output_cap("replace", size, cap)?;
-                minijinja::filters::replace(state, value, from, to)
-            },
+                  to: StringInput<'_>| { checked_replace(state, value, from, to, cap) },
         );
         env.add_filter(
             "slice",
@@ -309,6 +297,29 @@ fn checked_indent(
     minijinja::filters::indent(value, width, first, blank, kwargs)
 }
 
+/// minijinja's `replace`, refusing a result longer than `cap` bytes: replacing the
+/// empty string inserts `to` between every two characters, so a chain of them
+/// multiplies a string's length.
+fn checked_replace(
+    state: &mut minijinja::State<'_, '_>,
+    value: StringInput<'_>,
+    from: StringInput<'_>,
+    to: StringInput<'_>,
+    cap: usize,
+) -> Result<Value, Error> {
+    let (text, from_text) = (value.as_str(), from.as_str());
+    let matches = if from_text.is_empty() {
+        text.chars().count() + 1
+    } else {
+        text.matches(from_text).count()
+    };
+    let size = matches
+        .checked_mul(to.as_str().len())
+        .and_then(|added| added.checked_add(text.len()));
+    within_output_cap("replace", size, cap)?;
+    minijinja::filters::replace(state, value, from, to)
+}
+
 /// Refuses a string a filter would build (`size` bytes; `None` past `usize`) when it
 /// is longer than one template may write: a filter can multiply a string's length in
 /// one instruction, which fuel does not see.
@@ -451,6 +462,26 @@ mod tests {
             .map_err(|d| d.to_string())
     }
 
+    /// Each source is refused with an error containing its text.
+    fn assert_refused(cases: &[(&str, &str)], limits: &Limits) {
+        for (source, says) in cases {
+            let err = check(source, limits).expect_err(source);
+            assert!(err.contains(says), "{source}: {err}");
+        }
+    }
+
+    /// Each source renders as minijinja's own filters render it.
+    fn assert_as_minijinja(sources: &[&str], limits: &Limits) {
+        let mut plain = Environment::new();
+        plain.set_undefined_behavior(UndefinedBehavior::Strict);
+        plain.set_auto_escape_callback(|_| AutoEscape::None);
+        plain.set_syntax(syntax());
+        for source in sources {
+            let expect = plain.render_str(source, ()).expect(source);
+            assert_eq!(check(source, limits), Ok(expect), "{source}");
+        }
+    }
+
     #[test]
     fn an_endless_loop_runs_out_of_fuel() {
         let limits = Limits::default();
@@ -540,39 +571,37 @@ mod tests {
     #[test]
     fn format_refuses_widths_and_precisions_that_would_abort_and_formats_the_rest() {
         let limits = Limits::default();
-        for (source, says) in [
-            (
-                "{{ '%555555555555d'|format(1) }}",
-                "a placeholder's width may be at most 10000, not 555555555555",
-            ),
-            (
-                "{{ 'x %(a)-+#0010001s'|format(a=1) }}",
-                "a placeholder's width may be at most 10000, not 10001",
-            ),
-            (
-                "{{ '%.555555555555f'|format(1.5) }}",
-                "a placeholder's precision may be at most 10000, not 555555555555",
-            ),
-            (
-                "{{ '%5.99999999999999999999999e'|format(1.5) }}",
-                "a placeholder's precision may be at most 10000, not 99999999999999999999999",
-            ),
-        ] {
-            let err = check(source, &limits).expect_err(source);
-            assert!(err.contains(says), "{source}: {err}");
-        }
-        let mut plain = Environment::new();
-        plain.set_auto_escape_callback(|_| AutoEscape::None);
-        for source in [
-            "{{ '%5d|%-5s|%05.2f|%%|%.3e'|format(42, 'ab', 3.14159, 2.5) }}",
-            "{{ '%(a)s and %(b)08.3f'|format({'a': 1, 'b': 2.5}) }}",
-            "{{ '100%% %s'|format('sure') }}",
-            "{{ '%10000s'|format('') | length }}",
-            "{{ 'no placeholders'|format() }}",
-        ] {
-            let expect = plain.render_str(source, ()).expect(source);
-            assert_eq!(check(source, &limits), Ok(expect), "{source}");
-        }
+        assert_refused(
+            &[
+                (
+                    "{{ '%555555555555d'|format(1) }}",
+                    "a placeholder's width may be at most 10000, not 555555555555",
+                ),
+                (
+                    "{{ 'x %(a)-+#0010001s'|format(a=1) }}",
+                    "a placeholder's width may be at most 10000, not 10001",
+                ),
+                (
+                    "{{ '%.555555555555f'|format(1.5) }}",
+                    "a placeholder's precision may be at most 10000, not 555555555555",
+                ),
+                (
+                    "{{ '%5.99999999999999999999999e'|format(1.5) }}",
+                    "a placeholder's precision may be at most 10000, not 99999999999999999999999",
+                ),
+            ],
+            &limits,
+        );
+        assert_as_minijinja(
+            &[
+                "{{ '%5d|%-5s|%05.2f|%%|%.3e'|format(42, 'ab', 3.14159, 2.5) }}",
+                "{{ '%(a)s and %(b)08.3f'|format({'a': 1, 'b': 2.5}) }}",
+                "{{ '100%% %s'|format('sure') }}",
+                "{{ '%10000s'|format('') | length }}",
+                "{{ 'no placeholders'|format() }}",
+            ],
+            &limits,
+        );
     }
 
     #[test]
@@ -606,50 +635,47 @@ mod tests {
     #[test]
     fn indent_slice_batch_and_replace_refuse_sizes_past_their_bounds() {
         let limits = Limits::default();
-        for (source, says) in [
-            (
-                "{{ 0|indent|indent(555555555555) }}",
-                "indent(555555555555) would build a string of more than 4194304 bytes",
-            ),
-            (
-                "{{ 'a\nb'|indent(width=3000000) }}",
-                "indent(3000000) would build a string of more than 4194304 bytes",
-            ),
-            (
-                "{{ [1, 2]|slice(555555555555) }}",
-                "slice(555555555555): at most 100000 parts",
-            ),
-            (
-                "{{ ('x' * 3000)|replace('', 'y' * 3000) }}",
-                "replace would build a string of more than 4194304 bytes",
-            ),
-            (
-                "{{ [1, 2]|batch(555555555555) }}",
-                "batch(555555555555): at most 100000 parts",
-            ),
-        ] {
-            let err = check(source, &limits).expect_err(source);
-            assert!(err.contains(says), "{source}: {err}");
-        }
+        assert_refused(
+            &[
+                (
+                    "{{ 0|indent|indent(555555555555) }}",
+                    "indent(555555555555) would build a string of more than 4194304 bytes",
+                ),
+                (
+                    "{{ 'a\nb'|indent(width=3000000) }}",
+                    "indent(3000000) would build a string of more than 4194304 bytes",
+                ),
+                (
+                    "{{ [1, 2]|slice(555555555555) }}",
+                    "slice(555555555555): at most 100000 parts",
+                ),
+                (
+                    "{{ ('x' * 3000)|replace('', 'y' * 3000) }}",
+                    "replace would build a string of more than 4194304 bytes",
+                ),
+                (
+                    "{{ [1, 2]|batch(555555555555) }}",
+                    "batch(555555555555): at most 100000 parts",
+                ),
+            ],
+            &limits,
+        );
         // Within the limits, the filters are minijinja's own.
-        let mut plain = Environment::new();
-        plain.set_auto_escape_callback(|_| AutoEscape::None);
-        plain.set_syntax(syntax());
-        for source in [
-            "{{ 'a\nb\n\nc'|indent }}",
-            "{{ 'a\nb\n\nc'|indent(2, true, true) }}",
-            "{{ 'a\nb'|indent(width=3, first=true) }}",
-            "{{ [1, 2, 3, 4, 5]|slice(2) }}",
-            "{{ [1, 2, 3, 4, 5]|slice(3, 0) }}",
-            "{{ [1, 2, 3, 4, 5]|batch(2) }}",
-            "{{ [1, 2, 3]|batch(2, 'x') }}",
-            "{{ 'a-b-c'|replace('-', '+') }}",
-            "{{ 'abc'|replace('', '.') }}",
-            "{{ 'aaa'|replace('a', '') }}",
-        ] {
-            let expect = plain.render_str(source, ()).expect(source);
-            assert_eq!(check(source, &limits), Ok(expect), "{source}");
-        }
+        assert_as_minijinja(
+            &[
+                "{{ 'a\nb\n\nc'|indent }}",
+                "{{ 'a\nb\n\nc'|indent(2, true, true) }}",
+                "{{ 'a\nb'|indent(width=3, first=true) }}",
+                "{{ [1, 2, 3, 4, 5]|slice(2) }}",
+                "{{ [1, 2, 3, 4, 5]|slice(3, 0) }}",
+                "{{ [1, 2, 3, 4, 5]|batch(2) }}",
+                "{{ [1, 2, 3]|batch(2, 'x') }}",
+                "{{ 'a-b-c'|replace('-', '+') }}",
+                "{{ 'abc'|replace('', '.') }}",
+                "{{ 'aaa'|replace('a', '') }}",
+            ],
+            &limits,
+        );
         let err = check("{{ 'a'|indent(2, nope=1) }}", &limits).expect_err("unknown keyword");
         assert!(err.contains("nope"), "{err}");
     }
@@ -672,20 +698,17 @@ mod tests {
             "{err}"
         );
         // Below the cap, join gives what minijinja's own gives.
-        let mut plain = minijinja::Environment::new();
-        plain.set_undefined_behavior(UndefinedBehavior::Strict);
-        plain.set_auto_escape_callback(|_| AutoEscape::None);
-        for source in [
-            "{{ 'abc' | join('-') }}",
-            "{{ [1, 'two', none, true, 2.5, [3]] | join(', ') }}",
-            "{{ ['a', 'b'] | join }}",
-            "{{ [] | join(',') }}",
-            "{{ {'k': 1, 'l': 2} | join(',') }}",
-            "{{ ('x' * 10) | join('y' * 3) | join }}",
-        ] {
-            let expect = plain.render_str(source, ()).expect("minijinja's join");
-            assert_eq!(check(source, &limits), Ok(expect), "{source}");
-        }
+        assert_as_minijinja(
+            &[
+                "{{ 'abc' | join('-') }}",
+                "{{ [1, 'two', none, true, 2.5, [3]] | join(', ') }}",
+                "{{ ['a', 'b'] | join }}",
+                "{{ [] | join(',') }}",
+                "{{ {'k': 1, 'l': 2} | join(',') }}",
+                "{{ ('x' * 10) | join('y' * 3) | join }}",
+            ],
+            &limits,
+        );
         let err = check("{{ 5 | join(',') }}", &limits).expect_err("not iterable");
         assert!(err.contains("cannot join value of type number"), "{err}");
     }
