@@ -374,7 +374,7 @@ impl Follower {
         let _ = std::fs::remove_file(&marker);
         // A render that failed as a whole: one error saying why, and how long it took.
         let (failure, waited) = match rendered {
-            Rendered::Done(output, duration) => (Ok((output, duration)), Duration::ZERO),
+            Rendered::Done(output, duration) => (Ok((*output, duration)), Duration::ZERO),
             Rendered::ShuttingDown => return Ok(()),
             Rendered::Abandoned(waited) => (
                 Err(format!(
@@ -526,7 +526,7 @@ impl Follower {
                     render_with(&snapshot, &options)
                 }));
                 let _ = done.send(match outcome {
-                    Ok(output) => Rendered::Done(output, started.elapsed()),
+                    Ok(output) => Rendered::Done(Box::new(output), started.elapsed()),
                     Err(panic) => Rendered::Panicked(panic_message(&panic)),
                 });
             });

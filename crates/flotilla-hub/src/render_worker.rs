@@ -60,7 +60,7 @@ pub struct RenderWorker {
 #[derive(Debug)]
 pub enum Rendered {
     /// The render, and how long it took.
-    Done(RenderOutput, Duration),
+    Done(Box<RenderOutput>, Duration),
     /// Not finished within its deadline and the grace after it; the time waited.
     Abandoned(Duration),
     /// The hub is shutting down; the render was told to stop (or killed).
@@ -192,7 +192,7 @@ impl RenderWorker {
             });
         }
         match out {
-            Ok(Ok(output)) => Rendered::Done(output, started.elapsed()),
+            Ok(Ok(output)) => Rendered::Done(Box::new(output), started.elapsed()),
             Ok(Err(err)) => Rendered::Panicked(format!("the render's answer is unreadable: {err}")),
             Err(err) => Rendered::Panicked(format!("cannot read the render: {err}")),
         }
@@ -396,6 +396,8 @@ pub fn decode_output(mut input: impl Read) -> io::Result<RenderOutput> {
         memberships: header.memberships,
         labels: header.labels,
         rollouts: header.rollouts,
+        // What an incremental render compares; the hub renders whole commits.
+        ..RenderOutput::default()
     })
 }
 

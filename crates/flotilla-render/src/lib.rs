@@ -12,6 +12,7 @@
 //! outputs) combination, however many clusters share it. Clusters render in parallel.
 
 pub mod diff;
+pub mod inputs;
 pub mod kustomize;
 pub mod kyaml;
 pub mod load;
@@ -38,6 +39,7 @@ use flotilla_core::limits::Limits;
 use flotilla_core::model::{Target, Vars};
 use flotilla_core::rollout::RolloutPlan;
 use flotilla_core::snapshot::FleetSnapshot;
+use inputs::ClusterInputs;
 use load::{Cluster, Fleet, Overlay, SourcedDocument, Workload};
 use patch::PatchLimits;
 use scope::CustomScopes;
@@ -74,6 +76,13 @@ pub struct RenderOutput {
     pub labels: BTreeMap<String, BTreeMap<String, String>>,
     /// Which rollout policy and wave each cluster belongs to, and the paused clusters.
     pub rollouts: RolloutPlan,
+    /// What each cluster's bundle is made from (empty for a render of named
+    /// clusters): what [`render_since`] compares.
+    pub inputs: ClusterInputs,
+    /// Per cluster, the overlay patches (overlay file, index of the patch) whose
+    /// target matched one of its resources: how [`render_since`] knows whether a
+    /// patch still matches somewhere without rendering every cluster again.
+    pub patch_matches: BTreeMap<String, Vec<(Arc<str>, u32)>>,
 }
 
 impl RenderOutput {
@@ -241,6 +250,66 @@ fn humanize(duration: Duration) -> String {
 }
 
 pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> RenderOutput {
+    render_inner(snapshot, options, None)
+}
+
+/// Renders `snapshot` as [`render_with`] does, rendering only the clusters whose
+/// inputs (see [`inputs`]) differ from `previous`'s and taking the others' bundles
+/// from `previous`. The output is the one a full render gives: the same bundles,
+/// memberships, rollout plan and diagnostics. `previous` must be a clean render of
+/// the whole fleet made with the same limits; otherwise (or with `options.clusters`
+/// set) this is a full render.
+pub fn render_since(
+    previous: &RenderOutput,
+    snapshot: &FleetSnapshot,
+    options: &RenderOptions<'_>,
+) -> RenderOutput {
+    let reusable = options.clusters.is_empty()
+        && previous.is_clean()
+        && !previous.inputs.is_empty()
+        && previous.diagnostics.iter().all(|d| d.cluster.is_none());
+    render_inner(snapshot, options, reusable.then_some(previous))
+}
+
+/// What rendering some clusters gave.
+struct Pass {
+    /// Per cluster rendered, its bundle or its errors.
+    assembled: Vec<Result<Bundle, Vec<Diagnostic>>>,
+    /// Errors of template renders and units, each for its cluster.
+    diagnostics: Vec<Diagnostic>,
+    /// The overlays some unit used, and the (overlay, patch) pairs that matched.
+    used_overlays: BTreeSet<usize>,
+    matched: BTreeSet<(usize, usize)>,
+    /// Per cluster rendered, the (overlay, patch) pairs that matched there.
+    cluster_matches: Vec<Vec<(usize, usize)>>,
+}
+
+impl Pass {
+    /// Whether any problem belongs to one cluster: its message then counts the
+    /// clusters that share it, which only a render of all of them can do.
+    fn has_cluster_problems(&self) -> bool {
+        self.diagnostics.iter().any(|d| d.cluster.is_some())
+            || self.assembled.iter().any(Result::is_err)
+    }
+}
+
+/// Everything a render shares between its clusters.
+struct Shared<'a> {
+    fleet: &'a Fleet,
+    templates: &'a Templates,
+    template_paths: &'a [&'a String],
+    shapes: &'a [Option<Shape>],
+    patch_limits: &'a PatchLimits,
+    limits: &'a Limits,
+    stop: &'a Stop<'a>,
+    progress: Option<&'a (dyn Fn(usize, usize) + Sync)>,
+}
+
+fn render_inner(
+    snapshot: &FleetSnapshot,
+    options: &RenderOptions<'_>,
+    previous: Option<&RenderOutput>,
+) -> RenderOutput {
     let stop = Stop::new(options);
     let limits = &options.limits;
     let patch_limits = PatchLimits {
@@ -278,23 +347,148 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
         warn_about_empty_selections(&fleet, &clusters, &memberships, &mut diagnostics);
     }
     let rollout_plan = rollouts::plan(&fleet, &mut diagnostics, judge_selections);
+    let inputs = if options.clusters.is_empty() {
+        inputs::of_fleet(snapshot, &fleet, &clusters, &memberships)
+    } else {
+        ClusterInputs::default()
+    };
+    let shared = Shared {
+        fleet: &fleet,
+        templates: &templates,
+        template_paths: &template_paths,
+        shapes: &shapes,
+        patch_limits: &patch_limits,
+        limits,
+        stop: &stop,
+        progress: options.progress,
+    };
 
+    // With a previous render, only the clusters whose inputs changed. A problem of
+    // one cluster is reported with how many clusters share it, which needs them all:
+    // then every cluster is rendered.
+    let mut render_now: Vec<bool> = clusters
+        .iter()
+        .map(|cluster| {
+            previous.is_none_or(|previous| {
+                previous.inputs.clusters.get(&cluster.name) != inputs.clusters.get(&cluster.name)
+                    || !previous.bundles.contains_key(&cluster.name)
+            })
+        })
+        .collect();
+    let (chosen, pass) = loop {
+        let chosen: Vec<usize> = (0..clusters.len()).filter(|&i| render_now[i]).collect();
+        let some_clusters: Vec<&Cluster> = chosen.iter().map(|&i| clusters[i]).collect();
+        let some_memberships: Vec<Vec<usize>> =
+            chosen.iter().map(|&i| memberships[i].clone()).collect();
+        let Some(pass) = render_clusters(&shared, &some_clusters, &some_memberships) else {
+            return stop.abandoned(snapshot, diagnostics);
+        };
+        if chosen.len() < clusters.len() && pass.has_cluster_problems() {
+            render_now.fill(true);
+            continue;
+        }
+        break (chosen, pass);
+    };
+    let judge_patches = options.clusters.is_empty()
+        && !diagnostics
+            .iter()
+            .chain(&pass.diagnostics)
+            .any(Diagnostic::is_error);
+    let patch_warnings = match previous {
+        _ if !judge_patches => Vec::new(),
+        Some(previous) if chosen.len() < clusters.len() => unmatched_patches_since(
+            &fleet,
+            (&clusters, &memberships),
+            &render_now,
+            &pass,
+            previous,
+        ),
+        _ => unmatched_patches(&fleet, &pass.used_overlays, &pass.matched),
+    };
+    diagnostics.extend(pass.diagnostics);
+    diagnostics.extend(patch_warnings);
+    let rendered: Vec<&Cluster> = chosen.iter().map(|&i| clusters[i]).collect();
+    let mut patch_matches: BTreeMap<String, Vec<(Arc<str>, u32)>> = BTreeMap::new();
+    if !inputs.is_empty() {
+        let files: Vec<Arc<str>> = fleet
+            .overlays
+            .iter()
+            .map(|o| Arc::from(o.file.as_str()))
+            .collect();
+        for (cluster, found) in rendered.iter().zip(&pass.cluster_matches) {
+            if !found.is_empty() {
+                patch_matches.insert(
+                    cluster.name.clone(),
+                    found
+                        .iter()
+                        .map(|&(o, p)| (files[o].clone(), p as u32))
+                        .collect(),
+                );
+            }
+        }
+        if let Some(previous) = previous {
+            for i in (0..clusters.len()).filter(|&i| !render_now[i]) {
+                if let Some(found) = previous.patch_matches.get(&clusters[i].name) {
+                    patch_matches.insert(clusters[i].name.clone(), found.clone());
+                }
+            }
+        }
+    }
+    let kept: Vec<Bundle> = match previous {
+        Some(previous) => (0..clusters.len())
+            .filter(|&i| !render_now[i])
+            .filter_map(|i| previous.bundles.get(&clusters[i].name).cloned())
+            .collect(),
+        None => Vec::new(),
+    };
+    let mut output = collect_output(
+        snapshot,
+        &fleet,
+        (&clusters, &memberships),
+        rendered.into_iter().zip(pass.assembled),
+        kept,
+        diagnostics,
+    );
+    output.rollouts = rollout_plan;
+    output.inputs = inputs;
+    output.patch_matches = patch_matches;
+    output
+}
+
+/// Renders `clusters` (with the groups each belongs to); `None` when the render
+/// was told to stop or ran out of time.
+fn render_clusters(
+    shared: &Shared<'_>,
+    clusters: &[&Cluster],
+    memberships: &[Vec<usize>],
+) -> Option<Pass> {
+    let Shared {
+        fleet,
+        templates,
+        template_paths,
+        shapes,
+        patch_limits,
+        limits,
+        stop,
+        progress,
+    } = *shared;
+    let mut diagnostics = Vec::new();
     // Phase 1, per cluster: which workloads and overlays apply, and the template
     // outputs for them; distinct outputs are parsed once each.
     let cluster_plans: Vec<ClusterPlan> = clusters
         .par_iter()
         .zip(memberships.par_iter())
-        .map(|(cluster, groups)| plan_cluster(&fleet, &templates, cluster, groups, &stop))
+        .map(|(cluster, groups)| plan_cluster(fleet, templates, cluster, groups, stop))
         .collect();
     if stop.now() {
-        return stop.abandoned(snapshot, diagnostics);
+        return None;
     }
     let (plans_per_cluster, outputs) = intern_outputs(cluster_plans, &mut diagnostics);
     let output_scopes: Vec<CustomScopes> = outputs
         .par_iter()
         .map(|(template, text)| scopes_defined_by(template_paths[*template], text))
         .collect();
-    let (cluster_scope, scope_table) = custom_scopes(&fleet, &plans_per_cluster, &output_scopes);
+    let (cluster_scope, scope_table) = custom_scopes(fleet, &plans_per_cluster, &output_scopes);
 
     // Phase 2: every distinct unit of work, rendered once.
     let units = plan_units(&plans_per_cluster, &cluster_scope);
@@ -309,12 +503,12 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
             };
             stop.run(&file, || {
                 let unit = UnitContext {
-                    fleet: &fleet,
+                    fleet,
                     scopes: &scope_table[key.scope],
                     outputs: &outputs,
-                    template_paths: &template_paths,
-                    shapes: &shapes,
-                    patch_limits: &patch_limits,
+                    template_paths,
+                    shapes,
+                    patch_limits,
                     max_resource_bytes: limits.max_resource_bytes,
                 };
                 render_unit(&unit, key)
@@ -324,12 +518,26 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
         .unzip();
     drop(outputs);
     if stop.now() {
-        return stop.abandoned(snapshot, diagnostics);
+        return None;
     }
-    report_unit_errors(&fleet, &clusters, &units, &rendered, &mut diagnostics);
-    if options.clusters.is_empty() && !diagnostics.iter().any(Diagnostic::is_error) {
-        warn_about_unmatched_patches(&fleet, &units, &matched, &mut diagnostics);
-    }
+    report_unit_errors(fleet, clusters, &units, &rendered, &mut diagnostics);
+    let used_overlays = units
+        .keys
+        .iter()
+        .flat_map(|key| key.overlays.iter().copied())
+        .collect();
+    let cluster_matches: Vec<Vec<(usize, usize)>> = units
+        .per_cluster
+        .par_iter()
+        .map(|unit_list| {
+            let found: BTreeSet<(usize, usize)> = unit_list
+                .iter()
+                .flat_map(|&unit| matched[unit].iter().copied())
+                .collect();
+            found.into_iter().collect()
+        })
+        .collect();
+    let matched = matched.into_iter().flatten().collect();
     let unit_ranks = rank_resources(&rendered);
 
     // Phase 3, per cluster: gather, check identities, sort and hash.
@@ -343,7 +551,7 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
                 return Err(Vec::new());
             }
             let result = assemble(
-                &fleet,
+                fleet,
                 cluster,
                 unit_list,
                 &units.keys,
@@ -351,25 +559,22 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
                 &unit_ranks,
             );
             let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
-            if let Some(progress) = options.progress {
+            if let Some(progress) = progress {
                 progress(finished, total);
             }
             result
         })
         .collect();
     if stop.now() {
-        return stop.abandoned(snapshot, diagnostics);
+        return None;
     }
-    let mut output = collect_output(
-        snapshot,
-        &fleet,
-        &clusters,
-        &memberships,
+    Some(Pass {
         assembled,
         diagnostics,
-    );
-    output.rollouts = rollout_plan;
-    output
+        used_overlays,
+        matched,
+        cluster_matches,
+    })
 }
 
 /// Assigns dense ids to distinct keys in the order they are first seen. Keys can be
@@ -648,14 +853,15 @@ fn rank_resources(rendered: &[Result<Vec<Rendered>, Vec<Diagnostic>>]) -> Vec<Ve
         .collect()
 }
 
-/// The bundles of clusters that rendered without error, their group memberships and
-/// every diagnostic. An error that belongs to no single cluster leaves no bundle.
-fn collect_output(
+/// The bundles of clusters that rendered without error and the bundles `kept` from
+/// a previous render, every cluster's group memberships and labels, and every
+/// diagnostic. An error that belongs to no single cluster leaves no bundle.
+fn collect_output<'c>(
     snapshot: &FleetSnapshot,
     fleet: &Fleet,
-    clusters: &[&Cluster],
-    memberships: &[Vec<usize>],
-    assembled: Vec<Result<Bundle, Vec<Diagnostic>>>,
+    (clusters, memberships): (&[&Cluster], &[Vec<usize>]),
+    assembled: impl Iterator<Item = (&'c Cluster, Result<Bundle, Vec<Diagnostic>>)>,
+    kept: Vec<Bundle>,
     mut diagnostics: Vec<Diagnostic>,
 ) -> RenderOutput {
     let mut output = RenderOutput {
@@ -668,7 +874,10 @@ fn collect_output(
         .filter(|d| d.is_error())
         .filter_map(|d| d.cluster.clone())
         .collect();
-    for (cluster, result) in clusters.iter().zip(assembled) {
+    for bundle in kept {
+        output.bundles.insert(bundle.cluster.clone(), bundle);
+    }
+    for (cluster, result) in assembled {
         match result {
             Ok(bundle) if !failed.contains(&cluster.name) => {
                 output.bundles.insert(cluster.name.clone(), bundle);
@@ -1095,33 +1304,88 @@ fn warn_about_empty_selections(
 /// kustomize fails on a patch whose target matches nothing; an overlay is shared by
 /// many clusters, so such a patch is a warning (an error under `validate --strict`),
 /// given when no cluster has a resource it matches.
-fn warn_about_unmatched_patches(
+fn unmatched_patch_warning(overlay: &Overlay, patch: &load::CompiledPatch) -> Diagnostic {
+    Diagnostic::warning(format!(
+        "the target of this patch of overlay {:?} matches no resource on any cluster it applies to",
+        overlay.name
+    ))
+    .in_file(&overlay.file)
+    .at_line(Some(patch.line))
+}
+
+/// The warnings for the patches of used overlays that matched nothing.
+fn unmatched_patches(
     fleet: &Fleet,
-    units: &Units,
-    matched: &[Vec<(usize, usize)>],
-    diagnostics: &mut Vec<Diagnostic>,
-) {
-    let used: BTreeSet<usize> = units
-        .keys
-        .iter()
-        .flat_map(|key| key.overlays.iter().copied())
-        .collect();
-    let hit: BTreeSet<(usize, usize)> = matched.iter().flatten().copied().collect();
-    for &index in &used {
+    used: &BTreeSet<usize>,
+    matched: &BTreeSet<(usize, usize)>,
+) -> Vec<Diagnostic> {
+    let mut warnings = Vec::new();
+    for &index in used {
         let overlay = &fleet.overlays[index];
         for (patch_index, patch) in overlay.patches.iter().enumerate() {
-            if !hit.contains(&(index, patch_index)) {
-                diagnostics.push(
-                    Diagnostic::warning(format!(
-                        "the target of this patch of overlay {:?} matches no resource on any cluster it applies to",
-                        overlay.name
-                    ))
-                    .in_file(&overlay.file)
-                    .at_line(Some(patch.line)),
-                );
+            if !matched.contains(&(index, patch_index)) {
+                warnings.push(unmatched_patch_warning(overlay, patch));
             }
         }
     }
+    warnings
+}
+
+/// The patch warnings of a pass that rendered only the clusters marked in
+/// `rendered`, the others keeping their bundles of `previous`. An overlay that
+/// applies to clusters not rendered has an unchanged file (a changed one changes the
+/// inputs of every cluster it selects), and so do those clusters: a patch of it
+/// matches somewhere if it matched in this pass or, in `previous`, on one of them.
+fn unmatched_patches_since(
+    fleet: &Fleet,
+    (clusters, memberships): (&[&Cluster], &[Vec<usize>]),
+    rendered: &[bool],
+    pass: &Pass,
+    previous: &RenderOutput,
+) -> Vec<Diagnostic> {
+    let mut warnings = Vec::new();
+    for (index, overlay) in fleet.overlays.iter().enumerate() {
+        if overlay.patches.is_empty() {
+            continue;
+        }
+        let kept: Vec<usize> = (0..clusters.len())
+            .filter(|&c| !rendered[c])
+            .filter(|&c| overlay_selects(overlay, clusters[c], &memberships[c], fleet))
+            .collect();
+        // Used, as in the units of a full render: by a rendered cluster, or by a
+        // kept one with a workload it applies to.
+        let used = pass.used_overlays.contains(&index)
+            || kept.iter().any(|&c| {
+                fleet.workloads.iter().any(|workload| {
+                    overlay_applies_to(overlay, workload)
+                        && workload
+                            .targets
+                            .iter()
+                            .any(|t| targets(&t.value, clusters[c], &memberships[c], fleet))
+                })
+            });
+        if !used {
+            continue;
+        }
+        for (patch_index, patch) in overlay.patches.iter().enumerate() {
+            let matched_before = || {
+                kept.iter().any(|&c| {
+                    previous
+                        .patch_matches
+                        .get(&clusters[c].name)
+                        .is_some_and(|found| {
+                            found.iter().any(|(file, p)| {
+                                **file == *overlay.file && *p as usize == patch_index
+                            })
+                        })
+                })
+            };
+            if !pass.matched.contains(&(index, patch_index)) && !matched_before() {
+                warnings.push(unmatched_patch_warning(overlay, patch));
+            }
+        }
+    }
+    warnings
 }
 
 /// The same problem met on many clusters is reported once, naming the first cluster

@@ -1,0 +1,234 @@
+//! What each cluster's bundle is made from, as one digest per cluster: two snapshots
+//! in which a cluster has the same digest give it the same bundle (with the same
+//! limits), so a render after a commit need only render the clusters whose digest
+//! changed ([`crate::render_since`]), and `flotilla diff` need render BASE only there.
+//!
+//! A cluster's bundle is a function of: its own file; the groups it belongs to
+//! (their names and files, which carry their variables); the workloads that target
+//! it (the workload file, its parsed manifests and kustomize output as the renderer
+//! sees them, and its templates' text); the overlays that select it (their files);
+//! and, for every cluster, the files the snapshot skipped (a manifest or kustomize
+//! input too large to read is an error where it is used). A template that includes,
+//! imports or extends another can reach any template of the fleet, so when any
+//! template does, every templated workload depends on every template's text.
+//! Anything a cluster's bundle does not depend on (rollout policies, other clusters,
+//! files the renderer does not read) is left out, so changing it reaches no cluster.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+use flotilla_core::bundle::to_canonical_vec;
+use flotilla_core::snapshot::FleetSnapshot;
+
+use crate::load::{Cluster, Fleet};
+use crate::{overlay_selects, targets};
+
+/// The digest of what one cluster's bundle is made from.
+pub type InputDigest = [u8; 32];
+
+/// Per cluster, the digest of what its bundle is made from.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterInputs {
+    pub clusters: BTreeMap<String, InputDigest>,
+}
+
+impl ClusterInputs {
+    /// The clusters of `self` whose inputs differ from `before`'s (or that `before`
+    /// does not have).
+    pub fn changed_since(&self, before: &ClusterInputs) -> BTreeSet<String> {
+        self.clusters
+            .iter()
+            .filter(|(name, digest)| before.clusters.get(*name) != Some(digest))
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.clusters.is_empty()
+    }
+}
+
+/// A length-prefixed field, so that no two different sequences of fields hash alike.
+fn put(hasher: &mut Sha256, bytes: &[u8]) {
+    hasher.update((bytes.len() as u64).to_le_bytes());
+    hasher.update(bytes);
+}
+
+fn file_digest(snapshot: &FleetSnapshot, path: &str) -> InputDigest {
+    let mut hasher = Sha256::new();
+    put(&mut hasher, path.as_bytes());
+    match snapshot.files.get(path) {
+        Some(text) => {
+            hasher.update([1]);
+            put(&mut hasher, text.as_bytes());
+        }
+        None => hasher.update([0]),
+    }
+    hasher.finalize().into()
+}
+
+/// Whether a template's text holds a tag that loads another template
+/// (`{% include %}`, `{% import %}`, `{% from %}`, `{% extends %}`). Errs on the
+/// side of yes: any such word first in any `{% … %}` counts.
+fn loads_other_templates(text: &str) -> bool {
+    text.match_indices("{%").any(|(at, _)| {
+        let rest = text[at + 2..].trim_start_matches(['-', '+']).trim_start();
+        let word: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        matches!(word.as_str(), "include" | "import" | "from" | "extends")
+    })
+}
+
+/// The digest of every workload's part: its file, its documents as the renderer
+/// reads them, and its templates' text (every template's, if any template loads
+/// another).
+fn workload_digests(snapshot: &FleetSnapshot, fleet: &Fleet) -> Vec<InputDigest> {
+    let templates: Vec<&String> = fleet.workloads.iter().flat_map(|w| &w.templates).collect();
+    let shared: Option<InputDigest> = templates
+        .iter()
+        .any(|path| {
+            snapshot
+                .files
+                .get(*path)
+                .is_some_and(|t| loads_other_templates(t))
+        })
+        .then(|| {
+            let mut hasher = Sha256::new();
+            for path in snapshot.files.keys().filter(|p| p.ends_with(".j2")) {
+                hasher.update(file_digest(snapshot, path));
+            }
+            hasher.finalize().into()
+        });
+    fleet
+        .workloads
+        .par_iter()
+        .map(|workload| {
+            let mut hasher = Sha256::new();
+            put(&mut hasher, workload.name.as_bytes());
+            hasher.update(file_digest(snapshot, &workload.file));
+            put(
+                &mut hasher,
+                &(workload.documents.len() as u64).to_le_bytes(),
+            );
+            for document in workload.documents.iter() {
+                put(&mut hasher, document.file.as_bytes());
+                put(&mut hasher, &document.line.to_le_bytes());
+                put(&mut hasher, &to_canonical_vec(&document.value));
+            }
+            put(
+                &mut hasher,
+                &(workload.templates.len() as u64).to_le_bytes(),
+            );
+            for path in &workload.templates {
+                hasher.update(file_digest(snapshot, path));
+            }
+            if let (false, Some(shared)) = (workload.templates.is_empty(), shared) {
+                hasher.update(shared);
+            }
+            hasher.finalize().into()
+        })
+        .collect()
+}
+
+/// Every cluster's input digest. `clusters` and `memberships` are every cluster of
+/// `fleet` with the indices of the groups it belongs to.
+pub(crate) fn of_fleet(
+    snapshot: &FleetSnapshot,
+    fleet: &Fleet,
+    clusters: &[&Cluster],
+    memberships: &[Vec<usize>],
+) -> ClusterInputs {
+    let skipped: InputDigest = {
+        let mut hasher = Sha256::new();
+        for (path, reason) in &snapshot.skipped {
+            put(&mut hasher, path.as_bytes());
+            put(&mut hasher, reason.as_bytes());
+        }
+        hasher.finalize().into()
+    };
+    let groups: Vec<InputDigest> = fleet
+        .groups
+        .iter()
+        .map(|g| {
+            let mut hasher = Sha256::new();
+            put(&mut hasher, g.name.as_bytes());
+            hasher.update(file_digest(snapshot, &g.file));
+            hasher.finalize().into()
+        })
+        .collect();
+    let workloads = workload_digests(snapshot, fleet);
+    let overlays: Vec<InputDigest> = fleet
+        .overlays
+        .iter()
+        .map(|o| file_digest(snapshot, &o.file))
+        .collect();
+    let digests: Vec<(String, InputDigest)> = clusters
+        .par_iter()
+        .zip(memberships.par_iter())
+        .map(|(cluster, member_of)| {
+            let mut hasher = Sha256::new();
+            hasher.update(skipped);
+            put(&mut hasher, cluster.name.as_bytes());
+            hasher.update(file_digest(snapshot, &cluster.file));
+            hasher.update(b"groups");
+            for &g in member_of {
+                hasher.update(groups[g]);
+            }
+            hasher.update(b"overlays");
+            for (o, overlay) in fleet.overlays.iter().enumerate() {
+                if overlay_selects(overlay, cluster, member_of, fleet) {
+                    hasher.update(overlays[o]);
+                }
+            }
+            hasher.update(b"workloads");
+            for (w, workload) in fleet.workloads.iter().enumerate() {
+                if workload
+                    .targets
+                    .iter()
+                    .any(|t| targets(&t.value, cluster, member_of, fleet))
+                {
+                    // Which selecting overlays apply to it follows from their files
+                    // and its name, both hashed.
+                    hasher.update(workloads[w]);
+                }
+            }
+            (cluster.name.clone(), hasher.finalize().into())
+        })
+        .collect();
+    ClusterInputs {
+        clusters: digests.into_iter().collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::loads_other_templates;
+
+    #[test]
+    fn finds_tags_that_load_other_templates() {
+        for text in [
+            "{% include 'a.j2' %}",
+            "{%- import 'm.j2' as m %}",
+            "{%+ from 'm.j2' import x %}",
+            "{%   extends 'base.j2' %}",
+            "x: 1\n{% if a %}{% include other %}{% endif %}",
+        ] {
+            assert!(loads_other_templates(text), "{text}");
+        }
+        for text in [
+            "valueFrom: {{ x }}",
+            "{% for from_ in xs %}{% endfor %}",
+            "{{ 'include' }}",
+            "{% set imported = 1 %}",
+            "{% if x %}",
+            "{%",
+        ] {
+            assert!(!loads_other_templates(text), "{text}");
+        }
+    }
+}

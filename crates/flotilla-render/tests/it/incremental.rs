@@ -1,0 +1,446 @@
+//! `render_since` against a full render: random edits to a generated fleet (cluster
+//! labels and variables, clusters added and removed, group selectors and variables,
+//! overlay patches and selections, manifests, an imported template, a kustomize
+//! base outside its workload, a CRD that changes other workloads' scopes, rollout
+//! policies, files the renderer does not read, and edits that break one cluster),
+//! each commit rendered both ways: the same bundles, diagnostics, memberships,
+//! labels, rollout plan and inputs, while rendering fewer clusters.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use proptest::prelude::*;
+
+use flotilla_core::snapshot::FleetSnapshot;
+use flotilla_render::{RenderOptions, RenderOutput, render_since, render_with};
+
+const HEADER: &str = "apiVersion: flotilla.dev/v1alpha1\n";
+
+/// A small deterministic generator (xorshift), seeded by proptest.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+}
+
+#[derive(Clone)]
+struct ClusterSpec {
+    region: usize,
+    canary: bool,
+    site: usize,
+    big: bool,
+    /// Without `siteId` its templates fail: an error of this one cluster.
+    broken: bool,
+}
+
+fn cluster_file(name: &str, c: &ClusterSpec) -> String {
+    let tier = if c.canary { "canary" } else { "stable" };
+    let site = if c.broken {
+        String::new()
+    } else {
+        format!("    siteId: site-{}\n", c.site)
+    };
+    format!(
+        "{HEADER}kind: Cluster\nmetadata:\n  name: {name}\n  labels:\n    region: r{}\n    tier: {tier}\nspec:\n  vars:\n{site}    big: {}\n",
+        c.region, c.big
+    )
+}
+
+/// The fleet's files other than clusters, each editable by name.
+struct Fleet {
+    clusters: BTreeMap<String, ClusterSpec>,
+    next_cluster: usize,
+    mirror: [usize; 3],
+    r2_selects: usize,
+    replicas: usize,
+    stable_target: &'static str,
+    image: usize,
+    macro_suffix: usize,
+    base_value: usize,
+    crd_group: usize,
+    wave_group: &'static str,
+    readme: usize,
+    site_overlay_cluster: String,
+}
+
+impl Fleet {
+    fn new(rng: &mut Rng) -> Fleet {
+        let count = 4 + rng.below(8);
+        let clusters = (0..count)
+            .map(|i| {
+                (
+                    format!("c{i:02}"),
+                    ClusterSpec {
+                        region: rng.below(3),
+                        canary: rng.below(4) == 0,
+                        site: rng.below(5),
+                        big: rng.below(3) == 0,
+                        broken: false,
+                    },
+                )
+            })
+            .collect();
+        Fleet {
+            clusters,
+            next_cluster: count,
+            mirror: [0; 3],
+            r2_selects: 2,
+            replicas: 2,
+            stable_target: "Deployment",
+            image: 1,
+            macro_suffix: 0,
+            base_value: 0,
+            crd_group: 0,
+            wave_group: "canary",
+            readme: 0,
+            site_overlay_cluster: "c01".into(),
+        }
+    }
+
+    fn files(&self) -> BTreeMap<String, String> {
+        let mut files = BTreeMap::new();
+        let mut add = |path: &str, text: String| {
+            files.insert(path.to_string(), text);
+        };
+        for (name, spec) in &self.clusters {
+            add(&format!("clusters/{name}.yaml"), cluster_file(name, spec));
+        }
+        for r in 0..3 {
+            let selects = if r == 2 { self.r2_selects } else { r };
+            add(
+                &format!("groups/r{r}.yaml"),
+                format!(
+                    "{HEADER}kind: Group\nmetadata:\n  name: r{r}\nspec:\n  selector:\n    matchLabels:\n      region: r{selects}\n  vars:\n    mirror: m{}.r{r}.example.com\n",
+                    self.mirror[r]
+                ),
+            );
+        }
+        for tier in ["canary", "stable"] {
+            add(
+                &format!("groups/{tier}.yaml"),
+                format!(
+                    "{HEADER}kind: Group\nmetadata:\n  name: {tier}\nspec:\n  selector:\n    matchLabels:\n      tier: {tier}\n"
+                ),
+            );
+        }
+        // web: every cluster; a Deployment, a Widget (namespaced unless the crd
+        // workload is on the cluster), and a template that imports crd's macros.
+        add(
+            "workloads/web/workload.yaml",
+            format!(
+                "{HEADER}kind: Workload\nmetadata:\n  name: web\nspec:\n  namespace: web\n  targets:\n    - clusterSelector: {{}}\n  vars:\n    mirror: none\n"
+            ),
+        );
+        add(
+            "workloads/web/manifests/app.yaml",
+            format!(
+                "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\n  labels: {{app: web}}\nspec:\n  replicas: 1\n  template:\n    spec:\n      containers:\n        - name: web\n          image: example.com/web:{}\n---\napiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: w\n",
+                self.image
+            ),
+        );
+        add(
+            "workloads/web/manifests/config.yaml.j2",
+            "{% import 'workloads/crd/manifests/macros.j2' as m %}apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: web-config\ndata:\n  site: \"{{ m.tag(cluster.vars.siteId) }}\"\n  mirror: \"{{ vars.mirror }}\"\n{% if cluster.vars.big %}---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: big-config\ndata:\n  size: large\n{% endif %}".into(),
+        );
+        add(
+            "workloads/crd/manifests/macros.j2",
+            format!(
+                "{{% macro tag(x) %}}{{{{ x }}}}-v{}{{% endmacro %}}",
+                self.macro_suffix
+            ),
+        );
+        // crd: defines the cluster-scoped Widget on one region's clusters, and holds
+        // the macros web's template imports (so web depends on another workload's
+        // template).
+        add(
+            "workloads/crd/workload.yaml",
+            format!(
+                "{HEADER}kind: Workload\nmetadata:\n  name: crd\nspec:\n  targets:\n    - group: r{}\n",
+                self.crd_group
+            ),
+        );
+        add(
+            "workloads/crd/manifests/crd.yaml",
+            "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  name: widgets.example.com\nspec:\n  group: example.com\n  scope: Cluster\n  names:\n    kind: Widget\n    plural: widgets\n  versions:\n    - name: v1\n      served: true\n      storage: true\n".into(),
+        );
+        // kbase: a kustomization whose base lies outside the workload's folder.
+        add(
+            "workloads/kbase/workload.yaml",
+            format!(
+                "{HEADER}kind: Workload\nmetadata:\n  name: kbase\nspec:\n  namespace: kb\n  targets:\n    - group: canary\n"
+            ),
+        );
+        add(
+            "workloads/kbase/kustomization.yaml",
+            "resources:\n  - ../../bases/app\n".into(),
+        );
+        add(
+            "bases/app/kustomization.yaml",
+            "resources:\n  - cm.yaml\n".into(),
+        );
+        add(
+            "bases/app/cm.yaml",
+            format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: base\ndata:\n  v: \"{}\"\n",
+                self.base_value
+            ),
+        );
+        add(
+            "overlays/mirror.yaml",
+            format!(
+                "{HEADER}kind: Overlay\nmetadata:\n  name: mirror\nspec:\n  groups: [r0]\n  priority: 100\n  images:\n    - name: example.com/web\n      newName: m{}.example.com/web\n",
+                self.mirror[0]
+            ),
+        );
+        add(
+            "overlays/stable.yaml",
+            format!(
+                "{HEADER}kind: Overlay\nmetadata:\n  name: stable\nspec:\n  groups: [stable]\n  workloads: [web]\n  priority: 10\n  patches:\n    - target: {{kind: {}}}\n      ops:\n        - {{op: add, path: /metadata/labels/replicas, value: \"{}\"}}\n",
+                self.stable_target, self.replicas
+            ),
+        );
+        // Matches only where a cluster is big: whether it matches anywhere changes
+        // as clusters change.
+        add(
+            "overlays/big.yaml",
+            format!(
+                "{HEADER}kind: Overlay\nmetadata:\n  name: big\nspec:\n  clusterSelector:\n    matchLabels:\n      tier: stable\n  priority: 20\n  patches:\n    - target: {{kind: ConfigMap, name: big-config}}\n      merge:\n        metadata:\n          labels:\n            big: \"yes\"\n"
+            ),
+        );
+        add(
+            "overlays/site.yaml",
+            format!(
+                "{HEADER}kind: Overlay\nmetadata:\n  name: site\nspec:\n  clusters: [{}]\n  priority: 30\n  labels:\n    site: special\n",
+                self.site_overlay_cluster
+            ),
+        );
+        add(
+            "rollouts/edge.yaml",
+            format!(
+                "{HEADER}kind: RolloutPolicy\nmetadata:\n  name: edge\nspec:\n  clusterSelector:\n    matchExpressions:\n      - {{key: region, operator: Exists}}\n  waves:\n    - name: first\n      groups: [{}]\n      bake: 5m\n    - name: rest\n      bake: 5m\n",
+                self.wave_group
+            ),
+        );
+        add("README.md", format!("notes {}\n", self.readme));
+        files
+    }
+
+    fn pick_cluster(&self, rng: &mut Rng) -> Option<String> {
+        let names: Vec<&String> = self.clusters.keys().collect();
+        (!names.is_empty()).then(|| names[rng.below(names.len())].clone())
+    }
+
+    fn pick_spec(&mut self, rng: &mut Rng) -> Option<&mut ClusterSpec> {
+        let name = self.pick_cluster(rng)?;
+        self.clusters.get_mut(&name)
+    }
+
+    /// Makes one random edit; true when it changed one cluster's own file only.
+    fn edit(&mut self, rng: &mut Rng) -> bool {
+        let kind = rng.below(17);
+        match kind {
+            0 | 1 => {
+                if let Some(c) = self.pick_spec(rng) {
+                    c.site += 1;
+                }
+            }
+            2 => {
+                let region = rng.below(3);
+                if let Some(c) = self.pick_spec(rng) {
+                    c.region = region;
+                }
+            }
+            3 | 4 => {
+                if let Some(c) = self.pick_spec(rng) {
+                    c.big = !c.big;
+                }
+            }
+            5 => {
+                if let Some(c) = self.pick_spec(rng) {
+                    c.canary = !c.canary;
+                }
+            }
+            6 => {
+                let name = format!("c{:02}", self.next_cluster);
+                self.next_cluster += 1;
+                self.clusters.insert(
+                    name,
+                    ClusterSpec {
+                        region: rng.below(3),
+                        canary: rng.below(2) == 0,
+                        site: 0,
+                        big: rng.below(2) == 0,
+                        broken: false,
+                    },
+                );
+            }
+            7 => {
+                if self.clusters.len() > 1
+                    && let Some(name) = self.pick_cluster(rng)
+                {
+                    self.clusters.remove(&name);
+                }
+            }
+            8 => {
+                if let Some(c) = self.pick_spec(rng) {
+                    c.broken = !c.broken;
+                }
+            }
+            9 => self.mirror[rng.below(3)] += 1,
+            10 => self.r2_selects = rng.below(3),
+            11 => self.replicas += 1,
+            12 => {
+                self.stable_target = if self.stable_target == "Deployment" {
+                    "Job"
+                } else {
+                    "Deployment"
+                }
+            }
+            13 => match rng.below(3) {
+                0 => self.image += 1,
+                1 => self.macro_suffix += 1,
+                _ => self.base_value += 1,
+            },
+            14 => self.crd_group = rng.below(3),
+            15 => {
+                self.wave_group = if self.wave_group == "canary" {
+                    "r1"
+                } else {
+                    "canary"
+                }
+            }
+            _ => match rng.below(2) {
+                0 => self.readme += 1,
+                _ => {
+                    if let Some(name) = self.pick_cluster(rng) {
+                        self.site_overlay_cluster = name;
+                    }
+                }
+            },
+        }
+        matches!(kind, 0..=5)
+    }
+}
+
+fn snapshot(files: &BTreeMap<String, String>, revision: usize) -> FleetSnapshot {
+    let mut snapshot =
+        FleetSnapshot::from_files(files.iter().map(|(p, t)| (p.as_str(), t.as_str())));
+    snapshot.revision = format!("r{revision}");
+    snapshot
+}
+
+/// Renders and counts the clusters rendered (from the progress reports).
+fn counted(render: impl FnOnce(&RenderOptions<'_>) -> RenderOutput) -> (RenderOutput, usize) {
+    let rendered = AtomicUsize::new(0);
+    let progress = |_: usize, _: usize| {
+        rendered.fetch_add(1, Ordering::Relaxed);
+    };
+    let options = RenderOptions {
+        progress: Some(&progress),
+        ..RenderOptions::default()
+    };
+    let output = render(&options);
+    (output, rendered.load(Ordering::Relaxed))
+}
+
+fn digests(output: &RenderOutput) -> BTreeMap<&str, String> {
+    output
+        .bundles
+        .iter()
+        .map(|(name, bundle)| (name.as_str(), bundle.digest.to_string()))
+        .collect()
+}
+
+fn assert_same(incremental: &RenderOutput, full: &RenderOutput, context: &str) {
+    assert_eq!(digests(incremental), digests(full), "{context}");
+    assert_eq!(incremental.diagnostics, full.diagnostics, "{context}");
+    assert_eq!(incremental.memberships, full.memberships, "{context}");
+    assert_eq!(incremental.labels, full.labels, "{context}");
+    assert_eq!(incremental.rollouts, full.rollouts, "{context}");
+    assert_eq!(incremental.inputs, full.inputs, "{context}");
+    assert_eq!(incremental.patch_matches, full.patch_matches, "{context}");
+    assert_eq!(incremental.revision, full.revision, "{context}");
+}
+
+/// Over the steps of one case that edited only clusters' own files, from a clean
+/// render to a clean render: clusters rendered incrementally, bundles in all, and
+/// how many such steps; and the steps with a warning.
+#[derive(Default)]
+struct Tally {
+    rendered: usize,
+    clusters: usize,
+    clean_steps: usize,
+    warned_steps: usize,
+}
+
+fn check_seed(seed: u64, steps: usize) -> Tally {
+    let mut tally = Tally::default();
+    let mut rng = Rng(seed | 1);
+    let mut fleet = Fleet::new(&mut rng);
+    let mut previous = render_with(&snapshot(&fleet.files(), 0), &RenderOptions::default());
+    assert!(previous.is_clean(), "{:?}", previous.diagnostics);
+    for step in 1..=steps {
+        let mut local = true;
+        for _ in 0..1 + rng.below(2) {
+            local &= fleet.edit(&mut rng);
+        }
+        let snapshot = snapshot(&fleet.files(), step);
+        let (full, _) = counted(|options| render_with(&snapshot, options));
+        let (incremental, rendered) =
+            counted(|options| render_since(&previous, &snapshot, options));
+        assert_same(&incremental, &full, &format!("seed {seed}, step {step}"));
+        if local && previous.is_clean() && full.is_clean() {
+            tally.rendered += rendered;
+            tally.clusters += full.bundles.len();
+            tally.clean_steps += 1;
+        }
+        if full.warnings().next().is_some() {
+            tally.warned_steps += 1;
+        }
+        previous = incremental;
+    }
+    tally
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 160, ..ProptestConfig::default() })]
+
+    #[test]
+    fn incremental_render_equals_full_render(seed in any::<u64>()) {
+        check_seed(seed, 6);
+    }
+}
+
+/// Edits of one or two clusters' files render few clusters again; and the
+/// generator makes warnings often enough to test them too.
+#[test]
+fn incremental_render_renders_fewer_clusters() {
+    let mut total = Tally::default();
+    for seed in 1..=60u64 {
+        let tally = check_seed(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 6);
+        total.rendered += tally.rendered;
+        total.clusters += tally.clusters;
+        total.clean_steps += tally.clean_steps;
+        total.warned_steps += tally.warned_steps;
+    }
+    let Tally {
+        rendered,
+        clusters,
+        clean_steps,
+        warned_steps,
+    } = total;
+    eprintln!(
+        "rendered {rendered} of {clusters} clusters in {clean_steps} steps; {warned_steps} steps warned"
+    );
+    assert!(clean_steps > 40, "{clean_steps} clean steps");
+    assert!(warned_steps > 20, "{warned_steps} steps with warnings");
+    assert!(
+        rendered * 3 < clusters,
+        "rendered {rendered} of {clusters} clusters"
+    );
+}
