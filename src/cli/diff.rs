@@ -15,7 +15,7 @@ use flotilla_hub::source::{self, Location};
 use flotilla_render::diff::markdown::{DEFAULT_MAX_BYTES, MIN_MAX_BYTES, MarkdownOptions};
 use flotilla_render::diff::text::TextOptions;
 use flotilla_render::diff::{DiffOptions, FleetDiff};
-use flotilla_render::{RenderOptions, render_with};
+use flotilla_render::{RenderOptions, render_since, render_with};
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
 pub enum DiffFormat {
@@ -139,14 +139,18 @@ pub fn run_diff(args: &DiffArgs) -> anyhow::Result<u8> {
         diff.head.revision = head_snapshot.revision.clone();
         (diff, vec![output])
     } else {
-        let (base, head) = std::thread::scope(|scope| {
-            let base_job = scope.spawn(|| render(&base_snapshot));
-            let head = render(&head_snapshot);
-            let base = base_job
-                .join()
-                .map_err(|_| anyhow::anyhow!("rendering {base_name} failed unexpectedly"))?;
-            anyhow::Ok((base, head))
-        })?;
+        // HEAD in full, then BASE only where a cluster's inputs differ from HEAD's
+        // (the others have HEAD's bundles): a change that reaches a few clusters
+        // costs about one render.
+        let head = render(&head_snapshot);
+        let base = render_since(
+            &head,
+            &base_snapshot,
+            &RenderOptions {
+                limits: limits.clone(),
+                ..RenderOptions::default()
+            },
+        );
         (
             flotilla_render::diff::diff(&base, &head, &options),
             vec![base, head],
