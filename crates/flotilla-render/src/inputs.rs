@@ -1,7 +1,9 @@
-//! What each cluster's bundle is made from, as one digest per cluster: two snapshots
-//! in which a cluster has the same digest give it the same bundle (with the same
-//! limits), so a render after a commit need only render the clusters whose digest
-//! changed ([`crate::render_since`]), and `flotilla diff` need render BASE only there.
+//! What each cluster's bundle is made from, as digests: a cluster's own part and one
+//! per workload that targets it. Two snapshots in which a cluster has the same
+//! inputs give it the same bundle (with the same limits), so a render after a commit
+//! need only render the clusters whose inputs changed ([`crate::render_since`]), and
+//! of those, when only some workloads' parts changed and no custom scope is in play,
+//! only those workloads: the others' resources are the same.
 //!
 //! A cluster's bundle is a function of: its own file; the groups it belongs to
 //! (their names and files, which carry their variables); the workloads that target
@@ -14,10 +16,10 @@
 //! Anything a cluster's bundle does not depend on (rollout policies, other clusters,
 //! files the renderer does not read) is left out, so changing it reaches no cluster.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use rayon::prelude::*;
-use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
 use flotilla_core::bundle::to_canonical_vec;
@@ -26,26 +28,27 @@ use flotilla_core::snapshot::FleetSnapshot;
 use crate::load::{Cluster, Fleet};
 use crate::{overlay_selects, targets};
 
-/// The digest of what one cluster's bundle is made from.
+/// A sha256 digest of some of what a bundle is made from.
 pub type InputDigest = [u8; 32];
 
-/// Per cluster, the digest of what its bundle is made from.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// What one cluster's bundle is made from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterInput {
+    /// All but the workloads' own parts: the cluster's file, its groups, the
+    /// overlays that select it, and which workloads target it.
+    pub own: InputDigest,
+    /// The workloads that target it, in the fleet's order, each with the digest of
+    /// its own part (its file, manifests, kustomize output and templates).
+    pub workloads: Vec<(Arc<str>, InputDigest)>,
+}
+
+/// Per cluster, what its bundle is made from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClusterInputs {
-    pub clusters: BTreeMap<String, InputDigest>,
+    pub clusters: BTreeMap<String, ClusterInput>,
 }
 
 impl ClusterInputs {
-    /// The clusters of `self` whose inputs differ from `before`'s (or that `before`
-    /// does not have).
-    pub fn changed_since(&self, before: &ClusterInputs) -> BTreeSet<String> {
-        self.clusters
-            .iter()
-            .filter(|(name, digest)| before.clusters.get(*name) != Some(digest))
-            .map(|(name, _)| name.clone())
-            .collect()
-    }
-
     pub fn is_empty(&self) -> bool {
         self.clusters.is_empty()
     }
@@ -135,14 +138,15 @@ fn workload_digests(snapshot: &FleetSnapshot, fleet: &Fleet) -> Vec<InputDigest>
         .collect()
 }
 
-/// Every cluster's input digest. `clusters` and `memberships` are every cluster of
-/// `fleet` with the indices of the groups it belongs to.
+/// Every cluster's inputs, and the indices of the workloads that target it.
+/// `clusters` and `memberships` are every cluster of `fleet` with the indices of the
+/// groups it belongs to.
 pub(crate) fn of_fleet(
     snapshot: &FleetSnapshot,
     fleet: &Fleet,
     clusters: &[&Cluster],
     memberships: &[Vec<usize>],
-) -> ClusterInputs {
+) -> (ClusterInputs, Vec<Vec<usize>>) {
     let skipped: InputDigest = {
         let mut hasher = Sha256::new();
         for (path, reason) in &snapshot.skipped {
@@ -167,7 +171,12 @@ pub(crate) fn of_fleet(
         .iter()
         .map(|o| file_digest(snapshot, &o.file))
         .collect();
-    let digests: Vec<(String, InputDigest)> = clusters
+    let names: Vec<Arc<str>> = fleet
+        .workloads
+        .iter()
+        .map(|w| Arc::from(w.name.as_str()))
+        .collect();
+    let found: Vec<(ClusterInput, Vec<usize>)> = clusters
         .par_iter()
         .zip(memberships.par_iter())
         .map(|(cluster, member_of)| {
@@ -185,24 +194,37 @@ pub(crate) fn of_fleet(
                     hasher.update(overlays[o]);
                 }
             }
+            // Which selecting overlays apply to each workload follows from their
+            // files and the workloads' names, both hashed.
             hasher.update(b"workloads");
-            for (w, workload) in fleet.workloads.iter().enumerate() {
-                if workload
-                    .targets
-                    .iter()
-                    .any(|t| targets(&t.value, cluster, member_of, fleet))
-                {
-                    // Which selecting overlays apply to it follows from their files
-                    // and its name, both hashed.
-                    hasher.update(workloads[w]);
-                }
+            let targeted: Vec<usize> = (0..fleet.workloads.len())
+                .filter(|&w| {
+                    fleet.workloads[w]
+                        .targets
+                        .iter()
+                        .any(|t| targets(&t.value, cluster, member_of, fleet))
+                })
+                .collect();
+            for &w in &targeted {
+                put(&mut hasher, names[w].as_bytes());
             }
-            (cluster.name.clone(), hasher.finalize().into())
+            let input = ClusterInput {
+                own: hasher.finalize().into(),
+                workloads: targeted
+                    .iter()
+                    .map(|&w| (names[w].clone(), workloads[w]))
+                    .collect(),
+            };
+            (input, targeted)
         })
         .collect();
-    ClusterInputs {
-        clusters: digests.into_iter().collect(),
+    let mut inputs = ClusterInputs::default();
+    let mut targeted = Vec::with_capacity(found.len());
+    for (cluster, (input, workloads)) in clusters.iter().zip(found) {
+        inputs.clusters.insert(cluster.name.clone(), input);
+        targeted.push(workloads);
     }
+    (inputs, targeted)
 }
 
 #[cfg(test)]

@@ -76,13 +76,32 @@ pub struct RenderOutput {
     pub labels: BTreeMap<String, BTreeMap<String, String>>,
     /// Which rollout policy and wave each cluster belongs to, and the paused clusters.
     pub rollouts: RolloutPlan,
-    /// What each cluster's bundle is made from (empty for a render of named
-    /// clusters): what [`render_since`] compares.
+    /// Where each bundle came from, for [`render_since`] (empty for a render of
+    /// named clusters).
+    pub provenance: Provenance,
+}
+
+/// Where a render's bundles came from: what [`render_since`] compares and reuses.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Provenance {
+    /// What each cluster's bundle is made from.
     pub inputs: ClusterInputs,
-    /// Per cluster, the overlay patches (overlay file, index of the patch) whose
-    /// target matched one of its resources: how [`render_since`] knows whether a
-    /// patch still matches somewhere without rendering every cluster again.
-    pub patch_matches: BTreeMap<String, Vec<(Arc<str>, u32)>>,
+    /// Per cluster with a bundle, where its parts came from.
+    pub clusters: BTreeMap<String, ClusterProvenance>,
+}
+
+/// Where one bundle's parts came from. Workloads are named by their position in
+/// the cluster's [`inputs::ClusterInput::workloads`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterProvenance {
+    /// For each resource of the bundle, in order, the workload it came from.
+    pub resource_workloads: Vec<u16>,
+    /// The overlay patches whose target matched a resource here: (overlay file,
+    /// index of the patch, workload).
+    pub patch_matches: Vec<(Arc<str>, u32, u16)>,
+    /// Whether a CRD of its workloads made some kind cluster-scoped: every
+    /// workload's resources then depend on every other's.
+    pub custom_scopes: bool,
 }
 
 impl RenderOutput {
@@ -254,8 +273,8 @@ pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> Ren
 }
 
 /// Renders `snapshot` as [`render_with`] does, rendering only the clusters whose
-/// inputs (see [`inputs`]) differ from `previous`'s and taking the others' bundles
-/// from `previous`. The output is the one a full render gives: the same bundles,
+/// inputs (see [`inputs`]) differ from `previous`'s, and of those only the changed
+/// workloads where no custom scope is in play, taking the rest from `previous`. The output is the one a full render gives: the same bundles,
 /// memberships, rollout plan and diagnostics. `previous` must be a clean render of
 /// the whole fleet made with the same limits; otherwise (or with `options.clusters`
 /// set) this is a full render.
@@ -266,22 +285,23 @@ pub fn render_since(
 ) -> RenderOutput {
     let reusable = options.clusters.is_empty()
         && previous.is_clean()
-        && !previous.inputs.is_empty()
+        && !previous.provenance.inputs.is_empty()
         && previous.diagnostics.iter().all(|d| d.cluster.is_none());
     render_inner(snapshot, options, reusable.then_some(previous))
 }
 
+/// One cluster's bundle and where its parts came from, or its errors.
+type Assembled = Result<(Bundle, ClusterProvenance), Vec<Diagnostic>>;
+
 /// What rendering some clusters gave.
 struct Pass {
-    /// Per cluster rendered, its bundle or its errors.
-    assembled: Vec<Result<Bundle, Vec<Diagnostic>>>,
+    /// Per cluster rendered, what assembling it gave.
+    assembled: Vec<Assembled>,
     /// Errors of template renders and units, each for its cluster.
     diagnostics: Vec<Diagnostic>,
     /// The overlays some unit used, and the (overlay, patch) pairs that matched.
     used_overlays: BTreeSet<usize>,
     matched: BTreeSet<(usize, usize)>,
-    /// Per cluster rendered, the (overlay, patch) pairs that matched there.
-    cluster_matches: Vec<Vec<(usize, usize)>>,
 }
 
 impl Pass {
@@ -291,6 +311,62 @@ impl Pass {
         self.diagnostics.iter().any(|d| d.cluster.is_some())
             || self.assembled.iter().any(Result::is_err)
     }
+}
+
+/// What a pass over some clusters came to.
+enum Passed {
+    Done(Pass),
+    /// These clusters (positions in the pass) were rendered in part, and their
+    /// changed workloads brought a custom scope or a resource another workload
+    /// has: render them whole.
+    Widen(Vec<usize>),
+    Stopped,
+}
+
+/// How much of one cluster to render again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Redo {
+    All,
+    /// Only these workloads (positions in its targeted list); the others' resources
+    /// are the previous bundle's.
+    Workloads(Vec<usize>),
+    Nothing,
+}
+
+/// How much of a cluster `previous` leaves to render again, given its new inputs.
+fn redo_since(previous: &RenderOutput, name: &str, input: &inputs::ClusterInput) -> Redo {
+    let (Some(before), Some(kept), true) = (
+        previous.provenance.inputs.clusters.get(name),
+        previous.provenance.clusters.get(name),
+        previous.bundles.contains_key(name),
+    ) else {
+        return Redo::All;
+    };
+    if before == input {
+        return Redo::Nothing;
+    }
+    let same_workloads = before.workloads.len() == input.workloads.len()
+        && before
+            .workloads
+            .iter()
+            .zip(&input.workloads)
+            .all(|(a, b)| a.0 == b.0);
+    if before.own != input.own || !same_workloads || kept.custom_scopes {
+        return Redo::All;
+    }
+    Redo::Workloads(
+        (0..input.workloads.len())
+            .filter(|&w| before.workloads[w].1 != input.workloads[w].1)
+            .collect(),
+    )
+}
+
+/// One cluster to render: the fleet indices of the workloads that target it, and,
+/// when only some of them are rendered, those (positions in `targeted`) and the
+/// previous bundle the others come from.
+struct Job<'a> {
+    targeted: &'a [usize],
+    only: Option<(&'a [usize], &'a Bundle, &'a ClusterProvenance)>,
 }
 
 /// Everything a render shares between its clusters.
@@ -347,10 +423,24 @@ fn render_inner(
         warn_about_empty_selections(&fleet, &clusters, &memberships, &mut diagnostics);
     }
     let rollout_plan = rollouts::plan(&fleet, &mut diagnostics, judge_selections);
-    let inputs = if options.clusters.is_empty() {
+    let (inputs, targeted) = if options.clusters.is_empty() {
         inputs::of_fleet(snapshot, &fleet, &clusters, &memberships)
     } else {
-        ClusterInputs::default()
+        let targeted = clusters
+            .iter()
+            .zip(&memberships)
+            .map(|(cluster, groups)| {
+                (0..fleet.workloads.len())
+                    .filter(|&w| {
+                        fleet.workloads[w]
+                            .targets
+                            .iter()
+                            .any(|t| targets(&t.value, cluster, groups, &fleet))
+                    })
+                    .collect()
+            })
+            .collect();
+        (ClusterInputs::default(), targeted)
     };
     let shared = Shared {
         fleet: &fleet,
@@ -363,105 +453,117 @@ fn render_inner(
         progress: options.progress,
     };
 
-    // With a previous render, only the clusters whose inputs changed. A problem of
-    // one cluster is reported with how many clusters share it, which needs them all:
-    // then every cluster is rendered.
-    let mut render_now: Vec<bool> = clusters
+    // With a previous render, only the clusters whose inputs changed, and of those
+    // only the changed workloads where that is sound. A problem of one cluster is
+    // reported with how many clusters share it, which needs them all: then every
+    // cluster is rendered.
+    let mut redo: Vec<Redo> = clusters
         .iter()
-        .map(|cluster| {
-            previous.is_none_or(|previous| {
-                previous.inputs.clusters.get(&cluster.name) != inputs.clusters.get(&cluster.name)
-                    || !previous.bundles.contains_key(&cluster.name)
-            })
+        .map(|cluster| match previous {
+            Some(previous) => redo_since(previous, &cluster.name, &inputs.clusters[&cluster.name]),
+            None => Redo::All,
         })
         .collect();
     let (chosen, pass) = loop {
-        let chosen: Vec<usize> = (0..clusters.len()).filter(|&i| render_now[i]).collect();
+        let chosen: Vec<usize> = (0..clusters.len())
+            .filter(|&i| redo[i] != Redo::Nothing)
+            .collect();
         let some_clusters: Vec<&Cluster> = chosen.iter().map(|&i| clusters[i]).collect();
         let some_memberships: Vec<Vec<usize>> =
             chosen.iter().map(|&i| memberships[i].clone()).collect();
-        let Some(pass) = render_clusters(&shared, &some_clusters, &some_memberships) else {
-            return stop.abandoned(snapshot, diagnostics);
-        };
-        if chosen.len() < clusters.len() && pass.has_cluster_problems() {
-            render_now.fill(true);
-            continue;
+        let jobs: Vec<Job<'_>> = chosen
+            .iter()
+            .map(|&i| Job {
+                targeted: &targeted[i],
+                only: match (&redo[i], previous) {
+                    (Redo::Workloads(only), Some(previous)) => Some((
+                        only.as_slice(),
+                        &previous.bundles[&clusters[i].name],
+                        &previous.provenance.clusters[&clusters[i].name],
+                    )),
+                    _ => None,
+                },
+            })
+            .collect();
+        let partial = redo.iter().any(|r| *r != Redo::All);
+        match render_clusters(&shared, &some_clusters, &some_memberships, &jobs) {
+            Passed::Stopped => return stop.abandoned(snapshot, diagnostics),
+            Passed::Widen(positions) => {
+                for position in positions {
+                    redo[chosen[position]] = Redo::All;
+                }
+            }
+            Passed::Done(pass) if partial && pass.has_cluster_problems() => {
+                redo.fill(Redo::All);
+            }
+            Passed::Done(pass) => break (chosen, pass),
         }
-        break (chosen, pass);
     };
+    let whole = redo.iter().all(|r| *r == Redo::All);
     let judge_patches = options.clusters.is_empty()
         && !diagnostics
             .iter()
             .chain(&pass.diagnostics)
             .any(Diagnostic::is_error);
+    let rendered: Vec<&Cluster> = chosen.iter().map(|&i| clusters[i]).collect();
+    let mut kept = Vec::new();
+    let mut provenance = Provenance::default();
+    let mut assembled = Vec::with_capacity(pass.assembled.len());
+    for (cluster, result) in rendered.iter().zip(pass.assembled) {
+        assembled.push(result.map(|(bundle, found)| {
+            if !inputs.is_empty() {
+                provenance.clusters.insert(cluster.name.clone(), found);
+            }
+            bundle
+        }));
+    }
+    if let Some(previous) = previous {
+        for i in (0..clusters.len()).filter(|&i| redo[i] == Redo::Nothing) {
+            let name = &clusters[i].name;
+            kept.push(previous.bundles[name].clone());
+            provenance
+                .clusters
+                .insert(name.clone(), previous.provenance.clusters[name].clone());
+        }
+    }
     let patch_warnings = match previous {
         _ if !judge_patches => Vec::new(),
-        Some(previous) if chosen.len() < clusters.len() => unmatched_patches_since(
+        Some(_) if !whole => unmatched_patches_since(
             &fleet,
             (&clusters, &memberships),
-            &render_now,
-            &pass,
-            previous,
+            &redo,
+            &pass.used_overlays,
+            &provenance,
         ),
         _ => unmatched_patches(&fleet, &pass.used_overlays, &pass.matched),
     };
     diagnostics.extend(pass.diagnostics);
     diagnostics.extend(patch_warnings);
-    let rendered: Vec<&Cluster> = chosen.iter().map(|&i| clusters[i]).collect();
-    let mut patch_matches: BTreeMap<String, Vec<(Arc<str>, u32)>> = BTreeMap::new();
-    if !inputs.is_empty() {
-        let files: Vec<Arc<str>> = fleet
-            .overlays
-            .iter()
-            .map(|o| Arc::from(o.file.as_str()))
-            .collect();
-        for (cluster, found) in rendered.iter().zip(&pass.cluster_matches) {
-            if !found.is_empty() {
-                patch_matches.insert(
-                    cluster.name.clone(),
-                    found
-                        .iter()
-                        .map(|&(o, p)| (files[o].clone(), p as u32))
-                        .collect(),
-                );
-            }
-        }
-        if let Some(previous) = previous {
-            for i in (0..clusters.len()).filter(|&i| !render_now[i]) {
-                if let Some(found) = previous.patch_matches.get(&clusters[i].name) {
-                    patch_matches.insert(clusters[i].name.clone(), found.clone());
-                }
-            }
-        }
-    }
-    let kept: Vec<Bundle> = match previous {
-        Some(previous) => (0..clusters.len())
-            .filter(|&i| !render_now[i])
-            .filter_map(|i| previous.bundles.get(&clusters[i].name).cloned())
-            .collect(),
-        None => Vec::new(),
-    };
     let mut output = collect_output(
         snapshot,
         &fleet,
         (&clusters, &memberships),
-        rendered.into_iter().zip(pass.assembled),
+        rendered.into_iter().zip(assembled),
         kept,
         diagnostics,
     );
     output.rollouts = rollout_plan;
-    output.inputs = inputs;
-    output.patch_matches = patch_matches;
+    provenance.inputs = inputs;
+    // A cluster whose bundle `collect_output` dropped has no provenance either.
+    provenance
+        .clusters
+        .retain(|name, _| output.bundles.contains_key(name));
+    output.provenance = provenance;
     output
 }
 
-/// Renders `clusters` (with the groups each belongs to); `None` when the render
-/// was told to stop or ran out of time.
+/// Renders `clusters` (with the groups each belongs to), each as its job says.
 fn render_clusters(
     shared: &Shared<'_>,
     clusters: &[&Cluster],
     memberships: &[Vec<usize>],
-) -> Option<Pass> {
+    jobs: &[Job<'_>],
+) -> Passed {
     let Shared {
         fleet,
         templates,
@@ -478,10 +580,16 @@ fn render_clusters(
     let cluster_plans: Vec<ClusterPlan> = clusters
         .par_iter()
         .zip(memberships.par_iter())
-        .map(|(cluster, groups)| plan_cluster(fleet, templates, cluster, groups, stop))
+        .zip(jobs.par_iter())
+        .map(|((cluster, groups), job)| {
+            let only: Option<Vec<usize>> = job
+                .only
+                .map(|(positions, _, _)| positions.iter().map(|&p| job.targeted[p]).collect());
+            plan_cluster(fleet, templates, cluster, groups, only.as_deref(), stop)
+        })
         .collect();
     if stop.now() {
-        return None;
+        return Passed::Stopped;
     }
     let (plans_per_cluster, outputs) = intern_outputs(cluster_plans, &mut diagnostics);
     let output_scopes: Vec<CustomScopes> = outputs
@@ -489,6 +597,14 @@ fn render_clusters(
         .map(|(template, text)| scopes_defined_by(template_paths[*template], text))
         .collect();
     let (cluster_scope, scope_table) = custom_scopes(fleet, &plans_per_cluster, &output_scopes);
+    // A cluster rendered in part had no custom scope; if its changed workloads
+    // bring one, every workload's resources may change.
+    let widen: Vec<usize> = (0..jobs.len())
+        .filter(|&k| jobs[k].only.is_some() && !scope_table[cluster_scope[k]].is_empty())
+        .collect();
+    if !widen.is_empty() {
+        return Passed::Widen(widen);
+    }
 
     // Phase 2: every distinct unit of work, rendered once.
     let units = plan_units(&plans_per_cluster, &cluster_scope);
@@ -518,7 +634,7 @@ fn render_clusters(
         .unzip();
     drop(outputs);
     if stop.now() {
-        return None;
+        return Passed::Stopped;
     }
     report_unit_errors(fleet, clusters, &units, &rendered, &mut diagnostics);
     let used_overlays = units
@@ -526,38 +642,33 @@ fn render_clusters(
         .iter()
         .flat_map(|key| key.overlays.iter().copied())
         .collect();
-    let cluster_matches: Vec<Vec<(usize, usize)>> = units
-        .per_cluster
-        .par_iter()
-        .map(|unit_list| {
-            let found: BTreeSet<(usize, usize)> = unit_list
-                .iter()
-                .flat_map(|&unit| matched[unit].iter().copied())
-                .collect();
-            found.into_iter().collect()
-        })
-        .collect();
-    let matched = matched.into_iter().flatten().collect();
     let unit_ranks = rank_resources(&rendered);
+    let overlay_files: Vec<Arc<str>> = fleet
+        .overlays
+        .iter()
+        .map(|o| Arc::from(o.file.as_str()))
+        .collect();
+    let units_done = UnitsDone {
+        keys: &units.keys,
+        rendered: &rendered,
+        ranks: &unit_ranks,
+        matched: &matched,
+        overlay_files: &overlay_files,
+    };
 
     // Phase 3, per cluster: gather, check identities, sort and hash.
     let done = AtomicUsize::new(0);
     let total = clusters.len();
-    let assembled: Vec<Result<Bundle, Vec<Diagnostic>>> = clusters
+    let assembled: Vec<Option<Assembled>> = clusters
         .par_iter()
         .zip(units.per_cluster.par_iter())
-        .map(|(cluster, unit_list)| {
+        .zip(jobs.par_iter().zip(cluster_scope.par_iter()))
+        .map(|((cluster, unit_list), (job, &scope))| {
             if stop.now() {
-                return Err(Vec::new());
+                return Some(Err(Vec::new()));
             }
-            let result = assemble(
-                fleet,
-                cluster,
-                unit_list,
-                &units.keys,
-                &rendered,
-                &unit_ranks,
-            );
+            let custom_scopes = !scope_table[scope].is_empty();
+            let result = assemble(fleet, cluster, job, unit_list, &units_done, custom_scopes);
             let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
             if let Some(progress) = progress {
                 progress(finished, total);
@@ -566,14 +677,19 @@ fn render_clusters(
         })
         .collect();
     if stop.now() {
-        return None;
+        return Passed::Stopped;
     }
-    Some(Pass {
-        assembled,
+    let widen: Vec<usize> = (0..assembled.len())
+        .filter(|&k| assembled[k].is_none())
+        .collect();
+    if !widen.is_empty() {
+        return Passed::Widen(widen);
+    }
+    Passed::Done(Pass {
+        assembled: assembled.into_iter().flatten().collect(),
         diagnostics,
         used_overlays,
-        matched,
-        cluster_matches,
+        matched: matched.into_iter().flatten().collect(),
     })
 }
 
@@ -958,11 +1074,13 @@ pub fn merge_vars(base: &mut Map<String, Value>, later: &Map<String, Value>) {
 
 type ClusterPlan = (Vec<Plan>, Vec<(usize, String)>, Vec<Diagnostic>);
 
+/// Plans one cluster's workloads, or only those in `only` (fleet indices).
 fn plan_cluster(
     fleet: &Fleet,
     templates: &Templates,
     cluster: &Cluster,
     groups: &[usize],
+    only: Option<&[usize]>,
     stop: &Stop<'_>,
 ) -> ClusterPlan {
     let mut plans = Vec::new();
@@ -975,6 +1093,9 @@ fn plan_cluster(
     for (index, workload) in fleet.workloads.iter().enumerate() {
         let first_template = template_offset;
         template_offset += workload.templates.len();
+        if only.is_some_and(|only| !only.contains(&index)) {
+            continue;
+        }
         if !workload
             .targets
             .iter()
@@ -1207,20 +1328,47 @@ fn transform_documents(
     }
 }
 
+/// What phase 2 rendered: per unit, its key, resources, their ranks and the
+/// (overlay, patch) pairs that matched; and each overlay's file.
+struct UnitsDone<'a> {
+    keys: &'a [UnitKey],
+    rendered: &'a [UnitResult],
+    ranks: &'a [Vec<u32>],
+    matched: &'a [Vec<(usize, usize)>],
+    overlay_files: &'a [Arc<str>],
+}
+
+/// One cluster's bundle from its units, sorted and checked for duplicate
+/// identities, with where its parts came from. A cluster rendered in part keeps its
+/// previous bundle's resources of the other workloads; `None` when a resource of
+/// its changed workloads has the identity of one of those (rendered whole, the
+/// error names both).
 fn assemble(
     fleet: &Fleet,
     cluster: &Cluster,
+    job: &Job<'_>,
     unit_list: &[usize],
-    unit_keys: &[UnitKey],
-    units: &[Result<Vec<Rendered>, Vec<Diagnostic>>],
-    unit_ranks: &[Vec<u32>],
-) -> Result<Bundle, Vec<Diagnostic>> {
+    units: &UnitsDone<'_>,
+    custom_scopes: bool,
+) -> Option<Assembled> {
+    let position = |workload: usize| -> u16 {
+        let found = job.targeted.binary_search(&workload);
+        found.map_or(u16::MAX, |p| p as u16)
+    };
     let mut ranked: Vec<(u32, &Rendered, usize)> = Vec::new();
+    let mut patch_matches = Vec::new();
     for &unit in unit_list {
-        let Ok(rendered) = &units[unit] else { continue };
-        let workload = unit_keys[unit].workload;
+        let workload = units.keys[unit].workload;
+        patch_matches.extend(
+            units.matched[unit]
+                .iter()
+                .map(|&(o, p)| (units.overlay_files[o].clone(), p as u32, position(workload))),
+        );
+        let Ok(rendered) = &units.rendered[unit] else {
+            continue;
+        };
         ranked.extend(
-            unit_ranks[unit]
+            units.ranks[unit]
                 .iter()
                 .zip(rendered)
                 .map(|(&rank, item)| (rank, item, workload)),
@@ -1249,13 +1397,71 @@ fn assemble(
         }
     }
     if !errors.is_empty() {
-        return Err(errors);
+        return match job.only {
+            Some(_) => None,
+            None => Some(Err(errors)),
+        };
     }
-    let resources = ranked
+    let fresh = ranked
         .into_iter()
-        .map(|(_, item, _)| item.resource.clone())
-        .collect();
-    Ok(Bundle::from_sorted(cluster.name.clone(), resources))
+        .map(|(_, item, workload)| (item.resource.clone(), position(workload)));
+    let (resources, resource_workloads): (Vec<Arc<Resource>>, Vec<u16>) = match job.only {
+        None => fresh.unzip(),
+        Some((changed, previous, kept)) => {
+            let is_changed = |w: u16| changed.contains(&(w as usize));
+            patch_matches.extend(
+                kept.patch_matches
+                    .iter()
+                    .filter(|(_, _, w)| !is_changed(*w))
+                    .cloned(),
+            );
+            let old = previous
+                .resources
+                .iter()
+                .zip(&kept.resource_workloads)
+                .filter(|(_, w)| !is_changed(**w))
+                .map(|(r, &w)| (r.clone(), w));
+            merge_by_key(old, fresh)?
+        }
+    };
+    patch_matches.sort();
+    patch_matches.dedup();
+    Some(Ok((
+        Bundle::from_sorted(cluster.name.clone(), resources),
+        ClusterProvenance {
+            resource_workloads,
+            patch_matches,
+            custom_scopes,
+        },
+    )))
+}
+
+/// Merges two lists of resources, each in key order, into one; `None` when both
+/// have a key.
+fn merge_by_key(
+    a: impl Iterator<Item = (Arc<Resource>, u16)>,
+    b: impl Iterator<Item = (Arc<Resource>, u16)>,
+) -> Option<(Vec<Arc<Resource>>, Vec<u16>)> {
+    let mut a = a.peekable();
+    let mut b = b.peekable();
+    let mut resources = Vec::new();
+    let mut workloads = Vec::new();
+    loop {
+        let take_a = match (a.peek(), b.peek()) {
+            (None, None) => break,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (Some(x), Some(y)) => match x.0.key.cmp(&y.0.key) {
+                std::cmp::Ordering::Less => true,
+                std::cmp::Ordering::Greater => false,
+                std::cmp::Ordering::Equal => return None,
+            },
+        };
+        let (resource, workload) = if take_a { a.next() } else { b.next() }?;
+        resources.push(resource);
+        workloads.push(workload);
+    }
+    Some((resources, workloads))
 }
 
 fn warn_about_empty_selections(
@@ -1331,56 +1537,47 @@ fn unmatched_patches(
     warnings
 }
 
-/// The patch warnings of a pass that rendered only the clusters marked in
-/// `rendered`, the others keeping their bundles of `previous`. An overlay that
-/// applies to clusters not rendered has an unchanged file (a changed one changes the
-/// inputs of every cluster it selects), and so do those clusters: a patch of it
-/// matches somewhere if it matched in this pass or, in `previous`, on one of them.
+/// The patch warnings of a render that rendered only some clusters, or some
+/// workloads of them, and kept the rest of `previous`. An overlay that applies to a
+/// cluster not rendered whole has an unchanged file (a changed one changes the own
+/// inputs of every cluster it selects), so its patches are named by file alike on
+/// both sides: a patch matches somewhere if some cluster's provenance says so.
 fn unmatched_patches_since(
     fleet: &Fleet,
     (clusters, memberships): (&[&Cluster], &[Vec<usize>]),
-    rendered: &[bool],
-    pass: &Pass,
-    previous: &RenderOutput,
+    redo: &[Redo],
+    used_in_pass: &BTreeSet<usize>,
+    provenance: &Provenance,
 ) -> Vec<Diagnostic> {
+    let matched: BTreeSet<(&str, u32)> = provenance
+        .clusters
+        .values()
+        .flat_map(|c| c.patch_matches.iter().map(|(file, p, _)| (&**file, *p)))
+        .collect();
     let mut warnings = Vec::new();
     for (index, overlay) in fleet.overlays.iter().enumerate() {
         if overlay.patches.is_empty() {
             continue;
         }
-        let kept: Vec<usize> = (0..clusters.len())
-            .filter(|&c| !rendered[c])
-            .filter(|&c| overlay_selects(overlay, clusters[c], &memberships[c], fleet))
-            .collect();
-        // Used, as in the units of a full render: by a rendered cluster, or by a
-        // kept one with a workload it applies to.
-        let used = pass.used_overlays.contains(&index)
-            || kept.iter().any(|&c| {
-                fleet.workloads.iter().any(|workload| {
-                    overlay_applies_to(overlay, workload)
-                        && workload
-                            .targets
-                            .iter()
-                            .any(|t| targets(&t.value, clusters[c], &memberships[c], fleet))
-                })
+        // Used, as in the units of a full render: by a unit of this pass, or by a
+        // cluster not rendered whole with a workload it applies to.
+        let used = used_in_pass.contains(&index)
+            || (0..clusters.len()).any(|c| {
+                redo[c] != Redo::All
+                    && overlay_selects(overlay, clusters[c], &memberships[c], fleet)
+                    && fleet.workloads.iter().any(|workload| {
+                        overlay_applies_to(overlay, workload)
+                            && workload
+                                .targets
+                                .iter()
+                                .any(|t| targets(&t.value, clusters[c], &memberships[c], fleet))
+                    })
             });
         if !used {
             continue;
         }
         for (patch_index, patch) in overlay.patches.iter().enumerate() {
-            let matched_before = || {
-                kept.iter().any(|&c| {
-                    previous
-                        .patch_matches
-                        .get(&clusters[c].name)
-                        .is_some_and(|found| {
-                            found.iter().any(|(file, p)| {
-                                **file == *overlay.file && *p as usize == patch_index
-                            })
-                        })
-                })
-            };
-            if !pass.matched.contains(&(index, patch_index)) && !matched_before() {
+            if !matched.contains(&(overlay.file.as_str(), patch_index as u32)) {
                 warnings.push(unmatched_patch_warning(overlay, patch));
             }
         }

@@ -66,6 +66,8 @@ struct Fleet {
     wave_group: &'static str,
     readme: usize,
     site_overlay_cluster: String,
+    plain_port: usize,
+    plain_crd: bool,
 }
 
 impl Fleet {
@@ -99,6 +101,8 @@ impl Fleet {
             wave_group: "canary",
             readme: 0,
             site_overlay_cluster: "c01".into(),
+            plain_port: 80,
+            plain_crd: false,
         }
     }
 
@@ -139,7 +143,7 @@ impl Fleet {
         add(
             "workloads/web/manifests/app.yaml",
             format!(
-                "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\n  labels: {{app: web}}\nspec:\n  replicas: 1\n  template:\n    spec:\n      containers:\n        - name: web\n          image: example.com/web:{}\n---\napiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: w\n",
+                "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\n  labels: {{app: web}}\nspec:\n  replicas: 1\n  template:\n    spec:\n      containers:\n        - name: web\n          image: example.com/web:{}\n---\napiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: w\n---\napiVersion: example.com/v1\nkind: Gadget\nmetadata:\n  name: g\n",
                 self.image
             ),
         );
@@ -168,6 +172,22 @@ impl Fleet {
             "workloads/crd/manifests/crd.yaml",
             "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  name: widgets.example.com\nspec:\n  group: example.com\n  scope: Cluster\n  names:\n    kind: Widget\n    plural: widgets\n  versions:\n    - name: v1\n      served: true\n      storage: true\n".into(),
         );
+        // plain: every cluster; a Service, and at times a CRD that makes web's
+        // Gadget cluster-scoped.
+        add(
+            "workloads/plain/workload.yaml",
+            format!(
+                "{HEADER}kind: Workload\nmetadata:\n  name: plain\nspec:\n  namespace: plain\n  targets:\n    - clusterSelector: {{}}\n"
+            ),
+        );
+        let mut plain = format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: plain\nspec:\n  ports:\n    - port: {}\n",
+            self.plain_port
+        );
+        if self.plain_crd {
+            plain.push_str("---\napiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  name: gadgets.example.com\nspec:\n  group: example.com\n  scope: Cluster\n  names:\n    kind: Gadget\n    plural: gadgets\n  versions:\n    - name: v1\n      served: true\n      storage: true\n");
+        }
+        add("workloads/plain/manifests/service.yaml", plain);
         // kbase: a kustomization whose base lies outside the workload's folder.
         add(
             "workloads/kbase/workload.yaml",
@@ -210,6 +230,13 @@ impl Fleet {
             "overlays/big.yaml",
             format!(
                 "{HEADER}kind: Overlay\nmetadata:\n  name: big\nspec:\n  clusterSelector:\n    matchLabels:\n      tier: stable\n  priority: 20\n  patches:\n    - target: {{kind: ConfigMap, name: big-config}}\n      merge:\n        metadata:\n          labels:\n            big: \"yes\"\n"
+            ),
+        );
+        // Patches what plain and kbase carry, on every cluster.
+        add(
+            "overlays/services.yaml",
+            format!(
+                "{HEADER}kind: Overlay\nmetadata:\n  name: services\nspec:\n  clusterSelector: {{}}\n  priority: 40\n  patches:\n    - target: {{kind: Service}}\n      ops:\n        - {{op: add, path: /metadata/labels, value: {{svc: x}}}}\n    - target: {{kind: ConfigMap, name: base}}\n      ops:\n        - {{op: add, path: /metadata/labels, value: {{base: x}}}}\n"
             ),
         );
         add(
@@ -301,9 +328,11 @@ impl Fleet {
                     "Deployment"
                 }
             }
-            13 => match rng.below(3) {
+            13 => match rng.below(5) {
                 0 => self.image += 1,
                 1 => self.macro_suffix += 1,
+                2 => self.plain_port += 1,
+                3 => self.plain_crd = !self.plain_crd,
                 _ => self.base_value += 1,
             },
             14 => self.crd_group = rng.below(3),
@@ -362,8 +391,7 @@ fn assert_same(incremental: &RenderOutput, full: &RenderOutput, context: &str) {
     assert_eq!(incremental.memberships, full.memberships, "{context}");
     assert_eq!(incremental.labels, full.labels, "{context}");
     assert_eq!(incremental.rollouts, full.rollouts, "{context}");
-    assert_eq!(incremental.inputs, full.inputs, "{context}");
-    assert_eq!(incremental.patch_matches, full.patch_matches, "{context}");
+    assert_eq!(incremental.provenance, full.provenance, "{context}");
     assert_eq!(incremental.revision, full.revision, "{context}");
 }
 
