@@ -38,7 +38,7 @@ use flotilla_core::bundle::Digest;
 use flotilla_core::diagnostic::Diagnostic;
 use flotilla_core::limits::Limits;
 use flotilla_core::snapshot::FleetSnapshot;
-use flotilla_render::{RenderOptions, RenderOutput, render_with};
+use flotilla_render::{RenderOptions, RenderOutput, render_since, render_with};
 
 use crate::render_worker::{RenderWorker, Rendered};
 
@@ -72,7 +72,7 @@ pub const FORCE_PUSH_POLLS: i64 = 3;
 /// A clean render of a tip that does not descend from the recorded commit, waiting
 /// for every live hub to see that tip for [`FORCE_PUSH_POLLS`] polls in a row.
 struct PendingForcePush {
-    output: RenderOutput,
+    output: Arc<RenderOutput>,
     duration: Duration,
     forced: bool,
     /// This hub's polls in a row that saw the tip.
@@ -160,6 +160,8 @@ pub struct Follower {
     last_files: Option<BTreeMap<String, Arc<str>>>,
     last_source_error: Option<String>,
     pending: Option<PendingForcePush>,
+    /// The last clean render: the next commit renders only what changed since.
+    last_output: Option<Arc<RenderOutput>>,
 }
 
 impl Follower {
@@ -183,6 +185,7 @@ impl Follower {
             last_files: None,
             last_source_error: None,
             pending: None,
+            last_output: None,
         }
     }
 
@@ -426,6 +429,10 @@ impl Follower {
             self.shared.record_failed_render(&output, duration);
             return Ok(());
         }
+        // Whatever becomes of it, the next render need render only what changed
+        // since (see `render_since`: any clean render of the whole fleet will do).
+        let output = Arc::new(output);
+        self.last_output = Some(output.clone());
         for warning in output.warnings() {
             tracing::warn!(revision = %output.revision, "{warning}");
         }
@@ -513,6 +520,7 @@ impl Follower {
         let (done, result) = oneshot::channel();
         let limits = self.limits.clone();
         let stop = cancel.clone();
+        let previous = self.last_output.clone();
         let spawned = std::thread::Builder::new()
             .name("flotilla-render".into())
             .spawn(move || {
@@ -523,7 +531,10 @@ impl Follower {
                         cancel: Some(&stop),
                         ..RenderOptions::default()
                     };
-                    render_with(&snapshot, &options)
+                    match &previous {
+                        Some(previous) => render_since(previous, &snapshot, &options),
+                        None => render_with(&snapshot, &options),
+                    }
                 }));
                 let _ = done.send(match outcome {
                     Ok(output) => Rendered::Done(Box::new(output), started.elapsed()),
@@ -565,7 +576,10 @@ impl Follower {
         let stop = async {
             let _ = shutdown.changed().await;
         };
-        worker.render(snapshot, &self.limits, patience, stop).await
+        let previous = self.last_output.clone();
+        worker
+            .render(snapshot, previous, &self.limits, patience, stop)
+            .await
     }
 
     /// The snapshot to render, and whether its commit forces an immediate rollout

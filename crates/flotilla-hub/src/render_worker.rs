@@ -15,10 +15,12 @@
 //! goes back to the system when the child exits.
 //!
 //! The protocol is private to one binary (parent and child are the same build): the
-//! snapshot and the limits go in as JSON on standard input; the output comes back on
-//! standard output as a JSON header (revision, diagnostics, memberships, labels,
-//! rollout plan) followed by every distinct resource once and each cluster's bundle
-//! as indexes into them, so clusters that share resources still share them.
+//! snapshot and the limits go in on standard input, with the last clean render when
+//! there is one (the child then renders only what changed since, `render_since`);
+//! the output comes back on standard output as a JSON header (revision, diagnostics,
+//! memberships, labels, rollout plan) followed by every distinct resource once, each
+//! cluster's bundle as indexes into them (so clusters that share resources still
+//! share them), and the render's provenance. A previous render goes in the same way.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Read, Write};
@@ -35,7 +37,10 @@ use flotilla_core::diagnostic::Diagnostic;
 use flotilla_core::limits::Limits;
 use flotilla_core::rollout::RolloutPlan;
 use flotilla_core::snapshot::FleetSnapshot;
-use flotilla_render::{RenderOptions, RenderOutput, render_with};
+use flotilla_render::inputs::{ClusterInput, InputDigest};
+use flotilla_render::{
+    ClusterProvenance, Provenance, RenderOptions, RenderOutput, render_since, render_with,
+};
 
 /// The hidden subcommand of the `flotilla` binary that runs [`run_worker`].
 pub const WORKER_COMMAND: &str = "render-worker";
@@ -98,6 +103,7 @@ impl RenderWorker {
     pub async fn render(
         &self,
         snapshot: FleetSnapshot,
+        previous: Option<Arc<RenderOutput>>,
         limits: &Limits,
         deadline: Duration,
         stop: impl std::future::Future<Output = ()>,
@@ -146,7 +152,8 @@ impl RenderWorker {
         let feed = tokio::task::spawn_blocking(move || {
             // A child that dies early closes its end; what it says then is the news.
             let mut input = io::BufWriter::with_capacity(1 << 20, stdin);
-            let _ = encode_input(&snapshot, &limits, &mut input).and_then(|()| input.flush());
+            let _ = encode_input(&snapshot, previous.as_deref(), &limits, &mut input)
+                .and_then(|()| input.flush());
         });
         let drain = tokio::task::spawn_blocking(move || {
             decode_output(io::BufReader::with_capacity(1 << 20, stdout))
@@ -228,13 +235,16 @@ pub fn run_worker(
         )
         .map_err(io::Error::from)?;
     }
-    let (limits, snapshot) = decode_input(io::BufReader::new(input))?;
+    let (limits, snapshot, previous) = decode_input(io::BufReader::new(input))?;
     let options = RenderOptions {
         limits,
         ..RenderOptions::default()
     };
-    let rendered = render_with(&snapshot, &options);
-    drop(snapshot);
+    let rendered = match &previous {
+        Some(previous) => render_since(previous, &snapshot, &options),
+        None => render_with(&snapshot, &options),
+    };
+    drop((snapshot, previous));
     let mut output = io::BufWriter::new(output);
     encode_output(&rendered, &mut output)?;
     output.flush()
@@ -251,8 +261,14 @@ fn put_bytes(out: &mut impl Write, bytes: &[u8]) -> io::Result<()> {
 
 /// Writes a snapshot and the limits to render it within: a JSON header, then each
 /// distinct file content once (paths to the same content share it), then each path
-/// with the index of its content.
-fn encode_input(snapshot: &FleetSnapshot, limits: &Limits, out: &mut impl Write) -> io::Result<()> {
+/// with the index of its content; then the previous render to render since, if any
+/// (as [`encode_output`] writes it).
+fn encode_input(
+    snapshot: &FleetSnapshot,
+    previous: Option<&RenderOutput>,
+    limits: &Limits,
+    out: &mut impl Write,
+) -> io::Result<()> {
     let header = InputHeader {
         limits: limits.clone(),
         revision: snapshot.revision.clone(),
@@ -281,11 +297,17 @@ fn encode_input(snapshot: &FleetSnapshot, limits: &Limits, out: &mut impl Write)
         put_bytes(out, path.as_bytes())?;
         put_len(out, i)?;
     }
-    Ok(())
+    match previous {
+        Some(previous) => {
+            put_len(out, 1)?;
+            encode_output(previous, out)
+        }
+        None => put_len(out, 0),
+    }
 }
 
 /// Reads what [`encode_input`] wrote, as it arrives (the files are not held twice).
-fn decode_input(mut input: impl Read) -> io::Result<(Limits, FleetSnapshot)> {
+fn decode_input(mut input: impl Read) -> io::Result<(Limits, FleetSnapshot, Option<RenderOutput>)> {
     let header: InputHeader = serde_json::from_slice(&read_bytes(&mut input)?).map_err(invalid)?;
     let count = read_len(&mut input)?;
     let mut texts: Vec<Arc<str>> = Vec::new();
@@ -301,6 +323,10 @@ fn decode_input(mut input: impl Read) -> io::Result<(Limits, FleetSnapshot)> {
             .ok_or_else(|| invalid("file index out of range"))?;
         files.insert(path, content.clone());
     }
+    let previous = match read_len(&mut input)? {
+        0 => None,
+        _ => Some(read_output(&mut input)?),
+    };
     if input.read(&mut [0u8])? != 0 {
         return Err(invalid("trailing bytes"));
     }
@@ -310,11 +336,12 @@ fn decode_input(mut input: impl Read) -> io::Result<(Limits, FleetSnapshot)> {
         problems: header.problems,
         skipped: header.skipped,
     };
-    Ok((header.limits, snapshot))
+    Ok((header.limits, snapshot, previous))
 }
 
 /// Writes a render: the header, every distinct resource once, then each bundle as
-/// its cluster, digest and resource indexes.
+/// its cluster, digest and resource indexes, then its provenance (what an
+/// incremental render from it compares).
 pub fn encode_output(rendered: &RenderOutput, out: &mut impl Write) -> io::Result<()> {
     let header = Header {
         revision: rendered.revision.clone(),
@@ -351,11 +378,103 @@ pub fn encode_output(rendered: &RenderOutput, out: &mut impl Write) -> io::Resul
             put_len(out, index[&Arc::as_ptr(resource)])?;
         }
     }
+    encode_provenance(&rendered.provenance, out)
+}
+
+fn put_digest(out: &mut impl Write, digest: &InputDigest) -> io::Result<()> {
+    out.write_all(digest)
+}
+
+fn read_digest(input: &mut impl Read) -> io::Result<InputDigest> {
+    let mut digest = [0u8; 32];
+    input.read_exact(&mut digest)?;
+    Ok(digest)
+}
+
+/// Each cluster's inputs (own digest, then each workload's name and digest), then
+/// each cluster's provenance (workload per resource, matched patches, custom scopes).
+fn encode_provenance(provenance: &Provenance, out: &mut impl Write) -> io::Result<()> {
+    put_len(out, provenance.inputs.clusters.len())?;
+    for (name, input) in &provenance.inputs.clusters {
+        put_bytes(out, name.as_bytes())?;
+        put_digest(out, &input.own)?;
+        put_len(out, input.workloads.len())?;
+        for (workload, digest) in &input.workloads {
+            put_bytes(out, workload.as_bytes())?;
+            put_digest(out, digest)?;
+        }
+    }
+    put_len(out, provenance.clusters.len())?;
+    for (name, found) in &provenance.clusters {
+        put_bytes(out, name.as_bytes())?;
+        put_len(out, found.resource_workloads.len())?;
+        for &workload in &found.resource_workloads {
+            out.write_all(&workload.to_le_bytes())?;
+        }
+        put_len(out, found.patch_matches.len())?;
+        for (file, patch, workload) in &found.patch_matches {
+            put_bytes(out, file.as_bytes())?;
+            put_len(out, *patch as usize)?;
+            put_len(out, *workload as usize)?;
+        }
+        put_len(out, usize::from(found.custom_scopes))?;
+    }
     Ok(())
 }
 
-/// Reads what [`encode_output`] wrote, as it arrives.
+fn decode_provenance(input: &mut impl Read) -> io::Result<Provenance> {
+    let mut provenance = Provenance::default();
+    let mut names: HashMap<String, Arc<str>> = HashMap::new();
+    let mut shared = |text: String| -> Arc<str> {
+        names
+            .entry(text)
+            .or_insert_with_key(|t| Arc::from(t.as_str()))
+            .clone()
+    };
+    for _ in 0..read_len(input)? {
+        let name = read_text(input)?;
+        let own = read_digest(input)?;
+        let mut workloads = Vec::new();
+        for _ in 0..read_len(input)? {
+            let workload = shared(read_text(input)?);
+            workloads.push((workload, read_digest(input)?));
+        }
+        provenance
+            .inputs
+            .clusters
+            .insert(name, ClusterInput { own, workloads });
+    }
+    for _ in 0..read_len(input)? {
+        let name = read_text(input)?;
+        let mut found = ClusterProvenance::default();
+        for _ in 0..read_len(input)? {
+            let mut word = [0u8; 2];
+            input.read_exact(&mut word)?;
+            found.resource_workloads.push(u16::from_le_bytes(word));
+        }
+        for _ in 0..read_len(input)? {
+            let file = shared(read_text(input)?);
+            let patch = u32::try_from(read_len(input)?).map_err(invalid)?;
+            let workload = u16::try_from(read_len(input)?).map_err(invalid)?;
+            found.patch_matches.push((file, patch, workload));
+        }
+        found.custom_scopes = read_len(input)? != 0;
+        provenance.clusters.insert(name, found);
+    }
+    Ok(provenance)
+}
+
+/// Reads what [`encode_output`] wrote, as it arrives, and nothing after it.
 pub fn decode_output(mut input: impl Read) -> io::Result<RenderOutput> {
+    let output = read_output(&mut input)?;
+    if input.read(&mut [0u8])? != 0 {
+        return Err(invalid("trailing bytes"));
+    }
+    Ok(output)
+}
+
+/// Reads what [`encode_output`] wrote.
+fn read_output(mut input: impl Read) -> io::Result<RenderOutput> {
     let header: Header = serde_json::from_slice(&read_bytes(&mut input)?).map_err(invalid)?;
     let count = read_len(&mut input)?;
     let mut resources = Vec::new();
@@ -386,9 +505,7 @@ pub fn decode_output(mut input: impl Read) -> io::Result<RenderOutput> {
             },
         );
     }
-    if input.read(&mut [0u8])? != 0 {
-        return Err(invalid("trailing bytes"));
-    }
+    let provenance = decode_provenance(&mut input)?;
     Ok(RenderOutput {
         revision: header.revision,
         bundles,
@@ -396,8 +513,7 @@ pub fn decode_output(mut input: impl Read) -> io::Result<RenderOutput> {
         memberships: header.memberships,
         labels: header.labels,
         rollouts: header.rollouts,
-        // What an incremental render compares; the hub renders whole commits.
-        ..RenderOutput::default()
+        provenance,
     })
 }
 
@@ -459,6 +575,8 @@ mod tests {
         assert_eq!(back.memberships, rendered.memberships);
         assert_eq!(back.labels, rendered.labels);
         assert_eq!(back.rollouts, rendered.rollouts);
+        assert!(!rendered.provenance.inputs.is_empty());
+        assert_eq!(back.provenance, rendered.provenance);
         assert_eq!(
             back.bundles.keys().collect::<Vec<_>>(),
             rendered.bundles.keys().collect::<Vec<_>>()
@@ -492,8 +610,9 @@ mod tests {
             ..Limits::default()
         };
         let mut bytes = Vec::new();
-        encode_input(&snapshot, &limits, &mut bytes).expect("encodes");
-        let (back_limits, back) = decode_input(bytes.as_slice()).expect("decodes");
+        encode_input(&snapshot, None, &limits, &mut bytes).expect("encodes");
+        let (back_limits, back, previous) = decode_input(bytes.as_slice()).expect("decodes");
+        assert!(previous.is_none());
         assert_eq!(back_limits, limits);
         assert_eq!(back.files, snapshot.files);
         assert_eq!(back.revision, snapshot.revision);
@@ -529,18 +648,54 @@ mod tests {
     fn the_worker_renders_what_the_hub_would() {
         let (snapshot, rendered) = example();
         let mut input = Vec::new();
-        encode_input(&snapshot, &Limits::default(), &mut input).expect("encodes");
+        encode_input(&snapshot, None, &Limits::default(), &mut input).expect("encodes");
         let mut out = Vec::new();
         // No memory limit here: this is the test process itself.
         run_worker(None, input.as_slice(), &mut out).expect("renders");
         let back = decode_output(out.as_slice()).expect("decodes");
-        let digests = |o: &RenderOutput| {
-            o.bundles
-                .iter()
-                .map(|(c, b)| (c.clone(), b.digest.clone()))
-                .collect::<Vec<_>>()
-        };
         assert_eq!(digests(&back), digests(&rendered));
         assert_eq!(back.diagnostics, rendered.diagnostics);
+        assert_eq!(back.provenance, rendered.provenance);
+    }
+
+    fn digests(output: &RenderOutput) -> Vec<(String, String)> {
+        output
+            .bundles
+            .iter()
+            .map(|(c, b)| (c.clone(), b.digest.to_string()))
+            .collect()
+    }
+
+    /// Given the previous render, the worker renders what changed since, and
+    /// answers what a full render gives.
+    #[test]
+    fn the_worker_renders_since_the_previous_render() {
+        let (mut snapshot, before) = example();
+        let path = "clusters/store-us-001.yaml";
+        let text = snapshot.files[path].replace("siteId: ", "siteId: x");
+        assert_ne!(&*snapshot.files[path], text.as_str());
+        snapshot.files.insert(path.into(), Arc::from(text));
+        let full = flotilla_render::render(&snapshot);
+        assert!(full.is_clean(), "{:?}", full.diagnostics);
+        assert_ne!(digests(&full), digests(&before));
+
+        let mut input = Vec::new();
+        encode_input(&snapshot, Some(&before), &Limits::default(), &mut input).expect("encodes");
+        let (_, _, previous) = decode_input(input.as_slice()).expect("decodes");
+        assert_eq!(previous.expect("sent").provenance, before.provenance);
+        let mut out = Vec::new();
+        run_worker(None, input.as_slice(), &mut out).expect("renders");
+        let back = decode_output(out.as_slice()).expect("decodes");
+        assert_eq!(digests(&back), digests(&full));
+        assert_eq!(back.diagnostics, full.diagnostics);
+        assert_eq!(back.provenance, full.provenance);
+        // Only the edited cluster's bundle changed.
+        let changed: Vec<_> = digests(&back)
+            .into_iter()
+            .zip(digests(&before))
+            .filter(|(a, b)| a != b)
+            .map(|(a, _)| a.0)
+            .collect();
+        assert_eq!(changed, ["store-us-001"]);
     }
 }
