@@ -87,6 +87,7 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
     config.history = args.history;
     config.webhook_secret = webhook_secret;
     config.limits = args.limits.limits();
+    config.keep_render = args.keep_render;
     if !args.render_in_process {
         config.render_worker = Some(flotilla_hub::render_worker::RenderWorker {
             program: std::env::current_exe()

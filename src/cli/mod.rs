@@ -315,6 +315,13 @@ pub struct ServeArgs {
     #[arg(long, env = "FLOTILLA_RENDER_MEMORY", default_value = "4GiB", value_name = "SIZE",
           value_parser = parse_size, help_heading = "Budgets")]
     pub render_memory: u64,
+    /// The most memory the hub may spend keeping its last render, so that the next
+    /// commit renders only the clusters and workloads it changes. A heavier render is
+    /// not kept, and every commit is rendered in full; 0 keeps none. See
+    /// docs/scaling.md for what renders weigh.
+    #[arg(long, env = "FLOTILLA_KEEP_RENDER", default_value = "256MiB", value_name = "SIZE",
+          value_parser = parse_size, help_heading = "Budgets")]
+    pub keep_render: u64,
     /// Render on a thread of the hub's own instead of a child process: no memory limit,
     /// and a render that exhausts memory takes the hub down (for debugging).
     #[arg(long, help_heading = "Budgets")]

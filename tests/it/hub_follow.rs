@@ -425,3 +425,78 @@ async fn a_hub_alone_takes_a_force_push_at_once() {
     assert!(fleet.get("forcePush").is_none(), "{fleet}");
     hub.stop().await;
 }
+
+/// Each commit is rendered since the last clean render, in the render process as
+/// `flotilla serve` renders, and what the hub records for every cluster is what a
+/// full render of that commit gives: after a change to one cluster, one overlay, one
+/// workload, one group, and the same change undone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_commit_rendered_since_the_last_records_what_a_full_render_gives() {
+    let repo = Repo::new();
+    let state = tempfile::tempdir().expect("state dir");
+    let admin = make_token(state.path(), None).await;
+    let mut config = config(state.path(), &repo.path().display().to_string());
+    config.render_worker = Some(flotilla_hub::render_worker::RenderWorker {
+        program: env!("CARGO_BIN_EXE_flotilla").into(),
+        memory_limit: None,
+    });
+    let hub = Running::start_ready(config).await;
+    let client = client();
+    let fleet_url = hub.url("/v1/fleet");
+    let edit = |path: &str, from: &str, to: &str| {
+        let text = repo.read(path);
+        assert!(text.contains(from), "{path} holds {from:?}");
+        repo.write(path, &text.replacen(from, to, 1));
+    };
+    let edits: [(&str, &str, &str); 5] = [
+        (
+            "clusters/store-us-001.yaml",
+            "siteId: US-S001",
+            "siteId: US-S001-B",
+        ),
+        (OVERLAY, "value: 200Gi", "value: 250Gi"),
+        (
+            "workloads/kuard/manifests/deployment.yaml",
+            "replicas: 1",
+            "replicas: 2",
+        ),
+        ("groups/apac.yaml", "currency: SGD", "currency: AUD"),
+        (
+            "clusters/store-us-001.yaml",
+            "siteId: US-S001-B",
+            "siteId: US-S001",
+        ),
+    ];
+    for (path, from, to) in edits {
+        edit(path, from, to);
+        let commit = repo.commit(&format!("change {path}"));
+        let revision = format!("main@sha1:{commit}");
+        let fleet = eventually("the commit to be recorded", Duration::from_secs(30), || {
+            let (client, url, admin, revision) = (&client, &fleet_url, &admin, &revision);
+            async move {
+                let fleet = get_json(client, url, admin).await;
+                (fleet["revision"] == revision.as_str()).then_some(fleet)
+            }
+        })
+        .await;
+        let snapshot = flotilla_hub::source::from_folder(repo.path(), "").expect("reads");
+        let full = flotilla_render::render(&snapshot);
+        assert!(full.is_clean(), "{:?}", full.diagnostics);
+        let recorded: std::collections::BTreeMap<String, String> = fleet["clusters"]
+            .as_array()
+            .expect("clusters")
+            .iter()
+            .map(|c| {
+                let name = c["name"].as_str().expect("name").to_string();
+                (name, c["latest"].as_str().expect("latest").to_string())
+            })
+            .collect();
+        let rendered: std::collections::BTreeMap<String, String> = full
+            .bundles
+            .iter()
+            .map(|(name, bundle)| (name.clone(), bundle.digest.to_string()))
+            .collect();
+        assert_eq!(recorded, rendered, "after changing {path}");
+    }
+    hub.stop().await;
+}

@@ -69,6 +69,38 @@ struct RenderMarker {
 /// recorded.
 pub const FORCE_PUSH_POLLS: i64 = 3;
 
+/// The default of [`crate::HubConfig::keep_render`]: 256 MiB, about twice what the
+/// render of 10,000 clusters with one per-cluster template a workload weighs, and
+/// half of one where every manifest is a per-cluster template.
+pub const DEFAULT_KEEP_RENDER: u64 = 256 * 1024 * 1024;
+
+/// About what a render weighs in memory: each distinct resource (its canonical
+/// bytes, its identity and their boxes) and each bundle's list of them.
+fn weight(output: &RenderOutput) -> u64 {
+    let mut seen: std::collections::HashSet<*const flotilla_core::bundle::Resource> =
+        std::collections::HashSet::new();
+    let mut bytes = 0u64;
+    for bundle in output.bundles.values() {
+        bytes += 64 + 8 * bundle.resources.len() as u64;
+        for resource in &bundle.resources {
+            if seen.insert(Arc::as_ptr(resource)) {
+                let key = &resource.key;
+                bytes += 96
+                    + resource.canonical.len() as u64
+                    + (key.group.len() + key.kind.len() + key.namespace.len() + key.name.len())
+                        as u64;
+            }
+        }
+    }
+    // Each cluster's provenance: a workload per resource, its inputs' digests.
+    bytes
+        + output
+            .bundles
+            .values()
+            .map(|b| 2 * b.resources.len() as u64 + 1024)
+            .sum::<u64>()
+}
+
 /// A clean render of a tip that does not descend from the recorded commit, waiting
 /// for every live hub to see that tip for [`FORCE_PUSH_POLLS`] polls in a row.
 struct PendingForcePush {
@@ -160,8 +192,10 @@ pub struct Follower {
     last_files: Option<BTreeMap<String, Arc<str>>>,
     last_source_error: Option<String>,
     pending: Option<PendingForcePush>,
-    /// The last clean render: the next commit renders only what changed since.
+    /// The last clean render, if it weighs at most `keep_render`: the next commit
+    /// renders only what changed since.
     last_output: Option<Arc<RenderOutput>>,
+    keep_render: u64,
 }
 
 impl Follower {
@@ -172,6 +206,7 @@ impl Follower {
         poll_interval: Duration,
         limits: Limits,
         render_worker: Option<RenderWorker>,
+        keep_render: u64,
     ) -> Follower {
         Follower {
             origin: Origin::of(&spec, state_dir),
@@ -186,6 +221,7 @@ impl Follower {
             last_source_error: None,
             pending: None,
             last_output: None,
+            keep_render,
         }
     }
 
@@ -430,9 +466,25 @@ impl Follower {
             return Ok(());
         }
         // Whatever becomes of it, the next render need render only what changed
-        // since (see `render_since`: any clean render of the whole fleet will do).
+        // since (see `render_since`: any clean render of the whole fleet will do),
+        // if the hub can afford to keep it.
         let output = Arc::new(output);
-        self.last_output = Some(output.clone());
+        self.last_output = None;
+        let weighed = output.clone();
+        let weight = tokio::task::spawn_blocking(move || weight(&weighed))
+            .await
+            .unwrap_or(u64::MAX);
+        if weight <= self.keep_render {
+            tracing::debug!(revision = %output.revision, weight, "kept for the next commit");
+            self.last_output = Some(output.clone());
+        } else {
+            tracing::info!(
+                revision = %output.revision,
+                weight,
+                keep_render = self.keep_render,
+                "this render is not kept (--keep-render): the next commit is rendered in full"
+            );
+        }
         for warning in output.warnings() {
             tracing::warn!(revision = %output.revision, "{warning}");
         }

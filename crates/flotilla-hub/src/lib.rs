@@ -119,6 +119,10 @@ pub struct HubConfig {
     /// Render each commit in a child process under a memory limit (`flotilla serve`
     /// does); `None` renders on a thread of the hub's own.
     pub render_worker: Option<render_worker::RenderWorker>,
+    /// The most memory the last clean render may weigh for the hub to keep it, so
+    /// that the next commit renders only what it changes; a heavier render is not
+    /// kept, and every commit is rendered in full.
+    pub keep_render: u64,
 }
 
 impl HubConfig {
@@ -141,6 +145,7 @@ impl HubConfig {
             signing_key: None,
             gc_grace: Duration::from_secs(3600),
             render_worker: None,
+            keep_render: follow::DEFAULT_KEEP_RENDER,
         }
     }
 }
@@ -253,6 +258,7 @@ impl Hub {
             config.poll_interval,
             config.limits,
             config.render_worker,
+            config.keep_render,
         );
         let mut tasks = vec![
             tokio::spawn({

@@ -149,6 +149,7 @@ impl RenderWorker {
             }
         };
         let limits = limits.clone();
+        let kept = previous.clone();
         let feed = tokio::task::spawn_blocking(move || {
             // A child that dies early closes its end; what it says then is the news.
             let mut input = io::BufWriter::with_capacity(1 << 20, stdin);
@@ -156,7 +157,10 @@ impl RenderWorker {
                 .and_then(|()| input.flush());
         });
         let drain = tokio::task::spawn_blocking(move || {
-            decode_output(io::BufReader::with_capacity(1 << 20, stdout))
+            decode_output(
+                io::BufReader::with_capacity(1 << 20, stdout),
+                kept.as_deref(),
+            )
         });
         let errors = tokio::spawn(async move {
             let mut text = Vec::new();
@@ -244,9 +248,9 @@ pub fn run_worker(
         Some(previous) => render_since(previous, &snapshot, &options),
         None => render_with(&snapshot, &options),
     };
-    drop((snapshot, previous));
+    drop(snapshot);
     let mut output = io::BufWriter::new(output);
-    encode_output(&rendered, &mut output)?;
+    encode_output(&rendered, previous.as_ref(), &mut output)?;
     output.flush()
 }
 
@@ -300,7 +304,7 @@ fn encode_input(
     match previous {
         Some(previous) => {
             put_len(out, 1)?;
-            encode_output(previous, out)
+            encode_output(previous, None, out)
         }
         None => put_len(out, 0),
     }
@@ -325,7 +329,7 @@ fn decode_input(mut input: impl Read) -> io::Result<(Limits, FleetSnapshot, Opti
     }
     let previous = match read_len(&mut input)? {
         0 => None,
-        _ => Some(read_output(&mut input)?),
+        _ => Some(read_output(&mut input, None)?),
     };
     if input.read(&mut [0u8])? != 0 {
         return Err(invalid("trailing bytes"));
@@ -339,10 +343,28 @@ fn decode_input(mut input: impl Read) -> io::Result<(Limits, FleetSnapshot, Opti
     Ok((header.limits, snapshot, previous))
 }
 
+/// Marks a bundle, or a cluster's inputs or provenance, that is the same as in the
+/// render the reader already has.
+const SAME: usize = usize::MAX;
+
 /// Writes a render: the header, every distinct resource once, then each bundle as
 /// its cluster, digest and resource indexes, then its provenance (what an
-/// incremental render from it compares).
-pub fn encode_output(rendered: &RenderOutput, out: &mut impl Write) -> io::Result<()> {
+/// incremental render from it compares). What is the same as in `since` (a render
+/// the reader has: a bundle with the same digest, a cluster's inputs or provenance)
+/// is written as [`SAME`] instead.
+pub fn encode_output(
+    rendered: &RenderOutput,
+    since: Option<&RenderOutput>,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    let unchanged = |bundle: &Bundle| {
+        since.is_some_and(|since| {
+            since
+                .bundles
+                .get(&bundle.cluster)
+                .is_some_and(|b| b.digest == bundle.digest)
+        })
+    };
     let header = Header {
         revision: rendered.revision.clone(),
         diagnostics: rendered.diagnostics.clone(),
@@ -353,7 +375,7 @@ pub fn encode_output(rendered: &RenderOutput, out: &mut impl Write) -> io::Resul
     put_bytes(out, &serde_json::to_vec(&header).map_err(io::Error::other)?)?;
     let mut index: HashMap<*const Resource, usize> = HashMap::new();
     let mut order: Vec<&Arc<Resource>> = Vec::new();
-    for bundle in rendered.bundles.values() {
+    for bundle in rendered.bundles.values().filter(|b| !unchanged(b)) {
         for resource in &bundle.resources {
             index.entry(Arc::as_ptr(resource)).or_insert_with(|| {
                 order.push(resource);
@@ -373,12 +395,16 @@ pub fn encode_output(rendered: &RenderOutput, out: &mut impl Write) -> io::Resul
     for bundle in rendered.bundles.values() {
         put_bytes(out, bundle.cluster.as_bytes())?;
         put_bytes(out, bundle.digest.as_str().as_bytes())?;
+        if unchanged(bundle) {
+            put_len(out, SAME)?;
+            continue;
+        }
         put_len(out, bundle.resources.len())?;
         for resource in &bundle.resources {
             put_len(out, index[&Arc::as_ptr(resource)])?;
         }
     }
-    encode_provenance(&rendered.provenance, out)
+    encode_provenance(&rendered.provenance, since.map(|s| &s.provenance), out)
 }
 
 fn put_digest(out: &mut impl Write, digest: &InputDigest) -> io::Result<()> {
@@ -392,11 +418,21 @@ fn read_digest(input: &mut impl Read) -> io::Result<InputDigest> {
 }
 
 /// Each cluster's inputs (own digest, then each workload's name and digest), then
-/// each cluster's provenance (workload per resource, matched patches, custom scopes).
-fn encode_provenance(provenance: &Provenance, out: &mut impl Write) -> io::Result<()> {
+/// each cluster's provenance (workload per resource, matched patches, custom
+/// scopes); either [`SAME`] where it equals `since`'s.
+fn encode_provenance(
+    provenance: &Provenance,
+    since: Option<&Provenance>,
+    out: &mut impl Write,
+) -> io::Result<()> {
     put_len(out, provenance.inputs.clusters.len())?;
     for (name, input) in &provenance.inputs.clusters {
         put_bytes(out, name.as_bytes())?;
+        if since.is_some_and(|s| s.inputs.clusters.get(name) == Some(input)) {
+            put_len(out, SAME)?;
+            continue;
+        }
+        put_len(out, 0)?;
         put_digest(out, &input.own)?;
         put_len(out, input.workloads.len())?;
         for (workload, digest) in &input.workloads {
@@ -407,6 +443,10 @@ fn encode_provenance(provenance: &Provenance, out: &mut impl Write) -> io::Resul
     put_len(out, provenance.clusters.len())?;
     for (name, found) in &provenance.clusters {
         put_bytes(out, name.as_bytes())?;
+        if since.is_some_and(|s| s.clusters.get(name) == Some(found)) {
+            put_len(out, SAME)?;
+            continue;
+        }
         put_len(out, found.resource_workloads.len())?;
         for &workload in &found.resource_workloads {
             out.write_all(&workload.to_le_bytes())?;
@@ -422,7 +462,8 @@ fn encode_provenance(provenance: &Provenance, out: &mut impl Write) -> io::Resul
     Ok(())
 }
 
-fn decode_provenance(input: &mut impl Read) -> io::Result<Provenance> {
+fn decode_provenance(input: &mut impl Read, since: Option<&Provenance>) -> io::Result<Provenance> {
+    let absent = || invalid("the render answered \"the same\" for something the hub does not have");
     let mut provenance = Provenance::default();
     let mut names: HashMap<String, Arc<str>> = HashMap::new();
     let mut shared = |text: String| -> Arc<str> {
@@ -433,6 +474,13 @@ fn decode_provenance(input: &mut impl Read) -> io::Result<Provenance> {
     };
     for _ in 0..read_len(input)? {
         let name = read_text(input)?;
+        if read_len(input)? == SAME {
+            let same = since
+                .and_then(|s| s.inputs.clusters.get(&name))
+                .ok_or_else(absent)?;
+            provenance.inputs.clusters.insert(name, same.clone());
+            continue;
+        }
         let own = read_digest(input)?;
         let mut workloads = Vec::new();
         for _ in 0..read_len(input)? {
@@ -446,8 +494,16 @@ fn decode_provenance(input: &mut impl Read) -> io::Result<Provenance> {
     }
     for _ in 0..read_len(input)? {
         let name = read_text(input)?;
+        let count = read_len(input)?;
+        if count == SAME {
+            let same = since
+                .and_then(|s| s.clusters.get(&name))
+                .ok_or_else(absent)?;
+            provenance.clusters.insert(name, same.clone());
+            continue;
+        }
         let mut found = ClusterProvenance::default();
-        for _ in 0..read_len(input)? {
+        for _ in 0..count {
             let mut word = [0u8; 2];
             input.read_exact(&mut word)?;
             found.resource_workloads.push(u16::from_le_bytes(word));
@@ -464,17 +520,21 @@ fn decode_provenance(input: &mut impl Read) -> io::Result<Provenance> {
     Ok(provenance)
 }
 
-/// Reads what [`encode_output`] wrote, as it arrives, and nothing after it.
-pub fn decode_output(mut input: impl Read) -> io::Result<RenderOutput> {
-    let output = read_output(&mut input)?;
+/// Reads what [`encode_output`] wrote, as it arrives, and nothing after it;
+/// `since` is the render it was written against.
+pub fn decode_output(
+    mut input: impl Read,
+    since: Option<&RenderOutput>,
+) -> io::Result<RenderOutput> {
+    let output = read_output(&mut input, since)?;
     if input.read(&mut [0u8])? != 0 {
         return Err(invalid("trailing bytes"));
     }
     Ok(output)
 }
 
-/// Reads what [`encode_output`] wrote.
-fn read_output(mut input: impl Read) -> io::Result<RenderOutput> {
+/// Reads what [`encode_output`] wrote against `since`.
+fn read_output(mut input: impl Read, since: Option<&RenderOutput>) -> io::Result<RenderOutput> {
     let header: Header = serde_json::from_slice(&read_bytes(&mut input)?).map_err(invalid)?;
     let count = read_len(&mut input)?;
     let mut resources = Vec::new();
@@ -489,6 +549,16 @@ fn read_output(mut input: impl Read) -> io::Result<RenderOutput> {
         let cluster = read_text(&mut input)?;
         let digest = Digest::try_from(read_text(&mut input)?).map_err(invalid)?;
         let n = read_len(&mut input)?;
+        if n == SAME {
+            let same = since
+                .and_then(|s| s.bundles.get(&cluster))
+                .filter(|b| b.digest == digest)
+                .ok_or_else(|| {
+                    invalid("the render answered \"the same bundle\" for one the hub does not have")
+                })?;
+            bundles.insert(cluster, same.clone());
+            continue;
+        }
         let mut list = Vec::new();
         for _ in 0..n {
             let resource = resources
@@ -505,7 +575,7 @@ fn read_output(mut input: impl Read) -> io::Result<RenderOutput> {
             },
         );
     }
-    let provenance = decode_provenance(&mut input)?;
+    let provenance = decode_provenance(&mut input, since.map(|s| &s.provenance))?;
     Ok(RenderOutput {
         revision: header.revision,
         bundles,
@@ -568,8 +638,8 @@ mod tests {
     fn a_render_comes_back_whole_with_its_resources_still_shared() {
         let (_, rendered) = example();
         let mut bytes = Vec::new();
-        encode_output(&rendered, &mut bytes).expect("encodes");
-        let back = decode_output(bytes.as_slice()).expect("decodes");
+        encode_output(&rendered, None, &mut bytes).expect("encodes");
+        let back = decode_output(bytes.as_slice(), None).expect("decodes");
         assert_eq!(back.revision, rendered.revision);
         assert_eq!(back.diagnostics, rendered.diagnostics);
         assert_eq!(back.memberships, rendered.memberships);
@@ -631,17 +701,17 @@ mod tests {
     fn a_damaged_answer_is_an_error_not_a_panic() {
         let (_, rendered) = example();
         let mut bytes = Vec::new();
-        encode_output(&rendered, &mut bytes).expect("encodes");
+        encode_output(&rendered, None, &mut bytes).expect("encodes");
         for cut in [0, 7, 8, 100, bytes.len() / 2, bytes.len() - 1] {
-            assert!(decode_output(&bytes[..cut]).is_err(), "cut at {cut}");
+            assert!(decode_output(&bytes[..cut], None).is_err(), "cut at {cut}");
         }
         let mut longer = bytes.clone();
         longer.push(0);
-        let err = decode_output(longer.as_slice()).expect_err("trailing");
+        let err = decode_output(longer.as_slice(), None).expect_err("trailing");
         assert_eq!(err.to_string(), "trailing bytes");
         let mut huge = bytes;
         huge[..8].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert!(decode_output(huge.as_slice()).is_err());
+        assert!(decode_output(huge.as_slice(), None).is_err());
     }
 
     #[test]
@@ -652,7 +722,7 @@ mod tests {
         let mut out = Vec::new();
         // No memory limit here: this is the test process itself.
         run_worker(None, input.as_slice(), &mut out).expect("renders");
-        let back = decode_output(out.as_slice()).expect("decodes");
+        let back = decode_output(out.as_slice(), None).expect("decodes");
         assert_eq!(digests(&back), digests(&rendered));
         assert_eq!(back.diagnostics, rendered.diagnostics);
         assert_eq!(back.provenance, rendered.provenance);
@@ -685,7 +755,9 @@ mod tests {
         assert_eq!(previous.expect("sent").provenance, before.provenance);
         let mut out = Vec::new();
         run_worker(None, input.as_slice(), &mut out).expect("renders");
-        let back = decode_output(out.as_slice()).expect("decodes");
+        // The answer leaves out what the hub has: read alone, it is refused.
+        assert!(decode_output(out.as_slice(), None).is_err());
+        let back = decode_output(out.as_slice(), Some(&before)).expect("decodes");
         assert_eq!(digests(&back), digests(&full));
         assert_eq!(back.diagnostics, full.diagnostics);
         assert_eq!(back.provenance, full.provenance);
@@ -697,5 +769,10 @@ mod tests {
             .map(|(a, _)| a.0)
             .collect();
         assert_eq!(changed, ["store-us-001"]);
+        // The bundles that did not change are the hub's own, not copies.
+        assert!(Arc::ptr_eq(
+            &back.bundles["blue"].resources[0],
+            &before.bundles["blue"].resources[0]
+        ));
     }
 }
