@@ -39,7 +39,7 @@ use flotilla_core::rollout::RolloutPlan;
 use flotilla_core::snapshot::FleetSnapshot;
 use flotilla_render::inputs::{ClusterInput, InputDigest};
 use flotilla_render::{
-    ClusterProvenance, Provenance, RenderOptions, RenderOutput, render_since, render_with,
+    ClusterProvenance, Provenance, RenderOptions, RenderOutput, render_since_fetching, render_with,
 };
 
 /// The hidden subcommand of the `flotilla` binary that runs [`run_worker`].
@@ -150,16 +150,17 @@ impl RenderWorker {
         };
         let limits = limits.clone();
         let kept = previous.clone();
+        let (ask, asked) = std::sync::mpsc::channel();
         let feed = tokio::task::spawn_blocking(move || {
             // A child that dies early closes its end; what it says then is the news.
-            let mut input = io::BufWriter::with_capacity(1 << 20, stdin);
-            let _ = encode_input(&snapshot, previous.as_deref(), &limits, &mut input)
-                .and_then(|()| input.flush());
+            let input = io::BufWriter::with_capacity(1 << 20, stdin);
+            let _ = feed_input(&snapshot, previous.as_deref(), &limits, input, &asked);
         });
         let drain = tokio::task::spawn_blocking(move || {
-            decode_output(
+            drain_output(
                 io::BufReader::with_capacity(1 << 20, stdout),
                 kept.as_deref(),
+                &ask,
             )
         });
         let errors = tokio::spawn(async move {
@@ -218,6 +219,49 @@ fn blocking(fd: io::Result<std::os::fd::OwnedFd>) -> io::Result<std::fs::File> {
     Ok(std::fs::File::from(fd))
 }
 
+/// The hub's side of the input: the snapshot, the previous render (digests and
+/// provenance, no resources), then, once the child has said which clusters it
+/// renders in part (through `asked`), their previous bundles.
+fn feed_input(
+    snapshot: &FleetSnapshot,
+    previous: Option<&RenderOutput>,
+    limits: &Limits,
+    mut input: impl Write,
+    asked: &std::sync::mpsc::Receiver<Vec<String>>,
+) -> io::Result<()> {
+    encode_input(snapshot, previous, limits, &mut input)?;
+    input.flush()?;
+    if let Some(previous) = previous
+        && let Ok(names) = asked.recv()
+    {
+        let answer = RenderOutput {
+            bundles: names
+                .iter()
+                .filter_map(|name| Some((name.clone(), previous.bundles.get(name)?.clone())))
+                .collect(),
+            ..RenderOutput::default()
+        };
+        encode_output(&answer, Known::Nothing, &mut input)?;
+        input.flush()?;
+    }
+    Ok(())
+}
+
+/// The hub's side of the output: which clusters the child asks the previous
+/// bundles of (passed on through `ask`), then the render.
+fn drain_output(
+    mut output: impl Read,
+    previous: Option<&RenderOutput>,
+    ask: &std::sync::mpsc::Sender<Vec<String>>,
+) -> io::Result<RenderOutput> {
+    let mut names = Vec::new();
+    for _ in 0..read_len(&mut output)? {
+        names.push(read_text(&mut output)?);
+    }
+    let _ = ask.send(names);
+    decode_output(output, previous)
+}
+
 /// The child's side: caps its own memory, reads the snapshot and limits from
 /// `input`, renders and writes the result to `output`. Rendering runs out of memory
 /// by aborting the process, which the parent recognises.
@@ -239,19 +283,44 @@ pub fn run_worker(
         )
         .map_err(io::Error::from)?;
     }
-    let (limits, snapshot, previous) = decode_input(io::BufReader::new(input))?;
+    let mut input = io::BufReader::new(input);
+    let (limits, snapshot, previous) = decode_input(&mut input)?;
     let options = RenderOptions {
         limits,
         ..RenderOptions::default()
     };
+    let mut output = io::BufWriter::new(output);
+    // The clusters rendered in part, asked for once: their previous bundles are read
+    // back from the hub. Asked or not, the request is written before the render.
+    let mut asked: Option<Vec<String>> = None;
     let rendered = match &previous {
-        Some(previous) => render_since(previous, &snapshot, &options),
+        Some(previous) => render_since_fetching(previous, &snapshot, &options, &mut |names| {
+            asked = Some(names.to_vec());
+            write_request(&mut output, names).ok()?;
+            let answer = read_output(&mut input, Known::Nothing).ok()?;
+            names
+                .iter()
+                .map(|n| answer.bundles.get(n).cloned())
+                .collect()
+        }),
         None => render_with(&snapshot, &options),
     };
     drop(snapshot);
-    let mut output = io::BufWriter::new(output);
-    encode_output(&rendered, previous.as_ref(), &mut output)?;
+    if asked.is_none() {
+        write_request(&mut output, &[])?;
+    }
+    let known = previous.as_ref().map_or(Known::Nothing, Known::Render);
+    encode_output(&rendered, known, &mut output)?;
     output.flush()
+}
+
+/// The names of the clusters whose previous bundles the child needs.
+fn write_request(out: &mut impl Write, names: &[String]) -> io::Result<()> {
+    put_len(out, names.len())?;
+    for name in names {
+        put_bytes(out, name.as_bytes())?;
+    }
+    out.flush()
 }
 
 fn put_len(out: &mut impl Write, len: usize) -> io::Result<()> {
@@ -266,7 +335,7 @@ fn put_bytes(out: &mut impl Write, bytes: &[u8]) -> io::Result<()> {
 /// Writes a snapshot and the limits to render it within: a JSON header, then each
 /// distinct file content once (paths to the same content share it), then each path
 /// with the index of its content; then the previous render to render since, if any
-/// (as [`encode_output`] writes it).
+/// (as [`encode_output`] writes it, its bundles as digests only).
 fn encode_input(
     snapshot: &FleetSnapshot,
     previous: Option<&RenderOutput>,
@@ -304,7 +373,7 @@ fn encode_input(
     match previous {
         Some(previous) => {
             put_len(out, 1)?;
-            encode_output(previous, None, out)
+            encode_output(previous, Known::Digests, out)
         }
         None => put_len(out, 0),
     }
@@ -329,9 +398,9 @@ fn decode_input(mut input: impl Read) -> io::Result<(Limits, FleetSnapshot, Opti
     }
     let previous = match read_len(&mut input)? {
         0 => None,
-        _ => Some(read_output(&mut input, None)?),
+        _ => Some(read_output(&mut input, Known::Digests)?),
     };
-    if input.read(&mut [0u8])? != 0 {
+    if previous.is_none() && input.read(&mut [0u8])? != 0 {
         return Err(invalid("trailing bytes"));
     }
     let snapshot = FleetSnapshot {
@@ -347,23 +416,38 @@ fn decode_input(mut input: impl Read) -> io::Result<(Limits, FleetSnapshot, Opti
 /// render the reader already has.
 const SAME: usize = usize::MAX;
 
+/// What the reader of a render already knows of it.
+#[derive(Clone, Copy)]
+pub enum Known<'a> {
+    /// Nothing: everything is written.
+    Nothing,
+    /// This render: what is the same in it is written as [`SAME`].
+    Render(&'a RenderOutput),
+    /// Nothing, but it needs the bundles' digests only: every bundle is written as
+    /// [`SAME`] with its digest, and read as a bundle without resources.
+    Digests,
+}
+
 /// Writes a render: the header, every distinct resource once, then each bundle as
 /// its cluster, digest and resource indexes, then its provenance (what an
-/// incremental render from it compares). What is the same as in `since` (a render
-/// the reader has: a bundle with the same digest, a cluster's inputs or provenance)
-/// is written as [`SAME`] instead.
+/// incremental render from it compares). What the reader knows (see [`Known`]) is
+/// written as [`SAME`] instead.
 pub fn encode_output(
     rendered: &RenderOutput,
-    since: Option<&RenderOutput>,
+    known: Known<'_>,
     out: &mut impl Write,
 ) -> io::Result<()> {
-    let unchanged = |bundle: &Bundle| {
-        since.is_some_and(|since| {
-            since
-                .bundles
-                .get(&bundle.cluster)
-                .is_some_and(|b| b.digest == bundle.digest)
-        })
+    let since = match known {
+        Known::Render(since) => Some(since),
+        _ => None,
+    };
+    let unchanged = |bundle: &Bundle| match known {
+        Known::Nothing => false,
+        Known::Digests => true,
+        Known::Render(since) => since
+            .bundles
+            .get(&bundle.cluster)
+            .is_some_and(|b| b.digest == bundle.digest),
     };
     let header = Header {
         revision: rendered.revision.clone(),
@@ -526,15 +610,20 @@ pub fn decode_output(
     mut input: impl Read,
     since: Option<&RenderOutput>,
 ) -> io::Result<RenderOutput> {
-    let output = read_output(&mut input, since)?;
+    let known = since.map_or(Known::Nothing, Known::Render);
+    let output = read_output(&mut input, known)?;
     if input.read(&mut [0u8])? != 0 {
         return Err(invalid("trailing bytes"));
     }
     Ok(output)
 }
 
-/// Reads what [`encode_output`] wrote against `since`.
-fn read_output(mut input: impl Read, since: Option<&RenderOutput>) -> io::Result<RenderOutput> {
+/// Reads what [`encode_output`] wrote for a reader that knows `known`.
+fn read_output(mut input: impl Read, known: Known<'_>) -> io::Result<RenderOutput> {
+    let since = match known {
+        Known::Render(since) => Some(since),
+        _ => None,
+    };
     let header: Header = serde_json::from_slice(&read_bytes(&mut input)?).map_err(invalid)?;
     let count = read_len(&mut input)?;
     let mut resources = Vec::new();
@@ -550,13 +639,24 @@ fn read_output(mut input: impl Read, since: Option<&RenderOutput>) -> io::Result
         let digest = Digest::try_from(read_text(&mut input)?).map_err(invalid)?;
         let n = read_len(&mut input)?;
         if n == SAME {
-            let same = since
-                .and_then(|s| s.bundles.get(&cluster))
-                .filter(|b| b.digest == digest)
-                .ok_or_else(|| {
-                    invalid("the render answered \"the same bundle\" for one the hub does not have")
-                })?;
-            bundles.insert(cluster, same.clone());
+            let same = match known {
+                // Known by digest only: a bundle without its resources.
+                Known::Digests => Bundle {
+                    cluster: cluster.clone(),
+                    digest,
+                    resources: Vec::new(),
+                },
+                _ => since
+                    .and_then(|s| s.bundles.get(&cluster))
+                    .filter(|b| b.digest == digest)
+                    .ok_or_else(|| {
+                        invalid(
+                            "the render answered \"the same bundle\" for one the hub does not have",
+                        )
+                    })?
+                    .clone(),
+            };
+            bundles.insert(cluster, same);
             continue;
         }
         let mut list = Vec::new();
@@ -638,7 +738,7 @@ mod tests {
     fn a_render_comes_back_whole_with_its_resources_still_shared() {
         let (_, rendered) = example();
         let mut bytes = Vec::new();
-        encode_output(&rendered, None, &mut bytes).expect("encodes");
+        encode_output(&rendered, Known::Nothing, &mut bytes).expect("encodes");
         let back = decode_output(bytes.as_slice(), None).expect("decodes");
         assert_eq!(back.revision, rendered.revision);
         assert_eq!(back.diagnostics, rendered.diagnostics);
@@ -701,7 +801,7 @@ mod tests {
     fn a_damaged_answer_is_an_error_not_a_panic() {
         let (_, rendered) = example();
         let mut bytes = Vec::new();
-        encode_output(&rendered, None, &mut bytes).expect("encodes");
+        encode_output(&rendered, Known::Nothing, &mut bytes).expect("encodes");
         for cut in [0, 7, 8, 100, bytes.len() / 2, bytes.len() - 1] {
             assert!(decode_output(&bytes[..cut], None).is_err(), "cut at {cut}");
         }
@@ -722,7 +822,10 @@ mod tests {
         let mut out = Vec::new();
         // No memory limit here: this is the test process itself.
         run_worker(None, input.as_slice(), &mut out).expect("renders");
-        let back = decode_output(out.as_slice(), None).expect("decodes");
+        // First the (empty) request for previous bundles, then the render.
+        let (ask, asked) = std::sync::mpsc::channel();
+        let back = drain_output(out.as_slice(), None, &ask).expect("decodes");
+        assert_eq!(asked.recv().ok(), Some(Vec::new()));
         assert_eq!(digests(&back), digests(&rendered));
         assert_eq!(back.diagnostics, rendered.diagnostics);
         assert_eq!(back.provenance, rendered.provenance);
@@ -736,43 +839,86 @@ mod tests {
             .collect()
     }
 
-    /// Given the previous render, the worker renders what changed since, and
-    /// answers what a full render gives.
+    /// The worker and the hub's side of the protocol on two pipes, as `render` runs
+    /// them: the render, and the clusters the worker asked the previous bundles of.
+    fn render_through_pipes(
+        snapshot: &FleetSnapshot,
+        before: &RenderOutput,
+    ) -> (RenderOutput, Vec<String>) {
+        let (child_in, hub_out) = io::pipe().expect("pipe");
+        let (hub_in, child_out) = io::pipe().expect("pipe");
+        let (ask, forward) = std::sync::mpsc::channel::<Vec<String>>();
+        let (pass, asked) = std::sync::mpsc::channel();
+        std::thread::scope(|scope| {
+            scope.spawn(move || run_worker(None, child_in, child_out).expect("renders"));
+            let feed = scope.spawn(move || {
+                let _ = feed_input(snapshot, Some(before), &Limits::default(), hub_out, &asked);
+            });
+            let seen = scope.spawn(move || {
+                let names = forward.recv().expect("a request");
+                pass.send(names.clone()).expect("passed on");
+                names
+            });
+            let back = drain_output(hub_in, Some(before), &ask).expect("decodes");
+            feed.join().expect("fed");
+            (back, seen.join().expect("seen"))
+        })
+    }
+
+    /// Given the previous render, the worker renders what changed since and answers
+    /// what a full render gives; it asks for the previous bundles only of the
+    /// clusters it renders in part, and leaves out of its answer what the hub has.
     #[test]
     fn the_worker_renders_since_the_previous_render() {
-        let (mut snapshot, before) = example();
-        let path = "clusters/store-us-001.yaml";
-        let text = snapshot.files[path].replace("siteId: ", "siteId: x");
-        assert_ne!(&*snapshot.files[path], text.as_str());
-        snapshot.files.insert(path.into(), Arc::from(text));
-        let full = flotilla_render::render(&snapshot);
-        assert!(full.is_clean(), "{:?}", full.diagnostics);
-        assert_ne!(digests(&full), digests(&before));
+        let (base, before) = example();
+        let edits = [
+            (
+                "clusters/store-us-001.yaml",
+                "siteId: ",
+                "siteId: x",
+                vec![],
+            ),
+            (
+                "workloads/kuard/manifests/deployment.yaml",
+                "replicas: 1",
+                "replicas: 3",
+                vec!["blue", "red"],
+            ),
+        ];
+        for (path, from, to, expect_asked) in edits {
+            let mut snapshot = base.clone();
+            let text = snapshot.files[path].replacen(from, to, 1);
+            assert_ne!(&*snapshot.files[path], text.as_str());
+            snapshot.files.insert(path.into(), Arc::from(text));
+            let full = flotilla_render::render(&snapshot);
+            assert!(full.is_clean(), "{:?}", full.diagnostics);
+            assert_ne!(digests(&full), digests(&before));
 
-        let mut input = Vec::new();
-        encode_input(&snapshot, Some(&before), &Limits::default(), &mut input).expect("encodes");
-        let (_, _, previous) = decode_input(input.as_slice()).expect("decodes");
-        assert_eq!(previous.expect("sent").provenance, before.provenance);
-        let mut out = Vec::new();
-        run_worker(None, input.as_slice(), &mut out).expect("renders");
-        // The answer leaves out what the hub has: read alone, it is refused.
-        assert!(decode_output(out.as_slice(), None).is_err());
-        let back = decode_output(out.as_slice(), Some(&before)).expect("decodes");
-        assert_eq!(digests(&back), digests(&full));
-        assert_eq!(back.diagnostics, full.diagnostics);
-        assert_eq!(back.provenance, full.provenance);
-        // Only the edited cluster's bundle changed.
-        let changed: Vec<_> = digests(&back)
-            .into_iter()
-            .zip(digests(&before))
-            .filter(|(a, b)| a != b)
-            .map(|(a, _)| a.0)
-            .collect();
-        assert_eq!(changed, ["store-us-001"]);
-        // The bundles that did not change are the hub's own, not copies.
-        assert!(Arc::ptr_eq(
-            &back.bundles["blue"].resources[0],
-            &before.bundles["blue"].resources[0]
-        ));
+            // What goes in: the previous render's digests and provenance only.
+            let mut input = Vec::new();
+            encode_input(&snapshot, Some(&before), &Limits::default(), &mut input)
+                .expect("encodes");
+            let (_, _, previous) = decode_input(input.as_slice()).expect("decodes");
+            let previous = previous.expect("sent");
+            assert_eq!(previous.provenance, before.provenance);
+            assert!(previous.bundles.values().all(|b| b.resources.is_empty()));
+
+            let (back, asked) = render_through_pipes(&snapshot, &before);
+            assert_eq!(asked, expect_asked, "{path}");
+            assert_eq!(digests(&back), digests(&full), "{path}");
+            assert_eq!(back.diagnostics, full.diagnostics);
+            assert_eq!(back.provenance, full.provenance);
+            for (cluster, bundle) in &back.bundles {
+                assert_eq!(
+                    bundle.resources, full.bundles[cluster].resources,
+                    "{cluster}"
+                );
+            }
+            // The bundles that did not change are the hub's own, not copies.
+            assert!(Arc::ptr_eq(
+                &back.bundles["plant-eu-01"].resources[0],
+                &before.bundles["plant-eu-01"].resources[0]
+            ));
+        }
     }
 }

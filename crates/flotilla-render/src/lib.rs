@@ -269,25 +269,49 @@ fn humanize(duration: Duration) -> String {
 }
 
 pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> RenderOutput {
-    render_inner(snapshot, options, None)
+    render_inner(snapshot, options, None, &mut |_| None)
 }
 
 /// Renders `snapshot` as [`render_with`] does, rendering only the clusters whose
 /// inputs (see [`inputs`]) differ from `previous`'s, and of those only the changed
-/// workloads where no custom scope is in play, taking the rest from `previous`. The output is the one a full render gives: the same bundles,
-/// memberships, rollout plan and diagnostics. `previous` must be a clean render of
-/// the whole fleet made with the same limits; otherwise (or with `options.clusters`
-/// set) this is a full render.
+/// workloads where no custom scope is in play, taking the rest from `previous`. The
+/// output is the one a full render gives: the same bundles, memberships, rollout
+/// plan and diagnostics. `previous` must be a clean render of the whole fleet made
+/// with the same limits; otherwise (or with `options.clusters` set) this is a full
+/// render.
 pub fn render_since(
     previous: &RenderOutput,
     snapshot: &FleetSnapshot,
     options: &RenderOptions<'_>,
 ) -> RenderOutput {
+    render_since_fetching(previous, snapshot, options, &mut |names| {
+        names
+            .iter()
+            .map(|name| previous.bundles.get(name).cloned())
+            .collect()
+    })
+}
+
+/// Asked for the previous bundles of the named clusters; `None` if it cannot give
+/// them all.
+pub type FetchBundles<'f> = dyn FnMut(&[String]) -> Option<Vec<Bundle>> + 'f;
+
+/// [`render_since`] where `previous` may hold its bundles as digests only (no
+/// resources): the resources of the clusters rendered in part, which are merged with
+/// what is rendered again, are asked of `fetch`, once, when known. The bundles of
+/// clusters not rendered again are `previous`'s, as they are: with digests only,
+/// the caller knows them by digest.
+pub fn render_since_fetching(
+    previous: &RenderOutput,
+    snapshot: &FleetSnapshot,
+    options: &RenderOptions<'_>,
+    fetch: &mut FetchBundles<'_>,
+) -> RenderOutput {
     let reusable = options.clusters.is_empty()
         && previous.is_clean()
         && !previous.provenance.inputs.is_empty()
         && previous.diagnostics.iter().all(|d| d.cluster.is_none());
-    render_inner(snapshot, options, reusable.then_some(previous))
+    render_inner(snapshot, options, reusable.then_some(previous), fetch)
 }
 
 /// One cluster's bundle and where its parts came from, or its errors.
@@ -385,6 +409,7 @@ fn render_inner(
     snapshot: &FleetSnapshot,
     options: &RenderOptions<'_>,
     previous: Option<&RenderOutput>,
+    fetch: &mut FetchBundles<'_>,
 ) -> RenderOutput {
     let stop = Stop::new(options);
     let limits = &options.limits;
@@ -464,6 +489,32 @@ fn render_inner(
             None => Redo::All,
         })
         .collect();
+    // The previous bundles of the clusters rendered in part, asked for once; without
+    // them those clusters are rendered whole.
+    let partial_names: Vec<String> = (0..clusters.len())
+        .filter(|&i| matches!(redo[i], Redo::Workloads(_)))
+        .map(|i| clusters[i].name.clone())
+        .collect();
+    let mut fetched: BTreeMap<String, Bundle> = BTreeMap::new();
+    if let Some(previous) = previous
+        && !partial_names.is_empty()
+    {
+        if let Some(bundles) = fetch(&partial_names)
+            && bundles.len() == partial_names.len()
+        {
+            // Only a bundle that is the previous one (by digest) is merged with.
+            fetched = partial_names
+                .into_iter()
+                .zip(bundles)
+                .filter(|(name, bundle)| previous.bundles[name].digest == bundle.digest)
+                .collect();
+        }
+        for (i, cluster) in clusters.iter().enumerate() {
+            if matches!(redo[i], Redo::Workloads(_)) && !fetched.contains_key(&cluster.name) {
+                redo[i] = Redo::All;
+            }
+        }
+    }
     let (chosen, pass) = loop {
         let chosen: Vec<usize> = (0..clusters.len())
             .filter(|&i| redo[i] != Redo::Nothing)
@@ -478,7 +529,7 @@ fn render_inner(
                 only: match (&redo[i], previous) {
                     (Redo::Workloads(only), Some(previous)) => Some((
                         only.as_slice(),
-                        &previous.bundles[&clusters[i].name],
+                        &fetched[&clusters[i].name],
                         &previous.provenance.clusters[&clusters[i].name],
                     )),
                     _ => None,

@@ -11,8 +11,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use proptest::prelude::*;
 
+use flotilla_core::bundle::Bundle;
 use flotilla_core::snapshot::FleetSnapshot;
-use flotilla_render::{RenderOptions, RenderOutput, render_since, render_with};
+use flotilla_render::{
+    RenderOptions, RenderOutput, render_since, render_since_fetching, render_with,
+};
 
 const HEADER: &str = "apiVersion: flotilla.dev/v1alpha1\n";
 
@@ -422,6 +425,44 @@ fn check_seed(seed: u64, steps: usize) -> Tally {
         let (incremental, rendered) =
             counted(|options| render_since(&previous, &snapshot, options));
         assert_same(&incremental, &full, &format!("seed {seed}, step {step}"));
+        // The same from a previous render that holds digests only, the bundles to
+        // merge with asked for once (as the hub's render process does).
+        let stubbed = RenderOutput {
+            bundles: previous
+                .bundles
+                .iter()
+                .map(|(name, b)| {
+                    let stub = Bundle {
+                        cluster: b.cluster.clone(),
+                        digest: b.digest.clone(),
+                        resources: Vec::new(),
+                    };
+                    (name.clone(), stub)
+                })
+                .collect(),
+            diagnostics: previous.diagnostics.clone(),
+            provenance: previous.provenance.clone(),
+            ..RenderOutput::default()
+        };
+        let mut asked = 0;
+        let fetched = render_since_fetching(
+            &stubbed,
+            &snapshot,
+            &RenderOptions::default(),
+            &mut |names| {
+                asked += 1;
+                names
+                    .iter()
+                    .map(|n| previous.bundles.get(n).cloned())
+                    .collect()
+            },
+        );
+        assert!(asked <= 1);
+        assert_same(
+            &fetched,
+            &full,
+            &format!("fetching: seed {seed}, step {step}"),
+        );
         if local && previous.is_clean() && full.is_clean() {
             tally.rendered += rendered;
             tally.clusters += full.bundles.len();
