@@ -16,11 +16,14 @@
 //!
 //! The protocol is private to one binary (parent and child are the same build): the
 //! snapshot and the limits go in on standard input, with the last clean render when
-//! there is one (the child then renders only what changed since, `render_since`);
-//! the output comes back on standard output as a JSON header (revision, diagnostics,
-//! memberships, labels, rollout plan) followed by every distinct resource once, each
-//! cluster's bundle as indexes into them (so clusters that share resources still
-//! share them), and the render's provenance. A previous render goes in the same way.
+//! there is one, as its bundles' digests and its provenance only (the child then
+//! renders only what changed since). The child first writes which clusters it
+//! renders in part, and the hub answers with their previous bundles (the resources
+//! the child merges with); then the output comes back on standard output as a JSON
+//! header (revision, diagnostics, memberships, labels, rollout plan) followed by
+//! every distinct resource once, each cluster's bundle as indexes into them (so
+//! clusters that share resources still share them), and the render's provenance;
+//! a bundle, inputs or provenance the hub has already is written as "the same".
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Read, Write};
@@ -588,14 +591,14 @@ fn decode_provenance(input: &mut impl Read, since: Option<&Provenance>) -> io::R
         }
         let mut found = ClusterProvenance::default();
         for _ in 0..count {
-            let mut word = [0u8; 2];
+            let mut word = [0u8; 4];
             input.read_exact(&mut word)?;
-            found.resource_workloads.push(u16::from_le_bytes(word));
+            found.resource_workloads.push(u32::from_le_bytes(word));
         }
         for _ in 0..read_len(input)? {
             let file = shared(read_text(input)?);
             let patch = u32::try_from(read_len(input)?).map_err(invalid)?;
-            let workload = u16::try_from(read_len(input)?).map_err(invalid)?;
+            let workload = u32::try_from(read_len(input)?).map_err(invalid)?;
             found.patch_matches.push((file, patch, workload));
         }
         found.custom_scopes = read_len(input)? != 0;

@@ -11,8 +11,10 @@
 //! sees them, and its templates' text); the overlays that select it (their files);
 //! and, for every cluster, the files the snapshot skipped (a manifest or kustomize
 //! input too large to read is an error where it is used). A template that includes,
-//! imports or extends another can reach any template of the fleet, so when any
-//! template does, every templated workload depends on every template's text.
+//! imports or extends another can reach any template the renderer compiles, so when
+//! any template does, every templated workload depends on all of them (which ones,
+//! and their text). Templates cannot otherwise see each other: `debug()`, which
+//! prints the engine's state, is taken out of the engine.
 //! Anything a cluster's bundle does not depend on (rollout policies, other clusters,
 //! files the renderer does not read) is left out, so changing it reaches no cluster.
 
@@ -22,7 +24,6 @@ use std::sync::Arc;
 use rayon::prelude::*;
 use sha2::{Digest as _, Sha256};
 
-use flotilla_core::bundle::to_canonical_vec;
 use flotilla_core::snapshot::FleetSnapshot;
 
 use crate::load::{Cluster, Fleet};
@@ -91,6 +92,7 @@ fn loads_other_templates(text: &str) -> bool {
 /// reads them, and its templates' text (every template's, if any template loads
 /// another).
 fn workload_digests(snapshot: &FleetSnapshot, fleet: &Fleet) -> Vec<InputDigest> {
+    // The templates the renderer compiles: those of the workloads that loaded.
     let templates: Vec<&String> = fleet.workloads.iter().flat_map(|w| &w.templates).collect();
     let shared: Option<InputDigest> = templates
         .iter()
@@ -102,7 +104,8 @@ fn workload_digests(snapshot: &FleetSnapshot, fleet: &Fleet) -> Vec<InputDigest>
         })
         .then(|| {
             let mut hasher = Sha256::new();
-            for path in snapshot.files.keys().filter(|p| p.ends_with(".j2")) {
+            put(&mut hasher, &(templates.len() as u64).to_le_bytes());
+            for path in &templates {
                 hasher.update(file_digest(snapshot, path));
             }
             hasher.finalize().into()
@@ -121,7 +124,11 @@ fn workload_digests(snapshot: &FleetSnapshot, fleet: &Fleet) -> Vec<InputDigest>
             for document in workload.documents.iter() {
                 put(&mut hasher, document.file.as_bytes());
                 put(&mut hasher, &document.line.to_le_bytes());
-                put(&mut hasher, &to_canonical_vec(&document.value));
+                // As parsed, not canonical: `80` and `80.0` are one in canonical
+                // JSON but not to every step of the render (a strategic merge keys
+                // list items by the number as written).
+                let parsed = serde_json::to_vec(&document.value).unwrap_or_default();
+                put(&mut hasher, &parsed);
             }
             put(
                 &mut hasher,

@@ -95,10 +95,10 @@ pub struct Provenance {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClusterProvenance {
     /// For each resource of the bundle, in order, the workload it came from.
-    pub resource_workloads: Vec<u16>,
+    pub resource_workloads: Vec<u32>,
     /// The overlay patches whose target matched a resource here: (overlay file,
     /// index of the patch, workload).
-    pub patch_matches: Vec<(Arc<str>, u32, u16)>,
+    pub patch_matches: Vec<(Arc<str>, u32, u32)>,
     /// Whether a CRD of its workloads made some kind cluster-scoped: every
     /// workload's resources then depend on every other's.
     pub custom_scopes: bool,
@@ -1402,9 +1402,9 @@ fn assemble(
     units: &UnitsDone<'_>,
     custom_scopes: bool,
 ) -> Option<Assembled> {
-    let position = |workload: usize| -> u16 {
+    let position = |workload: usize| -> u32 {
         let found = job.targeted.binary_search(&workload);
-        found.map_or(u16::MAX, |p| p as u16)
+        found.map_or(u32::MAX, |p| p as u32)
     };
     let mut ranked: Vec<(u32, &Rendered, usize)> = Vec::new();
     let mut patch_matches = Vec::new();
@@ -1456,10 +1456,10 @@ fn assemble(
     let fresh = ranked
         .into_iter()
         .map(|(_, item, workload)| (item.resource.clone(), position(workload)));
-    let (resources, resource_workloads): (Vec<Arc<Resource>>, Vec<u16>) = match job.only {
+    let (resources, resource_workloads): (Vec<Arc<Resource>>, Vec<u32>) = match job.only {
         None => fresh.unzip(),
         Some((changed, previous, kept)) => {
-            let is_changed = |w: u16| changed.contains(&(w as usize));
+            let is_changed = |w: u32| changed.contains(&(w as usize));
             patch_matches.extend(
                 kept.patch_matches
                     .iter()
@@ -1490,9 +1490,9 @@ fn assemble(
 /// Merges two lists of resources, each in key order, into one; `None` when both
 /// have a key.
 fn merge_by_key(
-    a: impl Iterator<Item = (Arc<Resource>, u16)>,
-    b: impl Iterator<Item = (Arc<Resource>, u16)>,
-) -> Option<(Vec<Arc<Resource>>, Vec<u16>)> {
+    a: impl Iterator<Item = (Arc<Resource>, u32)>,
+    b: impl Iterator<Item = (Arc<Resource>, u32)>,
+) -> Option<(Vec<Arc<Resource>>, Vec<u32>)> {
     let mut a = a.peekable();
     let mut b = b.peekable();
     let mut resources = Vec::new();

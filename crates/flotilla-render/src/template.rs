@@ -87,6 +87,10 @@ impl Templates {
         env.set_syntax(syntax());
         env.set_fuel(Some(limits.template_fuel));
         env.set_recursion_limit(RECURSION_LIMIT);
+        // `debug()` prints the engine's state, the names of every template in the
+        // fleet among it: a template's output would then depend on files that are
+        // not its inputs (and a manifest has no use for it).
+        env.remove_global("debug");
         let cap = limits.max_template_output_bytes;
         env.add_filter("join", move |value: &Value, joiner: Option<&str>| {
             capped_join(value, joiner, cap)

@@ -513,3 +513,100 @@ fn incremental_render_renders_fewer_clusters() {
         "rendered {rendered} of {clusters} clusters"
     );
 }
+
+/// Cases found by review, each once a difference between the two renders.
+mod cases {
+    use super::*;
+
+    fn cluster(name: &str) -> String {
+        format!("{HEADER}kind: Cluster\nmetadata:\n  name: {name}\nspec: {{}}\n")
+    }
+
+    fn workload(name: &str, cluster: &str) -> String {
+        format!(
+            "{HEADER}kind: Workload\nmetadata:\n  name: {name}\nspec:\n  namespace: default\n  targets:\n    - cluster: {cluster}\n"
+        )
+    }
+
+    /// Two clusters, each with a workload of its own.
+    fn base() -> BTreeMap<String, String> {
+        BTreeMap::from([
+            ("clusters/c1.yaml".into(), cluster("c1")),
+            ("clusters/c2.yaml".into(), cluster("c2")),
+            ("workloads/w1/workload.yaml".into(), workload("w1", "c1")),
+            ("workloads/w2/workload.yaml".into(), workload("w2", "c2")),
+        ])
+    }
+
+    /// Renders `after` in full and since a render of `before`.
+    fn both(before: &BTreeMap<String, String>, after: &BTreeMap<String, String>) {
+        let previous = render_with(&snapshot(before, 0), &RenderOptions::default());
+        assert!(previous.is_clean(), "{:?}", previous.diagnostics);
+        let full = render_with(&snapshot(after, 1), &RenderOptions::default());
+        let incremental = render_since(&previous, &snapshot(after, 1), &RenderOptions::default());
+        assert_same(&incremental, &full, "after the edit");
+    }
+
+    /// `debug()` would show every template's name to every template, making a
+    /// template's output depend on files that are not its inputs: it is not there.
+    #[test]
+    fn a_template_cannot_call_debug() {
+        let mut files = base();
+        files.insert(
+            "workloads/w1/manifests/a.yaml.j2".into(),
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: a\ndata:\n  n: \"{{ debug() | length }}\"\n".into(),
+        );
+        let output = render_with(&snapshot(&files, 0), &RenderOptions::default());
+        let errors: Vec<String> = output.errors().map(|d| d.message.clone()).collect();
+        assert!(errors.iter().any(|m| m.contains("debug")), "{errors:?}");
+    }
+
+    /// A template includes another workload's template, and that workload stops
+    /// loading: the include fails on the cluster, though no file of its own changed.
+    #[test]
+    fn an_include_whose_workload_stops_loading() {
+        let mut before = base();
+        before.insert(
+            "workloads/w1/manifests/a.yaml.j2".into(),
+            "{% include 'workloads/w2/manifests/b.yaml.j2' %}".into(),
+        );
+        before.insert(
+            "workloads/w2/manifests/b.yaml.j2".into(),
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: b-{{ cluster.name }}\n".into(),
+        );
+        let mut after = before.clone();
+        after.insert(
+            "workloads/w2/workload.yaml".into(),
+            workload("w2", "c2").replace("namespace: default", "namespace: Not_Valid"),
+        );
+        both(&before, &after);
+    }
+
+    /// `80` and `80.0` are one number in canonical JSON, but a strategic merge keys
+    /// list items by the number as written: the edit changes the bundle.
+    #[test]
+    fn a_number_written_another_way() {
+        let deployment = |port: &str| {
+            format!(
+                "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\nspec:\n  template:\n    spec:\n      containers:\n        - name: web\n          image: nginx\n          ports:\n            - containerPort: {port}\n              name: http\n"
+            )
+        };
+        let mut before = base();
+        before.insert(
+            "workloads/w1/manifests/deploy.yaml".into(),
+            deployment("80"),
+        );
+        before.insert(
+            "overlays/ports.yaml".into(),
+            format!(
+                "{HEADER}kind: Overlay\nmetadata:\n  name: ports\nspec:\n  clusters: [c1]\n  patches:\n    - target:\n        kind: Deployment\n      strategic:\n        spec:\n          template:\n            spec:\n              containers:\n                - name: web\n                  ports:\n                    - containerPort: 80\n                      protocol: TCP\n"
+            ),
+        );
+        let mut after = before.clone();
+        after.insert(
+            "workloads/w1/manifests/deploy.yaml".into(),
+            deployment("80.0"),
+        );
+        both(&before, &after);
+    }
+}
