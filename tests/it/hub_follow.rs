@@ -435,6 +435,7 @@ async fn each_commit_rendered_since_the_last_records_what_a_full_render_gives() 
     let repo = Repo::new();
     let state = tempfile::tempdir().expect("state dir");
     let admin = make_token(state.path(), None).await;
+    let blue_token = make_token(state.path(), Some("blue")).await;
     let mut config = config(state.path(), &repo.path().display().to_string());
     config.render_worker = Some(flotilla_hub::render_worker::RenderWorker {
         program: env!("CARGO_BIN_EXE_flotilla").into(),
@@ -443,6 +444,7 @@ async fn each_commit_rendered_since_the_last_records_what_a_full_render_gives() 
     let hub = Running::start_ready(config).await;
     let client = client();
     let fleet_url = hub.url("/v1/fleet");
+    let blue_url = hub.url("/v1/clusters/blue/bundle");
     let edit = |path: &str, from: &str, to: &str| {
         let text = repo.read(path);
         assert!(text.contains(from), "{path} holds {from:?}");
@@ -497,6 +499,13 @@ async fn each_commit_rendered_since_the_last_records_what_a_full_render_gives() 
             .map(|(name, bundle)| (name.clone(), bundle.digest.to_string()))
             .collect();
         assert_eq!(recorded, rendered, "after changing {path}");
+        // What is served is whole: its resources make its digest, the one rendered
+        // (blue is in no rollout, so it is served what HEAD renders).
+        let (status, _, body) = get_bundle(&client, &blue_url, &blue_token, None).await;
+        assert_eq!(status, 200);
+        let served = verify_document(&body, Some("blue")).expect("a verified bundle");
+        assert_eq!(served.digest.to_string(), rendered["blue"]);
+        assert_eq!(served.resources, full.bundles["blue"].resources);
     }
     hub.stop().await;
 }

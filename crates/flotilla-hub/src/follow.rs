@@ -81,7 +81,7 @@ fn weight(output: &RenderOutput) -> u64 {
         std::collections::HashSet::new();
     let mut bytes = 0u64;
     for bundle in output.bundles.values() {
-        bytes += 64 + 8 * bundle.resources.len() as u64;
+        bytes += 128 + 8 * bundle.resources.len() as u64;
         for resource in &bundle.resources {
             if seen.insert(Arc::as_ptr(resource)) {
                 let key = &resource.key;
@@ -92,13 +92,24 @@ fn weight(output: &RenderOutput) -> u64 {
             }
         }
     }
-    // Each cluster's provenance: a workload per resource, its inputs' digests.
+    // Each cluster's provenance (a workload per resource, a digest and a name per
+    // workload), its memberships and labels.
+    for (name, input) in &output.provenance.inputs.clusters {
+        bytes += 128 + 2 * name.len() as u64 + 48 * input.workloads.len() as u64;
+    }
+    for found in output.provenance.clusters.values() {
+        bytes += 4 * found.resource_workloads.len() as u64 + 48 * found.patch_matches.len() as u64;
+    }
+    for (name, groups) in &output.memberships {
+        bytes += 64 + name.len() as u64 + groups.iter().map(|g| 32 + g.len() as u64).sum::<u64>();
+    }
+    for labels in output.labels.values() {
+        bytes += labels
+            .iter()
+            .map(|(k, v)| 64 + (k.len() + v.len()) as u64)
+            .sum::<u64>();
+    }
     bytes
-        + output
-            .bundles
-            .values()
-            .map(|b| 2 * b.resources.len() as u64 + 1024)
-            .sum::<u64>()
 }
 
 /// A clean render of a tip that does not descend from the recorded commit, waiting
@@ -456,6 +467,9 @@ impl Follower {
         let (output, duration) = match failure {
             Ok(done) => done,
             Err(message) => {
+                // Whatever went wrong may have to do with rendering since the kept
+                // render: the next commit is rendered in full.
+                self.last_output = None;
                 let output = failed_output(&revision, message);
                 self.shared.record_failed_render(&output, waited);
                 return Ok(());
@@ -467,24 +481,39 @@ impl Follower {
         }
         // Whatever becomes of it, the next render need render only what changed
         // since (see `render_since`: any clean render of the whole fleet will do),
-        // if the hub can afford to keep it.
+        // if the hub can afford to keep it: weighed beside the install.
         let output = Arc::new(output);
         self.last_output = None;
-        let weighed = output.clone();
-        let weight = tokio::task::spawn_blocking(move || weight(&weighed))
-            .await
-            .unwrap_or(u64::MAX);
-        if weight <= self.keep_render {
-            tracing::debug!(revision = %output.revision, weight, "kept for the next commit");
-            self.last_output = Some(output.clone());
-        } else {
-            tracing::info!(
-                revision = %output.revision,
-                weight,
-                keep_render = self.keep_render,
-                "this render is not kept (--keep-render): the next commit is rendered in full"
-            );
+        let weighing = (self.keep_render > 0).then(|| {
+            let weighed = output.clone();
+            tokio::task::spawn_blocking(move || weight(&weighed))
+        });
+        let installed = self.install_render(output.clone(), duration, forced).await;
+        if let Some(weighing) = weighing {
+            let weight = weighing.await.unwrap_or(u64::MAX);
+            if weight <= self.keep_render {
+                tracing::debug!(revision = %output.revision, weight, "kept for the next commit");
+                self.last_output = Some(output);
+            } else {
+                tracing::info!(
+                    revision = %output.revision,
+                    weight,
+                    keep_render = self.keep_render,
+                    "this render is not kept (--keep-render): the next commit is rendered in full"
+                );
+            }
         }
+        installed
+    }
+
+    /// Installs a clean render: recorded (with several hubs, only when its commit
+    /// descends from the one recorded), or held as a pending force-push.
+    async fn install_render(
+        &mut self,
+        output: Arc<RenderOutput>,
+        duration: Duration,
+        forced: bool,
+    ) -> Result<(), HubError> {
         for warning in output.warnings() {
             tracing::warn!(revision = %output.revision, "{warning}");
         }

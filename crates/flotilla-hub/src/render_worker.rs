@@ -190,6 +190,13 @@ impl RenderWorker {
             Err(err) => return Rendered::Panicked(format!("cannot wait for the render: {err}")),
         };
         let errors = errors.unwrap_or_default();
+        // An answer the hub could not read: the child then met a closed pipe, and
+        // what went wrong is the reading, not how the child ended.
+        if let Ok(Err(err)) = &out
+            && err.kind() == io::ErrorKind::InvalidData
+        {
+            return Rendered::Panicked(format!("the render's answer is unreadable: {err}"));
+        }
         if !status.success() {
             // An allocation that failed aborts ("memory allocation of N bytes failed");
             // one reading the input fails as an error ("out of memory").
@@ -840,6 +847,35 @@ mod tests {
             .iter()
             .map(|(c, b)| (c.clone(), b.digest.to_string()))
             .collect()
+    }
+
+    /// An answer that says "the same" is read only against the render it was written
+    /// for: without it, or against one that lacks the bundle, it is an error.
+    #[test]
+    fn the_same_is_read_only_against_what_the_hub_has() {
+        let (_, rendered) = example();
+        let mut bytes = Vec::new();
+        encode_output(&rendered, Known::Render(&rendered), &mut bytes).expect("encodes");
+        let back = decode_output(bytes.as_slice(), Some(&rendered)).expect("decodes");
+        assert_eq!(digests(&back), digests(&rendered));
+        assert!(decode_output(bytes.as_slice(), None).is_err());
+        let mut lacking = RenderOutput {
+            bundles: rendered.bundles.clone(),
+            provenance: rendered.provenance.clone(),
+            ..RenderOutput::default()
+        };
+        lacking.bundles.remove("blue");
+        assert!(decode_output(bytes.as_slice(), Some(&lacking)).is_err());
+        let mut other = RenderOutput {
+            bundles: lacking.bundles.clone(),
+            provenance: rendered.provenance.clone(),
+            ..RenderOutput::default()
+        };
+        let mut blue = rendered.bundles["blue"].clone();
+        blue.resources.pop();
+        blue = Bundle::from_sorted("blue", blue.resources);
+        other.bundles.insert("blue".into(), blue);
+        assert!(decode_output(bytes.as_slice(), Some(&other)).is_err());
     }
 
     /// The worker and the hub's side of the protocol on two pipes, as `render` runs
