@@ -101,15 +101,11 @@ pub fn run_diff(args: &DiffArgs) -> anyhow::Result<u8> {
     };
 
     let limits = args.limits.limits();
-    let render = |snapshot: &FleetSnapshot| {
-        render_with(
-            snapshot,
-            &RenderOptions {
-                limits: limits.clone(),
-                ..RenderOptions::default()
-            },
-        )
+    let render_options = RenderOptions {
+        limits: limits.clone(),
+        ..RenderOptions::default()
     };
+    let render = |snapshot: &FleetSnapshot| render_with(snapshot, &render_options);
     let base_name = format!("BASE ({base_rev})");
     let (base_snapshot, head_snapshot) = std::thread::scope(|scope| {
         let base_job =
@@ -143,14 +139,7 @@ pub fn run_diff(args: &DiffArgs) -> anyhow::Result<u8> {
         // (the others have HEAD's bundles): a change that reaches a few clusters
         // costs about one render.
         let head = render(&head_snapshot);
-        let base = render_since(
-            &head,
-            &base_snapshot,
-            &RenderOptions {
-                limits: limits.clone(),
-                ..RenderOptions::default()
-            },
-        );
+        let base = render_since(&head, &base_snapshot, &render_options);
         (
             flotilla_render::diff::diff(&base, &head, &options),
             vec![base, head],

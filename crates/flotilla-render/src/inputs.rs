@@ -27,7 +27,7 @@ use sha2::{Digest as _, Sha256};
 use flotilla_core::snapshot::FleetSnapshot;
 
 use crate::load::{Cluster, Fleet};
-use crate::{overlay_selects, targets};
+use crate::{overlay_selects, targeted_workloads};
 
 /// A sha256 digest of some of what a bundle is made from.
 pub type InputDigest = [u8; 32];
@@ -74,6 +74,14 @@ fn file_digest(snapshot: &FleetSnapshot, path: &str) -> InputDigest {
     hasher.finalize().into()
 }
 
+/// A hasher begun with an object's name and its file (path and text).
+fn named_file(snapshot: &FleetSnapshot, name: &str, path: &str) -> Sha256 {
+    let mut hasher = Sha256::new();
+    put(&mut hasher, name.as_bytes());
+    hasher.update(file_digest(snapshot, path));
+    hasher
+}
+
 /// Whether a template's text holds a tag that loads another template
 /// (`{% include %}`, `{% import %}`, `{% from %}`, `{% extends %}`). Errs on the
 /// side of yes: any such word first in any `{% … %}` counts.
@@ -114,9 +122,7 @@ fn workload_digests(snapshot: &FleetSnapshot, fleet: &Fleet) -> Vec<InputDigest>
         .workloads
         .par_iter()
         .map(|workload| {
-            let mut hasher = Sha256::new();
-            put(&mut hasher, workload.name.as_bytes());
-            hasher.update(file_digest(snapshot, &workload.file));
+            let mut hasher = named_file(snapshot, &workload.name, &workload.file);
             put(
                 &mut hasher,
                 &(workload.documents.len() as u64).to_le_bytes(),
@@ -165,12 +171,7 @@ pub(crate) fn of_fleet(
     let groups: Vec<InputDigest> = fleet
         .groups
         .iter()
-        .map(|g| {
-            let mut hasher = Sha256::new();
-            put(&mut hasher, g.name.as_bytes());
-            hasher.update(file_digest(snapshot, &g.file));
-            hasher.finalize().into()
-        })
+        .map(|g| named_file(snapshot, &g.name, &g.file).finalize().into())
         .collect();
     let workloads = workload_digests(snapshot, fleet);
     let overlays: Vec<InputDigest> = fleet
@@ -204,14 +205,7 @@ pub(crate) fn of_fleet(
             // Which selecting overlays apply to each workload follows from their
             // files and the workloads' names, both hashed.
             hasher.update(b"workloads");
-            let targeted: Vec<usize> = (0..fleet.workloads.len())
-                .filter(|&w| {
-                    fleet.workloads[w]
-                        .targets
-                        .iter()
-                        .any(|t| targets(&t.value, cluster, member_of, fleet))
-                })
-                .collect();
+            let targeted = targeted_workloads(fleet, cluster, member_of);
             for &w in &targeted {
                 put(&mut hasher, names[w].as_bytes());
             }

@@ -454,16 +454,7 @@ fn render_inner(
         let targeted = clusters
             .iter()
             .zip(&memberships)
-            .map(|(cluster, groups)| {
-                (0..fleet.workloads.len())
-                    .filter(|&w| {
-                        fleet.workloads[w]
-                            .targets
-                            .iter()
-                            .any(|t| targets(&t.value, cluster, groups, &fleet))
-                    })
-                    .collect()
-            })
+            .map(|(cluster, groups)| targeted_workloads(&fleet, cluster, groups))
             .collect();
         (ClusterInputs::default(), targeted)
     };
@@ -515,7 +506,7 @@ fn render_inner(
             }
         }
     }
-    let (chosen, pass) = loop {
+    let (chosen, pass, whole) = loop {
         let chosen: Vec<usize> = (0..clusters.len())
             .filter(|&i| redo[i] != Redo::Nothing)
             .collect();
@@ -536,7 +527,7 @@ fn render_inner(
                 },
             })
             .collect();
-        let partial = redo.iter().any(|r| *r != Redo::All);
+        let whole = redo.iter().all(|r| *r == Redo::All);
         match render_clusters(&shared, &some_clusters, &some_memberships, &jobs) {
             Passed::Stopped => return stop.abandoned(snapshot, diagnostics),
             Passed::Widen(positions) => {
@@ -544,13 +535,12 @@ fn render_inner(
                     redo[chosen[position]] = Redo::All;
                 }
             }
-            Passed::Done(pass) if partial && pass.has_cluster_problems() => {
+            Passed::Done(pass) if !whole && pass.has_cluster_problems() => {
                 redo.fill(Redo::All);
             }
-            Passed::Done(pass) => break (chosen, pass),
+            Passed::Done(pass) => break (chosen, pass, whole),
         }
     };
-    let whole = redo.iter().all(|r| *r == Redo::All);
     let judge_patches = options.clusters.is_empty()
         && !diagnostics
             .iter()
@@ -581,7 +571,7 @@ fn render_inner(
         _ if !judge_patches => Vec::new(),
         Some(_) if !whole => unmatched_patches_since(
             &fleet,
-            (&clusters, &memberships),
+            (&clusters, &memberships, &targeted),
             &redo,
             &pass.used_overlays,
             &provenance,
@@ -1075,6 +1065,18 @@ fn collect_output<'c>(
     }
     output.diagnostics = fold_cluster_repeats(diagnostics);
     output
+}
+
+/// The indices of the workloads that target `cluster` (a member of `groups`).
+fn targeted_workloads(fleet: &Fleet, cluster: &Cluster, groups: &[usize]) -> Vec<usize> {
+    (0..fleet.workloads.len())
+        .filter(|&w| {
+            fleet.workloads[w]
+                .targets
+                .iter()
+                .any(|t| targets(&t.value, cluster, groups, fleet))
+        })
+        .collect()
 }
 
 fn targets(target: &Target, cluster: &Cluster, groups: &[usize], fleet: &Fleet) -> bool {
@@ -1595,7 +1597,7 @@ fn unmatched_patches(
 /// both sides: a patch matches somewhere if some cluster's provenance says so.
 fn unmatched_patches_since(
     fleet: &Fleet,
-    (clusters, memberships): (&[&Cluster], &[Vec<usize>]),
+    (clusters, memberships, targeted): (&[&Cluster], &[Vec<usize>], &[Vec<usize>]),
     redo: &[Redo],
     used_in_pass: &BTreeSet<usize>,
     provenance: &Provenance,
@@ -1616,13 +1618,9 @@ fn unmatched_patches_since(
             || (0..clusters.len()).any(|c| {
                 redo[c] != Redo::All
                     && overlay_selects(overlay, clusters[c], &memberships[c], fleet)
-                    && fleet.workloads.iter().any(|workload| {
-                        overlay_applies_to(overlay, workload)
-                            && workload
-                                .targets
-                                .iter()
-                                .any(|t| targets(&t.value, clusters[c], &memberships[c], fleet))
-                    })
+                    && targeted[c]
+                        .iter()
+                        .any(|&w| overlay_applies_to(overlay, &fleet.workloads[w]))
             });
         if !used {
             continue;
