@@ -434,7 +434,8 @@ pub enum Known<'a> {
     /// This render: what is the same in it is written as [`SAME`].
     Render(&'a RenderOutput),
     /// Nothing, but it needs the bundles' digests only: every bundle is written as
-    /// [`SAME`] with its digest, and read as a bundle without resources.
+    /// [`SAME`] with its digest, and read as a bundle without resources; the
+    /// memberships, labels and rollout plan are left out.
     Digests,
 }
 
@@ -459,12 +460,27 @@ pub fn encode_output(
             .get(&bundle.cluster)
             .is_some_and(|b| b.digest == bundle.digest),
     };
+    // A reader that needs the digests only (a render process rendering since this
+    // render) needs none of the memberships, labels and rollout plan either.
+    let whole = !matches!(known, Known::Digests);
     let header = Header {
         revision: rendered.revision.clone(),
         diagnostics: rendered.diagnostics.clone(),
-        memberships: rendered.memberships.clone(),
-        labels: rendered.labels.clone(),
-        rollouts: rendered.rollouts.clone(),
+        memberships: if whole {
+            rendered.memberships.clone()
+        } else {
+            Default::default()
+        },
+        labels: if whole {
+            rendered.labels.clone()
+        } else {
+            Default::default()
+        },
+        rollouts: if whole {
+            rendered.rollouts.clone()
+        } else {
+            Default::default()
+        },
     };
     put_bytes(out, &serde_json::to_vec(&header).map_err(io::Error::other)?)?;
     let mut index: HashMap<*const Resource, usize> = HashMap::new();
@@ -557,7 +573,11 @@ fn encode_provenance(
 }
 
 fn decode_provenance(input: &mut impl Read, since: Option<&Provenance>) -> io::Result<Provenance> {
-    let absent = || invalid("the render answered \"the same\" for something the hub does not have");
+    let absent = |what: &str, cluster: &str| {
+        invalid(format!(
+            "the render answered \"the same {what}\" for cluster {cluster:?}, which the hub does not have"
+        ))
+    };
     let mut provenance = Provenance::default();
     let mut names: HashMap<String, Arc<str>> = HashMap::new();
     let mut shared = |text: String| -> Arc<str> {
@@ -571,7 +591,7 @@ fn decode_provenance(input: &mut impl Read, since: Option<&Provenance>) -> io::R
         if read_len(input)? == SAME {
             let same = since
                 .and_then(|s| s.inputs.clusters.get(&name))
-                .ok_or_else(absent)?;
+                .ok_or_else(|| absent("inputs", &name))?;
             provenance.inputs.clusters.insert(name, same.clone());
             continue;
         }
@@ -592,7 +612,7 @@ fn decode_provenance(input: &mut impl Read, since: Option<&Provenance>) -> io::R
         if count == SAME {
             let same = since
                 .and_then(|s| s.clusters.get(&name))
-                .ok_or_else(absent)?;
+                .ok_or_else(|| absent("provenance", &name))?;
             provenance.clusters.insert(name, same.clone());
             continue;
         }
@@ -660,9 +680,10 @@ fn read_output(mut input: impl Read, known: Known<'_>) -> io::Result<RenderOutpu
                     .and_then(|s| s.bundles.get(&cluster))
                     .filter(|b| b.digest == digest)
                     .ok_or_else(|| {
-                        invalid(
-                            "the render answered \"the same bundle\" for one the hub does not have",
-                        )
+                        invalid(format!(
+                            "the render answered \"the same bundle\" ({digest}) for cluster \
+                             {cluster:?}, which the hub does not have"
+                        ))
                     })?
                     .clone(),
             };
@@ -941,6 +962,7 @@ mod tests {
             let previous = previous.expect("sent");
             assert_eq!(previous.provenance, before.provenance);
             assert!(previous.bundles.values().all(|b| b.resources.is_empty()));
+            assert!(previous.memberships.is_empty() && previous.labels.is_empty());
 
             let (back, asked) = render_through_pipes(&snapshot, &before);
             assert_eq!(asked, expect_asked, "{path}");
