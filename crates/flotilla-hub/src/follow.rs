@@ -93,13 +93,24 @@ fn weight(output: &RenderOutput) -> u64 {
         }
     }
     // Each cluster's provenance (a workload per resource, a digest and a name per
-    // workload), its memberships and labels.
+    // workload: lists that clusters share are counted once), its memberships and
+    // labels.
+    let mut lists: std::collections::HashSet<*const u8> = std::collections::HashSet::new();
     for (name, input) in &output.provenance.inputs.clusters {
-        bytes += 128 + 2 * name.len() as u64 + 48 * input.workloads.len() as u64;
+        bytes += 128 + 2 * name.len() as u64;
+        if lists.insert(input.workloads.as_ptr().cast()) {
+            bytes += 48 * input.workloads.len() as u64;
+        }
     }
     for found in output.provenance.clusters.values() {
-        bytes += 4 * found.resource_workloads.len() as u64 + 48 * found.patch_matches.len() as u64;
+        if lists.insert(found.patch_matches.as_ptr().cast()) {
+            bytes += 48 * found.patch_matches.len() as u64;
+        }
+        if lists.insert(found.resource_workloads.as_ptr().cast()) {
+            bytes += 4 * found.resource_workloads.len() as u64;
+        }
     }
+    bytes += output.parsed.as_ref().map_or(0, |p| p.weight());
     for (name, groups) in &output.memberships {
         bytes += 64 + name.len() as u64 + groups.iter().map(|g| 32 + g.len() as u64).sum::<u64>();
     }

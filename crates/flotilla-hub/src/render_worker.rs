@@ -22,8 +22,10 @@
 //! the child merges with); then the output comes back on standard output as a JSON
 //! header (revision, diagnostics, memberships, labels, rollout plan) followed by
 //! every distinct resource once, each cluster's bundle as indexes into them (so
-//! clusters that share resources still share them), and the render's provenance;
-//! a bundle, inputs or provenance the hub has already is written as "the same".
+//! clusters that share resources still share them), and the render's provenance,
+//! each distinct list in it once; a bundle, inputs or provenance the hub has already
+//! is written as "the same", and memberships and labels only for the clusters whose
+//! own inputs (their file and groups, all that those come from) changed.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Read, Write};
@@ -40,9 +42,10 @@ use flotilla_core::diagnostic::Diagnostic;
 use flotilla_core::limits::Limits;
 use flotilla_core::rollout::RolloutPlan;
 use flotilla_core::snapshot::FleetSnapshot;
-use flotilla_render::inputs::{ClusterInput, InputDigest};
+use flotilla_render::inputs::{ClusterInput, InputDigest, WorkloadInputs};
 use flotilla_render::{
-    ClusterProvenance, Provenance, RenderOptions, RenderOutput, render_since_fetching, render_with,
+    ClusterProvenance, PatchMatches, Provenance, RenderOptions, RenderOutput,
+    render_since_fetching, render_with,
 };
 
 /// The hidden subcommand of the `flotilla` binary that runs [`run_worker`].
@@ -91,13 +94,74 @@ struct InputHeader {
     skipped: BTreeMap<String, String>,
 }
 
+/// A render's header. Memberships and labels are written as changes against the
+/// render the reader has, when it has one (see [`Known::Render`]).
 #[derive(Serialize, Deserialize)]
 struct Header {
     revision: String,
     diagnostics: Vec<Diagnostic>,
-    memberships: BTreeMap<String, Vec<String>>,
-    labels: BTreeMap<String, BTreeMap<String, String>>,
+    memberships: Changes<Vec<String>>,
+    labels: Changes<BTreeMap<String, String>>,
     rollouts: RolloutPlan,
+}
+
+/// A map, whole or as changes against the one the reader has: the entries that
+/// differ or are new, and the keys that are gone.
+#[derive(Serialize, Deserialize)]
+struct Changes<V> {
+    /// Whether `changed` and `gone` are against the reader's render.
+    against_known: bool,
+    changed: BTreeMap<String, V>,
+    gone: Vec<String>,
+}
+
+impl<V: Clone> Changes<V> {
+    fn whole(map: &BTreeMap<String, V>) -> Changes<V> {
+        Changes {
+            against_known: false,
+            changed: map.clone(),
+            gone: Vec::new(),
+        }
+    }
+
+    /// The entries of `now` whose cluster's own inputs (its file and its groups,
+    /// which are all its memberships and labels come from) differ from `since`'s.
+    fn by_inputs(since: &Provenance, now: &RenderOutput, map: &BTreeMap<String, V>) -> Changes<V> {
+        let own = |p: &Provenance, name: &str| p.inputs.clusters.get(name).map(|i| i.own);
+        Changes {
+            against_known: true,
+            changed: map
+                .iter()
+                .filter(|(name, _)| {
+                    own(since, name).is_none() || own(since, name) != own(&now.provenance, name)
+                })
+                .map(|(name, value)| (name.clone(), value.clone()))
+                .collect(),
+            gone: since
+                .inputs
+                .clusters
+                .keys()
+                .filter(|name| !map.contains_key(*name))
+                .cloned()
+                .collect(),
+        }
+    }
+
+    fn read(self, since: Option<&BTreeMap<String, V>>) -> io::Result<BTreeMap<String, V>> {
+        if !self.against_known {
+            return Ok(self.changed);
+        }
+        let mut map = since
+            .ok_or_else(|| {
+                invalid("the render answered with changes to a render the hub does not have")
+            })?
+            .clone();
+        for key in &self.gone {
+            map.remove(key);
+        }
+        map.extend(self.changed);
+        Ok(map)
+    }
 }
 
 impl RenderWorker {
@@ -359,24 +423,13 @@ fn encode_input(
         skipped: snapshot.skipped.clone(),
     };
     put_bytes(out, &serde_json::to_vec(&header).map_err(io::Error::other)?)?;
-    let mut index: HashMap<*const u8, usize> = HashMap::new();
-    let mut order: Vec<&str> = Vec::new();
-    let indexes: Vec<usize> = snapshot
-        .files
-        .values()
-        .map(|text| {
-            *index.entry(text.as_ptr()).or_insert_with(|| {
-                order.push(text);
-                order.len() - 1
-            })
-        })
-        .collect();
+    let (order, indexes) = by_address(snapshot.files.values().map(|text| Some(&**text)));
     put_len(out, order.len())?;
     for text in order {
         put_bytes(out, text.as_bytes())?;
     }
     put_len(out, snapshot.files.len())?;
-    for (path, i) in snapshot.files.keys().zip(indexes) {
+    for (path, i) in snapshot.files.keys().zip(indexes.into_iter().flatten()) {
         put_bytes(out, path.as_bytes())?;
         put_len(out, i)?;
     }
@@ -461,25 +514,35 @@ pub fn encode_output(
             .is_some_and(|b| b.digest == bundle.digest),
     };
     // A reader that needs the digests only (a render process rendering since this
-    // render) needs none of the memberships, labels and rollout plan either.
-    let whole = !matches!(known, Known::Digests);
+    // render) needs none of the memberships, labels and rollout plan either. One
+    // that has a render of the whole fleet gets the memberships and labels of the
+    // clusters whose own inputs changed since.
+    let (memberships, labels) = match known {
+        Known::Digests => (
+            Changes::whole(&BTreeMap::new()),
+            Changes::whole(&BTreeMap::new()),
+        ),
+        Known::Render(since)
+            if !since.provenance.inputs.is_empty() && !rendered.provenance.inputs.is_empty() =>
+        {
+            (
+                Changes::by_inputs(&since.provenance, rendered, &rendered.memberships),
+                Changes::by_inputs(&since.provenance, rendered, &rendered.labels),
+            )
+        }
+        _ => (
+            Changes::whole(&rendered.memberships),
+            Changes::whole(&rendered.labels),
+        ),
+    };
     let header = Header {
         revision: rendered.revision.clone(),
         diagnostics: rendered.diagnostics.clone(),
-        memberships: if whole {
-            rendered.memberships.clone()
-        } else {
-            Default::default()
-        },
-        labels: if whole {
-            rendered.labels.clone()
-        } else {
-            Default::default()
-        },
-        rollouts: if whole {
-            rendered.rollouts.clone()
-        } else {
-            Default::default()
+        memberships,
+        labels,
+        rollouts: match known {
+            Known::Digests => RolloutPlan::default(),
+            _ => rendered.rollouts.clone(),
         },
     };
     put_bytes(out, &serde_json::to_vec(&header).map_err(io::Error::other)?)?;
@@ -527,49 +590,130 @@ fn read_digest(input: &mut impl Read) -> io::Result<InputDigest> {
     Ok(digest)
 }
 
-/// Each cluster's inputs (own digest, then each workload's name and digest), then
-/// each cluster's provenance (workload per resource, matched patches, custom
-/// scopes); either [`SAME`] where it equals `since`'s.
+/// Each distinct list of workloads with their digests, once, then each cluster's
+/// inputs (index of its list, own digest); each distinct list of the workloads of a
+/// bundle's resources and of matched patches, once, then each cluster's provenance
+/// (index of each list, custom scopes); either [`SAME`] where it equals `since`'s.
+/// Clusters with the same workloads share their lists (most of a fleet's clusters
+/// do), so the lists are written once, not once per cluster.
 fn encode_provenance(
     provenance: &Provenance,
     since: Option<&Provenance>,
     out: &mut impl Write,
 ) -> io::Result<()> {
-    put_len(out, provenance.inputs.clusters.len())?;
-    for (name, input) in &provenance.inputs.clusters {
-        put_bytes(out, name.as_bytes())?;
-        if since.is_some_and(|s| s.inputs.clusters.get(name) == Some(input)) {
-            put_len(out, SAME)?;
-            continue;
-        }
-        put_len(out, 0)?;
-        put_digest(out, &input.own)?;
-        put_len(out, input.workloads.len())?;
-        for (workload, digest) in &input.workloads {
+    // What is written, not "the same", per cluster.
+    let inputs: Vec<(&String, Option<&ClusterInput>)> = provenance
+        .inputs
+        .clusters
+        .iter()
+        .map(|(name, input)| {
+            let same = since.is_some_and(|s| s.inputs.clusters.get(name) == Some(input));
+            (name, (!same).then_some(input))
+        })
+        .collect();
+    let lists = put_lists(
+        out,
+        inputs.iter().map(|(_, i)| Some(&*i.as_ref()?.workloads)),
+        |out, (workload, digest)| {
             put_bytes(out, workload.as_bytes())?;
-            put_digest(out, digest)?;
+            put_digest(out, digest)
+        },
+    )?;
+    put_len(out, inputs.len())?;
+    for ((name, input), list) in inputs.into_iter().zip(lists) {
+        put_bytes(out, name.as_bytes())?;
+        match input.zip(list) {
+            Some((input, list)) => {
+                put_len(out, list)?;
+                put_digest(out, &input.own)?;
+            }
+            None => put_len(out, SAME)?,
         }
     }
-    put_len(out, provenance.clusters.len())?;
-    for (name, found) in &provenance.clusters {
-        put_bytes(out, name.as_bytes())?;
-        if since.is_some_and(|s| s.clusters.get(name) == Some(found)) {
-            put_len(out, SAME)?;
-            continue;
-        }
-        put_len(out, found.resource_workloads.len())?;
-        for &workload in &found.resource_workloads {
-            out.write_all(&workload.to_le_bytes())?;
-        }
-        put_len(out, found.patch_matches.len())?;
-        for (file, patch, workload) in &found.patch_matches {
+    let clusters: Vec<(&String, Option<&ClusterProvenance>)> = provenance
+        .clusters
+        .iter()
+        .map(|(name, found)| {
+            let same = since.is_some_and(|s| s.clusters.get(name) == Some(found));
+            (name, (!same).then_some(found))
+        })
+        .collect();
+    let lists = put_lists(
+        out,
+        clusters
+            .iter()
+            .map(|(_, f)| Some(&*f.as_ref()?.resource_workloads)),
+        |out, workload| out.write_all(&workload.to_le_bytes()),
+    )?;
+    let matches = put_lists(
+        out,
+        clusters
+            .iter()
+            .map(|(_, f)| Some(&*f.as_ref()?.patch_matches)),
+        |out, (file, patch, workload)| {
             put_bytes(out, file.as_bytes())?;
             put_len(out, *patch as usize)?;
-            put_len(out, *workload as usize)?;
+            put_len(out, *workload as usize)
+        },
+    )?;
+    put_len(out, clusters.len())?;
+    for (((name, found), list), matched) in clusters.into_iter().zip(lists).zip(matches) {
+        put_bytes(out, name.as_bytes())?;
+        match (found, list, matched) {
+            (Some(found), Some(list), Some(matched)) => {
+                put_len(out, list)?;
+                put_len(out, matched)?;
+                put_len(out, usize::from(found.custom_scopes))?;
+            }
+            _ => put_len(out, SAME)?,
         }
-        put_len(out, usize::from(found.custom_scopes))?;
     }
     Ok(())
+}
+
+/// The distinct items, told apart by where they are in memory, in the order first
+/// met, and the index of each item among them (`None` for no item). Things shared
+/// by reference (a file's text at several paths, a list many clusters have) are so
+/// found once; two equal ones held apart count twice, which costs bytes, not
+/// correctness.
+fn by_address<'a, T: ?Sized>(
+    items: impl Iterator<Item = Option<&'a T>>,
+) -> (Vec<&'a T>, Vec<Option<usize>>) {
+    let mut index: HashMap<(*const u8, usize), usize> = HashMap::new();
+    let mut order: Vec<&T> = Vec::new();
+    let indexes = items
+        .map(|item| {
+            let item = item?;
+            let at = (
+                std::ptr::from_ref(item).cast::<u8>(),
+                std::mem::size_of_val(item),
+            );
+            Some(*index.entry(at).or_insert_with(|| {
+                order.push(item);
+                order.len() - 1
+            }))
+        })
+        .collect();
+    (order, indexes)
+}
+
+/// Writes each distinct list of `lists` once (see [`by_address`]: its length, then
+/// each item as `put` writes it) and returns, for each of `lists`, the index of its
+/// list among them (`None` where there is no list).
+fn put_lists<'a, T: 'a, W: Write>(
+    out: &mut W,
+    lists: impl Iterator<Item = Option<&'a [T]>>,
+    mut put: impl FnMut(&mut W, &T) -> io::Result<()>,
+) -> io::Result<Vec<Option<usize>>> {
+    let (order, indexes) = by_address(lists);
+    put_len(out, order.len())?;
+    for list in order {
+        put_len(out, list.len())?;
+        for item in list {
+            put(out, item)?;
+        }
+    }
+    Ok(indexes)
 }
 
 fn decode_provenance(input: &mut impl Read, since: Option<&Provenance>) -> io::Result<Provenance> {
@@ -586,49 +730,77 @@ fn decode_provenance(input: &mut impl Read, since: Option<&Provenance>) -> io::R
             .or_insert_with_key(|t| Arc::from(t.as_str()))
             .clone()
     };
+    let mut lists: Vec<WorkloadInputs> = Vec::new();
+    for _ in 0..read_len(input)? {
+        let mut list = Vec::new();
+        for _ in 0..read_len(input)? {
+            let workload = shared(read_text(input)?);
+            list.push((workload, read_digest(input)?));
+        }
+        lists.push(list.into());
+    }
     for _ in 0..read_len(input)? {
         let name = read_text(input)?;
-        if read_len(input)? == SAME {
+        let list = read_len(input)?;
+        if list == SAME {
             let same = since
                 .and_then(|s| s.inputs.clusters.get(&name))
                 .ok_or_else(|| absent("inputs", &name))?;
             provenance.inputs.clusters.insert(name, same.clone());
             continue;
         }
+        let workloads = lists
+            .get(list)
+            .ok_or_else(|| invalid("workload list index out of range"))?
+            .clone();
         let own = read_digest(input)?;
-        let mut workloads = Vec::new();
-        for _ in 0..read_len(input)? {
-            let workload = shared(read_text(input)?);
-            workloads.push((workload, read_digest(input)?));
-        }
         provenance
             .inputs
             .clusters
             .insert(name, ClusterInput { own, workloads });
     }
+    let mut lists: Vec<Arc<[u32]>> = Vec::new();
+    for _ in 0..read_len(input)? {
+        let mut list = Vec::new();
+        for _ in 0..read_len(input)? {
+            let mut word = [0u8; 4];
+            input.read_exact(&mut word)?;
+            list.push(u32::from_le_bytes(word));
+        }
+        lists.push(list.into());
+    }
+    let mut matches: Vec<PatchMatches> = Vec::new();
+    for _ in 0..read_len(input)? {
+        let mut list = Vec::new();
+        for _ in 0..read_len(input)? {
+            let file = shared(read_text(input)?);
+            let patch = u32::try_from(read_len(input)?).map_err(invalid)?;
+            let workload = u32::try_from(read_len(input)?).map_err(invalid)?;
+            list.push((file, patch, workload));
+        }
+        matches.push(list.into());
+    }
     for _ in 0..read_len(input)? {
         let name = read_text(input)?;
-        let count = read_len(input)?;
-        if count == SAME {
+        let list = read_len(input)?;
+        if list == SAME {
             let same = since
                 .and_then(|s| s.clusters.get(&name))
                 .ok_or_else(|| absent("provenance", &name))?;
             provenance.clusters.insert(name, same.clone());
             continue;
         }
-        let mut found = ClusterProvenance::default();
-        for _ in 0..count {
-            let mut word = [0u8; 4];
-            input.read_exact(&mut word)?;
-            found.resource_workloads.push(u32::from_le_bytes(word));
-        }
-        for _ in 0..read_len(input)? {
-            let file = shared(read_text(input)?);
-            let patch = u32::try_from(read_len(input)?).map_err(invalid)?;
-            let workload = u32::try_from(read_len(input)?).map_err(invalid)?;
-            found.patch_matches.push((file, patch, workload));
-        }
-        found.custom_scopes = read_len(input)? != 0;
+        let found = ClusterProvenance {
+            resource_workloads: lists
+                .get(list)
+                .ok_or_else(|| invalid("resource list index out of range"))?
+                .clone(),
+            patch_matches: matches
+                .get(read_len(input)?)
+                .ok_or_else(|| invalid("patch list index out of range"))?
+                .clone(),
+            custom_scopes: read_len(input)? != 0,
+        };
         provenance.clusters.insert(name, found);
     }
     Ok(provenance)
@@ -711,10 +883,11 @@ fn read_output(mut input: impl Read, known: Known<'_>) -> io::Result<RenderOutpu
         revision: header.revision,
         bundles,
         diagnostics: header.diagnostics,
-        memberships: header.memberships,
-        labels: header.labels,
+        memberships: header.memberships.read(since.map(|s| &s.memberships))?,
+        labels: header.labels.read(since.map(|s| &s.labels))?,
         rollouts: header.rollouts,
         provenance,
+        parsed: None,
     })
 }
 
@@ -944,12 +1117,25 @@ mod tests {
                 "replicas: 3",
                 vec!["blue", "red"],
             ),
+            // Its groups, labels and rollout wave change.
+            (
+                "clusters/store-us-001.yaml",
+                "tier: canary",
+                "tier: stable",
+                vec![],
+            ),
+            // Removed (nothing to replace).
+            ("clusters/store-eu-002.yaml", "", "", vec![]),
         ];
         for (path, from, to, expect_asked) in edits {
             let mut snapshot = base.clone();
-            let text = snapshot.files[path].replacen(from, to, 1);
-            assert_ne!(&*snapshot.files[path], text.as_str());
-            snapshot.files.insert(path.into(), Arc::from(text));
+            if from.is_empty() {
+                snapshot.files.remove(path).expect("a file of the fleet");
+            } else {
+                let text = snapshot.files[path].replacen(from, to, 1);
+                assert_ne!(&*snapshot.files[path], text.as_str());
+                snapshot.files.insert(path.into(), Arc::from(text));
+            }
             let full = flotilla_render::render(&snapshot);
             assert!(full.is_clean(), "{:?}", full.diagnostics);
             assert_ne!(digests(&full), digests(&before));
@@ -969,6 +1155,10 @@ mod tests {
             assert_eq!(digests(&back), digests(&full), "{path}");
             assert_eq!(back.diagnostics, full.diagnostics);
             assert_eq!(back.provenance, full.provenance);
+            // Written as changes against what the hub has, read back whole.
+            assert_eq!(back.memberships, full.memberships, "{path}");
+            assert_eq!(back.labels, full.labels, "{path}");
+            assert_eq!(back.rollouts, full.rollouts, "{path}");
             for (cluster, bundle) in &back.bundles {
                 assert_eq!(
                     bundle.resources, full.bundles[cluster].resources,

@@ -18,7 +18,7 @@
 //! Anything a cluster's bundle does not depend on (rollout policies, other clusters,
 //! files the renderer does not read) is left out, so changing it reaches no cluster.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use rayon::prelude::*;
@@ -32,6 +32,9 @@ use crate::{overlay_selects, targeted_workloads};
 /// A sha256 digest of some of what a bundle is made from.
 pub type InputDigest = [u8; 32];
 
+/// The workloads that target a cluster, each with the digest of its own part.
+pub type WorkloadInputs = Arc<[(Arc<str>, InputDigest)]>;
+
 /// What one cluster's bundle is made from.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClusterInput {
@@ -39,8 +42,9 @@ pub struct ClusterInput {
     /// overlays that select it, and which workloads target it.
     pub own: InputDigest,
     /// The workloads that target it, in the fleet's order, each with the digest of
-    /// its own part (its file, manifests, kustomize output and templates).
-    pub workloads: Vec<(Arc<str>, InputDigest)>,
+    /// its own part (its file, manifests, kustomize output and templates). Clusters
+    /// targeted by the same workloads share one list.
+    pub workloads: WorkloadInputs,
 }
 
 /// Per cluster, what its bundle is made from.
@@ -151,15 +155,23 @@ fn workload_digests(snapshot: &FleetSnapshot, fleet: &Fleet) -> Vec<InputDigest>
         .collect()
 }
 
-/// Every cluster's inputs, and the indices of the workloads that target it.
-/// `clusters` and `memberships` are every cluster of `fleet` with the indices of the
-/// groups it belongs to.
+/// What [`of_fleet`] finds, besides the inputs, per cluster (in the order given).
+pub(crate) struct Found {
+    /// The indices of the workloads that target it.
+    pub targeted: Vec<Vec<usize>>,
+    /// The indices of the overlays that select it.
+    pub selecting: Vec<Vec<usize>>,
+}
+
+/// Every cluster's inputs, the workloads that target it and the overlays that
+/// select it. `clusters` and `memberships` are every cluster of `fleet` with the
+/// indices of the groups it belongs to.
 pub(crate) fn of_fleet(
     snapshot: &FleetSnapshot,
     fleet: &Fleet,
     clusters: &[&Cluster],
     memberships: &[Vec<usize>],
-) -> (ClusterInputs, Vec<Vec<usize>>) {
+) -> (ClusterInputs, Found) {
     let skipped: InputDigest = {
         let mut hasher = Sha256::new();
         for (path, reason) in &snapshot.skipped {
@@ -184,7 +196,7 @@ pub(crate) fn of_fleet(
         .iter()
         .map(|w| Arc::from(w.name.as_str()))
         .collect();
-    let found: Vec<(ClusterInput, Vec<usize>)> = clusters
+    let found: Vec<(InputDigest, Vec<usize>, Vec<usize>)> = clusters
         .par_iter()
         .zip(memberships.par_iter())
         .map(|(cluster, member_of)| {
@@ -197,10 +209,11 @@ pub(crate) fn of_fleet(
                 hasher.update(groups[g]);
             }
             hasher.update(b"overlays");
-            for (o, overlay) in fleet.overlays.iter().enumerate() {
-                if overlay_selects(overlay, cluster, member_of, fleet) {
-                    hasher.update(overlays[o]);
-                }
+            let selecting: Vec<usize> = (0..fleet.overlays.len())
+                .filter(|&o| overlay_selects(&fleet.overlays[o], cluster, member_of, fleet))
+                .collect();
+            for &o in &selecting {
+                hasher.update(overlays[o]);
             }
             // Which selecting overlays apply to each workload follows from their
             // files and the workloads' names, both hashed.
@@ -209,23 +222,38 @@ pub(crate) fn of_fleet(
             for &w in &targeted {
                 put(&mut hasher, names[w].as_bytes());
             }
-            let input = ClusterInput {
-                own: hasher.finalize().into(),
-                workloads: targeted
-                    .iter()
-                    .map(|&w| (names[w].clone(), workloads[w]))
-                    .collect(),
-            };
-            (input, targeted)
+            (hasher.finalize().into(), targeted, selecting)
         })
         .collect();
     let mut inputs = ClusterInputs::default();
-    let mut targeted = Vec::with_capacity(found.len());
-    for (cluster, (input, workloads)) in clusters.iter().zip(found) {
-        inputs.clusters.insert(cluster.name.clone(), input);
-        targeted.push(workloads);
+    let mut lists: HashMap<&[usize], WorkloadInputs> = HashMap::new();
+    for (cluster, (own, targeted, _)) in clusters.iter().zip(&found) {
+        let workloads = lists
+            .entry(targeted.as_slice())
+            .or_insert_with(|| {
+                targeted
+                    .iter()
+                    .map(|&w| (names[w].clone(), workloads[w]))
+                    .collect()
+            })
+            .clone();
+        inputs.clusters.insert(
+            cluster.name.clone(),
+            ClusterInput {
+                own: *own,
+                workloads,
+            },
+        );
     }
-    (inputs, targeted)
+    drop(lists);
+    let (targeted, selecting) = found.into_iter().map(|(_, t, s)| (t, s)).unzip();
+    (
+        inputs,
+        Found {
+            targeted,
+            selecting,
+        },
+    )
 }
 
 #[cfg(test)]

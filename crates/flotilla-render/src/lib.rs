@@ -25,7 +25,7 @@ pub mod template;
 pub mod transform;
 pub mod yaml;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -79,6 +79,9 @@ pub struct RenderOutput {
     /// Where each bundle came from, for [`render_since`] (empty for a render of
     /// named clusters).
     pub provenance: Provenance,
+    /// The cluster files this render parsed, which a render since it need not
+    /// parse again (`None` for a render of named clusters).
+    pub parsed: Option<Arc<load::ParsedClusters>>,
 }
 
 /// Where a render's bundles came from: what [`render_since`] compares and reuses.
@@ -90,15 +93,20 @@ pub struct Provenance {
     pub clusters: BTreeMap<String, ClusterProvenance>,
 }
 
+/// The overlay patches whose target matched a resource of a bundle: (overlay file,
+/// index of the patch, workload).
+pub type PatchMatches = Arc<[(Arc<str>, u32, u32)]>;
+
 /// Where one bundle's parts came from. Workloads are named by their position in
 /// the cluster's [`inputs::ClusterInput::workloads`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClusterProvenance {
-    /// For each resource of the bundle, in order, the workload it came from.
-    pub resource_workloads: Vec<u32>,
+    /// For each resource of the bundle, in order, the workload it came from
+    /// (clusters with the same list may share it).
+    pub resource_workloads: Arc<[u32]>,
     /// The overlay patches whose target matched a resource here: (overlay file,
     /// index of the patch, workload).
-    pub patch_matches: Vec<(Arc<str>, u32, u32)>,
+    pub patch_matches: PatchMatches,
     /// Whether a CRD of its workloads made some kind cluster-scoped: every
     /// workload's resources then depend on every other's.
     pub custom_scopes: bool,
@@ -269,7 +277,7 @@ fn humanize(duration: Duration) -> String {
 }
 
 pub fn render_with(snapshot: &FleetSnapshot, options: &RenderOptions<'_>) -> RenderOutput {
-    render_inner(snapshot, options, None, &mut |_| None)
+    render_inner(snapshot, options, (None, None), &mut |_| None)
 }
 
 /// Renders `snapshot` as [`render_with`] does, rendering only the clusters whose
@@ -311,7 +319,14 @@ pub fn render_since_fetching(
         && previous.is_clean()
         && !previous.provenance.inputs.is_empty()
         && previous.diagnostics.iter().all(|d| d.cluster.is_none());
-    render_inner(snapshot, options, reusable.then_some(previous), fetch)
+    // Parsed files can be taken from any render.
+    let parsed = previous.parsed.as_deref();
+    render_inner(
+        snapshot,
+        options,
+        (reusable.then_some(previous), parsed),
+        fetch,
+    )
 }
 
 /// One cluster's bundle and where its parts came from, or its errors.
@@ -373,7 +388,7 @@ fn redo_since(previous: &RenderOutput, name: &str, input: &inputs::ClusterInput)
         && before
             .workloads
             .iter()
-            .zip(&input.workloads)
+            .zip(input.workloads.iter())
             .all(|(a, b)| a.0 == b.0);
     if before.own != input.own || !same_workloads || kept.custom_scopes {
         return Redo::All;
@@ -408,7 +423,7 @@ struct Shared<'a> {
 fn render_inner(
     snapshot: &FleetSnapshot,
     options: &RenderOptions<'_>,
-    previous: Option<&RenderOutput>,
+    (previous, parsed): (Option<&RenderOutput>, Option<&load::ParsedClusters>),
     fetch: &mut FetchBundles<'_>,
 ) -> RenderOutput {
     let stop = Stop::new(options);
@@ -418,7 +433,7 @@ fn render_inner(
         ..PatchLimits::default()
     };
     let mut diagnostics = snapshot.problems.clone();
-    let fleet = load::load(snapshot, &mut diagnostics);
+    let (fleet, parsed) = load::load_reusing(snapshot, &mut diagnostics, parsed);
     let template_paths: Vec<&String> = fleet.workloads.iter().flat_map(|w| &w.templates).collect();
     let templates = Templates::compile_with(
         snapshot,
@@ -448,7 +463,7 @@ fn render_inner(
         warn_about_empty_selections(&fleet, &clusters, &memberships, &mut diagnostics);
     }
     let rollout_plan = rollouts::plan(&fleet, &mut diagnostics, judge_selections);
-    let (inputs, targeted) = if options.clusters.is_empty() {
+    let (inputs, found) = if options.clusters.is_empty() {
         inputs::of_fleet(snapshot, &fleet, &clusters, &memberships)
     } else {
         let targeted = clusters
@@ -456,8 +471,13 @@ fn render_inner(
             .zip(&memberships)
             .map(|(cluster, groups)| targeted_workloads(&fleet, cluster, groups))
             .collect();
-        (ClusterInputs::default(), targeted)
+        let found = inputs::Found {
+            targeted,
+            selecting: Vec::new(),
+        };
+        (ClusterInputs::default(), found)
     };
+    let targeted = &found.targeted;
     let shared = Shared {
         fleet: &fleet,
         templates: &templates,
@@ -550,9 +570,15 @@ fn render_inner(
     let mut kept = Vec::new();
     let mut provenance = Provenance::default();
     let mut assembled = Vec::with_capacity(pass.assembled.len());
+    // Clusters whose resources came from the same workloads in the same order share
+    // one list.
+    let mut lists: HashSet<Arc<[u32]>, foldhash::fast::RandomState> = HashSet::default();
+    let mut matches: HashSet<PatchMatches, foldhash::fast::RandomState> = HashSet::default();
     for (cluster, result) in rendered.iter().zip(pass.assembled) {
-        assembled.push(result.map(|(bundle, found)| {
+        assembled.push(result.map(|(bundle, mut found)| {
             if !inputs.is_empty() {
+                found.resource_workloads = interned(&mut lists, found.resource_workloads);
+                found.patch_matches = interned(&mut matches, found.patch_matches);
                 provenance.clusters.insert(cluster.name.clone(), found);
             }
             bundle
@@ -571,7 +597,7 @@ fn render_inner(
         _ if !judge_patches => Vec::new(),
         Some(_) if !whole => unmatched_patches_since(
             &fleet,
-            (&clusters, &memberships, &targeted),
+            (&clusters, targeted, &found.selecting),
             &redo,
             &pass.used_overlays,
             &provenance,
@@ -589,6 +615,9 @@ fn render_inner(
         diagnostics,
     );
     output.rollouts = rollout_plan;
+    if options.clusters.is_empty() {
+        output.parsed = Some(Arc::new(parsed));
+    }
     provenance.inputs = inputs;
     // A cluster whose bundle `collect_output` dropped has no provenance either.
     provenance
@@ -596,6 +625,20 @@ fn render_inner(
         .retain(|name, _| output.bundles.contains_key(name));
     output.provenance = provenance;
     output
+}
+
+/// The list in `lists` equal to `list` (added if there is none).
+fn interned<T: Eq + std::hash::Hash + ?Sized>(
+    lists: &mut HashSet<Arc<T>, foldhash::fast::RandomState>,
+    list: Arc<T>,
+) -> Arc<T> {
+    match lists.get(&list) {
+        Some(known) => known.clone(),
+        None => {
+            lists.insert(list.clone());
+            list
+        }
+    }
 }
 
 /// Renders `clusters` (with the groups each belongs to), each as its job says.
@@ -1471,7 +1514,7 @@ fn assemble(
             let old = previous
                 .resources
                 .iter()
-                .zip(&kept.resource_workloads)
+                .zip(kept.resource_workloads.iter())
                 .filter(|(_, w)| !is_changed(**w))
                 .map(|(r, &w)| (r.clone(), w));
             merge_by_key(old, fresh)?
@@ -1482,8 +1525,8 @@ fn assemble(
     Some(Ok((
         Bundle::from_sorted(cluster.name.clone(), resources),
         ClusterProvenance {
-            resource_workloads,
-            patch_matches,
+            resource_workloads: resource_workloads.into(),
+            patch_matches: patch_matches.into(),
             custom_scopes,
         },
     )))
@@ -1597,27 +1640,30 @@ fn unmatched_patches(
 /// both sides: a patch matches somewhere if some cluster's provenance says so.
 fn unmatched_patches_since(
     fleet: &Fleet,
-    (clusters, memberships, targeted): (&[&Cluster], &[Vec<usize>], &[Vec<usize>]),
+    (clusters, targeted, selecting): (&[&Cluster], &[Vec<usize>], &[Vec<usize>]),
     redo: &[Redo],
     used_in_pass: &BTreeSet<usize>,
     provenance: &Provenance,
 ) -> Vec<Diagnostic> {
-    let matched: BTreeSet<(&str, u32)> = provenance
-        .clusters
-        .values()
-        .flat_map(|c| c.patch_matches.iter().map(|(file, p, _)| (&**file, *p)))
-        .collect();
+    // Per overlay with patches, the clusters it selects.
+    let mut selected: Vec<Vec<usize>> = vec![Vec::new(); fleet.overlays.len()];
+    for (c, overlays) in selecting.iter().enumerate() {
+        for &o in overlays {
+            if !fleet.overlays[o].patches.is_empty() {
+                selected[o].push(c);
+            }
+        }
+    }
     let mut warnings = Vec::new();
     for (index, overlay) in fleet.overlays.iter().enumerate() {
         if overlay.patches.is_empty() {
             continue;
         }
         // Used, as in the units of a full render: by a unit of this pass, or by a
-        // cluster not rendered whole with a workload it applies to.
+        // cluster not rendered whole that it selects, with a workload it applies to.
         let used = used_in_pass.contains(&index)
-            || (0..clusters.len()).any(|c| {
+            || selected[index].iter().any(|&c| {
                 redo[c] != Redo::All
-                    && overlay_selects(overlay, clusters[c], &memberships[c], fleet)
                     && targeted[c]
                         .iter()
                         .any(|&w| overlay_applies_to(overlay, &fleet.workloads[w]))
@@ -1625,8 +1671,29 @@ fn unmatched_patches_since(
         if !used {
             continue;
         }
-        for (patch_index, patch) in overlay.patches.iter().enumerate() {
-            if !matched.contains(&(overlay.file.as_str(), patch_index as u32)) {
+        // A patch matched somewhere if it did on some cluster the overlay selects:
+        // usually the first one looked at.
+        let mut unmatched = vec![true; overlay.patches.len()];
+        let mut left = unmatched.len();
+        for &c in &selected[index] {
+            let Some(found) = provenance.clusters.get(&clusters[c].name) else {
+                continue;
+            };
+            for (file, patch, _) in found.patch_matches.iter() {
+                if **file == *overlay.file
+                    && let Some(slot) = unmatched.get_mut(*patch as usize)
+                    && *slot
+                {
+                    *slot = false;
+                    left -= 1;
+                }
+            }
+            if left == 0 {
+                break;
+            }
+        }
+        for (patch, unmatched) in overlay.patches.iter().zip(unmatched) {
+            if unmatched {
                 warnings.push(unmatched_patch_warning(overlay, patch));
             }
         }

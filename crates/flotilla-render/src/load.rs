@@ -2,7 +2,7 @@
 //! names checked against file names, references between objects resolved, and every
 //! problem collected as a diagnostic rather than stopping at the first.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use rayon::prelude::*;
@@ -22,7 +22,7 @@ use flotilla_core::snapshot::{FleetSnapshot, KUSTOMIZATION_FILE_NAMES};
 
 const API_VERSION: &str = flotilla_core::bundle::API_VERSION;
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Cluster {
     pub name: String,
     pub labels: BTreeMap<String, String>,
@@ -158,22 +158,71 @@ enum Loaded {
     Nothing,
 }
 
+/// The cluster files a load read without a problem, by path, with their text: a
+/// load given them takes each cluster file whose text is the same from here instead
+/// of parsing it again (a cluster file is read from its path and text alone).
+#[derive(Debug, Default)]
+pub struct ParsedClusters {
+    files: HashMap<String, (Arc<str>, Cluster)>,
+}
+
+impl ParsedClusters {
+    /// About how many bytes it holds.
+    pub fn weight(&self) -> u64 {
+        self.files
+            .iter()
+            .map(|(path, (text, cluster))| {
+                let labels: usize = cluster
+                    .labels
+                    .iter()
+                    .map(|(k, v)| 64 + k.len() + v.len())
+                    .sum();
+                (256 + 2 * path.len() + text.len() + labels + 2 * cluster.name.len()) as u64
+            })
+            .sum()
+    }
+
+    fn get(&self, path: &str, text: &Arc<str>) -> Option<&Cluster> {
+        let (known, cluster) = self.files.get(path)?;
+        (Arc::ptr_eq(known, text) || **known == **text).then_some(cluster)
+    }
+}
+
 /// Parses and cross-checks every file of the snapshot. Files parse in parallel;
 /// the result does not depend on the order they finish in.
 pub fn load(snapshot: &FleetSnapshot, diagnostics: &mut Vec<Diagnostic>) -> Fleet {
-    let parsed: Vec<(Loaded, Vec<Diagnostic>)> = snapshot
+    load_reusing(snapshot, diagnostics, None).0
+}
+
+/// [`load`], taking the cluster files `known` holds with the same text from it;
+/// also returns the cluster files this load read without a problem.
+pub fn load_reusing(
+    snapshot: &FleetSnapshot,
+    diagnostics: &mut Vec<Diagnostic>,
+    known: Option<&ParsedClusters>,
+) -> (Fleet, ParsedClusters) {
+    let parsed: Vec<(&String, &Arc<str>, Loaded, Vec<Diagnostic>)> = snapshot
         .files
         .par_iter()
         .map(|(path, text)| {
+            if let Some(cluster) = known.and_then(|k| k.get(path, text)) {
+                return (path, text, Loaded::Cluster(cluster.clone()), Vec::new());
+            }
             let mut found = Vec::new();
             let loaded = load_file(path, text, &mut found);
-            (loaded, found)
+            (path, text, loaded, found)
         })
         .collect();
     let mut fleet = Fleet::default();
+    let mut clusters = ParsedClusters::default();
     let mut manifests: BTreeMap<String, Vec<SourcedDocument>> = BTreeMap::new();
     let mut templates: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (loaded, found) in parsed {
+    for (path, text, loaded, found) in parsed {
+        if let (Loaded::Cluster(cluster), true) = (&loaded, found.is_empty()) {
+            clusters
+                .files
+                .insert(path.clone(), (text.clone(), cluster.clone()));
+        }
         diagnostics.extend(found);
         match loaded {
             Loaded::Cluster(cluster) => fleet.clusters.push(cluster),
@@ -258,7 +307,7 @@ pub fn load(snapshot: &FleetSnapshot, diagnostics: &mut Vec<Diagnostic>) -> Flee
     check_duplicates(&mut fleet, diagnostics);
     check_references(snapshot, &fleet, diagnostics);
     check_policy_references(snapshot, &fleet, diagnostics);
-    fleet
+    (fleet, clusters)
 }
 
 /// Builds `workloads/<name>/` if it holds a kustomization file.
