@@ -33,7 +33,7 @@ use super::HubError;
 use super::fleet::{ForcePush, ForcePushHub};
 use super::state::Shared;
 use crate::source::follow::{self as git, RepoKind, Tip};
-use crate::source::{SourceError, from_folder_within};
+use crate::source::{BlobTexts, SourceError, from_folder_within};
 use flotilla_core::bundle::Digest;
 use flotilla_core::diagnostic::Diagnostic;
 use flotilla_core::limits::Limits;
@@ -212,6 +212,9 @@ pub struct Follower {
     poll_interval: Duration,
     last_commit: Option<String>,
     last_files: Option<BTreeMap<String, Arc<str>>>,
+    /// The texts of the last commit read, by blob id: reading the next one reads only
+    /// the files it changed.
+    blob_texts: Option<BlobTexts>,
     last_source_error: Option<String>,
     pending: Option<PendingForcePush>,
     /// The last clean render, if it weighs at most `keep_render`: the next commit
@@ -240,6 +243,7 @@ impl Follower {
             poll_interval,
             last_commit: None,
             last_files: None,
+            blob_texts: Some(BlobTexts::default()),
             last_source_error: None,
             pending: None,
             last_output: None,
@@ -719,22 +723,29 @@ impl Follower {
         let subpath = self.origin.subpath(&self.spec).to_string();
         let last = self.last_commit.clone();
         let limits = self.limits.clone();
-        let result = tokio::task::spawn_blocking(
-            move || -> Result<Option<(Tip, FleetSnapshot, bool)>, SourceError> {
+        // Taken for the read and put back after it (lost only if the read panics).
+        let mut texts = self.blob_texts.take().unwrap_or_default();
+        let (texts, result) = tokio::task::spawn_blocking(move || {
+            let mut read = || -> Result<Option<(Tip, FleetSnapshot, bool)>, SourceError> {
                 let tip = git::tip(&repo, branch.as_deref())?;
                 if last.as_deref() == Some(tip.commit.as_str()) {
                     return Ok(None);
                 }
-                let snapshot = git::snapshot_at_within(&repo, &tip, &subpath, &limits)?;
+                let snapshot =
+                    git::snapshot_at_reusing(&repo, &tip, &subpath, &limits, &mut texts)?;
                 let forced = flotilla_core::rollout::is_forced(&git::commit_message(&repo, &tip)?);
                 Ok(Some((tip, snapshot, forced)))
-            },
-        )
+            };
+            let result = read();
+            (texts, result)
+        })
         .await
         .map_err(|e| SourceError::Io {
             path: self.spec.repo.clone(),
             message: e.to_string(),
-        })??;
+        })?;
+        self.blob_texts = Some(texts);
+        let result = result?;
         Ok(result.map(|(tip, snapshot, forced)| {
             self.last_commit = Some(tip.commit);
             (snapshot, forced)

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use super::{SourceError, open_repository, resolve, snapshot_of_commit_within};
+use super::{BlobTexts, SourceError, open_repository, resolve, snapshot_of_commit_reusing};
 use flotilla_core::limits::Limits;
 use flotilla_core::snapshot::FleetSnapshot;
 
@@ -146,12 +146,24 @@ pub fn snapshot_at_within(
     subpath: &str,
     limits: &Limits,
 ) -> Result<FleetSnapshot, SourceError> {
+    snapshot_at_reusing(repo_path, tip, subpath, limits, &mut BlobTexts::default())
+}
+
+/// [`snapshot_at_within`], taking from `texts` the files whose blobs it holds (see
+/// [`BlobTexts`]); `texts` then holds this commit's.
+pub fn snapshot_at_reusing(
+    repo_path: &Path,
+    tip: &Tip,
+    subpath: &str,
+    limits: &Limits,
+    texts: &mut BlobTexts,
+) -> Result<FleetSnapshot, SourceError> {
     let repo = open_repository(repo_path)?;
     let oid = git2::Oid::from_str(&tip.commit).map_err(|err| SourceError::Git {
         repo: repo_path.display().to_string(),
         message: err.message().to_string(),
     })?;
-    snapshot_of_commit_within(&repo, oid, &tip.label, subpath, limits)
+    snapshot_of_commit_reusing(&repo, oid, &tip.label, subpath, limits, texts)
 }
 
 /// What to watch so that a new commit, a branch switch or a `git gc` is seen: the Git

@@ -4,6 +4,7 @@
 
 pub mod follow;
 
+use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
@@ -189,6 +190,40 @@ pub fn snapshot_of_commit_within(
     subpath: &str,
     limits: &Limits,
 ) -> Result<FleetSnapshot, SourceError> {
+    snapshot_of_commit_reusing(repo, oid, label, subpath, limits, &mut BlobTexts::default())
+}
+
+/// The text of the files read from Git by one snapshot, by blob id: the next
+/// snapshot (of a later commit, or another side of a diff) takes from it every file
+/// Git stores as the same blob instead of reading and checking it again, so reading
+/// a commit costs what it changed, plus walking its folders. A snapshot taken with
+/// it is the one taken without: the limits count every path as before.
+#[derive(Clone, Debug, Default)]
+pub struct BlobTexts {
+    texts: HashMap<git2::Oid, Arc<str>>,
+}
+
+impl BlobTexts {
+    /// How many texts it holds.
+    pub fn len(&self) -> usize {
+        self.texts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.texts.is_empty()
+    }
+}
+
+/// [`snapshot_of_commit_within`], taking the files whose blobs `texts` holds from
+/// it; `texts` then holds this snapshot's texts (and no others).
+pub fn snapshot_of_commit_reusing(
+    repo: &Repository,
+    oid: git2::Oid,
+    label: &str,
+    subpath: &str,
+    limits: &Limits,
+    texts: &mut BlobTexts,
+) -> Result<FleetSnapshot, SourceError> {
     let git_error = |err: git2::Error| SourceError::Git {
         repo: repo.path().display().to_string(),
         message: err.message().to_string(),
@@ -224,8 +259,12 @@ pub fn snapshot_of_commit_within(
         repo,
         root: &tree,
         files: Files::new(&mut snapshot, limits),
+        known: &texts.texts,
+        read: HashMap::new(),
     };
     walker.walk(&tree)?;
+    let read = walker.read;
+    texts.texts = read;
     Ok(snapshot)
 }
 
@@ -309,16 +348,17 @@ impl<'a> Files<'a> {
         true
     }
 
-    /// Adds a file's content, if it is admitted and is UTF-8 text.
-    fn add(&mut self, path: &str, content: &[u8]) {
+    /// Adds a file's content, if it is admitted and is UTF-8 text; returns the text
+    /// it added.
+    fn add(&mut self, path: &str, content: &[u8]) -> Option<Arc<str>> {
         if !self.admit(path, content.len() as u64) {
-            return;
+            return None;
         }
         match std::str::from_utf8(content) {
             Ok(text) => {
-                self.snapshot
-                    .files
-                    .insert(path.to_string(), Arc::from(text));
+                let text: Arc<str> = Arc::from(text);
+                self.snapshot.files.insert(path.to_string(), text.clone());
+                return Some(text);
             }
             Err(err) if is_fleet_file(path) => self.problem(
                 Diagnostic::error(format!("file is not UTF-8 text ({err})")).in_file(path),
@@ -329,6 +369,17 @@ impl<'a> Files<'a> {
                     .insert(path.to_string(), "file is not UTF-8 text".to_string());
             }
         }
+        None
+    }
+
+    /// Adds a file whose text is known already (from an earlier snapshot), if it is
+    /// admitted, as [`Files::add`] would its content.
+    fn add_text(&mut self, path: &str, text: &Arc<str>) -> bool {
+        if !self.admit(path, text.len() as u64) {
+            return false;
+        }
+        self.snapshot.files.insert(path.to_string(), text.clone());
+        true
     }
 }
 
@@ -336,6 +387,10 @@ struct GitWalker<'a> {
     repo: &'a Repository,
     root: &'a Tree<'a>,
     files: Files<'a>,
+    /// Texts of blobs the last snapshot read, by id.
+    known: &'a HashMap<git2::Oid, Arc<str>>,
+    /// Texts of the blobs this walk added, by id.
+    read: HashMap<git2::Oid, Arc<str>>,
 }
 
 const SYMLINK_MODE: i32 = 0o120000;
@@ -393,6 +448,15 @@ impl GitWalker<'_> {
     }
 
     fn read_blob(&mut self, path: &str, id: git2::Oid, mode: i32) {
+        // A blob read before, by the last snapshot or for another path of this one.
+        if mode != SYMLINK_MODE
+            && let Some(text) = self.read.get(&id).or_else(|| self.known.get(&id)).cloned()
+        {
+            if self.files.add_text(path, &text) {
+                self.read.insert(id, text);
+            }
+            return;
+        }
         // The size is known from the object's header, before its content is read.
         if let Ok(size) = self.size_of(id)
             && !self.files.may_read(path, size)
@@ -406,8 +470,8 @@ impl GitWalker<'_> {
         };
         if mode == SYMLINK_MODE {
             self.read_symlink(path, blob.content());
-        } else {
-            self.files.add(path, blob.content());
+        } else if let Some(text) = self.files.add(path, blob.content()) {
+            self.read.insert(id, text);
         }
     }
 
@@ -434,7 +498,9 @@ impl GitWalker<'_> {
             .filter(|e| e.filemode() != SYMLINK_MODE)
             .and_then(|e| self.repo.find_blob(e.id()).ok());
         match blob {
-            Some(blob) => self.files.add(path, blob.content()),
+            Some(blob) => {
+                self.files.add(path, blob.content());
+            }
             None => self.files.refuse(
                 path,
                 format!("symlink to {target:?} does not lead to a file in the fleet"),
@@ -914,6 +980,132 @@ mod tests {
             Some(DiskChange::Modified),
         );
         check(Status::CURRENT, None);
+    }
+
+    /// Commits `files` (path, content; `None` removes) on top of `parent`.
+    fn commit(
+        repo: &Repository,
+        parent: Option<git2::Oid>,
+        files: &[(&str, Option<&[u8]>)],
+    ) -> git2::Oid {
+        let mut index = repo.index().expect("index");
+        if let Some(parent) = parent {
+            let tree = repo
+                .find_commit(parent)
+                .expect("parent")
+                .tree()
+                .expect("tree");
+            index.read_tree(&tree).expect("read tree");
+        }
+        for (path, content) in files {
+            match content {
+                Some(content) => {
+                    let blob = repo.blob(content).expect("blob");
+                    let entry = git2::IndexEntry {
+                        ctime: git2::IndexTime::new(0, 0),
+                        mtime: git2::IndexTime::new(0, 0),
+                        dev: 0,
+                        ino: 0,
+                        mode: 0o100644,
+                        uid: 0,
+                        gid: 0,
+                        file_size: content.len() as u32,
+                        id: blob,
+                        flags: 0,
+                        flags_extended: 0,
+                        path: path.as_bytes().to_vec(),
+                    };
+                    index.add(&entry).expect("add");
+                }
+                None => index.remove_path(Path::new(path)).expect("remove"),
+            }
+        }
+        let tree = repo
+            .find_tree(index.write_tree_to(repo).expect("tree"))
+            .expect("tree");
+        let who = git2::Signature::now("flotilla test", "test@flotilla.invalid").expect("sig");
+        let parents: Vec<git2::Commit<'_>> = parent
+            .map(|p| repo.find_commit(p).expect("parent"))
+            .into_iter()
+            .collect();
+        let parents: Vec<&git2::Commit<'_>> = parents.iter().collect();
+        repo.commit(None, &who, &who, "test", &tree, &parents)
+            .expect("commit")
+    }
+
+    #[test]
+    fn a_snapshot_reusing_the_last_ones_texts_is_the_one_read_afresh() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let repo = Repository::init_bare(dir.path()).expect("init");
+        let cluster = |site: &str| {
+            format!(
+                "apiVersion: flotilla.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name: a\nspec:\n  vars:\n    site: {site}\n"
+            )
+        };
+        let first = commit(
+            &repo,
+            None,
+            &[
+                ("clusters/a.yaml", Some(cluster("1").as_bytes())),
+                ("clusters/b.yaml", Some(b"same: text\n")),
+                ("clusters/c.yaml", Some(b"same: text\n")),
+                ("notes/binary.bin", Some(&[0xff, 0xfe, 0x00])),
+                ("README.md", Some(b"readme\n")),
+            ],
+        );
+        let second = commit(
+            &repo,
+            Some(first),
+            &[
+                ("clusters/a.yaml", Some(cluster("2").as_bytes())),
+                ("README.md", None),
+                ("clusters/d.yaml", Some(b"same: text\n")),
+            ],
+        );
+        let limits = Limits::default();
+        let mut texts = BlobTexts::default();
+        let before = snapshot_of_commit_reusing(&repo, first, "main", "", &limits, &mut texts)
+            .expect("read");
+        // Text blobs only (the binary one is skipped, not kept); one per blob.
+        assert_eq!(texts.len(), 3);
+        let after = snapshot_of_commit_reusing(&repo, second, "main", "", &limits, &mut texts)
+            .expect("read");
+        let fresh = snapshot_of_commit_within(&repo, second, "main", "", &limits).expect("read");
+        assert_eq!(after.files, fresh.files);
+        assert_eq!(after.skipped, fresh.skipped);
+        assert_eq!(after.problems, fresh.problems);
+        assert_eq!(after.revision, fresh.revision);
+        // Paths to one blob share its text; an unchanged blob is the last snapshot's
+        // text, even at a new path.
+        assert!(Arc::ptr_eq(
+            &before.files["clusters/b.yaml"],
+            &before.files["clusters/c.yaml"]
+        ));
+        assert!(Arc::ptr_eq(
+            &before.files["clusters/b.yaml"],
+            &after.files["clusters/d.yaml"]
+        ));
+        assert!(Arc::ptr_eq(
+            &before.files["clusters/c.yaml"],
+            &after.files["clusters/c.yaml"]
+        ));
+        assert!(after.files["clusters/a.yaml"].contains("site: 2"));
+        // Only this commit's texts are kept for the next one.
+        assert_eq!(texts.len(), 2);
+
+        // The fleet's budget counts every path, taken from the last snapshot or not.
+        let tight = Limits {
+            max_fleet_bytes: fresh.files.values().map(|t| t.len() as u64).sum::<u64>() - 1,
+            ..Limits::default()
+        };
+        let mut texts = BlobTexts::default();
+        snapshot_of_commit_reusing(&repo, first, "main", "", &limits, &mut texts).expect("read");
+        let reused = snapshot_of_commit_reusing(&repo, second, "main", "", &tight, &mut texts)
+            .expect("read");
+        let fresh = snapshot_of_commit_within(&repo, second, "main", "", &tight).expect("read");
+        assert!(!fresh.problems.is_empty());
+        assert_eq!(reused.problems, fresh.problems);
+        assert_eq!(reused.files, fresh.files);
     }
 
     #[test]
