@@ -486,6 +486,9 @@ fn changed_pairs<'a>(before: &'a Bundle, after: &'a Bundle) -> Vec<Pair<'a>> {
             (None, None) => break,
             (Some(_), None) => std::cmp::Ordering::Less,
             (None, Some(_)) => std::cmp::Ordering::Greater,
+            // The same resource on both sides (a render since the other shares
+            // what it did not render again) has the same key.
+            (Some(o), Some(n)) if Arc::ptr_eq(o, n) => std::cmp::Ordering::Equal,
             (Some(o), Some(n)) => o.key.cmp(&n.key),
         };
         match order {
