@@ -1172,4 +1172,160 @@ mod tests {
             ));
         }
     }
+
+    /// The files of small fleets, each path with the texts it may have (`None`:
+    /// absent): clusters and groups in two spellings (so duplicates happen),
+    /// broken files, group selectors on either label, a workload on every cluster
+    /// or on one group, an overlay by group or by cluster names.
+    fn small_fleets() -> Vec<(String, Vec<Option<String>>)> {
+        const HEAD: &str = "apiVersion: flotilla.dev/v1alpha1\n";
+        let mut paths = Vec::new();
+        for i in 0..4 {
+            for ext in ["yaml", "yml"] {
+                let mut texts = vec![None, Some("not: [valid\n".to_string())];
+                for region in 0..3 {
+                    for tier in ["canary", "stable"] {
+                        texts.push(Some(format!(
+                            "{HEAD}kind: Cluster\nmetadata:\n  name: c{i}\n  labels:\n    \
+                             region: r{region}\n    tier: {tier}\nspec: {{}}\n"
+                        )));
+                    }
+                }
+                paths.push((format!("clusters/c{i}.{ext}"), texts));
+            }
+        }
+        for name in ["ga", "gb", "gc"] {
+            for ext in ["yaml", "yml"] {
+                let mut texts = vec![None, Some("broken: [\n".to_string())];
+                for (key, value) in [("region", "r0"), ("region", "r1"), ("tier", "canary")] {
+                    texts.push(Some(format!(
+                        "{HEAD}kind: Group\nmetadata:\n  name: {name}\nspec:\n  selector:\n    \
+                         matchLabels:\n      {key}: {value}\n"
+                    )));
+                }
+                paths.push((format!("groups/{name}.{ext}"), texts));
+            }
+        }
+        let workload = |target: &str| {
+            format!(
+                "{HEAD}kind: Workload\nmetadata:\n  name: w\nspec:\n  namespace: w\n  \
+                 targets:\n    - {target}\n"
+            )
+        };
+        paths.push((
+            "workloads/w/workload.yaml".into(),
+            vec![
+                None,
+                Some(workload("clusterSelector: {}")),
+                Some(workload("group: ga")),
+            ],
+        ));
+        paths.push((
+            "workloads/w/manifests/cm.yaml".into(),
+            vec![Some(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm\ndata:\n  a: b\n".into(),
+            )],
+        ));
+        let overlay = |selects: &str| {
+            format!(
+                "{HEAD}kind: Overlay\nmetadata:\n  name: o\nspec:\n  {selects}\n  patches:\n    \
+                 - target: {{kind: ConfigMap}}\n      merge: {{metadata: {{labels: {{x: y}}}}}}\n"
+            )
+        };
+        paths.push((
+            "overlays/o.yaml".into(),
+            vec![
+                None,
+                Some(overlay("groups: [gb]")),
+                Some(overlay("clusters: [c1, c2]")),
+            ],
+        ));
+        paths
+    }
+
+    /// For random pairs of small fleets (one or two files changed from the first),
+    /// the second's render written against the first and read back against it
+    /// gives the second's memberships, labels, provenance and diagnostics; every
+    /// tenth clean pair also goes through a worker on real pipes.
+    #[test]
+    fn memberships_and_labels_written_as_changes_read_back_whole() {
+        let fleets = small_fleets();
+        let snapshot =
+            |choice: &[usize], revision: &str| {
+                let mut snapshot =
+                    FleetSnapshot::from_files(fleets.iter().zip(choice).filter_map(
+                        |((path, texts), &i)| Some((path.as_str(), texts[i].as_deref()?)),
+                    ));
+                snapshot.revision = revision.to_string();
+                snapshot
+            };
+        // A xorshift generator: the same pairs on every run.
+        let mut state = 0x9E37_79B9_7F4A_7C15_u64;
+        let mut below = |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        let (mut through_groups, mut clean) = (0, 0);
+        for round in 0..300 {
+            let mut choice: Vec<usize> = fleets
+                .iter()
+                .map(|(path, texts)| {
+                    let broken = path.starts_with("clusters/") || path.starts_with("groups/");
+                    // The second spelling of a file is mostly absent, and a file
+                    // mostly not broken (its second text).
+                    match below(texts.len()) {
+                        _ if path.ends_with(".yml") && below(4) != 0 => 0,
+                        1 if broken && below(4) != 0 => 2 + below(texts.len() - 2),
+                        i => i,
+                    }
+                })
+                .collect();
+            let first = snapshot(&choice, "first");
+            for _ in 0..1 + below(2) {
+                let at = below(fleets.len());
+                choice[at] = below(fleets[at].1.len());
+            }
+            let second = snapshot(&choice, "second");
+            let before = flotilla_render::render(&first);
+            let after = flotilla_render::render(&second);
+            through_groups += after
+                .memberships
+                .iter()
+                .filter(|(name, groups)| {
+                    before.memberships.get(*name).is_some_and(|g| g != *groups)
+                        && first
+                            .files
+                            .iter()
+                            .filter(|(p, _)| p.starts_with("clusters/"))
+                            .eq(second
+                                .files
+                                .iter()
+                                .filter(|(p, _)| p.starts_with("clusters/")))
+                })
+                .count();
+            let mut bytes = Vec::new();
+            encode_output(&after, Known::Render(&before), &mut bytes).expect("encodes");
+            let back = decode_output(bytes.as_slice(), Some(&before)).expect("decodes");
+            assert_eq!(back.memberships, after.memberships, "round {round}");
+            assert_eq!(back.labels, after.labels, "round {round}");
+            assert_eq!(back.provenance, after.provenance, "round {round}");
+            assert_eq!(back.diagnostics, after.diagnostics, "round {round}");
+            if before.is_clean() {
+                clean += 1;
+                if clean % 10 == 0 {
+                    let (back, _) = render_through_pipes(&second, &before);
+                    assert_eq!(back.memberships, after.memberships, "round {round}");
+                    assert_eq!(back.labels, after.labels, "round {round}");
+                    assert_eq!(back.provenance, after.provenance, "round {round}");
+                    assert_eq!(digests(&back), digests(&after), "round {round}");
+                }
+            }
+        }
+        // The pairs reach what matters: memberships changed by groups alone (the
+        // cluster files the same), and clean previous renders for the pipes.
+        assert!(through_groups > 10, "{through_groups}");
+        assert!(clean > 20, "{clean}");
+    }
 }
