@@ -214,7 +214,7 @@ pub struct Follower {
     last_files: Option<BTreeMap<String, Arc<str>>>,
     /// The texts of the last commit read, by blob id: reading the next one reads only
     /// the files it changed.
-    blob_texts: Option<BlobTexts>,
+    blob_texts: BlobTexts,
     last_source_error: Option<String>,
     pending: Option<PendingForcePush>,
     /// The last clean render, if it weighs at most `keep_render`: the next commit
@@ -243,7 +243,7 @@ impl Follower {
             poll_interval,
             last_commit: None,
             last_files: None,
-            blob_texts: Some(BlobTexts::default()),
+            blob_texts: BlobTexts::default(),
             last_source_error: None,
             pending: None,
             last_output: None,
@@ -724,7 +724,7 @@ impl Follower {
         let last = self.last_commit.clone();
         let limits = self.limits.clone();
         // Taken for the read and put back after it (lost only if the read panics).
-        let mut texts = self.blob_texts.take().unwrap_or_default();
+        let mut texts = std::mem::take(&mut self.blob_texts);
         let (texts, result) = tokio::task::spawn_blocking(move || {
             let mut read = || -> Result<Option<(Tip, FleetSnapshot, bool)>, SourceError> {
                 let tip = git::tip(&repo, branch.as_deref())?;
@@ -744,7 +744,7 @@ impl Follower {
             path: self.spec.repo.clone(),
             message: e.to_string(),
         })?;
-        self.blob_texts = Some(texts);
+        self.blob_texts = texts;
         let result = result?;
         Ok(result.map(|(tip, snapshot, forced)| {
             self.last_commit = Some(tip.commit);

@@ -716,6 +716,22 @@ fn put_lists<'a, T: 'a, W: Write>(
     Ok(indexes)
 }
 
+/// Reads what [`put_lists`] wrote: each list, its items as `read` reads them.
+fn read_lists<R: Read, T>(
+    input: &mut R,
+    mut read: impl FnMut(&mut R) -> io::Result<T>,
+) -> io::Result<Vec<Arc<[T]>>> {
+    let mut lists = Vec::new();
+    for _ in 0..read_len(input)? {
+        let mut list = Vec::new();
+        for _ in 0..read_len(input)? {
+            list.push(read(input)?);
+        }
+        lists.push(list.into());
+    }
+    Ok(lists)
+}
+
 fn decode_provenance(input: &mut impl Read, since: Option<&Provenance>) -> io::Result<Provenance> {
     let absent = |what: &str, cluster: &str| {
         invalid(format!(
@@ -730,15 +746,24 @@ fn decode_provenance(input: &mut impl Read, since: Option<&Provenance>) -> io::R
             .or_insert_with_key(|t| Arc::from(t.as_str()))
             .clone()
     };
-    let mut lists: Vec<WorkloadInputs> = Vec::new();
-    for _ in 0..read_len(input)? {
-        let mut list = Vec::new();
-        for _ in 0..read_len(input)? {
-            let workload = shared(read_text(input)?);
-            list.push((workload, read_digest(input)?));
-        }
-        lists.push(list.into());
+    // A list named by its index, for a cluster: an index past the lists is an
+    // unreadable answer, named with the cluster it was for.
+    fn nth<T: ?Sized>(
+        lists: &[Arc<T>],
+        at: usize,
+        what: &str,
+        cluster: &str,
+    ) -> io::Result<Arc<T>> {
+        lists.get(at).cloned().ok_or_else(|| {
+            invalid(format!(
+                "the {what} list of cluster {cluster:?} is number {at} of {}",
+                lists.len()
+            ))
+        })
     }
+    let lists: Vec<WorkloadInputs> = read_lists(input, |input| {
+        Ok((shared(read_text(input)?), read_digest(input)?))
+    })?;
     for _ in 0..read_len(input)? {
         let name = read_text(input)?;
         let list = read_len(input)?;
@@ -749,37 +774,24 @@ fn decode_provenance(input: &mut impl Read, since: Option<&Provenance>) -> io::R
             provenance.inputs.clusters.insert(name, same.clone());
             continue;
         }
-        let workloads = lists
-            .get(list)
-            .ok_or_else(|| invalid("workload list index out of range"))?
-            .clone();
+        let workloads = nth(&lists, list, "workload", &name)?;
         let own = read_digest(input)?;
         provenance
             .inputs
             .clusters
             .insert(name, ClusterInput { own, workloads });
     }
-    let mut lists: Vec<Arc<[u32]>> = Vec::new();
-    for _ in 0..read_len(input)? {
-        let mut list = Vec::new();
-        for _ in 0..read_len(input)? {
-            let mut word = [0u8; 4];
-            input.read_exact(&mut word)?;
-            list.push(u32::from_le_bytes(word));
-        }
-        lists.push(list.into());
-    }
-    let mut matches: Vec<PatchMatches> = Vec::new();
-    for _ in 0..read_len(input)? {
-        let mut list = Vec::new();
-        for _ in 0..read_len(input)? {
-            let file = shared(read_text(input)?);
-            let patch = u32::try_from(read_len(input)?).map_err(invalid)?;
-            let workload = u32::try_from(read_len(input)?).map_err(invalid)?;
-            list.push((file, patch, workload));
-        }
-        matches.push(list.into());
-    }
+    let lists: Vec<Arc<[u32]>> = read_lists(input, |input| {
+        let mut word = [0u8; 4];
+        input.read_exact(&mut word)?;
+        Ok(u32::from_le_bytes(word))
+    })?;
+    let matches: Vec<PatchMatches> = read_lists(input, |input| {
+        let file = shared(read_text(input)?);
+        let patch = u32::try_from(read_len(input)?).map_err(invalid)?;
+        let workload = u32::try_from(read_len(input)?).map_err(invalid)?;
+        Ok((file, patch, workload))
+    })?;
     for _ in 0..read_len(input)? {
         let name = read_text(input)?;
         let list = read_len(input)?;
@@ -791,14 +803,8 @@ fn decode_provenance(input: &mut impl Read, since: Option<&Provenance>) -> io::R
             continue;
         }
         let found = ClusterProvenance {
-            resource_workloads: lists
-                .get(list)
-                .ok_or_else(|| invalid("resource list index out of range"))?
-                .clone(),
-            patch_matches: matches
-                .get(read_len(input)?)
-                .ok_or_else(|| invalid("patch list index out of range"))?
-                .clone(),
+            resource_workloads: nth(&lists, list, "resource workload", &name)?,
+            patch_matches: nth(&matches, read_len(input)?, "matched patch", &name)?,
             custom_scopes: read_len(input)? != 0,
         };
         provenance.clusters.insert(name, found);

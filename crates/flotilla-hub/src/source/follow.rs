@@ -130,27 +130,8 @@ pub fn commit_message(repo_path: &Path, tip: &Tip) -> Result<String, SourceError
     Ok(String::from_utf8_lossy(commit.message_bytes()).into_owned())
 }
 
-/// The fleet files of a commit, within the default [`Limits`].
-pub fn snapshot_at(
-    repo_path: &Path,
-    tip: &Tip,
-    subpath: &str,
-) -> Result<FleetSnapshot, SourceError> {
-    snapshot_at_within(repo_path, tip, subpath, &Limits::default())
-}
-
-/// The fleet files of a commit, within `limits`.
-pub fn snapshot_at_within(
-    repo_path: &Path,
-    tip: &Tip,
-    subpath: &str,
-    limits: &Limits,
-) -> Result<FleetSnapshot, SourceError> {
-    snapshot_at_reusing(repo_path, tip, subpath, limits, &mut BlobTexts::default())
-}
-
-/// [`snapshot_at_within`], taking from `texts` the files whose blobs it holds (see
-/// [`BlobTexts`]); `texts` then holds this commit's.
+/// The fleet files of a commit, within `limits`, taking from `texts` the files whose
+/// blobs it holds (see [`BlobTexts`]); `texts` then holds this commit's.
 pub fn snapshot_at_reusing(
     repo_path: &Path,
     tip: &Tip,
