@@ -163,15 +163,20 @@ enum Loaded {
 /// of parsing it again (a cluster file is read from its path and text alone).
 #[derive(Debug, Default)]
 pub struct ParsedClusters {
-    files: HashMap<String, (Arc<str>, Cluster)>,
+    files: HashMap<String, ParsedCluster>,
 }
+
+/// A cluster file's text and what it reads as; a load that takes it from an earlier
+/// one keeps the same entry.
+type ParsedCluster = Arc<(Arc<str>, Cluster)>;
 
 impl ParsedClusters {
     /// About how many bytes it holds.
     pub fn weight(&self) -> u64 {
         self.files
             .iter()
-            .map(|(path, (text, cluster))| {
+            .map(|(path, entry)| {
+                let (text, cluster) = &**entry;
                 let labels: usize = cluster
                     .labels
                     .iter()
@@ -182,9 +187,9 @@ impl ParsedClusters {
             .sum()
     }
 
-    fn get(&self, path: &str, text: &Arc<str>) -> Option<&Cluster> {
-        let (known, cluster) = self.files.get(path)?;
-        (Arc::ptr_eq(known, text) || **known == **text).then_some(cluster)
+    fn get(&self, path: &str, text: &Arc<str>) -> Option<&ParsedCluster> {
+        let entry = self.files.get(path)?;
+        (Arc::ptr_eq(&entry.0, text) || *entry.0 == **text).then_some(entry)
     }
 }
 
@@ -201,27 +206,31 @@ pub fn load_reusing(
     diagnostics: &mut Vec<Diagnostic>,
     known: Option<&ParsedClusters>,
 ) -> (Fleet, ParsedClusters) {
-    let parsed: Vec<(&String, &Arc<str>, Loaded, Vec<Diagnostic>)> = snapshot
+    // Each file as loaded, with the entry to keep for a cluster file read cleanly.
+    let parsed: Vec<(&String, Option<ParsedCluster>, Loaded, Vec<Diagnostic>)> = snapshot
         .files
         .par_iter()
         .map(|(path, text)| {
-            if let Some(cluster) = known.and_then(|k| k.get(path, text)) {
-                return (path, text, Loaded::Cluster(cluster.clone()), Vec::new());
+            if let Some(entry) = known.and_then(|k| k.get(path, text)) {
+                let cluster = Loaded::Cluster(entry.1.clone());
+                return (path, Some(entry.clone()), cluster, Vec::new());
             }
             let mut found = Vec::new();
             let loaded = load_file(path, text, &mut found);
-            (path, text, loaded, found)
+            let entry = match (&loaded, found.is_empty()) {
+                (Loaded::Cluster(cluster), true) => Some(Arc::new((text.clone(), cluster.clone()))),
+                _ => None,
+            };
+            (path, entry, loaded, found)
         })
         .collect();
     let mut fleet = Fleet::default();
     let mut clusters = ParsedClusters::default();
     let mut manifests: BTreeMap<String, Vec<SourcedDocument>> = BTreeMap::new();
     let mut templates: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (path, text, loaded, found) in parsed {
-        if let (Loaded::Cluster(cluster), true) = (&loaded, found.is_empty()) {
-            clusters
-                .files
-                .insert(path.clone(), (text.clone(), cluster.clone()));
+    for (path, entry, loaded, found) in parsed {
+        if let Some(entry) = entry {
+            clusters.files.insert(path.clone(), entry);
         }
         diagnostics.extend(found);
         match loaded {
