@@ -20,6 +20,7 @@ pub mod patch;
 pub mod rollouts;
 pub mod scope;
 pub mod shape;
+pub mod stencil;
 pub mod strategic;
 pub mod template;
 pub mod transform;
@@ -44,6 +45,7 @@ use load::{Cluster, Fleet, Overlay, SourcedDocument, Workload};
 use patch::PatchLimits;
 use scope::CustomScopes;
 use shape::Shape;
+use stencil::StencilUnit;
 use template::{ClusterContext, Context, Templates, WorkloadContext};
 
 /// What to render.
@@ -145,6 +147,24 @@ struct Plan {
     overlays: Vec<usize>,
     /// Indices into the table of distinct template outputs.
     outputs: Vec<usize>,
+}
+
+/// What one template wrote for one cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Written {
+    /// The output's text, parsed by the units that read it.
+    Text(String),
+    /// The values in the holes of the template's shape: the output is the
+    /// template's literal text with these in its holes, which YAML reads as the
+    /// shape's documents (see [`Shape::values`]), and its resources are filled in
+    /// from stencils (see [`stencil`]).
+    Values(Box<[Box<str>]>),
+}
+
+impl Default for Written {
+    fn default() -> Written {
+        Written::Text(String::new())
+    }
 }
 
 /// Whether a render should stop: it was cancelled, or its deadline passed. Workers
@@ -414,6 +434,9 @@ struct Shared<'a> {
     templates: &'a Templates,
     template_paths: &'a [&'a String],
     shapes: &'a [Option<Shape>],
+    /// Per template, whether its outputs are read as the values in its shape's
+    /// holes (it has a shape, and no output of it could be a CRD).
+    valued: &'a [bool],
     patch_limits: &'a PatchLimits,
     limits: &'a Limits,
     stop: &'a Stop<'a>,
@@ -451,6 +474,10 @@ fn render_inner(
                 .and_then(|source| Shape::of_template(source))
         })
         .collect();
+    let valued: Vec<bool> = shapes
+        .iter()
+        .map(|shape| shape.as_ref().is_some_and(|s| !s.may_define_crd()))
+        .collect();
     if stop.now() {
         return stop.abandoned(snapshot, diagnostics);
     }
@@ -483,6 +510,7 @@ fn render_inner(
         templates: &templates,
         template_paths: &template_paths,
         shapes: &shapes,
+        valued: &valued,
         patch_limits: &patch_limits,
         limits,
         stop: &stop,
@@ -653,6 +681,7 @@ fn render_clusters(
         templates,
         template_paths,
         shapes,
+        valued,
         patch_limits,
         limits,
         stop,
@@ -669,7 +698,13 @@ fn render_clusters(
             let only: Option<Vec<usize>> = job
                 .only
                 .map(|(positions, _, _)| positions.iter().map(|&p| job.targeted[p]).collect());
-            plan_cluster(fleet, templates, cluster, groups, only.as_deref(), stop)
+            plan_cluster(
+                (fleet, templates, shapes, valued),
+                cluster,
+                groups,
+                only.as_deref(),
+                stop,
+            )
         })
         .collect();
     if stop.now() {
@@ -678,7 +713,11 @@ fn render_clusters(
     let (plans_per_cluster, outputs) = intern_outputs(cluster_plans, &mut diagnostics);
     let output_scopes: Vec<CustomScopes> = outputs
         .par_iter()
-        .map(|(template, text)| scopes_defined_by(template_paths[*template], text))
+        .map(|(template, written)| match written {
+            Written::Text(text) => scopes_defined_by(template_paths[*template], text),
+            // Its template's kinds are its own text, none a CRD.
+            Written::Values(_) => CustomScopes::new(),
+        })
         .collect();
     let (cluster_scope, scope_table) = custom_scopes(fleet, &plans_per_cluster, &output_scopes);
     // A cluster rendered in part had no custom scope; if its changed workloads
@@ -690,41 +729,68 @@ fn render_clusters(
         return Passed::Widen(widen);
     }
 
-    // Phase 2: every distinct unit of work, rendered once.
+    // Phase 2: every distinct unit of work, rendered once; the outputs read as
+    // values are filled in from one stencil per template and unit group.
     let units = plan_units(&plans_per_cluster, &cluster_scope);
     let outputs = OutputTexts::new(outputs, &units.keys);
+    let (stencil_keys, unit_stencils) = plan_stencils(&units.keys, &outputs);
+    let stencils: Vec<Option<StencilUnit>> = stencil_keys
+        .par_iter()
+        .map(|&(group, template)| {
+            let group = &units.groups[group];
+            let path: Arc<str> = Arc::from(template_paths[template].as_str());
+            let shape = shapes[template].as_ref()?;
+            let overlays: Vec<&Overlay> =
+                group.overlays.iter().map(|&o| &fleet.overlays[o]).collect();
+            let under = stencil::Under {
+                workload: &fleet.workloads[group.workload],
+                overlays: &overlays,
+                scopes: &scope_table[group.scope],
+                limits: patch_limits,
+            };
+            stop.run(&path, || stencil::compile(shape, &path, &under))
+                .flatten()
+        })
+        .collect();
+    if stop.now() {
+        return Passed::Stopped;
+    }
     let (rendered, matched): (Vec<UnitResult>, Vec<Vec<(usize, usize)>>) = units
         .keys
         .par_iter()
-        .map(|key| {
+        .zip(unit_stencils.par_iter())
+        .map(|(key, stencil)| {
+            let group = &units.groups[key.group];
             let file = match key.output {
                 Some(output) => Arc::from(template_paths[outputs.templates[output]].as_str()),
-                None => Arc::from(fleet.workloads[key.workload].file.as_str()),
+                None => Arc::from(fleet.workloads[group.workload].file.as_str()),
             };
             stop.run(&file, || {
                 let unit = UnitContext {
                     fleet,
-                    scopes: &scope_table[key.scope],
+                    scopes: &scope_table[group.scope],
                     outputs: &outputs,
                     template_paths,
                     shapes,
                     patch_limits,
                     max_resource_bytes: limits.max_resource_bytes,
                 };
-                render_unit(&unit, key)
+                let stencil = stencil.and_then(|s| stencils[s].as_ref());
+                render_unit(&unit, group, key.output, stencil)
             })
             .unwrap_or_else(|| (Err(Vec::new()), Vec::new()))
         })
         .unzip();
     drop(outputs);
+    drop(stencils);
     if stop.now() {
         return Passed::Stopped;
     }
     report_unit_errors(fleet, clusters, &units, &rendered, &mut diagnostics);
     let used_overlays = units
-        .keys
+        .groups
         .iter()
-        .flat_map(|key| key.overlays.iter().copied())
+        .flat_map(|group| group.overlays.iter().copied())
         .collect();
     let unit_ranks = rank_resources(&rendered);
     let overlay_files: Vec<Arc<str>> = fleet
@@ -734,6 +800,7 @@ fn render_clusters(
         .collect();
     let units_done = UnitsDone {
         keys: &units.keys,
+        groups: &units.groups,
         rendered: &rendered,
         ranks: &unit_ranks,
         matched: &matched,
@@ -837,12 +904,12 @@ fn select_clusters<'f>(
     (clusters, memberships)
 }
 
-/// Gives every distinct (template, output text) one id, rewrites each plan's outputs
+/// Gives every distinct (template, output) one id, rewrites each plan's outputs
 /// to those ids, and returns the plans and the table of distinct outputs.
 fn intern_outputs(
     cluster_plans: Vec<ClusterPlan>,
     diagnostics: &mut Vec<Diagnostic>,
-) -> (Vec<Vec<Plan>>, Vec<(usize, String)>) {
+) -> (Vec<Vec<Plan>>, Vec<(usize, Written)>) {
     let mut outputs = Interner::new();
     let mut plans_per_cluster = Vec::with_capacity(cluster_plans.len());
     for (mut plans, texts, plan_diagnostics) in cluster_plans {
@@ -909,27 +976,28 @@ fn scopes_defined_by(path: &str, text: &str) -> CustomScopes {
     }
 }
 
-/// The distinct template outputs during phase 2. Each is kept as text and parsed by
-/// the unit that reads it (a parsed tree is several times the size of its text), and
-/// the text is freed as soon as the last unit reading it has rendered, so a fleet of
-/// per-cluster templates never holds every output at once, as text or as a tree.
+/// The distinct template outputs during phase 2. Each is kept as text (or as the
+/// values in its template's holes) and parsed by the unit that reads it (a parsed
+/// tree is several times the size of its text), and is freed as soon as the last
+/// unit reading it has rendered, so a fleet of per-cluster templates never holds
+/// every output at once, as text or as a tree.
 struct OutputTexts {
     /// Per output, its template (an index into the render's template paths).
     templates: Vec<usize>,
-    texts: Vec<Mutex<Option<Arc<str>>>>,
+    texts: Vec<Mutex<Option<Arc<Written>>>>,
     /// Per output, how many units have yet to read it.
     readers_left: Vec<AtomicUsize>,
 }
 
 impl OutputTexts {
-    fn new(outputs: Vec<(usize, String)>, units: &[UnitKey]) -> OutputTexts {
+    fn new(outputs: Vec<(usize, Written)>, units: &[UnitKey]) -> OutputTexts {
         let readers_left: Vec<AtomicUsize> = outputs.iter().map(|_| AtomicUsize::new(0)).collect();
         for output in units.iter().filter_map(|key| key.output) {
             readers_left[output].fetch_add(1, Ordering::Relaxed);
         }
         let (templates, texts) = outputs
             .into_iter()
-            .map(|(template, text)| (template, Mutex::new(Some(Arc::from(text)))))
+            .map(|(template, written)| (template, Mutex::new(Some(Arc::new(written)))))
             .unzip();
         OutputTexts {
             templates,
@@ -938,9 +1006,9 @@ impl OutputTexts {
         }
     }
 
-    /// The text of `output` for a unit that reads it; `None` only if every reader
+    /// What `output` is, for a unit that reads it; `None` only if every reader
     /// already had it, which the counts rule out.
-    fn text(&self, output: usize) -> Option<Arc<str>> {
+    fn text(&self, output: usize) -> Option<Arc<Written>> {
         self.texts[output]
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -960,8 +1028,10 @@ impl OutputTexts {
 
 /// The distinct units of work and who uses them. A unit is a workload's plain
 /// manifests, or one template output, under one list of overlays and one set of
-/// custom scopes; clusters that share a unit share its resources.
+/// custom scopes (its group); clusters that share a unit share its resources.
 struct Units {
+    /// The distinct (workload, overlays, custom scopes) of the clusters' plans.
+    groups: Vec<UnitGroup>,
     keys: Vec<UnitKey>,
     /// Per unit, the indices of the clusters that use it.
     users: Vec<Vec<usize>>,
@@ -970,18 +1040,22 @@ struct Units {
 }
 
 fn plan_units(plans_per_cluster: &[Vec<Plan>], cluster_scope: &[usize]) -> Units {
+    let mut groups = Interner::new();
     let mut keys = Interner::new();
     let mut users: Vec<Vec<usize>> = Vec::new();
     let mut per_cluster = Vec::with_capacity(plans_per_cluster.len());
     for (index, plans) in plans_per_cluster.iter().enumerate() {
         let mut units = Vec::with_capacity(plans.len());
         for plan in plans {
+            let group = groups.intern(UnitGroup {
+                workload: plan.workload,
+                overlays: plan.overlays.clone(),
+                scope: cluster_scope[index],
+            });
             let sources = std::iter::once(None).chain(plan.outputs.iter().map(|&o| Some(o)));
             for source in sources {
                 let id = keys.intern(UnitKey {
-                    workload: plan.workload,
-                    overlays: plan.overlays.clone(),
-                    scope: cluster_scope[index],
+                    group,
                     output: source,
                 });
                 if id == users.len() {
@@ -994,10 +1068,31 @@ fn plan_units(plans_per_cluster: &[Vec<Plan>], cluster_scope: &[usize]) -> Units
         per_cluster.push(units);
     }
     Units {
+        groups: groups.into_table(),
         keys: keys.into_table(),
         users,
         per_cluster,
     }
+}
+
+/// The stencils phase 2 needs: one per distinct (unit group, template) of the units
+/// whose output is read as values; and per unit, its stencil's index.
+fn plan_stencils(
+    keys: &[UnitKey],
+    outputs: &OutputTexts,
+) -> (Vec<(usize, usize)>, Vec<Option<usize>>) {
+    let mut stencils = Interner::new();
+    let per_unit = keys
+        .iter()
+        .map(|key| {
+            let output = key.output?;
+            let valued = outputs
+                .text(output)
+                .is_some_and(|written| matches!(*written, Written::Values(_)));
+            valued.then(|| stencils.intern((key.group, outputs.templates[output])))
+        })
+        .collect();
+    (stencils.into_table(), per_unit)
 }
 
 /// A unit's errors are every user's errors.
@@ -1012,7 +1107,7 @@ fn report_unit_errors(
         let Err(unit_diagnostics) = unit else {
             continue;
         };
-        let workload = &fleet.workloads[units.keys[id].workload].name;
+        let workload = &fleet.workloads[units.groups[units.keys[id].group].workload].name;
         for diagnostic in unit_diagnostics {
             for &user in &units.users[id] {
                 diagnostics.push(
@@ -1168,12 +1263,11 @@ pub fn merge_vars(base: &mut Map<String, Value>, later: &Map<String, Value>) {
     }
 }
 
-type ClusterPlan = (Vec<Plan>, Vec<(usize, String)>, Vec<Diagnostic>);
+type ClusterPlan = (Vec<Plan>, Vec<(usize, Written)>, Vec<Diagnostic>);
 
 /// Plans one cluster's workloads, or only those in `only` (fleet indices).
 fn plan_cluster(
-    fleet: &Fleet,
-    templates: &Templates,
+    (fleet, templates, shapes, valued): (&Fleet, &Templates, &[Option<Shape>], &[bool]),
     cluster: &Cluster,
     groups: &[usize],
     only: Option<&[usize]>,
@@ -1228,8 +1322,19 @@ fn plan_cluster(
                 };
                 match rendered {
                     Some(Ok(text)) => {
+                        let template = first_template + offset;
+                        let values = match &shapes[template] {
+                            Some(shape) if valued[template] => shape.values(&text),
+                            _ => None,
+                        };
+                        let written = match values {
+                            Some(values) => {
+                                Written::Values(values.into_iter().map(Box::from).collect())
+                            }
+                            None => Written::Text(text),
+                        };
                         outputs.push(texts.len());
-                        texts.push((first_template + offset, text));
+                        texts.push((template, written));
                     }
                     Some(Err(diagnostic)) => {
                         diagnostics.push(
@@ -1303,12 +1408,19 @@ fn parse_output(
     })
 }
 
-/// One distinct piece of rendering work (see [`Units`]).
+/// What a cluster's workload is rendered under: the same for every cluster with
+/// the same overlays and custom scopes.
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
-struct UnitKey {
+struct UnitGroup {
     workload: usize,
     overlays: Vec<usize>,
     scope: usize,
+}
+
+/// One distinct piece of rendering work (see [`Units`]).
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+struct UnitKey {
+    group: usize,
     /// `None` for the workload's plain manifests, else a template output.
     output: Option<usize>,
 }
@@ -1326,27 +1438,64 @@ struct UnitContext<'a> {
     max_resource_bytes: usize,
 }
 
-/// Renders one unit; also returns the (overlay, patch) pairs whose target matched one
-/// of its resources.
-fn render_unit(unit: &UnitContext<'_>, key: &UnitKey) -> (UnitResult, Vec<(usize, usize)>) {
+/// Renders one unit (of `group`, reading `output` or the workload's plain
+/// manifests); also returns the (overlay, patch) pairs whose target matched one of
+/// its resources. An output read as values is filled in from `stencil` when there
+/// is one and it takes them, and otherwise rendered from its text.
+fn render_unit(
+    unit: &UnitContext<'_>,
+    group: &UnitGroup,
+    output: Option<usize>,
+    stencil: Option<&StencilUnit>,
+) -> (UnitResult, Vec<(usize, usize)>) {
     let fleet = unit.fleet;
-    let workload = &fleet.workloads[key.workload];
-    let overlays: Vec<&Overlay> = key.overlays.iter().map(|&o| &fleet.overlays[o]).collect();
+    let workload = &fleet.workloads[group.workload];
+    let overlays: Vec<&Overlay> = group.overlays.iter().map(|&o| &fleet.overlays[o]).collect();
+    let matched_pairs = |flags: &[Vec<bool>]| -> Vec<(usize, usize)> {
+        group
+            .overlays
+            .iter()
+            .zip(flags)
+            .flat_map(|(&overlay, flags)| {
+                flags
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, hit)| **hit)
+                    .map(move |(patch, _)| (overlay, patch))
+            })
+            .collect()
+    };
     // The workload's own manifests are shared by its units and copied; a template's
     // output was read for this unit and is used up.
-    let documents: Vec<SourcedDocument> = match key.output {
+    let documents: Vec<SourcedDocument> = match output {
         None => workload.documents.to_vec(),
         Some(output) => {
             let template = unit.outputs.templates[output];
             let path = unit.template_paths[template];
-            let parsed = match unit.outputs.text(output) {
-                Some(text) => parse_output(path, unit.shapes[template].as_ref(), &text),
+            let shape = unit.shapes[template].as_ref();
+            let written = unit.outputs.text(output);
+            unit.outputs.done_with(output);
+            let parsed = match written.as_deref() {
+                Some(Written::Text(text)) => parse_output(path, shape, text),
+                Some(Written::Values(values)) => {
+                    if let (Some(stencil), Some(shape)) = (stencil, shape)
+                        && let Some(filled) = fill(stencil, shape, values, unit.max_resource_bytes)
+                    {
+                        return (Ok(filled), matched_pairs(&stencil.matched));
+                    }
+                    match shape {
+                        Some(shape) => parse_output(path, Some(shape), &shape.text_with(values)),
+                        None => Err(Diagnostic::error(
+                            "internal error: a template without a shape had its output read as values",
+                        )
+                        .in_file(path.as_str())),
+                    }
+                }
                 None => Err(Diagnostic::error(
                     "internal error: this template's output was freed before every unit had read it",
                 )
                 .in_file(path.as_str())),
             };
-            unit.outputs.done_with(output);
             match parsed {
                 Ok(documents) => documents,
                 Err(diagnostic) => return (Err(vec![diagnostic]), Vec::new()),
@@ -1358,19 +1507,35 @@ fn render_unit(unit: &UnitContext<'_>, key: &UnitKey) -> (UnitResult, Vec<(usize
         .map(|overlay| vec![false; overlay.patches.len()])
         .collect();
     let result = transform_documents(unit, documents, workload, &overlays, &mut flags);
-    let matched = key
-        .overlays
-        .iter()
-        .zip(&flags)
-        .flat_map(|(&overlay, flags)| {
-            flags
-                .iter()
-                .enumerate()
-                .filter(|(_, hit)| **hit)
-                .map(move |(patch, _)| (overlay, patch))
-        })
-        .collect();
-    (result, matched)
+    (result, matched_pairs(&flags))
+}
+
+/// The resources of an output read as `values`, filled in from its stencil; `None`
+/// when a scalar cannot be read or the stencil does not take them (the output is
+/// then rendered from its text, which says why).
+fn fill(
+    stencil: &StencilUnit,
+    shape: &Shape,
+    values: &[Box<str>],
+    max_resource_bytes: usize,
+) -> Option<Vec<Rendered>> {
+    let scalars = shape.scalars(values)?;
+    let filled = stencil.fill(&scalars, max_resource_bytes)?;
+    Some(
+        stencil
+            .resources
+            .iter()
+            .zip(filled)
+            .map(|(resource, canonical)| Rendered {
+                resource: Arc::new(Resource {
+                    key: resource.key.clone(),
+                    canonical: canonical.into_boxed_slice(),
+                }),
+                file: resource.file.clone(),
+                line: resource.line,
+            })
+            .collect(),
+    )
 }
 
 fn transform_documents(
@@ -1428,6 +1593,7 @@ fn transform_documents(
 /// (overlay, patch) pairs that matched; and each overlay's file.
 struct UnitsDone<'a> {
     keys: &'a [UnitKey],
+    groups: &'a [UnitGroup],
     rendered: &'a [UnitResult],
     ranks: &'a [Vec<u32>],
     matched: &'a [Vec<(usize, usize)>],
@@ -1454,7 +1620,7 @@ fn assemble(
     let mut ranked: Vec<(u32, &Rendered, usize)> = Vec::new();
     let mut patch_matches = Vec::new();
     for &unit in unit_list {
-        let workload = units.keys[unit].workload;
+        let workload = units.groups[units.keys[unit].group].workload;
         patch_matches.extend(
             units.matched[unit]
                 .iter()

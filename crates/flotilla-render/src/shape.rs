@@ -102,32 +102,91 @@ impl Shape {
     /// when the text is not the template's literal text with values in its holes that
     /// YAML would read as this shape says. The caller then parses the text.
     pub fn read(&self, text: &str) -> Option<Vec<Document>> {
-        let values = self.values_in(text)?;
+        let values = self.values(text)?;
+        let scalars = self.scalars(&values)?;
         let mut documents = self.documents.clone();
-        for site in &self.holes {
-            let mut scalar = String::with_capacity(site.text.len());
-            let mut at_start = true;
-            for part in parts(&site.text) {
-                match part {
-                    Part::Text(literal) => scalar.push_str(literal),
-                    Part::Hole(index) => {
-                        let value = values[index];
-                        if !fits(value, site.style, at_start) {
-                            return None;
-                        }
-                        scalar.push_str(value);
-                    }
-                }
-                at_start = false;
-            }
-            let value = if site.annotation {
-                Value::String(scalar)
-            } else {
-                kyaml::resolve_in(&scalar, site.style, site.tag.as_ref(), site.in_flow).ok()?
-            };
+        for (site, value) in self.holes.iter().zip(scalars) {
             *place(&mut documents.get_mut(site.document)?.value, &site.path)? = value;
         }
         Some(documents)
+    }
+
+    /// The value in each hole of `text`, an output of the template: `None` unless
+    /// `text` is the template's literal text with a value in each hole, every value
+    /// one YAML reads as part of its scalar and nothing more. (What the template
+    /// writes, [`Shape::text_with`] these values, is then read as the shape's
+    /// documents with [`Shape::scalars`] at its sites.)
+    pub fn values<'t>(&self, text: &'t str) -> Option<Vec<&'t str>> {
+        let values = self.values_in(text)?;
+        for site in &self.holes {
+            for (position, part) in parts(&site.text).enumerate() {
+                if let Part::Hole(index) = part
+                    && !fits(values.get(index)?, site.style, position == 0)
+                {
+                    return None;
+                }
+            }
+        }
+        Some(values)
+    }
+
+    /// The scalar at each site (see [`Shape::sites`]) for these values of the
+    /// holes, read by the YAML reader's rules; `None` when one cannot be read (the
+    /// output is then left to the parser, which says why).
+    pub fn scalars(&self, values: &[impl AsRef<str>]) -> Option<Vec<Value>> {
+        self.holes
+            .iter()
+            .map(|site| {
+                let mut scalar = String::with_capacity(site.text.len());
+                for part in parts(&site.text) {
+                    match part {
+                        Part::Text(literal) => scalar.push_str(literal),
+                        Part::Hole(index) => scalar.push_str(values.get(index)?.as_ref()),
+                    }
+                }
+                if site.annotation {
+                    Some(Value::String(scalar))
+                } else {
+                    kyaml::resolve_in(&scalar, site.style, site.tag.as_ref(), site.in_flow).ok()
+                }
+            })
+            .collect()
+    }
+
+    /// The template's output with these values in its holes: its literal text with
+    /// a value between each two literals.
+    pub fn text_with(&self, values: &[impl AsRef<str>]) -> String {
+        let mut text = String::new();
+        for (literal, value) in self.literals.iter().zip(values) {
+            text.push_str(literal);
+            text.push_str(value.as_ref());
+        }
+        if let Some(last) = self.literals.last() {
+            text.push_str(last);
+        }
+        text
+    }
+
+    /// Whether an output could hold a CustomResourceDefinition, which makes kinds
+    /// cluster-scoped: a document's `kind` says so, or is a value of the template.
+    pub fn may_define_crd(&self) -> bool {
+        self.holes
+            .iter()
+            .any(|site| matches!(site.path.as_slice(), [Step::Key(k)] if k == "kind"))
+            || self.documents.iter().any(|d| {
+                d.value.get("kind").and_then(Value::as_str) == Some("CustomResourceDefinition")
+            })
+    }
+
+    /// The shape's documents, each site's scalar holding the text it was read with
+    /// (holes marked).
+    pub fn documents(&self) -> &[Document] {
+        &self.documents
+    }
+
+    /// The scalars that hold holes, in the order [`Shape::scalars`] gives their values.
+    pub fn sites(&self) -> &[HoleSite] {
+        &self.holes
     }
 
     /// The value in each hole: `text` must be the literals with one value between each

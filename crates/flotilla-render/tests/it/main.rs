@@ -8,4 +8,6 @@ mod kustomize_diff;
 mod patch_conformance;
 mod regressions;
 mod shape;
+mod stencil;
 mod template_scopes;
+mod yaml_values;
