@@ -147,7 +147,13 @@ struct Plan {
     overlays: Vec<usize>,
     /// Indices into the table of distinct template outputs.
     outputs: Vec<usize>,
+    /// The outputs read as values that no other cluster has: filled in from their
+    /// stencils as the cluster is assembled, not units.
+    filled: Vec<OwnOutput>,
 }
+
+/// A template and the values in its holes for one cluster.
+type OwnOutput = (usize, Box<[Box<str>]>);
 
 /// What one template wrote for one cluster.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -437,6 +443,8 @@ struct Shared<'a> {
     /// Per template, whether its outputs are read as the values in its shape's
     /// holes (it has a shape, and no output of it could be a CRD).
     valued: &'a [bool],
+    /// Per workload, the index of its first template in `template_paths`.
+    first_template: &'a [usize],
     patch_limits: &'a PatchLimits,
     limits: &'a Limits,
     stop: &'a Stop<'a>,
@@ -472,6 +480,15 @@ fn render_inner(
                 .files
                 .get(*path)
                 .and_then(|source| Shape::of_template(source))
+        })
+        .collect();
+    let first_template: Vec<usize> = fleet
+        .workloads
+        .iter()
+        .scan(0, |next, workload| {
+            let first = *next;
+            *next += workload.templates.len();
+            Some(first)
         })
         .collect();
     let valued: Vec<bool> = shapes
@@ -511,6 +528,7 @@ fn render_inner(
         template_paths: &template_paths,
         shapes: &shapes,
         valued: &valued,
+        first_template: &first_template,
         patch_limits: &patch_limits,
         limits,
         stop: &stop,
@@ -682,6 +700,7 @@ fn render_clusters(
         template_paths,
         shapes,
         valued,
+        first_template,
         patch_limits,
         limits,
         stop,
@@ -729,14 +748,36 @@ fn render_clusters(
         return Passed::Widen(widen);
     }
 
-    // Phase 2: every distinct unit of work, rendered once; the outputs read as
-    // values are filled in from one stencil per template and unit group.
+    // Phase 2: every distinct unit of work, rendered once; and the stencils of the
+    // templates read as values, made once per template and unit group.
     let units = plan_units(&plans_per_cluster, &cluster_scope);
     let outputs = OutputTexts::new(outputs, &units.keys);
-    let (stencil_keys, unit_stencils) = plan_stencils(&units.keys, &outputs);
-    let stencils: Vec<Option<StencilUnit>> = stencil_keys
+    let slots = StencilSlots::new(fleet, &units.groups, first_template, valued);
+    let mut wanted = vec![false; slots.keys.len()];
+    for key in &units.keys {
+        if let Some(output) = key.output
+            && let Some(slot) = slots.of(key.group, outputs.templates[output])
+        {
+            wanted[slot] = true;
+        }
+    }
+    for (plans, groups) in plans_per_cluster.iter().zip(&units.plan_groups) {
+        for (plan, &group) in plans.iter().zip(groups) {
+            for (template, _) in &plan.filled {
+                if let Some(slot) = slots.of(group, *template) {
+                    wanted[slot] = true;
+                }
+            }
+        }
+    }
+    let stencils: Vec<Option<StencilUnit>> = slots
+        .keys
         .par_iter()
-        .map(|&(group, template)| {
+        .zip(wanted.par_iter())
+        .map(|(&(group, template), &wanted)| {
+            if !wanted {
+                return None;
+            }
             let group = &units.groups[group];
             let path: Arc<str> = Arc::from(template_paths[template].as_str());
             let shape = shapes[template].as_ref()?;
@@ -755,34 +796,34 @@ fn render_clusters(
     if stop.now() {
         return Passed::Stopped;
     }
+    let context = UnitContext {
+        fleet,
+        template_paths,
+        shapes,
+        patch_limits,
+        max_resource_bytes: limits.max_resource_bytes,
+    };
     let (rendered, matched): (Vec<UnitResult>, Vec<Vec<(usize, usize)>>) = units
         .keys
         .par_iter()
-        .zip(unit_stencils.par_iter())
-        .map(|(key, stencil)| {
+        .map(|key| {
             let group = &units.groups[key.group];
             let file = match key.output {
                 Some(output) => Arc::from(template_paths[outputs.templates[output]].as_str()),
                 None => Arc::from(fleet.workloads[group.workload].file.as_str()),
             };
             stop.run(&file, || {
-                let unit = UnitContext {
-                    fleet,
-                    scopes: &scope_table[group.scope],
-                    outputs: &outputs,
-                    template_paths,
-                    shapes,
-                    patch_limits,
-                    max_resource_bytes: limits.max_resource_bytes,
-                };
-                let stencil = stencil.and_then(|s| stencils[s].as_ref());
-                render_unit(&unit, group, key.output, stencil)
+                let scopes = &scope_table[group.scope];
+                let stencil = key
+                    .output
+                    .and_then(|output| slots.of(key.group, outputs.templates[output]))
+                    .and_then(|slot| stencils[slot].as_ref());
+                render_unit(&context, (group, scopes), (&outputs, key.output), stencil)
             })
             .unwrap_or_else(|| (Err(Vec::new()), Vec::new()))
         })
         .unzip();
     drop(outputs);
-    drop(stencils);
     if stop.now() {
         return Passed::Stopped;
     }
@@ -792,7 +833,7 @@ fn render_clusters(
         .iter()
         .flat_map(|group| group.overlays.iter().copied())
         .collect();
-    let unit_ranks = rank_resources(&rendered);
+    let ranks = Ranks::of(&rendered, &stencils);
     let overlay_files: Vec<Arc<str>> = fleet
         .overlays
         .iter()
@@ -802,24 +843,40 @@ fn render_clusters(
         keys: &units.keys,
         groups: &units.groups,
         rendered: &rendered,
-        ranks: &unit_ranks,
+        ranks: &ranks,
         matched: &matched,
         overlay_files: &overlay_files,
+        slots: &slots,
+        stencils: &stencils,
+        scope_table: &scope_table,
+        context: &context,
     };
 
-    // Phase 3, per cluster: gather, check identities, sort and hash.
+    // Phase 3, per cluster: gather (filling in the outputs of its own), check
+    // identities, sort and hash.
     let done = AtomicUsize::new(0);
     let total = clusters.len();
-    let assembled: Vec<Option<Assembled>> = clusters
+    let assembled: Vec<Option<ClusterDone>> = clusters
         .par_iter()
         .zip(units.per_cluster.par_iter())
         .zip(jobs.par_iter().zip(cluster_scope.par_iter()))
-        .map(|((cluster, unit_list), (job, &scope))| {
+        .zip(
+            plans_per_cluster
+                .par_iter()
+                .zip(units.plan_groups.par_iter()),
+        )
+        .map(|(((cluster, unit_list), (job, &scope)), (plans, groups))| {
             if stop.now() {
-                return Some(Err(Vec::new()));
+                return Some(ClusterDone::default());
             }
             let custom_scopes = !scope_table[scope].is_empty();
-            let result = assemble(fleet, cluster, job, unit_list, &units_done, custom_scopes);
+            let result = assemble(
+                fleet,
+                (cluster, job, custom_scopes),
+                (unit_list, plans, groups),
+                &units_done,
+                stop,
+            );
             let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
             if let Some(progress) = progress {
                 progress(finished, total);
@@ -836,11 +893,21 @@ fn render_clusters(
     if !widen.is_empty() {
         return Passed::Widen(widen);
     }
+    let mut matched: BTreeSet<(usize, usize)> = matched.into_iter().flatten().collect();
+    let assembled = assembled
+        .into_iter()
+        .flatten()
+        .map(|done| {
+            diagnostics.extend(done.errors);
+            matched.extend(done.matched);
+            done.assembled
+        })
+        .collect();
     Passed::Done(Pass {
-        assembled: assembled.into_iter().flatten().collect(),
+        assembled,
         diagnostics,
         used_overlays,
-        matched: matched.into_iter().flatten().collect(),
+        matched,
     })
 }
 
@@ -905,22 +972,97 @@ fn select_clusters<'f>(
 }
 
 /// Gives every distinct (template, output) one id, rewrites each plan's outputs
-/// to those ids, and returns the plans and the table of distinct outputs.
+/// to those ids, and returns the plans and the table of distinct outputs. An
+/// output read as values that no other cluster has moves to its plan's `filled`
+/// instead: with per-cluster templates most outputs are such, and they need no
+/// table or unit of their own.
 fn intern_outputs(
     cluster_plans: Vec<ClusterPlan>,
     diagnostics: &mut Vec<Diagnostic>,
 ) -> (Vec<Vec<Plan>>, Vec<(usize, Written)>) {
+    let shared = shared_values(&cluster_plans);
     let mut outputs = Interner::new();
     let mut plans_per_cluster = Vec::with_capacity(cluster_plans.len());
-    for (mut plans, texts, plan_diagnostics) in cluster_plans {
+    for (index, (mut plans, texts, plan_diagnostics)) in cluster_plans.into_iter().enumerate() {
         diagnostics.extend(plan_diagnostics);
-        let ids: Vec<usize> = texts.into_iter().map(|key| outputs.intern(key)).collect();
+        let mut ids: Vec<Option<usize>> = Vec::with_capacity(texts.len());
+        let mut alone: Vec<Option<OwnOutput>> = Vec::with_capacity(texts.len());
+        for (position, (template, written)) in texts.into_iter().enumerate() {
+            match written {
+                Written::Values(values) if !shared.contains(&(index as u32, position as u32)) => {
+                    ids.push(None);
+                    alone.push(Some((template, values)));
+                }
+                written => {
+                    ids.push(Some(outputs.intern((template, written))));
+                    alone.push(None);
+                }
+            }
+        }
         for plan in &mut plans {
-            plan.outputs = plan.outputs.iter().map(|&i| ids[i]).collect();
+            let locals = std::mem::take(&mut plan.outputs);
+            for local in locals {
+                match ids[local] {
+                    Some(id) => plan.outputs.push(id),
+                    None => plan.filled.extend(alone[local].take()),
+                }
+            }
         }
         plans_per_cluster.push(plans);
     }
     (plans_per_cluster, outputs.into_table())
+}
+
+/// The outputs read as values that some other cluster has too, as (cluster,
+/// position in its outputs): those are shared as units. Found by sorting hashes
+/// (in parallel), not by a table of every output.
+fn shared_values(
+    cluster_plans: &[ClusterPlan],
+) -> HashSet<(u32, u32), foldhash::fast::RandomState> {
+    let state = foldhash::fast::RandomState::default();
+    let mut hashes: Vec<(u64, u32, u32)> = cluster_plans
+        .par_iter()
+        .enumerate()
+        .flat_map_iter(|(cluster, (_, texts, _))| {
+            let state = &state;
+            texts
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, written))| matches!(written, Written::Values(_)))
+                .map(move |(position, key)| {
+                    (
+                        std::hash::BuildHasher::hash_one(state, key),
+                        cluster as u32,
+                        position as u32,
+                    )
+                })
+        })
+        .collect();
+    hashes.par_sort_unstable();
+    let key = |&(_, cluster, position): &(u64, u32, u32)| {
+        &cluster_plans[cluster as usize].1[position as usize]
+    };
+    let mut shared = HashSet::default();
+    for run in hashes
+        .chunk_by(|a, b| a.0 == b.0)
+        .filter(|run| run.len() > 1)
+    {
+        // Equal hashes are almost always equal outputs; each is compared anyway.
+        let mut kinds: Vec<(&(u64, u32, u32), bool)> = Vec::new();
+        for entry in run {
+            match kinds.iter_mut().find(|(first, _)| key(first) == key(entry)) {
+                Some((first, many)) => {
+                    if !*many {
+                        shared.insert((first.1, first.2));
+                        *many = true;
+                    }
+                    shared.insert((entry.1, entry.2));
+                }
+                None => kinds.push((entry, false)),
+            }
+        }
+    }
+    shared
 }
 
 /// The custom cluster-scoped kinds of each cluster, from the CRDs its workloads carry:
@@ -1037,6 +1179,8 @@ struct Units {
     users: Vec<Vec<usize>>,
     /// Per cluster, the units it is made of, in workload order.
     per_cluster: Vec<Vec<usize>>,
+    /// Per cluster, the group of each of its plans.
+    plan_groups: Vec<Vec<usize>>,
 }
 
 fn plan_units(plans_per_cluster: &[Vec<Plan>], cluster_scope: &[usize]) -> Units {
@@ -1044,14 +1188,17 @@ fn plan_units(plans_per_cluster: &[Vec<Plan>], cluster_scope: &[usize]) -> Units
     let mut keys = Interner::new();
     let mut users: Vec<Vec<usize>> = Vec::new();
     let mut per_cluster = Vec::with_capacity(plans_per_cluster.len());
+    let mut plan_groups = Vec::with_capacity(plans_per_cluster.len());
     for (index, plans) in plans_per_cluster.iter().enumerate() {
         let mut units = Vec::with_capacity(plans.len());
+        let mut own_groups = Vec::with_capacity(plans.len());
         for plan in plans {
             let group = groups.intern(UnitGroup {
                 workload: plan.workload,
                 overlays: plan.overlays.clone(),
                 scope: cluster_scope[index],
             });
+            own_groups.push(group);
             let sources = std::iter::once(None).chain(plan.outputs.iter().map(|&o| Some(o)));
             for source in sources {
                 let id = keys.intern(UnitKey {
@@ -1066,33 +1213,57 @@ fn plan_units(plans_per_cluster: &[Vec<Plan>], cluster_scope: &[usize]) -> Units
             }
         }
         per_cluster.push(units);
+        plan_groups.push(own_groups);
     }
     Units {
         groups: groups.into_table(),
         keys: keys.into_table(),
         users,
         per_cluster,
+        plan_groups,
     }
 }
 
-/// The stencils phase 2 needs: one per distinct (unit group, template) of the units
-/// whose output is read as values; and per unit, its stencil's index.
-fn plan_stencils(
-    keys: &[UnitKey],
-    outputs: &OutputTexts,
-) -> (Vec<(usize, usize)>, Vec<Option<usize>>) {
-    let mut stencils = Interner::new();
-    let per_unit = keys
-        .iter()
-        .map(|key| {
-            let output = key.output?;
-            let valued = outputs
-                .text(output)
-                .is_some_and(|written| matches!(*written, Written::Values(_)));
-            valued.then(|| stencils.intern((key.group, outputs.templates[output])))
-        })
-        .collect();
-    (stencils.into_table(), per_unit)
+/// Where the stencil of each (unit group, template) is: every group of a workload
+/// with templates read as values has a slot per template of the workload.
+struct StencilSlots {
+    /// Per group, its first slot.
+    first: Vec<Option<usize>>,
+    /// Per slot, its (group, template).
+    keys: Vec<(usize, usize)>,
+}
+
+impl StencilSlots {
+    fn new(
+        fleet: &Fleet,
+        groups: &[UnitGroup],
+        first_template: &[usize],
+        valued: &[bool],
+    ) -> StencilSlots {
+        let mut keys = Vec::new();
+        let first = groups
+            .iter()
+            .enumerate()
+            .map(|(index, group)| {
+                let from = first_template[group.workload];
+                let templates = from..from + fleet.workloads[group.workload].templates.len();
+                if !valued[templates.clone()].contains(&true) {
+                    return None;
+                }
+                let start = keys.len();
+                keys.extend(templates.map(|template| (index, template)));
+                Some(start)
+            })
+            .collect();
+        StencilSlots { first, keys }
+    }
+
+    /// The slot of a template's stencil in a group (of the template's workload).
+    fn of(&self, group: usize, template: usize) -> Option<usize> {
+        let first = self.first[group]?;
+        let (_, first_template) = self.keys[first];
+        Some(first + template - first_template)
+    }
 }
 
 /// A unit's errors are every user's errors.
@@ -1122,30 +1293,54 @@ fn report_unit_errors(
 }
 
 /// Every distinct resource identity gets its rank in bundle order once, so that per
-/// cluster, sorting and the duplicate check compare integers, not strings. Returns,
-/// per unit, the rank of each of its resources.
-fn rank_resources(rendered: &[Result<Vec<Rendered>, Vec<Diagnostic>>]) -> Vec<Vec<u32>> {
-    // Distinct first: with per-cluster templates every cluster renders the same
-    // identities, and sorting a million of them compared strings for a tenth of the
-    // render.
-    let mut ranks: HashMap<&ResourceKey, u32, foldhash::fast::RandomState> = rendered
-        .iter()
-        .flatten()
-        .flatten()
-        .map(|rendered| (&rendered.resource.key, 0))
-        .collect();
-    let mut keys: Vec<&ResourceKey> = ranks.keys().copied().collect();
-    keys.sort_unstable();
-    for (rank, key) in keys.into_iter().enumerate() {
-        ranks.insert(key, rank as u32);
+/// cluster, sorting and the duplicate check compare integers, not strings.
+struct Ranks<'r> {
+    /// The rank of each identity rendered by a unit or a stencil.
+    of_key: HashMap<&'r ResourceKey, u32, foldhash::fast::RandomState>,
+    /// Per unit, the rank of each of its resources.
+    units: Vec<Vec<u32>>,
+    /// Per stencil slot, the rank of each of its resources.
+    stencils: Vec<Vec<u32>>,
+}
+
+impl<'r> Ranks<'r> {
+    fn of(rendered: &'r [UnitResult], stencils: &'r [Option<StencilUnit>]) -> Ranks<'r> {
+        // Distinct first: with per-cluster templates every cluster renders the same
+        // identities, and sorting a million of them compared strings for a tenth of
+        // the render.
+        let unit_keys = rendered.iter().flatten().flatten().map(|r| &r.resource.key);
+        let stencil_keys = stencils
+            .iter()
+            .flatten()
+            .flat_map(|s| &s.resources)
+            .map(|r| &r.key);
+        let mut of_key: HashMap<&ResourceKey, u32, foldhash::fast::RandomState> =
+            unit_keys.chain(stencil_keys).map(|key| (key, 0)).collect();
+        let mut keys: Vec<&ResourceKey> = of_key.keys().copied().collect();
+        keys.sort_unstable();
+        for (rank, key) in keys.into_iter().enumerate() {
+            of_key.insert(key, rank as u32);
+        }
+        let units = rendered
+            .par_iter()
+            .map(|unit| match unit {
+                Ok(rendered) => rendered.iter().map(|r| of_key[&r.resource.key]).collect(),
+                Err(_) => Vec::new(),
+            })
+            .collect();
+        let stencils = stencils
+            .iter()
+            .map(|stencil| match stencil {
+                Some(stencil) => stencil.resources.iter().map(|r| of_key[&r.key]).collect(),
+                None => Vec::new(),
+            })
+            .collect();
+        Ranks {
+            of_key,
+            units,
+            stencils,
+        }
     }
-    rendered
-        .par_iter()
-        .map(|unit| match unit {
-            Ok(rendered) => rendered.iter().map(|r| ranks[&r.resource.key]).collect(),
-            Err(_) => Vec::new(),
-        })
-        .collect()
 }
 
 /// The bundles of clusters that rendered without error and the bundles `kept` from
@@ -1351,6 +1546,7 @@ fn plan_cluster(
             workload: index,
             overlays,
             outputs,
+            filled: Vec::new(),
         });
     }
     (plans, texts, diagnostics)
@@ -1430,84 +1626,110 @@ type UnitResult = Result<Vec<Rendered>, Vec<Diagnostic>>;
 /// What rendering a unit needs besides its key.
 struct UnitContext<'a> {
     fleet: &'a Fleet,
-    scopes: &'a CustomScopes,
-    outputs: &'a OutputTexts,
     template_paths: &'a [&'a String],
     shapes: &'a [Option<Shape>],
     patch_limits: &'a PatchLimits,
     max_resource_bytes: usize,
 }
 
-/// Renders one unit (of `group`, reading `output` or the workload's plain
-/// manifests); also returns the (overlay, patch) pairs whose target matched one of
-/// its resources. An output read as values is filled in from `stencil` when there
-/// is one and it takes them, and otherwise rendered from its text.
+/// Renders one unit (of a group with its custom scopes, reading `output` of
+/// `outputs` or the workload's plain manifests); also returns the (overlay, patch)
+/// pairs whose target matched one of its resources.
 fn render_unit(
     unit: &UnitContext<'_>,
-    group: &UnitGroup,
-    output: Option<usize>,
+    (group, scopes): (&UnitGroup, &CustomScopes),
+    (outputs, output): (&OutputTexts, Option<usize>),
     stencil: Option<&StencilUnit>,
+) -> (UnitResult, Vec<(usize, usize)>) {
+    let Some(output) = output else {
+        // The workload's own manifests are shared by its units and copied.
+        let documents = unit.fleet.workloads[group.workload].documents.to_vec();
+        return transform_in_group(unit, (group, scopes), documents);
+    };
+    // A template's output was read for this unit and is used up.
+    let template = outputs.templates[output];
+    let written = outputs.text(output);
+    outputs.done_with(output);
+    match written.as_deref() {
+        Some(written) => render_output(unit, (group, scopes), (template, written), stencil),
+        None => (
+            Err(vec![
+                Diagnostic::error(
+                    "internal error: this template's output was freed before every unit had read it",
+                )
+                .in_file(unit.template_paths[template].as_str()),
+            ]),
+            Vec::new(),
+        ),
+    }
+}
+
+/// Renders what `template` wrote for a cluster, in a group: an output read as
+/// values is filled in from `stencil` when there is one and it takes them, and
+/// otherwise (like any other output) parsed and transformed.
+fn render_output(
+    unit: &UnitContext<'_>,
+    (group, scopes): (&UnitGroup, &CustomScopes),
+    (template, written): (usize, &Written),
+    stencil: Option<&StencilUnit>,
+) -> (UnitResult, Vec<(usize, usize)>) {
+    let path = unit.template_paths[template];
+    let shape = unit.shapes[template].as_ref();
+    let parsed = match written {
+        Written::Text(text) => parse_output(path, shape, text),
+        Written::Values(values) => {
+            if let (Some(stencil), Some(shape)) = (stencil, shape)
+                && let Some(filled) = fill(stencil, shape, values, unit.max_resource_bytes)
+            {
+                return (Ok(filled), matched_pairs(group, &stencil.matched));
+            }
+            match shape {
+                Some(shape) => parse_output(path, Some(shape), &shape.text_with(values)),
+                None => Err(Diagnostic::error(
+                    "internal error: a template without a shape had its output read as values",
+                )
+                .in_file(path.as_str())),
+            }
+        }
+    };
+    match parsed {
+        Ok(documents) => transform_in_group(unit, (group, scopes), documents),
+        Err(diagnostic) => (Err(vec![diagnostic]), Vec::new()),
+    }
+}
+
+/// Transforms documents under a group's overlays; also returns the (overlay,
+/// patch) pairs that matched.
+fn transform_in_group(
+    unit: &UnitContext<'_>,
+    (group, scopes): (&UnitGroup, &CustomScopes),
+    documents: Vec<SourcedDocument>,
 ) -> (UnitResult, Vec<(usize, usize)>) {
     let fleet = unit.fleet;
     let workload = &fleet.workloads[group.workload];
     let overlays: Vec<&Overlay> = group.overlays.iter().map(|&o| &fleet.overlays[o]).collect();
-    let matched_pairs = |flags: &[Vec<bool>]| -> Vec<(usize, usize)> {
-        group
-            .overlays
-            .iter()
-            .zip(flags)
-            .flat_map(|(&overlay, flags)| {
-                flags
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, hit)| **hit)
-                    .map(move |(patch, _)| (overlay, patch))
-            })
-            .collect()
-    };
-    // The workload's own manifests are shared by its units and copied; a template's
-    // output was read for this unit and is used up.
-    let documents: Vec<SourcedDocument> = match output {
-        None => workload.documents.to_vec(),
-        Some(output) => {
-            let template = unit.outputs.templates[output];
-            let path = unit.template_paths[template];
-            let shape = unit.shapes[template].as_ref();
-            let written = unit.outputs.text(output);
-            unit.outputs.done_with(output);
-            let parsed = match written.as_deref() {
-                Some(Written::Text(text)) => parse_output(path, shape, text),
-                Some(Written::Values(values)) => {
-                    if let (Some(stencil), Some(shape)) = (stencil, shape)
-                        && let Some(filled) = fill(stencil, shape, values, unit.max_resource_bytes)
-                    {
-                        return (Ok(filled), matched_pairs(&stencil.matched));
-                    }
-                    match shape {
-                        Some(shape) => parse_output(path, Some(shape), &shape.text_with(values)),
-                        None => Err(Diagnostic::error(
-                            "internal error: a template without a shape had its output read as values",
-                        )
-                        .in_file(path.as_str())),
-                    }
-                }
-                None => Err(Diagnostic::error(
-                    "internal error: this template's output was freed before every unit had read it",
-                )
-                .in_file(path.as_str())),
-            };
-            match parsed {
-                Ok(documents) => documents,
-                Err(diagnostic) => return (Err(vec![diagnostic]), Vec::new()),
-            }
-        }
-    };
     let mut flags: Vec<Vec<bool>> = overlays
         .iter()
         .map(|overlay| vec![false; overlay.patches.len()])
         .collect();
-    let result = transform_documents(unit, documents, workload, &overlays, &mut flags);
-    (result, matched_pairs(&flags))
+    let result = transform_documents(unit, scopes, documents, workload, &overlays, &mut flags);
+    (result, matched_pairs(group, &flags))
+}
+
+/// The (overlay, patch) pairs a group's flags mark as matched.
+fn matched_pairs(group: &UnitGroup, flags: &[Vec<bool>]) -> Vec<(usize, usize)> {
+    group
+        .overlays
+        .iter()
+        .zip(flags)
+        .flat_map(|(&overlay, flags)| {
+            flags
+                .iter()
+                .enumerate()
+                .filter(|(_, hit)| **hit)
+                .map(move |(patch, _)| (overlay, patch))
+        })
+        .collect()
 }
 
 /// The resources of an output read as `values`, filled in from its stencil; `None`
@@ -1540,6 +1762,7 @@ fn fill(
 
 fn transform_documents(
     unit: &UnitContext<'_>,
+    scopes: &CustomScopes,
     documents: Vec<SourcedDocument>,
     workload: &Workload,
     overlays: &[&Overlay],
@@ -1553,7 +1776,7 @@ fn transform_documents(
             document,
             workload,
             overlays,
-            unit.scopes,
+            scopes,
             unit.patch_limits,
             flags,
         ) {
@@ -1590,35 +1813,122 @@ fn transform_documents(
 }
 
 /// What phase 2 rendered: per unit, its key, resources, their ranks and the
-/// (overlay, patch) pairs that matched; and each overlay's file.
+/// (overlay, patch) pairs that matched; each overlay's file; and what filling in a
+/// cluster's own outputs needs.
 struct UnitsDone<'a> {
     keys: &'a [UnitKey],
     groups: &'a [UnitGroup],
     rendered: &'a [UnitResult],
-    ranks: &'a [Vec<u32>],
+    ranks: &'a Ranks<'a>,
     matched: &'a [Vec<(usize, usize)>],
     overlay_files: &'a [Arc<str>],
+    slots: &'a StencilSlots,
+    stencils: &'a [Option<StencilUnit>],
+    scope_table: &'a [CustomScopes],
+    context: &'a UnitContext<'a>,
 }
 
-/// One cluster's bundle from its units, sorted and checked for duplicate
-/// identities, with where its parts came from. A cluster rendered in part keeps its
-/// previous bundle's resources of the other workloads; `None` when a resource of
-/// its changed workloads has the identity of one of those (rendered whole, the
-/// error names both).
+/// What assembling one cluster gave, and what rendering its own outputs found: the
+/// errors (for the cluster and workload) and the (overlay, patch) pairs that
+/// matched.
+struct ClusterDone {
+    assembled: Assembled,
+    errors: Vec<Diagnostic>,
+    matched: Vec<(usize, usize)>,
+}
+
+impl Default for ClusterDone {
+    /// Nothing assembled, as for a render that stopped.
+    fn default() -> ClusterDone {
+        ClusterDone {
+            assembled: Err(Vec::new()),
+            errors: Vec::new(),
+            matched: Vec::new(),
+        }
+    }
+}
+
+/// A resource of a cluster with its rank (`u32::MAX` when its identity has none:
+/// it came from an output rendered as text in assembly) and the workload it came
+/// from.
+type Ranked<'a> = (u32, &'a Rendered, usize);
+
+/// One cluster's bundle from its units and its own outputs (filled in from their
+/// stencils, or rendered from their text when a stencil does not take them), sorted
+/// and checked for duplicate identities, with where its parts came from. A cluster
+/// rendered in part keeps its previous bundle's resources of the other workloads;
+/// `None` when a resource of its changed workloads has the identity of one of those
+/// (rendered whole, the error names both).
 fn assemble(
     fleet: &Fleet,
-    cluster: &Cluster,
-    job: &Job<'_>,
-    unit_list: &[usize],
+    (cluster, job, custom_scopes): (&Cluster, &Job<'_>, bool),
+    (unit_list, plans, plan_groups): (&[usize], &[Plan], &[usize]),
     units: &UnitsDone<'_>,
-    custom_scopes: bool,
-) -> Option<Assembled> {
+    stop: &Stop<'_>,
+) -> Option<ClusterDone> {
     let position = |workload: usize| -> u32 {
         let found = job.targeted.binary_search(&workload);
         found.map_or(u32::MAX, |p| p as u32)
     };
-    let mut ranked: Vec<(u32, &Rendered, usize)> = Vec::new();
+    let mut done = ClusterDone::default();
+    // The cluster's own outputs first, so that the list below can borrow them.
+    let mut own: Vec<(u32, Rendered, usize)> = Vec::new();
     let mut patch_matches = Vec::new();
+    for (plan, &group) in plans.iter().zip(plan_groups) {
+        let first = done.matched.len();
+        for (template, values) in &plan.filled {
+            let slot = units.slots.of(group, *template);
+            let stencil = slot.and_then(|slot| units.stencils[slot].as_ref());
+            let shape = units.context.shapes[*template].as_ref();
+            if let (Some(slot), Some(stencil), Some(shape)) = (slot, stencil, shape)
+                && let Some(filled) = fill(stencil, shape, values, units.context.max_resource_bytes)
+            {
+                let ranks = &units.ranks.stencils[slot];
+                own.extend(
+                    ranks
+                        .iter()
+                        .zip(filled)
+                        .map(|(&rank, item)| (rank, item, plan.workload)),
+                );
+                done.matched
+                    .extend(matched_pairs(&units.groups[group], &stencil.matched));
+                continue;
+            }
+            // Not filled in: rendered from its text, as a unit would.
+            let file: Arc<str> = Arc::from(units.context.template_paths[*template].as_str());
+            let group_of = &units.groups[group];
+            let scopes = &units.scope_table[group_of.scope];
+            let written = Written::Values(values.clone());
+            let (result, matched) = stop.run(&file, || {
+                render_output(
+                    units.context,
+                    (group_of, scopes),
+                    (*template, &written),
+                    None,
+                )
+            })?;
+            done.matched.extend(matched);
+            match result {
+                Ok(rendered) => own.extend(rendered.into_iter().map(|item| {
+                    let rank = units.ranks.of_key.get(&item.resource.key);
+                    (rank.copied().unwrap_or(u32::MAX), item, plan.workload)
+                })),
+                Err(errors) => done.errors.extend(errors.into_iter().map(|diagnostic| {
+                    diagnostic
+                        .for_cluster(&cluster.name)
+                        .for_workload(&fleet.workloads[plan.workload].name)
+                })),
+            }
+        }
+        patch_matches.extend(done.matched[first..].iter().map(|&(o, p)| {
+            (
+                units.overlay_files[o].clone(),
+                p as u32,
+                position(plan.workload),
+            )
+        }));
+    }
+    let mut ranked: Vec<Ranked<'_>> = Vec::new();
     for &unit in unit_list {
         let workload = units.groups[units.keys[unit].group].workload;
         patch_matches.extend(
@@ -1630,19 +1940,33 @@ fn assemble(
             continue;
         };
         ranked.extend(
-            units.ranks[unit]
+            units.ranks.units[unit]
                 .iter()
                 .zip(rendered)
                 .map(|(&rank, item)| (rank, item, workload)),
         );
     }
+    ranked.extend(
+        own.iter()
+            .map(|(rank, item, workload)| (*rank, item, *workload)),
+    );
     // A stable sort keeps equal identities in workload order, so the duplicate is
     // reported at the later one.
-    ranked.sort_by_key(|(rank, _, _)| *rank);
+    let ranked_all = ranked.iter().all(|(rank, _, _)| *rank != u32::MAX);
+    if ranked_all {
+        ranked.sort_by_key(|(rank, _, _)| *rank);
+    } else {
+        ranked.sort_by(|a, b| a.1.resource.key.cmp(&b.1.resource.key));
+    }
     let mut errors = Vec::new();
     for pair in ranked.windows(2) {
         let ((rank, first, first_workload), (next_rank, item, workload)) = (pair[0], pair[1]);
-        if rank == next_rank {
+        let same = if ranked_all {
+            rank == next_rank
+        } else {
+            first.resource.key == item.resource.key
+        };
+        if same {
             errors.push(
                 Diagnostic::error(format!(
                     "{} is defined twice for this cluster: here (workload {}) and at {}:{} (workload {})",
@@ -1659,10 +1983,11 @@ fn assemble(
         }
     }
     if !errors.is_empty() {
-        return match job.only {
-            Some(_) => None,
-            None => Some(Err(errors)),
+        done.assembled = match job.only {
+            Some(_) => return None,
+            None => Err(errors),
         };
+        return Some(done);
     }
     let fresh = ranked
         .into_iter()
@@ -1688,14 +2013,15 @@ fn assemble(
     };
     patch_matches.sort();
     patch_matches.dedup();
-    Some(Ok((
+    done.assembled = Ok((
         Bundle::from_sorted(cluster.name.clone(), resources),
         ClusterProvenance {
             resource_workloads: resource_workloads.into(),
             patch_matches: patch_matches.into(),
             custom_scopes,
         },
-    )))
+    ));
+    Some(done)
 }
 
 /// Merges two lists of resources, each in key order, into one; `None` when both

@@ -191,6 +191,12 @@ impl Fleet {
             plain.push_str("---\napiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  name: gadgets.example.com\nspec:\n  group: example.com\n  scope: Cluster\n  names:\n    kind: Gadget\n    plural: gadgets\n  versions:\n    - name: v1\n      served: true\n      storage: true\n");
         }
         add("workloads/plain/manifests/service.yaml", plain);
+        // A template read as values and filled in from stencils: clusters of one
+        // site and region share their output (a unit), the others have their own.
+        add(
+            "workloads/plain/manifests/site.yaml.j2",
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: plain-site\n  annotations:\n    site: \"{{ cluster.vars.siteId }}\"\ndata:\n  region: {{ cluster.labels.region }}\n".into(),
+        );
         // kbase: a kustomization whose base lies outside the workload's folder.
         add(
             "workloads/kbase/workload.yaml",
@@ -239,7 +245,7 @@ impl Fleet {
         add(
             "overlays/services.yaml",
             format!(
-                "{HEADER}kind: Overlay\nmetadata:\n  name: services\nspec:\n  clusterSelector: {{}}\n  priority: 40\n  patches:\n    - target: {{kind: Service}}\n      ops:\n        - {{op: add, path: /metadata/labels, value: {{svc: x}}}}\n    - target: {{kind: ConfigMap, name: base}}\n      ops:\n        - {{op: add, path: /metadata/labels, value: {{base: x}}}}\n"
+                "{HEADER}kind: Overlay\nmetadata:\n  name: services\nspec:\n  clusterSelector: {{}}\n  priority: 40\n  patches:\n    - target: {{kind: Service}}\n      ops:\n        - {{op: add, path: /metadata/labels, value: {{svc: x}}}}\n    - target: {{kind: ConfigMap, name: base}}\n      ops:\n        - {{op: add, path: /metadata/labels, value: {{base: x}}}}\n    - target: {{kind: ConfigMap, name: plain-site}}\n      ops:\n        - {{op: add, path: /data/patched, value: \"yes\"}}\n"
             ),
         );
         add(
