@@ -240,7 +240,7 @@ impl Inventory {
     /// The entries that `bundle` no longer holds: what a complete apply prunes.
     pub fn left_out_of(&self, bundle: &Bundle) -> Vec<InventoryEntry> {
         let keys: std::collections::HashSet<&ResourceKey> =
-            bundle.resources.iter().map(|r| &r.key).collect();
+            bundle.resources.iter().map(|r| &*r.key).collect();
         self.entries
             .iter()
             .filter(|entry| !keys.contains(&entry.key()))

@@ -251,16 +251,19 @@ pub fn api_group(api_version: &str) -> &str {
 /// content. A fleet holds one of these per distinct resource per cluster, so it keeps
 /// no parsed tree: [`Resource::value`] parses the bytes again for the few readers that
 /// need one (the diff of a changed resource, the agent's apply).
+///
+/// The identity is shared too: every cluster's copy of a per-cluster template's
+/// resource has the same one.
 #[derive(Debug, PartialEq)]
 pub struct Resource {
-    pub key: ResourceKey,
+    pub key: Arc<ResourceKey>,
     pub canonical: Box<[u8]>,
 }
 
 impl Resource {
     pub fn new(key: ResourceKey, value: &Value) -> Resource {
         Resource {
-            key,
+            key: Arc::new(key),
             canonical: to_canonical_vec(value).into_boxed_slice(),
         }
     }

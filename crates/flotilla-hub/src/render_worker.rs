@@ -835,8 +835,15 @@ fn read_output(mut input: impl Read, known: Known<'_>) -> io::Result<RenderOutpu
     let header: Header = serde_json::from_slice(&read_bytes(&mut input)?).map_err(invalid)?;
     let count = read_len(&mut input)?;
     let mut resources = Vec::new();
+    // Resources of many clusters have the same identity (every cluster's copy of a
+    // per-cluster template's resource): one shared key each.
+    let mut keys: HashMap<ResourceKey, Arc<ResourceKey>> = HashMap::new();
     for _ in 0..count {
         let key: ResourceKey = serde_json::from_slice(&read_bytes(&mut input)?).map_err(invalid)?;
+        let key = keys
+            .entry(key)
+            .or_insert_with_key(|key| Arc::new(key.clone()))
+            .clone();
         let canonical = read_bytes(&mut input)?.into_boxed_slice();
         resources.push(Arc::new(Resource { key, canonical }));
     }

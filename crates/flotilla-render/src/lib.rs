@@ -1308,12 +1308,16 @@ impl<'r> Ranks<'r> {
         // Distinct first: with per-cluster templates every cluster renders the same
         // identities, and sorting a million of them compared strings for a tenth of
         // the render.
-        let unit_keys = rendered.iter().flatten().flatten().map(|r| &r.resource.key);
+        let unit_keys = rendered
+            .iter()
+            .flatten()
+            .flatten()
+            .map(|r| &*r.resource.key);
         let stencil_keys = stencils
             .iter()
             .flatten()
             .flat_map(|s| &s.resources)
-            .map(|r| &r.key);
+            .map(|r| &*r.key);
         let mut of_key: HashMap<&ResourceKey, u32, foldhash::fast::RandomState> =
             unit_keys.chain(stencil_keys).map(|key| (key, 0)).collect();
         let mut keys: Vec<&ResourceKey> = of_key.keys().copied().collect();
@@ -1324,14 +1328,14 @@ impl<'r> Ranks<'r> {
         let units = rendered
             .par_iter()
             .map(|unit| match unit {
-                Ok(rendered) => rendered.iter().map(|r| of_key[&r.resource.key]).collect(),
+                Ok(rendered) => rendered.iter().map(|r| of_key[&*r.resource.key]).collect(),
                 Err(_) => Vec::new(),
             })
             .collect();
         let stencils = stencils
             .iter()
             .map(|stencil| match stencil {
-                Some(stencil) => stencil.resources.iter().map(|r| of_key[&r.key]).collect(),
+                Some(stencil) => stencil.resources.iter().map(|r| of_key[&*r.key]).collect(),
                 None => Vec::new(),
             })
             .collect();
@@ -1910,7 +1914,7 @@ fn assemble(
             done.matched.extend(matched);
             match result {
                 Ok(rendered) => own.extend(rendered.into_iter().map(|item| {
-                    let rank = units.ranks.of_key.get(&item.resource.key);
+                    let rank = units.ranks.of_key.get(&*item.resource.key);
                     (rank.copied().unwrap_or(u32::MAX), item, plan.workload)
                 })),
                 Err(errors) => done.errors.extend(errors.into_iter().map(|diagnostic| {

@@ -61,7 +61,7 @@ pub const SLACK: usize = 64 * 1024;
 /// One resource of a [`StencilUnit`]: its identity and canonical bytes with gaps.
 #[derive(Debug)]
 pub struct Stencil {
-    pub key: ResourceKey,
+    pub key: Arc<ResourceKey>,
     pub file: Arc<str>,
     pub line: u64,
     /// The canonical bytes with each stand-in taken out.
@@ -183,7 +183,7 @@ pub fn compile(shape: &Shape, file: &Arc<str>, under: &Under<'_>) -> Option<Sten
             sites.get(site).is_some_and(|s| s.document == index)
         })?;
         resources.push(Stencil {
-            key,
+            key: Arc::new(key),
             file: file.clone(),
             line: document.line,
             fixed,

@@ -267,11 +267,11 @@ impl DirSink {
                 Ok(yaml) => {
                     let identity = comment_safe(&resource.key.to_string());
                     let content = format!("{header}\n# {identity}\n{yaml}").into_bytes();
-                    desired.insert(name, (Some(resource.key.clone()), content));
+                    desired.insert(name, (Some((*resource.key).clone()), content));
                 }
                 Err(err) => {
                     statuses.insert(
-                        resource.key.clone(),
+                        (*resource.key).clone(),
                         ResourceStatus::new(
                             &resource.key,
                             ResourceState::Failed,

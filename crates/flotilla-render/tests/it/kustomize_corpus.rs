@@ -77,7 +77,7 @@ fn flotilla_output(case: &str) -> Result<BTreeMap<ResourceKey, String>, String> 
         .iter()
         .map(|r| {
             let text = String::from_utf8(r.canonical.to_vec()).expect("UTF-8");
-            (r.key.clone(), text)
+            ((*r.key).clone(), text)
         })
         .collect())
 }

@@ -283,7 +283,7 @@ fn check_stencil_case(
     let fast: Vec<(ResourceKey, Vec<u8>)> = unit
         .resources
         .iter()
-        .map(|r| r.key.clone())
+        .map(|r| (*r.key).clone())
         .zip(filled)
         .collect();
     let shown = |resources: &[(ResourceKey, Vec<u8>)]| -> Vec<(String, String)> {

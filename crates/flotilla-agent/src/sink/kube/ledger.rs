@@ -188,7 +188,7 @@ impl Ledger {
         let keys: std::collections::HashSet<ResourceKey> = bundle
             .resources
             .iter()
-            .map(|r| r.key.clone())
+            .map(|r| (*r.key).clone())
             .chain(kept.iter().map(InventoryEntry::key))
             .collect();
         self.entries.retain(|e| keys.contains(&e.key()));

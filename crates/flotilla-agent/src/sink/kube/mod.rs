@@ -329,7 +329,7 @@ impl KubeSink {
             return candidates;
         };
         let mut known: HashSet<ResourceKey> =
-            bundle.resources.iter().map(|r| r.key.clone()).collect();
+            bundle.resources.iter().map(|r| (*r.key).clone()).collect();
         known.extend(prune.iter().map(InventoryEntry::key));
         let forgotten: Vec<InventoryEntry> = ledger
             .entries
