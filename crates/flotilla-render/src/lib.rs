@@ -182,12 +182,19 @@ struct Stop<'a> {
     deadline: Instant,
     timeout: Duration,
     stopped: AtomicBool,
-    /// Files being rendered now, with how many workers are on each.
-    in_flight: Mutex<BTreeMap<Arc<str>, usize>>,
-    /// The file whose work started last, named when none is in flight.
-    last_started: Mutex<Option<Arc<str>>>,
+    /// What each worker thread of the pool is on (and, last, any other thread):
+    /// each locks only its own, so a million template renders do not contend.
+    slots: Box<[Mutex<Slot>]>,
     /// The files in flight when the deadline passed.
-    culprits: Mutex<Vec<Arc<str>>>,
+    culprits: Mutex<Vec<String>>,
+}
+
+/// The file a worker is on or was on last, and since when.
+#[derive(Default)]
+struct Slot {
+    file: String,
+    busy: bool,
+    started: Option<Instant>,
 }
 
 impl<'a> Stop<'a> {
@@ -197,14 +204,15 @@ impl<'a> Stop<'a> {
             deadline: Instant::now() + options.limits.render_timeout,
             timeout: options.limits.render_timeout,
             stopped: AtomicBool::new(false),
-            in_flight: Mutex::default(),
-            last_started: Mutex::default(),
+            slots: (0..=rayon::current_num_threads())
+                .map(|_| Mutex::default())
+                .collect(),
             culprits: Mutex::default(),
         }
     }
 
     /// Asks whether to stop; the first worker to find the deadline passed notes
-    /// which files were in flight.
+    /// which files were in flight (or, with none, the one started last).
     fn now(&self) -> bool {
         if self.stopped.load(Ordering::Relaxed) {
             return true;
@@ -214,41 +222,49 @@ impl<'a> Stop<'a> {
             return false;
         }
         if !self.stopped.swap(true, Ordering::Relaxed) && !cancelled {
-            let in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-            let mut culprits: Vec<Arc<str>> = in_flight.keys().cloned().collect();
-            if culprits.is_empty() {
-                culprits.extend(
-                    self.last_started
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .clone(),
-                );
+            let slots: Vec<_> = self.slots.iter().map(lock).collect();
+            let mut culprits: BTreeSet<String> = slots
+                .iter()
+                .filter(|slot| slot.busy)
+                .map(|slot| slot.file.clone())
+                .collect();
+            if culprits.is_empty()
+                && let Some(last) = slots
+                    .iter()
+                    .filter(|slot| slot.started.is_some())
+                    .max_by_key(|slot| slot.started)
+            {
+                culprits.insert(last.file.clone());
             }
-            *self.culprits.lock().unwrap_or_else(|e| e.into_inner()) = culprits;
+            *lock(&self.culprits) = culprits.into_iter().collect();
         }
         true
     }
 
     /// Runs `work` on `file` unless the render should stop, noting the file as in
     /// flight meanwhile.
-    fn run<T>(&self, file: &Arc<str>, work: impl FnOnce() -> T) -> Option<T> {
+    fn run<T>(&self, file: &str, work: impl FnOnce() -> T) -> Option<T> {
         if self.now() {
             return None;
         }
-        *self
-            .in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(file.clone())
-            .or_default() += 1;
-        *self.last_started.lock().unwrap_or_else(|e| e.into_inner()) = Some(file.clone());
+        let index = rayon::current_thread_index().unwrap_or(usize::MAX);
+        let slot = &self.slots[index.min(self.slots.len() - 1)];
+        // A worker waiting inside `work` may take up other work on this thread:
+        // what it was on comes back after.
+        let outer = {
+            let mut slot = lock(slot);
+            let outer = slot.busy.then(|| std::mem::take(&mut slot.file));
+            slot.file.clear();
+            slot.file.push_str(file);
+            slot.busy = true;
+            slot.started = Some(Instant::now());
+            outer
+        };
         let result = work();
-        let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(count) = in_flight.get_mut(file) {
-            *count -= 1;
-            if *count == 0 {
-                in_flight.remove(file);
-            }
+        let mut slot = lock(slot);
+        match outer {
+            Some(outer) => slot.file = outer,
+            None => slot.busy = false,
         }
         Some(result)
     }
@@ -260,11 +276,7 @@ impl<'a> Stop<'a> {
         mut diagnostics: Vec<Diagnostic>,
     ) -> RenderOutput {
         let cancelled = self.cancel.is_some_and(|c| c.load(Ordering::Relaxed));
-        let culprits = self
-            .culprits
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let culprits = lock(&self.culprits).clone();
         if cancelled {
             diagnostics.push(Diagnostic::error("the render was cancelled"));
         } else if culprits.is_empty() {
@@ -280,7 +292,7 @@ impl<'a> Stop<'a> {
                      this file was being rendered",
                     humanize(self.timeout)
                 ))
-                .in_file(&*file),
+                .in_file(file.as_str()),
             );
         }
         diagnostics.sort();
@@ -291,6 +303,11 @@ impl<'a> Stop<'a> {
             ..RenderOutput::default()
         }
     }
+}
+
+/// A lock, whatever a panicking holder left behind.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A duration as a person writes it: `30s`, `1500ms`.
@@ -809,10 +826,10 @@ fn render_clusters(
         .map(|key| {
             let group = &units.groups[key.group];
             let file = match key.output {
-                Some(output) => Arc::from(template_paths[outputs.templates[output]].as_str()),
-                None => Arc::from(fleet.workloads[group.workload].file.as_str()),
+                Some(output) => template_paths[outputs.templates[output]].as_str(),
+                None => fleet.workloads[group.workload].file.as_str(),
             };
-            stop.run(&file, || {
+            stop.run(file, || {
                 let scopes = &scope_table[group.scope];
                 let stencil = key
                     .output
@@ -1515,8 +1532,7 @@ fn plan_cluster(
             // Converted once for the workload's templates, not once per template.
             let context = context.to_value();
             for (offset, path) in workload.templates.iter().enumerate() {
-                let file: Arc<str> = Arc::from(path.as_str());
-                let Some(rendered) = stop.run(&file, || templates.render(path, &context)) else {
+                let Some(rendered) = stop.run(path, || templates.render(path, &context)) else {
                     return (plans, texts, diagnostics);
                 };
                 match rendered {
@@ -1899,11 +1915,11 @@ fn assemble(
                 continue;
             }
             // Not filled in: rendered from its text, as a unit would.
-            let file: Arc<str> = Arc::from(units.context.template_paths[*template].as_str());
+            let file = units.context.template_paths[*template].as_str();
             let group_of = &units.groups[group];
             let scopes = &units.scope_table[group_of.scope];
             let written = Written::Values(values.clone());
-            let (result, matched) = stop.run(&file, || {
+            let (result, matched) = stop.run(file, || {
                 render_output(
                     units.context,
                     (group_of, scopes),
