@@ -61,6 +61,11 @@ pub struct RenderOptions<'a> {
     /// Set from another thread to abandon the render: it stops at the next unit of
     /// work and reports that it was cancelled.
     pub cancel: Option<&'a AtomicBool>,
+    /// Keep each bundle's digest only, dropping its resources as soon as they are
+    /// hashed, for a caller that needs none (`validate`): a fleet of per-cluster
+    /// templates then never holds every cluster's resources at once. Such bundles
+    /// are not for serving, diffing or rendering since.
+    pub digests_only: bool,
 }
 
 /// The result of rendering one snapshot.
@@ -466,6 +471,7 @@ struct Shared<'a> {
     limits: &'a Limits,
     stop: &'a Stop<'a>,
     progress: Option<&'a (dyn Fn(usize, usize) + Sync)>,
+    digests_only: bool,
 }
 
 fn render_inner(
@@ -550,6 +556,7 @@ fn render_inner(
         limits,
         stop: &stop,
         progress: options.progress,
+        digests_only: options.digests_only,
     };
 
     // With a previous render, only the clusters whose inputs changed, and of those
@@ -722,6 +729,7 @@ fn render_clusters(
         limits,
         stop,
         progress,
+        digests_only,
     } = *shared;
     let mut diagnostics = Vec::new();
     // Phase 1, per cluster: which workloads and overlays apply, and the template
@@ -887,13 +895,21 @@ fn render_clusters(
                 return Some(ClusterDone::default());
             }
             let custom_scopes = !scope_table[scope].is_empty();
-            let result = assemble(
+            let mut result = assemble(
                 fleet,
                 (cluster, job, custom_scopes),
                 (unit_list, plans, groups),
                 &units_done,
                 stop,
             );
+            if digests_only
+                && let Some(ClusterDone {
+                    assembled: Ok((bundle, _)),
+                    ..
+                }) = &mut result
+            {
+                bundle.resources = Vec::new();
+            }
             let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
             if let Some(progress) = progress {
                 progress(finished, total);

@@ -19,7 +19,7 @@ use flotilla_render::patch::PatchLimits;
 use flotilla_render::scope::CustomScopes;
 use flotilla_render::shape::Shape;
 use flotilla_render::stencil::{self, SLACK};
-use flotilla_render::{RenderOutput, render, transform};
+use flotilla_render::{RenderOptions, RenderOutput, render, render_with, transform};
 
 use crate::yaml_values::value;
 
@@ -529,13 +529,30 @@ fn a_fleet_renders_the_same_with_stencils_as_without() {
         let tree = strategy.new_tree(&mut runner).expect("a case");
         let (templates, bodies, values) = tree.current();
         let values: Vec<[String; 3]> = values.into_iter().map(|(v, w, u)| [v, w, u]).collect();
-        let with = render(&fleet(&templates, &bodies, &values, false));
+        let snapshot = fleet(&templates, &bodies, &values, false);
+        let with = render(&snapshot);
         let without = render(&fleet(&templates, &bodies, &values, true));
         assert_eq!(
             seen(&with),
             seen(&without),
             "templates: {templates:#?}\noverlays: {bodies:?}\nvalues: {values:?}"
         );
+        // And keeping digests only gives the same digests and diagnostics.
+        let digests = render_with(
+            &snapshot,
+            &RenderOptions {
+                digests_only: true,
+                ..RenderOptions::default()
+            },
+        );
+        let (bundles, diagnostics) = seen(&digests);
+        let (expected, expected_diagnostics) = seen(&with);
+        let digests_of = |bundles: Vec<(String, String, Vec<String>)>| -> Vec<(String, String)> {
+            bundles.into_iter().map(|(c, d, _)| (c, d)).collect()
+        };
+        assert!(bundles.iter().all(|(_, _, resources)| resources.is_empty()));
+        assert_eq!(digests_of(bundles), digests_of(expected));
+        assert_eq!(diagnostics, expected_diagnostics);
         if with.is_clean() {
             clean += 1;
         } else {
