@@ -219,11 +219,16 @@ impl<'a> Stop<'a> {
     /// Asks whether to stop; the first worker to find the deadline passed notes
     /// which files were in flight (or, with none, the one started last).
     fn now(&self) -> bool {
+        self.at(Instant::now())
+    }
+
+    /// [`Stop::now`] at the time `now`.
+    fn at(&self, now: Instant) -> bool {
         if self.stopped.load(Ordering::Relaxed) {
             return true;
         }
         let cancelled = self.cancel.is_some_and(|c| c.load(Ordering::Relaxed));
-        if !cancelled && Instant::now() < self.deadline {
+        if !cancelled && now < self.deadline {
             return false;
         }
         if !self.stopped.swap(true, Ordering::Relaxed) && !cancelled {
@@ -249,7 +254,8 @@ impl<'a> Stop<'a> {
     /// Runs `work` on `file` unless the render should stop, noting the file as in
     /// flight meanwhile.
     fn run<T>(&self, file: &str, work: impl FnOnce() -> T) -> Option<T> {
-        if self.now() {
+        let now = Instant::now();
+        if self.at(now) {
             return None;
         }
         let index = rayon::current_thread_index().unwrap_or(usize::MAX);
@@ -262,7 +268,7 @@ impl<'a> Stop<'a> {
             slot.file.clear();
             slot.file.push_str(file);
             slot.busy = true;
-            slot.started = Some(Instant::now());
+            slot.started = Some(now);
             outer
         };
         let result = work();
@@ -732,6 +738,24 @@ fn render_clusters(
         digests_only,
     } = *shared;
     let mut diagnostics = Vec::new();
+    let templates = Compiled {
+        engine: templates,
+        handles: template_paths
+            .iter()
+            .map(|path| templates.template(path))
+            .collect(),
+        workloads: fleet
+            .workloads
+            .iter()
+            .map(|workload| {
+                template::value_of(&WorkloadContext {
+                    name: &workload.name,
+                    namespace: workload.namespace.as_deref(),
+                })
+            })
+            .collect(),
+    };
+    let templates = &templates;
     // Phase 1, per cluster: which workloads and overlays apply, and the template
     // outputs for them; distinct outputs are parsed once each.
     let cluster_plans: Vec<ClusterPlan> = clusters
@@ -1497,9 +1521,18 @@ pub fn merge_vars(base: &mut Map<String, Value>, later: &Map<String, Value>) {
 
 type ClusterPlan = (Vec<Plan>, Vec<(usize, Written)>, Vec<Diagnostic>);
 
+/// The template engine and each template of the render, looked up once (a lookup
+/// takes a lock in the engine): `None` where a template failed to compile; and each
+/// workload's part of the templates' context.
+struct Compiled<'t> {
+    engine: &'t Templates,
+    handles: Vec<Option<minijinja::Template<'t, 't>>>,
+    workloads: Vec<minijinja::Value>,
+}
+
 /// Plans one cluster's workloads, or only those in `only` (fleet indices).
 fn plan_cluster(
-    (fleet, templates, shapes, valued): (&Fleet, &Templates, &[Option<Shape>], &[bool]),
+    (fleet, templates, shapes, valued): (&Fleet, &Compiled<'_>, &[Option<Shape>], &[bool]),
     cluster: &Cluster,
     groups: &[usize],
     only: Option<&[usize]>,
@@ -1508,6 +1541,9 @@ fn plan_cluster(
     let mut plans = Vec::new();
     let mut texts = Vec::new();
     let mut diagnostics = Vec::new();
+    let mut cluster_part: Option<minijinja::Value> = None;
+    // The merged variables already made, by the workload's own and its overlays.
+    let mut known_vars: Vec<(&Vars, Vec<usize>, minijinja::Value)> = Vec::new();
     let matching_overlays: Vec<usize> = (0..fleet.overlays.len())
         .filter(|&o| overlay_selects(&fleet.overlays[o], cluster, groups, fleet))
         .collect();
@@ -1532,23 +1568,35 @@ fn plan_cluster(
             .collect();
         let mut outputs = Vec::new();
         if !workload.templates.is_empty() {
-            let vars = merged_vars(fleet, workload, cluster, groups, &overlays);
-            let context = Context {
-                cluster: ClusterContext {
+            // Converted once for the workload's templates, not once per template;
+            // its parts once for the cluster, and for workloads with the same
+            // variables and overlays.
+            let cluster_part = cluster_part.get_or_insert_with(|| {
+                template::value_of(&ClusterContext {
                     name: &cluster.name,
                     labels: &cluster.labels,
                     vars: &cluster.vars,
-                },
-                workload: WorkloadContext {
-                    name: &workload.name,
-                    namespace: workload.namespace.as_deref(),
-                },
-                vars: &vars,
+                })
+            });
+            let found = known_vars
+                .iter()
+                .find(|(vars, those, _)| **vars == workload.vars && *those == overlays);
+            let vars = match found {
+                Some((_, _, vars)) => vars.clone(),
+                None => {
+                    let merged = merged_vars(fleet, workload, cluster, groups, &overlays);
+                    let vars = template::value_of(&merged);
+                    known_vars.push((&workload.vars, overlays.clone(), vars.clone()));
+                    vars
+                }
             };
-            // Converted once for the workload's templates, not once per template.
-            let context = context.to_value();
+            let context = Context::from_parts(cluster_part, &templates.workloads[index], &vars);
             for (offset, path) in workload.templates.iter().enumerate() {
-                let Some(rendered) = stop.run(path, || templates.render(path, &context)) else {
+                let template = &templates.handles[first_template + offset];
+                let Some(rendered) = stop.run(path, || {
+                    let template = template.as_ref()?;
+                    Some(templates.engine.render_template(template, path, &context))
+                }) else {
                     return (plans, texts, diagnostics);
                 };
                 match rendered {

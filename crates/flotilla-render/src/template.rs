@@ -17,7 +17,7 @@ use std::io;
 
 use minijinja::value::Value;
 use minijinja::value::{Kwargs, StringInput};
-use minijinja::{AutoEscape, Environment, Error, ErrorKind, UndefinedBehavior};
+use minijinja::{AutoEscape, Environment, Error, ErrorKind, Template, UndefinedBehavior};
 use serde::Serialize;
 
 use flotilla_core::diagnostic::Diagnostic;
@@ -46,8 +46,34 @@ pub struct Context<'a> {
 impl Context<'_> {
     /// The context as the template engine's value.
     pub fn to_value(&self) -> Value {
-        Value::from(minijinja::value::Serde(self))
+        value_of(self)
     }
+
+    /// The context made of its three parts, each converted on its own
+    /// ([`value_of`]) and shared by every render that sees the same: the value
+    /// [`Context::to_value`] gives for them. A cluster's part is the same for all its
+    /// workloads, a workload's for all clusters, and the merged variables often for
+    /// all of a cluster's workloads.
+    pub fn from_parts(cluster: &Value, workload: &Value, vars: &Value) -> Value {
+        // The same struct, of values already converted (which the engine's own
+        // serializer takes as they are).
+        #[derive(Serialize)]
+        struct Parts<'v> {
+            cluster: &'v Value,
+            workload: &'v Value,
+            vars: &'v Value,
+        }
+        value_of(&Parts {
+            cluster,
+            workload,
+            vars,
+        })
+    }
+}
+
+/// A part of the context as the template engine's value.
+pub fn value_of(part: &impl Serialize) -> Value {
+    Value::from(minijinja::value::Serde(part))
 }
 
 #[derive(Serialize)]
@@ -146,9 +172,28 @@ impl Templates {
     /// `context` is a `minijinja::Value` made from a [`Context`] (converted once for
     /// every template of a workload, see [`Context::to_value`]).
     pub fn render(&self, path: &str, context: &Value) -> Option<Result<String, Diagnostic>> {
-        let template = self.env.get_template(path).ok()?;
+        let template = self.template(path)?;
+        Some(self.render_template(&template, path, context))
+    }
+
+    /// The compiled template at `path`; `None` if it failed to compile. Looking one
+    /// up takes a lock in the engine: a render of many clusters looks each up once.
+    pub fn template(&self, path: &str) -> Option<Template<'_, '_>> {
+        self.env.get_template(path).ok()
+    }
+
+    /// Renders `template` (the one at `path`, from [`Templates::template`]).
+    pub fn render_template(
+        &self,
+        template: &Template<'_, '_>,
+        path: &str,
+        context: &Value,
+    ) -> Result<String, Diagnostic> {
+        let source = template.source();
+        // Room for about the template's own text, which most outputs are.
+        let room = (source.len() + source.len() / 4 + 64).min(self.max_output_bytes);
         let mut output = CappedWriter {
-            bytes: Vec::new(),
+            bytes: Vec::with_capacity(room),
             cap: self.max_output_bytes,
         };
         // minijinja 2.24 panicked on a few inputs (found by fuzzing: a backwards slice
@@ -164,14 +209,13 @@ impl Templates {
                     .map(|s| s.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_default();
-                return Some(Err(Diagnostic::error(format!(
+                return Err(Diagnostic::error(format!(
                     "template error: the template engine failed on this template ({why})"
                 ))
-                .in_file(path)));
+                .in_file(path));
             }
         };
-        let source = template.source();
-        Some(match result {
+        match result {
             Ok(_) => String::from_utf8(output.bytes).map_err(|_| {
                 Diagnostic::error("template error: the output is not UTF-8 text").in_file(path)
             }),
@@ -192,7 +236,7 @@ impl Templates {
             .in_file(path)
             .at_line(err.line().map(|line| line as u64))),
             Err(err) => Err(describe(&err, path, Some(source))),
-        })
+        }
     }
 }
 
@@ -464,6 +508,54 @@ mod tests {
             .render(&path, &context.to_value())
             .expect("compiled")
             .map_err(|d| d.to_string())
+    }
+
+    #[test]
+    fn a_context_made_of_parts_is_the_one_converted_whole() {
+        let path = "workloads/w/manifests/t.yaml.j2".to_string();
+        let source = "{{ cluster }}|{{ workload }}|{{ vars }}|{% for k in cluster %}{{ k }},{% endfor %}|\
+            {% for k, v in cluster.labels|items %}{{ k }}={{ v }},{% endfor %}|\
+            {{ cluster.vars.site }}|{{ vars.nested.a }}|{{ cluster|length }}|{{ vars|dictsort }}|\
+            {{ workload.namespace }}|{{ cluster.vars|list }}|{{ vars is mapping }}|{{ 'site' in cluster.vars }}";
+        let snapshot = FleetSnapshot::from_files([(path.as_str(), source)]);
+        let mut diagnostics = Vec::new();
+        let templates = Templates::compile(&snapshot, [&path], &mut diagnostics);
+        assert!(diagnostics.is_empty(), "{diagnostics:?}");
+        let vars: flotilla_core::model::Vars = serde_json::from_str(
+            r#"{"site": "s-1", "n": 3, "nested": {"a": [1, "x"], "b": null}}"#,
+        )
+        .expect("vars");
+        let merged: flotilla_core::model::Vars =
+            serde_json::from_str(r#"{"z": 1, "nested": {"a": 2}, "a": true}"#).expect("vars");
+        let labels = [("tier", "canary"), ("region", "eu")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        for namespace in [None, Some("ns")] {
+            let cluster = ClusterContext {
+                name: "c",
+                labels: &labels,
+                vars: &vars,
+            };
+            let workload = WorkloadContext {
+                name: "w",
+                namespace,
+            };
+            let parts = Context::from_parts(
+                &value_of(&cluster),
+                &value_of(&workload),
+                &value_of(&merged),
+            );
+            let whole = Context {
+                cluster,
+                workload,
+                vars: &merged,
+            }
+            .to_value();
+            let render = |context: &Value| templates.render(&path, context).expect("compiled");
+            assert_eq!(render(&parts), render(&whole));
+            assert!(render(&whole).is_ok());
+        }
     }
 
     /// Each source is refused with an error containing its text.
