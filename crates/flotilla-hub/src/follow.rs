@@ -71,7 +71,7 @@ pub const FORCE_PUSH_POLLS: i64 = 3;
 
 /// The default of [`crate::HubConfig::keep_render`]: 256 MiB, six times what the
 /// render of 10,000 clusters with one per-cluster template a workload weighs (41
-/// MiB), half of one where every manifest is a per-cluster template (515 MiB).
+/// MiB), about half of one where every manifest is a per-cluster template (439 MiB).
 pub const DEFAULT_KEEP_RENDER: u64 = 256 * 1024 * 1024;
 
 /// About what a render weighs in memory: each distinct resource (its canonical
@@ -79,16 +79,22 @@ pub const DEFAULT_KEEP_RENDER: u64 = 256 * 1024 * 1024;
 fn weight(output: &RenderOutput) -> u64 {
     let mut seen: std::collections::HashSet<*const flotilla_core::bundle::Resource> =
         std::collections::HashSet::new();
+    // Identities are shared too (every cluster's copy of a per-cluster template's
+    // resource has the same one).
+    let mut keys: std::collections::HashSet<*const flotilla_core::bundle::ResourceKey> =
+        std::collections::HashSet::new();
     let mut bytes = 0u64;
     for bundle in output.bundles.values() {
         bytes += 128 + 8 * bundle.resources.len() as u64;
         for resource in &bundle.resources {
             if seen.insert(Arc::as_ptr(resource)) {
+                bytes += 48 + resource.canonical.len() as u64;
                 let key = &resource.key;
-                bytes += 96
-                    + resource.canonical.len() as u64
-                    + (key.group.len() + key.kind.len() + key.namespace.len() + key.name.len())
-                        as u64;
+                if keys.insert(Arc::as_ptr(key)) {
+                    bytes += 112
+                        + (key.group.len() + key.kind.len() + key.namespace.len() + key.name.len())
+                            as u64;
+                }
             }
         }
     }

@@ -9,7 +9,10 @@
 //! file, identical template outputs are rendered once as one unit (and parsed inside
 //! it, so no output's tree outlives its unit), and the resources of a workload
 //! are rendered once per distinct (workload, overlays, custom scopes, template
-//! outputs) combination, however many clusters share it. Clusters render in parallel.
+//! outputs) combination, however many clusters share it. A template whose outputs
+//! differ only in the values of its holes is transformed once per (workload,
+//! overlays, custom scopes) into stencils, and each cluster's values are filled in
+//! (see [`stencil`]). Clusters render in parallel.
 
 pub mod diff;
 pub mod inputs;

@@ -290,7 +290,7 @@ fn hole_indexes(text: &str) -> Option<Vec<usize>> {
 }
 
 /// The node at `path` in `value`.
-fn place<'v>(value: &'v mut Value, path: &[Step]) -> Option<&'v mut Value> {
+pub(crate) fn place<'v>(value: &'v mut Value, path: &[Step]) -> Option<&'v mut Value> {
     path.iter().try_fold(value, |node, step| match step {
         Step::Key(key) => node.as_object_mut()?.get_mut(key),
         Step::Index(index) => node.as_array_mut()?.get_mut(*index),

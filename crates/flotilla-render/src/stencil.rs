@@ -50,7 +50,7 @@ use crate::kyaml::{HOLE_END, HOLE_START, Step};
 use crate::load::{Overlay, PatchAction, SourcedDocument, Workload};
 use crate::patch::PatchLimits;
 use crate::scope::CustomScopes;
-use crate::shape::Shape;
+use crate::shape::{Shape, place};
 use crate::transform;
 
 /// How much larger than their stand-ins the values of a cluster may be, in all, for
@@ -338,14 +338,6 @@ fn value_holds(value: &Value, test: &impl Fn(&str) -> bool) -> bool {
         }
     }
     false
-}
-
-/// The node at `path` in `value`.
-fn place<'v>(value: &'v mut Value, path: &[Step]) -> Option<&'v mut Value> {
-    path.iter().try_fold(value, |node, step| match step {
-        Step::Key(key) => node.as_object_mut()?.get_mut(key),
-        Step::Index(index) => node.as_array_mut()?.get_mut(*index),
-    })
 }
 
 #[cfg(test)]
