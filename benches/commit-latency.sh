@@ -18,7 +18,9 @@
 # render and install times the hub logs and its RSS. REPO is left on `base`, with
 # the branch `follow` holding the commits.
 #
-# Binary: FLOTILLA_BIN (default target/release/flotilla).
+# Binary: FLOTILLA_BIN (default target/release/flotilla). GAP=SECONDS waits that
+# long before each commit (default 0): commits minutes apart find the hub, and its
+# render process, idle, their freed memory given back to the system.
 set -euo pipefail
 
 if [ $# -lt 2 ]; then
@@ -60,6 +62,7 @@ done
 sleep 3
 echo "first render served; hub RSS $(rss) KB"
 for i in $(seq 1 "$runs"); do
+  sleep "${GAP:-0}"
   before="$(served)"
   sed -i 's/^    site: "\(.*\)"/    site: "\1x"/' "$repo/$file"
   start=$(date +%s%N)

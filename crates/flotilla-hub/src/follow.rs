@@ -40,7 +40,7 @@ use flotilla_core::limits::Limits;
 use flotilla_core::snapshot::FleetSnapshot;
 use flotilla_render::{RenderOptions, RenderOutput, render_since, render_with};
 
-use crate::render_worker::{RenderWorker, Rendered};
+use crate::render_worker::{RenderSession, RenderWorker, Rendered};
 
 /// How long a `git clone` or `git fetch` may take.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(300);
@@ -211,9 +211,9 @@ pub struct Follower {
     origin: Origin,
     spec: SourceSpec,
     limits: Limits,
-    /// Renders in a child process under a memory limit; on a thread of the hub's own
-    /// without one.
-    render_worker: Option<RenderWorker>,
+    /// Renders in a child process under a memory limit, kept between commits; on a
+    /// thread of the hub's own without one.
+    render_session: Option<RenderSession>,
     state_dir: PathBuf,
     poll_interval: Duration,
     last_commit: Option<String>,
@@ -244,7 +244,7 @@ impl Follower {
             shared,
             spec,
             limits,
-            render_worker,
+            render_session: render_worker.map(RenderSession::new),
             state_dir: state_dir.to_path_buf(),
             poll_interval,
             last_commit: None,
@@ -457,9 +457,9 @@ impl Follower {
             ),
             Rendered::OutOfMemory => {
                 let limit = self
-                    .render_worker
+                    .render_session
                     .as_ref()
-                    .and_then(|w| w.memory_limit)
+                    .and_then(RenderSession::memory_limit)
                     .unwrap_or_default();
                 let message = format!(
                     "the render of this commit needed more than {} of memory \
@@ -514,6 +514,10 @@ impl Follower {
             let weight = weighing.await.unwrap_or(u64::MAX);
             if weight <= self.keep_render {
                 tracing::debug!(revision = %output.revision, weight, "kept for the next commit");
+                // The render process, which answered it, keeps it too.
+                if let Some(session) = &mut self.render_session {
+                    session.keeps(&output);
+                }
                 self.last_output = Some(output);
             } else {
                 tracing::info!(
@@ -611,12 +615,21 @@ impl Follower {
     /// next unit of work) and left to finish on its own; the process does not wait
     /// for it to exit.
     async fn render_off_runtime(
-        &self,
+        &mut self,
         snapshot: FleetSnapshot,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Rendered {
-        if let Some(worker) = &self.render_worker {
-            return self.render_in_worker(worker, snapshot, shutdown).await;
+        let patience = self.limits.render_timeout + RENDER_GRACE;
+        if let Some(session) = &mut self.render_session {
+            // Renders in the render process (see [`crate::render_worker`]), ended at
+            // the deadline and its grace, or when the hub stops.
+            let stop = async {
+                let _ = shutdown.changed().await;
+            };
+            let previous = self.last_output.clone();
+            return session
+                .render(snapshot, previous, &self.limits, patience, stop)
+                .await;
         }
         let cancel = Arc::new(AtomicBool::new(false));
         let (done, result) = oneshot::channel();
@@ -664,24 +677,6 @@ impl Follower {
             cancel.store(true, Ordering::Relaxed);
         }
         outcome
-    }
-
-    /// Renders in a child process (see [`crate::render_worker`]), killed at the
-    /// deadline and its grace, or when the hub stops.
-    async fn render_in_worker(
-        &self,
-        worker: &RenderWorker,
-        snapshot: FleetSnapshot,
-        shutdown: &mut watch::Receiver<bool>,
-    ) -> Rendered {
-        let patience = self.limits.render_timeout + RENDER_GRACE;
-        let stop = async {
-            let _ = shutdown.changed().await;
-        };
-        let previous = self.last_output.clone();
-        worker
-            .render(snapshot, previous, &self.limits, patience, stop)
-            .await
     }
 
     /// The snapshot to render, and whether its commit forces an immediate rollout

@@ -6,18 +6,22 @@
 //! every one within its budgets, are 800 MB for one cluster, and a fault of the
 //! template engine or of any other step could ask for more. A render inside the
 //! hub's process would take the hub down with it.
-//! `flotilla serve` therefore renders each commit in a child process (the same
-//! binary, `flotilla render-worker`) whose data segment is capped with `RLIMIT_DATA`
+//! `flotilla serve` therefore renders commits in a child process (the same binary,
+//! `flotilla render-worker`) whose data segment is capped with `RLIMIT_DATA`
 //! (`--render-memory`): a template past it ends only that process, and the hub
 //! reports the commit as failed and keeps serving the last good bundles. The child
-//! is also killed at the render's deadline and when the hub stops, and it dies with
-//! the hub (`PR_SET_PDEATHSIG`). Its working set never becomes the hub's: all of it
-//! goes back to the system when the child exits.
+//! is killed when a render passes its deadline or does not end with an answer, and
+//! when the hub stops, and it dies with the hub (`PR_SET_PDEATHSIG`); otherwise it
+//! renders commit after commit ([`RenderSession`]), keeping its last render (its
+//! bundles' digests and its provenance) and that render's parse of the cluster files
+//! between them, so that neither is sent or parsed again. Its working set never
+//! becomes the hub's.
 //!
 //! The protocol is private to one binary (parent and child are the same build): the
-//! snapshot and the limits go in on standard input, with the last clean render when
-//! there is one, as its bundles' digests and its provenance only (the child then
-//! renders only what changed since). The child first writes which clusters it
+//! snapshot and the limits go in on standard input, with the render to render since
+//! when there is one (the child then renders only what changed since): the one it
+//! keeps, when the hub kept it too, or else the hub's last clean render as its
+//! bundles' digests and its provenance only. The child first writes which clusters it
 //! renders in part, and the hub answers with their previous bundles (the resources
 //! the child merges with); then the output comes back on standard output as a JSON
 //! header (revision, diagnostics, memberships, labels, rollout plan) followed by
@@ -28,7 +32,7 @@
 //! own inputs (their file and groups, all that those come from) changed.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{self, Read, Write};
+use std::io::{self, BufRead, Read, Write};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -44,8 +48,7 @@ use flotilla_core::rollout::RolloutPlan;
 use flotilla_core::snapshot::FleetSnapshot;
 use flotilla_render::inputs::{ClusterInput, InputDigest, WorkloadInputs};
 use flotilla_render::{
-    ClusterProvenance, PatchMatches, Provenance, RenderOptions, RenderOutput,
-    render_since_fetching, render_with,
+    ClusterProvenance, PatchMatches, Provenance, RenderOptions, RenderOutput, render_since_fetching,
 };
 
 /// The hidden subcommand of the `flotilla` binary that runs [`run_worker`].
@@ -164,11 +167,58 @@ impl<V: Clone> Changes<V> {
     }
 }
 
-impl RenderWorker {
-    /// Renders `snapshot` in a child process. Resolves when the child has answered, or
-    /// kills it when `deadline` passes or `stop` resolves first.
+/// A render process kept between commits (see the module's documentation): it is
+/// started for the first render, renders each commit after, and keeps its last
+/// render and parse of the cluster files between them. It is ended (and the next
+/// render starts a new one) whenever a render does not end with an answer: past
+/// its deadline, out of memory, crashed, unreadable, or the hub stopping; and it
+/// ends with the session.
+pub struct RenderSession {
+    worker: RenderWorker,
+    process: Option<Process>,
+}
+
+/// A running render process.
+struct Process {
+    child: tokio::process::Child,
+    /// Its standard input and output, for blocking writes and reads on threads of
+    /// their own; `None` only while a render uses them.
+    stdin: Option<std::fs::File>,
+    stdout: Option<std::fs::File>,
+    /// The end of its standard error, read until it exits.
+    errors: tokio::task::JoinHandle<String>,
+    /// The hub's copy of the render the process keeps, when the hub keeps it too
+    /// (see [`RenderSession::keeps`]).
+    kept: Option<Arc<RenderOutput>>,
+}
+
+impl RenderSession {
+    pub fn new(worker: RenderWorker) -> RenderSession {
+        RenderSession {
+            worker,
+            process: None,
+        }
+    }
+
+    /// The memory limit of the render process.
+    pub fn memory_limit(&self) -> Option<u64> {
+        self.worker.memory_limit
+    }
+
+    /// The hub keeps `output`, the render this session answered last, to render the
+    /// next commit since: the render process keeps it too, so the next request need
+    /// not send it.
+    pub fn keeps(&mut self, output: &Arc<RenderOutput>) {
+        if let Some(process) = &mut self.process {
+            process.kept = Some(output.clone());
+        }
+    }
+
+    /// Renders `snapshot` (since `previous`, the hub's last clean render, if any) in
+    /// the render process, started if none runs. Resolves when it has answered, or
+    /// ends it when `deadline` passes or `stop` resolves first.
     pub async fn render(
-        &self,
+        &mut self,
         snapshot: FleetSnapshot,
         previous: Option<Arc<RenderOutput>>,
         limits: &Limits,
@@ -177,6 +227,95 @@ impl RenderWorker {
     ) -> Rendered {
         let started = std::time::Instant::now();
         let revision = snapshot.revision.clone();
+        if self.process.is_none() {
+            match self.worker.start() {
+                Ok(process) => self.process = Some(process),
+                Err(rendered) => return rendered,
+            }
+        }
+        let Some(process) = self.process.as_mut() else {
+            return Rendered::Panicked("no render process".into());
+        };
+        // What the process keeps is the hub's previous render: it need not be sent.
+        let since_kept = match (&previous, process.kept.take()) {
+            (Some(previous), Some(kept)) => Arc::ptr_eq(previous, &kept),
+            _ => false,
+        };
+        let (Some(stdin), Some(stdout)) = (process.stdin.take(), process.stdout.take()) else {
+            self.process = None;
+            return Rendered::Panicked("the render process lost its pipes".into());
+        };
+        // The snapshot is written and the answer read as they go, each on a thread of
+        // its own (blocking on the pipe): a fleet is up to --max-fleet-bytes, and a
+        // render of 10,000 per-cluster templates answers with hundreds of megabytes;
+        // neither is ever held twice. Feeding and draining at once, neither side
+        // waits on a full pipe.
+        let limits = limits.clone();
+        let kept = previous.clone();
+        let (ask, asked) = std::sync::mpsc::channel();
+        let feed = tokio::task::spawn_blocking(move || {
+            let mut input = io::BufWriter::with_capacity(1 << 20, stdin);
+            // A child that dies early closes its end; what it says then is the news.
+            let fed = feed_input(
+                &snapshot,
+                previous.as_deref(),
+                since_kept,
+                &limits,
+                &mut input,
+                &asked,
+            );
+            fed.and_then(|()| input.into_inner().map_err(|e| e.into_error()))
+        });
+        let drain = tokio::task::spawn_blocking(move || {
+            let mut output = io::BufReader::with_capacity(1 << 20, stdout);
+            let answer = drain_output(&mut output, kept.as_deref(), &ask);
+            // Nothing of this answer is left in the buffer: the reader ends with it.
+            (answer, output.into_inner())
+        });
+        let timer = tokio::time::sleep(deadline);
+        let (answer, stdout) = tokio::select! {
+            drained = drain => match drained {
+                Ok(drained) => drained,
+                Err(err) => {
+                    self.process = None;
+                    return Rendered::Panicked(format!("cannot read the render: {err}"));
+                }
+            },
+            _ = timer => {
+                // Dropping the process kills it; the threads then meet closed pipes.
+                self.process = None;
+                return Rendered::Abandoned(started.elapsed());
+            }
+            _ = stop => {
+                self.process = None;
+                return Rendered::ShuttingDown;
+            }
+        };
+        let stdin = match (answer.is_ok(), feed.await) {
+            (true, Ok(Ok(stdin))) => Some(stdin),
+            _ => None,
+        };
+        match (answer, stdin) {
+            (Ok(output), Some(stdin)) => {
+                if let Some(process) = self.process.as_mut() {
+                    process.stdin = Some(stdin);
+                    process.stdout = Some(stdout);
+                }
+                Rendered::Done(Box::new(output), started.elapsed())
+            }
+            (answer, _) => {
+                let Some(process) = self.process.take() else {
+                    return Rendered::Panicked("no render process".into());
+                };
+                process.failed(answer.err(), &revision).await
+            }
+        }
+    }
+}
+
+impl RenderWorker {
+    /// Starts a render process.
+    fn start(&self) -> Result<Process, Rendered> {
         let mut command = tokio::process::Command::new(&self.program);
         command.arg(WORKER_COMMAND);
         if let Some(limit) = self.memory_limit {
@@ -187,103 +326,102 @@ impl RenderWorker {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        let mut child = match command.spawn() {
-            Ok(child) => child,
-            Err(err) => {
-                return Rendered::CannotStart(format!(
-                    "{} {WORKER_COMMAND}: {err}",
-                    self.program.display()
-                ));
-            }
-        };
+        let mut child = command.spawn().map_err(|err| {
+            Rendered::CannotStart(format!(
+                "{} {WORKER_COMMAND}: {err}",
+                self.program.display()
+            ))
+        })?;
         let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
-            return Rendered::Panicked("the render process has no pipes".into());
+            return Err(Rendered::Panicked("the render process has no pipes".into()));
         };
-        // The snapshot is written and the answer read as they go, each on a thread of
-        // its own (blocking on the pipe): a fleet is up to --max-fleet-bytes, and a
-        // render of 10,000 per-cluster templates answers with hundreds of megabytes;
-        // neither is ever held twice. Feeding, draining and collecting at once, neither
-        // side waits on a full pipe.
         let (stdin, stdout) = match (
             blocking(stdin.into_owned_fd()),
             blocking(stdout.into_owned_fd()),
         ) {
             (Ok(stdin), Ok(stdout)) => (stdin, stdout),
             (Err(err), _) | (_, Err(err)) => {
-                return Rendered::Panicked(format!("cannot talk to the render process: {err}"));
+                return Err(Rendered::Panicked(format!(
+                    "cannot talk to the render process: {err}"
+                )));
             }
         };
-        let limits = limits.clone();
-        let kept = previous.clone();
-        let (ask, asked) = std::sync::mpsc::channel();
-        let feed = tokio::task::spawn_blocking(move || {
-            // A child that dies early closes its end; what it says then is the news.
-            let input = io::BufWriter::with_capacity(1 << 20, stdin);
-            let _ = feed_input(&snapshot, previous.as_deref(), &limits, input, &asked);
-        });
-        let drain = tokio::task::spawn_blocking(move || {
-            drain_output(
-                io::BufReader::with_capacity(1 << 20, stdout),
-                kept.as_deref(),
-                &ask,
-            )
-        });
+        // Read as it comes (the process writes to it only when it fails), keeping the
+        // last of it.
         let errors = tokio::spawn(async move {
-            let mut text = Vec::new();
-            let _ = stderr.take(STDERR_KEPT).read_to_end(&mut text).await;
+            let mut stderr = stderr;
+            let mut text: Vec<u8> = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while let Ok(n) = stderr.read(&mut chunk).await {
+                if n == 0 {
+                    break;
+                }
+                text.extend_from_slice(&chunk[..n]);
+                let excess = text.len().saturating_sub(STDERR_KEPT as usize);
+                text.drain(..excess);
+            }
             String::from_utf8_lossy(&text).into_owned()
         });
-        let finished = async {
-            let status = child.wait().await;
-            (status, drain.await, errors.await)
-        };
-        tokio::pin!(finished);
-        let timer = tokio::time::sleep(deadline);
-        let (status, out, errors) = tokio::select! {
-            done = &mut finished => done,
-            _ = timer => return Rendered::Abandoned(started.elapsed()),
-            _ = stop => return Rendered::ShuttingDown,
-        };
-        // (A return above drops `child`, which kills it (`kill_on_drop`); the feeding
-        // thread then meets a closed pipe and ends.)
-        drop(feed);
-        let status = match status {
-            Ok(status) => status,
-            Err(err) => return Rendered::Panicked(format!("cannot wait for the render: {err}")),
-        };
-        let errors = errors.unwrap_or_default();
-        // An answer the hub could not read: the child then met a closed pipe, and
+        Ok(Process {
+            child,
+            stdin: Some(stdin),
+            stdout: Some(stdout),
+            errors,
+            kept: None,
+        })
+    }
+}
+
+impl Process {
+    /// Why a render ended without an answer (`read`, the error reading it, if any):
+    /// how the process ended, and what it said.
+    async fn failed(mut self, read: Option<io::Error>, revision: &str) -> Rendered {
+        // An answer the hub could not read: the child then meets a closed pipe, and
         // what went wrong is the reading, not how the child ended.
-        if let Ok(Err(err)) = &out
+        if let Some(err) = &read
             && err.kind() == io::ErrorKind::InvalidData
         {
             return Rendered::Panicked(format!("the render's answer is unreadable: {err}"));
         }
-        if !status.success() {
-            // An allocation that failed aborts ("memory allocation of N bytes failed");
-            // one reading the input fails as an error ("out of memory").
-            if let Some(line) = errors
-                .lines()
-                .find(|l| l.contains("memory allocation of") || l.contains("out of memory"))
-            {
-                tracing::warn!(%revision, "the render process ran out of memory: {}", line.trim());
-                return Rendered::OutOfMemory;
+        let status = match tokio::time::timeout(EXIT_WAIT, self.child.wait()).await {
+            Ok(Ok(status)) => status,
+            Ok(Err(err)) => {
+                return Rendered::Panicked(format!("cannot wait for the render: {err}"));
             }
-            let last = errors.lines().rev().find(|l| !l.trim().is_empty());
-            return Rendered::Panicked(match last {
-                Some(line) => format!("the render process ended with {status}: {}", line.trim()),
-                None => format!("the render process ended with {status}"),
-            });
+            Err(_) => {
+                let why = read.map(|e| e.to_string()).unwrap_or_default();
+                return Rendered::Panicked(format!(
+                    "the render process stopped answering ({why}) and was ended"
+                ));
+            }
+        };
+        let errors = self.errors.await.unwrap_or_default();
+        if status.success() {
+            return Rendered::Panicked(format!(
+                "the render process ended without an answer ({status})"
+            ));
         }
-        match out {
-            Ok(Ok(output)) => Rendered::Done(Box::new(output), started.elapsed()),
-            Ok(Err(err)) => Rendered::Panicked(format!("the render's answer is unreadable: {err}")),
-            Err(err) => Rendered::Panicked(format!("cannot read the render: {err}")),
+        // An allocation that failed aborts ("memory allocation of N bytes failed");
+        // one reading the input fails as an error ("out of memory").
+        if let Some(line) = errors
+            .lines()
+            .find(|l| l.contains("memory allocation of") || l.contains("out of memory"))
+        {
+            tracing::warn!(%revision, "the render process ran out of memory: {}", line.trim());
+            return Rendered::OutOfMemory;
         }
+        let last = errors.lines().rev().find(|l| !l.trim().is_empty());
+        Rendered::Panicked(match last {
+            Some(line) => format!("the render process ended with {status}: {}", line.trim()),
+            None => format!("the render process ended with {status}"),
+        })
     }
 }
+
+/// How long a render process that stopped answering is given to end on its own.
+const EXIT_WAIT: Duration = Duration::from_secs(5);
 
 /// A pipe end of the child as a file for blocking reads or writes (tokio opens it
 /// non-blocking).
@@ -294,19 +432,29 @@ fn blocking(fd: io::Result<std::os::fd::OwnedFd>) -> io::Result<std::fs::File> {
 }
 
 /// The hub's side of the input: the snapshot, the previous render (digests and
-/// provenance, no resources), then, once the child has said which clusters it
-/// renders in part (through `asked`), their previous bundles.
+/// provenance, no resources; or, when the process keeps it, only that), then, once
+/// the child has said which clusters it renders in part (through `asked`), their
+/// previous bundles.
 fn feed_input(
     snapshot: &FleetSnapshot,
     previous: Option<&RenderOutput>,
+    since_kept: bool,
     limits: &Limits,
     mut input: impl Write,
     asked: &std::sync::mpsc::Receiver<Vec<String>>,
 ) -> io::Result<()> {
-    encode_input(snapshot, previous, limits, &mut input)?;
+    let since = match previous {
+        Some(_) if since_kept => Since::Kept,
+        Some(previous) => Since::Given(previous),
+        None => Since::Nothing,
+    };
+    encode_input(snapshot, since, limits, &mut input)?;
     input.flush()?;
+    // The child asks (with some names) only while it renders, and waits for the
+    // answer; none asked, none is written.
     if let Some(previous) = previous
         && let Ok(names) = asked.recv()
+        && !names.is_empty()
     {
         let answer = RenderOutput {
             bundles: names
@@ -333,12 +481,17 @@ fn drain_output(
         names.push(read_text(&mut output)?);
     }
     let _ = ask.send(names);
-    decode_output(output, previous)
+    // Not past the answer: the process's next answer follows on the same pipe.
+    read_output(output, previous.map_or(Known::Nothing, Known::Render))
 }
 
-/// The child's side: caps its own memory, reads the snapshot and limits from
-/// `input`, renders and writes the result to `output`. Rendering runs out of memory
-/// by aborting the process, which the parent recognises.
+/// The child's side: caps its own memory, then renders request after request until
+/// its input ends: each is the snapshot and limits read from `input`, its render
+/// written to `output`. Between requests it keeps its last render (digests and
+/// provenance) and that render's parse of the cluster files, so the next commit can
+/// be rendered since it without the hub sending it again, and unchanged cluster
+/// files are not parsed again. Rendering runs out of memory by aborting the process,
+/// which the parent recognises.
 pub fn run_worker(
     memory_limit: Option<u64>,
     input: impl Read,
@@ -358,34 +511,88 @@ pub fn run_worker(
         .map_err(io::Error::from)?;
     }
     let mut input = io::BufReader::new(input);
-    let (limits, snapshot, previous) = decode_input(&mut input)?;
+    let mut output = io::BufWriter::new(output);
+    let mut kept: Option<RenderOutput> = None;
+    // A request starts with its header; the end of the input, between requests,
+    // ends the worker.
+    while !input.fill_buf()?.is_empty() {
+        let rendered = render_request(&mut input, &mut output, kept.take())?;
+        kept = Some(kept_for_next(rendered));
+    }
+    Ok(())
+}
+
+/// Reads one request, renders it (since the render it names, and with the parse of
+/// `kept`, the last render), and writes the answer; returns the render.
+fn render_request(
+    input: &mut impl BufRead,
+    output: &mut impl Write,
+    kept: Option<RenderOutput>,
+) -> io::Result<RenderOutput> {
+    let (limits, snapshot, since) = decode_input(&mut *input)?;
+    let parsed = kept.as_ref().and_then(|k| k.parsed.clone());
+    let previous =
+        match since {
+            Since::Nothing => None,
+            Since::Given(mut previous) => {
+                previous.parsed = parsed.clone();
+                Some(previous)
+            }
+            Since::Kept => Some(kept.ok_or_else(|| {
+                invalid("asked to render since a render this process does not keep")
+            })?),
+        };
     let options = RenderOptions {
         limits,
         ..RenderOptions::default()
     };
-    let mut output = io::BufWriter::new(output);
     // The clusters rendered in part, asked for once: their previous bundles are read
     // back from the hub. Asked or not, the request is written before the render.
     let mut asked: Option<Vec<String>> = None;
+    let mut fetch = |names: &[String]| -> Option<Vec<Bundle>> {
+        asked = Some(names.to_vec());
+        write_request(output, names).ok()?;
+        let answer = read_output(&mut *input, Known::Nothing).ok()?;
+        names
+            .iter()
+            .map(|n| answer.bundles.get(n).cloned())
+            .collect()
+    };
     let rendered = match &previous {
-        Some(previous) => render_since_fetching(previous, &snapshot, &options, &mut |names| {
-            asked = Some(names.to_vec());
-            write_request(&mut output, names).ok()?;
-            let answer = read_output(&mut input, Known::Nothing).ok()?;
-            names
-                .iter()
-                .map(|n| answer.bundles.get(n).cloned())
-                .collect()
-        }),
-        None => render_with(&snapshot, &options),
+        Some(previous) => render_since_fetching(previous, &snapshot, &options, &mut fetch),
+        // Nothing to render since, but the last render's parse of the cluster files
+        // can still be taken.
+        None => {
+            let parse_only = RenderOutput {
+                parsed,
+                ..RenderOutput::default()
+            };
+            render_since_fetching(&parse_only, &snapshot, &options, &mut fetch)
+        }
     };
     drop(snapshot);
     if asked.is_none() {
-        write_request(&mut output, &[])?;
+        write_request(output, &[])?;
     }
     let known = previous.as_ref().map_or(Known::Nothing, Known::Render);
-    encode_output(&rendered, known, &mut output)?;
-    output.flush()
+    encode_output(&rendered, known, output)?;
+    output.flush()?;
+    Ok(rendered)
+}
+
+/// What the worker keeps of a render for the next request: what a hub sends of a
+/// render to render since it (its bundles' digests, its diagnostics and
+/// provenance) and its parse of the cluster files.
+fn kept_for_next(mut rendered: RenderOutput) -> RenderOutput {
+    for bundle in rendered.bundles.values_mut() {
+        bundle.resources = Vec::new();
+    }
+    RenderOutput {
+        memberships: BTreeMap::new(),
+        labels: BTreeMap::new(),
+        rollouts: RolloutPlan::default(),
+        ..rendered
+    }
 }
 
 /// The names of the clusters whose previous bundles the child needs.
@@ -406,13 +613,23 @@ fn put_bytes(out: &mut impl Write, bytes: &[u8]) -> io::Result<()> {
     out.write_all(bytes)
 }
 
+/// The render a request is rendered since.
+enum Since<P> {
+    Nothing,
+    /// This one, sent with the request (its digests and provenance).
+    Given(P),
+    /// The one the render process answered last and keeps.
+    Kept,
+}
+
 /// Writes a snapshot and the limits to render it within: a JSON header, then each
 /// distinct file content once (paths to the same content share it), then each path
-/// with the index of its content; then the previous render to render since, if any
-/// (as [`encode_output`] writes it, its bundles as digests only).
+/// with the index of its content; then which render to render since: none, one
+/// given (as [`encode_output`] writes it, its bundles as digests only), or the one
+/// the process keeps.
 fn encode_input(
     snapshot: &FleetSnapshot,
-    previous: Option<&RenderOutput>,
+    since: Since<&RenderOutput>,
     limits: &Limits,
     out: &mut impl Write,
 ) -> io::Result<()> {
@@ -433,17 +650,19 @@ fn encode_input(
         put_bytes(out, path.as_bytes())?;
         put_len(out, i)?;
     }
-    match previous {
-        Some(previous) => {
+    match since {
+        Since::Nothing => put_len(out, 0),
+        Since::Given(previous) => {
             put_len(out, 1)?;
             encode_output(previous, Known::Digests, out)
         }
-        None => put_len(out, 0),
+        Since::Kept => put_len(out, 2),
     }
 }
 
-/// Reads what [`encode_input`] wrote, as it arrives (the files are not held twice).
-fn decode_input(mut input: impl Read) -> io::Result<(Limits, FleetSnapshot, Option<RenderOutput>)> {
+/// Reads what [`encode_input`] wrote, as it arrives (the files are not held twice),
+/// and nothing after it.
+fn decode_input(mut input: impl Read) -> io::Result<(Limits, FleetSnapshot, Since<RenderOutput>)> {
     let header: InputHeader = serde_json::from_slice(&read_bytes(&mut input)?).map_err(invalid)?;
     let count = read_len(&mut input)?;
     let mut texts: Vec<Arc<str>> = Vec::new();
@@ -459,20 +678,19 @@ fn decode_input(mut input: impl Read) -> io::Result<(Limits, FleetSnapshot, Opti
             .ok_or_else(|| invalid("file index out of range"))?;
         files.insert(path, content.clone());
     }
-    let previous = match read_len(&mut input)? {
-        0 => None,
-        _ => Some(read_output(&mut input, Known::Digests)?),
+    let since = match read_len(&mut input)? {
+        0 => Since::Nothing,
+        1 => Since::Given(read_output(&mut input, Known::Digests)?),
+        2 => Since::Kept,
+        _ => return Err(invalid("unknown render to render since")),
     };
-    if previous.is_none() && input.read(&mut [0u8])? != 0 {
-        return Err(invalid("trailing bytes"));
-    }
     let snapshot = FleetSnapshot {
         files,
         revision: header.revision,
         problems: header.problems,
         skipped: header.skipped,
     };
-    Ok((header.limits, snapshot, previous))
+    Ok((header.limits, snapshot, since))
 }
 
 /// Marks a bundle, or a cluster's inputs or provenance, that is the same as in the
@@ -997,9 +1215,9 @@ mod tests {
             ..Limits::default()
         };
         let mut bytes = Vec::new();
-        encode_input(&snapshot, None, &limits, &mut bytes).expect("encodes");
+        encode_input(&snapshot, Since::Nothing, &limits, &mut bytes).expect("encodes");
         let (back_limits, back, previous) = decode_input(bytes.as_slice()).expect("decodes");
-        assert!(previous.is_none());
+        assert!(matches!(previous, Since::Nothing));
         assert_eq!(back_limits, limits);
         assert_eq!(back.files, snapshot.files);
         assert_eq!(back.revision, snapshot.revision);
@@ -1010,8 +1228,10 @@ mod tests {
             &back.files["b/two.txt"]
         ));
         assert!(decode_input(&bytes[..bytes.len() - 1]).is_err());
+        // What follows a request is the next one: a worker refuses what is not.
         bytes.push(0);
-        assert!(decode_input(bytes.as_slice()).is_err());
+        let mut out = Vec::new();
+        assert!(run_worker(None, bytes.as_slice(), &mut out).is_err());
     }
 
     #[test]
@@ -1035,7 +1255,7 @@ mod tests {
     fn the_worker_renders_what_the_hub_would() {
         let (snapshot, rendered) = example();
         let mut input = Vec::new();
-        encode_input(&snapshot, None, &Limits::default(), &mut input).expect("encodes");
+        encode_input(&snapshot, Since::Nothing, &Limits::default(), &mut input).expect("encodes");
         let mut out = Vec::new();
         // No memory limit here: this is the test process itself.
         run_worker(None, input.as_slice(), &mut out).expect("renders");
@@ -1098,7 +1318,14 @@ mod tests {
         std::thread::scope(|scope| {
             scope.spawn(move || run_worker(None, child_in, child_out).expect("renders"));
             let feed = scope.spawn(move || {
-                let _ = feed_input(snapshot, Some(before), &Limits::default(), hub_out, &asked);
+                let _ = feed_input(
+                    snapshot,
+                    Some(before),
+                    false,
+                    &Limits::default(),
+                    hub_out,
+                    &asked,
+                );
             });
             let seen = scope.spawn(move || {
                 let names = forward.recv().expect("a request");
@@ -1155,10 +1382,17 @@ mod tests {
 
             // What goes in: the previous render's digests and provenance only.
             let mut input = Vec::new();
-            encode_input(&snapshot, Some(&before), &Limits::default(), &mut input)
-                .expect("encodes");
+            encode_input(
+                &snapshot,
+                Since::Given(&before),
+                &Limits::default(),
+                &mut input,
+            )
+            .expect("encodes");
             let (_, _, previous) = decode_input(input.as_slice()).expect("decodes");
-            let previous = previous.expect("sent");
+            let Since::Given(previous) = previous else {
+                panic!("sent");
+            };
             assert_eq!(previous.provenance, before.provenance);
             assert!(previous.bundles.values().all(|b| b.resources.is_empty()));
             assert!(previous.memberships.is_empty() && previous.labels.is_empty());
@@ -1184,6 +1418,77 @@ mod tests {
                 &before.bundles["plant-eu-01"].resources[0]
             ));
         }
+    }
+
+    /// One worker renders request after request on the same pipes: since nothing,
+    /// since the render it keeps (not sent again), since one the hub sends; each
+    /// answer what a full render gives.
+    #[test]
+    fn a_worker_renders_request_after_request_since_what_it_keeps() {
+        let (base, _) = example();
+        let edit = |path: &str, from: &str, to: &str| {
+            let mut snapshot = base.clone();
+            let text = snapshot.files[path].replacen(from, to, 1);
+            assert_ne!(&*snapshot.files[path], text.as_str());
+            snapshot.files.insert(path.into(), Arc::from(text));
+            snapshot
+        };
+        let commits = [
+            base.clone(),
+            edit("clusters/store-us-001.yaml", "siteId: ", "siteId: x"),
+            edit(
+                "workloads/kuard/manifests/deployment.yaml",
+                "replicas: 1",
+                "replicas: 3",
+            ),
+            edit("clusters/store-us-001.yaml", "tier: canary", "tier: stable"),
+        ];
+        let (child_in, mut hub_out) = io::pipe().expect("pipe");
+        let (hub_in, child_out) = io::pipe().expect("pipe");
+        let worker = std::thread::spawn(move || run_worker(None, child_in, child_out));
+        let mut hub_in = io::BufReader::new(hub_in);
+        let mut previous: Option<RenderOutput> = None;
+        // Nothing, then the kept render twice, then one sent (as after a render the
+        // process answered but the hub did not keep).
+        for (step, (snapshot, since_kept)) in
+            commits.iter().zip([false, true, true, false]).enumerate()
+        {
+            let (ask, asked) = std::sync::mpsc::channel();
+            let back = std::thread::scope(|scope| {
+                let (hub_out, previous) = (&mut hub_out, &previous);
+                let feed = scope.spawn(move || {
+                    let previous = previous.as_ref();
+                    feed_input(
+                        snapshot,
+                        previous,
+                        since_kept,
+                        &Limits::default(),
+                        hub_out,
+                        &asked,
+                    )
+                });
+                let back = drain_output(&mut hub_in, previous.as_ref(), &ask).expect("decodes");
+                drop(ask);
+                feed.join().expect("fed").expect("written");
+                back
+            });
+            let full = flotilla_render::render(snapshot);
+            assert!(full.is_clean(), "{:?}", full.diagnostics);
+            assert_eq!(digests(&back), digests(&full), "step {step}");
+            assert_eq!(back.diagnostics, full.diagnostics);
+            assert_eq!(back.provenance, full.provenance);
+            assert_eq!(back.memberships, full.memberships);
+            assert_eq!(back.labels, full.labels);
+            for (cluster, bundle) in &back.bundles {
+                assert_eq!(bundle.resources, full.bundles[cluster].resources);
+            }
+            previous = Some(back);
+        }
+        drop(hub_out);
+        worker
+            .join()
+            .expect("the worker")
+            .expect("ends at the end of its input");
     }
 
     /// The files of small fleets, each path with the texts it may have (`None`:
