@@ -301,6 +301,19 @@ impl RenderSession {
                     process.stdin = Some(stdin);
                     process.stdout = Some(stdout);
                 }
+                // The memory a render took stays mapped in the process (freed, not
+                // returned): a process past half its limit could not be sure of
+                // room for another render as large, and a new one is started then.
+                let limit = self.worker.memory_limit;
+                if let (Some(limit), Some(process)) = (limit, &self.process)
+                    && process
+                        .child
+                        .id()
+                        .and_then(data_size)
+                        .is_none_or(|d| d > limit / 2)
+                {
+                    self.process = None;
+                }
                 Rendered::Done(Box::new(output), started.elapsed())
             }
             (answer, _) => {
@@ -418,6 +431,20 @@ impl Process {
             None => format!("the render process ended with {status}"),
         })
     }
+}
+
+/// The size of a process's data segment (what `RLIMIT_DATA` limits), from
+/// `/proc`; `None` if it cannot be read.
+fn data_size(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    vm_data(&status)
+}
+
+/// `VmData` of a `/proc/PID/status` text, in bytes.
+fn vm_data(status: &str) -> Option<u64> {
+    let line = status.lines().find_map(|l| l.strip_prefix("VmData:"))?;
+    let kib: u64 = line.trim().strip_suffix("kB")?.trim().parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 /// How long a render process that stopped answering is given to end on its own.
@@ -1418,6 +1445,15 @@ mod tests {
                 &before.bundles["plant-eu-01"].resources[0]
             ));
         }
+    }
+
+    #[test]
+    fn a_data_segment_is_read_from_proc() {
+        let status = "Name:\tflotilla\nVmPeak:\t  900 kB\nVmData:\t  123456 kB\nVmStk:\t 132 kB\n";
+        assert_eq!(vm_data(status), Some(123_456 * 1024));
+        assert_eq!(vm_data("Name:\tx\n"), None);
+        // This process's own, as the hub reads its render process's.
+        assert!(data_size(std::process::id()).is_some_and(|size| size > 0));
     }
 
     /// One worker renders request after request on the same pipes: since nothing,
