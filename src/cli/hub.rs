@@ -84,6 +84,13 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
     config.poll_interval = args.poll_interval.into();
     config.offline_after = args.offline_after.into();
     config.max_wait = args.max_wait.into();
+    if config.max_wait >= config.offline_after {
+        tracing::warn!(
+            max_wait = %args.max_wait,
+            offline_after = %args.offline_after,
+            "--max-wait is not shorter than --offline-after: a cluster whose poll is held that long counts as offline until it is answered"
+        );
+    }
     config.history = args.history;
     config.webhook_secret = webhook_secret;
     config.limits = args.limits.limits();

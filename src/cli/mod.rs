@@ -266,8 +266,9 @@ pub struct ServeArgs {
     /// How long an agent may stay silent before its cluster counts as offline.
     #[arg(long, default_value = "5m", value_name = "DURATION")]
     pub offline_after: humantime::Duration,
-    /// The longest a `?wait=` long-poll is held.
-    #[arg(long, default_value = "60s", value_name = "DURATION")]
+    /// The longest a `?wait=` long-poll is held (keep it under --offline-after: a
+    /// held poll counts as seen when it begins and when it is answered).
+    #[arg(long, default_value = "4m", value_name = "DURATION")]
     pub max_wait: humantime::Duration,
     /// How many digests to keep per cluster for /v1/clusters/{cluster}/bundles/{digest}.
     #[arg(long, default_value_t = 10, value_name = "N")]

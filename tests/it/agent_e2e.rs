@@ -14,6 +14,7 @@ use std::time::Duration;
 use flotilla_agent::backoff::BackoffPolicy;
 use flotilla_agent::client::Server;
 use flotilla_agent::sink::dir::{DirSink, file_name};
+use flotilla_agent::wait::Wait;
 use flotilla_agent::{Agent, AgentConfig, AgentError};
 use flotilla_core::bundle::{Bundle, Digest, verify_document_parts};
 use flotilla_core::signing::{BundleSignature, PublicKey, SigningKey, TrustedKeys};
@@ -190,7 +191,7 @@ impl RunningAgent {
         };
         // A hub that shuts down answers its held long-polls with 304 at once, and an
         // agent asks again only after the rest of --wait: keep that short here.
-        config.wait = Duration::from_secs(1);
+        config.wait = Wait::Fixed(Duration::from_secs(1));
         adjust(&mut config);
         let agent = Agent::new(config, DirSink::new(&site.target(), &site.state(), false));
         let reports = agent.reports();
@@ -301,7 +302,7 @@ async fn an_idle_agent_stays_in_sync_on_the_hub_through_its_polls() {
     // long-polls, held for a second each here.
     let mut agent = RunningAgent::start_with(&f.site, &hub.base(), |config| {
         assert!(config.heartbeat.is_zero(), "no heartbeat by default");
-        config.wait = Duration::from_secs(1);
+        config.wait = Wait::Fixed(Duration::from_secs(1));
     });
     let first = rendered(&f.repo);
     agent.applied(&first.digest).await;
@@ -455,7 +456,7 @@ async fn a_tampered_bundle_in_a_published_folder_is_refused() {
         CLUSTER,
         f.site.state(),
     );
-    config.wait = Duration::from_millis(100);
+    config.wait = Wait::Fixed(Duration::from_millis(100));
     let agent = Agent::new(
         config,
         DirSink::new(&f.site.target(), &f.site.state(), false),
@@ -681,7 +682,7 @@ async fn a_signed_publish_mirror_that_is_tampered_with_or_replayed_is_refused() 
         CLUSTER,
         f.site.state(),
     );
-    config.wait = Duration::from_millis(100);
+    config.wait = Wait::Fixed(Duration::from_millis(100));
     config.trusted = trusted;
     let agent = Agent::new(
         config,

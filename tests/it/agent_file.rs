@@ -10,6 +10,7 @@ use std::time::Duration;
 use agent_support::*;
 use flotilla_agent::client::Server;
 use flotilla_agent::sink::dir::DirSink;
+use flotilla_agent::wait::Wait;
 use flotilla_agent::{Agent, AgentConfig};
 use flotilla_core::bundle::Digest;
 use flotilla_core::status::{ResourceState, StatusReport};
@@ -62,7 +63,7 @@ fn start(publish: &Path, state: &Path, target: &Path) -> Running {
         "edge-1",
         state.to_path_buf(),
     );
-    config.wait = Duration::from_secs(5);
+    config.wait = Wait::Fixed(Duration::from_secs(5));
     let agent = Agent::new(config, DirSink::new(target, state, false));
     let reports = agent.reports();
     let (stop, stopped) = oneshot::channel::<()>();
@@ -118,7 +119,7 @@ async fn a_rendered_bundle_from_a_publish_folder_becomes_one_file_per_resource()
         cluster,
         dirs.state.path().to_path_buf(),
     );
-    config.wait = Duration::from_secs(5);
+    config.wait = Wait::Fixed(Duration::from_secs(5));
     let agent = Agent::new(
         config,
         DirSink::new(dirs.target.path(), dirs.state.path(), false),

@@ -16,6 +16,7 @@ use crate::client::Server;
 use crate::logging::{LogFormat, init_logging};
 use crate::sink::dir::DirSink;
 use crate::sink::kube::{KubeOptions, KubeSink};
+use crate::wait::Wait;
 use crate::{Agent, AgentConfig};
 use flotilla_core::signing::{PublicKey, TrustedKeys};
 
@@ -63,10 +64,17 @@ pub struct AgentArgs {
     /// With `--sink kube`: the longest wait for one answer of the Kubernetes API.
     #[arg(long, env = "FLOTILLA_AGENT_KUBE_TIMEOUT", default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
     pub kube_timeout: Duration,
-    /// How long the hub may hold a poll open waiting for a change (a folder is re-read
-    /// this often); keep it below the idle timeout of any proxy on the way.
-    #[arg(long, env = "FLOTILLA_AGENT_WAIT", default_value = "55s", value_parser = parse_duration, value_name = "DURATION")]
-    pub wait: Duration,
+    /// How long the hub may hold a poll open waiting for a change. `auto`: up to 4
+    /// minutes, held shorter when a proxy or load balancer on the way cuts held polls
+    /// (a folder or static server is then asked every 55 s); a duration: that, every
+    /// time (a folder is re-read this often), below the idle timeout of any proxy on the way.
+    #[arg(
+        long,
+        env = "FLOTILLA_AGENT_WAIT",
+        default_value = "auto",
+        value_name = "auto|DURATION"
+    )]
+    pub wait: Wait,
     /// How often to apply the current bundle again to undo drift (0 to never).
     #[arg(long, env = "FLOTILLA_AGENT_RESYNC", default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
     pub resync: Duration,
@@ -156,9 +164,6 @@ struct Settings {
 
 fn settings(args: &AgentArgs) -> anyhow::Result<Settings> {
     let server = Server::parse(&args.server)?;
-    if args.wait.is_zero() {
-        bail!("--wait must be longer than 0s");
-    }
     if args.kustomization && args.sink == SinkSpec::Kube {
         bail!("--kustomization only applies to `--sink dir:PATH`");
     }
@@ -322,7 +327,7 @@ mod tests {
             ))
         );
         let settings = settings(&args).expect("valid");
-        assert_eq!(settings.config.wait, Duration::from_secs(45));
+        assert_eq!(settings.config.wait, Wait::Fixed(Duration::from_secs(45)));
         assert_eq!(settings.config.resync, Duration::from_secs(900));
         assert_eq!(settings.config.backoff.cap, Duration::from_secs(300));
     }
@@ -347,7 +352,7 @@ mod tests {
             settings.config.state_dir.clone(),
         );
         assert_eq!(settings.config.wait, library.wait);
-        assert_eq!(settings.config.wait, crate::DEFAULT_WAIT);
+        assert_eq!(settings.config.wait, Wait::Auto);
         assert_eq!(settings.config.heartbeat, Duration::ZERO);
         assert_eq!(settings.config.heartbeat, library.heartbeat);
         assert_eq!(settings.config.resync, library.resync);
@@ -412,8 +417,9 @@ mod tests {
         assert!(kube.prune_namespaces_and_crds);
         assert_eq!(kube.request_timeout, Duration::from_secs(5));
         assert_eq!(kube.inventory_namespace.as_deref(), Some("ops"));
-        let args = with(&["--sink", "dir:/x", "--wait", "0"]).expect("parses");
-        assert!(settings(&args).is_err());
+        assert!(with(&["--sink", "dir:/x", "--wait", "0"]).is_err());
+        let args = with(&["--sink", "dir:/x", "--wait", "auto"]).expect("parses");
+        assert_eq!(settings(&args).expect("valid").config.wait, Wait::Auto);
         let args = with(&["--sink", "kube", "--resync", "0"]).expect("parses");
         assert_eq!(
             settings(&args).expect("valid").config.resync,

@@ -13,12 +13,20 @@ use flotilla_core::api;
 use flotilla_core::bundle::Digest;
 use flotilla_core::status::StatusReport;
 
+use crate::wait::Ending;
+
 /// A bundle larger than this is refused: an edge agent must not be made to buffer
 /// an unbounded body.
 pub const MAX_BUNDLE_BYTES: usize = 64 * 1024 * 1024;
 /// How much longer than the long-poll wait a request may take before it is abandoned.
 const REQUEST_GRACE: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a connection stays silent before TCP probes it. The HTTP library's
+/// default (15 s) would send a probe and its acknowledgement, about 100 bytes with
+/// their TCP/IP headers, every 15 s of a held poll: more than the poll itself. A
+/// held poll is silent for up to its wait, and the request's own timeout finds a
+/// dead connection, so probes start only past the longest wait `auto` asks for.
+const TCP_KEEPALIVE: Duration = Duration::from_secs(300);
 
 /// Where bundles come from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -184,7 +192,12 @@ pub enum Fetched {
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
     #[error("cannot reach {server}: {reason}")]
-    Unreachable { server: String, reason: String },
+    Unreachable {
+        server: String,
+        reason: String,
+        /// How the request ended when no answer had begun (`Other` once one had).
+        ending: Ending,
+    },
     #[error("{server} answered {status}: {message}")]
     Status {
         server: String,
@@ -218,6 +231,16 @@ impl FetchError {
                 FailureKind::Auth
             }
             _ => FailureKind::Transient,
+        }
+    }
+
+    /// How a request that got no answer ended: cut on the way (a gateway's 502 or
+    /// 504, the connection closed before an answer), silent (timed out), or else.
+    pub fn ending(&self) -> Ending {
+        match self {
+            FetchError::Unreachable { ending, .. } => *ending,
+            FetchError::Status { status, .. } if *status == 502 || *status == 504 => Ending::Cut,
+            _ => Ending::Other,
         }
     }
 
@@ -336,7 +359,7 @@ impl HubClient {
                     request = request.header(header::IF_NONE_MATCH, etag);
                 }
                 request = self.authorise(request);
-                let response = request.send().await.map_err(|err| self.unreachable(err))?;
+                let response = request.send().await.map_err(|err| self.unanswered(err))?;
                 let status = response.status();
                 if status == StatusCode::NOT_MODIFIED {
                     return Ok(Fetched::NotModified);
@@ -387,7 +410,7 @@ impl HubClient {
         let url = api_url(base, &api::status(&self.cluster));
         let request = self.http.post(url).timeout(REQUEST_GRACE).json(report);
         let request = self.authorise(request);
-        let response = request.send().await.map_err(|err| self.unreachable(err))?;
+        let response = request.send().await.map_err(|err| self.unanswered(err))?;
         if response.status().is_success() {
             Ok(())
         } else {
@@ -409,7 +432,24 @@ impl HubClient {
         request.bearer_auth(&token.value)
     }
 
+    /// A request that failed before any answer began: a connection that could not
+    /// be made, one that went silent (timed out), or one ended on the way.
+    fn unanswered(&self, err: reqwest::Error) -> FetchError {
+        let ending = if err.is_connect() {
+            Ending::Other
+        } else if err.is_timeout() {
+            Ending::Silent
+        } else {
+            Ending::Cut
+        };
+        self.unreachable_as(err, ending)
+    }
+
     fn unreachable(&self, err: reqwest::Error) -> FetchError {
+        self.unreachable_as(err, Ending::Other)
+    }
+
+    fn unreachable_as(&self, err: reqwest::Error, ending: Ending) -> FetchError {
         let reason = if err.is_timeout() {
             "the request timed out".to_string()
         } else {
@@ -420,6 +460,7 @@ impl HubClient {
         FetchError::Unreachable {
             server: self.server.to_string(),
             reason,
+            ending,
         }
     }
 
@@ -489,6 +530,7 @@ fn http_client() -> reqwest::ClientBuilder {
     reqwest::Client::builder()
         .user_agent(concat!("flotilla-agent/", env!("CARGO_PKG_VERSION")))
         .connect_timeout(CONNECT_TIMEOUT)
+        .tcp_keepalive(TCP_KEEPALIVE)
 }
 
 fn api_url(base: &Url, segments: &[&str]) -> Url {
@@ -827,6 +869,63 @@ mod tests {
             .expect_err("unreachable");
         assert!(matches!(err, FetchError::Unreachable { .. }), "{err}");
         assert_eq!(err.kind(), FailureKind::Transient);
+        // A connection that cannot be made says nothing of the path cutting polls.
+        assert_eq!(err.ending(), Ending::Other);
+    }
+
+    /// How a poll that got no answer ended, as `--wait auto` learns from it: a
+    /// connection closed on the way and a gateway's 504 are cuts, the hub's own 503
+    /// is not.
+    #[tokio::test]
+    async fn a_poll_ended_on_the_way_is_told_from_the_hubs_own_errors() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let address = listener.local_addr().expect("address");
+        tokio::spawn(async move {
+            for answer in [None, Some("504 Gateway Time-out"), Some("502 Bad Gateway")] {
+                let (mut socket, _) = listener.accept().await.expect("accepts");
+                let mut request = vec![0; 4096];
+                let _ = socket.read(&mut request).await;
+                if let Some(status) = answer {
+                    let response = format!(
+                        "HTTP/1.1 {status}\r\ncontent-type: text/html\r\ncontent-length: 5\r\nconnection: close\r\n\r\n<p/>\n"
+                    );
+                    let _ = socket.write_all(response.as_bytes()).await;
+                }
+                // Dropped: closed with no answer (the first), or after it.
+            }
+        });
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = Url::parse(&format!("http://{address}/")).expect("url");
+        let mut client = HubClient::new(
+            Server::Http(url),
+            "edge-1",
+            Some(&token_file(dir.path(), "flt_good")),
+        )
+        .expect("client");
+        for expected in ["closed", "504", "502"] {
+            let err = client
+                .fetch_bundle(Some("\"sha256:x\""), Duration::from_secs(30))
+                .await
+                .expect_err(expected);
+            assert_eq!(err.ending(), Ending::Cut, "{expected}: {err}");
+            assert_eq!(err.kind(), FailureKind::Transient);
+        }
+
+        let (url, _seen) = start_hub().await;
+        let mut client = HubClient::new(
+            Server::Http(url),
+            "edge-1",
+            Some(&token_file(dir.path(), "flt_busy")),
+        )
+        .expect("client");
+        let err = client
+            .fetch_bundle(None, Duration::ZERO)
+            .await
+            .expect_err("503");
+        assert_eq!(err.ending(), Ending::Other, "{err}");
     }
 
     #[tokio::test]

@@ -31,6 +31,7 @@ pub mod logging;
 pub mod sink;
 #[cfg(test)]
 pub(crate) mod testing;
+pub mod wait;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -45,6 +46,7 @@ use cache::{Inventory, InventoryEntry, StateDir, StoredStatus};
 use client::{FailureKind, Fetched, HubClient, Server};
 use flotilla_core::status::{ResourceState, StatusReport};
 use sink::{ApplyOutcome, Sink, StopSignal};
+use wait::{AfterFailure, Wait, Waits};
 
 use flotilla_core::bundle::{self, Bundle, Digest};
 use flotilla_core::signing::{Held, TrustedKeys};
@@ -57,8 +59,9 @@ pub struct AgentConfig {
     /// Required for an http(s) server; a `file://` folder needs none.
     pub token_file: Option<PathBuf>,
     pub state_dir: PathBuf,
-    /// How long a hub may hold a poll; a folder is re-read this often.
-    pub wait: Duration,
+    /// How long a hub may hold a poll (`auto`: as long as the path to it allows, up
+    /// to 4 minutes); a folder is re-read once per wait (55 s with `auto`).
+    pub wait: Wait,
     /// How often the current bundle is applied again to undo drift; zero disables it.
     pub resync: Duration,
     /// How long the agent stays silent before it sends its last report again; zero (the
@@ -74,7 +77,7 @@ pub struct AgentConfig {
 }
 
 impl AgentConfig {
-    /// Settings with the defaults of the command line: `--wait 55s --resync 10m
+    /// Settings with the defaults of the command line: `--wait auto --resync 10m
     /// --heartbeat 0`, back-off capped at 5 minutes.
     pub fn new(server: Server, cluster: &str, state_dir: PathBuf) -> AgentConfig {
         AgentConfig {
@@ -82,7 +85,7 @@ impl AgentConfig {
             cluster: cluster.to_string(),
             token_file: None,
             state_dir,
-            wait: DEFAULT_WAIT,
+            wait: Wait::Auto,
             resync: Duration::from_secs(600),
             heartbeat: Duration::ZERO,
             http2: false,
@@ -92,12 +95,6 @@ impl AgentConfig {
         }
     }
 }
-
-/// How long the agent asks the hub to hold a poll by default. Long polls keep an idle
-/// agent's traffic small (one round trip per wait); 55 s stays under the 60 s idle
-/// timeouts that common proxies and load balancers apply by default (nginx's
-/// `proxy_read_timeout`, AWS ALB), so a held poll is not cut off on the way.
-pub const DEFAULT_WAIT: Duration = Duration::from_secs(55);
 
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
@@ -244,7 +241,7 @@ impl<S: Sink> Agent<S> {
             client,
             cluster: config.cluster.clone(),
             state: state.clone(),
-            wait: config.wait,
+            waits: Waits::new(config.wait),
             backoff: Backoff::new(config.backoff),
             sleeper: sleeper.clone(),
             events: events_tx,
@@ -502,7 +499,7 @@ struct Poller {
     client: HubClient,
     cluster: String,
     state: Arc<StateDir>,
-    wait: Duration,
+    waits: Waits,
     backoff: Backoff,
     sleeper: Arc<dyn Sleeper>,
     events: mpsc::Sender<Event>,
@@ -528,18 +525,19 @@ impl Poller {
     async fn run(mut self) {
         loop {
             let started = Instant::now();
+            let wait = self.waits.next(started);
             let if_none_match = self
                 .etag
                 .clone()
                 .or_else(|| self.current.as_ref().map(|d| format!("\"{d}\"")));
             let delay = match self
                 .client
-                .fetch_bundle(if_none_match.as_deref(), self.wait)
+                .fetch_bundle(if_none_match.as_deref(), wait)
                 .await
             {
                 Ok(Fetched::NotModified) => {
                     self.backoff.reset();
-                    self.pace(started)
+                    self.waits.answered(wait, started.elapsed())
                 }
                 Ok(Fetched::Bundle { body, etag }) => match self.judge(&body, etag.as_deref()) {
                     Verdict::New(bundle, held) => match self.state.save_bundle(&body) {
@@ -576,7 +574,7 @@ impl Poller {
                     Verdict::Same => {
                         self.backoff.reset();
                         self.etag = etag;
-                        self.pace(started)
+                        self.waits.answered(wait, started.elapsed())
                     }
                     Verdict::Resigned(held) => {
                         self.backoff.reset();
@@ -588,7 +586,7 @@ impl Poller {
                                 "cannot store the bundle's newer signature; the older one stays held"
                             ),
                         }
-                        self.pace(started)
+                        self.waits.answered(wait, started.elapsed())
                     }
                     Verdict::Refused(claimed, message) => {
                         tracing::error!("{message}");
@@ -598,6 +596,19 @@ impl Poller {
                         self.backoff.next_delay(None)
                     }
                 },
+                // A held poll cut on the way (a proxy's idle timeout): asked again
+                // at once, held shorter.
+                Err(err)
+                    if err.kind() == FailureKind::Transient
+                        && self.waits.failed(
+                            wait,
+                            started.elapsed(),
+                            err.ending(),
+                            Instant::now(),
+                        ) != AfterFailure::BackOff =>
+                {
+                    Duration::ZERO
+                }
                 Err(err) => match err.kind() {
                     FailureKind::Auth => {
                         let delay = self.backoff.auth_delay();
@@ -618,13 +629,6 @@ impl Poller {
                 self.sleeper.sleep(delay).await;
             }
         }
-    }
-
-    /// The time left of `wait` since `started`: a server that answers at once (a
-    /// static file server, a folder, a hub that does not long-poll) is asked again
-    /// only once per `wait`, never in a busy loop.
-    fn pace(&self, started: Instant) -> Duration {
-        self.wait.saturating_sub(started.elapsed())
     }
 
     /// Verifies a received document.

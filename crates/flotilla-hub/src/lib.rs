@@ -134,7 +134,7 @@ impl HubConfig {
             source,
             poll_interval: Duration::from_secs(15),
             offline_after: Duration::from_secs(300),
-            max_wait: Duration::from_secs(60),
+            max_wait: Duration::from_secs(240),
             history: 10,
             webhook_secret: None,
             clock: Arc::new(SystemClock),

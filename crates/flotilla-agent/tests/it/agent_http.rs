@@ -17,7 +17,8 @@ use axum::routing::{get, post};
 use flotilla_agent::backoff::BackoffPolicy;
 use flotilla_agent::client::Server;
 use flotilla_agent::sink::dir::DirSink;
-use flotilla_agent::{Agent, AgentConfig, DEFAULT_WAIT};
+use flotilla_agent::wait::{LONGEST_WAIT, SAFE_WAIT};
+use flotilla_agent::{Agent, AgentConfig};
 use flotilla_core::bundle::{Bundle, Digest, signed_document_bytes};
 use flotilla_core::signing::{SigningKey, TrustedKeys};
 use flotilla_core::status::StatusReport;
@@ -327,7 +328,8 @@ async fn polls_conditionally_with_wait_and_takes_a_change_at_once() {
     agent.stop().await;
 
     let requests = hub.requests();
-    let wait = format!("{}s", DEFAULT_WAIT.as_secs());
+    // `--wait auto` asks for the longest wait while nothing cuts it.
+    let wait = format!("{}s", LONGEST_WAIT.as_secs());
     assert_eq!(
         requests[0],
         (None, Some(wait.clone()), 200),
@@ -601,7 +603,7 @@ async fn after_an_outage_the_agent_catches_up_with_one_request() {
 async fn a_server_that_answers_at_once_is_asked_once_per_wait() {
     // A static web server (nginx over `flotilla publish` output) answers 304 at once
     // instead of holding the request (this fake holds it 200 ms at most): the agent
-    // must pace itself to one request per --wait, not loop.
+    // must pace itself to one request per wait (55 s with `--wait auto`), not loop.
     let hub = FakeHub::start().await;
     let a = bundle("edge-1", vec![config_map("a", "1")]);
     hub.serve(&a);
@@ -614,8 +616,8 @@ async fn a_server_that_answers_at_once_is_asked_once_per_wait() {
     assert!(
         waits
             .iter()
-            .all(|w| *w > DEFAULT_WAIT - Duration::from_secs(1) && *w <= DEFAULT_WAIT),
-        "the rest of the default wait after each 304: {waits:?}"
+            .all(|w| *w > SAFE_WAIT - Duration::from_secs(1) && *w <= SAFE_WAIT),
+        "the rest of the safe wait after each 304: {waits:?}"
     );
     let codes: Vec<u16> = hub.requests().iter().map(|r| r.2).collect();
     assert!(codes[1..].iter().all(|c| *c == 304), "{codes:?}");
