@@ -27,6 +27,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 /// held poll is silent for up to its wait, and the request's own timeout finds a
 /// dead connection, so probes start only past the longest wait `auto` asks for.
 const TCP_KEEPALIVE: Duration = Duration::from_secs(300);
+/// How long an unused connection is kept for the next request. The HTTP library's
+/// default (90 s) counts a held poll's time as unused on an HTTP/2 connection, so
+/// every poll held longer than that would open a new connection (a TCP handshake and
+/// the HTTP/2 preface and settings, and with TLS a handshake of several KB).
+const POOL_IDLE: Duration = Duration::from_secs(300);
 
 /// Where bundles come from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -531,6 +536,7 @@ fn http_client() -> reqwest::ClientBuilder {
         .user_agent(concat!("flotilla-agent/", env!("CARGO_PKG_VERSION")))
         .connect_timeout(CONNECT_TIMEOUT)
         .tcp_keepalive(TCP_KEEPALIVE)
+        .pool_idle_timeout(POOL_IDLE)
 }
 
 fn api_url(base: &Url, segments: &[&str]) -> Url {
@@ -721,6 +727,11 @@ mod tests {
         (url, seen)
     }
 
+    /// A client for cluster `edge-1` of the hub at `url`, with `token`.
+    fn client_for(url: Url, dir: &Path, token: &str) -> HubClient {
+        HubClient::new(Server::Http(url), "edge-1", Some(&token_file(dir, token))).expect("client")
+    }
+
     fn token_file(dir: &Path, token: &str) -> PathBuf {
         let path = dir.join("token");
         std::fs::write(&path, format!("{token}\n")).expect("writes token");
@@ -773,12 +784,7 @@ mod tests {
     async fn conditional_long_poll_gets_the_bundle_then_304() {
         let (url, seen) = start_hub().await;
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut client = HubClient::new(
-            Server::Http(url),
-            "edge-1",
-            Some(&token_file(dir.path(), "flt_good")),
-        )
-        .expect("client");
+        let mut client = client_for(url, dir.path(), "flt_good");
         let first = client
             .fetch_bundle(None, Duration::from_secs(30))
             .await
@@ -857,12 +863,7 @@ mod tests {
         drop(listener);
         let dir = tempfile::tempdir().expect("tempdir");
         let url = Url::parse(&format!("http://{address}/")).expect("url");
-        let mut client = HubClient::new(
-            Server::Http(url),
-            "edge-1",
-            Some(&token_file(dir.path(), "flt_good")),
-        )
-        .expect("client");
+        let mut client = client_for(url, dir.path(), "flt_good");
         let err = client
             .fetch_bundle(None, Duration::ZERO)
             .await
@@ -899,12 +900,7 @@ mod tests {
         });
         let dir = tempfile::tempdir().expect("tempdir");
         let url = Url::parse(&format!("http://{address}/")).expect("url");
-        let mut client = HubClient::new(
-            Server::Http(url),
-            "edge-1",
-            Some(&token_file(dir.path(), "flt_good")),
-        )
-        .expect("client");
+        let mut client = client_for(url, dir.path(), "flt_good");
         for expected in ["closed", "504", "502"] {
             let err = client
                 .fetch_bundle(Some("\"sha256:x\""), Duration::from_secs(30))
@@ -915,12 +911,7 @@ mod tests {
         }
 
         let (url, _seen) = start_hub().await;
-        let mut client = HubClient::new(
-            Server::Http(url),
-            "edge-1",
-            Some(&token_file(dir.path(), "flt_busy")),
-        )
-        .expect("client");
+        let mut client = client_for(url, dir.path(), "flt_busy");
         let err = client
             .fetch_bundle(None, Duration::ZERO)
             .await
@@ -932,12 +923,7 @@ mod tests {
     async fn status_reports_are_posted_as_json() {
         let (url, seen) = start_hub().await;
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut client = HubClient::new(
-            Server::Http(url),
-            "edge-1",
-            Some(&token_file(dir.path(), "flt_good")),
-        )
-        .expect("client");
+        let mut client = client_for(url, dir.path(), "flt_good");
         client
             .send_status(&StatusReport::empty("hello", crate::AGENT_VERSION))
             .await
