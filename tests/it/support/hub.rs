@@ -165,6 +165,20 @@ impl Running {
             .with_test_writer()
             .try_init();
         let state_dir = config.state_dir.clone();
+        // A hub restarted in this process may find its state dir's lock still held
+        // for a moment: the lock is on an open file, and a process another test is
+        // starting holds a copy of every open file until it has started (the lock is
+        // released when the last copy closes). A real restart is a new process.
+        if state_dir.exists() {
+            for _ in 0..50 {
+                match flotilla_hub::lock::StateDirLock::acquire(&state_dir) {
+                    Err(flotilla_hub::lock::LockError::Held { .. }) => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    _ => break,
+                }
+            }
+        }
         let hub = Hub::start(config).await.expect("hub starts");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
