@@ -447,14 +447,10 @@ impl HubClient {
         } else {
             Ending::Cut
         };
-        self.unreachable_as(err, ending)
+        self.unreachable(err, ending)
     }
 
-    fn unreachable(&self, err: reqwest::Error) -> FetchError {
-        self.unreachable_as(err, Ending::Other)
-    }
-
-    fn unreachable_as(&self, err: reqwest::Error, ending: Ending) -> FetchError {
+    fn unreachable(&self, err: reqwest::Error, ending: Ending) -> FetchError {
         let reason = if err.is_timeout() {
             "the request timed out".to_string()
         } else {
@@ -516,7 +512,7 @@ impl HubClient {
         while let Some(chunk) = response
             .chunk()
             .await
-            .map_err(|err| self.unreachable(err))?
+            .map_err(|err| self.unreachable(err, Ending::Other))?
         {
             if body.len() + chunk.len() > MAX_BUNDLE_BYTES {
                 return Err(too_large());

@@ -46,7 +46,7 @@ use cache::{Inventory, InventoryEntry, StateDir, StoredStatus};
 use client::{FailureKind, Fetched, HubClient, Server};
 use flotilla_core::status::{ResourceState, StatusReport};
 use sink::{ApplyOutcome, Sink, StopSignal};
-use wait::{AfterFailure, Wait, Waits};
+use wait::{Wait, Waits};
 
 use flotilla_core::bundle::{self, Bundle, Digest};
 use flotilla_core::signing::{Held, TrustedKeys};
@@ -605,7 +605,7 @@ impl Poller {
                             started.elapsed(),
                             err.ending(),
                             Instant::now(),
-                        ) != AfterFailure::BackOff =>
+                        ) =>
                 {
                     Duration::ZERO
                 }

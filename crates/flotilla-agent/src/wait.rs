@@ -107,15 +107,6 @@ pub struct Waits {
     retrying: bool,
 }
 
-/// What the poller does after a poll that failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AfterFailure {
-    /// The path cut a held poll: ask again at once, holding polls this long.
-    AskAgain(Duration),
-    /// An ordinary failure: back off as for any other.
-    BackOff,
-}
-
 impl Waits {
     pub fn new(setting: Wait) -> Waits {
         let current = match setting {
@@ -165,28 +156,31 @@ impl Waits {
         }
     }
 
-    /// After a poll asked with `asked` failed `elapsed` after it was sent, as `ending`.
+    /// After a poll asked with `asked` failed `elapsed` after it was sent, as
+    /// `ending`: whether the path cut a held poll, so that the poller asks again at
+    /// once (holding polls as long as [`Waits::next`] now says) rather than backing
+    /// off as for any other failure.
     pub fn failed(
         &mut self,
         asked: Duration,
         elapsed: Duration,
         ending: Ending,
         now: Instant,
-    ) -> AfterFailure {
+    ) -> bool {
         let retrying = std::mem::take(&mut self.retrying);
         if self.setting != Wait::Auto || elapsed < SHORTEST_CUT {
-            return AfterFailure::BackOff;
+            return false;
         }
         let learnt = match ending {
-            Ending::Other => return AfterFailure::BackOff,
+            Ending::Other => return false,
             Ending::Cut if elapsed < asked => {
                 whole_seconds(elapsed.saturating_sub(CUT_MARGIN)).max(FLOOR)
             }
-            Ending::Cut => return AfterFailure::BackOff,
+            Ending::Cut => return false,
             Ending::Silent => SAFE_WAIT.min(asked),
         };
         if learnt >= asked {
-            return AfterFailure::BackOff;
+            return false;
         }
         let was = self.current;
         self.current = if retrying { learnt.min(was) } else { learnt };
@@ -205,7 +199,7 @@ impl Waits {
                 "the longest wait is still cut on the way to the hub"
             );
         }
-        AfterFailure::AskAgain(self.current)
+        true
     }
 }
 
@@ -245,10 +239,7 @@ mod tests {
         assert_eq!(waits.answered(secs(55), secs(55)), Duration::ZERO);
         assert_eq!(waits.answered(secs(55), secs(1)), secs(54));
         // A cut teaches a fixed wait nothing.
-        assert_eq!(
-            waits.failed(secs(55), secs(30), Ending::Cut, now),
-            AfterFailure::BackOff
-        );
+        assert!(!waits.failed(secs(55), secs(30), Ending::Cut, now));
         assert_eq!(waits.next(now + RETRY_LONGER), secs(55));
     }
 
@@ -274,21 +265,13 @@ mod tests {
         let mut waits = Waits::new(Wait::Auto);
         let asked = waits.next(now);
         let cut = Duration::from_millis(60_020);
-        assert_eq!(
-            waits.failed(asked, cut, Ending::Cut, now),
-            AfterFailure::AskAgain(secs(55))
-        );
+        assert!(waits.failed(asked, cut, Ending::Cut, now));
         assert_eq!(waits.next(now), secs(55));
         // A second, shorter cut (a 30 s balancer behind it) shortens it further.
-        assert_eq!(
-            waits.failed(secs(55), secs(30), Ending::Cut, now),
-            AfterFailure::AskAgain(secs(25))
-        );
+        assert!(waits.failed(secs(55), secs(30), Ending::Cut, now));
+        assert_eq!(waits.next(now), secs(25));
         // Never under the floor.
-        assert_eq!(
-            waits.failed(secs(25), secs(15), Ending::Cut, now),
-            AfterFailure::AskAgain(FLOOR)
-        );
+        assert!(waits.failed(secs(25), secs(15), Ending::Cut, now));
         assert_eq!(waits.next(now), FLOOR);
     }
 
@@ -299,21 +282,12 @@ mod tests {
         let asked = waits.next(now);
         // A refused connection, a restart: too soon to be a cut.
         for ending in [Ending::Cut, Ending::Silent, Ending::Other] {
-            assert_eq!(
-                waits.failed(asked, secs(2), ending, now),
-                AfterFailure::BackOff
-            );
+            assert!(!waits.failed(asked, secs(2), ending, now));
         }
         // The hub's own error, however late.
-        assert_eq!(
-            waits.failed(asked, secs(100), Ending::Other, now),
-            AfterFailure::BackOff
-        );
+        assert!(!waits.failed(asked, secs(100), Ending::Other, now));
         // A cut at the whole wait or later is not the path's doing.
-        assert_eq!(
-            waits.failed(asked, asked, Ending::Cut, now),
-            AfterFailure::BackOff
-        );
+        assert!(!waits.failed(asked, asked, Ending::Cut, now));
         assert_eq!(waits.next(now), LONGEST_WAIT);
     }
 
@@ -322,15 +296,9 @@ mod tests {
         let now = Instant::now();
         let mut waits = Waits::new(Wait::Auto);
         let asked = waits.next(now);
-        assert_eq!(
-            waits.failed(asked, asked + secs(30), Ending::Silent, now),
-            AfterFailure::AskAgain(SAFE_WAIT)
-        );
+        assert!(waits.failed(asked, asked + secs(30), Ending::Silent, now));
         // Silence at the safe wait says nothing more: an ordinary failure.
-        assert_eq!(
-            waits.failed(SAFE_WAIT, SAFE_WAIT + secs(30), Ending::Silent, now),
-            AfterFailure::BackOff
-        );
+        assert!(!waits.failed(SAFE_WAIT, SAFE_WAIT + secs(30), Ending::Silent, now));
         assert_eq!(waits.next(now), SAFE_WAIT);
     }
 
@@ -344,10 +312,7 @@ mod tests {
         // Still cut: back to what was learnt, at once, for another while.
         let later = start + RETRY_LONGER;
         assert_eq!(waits.next(later), LONGEST_WAIT);
-        assert_eq!(
-            waits.failed(LONGEST_WAIT, secs(60), Ending::Cut, later),
-            AfterFailure::AskAgain(secs(55))
-        );
+        assert!(waits.failed(LONGEST_WAIT, secs(60), Ending::Cut, later));
         assert_eq!(waits.next(later + secs(1)), secs(55));
         assert_eq!(waits.next(later + RETRY_LONGER), LONGEST_WAIT);
         // Answered this time: the longest wait is kept.
@@ -357,10 +322,7 @@ mod tests {
         let mut waits = Waits::new(Wait::Auto);
         waits.failed(LONGEST_WAIT, secs(60), Ending::Cut, start);
         assert_eq!(waits.next(later), LONGEST_WAIT);
-        assert_eq!(
-            waits.failed(LONGEST_WAIT, secs(1), Ending::Other, later),
-            AfterFailure::BackOff
-        );
+        assert!(!waits.failed(LONGEST_WAIT, secs(1), Ending::Other, later));
         assert_eq!(
             waits.next(later),
             LONGEST_WAIT,

@@ -305,14 +305,16 @@ impl RenderSession {
                 // returned): a process past half its limit could not be sure of
                 // room for another render as large, and a new one is started then.
                 let limit = self.worker.memory_limit;
-                if let (Some(limit), Some(process)) = (limit, &self.process)
-                    && process
-                        .child
-                        .id()
-                        .and_then(data_size)
-                        .is_none_or(|d| d > limit / 2)
-                {
-                    self.process = None;
+                if let (Some(limit), Some(process)) = (limit, &self.process) {
+                    let size = process.child.id().and_then(data_size);
+                    if size.is_none_or(|d| d > limit / 2) {
+                        tracing::info!(
+                            data_mib = size.map(|d| d >> 20),
+                            limit_mib = limit >> 20,
+                            "the render process holds more than half of --render-memory after this render; the next commit is rendered in a new one"
+                        );
+                        self.process = None;
+                    }
                 }
                 Rendered::Done(Box::new(output), started.elapsed())
             }
