@@ -165,12 +165,12 @@ impl Running {
             .with_test_writer()
             .try_init();
         let state_dir = config.state_dir.clone();
-        // A hub restarted in this process may find its state dir's lock still held
-        // for a moment: the lock is on an open file, and a process another test is
-        // starting holds a copy of every open file until it has started (the lock is
-        // released when the last copy closes). A real restart is a new process.
+        // A hub restarted in this process has twice found its state dir's lock still
+        // held after the hub before it had stopped (rollout_e2e, in full runs only;
+        // the cause is not known): wait for it, up to 20 s, so the test says whether
+        // the restart itself works.
         if state_dir.exists() {
-            for _ in 0..50 {
+            for _ in 0..200 {
                 match flotilla_hub::lock::StateDirLock::acquire(&state_dir) {
                     Err(flotilla_hub::lock::LockError::Held { .. }) => {
                         tokio::time::sleep(Duration::from_millis(100)).await;
