@@ -435,16 +435,27 @@ impl Shared {
         };
         let version = self.rollouts.version.load(Ordering::Acquire);
 
-        // What HEAD renders for each cluster.
+        // What HEAD renders for each cluster. A digest a cluster was served before
+        // keeps the revision it was first served with (looked up in one batch).
+        let new_digests: Vec<(&str, &Digest)> = output
+            .bundles
+            .iter()
+            .filter(|(name, bundle)| {
+                old_latest
+                    .get(*name)
+                    .is_none_or(|p| p.digest != bundle.digest)
+            })
+            .map(|(name, bundle)| (name.as_str(), &bundle.digest))
+            .collect();
+        let mut in_history = self.store.revisions_in_history(&new_digests).await?;
+        drop(new_digests);
         let mut latest: HashMap<String, Arc<Latest>> = HashMap::with_capacity(output.bundles.len());
         for (name, bundle) in &output.bundles {
             let previous = old_latest.get(name);
             let revision = match previous {
                 Some(p) if p.digest == bundle.digest => p.revision.clone(),
-                _ => self
-                    .store
-                    .revision_in_history(name, &bundle.digest)
-                    .await?
+                _ => in_history
+                    .remove(&(name.clone(), bundle.digest.clone()))
                     .unwrap_or_else(|| output.revision.clone()),
             };
             let place = plan.place(name);

@@ -13,7 +13,7 @@ pub mod objects;
 pub mod rollouts;
 pub mod sessions;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
@@ -528,6 +528,48 @@ impl Store {
                 .await
                 .map_err(|e| self.db_error(e))?;
         Ok(row.map(|r| r.get("revision")))
+    }
+
+    /// [`Store::revision_in_history`] of many clusters at once, a few hundred clusters
+    /// to a statement: a commit that changes every cluster of a fleet of 10,000 asks
+    /// twenty statements, not 10,000 (which held its long-polls for seconds). Only
+    /// the pairs found are in the answer.
+    pub async fn revisions_in_history(
+        &self,
+        wanted: &[(&str, &Digest)],
+    ) -> Result<HashMap<(String, Digest), String>, StoreError> {
+        let mut found = HashMap::new();
+        if wanted.is_empty() {
+            return Ok(found);
+        }
+        let asked: HashSet<(&str, &str)> = wanted
+            .iter()
+            .map(|(cluster, digest)| (*cluster, digest.as_str()))
+            .collect();
+        let mut names: Vec<&str> = wanted.iter().map(|(cluster, _)| *cluster).collect();
+        names.sort_unstable();
+        names.dedup();
+        let mut connection = self.pool.acquire().await.map_err(|e| self.db_error(e))?;
+        for chunk in names.chunks(ROWS_PER_STATEMENT) {
+            let rows = select_in(
+                &mut connection,
+                "SELECT cluster, digest, revision FROM bundle_history WHERE cluster IN ({})",
+                chunk,
+            )
+            .await
+            .map_err(|e| self.db_error(e))?;
+            for row in rows {
+                let cluster: String = row.get("cluster");
+                let digest: String = row.get("digest");
+                if !asked.contains(&(cluster.as_str(), digest.as_str())) {
+                    continue;
+                }
+                if let Ok(digest) = Digest::parse(&digest) {
+                    found.insert((cluster, digest), row.get("revision"));
+                }
+            }
+        }
+        Ok(found)
     }
 
     /// A cluster's recent digests, newest first, with their revisions.
@@ -1213,7 +1255,7 @@ fn chunks_by_key<T>(items: &[T], key: impl Fn(&T) -> &str) -> Vec<&[T]> {
 
 /// Runs `sql`, whose `{}` is replaced by one placeholder per value, with `values`.
 async fn select_in(
-    tx: &mut Tx<'_>,
+    connection: &mut sqlx::AnyConnection,
     sql: &str,
     values: &[&str],
 ) -> Result<Vec<AnyRow>, sqlx::Error> {
@@ -1223,7 +1265,7 @@ async fn select_in(
     for value in values {
         query = query.bind(*value);
     }
-    query.fetch_all(&mut **tx).await
+    query.fetch_all(connection).await
 }
 
 /// Records changes of what clusters are served (no cluster twice in `changes`): each
@@ -1767,6 +1809,69 @@ mod tests {
             .map(|c| c.name)
             .collect();
         assert_eq!(names, vec!["a"]);
+    }
+
+    on_both_engines!(revisions_in_history_in_a_batch_are_those_asked_one_at_a_time);
+    /// More clusters than a statement takes, each with two digests in its history:
+    /// the batch answers exactly what asking one pair at a time answers (a digest
+    /// not in the cluster's history, or another cluster's, is absent).
+    async fn revisions_in_history_in_a_batch_are_those_asked_one_at_a_time(store: Store) {
+        let count = ROWS_PER_STATEMENT + 3;
+        let names: Vec<String> = (0..count).map(|i| format!("c{i:04}")).collect();
+        for (c, revision) in [('1', "r1"), ('2', "r2")] {
+            let served = names
+                .iter()
+                .enumerate()
+                // Half the clusters take only the first digest.
+                .filter(|(i, _)| c == '1' || i % 2 == 0)
+                .map(|(_, name)| ServedChange {
+                    cluster: name.clone(),
+                    digest: digest(c),
+                    revision: format!("{revision}-{name}"),
+                    hold: false,
+                })
+                .collect();
+            store
+                .commit(&Commit {
+                    revision: Some(revision.into()),
+                    served,
+                    history: 5,
+                    now_ms: 1,
+                    ..Commit::default()
+                })
+                .await
+                .expect("commit");
+        }
+        let digests = [digest('1'), digest('2'), digest('3')];
+        let mut asked: Vec<(&str, &Digest)> = Vec::new();
+        for name in &names {
+            for d in &digests {
+                asked.push((name.as_str(), d));
+            }
+        }
+        asked.push(("not-a-cluster", &digests[0]));
+        let batch = store.revisions_in_history(&asked).await.expect("batch");
+        let mut one_at_a_time = HashMap::new();
+        for (cluster, d) in &asked {
+            if let Some(revision) = store.revision_in_history(cluster, d).await.expect("one") {
+                one_at_a_time.insert((cluster.to_string(), (*d).clone()), revision);
+            }
+        }
+        assert_eq!(batch, one_at_a_time);
+        assert_eq!(batch.len(), count + count.div_ceil(2));
+        assert_eq!(
+            batch
+                .get(&("c0001".to_string(), digest('1')))
+                .map(String::as_str),
+            Some("r1-c0001")
+        );
+        assert!(
+            store
+                .revisions_in_history(&[])
+                .await
+                .expect("none")
+                .is_empty()
+        );
     }
 
     on_both_engines!(objects_are_due_for_collection_only_after_the_grace_period);
