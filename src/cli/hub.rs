@@ -162,7 +162,7 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
             )
         })?;
         let scheme = if tls.is_some() { "https" } else { "http" };
-        let std_listener = std::net::TcpListener::bind(listen)
+        let std_listener = flotilla_hub::listen::bind(listen)
             .with_context(|| format!("cannot listen on {listen}"))?;
         let address = std_listener.local_addr().unwrap_or(listen);
         tracing::info!(

@@ -61,6 +61,27 @@ pub struct OpenFiles {
     pub hard: u64,
 }
 
+/// How many connections the kernel may hold ready for the hub to accept (capped by
+/// `net.core.somaxconn`, 4,096 on Linux since 5.4). The usual 128 is too few when a
+/// fleet's agents come back together, after a hub restart or a network outage: a
+/// connection past the queue waits for its SYN to be sent again, 1 s, then 3 s, then
+/// 7 s later.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds `address` with a listen queue of [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as
+/// the standard library does). Call it within a Tokio runtime; the listener it gives
+/// is non-blocking.
+pub fn bind(address: std::net::SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = if address.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(address)?;
+    socket.listen(LISTEN_BACKLOG)?.into_std()
+}
+
 /// Raises the soft open-file limit to the hard limit (each held connection is a file
 /// descriptor, and the usual soft limit of 1,024 is far below a fleet's agents).
 pub fn raise_open_file_limit() -> std::io::Result<OpenFiles> {
@@ -481,5 +502,33 @@ mod tests {
         assert_eq!(limits.soft, limits.hard);
         assert!(limits.before <= limits.soft);
         assert_eq!(open_file_limit(), limits.soft);
+    }
+
+    /// Connections the hub has not accepted yet wait in the kernel's queue: far more
+    /// than the standard library's 128 (up to what `net.core.somaxconn` allows)
+    /// connect at once, none sent back to retry its SYN a second later.
+    #[tokio::test]
+    async fn far_more_connections_than_128_wait_to_be_accepted() {
+        let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or(LISTEN_BACKLOG);
+        let queue = LISTEN_BACKLOG.min(somaxconn).min(600) as usize;
+        let _ = raise_open_file_limit();
+        let listener = bind("127.0.0.1:0".parse().expect("address")).expect("bind");
+        let address = listener.local_addr().expect("address");
+        let connected = tokio::task::spawn_blocking(move || {
+            (0..queue)
+                .map(|_| std::net::TcpStream::connect_timeout(&address, Duration::from_millis(500)))
+                .collect::<Result<Vec<_>, _>>()
+                .map(|streams| streams.len())
+        })
+        .await
+        .expect("task");
+        assert_eq!(
+            connected.expect("every connection waits in the queue"),
+            queue
+        );
+        drop(listener);
     }
 }
