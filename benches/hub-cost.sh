@@ -268,14 +268,34 @@ for run in $(seq 1 "$RUNS"); do
   fi
   sample "commit-start-$run"
   commit_all "$run"
-  echo "   committed at unix_ms $(date +%s%3N)"
+  committed_ms=$(date +%s%3N)
+  echo "   committed at unix_ms $committed_ms"
   sleep "$COMMIT_WINDOW"
   sample "commit-end-$run"
   window "commit-start-$run" "commit-end-$run" "commit changing all $CLUSTERS clusters, the $COMMIT_WINDOW s after it (run $run)"
   wait "$client" || { cat "$WORK/client-$run.err" >&2; exit 1; }
   grep '^summary:' "$WORK/client-$run.out" | sed 's/^/   client /'
   errors=$(grep -c . "$WORK/client-$run.err" || true)
-  [[ "$errors" == 0 ]] || { echo "   client errors ($errors lines), first:"; head -3 "$WORK/client-$run.err"; }
+  if [[ "$errors" != 0 ]]; then
+    echo "   client errors ($errors lines), first:"
+    head -3 "$WORK/client-$run.err"
+    # When they came, against the commit, and how long each failed request had waited.
+    python3 - "$WORK/client-$run.err" "$committed_ms" <<'PY'
+import re, sys, statistics
+committed = int(sys.argv[2])
+before, soon, later, waited = 0, 0, 0, []
+for line in open(sys.argv[1], errors="replace"):
+    m = re.search(r"at unix_ms (\d+)(?: after (\d+) ms)?", line)
+    if not m: continue
+    at = int(m.group(1))
+    if m.group(2): waited.append(int(m.group(2)))
+    if at < committed: before += 1
+    elif at < committed + 10_000: soon += 1
+    else: later += 1
+print(f"   errors: {before} before the commit, {soon} in the 10 s after it, {later} later;"
+      + (f" each failed request had waited {statistics.median(waited)} ms (median), {min(waited)}-{max(waited)} ms" if waited else ""))
+PY
+  fi
   for hub in "${HUB_NAMES[@]}"; do
     grep -o '"render_ms":[0-9]*,"install_ms":[0-9]*' "$WORK/hub-$hub.log" | tail -1 | sed "s/^/   hub $hub last render: /" || true
   done

@@ -344,7 +344,11 @@ async fn run_agent(
             }
             Ok((status, _, _)) => {
                 counts.errors.fetch_add(1, Ordering::Relaxed);
-                eprintln!("agent {}: answered {status}", agent.index);
+                eprintln!(
+                    "agent {} at unix_ms {}: answered {status}",
+                    agent.index,
+                    unix_ms()
+                );
                 RETRY
             }
             Err(e) => {
@@ -358,7 +362,12 @@ async fn run_agent(
                     cause = format!("{cause}: {inner}");
                     source = inner.source();
                 }
-                eprintln!("agent {}: {cause}", agent.index);
+                eprintln!(
+                    "agent {} at unix_ms {} after {} ms: {cause}",
+                    agent.index,
+                    unix_ms(),
+                    started.elapsed().as_millis()
+                );
                 RETRY
             }
         };
@@ -408,6 +417,14 @@ async fn run(args: Args) -> serde_json::Value {
         .no_proxy()
         .pool_max_idle_per_host(usize::MAX)
         .tcp_nodelay(true)
+        // No TCP keepalive (reqwest's default probes after 15 s idle, three times):
+        // the polls this client sends after a commit go out together, so 10,000
+        // connections' probes would all fall due in the same instant, overflow the
+        // kernel's per-CPU queue of loopback packets (`net.core.netdev_max_backlog`,
+        // 1,000) and be dropped, each time, until the connections are aborted as
+        // dead ("Connection timed out"). Agents on machines of their own never probe
+        // together; the real agent's keepalive is 300 s.
+        .tcp_keepalive(None)
         .build()
         .unwrap_or_else(|e| usage(&format!("cannot build the HTTP client: {e}")));
 
