@@ -443,6 +443,12 @@ async fn full_response(
     let body = match entry.cached(encoding) {
         Some(body) => body,
         None => {
+            // The semaphore is never closed.
+            let _permit = shared.answering.acquire().await.ok();
+            // Another request may have made it meanwhile.
+            if let Some(body) = entry.cached(encoding) {
+                return Ok(bundle_response(&entry, body, encoding, cache));
+            }
             let shared = shared.clone();
             let entry = entry.clone();
             tokio::task::spawn_blocking(move || {
@@ -464,13 +470,22 @@ async fn full_response(
             .map_err(|err| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))??
         }
     };
+    Ok(bundle_response(&entry, body, encoding, cache))
+}
+
+fn bundle_response(
+    entry: &ClusterBundle,
+    body: Bytes,
+    encoding: Encoding,
+    cache: HeaderValue,
+) -> Response {
     let mut response = Response::new(Body::from(body));
-    bundle_headers(&mut response, &entry, cache);
+    bundle_headers(&mut response, entry, cache);
     response.headers_mut().insert(CONTENT_TYPE, JSON);
     if let Some(value) = encoding.header() {
         response.headers_mut().insert(CONTENT_ENCODING, value);
     }
-    Ok(response)
+    response
 }
 
 async fn get_bundle_at(

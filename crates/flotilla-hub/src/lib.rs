@@ -202,6 +202,7 @@ impl Hub {
         let (shutdown, _) = watch::channel(false);
         let mut metrics = metrics::Metrics::default();
         metrics.count_object_store_requests(store.objects.requests());
+        let answering = tokio::sync::Semaphore::new(Shared::answer_permits(&store));
         let shared = Arc::new(Shared {
             served: ArcSwap::from_pointee(Served::default()),
             generation,
@@ -230,6 +231,7 @@ impl Hub {
             rollouts: rollouts::Engine::default(),
             lease,
             token_recheck: Default::default(),
+            answering,
         });
         let loaded = shared.load_from_store().await?;
         if shared

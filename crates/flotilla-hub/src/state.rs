@@ -398,6 +398,10 @@ pub struct Shared {
     /// When the store was last asked for tokens because a request brought an
     /// unknown one (see [`Shared::grant`]).
     pub token_recheck: tokio::sync::Mutex<Option<tokio::time::Instant>>,
+    /// How many documents are read and compressed at once for a first answer (see
+    /// [`Shared::answer_permits`]): after a commit that changes every cluster, 10,000
+    /// woken long-polls each make one.
+    pub answering: tokio::sync::Semaphore,
 }
 
 /// The shortest time between two looks into the store for an unknown token.
@@ -406,6 +410,19 @@ const TOKEN_RECHECK: Duration = Duration::from_millis(250);
 const OBJECTS_PER_BATCH: usize = 512;
 
 impl Shared {
+    /// How many first answers are made at once: one per core with objects in a
+    /// folder (reading one is a page-cache copy; compressing it is the work), 16 with
+    /// a remote object store (most of a read is waiting). Unbounded, 10,000 woken
+    /// long-polls took up to the runtime's 512 blocking threads, each with a
+    /// compressor's buffers of its own, on two cores.
+    pub fn answer_permits(store: &Store) -> usize {
+        if store.objects.is_local() {
+            std::thread::available_parallelism().map_or(2, |n| n.get())
+        } else {
+            16
+        }
+    }
+
     /// What a request's token grants. A token the table does not know may have been
     /// made a moment ago by `flotilla token create`: the store is asked again before
     /// the token is refused (at most every 250 ms, however many unknown tokens
