@@ -604,6 +604,7 @@ impl Follower {
             render_ms = report.render_duration.as_millis() as u64,
             install_ms = report.install_duration.as_millis() as u64,
             objects_ms = report.objects_duration.as_millis() as u64,
+            record_ms = report.record_duration.map(|d| d.as_millis() as u64),
             "serving the new render"
         );
         Ok(())

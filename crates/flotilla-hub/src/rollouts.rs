@@ -207,6 +207,8 @@ pub struct RenderOutcome {
     pub served_changes: usize,
     pub removed: usize,
     pub rollouts_started: usize,
+    /// When the render was recorded and what is served swapped (the long-polls woken).
+    pub swapped_at: Option<std::time::Instant>,
 }
 
 /// The record of a step of one rollout, and the served changes it makes.
@@ -447,7 +449,9 @@ impl Shared {
             })
             .map(|(name, bundle)| (name.as_str(), &bundle.digest))
             .collect();
+        let looking = std::time::Instant::now();
         let mut in_history = self.store.revisions_in_history(&new_digests).await?;
+        let lookup = looking.elapsed();
         drop(new_digests);
         let mut latest: HashMap<String, Arc<Latest>> = HashMap::with_capacity(output.bundles.len());
         for (name, bundle) in &output.bundles {
@@ -666,6 +670,8 @@ impl Shared {
         if !commit.rollouts.is_empty() {
             commit.rollouts_version = Some(version);
         }
+        let committing = std::time::Instant::now();
+        let planning = committing.saturating_duration_since(looking) - lookup;
         let (unreferenced, sequences) = match self.store.commit_with_sequences(&commit).await {
             Ok(written) => written,
             Err(err) => {
@@ -678,13 +684,22 @@ impl Shared {
             self.rollouts.version.store(version + 1, Ordering::Release);
         }
 
+        let swapping = std::time::Instant::now();
+        self.latest.store(Arc::new(latest));
+        self.apply_served(&commit.served, &sequences, &removed, commit.now_ms);
+        tracing::debug!(
+            lookup_ms = lookup.as_millis() as u64,
+            plan_ms = planning.as_millis() as u64,
+            commit_ms = swapping.saturating_duration_since(committing).as_millis() as u64,
+            swap_ms = swapping.elapsed().as_millis() as u64,
+            "render recorded"
+        );
         let outcome = RenderOutcome {
             served_changes: commit.served.len(),
             removed: removed.len(),
             rollouts_started: started,
+            swapped_at: Some(std::time::Instant::now()),
         };
-        self.latest.store(Arc::new(latest));
-        self.apply_served(&commit.served, &sequences, &removed, commit.now_ms);
         if !removed.is_empty() {
             let mut statuses = self.statuses.write().unwrap_or_else(|e| e.into_inner());
             for name in &removed {

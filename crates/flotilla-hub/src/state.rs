@@ -810,9 +810,13 @@ impl Shared {
         let objects_duration = started.elapsed();
 
         let now = self.settings.clock.now_ms();
+        let recording = Instant::now();
         let outcome = self
             .record_render(output, forced, now, expect_revision)
             .await?;
+        let record_duration = outcome
+            .swapped_at
+            .map(|at| at.saturating_duration_since(recording));
         if self.lease.is_shared() && !self.lease.holds() {
             // Another hub records renders: serve what it recorded, now that this
             // hub has the objects too.
@@ -827,6 +831,7 @@ impl Shared {
             rollouts_started: outcome.rollouts_started,
             objects_written: written,
             objects_duration,
+            record_duration,
             render_duration: duration,
             install_duration: started.elapsed(),
         };
@@ -856,6 +861,9 @@ pub struct InstallReport {
     /// Of the install, the time spent writing objects (the rest records the render
     /// and what is served in the database).
     pub objects_duration: Duration,
+    /// From the objects being written to what is served being swapped (the render
+    /// recorded in the database); `None` when this hub did not record it.
+    pub record_duration: Option<Duration>,
     pub render_duration: Duration,
     pub install_duration: Duration,
 }
