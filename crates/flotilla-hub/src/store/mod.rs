@@ -1690,6 +1690,17 @@ mod tests {
         };
     }
 
+    on_both_engines!(placeholders_are_numbered_on_postgres_only);
+    /// SQLite binds plain `?` placeholders quickly and numbered ones slowly; PostgreSQL
+    /// takes only numbered ones.
+    async fn placeholders_are_numbered_on_postgres_only(store: Store) {
+        let connection = store.pool.acquire().await.expect("connection");
+        assert_eq!(
+            Placeholders::of(&connection).numbered,
+            store.engine() == Engine::Postgres
+        );
+    }
+
     on_both_engines!(last_seen_times_are_written_in_batches);
     /// More clusters than one statement takes, a cluster named twice, and a second batch
     /// that moves some times: every cluster reads back with its latest time.
