@@ -495,12 +495,11 @@ impl Store {
         let rows: Vec<(&str, i64)> = latest.into_iter().collect();
         let err = |e| self.db_error(e);
         let mut tx = self.pool.begin().await.map_err(err)?;
-        let placeholders = Placeholders::of(&tx);
         for chunk in rows.chunks(SEEN_ROWS_PER_STATEMENT) {
             let sql = format!(
                 "INSERT INTO cluster_seen (cluster, seen_at) VALUES {}
                  ON CONFLICT (cluster) DO UPDATE SET seen_at = excluded.seen_at",
-                placeholders.rows(chunk.len(), 2)
+                Placeholders::of(&tx).rows(chunk.len(), 2)
             );
             let mut query = sqlx::query(&sql);
             for (cluster, at) in chunk {
@@ -1217,76 +1216,46 @@ const ROWS_PER_STATEMENT: usize = 500;
 /// and sqlx asks for the name of each parameter it binds: a statement of 500 rows of
 /// six columns took about 12 ms to bind with `$N`, so recording a render changing
 /// 10,000 clusters spent most of its second there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 struct Placeholders {
     numbered: bool,
+    /// The number of the last placeholder given.
+    given: usize,
 }
 
 impl Placeholders {
+    /// Placeholders for one statement on `connection`, numbered from 1.
     fn of(connection: &sqlx::AnyConnection) -> Placeholders {
         Placeholders {
             numbered: connection.backend_name() != <sqlx::Sqlite as sqlx::Database>::NAME,
+            given: 0,
         }
     }
 
-    /// The `n`th placeholder, from 1.
-    fn nth(self, n: usize, sql: &mut String) {
+    /// The next placeholder: `$3` or `?`.
+    fn next(&mut self) -> std::borrow::Cow<'static, str> {
+        self.given += 1;
         if self.numbered {
-            sql.push('$');
-            sql.push_str(&n.to_string());
+            format!("${}", self.given).into()
         } else {
-            sql.push('?');
+            "?".into()
         }
     }
 
-    /// `$1, $2, $3`: `count` placeholders.
-    fn list(self, count: usize) -> String {
-        let mut sql = String::with_capacity(count * 4);
-        for i in 1..=count {
-            if i > 1 {
-                sql.push_str(", ");
-            }
-            self.nth(i, &mut sql);
-        }
-        sql
+    /// `$1, $2, $3`: the next `count` placeholders.
+    fn list(&mut self, count: usize) -> String {
+        (0..count)
+            .map(|_| self.next())
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
-    /// `($1, $2), ($3, $4)`: `rows` tuples of `columns` placeholders.
-    fn rows(self, rows: usize, columns: usize) -> String {
-        self.tuples(
-            rows,
-            columns,
-            |p, first, sql| {
-                for column in 0..columns {
-                    if column > 0 {
-                        sql.push_str(", ");
-                    }
-                    p.nth(first + column, sql);
-                }
-            },
-            ", ",
-        )
-    }
-
-    /// `rows` pieces joined by `separator`, each written by `piece` from its first
-    /// placeholder's number on, in parentheses.
-    fn tuples(
-        self,
-        rows: usize,
-        columns: usize,
-        piece: impl Fn(Placeholders, usize, &mut String),
-        separator: &str,
-    ) -> String {
-        let mut sql = String::with_capacity(rows * (columns * 4 + 4));
-        for row in 0..rows {
-            if row > 0 {
-                sql.push_str(separator);
-            }
-            sql.push('(');
-            piece(self, row * columns + 1, &mut sql);
-            sql.push(')');
-        }
-        sql
+    /// `($1, $2), ($3, $4)`: `rows` tuples of the next `columns` placeholders.
+    fn rows(&mut self, rows: usize, columns: usize) -> String {
+        (0..rows)
+            .map(|_| format!("({})", self.list(columns)))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
@@ -1434,18 +1403,17 @@ async fn write_served(
         }
     }
     for chunk in trimmed.chunks(ROWS_PER_STATEMENT) {
-        let condition = Placeholders::of(tx).tuples(
-            chunk.len(),
-            2,
-            |p, first, sql| {
-                sql.push_str("cluster = ");
-                p.nth(first, sql);
-                sql.push_str(" AND digest = ");
-                p.nth(first + 1, sql);
-            },
-            " OR ",
+        let mut placeholders = Placeholders::of(tx);
+        let condition: Vec<String> = (0..chunk.len())
+            .map(|_| {
+                let (cluster, digest) = (placeholders.next(), placeholders.next());
+                format!("(cluster = {cluster} AND digest = {digest})")
+            })
+            .collect();
+        let sql = format!(
+            "DELETE FROM bundle_history WHERE {}",
+            condition.join(" OR ")
         );
-        let sql = format!("DELETE FROM bundle_history WHERE {condition}");
         let mut query = sqlx::query(&sql);
         for (cluster, digest) in chunk {
             query = query.bind(cluster).bind(digest);
@@ -1826,14 +1794,16 @@ mod tests {
         assert_eq!(sizes, [ROWS_PER_STATEMENT, 12, 1]);
         assert_eq!(chunks.concat(), keys, "every item, in order");
         assert!(chunks_by_key(&Vec::<String>::new(), |k| k.as_str()).is_empty());
-        let (numbered, plain) = (
-            Placeholders { numbered: true },
-            Placeholders { numbered: false },
+        let placeholders = |numbered| Placeholders { numbered, given: 0 };
+        assert_eq!(placeholders(true).rows(2, 3), "($1, $2, $3), ($4, $5, $6)");
+        assert_eq!(placeholders(false).rows(2, 3), "(?, ?, ?), (?, ?, ?)");
+        assert_eq!(placeholders(true).list(3), "$1, $2, $3");
+        assert_eq!(placeholders(false).list(2), "?, ?");
+        let mut numbered = placeholders(true);
+        assert_eq!(
+            (numbered.next(), numbered.list(2)),
+            ("$1".into(), "$2, $3".into())
         );
-        assert_eq!(numbered.rows(2, 3), "($1, $2, $3), ($4, $5, $6)");
-        assert_eq!(plain.rows(2, 3), "(?, ?, ?), (?, ?, ?)");
-        assert_eq!(numbered.list(3), "$1, $2, $3");
-        assert_eq!(plain.list(2), "?, ?");
     }
 
     on_both_engines!(history_is_trimmed_and_unreferenced_digests_are_returned);
