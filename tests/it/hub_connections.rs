@@ -261,6 +261,77 @@ async fn client_certificates_bind_each_connection_to_its_cluster() {
     task.await.expect("task").expect("stops cleanly");
 }
 
+/// The hub chooses each connection's protocol itself: on TLS what ALPN agreed, on a
+/// plain connection HTTP/2 only when the client opens with its preface.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_connection_speaks_the_http_its_client_chose() {
+    let pki = Pki::new();
+    let site_ca = TestCa::new("site CA");
+    let ca = pki.write("ca.pem", &site_ca.cert_pem());
+    let (cert, key) = pki.leaf("hub", &site_ca.server(&["127.0.0.1"]));
+    let repo = Repo::new();
+    let state = tempfile::tempdir().expect("state dir");
+    let secure_state = tempfile::tempdir().expect("state dir");
+    let plain = hub_with(ConnectionLimits::default(), state.path(), &repo).await;
+    let hub = Hub::start(config(
+        secure_state.path(),
+        &repo.path().display().to_string(),
+    ))
+    .await
+    .expect("hub");
+    let files = TlsFiles {
+        cert,
+        key,
+        client_ca: None,
+    };
+    let (secure, stop, task) = serve_tls(hub, files).await;
+
+    let version = |client: reqwest::Client, url: String| async move {
+        let response = client.get(url).send().await.expect("request");
+        assert_eq!(response.status(), 200);
+        response.version()
+    };
+    let healthz = |base: &str| format!("{base}/healthz");
+    let tls = |http1_only: bool| {
+        let builder = reqwest::Client::builder()
+            .no_proxy()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(
+                reqwest::Certificate::from_pem(&std::fs::read(&ca).expect("ca")).expect("pem"),
+            );
+        let builder = if http1_only {
+            builder.http1_only()
+        } else {
+            builder
+        };
+        builder.build().expect("client")
+    };
+    assert_eq!(
+        version(tls(false), healthz(&secure)).await,
+        reqwest::Version::HTTP_2
+    );
+    assert_eq!(
+        version(tls(true), healthz(&secure)).await,
+        reqwest::Version::HTTP_11
+    );
+    let h2c = reqwest::Client::builder()
+        .no_proxy()
+        .http2_prior_knowledge()
+        .build()
+        .expect("client");
+    assert_eq!(
+        version(h2c, healthz(&plain.base)).await,
+        reqwest::Version::HTTP_2
+    );
+    assert_eq!(
+        version(client(), healthz(&plain.base)).await,
+        reqwest::Version::HTTP_11
+    );
+    let _ = stop.send(());
+    task.await.expect("hub task").expect("hub stops");
+    plain.stop().await;
+}
+
 #[test]
 fn tls_flags_are_refused_where_they_cannot_apply() {
     let dir = tempfile::tempdir().expect("dir");

@@ -12,16 +12,17 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hyper::body::Incoming;
+use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use rustls::pki_types::CertificateDer;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, Semaphore, watch};
 use tower::Service as _;
 
@@ -266,13 +267,13 @@ pub(crate) async fn serve(
         live: Mutex::default(),
     });
     let transport = Arc::new(transport);
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
+    let mut http1 = http1::Builder::new();
+    http1
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
-    builder.http2().timer(TokioTimer::new());
-    let builder = Arc::new(builder);
+    let mut http2 = http2::Builder::new(TokioExecutor::new());
+    http2.timer(TokioTimer::new());
+    let builders = Arc::new(Builders { http1, http2 });
     let mut shutdown = std::pin::pin!(shutdown);
     // Every connection's task, so the ones still open when the grace period ends are
     // really closed (a hub run inside another program, such as a test, outlives it).
@@ -313,7 +314,7 @@ pub(crate) async fn serve(
         let connection = Connection {
             tracked,
             registry: registry.clone(),
-            builder: builder.clone(),
+            builders: builders.clone(),
             router: router.clone(),
             limits,
             stopping: stopping.subscribe(),
@@ -341,65 +342,146 @@ pub(crate) async fn serve(
     Ok(())
 }
 
+/// hyper's builders for the two protocols a connection may speak.
+struct Builders {
+    http1: http1::Builder,
+    http2: http2::Builder<TokioExecutor>,
+}
+
+/// Which HTTP a connection speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    Http2,
+}
+
+/// What a client speaking HTTP/2 over cleartext TCP sends first (RFC 9113, 3.4).
+const HTTP2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// How long to wait before looking again at a plain connection whose first bytes do
+/// not yet tell its protocol (a client that sent part of the HTTP/2 preface).
+const SNIFF_AGAIN: Duration = Duration::from_millis(10);
+
+/// The protocol that a plain connection's first bytes show, or `None` while they
+/// are all a beginning of the HTTP/2 preface and shorter than it.
+fn protocol_of(first: &[u8]) -> Option<Protocol> {
+    if !HTTP2_PREFACE.starts_with(first) {
+        Some(Protocol::Http1)
+    } else if first.len() == HTTP2_PREFACE.len() {
+        Some(Protocol::Http2)
+    } else {
+        None
+    }
+}
+
+/// Tells a plain connection's protocol by peeking at its first bytes, leaving them in
+/// the socket for hyper to read with the rest of the request. (A reader that took
+/// them, as generic protocol detection does, hands hyper those few bytes on their
+/// own; hyper then wants a whole 8 KiB free behind them and grows its read buffer to
+/// 16 KiB, which a held long-poll keeps for minutes.) `None`: the client closed the
+/// connection before sending anything.
+async fn sniff(tcp: &TcpStream) -> std::io::Result<Option<Protocol>> {
+    let mut first = [0_u8; HTTP2_PREFACE.len()];
+    loop {
+        let read = tcp.peek(&mut first).await?;
+        if read == 0 {
+            return Ok(None);
+        }
+        if let Some(protocol) = protocol_of(&first[..read]) {
+            return Ok(Some(protocol));
+        }
+        // Peeking again at once would see the same bytes: give the rest time to come.
+        tokio::time::sleep(SNIFF_AGAIN).await;
+    }
+}
+
+/// The protocol agreed in a TLS handshake: HTTP/2 only when ALPN chose it, as HTTP/2
+/// over TLS requires (RFC 9113, 3.2).
+fn negotiated(alpn: Option<&[u8]>) -> Protocol {
+    match alpn {
+        Some(b"h2") => Protocol::Http2,
+        _ => Protocol::Http1,
+    }
+}
+
 struct Connection {
     tracked: Arc<Tracked>,
     registry: Arc<Registry>,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    builders: Arc<Builders>,
     router: axum::Router,
     limits: ConnectionLimits,
     stopping: watch::Receiver<bool>,
 }
 
 impl Connection {
-    async fn run(
-        mut self,
-        tcp: tokio::net::TcpStream,
-        transport: &Transport,
-        peer: std::net::SocketAddr,
-    ) {
+    async fn run(mut self, tcp: TcpStream, transport: &Transport, peer: std::net::SocketAddr) {
+        // Each protocol's future in an allocation of its own size: a task holding
+        // the larger of them inline would make every connection pay for TLS state.
         match transport {
-            Transport::Plain => self.http(tcp, None).await,
+            Transport::Plain => Box::pin(self.plain(tcp, peer)).await,
             Transport::Tls {
                 acceptor,
                 client_auth,
-            } => {
-                let handshake =
-                    tokio::time::timeout(self.limits.header_timeout, acceptor.accept(tcp));
-                let tls = tokio::select! {
-                    done = handshake => match done {
-                        Ok(Ok(tls)) => tls,
-                        Ok(Err(err)) => {
-                            tracing::debug!(%peer, "TLS handshake failed: {err}");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::debug!(%peer, "TLS handshake not completed in time");
-                            return;
-                        }
-                    },
-                    _ = self.tracked.evict.notified() => return,
-                    _ = self.stopping.wait_for(|stop| *stop) => return,
-                };
-                let client = if *client_auth {
-                    let certificate = tls
-                        .get_ref()
-                        .1
-                        .peer_certificates()
-                        .and_then(|chain| chain.first())
-                        .map(|cert| Arc::new(cert.clone().into_owned()));
-                    Some(certificate)
-                } else {
-                    None
-                };
-                self.http(tls, client).await;
-            }
+            } => Box::pin(self.tls(tcp, acceptor, *client_auth, peer)).await,
         }
+    }
+
+    /// Runs `step` before the connection has sent its first request: within the
+    /// header timeout, and given up if the connection is evicted or the hub stops.
+    async fn before_request<T>(&mut self, step: impl Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            done = tokio::time::timeout(self.limits.header_timeout, step) => done.ok(),
+            _ = self.tracked.evict.notified() => None,
+            _ = self.stopping.wait_for(|stop| *stop) => None,
+        }
+    }
+
+    async fn plain(&mut self, tcp: TcpStream, peer: std::net::SocketAddr) {
+        match self.before_request(sniff(&tcp)).await {
+            Some(Ok(Some(protocol))) => self.http(tcp, protocol, None).await,
+            Some(Ok(None)) => {}
+            Some(Err(err)) => tracing::debug!(%peer, "cannot read from the connection: {err}"),
+            None => tracing::debug!(%peer, "no request began in time"),
+        }
+    }
+
+    async fn tls(
+        &mut self,
+        tcp: TcpStream,
+        acceptor: &tokio_rustls::TlsAcceptor,
+        client_auth: bool,
+        peer: std::net::SocketAddr,
+    ) {
+        let tls = match self.before_request(acceptor.accept(tcp)).await {
+            Some(Ok(tls)) => tls,
+            Some(Err(err)) => {
+                tracing::debug!(%peer, "TLS handshake failed: {err}");
+                return;
+            }
+            None => {
+                tracing::debug!(%peer, "TLS handshake not completed in time");
+                return;
+            }
+        };
+        let session = tls.get_ref().1;
+        let protocol = negotiated(session.alpn_protocol());
+        let client = client_auth.then(|| {
+            session
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .map(|cert| Arc::new(cert.clone().into_owned()))
+        });
+        self.http(tls, protocol, client).await;
     }
 
     /// Serves HTTP on `io`. `client` is `Some` when client certificates are required:
     /// the peer's certificate, if it sent one.
-    async fn http<I>(&mut self, io: I, client: Option<Option<Arc<CertificateDer<'static>>>>)
-    where
+    async fn http<I>(
+        &mut self,
+        io: I,
+        protocol: Protocol,
+        client: Option<Option<Arc<CertificateDer<'static>>>>,
+    ) where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let service = {
@@ -427,9 +509,28 @@ impl Connection {
                 }
             })
         };
-        let builder = self.builder.clone();
-        let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
-        let mut connection = std::pin::pin!(connection);
+        let io = TokioIo::new(io);
+        let builders = self.builders.clone();
+        match protocol {
+            Protocol::Http1 => {
+                let connection = builders.http1.serve_connection(io, service);
+                self.drive(Box::pin(connection), |c| c.graceful_shutdown())
+                    .await;
+            }
+            Protocol::Http2 => {
+                let connection = builders.http2.serve_connection(io, service);
+                self.drive(Box::pin(connection), |c| c.graceful_shutdown())
+                    .await;
+            }
+        }
+    }
+
+    /// Drives a connection to its end, shutting it down gracefully (its requests in
+    /// flight answered first) when it is evicted, stays idle too long, or the hub stops.
+    async fn drive<C>(&mut self, mut connection: Pin<Box<C>>, graceful_shutdown: fn(Pin<&mut C>))
+    where
+        C: Future<Output = Result<(), hyper::Error>>,
+    {
         let mut closing = false;
         loop {
             let idle_until = idle_deadline(&self.tracked, &self.registry, &self.limits);
@@ -444,18 +545,18 @@ impl Connection {
                     if self.tracked.in_flight.load(Ordering::Relaxed) == 0 {
                         return;
                     }
-                    connection.as_mut().graceful_shutdown();
+                    graceful_shutdown(connection.as_mut());
                     closing = true;
                 }
                 _ = self.stopping.wait_for(|stop| *stop), if !closing => {
-                    connection.as_mut().graceful_shutdown();
+                    graceful_shutdown(connection.as_mut());
                     closing = true;
                 }
                 _ = tokio::time::sleep_until(idle_until.into()), if !closing => {
                     if self.tracked.in_flight.load(Ordering::Relaxed) == 0
                         && idle_deadline(&self.tracked, &self.registry, &self.limits) <= Instant::now()
                     {
-                        connection.as_mut().graceful_shutdown();
+                        graceful_shutdown(connection.as_mut());
                         closing = true;
                     }
                 }
@@ -530,5 +631,88 @@ mod tests {
             queue
         );
         drop(listener);
+    }
+
+    #[test]
+    fn the_first_bytes_tell_http2_from_http1() {
+        let cases: &[(&[u8], Option<Protocol>)] = &[
+            (
+                b"GET /v1/clusters/red/bundle HTTP/1.1\r\n",
+                Some(Protocol::Http1),
+            ),
+            (b"G", Some(Protocol::Http1)),
+            (
+                b"POST /v1/clusters/red/status HTTP/1.1\r\n",
+                Some(Protocol::Http1),
+            ),
+            (b"PRI * HTTP/1.1\r\n\r\n", Some(Protocol::Http1)),
+            (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", Some(Protocol::Http2)),
+            // A beginning of the preface: not known yet.
+            (b"P", None),
+            (b"PRI * HTTP/2.0\r\n", None),
+        ];
+        for (first, protocol) in cases {
+            assert_eq!(
+                protocol_of(first),
+                *protocol,
+                "{}",
+                String::from_utf8_lossy(first)
+            );
+        }
+    }
+
+    #[test]
+    fn tls_speaks_http2_only_when_alpn_chose_it() {
+        assert_eq!(negotiated(Some(b"h2")), Protocol::Http2);
+        assert_eq!(negotiated(Some(b"http/1.1")), Protocol::Http1);
+        assert_eq!(negotiated(None), Protocol::Http1);
+    }
+
+    /// A connected pair of sockets on loopback: (the server's end, the client's).
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let client = TcpStream::connect(listener.local_addr().expect("address"))
+            .await
+            .expect("connect");
+        let (server, _) = listener.accept().await.expect("accept");
+        (server, client)
+    }
+
+    /// What the client sent, read from the server's end once the client closed it.
+    async fn left_in(mut server: TcpStream) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut server, &mut bytes)
+            .await
+            .expect("read");
+        bytes
+    }
+
+    #[tokio::test]
+    async fn sniffing_leaves_the_first_bytes_for_hyper_to_read() {
+        use tokio::io::AsyncWriteExt as _;
+
+        let request = b"GET /healthz HTTP/1.1\r\nhost: hub\r\n\r\n";
+        let (server, mut client) = pair().await;
+        client.write_all(request).await.expect("send");
+        assert_eq!(sniff(&server).await.expect("sniff"), Some(Protocol::Http1));
+        drop(client);
+        assert_eq!(left_in(server).await, request);
+
+        // The preface in two parts, the second a moment later: sniffing waits for it.
+        let (server, mut client) = pair().await;
+        client.write_all(&HTTP2_PREFACE[..10]).await.expect("send");
+        let rest = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            client.write_all(&HTTP2_PREFACE[10..]).await.expect("send");
+            client
+        });
+        assert_eq!(sniff(&server).await.expect("sniff"), Some(Protocol::Http2));
+        drop(rest.await.expect("writer"));
+        assert_eq!(left_in(server).await, HTTP2_PREFACE);
+
+        // A client that closes without a byte.
+        let (server, client) = pair().await;
+        drop(client);
+        assert_eq!(sniff(&server).await.expect("sniff"), None);
     }
 }
