@@ -203,8 +203,12 @@ async fn get_bundle(
 ) -> Response {
     let response = match cluster {
         Ok(Path(cluster)) => {
+            // A long-poll may be held for minutes: keep copies, not the request.
             let (parts, _) = request.into_parts();
-            current_bundle(&shared, &cluster, &parts.headers, parts.uri.query())
+            let query = parts.uri.query().map(str::to_owned);
+            let headers = owned_headers(&parts.headers);
+            drop(parts);
+            current_bundle(&shared, &cluster, &headers, query.as_deref())
                 .await
                 .unwrap_or_else(IntoResponse::into_response)
         }
@@ -212,6 +216,27 @@ async fn get_bundle(
     };
     shared.metrics.count_bundle_response(response.status());
     response
+}
+
+/// Copies of a request's headers that share no memory with it. hyper's header values
+/// and URI are slices of the connection's read buffer; while a request is in flight,
+/// hyper reads into a new buffer (to notice the client going away), so a held poll that
+/// kept its request's headers would keep a second buffer of 8 KiB alive for as long as
+/// it is held: about 80 MB for 10,000 agents.
+fn owned_headers(headers: &HeaderMap) -> HeaderMap {
+    let mut owned = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        let copy = match HeaderValue::from_bytes(value.as_bytes()) {
+            Ok(mut copy) => {
+                copy.set_sensitive(value.is_sensitive());
+                copy
+            }
+            // Never for a value hyper parsed; the shared one is as right, only larger.
+            Err(_) => value.clone(),
+        };
+        owned.append(name.clone(), copy);
+    }
+    owned
 }
 
 async fn current_bundle(
@@ -951,6 +976,40 @@ mod tests {
             Digest::parse(&format!("sha256:{}", "a".repeat(64))).expect("digest"),
             "main@sha1:0".into(),
         )
+    }
+
+    /// As hyper parses them: every value a slice of one buffer.
+    #[test]
+    fn a_held_poll_keeps_copies_of_its_headers_not_the_buffer_they_were_read_into() {
+        let buffer = Bytes::from_static(b"Bearer secret\"sha256:ab\"zstd, gzip\xe9t\xe9");
+        let mut headers = HeaderMap::new();
+        let slice = |range: std::ops::Range<usize>| {
+            HeaderValue::from_maybe_shared(buffer.slice(range)).expect("value")
+        };
+        let mut secret = slice(0..13);
+        secret.set_sensitive(true);
+        headers.insert(AUTHORIZATION, secret);
+        headers.insert(IF_NONE_MATCH, slice(13..24));
+        headers.append(ACCEPT_ENCODING, slice(24..34));
+        headers.append(ACCEPT_ENCODING, slice(34..37));
+        let span = buffer.as_ptr_range();
+        assert!(
+            headers
+                .values()
+                .all(|v| span.contains(&v.as_bytes().as_ptr()))
+        );
+
+        let owned = owned_headers(&headers);
+        assert_eq!(owned, headers);
+        assert_eq!(owned.get_all(ACCEPT_ENCODING).iter().count(), 2);
+        assert!(owned[AUTHORIZATION].is_sensitive());
+        assert!(!owned[IF_NONE_MATCH].is_sensitive());
+        for value in owned.values() {
+            assert!(
+                !span.contains(&value.as_bytes().as_ptr()),
+                "{value:?} shares the buffer"
+            );
+        }
     }
 
     #[test]
