@@ -16,7 +16,8 @@
 # Usage: benches/hub-cost.sh     (from anywhere; runs in a temporary folder)
 # Knobs (environment): CLUSTERS=10000 AGENTS=$CLUSTERS WORKLOADS=2 RESOURCES=2
 #   WAIT=55s IDLE=120 COMMIT_WINDOW=30 RUNS=3 RAMP=20 BUILD=debug|release
-#   VARIANT=postgres|sqlite (sqlite: one hub alone, the default set-up: SQLite and the
+#   HTTP2=1 (the agents speak HTTP/2, each on a connection of its own)
+#   HUB_BINARY=PATH VARIANT=postgres|sqlite (sqlite: one hub alone, the default set-up: SQLite and the
 #   objects in its state dir; no database statistics, no S3) KEEP=1 (keep the work folder)
 # Needs: cargo, git, python3, curl, PostgreSQL 12+ binaries with pg_stat_statements
 # (.ci/postgres installs the Debian package when missing), and moto for S3 (.ci/s3).
@@ -34,6 +35,8 @@ COMMIT_WINDOW=${COMMIT_WINDOW:-30}
 RUNS=${RUNS:-3}
 RAMP=${RAMP:-20}
 BUILD=${BUILD:-debug}
+CLIENT_ARGS=()
+[[ "${HTTP2:-0}" == 1 ]] && CLIENT_ARGS+=(--http2)
 VARIANT=${VARIANT:-postgres}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 export CARGO_INCREMENTAL=0
@@ -49,7 +52,9 @@ else
   cargo build --quiet --bin flotilla --example poll_load --example gen_fleet
   BIN="$ROOT/target/debug"
 fi
-FLOTILLA="$BIN/flotilla"
+# HUB_BINARY=PATH runs the hubs from another build of flotilla (say, an earlier
+# commit's, to compare side by side); the client and generator are still this tree's.
+FLOTILLA="${HUB_BINARY:-$BIN/flotilla}"
 
 WORK=$(mktemp -d /tmp/flotilla-hub-cost.XXXXXX)
 chmod 755 "$WORK"   # the PostgreSQL server runs as the postgres user
@@ -73,7 +78,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 git_quiet() { git -C "$1" -c user.name=bench -c user.email=bench@flotilla.invalid "${@:2}" >/dev/null; }
 
 echo "== machine: $(nproc) cores, $(awk '/MemTotal/ {print int($2/1024)" MiB"}' /proc/meminfo), load average $(cut -d' ' -f1-3 /proc/loadavg), $BUILD build"
-echo "== fleet: $CLUSTERS clusters x $WORKLOADS workloads x $RESOURCES resources; $AGENTS agents, wait $WAIT; variant $VARIANT"
+echo "== fleet: $CLUSTERS clusters x $WORKLOADS workloads x $RESOURCES resources; $AGENTS agents, wait $WAIT; variant $VARIANT; HTTP/$([[ "${HTTP2:-0}" == 1 ]] && echo 2 || echo 1.1)"
 REPO="$WORK/fleet"
 "$BIN/examples/gen_fleet" --clusters "$CLUSTERS" --workloads "$WORKLOADS" --resources "$RESOURCES" --git "$REPO" >/dev/null 2>&1
 
@@ -248,7 +253,7 @@ for run in $(seq 1 "$RUNS"); do
   idle=0; [[ "$run" == 1 ]] && idle=$IDLE
   duration=$((RAMP + 20 + idle + COMMIT_WINDOW + 10))
   "$BIN/examples/poll_load" "${HUB_ARGS[@]}" --database "$CLIENT_DATABASE" --agents "$AGENTS" \
-    --wait "$WAIT" --ramp "${RAMP}s" --duration "${duration}s" --every 5s --tokens "$WORK/tokens.tsv" \
+    --wait "$WAIT" --ramp "${RAMP}s" --duration "${duration}s" --every 5s --tokens "$WORK/tokens.tsv" "${CLIENT_ARGS[@]}" \
     >"$WORK/client-$run.out" 2>"$WORK/client-$run.err" &
   client=$!
   PIDS+=("$client")

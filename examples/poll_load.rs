@@ -7,7 +7,7 @@
 //! ```text
 //! cargo run --example poll_load -- --hub http://127.0.0.1:8080 [--hub URL…] \
 //!     --database postgres://…|sqlite:///…/flotilla.db --agents 10000 \
-//!     [--duration 300s] [--wait 55s] [--ramp 20s] [--tokens FILE] [--every 10s]
+//!     [--duration 300s] [--wait 55s] [--ramp 20s] [--tokens FILE] [--every 10s] [--http2]
 //! ```
 //!
 //! - Loopback only: a hub or database on another address is refused.
@@ -18,6 +18,9 @@
 //!   mode 0600) and reuses them on the next run. The hubs pick new tokens up within a
 //!   second.
 //! - Agent `i` polls hub `i mod hubs`; agents start spread over `--ramp`.
+//! - `--http2`: each agent speaks HTTP/2 on a connection of its own (prior knowledge,
+//!   as `flotilla agent --http2` does on `http://`); without it, HTTP/1.1, each agent's
+//!   held poll on a connection of its own all the same.
 //! - The agent's work on a bundle (verifying, applying) is left out: the body is read
 //!   and dropped.
 //! - The render's time is `clusters.updated_at` in the database (the recording hub's
@@ -59,12 +62,13 @@ struct Args {
     ramp: Duration,
     tokens: Option<PathBuf>,
     every: Duration,
+    http2: bool,
 }
 
 fn usage(problem: &str) -> ! {
     eprintln!(
         "poll_load: {problem}\nusage: poll_load --hub http://127.0.0.1:PORT [--hub …] --database URL --agents N \
-         [--duration 300s] [--wait 55s] [--ramp 20s] [--tokens FILE] [--every 10s]"
+         [--duration 300s] [--wait 55s] [--ramp 20s] [--tokens FILE] [--every 10s] [--http2]"
     );
     std::process::exit(2)
 }
@@ -94,6 +98,7 @@ fn parse_args() -> Args {
     let mut ramp = Duration::from_secs(20);
     let mut every = Duration::from_secs(10);
     let mut tokens = None;
+    let mut http2 = false;
     let mut it = std::env::args().skip(1);
     let time = |value: Option<String>, flag: &str| -> Duration {
         let value = value.unwrap_or_else(|| usage(&format!("{flag} needs a duration")));
@@ -141,6 +146,7 @@ fn parse_args() -> Args {
             "--ramp" => ramp = time(it.next(), "--ramp"),
             "--every" => every = time(it.next(), "--every"),
             "--tokens" => tokens = Some(PathBuf::from(it.next().unwrap_or_default())),
+            "--http2" => http2 = true,
             other => usage(&format!("unknown argument {other:?}")),
         }
     }
@@ -165,7 +171,35 @@ fn parse_args() -> Args {
         ramp: ramp.min(duration),
         tokens,
         every,
+        http2,
     }
+}
+
+/// The HTTP client of one agent, or of all of them: with HTTP/1.1 a client opens a
+/// connection for each request in flight, so one is shared; with HTTP/2 it would send
+/// every agent's poll on one connection, so each agent has its own.
+fn http_client(http2: bool) -> reqwest::Client {
+    let mut builder = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(usize::MAX)
+        .tcp_nodelay(true)
+        // No TCP keepalive (reqwest's default probes after 15 s idle, three times):
+        // the polls this client sends after a commit go out together, so 10,000
+        // connections' probes would all fall due in the same instant, overflow the
+        // kernel's per-CPU queue of loopback packets (`net.core.netdev_max_backlog`,
+        // 1,000) and be dropped, each time, until the connections are aborted as
+        // dead ("Connection timed out"). Agents on machines of their own never probe
+        // together; the real agent's keepalive is 300 s.
+        .tcp_keepalive(None)
+        // Plain HTTP on loopback: loading the system's root certificates (tens of
+        // milliseconds) for each of 10,000 agents' clients would outlast the ramp.
+        .tls_built_in_root_certs(false);
+    if http2 {
+        builder = builder.http2_prior_knowledge();
+    }
+    builder
+        .build()
+        .unwrap_or_else(|e| usage(&format!("cannot build the HTTP client: {e}")))
 }
 
 fn unix_ms() -> i64 {
@@ -413,20 +447,7 @@ async fn run(args: Args) -> serde_json::Value {
         Err(e) => usage(&format!("cannot raise the open-file limit: {e}")),
     }
     let tokens = tokens(&args).await;
-    let client = reqwest::Client::builder()
-        .no_proxy()
-        .pool_max_idle_per_host(usize::MAX)
-        .tcp_nodelay(true)
-        // No TCP keepalive (reqwest's default probes after 15 s idle, three times):
-        // the polls this client sends after a commit go out together, so 10,000
-        // connections' probes would all fall due in the same instant, overflow the
-        // kernel's per-CPU queue of loopback packets (`net.core.netdev_max_backlog`,
-        // 1,000) and be dropped, each time, until the connections are aborted as
-        // dead ("Connection timed out"). Agents on machines of their own never probe
-        // together; the real agent's keepalive is 300 s.
-        .tcp_keepalive(None)
-        .build()
-        .unwrap_or_else(|e| usage(&format!("cannot build the HTTP client: {e}")));
+    let client = http_client(args.http2);
 
     // The hubs re-read tokens every second: wait until each takes the last one made.
     for hub in &args.hubs {
@@ -472,9 +493,14 @@ async fn run(args: Args) -> serde_json::Value {
                 wait: args.wait,
                 start_after: Duration::from_millis(ramp_ms * index as u64 / agents as u64),
             };
+            let client = if args.http2 {
+                http_client(true)
+            } else {
+                client.clone()
+            };
             tokio::spawn(run_agent(
                 agent,
-                client.clone(),
+                client,
                 counts.clone(),
                 seen.clone(),
                 stopped.clone(),
@@ -663,6 +689,7 @@ mod tests {
             ramp: Duration::ZERO,
             tokens: None,
             every: Duration::from_secs(1),
+            http2: false,
         }));
         // Once the three long-polls are held, a commit changes every cluster's bundle.
         let client = reqwest::Client::builder()
