@@ -359,8 +359,12 @@ enum Protocol {
 const HTTP2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// How long to wait before looking again at a plain connection whose first bytes do
-/// not yet tell its protocol (a client that sent part of the HTTP/2 preface).
+/// not yet tell its protocol (a client that sent part of the HTTP/2 preface), the
+/// first time; the wait doubles each time, up to [`SNIFF_AGAIN_AT_MOST`], so a client
+/// that stops there costs a few wake-ups until the header timeout, not one every
+/// few milliseconds.
 const SNIFF_AGAIN: Duration = Duration::from_millis(10);
+const SNIFF_AGAIN_AT_MOST: Duration = Duration::from_secs(1);
 
 /// The protocol that a plain connection's first bytes show, or `None` while they
 /// are all a beginning of the HTTP/2 preface and shorter than it.
@@ -382,6 +386,7 @@ fn protocol_of(first: &[u8]) -> Option<Protocol> {
 /// connection before sending anything.
 async fn sniff(tcp: &TcpStream) -> std::io::Result<Option<Protocol>> {
     let mut first = [0_u8; HTTP2_PREFACE.len()];
+    let mut pause = SNIFF_AGAIN;
     loop {
         let read = tcp.peek(&mut first).await?;
         if read == 0 {
@@ -391,7 +396,8 @@ async fn sniff(tcp: &TcpStream) -> std::io::Result<Option<Protocol>> {
             return Ok(Some(protocol));
         }
         // Peeking again at once would see the same bytes: give the rest time to come.
-        tokio::time::sleep(SNIFF_AGAIN).await;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(SNIFF_AGAIN_AT_MOST);
     }
 }
 
