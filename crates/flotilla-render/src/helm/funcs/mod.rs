@@ -1,0 +1,1 @@
+//! Sprig's and Helm's template functions. (being written)

@@ -1,0 +1,189 @@
+//! The values a Go template computes with, modelled on the Go types Helm's templates
+//! meet: what `sigs.k8s.io/yaml` gives for values files (every number a `float64`,
+//! maps `map[string]interface{}`, lists `[]interface{}`), what template literals and
+//! Go's builtins give (`int`), what Sprig's arithmetic gives (`int64`), and Helm's
+//! structs (`.Release`, `.Chart`, `.Capabilities`, `.Files`, `.Template`) as objects
+//! with fields and methods.
+//!
+//! Values are cheap to clone: strings, lists and maps are reference counted and
+//! shared between threads, so parsed templates and the values of a chart can be held
+//! once and rendered for many releases in parallel.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+/// A Go value as a template sees it.
+#[derive(Clone, Debug, Default)]
+pub enum Value {
+    /// A nil interface (`<nil>` when printed), e.g. a YAML `null`.
+    #[default]
+    Nil,
+    /// What Go's template engine gets for a key missing from a map: an invalid
+    /// `reflect.Value`, printed `<no value>` (which Helm then removes from the output).
+    Missing,
+    Bool(bool),
+    /// Go's `int`: template literals, `len`, Sprig's `atoi`.
+    Int(i64),
+    /// Go's `int64`: Sprig's arithmetic (`add`, `mul`, `int64`, ...).
+    Int64(i64),
+    /// Go's `float64`: every number read from YAML or JSON values.
+    Float(f64),
+    String(Arc<str>),
+    /// Go's `[]byte` (`.Files.GetBytes`), printed as a list of numbers by `%v`.
+    Bytes(Arc<[u8]>),
+    /// Go's `[]interface{}` (and the other slices: `[]string` from Sprig's
+    /// `splitList`, `keys`, ... behave the same in templates).
+    List(Arc<Vec<Value>>),
+    /// Go's `map[string]interface{}`: iteration and printing in key order.
+    Map(Arc<BTreeMap<String, Value>>),
+    /// A Go struct or pointer with fields and methods (Helm's `.Release`, `.Chart`,
+    /// `.Capabilities`, `.Files`, ...).
+    Object(Arc<dyn Object>),
+}
+
+/// A Go struct (or a named type with methods) that templates reach into: `.Field`,
+/// `.Method arg...`.
+pub trait Object: fmt::Debug + Send + Sync {
+    /// The Go type's name as `%T` and Sprig's `typeOf` print it, e.g. `*chart.Metadata`.
+    fn type_name(&self) -> &str;
+    /// The field (or argument-less method) of that name, if the type has one.
+    fn field(&self, name: &str) -> Option<Value>;
+    /// Calls the method of that name with arguments, if the type has one.
+    fn call(&self, name: &str, args: &[Value]) -> Option<FuncResult> {
+        let _ = (name, args);
+        None
+    }
+    /// What `%v` and `print` write: the value of a `String()` method where the Go type
+    /// has one (`.Capabilities.KubeVersion` prints `v1.31.4`), else Go's struct form.
+    fn display(&self) -> String;
+}
+
+/// What a function returns: a value, or the error Go reports after
+/// `error calling NAME: `.
+pub type FuncResult = Result<Value, FuncError>;
+
+/// A template function's error, as the message after `error calling NAME: `.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FuncError(pub String);
+
+impl FuncError {
+    pub fn new(message: impl Into<String>) -> FuncError {
+        FuncError(message.into())
+    }
+}
+
+impl fmt::Display for FuncError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for FuncError {}
+
+/// What a function may ask of the render it runs in.
+pub trait Host {
+    /// The template being executed, as Helm names it (`chart/templates/x.yaml`).
+    fn template_name(&self) -> &str;
+    /// `len` bytes for a generating function (`randAlphaNum`, `uuidv4`, `genCA`, ...),
+    /// derived deterministically from the render's secret seed, the release, the
+    /// template, the function, its arguments and how many times the same call was made
+    /// before in the same template: never from a clock or the operating system.
+    fn generated_bytes(&mut self, function: &str, args: &[Value], len: usize) -> Vec<u8>;
+    /// The time `now` returns, as seconds since the Unix epoch (UTC): the time of the
+    /// commit that last changed the release's inputs.
+    fn now_unix(&self) -> i64;
+    /// Records a warning for the user (`lookup` returned an empty map, ...).
+    fn warn(&mut self, message: String);
+}
+
+/// A template function: Sprig's, Helm's or Go's own builtins. It gets the render's
+/// host and the evaluated arguments.
+pub type Func = fn(&mut dyn Host, &[Value]) -> FuncResult;
+
+impl Value {
+    pub fn string(s: impl Into<Arc<str>>) -> Value {
+        Value::String(s.into())
+    }
+
+    pub fn list(items: Vec<Value>) -> Value {
+        Value::List(Arc::new(items))
+    }
+
+    pub fn map(entries: BTreeMap<String, Value>) -> Value {
+        Value::Map(Arc::new(entries))
+    }
+
+    /// Go's `reflect.Kind` name, as Sprig's `kindOf` prints it.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Value::Nil | Value::Missing => "invalid",
+            Value::Bool(_) => "bool",
+            Value::Int(_) => "int",
+            Value::Int64(_) => "int64",
+            Value::Float(_) => "float64",
+            Value::String(_) => "string",
+            Value::Bytes(_) | Value::List(_) => "slice",
+            Value::Map(_) => "map",
+            Value::Object(_) => "ptr",
+        }
+    }
+
+    /// Go's type name, as `%T` and Sprig's `typeOf` print it.
+    pub fn type_name(&self) -> String {
+        match self {
+            Value::Nil | Value::Missing => "<nil>".to_string(),
+            Value::Bool(_) => "bool".to_string(),
+            Value::Int(_) => "int".to_string(),
+            Value::Int64(_) => "int64".to_string(),
+            Value::Float(_) => "float64".to_string(),
+            Value::String(_) => "string".to_string(),
+            Value::Bytes(_) => "[]uint8".to_string(),
+            Value::List(_) => "[]interface {}".to_string(),
+            Value::Map(_) => "map[string]interface {}".to_string(),
+            Value::Object(o) => o.type_name().to_string(),
+        }
+    }
+
+    /// Go's truth (`if`, `with`, `and`, `or`, `not`): false, 0, nil, and empty
+    /// strings, lists and maps are false.
+    pub fn truthy(&self) -> bool {
+        match self {
+            Value::Nil | Value::Missing => false,
+            Value::Bool(b) => *b,
+            Value::Int(i) | Value::Int64(i) => *i != 0,
+            Value::Float(f) => *f != 0.0,
+            Value::String(s) => !s.is_empty(),
+            Value::Bytes(b) => !b.is_empty(),
+            Value::List(l) => !l.is_empty(),
+            Value::Map(m) => !m.is_empty(),
+            Value::Object(_) => true,
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Converts parsed JSON (as `serde_json` gives it) the way Helm's values are read:
+    /// every number becomes a `float64`.
+    pub fn from_json(json: &serde_json::Value) -> Value {
+        match json {
+            serde_json::Value::Null => Value::Nil,
+            serde_json::Value::Bool(b) => Value::Bool(*b),
+            serde_json::Value::Number(n) => Value::Float(n.as_f64().unwrap_or(0.0)),
+            serde_json::Value::String(s) => Value::string(s.as_str()),
+            serde_json::Value::Array(items) => {
+                Value::list(items.iter().map(Value::from_json).collect())
+            }
+            serde_json::Value::Object(map) => Value::map(
+                map.iter()
+                    .map(|(k, v)| (k.clone(), Value::from_json(v)))
+                    .collect(),
+            ),
+        }
+    }
+}
