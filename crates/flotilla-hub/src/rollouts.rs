@@ -31,18 +31,18 @@ use crate::store::{
     StoredStatus,
 };
 use flotilla_core::bundle::Digest;
+use flotilla_core::rollout::render::{
+    RenderDecision, RenderInput, Revisions, Running, Started, decide_render, merge_steps,
+    served_changes,
+};
 use flotilla_core::rollout::view::{EventView, RolloutView};
 use flotilla_core::rollout::{
-    ActionError, Member, Millis, Observation, Report, Rollout, Serve, Step, decide_with, judge,
-    order_key,
+    ActionError, Millis, Observation, Report, Rollout, Step, decide_with, judge,
 };
 use flotilla_render::RenderOutput;
 
 /// How many ended rollouts `GET /v1/rollouts` lists after the active ones.
 pub const RECENT_ROLLOUTS: i64 = 20;
-
-/// The revisions of a member's previous digest and of its target.
-type Revisions = (Option<String>, String);
 
 /// One rollout that has not ended, with what the hub knows of its clusters.
 struct Active {
@@ -101,6 +101,28 @@ impl Active {
             observations,
             pulses,
         }
+    }
+
+    /// A rollout a render started, with the id it is recorded under, and the step
+    /// that started it.
+    fn started(id: i64, started: Started, pulse: impl Fn(&str) -> Arc<Pulse>) -> (Active, Step) {
+        let rollout = started.rollout;
+        let index = rollout
+            .members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.cluster.clone(), i))
+            .collect();
+        let pulses = rollout.members.iter().map(|m| pulse(&m.cluster)).collect();
+        let active = Active {
+            id,
+            rollout,
+            revisions: started.revisions,
+            index,
+            observations: started.observations,
+            pulses,
+        };
+        (active, started.step)
     }
 
     /// Brings the observations up to date with the pulses (polls and reports seen).
@@ -229,11 +251,7 @@ fn write_of(
             target_revision: active.revisions[i].1.clone(),
         })
         .collect();
-    let served = step
-        .serve
-        .iter()
-        .map(|&(i, serve)| served_change(&rollout.members[i], &active.revisions[i], serve, latest))
-        .collect();
+    let served = served_changes(rollout, &active.revisions, step, latest);
     let write = RolloutWrite {
         id: active.id,
         insert,
@@ -250,39 +268,6 @@ fn write_of(
         events: step.events.clone(),
     };
     (write, served)
-}
-
-/// What a member is served after a step: its new digest, or its previous one (a new
-/// cluster, which had none, goes back to being held on what its agent runs).
-fn served_change(
-    member: &Member,
-    revisions: &Revisions,
-    serve: Serve,
-    latest: &HashMap<String, Arc<Latest>>,
-) -> ServedChange {
-    match (serve, &member.previous) {
-        (Serve::Target, _) => ServedChange {
-            cluster: member.cluster.clone(),
-            digest: member.target.clone(),
-            revision: revisions.1.clone(),
-            hold: false,
-        },
-        (Serve::Previous, Some(previous)) => ServedChange {
-            cluster: member.cluster.clone(),
-            digest: previous.clone(),
-            revision: revisions.0.clone().unwrap_or_else(|| revisions.1.clone()),
-            hold: false,
-        },
-        (Serve::Previous, None) => {
-            let fresh = latest.get(&member.cluster);
-            ServedChange {
-                cluster: member.cluster.clone(),
-                digest: fresh.map_or_else(|| member.target.clone(), |l| l.digest.clone()),
-                revision: fresh.map_or_else(|| revisions.1.clone(), |l| l.revision.clone()),
-                hold: true,
-            }
-        }
-    }
 }
 
 fn offline_after(shared: &Shared) -> Millis {
@@ -411,7 +396,8 @@ impl Shared {
     }
 
     /// Records a clean render: what HEAD renders per cluster, what changes for whom at
-    /// once, and the rollouts it starts, supersedes or leaves; in one transaction.
+    /// once, and the rollouts it starts, supersedes or leaves ([`decide_render`]), in
+    /// one transaction; then swaps in what is served.
     pub(crate) async fn record_render(
         &self,
         output: &RenderOutput,
@@ -426,19 +412,83 @@ impl Shared {
         }
         let served = self.served.load_full();
         let old_latest = self.latest.load_full();
-        let plan = &output.rollouts;
-        let mut commit = Commit {
-            revision: Some(output.revision.clone()),
-            history: self.settings.history,
-            now_ms: now,
-            fence: self.lease.fence(),
-            expect_revision,
-            ..Commit::default()
-        };
+        let looking = std::time::Instant::now();
+        let (latest, rendered) = self.latest_of_render(output, &old_latest).await?;
+        let lookup = looking.elapsed();
+        let existing = self.store.rollout_policies_of(&output.revision).await?;
         let version = self.rollouts.version.load(Ordering::Acquire);
+        let input = RenderInput {
+            revision: &output.revision,
+            forced,
+            now,
+            offline_after: offline_after(self),
+            release_not_before: self.rollouts.release_not_before(),
+            plan: &output.rollouts,
+            served: served.as_ref(),
+            old_latest: &old_latest,
+            latest: &latest,
+            existing: &existing,
+        };
+        let decision = self.decide_render(&input, &mut active);
+        let (commit, new_actives) = self
+            .render_commit(
+                output,
+                expect_revision,
+                &input,
+                decision,
+                &active,
+                rendered,
+                version,
+            )
+            .await?;
+        let committing = std::time::Instant::now();
+        let (unreferenced, sequences) = match self.store.commit_with_sequences(&commit).await {
+            Ok(written) => written,
+            Err(err) => {
+                // What is in memory may be ahead of the store: read it back.
+                self.reload_rollouts(&mut active).await?;
+                return Err(err.into());
+            }
+        };
+        if !commit.rollouts.is_empty() {
+            self.rollouts.version.store(version + 1, Ordering::Release);
+        }
+        let swapping = std::time::Instant::now();
+        let removed: BTreeSet<String> = commit.removed.iter().cloned().collect();
+        self.latest.store(Arc::new(latest));
+        self.apply_served(&commit.served, &sequences, &removed, commit.now_ms);
+        tracing::debug!(
+            lookup_ms = lookup.as_millis() as u64,
+            plan_ms = (committing.saturating_duration_since(looking) - lookup).as_millis() as u64,
+            commit_ms = swapping.saturating_duration_since(committing).as_millis() as u64,
+            swap_ms = swapping.elapsed().as_millis() as u64,
+            "render recorded"
+        );
+        let outcome = RenderOutcome {
+            served_changes: commit.served.len(),
+            removed: removed.len(),
+            rollouts_started: new_actives.len(),
+            swapped_at: Some(std::time::Instant::now()),
+        };
+        self.forget_statuses(&removed);
+        active.extend(new_actives);
+        active.retain(|a| a.rollout.state.is_active());
+        self.rollouts.decisions.fetch_add(1, Ordering::Relaxed);
+        self.publish_views(&active);
+        drop(active);
+        self.rollouts.wake.notify_one();
+        self.delete_objects(&unreferenced).await;
+        Ok(outcome)
+    }
 
-        // What HEAD renders for each cluster. A digest a cluster was served before
-        // keeps the revision it was first served with (looked up in one batch).
+    /// What HEAD renders for each cluster, and the rows of `rendered` that change. A
+    /// digest a cluster was served before keeps the revision it was first served with
+    /// (looked up in one batch).
+    async fn latest_of_render(
+        &self,
+        output: &RenderOutput,
+        old_latest: &HashMap<String, Arc<Latest>>,
+    ) -> Result<(HashMap<String, Arc<Latest>>, Vec<RenderedCluster>), HubError> {
         let new_digests: Vec<(&str, &Digest)> = output
             .bundles
             .iter()
@@ -449,10 +499,10 @@ impl Shared {
             })
             .map(|(name, bundle)| (name.as_str(), &bundle.digest))
             .collect();
-        let looking = std::time::Instant::now();
         let mut in_history = self.store.revisions_in_history(&new_digests).await?;
-        let lookup = looking.elapsed();
         drop(new_digests);
+        let plan = &output.rollouts;
+        let mut rendered = Vec::new();
         let mut latest: HashMap<String, Arc<Latest>> = HashMap::with_capacity(output.bundles.len());
         for (name, bundle) in &output.bundles {
             let previous = old_latest.get(name);
@@ -471,7 +521,7 @@ impl Shared {
                 paused: plan.paused.contains(name),
             };
             if previous.map(|p| p.as_ref()) != Some(&entry) {
-                commit.rendered.push(RenderedCluster {
+                rendered.push(RenderedCluster {
                     cluster: name.clone(),
                     digest: entry.digest.clone(),
                     revision: entry.revision.clone(),
@@ -482,238 +532,112 @@ impl Shared {
             }
             latest.insert(name.clone(), Arc::new(entry));
         }
-        let removed: BTreeSet<String> = served
-            .clusters
-            .keys()
-            .chain(old_latest.keys())
-            .filter(|name| !output.bundles.contains_key(*name))
-            .cloned()
-            .collect();
-        commit.removed = removed.iter().cloned().collect();
+        Ok((latest, rendered))
+    }
 
-        // At once: ungoverned clusters get HEAD's render; new clusters are held on what
-        // their agent runs (a fresh agent gets HEAD's render) unless ungoverned.
-        let mut now_served: HashMap<&str, (Digest, bool)> = HashMap::new();
-        for (name, entry) in &latest {
-            let current = served.clusters.get(name);
-            let governed = entry.policy.is_some();
-            let change = match current {
-                None => Some(entry.paused || governed),
-                Some(_) if entry.paused => None,
-                Some(c) if !governed && (c.digest != entry.digest || c.hold) => Some(false),
-                Some(c) if governed && c.hold && c.digest != entry.digest => Some(true),
-                Some(_) => None,
-            };
-            if let Some(hold) = change {
-                commit.served.push(ServedChange {
-                    cluster: name.clone(),
-                    digest: entry.digest.clone(),
-                    revision: entry.revision.clone(),
-                    hold,
-                });
-                now_served.insert(name, (entry.digest.clone(), hold));
-            } else if let Some(c) = current {
-                now_served.insert(name, (c.digest.clone(), c.hold));
-            }
-        }
-        let changing = |name: &str, entry: &Latest| -> bool {
-            entry.policy.is_some()
-                && !entry.paused
-                && now_served
-                    .get(name)
-                    .is_none_or(|(digest, hold)| *hold || *digest != entry.digest)
-        };
-        // A policy is touched by this commit when one of its clusters changes and
-        // what HEAD renders for it is new (or it is new to the policy).
-        let mut touched: BTreeSet<&str> = BTreeSet::new();
-        for (name, entry) in &latest {
-            if !changing(name, entry) {
-                continue;
-            }
-            let new_here = old_latest.get(name).is_none_or(|old| {
-                old.digest != entry.digest || old.policy != entry.policy || old.paused
-            });
-            if new_here && let Some(policy) = &entry.policy {
-                touched.insert(policy);
-            }
-        }
-
-        let mut writes = Vec::new();
-        let mut served_changes: Vec<ServedChange> = Vec::new();
-        // Running rollouts: clusters that left, and supersede.
+    /// Calls the pure decision on the running rollouts, brought up to date with the
+    /// polls and reports seen, and logs the rollouts it supersedes.
+    fn decide_render(
+        &self,
+        input: &RenderInput<'_, Served>,
+        active: &mut [Active],
+    ) -> RenderDecision {
         for a in active.iter_mut() {
-            let mut steps = Vec::new();
-            for i in 0..a.rollout.members.len() {
-                let member = &a.rollout.members[i];
-                if member.left {
-                    continue;
-                }
-                let why = match latest.get(&member.cluster) {
-                    None => Some("removed from the fleet".to_string()),
-                    Some(l) if l.paused => Some("paused (spec.paused)".to_string()),
-                    Some(l) if l.policy.as_deref() != Some(&a.rollout.policy.name) => {
-                        Some(format!(
-                            "no longer governed by rollout policy {}",
-                            a.rollout.policy.name
-                        ))
-                    }
-                    _ => None,
-                };
-                if let Some(why) = why {
-                    steps.push(a.rollout.leave(i, &why, now));
-                }
+            a.refresh();
+        }
+        let mut running: Vec<Running<'_>> = active
+            .iter_mut()
+            .map(|a| Running {
+                rollout: &mut a.rollout,
+                revisions: &a.revisions,
+                observations: &a.observations,
+            })
+            .collect();
+        let statuses = self.statuses.read().unwrap_or_else(|e| e.into_inner());
+        let decision = decide_render(input, &mut running, |cluster, target| {
+            let pulse = self.pulse(cluster);
+            Observation {
+                report: statuses.get(cluster).map(|s| Report {
+                    health: judge(&s.report, target),
+                    at: s.received_at_ms,
+                }),
+                last_seen: pulse.seen(),
+                fetched_at: pulse.fetched(),
             }
-            if touched.contains(a.rollout.policy.name.as_str())
-                && a.rollout.revision != output.revision
-            {
-                steps.push(a.rollout.supersede(&output.revision, now));
-                self.rollouts.superseded.fetch_add(1, Ordering::Relaxed);
+        });
+        drop(statuses);
+        for &i in &decision.superseded {
+            self.rollouts.superseded.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                rollout = active[i].id,
+                policy = %active[i].rollout.policy.name,
+                by = %input.revision,
+                "superseded by a newer commit"
+            );
+        }
+        decision
+    }
+
+    /// The transaction that records a render's decision, and the rollouts it starts
+    /// (given their ids).
+    #[allow(clippy::too_many_arguments)]
+    async fn render_commit(
+        &self,
+        output: &RenderOutput,
+        expect_revision: Option<Option<String>>,
+        input: &RenderInput<'_, Served>,
+        decision: RenderDecision,
+        active: &[Active],
+        rendered: Vec<RenderedCluster>,
+        version: i64,
+    ) -> Result<(Commit, Vec<Active>), HubError> {
+        let mut writes: Vec<RolloutWrite> = decision
+            .steps
+            .iter()
+            .map(|(i, step)| write_of(&active[*i], step, false, input.latest).0)
+            .collect();
+        let mut new_actives = Vec::with_capacity(decision.started.len());
+        if !decision.started.is_empty() {
+            let mut next_id = self.store.next_rollout_id().await?;
+            for started in decision.started {
+                let (a, first) = Active::started(next_id, started, |c| self.pulse(c));
+                next_id += 1;
                 tracing::info!(
                     rollout = a.id,
                     policy = %a.rollout.policy.name,
-                    by = %output.revision,
-                    "superseded by a newer commit"
+                    revision = %output.revision,
+                    clusters = a.rollout.members.len(),
+                    forced = input.forced,
+                    "rollout started"
                 );
-            }
-            if !a.rollout.state.is_active() || !steps.is_empty() {
-                // A rollout whose clusters all left may complete now.
-                steps.push(decide_now(self, a, now));
-            }
-            let merged = merge_steps(steps);
-            if merged.changed || !merged.dirty.is_empty() || !merged.serve.is_empty() {
-                let (write, served) = write_of(a, &merged, false, &latest);
-                writes.push(write);
-                served_changes.extend(served);
+                writes.push(write_of(&a, &first, true, input.latest).0);
+                new_actives.push(a);
             }
         }
-
-        // New rollouts.
-        let mut started = 0;
-        let mut next_id = self.store.next_rollout_id().await?;
-        let mut new_actives = Vec::new();
-        for policy in &plan.policies {
-            if !touched.contains(policy.name.as_str()) {
-                continue;
-            }
-            if self
-                .store
-                .rollout_exists(&policy.name, &output.revision)
-                .await?
-            {
-                continue;
-            }
-            let mut members: Vec<(Member, Revisions, [u8; 32])> = Vec::new();
-            for (name, placement) in &plan.placements {
-                let Some(entry) = latest.get(name) else {
-                    continue;
-                };
-                if plan.policies.get(placement.policy).map(|p| &p.name) != Some(&policy.name)
-                    || !changing(name, entry)
-                {
-                    continue;
-                }
-                let current = served.clusters.get(name).filter(|c| !c.hold);
-                members.push((
-                    Member::new(
-                        name.clone(),
-                        placement.wave,
-                        current.map(|c| c.digest.clone()),
-                        entry.digest.clone(),
-                    ),
-                    (current.map(|c| c.revision.clone()), entry.revision.clone()),
-                    order_key(&policy.name, name),
-                ));
-            }
-            if members.is_empty() {
-                continue;
-            }
-            members.sort_by(|a, b| (a.0.wave, &a.2).cmp(&(b.0.wave, &b.2)));
-            let (list, revisions): (Vec<Member>, Vec<_>) =
-                members.into_iter().map(|(m, r, _)| (m, r)).unzip();
-            let (rollout, start) =
-                Rollout::start(policy.clone(), output.revision.clone(), forced, list, now);
-            let mut a = Active::new(
-                self,
-                StoredRollout {
-                    id: next_id,
-                    rollout,
-                    revisions,
-                },
-            );
-            next_id += 1;
-            let first = decide_now(self, &mut a, now);
-            let merged = merge_steps(vec![start, first]);
-            let (write, served) = write_of(&a, &merged, true, &latest);
-            tracing::info!(
-                rollout = a.id,
-                policy = %policy.name,
-                revision = %output.revision,
-                clusters = a.rollout.members.len(),
-                forced,
-                "rollout started"
-            );
-            writes.push(write);
-            served_changes.extend(served);
-            new_actives.push(a);
-            started += 1;
-        }
-
-        // Later changes of a cluster win over earlier ones within this commit.
-        commit.served.extend(served_changes);
-        let mut last: HashMap<String, ServedChange> = HashMap::new();
-        for change in commit.served.drain(..) {
-            last.insert(change.cluster.clone(), change);
-        }
-        commit.served = last.into_values().collect();
-        commit.served.sort_by(|a, b| a.cluster.cmp(&b.cluster));
-        commit.rollouts = writes;
-        if !commit.rollouts.is_empty() {
-            commit.rollouts_version = Some(version);
-        }
-        let committing = std::time::Instant::now();
-        let planning = committing.saturating_duration_since(looking) - lookup;
-        let (unreferenced, sequences) = match self.store.commit_with_sequences(&commit).await {
-            Ok(written) => written,
-            Err(err) => {
-                // What is in memory may be ahead of the store: read it back.
-                self.reload_rollouts(&mut active).await?;
-                return Err(err.into());
-            }
+        let commit = Commit {
+            revision: Some(output.revision.clone()),
+            rendered,
+            removed: decision.removed.into_iter().collect(),
+            served: decision.served,
+            rollouts_version: (!writes.is_empty()).then_some(version),
+            rollouts: writes,
+            history: self.settings.history,
+            now_ms: input.now,
+            fence: self.lease.fence(),
+            expect_revision,
         };
-        if !commit.rollouts.is_empty() {
-            self.rollouts.version.store(version + 1, Ordering::Release);
-        }
+        Ok((commit, new_actives))
+    }
 
-        let swapping = std::time::Instant::now();
-        self.latest.store(Arc::new(latest));
-        self.apply_served(&commit.served, &sequences, &removed, commit.now_ms);
-        tracing::debug!(
-            lookup_ms = lookup.as_millis() as u64,
-            plan_ms = planning.as_millis() as u64,
-            commit_ms = swapping.saturating_duration_since(committing).as_millis() as u64,
-            swap_ms = swapping.elapsed().as_millis() as u64,
-            "render recorded"
-        );
-        let outcome = RenderOutcome {
-            served_changes: commit.served.len(),
-            removed: removed.len(),
-            rollouts_started: started,
-            swapped_at: Some(std::time::Instant::now()),
-        };
-        if !removed.is_empty() {
-            let mut statuses = self.statuses.write().unwrap_or_else(|e| e.into_inner());
-            for name in &removed {
-                statuses.remove(name);
-            }
+    /// Forgets the reports of clusters no longer in the fleet.
+    fn forget_statuses(&self, removed: &BTreeSet<String>) {
+        if removed.is_empty() {
+            return;
         }
-        active.extend(new_actives);
-        active.retain(|a| a.rollout.state.is_active());
-        self.rollouts.decisions.fetch_add(1, Ordering::Relaxed);
-        self.publish_views(&active);
-        drop(active);
-        self.rollouts.wake.notify_one();
-        self.delete_objects(&unreferenced).await;
-        Ok(outcome)
+        let mut statuses = self.statuses.write().unwrap_or_else(|e| e.into_inner());
+        for name in removed {
+            statuses.remove(name);
+        }
     }
 
     /// Swaps in what clusters are served now (and wakes the long-polls).
@@ -1131,24 +1055,6 @@ pub mod in_store {
             }
         }
     }
-}
-
-/// Several steps of one rollout as one.
-fn merge_steps(steps: Vec<Step>) -> Step {
-    let mut merged = Step::default();
-    for step in steps {
-        merged.serve.extend(step.serve);
-        merged.events.extend(step.events);
-        merged.dirty.extend(step.dirty);
-        merged.changed |= step.changed;
-        merged.next_check = match (merged.next_check, step.next_check) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-    }
-    merged.dirty.sort_unstable();
-    merged.dirty.dedup();
-    merged
 }
 
 /// Looks every `every` whether the rollouts were changed beside this hub (an

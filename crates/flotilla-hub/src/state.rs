@@ -55,16 +55,7 @@ impl Pulse {
     }
 }
 
-/// What the last clean render gives one cluster, and where the rollout plan puts it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Latest {
-    pub digest: Digest,
-    /// The revision that first rendered this digest for this cluster.
-    pub revision: String,
-    pub policy: Option<String>,
-    pub wave: Option<String>,
-    pub paused: bool,
-}
+pub use flotilla_core::rollout::render::Latest;
 
 /// What the last clean render gives each cluster, as the store records it.
 pub(crate) fn latest_of(
@@ -348,6 +339,22 @@ fn zstd(bytes: &[u8]) -> Bytes {
 #[derive(Debug, Default)]
 pub struct Served {
     pub clusters: HashMap<String, Arc<ClusterBundle>>,
+}
+
+impl flotilla_core::rollout::render::ServedState for Served {
+    fn served(&self, cluster: &str) -> Option<flotilla_core::rollout::render::ServedRef<'_>> {
+        self.clusters
+            .get(cluster)
+            .map(|c| flotilla_core::rollout::render::ServedRef {
+                digest: &c.digest,
+                revision: &c.revision,
+                hold: c.hold,
+            })
+    }
+
+    fn served_names(&self) -> Box<dyn Iterator<Item = &str> + '_> {
+        Box::new(self.clusters.keys().map(String::as_str))
+    }
 }
 
 /// Settings the request handlers need.

@@ -16,6 +16,7 @@
 //! inputs always give the same decision.
 
 mod engine;
+pub mod render;
 pub mod view;
 pub mod window;
 

@@ -121,13 +121,7 @@ pub struct StoredStatus {
 
 /// One change of what a cluster is served: the one way the `clusters` table changes
 /// (each bumps the cluster's serve sequence).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ServedChange {
-    pub cluster: String,
-    pub digest: Digest,
-    pub revision: String,
-    pub hold: bool,
-}
+pub use flotilla_core::rollout::render::ServedChange;
 
 /// Everything one decision writes, in one transaction: a clean render's results,
 /// changes of what clusters are served, rollouts started or moved on.

@@ -188,15 +188,17 @@ impl Store {
         Ok(row.get("next"))
     }
 
-    /// Whether a rollout of this policy for this revision was started (in any state).
-    pub async fn rollout_exists(&self, policy: &str, revision: &str) -> Result<bool, StoreError> {
-        let row = sqlx::query("SELECT 1 FROM rollouts WHERE policy = $1 AND revision = $2")
-            .bind(policy)
+    /// The policies with a rollout for this revision (in any state).
+    pub async fn rollout_policies_of(
+        &self,
+        revision: &str,
+    ) -> Result<std::collections::BTreeSet<String>, StoreError> {
+        let rows = sqlx::query("SELECT policy FROM rollouts WHERE revision = $1")
             .bind(revision)
-            .fetch_optional(&self.pool)
+            .fetch_all(&self.pool)
             .await
             .map_err(|e| self.db_error(e))?;
-        Ok(row.is_some())
+        Ok(rows.iter().map(|row| row.get("policy")).collect())
     }
 
     /// Every rollout that has not ended.
