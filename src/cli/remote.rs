@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 
 use flotilla_agent::client::{Server, TlsOptions};
 use flotilla_core::api;
-use flotilla_hub::rollouts::{Action, ActionRefused, in_store};
+use flotilla_hub::recorder::rollouts::{Action, ActionRefused, in_store};
 use flotilla_hub::store::{Database, Store};
 
 /// Where the fleet is read and steered: a running hub (`--server`, with an admin
@@ -212,7 +212,8 @@ impl Fleet {
         match self {
             Fleet::Hub(client) => client.get(api::routes::FLEET),
             Fleet::Database(db) => db.run(|store, offline| async move {
-                let summary = flotilla_hub::state::fleet_summary_from_store(store, offline).await?;
+                let summary =
+                    flotilla_hub::recorder::view::fleet_summary_from_store(store, offline).await?;
                 Ok(serde_json::to_value(summary)?)
             }),
         }

@@ -112,3 +112,237 @@ fn one_rustls_crypto_provider_in_the_whole_graph() {
         "aws-lc-rs is back in the graph"
     );
 }
+
+// The module rules below read the sources: each is a rule the compiler does not keep
+// by itself, stated in ARCHITECTURE.md as an "Architecture Invariant".
+
+/// Every Rust file under `dir` (relative to the workspace root), with its text.
+fn sources(dir: &str) -> Vec<(String, String)> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut found = Vec::new();
+    let mut pending = vec![root.join(dir)];
+    while let Some(folder) = pending.pop() {
+        let entries = std::fs::read_dir(&folder).expect("a source folder");
+        for entry in entries {
+            let path = entry.expect("a folder entry").path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).expect("a source file");
+                let relative = path
+                    .strip_prefix(root)
+                    .expect("under the root")
+                    .to_string_lossy()
+                    .replace('\\', "/");
+                found.push((relative, text));
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// The files among `dirs` whose code names `needle`, except those `allowed` (a path
+/// prefix) — comments are not code.
+fn files_naming(dirs: &[&str], needle: &regex::Regex, allowed: &[&str]) -> Vec<String> {
+    dirs.iter()
+        .flat_map(|dir| sources(dir))
+        .filter(|(path, _)| !allowed.iter().any(|a| path.starts_with(a)))
+        .filter(|(_, text)| {
+            text.lines()
+                .map(str::trim_start)
+                .filter(|line| !line.starts_with("//"))
+                .any(|line| needle.is_match(line))
+        })
+        .map(|(path, _)| path)
+        .collect()
+}
+
+const EVERY_CRATE: [&str; 6] = [
+    "src",
+    "crates/flotilla-core/src",
+    "crates/flotilla-render/src",
+    "crates/flotilla-hub/src",
+    "crates/flotilla-agent/src",
+    "crates/flotilla-fs/src",
+];
+
+#[test]
+fn git2_is_named_only_under_the_hubs_source_module() {
+    let git2 = regex::Regex::new(r"\bgit2::").expect("a pattern");
+    let found = files_naming(&EVERY_CRATE, &git2, &["crates/flotilla-hub/src/source/"]);
+    assert!(found.is_empty(), "git2 named outside source/: {found:?}");
+}
+
+#[test]
+fn kube_rs_is_named_only_in_the_agents_kube_sink() {
+    // `crate::sink::kube` is the sink's own module, not the kube crate.
+    let kube = regex::Regex::new(r"(^|[^:\w])kube::").expect("a pattern");
+    let found = files_naming(
+        &EVERY_CRATE,
+        &kube,
+        &[
+            "crates/flotilla-agent/src/sink/kube/",
+            // Declares the module `kube` and refers to it.
+            "crates/flotilla-agent/src/sink/mod.rs",
+        ],
+    );
+    assert!(
+        found.is_empty(),
+        "kube-rs named outside the kube sink: {found:?}"
+    );
+}
+
+#[test]
+fn anyhow_is_used_only_at_the_binaries_edges() {
+    let anyhow = regex::Regex::new(r"\banyhow\b").expect("a pattern");
+    let found = files_naming(
+        &EVERY_CRATE,
+        &anyhow,
+        &[
+            "src/",
+            // The agent binary's command line and logging set-up.
+            "crates/flotilla-agent/src/cli.rs",
+            "crates/flotilla-agent/src/logging.rs",
+            "crates/flotilla-agent/src/main.rs",
+        ],
+    );
+    assert!(found.is_empty(), "anyhow in a library module: {found:?}");
+}
+
+#[test]
+fn axums_server_side_is_named_only_by_the_hubs_http_modules() {
+    let axum = regex::Regex::new(r"\baxum(_server)?::").expect("a pattern");
+    let hub_http = [
+        "crates/flotilla-hub/src/api.rs",
+        "crates/flotilla-hub/src/ui/",
+        "crates/flotilla-hub/src/listen.rs",
+        "crates/flotilla-hub/src/lib.rs",
+        "crates/flotilla-hub/src/tls.rs",
+    ];
+    let found: Vec<String> = files_naming(&EVERY_CRATE, &axum, &hub_http)
+        .into_iter()
+        // The agent's client tests run a small axum server as the hub's stand-in.
+        .filter(|path| !is_test_only_use(path, "axum"))
+        .collect();
+    assert!(
+        found.is_empty(),
+        "axum named outside the hub's HTTP modules: {found:?}"
+    );
+}
+
+/// Whether every use of `name` in a file is inside its `#[cfg(test)]` module (the
+/// module starts at the file's first `#[cfg(test)]` line, by this project's layout).
+fn is_test_only_use(path: &str, name: &str) -> bool {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join(path)).expect("a source file");
+    let tests_start = text.find("#[cfg(test)]").unwrap_or(text.len());
+    !text[..tests_start].contains(name)
+}
+
+/// What request handlers may ask of the view: every one of these reads.
+const VIEW_READS: [&str; 17] = [
+    "served",
+    "served_to",
+    "generations",
+    "tokens",
+    "is_ready",
+    "render_status",
+    "latest",
+    "statuses",
+    "active_rollouts",
+    "rollouts_superseded",
+    "rollout_decisions",
+    "reads",
+    "with_fleet",
+    "fleet_summary",
+    "fleet_counts",
+    "fleet_summary_of",
+    "new",
+];
+
+#[test]
+fn handlers_never_write_the_view() {
+    // The view's methods other than its reads are visible to the recorder alone, so
+    // a handler (api, ui, metrics, fleet) that tried to write would not compile.
+    let (_, view) = sources("crates/flotilla-hub/src/recorder")
+        .into_iter()
+        .find(|(path, _)| path.ends_with("recorder/view.rs"))
+        .expect("recorder/view.rs");
+    let impl_start = view.find("\nimpl View {").expect("impl View");
+    let body = &view[impl_start..];
+    let body = &body[..body.find("\n}\n").expect("the end of impl View")];
+    let method = regex::Regex::new(r"(?m)^    (pub(\([^)]*\))? )?fn (\w+)").expect("a pattern");
+    let mut methods = 0;
+    for captures in method.captures_iter(body) {
+        methods += 1;
+        let name = &captures[3];
+        let visibility = captures.get(1).map_or("", |m| m.as_str().trim());
+        if VIEW_READS.contains(&name) {
+            continue;
+        }
+        assert_eq!(
+            visibility, "pub(in crate::recorder)",
+            "View::{name} changes the view and must be visible to the recorder alone"
+        );
+    }
+    assert!(
+        methods > VIEW_READS.len(),
+        "found only {methods} methods of View"
+    );
+    // And handlers call the view's reads only.
+    let call = regex::Regex::new(r"\.view\s*\.(\w+)\(").expect("a pattern");
+    for dir in ["crates/flotilla-hub/src/ui"] {
+        for (path, text) in sources(dir) {
+            check_view_calls(&path, &text, &call);
+        }
+    }
+    for (path, text) in sources("crates/flotilla-hub/src") {
+        if path.ends_with("/api.rs") || path.ends_with("/metrics.rs") || path.ends_with("/fleet.rs")
+        {
+            check_view_calls(&path, &text, &call);
+        }
+    }
+}
+
+fn check_view_calls(path: &str, text: &str, call: &regex::Regex) {
+    for captures in call.captures_iter(text) {
+        assert!(
+            VIEW_READS.contains(&&captures[1]),
+            "{path} calls View::{} (handlers only read the view)",
+            &captures[1]
+        );
+    }
+}
+
+/// Every "Architecture Invariant" line of ARCHITECTURE.md names the test that checks
+/// it, and that test exists.
+#[test]
+fn every_architecture_invariant_names_a_test_that_exists() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let document = std::fs::read_to_string(root.join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let reference = regex::Regex::new(r"\(checked by `([^`:]+)::(\w+)`\)").expect("a pattern");
+    let mut invariants = 0;
+    for line in document
+        .lines()
+        .filter(|l| l.contains("**Architecture Invariant:**"))
+    {
+        invariants += 1;
+        let captures = reference
+            .captures(line)
+            .unwrap_or_else(|| panic!("an invariant names no test: {line}"));
+        let file = root.join(&captures[1]);
+        let text = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("{}: {e} (named by ARCHITECTURE.md)", &captures[1]));
+        assert!(
+            text.contains(&format!("fn {}(", &captures[2])),
+            "{} has no test {} (named by ARCHITECTURE.md)",
+            &captures[1],
+            &captures[2]
+        );
+    }
+    assert!(
+        invariants >= 5,
+        "ARCHITECTURE.md states {invariants} invariants"
+    );
+}

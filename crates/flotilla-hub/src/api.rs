@@ -4,16 +4,15 @@
 //! in-memory token table, and answers a matching `If-None-Match` with a 304 without
 //! touching the disk or the database.
 //!
-//! [`Served`]: super::state::Served
+//! [`Served`]: crate::recorder::Served
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::{BytesRejection, PathRejection};
-use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use hmac::{Hmac, Mac};
@@ -21,15 +20,15 @@ use http::header::{
     ACCEPT_ENCODING, AUTHORIZATION, CACHE_CONTROL, CONTENT_ENCODING, CONTENT_TYPE, ETAG,
     IF_NONE_MATCH, RETRY_AFTER, VARY, WWW_AUTHENTICATE,
 };
+use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use serde_json::json;
 use sha2::Sha256;
 use tokio::time::Instant;
 
 use super::auth::Grant;
-use super::rollouts::{Action, ActionRefused};
-use super::state::{ClusterBundle, Encoding, Shared};
-use crate::store::StoredStatus;
+use crate::recorder::rollouts::{Action, ActionRefused};
+use crate::recorder::{ClusterBundle, Encoding, ReportRefused, Shared};
 use flotilla_core::bundle::{Digest, document_bytes};
 use flotilla_core::status::StatusReport;
 
@@ -136,6 +135,63 @@ fn path_error(rejection: PathRejection) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, rejection.body_text())
 }
 
+/// A path's parameters, rejected with the API's own error (400, with axum's reason).
+struct ApiPath<T>(T);
+
+impl<T, S> FromRequestParts<S> for ApiPath<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Path(value)| ApiPath(value))
+            .map_err(path_error)
+    }
+}
+
+/// What an admin-only request is about, for the error a cluster token gets.
+trait AdminOnly {
+    const WHAT: &'static str;
+}
+
+/// The id of an admin token, on a hub that has loaded its store: the request checks
+/// every admin-only path makes (503 while starting, 401, 403 for a cluster token).
+struct Admin<W> {
+    token_id: String,
+    about: std::marker::PhantomData<W>,
+}
+
+impl<W: AdminOnly> FromRequestParts<Arc<Shared>> for Admin<W> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, shared: &Arc<Shared>) -> Result<Self, ApiError> {
+        let token_id = authorize_admin(shared, &parts.headers, W::WHAT).await?;
+        Ok(Admin {
+            token_id,
+            about: std::marker::PhantomData,
+        })
+    }
+}
+
+struct TheRollouts;
+impl AdminOnly for TheRollouts {
+    const WHAT: &'static str = "the rollouts";
+}
+
+struct ARollout;
+impl AdminOnly for ARollout {
+    const WHAT: &'static str = "a rollout";
+}
+
+struct SteeringARollout;
+impl AdminOnly for SteeringARollout {
+    const WHAT: &'static str = "steering a rollout";
+}
+
 /// Checks the token and that it may read `cluster`; returns the cluster's current
 /// bundle and whether the token is the cluster's own (whose polls count as the
 /// cluster being seen). A cluster token reads only its own cluster (403 for any
@@ -146,10 +202,14 @@ async fn authorize_read(
     headers: &HeaderMap,
     cluster: &str,
 ) -> Result<(Arc<ClusterBundle>, bool), ApiError> {
-    if !shared.ready.load(Ordering::Relaxed) {
+    if !shared.view.is_ready() {
         return Err(ApiError::not_ready());
     }
-    let own = match shared.grant_with_id(headers.get(AUTHORIZATION)).await {
+    let own = match shared
+        .recorder
+        .grant_with_id(headers.get(AUTHORIZATION))
+        .await
+    {
         Err(err) => return Err(ApiError::new(StatusCode::UNAUTHORIZED, err.message())),
         Ok((Grant::Cluster(own), _)) if *own != *cluster => {
             return Err(ApiError::new(
@@ -163,11 +223,8 @@ async fn authorize_read(
         Ok((Grant::Admin, _)) => false,
     };
     shared
-        .served
-        .load()
-        .clusters
-        .get(cluster)
-        .cloned()
+        .view
+        .served_to(cluster)
         .map(|entry| (entry, own))
         .ok_or_else(|| {
             ApiError::new(
@@ -183,10 +240,14 @@ async fn authorize_admin(
     headers: &HeaderMap,
     what: &str,
 ) -> Result<String, ApiError> {
-    if !shared.ready.load(Ordering::Relaxed) {
+    if !shared.view.is_ready() {
         return Err(ApiError::not_ready());
     }
-    match shared.grant_with_id(headers.get(AUTHORIZATION)).await {
+    match shared
+        .recorder
+        .grant_with_id(headers.get(AUTHORIZATION))
+        .await
+    {
         Err(err) => Err(ApiError::new(StatusCode::UNAUTHORIZED, err.message())),
         Ok((Grant::Cluster(_), _)) => Err(ApiError::new(
             StatusCode::FORBIDDEN,
@@ -247,7 +308,7 @@ async fn current_bundle(
 ) -> Result<Response, ApiError> {
     let (entry, own) = authorize_read(shared, headers, cluster).await?;
     if own {
-        entry.pulse.see(shared.settings.clock.now_ms());
+        shared.recorder.saw(&entry, shared.settings.clock.now_ms());
     }
     let wait = parse_wait(query)?;
     let if_none_match = headers.get(IF_NONE_MATCH);
@@ -274,9 +335,9 @@ async fn current_bundle(
     if own {
         let now = shared.settings.clock.now_ms();
         if etag == entry.etag {
-            entry.pulse.fetch(now);
+            shared.recorder.fetched(&entry, now);
         } else {
-            entry.pulse.see(now);
+            shared.recorder.saw(&entry, now);
         }
     }
     let mut response = not_modified(&entry, REVALIDATE);
@@ -300,14 +361,16 @@ async fn sent(
 ) -> Result<Response, ApiError> {
     let response = full_response(shared, entry.clone(), headers, REVALIDATE).await?;
     if own {
-        entry.pulse.fetch(shared.settings.clock.now_ms());
+        shared
+            .recorder
+            .fetched(&entry, shared.settings.clock.now_ms());
         let governed_latest = shared
-            .latest
-            .load()
+            .view
+            .latest()
             .get(&entry.name)
             .is_some_and(|l| l.policy.is_some() && l.digest == entry.digest);
         if governed_latest && !entry.hold {
-            shared.rollouts.wake.notify_one();
+            shared.recorder.wake_rollouts();
         }
     }
     Ok(response)
@@ -349,11 +412,11 @@ async fn wait_for_change(
 ) -> Change {
     let deadline = Instant::now() + wait;
     // Subscribe before looking, so a change between the look and the wait still wakes us.
-    let mut generation = shared.generation.subscribe();
+    let mut generation = shared.view.generations();
     let mut shutdown = shared.shutdown.subscribe();
     let _held = shared.metrics.long_poll_started();
     loop {
-        let Some(entry) = shared.served.load().clusters.get(cluster).cloned() else {
+        let Some(entry) = shared.view.served_to(cluster) else {
             return Change::Gone;
         };
         let Some(etag) = unchanged_etag(if_none_match, &entry) else {
@@ -477,8 +540,10 @@ async fn full_response(
             let shared = shared.clone();
             let entry = entry.clone();
             tokio::task::spawn_blocking(move || {
-                entry
-                    .document(&shared.store, shared.settings.signing_key.as_deref())
+                shared
+                    .view
+                    .reads()
+                    .document(&entry, shared.settings.signing_key.as_deref())
                     .map(|document| entry.encoded(encoding, &document))
                     .map_err(|err| {
                         tracing::error!(cluster = %entry.name, "cannot serve the bundle: {err}");
@@ -555,7 +620,8 @@ async fn bundle_at(
         Some(current.revision.clone())
     } else {
         shared
-            .store
+            .view
+            .reads()
             .revision_in_history(cluster, &digest)
             .await
             .map_err(|err| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?
@@ -579,7 +645,7 @@ async fn bundle_at(
     let shared_for_read = shared.clone();
     let digest = entry.digest.clone();
     let canonical =
-        tokio::task::spawn_blocking(move || shared_for_read.store.objects.read_blocking(&digest))
+        tokio::task::spawn_blocking(move || shared_for_read.view.reads().object_blocking(&digest))
             .await
             .map_err(|err| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?
             .map_err(|err| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?;
@@ -592,15 +658,13 @@ async fn bundle_at(
 
 async fn post_status(
     State(shared): SharedState,
-    cluster: Result<Path<String>, PathRejection>,
+    ApiPath(cluster): ApiPath<String>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let result = match cluster {
-        Ok(Path(cluster)) => store_status(&shared, &cluster, &headers, body).await,
-        Err(rejection) => Err(path_error(rejection)),
-    };
-    result.unwrap_or_else(IntoResponse::into_response)
+    store_status(&shared, &cluster, &headers, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
 }
 
 /// Whether the request says its body is JSON: `application/json`, with or without
@@ -619,10 +683,10 @@ async fn store_status(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    if !shared.ready.load(Ordering::Relaxed) {
+    if !shared.view.is_ready() {
         return Err(ApiError::not_ready());
     }
-    match shared.grant(headers.get(AUTHORIZATION)).await {
+    match shared.recorder.grant(headers.get(AUTHORIZATION)).await {
         Err(err) => return Err(ApiError::new(StatusCode::UNAUTHORIZED, err.message())),
         Ok(Grant::Cluster(own)) if *own == *cluster => {}
         Ok(Grant::Cluster(own)) => {
@@ -640,18 +704,12 @@ async fn store_status(
             ));
         }
     }
-    let entry = shared
-        .served
-        .load()
-        .clusters
-        .get(cluster)
-        .cloned()
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                format!("no cluster named {cluster:?} is served"),
-            )
-        })?;
+    if shared.view.served_to(cluster).is_none() {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no cluster named {cluster:?} is served"),
+        ));
+    }
     if !is_json(headers) {
         return Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -669,39 +727,18 @@ async fn store_status(
     report
         .check_limits()
         .map_err(|message| ApiError::new(StatusCode::BAD_REQUEST, message))?;
-    let status = StoredStatus {
-        cluster: cluster.to_string(),
-        report,
-        received_at_ms: shared.settings.clock.now_ms(),
-    };
-    shared.store.put_status(&status).await.map_err(|err| {
-        tracing::error!(cluster, "cannot store a status report: {err}");
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string())
-    })?;
-    entry.pulse.see(status.received_at_ms);
     shared
-        .statuses
-        .write()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(cluster.to_string(), status.clone());
-    shared.metrics.status_received();
-    // The rollout this cluster takes part in decides again, before the answer, so an
-    // agent (or a test) that reads the fleet next sees the decision.
-    if let Err(err) = shared
-        .report_to_rollouts(cluster, &status.report, status.received_at_ms)
+        .recorder
+        .report(cluster, report)
         .await
-    {
-        if err.is_concurrent_change() {
-            // Read again and decided by the next report or the rollout timer.
-            tracing::info!(cluster, "rollouts changed meanwhile: {err}");
-        } else {
-            tracing::error!(
-                cluster,
-                "cannot decide on the rollouts after a report: {err}"
-            );
-        }
-    }
-    let summary = shared.fleet_summary_of(cluster);
+        .map_err(|err| match err {
+            ReportRefused::NotServed(_) => ApiError::new(StatusCode::NOT_FOUND, err.to_string()),
+            ReportRefused::Store(err) => {
+                tracing::error!(cluster, "cannot store a status report: {err}");
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string())
+            }
+        })?;
+    let summary = shared.view.fleet_summary_of(cluster);
     Ok(json_response(
         StatusCode::OK,
         &json!({
@@ -713,24 +750,24 @@ async fn store_status(
 }
 
 async fn get_fleet(State(shared): SharedState, headers: HeaderMap) -> Response {
-    if !shared.ready.load(Ordering::Relaxed) {
+    if !shared.view.is_ready() {
         return ApiError::not_ready().into_response();
     }
-    match shared.grant(headers.get(AUTHORIZATION)).await {
+    match shared.recorder.grant(headers.get(AUTHORIZATION)).await {
         Err(err) => ApiError::new(StatusCode::UNAUTHORIZED, err.message()).into_response(),
         Ok(Grant::Cluster(_)) => ApiError::new(
             StatusCode::FORBIDDEN,
             "the fleet summary needs an admin token (`flotilla token create --admin`)",
         )
         .into_response(),
-        Ok(Grant::Admin) => json_response(StatusCode::OK, &shared.fleet_summary()),
+        Ok(Grant::Admin) => json_response(StatusCode::OK, &shared.view.fleet_summary()),
     }
 }
 
-async fn get_rollouts(State(shared): SharedState, headers: HeaderMap) -> Response {
+async fn get_rollouts(State(shared): SharedState, _admin: Admin<TheRollouts>) -> Response {
     let result = async {
-        authorize_admin(&shared, &headers, "the rollouts").await?;
         let rollouts = shared
+            .recorder
             .rollout_list()
             .await
             .map_err(|err| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?;
@@ -754,14 +791,12 @@ fn rollout_id(text: &str) -> Result<i64, ApiError> {
 
 async fn get_rollout(
     State(shared): SharedState,
-    id: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
+    ApiPath(id): ApiPath<String>,
+    _admin: Admin<ARollout>,
 ) -> Response {
     let result = async {
-        let Path(id) = id.map_err(path_error)?;
-        authorize_admin(&shared, &headers, "a rollout").await?;
         let id = rollout_id(&id)?;
-        match shared.rollout_detail(id).await {
+        match shared.recorder.rollout_detail(id).await {
             Ok(Some(view)) => Ok(json_response(StatusCode::OK, &view)),
             Ok(None) => Err(ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -779,12 +814,11 @@ async fn get_rollout(
 
 async fn post_rollout_action(
     State(shared): SharedState,
-    params: Result<Path<(String, String)>, PathRejection>,
-    headers: HeaderMap,
+    ApiPath((id, action)): ApiPath<(String, String)>,
+    admin: Admin<SteeringARollout>,
 ) -> Response {
+    let by = admin.token_id;
     let result = async {
-        let Path((id, action)) = params.map_err(path_error)?;
-        let by = authorize_admin(&shared, &headers, "steering a rollout").await?;
         let id = rollout_id(&id)?;
         let action = Action::parse(&action).ok_or_else(|| {
             ApiError::new(
@@ -792,7 +826,7 @@ async fn post_rollout_action(
                 format!("no action {action:?}; the actions are pause, resume, promote and abort"),
             )
         })?;
-        match shared.rollout_action(id, action, &by).await {
+        match shared.recorder.rollout_action(id, action, &by).await {
             Ok(view) => Ok(json_response(StatusCode::OK, &view)),
             Err(ActionRefused::NotFound(id)) => Err(ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -906,16 +940,16 @@ async fn healthz() -> Response {
 }
 
 async fn readyz(State(shared): SharedState) -> Response {
-    if shared.ready.load(Ordering::Relaxed) {
+    if shared.view.is_ready() {
         json_response(
             StatusCode::OK,
             &json!({
                 "status": "ready",
-                "clusters": shared.served.load().clusters.len(),
+                "clusters": shared.view.served().clusters.len(),
                 // Several hubs: whether this one reaches the database it shares (it
                 // keeps serving what it has when it does not) and holds the lease.
                 "database": if shared.metrics.database_is_unreachable() { "unreachable" } else { "ok" },
-                "rolloutLease": shared.lease.holds(),
+                "rolloutLease": shared.recorder.lease().holds(),
             }),
         )
     } else {
@@ -925,13 +959,13 @@ async fn readyz(State(shared): SharedState) -> Response {
 
 async fn metrics(State(shared): SharedState) -> Response {
     let text = shared.metrics.render(
-        &shared.render_status(),
-        &shared.fleet_counts(),
-        shared.tokens.load().len(),
+        &shared.view.render_status(),
+        &shared.view.fleet_counts(),
+        shared.view.tokens().len(),
         &crate::metrics::RolloutFigures {
-            active: &shared.rollouts.active_views(),
-            superseded: shared.rollouts.superseded(),
-            decisions: shared.rollouts.decisions(),
+            active: &shared.view.active_rollouts(),
+            superseded: shared.view.rollouts_superseded(),
+            decisions: shared.view.rollout_decisions(),
         },
     );
     let mut response = Response::new(Body::from(text));

@@ -31,7 +31,7 @@ use tokio::sync::{Notify, oneshot, watch};
 
 use super::HubError;
 use super::fleet::{ForcePush, ForcePushHub};
-use super::state::Shared;
+use crate::recorder::Shared;
 use crate::source::follow::{self as git, RepoKind, Tip};
 use crate::source::{BlobTexts, SourceError, from_folder_within};
 use flotilla_core::bundle::Digest;
@@ -272,7 +272,7 @@ impl Follower {
             if *shutdown.borrow() {
                 break;
             }
-            self.shared.ready.store(true, Ordering::Relaxed);
+            self.shared.recorder.set_ready();
             let delay = self
                 .poll_interval
                 .mul_f64(rand::random_range(0.9..1.1))
@@ -368,7 +368,7 @@ impl Follower {
 
     /// [`Follower::check`], given up at once when `shutdown` changes.
     async fn check_until(&mut self, shutdown: &mut watch::Receiver<bool>) {
-        if self.shared.lease.take_render_again() {
+        if self.shared.recorder.lease().take_render_again() {
             // This hub just took the rollout lease: record HEAD if the last holder
             // did not get to it.
             self.last_commit = None;
@@ -391,6 +391,7 @@ impl Follower {
                 }
                 self.last_source_error = Some(message.clone());
                 self.shared
+                    .recorder
                     .update_render_status(|r| r.source_error = Some(message));
                 return;
             }
@@ -398,7 +399,9 @@ impl Follower {
         if self.last_source_error.take().is_some() {
             tracing::info!("the fleet repository can be read again");
         }
-        self.shared.update_render_status(|r| r.source_error = None);
+        self.shared
+            .recorder
+            .update_render_status(|r| r.source_error = None);
         if let Err(err) = self.render_and_install(snapshot, forced, shutdown).await {
             tracing::error!("cannot install the new bundles: {err}");
             // Try the same commit again next time.
@@ -420,7 +423,7 @@ impl Follower {
             .filter(|m| m.source == source)
             .map_or(0, |m| m.attempts);
         if attempts >= RENDER_ATTEMPTS {
-            self.shared.record_failed_render(
+            self.shared.recorder.record_failed_render(
                 &failed_output(
                     &revision,
                     format!(
@@ -492,12 +495,12 @@ impl Follower {
                 // render: the next commit is rendered in full.
                 self.last_output = None;
                 let output = failed_output(&revision, message);
-                self.shared.record_failed_render(&output, waited);
+                self.shared.recorder.record_failed_render(&output, waited);
                 return Ok(());
             }
         };
         if !output.is_clean() {
-            self.shared.record_failed_render(&output, duration);
+            self.shared.recorder.record_failed_render(&output, duration);
             return Ok(());
         }
         // Whatever becomes of it, the next render need render only what changed
@@ -545,13 +548,13 @@ impl Follower {
         // Several hubs: record a render only when its commit descends from the one
         // recorded, so a hub that is behind never moves the fleet back. The recorded
         // revision is compared again inside the transaction that records.
-        let expect = if self.shared.lease.is_shared() {
-            let recorded = self.shared.store.revision().await?;
+        let expect = if self.shared.recorder.lease().is_shared() {
+            let recorded = self.shared.recorder.store().revision().await?;
             if let Some(recorded) = &recorded
                 && *recorded != output.revision
                 && !self.descends(&output.revision, recorded).await
             {
-                self.shared.install_objects_only(&output).await?;
+                self.shared.recorder.install_objects_only(&output).await?;
                 let polls = match &self.pending {
                     Some(p) if p.output.revision == output.revision => p.polls + 1,
                     _ => 1,
@@ -591,9 +594,10 @@ impl Follower {
     ) -> Result<(), HubError> {
         let report = self
             .shared
+            .recorder
             .install(output, duration, forced, expect)
             .await?;
-        self.shared.collect_garbage().await;
+        self.shared.recorder.collect_garbage().await;
         tracing::info!(
             revision = %report.revision,
             clusters = report.clusters,
@@ -774,8 +778,8 @@ impl Follower {
         };
         let tip = pending.output.revision.clone();
         let polls = pending.polls;
-        let store = &self.shared.store;
-        let hub = self.shared.lease.holder().to_string();
+        let store = self.shared.recorder.store();
+        let hub = self.shared.recorder.lease().holder().to_string();
         let recorded = store.revision().await?;
         if recorded.as_deref() == Some(tip.as_str()) {
             tracing::info!(revision = %tip, "the force-pushed commit is recorded; serving it");
@@ -819,7 +823,7 @@ impl Follower {
                 hubs.len()
             );
         }
-        self.shared.update_render_status(|r| {
+        self.shared.recorder.update_render_status(|r| {
             r.force_push = Some(ForcePush {
                 revision: tip.clone(),
                 recorded: recorded.clone(),
@@ -827,7 +831,7 @@ impl Follower {
                 hubs,
             });
         });
-        if everyone && self.shared.lease.holds() {
+        if everyone && self.shared.recorder.lease().holds() {
             tracing::info!(
                 revision = %tip,
                 recorded = %recorded,
@@ -860,13 +864,15 @@ impl Follower {
     /// No force-pushed tip pending any more: this hub's count is cleared in the
     /// database and `/v1/fleet`.
     async fn forget_force_push(&mut self) {
-        let shown = self.shared.render_status().force_push.is_some();
+        let shown = self.shared.view.render_status().force_push.is_some();
         if self.pending.take().is_none() && !shown {
             return;
         }
-        self.shared.update_render_status(|r| r.force_push = None);
-        let hub = self.shared.lease.holder().to_string();
-        if let Err(err) = self.shared.store.see_tip(&hub, None, 0).await {
+        self.shared
+            .recorder
+            .update_render_status(|r| r.force_push = None);
+        let hub = self.shared.recorder.lease().holder().to_string();
+        if let Err(err) = self.shared.recorder.store().see_tip(&hub, None, 0).await {
             tracing::warn!("cannot clear this hub's force-push count: {err}");
         }
     }
@@ -888,16 +894,11 @@ impl Follower {
         let (Some(new), Some(old)) = (commit(revision), commit(recorded)) else {
             return false;
         };
-        tokio::task::spawn_blocking(move || {
-            let repository = crate::source::open_repository(&repo).ok()?;
-            let new = git2::Oid::from_str(&new).ok()?;
-            let old = git2::Oid::from_str(&old).ok()?;
-            Some(new == old || repository.graph_descendant_of(new, old).ok()?)
-        })
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or(false)
+        tokio::task::spawn_blocking(move || crate::source::descends(&repo, &new, &old))
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or(false)
     }
 }
 

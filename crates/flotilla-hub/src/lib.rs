@@ -24,21 +24,18 @@ pub mod metrics;
 pub mod peers;
 pub mod publish;
 pub mod render_worker;
-pub mod rollouts;
+
+pub mod recorder;
 pub mod source;
-pub mod state;
 pub mod store;
 pub mod tls;
 pub mod ui;
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
-use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use crate::store::{ObjectError, Store, StoreError};
@@ -46,7 +43,8 @@ use auth::TokenTable;
 use clock::{Clock, SystemClock};
 pub use follow::SourceSpec;
 pub use listen::ConnectionLimits;
-use state::{Served, Settings, Shared};
+use recorder::reload::Reload;
+use recorder::{Settings, Shared};
 pub use tls::TlsFiles;
 
 #[derive(Debug, thiserror::Error)]
@@ -175,8 +173,8 @@ impl Hub {
         let store =
             Store::open_with_objects(&config.state_dir, &config.database, &config.objects).await?;
         let lease = match store.engine() {
-            store::Engine::Sqlite => peers::Lease::alone(),
-            store::Engine::Postgres => peers::Lease::shared(),
+            store::Engine::Sqlite => recorder::Lease::alone(),
+            store::Engine::Postgres => recorder::Lease::shared(),
         };
         if lease.is_shared() && !config.objects.is_shared() {
             tracing::warn!(
@@ -198,60 +196,35 @@ impl Hub {
         };
         let tokens = TokenTable::from_stored(&store.tokens().await?);
         let tokens_generation = store.tokens_generation().await?;
-        let (generation, _) = watch::channel(0u64);
-        let (shutdown, _) = watch::channel(false);
         let mut metrics = metrics::Metrics::default();
         metrics.count_object_store_requests(store.objects.requests());
-        let answering = tokio::sync::Semaphore::new(Shared::answer_permits(&store));
-        let shared = Arc::new(Shared {
-            served: ArcSwap::from_pointee(Served::default()),
-            generation,
-            shutdown,
-            tokens: ArcSwap::from_pointee(tokens),
-            ready: Default::default(),
-            metrics,
-            render: Mutex::default(),
-            statuses: RwLock::default(),
-            store,
-            settings: Settings {
-                offline_after: config.offline_after,
-                max_wait: config.max_wait,
-                history: config.history.max(1),
-                webhook_secret: config.webhook_secret,
-                clock,
-                signing_key: config.signing_key,
-                gc_grace: config.gc_grace,
-                peers: config.peers,
-                database_clock,
-            },
-            look_now: Arc::new(Notify::new()),
-            latest: ArcSwap::default(),
-            placement: ArcSwap::default(),
-            pulses: Mutex::default(),
-            rollouts: rollouts::Engine::default(),
-            lease,
-            token_recheck: Default::default(),
-            answering,
-        });
-        let loaded = shared.load_from_store().await?;
-        if shared
-            .pulses
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty()
-        {
+        let settings = Settings {
+            offline_after: config.offline_after,
+            max_wait: config.max_wait,
+            history: config.history.max(1),
+            webhook_secret: config.webhook_secret,
+            clock,
+            signing_key: config.signing_key,
+            gc_grace: config.gc_grace,
+            peers: config.peers,
+            database_clock,
+        };
+        let shared = Arc::new(Shared::new(store, settings, lease, metrics));
+        shared.recorder.set_tokens(tokens);
+        let loaded = shared.recorder.reload(Reload::Start).await?;
+        if !shared.recorder.heard_from_any() {
             // Nothing says when any cluster was last seen (a new store, or one that was
             // lost): give the agents the offline threshold to be heard from before a
             // wave is released and offline clusters are told apart.
             let offline_after =
                 i64::try_from(shared.settings.offline_after.as_millis()).unwrap_or(i64::MAX);
             shared
-                .rollouts
+                .recorder
                 .hold_releases_until(shared.settings.clock.now_ms().saturating_add(offline_after));
         }
         if loaded > 0 {
             tracing::info!(clusters = loaded, "serving the bundles held in the store");
-            shared.ready.store(true, Ordering::Relaxed);
+            shared.recorder.set_ready();
         }
         let follower = follow::Follower::new(
             shared.clone(),
@@ -266,8 +239,8 @@ impl Hub {
             tokio::spawn({
                 let shared = shared.clone();
                 async move {
-                    shared.verify_objects().await;
-                    shared.collect_garbage().await;
+                    shared.recorder.verify_objects().await;
+                    shared.recorder.collect_garbage().await;
                     follower.run(shared.shutdown.subscribe()).await
                 }
             }),
@@ -276,10 +249,13 @@ impl Hub {
                 tokens_generation,
                 config.token_refresh,
             )),
-            tokio::spawn(rollouts::run_timer(shared.clone())),
-            tokio::spawn(rollouts::run_watch(shared.clone(), config.token_refresh)),
+            tokio::spawn(recorder::rollouts::run_timer(shared.clone())),
+            tokio::spawn(recorder::rollouts::run_watch(
+                shared.clone(),
+                config.token_refresh,
+            )),
         ];
-        if shared.lease.is_shared() {
+        if shared.recorder.lease().is_shared() {
             tasks.push(tokio::spawn(peers::run_lease(shared.clone(), config.peers)));
             tasks.push(tokio::spawn(peers::run_sync(shared.clone(), config.peers)));
         }
@@ -309,22 +285,18 @@ impl Hub {
 
     /// Whether the hub has something to serve (or has tried to render once).
     pub fn is_ready(&self) -> bool {
-        self.shared.ready.load(Ordering::Relaxed)
+        self.shared.view.is_ready()
     }
 
     /// Whether this hub holds the lease to record renders and decide rollouts (always,
     /// alone on its database).
     pub fn holds_rollout_lease(&self) -> bool {
-        self.shared.lease.holds()
+        self.shared.recorder.lease().holds()
     }
 
     /// Reloads tokens from the store now instead of on the next refresh.
     pub async fn reload_tokens(&self) -> Result<(), HubError> {
-        let tokens = self.shared.store.tokens().await?;
-        self.shared
-            .tokens
-            .store(Arc::new(TokenTable::from_stored(&tokens)));
-        Ok(())
+        self.shared.recorder.reload_tokens().await
     }
 
     /// Serves plain HTTP on `listener` until `shutdown` completes; then releases held
@@ -394,7 +366,7 @@ impl Hub {
                 abort.abort();
             }
         }
-        self.shared.store.close().await;
+        self.shared.recorder.store().close().await;
         drop(self.lock);
     }
 }
@@ -406,12 +378,12 @@ async fn refresh_tokens(shared: Arc<Shared>, mut seen: i64, every: Duration) {
             _ = tokio::time::sleep(every) => {}
             _ = shutdown.changed() => return,
         }
-        match shared.store.tokens_generation().await {
-            Ok(current) if current != seen => match shared.store.tokens().await {
+        match shared.recorder.store().tokens_generation().await {
+            Ok(current) if current != seen => match shared.recorder.store().tokens().await {
                 Ok(tokens) => {
                     let table = TokenTable::from_stored(&tokens);
                     tracing::info!(tokens = table.len(), "tokens changed; reloaded");
-                    shared.tokens.store(Arc::new(table));
+                    shared.recorder.set_tokens(table);
                     seen = current;
                 }
                 Err(err) => tracing::warn!("cannot reload tokens: {err}"),

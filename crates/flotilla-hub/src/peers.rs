@@ -31,121 +31,14 @@
 //! [`Store::changes`]: crate::store::Store::changes
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use crate::HubError;
 use crate::clock::DatabaseClock;
-use crate::state::{Served, Shared};
-use crate::store::{Fence, Store, StoreError, StoredStatus};
-
-/// The lease that names the hub recording renders and deciding rollouts.
-pub const ROLLOUT_LEASE: &str = "rollouts";
-
-/// This hub's view of the lease.
-#[derive(Debug)]
-pub struct Lease {
-    /// Whether several hubs may share the database (PostgreSQL).
-    shared: bool,
-    /// This hub's name in the lease table: random per process.
-    holder: String,
-    /// The epoch held; 0 when not held.
-    epoch: AtomicI64,
-    /// Until when (ms on this machine's monotonic-ish clock) the hub may act on it
-    /// without renewing: a hub that cannot reach the database stops deciding.
-    valid_until_ms: AtomicI64,
-    /// Set when this hub takes the lease: the follower renders HEAD again even if
-    /// it saw it before (it did not record it then).
-    render_again: std::sync::atomic::AtomicBool,
-}
-
-impl Lease {
-    /// One hub alone on its database: always the holder, never fenced.
-    pub fn alone() -> Lease {
-        Lease {
-            shared: false,
-            holder: String::new(),
-            epoch: AtomicI64::new(0),
-            valid_until_ms: AtomicI64::new(0),
-            render_again: std::sync::atomic::AtomicBool::new(false),
-        }
-    }
-
-    /// A hub on a database others may share: holds nothing until it takes the lease.
-    pub fn shared() -> Lease {
-        Lease {
-            shared: true,
-            holder: format!("hub-{:016x}", rand::random::<u64>()),
-            epoch: AtomicI64::new(0),
-            valid_until_ms: AtomicI64::new(0),
-            render_again: std::sync::atomic::AtomicBool::new(false),
-        }
-    }
-
-    pub fn is_shared(&self) -> bool {
-        self.shared
-    }
-
-    pub fn holder(&self) -> &str {
-        &self.holder
-    }
-
-    /// Whether this hub may record renders and decide rollouts now.
-    pub fn holds(&self) -> bool {
-        !self.shared
-            || (self.epoch.load(Ordering::Acquire) > 0
-                && monotonic_ms() < self.valid_until_ms.load(Ordering::Acquire))
-    }
-
-    /// The fence every write of the holder carries (none when alone).
-    pub fn fence(&self) -> Option<Fence> {
-        let epoch = self.epoch.load(Ordering::Acquire);
-        (self.shared && epoch > 0).then(|| Fence {
-            lease: ROLLOUT_LEASE.to_string(),
-            holder: self.holder.clone(),
-            epoch,
-        })
-    }
-
-    pub fn epoch(&self) -> i64 {
-        self.epoch.load(Ordering::Acquire)
-    }
-
-    /// Whether the follower should render HEAD again (once per taking of the lease).
-    pub fn take_render_again(&self) -> bool {
-        self.render_again.swap(false, Ordering::AcqRel)
-    }
-
-    fn lose(&self) {
-        self.epoch.store(0, Ordering::Release);
-    }
-}
-
-/// Milliseconds since this process started: a clock that only moves forward.
-fn monotonic_ms() -> i64 {
-    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    let start = START.get_or_init(std::time::Instant::now);
-    i64::try_from(start.elapsed().as_millis()).unwrap_or(i64::MAX)
-}
-
-/// How the hubs keep in step: the lease's length and how often the database is
-/// looked at for changes.
-#[derive(Clone, Copy, Debug)]
-pub struct PeerTiming {
-    /// How long a lease lasts unless renewed (renewed every third of it).
-    pub lease_ttl: Duration,
-    /// How often the one row that says "something changed" is read.
-    pub sync_interval: Duration,
-}
-
-impl Default for PeerTiming {
-    fn default() -> PeerTiming {
-        PeerTiming {
-            lease_ttl: Duration::from_secs(15),
-            sync_interval: Duration::from_secs(1),
-        }
-    }
-}
+use crate::recorder::Shared;
+use crate::recorder::lease::monotonic_ms;
+use crate::recorder::reload::Reload;
+pub use crate::recorder::{Lease, PeerTiming, ROLLOUT_LEASE};
+use crate::store::{Store, StoreError};
 
 /// Marks this hub live in the database and, given the hub's database clock, samples
 /// the database's time from the same round trip.
@@ -169,8 +62,8 @@ pub async fn run_lease(shared: Arc<Shared>, timing: PeerTiming) {
     let ttl_ms = i64::try_from(timing.lease_ttl.as_millis()).unwrap_or(i64::MAX);
     loop {
         let beat = heartbeat(
-            &shared.store,
-            shared.lease.holder(),
+            shared.recorder.store(),
+            shared.recorder.lease().holder(),
             shared.settings.database_clock.as_deref(),
         )
         .await;
@@ -180,56 +73,31 @@ pub async fn run_lease(shared: Arc<Shared>, timing: PeerTiming) {
         }
         let asked_at = monotonic_ms();
         match shared
-            .store
-            .acquire_lease(ROLLOUT_LEASE, shared.lease.holder(), ttl_ms)
+            .recorder
+            .store()
+            .acquire_lease(ROLLOUT_LEASE, shared.recorder.lease().holder(), ttl_ms)
             .await
         {
             Ok(Some(epoch)) => {
-                let previous = shared.lease.epoch();
-                if previous != epoch {
-                    // Not ours a moment ago: read what the last holder decided first.
-                    shared.lease.lose();
-                    if let Err(err) = shared.sync_from_store().await {
+                // Valid for the lease's length less a margin, counted from before the
+                // request: the database's clock decides, this only errs early.
+                match shared
+                    .recorder
+                    .lease_granted(epoch, asked_at + ttl_ms * 2 / 3)
+                    .await
+                {
+                    Ok(true) => shared.look_now.notify_one(),
+                    Ok(false) => {}
+                    Err(err) => {
                         tracing::warn!(
                             "took the rollout lease but cannot read the database: {err}"
                         );
                         continue_after(&mut shutdown, timing.lease_ttl / 3).await;
                         continue;
                     }
-                    if let Err(err) = shared.load_rollouts().await {
-                        tracing::warn!(
-                            "took the rollout lease but cannot read the rollouts: {err}"
-                        );
-                        continue_after(&mut shutdown, timing.lease_ttl / 3).await;
-                        continue;
-                    }
-                    tracing::info!(
-                        epoch,
-                        holder = shared.lease.holder(),
-                        "this hub now records renders and decides rollouts"
-                    );
-                    shared.lease.render_again.store(true, Ordering::Release);
-                }
-                // Valid for the lease's length less a margin, counted from before the
-                // request: the database's clock decides, this only errs early.
-                shared
-                    .lease
-                    .valid_until_ms
-                    .store(asked_at + ttl_ms * 2 / 3, Ordering::Release);
-                shared.lease.epoch.store(epoch, Ordering::Release);
-                shared.metrics.lease_held(true);
-                shared.rollouts.wake.notify_one();
-                if previous != epoch {
-                    shared.look_now.notify_one();
                 }
             }
-            Ok(None) => {
-                if shared.lease.epoch() != 0 {
-                    tracing::warn!("another hub took the rollout lease over");
-                }
-                shared.lease.lose();
-                shared.metrics.lease_held(false);
-            }
+            Ok(None) => shared.recorder.lease_lost(),
             Err(err) => {
                 tracing::warn!("cannot renew the rollout lease: {err}");
                 shared.metrics.database_error();
@@ -237,11 +105,16 @@ pub async fn run_lease(shared: Arc<Shared>, timing: PeerTiming) {
         }
         if !continue_after(&mut shutdown, timing.lease_ttl / 3).await {
             // No longer among the live hubs that must see a force-push.
-            let _ = shared.store.leave(shared.lease.holder()).await;
-            if shared.lease.epoch() != 0 {
+            let _ = shared
+                .recorder
+                .store()
+                .leave(shared.recorder.lease().holder())
+                .await;
+            if shared.recorder.lease().epoch() != 0 {
                 let _ = shared
-                    .store
-                    .release_lease(ROLLOUT_LEASE, shared.lease.holder())
+                    .recorder
+                    .store()
+                    .release_lease(ROLLOUT_LEASE, shared.recorder.lease().holder())
                     .await;
             }
             return;
@@ -271,10 +144,10 @@ pub async fn run_sync(shared: Arc<Shared>, timing: PeerTiming) {
         if !continue_after(&mut shutdown, timing.sync_interval).await {
             return;
         }
-        match shared.store.changes().await {
+        match shared.recorder.store().changes().await {
             Ok(current) if Some(current) == seen => shared.metrics.database_ok(),
-            Ok(current) => match shared.sync_from_store().await {
-                Ok(()) => {
+            Ok(current) => match shared.recorder.reload(Reload::Changed).await {
+                Ok(_) => {
                     seen = Some(current);
                     shared.metrics.database_ok();
                 }
@@ -288,91 +161,5 @@ pub async fn run_sync(shared: Arc<Shared>, timing: PeerTiming) {
                 shared.metrics.database_error();
             }
         }
-    }
-}
-
-impl Shared {
-    /// Brings this hub in step with the database: what each cluster is served (a
-    /// cluster whose bundle did not change keeps its entry, so its ETag and cached
-    /// bytes stay; one whose object this hub has not written yet keeps what it had
-    /// until its own render writes it), what HEAD renders, the reports and when
-    /// clusters were seen, and, on a hub without the lease, the rollouts. The holder
-    /// decides again on the reports other hubs received.
-    pub async fn sync_from_store(&self) -> Result<(), HubError> {
-        for (cluster, at) in self.store.seen().await? {
-            self.pulse(&cluster).see(at);
-        }
-        let statuses = self.store.statuses().await?;
-        let mut new_reports: Vec<StoredStatus> = Vec::new();
-        {
-            let mut known = self.statuses.write().unwrap_or_else(|e| e.into_inner());
-            for status in &statuses {
-                if known.get(&status.cluster) != Some(status) {
-                    new_reports.push(status.clone());
-                }
-                self.pulse(&status.cluster).see(status.received_at_ms);
-            }
-            *known = statuses
-                .into_iter()
-                .map(|s| (s.cluster.clone(), s))
-                .collect();
-        }
-
-        let recorded = self.store.clusters().await?;
-        let since = self.store.served_since().await?;
-        let current = self.served.load_full();
-        let mut next = Served::default();
-        let mut changed = false;
-        for cluster in recorded {
-            let existing = current.clusters.get(&cluster.name);
-            let same = existing.is_some_and(|e| {
-                e.digest == cluster.digest
-                    && e.hold == cluster.hold
-                    && e.revision == cluster.revision
-                    && e.sequence == cluster.sequence
-            });
-            if same {
-                if let Some(entry) = existing {
-                    next.clusters.insert(cluster.name.clone(), entry.clone());
-                }
-                continue;
-            }
-            // Not written here yet (objects in each hub's own state dir): keep what is
-            // served until this hub's render writes it. Shared objects are written
-            // before the holder records them, and are not asked for.
-            if self.store.objects.known_missing(&cluster.digest) {
-                if let Some(entry) = existing {
-                    next.clusters.insert(cluster.name.clone(), entry.clone());
-                }
-                continue;
-            }
-            changed = true;
-            let since = since.get(&cluster.name).copied();
-            next.clusters
-                .insert(cluster.name.clone(), self.serve_stored(cluster, since));
-        }
-        if changed || next.clusters.len() != current.clusters.len() {
-            self.swap(next);
-        }
-
-        self.load_latest().await?;
-        let revision = self.store.revision().await?;
-        self.update_render_status(|r| {
-            if r.force_push.as_ref().map(|f| &f.revision) == revision.as_ref() {
-                // The force-pushed tip was recorded (by the lease holder).
-                r.force_push = None;
-            }
-            r.served_revision = revision;
-        });
-
-        if self.lease.holds() {
-            for status in new_reports {
-                self.report_to_rollouts(&status.cluster, &status.report, status.received_at_ms)
-                    .await?;
-            }
-        } else {
-            self.load_rollouts().await?;
-        }
-        Ok(())
     }
 }

@@ -81,6 +81,15 @@ pub fn from_git(repo_path: &Path, rev: &str, subpath: &str) -> Result<FleetSnaps
 /// Opens the Git repository at `repo_path` or around it (as `git` finds it from a
 /// folder inside a work tree). A repository Git refuses for its owner is an error
 /// that says how to allow it, never a reason to read the folder some other way.
+/// Whether the commit `new` is `old` or descends from it in the repository at
+/// `repo_path` (both as hexadecimal ids); `None` when either cannot be looked up.
+pub fn descends(repo_path: &Path, new: &str, old: &str) -> Option<bool> {
+    let repository = open_repository(repo_path).ok()?;
+    let new = git2::Oid::from_str(new).ok()?;
+    let old = git2::Oid::from_str(old).ok()?;
+    Some(new == old || repository.graph_descendant_of(new, old).ok()?)
+}
+
 pub fn open_repository(repo_path: &Path) -> Result<Repository, SourceError> {
     match discover(repo_path)? {
         Some(repository) => Ok(repository),

@@ -12,7 +12,6 @@ pub mod page;
 pub mod session;
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use axum::Router;
 use axum::body::Body;
@@ -28,8 +27,8 @@ use http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use serde::Deserialize;
 
 use crate::auth::{Grant, TokenTable};
-use crate::rollouts::{Action, ActionRefused};
-use crate::state::Shared;
+use crate::recorder::Shared;
+use crate::recorder::rollouts::{Action, ActionRefused};
 use crate::store::StoredSession;
 use page::FleetQuery;
 
@@ -160,8 +159,14 @@ async fn session(ui: &Ui, headers: &HeaderMap) -> Result<StoredSession, Response
         return Err(redirect(routes::LOGIN));
     };
     let now = ui.shared.settings.clock.now_ms();
-    match ui.shared.store.session(&session::id_hash(&id), now).await {
-        Ok(Some(session)) if admin_live(&ui.shared.tokens.load(), &session.token_id) => Ok(session),
+    match ui
+        .shared
+        .view
+        .reads()
+        .session(&session::id_hash(&id), now)
+        .await
+    {
+        Ok(Some(session)) if admin_live(&ui.shared.view.tokens(), &session.token_id) => Ok(session),
         Ok(_) => Err(redirect(routes::LOGIN)),
         Err(err) => {
             tracing::error!("cannot read the web page's sessions: {err}");
@@ -220,7 +225,7 @@ async fn login(
     let Ok(header) = HeaderValue::from_str(&format!("Bearer {}", token.trim())) else {
         return refused(StatusCode::UNAUTHORIZED, "that is not a token");
     };
-    let token_id = match ui.shared.grant_with_id(Some(&header)).await {
+    let token_id = match ui.shared.recorder.grant_with_id(Some(&header)).await {
         Ok((Grant::Admin, id)) => id,
         Ok((Grant::Cluster(_), _)) => {
             return refused(
@@ -231,7 +236,7 @@ async fn login(
         Err(_) => return refused(StatusCode::UNAUTHORIZED, "the token is unknown or revoked"),
     };
     let new = session::new_session(&token_id, ui.shared.settings.clock.now_ms());
-    if let Err(err) = ui.shared.store.insert_session(&new.stored).await {
+    if let Err(err) = ui.shared.recorder.open_session(&new.stored).await {
         tracing::error!("cannot record a web page session: {err}");
         return error(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -290,7 +295,7 @@ async fn logout(
         Ok(session) => session,
         Err(response) => return response,
     };
-    if let Err(err) = ui.shared.store.delete_session(&session.id_hash).await {
+    if let Err(err) = ui.shared.recorder.close_session(&session.id_hash).await {
         tracing::error!("cannot end a web page session: {err}");
     }
     let mut response = redirect(routes::LOGIN);
@@ -309,16 +314,17 @@ async fn fleet(
         Ok(session) => session,
         Err(response) => return response,
     };
-    if !ui.shared.ready.load(Ordering::Relaxed) {
+    if !ui.shared.view.is_ready() {
         return not_ready();
     }
     let query = query.map(|Query(q)| q).unwrap_or_default();
     // Only the rows shown are copied while the fleet is held; the page renders after.
     let model = ui
         .shared
+        .view
         .with_fleet(|lines, now| page::FleetModel::new(lines, &query, now));
-    let render = ui.shared.render_status();
-    let rollouts = ui.shared.rollouts.active_views();
+    let render = ui.shared.view.render_status();
+    let rollouts = ui.shared.view.active_rollouts();
     page_result(page::fleet_page(
         &model,
         &render,
@@ -338,9 +344,9 @@ async fn fleet_json(State(ui): State<Ui>, headers: HeaderMap) -> Response {
         harden(&mut response);
         return response;
     }
-    let counts = ui.shared.fleet_counts();
-    let render = ui.shared.render_status();
-    let rollouts = ui.shared.rollouts.active_views();
+    let counts = ui.shared.view.fleet_counts();
+    let render = ui.shared.view.render_status();
+    let rollouts = ui.shared.view.active_rollouts();
     let body = serde_json::json!({
         "stamp": page::stamp(&render, &counts, &rollouts),
         "revision": render.served_revision,
@@ -359,14 +365,14 @@ async fn cluster(State(ui): State<Ui>, headers: HeaderMap, Path(name): Path<Stri
         Ok(session) => session,
         Err(response) => return response,
     };
-    let Some(summary) = ui.shared.fleet_summary_of(&name) else {
+    let Some(summary) = ui.shared.view.fleet_summary_of(&name) else {
         return error(
             StatusCode::NOT_FOUND,
             &format!("no cluster named {name:?} is served"),
             Some(&session.csrf),
         );
     };
-    let history = match ui.shared.store.history(&name).await {
+    let history = match ui.shared.view.reads().history(&name).await {
         Ok(history) => history
             .into_iter()
             .map(|(d, r)| (d.to_string(), r))
@@ -388,7 +394,7 @@ async fn cluster_bundle(
         Ok(session) => session,
         Err(response) => return response,
     };
-    let Some(entry) = ui.shared.served.load().clusters.get(&name).cloned() else {
+    let Some(entry) = ui.shared.view.served_to(&name) else {
         return error(
             StatusCode::NOT_FOUND,
             &format!("no cluster named {name:?} is served"),
@@ -397,8 +403,10 @@ async fn cluster_bundle(
     };
     let shared = ui.shared.clone();
     let read = tokio::task::spawn_blocking(move || {
-        let document = entry
-            .document(&shared.store, None)
+        let document = shared
+            .view
+            .reads()
+            .document(&entry, None)
             .map_err(|e| e.to_string())?;
         let mut value: serde_json::Value =
             serde_json::from_slice(&document).map_err(|e| e.to_string())?;
@@ -410,10 +418,8 @@ async fn cluster_bundle(
         Ok(Ok(text)) => {
             let digest = ui
                 .shared
-                .served
-                .load()
-                .clusters
-                .get(&name)
+                .view
+                .served_to(&name)
                 .map(|c| c.digest.to_string())
                 .unwrap_or_default();
             page_result(page::bundle_page(&name, &digest, &text, &session.csrf))
@@ -443,7 +449,7 @@ async fn rollout(State(ui): State<Ui>, headers: HeaderMap, Path(id): Path<String
             Some(&session.csrf),
         );
     };
-    match ui.shared.rollout_detail(id).await {
+    match ui.shared.recorder.rollout_detail(id).await {
         Ok(Some(view)) => page_result(page::rollout_page(&view, &session.csrf)),
         Ok(None) => error(
             StatusCode::NOT_FOUND,
@@ -475,6 +481,7 @@ async fn rollout_action(
     };
     match ui
         .shared
+        .recorder
         .rollout_action(id, action, &session.token_id)
         .await
     {

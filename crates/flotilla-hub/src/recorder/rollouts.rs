@@ -1,10 +1,10 @@
 //! Rollouts on the hub: it gathers the inputs of the pure decision
 //! ([`flotilla_core::rollout::decide`]), calls it, records the result and applies it.
 //!
-//! - A clean render ([`Shared::record_render`]) serves ungoverned and new clusters at
+//! - A clean render ([`Recorder::record_render`]) serves ungoverned and new clusters at
 //!   once, starts one rollout per policy whose clusters it changes (superseding the
 //!   running one), and lets clusters that left a policy leave its rollout.
-//! - Every status report ([`Shared::report_to_rollouts`]), every operator action and the
+//! - Every status report ([`Recorder::report_to_rollouts`]), every operator action and the
 //!   timer (the next bake end, deadline, silence or window) decide again.
 //! - Every decision is written in one transaction (rollout, waves, changed clusters,
 //!   events, and what clusters are served, through [`ServedChange`], the one way what
@@ -18,13 +18,14 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::HubError;
-use super::state::{ClusterBundle, Latest, Pulse, Served, Shared};
+use super::reload::Reload;
+use super::{ClusterBundle, Latest, Pulse, Recorder, Served, Shared};
+use crate::HubError;
 use crate::store::rollouts::MemberRow;
 use crate::store::{
     Commit, Fence, RenderedCluster, RolloutWrite, ServedChange, Store, StoreError, StoredRollout,
@@ -56,9 +57,9 @@ struct Active {
 }
 
 impl Active {
-    fn new(shared: &Shared, stored: StoredRollout) -> Active {
-        let statuses = shared.statuses.read().unwrap_or_else(|e| e.into_inner());
-        Active::with(stored, &statuses, |cluster| shared.pulse(cluster))
+    fn new(recorder: &Recorder, stored: StoredRollout) -> Active {
+        let statuses = recorder.view.statuses();
+        Active::with(stored, &statuses, |cluster| recorder.view.pulse(cluster))
     }
 
     /// A rollout with its clusters' last reports and pulses.
@@ -147,47 +148,28 @@ impl Active {
 
 /// The rollouts' state on the hub.
 #[derive(Default)]
-pub struct Engine {
+pub struct RolloutBook {
     active: tokio::sync::Mutex<Vec<Active>>,
     /// Wakes the timer: a decision may have moved the next deadline, or a cluster
     /// fetched the new digest.
     pub wake: Notify,
-    superseded: AtomicU64,
-    decisions: AtomicU64,
     /// No wave is released before this time (ms; 0: no such limit): a hub started with
     /// no record of when its clusters were last seen first gives them the offline
     /// threshold to be heard from.
     release_not_before: std::sync::atomic::AtomicI64,
-    /// The active rollouts as last decided, for `/metrics` and `/v1/fleet` without a lock.
-    views: arc_swap::ArcSwap<Vec<RolloutView>>,
     /// The store's version of the rollouts held in `active` (see
     /// [`Store::rollouts_version`]): a decision is written only while the store is
     /// still at it.
     version: std::sync::atomic::AtomicI64,
 }
 
-impl Engine {
+impl RolloutBook {
     pub fn hold_releases_until(&self, at: Millis) {
         self.release_not_before.store(at, Ordering::Relaxed);
     }
 
     fn release_not_before(&self) -> Option<Millis> {
         Some(self.release_not_before.load(Ordering::Relaxed)).filter(|&at| at > 0)
-    }
-
-    /// Rollouts superseded since the hub started.
-    pub fn superseded(&self) -> u64 {
-        self.superseded.load(Ordering::Relaxed)
-    }
-
-    /// Decisions taken since the hub started.
-    pub fn decisions(&self) -> u64 {
-        self.decisions.load(Ordering::Relaxed)
-    }
-
-    /// The active rollouts, as of the last decision.
-    pub fn active_views(&self) -> Arc<Vec<RolloutView>> {
-        self.views.load_full()
     }
 }
 
@@ -270,19 +252,19 @@ fn write_of(
     (write, served)
 }
 
-fn offline_after(shared: &Shared) -> Millis {
-    Millis::try_from(shared.settings.offline_after.as_millis()).unwrap_or(Millis::MAX)
+fn offline_after(recorder: &Recorder) -> Millis {
+    Millis::try_from(recorder.settings.offline_after.as_millis()).unwrap_or(Millis::MAX)
 }
 
 /// Brings a rollout's observations up to date and decides.
-fn decide_now(shared: &Shared, a: &mut Active, now: Millis) -> Step {
+fn decide_now(recorder: &Recorder, a: &mut Active, now: Millis) -> Step {
     a.refresh();
     decide_with(
         &mut a.rollout,
         &a.observations,
         now,
-        offline_after(shared),
-        shared.rollouts.release_not_before(),
+        offline_after(recorder),
+        recorder.rollouts.release_not_before(),
     )
 }
 
@@ -336,7 +318,7 @@ fn steps_commit(
     commit
 }
 
-impl Shared {
+impl Recorder {
     /// Loads the rollouts that have not ended (at start).
     pub(crate) async fn load_rollouts(&self) -> Result<(), HubError> {
         let mut active = self.rollouts.active.lock().await;
@@ -380,7 +362,7 @@ impl Shared {
         tracing::info!("the rollouts were changed in the database; read them again");
         if self.lease.holds() {
             // Promote and abort change what clusters are served.
-            self.sync_from_store().await?;
+            self.reload(Reload::Changed).await?;
         }
         self.rollouts.wake.notify_one();
         Ok(true)
@@ -392,7 +374,7 @@ impl Shared {
             .iter()
             .map(|a| a.view(now, offline_after(self), false))
             .collect();
-        self.rollouts.views.store(Arc::new(views));
+        self.view.set_rollouts(views);
     }
 
     /// Records a clean render: what HEAD renders per cluster, what changes for whom at
@@ -410,8 +392,8 @@ impl Shared {
             // Another hub records renders; this one serves what it records.
             return Ok(RenderOutcome::default());
         }
-        let served = self.served.load_full();
-        let old_latest = self.latest.load_full();
+        let served = self.view.served();
+        let old_latest = self.view.latest();
         let looking = std::time::Instant::now();
         let (latest, rendered) = self.latest_of_render(output, &old_latest).await?;
         let lookup = looking.elapsed();
@@ -455,7 +437,7 @@ impl Shared {
         }
         let swapping = std::time::Instant::now();
         let removed: BTreeSet<String> = commit.removed.iter().cloned().collect();
-        self.latest.store(Arc::new(latest));
+        self.view.set_latest(latest);
         self.apply_served(&commit.served, &sequences, &removed, commit.now_ms);
         tracing::debug!(
             lookup_ms = lookup.as_millis() as u64,
@@ -473,7 +455,7 @@ impl Shared {
         self.forget_statuses(&removed);
         active.extend(new_actives);
         active.retain(|a| a.rollout.state.is_active());
-        self.rollouts.decisions.fetch_add(1, Ordering::Relaxed);
+        self.view.count_decisions(1);
         self.publish_views(&active);
         drop(active);
         self.rollouts.wake.notify_one();
@@ -553,9 +535,9 @@ impl Shared {
                 observations: &a.observations,
             })
             .collect();
-        let statuses = self.statuses.read().unwrap_or_else(|e| e.into_inner());
+        let statuses = self.view.statuses();
         let decision = decide_render(input, &mut running, |cluster, target| {
-            let pulse = self.pulse(cluster);
+            let pulse = self.view.pulse(cluster);
             Observation {
                 report: statuses.get(cluster).map(|s| Report {
                     health: judge(&s.report, target),
@@ -567,7 +549,7 @@ impl Shared {
         });
         drop(statuses);
         for &i in &decision.superseded {
-            self.rollouts.superseded.fetch_add(1, Ordering::Relaxed);
+            self.view.count_superseded();
             tracing::info!(
                 rollout = active[i].id,
                 policy = %active[i].rollout.policy.name,
@@ -600,7 +582,7 @@ impl Shared {
         if !decision.started.is_empty() {
             let mut next_id = self.store.next_rollout_id().await?;
             for started in decision.started {
-                let (a, first) = Active::started(next_id, started, |c| self.pulse(c));
+                let (a, first) = Active::started(next_id, started, |c| self.view.pulse(c));
                 next_id += 1;
                 tracing::info!(
                     rollout = a.id,
@@ -634,7 +616,7 @@ impl Shared {
         if removed.is_empty() {
             return;
         }
-        let mut statuses = self.statuses.write().unwrap_or_else(|e| e.into_inner());
+        let mut statuses = self.view.statuses_mut();
         for name in removed {
             statuses.remove(name);
         }
@@ -651,7 +633,7 @@ impl Shared {
         if changes.is_empty() && removed.is_empty() {
             return;
         }
-        let current = self.served.load_full();
+        let current = self.view.served();
         let mut next = Served {
             clusters: current.clusters.clone(),
         };
@@ -659,7 +641,7 @@ impl Shared {
             next.clusters.remove(name);
         }
         for change in changes {
-            let pulse = self.pulse(&change.cluster);
+            let pulse = self.view.pulse(&change.cluster);
             next.clusters.insert(
                 change.cluster.clone(),
                 Arc::new(ClusterBundle::serving(
@@ -673,7 +655,7 @@ impl Shared {
                 )),
             );
         }
-        self.swap(next);
+        self.view.swap(next);
     }
 
     /// Deletes the objects a commit left unreferenced, on a hub alone on its database.
@@ -696,7 +678,7 @@ impl Shared {
         active: &mut [Active],
         steps: Vec<(usize, Step)>,
     ) -> Result<(), HubError> {
-        let latest = self.latest.load_full();
+        let latest = self.view.latest();
         let version = self.rollouts.version.load(Ordering::Acquire);
         let commit = steps_commit(
             active,
@@ -759,9 +741,7 @@ impl Shared {
         steps: Vec<(usize, Step)>,
         wake: bool,
     ) -> Result<(), HubError> {
-        self.rollouts
-            .decisions
-            .fetch_add(steps.len() as u64, Ordering::Relaxed);
+        self.view.count_decisions(steps.len() as u64);
         let result = self.commit_steps(active, steps).await;
         if result.is_err() {
             // What is in memory may be ahead of the store: read it back.
@@ -880,14 +860,12 @@ impl Shared {
 
     /// Writes when each cluster was last seen, for a restarted hub.
     pub async fn flush_seen(&self, written: &mut HashMap<String, i64>) -> Result<(), HubError> {
-        let pulses: Vec<(String, i64)> = {
-            let pulses = self.pulses.lock().unwrap_or_else(|e| e.into_inner());
-            pulses
-                .iter()
-                .filter_map(|(name, pulse)| Some((name.clone(), pulse.seen()?)))
-                .filter(|(name, seen)| written.get(name) != Some(seen))
-                .collect()
-        };
+        let pulses: Vec<(String, i64)> = self
+            .view
+            .seen_times()
+            .into_iter()
+            .filter(|(name, seen)| written.get(name) != Some(seen))
+            .collect();
         if pulses.is_empty() {
             return Ok(());
         }
@@ -1022,7 +1000,7 @@ pub mod in_store {
             };
             let observed = Observed::read(store).await.map_err(HubError::from)?;
             let rendered = store.rendered().await.map_err(HubError::from)?;
-            let latest = crate::state::latest_of(rendered);
+            let latest = crate::recorder::view::latest_of(rendered);
             let now = store.database_now_ms().await.map_err(HubError::from)?;
             let mut a = observed.active(stored);
             // The action alone: what follows from it (a bake ends, a wave fails, the
@@ -1066,7 +1044,7 @@ pub async fn run_watch(shared: Arc<Shared>, every: Duration) {
             _ = tokio::time::sleep(every) => {}
             _ = shutdown.changed() => return,
         }
-        if let Err(err) = shared.pick_up_rollout_changes().await {
+        if let Err(err) = shared.recorder.pick_up_rollout_changes().await {
             tracing::warn!("cannot look for changes of the rollouts in the database: {err}");
         }
     }
@@ -1082,7 +1060,7 @@ pub async fn run_timer(shared: Arc<Shared>) {
     let mut written = HashMap::new();
     let mut last_flush = tokio::time::Instant::now();
     loop {
-        let next = match shared.tick_rollouts().await {
+        let next = match shared.recorder.tick_rollouts().await {
             Ok(next) => next,
             Err(err) if err.is_concurrent_change() => {
                 tracing::info!("deciding on the rollouts again: {err}");
@@ -1094,7 +1072,7 @@ pub async fn run_timer(shared: Arc<Shared>) {
             }
         };
         if last_flush.elapsed() >= SEEN_FLUSH {
-            if let Err(err) = shared.flush_seen(&mut written).await {
+            if let Err(err) = shared.recorder.flush_seen(&mut written).await {
                 tracing::warn!("cannot record when clusters were last seen: {err}");
             }
             last_flush = tokio::time::Instant::now();
@@ -1110,7 +1088,7 @@ pub async fn run_timer(shared: Arc<Shared>) {
         let clock = shared.settings.clock.clone();
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            _ = shared.rollouts.wake.notified() => {}
+            _ = shared.recorder.rollouts.wake.notified() => {}
             _ = async {
                 match clock.advanced() {
                     Some(notify) => notify.notified().await,
@@ -1118,7 +1096,7 @@ pub async fn run_timer(shared: Arc<Shared>) {
                 }
             } => {}
             _ = shutdown.changed() => {
-                let _ = shared.flush_seen(&mut written).await;
+                let _ = shared.recorder.flush_seen(&mut written).await;
                 return;
             }
         }
