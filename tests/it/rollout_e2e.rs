@@ -747,6 +747,35 @@ async fn a_hub_on_an_empty_store_keeps_agents_on_what_they_run_until_their_wave(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_cluster_that_reported_is_not_moved_to_a_new_commit_before_its_wave() {
+    let mut scene = Scene::at_v1(&["c1"], POLICY).await;
+    scene.stop().await;
+    // The hub loses its database; meanwhile v2 is committed.
+    let v2 = scene.fleet.release("v2", "v2");
+    scene.state = tempfile::tempdir().expect("new state dir");
+    scene.admin = make_token(scene.state.path(), None).await;
+    for name in scene.fleet.clusters() {
+        let token = make_token(scene.state.path(), Some(name)).await;
+        scene.tokens.insert(name.to_string(), token);
+    }
+    scene.start().await;
+    scene.wait_revision(&v2).await;
+    // s2's agent reports what it runs: from now on the hub knows it.
+    scene.report("s2", true).await;
+    let url = scene.url("/v1/clusters/s2/bundle");
+    let (_, held, _) = get_bundle(&scene.client, &url, &scene.tokens["s2"], None).await;
+    // A new commit lands before any wave of s2 is released.
+    let v3 = scene.fleet.release("v3", "v3");
+    scene.wait_revision(&v3).await;
+    // A poll without If-None-Match (an agent that lost its state dir, curl) still gets
+    // what s2 was served before the commit, not the commit's render.
+    let (status, etag, _) = get_bundle(&scene.client, &url, &scene.tokens["s2"], None).await;
+    assert_eq!(status, 200);
+    assert_eq!(etag, held, "s2 was moved to v3 before its wave");
+    scene.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_commit_supersedes_without_sending_any_cluster_back() {
     let mut scene = Scene::at_v1(&["c1"], POLICY).await;
     let v1 = scene.runs.clone();

@@ -135,8 +135,8 @@ pub struct RenderDecision {
 }
 
 /// Decides what a clean render changes. `observe` tells what is known of a cluster
-/// for a rollout that brings it a digest (its latest report judged against that
-/// digest, when it was last seen and fetched): it is asked about the members of the
+/// for a digest (its latest report judged against that digest, when it was last seen
+/// and fetched): it is asked about held clusters and about the members of the
 /// rollouts that start.
 pub fn decide_render<S: ServedState>(
     input: &RenderInput<'_, S>,
@@ -147,7 +147,14 @@ pub fn decide_render<S: ServedState>(
         removed: removed(input),
         ..RenderDecision::default()
     };
-    let (at_once, now_served) = serve_at_once(input);
+    // A held cluster is new only until the hub knows what it runs: it fetched the
+    // digest it is served, or it reported. From then on it keeps that digest until
+    // its wave is released, whatever a poll without `If-None-Match` asks.
+    let known = |name: &str, served: ServedRef<'_>| {
+        let seen = observe(name, served.digest);
+        seen.report.is_some() || seen.fetched_at.is_some()
+    };
+    let (at_once, now_served) = serve_at_once(input, &known);
     let touched = touched_policies(input, &now_served);
     let mut changes = at_once;
 
@@ -171,7 +178,7 @@ pub fn decide_render<S: ServedState>(
         if !touched.contains(policy.name.as_str()) || input.existing.contains(&policy.name) {
             continue;
         }
-        if let Some(started) = start(input, &now_served, policy, &observe) {
+        if let Some(started) = start(input, &now_served, policy, &observe, &known) {
             changes.extend(served_changes(
                 &started.rollout,
                 &started.revisions,
@@ -203,17 +210,20 @@ fn removed<S: ServedState>(input: &RenderInput<'_, S>) -> BTreeSet<String> {
 /// digest it is served after them and whether it is held.
 fn serve_at_once<'a, S: ServedState>(
     input: &RenderInput<'a, S>,
+    known: &impl Fn(&str, ServedRef<'_>) -> bool,
 ) -> (Vec<ServedChange>, HashMap<&'a str, (Digest, bool)>) {
     let mut changes = Vec::new();
     let mut now_served = HashMap::with_capacity(input.latest.len());
     for (name, entry) in input.latest {
         let current = input.served.served(name);
         let governed = entry.policy.is_some();
+        // Held, and the hub does not know what its agent runs.
+        let new = current.is_some_and(|c| c.hold && !known(name, c));
         let change = match current {
             None => Some(entry.paused || governed),
             Some(_) if entry.paused => None,
             Some(c) if !governed && (*c.digest != entry.digest || c.hold) => Some(false),
-            Some(c) if governed && c.hold && *c.digest != entry.digest => Some(true),
+            Some(c) if governed && new && *c.digest != entry.digest => Some(true),
             Some(_) => None,
         };
         if let Some(hold) = change {
@@ -225,6 +235,7 @@ fn serve_at_once<'a, S: ServedState>(
             });
             now_served.insert(name.as_str(), (entry.digest.clone(), hold));
         } else if let Some(c) = current {
+            // Still held (a known cluster too): it changes when its wave is released.
             now_served.insert(name.as_str(), (c.digest.clone(), c.hold));
         }
     }
@@ -316,6 +327,7 @@ fn start<S: ServedState>(
     now_served: &HashMap<&str, (Digest, bool)>,
     policy: &super::Policy,
     observe: &impl Fn(&str, &Digest) -> Observation,
+    known: &impl Fn(&str, ServedRef<'_>) -> bool,
 ) -> Option<Started> {
     let plan = input.plan;
     let mut members: Vec<(Member, Revisions, [u8; 32])> = Vec::new();
@@ -328,7 +340,12 @@ fn start<S: ServedState>(
         {
             continue;
         }
-        let current = input.served.served(name).filter(|c| !c.hold);
+        // What it runs, if the hub knows: its previous digest, served again on a
+        // rollback or an abort.
+        let current = input
+            .served
+            .served(name)
+            .filter(|c| !c.hold || known(name, *c));
         members.push((
             Member::new(
                 name.clone(),

@@ -9,7 +9,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::rollout::tests::{MINUTE, OFFLINE_AFTER, T0, digest, policy, wave};
-use crate::rollout::{Budget, Placement, Rollout, RolloutState, WaveState};
+use crate::rollout::{Budget, Health, Placement, Report, Rollout, RolloutState, WaveState};
 
 /// A rollout the simulated hub runs.
 struct Tracked {
@@ -29,6 +29,8 @@ struct Hub {
     started: BTreeSet<(String, String)>,
     now: Millis,
     release_not_before: Option<Millis>,
+    /// Clusters whose agents have reported.
+    reported: BTreeSet<String>,
 }
 
 impl Hub {
@@ -57,6 +59,7 @@ impl Hub {
             started: BTreeSet::new(),
             now: T0,
             release_not_before: None,
+            reported: BTreeSet::new(),
         }
     }
 
@@ -109,6 +112,7 @@ impl Hub {
             existing: &existing,
         };
         let now = self.now;
+        let reported = &self.reported;
         let mut running: Vec<Running<'_>> = self
             .running
             .iter_mut()
@@ -118,9 +122,12 @@ impl Hub {
                 observations: &t.observations,
             })
             .collect();
-        // Every cluster was seen a moment ago; none has reported.
-        let decision = decide_render(&input, &mut running, |_, _| Observation {
-            report: None,
+        // Every cluster was seen a moment ago; some have reported (about another digest).
+        let decision = decide_render(&input, &mut running, |cluster, _| Observation {
+            report: reported.contains(cluster).then_some(Report {
+                health: Health::Elsewhere,
+                at: now,
+            }),
             last_seen: Some(now),
             fetched_at: None,
         });
@@ -238,6 +245,37 @@ fn a_first_render_serves_new_clusters_held_on_what_their_agents_run() {
         members.iter().all(|m| m.previous.is_none()),
         "new clusters have no previous digest"
     );
+}
+
+#[test]
+fn a_held_cluster_that_reported_keeps_its_digest_until_its_wave() {
+    // A hub on an empty store serves its governed clusters held; their agents report
+    // what they run. A new commit must not move them to it before their wave: a poll
+    // without If-None-Match (an agent that lost its state, curl) would get it.
+    let mut hub = fleet();
+    hub.render("main@r1", &every('a'), false);
+    for name in ["store-1", "store-2"] {
+        hub.reported.insert(name.to_string());
+    }
+    hub.render("main@r2", &every('b'), false);
+    assert_eq!(hub.serves("store-1"), ('a', true));
+    assert_eq!(hub.serves("store-2"), ('a', true));
+    let member = hub
+        .rollout()
+        .members
+        .iter()
+        .find(|m| m.cluster == "store-1")
+        .expect("member");
+    assert_eq!(
+        member.previous,
+        Some(digest('a')),
+        "what it runs is its previous digest"
+    );
+    // A cluster that never said anything is still new: it follows HEAD while held.
+    let mut quiet = fleet();
+    quiet.render("main@r1", &every('a'), false);
+    quiet.render("main@r2", &every('b'), false);
+    assert_eq!(quiet.serves("store-1"), ('b', true));
 }
 
 #[test]
@@ -387,6 +425,8 @@ struct Commit {
     /// Per cluster of the universe: its digest letter, or not in the fleet.
     digests: Vec<Option<char>>,
     forced: bool,
+    /// Per cluster: its agent reports before this commit.
+    reports: Vec<bool>,
 }
 
 fn commit(clusters: usize) -> impl Strategy<Value = Commit> {
@@ -396,8 +436,13 @@ fn commit(clusters: usize) -> impl Strategy<Value = Commit> {
             clusters,
         ),
         proptest::bool::weighted(0.15),
+        proptest::collection::vec(proptest::bool::weighted(0.3), clusters),
     )
-        .prop_map(|(digests, forced)| Commit { digests, forced })
+        .prop_map(|(digests, forced, reports)| Commit {
+            digests,
+            forced,
+            reports,
+        })
 }
 
 fn scenario() -> impl Strategy<Value = (Vec<Option<usize>>, Vec<Commit>)> {
@@ -428,7 +473,13 @@ proptest! {
                 .zip(&commit.digests)
                 .filter_map(|(name, d)| d.map(|c| (name.as_str(), c)))
                 .collect();
+            for (name, reports) in names.iter().zip(&commit.reports) {
+                if *reports {
+                    hub.reported.insert(name.clone());
+                }
+            }
             let before = hub.served.clone();
+            let reported = hub.reported.clone();
             let decision = hub.render(&revision, &digests, commit.forced);
 
             // One rollout per policy and revision.
@@ -447,7 +498,9 @@ proptest! {
                 prop_assert_eq!(&change.digest, &latest.digest);
                 // A governed cluster whose running digest the hub knew is served a
                 // new digest only by a rollout that admitted it (its wave released).
-                let known = before.get(&change.cluster).filter(|e| !e.hold);
+                let known = before
+                    .get(&change.cluster)
+                    .filter(|e| !e.hold || reported.contains(&change.cluster));
                 if let (Some(known), Some(_)) = (known, &latest.policy)
                     && known.digest != change.digest
                 {
