@@ -417,80 +417,16 @@ impl Follower {
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), HubError> {
         let revision = snapshot.revision.clone();
-        let source = render_source(&snapshot);
-        let marker = self.state_dir.join(RENDER_MARKER);
-        let attempts = read_marker(&marker)
-            .filter(|m| m.source == source)
-            .map_or(0, |m| m.attempts);
-        if attempts >= RENDER_ATTEMPTS {
-            self.shared.recorder.record_failed_render(
-                &failed_output(
-                    &revision,
-                    format!(
-                        "the hub stopped {attempts} times while rendering this commit (killed, out \
-                         of memory or a crash), so it is not rendered again; the last good bundles \
-                         stay served: push a commit that changes the fleet"
-                    ),
-                ),
-                Duration::ZERO,
-            );
+        let Some(marker) = self.mark_attempt(&snapshot) else {
             return Ok(());
-        }
-        write_marker(
-            &marker,
-            &RenderMarker {
-                source,
-                attempts: attempts + 1,
-            },
-        );
+        };
         let rendered = self.render_off_runtime(snapshot, shutdown).await;
         // Whatever the outcome, the hub did not die rendering it.
         let _ = std::fs::remove_file(&marker);
-        // A render that failed as a whole: one error saying why, and how long it took.
-        let (failure, waited) = match rendered {
-            Rendered::Done(output, duration) => (Ok((*output, duration)), Duration::ZERO),
-            Rendered::ShuttingDown => return Ok(()),
-            Rendered::Abandoned(waited) => (
-                Err(format!(
-                    "the render of this commit took longer than {} (--render-timeout) and was \
-                     abandoned; the last good bundles stay served",
-                    humantime::format_duration(self.limits.render_timeout)
-                )),
-                waited,
-            ),
-            Rendered::OutOfMemory => {
-                let limit = self
-                    .render_session
-                    .as_ref()
-                    .and_then(RenderSession::memory_limit)
-                    .unwrap_or_default();
-                let message = format!(
-                    "the render of this commit needed more than {} of memory \
-                     (--render-memory) and was stopped: templates that write large \
-                     outputs for many clusters, or a fleet larger than the limit allows? \
-                     The last good bundles stay served",
-                    human_bytes(limit)
-                );
-                (Err(message), Duration::ZERO)
-            }
-            Rendered::CannotStart(message) => (
-                Err(format!(
-                    "cannot start the render process ({message}): restart the hub (was \
-                     its binary replaced or removed?), or give it --render-in-process; \
-                     the last good bundles stay served"
-                )),
-                Duration::ZERO,
-            ),
-            Rendered::Panicked(message) => (
-                Err(format!(
-                    "the render failed unexpectedly (a flotilla bug, please report it): {message}"
-                )),
-                Duration::ZERO,
-            ),
-        };
-        let (output, duration) = match failure {
+        let (output, duration) = match self.finished(rendered) {
             Ok(done) => done,
-            Err(message) => {
+            Err(None) => return Ok(()),
+            Err(Some((message, waited))) => {
                 // Whatever went wrong may have to do with rendering since the kept
                 // render: the next commit is rendered in full.
                 self.last_output = None;
@@ -503,9 +439,97 @@ impl Follower {
             self.shared.recorder.record_failed_render(&output, duration);
             return Ok(());
         }
-        // Whatever becomes of it, the next render need render only what changed
-        // since (see `render_since`: any clean render of the whole fleet will do),
-        // if the hub can afford to keep it: weighed beside the install.
+        self.install_and_keep(output, duration, forced).await
+    }
+
+    /// Counts an attempt at rendering this snapshot in the state dir's marker, which a
+    /// hub that dies rendering it leaves behind. Returns the marker's path, or `None`
+    /// (and records why) when the hub already stopped too often rendering it.
+    fn mark_attempt(&self, snapshot: &FleetSnapshot) -> Option<PathBuf> {
+        let source = render_source(snapshot);
+        let marker = self.state_dir.join(RENDER_MARKER);
+        let attempts = read_marker(&marker)
+            .filter(|m| m.source == source)
+            .map_or(0, |m| m.attempts);
+        if attempts >= RENDER_ATTEMPTS {
+            self.shared.recorder.record_failed_render(
+                &failed_output(
+                    &snapshot.revision,
+                    format!(
+                        "the hub stopped {attempts} times while rendering this commit (killed, out \
+                         of memory or a crash), so it is not rendered again; the last good bundles \
+                         stay served: push a commit that changes the fleet"
+                    ),
+                ),
+                Duration::ZERO,
+            );
+            return None;
+        }
+        write_marker(
+            &marker,
+            &RenderMarker {
+                source,
+                attempts: attempts + 1,
+            },
+        );
+        Some(marker)
+    }
+
+    /// A render's outcome: its output and how long it took, or, for a render that
+    /// failed as a whole, one error saying why and how long was waited for it
+    /// (`None`: the hub is shutting down).
+    fn finished(
+        &self,
+        rendered: Rendered,
+    ) -> Result<(RenderOutput, Duration), Option<(String, Duration)>> {
+        let message = match rendered {
+            Rendered::Done(output, duration) => return Ok((*output, duration)),
+            Rendered::ShuttingDown => return Err(None),
+            Rendered::Abandoned(waited) => {
+                return Err(Some((
+                    format!(
+                        "the render of this commit took longer than {} (--render-timeout) and was \
+                         abandoned; the last good bundles stay served",
+                        humantime::format_duration(self.limits.render_timeout)
+                    ),
+                    waited,
+                )));
+            }
+            Rendered::OutOfMemory => {
+                let limit = self
+                    .render_session
+                    .as_ref()
+                    .and_then(RenderSession::memory_limit)
+                    .unwrap_or_default();
+                format!(
+                    "the render of this commit needed more than {} of memory \
+                     (--render-memory) and was stopped: templates that write large \
+                     outputs for many clusters, or a fleet larger than the limit allows? \
+                     The last good bundles stay served",
+                    human_bytes(limit)
+                )
+            }
+            Rendered::CannotStart(message) => format!(
+                "cannot start the render process ({message}): restart the hub (was \
+                 its binary replaced or removed?), or give it --render-in-process; \
+                 the last good bundles stay served"
+            ),
+            Rendered::Panicked(message) => format!(
+                "the render failed unexpectedly (a flotilla bug, please report it): {message}"
+            ),
+        };
+        Err(Some((message, Duration::ZERO)))
+    }
+
+    /// Installs a clean render and, if the hub can afford to keep it (weighed beside
+    /// the install), keeps it so the next render need render only what changed since
+    /// (see `render_since`: any clean render of the whole fleet will do).
+    async fn install_and_keep(
+        &mut self,
+        output: RenderOutput,
+        duration: Duration,
+        forced: bool,
+    ) -> Result<(), HubError> {
         let output = Arc::new(output);
         self.last_output = None;
         let weighing = (self.keep_render > 0).then(|| {

@@ -161,28 +161,7 @@ impl Hub {
     /// Opens the store, loads what it holds (so bundles are served at once, with the
     /// ETags they had before a restart) and starts following the repository.
     pub async fn start(config: HubConfig) -> Result<Hub, HubError> {
-        // Lock first: a second hub on this state dir stops here, before it reads or
-        // writes anything.
-        flotilla_fs::create_dir(&config.state_dir, flotilla_fs::Mode::Private).map_err(
-            |source| StoreError::CreateDir {
-                path: config.state_dir.display().to_string(),
-                source,
-            },
-        )?;
-        let lock = lock::StateDirLock::acquire(&config.state_dir)?;
-        let store =
-            Store::open_with_objects(&config.state_dir, &config.database, &config.objects).await?;
-        let lease = match store.engine() {
-            store::Engine::Sqlite => recorder::Lease::alone(),
-            store::Engine::Postgres => recorder::Lease::shared(),
-        };
-        if lease.is_shared() && !config.objects.is_shared() {
-            tracing::warn!(
-                "several hubs may share this database, but this hub keeps its objects in its own state dir: \
-                 each hub writes every object itself and only the lease holder's are collected; \
-                 give every hub the same --objects (file:///shared/folder or s3://bucket/prefix)"
-            );
-        }
+        let (lock, store, lease) = open_state(&config).await?;
         // Several hubs decide on the database's clock (a clock moved by hand, in tests,
         // is taken as it is).
         let database_clock = (lease.is_shared() && config.clock.advanced().is_none())
@@ -212,16 +191,7 @@ impl Hub {
         let shared = Arc::new(Shared::new(store, settings, lease, metrics));
         shared.recorder.set_tokens(tokens);
         let loaded = shared.recorder.reload(Reload::Start).await?;
-        if !shared.recorder.heard_from_any() {
-            // Nothing says when any cluster was last seen (a new store, or one that was
-            // lost): give the agents the offline threshold to be heard from before a
-            // wave is released and offline clusters are told apart.
-            let offline_after =
-                i64::try_from(shared.settings.offline_after.as_millis()).unwrap_or(i64::MAX);
-            shared
-                .recorder
-                .hold_releases_until(shared.settings.clock.now_ms().saturating_add(offline_after));
-        }
+        shared.recorder.hold_releases_if_unheard();
         if loaded > 0 {
             tracing::info!(clusters = loaded, "serving the bundles held in the store");
             shared.recorder.set_ready();
@@ -235,30 +205,7 @@ impl Hub {
             config.render_worker,
             config.keep_render,
         );
-        let mut tasks = vec![
-            tokio::spawn({
-                let shared = shared.clone();
-                async move {
-                    shared.recorder.verify_objects().await;
-                    shared.recorder.collect_garbage().await;
-                    follower.run(shared.shutdown.subscribe()).await
-                }
-            }),
-            tokio::spawn(refresh_tokens(
-                shared.clone(),
-                tokens_generation,
-                config.token_refresh,
-            )),
-            tokio::spawn(recorder::rollouts::run_timer(shared.clone())),
-            tokio::spawn(recorder::rollouts::run_watch(
-                shared.clone(),
-                config.token_refresh,
-            )),
-        ];
-        if shared.recorder.lease().is_shared() {
-            tasks.push(tokio::spawn(peers::run_lease(shared.clone(), config.peers)));
-            tasks.push(tokio::spawn(peers::run_sync(shared.clone(), config.peers)));
-        }
+        let tasks = spawn_tasks(&shared, follower, tokens_generation, config.token_refresh);
         Ok(Hub {
             shared,
             tasks,
@@ -369,6 +316,68 @@ impl Hub {
         self.shared.recorder.store().close().await;
         drop(self.lock);
     }
+}
+
+/// Locks the state dir (a second hub on it stops here, before it reads or writes
+/// anything), opens the store and tells whether other hubs may share its database.
+async fn open_state(
+    config: &HubConfig,
+) -> Result<(lock::StateDirLock, Store, recorder::Lease), HubError> {
+    flotilla_fs::create_dir(&config.state_dir, flotilla_fs::Mode::Private).map_err(|source| {
+        StoreError::CreateDir {
+            path: config.state_dir.display().to_string(),
+            source,
+        }
+    })?;
+    let lock = lock::StateDirLock::acquire(&config.state_dir)?;
+    let store =
+        Store::open_with_objects(&config.state_dir, &config.database, &config.objects).await?;
+    let lease = match store.engine() {
+        store::Engine::Sqlite => recorder::Lease::alone(),
+        store::Engine::Postgres => recorder::Lease::shared(),
+    };
+    if lease.is_shared() && !config.objects.is_shared() {
+        tracing::warn!(
+            "several hubs may share this database, but this hub keeps its objects in its own state dir: \
+             each hub writes every object itself and only the lease holder's are collected; \
+             give every hub the same --objects (file:///shared/folder or s3://bucket/prefix)"
+        );
+    }
+    Ok((lock, store, lease))
+}
+
+/// The hub's background tasks: the follower (after checking the objects and
+/// collecting unused ones), the token refresh, the rollouts' timer and watch, and with
+/// several hubs the lease and the database's changes.
+fn spawn_tasks(
+    shared: &Arc<Shared>,
+    follower: follow::Follower,
+    tokens_generation: i64,
+    token_refresh: Duration,
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = vec![
+        tokio::spawn({
+            let shared = shared.clone();
+            async move {
+                shared.recorder.verify_objects().await;
+                shared.recorder.collect_garbage().await;
+                follower.run(shared.shutdown.subscribe()).await
+            }
+        }),
+        tokio::spawn(refresh_tokens(
+            shared.clone(),
+            tokens_generation,
+            token_refresh,
+        )),
+        tokio::spawn(recorder::rollouts::run_timer(shared.clone())),
+        tokio::spawn(recorder::rollouts::run_watch(shared.clone(), token_refresh)),
+    ];
+    if shared.recorder.lease().is_shared() {
+        let peers = shared.settings.peers;
+        tasks.push(tokio::spawn(peers::run_lease(shared.clone(), peers)));
+        tasks.push(tokio::spawn(peers::run_sync(shared.clone(), peers)));
+    }
+    tasks
 }
 
 async fn refresh_tokens(shared: Arc<Shared>, mut seen: i64, every: Duration) {

@@ -527,11 +527,6 @@ impl Recorder {
         self.store.delete_session(id_hash).await
     }
 
-    /// Holds every wave's release until `at` (a hub that knows no cluster's last contact).
-    pub fn hold_releases_until(&self, at: flotilla_core::rollout::Millis) {
-        self.rollouts.hold_releases_until(at);
-    }
-
     /// The database gave this hub the rollout lease at `epoch`, valid until
     /// `valid_until_ms` on this process's clock. A lease newly taken is acted on only
     /// once the store is read back (the last holder's decisions). Returns whether it
@@ -563,8 +558,16 @@ impl Recorder {
         self.metrics.lease_held(false);
     }
 
-    /// Whether any cluster was ever heard from (by this hub or in its store).
-    pub fn heard_from_any(&self) -> bool {
-        self.view.heard_from_any()
+    /// When nothing says when any cluster was last seen (a new store, or one that was
+    /// lost), gives the agents the offline threshold to be heard from before a wave is
+    /// released and offline clusters are told apart.
+    pub fn hold_releases_if_unheard(&self) {
+        if self.view.heard_from_any() {
+            return;
+        }
+        let offline_after =
+            i64::try_from(self.settings.offline_after.as_millis()).unwrap_or(i64::MAX);
+        self.rollouts
+            .hold_releases_until(self.settings.clock.now_ms().saturating_add(offline_after));
     }
 }

@@ -439,13 +439,7 @@ impl Recorder {
         let removed: BTreeSet<String> = commit.removed.iter().cloned().collect();
         self.view.set_latest(latest);
         self.apply_served(&commit.served, &sequences, &removed, commit.now_ms);
-        tracing::debug!(
-            lookup_ms = lookup.as_millis() as u64,
-            plan_ms = (committing.saturating_duration_since(looking) - lookup).as_millis() as u64,
-            commit_ms = swapping.saturating_duration_since(committing).as_millis() as u64,
-            swap_ms = swapping.elapsed().as_millis() as u64,
-            "render recorded"
-        );
+        log_record_timings(looking, lookup, committing, swapping);
         let outcome = RenderOutcome {
             served_changes: commit.served.len(),
             removed: removed.len(),
@@ -1033,6 +1027,23 @@ pub mod in_store {
             }
         }
     }
+}
+
+/// How long recording a render took, in its parts: the lookup of revisions, the
+/// decision, the commit and the swap.
+fn log_record_timings(
+    looking: std::time::Instant,
+    lookup: Duration,
+    committing: std::time::Instant,
+    swapping: std::time::Instant,
+) {
+    tracing::debug!(
+        lookup_ms = lookup.as_millis() as u64,
+        plan_ms = (committing.saturating_duration_since(looking) - lookup).as_millis() as u64,
+        commit_ms = swapping.saturating_duration_since(committing).as_millis() as u64,
+        swap_ms = swapping.elapsed().as_millis() as u64,
+        "render recorded"
+    );
 }
 
 /// Looks every `every` whether the rollouts were changed beside this hub (an
