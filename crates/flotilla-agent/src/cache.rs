@@ -155,11 +155,11 @@ impl StateDir {
     }
 
     /// The latest status report and whether the hub has it.
-    pub fn load_status(&self) -> Option<StoredStatus> {
+    pub fn load_status(&self) -> Option<PendingReport> {
         self.read_json(STATUS_FILE)
     }
 
-    pub fn save_status(&self, status: &StoredStatus) -> Result<(), StateError> {
+    pub fn save_status(&self, status: &PendingReport) -> Result<(), StateError> {
         self.write_json(STATUS_FILE, status)
     }
 
@@ -201,9 +201,9 @@ impl StateDir {
     }
 }
 
-/// The latest status report, and whether the hub acknowledged it.
+/// The latest status report kept in the state dir, and whether the hub acknowledged it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StoredStatus {
+pub struct PendingReport {
     pub sent: bool,
     pub report: StatusReport,
 }

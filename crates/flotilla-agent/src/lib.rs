@@ -42,7 +42,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use backoff::{Backoff, BackoffPolicy, Sleeper, TokioSleeper};
-use cache::{Inventory, InventoryEntry, StateDir, StoredStatus};
+use cache::{Inventory, InventoryEntry, StateDir, PendingReport};
 use client::{FailureKind, Fetched, HubClient, Server};
 use flotilla_core::status::{ResourceState, StatusReport};
 use sink::{ApplyOutcome, Sink, StopSignal};
@@ -810,7 +810,7 @@ impl Reporter {
     }
 
     fn keep(&self, report: &StatusReport, sent: bool) {
-        let stored = StoredStatus {
+        let stored = PendingReport {
             sent,
             report: report.clone(),
         };

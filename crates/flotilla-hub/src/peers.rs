@@ -10,7 +10,7 @@
 //! recorded revision compared again inside the transaction).
 //!
 //! Every hub polls one row ([`Store::changes`]) and, when it moved, reads what is
-//! served, the reports and the rollouts again ([`Shared::sync_from_store`]) and wakes
+//! served, the reports and the rollouts again ([`Recorder::reload`](crate::recorder::Recorder::reload)) and wakes
 //! the long-polls of the clusters whose bundle changed. A poll answered 304 still
 //! touches neither the database nor the objects.
 //!

@@ -654,7 +654,7 @@ impl Recorder {
 
     /// Deletes the objects a commit left unreferenced, on a hub alone on its database.
     /// With several hubs, garbage collection takes them once they have been
-    /// unreferenced for long enough ([`Shared::collect_garbage`]).
+    /// unreferenced for long enough ([`Recorder::collect_garbage`]).
     async fn delete_objects(&self, digests: &[Digest]) {
         if self.lease.is_shared() {
             return;
@@ -895,7 +895,7 @@ async fn with_events(store: &Store, mut view: RolloutView) -> Result<RolloutView
 /// clock (the hubs decide what follows from it), and written only while the rollouts are at the version it read: a hub's
 /// decision taken meanwhile makes it read and decide again, and a hub's next
 /// decision on what it held before is refused and read again
-/// ([`Shared::pick_up_rollout_changes`] reads it within a second anyway), so the
+/// ([`Recorder::pick_up_rollout_changes`] reads it within a second anyway), so the
 /// operator's action is neither lost nor overwritten.
 pub mod in_store {
     use super::*;
