@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::fmt::{display, quote_go, sprint, sprintf, sprintln};
 use super::parse::{self, Arg, Command, Control, Node, Pipe, TemplateCall, Tree};
 use super::value::{Func, FuncError, Host, Value};
-use super::{Budget, ExecError, ExecErrorKind, ParseError, TraceEntry, ROOT_NAME};
+use super::{Budget, ExecError, ExecErrorKind, ParseError, ROOT_NAME, TraceEntry};
 
 /// Template functions by name (Sprig's and Helm's; Go's builtins, `include` and
 /// `tpl` are the engine's own and need not be listed).
@@ -35,7 +35,10 @@ impl Funcs {
     /// Whether a template may call `name`: a listed function, a builtin,
     /// `include` or `tpl`.
     pub fn is_defined(&self, name: &str) -> bool {
-        self.map.contains_key(name) || BUILTINS.contains(&name) || name == "include" || name == "tpl"
+        self.map.contains_key(name)
+            || BUILTINS.contains(&name)
+            || name == "include"
+            || name == "tpl"
     }
 }
 
@@ -324,7 +327,10 @@ impl<'a> Exec<'a> {
             return Err(self.error_at(
                 f,
                 ExecErrorKind::Depth,
-                format!("exceeded maximum template depth ({})", self.budget.max_depth),
+                format!(
+                    "exceeded maximum template depth ({})",
+                    self.budget.max_depth
+                ),
             ));
         }
         self.depth += 1;
@@ -520,7 +526,11 @@ impl<'a> Exec<'a> {
                     let int64 = matches!(v.value, Value::Int64(_));
                     for i in 0..(*n).max(0) {
                         let elem = Dot {
-                            value: if int64 { Value::Int64(i) } else { Value::Int(i) },
+                            value: if int64 {
+                                Value::Int64(i)
+                            } else {
+                                Value::Int(i)
+                            },
                             iface: false,
                         };
                         match one(self, f, Value::Missing, elem) {
@@ -535,10 +545,9 @@ impl<'a> Exec<'a> {
                 }
                 Value::Nil | Value::Missing => {}
                 other => {
-                    return Err(Stop::Err(self.err(
-                        f,
-                        format!("range can't iterate over {}", display(other)),
-                    )))
+                    return Err(Stop::Err(
+                        self.err(f, format!("range can't iterate over {}", display(other))),
+                    ));
                 }
             }
         }
@@ -851,7 +860,10 @@ impl<'a> Exec<'a> {
                 } else {
                     other.type_name()
                 };
-                Err(self.err(f, format!("can't evaluate field {name} in type {type_name}")))
+                Err(self.err(
+                    f,
+                    format!("can't evaluate field {name} in type {type_name}"),
+                ))
             }
         }
     }
@@ -1037,7 +1049,10 @@ impl<'a> Exec<'a> {
         if argv.len() != 2 {
             return Err(self.err(
                 f,
-                format!("wrong number of args for include: want 2 got {}", argv.len()),
+                format!(
+                    "wrong number of args for include: want 2 got {}",
+                    argv.len()
+                ),
             ));
         }
         let Some(name) = argv[0].as_str() else {
@@ -1106,7 +1121,10 @@ impl<'a> Exec<'a> {
             Err(e) => {
                 let mut err = self.err(
                     f,
-                    format!("error calling tpl: cannot parse template {}: {e}", quote_go(text)),
+                    format!(
+                        "error calling tpl: cannot parse template {}: {e}",
+                        quote_go(text)
+                    ),
                 );
                 err.trace = None;
                 return Err(err);
@@ -1120,7 +1138,9 @@ impl<'a> Exec<'a> {
                 top = Some(Arc::new(tree));
                 continue;
             }
-            if tree.is_empty() && (overlay.contains_key(&tree.name) || self.lookup(&tree.name).is_some()) {
+            if tree.is_empty()
+                && (overlay.contains_key(&tree.name) || self.lookup(&tree.name).is_some())
+            {
                 continue;
             }
             overlay.insert(tree.name.clone(), Arc::new(tree));
@@ -1250,9 +1270,7 @@ fn js_escape(s: &str) -> String {
             '&' => out.push_str("\\u0026"),
             '=' => out.push_str("\\u003D"),
             c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04X}", c as u32)),
-            c if !c.is_ascii() && c.is_control() => {
-                out.push_str(&format!("\\u{:04X}", c as u32))
-            }
+            c if !c.is_ascii() && c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
             c => out.push(c),
         }
     }
@@ -1278,7 +1296,7 @@ fn builtin_len(item: &Value) -> Result<Value, FuncError> {
         Value::Missing => {
             return Err(FuncError::new(
                 "reflect: call of reflect.Value.Type on zero Value",
-            ))
+            ));
         }
         Value::Nil => return Err(FuncError::new("len of nil pointer")),
         Value::String(s) => s.len(),
@@ -1294,13 +1312,13 @@ fn index_arg(index: &Value, cap: usize) -> Result<usize, FuncError> {
     let x = match index {
         Value::Int(i) | Value::Int64(i) => *i,
         Value::Nil | Value::Missing => {
-            return Err(FuncError::new("cannot index slice/array with nil"))
+            return Err(FuncError::new("cannot index slice/array with nil"));
         }
         other => {
             return Err(FuncError::new(format!(
                 "cannot index slice/array with type {}",
                 other.type_name()
-            )))
+            )));
         }
     };
     if x < 0 || x as u64 > cap as u64 {
@@ -1339,20 +1357,20 @@ fn builtin_index(item: &Value, indexes: &[Value]) -> Result<Value, FuncError> {
             Value::Map(m) => match index {
                 Value::String(k) => m.get(&**k).cloned().unwrap_or(Value::Nil),
                 Value::Nil | Value::Missing => {
-                    return Err(FuncError::new("value is nil; should be of type string"))
+                    return Err(FuncError::new("value is nil; should be of type string"));
                 }
                 other => {
                     return Err(FuncError::new(format!(
                         "value has type {}; should be string",
                         other.type_name()
-                    )))
+                    )));
                 }
             },
             other => {
                 return Err(FuncError::new(format!(
                     "can't index item of type {}",
                     other.type_name()
-                )))
+                )));
             }
         };
     }
@@ -1382,7 +1400,7 @@ fn builtin_slice(item: &Value, indexes: &[Value]) -> Result<Value, FuncError> {
             return Err(FuncError::new(format!(
                 "can't slice item of type {}",
                 other.type_name()
-            )))
+            )));
         }
     };
     let mut idx = [0, len, len];
@@ -1484,7 +1502,7 @@ fn builtin_eq(arg1: &Value, others: &[Value]) -> Result<bool, FuncError> {
                             "non-comparable type {}: {}",
                             sprintf("%s", std::slice::from_ref(arg)),
                             arg.type_name()
-                        )))
+                        )));
                     }
                 },
             }
@@ -1522,4 +1540,3 @@ fn builtin_lt(arg1: &Value, arg2: &Value) -> Result<bool, FuncError> {
 pub fn helm_clean_output(rendered: &str) -> String {
     rendered.replace("<no value>", "")
 }
-

@@ -330,11 +330,17 @@ fn fmt_int(out: &mut String, arg: &Value, n: i128, verb: char, flags: &Flags) {
         'x' => (16, false),
         'X' => (16, true),
         'c' => {
-            let c = u32::try_from(n).ok().and_then(char::from_u32).unwrap_or('\u{FFFD}');
+            let c = u32::try_from(n)
+                .ok()
+                .and_then(char::from_u32)
+                .unwrap_or('\u{FFFD}');
             return pad(out, &c.to_string(), flags);
         }
         'q' => {
-            let c = u32::try_from(n).ok().and_then(char::from_u32).unwrap_or('\u{FFFD}');
+            let c = u32::try_from(n)
+                .ok()
+                .and_then(char::from_u32)
+                .unwrap_or('\u{FFFD}');
             return pad(out, &quote_rune(c), flags);
         }
         'U' => {
@@ -415,7 +421,10 @@ fn fmt_float_verb(out: &mut String, arg: &Value, f: f64, verb: char, flags: &Fla
     let (mut num, special) = if body.starts_with('-') || body.starts_with('+') {
         (body.clone(), body.contains("Inf") || body.contains("NaN"))
     } else {
-        (format!("+{body}"), body.contains("Inf") || body.contains("NaN"))
+        (
+            format!("+{body}"),
+            body.contains("Inf") || body.contains("NaN"),
+        )
     };
     if flags.space && num.starts_with('+') && !flags.plus {
         num.replace_range(0..1, " ");
@@ -470,11 +479,7 @@ fn special(f: f64) -> Option<String> {
 }
 
 fn sign(f: f64) -> &'static str {
-    if f.is_sign_negative() {
-        "-"
-    } else {
-        ""
-    }
+    if f.is_sign_negative() { "-" } else { "" }
 }
 
 /// strconv's `%e` from digits: d.ddddde±XX with `prec` digits after the point.

@@ -361,18 +361,18 @@ impl<'a> Lexer<'a> {
                 self.paren_depth += 1;
             }
             ')' => {
-                self.emit(ItemKind::RightParen);
                 if self.paren_depth == 0 {
                     return self.error("unexpected right paren".to_string());
                 }
                 self.paren_depth -= 1;
+                self.emit(ItemKind::RightParen);
             }
             c if c.is_ascii() && !c.is_ascii_control() => self.emit(ItemKind::Char),
             c => {
                 return self.error(format!(
                     "unrecognized character in action: {}",
                     super::fmt::unicode_name(c)
-                ))
+                ));
             }
         }
         State::InsideAction
@@ -466,12 +466,12 @@ impl<'a> Lexer<'a> {
             match self.next() {
                 Some('\\') => match self.next() {
                     None | Some('\n') => {
-                        return self.error("unterminated character constant".to_string())
+                        return self.error("unterminated character constant".to_string());
                     }
                     Some(_) => {}
                 },
                 None | Some('\n') => {
-                    return self.error("unterminated character constant".to_string())
+                    return self.error("unterminated character constant".to_string());
                 }
                 Some('\'') => break,
                 Some(_) => {}
@@ -484,12 +484,18 @@ impl<'a> Lexer<'a> {
     fn lex_number(&mut self) -> State {
         if !self.scan_number() {
             let text = self.input[self.start..self.pos].to_string();
-            return self.error(format!("bad number syntax: {}", super::fmt::quote_go(&text)));
+            return self.error(format!(
+                "bad number syntax: {}",
+                super::fmt::quote_go(&text)
+            ));
         }
         if matches!(self.peek(), Some('+' | '-')) {
             if !self.scan_number() || !self.input[..self.pos].ends_with('i') {
                 let text = self.input[self.start..self.pos].to_string();
-                return self.error(format!("bad number syntax: {}", super::fmt::quote_go(&text)));
+                return self.error(format!(
+                    "bad number syntax: {}",
+                    super::fmt::quote_go(&text)
+                ));
             }
             self.emit(ItemKind::Complex);
         } else {
@@ -549,7 +555,7 @@ impl<'a> Lexer<'a> {
             match self.next() {
                 Some('\\') => match self.next() {
                     None | Some('\n') => {
-                        return self.error("unterminated quoted string".to_string())
+                        return self.error("unterminated quoted string".to_string());
                     }
                     Some(_) => {}
                 },

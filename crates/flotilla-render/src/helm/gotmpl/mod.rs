@@ -53,7 +53,7 @@ mod parse;
 #[cfg(test)]
 mod tests;
 
-pub use exec::{helm_clean_output, Funcs, TemplateSet};
+pub use exec::{Funcs, TemplateSet, helm_clean_output};
 pub use value::{Func, FuncError, FuncResult, Host, Object, Value};
 
 /// The name of Helm's root template, under which `tpl` parses its text.

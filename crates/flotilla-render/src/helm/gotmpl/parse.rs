@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use super::lex::{lex, Item, ItemKind};
 use super::ParseError;
+use super::lex::{Item, ItemKind, lex};
 
 /// Deeper nesting of parentheses and control structures than this is refused, so
 /// that hostile text cannot overflow the stack of the parser or of the executor.
@@ -101,16 +101,25 @@ pub(crate) struct Command {
 #[derive(Debug)]
 pub(crate) enum Arg {
     /// `.a.b`: the names without dots.
-    Field { pos: usize, idents: Vec<String> },
+    Field {
+        pos: usize,
+        idents: Vec<String>,
+    },
     /// `$x.a.b`: `idents[0]` is the variable.
-    Variable { pos: usize, idents: Vec<String> },
+    Variable {
+        pos: usize,
+        idents: Vec<String>,
+    },
     /// `(pipeline).a.b` or `"str".a`.
     Chain {
         pos: usize,
         node: Box<Arg>,
         fields: Vec<String>,
     },
-    Identifier { pos: usize, name: String },
+    Identifier {
+        pos: usize,
+        name: String,
+    },
     Dot(usize),
     Nil(usize),
     Bool(usize, bool),
@@ -307,12 +316,16 @@ type PResult<T> = Result<T, ParseError>;
 
 impl Parser<'_> {
     fn next(&mut self) -> Item {
-        let item = self.backed.pop().or_else(|| self.items.pop()).unwrap_or(Item {
-            kind: ItemKind::Eof,
-            pos: 0,
-            val: String::new(),
-            line: self.last_line,
-        });
+        let item = self
+            .backed
+            .pop()
+            .or_else(|| self.items.pop())
+            .unwrap_or(Item {
+                kind: ItemKind::Eof,
+                pos: 0,
+                val: String::new(),
+                line: self.last_line,
+            });
         self.last_line = item.line;
         item
     }
@@ -354,7 +367,10 @@ impl Parser<'_> {
         if item.kind == ItemKind::Error {
             let mut extra = String::new();
             if self.action_line != 0 && self.action_line != item.line {
-                extra = format!(" in action started at {}:{}", self.parse_name, self.action_line);
+                extra = format!(
+                    " in action started at {}:{}",
+                    self.parse_name, self.action_line
+                );
                 if item.val.ends_with(" action") {
                     extra = extra[" in action".len()..].to_string();
                 }
@@ -517,11 +533,7 @@ impl Parser<'_> {
                 return Ok(Parsed::End);
             }
             ItemKind::If => return self.control("if").map(|c| Parsed::Node(Node::If(c))),
-            ItemKind::Range => {
-                return self
-                    .control("range")
-                    .map(|c| Parsed::Node(Node::Range(c)))
-            }
+            ItemKind::Range => return self.control("range").map(|c| Parsed::Node(Node::Range(c))),
             ItemKind::With => return self.control("with").map(|c| Parsed::Node(Node::With(c))),
             ItemKind::Template => return self.template_control().map(Parsed::Node),
             _ => {}
@@ -656,7 +668,7 @@ impl Parser<'_> {
                     if context == "range" && pipe.decl.len() < 2 {
                         match self.peek_non_space().kind {
                             ItemKind::Variable | ItemKind::RightDelim | ItemKind::RightParen => {
-                                continue
+                                continue;
                             }
                             _ => return Err(self.error("range can only initialize variables")),
                         }
@@ -841,7 +853,7 @@ impl Parser<'_> {
                 return Err(self.error(format!(
                     "complex number {} is not supported by flotilla",
                     super::fmt::quote_go(&item.val)
-                )))
+                )));
             }
             ItemKind::LeftParen => {
                 self.enter()?;
@@ -951,7 +963,14 @@ fn unquote_char(s: &str, quote: char) -> Option<(String, &str)> {
             let (v, tail) = hex(2)?;
             // A byte escape: only ASCII can be held in a Rust string as itself.
             let c = char::from_u32(v)?;
-            Some((if v < 0x80 { c.to_string() } else { '\u{FFFD}'.to_string() }, tail))
+            Some((
+                if v < 0x80 {
+                    c.to_string()
+                } else {
+                    '\u{FFFD}'.to_string()
+                },
+                tail,
+            ))
         }
         'u' | 'U' => {
             let (v, tail) = hex(if e == 'u' { 4 } else { 8 })?;
@@ -967,7 +986,14 @@ fn unquote_char(s: &str, quote: char) -> Option<(String, &str)> {
                 return None;
             }
             let c = char::from_u32(v)?;
-            Some((if v < 0x80 { c.to_string() } else { '\u{FFFD}'.to_string() }, &rest[2..]))
+            Some((
+                if v < 0x80 {
+                    c.to_string()
+                } else {
+                    '\u{FFFD}'.to_string()
+                },
+                &rest[2..],
+            ))
         }
         _ => None,
     }
@@ -980,8 +1006,8 @@ fn parse_number(text: &str, is_char: bool) -> Result<Number, String> {
             .strip_prefix('\'')
             .and_then(|r| r.strip_suffix('\''))
             .ok_or_else(|| format!("malformed character constant: {text}"))?;
-        let (c, tail) =
-            unquote_char(body, '\'').ok_or_else(|| format!("malformed character constant: {text}"))?;
+        let (c, tail) = unquote_char(body, '\'')
+            .ok_or_else(|| format!("malformed character constant: {text}"))?;
         if !tail.is_empty() || body.starts_with('\'') {
             return Err(format!("malformed character constant: {text}"));
         }
@@ -1007,7 +1033,10 @@ fn parse_number(text: &str, is_char: bool) -> Result<Number, String> {
         number.float = Some(u as f64);
     } else {
         let Some(f) = parse_go_float(text) else {
-            return Err(format!("illegal number syntax: {}", super::fmt::quote_go(text)));
+            return Err(format!(
+                "illegal number syntax: {}",
+                super::fmt::quote_go(text)
+            ));
         };
         if !text.contains(['.', 'e', 'E', 'p', 'P']) {
             return Err(format!("integer overflow: {}", super::fmt::quote_go(text)));
