@@ -552,10 +552,8 @@ impl<'a> Exec<'a> {
             }
         }
         result?;
-        if !ran {
-            if let Some(e) = &c.else_list {
-                self.walk_list(f, dot, e, out)?;
-            }
+        if !ran && let Some(e) = &c.else_list {
+            self.walk_list(f, dot, e, out)?;
         }
         f.vars.truncate(outer);
         self.nesting -= 1;
@@ -811,13 +809,11 @@ impl<'a> Exec<'a> {
             }
             Value::Object(obj) => {
                 let obj = obj.clone();
-                if !has_args {
-                    if let Some(v) = obj.field(name) {
-                        return Ok(Dot {
-                            value: v,
-                            iface: false,
-                        });
-                    }
+                if !has_args && let Some(v) = obj.field(name) {
+                    return Ok(Dot {
+                        value: v,
+                        iface: false,
+                    });
                 }
                 let mut argv = Vec::new();
                 if let Some(c) = cmd {
@@ -1088,10 +1084,10 @@ impl<'a> Exec<'a> {
         let mut err = self.error_at(f, inner.kind, format!("error calling {name}: {inner}"));
         match (&mut err.trace, inner.trace) {
             (Some(outer), Some(inner_trace)) => {
-                if let Some(first) = outer.first_mut() {
-                    if let Some(cut) = first.message.find(" template:") {
-                        first.message.truncate(cut);
-                    }
+                if let Some(first) = outer.first_mut()
+                    && let Some(cut) = first.message.find(" template:")
+                {
+                    first.message.truncate(cut);
                 }
                 for entry in inner_trace {
                     if outer.last() != Some(&entry) {

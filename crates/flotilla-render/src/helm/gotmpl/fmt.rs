@@ -166,10 +166,10 @@ fn print_arg(out: &mut String, arg: &Value, verb: char, flags: &Flags) {
         }
         return;
     }
-    print_value(out, arg, verb, flags, 0);
+    print_value(out, arg, verb, flags);
 }
 
-fn print_value(out: &mut String, arg: &Value, verb: char, flags: &Flags, depth: usize) {
+fn print_value(out: &mut String, arg: &Value, verb: char, flags: &Flags) {
     match arg {
         Value::Nil | Value::Missing => match verb {
             'v' => pad(out, "<nil>", flags),
@@ -205,7 +205,7 @@ fn print_value(out: &mut String, arg: &Value, verb: char, flags: &Flags, depth: 
                 if i > 0 {
                     out.push(' ');
                 }
-                print_value(out, item, verb, flags, depth + 1);
+                print_value(out, item, verb, flags);
             }
             out.push(']');
         }
@@ -217,7 +217,7 @@ fn print_value(out: &mut String, arg: &Value, verb: char, flags: &Flags, depth: 
                 }
                 fmt_string(out, &Value::string(k.as_str()), k, verb, flags);
                 out.push(':');
-                print_value(out, v, verb, flags, depth + 1);
+                print_value(out, v, verb, flags);
             }
             out.push(']');
         }
@@ -240,7 +240,7 @@ fn bad_verb(out: &mut String, arg: &Value, verb: char, flags: &Flags) {
         _ => {
             out.push_str(&arg.type_name());
             out.push('=');
-            print_value(out, arg, 'v', flags, 0);
+            print_value(out, arg, 'v', flags);
         }
     }
     out.push(')');
@@ -345,12 +345,11 @@ fn fmt_int(out: &mut String, arg: &Value, n: i128, verb: char, flags: &Flags) {
         }
         'U' => {
             let mut s = format!("U+{:04X}", n.max(0));
-            if flags.sharp {
-                if let Some(c) = u32::try_from(n).ok().and_then(char::from_u32) {
-                    if is_print(c) {
-                        s.push_str(&format!(" '{c}'"));
-                    }
-                }
+            if let Some(c) = u32::try_from(n).ok().and_then(char::from_u32)
+                && flags.sharp
+                && is_print(c)
+            {
+                s.push_str(&format!(" '{c}'"));
             }
             return pad_with(out, &s, flags, false);
         }
@@ -375,12 +374,13 @@ fn fmt_int(out: &mut String, arg: &Value, n: i128, verb: char, flags: &Flags) {
             return pad(out, "", &blank);
         }
         prec = p;
-    } else if flags.zero && !flags.minus {
-        if let Some(w) = flags.width {
-            prec = w;
-            if negative || flags.plus || flags.space {
-                prec = prec.saturating_sub(1);
-            }
+    } else if let Some(w) = flags.width
+        && flags.zero
+        && !flags.minus
+    {
+        prec = w;
+        if negative || flags.plus || flags.space {
+            prec = prec.saturating_sub(1);
         }
     }
     if digits.len() < prec {

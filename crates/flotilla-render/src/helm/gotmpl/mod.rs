@@ -172,13 +172,13 @@ impl ExecError {
         else {
             return self.message.clone();
         };
-        if let (Some(s), Some(e)) = (rest.find(START), rest.rfind(END)) {
-            if s + START.len() <= e {
-                return format!(
-                    "execution error at ({location}): {}",
-                    &rest[s + START.len()..e]
-                );
-            }
+        if let (Some(s), Some(e)) = (rest.find(START), rest.rfind(END))
+            && s + START.len() <= e
+        {
+            return format!(
+                "execution error at ({location}): {}",
+                &rest[s + START.len()..e]
+            );
         }
         let Some(trace) = &self.trace else {
             return self.message.clone();
