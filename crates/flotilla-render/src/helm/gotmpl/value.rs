@@ -67,9 +67,29 @@ pub type FuncResult = Result<Value, FuncError>;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FuncError(pub String);
 
+/// Marks a [`FuncError`] made by [`FuncError::wrong_type`].
+const WRONG_TYPE_MARK: &str = "\u{0}wrong-type:";
+
 impl FuncError {
     pub fn new(message: impl Into<String>) -> FuncError {
         FuncError(message.into())
+    }
+
+    /// The argument at `index` (0-based; a piped value counts as the last argument)
+    /// does not fit the Go parameter type `expected` (`string`, `int`, `float64`,
+    /// `bool`, `[]interface {}`, ...). Go's template engine checks this before the
+    /// call, so the engine reports it as Go does, at the argument, without
+    /// `error calling NAME:` (e.g. `wrong type for value; expected string; got
+    /// float64`, `invalid value; expected string`, `expected string; found 3`).
+    pub fn wrong_type(index: usize, expected: &str) -> FuncError {
+        FuncError(format!("{WRONG_TYPE_MARK}{index}:{expected}"))
+    }
+
+    /// The argument index and expected type of a [`FuncError::wrong_type`] error.
+    pub fn as_wrong_type(&self) -> Option<(usize, &str)> {
+        let rest = self.0.strip_prefix(WRONG_TYPE_MARK)?;
+        let (index, expected) = rest.split_once(':')?;
+        Some((index.parse().ok()?, expected))
     }
 }
 
