@@ -1,0 +1,159 @@
+//! Sprig's and Helm's defaults and flow control: `default`, `empty`, `coalesce`,
+//! `all`, `any`, `ternary`, `fail`, `required`, and Helm's `lookup`, plus the
+//! functions a pure render refuses or answers emptily (`env`, `expandenv`,
+//! `getHostByName`).
+
+use super::args::{arity, arity_at_least, bool_param, deep_equal, is_empty, string_param};
+use crate::helm::gotmpl::value::{FuncError, FuncResult, Host, Value};
+
+/// Sprig's `default DEFAULT [GIVEN]`: the given value unless it is empty.
+pub fn default(_: &mut dyn Host, args: &[Value]) -> FuncResult {
+    arity_at_least("default", args, 1)?;
+    match args.get(1) {
+        Some(given) if !is_empty(given) => Ok(given.clone()),
+        _ => Ok(args[0].clone()),
+    }
+}
+
+pub fn empty(_: &mut dyn Host, args: &[Value]) -> FuncResult {
+    arity("empty", args, 1)?;
+    Ok(Value::Bool(is_empty(&args[0])))
+}
+
+pub fn coalesce(_: &mut dyn Host, args: &[Value]) -> FuncResult {
+    Ok(args
+        .iter()
+        .find(|v| !is_empty(v))
+        .cloned()
+        .unwrap_or(Value::Nil))
+}
+
+pub fn all(_: &mut dyn Host, args: &[Value]) -> FuncResult {
+    Ok(Value::Bool(args.iter().all(|v| !is_empty(v))))
+}
+
+pub fn any(_: &mut dyn Host, args: &[Value]) -> FuncResult {
+    Ok(Value::Bool(args.iter().any(|v| !is_empty(v))))
+}
+
+pub fn ternary(_: &mut dyn Host, args: &[Value]) -> FuncResult {
+    arity("ternary", args, 3)?;
+    let condition = bool_param(&args[2])?;
+    Ok(if condition {
+        args[0].clone()
+    } else {
+        args[1].clone()
+    })
+}
+
+pub fn deep_equal_fn(_: &mut dyn Host, args: &[Value]) -> FuncResult {
+    arity("deepEqual", args, 2)?;
+    Ok(Value::Bool(deep_equal(&args[0], &args[1])))
+}
+
+pub fn fail(_: &mut dyn Host, args: &[Value]) -> FuncResult {
+    arity("fail", args, 1)?;
+    let message = string_param(&args[0])?;
+    Err(FuncError::new(message.to_string()))
+}
+
+/// Helm's `required MESSAGE VALUE`: the value, unless it is nil, missing or an empty
+/// string, which fail the render with the message.
+pub fn required(_: &mut dyn Host, args: &[Value]) -> FuncResult {
+    arity("required", args, 2)?;
+    let message = string_param(&args[0])?;
+    match &args[1] {
+        Value::Nil | Value::Missing => Err(FuncError::new(message.to_string())),
+        Value::String(s) if s.is_empty() => Err(FuncError::new(message.to_string())),
+        other => Ok(other.clone()),
+    }
+}
+
+/// Helm's `lookup APIVERSION KIND NAMESPACE NAME`: a render here sees no cluster, as
+/// `helm template` does, so the answer is an empty map; the user is warned, naming
+/// the template, since a chart may behave differently against a live cluster.
+pub fn lookup(host: &mut dyn Host, args: &[Value]) -> FuncResult {
+    arity("lookup", args, 4)?;
+    let parts = args
+        .iter()
+        .map(string_param)
+        .collect::<Result<Vec<_>, _>>()?;
+    let template = host.template_name().to_string();
+    host.warn(format!(
+        "{template}: lookup {} {} {}/{} returned an empty map: flotilla renders without a cluster, as `helm template` does",
+        parts[0], parts[1], parts[2], parts[3]
+    ));
+    Ok(Value::map(Default::default()))
+}
+
+/// Sprig's `env`: Helm removes it; flotilla keeps the name so a chart calling it
+/// renders, with the empty string, because a render reads no environment.
+pub fn env(_: &mut dyn Host, args: &[Value]) -> FuncResult {
+    arity("env", args, 1)?;
+    string_param(&args[0])?;
+    Ok(Value::string(""))
+}
+
+/// Sprig's `expandenv`: every `$VAR` and `${VAR}` expands to the empty string, since a
+/// render reads no environment.
+pub fn expandenv(_: &mut dyn Host, args: &[Value]) -> FuncResult {
+    arity("expandenv", args, 1)?;
+    let s = string_param(&args[0])?;
+    Ok(Value::string(expand_empty(&s)))
+}
+
+/// Go's `os.Expand` with every variable empty.
+fn expand_empty(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = String::with_capacity(s.len());
+    let mut i = 0;
+    let mut copied = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'$' && i + 1 < bytes.len() {
+            out.push_str(&s[copied..i]);
+            let rest = &s[i + 1..];
+            let consumed = shell_name_len(rest);
+            i += 1 + consumed;
+            copied = i;
+        } else {
+            i += 1;
+        }
+    }
+    out.push_str(&s[copied..]);
+    out
+}
+
+/// How many bytes of `s` (after a `$`) Go's `os.Expand` takes as the variable name.
+fn shell_name_len(s: &str) -> usize {
+    let bytes = s.as_bytes();
+    match bytes.first() {
+        Some(b'{') => {
+            if bytes.len() > 2 && is_special(bytes[1]) && bytes[2] == b'}' {
+                return 3;
+            }
+            match s.find('}') {
+                Some(1) => 2,
+                Some(end) => end + 1,
+                None => 1,
+            }
+        }
+        Some(c) if is_special(*c) => 1,
+        _ => bytes
+            .iter()
+            .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_')
+            .count(),
+    }
+}
+
+fn is_special(c: u8) -> bool {
+    matches!(c, b'*' | b'#' | b'$' | b'@' | b'!' | b'?' | b'-') || c.is_ascii_digit()
+}
+
+/// Sprig's `getHostByName`: refused, because a render opens no socket.
+pub fn get_host_by_name(_: &mut dyn Host, args: &[Value]) -> FuncResult {
+    arity("getHostByName", args, 1)?;
+    let name = string_param(&args[0])?;
+    Err(FuncError::new(format!(
+        "getHostByName {name}: flotilla renders without the network, so a chart cannot resolve host names; put the address in the chart's values instead"
+    )))
+}
