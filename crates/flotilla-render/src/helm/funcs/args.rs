@@ -231,7 +231,7 @@ pub(crate) fn to_int64(v: &Value) -> i64 {
 /// Go's conversion of a float64 to int64 truncates; out of range it gives the minimum
 /// on amd64, which is what Helm's releases run on.
 pub(crate) fn float_to_int(f: f64) -> i64 {
-    if f.is_nan() || f >= 9.223_372_036_854_776e18 || f < -9.223_372_036_854_776e18 {
+    if f.is_nan() || !(-9.223_372_036_854_776e18..9.223_372_036_854_776e18).contains(&f) {
         i64::MIN
     } else {
         f.trunc() as i64

@@ -207,7 +207,9 @@ fn token_at(layout: &str) -> Option<&'static str> {
         if layout.starts_with(t) {
             // Go reads "Mon" only when not followed by a lower-case letter ("Month").
             if (*t == "Jan" || *t == "Mon")
-                && layout[t.len()..].starts_with(|c: char| c.is_ascii_lowercase())
+                && layout
+                    .strip_prefix(t)
+                    .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_lowercase()))
             {
                 continue;
             }
@@ -261,7 +263,11 @@ fn format_time(t: Time, layout: &str) -> String {
             rest = &rest[ch.len_utf8()..];
             continue;
         };
-        let hour12 = if c.hour % 12 == 0 { 12 } else { c.hour % 12 };
+        let hour12 = if c.hour.is_multiple_of(12) {
+            12
+        } else {
+            c.hour % 12
+        };
         match token {
             "January" => out.push_str(MONTHS[(c.month - 1) as usize]),
             "Jan" => out.push_str(&MONTHS[(c.month - 1) as usize][..3]),
@@ -540,7 +546,7 @@ pub fn ago(host: &mut dyn Host, args: &[Value]) -> FuncResult {
 }
 
 /// Sprig's `durationRound`: a duration (a Go duration string, or seconds as an
-/// `int64`) printed coarsely: `2h`, `3d`, `1mo`, `2y`.
+/// `int64`, or the time since a time) printed coarsely: `2h`, `3d`, `1mo`, `2y`.
 pub fn duration_round(host: &mut dyn Host, args: &[Value]) -> FuncResult {
     arity("durationRound", args, 1)?;
     let nanos: i64 = match &args[0] {
@@ -576,11 +582,8 @@ pub fn duration_round(host: &mut dyn Host, args: &[Value]) -> FuncResult {
     } else {
         "0s".to_string()
     };
-    Ok(Value::string(if nanos < 0 {
-        format!("-{text}")
-    } else {
-        text
-    }))
+    // Sprig rounds the magnitude: a negative duration prints as a positive one.
+    Ok(Value::string(text))
 }
 
 /// Go's `time.Parse` for the numeric layout elements and month and day names, in
@@ -740,7 +743,11 @@ fn parse_time(layout: &str, value: &str) -> Result<Time, FuncError> {
             hour += 12;
         }
     }
-    if !(1..=12).contains(&month) || day < 1 || day > 31 || hour > 23 || minute > 59 || second > 59
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 59
     {
         return Err(FuncError::new(format!(
             "parsing time {}: day out of range",

@@ -255,11 +255,13 @@ impl Decimal {
     }
 
     fn mul(self, other: Decimal) -> Option<Decimal> {
-        Some(Decimal {
-            mantissa: self.mantissa.checked_mul(other.mantissa)?,
-            exponent: self.exponent.checked_add(other.exponent)?,
-        })
-        .map(Decimal::normalized)
+        Some(
+            Decimal {
+                mantissa: self.mantissa.checked_mul(other.mantissa)?,
+                exponent: self.exponent.checked_add(other.exponent)?,
+            }
+            .normalized(),
+        )
     }
 
     /// shopspring's `Div`: the quotient rounded (half away from zero) to 16 places.

@@ -36,6 +36,9 @@ mod regex;
 mod semver;
 mod strings;
 
+#[cfg(test)]
+mod tests;
+
 pub use args::{MAX_LIST_ITEMS, MAX_STRING_BYTES};
 pub use encoding::to_json_text;
 

@@ -140,18 +140,22 @@ fn bcrypt_hash(
     args: &[Value],
     password: &[u8],
 ) -> Result<String, String> {
-    const COST: u32 = 10;
-    if password.len() > 72 {
-        return Err("bcrypt: password length exceeds 72 bytes".to_string());
-    }
     let mut salt = [0u8; 16];
     let bytes = host.generated_bytes(function, args, 16);
     salt[..bytes.len().min(16)].copy_from_slice(&bytes[..bytes.len().min(16)]);
+    bcrypt_with(10, salt, password)
+}
+
+/// bcrypt (`$2a$`) of a password with the given cost and salt.
+pub(crate) fn bcrypt_with(cost: u32, salt: [u8; 16], password: &[u8]) -> Result<String, String> {
+    if password.len() > 72 {
+        return Err("bcrypt: password length exceeds 72 bytes".to_string());
+    }
     let mut key = password.to_vec();
     key.push(0);
     let mut state = <blowfish::Blowfish>::bc_init_state();
     state.salted_expand_key(&salt, &key);
-    for _ in 0..1u32 << COST {
+    for _ in 0..1u32 << cost {
         state.bc_expand_key(&key);
         state.bc_expand_key(&salt);
     }
@@ -173,7 +177,7 @@ fn bcrypt_hash(
     }
     let digest: Vec<u8> = text.iter().flat_map(|w| w.to_be_bytes()).collect();
     Ok(format!(
-        "$2a${COST:02}${}{}",
+        "$2a${cost:02}${}{}",
         bcrypt_base64(&salt),
         bcrypt_base64(&digest[..23])
     ))

@@ -240,8 +240,7 @@ fn go_split(re: &Regex, s: &str, n: i64) -> Vec<String> {
     }
     let matches = go_find_all(re, s, n);
     let mut out = Vec::with_capacity(matches.len() + 1);
-    let (mut begin, mut end);
-    begin = 0;
+    let (mut begin, mut end) = (0, 0);
     for (start, stop) in matches {
         if n > 0 && out.len() as i64 == n - 1 {
             break;
@@ -252,7 +251,9 @@ fn go_split(re: &Regex, s: &str, n: i64) -> Vec<String> {
         }
         begin = stop;
     }
-    out.push(s[begin..].to_string());
+    if end != s.len() {
+        out.push(s[begin..].to_string());
+    }
     out
 }
 

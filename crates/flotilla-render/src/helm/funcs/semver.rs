@@ -301,7 +301,7 @@ impl Constraint {
         if v.major != c.major {
             return false;
         }
-        !(v.minor != c.minor && !self.minor_dirty)
+        v.minor == c.minor || self.minor_dirty
     }
 
     fn caret(&self, v: &Version) -> bool {
