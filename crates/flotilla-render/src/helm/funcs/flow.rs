@@ -1,7 +1,8 @@
 //! Sprig's and Helm's defaults and flow control: `default`, `empty`, `coalesce`,
 //! `all`, `any`, `ternary`, `fail`, `required`, and Helm's `lookup`, plus the
-//! functions a pure render refuses or answers emptily (`env`, `expandenv`,
-//! `getHostByName`).
+//! function a pure render refuses (`getHostByName`). Helm v4 deletes Sprig's `env`
+//! and `expandenv` from its functions (a chart calling them fails to parse:
+//! `function "env" not defined`), so they are not here either.
 
 use super::args::{arity, arity_at_least, bool_param, deep_equal, is_empty, string_param};
 use crate::helm::gotmpl::value::{FuncError, FuncResult, Host, Value};
@@ -84,69 +85,6 @@ pub fn lookup(host: &mut dyn Host, args: &[Value]) -> FuncResult {
         parts[0], parts[1], parts[2], parts[3]
     ));
     Ok(Value::map(Default::default()))
-}
-
-/// Sprig's `env`: Helm removes it; flotilla keeps the name so a chart calling it
-/// renders, with the empty string, because a render reads no environment.
-pub fn env(_: &mut dyn Host, args: &[Value]) -> FuncResult {
-    arity("env", args, 1)?;
-    string_param(&args[0])?;
-    Ok(Value::string(""))
-}
-
-/// Sprig's `expandenv`: every `$VAR` and `${VAR}` expands to the empty string, since a
-/// render reads no environment.
-pub fn expandenv(_: &mut dyn Host, args: &[Value]) -> FuncResult {
-    arity("expandenv", args, 1)?;
-    let s = string_param(&args[0])?;
-    Ok(Value::string(expand_empty(&s)))
-}
-
-/// Go's `os.Expand` with every variable empty.
-fn expand_empty(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = String::with_capacity(s.len());
-    let mut i = 0;
-    let mut copied = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'$' && i + 1 < bytes.len() {
-            out.push_str(&s[copied..i]);
-            let rest = &s[i + 1..];
-            let consumed = shell_name_len(rest);
-            i += 1 + consumed;
-            copied = i;
-        } else {
-            i += 1;
-        }
-    }
-    out.push_str(&s[copied..]);
-    out
-}
-
-/// How many bytes of `s` (after a `$`) Go's `os.Expand` takes as the variable name.
-fn shell_name_len(s: &str) -> usize {
-    let bytes = s.as_bytes();
-    match bytes.first() {
-        Some(b'{') => {
-            if bytes.len() > 2 && is_special(bytes[1]) && bytes[2] == b'}' {
-                return 3;
-            }
-            match s.find('}') {
-                Some(1) => 2,
-                Some(end) => end + 1,
-                None => 1,
-            }
-        }
-        Some(c) if is_special(*c) => 1,
-        _ => bytes
-            .iter()
-            .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_')
-            .count(),
-    }
-}
-
-fn is_special(c: u8) -> bool {
-    matches!(c, b'*' | b'#' | b'$' | b'@' | b'!' | b'?' | b'-') || c.is_ascii_digit()
 }
 
 /// Sprig's `getHostByName`: refused, because a render opens no socket.

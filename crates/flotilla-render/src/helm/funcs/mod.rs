@@ -19,8 +19,8 @@
 //! Go's types: `add` an `int64`, `len` and `atoi` an `int`, `addf` a `float64`.
 //!
 //! Deterministic: `now` is [`Host::now_unix`], the random functions draw from
-//! [`Host::generated_bytes`], `env` and `expandenv` see an empty environment,
-//! `getHostByName` fails, and `lookup` answers an empty map with a warning.
+//! [`Host::generated_bytes`], `getHostByName` fails, and `lookup` answers an empty
+//! map with a warning. `env` and `expandenv` are absent, as in Helm v4.
 
 mod args;
 mod dates;
@@ -100,8 +100,6 @@ const TABLE: &[(&str, Func)] = &[
     ("duration", dates::duration),
     ("durationRound", dates::duration_round),
     ("empty", flow::empty),
-    ("env", flow::env),
-    ("expandenv", flow::expandenv),
     ("ext", paths::ext),
     ("fail", flow::fail),
     ("first", lists::first),
