@@ -167,9 +167,17 @@ fn archive_error(archive: &str, message: impl Into<String>) -> ChartError {
     }
 }
 
-fn from_tgz_within(bytes: &[u8], archive: &str, depth: usize, budget: &mut Budget) -> Result<Chart, ChartError> {
+fn from_tgz_within(
+    bytes: &[u8],
+    archive: &str,
+    depth: usize,
+    budget: &mut Budget,
+) -> Result<Chart, ChartError> {
     if depth > MAX_SUBCHART_DEPTH {
-        return Err(archive_error(archive, format!("subcharts nest deeper than {MAX_SUBCHART_DEPTH} levels")));
+        return Err(archive_error(
+            archive,
+            format!("subcharts nest deeper than {MAX_SUBCHART_DEPTH} levels"),
+        ));
     }
     let gzip = flate2::read::GzDecoder::new(bytes);
     let mut tar = tar::Archive::new(gzip);
@@ -178,34 +186,52 @@ fn from_tgz_within(bytes: &[u8], archive: &str, depth: usize, budget: &mut Budge
         .map_err(|err| archive_error(archive, format!("not a gzipped tar archive: {err}")))?;
     let mut files: BTreeMap<String, Arc<[u8]>> = BTreeMap::new();
     for entry in entries {
-        let entry = entry.map_err(|err| archive_error(archive, format!("cannot read the archive: {err}")))?;
+        let entry = entry
+            .map_err(|err| archive_error(archive, format!("cannot read the archive: {err}")))?;
         let kind = entry.header().entry_type();
         let path = entry
             .path()
-            .map_err(|err| archive_error(archive, format!("an entry has an unreadable name: {err}")))?
+            .map_err(|err| {
+                archive_error(archive, format!("an entry has an unreadable name: {err}"))
+            })?
             .to_string_lossy()
             .replace('\\', "/");
         if kind.is_dir() || kind.is_pax_global_extensions() || kind.is_pax_local_extensions() {
             continue;
         }
         if kind.is_symlink() || kind.is_hard_link() {
-            return Err(archive_error(archive, format!("{path} is a link; flotilla reads no links from a chart")));
+            return Err(archive_error(
+                archive,
+                format!("{path} is a link; flotilla reads no links from a chart"),
+            ));
         }
         if !kind.is_file() {
-            return Err(archive_error(archive, format!("{path} is not a regular file")));
+            return Err(archive_error(
+                archive,
+                format!("{path} is not a regular file"),
+            ));
         }
         let path = check_path(&path, archive)?;
         // Helm drops the archive's top folder: the chart's files are below it.
         let Some((_, inside)) = path.split_once('/') else {
-            return Err(archive_error(archive, format!("{path} is not inside the chart's folder")));
+            return Err(archive_error(
+                archive,
+                format!("{path} is not inside the chart's folder"),
+            ));
         };
         budget.files += 1;
         if budget.files > MAX_FILES {
-            return Err(archive_error(archive, format!("holds more than {MAX_FILES} files")));
+            return Err(archive_error(
+                archive,
+                format!("holds more than {MAX_FILES} files"),
+            ));
         }
         let size = entry.header().size().unwrap_or(u64::MAX);
         if size > MAX_FILE_BYTES {
-            return Err(archive_error(archive, format!("{path} unpacks to more than {MAX_FILE_BYTES} bytes")));
+            return Err(archive_error(
+                archive,
+                format!("{path} unpacks to more than {MAX_FILE_BYTES} bytes"),
+            ));
         }
         let mut data = Vec::new();
         entry
@@ -214,7 +240,10 @@ fn from_tgz_within(bytes: &[u8], archive: &str, depth: usize, budget: &mut Budge
             .map_err(|err| archive_error(archive, format!("cannot read {path}: {err}")))?;
         budget.bytes += data.len() as u64;
         if budget.bytes > MAX_TOTAL_BYTES {
-            return Err(archive_error(archive, format!("unpacks to more than {MAX_TOTAL_BYTES} bytes")));
+            return Err(archive_error(
+                archive,
+                format!("unpacks to more than {MAX_TOTAL_BYTES} bytes"),
+            ));
         }
         files.insert(inside.to_string(), data.into());
     }
@@ -227,8 +256,16 @@ fn from_tgz_within(bytes: &[u8], archive: &str, depth: usize, budget: &mut Budge
 /// A relative `/`-separated path without `..`, refused otherwise.
 fn check_path(path: &str, whole: &str) -> Result<String, ChartError> {
     let path = path.trim_start_matches("./");
-    if path.starts_with('/') || path.split('/').any(|part| part == "..") || path.contains(':') && path.starts_with(|c: char| c.is_ascii_alphabetic()) && path.as_bytes().get(1) == Some(&b':') {
-        return Err(archive_error(whole, format!("{path} points outside the chart")));
+    if path.starts_with('/')
+        || path.split('/').any(|part| part == "..")
+        || path.contains(':')
+            && path.starts_with(|c: char| c.is_ascii_alphabetic())
+            && path.as_bytes().get(1) == Some(&b':')
+    {
+        return Err(archive_error(
+            whole,
+            format!("{path} points outside the chart"),
+        ));
     }
     Ok(path.to_string())
 }
@@ -243,7 +280,12 @@ fn yaml_string(map: &BTreeMap<String, Value>, key: &str) -> Option<String> {
 }
 
 /// Loads one chart from its files; `prefix` names where it is, for errors.
-fn load(files: BTreeMap<String, Arc<[u8]>>, prefix: &str, depth: usize, budget: &mut Budget) -> Result<Chart, ChartError> {
+fn load(
+    files: BTreeMap<String, Arc<[u8]>>,
+    prefix: &str,
+    depth: usize,
+    budget: &mut Budget,
+) -> Result<Chart, ChartError> {
     let at = |name: &str| format!("{prefix}{name}");
     let Some(chart_yaml) = files.get("Chart.yaml") else {
         return Err(invalid(at("Chart.yaml"), "Chart.yaml file is missing"));
@@ -256,13 +298,22 @@ fn load(files: BTreeMap<String, Arc<[u8]>>, prefix: &str, depth: usize, budget: 
     for (name, data) in files {
         match name.as_str() {
             "Chart.yaml" | "Chart.lock" | "requirements.lock" => {}
-            "values.yaml" => chart.values = read_values(&data).map_err(|message| invalid(at("values.yaml"), message))?,
+            "values.yaml" => {
+                chart.values =
+                    read_values(&data).map_err(|message| invalid(at("values.yaml"), message))?
+            }
             "values.schema.json" => chart.schema = Some(data),
             "requirements.yaml" => {
-                let requirements = yaml::from_yaml_map(&String::from_utf8_lossy(&data))
-                    .map_err(|err| invalid(at("requirements.yaml"), format!("cannot load requirements.yaml: {err}")))?;
+                let requirements =
+                    yaml::from_yaml_map(&String::from_utf8_lossy(&data)).map_err(|err| {
+                        invalid(
+                            at("requirements.yaml"),
+                            format!("cannot load requirements.yaml: {err}"),
+                        )
+                    })?;
                 if let Some(dependencies) = requirements.get("dependencies") {
-                    metadata.dependencies = read_dependencies(dependencies).map_err(|message| invalid(at("requirements.yaml"), message))?;
+                    metadata.dependencies = read_dependencies(dependencies)
+                        .map_err(|message| invalid(at("requirements.yaml"), message))?;
                 }
                 if metadata.api_version == "v1" {
                     chart.files.push(File { name, data });
@@ -272,13 +323,19 @@ fn load(files: BTreeMap<String, Arc<[u8]>>, prefix: &str, depth: usize, budget: 
             _ if name.starts_with("charts/") && !name.ends_with(".prov") => {
                 let rest = &name["charts/".len()..];
                 let (sub, inner) = rest.split_once('/').unwrap_or((rest, ""));
-                subchart_files.entry(sub.to_string()).or_default().insert(inner.to_string(), data);
+                subchart_files
+                    .entry(sub.to_string())
+                    .or_default()
+                    .insert(inner.to_string(), data);
             }
             _ => chart.files.push(File { name, data }),
         }
     }
     if depth >= MAX_SUBCHART_DEPTH && !subchart_files.is_empty() {
-        return Err(invalid(at("charts/"), format!("subcharts nest deeper than {MAX_SUBCHART_DEPTH} levels")));
+        return Err(invalid(
+            at("charts/"),
+            format!("subcharts nest deeper than {MAX_SUBCHART_DEPTH} levels"),
+        ));
     }
     for (sub, files) in subchart_files {
         if sub.starts_with(['_', '.']) {
@@ -287,27 +344,49 @@ fn load(files: BTreeMap<String, Arc<[u8]>>, prefix: &str, depth: usize, budget: 
         let sub_prefix = format!("{prefix}charts/{sub}/");
         let subchart = if sub.ends_with(".tgz") {
             let Some(data) = files.get("") else {
-                return Err(invalid(at(&format!("charts/{sub}")), "a subchart archive must be a file"));
+                return Err(invalid(
+                    at(&format!("charts/{sub}")),
+                    "a subchart archive must be a file",
+                ));
             };
             from_tgz_within(data, &at(&format!("charts/{sub}")), depth + 1, budget)?
         } else {
-            load(files.into_iter().filter(|(name, _)| !name.is_empty()).collect(), &sub_prefix, depth + 1, budget)?
+            load(
+                files
+                    .into_iter()
+                    .filter(|(name, _)| !name.is_empty())
+                    .collect(),
+                &sub_prefix,
+                depth + 1,
+                budget,
+            )?
         };
         chart.subcharts.push(subchart);
     }
-    chart.subcharts.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    chart
+        .subcharts
+        .sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     chart.metadata = metadata;
     // Helm checks at install time that every dependency is in charts/.
     let missing: Vec<&str> = chart
         .metadata
         .dependencies
         .iter()
-        .filter(|dependency| !chart.subcharts.iter().any(|sub| sub.metadata.name == dependency.name))
+        .filter(|dependency| {
+            !chart
+                .subcharts
+                .iter()
+                .any(|sub| sub.metadata.name == dependency.name)
+        })
         .map(|dependency| dependency.name.as_str())
         .collect();
     if !missing.is_empty() {
         return Err(ChartError::MissingDependencies {
-            chart: if prefix.is_empty() { chart.metadata.name.clone() } else { prefix.trim_end_matches('/').to_string() },
+            chart: if prefix.is_empty() {
+                chart.metadata.name.clone()
+            } else {
+                prefix.trim_end_matches('/').to_string()
+            },
             missing: missing.join(", "),
         });
     }
@@ -319,7 +398,9 @@ fn read_values(data: &[u8]) -> Result<BTreeMap<String, Value>, String> {
     let text = String::from_utf8_lossy(data);
     let mut values = BTreeMap::new();
     for document in yaml::split_documents(&text) {
-        let current = yaml::from_yaml_map(document).map_err(|err| format!("cannot load values.yaml: cannot unmarshal yaml document: {err}"))?;
+        let current = yaml::from_yaml_map(document).map_err(|err| {
+            format!("cannot load values.yaml: cannot unmarshal yaml document: {err}")
+        })?;
         merge_maps(&mut values, current);
     }
     Ok(values)
@@ -355,13 +436,19 @@ fn read_metadata(raw: &BTreeMap<String, Value>) -> Result<Metadata, String> {
     };
     // Helm's `Metadata.Validate`, in its order and words.
     if metadata.api_version != "v1" && metadata.api_version != "v2" {
-        return Err(format!("validation: chart.metadata.apiVersion is required or {:?} is not supported", metadata.api_version));
+        return Err(format!(
+            "validation: chart.metadata.apiVersion is required or {:?} is not supported",
+            metadata.api_version
+        ));
     }
     if metadata.name.is_empty() {
         return Err("validation: chart.metadata.name is required".into());
     }
     if metadata.name.contains('/') || metadata.name.contains('\\') {
-        return Err(format!("validation: chart.metadata.name {:?} is invalid", metadata.name));
+        return Err(format!(
+            "validation: chart.metadata.name {:?} is invalid",
+            metadata.name
+        ));
     }
     if metadata.version.is_empty() {
         return Err("validation: chart.metadata.version is required".into());
@@ -369,7 +456,11 @@ fn read_metadata(raw: &BTreeMap<String, Value>) -> Result<Metadata, String> {
     match yaml_string(raw, "type").as_deref() {
         None | Some("") | Some("application") => {}
         Some("library") => metadata.chart_type = ChartType::Library,
-        Some(other) => return Err(format!("validation: chart.metadata.type must be application or library, not {other:?}")),
+        Some(other) => {
+            return Err(format!(
+                "validation: chart.metadata.type must be application or library, not {other:?}"
+            ));
+        }
     }
     if let Some(dependencies) = raw.get("dependencies") {
         metadata.dependencies = read_dependencies(dependencies)?;
@@ -405,17 +496,27 @@ fn read_dependencies(value: &Value) -> Result<Vec<Dependency>, String> {
             return Err("validation: dependencies must have a name".into());
         }
         if let Some(Value::List(tags)) = entry.get("tags") {
-            dependency.tags = tags.iter().filter_map(|t| t.as_str().map(str::to_string)).collect();
+            dependency.tags = tags
+                .iter()
+                .filter_map(|t| t.as_str().map(str::to_string))
+                .collect();
         }
         if let Some(Value::List(imports)) = entry.get("import-values") {
             for import in imports.iter() {
                 match import {
-                    Value::String(s) => dependency.import_values.push(ImportValue::Exports(s.to_string())),
+                    Value::String(s) => dependency
+                        .import_values
+                        .push(ImportValue::Exports(s.to_string())),
                     Value::Map(m) => dependency.import_values.push(ImportValue::Map {
                         child: yaml_string(m, "child").unwrap_or_default(),
                         parent: yaml_string(m, "parent").unwrap_or_default(),
                     }),
-                    _ => return Err(format!("dependency {}: import-values must be strings or child/parent mappings", dependency.name)),
+                    _ => {
+                        return Err(format!(
+                            "dependency {}: import-values must be strings or child/parent mappings",
+                            dependency.name
+                        ));
+                    }
                 }
             }
         }
@@ -456,14 +557,19 @@ impl Default for Ignore {
 
 impl Ignore {
     fn parse(text: &str) -> Result<Ignore, ChartError> {
-        let mut ignore = Ignore { patterns: Vec::new() };
+        let mut ignore = Ignore {
+            patterns: Vec::new(),
+        };
         for line in text.lines() {
             let mut rule = line.trim();
             if rule.is_empty() || rule.starts_with('#') {
                 continue;
             }
             if rule.contains("**") {
-                return Err(invalid(".helmignore", "double-star (**) syntax is not supported"));
+                return Err(invalid(
+                    ".helmignore",
+                    "double-star (**) syntax is not supported",
+                ));
             }
             let negate = rule.starts_with('!');
             if negate {
@@ -476,7 +582,10 @@ impl Ignore {
                 None => (rule, rule.contains('/')),
             };
             if glob_match(rule, "abc").is_none() {
-                return Err(invalid(".helmignore", format!("syntax error in pattern {rule:?}")));
+                return Err(invalid(
+                    ".helmignore",
+                    format!("syntax error in pattern {rule:?}"),
+                ));
             }
             ignore.patterns.push(Pattern {
                 rule: rule.to_string(),
@@ -492,12 +601,17 @@ impl Ignore {
     /// Whether a file is left out: it, or a folder above it, is ignored.
     fn ignores(&self, path: &str) -> bool {
         let parts: Vec<&str> = path.split('/').collect();
-        (1..parts.len()).any(|n| self.ignores_one(&parts[..n].join("/"), true)) || self.ignores_one(path, false)
+        (1..parts.len()).any(|n| self.ignores_one(&parts[..n].join("/"), true))
+            || self.ignores_one(path, false)
     }
 
     fn ignores_one(&self, path: &str, is_dir: bool) -> bool {
         for pattern in &self.patterns {
-            let name = if pattern.whole_path { path } else { path.rsplit('/').next().unwrap_or(path) };
+            let name = if pattern.whole_path {
+                path
+            } else {
+                path.rsplit('/').next().unwrap_or(path)
+            };
             let matched = glob_match(&pattern.rule, name).unwrap_or(false);
             if pattern.negate {
                 // Helm's rule: a negated pattern ignores whatever it does not match.

@@ -77,7 +77,12 @@ pub fn plan(chart: &Chart, user_values: Map) -> Result<RenderPlan, ValuesError> 
         crds: Vec::new(),
         warnings,
     };
-    collect(&chart, chart.name().to_string(), Value::map(values), &mut planned);
+    collect(
+        &chart,
+        chart.name().to_string(),
+        Value::map(values),
+        &mut planned,
+    );
     planned.templates.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(planned)
 }
@@ -95,7 +100,9 @@ fn collect(chart: &Chart, path: String, values: Value, planned: &mut RenderPlan)
         });
     }
     for crd in chart.crds() {
-        planned.crds.push((format!("{path}/{}", crd.name), crd.clone()));
+        planned
+            .crds
+            .push((format!("{path}/{}", crd.name), crd.clone()));
     }
     planned.charts.push(ScopedChart {
         path: path.clone(),
@@ -104,10 +111,18 @@ fn collect(chart: &Chart, path: String, values: Value, planned: &mut RenderPlan)
     });
     for sub in &chart.subcharts {
         let sub_values = match &values {
-            Value::Map(map) => map.get(sub.name()).cloned().unwrap_or_else(|| Value::map(Map::new())),
+            Value::Map(map) => map
+                .get(sub.name())
+                .cloned()
+                .unwrap_or_else(|| Value::map(Map::new())),
             _ => Value::map(Map::new()),
         };
-        collect(sub, format!("{path}/charts/{}", sub.name()), sub_values, planned);
+        collect(
+            sub,
+            format!("{path}/charts/{}", sub.name()),
+            sub_values,
+            planned,
+        );
     }
 }
 
@@ -130,16 +145,26 @@ fn path_value<'a>(values: &'a Map, path: &str) -> Option<&'a Value> {
 fn enable_dependencies(chart: &mut Chart, values: &Map, path: &str, warnings: &mut Vec<String>) {
     let subcharts = std::mem::take(&mut chart.subcharts);
     let mut kept = Vec::new();
-    // Charts in charts/ that Chart.yaml does not list are always rendered.
+    // Charts in charts/ that no dependency takes (by name and version range) stay as
+    // they are: rendered unless a disabled dependency has their name.
+    let mut untaken = Vec::new();
     for sub in &subcharts {
-        if !chart.metadata.dependencies.iter().any(|d| d.name == sub.name()) {
-            kept.push(sub.clone());
+        if !chart
+            .metadata
+            .dependencies
+            .iter()
+            .any(|d| d.name == sub.name() && version_in_range(&d.version, &sub.metadata.version))
+        {
+            untaken.push(sub.clone());
         }
     }
+    let mut disabled = Vec::new();
     for dependency in &chart.metadata.dependencies {
-        let Some(sub) = subcharts.iter().find(|s| s.name() == dependency.name) else {
-            continue;
-        };
+        let name = dependency.alias.as_deref().unwrap_or(&dependency.name);
+        let sub = subcharts.iter().find(|s| {
+            s.name() == dependency.name
+                && version_in_range(&dependency.version, &s.metadata.version)
+        });
         let mut enabled = true;
         // Tags: any true one enables, else any false one disables.
         let tags: Vec<bool> = dependency
@@ -155,7 +180,12 @@ fn enable_dependencies(chart: &mut Chart, values: &Map, path: &str, warnings: &m
         } else if tags.contains(&false) {
             enabled = false;
         }
-        for condition in dependency.condition.split(',').map(str::trim).filter(|c| !c.is_empty()) {
+        for condition in dependency
+            .condition
+            .split(',')
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+        {
             match path_value(values, &format!("{path}{condition}")) {
                 Some(Value::Bool(b)) => {
                     enabled = *b;
@@ -168,19 +198,119 @@ fn enable_dependencies(chart: &mut Chart, values: &Map, path: &str, warnings: &m
                 None => {}
             }
         }
-        if enabled {
+        if !enabled {
+            disabled.push(name.to_string());
+        } else if let Some(sub) = sub {
             let mut sub = sub.clone();
-            if let Some(alias) = &dependency.alias {
-                sub.metadata.name = alias.clone();
-            }
+            sub.metadata.name = name.to_string();
             kept.push(sub);
         }
     }
+    kept.retain(|sub| !disabled.iter().any(|name| name == sub.name()));
+    untaken.retain(|sub| !disabled.iter().any(|name| name == sub.name()));
+    kept.splice(0..0, untaken);
     for sub in &mut kept {
         let sub_path = format!("{path}{}.", sub.name());
         enable_dependencies(sub, values, &sub_path, warnings);
     }
     chart.subcharts = kept;
+}
+
+/// Masterminds semver's `Constraint.Check` as Helm's `IsCompatibleRange` uses it:
+/// alternatives (`||`), each a list of comparisons (`,` or spaces) with `=`, `!=`,
+/// `>`, `<`, `>=`, `<=`, `~`, `^` and `x`/`*` wildcards. An empty or unreadable
+/// constraint or version matches nothing, as in Helm.
+pub fn version_in_range(constraint: &str, version: &str) -> bool {
+    let Some(version) = parse_version(version) else {
+        return false;
+    };
+    let constraint = constraint.trim();
+    if constraint.is_empty() {
+        return false;
+    }
+    constraint.split("||").any(|alternative| {
+        let mut terms = Vec::new();
+        let mut pending = String::new();
+        for token in alternative.split([',', ' ']).filter(|t| !t.is_empty()) {
+            // `>= 1.0` is written with a space after the operator.
+            if token.chars().all(|c| "<>=!~^".contains(c)) {
+                pending.push_str(token);
+                continue;
+            }
+            terms.push(format!("{pending}{token}"));
+            pending.clear();
+        }
+        !terms.is_empty() && terms.iter().all(|term| term_matches(term, version))
+    })
+}
+
+type Version = (u64, u64, u64);
+
+fn parse_version(text: &str) -> Option<Version> {
+    let text = text.trim().trim_start_matches('v');
+    let core = text.split(['-', '+']).next()?;
+    let mut parts = core.split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next().map_or(Some(0), |p| p.parse().ok())?;
+    let patch = parts.next().map_or(Some(0), |p| p.parse().ok())?;
+    Some((major, minor, patch))
+}
+
+fn term_matches(term: &str, version: Version) -> bool {
+    let operator_len = term
+        .find(|c: char| !"<>=!~^".contains(c))
+        .unwrap_or(term.len());
+    let (operator, rest) = term.split_at(operator_len);
+    let rest = rest.trim_start_matches('v');
+    let core = rest.split(['-', '+']).next().unwrap_or(rest);
+    let parts: Vec<&str> = core.split('.').collect();
+    let wild = |p: Option<&&str>| p.is_none_or(|p| matches!(*p, "x" | "X" | "*"));
+    let num = |p: Option<&&str>| p.and_then(|p| p.parse::<u64>().ok()).unwrap_or(0);
+    if parts.first().is_some_and(|p| matches!(*p, "x" | "X" | "*")) {
+        return operator != "!=";
+    }
+    let Some(major) = parts.first().and_then(|p| p.parse::<u64>().ok()) else {
+        return false;
+    };
+    let minor_wild = wild(parts.get(1));
+    let patch_wild = minor_wild || wild(parts.get(2));
+    let low = (major, num(parts.get(1)), num(parts.get(2)));
+    // The first version past what a wildcard leaves open.
+    let high = if minor_wild {
+        (major + 1, 0, 0)
+    } else if patch_wild {
+        (major, low.1 + 1, 0)
+    } else {
+        (low.0, low.1, low.2 + 1)
+    };
+    match operator {
+        "" | "=" => version >= low && version < high,
+        "!=" => !(version >= low && version < high),
+        ">" => version >= high,
+        ">=" | "=>" => version >= low,
+        "<" => version < low,
+        "<=" | "=<" => version < high,
+        "~" | "~>" => {
+            version >= low
+                && version
+                    < if minor_wild {
+                        (major + 1, 0, 0)
+                    } else {
+                        (major, low.1 + 1, 0)
+                    }
+        }
+        "^" => {
+            let upper = if major > 0 || minor_wild {
+                (major + 1, 0, 0)
+            } else if low.1 > 0 || patch_wild {
+                (0, low.1 + 1, 0)
+            } else {
+                (0, 0, low.2 + 1)
+            };
+            version >= low && version < upper
+        }
+        _ => false,
+    }
 }
 
 /// Helm's `processImportValues`, children first: each import copies a child's
@@ -206,7 +336,12 @@ fn import_values(chart: &mut Chart, warnings: &mut Vec<String>) {
             };
             match path_value(&child_values, &child) {
                 Some(Value::Map(found)) if parent.is_empty() => {
-                    imported = coalesce_tables(Arc::unwrap_or_clone(found.clone()), imported, "", warnings);
+                    imported = coalesce_tables(
+                        Arc::unwrap_or_clone(found.clone()),
+                        imported,
+                        "",
+                        warnings,
+                    );
                 }
                 Some(found) if !parent.is_empty() => {
                     let mut nested = found.clone();
@@ -214,7 +349,8 @@ fn import_values(chart: &mut Chart, warnings: &mut Vec<String>) {
                         nested = Value::map(Map::from([(part.to_string(), nested)]));
                     }
                     if let Value::Map(nested) = nested {
-                        imported = coalesce_tables(Arc::unwrap_or_clone(nested), imported, "", warnings);
+                        imported =
+                            coalesce_tables(Arc::unwrap_or_clone(nested), imported, "", warnings);
                     }
                 }
                 _ => warnings.push(format!(
@@ -232,7 +368,11 @@ fn import_values(chart: &mut Chart, warnings: &mut Vec<String>) {
 
 /// `chartutil.CoalesceValues`: the user's values over the chart's defaults, then each
 /// subchart's under its name, with the parent's `global` copied in.
-fn coalesce_values(chart: &Chart, mut values: Map, warnings: &mut Vec<String>) -> Result<Map, ValuesError> {
+fn coalesce_values(
+    chart: &Chart,
+    mut values: Map,
+    warnings: &mut Vec<String>,
+) -> Result<Map, ValuesError> {
     coalesce_chart_values(chart, &mut values, "", warnings);
     for sub in &chart.subcharts {
         let name = sub.name().to_string();
@@ -254,7 +394,12 @@ fn coalesce_values(chart: &Chart, mut values: Map, warnings: &mut Vec<String>) -
     Ok(values)
 }
 
-fn coalesce_chart_values(chart: &Chart, values: &mut Map, prefix: &str, warnings: &mut Vec<String>) {
+fn coalesce_chart_values(
+    chart: &Chart,
+    values: &mut Map,
+    prefix: &str,
+    warnings: &mut Vec<String>,
+) {
     for (key, default) in &chart.values {
         match values.get(key) {
             Some(Value::Nil) => {
@@ -271,7 +416,10 @@ fn coalesce_chart_values(chart: &Chart, values: &mut Map, prefix: &str, warnings
                     values.insert(key.clone(), Value::map(merged));
                 }
                 Value::Nil => {}
-                _ => warnings.push(format!("warning: skipped value for {}: Not a table.", join(prefix, key))),
+                _ => warnings.push(format!(
+                    "warning: skipped value for {}: Not a table.",
+                    join(prefix, key)
+                )),
             },
             Some(_) => {}
             None => {
@@ -282,7 +430,11 @@ fn coalesce_chart_values(chart: &Chart, values: &mut Map, prefix: &str, warnings
 }
 
 fn join(prefix: &str, key: &str) -> String {
-    if prefix.is_empty() { key.to_string() } else { format!("{prefix}.{key}") }
+    if prefix.is_empty() {
+        key.to_string()
+    } else {
+        format!("{prefix}.{key}")
+    }
 }
 
 /// `coalesceTablesFullKey`: `dst` (higher precedence) over `src`; a `null` in `dst`
@@ -334,10 +486,16 @@ fn go_print(value: &Value) -> String {
         Value::Int(i) | Value::Int64(i) => i.to_string(),
         Value::Float(f) => crate::helm::yaml::format_float_v(*f),
         Value::String(s) => s.to_string(),
-        Value::List(items) => format!("[{}]", items.iter().map(go_print).collect::<Vec<_>>().join(" ")),
+        Value::List(items) => format!(
+            "[{}]",
+            items.iter().map(go_print).collect::<Vec<_>>().join(" ")
+        ),
         Value::Map(map) => format!(
             "map[{}]",
-            map.iter().map(|(k, v)| format!("{k}:{}", go_print(v))).collect::<Vec<_>>().join(" ")
+            map.iter()
+                .map(|(k, v)| format!("{k}:{}", go_print(v)))
+                .collect::<Vec<_>>()
+                .join(" ")
         ),
         Value::Bytes(bytes) => format!("{:?}", bytes),
         Value::Object(object) => object.display(),
@@ -360,11 +518,16 @@ fn coalesce_globals(sub: &mut Map, parent: &Map, warnings: &mut Vec<String>) {
                 globals.insert(key, value);
             }
             (Value::Map(parent_map), Some(Value::Map(sub_map))) => {
-                let merged = merge_tables(Arc::unwrap_or_clone(parent_map.clone()), Arc::unwrap_or_clone(sub_map.clone()));
+                let merged = merge_tables(
+                    Arc::unwrap_or_clone(parent_map.clone()),
+                    Arc::unwrap_or_clone(sub_map.clone()),
+                );
                 globals.insert(key, Value::map(merged));
             }
             (Value::Map(_), Some(_)) => {
-                warnings.push(format!("Conflict: cannot merge map onto non-map for {key:?}. Skipping."));
+                warnings.push(format!(
+                    "Conflict: cannot merge map onto non-map for {key:?}. Skipping."
+                ));
             }
             (_, Some(Value::Map(_))) => warnings.push(format!("key {key} is table. Skipping")),
             _ => {
@@ -383,7 +546,10 @@ fn merge_tables(mut dst: Map, src: Map) -> Map {
                 dst.insert(key, value);
             }
             (Some(Value::Map(existing)), Value::Map(value)) => {
-                let merged = merge_tables(Arc::unwrap_or_clone(existing.clone()), Arc::unwrap_or_clone(value));
+                let merged = merge_tables(
+                    Arc::unwrap_or_clone(existing.clone()),
+                    Arc::unwrap_or_clone(value),
+                );
                 dst.insert(key, Value::map(merged));
             }
             _ => {}

@@ -81,7 +81,9 @@ fn float_text(f: f64) -> Result<String, YamlError> {
     }
     if f.is_infinite() {
         let sign = if f > 0.0 { "+" } else { "-" };
-        return Err(YamlError::new(format!("json: unsupported value: {sign}Inf")));
+        return Err(YamlError::new(format!(
+            "json: unsupported value: {sign}Inf"
+        )));
     }
     if f == f.trunc() && f.abs() < 1e21 {
         // Rust writes the shortest digits that read back as `f`, as Go's JSON does.
@@ -227,12 +229,16 @@ fn key_less(a: &str, b: &str) -> bool {
         }
         let mut ai = i;
         while ai < ar.len() && digit(ar[ai]) {
-            an = an.wrapping_mul(10).wrapping_add(i64::from(ar[ai] as u8 - b'0'));
+            an = an
+                .wrapping_mul(10)
+                .wrapping_add(i64::from(ar[ai] as u8 - b'0'));
             ai += 1;
         }
         let mut bi = i;
         while bi < br.len() && digit(br[bi]) {
-            bn = bn.wrapping_mul(10).wrapping_add(i64::from(br[bi] as u8 - b'0'));
+            bn = bn
+                .wrapping_mul(10)
+                .wrapping_add(i64::from(br[bi] as u8 - b'0'));
             bi += 1;
         }
         if an != bn {
@@ -309,10 +315,7 @@ impl Emitter {
 
     fn write_indent(&mut self) {
         let indent = self.indent.max(0) as usize;
-        if !self.indention
-            || self.column > indent
-            || (self.column == indent && !self.whitespace)
-        {
+        if !self.indention || self.column > indent || (self.column == indent && !self.whitespace) {
             self.put_break();
         }
         while self.column < indent {
@@ -322,7 +325,13 @@ impl Emitter {
         self.indention = true;
     }
 
-    fn write_indicator(&mut self, indicator: &str, need_whitespace: bool, is_whitespace: bool, is_indention: bool) {
+    fn write_indicator(
+        &mut self,
+        indicator: &str,
+        need_whitespace: bool,
+        is_whitespace: bool,
+        is_indention: bool,
+    ) {
         if need_whitespace && !self.whitespace {
             self.put(' ');
         }
@@ -383,15 +392,33 @@ impl Emitter {
                     let key_node = Node::Str(key.clone());
                     let analysis = analyze(key);
                     if !analysis.multiline && key.len() <= 128 {
-                        self.node(&key_node, Context { mapping: false, simple_key: true });
+                        self.node(
+                            &key_node,
+                            Context {
+                                mapping: false,
+                                simple_key: true,
+                            },
+                        );
                         self.write_indicator(":", false, false, false);
                     } else {
                         self.write_indicator("?", true, false, true);
-                        self.node(&key_node, Context { mapping: true, simple_key: false });
+                        self.node(
+                            &key_node,
+                            Context {
+                                mapping: true,
+                                simple_key: false,
+                            },
+                        );
                         self.write_indent();
                         self.write_indicator(":", true, false, true);
                     }
-                    self.node(value, Context { mapping: true, simple_key: false });
+                    self.node(
+                        value,
+                        Context {
+                            mapping: true,
+                            simple_key: false,
+                        },
+                    );
                 }
                 self.pop_indent();
             }
@@ -404,10 +431,10 @@ impl Emitter {
         if context.simple_key && analysis.multiline {
             style = Style::Double;
         }
-        if style == Style::Plain {
-            if !analysis.block_plain_allowed || (text.is_empty() && context.simple_key) {
-                style = Style::Single;
-            }
+        if style == Style::Plain
+            && (!analysis.block_plain_allowed || (text.is_empty() && context.simple_key))
+        {
+            style = Style::Single;
         }
         if style == Style::Single && !analysis.single_quoted_allowed {
             style = Style::Double;
@@ -435,7 +462,8 @@ impl Emitter {
         let mut breaks = false;
         for (i, &c) in value.iter().enumerate() {
             if c == ' ' {
-                if allow_breaks && !spaces && self.column > BEST_WIDTH && !is_space_at(value, i + 1) {
+                if allow_breaks && !spaces && self.column > BEST_WIDTH && !is_space_at(value, i + 1)
+                {
                     self.write_indent();
                 } else {
                     self.put(c);
@@ -547,7 +575,12 @@ impl Emitter {
                 }
                 spaces = false;
             } else if c == ' ' {
-                if allow_breaks && !spaces && self.column > BEST_WIDTH && i > 0 && i + 1 < value.len() {
+                if allow_breaks
+                    && !spaces
+                    && self.column > BEST_WIDTH
+                    && i > 0
+                    && i + 1 < value.len()
+                {
                     self.write_indent();
                     if is_space_at(value, i + 1) {
                         self.put('\\');
@@ -659,8 +692,8 @@ fn analyze(text: &str) -> Analysis {
         let followed_by_whitespace = i == last || is_blank(value[i + 1]);
         if i == 0 {
             match c {
-                '#' | ',' | '[' | ']' | '{' | '}' | '&' | '*' | '!' | '|' | '>' | '\'' | '"' | '%'
-                | '@' | '`' => block_indicators = true,
+                '#' | ',' | '[' | ']' | '{' | '}' | '&' | '*' | '!' | '|' | '>' | '\'' | '"'
+                | '%' | '@' | '`' => block_indicators = true,
                 '?' | ':' | '-' if followed_by_whitespace => block_indicators = true,
                 _ => {}
             }
@@ -727,7 +760,10 @@ fn plain_reads_as_string(text: &str) -> bool {
     if text == "<<" {
         return true;
     }
-    matches!(super::read::resolve_plain(text), super::read::Scalar::Str(_)) && !is_base60_float(text)
+    matches!(
+        super::read::resolve_plain(text),
+        super::read::Scalar::Str(_)
+    ) && !is_base60_float(text)
 }
 
 /// `^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$`: go-yaml quotes these (`12:30`)
@@ -739,14 +775,19 @@ fn is_base60_float(text: &str) -> bool {
         return false;
     }
     at += 1;
-    while bytes.get(at).is_some_and(|b| b.is_ascii_digit() || *b == b'_') {
+    while bytes
+        .get(at)
+        .is_some_and(|b| b.is_ascii_digit() || *b == b'_')
+    {
         at += 1;
     }
     let mut groups = 0;
     while bytes.get(at) == Some(&b':') {
         at += 1;
         let start = at;
-        if bytes.get(at).is_some_and(|b| (b'0'..=b'5').contains(b)) && bytes.get(at + 1).is_some_and(u8::is_ascii_digit) {
+        if bytes.get(at).is_some_and(|b| (b'0'..=b'5').contains(b))
+            && bytes.get(at + 1).is_some_and(u8::is_ascii_digit)
+        {
             at += 2;
         } else if bytes.get(at).is_some_and(u8::is_ascii_digit) {
             at += 1;
@@ -761,7 +802,10 @@ fn is_base60_float(text: &str) -> bool {
     }
     if bytes.get(at) == Some(&b'.') {
         at += 1;
-        while bytes.get(at).is_some_and(|b| b.is_ascii_digit() || *b == b'_') {
+        while bytes
+            .get(at)
+            .is_some_and(|b| b.is_ascii_digit() || *b == b'_')
+        {
             at += 1;
         }
     }

@@ -177,13 +177,17 @@ fn to_json(decoded: Decoded) -> serde_json::Value {
         }
         Decoded::Str(s) => J::String(s),
         Decoded::Seq(items) => J::Array(items.into_iter().map(to_json).collect()),
-        Decoded::Map(entries) => J::Object(entries.into_iter().map(|(k, v)| (k, to_json(v))).collect()),
+        Decoded::Map(entries) => {
+            J::Object(entries.into_iter().map(|(k, v)| (k, to_json(v))).collect())
+        }
     }
 }
 
 fn parse_error(line: u64, message: &str) -> YamlError {
     if line > 0 {
-        YamlError::new(format!("error converting YAML to JSON: yaml: line {line}: {message}"))
+        YamlError::new(format!(
+            "error converting YAML to JSON: yaml: line {line}: {message}"
+        ))
     } else {
         YamlError::new(format!("error converting YAML to JSON: yaml: {message}"))
     }
@@ -223,7 +227,8 @@ fn parse_first(text: &str) -> Result<Option<Rc<Node>>, YamlError> {
     let mut anchors: BTreeMap<usize, Rc<Node>> = BTreeMap::new();
     let mut events = 0usize;
     while let Some(next) = parser.next_event() {
-        let (event, span) = next.map_err(|err| parse_error(err.marker().line() as u64, &err.info()))?;
+        let (event, span) =
+            next.map_err(|err| parse_error(err.marker().line() as u64, &err.info()))?;
         events += 1;
         if events > MAX_NODES {
             return Err(convert_error("yaml: document contains excessive aliasing"));
@@ -378,7 +383,9 @@ fn key_string(key: Decoded, value: &Node) -> Result<String, YamlError> {
             )));
         }
         Decoded::Seq(_) | Decoded::Map(_) => {
-            return Err(convert_error("yaml: invalid map key: a mapping or sequence"));
+            return Err(convert_error(
+                "yaml: invalid map key: a mapping or sequence",
+            ));
         }
     })
 }
@@ -409,7 +416,7 @@ fn decode_scalar(text: &str, style: ScalarStyle, tag: Option<&Tag>) -> Result<De
         Some("binary") => {
             return decode_base64(text)
                 .map(|bytes| Decoded::Str(String::from_utf8_lossy(&bytes).into_owned()))
-                .ok_or_else(|| convert_error(format!("yaml: !!binary value contains invalid base64 data")));
+                .ok_or_else(|| convert_error("yaml: !!binary value contains invalid base64 data"));
         }
         _ => {}
     }
@@ -484,7 +491,9 @@ pub(super) fn resolve_plain(text: &str) -> Scalar {
         }
         "" | "~" | "null" | "Null" | "NULL" => return Scalar::Null,
         ".nan" | ".NaN" | ".NAN" => return Scalar::Float(f64::NAN),
-        ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => return Scalar::Float(f64::INFINITY),
+        ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => {
+            return Scalar::Float(f64::INFINITY);
+        }
         "-.inf" | "-.Inf" | "-.INF" => return Scalar::Float(f64::NEG_INFINITY),
         "<<" => return Scalar::Merge,
         _ => {}
@@ -538,7 +547,12 @@ fn go_float_after_dot(text: &str) -> bool {
 fn is_yaml_float(text: &str) -> bool {
     let bytes = text.as_bytes();
     let mut at = usize::from(matches!(bytes.first(), Some(b'+' | b'-')));
-    let digits = |from: usize| bytes[from.min(bytes.len())..].iter().take_while(|b| b.is_ascii_digit()).count();
+    let digits = |from: usize| {
+        bytes[from.min(bytes.len())..]
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .count()
+    };
     if bytes.get(at) == Some(&b'.') {
         let n = digits(at + 1);
         if n == 0 {
@@ -576,23 +590,25 @@ fn go_int(text: &str) -> Option<Scalar> {
         b'+' => (false, true, &text[1..]),
         _ => (false, false, text),
     };
-    let (radix, digits) = if let Some(hex) = rest.strip_prefix("0x").or_else(|| rest.strip_prefix("0X")) {
-        (16, hex)
-    } else if let Some(octal) = rest.strip_prefix("0o").or_else(|| rest.strip_prefix("0O")) {
-        (8, octal)
-    } else if let Some(binary) = rest.strip_prefix("0b").or_else(|| rest.strip_prefix("0B")) {
-        (2, binary)
-    } else if rest.len() > 1 && rest.starts_with('0') {
-        (8, &rest[1..])
-    } else {
-        (10, rest)
-    };
+    let (radix, digits) =
+        if let Some(hex) = rest.strip_prefix("0x").or_else(|| rest.strip_prefix("0X")) {
+            (16, hex)
+        } else if let Some(octal) = rest.strip_prefix("0o").or_else(|| rest.strip_prefix("0O")) {
+            (8, octal)
+        } else if let Some(binary) = rest.strip_prefix("0b").or_else(|| rest.strip_prefix("0B")) {
+            (2, binary)
+        } else if rest.len() > 1 && rest.starts_with('0') {
+            (8, &rest[1..])
+        } else {
+            (10, rest)
+        };
     if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
         return None;
     }
     let magnitude = u64::from_str_radix(digits, radix).ok()?;
     if negative {
-        return (magnitude <= i64::MAX as u64 + 1).then(|| Scalar::Int((magnitude as i128).wrapping_neg() as i64));
+        return (magnitude <= i64::MAX as u64 + 1)
+            .then(|| Scalar::Int((magnitude as i128).wrapping_neg() as i64));
     }
     if magnitude <= i64::MAX as u64 {
         return Some(Scalar::Int(magnitude as i64));
@@ -618,12 +634,16 @@ fn is_timestamp(text: &str) -> bool {
         }
         text[start..*at].parse().ok()
     };
-    let Some(month) = number(&mut at, 2) else { return false };
+    let Some(month) = number(&mut at, 2) else {
+        return false;
+    };
     if bytes.get(at) != Some(&b'-') {
         return false;
     }
     at += 1;
-    let Some(day) = number(&mut at, 2) else { return false };
+    let Some(day) = number(&mut at, 2) else {
+        return false;
+    };
     if !(1..=12).contains(&month) || !(1..=31).contains(&day) {
         return false;
     }
@@ -636,17 +656,23 @@ fn is_timestamp(text: &str) -> bool {
         _ => return false,
     };
     at += 1;
-    let Some(hour) = number(&mut at, 2) else { return false };
+    let Some(hour) = number(&mut at, 2) else {
+        return false;
+    };
     if bytes.get(at) != Some(&b':') {
         return false;
     }
     at += 1;
-    let Some(minute) = number(&mut at, 2) else { return false };
+    let Some(minute) = number(&mut at, 2) else {
+        return false;
+    };
     if bytes.get(at) != Some(&b':') {
         return false;
     }
     at += 1;
-    let Some(second) = number(&mut at, 2) else { return false };
+    let Some(second) = number(&mut at, 2) else {
+        return false;
+    };
     if hour > 23 || minute > 59 || second > 59 {
         return false;
     }
@@ -667,7 +693,12 @@ fn is_timestamp(text: &str) -> bool {
         Some(b'Z') => at + 1 == bytes.len(),
         Some(b'+' | b'-') => {
             let zone = &text[at + 1..];
-            zone.len() == 5 && zone.as_bytes()[2] == b':' && zone.bytes().enumerate().all(|(i, b)| i == 2 || b.is_ascii_digit())
+            zone.len() == 5
+                && zone.as_bytes()[2] == b':'
+                && zone
+                    .bytes()
+                    .enumerate()
+                    .all(|(i, b)| i == 2 || b.is_ascii_digit())
         }
         _ => false,
     }
