@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::sync::Arc;
 
-use crate::helm::gotmpl::Value;
+use crate::helm::gotmpl::{MapRef, Value};
 use crate::helm::yaml;
 
 /// Files an archive (with its subcharts' archives) may hold.
@@ -411,9 +411,9 @@ fn merge_maps(into: &mut BTreeMap<String, Value>, from: BTreeMap<String, Value>)
     for (key, value) in from {
         match (into.get_mut(&key), value) {
             (Some(Value::Map(existing)), Value::Map(incoming)) => {
-                let mut merged = Arc::unwrap_or_clone(existing.clone());
-                merge_maps(&mut merged, Arc::unwrap_or_clone(incoming));
-                *existing = Arc::new(merged);
+                let mut merged = existing.snapshot();
+                merge_maps(&mut merged, incoming.snapshot());
+                *existing = MapRef::new(merged);
             }
             (_, value) => {
                 into.insert(key, value);
@@ -480,6 +480,7 @@ fn read_dependencies(value: &Value) -> Result<Vec<Dependency>, String> {
         let Value::Map(entry) = item else {
             return Err("each dependency must be a mapping".into());
         };
+        let entry = &*entry.read();
         let mut dependency = Dependency {
             name: yaml_string(entry, "name").unwrap_or_default(),
             version: yaml_string(entry, "version").unwrap_or_default(),
@@ -508,8 +509,8 @@ fn read_dependencies(value: &Value) -> Result<Vec<Dependency>, String> {
                         .import_values
                         .push(ImportValue::Exports(s.to_string())),
                     Value::Map(m) => dependency.import_values.push(ImportValue::Map {
-                        child: yaml_string(m, "child").unwrap_or_default(),
-                        parent: yaml_string(m, "parent").unwrap_or_default(),
+                        child: yaml_string(&m.read(), "child").unwrap_or_default(),
+                        parent: yaml_string(&m.read(), "parent").unwrap_or_default(),
                     }),
                     _ => {
                         return Err(format!(

@@ -113,7 +113,6 @@ fn collect(chart: &Chart, path: String, values: Value, planned: &mut RenderPlan)
         let sub_values = match &values {
             Value::Map(map) => map
                 .get(sub.name())
-                .cloned()
                 .unwrap_or_else(|| Value::map(Map::new())),
             _ => Value::map(Map::new()),
         };
@@ -127,9 +126,9 @@ fn collect(chart: &Chart, path: String, values: Value, planned: &mut RenderPlan)
 }
 
 /// The value at a dotted path (`a.b.c`) of a values tree.
-fn path_value<'a>(values: &'a Map, path: &str) -> Option<&'a Value> {
+fn path_value(values: &Map, path: &str) -> Option<Value> {
     let mut parts = path.split('.');
-    let mut current = values.get(parts.next()?)?;
+    let mut current = values.get(parts.next()?)?.clone();
     for part in parts {
         match current {
             Value::Map(map) => current = map.get(part)?,
@@ -171,7 +170,7 @@ fn enable_dependencies(chart: &mut Chart, values: &Map, path: &str, warnings: &m
             .tags
             .iter()
             .filter_map(|tag| match path_value(values, &format!("tags.{tag}")) {
-                Some(Value::Bool(b)) => Some(*b),
+                Some(Value::Bool(b)) => Some(b),
                 _ => None,
             })
             .collect();
@@ -188,7 +187,7 @@ fn enable_dependencies(chart: &mut Chart, values: &Map, path: &str, warnings: &m
         {
             match path_value(values, &format!("{path}{condition}")) {
                 Some(Value::Bool(b)) => {
-                    enabled = *b;
+                    enabled = b;
                     break;
                 }
                 Some(_) => warnings.push(format!(
@@ -337,7 +336,7 @@ fn import_values(chart: &mut Chart, warnings: &mut Vec<String>) {
             match path_value(&child_values, &child) {
                 Some(Value::Map(found)) if parent.is_empty() => {
                     imported = coalesce_tables(
-                        Arc::unwrap_or_clone(found.clone()),
+                        found.snapshot(),
                         imported,
                         "",
                         warnings,
@@ -350,7 +349,7 @@ fn import_values(chart: &mut Chart, warnings: &mut Vec<String>) {
                     }
                     if let Value::Map(nested) = nested {
                         imported =
-                            coalesce_tables(Arc::unwrap_or_clone(nested), imported, "", warnings);
+                            coalesce_tables(nested.snapshot(), imported, "", warnings);
                     }
                 }
                 _ => warnings.push(format!(
@@ -378,7 +377,7 @@ fn coalesce_values(
         let name = sub.name().to_string();
         let sub_values = match values.remove(&name) {
             None | Some(Value::Nil) => Map::new(),
-            Some(Value::Map(map)) => Arc::unwrap_or_clone(map),
+            Some(Value::Map(map)) => map.snapshot(),
             Some(_) => {
                 return Err(ValuesError::TypeMismatch {
                     chart: chart.name().to_string(),
@@ -408,8 +407,8 @@ fn coalesce_chart_values(
             Some(Value::Map(user)) => match default {
                 Value::Map(default) => {
                     let merged = coalesce_tables(
-                        Arc::unwrap_or_clone(user.clone()),
-                        Arc::unwrap_or_clone(default.clone()),
+                        user.snapshot(),
+                        default.snapshot(),
                         &join(prefix, key),
                         warnings,
                     );
@@ -452,8 +451,8 @@ pub fn coalesce_tables(mut dst: Map, src: Map, prefix: &str, warnings: &mut Vec<
             Some(Value::Map(existing)) => match value {
                 Value::Map(value) => {
                     let merged = coalesce_tables(
-                        Arc::unwrap_or_clone(existing.clone()),
-                        Arc::unwrap_or_clone(value),
+                        existing.snapshot(),
+                        value.snapshot(),
                         &full,
                         warnings,
                     );
@@ -492,7 +491,8 @@ fn go_print(value: &Value) -> String {
         ),
         Value::Map(map) => format!(
             "map[{}]",
-            map.iter()
+            map.entries()
+                .iter()
                 .map(|(k, v)| format!("{k}:{}", go_print(v)))
                 .collect::<Vec<_>>()
                 .join(" ")
@@ -505,11 +505,11 @@ fn go_print(value: &Value) -> String {
 /// `coalesceGlobals`: the parent's `global` over the subchart's.
 fn coalesce_globals(sub: &mut Map, parent: &Map, warnings: &mut Vec<String>) {
     let parent_globals = match parent.get("global") {
-        Some(Value::Map(map)) => Arc::unwrap_or_clone(map.clone()),
+        Some(Value::Map(map)) => map.snapshot(),
         _ => Map::new(),
     };
     let mut globals = match sub.get("global") {
-        Some(Value::Map(map)) => Arc::unwrap_or_clone(map.clone()),
+        Some(Value::Map(map)) => map.snapshot(),
         _ => Map::new(),
     };
     for (key, value) in parent_globals {
@@ -519,8 +519,8 @@ fn coalesce_globals(sub: &mut Map, parent: &Map, warnings: &mut Vec<String>) {
             }
             (Value::Map(parent_map), Some(Value::Map(sub_map))) => {
                 let merged = merge_tables(
-                    Arc::unwrap_or_clone(parent_map.clone()),
-                    Arc::unwrap_or_clone(sub_map.clone()),
+                    parent_map.snapshot(),
+                    sub_map.snapshot(),
                 );
                 globals.insert(key, Value::map(merged));
             }
@@ -547,8 +547,8 @@ fn merge_tables(mut dst: Map, src: Map) -> Map {
             }
             (Some(Value::Map(existing)), Value::Map(value)) => {
                 let merged = merge_tables(
-                    Arc::unwrap_or_clone(existing.clone()),
-                    Arc::unwrap_or_clone(value),
+                    existing.snapshot(),
+                    value.snapshot(),
                 );
                 dst.insert(key, Value::map(merged));
             }

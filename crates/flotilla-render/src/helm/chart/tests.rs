@@ -63,7 +63,7 @@ fn a_folder_is_read_as_helm_reads_it() {
     let Some(Value::Map(b)) = chart.values.get("b") else {
         panic!("b is a map")
     };
-    assert_eq!(b.keys().collect::<Vec<_>>(), ["c", "d"]);
+    assert_eq!(b.keys(), ["c", "d"]);
 }
 
 #[test]

@@ -535,6 +535,7 @@ fn go_text(value: &Value) -> String {
         }
         Value::Map(entries) => {
             let entries: Vec<String> = entries
+                .entries()
                 .iter()
                 .map(|(key, value)| format!("{key}:{}", go_text(value)))
                 .collect();

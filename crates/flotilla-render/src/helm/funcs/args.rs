@@ -2,10 +2,9 @@
 //! loose conversions (`cast.ToInt64`, `cast.ToFloat64`, `strval`), Go's "empty", Go's
 //! `reflect.DeepEqual`, and Go's `%v` and `%q` printing of values.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::helm::gotmpl::value::{FuncError, Value};
+use crate::helm::gotmpl::value::{FuncError, MapRef, Value};
 
 /// The largest string a function may build (`repeat`, `indent`, `cat`, `join`, ...).
 pub const MAX_STRING_BYTES: usize = 16 << 20;
@@ -78,7 +77,7 @@ pub(crate) fn bool_param(v: &Value) -> Result<bool, FuncError> {
     }
 }
 
-pub(crate) type GoMap = Arc<BTreeMap<String, Value>>;
+pub(crate) type GoMap = MapRef;
 
 /// A Go `map[string]interface{}` parameter.
 pub(crate) fn map_param(v: &Value) -> Result<GoMap, FuncError> {
@@ -152,6 +151,7 @@ pub(crate) fn deep_equal(a: &Value, b: &Value) -> bool {
             x.len() == y.len() && x.iter().zip(y.iter()).all(|(p, q)| deep_equal(p, q))
         }
         (Value::Map(x), Value::Map(y)) => {
+            let (x, y) = (x.entries(), y.entries());
             x.len() == y.len()
                 && x.iter()
                     .zip(y.iter())
@@ -328,6 +328,7 @@ fn write_value(out: &mut String, v: &Value) {
             out.push(']');
         }
         Value::Map(map) => {
+            let map = map.entries();
             out.push_str("map[");
             for (i, (k, item)) in map.iter().enumerate() {
                 if i > 0 {

@@ -2,9 +2,8 @@
 //!
 //! Go's maps are shared references: `set`, `unset`, `merge` and `mergeOverwrite`
 //! change the map they are given, and templates rely on it (`$_ := set $ctx "k" v`).
-//! flotilla's values are immutable, so these functions return the changed map and
-//! [`super::MUTATES_FIRST_ARG`] names them for the template engine, which stores
-//! the result back where the first argument came from.
+//! [`Value::Map`] is such a reference ([`crate::helm::gotmpl::MapRef`]), so these
+//! functions change it in place and return it, as Sprig does.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,22 +26,22 @@ pub fn get(_: &mut dyn Host, args: &[Value]) -> FuncResult {
     arity("get", args, 2)?;
     let map = map_param(&args[0])?;
     let key = string_param(&args[1])?;
-    Ok(map.get(&*key).cloned().unwrap_or_else(|| Value::string("")))
+    Ok(map.get(&key).unwrap_or_else(|| Value::string("")))
 }
 
 pub fn set(_: &mut dyn Host, args: &[Value]) -> FuncResult {
     arity("set", args, 3)?;
-    let mut map = map_param(&args[0])?;
+    let map = map_param(&args[0])?;
     let key = string_param(&args[1])?;
-    Arc::make_mut(&mut map).insert(key.to_string(), args[2].clone());
+    map.insert(key.to_string(), args[2].clone());
     Ok(Value::Map(map))
 }
 
 pub fn unset(_: &mut dyn Host, args: &[Value]) -> FuncResult {
     arity("unset", args, 2)?;
-    let mut map = map_param(&args[0])?;
+    let map = map_param(&args[0])?;
     let key = string_param(&args[1])?;
-    Arc::make_mut(&mut map).remove(&*key);
+    map.remove(&key);
     Ok(Value::Map(map))
 }
 
@@ -70,7 +69,7 @@ pub fn pluck(_: &mut dyn Host, args: &[Value]) -> FuncResult {
 pub fn keys(_: &mut dyn Host, args: &[Value]) -> FuncResult {
     let mut out: Vec<String> = Vec::new();
     for arg in args {
-        out.extend(map_param(arg)?.keys().cloned());
+        out.extend(map_param(arg)?.keys());
     }
     out.sort();
     Ok(string_list(out))
@@ -80,7 +79,7 @@ pub fn keys(_: &mut dyn Host, args: &[Value]) -> FuncResult {
 pub fn values(_: &mut dyn Host, args: &[Value]) -> FuncResult {
     arity("values", args, 1)?;
     Ok(Value::list(
-        map_param(&args[0])?.values().cloned().collect(),
+        map_param(&args[0])?.read().values().cloned().collect(),
     ))
 }
 
@@ -94,7 +93,7 @@ pub fn pick(_: &mut dyn Host, args: &[Value]) -> FuncResult {
     let wanted = key_strings(&args[1..])?;
     let out: BTreeMap<String, Value> = wanted
         .iter()
-        .filter_map(|k| map.get(&**k).map(|v| (k.to_string(), v.clone())))
+        .filter_map(|k| map.get(k).map(|v| (k.to_string(), v)))
         .collect();
     Ok(Value::map(out))
 }
@@ -104,6 +103,7 @@ pub fn omit(_: &mut dyn Host, args: &[Value]) -> FuncResult {
     let map = map_param(&args[0])?;
     let unwanted = key_strings(&args[1..])?;
     let out: BTreeMap<String, Value> = map
+        .read()
         .iter()
         .filter(|(k, _)| !unwanted.iter().any(|u| &**u == k.as_str()))
         .map(|(k, v)| (k.clone(), v.clone()))
@@ -114,21 +114,26 @@ pub fn omit(_: &mut dyn Host, args: &[Value]) -> FuncResult {
 /// mergo's `Merge` of maps: a key the destination lacks, or holds an empty value
 /// for, takes the source's (non-empty) value; maps on both sides merge deeply; any
 /// other destination value stays.
-fn merge_into(dst: &mut GoMap, src: &BTreeMap<String, Value>, overwrite: bool) {
-    let dst = Arc::make_mut(dst);
-    for (key, src_value) in src {
-        match (dst.get_mut(key), src_value) {
+///
+/// The source is read as a snapshot first, so a map merged into itself (or into a
+/// map it contains) changes nothing unexpected and takes no second lock.
+fn merge_into(dst: &GoMap, src: &GoMap, overwrite: bool) {
+    if dst.same(src) {
+        return;
+    }
+    for (key, src_value) in src.entries() {
+        match (dst.get(&key), &src_value) {
             (Some(Value::Map(dst_inner)), Value::Map(src_inner)) => {
-                merge_into(dst_inner, src_inner, overwrite);
+                merge_into(&dst_inner, src_inner, overwrite);
             }
             (Some(dst_value), _) => {
-                if overwrite || (is_empty(dst_value) && !is_empty(src_value)) {
-                    *dst_value = src_value.clone();
+                if overwrite || (is_empty(&dst_value) && !is_empty(&src_value)) {
+                    dst.insert(key, src_value);
                 }
             }
             (None, _) => {
-                if overwrite || !is_empty(src_value) {
-                    dst.insert(key.clone(), src_value.clone());
+                if overwrite || !is_empty(&src_value) {
+                    dst.insert(key, src_value);
                 }
             }
         }
@@ -137,10 +142,10 @@ fn merge_into(dst: &mut GoMap, src: &BTreeMap<String, Value>, overwrite: bool) {
 
 fn merge_named(name: &str, args: &[Value], overwrite: bool) -> FuncResult {
     arity_at_least(name, args, 1)?;
-    let mut dst = map_param(&args[0])?;
+    let dst = map_param(&args[0])?;
     for src in &args[1..] {
         let src = map_param(src)?;
-        merge_into(&mut dst, &src, overwrite);
+        merge_into(&dst, &src, overwrite);
     }
     Ok(Value::Map(dst))
 }
@@ -158,16 +163,15 @@ pub fn must_merge_overwrite(_: &mut dyn Host, args: &[Value]) -> FuncResult {
     merge_named("mustMergeOverwrite", args, true)
 }
 
-/// Sprig's `deepCopy`: values here are immutable and shared, so a copy is the value
-/// itself; what matters is that the engine never stores through it into the original
-/// (it is not in [`super::MUTATES_FIRST_ARG`]).
+/// Sprig's `deepCopy`: a copy sharing no map with the original, so `set` on it
+/// leaves the original as it was.
 pub fn deep_copy(_: &mut dyn Host, args: &[Value]) -> FuncResult {
     arity("deepCopy", args, 1)?;
-    Ok(args[0].clone())
+    Ok(args[0].deep_copy())
 }
 pub fn must_deep_copy(_: &mut dyn Host, args: &[Value]) -> FuncResult {
     arity("mustDeepCopy", args, 1)?;
-    Ok(args[0].clone())
+    Ok(args[0].deep_copy())
 }
 
 /// The Go type name in a failed interface conversion (`interface {} is int, not ...`).
@@ -206,7 +210,7 @@ pub fn dig(_: &mut dyn Host, args: &[Value]) -> FuncResult {
         })
         .collect::<Result<Vec<String>, _>>()?;
     for (i, key) in keys.iter().enumerate() {
-        let Some(step) = current.get(key).cloned() else {
+        let Some(step) = current.get(key) else {
             return Ok(default.clone());
         };
         if i + 1 == keys.len() {

@@ -334,7 +334,7 @@ fn write_json(
                 return Ok(());
             }
             out.push('{');
-            for (i, (k, item)) in map.iter().enumerate() {
+            for (i, (k, item)) in map.entries().iter().enumerate() {
                 if i > 0 {
                     out.push(',');
                 }

@@ -8,9 +8,8 @@
 //! - [`is_call_site_error`]`(&FuncError) -> bool`: true for the errors Go's executor
 //!   reports itself at the call (a wrong count or type of arguments), which Helm
 //!   prints without the `error calling NAME: ` prefix.
-//! - [`MUTATES_FIRST_ARG`]: the functions that, in Go, change the map they are given
-//!   (`set`, `unset`, `merge`, ...). Here they return the changed map; the engine
-//!   stores it back where the first argument came from.
+//! - [`MUTATES_FIRST_ARG`]: the functions that change the map they are given
+//!   (`set`, `unset`, `merge`, ...), in place as in Go: maps are references.
 //!
 //! Arguments convert as Go's `text/template` converts them for the Go signature:
 //! a `string` parameter takes only a string (`wrong type for value; expected string;

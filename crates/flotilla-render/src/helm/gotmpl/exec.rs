@@ -502,7 +502,7 @@ impl<'a> Exec<'a> {
                     }
                 }
                 Value::Map(map) => {
-                    for (k, item) in map.iter() {
+                    for (k, item) in map.entries().iter() {
                         match one(self, f, Value::string(k.as_str()), iface(item)) {
                             Ok(true) => {}
                             Ok(false) => break,
@@ -803,7 +803,7 @@ impl<'a> Exec<'a> {
                     return Err(self.err(f, format!("{name} is not a method but has arguments")));
                 }
                 Ok(Dot {
-                    value: map.get(name).cloned().unwrap_or(Value::Nil),
+                    value: map.get(name).unwrap_or(Value::Nil),
                     iface: true,
                 })
             }
@@ -1351,7 +1351,7 @@ fn builtin_index(item: &Value, indexes: &[Value]) -> Result<Value, FuncError> {
                 }
             }
             Value::Map(m) => match index {
-                Value::String(k) => m.get(&**k).cloned().unwrap_or(Value::Nil),
+                Value::String(k) => m.get(k).unwrap_or(Value::Nil),
                 Value::Nil | Value::Missing => {
                     return Err(FuncError::new("value is nil; should be of type string"));
                 }

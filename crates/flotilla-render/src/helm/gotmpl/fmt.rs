@@ -211,7 +211,7 @@ fn print_value(out: &mut String, arg: &Value, verb: char, flags: &Flags) {
         }
         Value::Map(map) => {
             out.push_str("map[");
-            for (i, (k, v)) in map.iter().enumerate() {
+            for (i, (k, v)) in map.entries().iter().enumerate() {
                 if i > 0 {
                     out.push(' ');
                 }

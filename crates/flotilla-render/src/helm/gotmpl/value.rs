@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// A Go value as a template sees it.
 #[derive(Clone, Debug, Default)]
@@ -35,11 +35,97 @@ pub enum Value {
     /// Go's `[]interface{}` (and the other slices: `[]string` from Sprig's
     /// `splitList`, `keys`, ... behave the same in templates).
     List(Arc<Vec<Value>>),
-    /// Go's `map[string]interface{}`: iteration and printing in key order.
-    Map(Arc<BTreeMap<String, Value>>),
+    /// Go's `map[string]interface{}`: iteration and printing in key order. A
+    /// reference, as Go's maps are: `set`, `unset` and `merge` change the map every
+    /// holder of it sees.
+    Map(MapRef),
     /// A Go struct or pointer with fields and methods (Helm's `.Release`, `.Chart`,
     /// `.Capabilities`, `.Files`, ...).
     Object(Arc<dyn Object>),
+}
+
+/// A Go map: shared by reference and changed in place, as Go's maps are. Reads take
+/// a snapshot of what they need (a value is cheap to clone), so no lock is held while
+/// a template runs and a map given to `merge` twice never deadlocks.
+#[derive(Clone, Default)]
+pub struct MapRef(Arc<RwLock<BTreeMap<String, Value>>>);
+
+impl MapRef {
+    pub fn new(entries: BTreeMap<String, Value>) -> MapRef {
+        MapRef(Arc::new(RwLock::new(entries)))
+    }
+
+    /// The map, read-locked. A lock poisoned by a panic elsewhere still holds a
+    /// whole map (every change is one insert or remove), so it is used as is.
+    pub fn read(&self) -> RwLockReadGuard<'_, BTreeMap<String, Value>> {
+        self.0.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The map, write-locked (held only for one change, never across a call out).
+    pub fn write(&self) -> RwLockWriteGuard<'_, BTreeMap<String, Value>> {
+        self.0.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn get(&self, key: &str) -> Option<Value> {
+        self.read().get(key).cloned()
+    }
+
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.read().contains_key(key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.read().is_empty()
+    }
+
+    pub fn keys(&self) -> Vec<String> {
+        self.read().keys().cloned().collect()
+    }
+
+    /// The entries in key order, as they are now.
+    pub fn entries(&self) -> Vec<(String, Value)> {
+        self.read()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// A shallow copy of the map as it is now.
+    pub fn snapshot(&self) -> BTreeMap<String, Value> {
+        self.read().clone()
+    }
+
+    pub fn insert(&self, key: String, value: Value) -> Option<Value> {
+        self.write().insert(key, value)
+    }
+
+    pub fn remove(&self, key: &str) -> Option<Value> {
+        self.write().remove(key)
+    }
+
+    /// Whether both are the same Go map (not merely equal).
+    pub fn same(&self, other: &MapRef) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl fmt::Debug for MapRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.try_read() {
+            Ok(map) => f.debug_map().entries(map.iter()).finish(),
+            Err(_) => f.write_str("{<locked>}"),
+        }
+    }
+}
+
+impl From<BTreeMap<String, Value>> for MapRef {
+    fn from(entries: BTreeMap<String, Value>) -> MapRef {
+        MapRef::new(entries)
+    }
 }
 
 /// A Go struct (or a named type with methods) that templates reach into: `.Field`,
@@ -131,7 +217,23 @@ impl Value {
     }
 
     pub fn map(entries: BTreeMap<String, Value>) -> Value {
-        Value::Map(Arc::new(entries))
+        Value::Map(MapRef::new(entries))
+    }
+
+    /// A copy that shares no map with `self` (Sprig's `deepCopy`; each release's
+    /// values before its render, so that `set` in one render never reaches the
+    /// chart's parsed values that other renders share).
+    pub fn deep_copy(&self) -> Value {
+        match self {
+            Value::Map(m) => Value::map(
+                m.entries()
+                    .into_iter()
+                    .map(|(k, v)| (k, v.deep_copy()))
+                    .collect(),
+            ),
+            Value::List(items) => Value::list(items.iter().map(Value::deep_copy).collect()),
+            other => other.clone(),
+        }
     }
 
     /// Go's `reflect.Kind` name, as Sprig's `kindOf` prints it.

@@ -57,6 +57,7 @@ fn to_node(value: &Value, depth: usize) -> Result<Node, YamlError> {
         ),
         Value::Map(entries) => {
             let mut pairs = entries
+                .entries()
                 .iter()
                 .map(|(k, v)| Ok((k.clone(), to_node(v, depth + 1)?)))
                 .collect::<Result<Vec<_>, YamlError>>()?;

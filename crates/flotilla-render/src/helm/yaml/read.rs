@@ -64,7 +64,7 @@ pub fn from_yaml(text: &str) -> Result<Value, YamlError> {
 pub fn from_yaml_map(text: &str) -> Result<BTreeMap<String, Value>, YamlError> {
     match from_yaml(text)? {
         Value::Nil => Ok(BTreeMap::new()),
-        Value::Map(map) => Ok(Arc::unwrap_or_clone(map)),
+        Value::Map(map) => Ok(map.snapshot()),
         other => Err(cannot_unmarshal(&other, "map[string]interface {}")),
     }
 }
