@@ -37,6 +37,12 @@ pub struct ScopedChart {
     pub metadata: Metadata,
     /// Its `.Values`.
     pub values: Value,
+    /// What its `.Files` holds.
+    pub files: Vec<File>,
+    /// Its values.schema.json, as bytes.
+    pub schema: Option<Arc<[u8]>>,
+    /// Index into [`RenderPlan::charts`] of the chart it is a dependency of.
+    pub parent: Option<usize>,
 }
 
 /// A template of an enabled chart.
@@ -81,13 +87,20 @@ pub fn plan(chart: &Chart, user_values: Map) -> Result<RenderPlan, ValuesError> 
         &chart,
         chart.name().to_string(),
         Value::map(values),
+        None,
         &mut planned,
     );
     planned.templates.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(planned)
 }
 
-fn collect(chart: &Chart, path: String, values: Value, planned: &mut RenderPlan) {
+fn collect(
+    chart: &Chart,
+    path: String,
+    values: Value,
+    parent: Option<usize>,
+    planned: &mut RenderPlan,
+) {
     let index = planned.charts.len();
     let library = chart.metadata.chart_type == ChartType::Library;
     for template in &chart.templates {
@@ -108,6 +121,9 @@ fn collect(chart: &Chart, path: String, values: Value, planned: &mut RenderPlan)
         path: path.clone(),
         metadata: chart.metadata.clone(),
         values: values.clone(),
+        files: chart.files.clone(),
+        schema: chart.schema.clone(),
+        parent,
     });
     for sub in &chart.subcharts {
         let sub_values = match &values {
@@ -120,6 +136,7 @@ fn collect(chart: &Chart, path: String, values: Value, planned: &mut RenderPlan)
             sub,
             format!("{path}/charts/{}", sub.name()),
             sub_values,
+            Some(index),
             planned,
         );
     }
@@ -335,12 +352,7 @@ fn import_values(chart: &mut Chart, warnings: &mut Vec<String>) {
             };
             match path_value(&child_values, &child) {
                 Some(Value::Map(found)) if parent.is_empty() => {
-                    imported = coalesce_tables(
-                        found.snapshot(),
-                        imported,
-                        "",
-                        warnings,
-                    );
+                    imported = coalesce_tables(found.snapshot(), imported, "", warnings);
                 }
                 Some(found) if !parent.is_empty() => {
                     let mut nested = found.clone();
@@ -348,8 +360,7 @@ fn import_values(chart: &mut Chart, warnings: &mut Vec<String>) {
                         nested = Value::map(Map::from([(part.to_string(), nested)]));
                     }
                     if let Value::Map(nested) = nested {
-                        imported =
-                            coalesce_tables(nested.snapshot(), imported, "", warnings);
+                        imported = coalesce_tables(nested.snapshot(), imported, "", warnings);
                     }
                 }
                 _ => warnings.push(format!(
@@ -450,12 +461,8 @@ pub fn coalesce_tables(mut dst: Map, src: Map, prefix: &str, warnings: &mut Vec<
             }
             Some(Value::Map(existing)) => match value {
                 Value::Map(value) => {
-                    let merged = coalesce_tables(
-                        existing.snapshot(),
-                        value.snapshot(),
-                        &full,
-                        warnings,
-                    );
+                    let merged =
+                        coalesce_tables(existing.snapshot(), value.snapshot(), &full, warnings);
                     dst.insert(key, Value::map(merged));
                 }
                 Value::Nil => {}
@@ -518,10 +525,7 @@ fn coalesce_globals(sub: &mut Map, parent: &Map, warnings: &mut Vec<String>) {
                 globals.insert(key, value);
             }
             (Value::Map(parent_map), Some(Value::Map(sub_map))) => {
-                let merged = merge_tables(
-                    parent_map.snapshot(),
-                    sub_map.snapshot(),
-                );
+                let merged = merge_tables(parent_map.snapshot(), sub_map.snapshot());
                 globals.insert(key, Value::map(merged));
             }
             (Value::Map(_), Some(_)) => {
@@ -546,10 +550,7 @@ fn merge_tables(mut dst: Map, src: Map) -> Map {
                 dst.insert(key, value);
             }
             (Some(Value::Map(existing)), Value::Map(value)) => {
-                let merged = merge_tables(
-                    existing.snapshot(),
-                    value.snapshot(),
-                );
+                let merged = merge_tables(existing.snapshot(), value.snapshot());
                 dst.insert(key, Value::map(merged));
             }
             _ => {}

@@ -72,6 +72,17 @@ impl Object for Certificate {
         }
     }
 
+    fn kind(&self) -> &'static str {
+        "struct"
+    }
+
+    fn json_fields(&self) -> Option<Vec<(String, Value)>> {
+        Some(vec![
+            ("Cert".to_string(), Value::string(self.cert.as_str())),
+            ("Key".to_string(), Value::string(self.key.as_str())),
+        ])
+    }
+
     fn display(&self) -> String {
         format!("{{{} {}}}", self.cert, self.key)
     }

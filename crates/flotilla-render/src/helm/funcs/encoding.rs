@@ -349,7 +349,13 @@ fn write_json(
             newline_indent(out, indent);
             out.push('}');
         }
-        Value::Object(o) => write_json_string(out, &o.display(), escape_html),
+        Value::Object(o) => match o.json_fields() {
+            Some(fields) => {
+                let map = fields.into_iter().collect();
+                write_json(out, &Value::map(map), escape_html, indent)?;
+            }
+            None => write_json_string(out, &o.display(), escape_html),
+        },
     }
     Ok(())
 }

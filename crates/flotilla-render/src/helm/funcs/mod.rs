@@ -5,6 +5,9 @@
 //!
 //! Public API:
 //! - [`lookup`]`(name) -> Option<Func>` and [`names`]`()`: every function here.
+//! - [`all`]`() -> Funcs`: the table a Helm render uses: every function here, the
+//!   YAML functions (`toYaml`, `mustToYaml`, `fromYaml`, `fromYamlArray`) and the key
+//!   and certificate functions of [`crate::helm::crypto`].
 //! - [`is_call_site_error`]`(&FuncError) -> bool`: true for the errors Go's executor
 //!   reports itself at the call (a wrong count or type of arguments), which Helm
 //!   prints without the `error calling NAME: ` prefix.
@@ -33,6 +36,7 @@ mod random;
 mod reflection;
 mod regex;
 mod semver;
+mod serial;
 mod strings;
 
 #[cfg(test)]
@@ -41,7 +45,27 @@ mod tests;
 pub use args::{MAX_LIST_ITEMS, MAX_STRING_BYTES};
 pub use encoding::to_json_text;
 
+use crate::helm::gotmpl::Funcs;
 use crate::helm::gotmpl::value::{Func, FuncError};
+
+/// Helm's YAML functions, beside [`TABLE`] because they live on `helm::yaml`.
+const YAML_FUNCS: &[(&str, Func)] = &[
+    ("fromYaml", serial::from_yaml),
+    ("fromYamlArray", serial::from_yaml_array),
+    ("mustToYaml", serial::must_to_yaml),
+    ("toYaml", serial::to_yaml),
+];
+
+/// Every function a Helm render's templates may call (besides Go's builtins,
+/// `include` and `tpl`, which are the engine's).
+pub fn all() -> Funcs {
+    TABLE
+        .iter()
+        .chain(YAML_FUNCS)
+        .chain(crate::helm::crypto::FUNCS)
+        .copied()
+        .collect()
+}
 
 /// The functions that change their first argument (a map) in Go.
 pub const MUTATES_FIRST_ARG: &[&str] = &[

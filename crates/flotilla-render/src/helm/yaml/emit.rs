@@ -64,6 +64,16 @@ fn to_node(value: &Value, depth: usize) -> Result<Node, YamlError> {
             pairs.sort_by(|a, b| key_order(&a.0, &b.0));
             Node::Map(pairs)
         }
+        Value::Object(object) if object.json_fields().is_some() => {
+            let fields = object.json_fields().unwrap_or_default();
+            let mut pairs = fields
+                .iter()
+                .map(|(k, v)| Ok((k.clone(), to_node(v, depth + 1)?)))
+                .collect::<Result<Vec<_>, YamlError>>()?;
+            // Through JSON and back, a struct's keys come out sorted like a map's.
+            pairs.sort_by(|a, b| key_order(&a.0, &b.0));
+            Node::Map(pairs)
+        }
         Value::Object(object) => {
             return Err(YamlError::new(format!(
                 "flotilla cannot write a {} as YAML",

@@ -1,0 +1,186 @@
+//! Tiny charts rendered end to end. Every expected output was checked against Helm
+//! v4 (helm-python-sdk 0.2.2, Helm SDK v4.2.3) with the same chart and values.
+
+use std::collections::BTreeMap;
+
+use super::*;
+
+struct FixedHost;
+
+impl Host for FixedHost {
+    fn template_name(&self) -> &str {
+        ""
+    }
+    fn generated_bytes(&mut self, _: &str, _: &[Value], len: usize) -> Vec<u8> {
+        vec![7; len]
+    }
+    fn now_unix(&self) -> i64 {
+        0
+    }
+    fn warn(&mut self, _: String) {}
+}
+
+fn chart(files: &[(&str, &str)]) -> Chart {
+    let files: BTreeMap<String, Vec<u8>> = files
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+        .collect();
+    Chart::from_files(files).expect("chart loads")
+}
+
+fn release() -> Release {
+    Release {
+        name: "rel".to_string(),
+        namespace: "ns".to_string(),
+        revision: 1,
+        is_install: true,
+        capabilities: Capabilities {
+            kube_version: "v1.36.0".to_string(),
+            api_versions: vec!["v1".to_string(), "apps/v1".to_string()],
+        },
+    }
+}
+
+fn render(files: &[(&str, &str)], values: &str) -> Result<Vec<(String, String)>, HelmError> {
+    let values = Value::map(yaml::from_yaml_map(values).expect("values"));
+    render_release(
+        &chart(files),
+        &release(),
+        &values,
+        &mut FixedHost,
+        &Budget::default(),
+    )
+    .map(|r| r.templates)
+}
+
+const CHART_YAML: &str = "apiVersion: v2\nname: t\nversion: 0.1.0\nappVersion: \"1.2\"\n";
+
+#[test]
+fn set_changes_the_map_every_holder_sees() {
+    let out = render(
+        &[
+            ("Chart.yaml", CHART_YAML),
+            ("values.yaml", "a: 1\n"),
+            (
+                "templates/a.yaml",
+                "{{ $_ := set .Values \"x\" 1 }}{{ .Values.x }}\n{{ $d := dict \"k\" 1 }}{{ $e := $d }}{{ $_ := set $e \"k\" 2 }}{{ $d.k }}\n",
+            ),
+        ],
+        "{}",
+    )
+    .expect("renders");
+    assert_eq!(
+        out,
+        [("t/templates/a.yaml".to_string(), "1\n2\n".to_string())]
+    );
+}
+
+#[test]
+fn a_render_never_changes_the_charts_values() {
+    let files = [
+        ("Chart.yaml", CHART_YAML),
+        ("values.yaml", "m:\n  k: 1\n"),
+        (
+            "templates/a.yaml",
+            "{{ .Values.m.k }}{{ $_ := set .Values.m \"k\" 2 }}",
+        ),
+    ];
+    let prepared = PreparedChart::new(chart(&files));
+    for _ in 0..2 {
+        let out = prepared
+            .render(
+                &release(),
+                &Value::map(BTreeMap::new()),
+                &mut FixedHost,
+                &Budget::default(),
+            )
+            .expect("renders");
+        assert_eq!(out.templates[0].1, "1");
+    }
+}
+
+#[test]
+fn builtin_objects_as_helm_shows_them() {
+    let out = render(
+        &[
+            ("Chart.yaml", CHART_YAML),
+            ("values.yaml", ""),
+            ("files/a.txt", "one\ntwo\n"),
+            ("files/b.conf", "x"),
+            (
+                "templates/a.yaml",
+                concat!(
+                    "{{ .Release.Name }} {{ .Release.Namespace }} {{ .Release.Revision }} {{ .Release.IsInstall }} {{ .Release.Service }}\n",
+                    "{{ .Chart.Name }} {{ .Chart.Version }} {{ .Chart.AppVersion }} {{ .Chart.APIVersion }}\n",
+                    "{{ .Capabilities.KubeVersion }} {{ .Capabilities.KubeVersion.Major }} {{ .Capabilities.KubeVersion.Minor }} {{ .Capabilities.APIVersions.Has \"apps/v1\" }} {{ .Capabilities.APIVersions.Has \"x/v1\" }}\n",
+                    "{{ .Template.Name }} {{ .Template.BasePath }}\n",
+                    "{{ .Files.Get \"files/a.txt\" | quote }} {{ .Files.Lines \"files/a.txt\" }} {{ .Files.Get \"none\" | quote }}\n",
+                    "{{ (.Files.Glob \"files/*.txt\").AsConfig }}\n",
+                    "{{ (.Files.Glob \"files/*\").AsSecrets }}\n",
+                ),
+            ),
+        ],
+        "{}",
+    )
+    .expect("renders");
+    assert_eq!(
+        out[0].1,
+        concat!(
+            "rel ns 1 true Helm\n",
+            "t 0.1.0 1.2 v2\n",
+            "v1.36.0 1 36 true false\n",
+            "t/templates/a.yaml t/templates\n",
+            "\"one\\ntwo\\n\" [one two] \"\"\n",
+            "a.txt: |\n  one\n  two\n",
+            "a.txt: b25lCnR3bwo=\nb.conf: eA==\n",
+        )
+    );
+}
+
+#[test]
+fn templates_come_in_helms_order_partials_unrendered_and_parent_defines_win() {
+    let out = render(
+        &[
+            ("Chart.yaml", CHART_YAML),
+            ("templates/_h.tpl", "{{ define \"n\" }}parent{{ end }}"),
+            ("templates/a.yaml", "{{ include \"n\" . }}"),
+            ("templates/b.yaml", "{{ .Values.missing }}"),
+            (
+                "charts/sub/Chart.yaml",
+                "apiVersion: v2\nname: sub\nversion: 0.1.0\n",
+            ),
+            (
+                "charts/sub/templates/_h.tpl",
+                "{{ define \"n\" }}sub{{ end }}",
+            ),
+            ("charts/sub/templates/c.yaml", "{{ include \"n\" . }}"),
+        ],
+        "{}",
+    )
+    .expect("renders");
+    let names: Vec<(&str, &str)> = out.iter().map(|(n, o)| (n.as_str(), o.as_str())).collect();
+    assert_eq!(
+        names,
+        [
+            ("t/charts/sub/templates/c.yaml", "parent"),
+            ("t/templates/b.yaml", ""),
+            ("t/templates/a.yaml", "parent"),
+        ]
+    );
+}
+
+#[test]
+fn yaml_functions_and_their_error_forms() {
+    let out = render(
+        &[
+            ("Chart.yaml", CHART_YAML),
+            (
+                "templates/a.yaml",
+                "{{ toYaml .Values }}\n{{ (fromYaml \"a: [\").Error | empty | not }}\n{{ fromYamlArray \"- 1\\n- b\" }}\n{{ kindOf (genCA \"x\" 1) }}",
+            ),
+        ],
+        "b:\n  c: [1, x]\n",
+    )
+    .expect("renders");
+    assert_eq!(out[0].1, "b:\n  c:\n  - 1\n  - x\ntrue\n[1 b]\nstruct");
+}
