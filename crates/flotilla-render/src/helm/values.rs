@@ -433,9 +433,27 @@ fn coalesce_chart_values(
             },
             Some(_) => {}
             None => {
-                values.insert(key.clone(), default.clone());
+                if let Some(default) = without_nulls(default) {
+                    values.insert(key.clone(), default);
+                }
             }
         }
+    }
+}
+
+/// A chart's default without its `null`s, at every depth: Helm drops a key whose
+/// default is null (`rollingUpdate: null` leaves no `rollingUpdate`), `None` for a
+/// null itself.
+fn without_nulls(value: &Value) -> Option<Value> {
+    match value {
+        Value::Nil => None,
+        Value::Map(map) => Some(Value::map(
+            map.entries()
+                .iter()
+                .filter_map(|(k, v)| without_nulls(v).map(|v| (k.clone(), v)))
+                .collect(),
+        )),
+        other => Some(other.clone()),
     }
 }
 
@@ -454,7 +472,9 @@ pub fn coalesce_tables(mut dst: Map, src: Map, prefix: &str, warnings: &mut Vec<
         let full = join(prefix, &key);
         match dst.get(&key) {
             None => {
-                dst.insert(key, value);
+                if let Some(value) = without_nulls(&value) {
+                    dst.insert(key, value);
+                }
             }
             Some(Value::Nil) => {
                 dst.remove(&key);

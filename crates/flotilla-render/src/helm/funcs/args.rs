@@ -79,10 +79,12 @@ pub(crate) fn bool_param(v: &Value) -> Result<bool, FuncError> {
 
 pub(crate) type GoMap = MapRef;
 
-/// A Go `map[string]interface{}` parameter.
+/// A Go `map[string]interface{}` parameter. No value (a variable holding a missing
+/// key, as `$s := (lookup ...).data` does) becomes Go's nil map, which reads as empty.
 pub(crate) fn map_param(v: &Value) -> Result<GoMap, FuncError> {
     match v {
         Value::Map(m) => Ok(m.clone()),
+        Value::Missing => Ok(GoMap::default()),
         other => Err(wrong_type("map[string]interface {}", other)),
     }
 }

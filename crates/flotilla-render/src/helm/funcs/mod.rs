@@ -38,6 +38,7 @@ mod regex;
 mod semver;
 mod serial;
 mod strings;
+mod urls;
 
 #[cfg(test)]
 mod tests;
@@ -275,6 +276,7 @@ const TABLE: &[(&str, Func)] = &[
     ("untilStep", lists::until_step),
     ("untitle", strings::untitle),
     ("upper", strings::upper),
+    ("urlParse", urls::url_parse),
     ("uuidv4", random::uuidv4),
     ("values", dicts::values),
     ("without", lists::without),

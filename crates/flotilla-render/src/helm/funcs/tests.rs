@@ -752,3 +752,12 @@ fn paths() {
         ("isAbs", vec![s("/x")], "true"),
     ]);
 }
+
+#[test]
+fn url_parse_splits_as_go_does() {
+    // Checked against Helm v4: {{ urlParse "ldaps://u:p@ldap.example:636/dc=x?q=1#f" }}.
+    assert_eq!(
+        show("urlParse", &[s("ldaps://u:p@ldap.example:636/dc=x?q=1#f")]),
+        "map[fragment:f host:ldap.example:636 hostname:ldap.example opaque: path:/dc=x query:q=1 scheme:ldaps userinfo:u:p]"
+    );
+}

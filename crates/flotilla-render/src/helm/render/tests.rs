@@ -184,3 +184,41 @@ fn yaml_functions_and_their_error_forms() {
     .expect("renders");
     assert_eq!(out[0].1, "b:\n  c:\n  - 1\n  - x\ntrue\n[1 b]\nstruct");
 }
+
+#[test]
+fn a_missing_map_through_a_variable_is_an_empty_map() {
+    // Bitnami's `$secret := (lookup ...).data` then `hasKey $secret "k"`.
+    let out = render(
+        &[
+            ("Chart.yaml", CHART_YAML),
+            (
+                "templates/a.yaml",
+                "{{ $s := (lookup \"v1\" \"Secret\" \"ns\" \"n\").data }}{{ hasKey $s \"k\" }}",
+            ),
+        ],
+        "{}",
+    )
+    .expect("renders");
+    assert_eq!(out[0].1, "false");
+}
+
+#[test]
+fn null_defaults_leave_no_key() {
+    // Checked against Helm v4: the chart's nulls are dropped at every depth.
+    let out = render(
+        &[
+            ("Chart.yaml", CHART_YAML),
+            (
+                "values.yaml",
+                "a:\n  b: null\n  c: 1\nd: null\ne:\n  f:\n    g: null\n",
+            ),
+            (
+                "templates/a.yaml",
+                "{{ toYaml .Values }}|{{ hasKey .Values.a \"b\" }}",
+            ),
+        ],
+        "{}",
+    )
+    .expect("renders");
+    assert_eq!(out[0].1, "a:\n  c: 1\ne:\n  f: {}|false");
+}
