@@ -10,5 +10,6 @@ pub mod crypto;
 pub mod funcs;
 pub mod gotmpl;
 pub mod render;
+pub mod schema;
 pub mod values;
 pub mod yaml;

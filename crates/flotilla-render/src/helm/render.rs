@@ -72,6 +72,9 @@ pub enum HelmError {
     /// budget), with Helm's wording.
     #[error("{message}")]
     Exec { template: String, message: String },
+    /// The values do not satisfy a chart's values.schema.json (Helm's report).
+    #[error("{0}")]
+    Schema(String),
 }
 
 /// A chart ready to render many releases: its templates parsed once per set of
@@ -130,6 +133,7 @@ impl PreparedChart {
             _ => BTreeMap::new(),
         };
         let planned = plan(&self.chart, user)?;
+        crate::helm::schema::validate_plan(&planned).map_err(HelmError::Schema)?;
         let set = self.template_set(&planned)?;
         let order = helm_order(&planned);
         let data = chart_data(&planned, release);
@@ -574,6 +578,9 @@ impl Object for FilesObject {
     }
     fn kind(&self) -> &'static str {
         "map"
+    }
+    fn truthy(&self) -> bool {
+        !self.0.is_empty()
     }
     fn field(&self, name: &str) -> Option<Value> {
         if matches!(name, "AsConfig" | "AsSecrets") {

@@ -12,7 +12,7 @@
 //! `.Values`; `templates`: every template with the name Helm gives it; `crds`),
 //! [`ScopedChart`], [`Template`], [`ValuesError`], [`coalesce_tables`].
 //!
-//! Not done here: `values.schema.json` validation.
+//! `values.schema.json` validation is [`crate::helm::schema`]'s.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

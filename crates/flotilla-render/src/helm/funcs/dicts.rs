@@ -49,7 +49,7 @@ pub fn has_key(_: &mut dyn Host, args: &[Value]) -> FuncResult {
     arity("hasKey", args, 2)?;
     let map = map_param(&args[0])?;
     let key = string_param(&args[1])?;
-    Ok(Value::Bool(map.contains_key(&*key)))
+    Ok(Value::Bool(map.contains_key(&key)))
 }
 
 pub fn pluck(_: &mut dyn Host, args: &[Value]) -> FuncResult {
@@ -57,7 +57,7 @@ pub fn pluck(_: &mut dyn Host, args: &[Value]) -> FuncResult {
     let key = string_param(&args[0])?;
     let mut out = Vec::new();
     for arg in &args[1..] {
-        if let Some(v) = map_param(arg)?.get(&*key) {
+        if let Some(v) = map_param(arg)?.get(&key) {
             out.push(v.clone());
         }
     }

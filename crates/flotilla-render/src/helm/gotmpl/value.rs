@@ -150,6 +150,11 @@ pub trait Object: fmt::Debug + Send + Sync {
     fn kind(&self) -> &'static str {
         "ptr"
     }
+    /// Go's truth of the value (`if`, `and`, `empty`): a pointer or struct is true;
+    /// a map or slice type (Helm's `.Files`) only when it has entries.
+    fn truthy(&self) -> bool {
+        true
+    }
     /// The fields as `encoding/json` writes the struct (JSON names, `omitempty`
     /// applied), in Go's field order, so `toJson` and `toYaml` marshal it as Go
     /// does; `None` for a type Go would not marshal to an object.
@@ -300,7 +305,7 @@ impl Value {
             Value::Bytes(b) => !b.is_empty(),
             Value::List(l) => !l.is_empty(),
             Value::Map(m) => !m.is_empty(),
-            Value::Object(_) => true,
+            Value::Object(o) => o.truthy(),
         }
     }
 

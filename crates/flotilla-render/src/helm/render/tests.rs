@@ -222,3 +222,21 @@ fn null_defaults_leave_no_key() {
     .expect("renders");
     assert_eq!(out[0].1, "a:\n  c: 1\ne:\n  f: {}|false");
 }
+
+#[test]
+fn files_without_entries_are_false() {
+    // Checked against Helm v4: `.Files.Glob` that matches nothing is false in `if`.
+    let out = render(
+        &[
+            ("Chart.yaml", CHART_YAML),
+            ("files/a.txt", "a"),
+            (
+                "templates/a.yaml",
+                "{{ if .Files.Glob \"none/*\" }}yes{{ else }}no{{ end }} {{ if .Files.Glob \"files/*\" }}yes{{ end }}",
+            ),
+        ],
+        "{}",
+    )
+    .expect("renders");
+    assert_eq!(out[0].1, "no yes");
+}
