@@ -648,77 +648,143 @@ impl Object for FilesObject {
     }
 }
 
+/// Brace alternatives a `.Files.Glob` pattern may expand to; more fails the match.
+const MAX_GLOB_ALTERNATIVES: usize = 1024;
+
 /// gobwas/glob with `/` as the separator, as `.Files.Glob` matches: `*` any run
 /// without `/`, `**` any run, `?` one character but `/`, `[abc]`, `[!a-z]`,
-/// `{a,b}`, and `\` escaping the next character.
+/// `{a,b}`, and `\` escaping the next character. Braces are expanded first, then
+/// each pattern is matched with a table of (pattern, text) positions, so no pattern
+/// takes more than their product in steps.
 fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
-    match pattern.first() {
-        None => text.is_empty(),
-        Some(b'*') if pattern.get(1) == Some(&b'*') => {
-            let rest = &pattern[2..];
-            (0..=text.len()).any(|i| glob_match(rest, &text[i..]))
-        }
-        Some(b'*') => {
-            let rest = &pattern[1..];
-            for i in 0..=text.len() {
-                if glob_match(rest, &text[i..]) {
-                    return true;
-                }
-                if text.get(i) == Some(&b'/') {
-                    break;
-                }
-            }
-            false
-        }
-        Some(b'?') => {
-            text.first().is_some_and(|&c| c != b'/') && glob_match(&pattern[1..], &text[1..])
-        }
-        Some(b'[') => {
-            let Some(end) = pattern
-                .iter()
-                .skip(1)
-                .position(|&c| c == b']')
-                .map(|p| p + 1)
-            else {
-                return text.first() == Some(&b'[') && glob_match(&pattern[1..], &text[1..]);
-            };
-            let Some(&c) = text.first() else {
-                return false;
-            };
-            let mut class = &pattern[1..end];
-            let negated = matches!(class.first(), Some(b'!'));
-            if negated {
-                class = &class[1..];
-            }
-            let mut hit = false;
-            let mut i = 0;
-            while i < class.len() {
-                if i + 2 < class.len() && class[i + 1] == b'-' {
-                    hit |= class[i] <= c && c <= class[i + 2];
-                    i += 3;
-                } else {
-                    hit |= class[i] == c;
-                    i += 1;
-                }
-            }
-            hit != negated && glob_match(&pattern[end + 1..], &text[1..])
-        }
-        Some(b'{') => {
-            let Some(end) = pattern.iter().position(|&c| c == b'}') else {
-                return text.first() == Some(&b'{') && glob_match(&pattern[1..], &text[1..]);
-            };
-            let rest = &pattern[end + 1..];
-            pattern[1..end].split(|&c| c == b',').any(|alt| {
-                let mut joined = alt.to_vec();
-                joined.extend_from_slice(rest);
-                glob_match(&joined, text)
-            })
-        }
-        Some(b'\\') if pattern.len() > 1 => {
-            text.first() == Some(&pattern[1]) && glob_match(&pattern[2..], &text[1..])
-        }
-        Some(&p) => text.first() == Some(&p) && glob_match(&pattern[1..], &text[1..]),
+    let mut alternatives = vec![Vec::new()];
+    if !expand_braces(pattern, &mut alternatives) {
+        return false;
     }
+    alternatives.iter().any(|p| glob_match_plain(p, text))
+}
+
+/// Appends every expansion of `pattern`'s `{a,b}` groups to each of `out`'s
+/// prefixes; false when there would be too many.
+fn expand_braces(pattern: &[u8], out: &mut Vec<Vec<u8>>) -> bool {
+    let mut i = 0;
+    while i < pattern.len() {
+        match pattern[i] {
+            b'\\' if i + 1 < pattern.len() => {
+                for prefix in out.iter_mut() {
+                    prefix.extend_from_slice(&pattern[i..i + 2]);
+                }
+                i += 2;
+            }
+            b'{' => {
+                let Some(close) = pattern[i..].iter().position(|&c| c == b'}') else {
+                    for prefix in out.iter_mut() {
+                        prefix.push(b'{');
+                    }
+                    i += 1;
+                    continue;
+                };
+                let options: Vec<&[u8]> = pattern[i + 1..i + close].split(|&c| c == b',').collect();
+                if out.len() * options.len() > MAX_GLOB_ALTERNATIVES {
+                    return false;
+                }
+                let mut next = Vec::with_capacity(out.len() * options.len());
+                for prefix in out.iter() {
+                    for option in &options {
+                        let mut joined = prefix.clone();
+                        joined.extend_from_slice(option);
+                        next.push(joined);
+                    }
+                }
+                *out = next;
+                i += close + 1;
+            }
+            c => {
+                for prefix in out.iter_mut() {
+                    prefix.push(c);
+                }
+                i += 1;
+            }
+        }
+    }
+    true
+}
+
+/// One brace-free glob against the text, by dynamic programming over positions.
+fn glob_match_plain(pattern: &[u8], text: &[u8]) -> bool {
+    // reachable[t]: the pattern read so far can match text[..t].
+    let mut reachable = vec![false; text.len() + 1];
+    reachable[0] = true;
+    let mut p = 0;
+    while p < pattern.len() {
+        let mut next = vec![false; text.len() + 1];
+        match pattern[p] {
+            b'*' => {
+                let any = pattern.get(p + 1) == Some(&b'*');
+                let mut on = false;
+                for t in 0..=text.len() {
+                    on |= reachable[t];
+                    next[t] = on;
+                    if !any && text.get(t) == Some(&b'/') {
+                        on = false;
+                    }
+                }
+                p += if any { 2 } else { 1 };
+            }
+            b'?' => {
+                for t in 0..text.len() {
+                    next[t + 1] = reachable[t] && text[t] != b'/';
+                }
+                p += 1;
+            }
+            b'[' if pattern[p + 1..].contains(&b']') => {
+                let end = p
+                    + 1
+                    + pattern[p + 1..]
+                        .iter()
+                        .position(|&c| c == b']')
+                        .unwrap_or(0);
+                let mut class = &pattern[p + 1..end];
+                let negated = class.first() == Some(&b'!');
+                if negated {
+                    class = &class[1..];
+                }
+                let in_class = |c: u8| {
+                    let mut i = 0;
+                    while i < class.len() {
+                        if i + 2 < class.len() && class[i + 1] == b'-' {
+                            if class[i] <= c && c <= class[i + 2] {
+                                return true;
+                            }
+                            i += 3;
+                        } else {
+                            if class[i] == c {
+                                return true;
+                            }
+                            i += 1;
+                        }
+                    }
+                    false
+                };
+                for t in 0..text.len() {
+                    next[t + 1] = reachable[t] && in_class(text[t]) != negated;
+                }
+                p = end + 1;
+            }
+            c => {
+                let (literal, step) = match (c, pattern.get(p + 1)) {
+                    (b'\\', Some(&escaped)) => (escaped, 2),
+                    _ => (c, 1),
+                };
+                for t in 0..text.len() {
+                    next[t + 1] = reachable[t] && text[t] == literal;
+                }
+                p += step;
+            }
+        }
+        reachable = next;
+    }
+    reachable[text.len()]
 }
 
 #[cfg(test)]

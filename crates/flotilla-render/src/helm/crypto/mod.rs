@@ -545,6 +545,9 @@ fn go_text(value: &Value) -> String {
             format!("[{}]", items.join(" "))
         }
         Value::Map(entries) => {
+            let Some(_visit) = entries.visit() else {
+                return crate::helm::gotmpl::CYCLE_TEXT.to_string();
+            };
             let entries: Vec<String> = entries
                 .entries()
                 .iter()

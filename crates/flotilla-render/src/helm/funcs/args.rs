@@ -153,6 +153,12 @@ pub(crate) fn deep_equal(a: &Value, b: &Value) -> bool {
             x.len() == y.len() && x.iter().zip(y.iter()).all(|(p, q)| deep_equal(p, q))
         }
         (Value::Map(x), Value::Map(y)) => {
+            if x.same(y) {
+                return true;
+            }
+            let (Some(_vx), Some(_vy)) = (x.visit(), y.visit()) else {
+                return false;
+            };
             let (x, y) = (x.entries(), y.entries());
             x.len() == y.len()
                 && x.iter()
@@ -330,6 +336,10 @@ fn write_value(out: &mut String, v: &Value) {
             out.push(']');
         }
         Value::Map(map) => {
+            let Some(_visit) = map.visit() else {
+                out.push_str(crate::helm::gotmpl::CYCLE_TEXT);
+                return;
+            };
             let map = map.entries();
             out.push_str("map[");
             for (i, (k, item)) in map.iter().enumerate() {

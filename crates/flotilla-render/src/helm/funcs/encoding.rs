@@ -329,6 +329,12 @@ fn write_json(
             out.push(']');
         }
         Value::Map(map) => {
+            let Some(_visit) = map.visit() else {
+                return Err(JsonError(
+                    "json: unsupported value: encountered a cycle via map[string]interface {}"
+                        .to_string(),
+                ));
+            };
             if map.is_empty() {
                 out.push_str("{}");
                 return Ok(());

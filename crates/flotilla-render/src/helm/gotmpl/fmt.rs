@@ -210,6 +210,10 @@ fn print_value(out: &mut String, arg: &Value, verb: char, flags: &Flags) {
             out.push(']');
         }
         Value::Map(map) => {
+            let Some(_visit) = map.visit() else {
+                out.push_str(super::value::CYCLE_TEXT);
+                return;
+            };
             out.push_str("map[");
             for (i, (k, v)) in map.entries().iter().enumerate() {
                 if i > 0 {

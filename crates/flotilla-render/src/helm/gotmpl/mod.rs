@@ -54,7 +54,7 @@ mod parse;
 mod tests;
 
 pub use exec::{Funcs, TemplateSet, helm_clean_output};
-pub use value::{Func, FuncError, FuncResult, Host, MapRef, Object, Value};
+pub use value::{CYCLE_TEXT, Func, FuncError, FuncResult, Host, MapRef, Object, Value, Visit};
 
 /// The name of Helm's root template, under which `tpl` parses its text.
 pub const ROOT_NAME: &str = "gotpl";

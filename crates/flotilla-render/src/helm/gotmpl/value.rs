@@ -9,6 +9,7 @@
 //! shared between threads, so parsed templates and the values of a chart can be held
 //! once and rendered for many releases in parallel.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -115,7 +116,46 @@ impl MapRef {
     pub fn same(&self, other: &MapRef) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
     }
+
+    /// Marks the map as being walked (printed, copied, marshalled) on this thread
+    /// until the guard drops; `None` when it already is: the map holds itself
+    /// (`set $d "self" $d`), and a walk that went on would never end.
+    pub fn visit(&self) -> Option<Visit> {
+        let id = Arc::as_ptr(&self.0) as *const () as usize;
+        VISITING.with(|visiting| {
+            let mut visiting = visiting.borrow_mut();
+            if visiting.contains(&id) {
+                None
+            } else {
+                visiting.push(id);
+                Some(Visit(id))
+            }
+        })
+    }
 }
+
+thread_local! {
+    /// The maps being walked on this thread, innermost last (see [`MapRef::visit`]).
+    static VISITING: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A map being walked; see [`MapRef::visit`].
+#[derive(Debug)]
+pub struct Visit(usize);
+
+impl Drop for Visit {
+    fn drop(&mut self) {
+        VISITING.with(|visiting| {
+            let mut visiting = visiting.borrow_mut();
+            if let Some(at) = visiting.iter().rposition(|&id| id == self.0) {
+                visiting.remove(at);
+            }
+        });
+    }
+}
+
+/// What printing writes for a map inside itself (Go would recurse until it crashed).
+pub const CYCLE_TEXT: &str = "<cycle>";
 
 impl fmt::Debug for MapRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -251,12 +291,18 @@ impl Value {
     /// chart's parsed values that other renders share).
     pub fn deep_copy(&self) -> Value {
         match self {
-            Value::Map(m) => Value::map(
-                m.entries()
-                    .into_iter()
-                    .map(|(k, v)| (k, v.deep_copy()))
-                    .collect(),
-            ),
+            Value::Map(m) => {
+                // A map inside itself stays shared there: a copy would never end.
+                let Some(_visit) = m.visit() else {
+                    return self.clone();
+                };
+                Value::map(
+                    m.entries()
+                        .into_iter()
+                        .map(|(k, v)| (k, v.deep_copy()))
+                        .collect(),
+                )
+            }
             Value::List(items) => Value::list(items.iter().map(Value::deep_copy).collect()),
             other => other.clone(),
         }

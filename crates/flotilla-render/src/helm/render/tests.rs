@@ -240,3 +240,52 @@ fn files_without_entries_are_false() {
     .expect("renders");
     assert_eq!(out[0].1, "no yes");
 }
+
+#[test]
+fn a_map_holding_itself_ends_without_a_crash() {
+    // Go recurses until its stack overflows here; flotilla prints the inner map as
+    // `<cycle>`, and toYaml and toJson fail (their error form is an empty string).
+    let cases = [
+        ("{{ $d }}", "map[s:<cycle>]"),
+        ("{{ toYaml $d }}", ""),
+        ("{{ toJson $d }}", ""),
+        ("{{ deepCopy $d }}", "map[s:map[s:<cycle>]]"),
+    ];
+    for (use_it, want) in cases {
+        let text = format!("{{{{ $d := dict }}}}{{{{ $_ := set $d \"s\" $d }}}}{use_it}");
+        let out = render(
+            &[("Chart.yaml", CHART_YAML), ("templates/a.yaml", &text)],
+            "{}",
+        )
+        .expect("renders");
+        assert_eq!(out[0].1, want, "{use_it}");
+    }
+}
+
+#[test]
+fn globs_match_as_helms_files_glob() {
+    let cases = [
+        ("files/*.txt", "files/a.txt", true),
+        ("files/*", "files/sub/a.txt", false),
+        ("files/**", "files/sub/a.txt", true),
+        ("**.conf", "a/b/c.conf", true),
+        ("files/?.txt", "files/a.txt", true),
+        ("files/[ab].txt", "files/b.txt", true),
+        ("files/[!ab].txt", "files/b.txt", false),
+        ("files/{a,b}.txt", "files/b.txt", true),
+        ("files/{a,b}.txt", "files/c.txt", false),
+        ("files/\\*", "files/*", true),
+        ("files/\\*", "files/a", false),
+    ];
+    for (pattern, path, want) in cases {
+        assert_eq!(
+            glob_match(pattern.as_bytes(), path.as_bytes()),
+            want,
+            "{pattern} {path}"
+        );
+    }
+    // Many stars against a long name finish at once (no backtracking).
+    let stars = "*a".repeat(40);
+    let long = "a".repeat(60) + "b";
+    assert!(!glob_match(stars.as_bytes(), long.as_bytes()));
+}

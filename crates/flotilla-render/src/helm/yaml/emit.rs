@@ -56,6 +56,11 @@ fn to_node(value: &Value, depth: usize) -> Result<Node, YamlError> {
                 .collect::<Result<_, _>>()?,
         ),
         Value::Map(entries) => {
+            let Some(_visit) = entries.visit() else {
+                return Err(YamlError::new(
+                    "json: unsupported value: encountered a cycle via map[string]interface {}",
+                ));
+            };
             let mut pairs = entries
                 .entries()
                 .iter()
