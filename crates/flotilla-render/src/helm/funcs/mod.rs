@@ -1,12 +1,12 @@
 //! Sprig's (v3, as Helm v4 ships it) and Helm's plain template functions, each a
-//! [`Func`]. The template engine resolves a call with [`lookup`]; Go's builtins,
-//! `include`, `tpl`, and the YAML and TOML functions are the engine's and
-//! `helm::yaml`'s, not here.
+//! [`Func`]. A render resolves calls in [`all`]'s table; Go's builtins, `include`
+//! and `tpl` are the engine's. Not here: `fromToml` and `toYamlPretty`.
 //!
 //! Public API:
 //! - [`lookup`]`(name) -> Option<Func>` and [`names`]`()`: every function here.
 //! - [`all`]`() -> Funcs`: the table a Helm render uses: every function here, the
-//!   YAML functions (`toYaml`, `mustToYaml`, `fromYaml`, `fromYamlArray`) and the key
+//!   YAML functions (`toYaml`, `mustToYaml`, `fromYaml`, `fromYamlArray`), `toToml`,
+//!   and the key
 //!   and certificate functions of [`crate::helm::crypto`].
 //! - [`is_call_site_error`]`(&FuncError) -> bool`: true for the errors Go's executor
 //!   reports itself at the call (a wrong count or type of arguments), which Helm
@@ -38,6 +38,7 @@ mod regex;
 mod semver;
 mod serial;
 mod strings;
+mod toml;
 mod urls;
 
 #[cfg(test)]
@@ -54,6 +55,7 @@ const YAML_FUNCS: &[(&str, Func)] = &[
     ("fromYaml", serial::from_yaml),
     ("fromYamlArray", serial::from_yaml_array),
     ("mustToYaml", serial::must_to_yaml),
+    ("toToml", toml::to_toml),
     ("toYaml", serial::to_yaml),
 ];
 

@@ -289,3 +289,26 @@ fn globs_match_as_helms_files_glob() {
     let long = "a".repeat(60) + "b";
     assert!(!glob_match(stars.as_bytes(), long.as_bytes()));
 }
+
+#[test]
+fn to_toml_writes_as_helm_does() {
+    let out = render(
+        &[
+            ("Chart.yaml", CHART_YAML),
+            (
+                "values.yaml",
+                "a:\n  b: x\n  c: 1\n  d: [1, 2]\n  e:\n    f: true\n  g:\n    - {h: 1}\n    - {h: 2}\nz: 1.5\ns: \"q\\\"\\n\"\nm: {}\nn2: [a, b]\n",
+            ),
+            (
+                "templates/a.yaml",
+                "{{ toToml .Values }}|{{ toToml (dict \"i\" 1 \"l\" (list 1 \"a\")) }}|{{ toToml \"x\" }}",
+            ),
+        ],
+        "{}",
+    )
+    .expect("renders");
+    assert_eq!(
+        out[0].1,
+        "n2 = [\"a\", \"b\"]\ns = \"q\\\"\\n\"\nz = 1.5\n\n[a]\n  b = \"x\"\n  c = 1.0\n  d = [1.0, 2.0]\n  [a.e]\n    f = true\n\n  [[a.g]]\n    h = 1.0\n\n  [[a.g]]\n    h = 2.0\n\n[m]\n|i = 1\nl = [1, \"a\"]\n|\"x\""
+    );
+}
