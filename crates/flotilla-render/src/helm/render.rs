@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use crate::helm::chart::{Chart, File, Metadata};
+use crate::helm::chart::{Chart, File, ImportValue};
 use crate::helm::funcs;
 use crate::helm::gotmpl::{
     Budget, FuncError, FuncResult, Funcs, Host, Object, TemplateSet, Value, helm_clean_output,
@@ -249,15 +249,13 @@ fn chart_data(planned: &RenderPlan, release: &Release) -> Vec<Value> {
         .charts
         .iter()
         .zip(values)
-        .map(|(scoped, values)| {
+        .enumerate()
+        .map(|(index, (scoped, values))| {
             let mut top = BTreeMap::new();
             top.insert("Values".to_string(), values);
             top.insert("Release".to_string(), release_value.clone());
             top.insert("Capabilities".to_string(), capabilities.clone());
-            top.insert(
-                "Chart".to_string(),
-                Value::Object(Arc::new(ChartObject(scoped.metadata.clone()))),
-            );
+            top.insert("Chart".to_string(), chart_map(planned, index));
             top.insert(
                 "Files".to_string(),
                 Value::Object(Arc::new(FilesObject::new(&scoped.files))),
@@ -316,80 +314,123 @@ impl Host for TemplateHost<'_> {
     }
 }
 
-/// Go's `*chart.Metadata`: Chart.yaml's fields under their Go names.
-#[derive(Debug)]
-struct ChartObject(Metadata);
-
-impl ChartObject {
-    fn raw(&self, key: &str) -> Option<Value> {
-        self.0.raw.get(key).cloned()
-    }
-
-    fn raw_string(&self, key: &str) -> Value {
-        match self.raw(key) {
-            Some(Value::String(s)) => Value::String(s),
-            Some(Value::Nil) | None => Value::string(""),
-            Some(other) => Value::string(crate::helm::gotmpl::fmt::display(&other)),
-        }
-    }
-}
-
-impl Object for ChartObject {
-    fn type_name(&self) -> &str {
-        "*chart.Metadata"
-    }
-
-    fn field(&self, name: &str) -> Option<Value> {
-        let m = &self.0;
-        let opt = |s: &Option<String>| Value::string(s.clone().unwrap_or_default());
-        Some(match name {
-            "Name" => Value::string(m.name.as_str()),
-            "Version" => Value::string(m.version.as_str()),
-            "AppVersion" => opt(&m.app_version),
-            "Description" => opt(&m.description),
-            "KubeVersion" => opt(&m.kube_version),
-            "APIVersion" => Value::string(m.api_version.as_str()),
-            "Type" => self.raw_string("type"),
-            "Home" => self.raw_string("home"),
-            "Icon" => self.raw_string("icon"),
-            "Condition" => self.raw_string("condition"),
-            "Tags" => self.raw_string("tags"),
-            "Deprecated" => Value::Bool(self.raw("deprecated").is_some_and(|v| v.truthy())),
-            "Annotations" => match self.raw("annotations") {
-                Some(v @ Value::Map(_)) => v,
-                _ => Value::map(BTreeMap::new()),
-            },
-            "Sources" | "Keywords" | "Maintainers" | "Dependencies" => {
-                let key = match name {
-                    "Sources" => "sources",
-                    "Keywords" => "keywords",
-                    "Maintainers" => "maintainers",
-                    _ => "dependencies",
+/// Helm v4's `.Chart`: a map of chart.Metadata's fields under their Go names, every
+/// field present (empty strings, empty lists), `IsRoot` true for the chart released.
+fn chart_map(planned: &RenderPlan, index: usize) -> Value {
+    let scoped = &planned.charts[index];
+    let m = &scoped.metadata;
+    let raw = |key: &str| m.raw.get(key).cloned();
+    let text = |key: &str| match raw(key) {
+        Some(Value::String(s)) => Value::String(s),
+        Some(Value::Nil) | None => Value::string(""),
+        Some(other) => Value::string(crate::helm::gotmpl::fmt::display(&other)),
+    };
+    let list = |key: &str| match raw(key) {
+        Some(v @ Value::List(_)) => v,
+        _ => Value::list(Vec::new()),
+    };
+    let opt = |s: &Option<String>| Value::string(s.clone().unwrap_or_default());
+    let fields = |entry: &Value, names: &[(&str, &str)]| {
+        let get = |key: &str| match entry {
+            Value::Map(map) => map.get(key),
+            _ => None,
+        };
+        let map: BTreeMap<String, Value> = names
+            .iter()
+            .map(|(go, yaml)| {
+                let value = match get(yaml) {
+                    Some(Value::Nil) | None => Value::string(""),
+                    Some(v) => v,
                 };
-                match self.raw(key) {
-                    Some(v @ Value::List(_)) => v,
-                    _ => Value::list(Vec::new()),
-                }
-            }
-            _ => return None,
-        })
-    }
-
-    fn json_fields(&self) -> Option<Vec<(String, Value)>> {
-        // encoding/json of chart.Metadata: the Chart.yaml keys, empty ones omitted.
-        Some(
-            self.0
-                .raw
+                (go.to_string(), value)
+            })
+            .collect();
+        Value::map(map)
+    };
+    let maintainers = match raw("maintainers") {
+        Some(Value::List(items)) => Value::list(
+            items
                 .iter()
-                .filter(|(_, v)| v.truthy())
-                .map(|(k, v)| (k.clone(), v.clone()))
+                .map(|e| fields(e, &[("Name", "name"), ("Email", "email"), ("URL", "url")]))
                 .collect(),
-        )
-    }
-
-    fn display(&self) -> String {
-        format!("&{{{} {}}}", self.0.name, self.0.version)
-    }
+        ),
+        _ => Value::list(Vec::new()),
+    };
+    let dependencies = Value::list(
+        m.dependencies
+            .iter()
+            .map(|d| {
+                let name = d.alias.clone().unwrap_or_else(|| d.name.clone());
+                let path = format!("{}/charts/{name}", scoped.path);
+                let enabled = planned.charts.iter().any(|c| c.path == path);
+                let imports = d
+                    .import_values
+                    .iter()
+                    .map(|i| match i {
+                        ImportValue::Exports(s) => Value::string(s.as_str()),
+                        ImportValue::Map { child, parent } => {
+                            let mut map = BTreeMap::new();
+                            map.insert("child".to_string(), Value::string(child.as_str()));
+                            map.insert("parent".to_string(), Value::string(parent.as_str()));
+                            Value::map(map)
+                        }
+                    })
+                    .collect();
+                let mut map = BTreeMap::new();
+                map.insert("Name".to_string(), Value::string(d.name.as_str()));
+                map.insert("Version".to_string(), Value::string(d.version.as_str()));
+                map.insert(
+                    "Repository".to_string(),
+                    Value::string(d.repository.as_str()),
+                );
+                map.insert("Condition".to_string(), Value::string(d.condition.as_str()));
+                map.insert(
+                    "Tags".to_string(),
+                    Value::list(d.tags.iter().map(|t| Value::string(t.as_str())).collect()),
+                );
+                map.insert("Enabled".to_string(), Value::Bool(enabled));
+                map.insert("ImportValues".to_string(), Value::list(imports));
+                map.insert(
+                    "Alias".to_string(),
+                    Value::string(d.alias.clone().unwrap_or_default()),
+                );
+                Value::map(map)
+            })
+            .collect(),
+    );
+    let annotations = match raw("annotations") {
+        Some(v @ Value::Map(_)) => v,
+        _ => Value::map(BTreeMap::new()),
+    };
+    let entries = [
+        ("APIVersion", Value::string(m.api_version.as_str())),
+        ("Annotations", annotations),
+        ("AppVersion", opt(&m.app_version)),
+        ("Condition", text("condition")),
+        ("Dependencies", dependencies),
+        (
+            "Deprecated",
+            Value::Bool(matches!(raw("deprecated"), Some(Value::Bool(true)))),
+        ),
+        ("Description", opt(&m.description)),
+        ("Home", text("home")),
+        ("Icon", text("icon")),
+        ("IsRoot", Value::Bool(scoped.parent.is_none())),
+        ("Keywords", list("keywords")),
+        ("KubeVersion", opt(&m.kube_version)),
+        ("Maintainers", maintainers),
+        ("Name", Value::string(m.name.as_str())),
+        ("Sources", list("sources")),
+        ("Tags", text("tags")),
+        ("Type", text("type")),
+        ("Version", Value::string(m.version.as_str())),
+    ];
+    Value::map(
+        entries
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+    )
 }
 
 /// Go's `*chartutil.Capabilities`.
@@ -574,7 +615,7 @@ impl FilesObject {
 
 impl Object for FilesObject {
     fn type_name(&self) -> &str {
-        "common.Files"
+        "engine.files"
     }
     fn kind(&self) -> &'static str {
         "map"

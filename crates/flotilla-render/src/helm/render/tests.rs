@@ -312,3 +312,52 @@ fn to_toml_writes_as_helm_does() {
         "n2 = [\"a\", \"b\"]\ns = \"q\\\"\\n\"\nz = 1.5\n\n[a]\n  b = \"x\"\n  c = 1.0\n  d = [1.0, 2.0]\n  [a.e]\n    f = true\n\n  [[a.g]]\n    h = 1.0\n\n  [[a.g]]\n    h = 2.0\n\n[m]\n|i = 1\nl = [1, \"a\"]\n|\"x\""
     );
 }
+
+#[test]
+fn subcharts_and_kinds_as_helm_shows_them() {
+    let out = render(
+        &[
+            ("Chart.yaml", CHART_YAML),
+            ("charts/sub/Chart.yaml", "apiVersion: v2\nname: sub\nversion: 0.1.0\n"),
+            (
+                "templates/y.yaml",
+                "{{ .Subcharts.sub.Chart.Name }} {{ .Subcharts.sub.Values.global }} {{ kindOf .Release }} {{ kindOf .Chart }} {{ kindOf .Capabilities }} {{ kindOf .Files }} {{ typeOf .Files }} {{ .Capabilities.HelmVersion.Version }} {{ .Chart.Type }}|{{ .Chart.Keywords }}|{{ .Chart.Maintainers }}|{{ .Chart.Annotations }}|{{ .Chart.Deprecated }}",
+            ),
+        ],
+        "{}",
+    )
+    .expect("renders");
+    assert_eq!(
+        out[0].1,
+        "sub map[] map map ptr map engine.files v4.2 |[]|[]|map[]|false"
+    );
+}
+
+/// Many releases of one chart render in parallel from one prepared chart.
+#[test]
+fn a_prepared_chart_is_shared_between_threads() {
+    fn shared<T: Send + Sync>() {}
+    shared::<PreparedChart>();
+}
+
+#[test]
+fn the_chart_is_a_map_of_go_field_names() {
+    let out = render(
+        &[
+            (
+                "Chart.yaml",
+                "apiVersion: v2\nname: t\nversion: 0.1.0\nappVersion: \"1.2\"\nkeywords: [a]\nmaintainers:\n  - name: m\n    email: e\n",
+            ),
+            (
+                "templates/y.yaml",
+                "{{ typeOf .Chart }} {{ typeOf .Capabilities }} {{ typeOf .Capabilities.KubeVersion }} {{ kindOf .Capabilities.KubeVersion }} {{ typeOf .Capabilities.APIVersions }}|{{ .Chart }}|{{ index .Chart.Maintainers 0 }}",
+            ),
+        ],
+        "{}",
+    )
+    .expect("renders");
+    assert_eq!(
+        out[0].1,
+        "map[string]interface {} *common.Capabilities common.KubeVersion struct common.VersionSet|map[APIVersion:v2 Annotations:map[] AppVersion:1.2 Condition: Dependencies:[] Deprecated:false Description: Home: Icon: IsRoot:true Keywords:[a] KubeVersion: Maintainers:[map[Email:e Name:m URL:]] Name:t Sources:[] Tags: Type: Version:0.1.0]|map[Email:e Name:m URL:]"
+    );
+}
