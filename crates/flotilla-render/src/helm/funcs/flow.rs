@@ -70,6 +70,28 @@ pub fn required(_: &mut dyn Host, args: &[Value]) -> FuncResult {
     }
 }
 
+/// Helm's engine marks the messages of `fail` and `required` so that its error
+/// report can show them alone: `execution error at (FILE:LINE:COL): MESSAGE`.
+fn marked(result: FuncResult) -> FuncResult {
+    result.map_err(|err| {
+        if err.as_wrong_type().is_some() || super::is_call_site_error(&err) {
+            err
+        } else {
+            FuncError::new(format!("HELM_ERR_START{}HELM_ERR_END", err.0))
+        }
+    })
+}
+
+/// `fail` as a render's table has it: its message marked for Helm's report.
+pub fn engine_fail(host: &mut dyn Host, args: &[Value]) -> FuncResult {
+    marked(fail(host, args))
+}
+
+/// `required` as a render's table has it: its message marked for Helm's report.
+pub fn engine_required(host: &mut dyn Host, args: &[Value]) -> FuncResult {
+    marked(required(host, args))
+}
+
 /// Helm's `lookup APIVERSION KIND NAMESPACE NAME`: a render here sees no cluster, as
 /// `helm template` does, so the answer is an empty map; the user is warned, naming
 /// the template, since a chart may behave differently against a live cluster.

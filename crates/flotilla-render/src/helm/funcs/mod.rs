@@ -62,12 +62,16 @@ const YAML_FUNCS: &[(&str, Func)] = &[
 /// Every function a Helm render's templates may call (besides Go's builtins,
 /// `include` and `tpl`, which are the engine's).
 pub fn all() -> Funcs {
-    TABLE
+    let mut funcs: Funcs = TABLE
         .iter()
         .chain(YAML_FUNCS)
         .chain(crate::helm::crypto::FUNCS)
         .copied()
-        .collect()
+        .collect();
+    // Helm's engine replaces these two so its report shows their message alone.
+    funcs.insert("fail", flow::engine_fail);
+    funcs.insert("required", flow::engine_required);
+    funcs
 }
 
 /// The functions that change their first argument (a map) in Go.

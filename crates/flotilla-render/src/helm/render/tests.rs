@@ -361,3 +361,25 @@ fn the_chart_is_a_map_of_go_field_names() {
         "map[string]interface {} *common.Capabilities common.KubeVersion struct common.VersionSet|map[APIVersion:v2 Annotations:map[] AppVersion:1.2 Condition: Dependencies:[] Deprecated:false Description: Home: Icon: IsRoot:true Keywords:[a] KubeVersion: Maintainers:[map[Email:e Name:m URL:]] Name:t Sources:[] Tags: Type: Version:0.1.0]|map[Email:e Name:m URL:]"
     );
 }
+
+#[test]
+fn errors_are_worded_as_helm_words_them() {
+    let cases = [
+        (
+            "x: {{ fail \"boom\" }}",
+            "execution error at (t/templates/a.yaml:1:6): boom",
+        ),
+        (
+            "x: {{ .Values.a.b.c }}",
+            "t/templates/a.yaml:1:13\n  executing \"t/templates/a.yaml\" at <.Values.a.b.c>:\n    nil pointer evaluating interface {}.b",
+        ),
+    ];
+    for (text, want) in cases {
+        let err = render(
+            &[("Chart.yaml", CHART_YAML), ("templates/a.yaml", text)],
+            "{}",
+        )
+        .expect_err("fails");
+        assert_eq!(err.to_string(), want, "{text}");
+    }
+}
