@@ -2,6 +2,7 @@
 //! suites, and `kubectl kustomize`), and property tests of its budgets.
 
 mod budgets;
+mod helm_charts;
 mod incremental;
 mod kustomize_corpus;
 mod kustomize_diff;

@@ -9,9 +9,10 @@
 //! shared between threads, so parsed templates and the values of a chart can be held
 //! once and rendered for many releases in parallel.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// A Go value as a template sees it.
 #[derive(Clone, Debug, Default)]
@@ -35,11 +36,140 @@ pub enum Value {
     /// Go's `[]interface{}` (and the other slices: `[]string` from Sprig's
     /// `splitList`, `keys`, ... behave the same in templates).
     List(Arc<Vec<Value>>),
-    /// Go's `map[string]interface{}`: iteration and printing in key order.
-    Map(Arc<BTreeMap<String, Value>>),
+    /// Go's `map[string]interface{}`: iteration and printing in key order. A
+    /// reference, as Go's maps are: `set`, `unset` and `merge` change the map every
+    /// holder of it sees.
+    Map(MapRef),
     /// A Go struct or pointer with fields and methods (Helm's `.Release`, `.Chart`,
     /// `.Capabilities`, `.Files`, ...).
     Object(Arc<dyn Object>),
+}
+
+/// A Go map: shared by reference and changed in place, as Go's maps are. Reads take
+/// a snapshot of what they need (a value is cheap to clone), so no lock is held while
+/// a template runs and a map given to `merge` twice never deadlocks.
+#[derive(Clone, Default)]
+pub struct MapRef(Arc<RwLock<BTreeMap<String, Value>>>);
+
+impl MapRef {
+    pub fn new(entries: BTreeMap<String, Value>) -> MapRef {
+        MapRef(Arc::new(RwLock::new(entries)))
+    }
+
+    /// The map, read-locked. A lock poisoned by a panic elsewhere still holds a
+    /// whole map (every change is one insert or remove), so it is used as is.
+    pub fn read(&self) -> RwLockReadGuard<'_, BTreeMap<String, Value>> {
+        self.0
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The map, write-locked (held only for one change, never across a call out).
+    pub fn write(&self) -> RwLockWriteGuard<'_, BTreeMap<String, Value>> {
+        self.0
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn get(&self, key: &str) -> Option<Value> {
+        self.read().get(key).cloned()
+    }
+
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.read().contains_key(key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.read().is_empty()
+    }
+
+    pub fn keys(&self) -> Vec<String> {
+        self.read().keys().cloned().collect()
+    }
+
+    /// The entries in key order, as they are now.
+    pub fn entries(&self) -> Vec<(String, Value)> {
+        self.read()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// A shallow copy of the map as it is now.
+    pub fn snapshot(&self) -> BTreeMap<String, Value> {
+        self.read().clone()
+    }
+
+    pub fn insert(&self, key: String, value: Value) -> Option<Value> {
+        self.write().insert(key, value)
+    }
+
+    pub fn remove(&self, key: &str) -> Option<Value> {
+        self.write().remove(key)
+    }
+
+    /// Whether both are the same Go map (not merely equal).
+    pub fn same(&self, other: &MapRef) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// Marks the map as being walked (printed, copied, marshalled) on this thread
+    /// until the guard drops; `None` when it already is: the map holds itself
+    /// (`set $d "self" $d`), and a walk that went on would never end.
+    pub fn visit(&self) -> Option<Visit> {
+        let id = Arc::as_ptr(&self.0) as *const () as usize;
+        VISITING.with(|visiting| {
+            let mut visiting = visiting.borrow_mut();
+            if visiting.contains(&id) {
+                None
+            } else {
+                visiting.push(id);
+                Some(Visit(id))
+            }
+        })
+    }
+}
+
+thread_local! {
+    /// The maps being walked on this thread, innermost last (see [`MapRef::visit`]).
+    static VISITING: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A map being walked; see [`MapRef::visit`].
+#[derive(Debug)]
+pub struct Visit(usize);
+
+impl Drop for Visit {
+    fn drop(&mut self) {
+        VISITING.with(|visiting| {
+            let mut visiting = visiting.borrow_mut();
+            if let Some(at) = visiting.iter().rposition(|&id| id == self.0) {
+                visiting.remove(at);
+            }
+        });
+    }
+}
+
+/// What printing writes for a map inside itself (Go would recurse until it crashed).
+pub const CYCLE_TEXT: &str = "<cycle>";
+
+impl fmt::Debug for MapRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.try_read() {
+            Ok(map) => f.debug_map().entries(map.iter()).finish(),
+            Err(_) => f.write_str("{<locked>}"),
+        }
+    }
+}
+
+impl From<BTreeMap<String, Value>> for MapRef {
+    fn from(entries: BTreeMap<String, Value>) -> MapRef {
+        MapRef::new(entries)
+    }
 }
 
 /// A Go struct (or a named type with methods) that templates reach into: `.Field`,
@@ -52,6 +182,23 @@ pub trait Object: fmt::Debug + Send + Sync {
     /// Calls the method of that name with arguments, if the type has one.
     fn call(&self, name: &str, args: &[Value]) -> Option<FuncResult> {
         let _ = (name, args);
+        None
+    }
+    /// Go's `reflect.Kind` of the value a template holds, as `kindOf` prints it:
+    /// `ptr` for Helm's pointers (`.Chart`, `.Capabilities`), `struct` for a struct
+    /// held by value (Sprig's certificates).
+    fn kind(&self) -> &'static str {
+        "ptr"
+    }
+    /// Go's truth of the value (`if`, `and`, `empty`): a pointer or struct is true;
+    /// a map or slice type (Helm's `.Files`) only when it has entries.
+    fn truthy(&self) -> bool {
+        true
+    }
+    /// The fields as `encoding/json` writes the struct (JSON names, `omitempty`
+    /// applied), in Go's field order, so `toJson` and `toYaml` marshal it as Go
+    /// does; `None` for a type Go would not marshal to an object.
+    fn json_fields(&self) -> Option<Vec<(String, Value)>> {
         None
     }
     /// What `%v` and `print` write: the value of a `String()` method where the Go type
@@ -67,9 +214,29 @@ pub type FuncResult = Result<Value, FuncError>;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FuncError(pub String);
 
+/// Marks a [`FuncError`] made by [`FuncError::wrong_type`].
+const WRONG_TYPE_MARK: &str = "\u{0}wrong-type:";
+
 impl FuncError {
     pub fn new(message: impl Into<String>) -> FuncError {
         FuncError(message.into())
+    }
+
+    /// The argument at `index` (0-based; a piped value counts as the last argument)
+    /// does not fit the Go parameter type `expected` (`string`, `int`, `float64`,
+    /// `bool`, `[]interface {}`, ...). Go's template engine checks this before the
+    /// call, so the engine reports it as Go does, at the argument, without
+    /// `error calling NAME:` (e.g. `wrong type for value; expected string; got
+    /// float64`, `invalid value; expected string`, `expected string; found 3`).
+    pub fn wrong_type(index: usize, expected: &str) -> FuncError {
+        FuncError(format!("{WRONG_TYPE_MARK}{index}:{expected}"))
+    }
+
+    /// The argument index and expected type of a [`FuncError::wrong_type`] error.
+    pub fn as_wrong_type(&self) -> Option<(usize, &str)> {
+        let rest = self.0.strip_prefix(WRONG_TYPE_MARK)?;
+        let (index, expected) = rest.split_once(':')?;
+        Some((index.parse().ok()?, expected))
     }
 }
 
@@ -95,6 +262,11 @@ pub trait Host {
     fn now_unix(&self) -> i64;
     /// Records a warning for the user (`lookup` returned an empty map, ...).
     fn warn(&mut self, message: String);
+    /// Called by the release renderer before each template runs, so generated bytes
+    /// can depend on the template (its calls' counts start again at zero).
+    fn begin_template(&mut self, name: &str) {
+        let _ = name;
+    }
 }
 
 /// A template function: Sprig's, Helm's or Go's own builtins. It gets the render's
@@ -111,7 +283,29 @@ impl Value {
     }
 
     pub fn map(entries: BTreeMap<String, Value>) -> Value {
-        Value::Map(Arc::new(entries))
+        Value::Map(MapRef::new(entries))
+    }
+
+    /// A copy that shares no map with `self` (Sprig's `deepCopy`; each release's
+    /// values before its render, so that `set` in one render never reaches the
+    /// chart's parsed values that other renders share).
+    pub fn deep_copy(&self) -> Value {
+        match self {
+            Value::Map(m) => {
+                // A map inside itself stays shared there: a copy would never end.
+                let Some(_visit) = m.visit() else {
+                    return self.clone();
+                };
+                Value::map(
+                    m.entries()
+                        .into_iter()
+                        .map(|(k, v)| (k, v.deep_copy()))
+                        .collect(),
+                )
+            }
+            Value::List(items) => Value::list(items.iter().map(Value::deep_copy).collect()),
+            other => other.clone(),
+        }
     }
 
     /// Go's `reflect.Kind` name, as Sprig's `kindOf` prints it.
@@ -125,7 +319,7 @@ impl Value {
             Value::String(_) => "string",
             Value::Bytes(_) | Value::List(_) => "slice",
             Value::Map(_) => "map",
-            Value::Object(_) => "ptr",
+            Value::Object(o) => o.kind(),
         }
     }
 
@@ -157,7 +351,7 @@ impl Value {
             Value::Bytes(b) => !b.is_empty(),
             Value::List(l) => !l.is_empty(),
             Value::Map(m) => !m.is_empty(),
-            Value::Object(_) => true,
+            Value::Object(o) => o.truthy(),
         }
     }
 
