@@ -283,6 +283,8 @@ fn move_running<S: ServedState>(
 ) -> (Step, bool) {
     let rollout = &mut *run.rollout;
     let mut steps = Vec::new();
+    let supersede =
+        touched.contains(rollout.policy.name.as_str()) && rollout.revision != input.revision;
     for i in 0..rollout.members.len() {
         let member = &rollout.members[i];
         if member.left {
@@ -295,14 +297,18 @@ fn move_running<S: ServedState>(
                 "no longer governed by rollout policy {}",
                 rollout.policy.name
             )),
+            // A later commit that renders for it what it is served again (a revert)
+            // changes nothing and supersedes nothing, but the rollout must not serve it
+            // a render HEAD no longer makes.
+            Some(l) if l.digest != member.target && !supersede => {
+                Some(format!("{} renders another digest for it", input.revision))
+            }
             _ => None,
         };
         if let Some(why) = why {
             steps.push(rollout.leave(i, &why, input.now));
         }
     }
-    let supersede =
-        touched.contains(rollout.policy.name.as_str()) && rollout.revision != input.revision;
     if supersede {
         steps.push(rollout.supersede(input.revision, input.now));
     }

@@ -382,6 +382,26 @@ fn a_cluster_removed_from_the_fleet_leaves_the_rollout_and_is_forgotten() {
 }
 
 #[test]
+fn a_cluster_whose_render_is_reverted_leaves_the_rollout_instead_of_taking_the_old_render() {
+    let mut hub = settled();
+    hub.render("main@r2", &every('b'), false);
+    // r3 renders for store-1 what it is served again (r1's digest): nothing changes,
+    // nothing is superseded, and r2's rollout must not serve it r2's digest later.
+    let mut digests = every('b');
+    digests[3] = ("store-1", 'a');
+    let decision = hub.render("main@r3", &digests, false);
+    assert!(decision.superseded.is_empty());
+    let member = hub
+        .rollout()
+        .members
+        .iter()
+        .find(|m| m.cluster == "store-1")
+        .expect("member");
+    assert!(member.left, "store-1 stays in r2's rollout");
+    assert_eq!(hub.serves("store-1"), ('a', false));
+}
+
+#[test]
 fn a_forced_commit_releases_every_wave_at_once() {
     let mut hub = settled();
     let decision = hub.render("main@r2", &every('b'), true);
