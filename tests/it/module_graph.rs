@@ -211,7 +211,7 @@ fn read_refs(tokens: &[Token]) -> FileRefs {
                     .unwrap_or(tokens.len());
                 let within: Vec<String> = inline.iter().map(|(n, _)| n.clone()).collect();
                 let mut paths = Vec::new();
-                use_tree(&tokens[i + 1..end], &mut Vec::new(), &mut paths);
+                use_tree(&tokens[i + 1..end], &[], &mut paths);
                 refs.paths
                     .extend(paths.into_iter().map(|p| (within.clone(), p)));
                 i = end + 1;
@@ -271,8 +271,8 @@ fn matching(tokens: &[Token], open: usize, left: char, right: char) -> usize {
 }
 
 /// Expands a `use` tree (`a::{b, c::d as e, self, *}`) into its paths.
-fn use_tree(tokens: &[Token], prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
-    let mut path = prefix.clone();
+fn use_tree(tokens: &[Token], prefix: &[String], out: &mut Vec<Vec<String>>) {
+    let mut path = prefix.to_vec();
     let mut i = 0;
     while i < tokens.len() {
         match &tokens[i] {
@@ -283,12 +283,12 @@ fn use_tree(tokens: &[Token], prefix: &mut Vec<String>, out: &mut Vec<Vec<String
                 let end = matching(tokens, i, '{', '}');
                 let mut start = i + 1;
                 let mut level = 0;
-                for k in i + 1..=end.min(tokens.len().saturating_sub(1)) {
-                    match tokens[k] {
+                for (k, token) in tokens.iter().enumerate().take(end + 1).skip(i + 1) {
+                    match token {
                         Token::Punct('{') => level += 1,
                         Token::Punct('}') if level > 0 => level -= 1,
                         Token::Punct(',') | Token::Punct('}') if level == 0 => {
-                            use_tree(&tokens[start..k], &mut path.clone(), out);
+                            use_tree(&tokens[start..k], &path, out);
                             start = k + 1;
                         }
                         _ => {}
@@ -327,7 +327,10 @@ fn modules(sources: &BTreeMap<String, String>, root: &str) -> Crate {
         };
         let refs = read_refs(&tokens(text));
         let path = Path::new(&file);
-        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+        let stem = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default();
         let parent = path.parent().unwrap_or(Path::new(""));
         let dir = match stem {
             "mod" | "lib" | "main" => parent.to_path_buf(),
@@ -336,7 +339,11 @@ fn modules(sources: &BTreeMap<String, String>, root: &str) -> Crate {
         for child in &refs.children {
             let flat = dir.join(format!("{child}.rs")).display().to_string();
             let nested = dir.join(child).join("mod.rs").display().to_string();
-            let file = if sources.contains_key(&flat) { flat } else { nested };
+            let file = if sources.contains_key(&flat) {
+                flat
+            } else {
+                nested
+            };
             let mut path = module.clone();
             path.push(child.clone());
             pending.push((path, file));
@@ -535,7 +542,11 @@ fn no_crate_has_an_import_circle_between_its_files() {
             .map(|root| relative.join(root).display().to_string())
             .filter(|root| sources.contains_key(root))
             .collect();
-        assert!(!roots.is_empty(), "{} has no lib.rs or main.rs", src.display());
+        assert!(
+            !roots.is_empty(),
+            "{} has no lib.rs or main.rs",
+            src.display()
+        );
         let roots: Vec<&str> = roots.iter().map(String::as_str).collect();
         for (set, cycle) in crate_circles(&sources, &roots) {
             let allowed = ALLOWED
