@@ -19,6 +19,7 @@ mod hub_hostile;
 mod hub_objects;
 mod hub_peers;
 mod hub_scale;
+mod module_graph;
 mod readme;
 mod render_example;
 mod rollout_e2e;

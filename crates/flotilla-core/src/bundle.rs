@@ -12,8 +12,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
-use crate::signing::BundleSignature;
-
 /// The API version of every flotilla document.
 pub const API_VERSION: &str = "flotilla.dev/v1alpha1";
 
@@ -377,18 +375,6 @@ pub fn document_bytes(
     revision: &str,
     canonical_resources: &[u8],
 ) -> Vec<u8> {
-    signed_document_bytes(cluster, digest, revision, canonical_resources, None)
-}
-
-/// [`document_bytes`] with the document's `signature` (see [`crate::signing`]), which
-/// the digest does not cover.
-pub fn signed_document_bytes(
-    cluster: &str,
-    digest: &Digest,
-    revision: &str,
-    canonical_resources: &[u8],
-    signature: Option<&BundleSignature>,
-) -> Vec<u8> {
     let mut out = Vec::with_capacity(canonical_resources.len() + 384);
     out.extend_from_slice(b"{\"apiVersion\":");
     write_canonical_string(&mut out, API_VERSION);
@@ -400,15 +386,21 @@ pub fn signed_document_bytes(
     out.extend_from_slice(canonical_resources);
     out.extend_from_slice(b",\"revision\":");
     write_canonical_string(&mut out, revision);
-    if let Some(signature) = signature {
-        out.extend_from_slice(b",\"signature\":{\"keyId\":");
-        write_canonical_string(&mut out, &signature.key_id);
-        let _ = write!(out, ",\"sequence\":{},\"sig\":", signature.sequence);
-        write_canonical_string(&mut out, &signature.sig);
-        out.push(b'}');
-    }
     out.extend_from_slice(b"}");
     out
+}
+
+// The hub's state still names it here; it goes once that takes it from `signing`.
+pub use crate::signing::signed_document_bytes;
+
+/// The signature a served document carries (`"signature"` in the document).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BundleSignature {
+    pub key_id: String,
+    pub sequence: u64,
+    /// Base64 (standard alphabet, padded) of the 64-byte ed25519 signature.
+    pub sig: String,
 }
 
 /// A Bundle document as received by an agent or read back from disk.

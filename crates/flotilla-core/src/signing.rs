@@ -19,26 +19,41 @@
 //! the key without a registry and a document names the key that signed it.
 
 use std::fmt;
+use std::io::Write as _;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use ed25519_dalek::Signer as _;
-use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
-use crate::bundle::{Digest, write_canonical_string};
+// The signature is part of the document's format, which the bundle module reads;
+// it is defined there and named here too.
+pub use crate::bundle::BundleSignature;
+use crate::bundle::{Digest, document_bytes, write_canonical_string};
 
 const PRIVATE_TAG: &str = "flotilla-ed25519-private";
 const PUBLIC_TAG: &str = "flotilla-ed25519-public";
 
-/// The signature a served document carries (`"signature"` in the document).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct BundleSignature {
-    pub key_id: String,
-    pub sequence: u64,
-    /// Base64 (standard alphabet, padded) of the 64-byte ed25519 signature.
-    pub sig: String,
+/// [`document_bytes`] with the document's `signature`, which the digest does not
+/// cover. `signature` sorts after every other member of the document, so the
+/// signed document is the unsigned one with it added last, and still canonical.
+pub fn signed_document_bytes(
+    cluster: &str,
+    digest: &Digest,
+    revision: &str,
+    canonical_resources: &[u8],
+    signature: Option<&BundleSignature>,
+) -> Vec<u8> {
+    let mut out = document_bytes(cluster, digest, revision, canonical_resources);
+    if let Some(signature) = signature {
+        out.pop();
+        out.extend_from_slice(b",\"signature\":{\"keyId\":");
+        write_canonical_string(&mut out, &signature.key_id);
+        let _ = write!(out, ",\"sequence\":{},\"sig\":", signature.sequence);
+        write_canonical_string(&mut out, &signature.sig);
+        out.extend_from_slice(b"}}");
+    }
+    out
 }
 
 /// The canonical JSON bytes of the statement a signature covers:

@@ -55,6 +55,11 @@ pub enum HubError {
     Object(#[from] ObjectError),
     #[error(transparent)]
     Locked(#[from] lock::LockError),
+    /// A task the hub waited for panicked or was cancelled.
+    #[error("a background task failed: {0}")]
+    Join(#[from] tokio::task::JoinError),
+    /// [`HubError::Join`] as text, for the callers that still pass it so (the
+    /// state's object writes); it goes when they use `?` on the join itself.
     #[error("a background task failed: {0}")]
     Task(String),
     #[error("the server stopped with an error: {0}")]

@@ -101,7 +101,12 @@ pub fn publish(
     out: &Path,
     signer: Option<&SigningKey>,
 ) -> Result<Published, PublishError> {
-    write_documents(head_documents(output), out, signer)
+    // The folder's futures are ready when first polled: nothing here waits.
+    futures::executor::block_on(write_documents(
+        head_documents(output),
+        &InFolder(out),
+        signer,
+    ))
 }
 
 /// [`publish`] into a folder or a bucket.
@@ -132,8 +137,8 @@ async fn write_to(
     signer: Option<&SigningKey>,
 ) -> Result<Published, PublishError> {
     match site {
-        Site::Dir(out) => write_documents(documents, out, signer),
-        Site::Bucket(bucket) => write_documents_to_bucket(documents, bucket, signer).await,
+        Site::Dir(out) => write_documents(documents, &InFolder(out), signer).await,
+        Site::Bucket(bucket) => write_documents(documents, &InBucket(bucket), signer).await,
     }
 }
 
@@ -179,72 +184,79 @@ pub async fn publish_served(
     write_to(documents, site, signer).await
 }
 
-/// Files are replaced atomically (temporary file, fsync, rename), so a web server never
-/// serves half a bundle. Earlier `bundles/<digest>` files stay, which gives mirrors a
-/// history; clusters that left the fleet are removed.
-fn write_documents(
+/// Writes `documents` to `site` and removes the clusters that left the fleet.
+/// Earlier `bundles/<digest>` documents stay, which gives mirrors a history.
+async fn write_documents(
     documents: Vec<Document>,
-    out: &Path,
+    site: &impl Destination,
     signer: Option<&SigningKey>,
 ) -> Result<Published, PublishError> {
     check_names(&documents)?;
-    let clusters_dir = join(out, &api::CLUSTERS);
-    create_dir(&clusters_dir)?;
+    site.prepare().await?;
+    let clusters = api::CLUSTERS.join("/");
     let mut published = Published {
         clusters: documents.len(),
         ..Published::default()
     };
-    for Document {
-        cluster,
-        digest,
-        bytes: document,
-        hub_sequence,
-    } in &documents
-    {
-        let dir = clusters_dir.join(cluster);
-        let by_digest = dir.join(api::BUNDLES_BY_DIGEST);
-        create_dir(&by_digest)?;
-        let digest_file = by_digest.join(digest.as_str());
-        // A digest file's content is fixed by its digest, except for the revision in it:
-        // the first one written stays, as on the hub.
-        let digest_document = match fs::read(&digest_file) {
-            Ok(existing) => existing,
-            Err(_) => {
-                write_atomically(&digest_file, document)?;
-                sync(&by_digest)?;
-                document.clone()
-            }
-        };
-        let current = dir.join(api::CURRENT_BUNDLE);
-        let previous = fs::read(&current).ok();
-        let current_document = current_document(
-            cluster,
-            digest,
-            digest_document,
-            (&digest_file.display().to_string(), previous.as_deref()),
-            &current.display().to_string(),
-            *hub_sequence,
-            signer,
-        )?;
-        if previous.is_some_and(|existing| existing == current_document) {
-            published.unchanged += 1;
-        } else {
-            write_atomically(&current, &current_document)?;
-            sync(&dir)?;
+    for document in &documents {
+        if write_document(document, &clusters, site, signer).await? {
             published.written += 1;
+        } else {
+            published.unchanged += 1;
         }
     }
     let keep: BTreeSet<&str> = documents.iter().map(|d| d.cluster.as_str()).collect();
-    let entries = fs::read_dir(&clusters_dir).map_err(|source| error(&clusters_dir, source))?;
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !keep.contains(name.as_str()) && entry.path().join(api::CURRENT_BUNDLE).is_file() {
-            fs::remove_dir_all(entry.path()).map_err(|source| error(&entry.path(), source))?;
+    for (name, folder) in site.clusters().await? {
+        if !keep.contains(name.as_str()) && site.holds_bundle(&name, &folder).await? {
+            site.remove(&name, &folder).await?;
             published.removed.push(name);
         }
     }
-    sync(&clusters_dir)?;
+    site.finish().await?;
     Ok(published)
+}
+
+/// Writes one cluster's document by digest (unless there) and as its current
+/// bundle (unless unchanged); whether the current bundle was written.
+async fn write_document(
+    document: &Document,
+    clusters: &str,
+    site: &impl Destination,
+    signer: Option<&SigningKey>,
+) -> Result<bool, PublishError> {
+    let Document {
+        cluster,
+        digest,
+        bytes,
+        hub_sequence,
+    } = document;
+    let dir = format!("{clusters}/{cluster}");
+    let digest_key = format!("{dir}/{}/{}", api::BUNDLES_BY_DIGEST, digest.as_str());
+    // A digest document's content is fixed by its digest, except for the revision in
+    // it: the first one written stays, as on the hub.
+    let digest_document = match site.read(&digest_key).await? {
+        Some(existing) => existing,
+        None => {
+            site.write(&digest_key, bytes).await?;
+            bytes.clone()
+        }
+    };
+    let current_key = format!("{dir}/{}", api::CURRENT_BUNDLE);
+    let previous = site.read(&current_key).await?;
+    let current_document = current_document(
+        cluster,
+        digest,
+        digest_document,
+        (&site.shown(&digest_key), previous.as_deref()),
+        &site.shown(&current_key),
+        *hub_sequence,
+        signer,
+    )?;
+    if previous.is_some_and(|existing| existing == current_document) {
+        return Ok(false);
+    }
+    site.write(&current_key, &current_document).await?;
+    Ok(true)
 }
 
 /// The document to publish as a cluster's current bundle: the one by digest, signed
@@ -270,115 +282,197 @@ fn current_document(
     Ok(signed(&digest_document, &signature))
 }
 
-/// [`write_documents`] into a bucket: the same keys under its prefix. A PUT replaces
-/// an object whole, so a reader never sees half a bundle.
-async fn write_documents_to_bucket(
-    documents: Vec<Document>,
-    bucket: &Bucket,
-    signer: Option<&SigningKey>,
-) -> Result<Published, PublishError> {
-    use futures::TryStreamExt as _;
-    use object_store::ObjectStoreExt as _;
-    check_names(&documents)?;
-    let remote = |what: &'static str, relative: &str| {
-        let path = bucket.url_of(relative);
-        move |source: object_store::Error| PublishError::Remote {
+/// Where documents are published, by their keys under the API's paths
+/// (`v1/clusters/<cluster>/bundle`, ...): a folder or a bucket.
+trait Destination {
+    /// A cluster's folder, as [`Destination::clusters`] lists it.
+    type Folder;
+
+    /// Where `key` is, for messages.
+    fn shown(&self, key: &str) -> String;
+
+    /// Makes ready for writing, once nothing can be refused any more.
+    async fn prepare(&self) -> Result<(), PublishError> {
+        Ok(())
+    }
+
+    /// The document at `key`, or `None` when there is none.
+    async fn read(&self, key: &str) -> Result<Option<Vec<u8>>, PublishError>;
+
+    /// Replaces the document at `key` whole, so a reader never sees half of one.
+    async fn write(&self, key: &str, bytes: &[u8]) -> Result<(), PublishError>;
+
+    /// The clusters' folders already there, each with its name.
+    async fn clusters(&self) -> Result<Vec<(String, Self::Folder)>, PublishError>;
+
+    /// Whether the cluster's folder holds a current bundle, that is whether a
+    /// publish wrote it (nothing else is removed).
+    async fn holds_bundle(&self, name: &str, folder: &Self::Folder) -> Result<bool, PublishError>;
+
+    /// Removes a cluster's folder and everything in it.
+    async fn remove(&self, name: &str, folder: &Self::Folder) -> Result<(), PublishError>;
+
+    /// Makes what was written durable.
+    async fn finish(&self) -> Result<(), PublishError> {
+        Ok(())
+    }
+}
+
+/// A folder on disk. Files are replaced atomically (temporary file, fsync, rename),
+/// and each folder is synced after a change in it. Its operations never wait on
+/// anything but the disk, so its futures are ready when first polled.
+struct InFolder<'a>(&'a Path);
+
+impl InFolder<'_> {
+    fn path(&self, key: &str) -> PathBuf {
+        join(self.0, &key.split('/').collect::<Vec<_>>())
+    }
+
+    fn clusters_dir(&self) -> PathBuf {
+        join(self.0, &api::CLUSTERS)
+    }
+}
+
+impl Destination for InFolder<'_> {
+    type Folder = PathBuf;
+
+    fn shown(&self, key: &str) -> String {
+        self.path(key).display().to_string()
+    }
+
+    async fn prepare(&self) -> Result<(), PublishError> {
+        create_dir(&self.clusters_dir())
+    }
+
+    async fn read(&self, key: &str) -> Result<Option<Vec<u8>>, PublishError> {
+        // A file that cannot be read is written again.
+        Ok(fs::read(self.path(key)).ok())
+    }
+
+    async fn write(&self, key: &str, bytes: &[u8]) -> Result<(), PublishError> {
+        let path = self.path(key);
+        let dir = path.parent().unwrap_or(self.0);
+        create_dir(dir)?;
+        write_atomically(&path, bytes)?;
+        sync(dir)
+    }
+
+    async fn clusters(&self) -> Result<Vec<(String, PathBuf)>, PublishError> {
+        let clusters_dir = self.clusters_dir();
+        let entries = fs::read_dir(&clusters_dir).map_err(|source| error(&clusters_dir, source))?;
+        Ok(entries
+            .flatten()
+            .map(|entry| {
+                (
+                    entry.file_name().to_string_lossy().into_owned(),
+                    entry.path(),
+                )
+            })
+            .collect())
+    }
+
+    async fn holds_bundle(&self, _: &str, folder: &PathBuf) -> Result<bool, PublishError> {
+        Ok(folder.join(api::CURRENT_BUNDLE).is_file())
+    }
+
+    async fn remove(&self, _: &str, folder: &PathBuf) -> Result<(), PublishError> {
+        fs::remove_dir_all(folder).map_err(|source| error(folder, source))
+    }
+
+    async fn finish(&self) -> Result<(), PublishError> {
+        sync(&self.clusters_dir())
+    }
+}
+
+/// A bucket: the same keys under its prefix. A PUT replaces an object whole.
+struct InBucket<'a>(&'a Bucket);
+
+impl InBucket<'_> {
+    fn remote(
+        &self,
+        what: &'static str,
+        relative: &str,
+    ) -> impl FnOnce(object_store::Error) -> PublishError {
+        let path = self.0.url_of(relative);
+        move |source| PublishError::Remote {
             what,
             path,
             source: Box::new(source),
         }
-    };
-    let read = |relative: String| async move {
-        match bucket.store.get(&bucket.key(&relative)).await {
+    }
+}
+
+impl Destination for InBucket<'_> {
+    type Folder = object_store::path::Path;
+
+    fn shown(&self, key: &str) -> String {
+        self.0.url_of(key)
+    }
+
+    async fn read(&self, key: &str) -> Result<Option<Vec<u8>>, PublishError> {
+        use object_store::ObjectStoreExt as _;
+        match self.0.store.get(&self.0.key(key)).await {
             Ok(got) => got
                 .bytes()
                 .await
                 .map(|bytes| Some(bytes.to_vec()))
-                .map_err(remote("read", &relative)),
+                .map_err(self.remote("read", key)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(err) => Err(remote("read", &relative)(err)),
+            Err(err) => Err(self.remote("read", key)(err)),
         }
-    };
-    let write = |relative: String, bytes: Vec<u8>| async move {
-        bucket
+    }
+
+    async fn write(&self, key: &str, bytes: &[u8]) -> Result<(), PublishError> {
+        use object_store::ObjectStoreExt as _;
+        self.0
             .store
-            .put(&bucket.key(&relative), bytes.into())
+            .put(&self.0.key(key), bytes.to_vec().into())
             .await
             .map(|_| ())
-            .map_err(remote("write", &relative))
-    };
-    let clusters = api::CLUSTERS.join("/");
-    let mut published = Published {
-        clusters: documents.len(),
-        ..Published::default()
-    };
-    for Document {
-        cluster,
-        digest,
-        bytes: document,
-        hub_sequence,
-    } in &documents
-    {
-        let dir = format!("{clusters}/{cluster}");
-        let digest_key = format!("{dir}/{}/{}", api::BUNDLES_BY_DIGEST, digest.as_str());
-        let digest_document = match read(digest_key.clone()).await? {
-            Some(existing) => existing,
-            None => {
-                write(digest_key.clone(), document.clone()).await?;
-                document.clone()
-            }
-        };
-        let current_key = format!("{dir}/{}", api::CURRENT_BUNDLE);
-        let previous = read(current_key.clone()).await?;
-        let current_document = current_document(
-            cluster,
-            digest,
-            digest_document,
-            (&bucket.url_of(&digest_key), previous.as_deref()),
-            &bucket.url_of(&current_key),
-            *hub_sequence,
-            signer,
-        )?;
-        if previous.is_some_and(|existing| existing == current_document) {
-            published.unchanged += 1;
-        } else {
-            write(current_key, current_document).await?;
-            published.written += 1;
-        }
+            .map_err(self.remote("write", key))
     }
-    // Clusters that left the fleet: every key under their folder goes.
-    let keep: BTreeSet<&str> = documents.iter().map(|d| d.cluster.as_str()).collect();
-    let listed = bucket
-        .store
-        .list_with_delimiter(Some(&bucket.key(&clusters)))
-        .await
-        .map_err(remote("list", &format!("{clusters}/")))?;
-    for folder in listed.common_prefixes {
-        let Some(name) = folder.filename().map(str::to_string) else {
-            continue;
-        };
-        if keep.contains(name.as_str()) {
-            continue;
-        }
-        let current_key = format!("{clusters}/{name}/{}", api::CURRENT_BUNDLE);
-        if read(current_key).await?.is_none() {
-            continue;
-        }
-        let keys: Vec<object_store::ObjectMeta> = bucket
+
+    async fn clusters(&self) -> Result<Vec<(String, Self::Folder)>, PublishError> {
+        let clusters = api::CLUSTERS.join("/");
+        let listed = self
+            .0
             .store
-            .list(Some(&folder))
+            .list_with_delimiter(Some(&self.0.key(&clusters)))
+            .await
+            .map_err(self.remote("list", &format!("{clusters}/")))?;
+        Ok(listed
+            .common_prefixes
+            .into_iter()
+            .filter_map(|folder| Some((folder.filename()?.to_string(), folder)))
+            .collect())
+    }
+
+    async fn holds_bundle(&self, name: &str, _: &Self::Folder) -> Result<bool, PublishError> {
+        let clusters = api::CLUSTERS.join("/");
+        let current_key = format!("{clusters}/{name}/{}", api::CURRENT_BUNDLE);
+        Ok(self.read(&current_key).await?.is_some())
+    }
+
+    /// Every key under the folder goes.
+    async fn remove(&self, name: &str, folder: &Self::Folder) -> Result<(), PublishError> {
+        use futures::TryStreamExt as _;
+        use object_store::ObjectStoreExt as _;
+        let clusters = api::CLUSTERS.join("/");
+        let keys: Vec<object_store::ObjectMeta> = self
+            .0
+            .store
+            .list(Some(folder))
             .try_collect()
             .await
-            .map_err(remote("list", &format!("{clusters}/{name}/")))?;
+            .map_err(self.remote("list", &format!("{clusters}/{name}/")))?;
         for meta in keys {
-            match bucket.store.delete(&meta.location).await {
+            match self.0.store.delete(&meta.location).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(err) => return Err(remote("delete", meta.location.as_ref())(err)),
+                Err(err) => return Err(self.remote("delete", meta.location.as_ref())(err)),
             }
         }
-        published.removed.push(name);
+        Ok(())
     }
-    Ok(published)
 }
 
 /// Checked before anything is written: no name may lead out of the folder or prefix.

@@ -15,6 +15,7 @@
 //! (see [`stencil`]). Clusters render in parallel.
 
 pub mod diff;
+mod fleet;
 pub mod helm;
 pub mod inputs;
 pub mod kustomize;

@@ -29,6 +29,15 @@ pub use objects::{Bucket, ObjectError, Objects, ObjectsUrl, S3Location};
 pub use rollouts::{RolloutWrite, StoredRollout};
 pub use sessions::StoredSession;
 
+/// Why a token named by its id (or the start of it) cannot be acted on.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    #[error("no token with id {id:?}; `flotilla token list` shows the ids")]
+    NoSuchId { id: String },
+    #[error("{count} tokens have ids starting with {id:?}; give more of the id")]
+    Ambiguous { id: String, count: usize },
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("cannot create the state directory {path}: {source}")]
@@ -46,8 +55,8 @@ pub enum StoreError {
         column: &'static str,
         message: String,
     },
-    #[error("{0}")]
-    Token(String),
+    #[error(transparent)]
+    Token(#[from] TokenError),
     #[error(
         "this hub no longer holds the {lease} lease (epoch {epoch}): another hub took it over; nothing was written"
     )]
@@ -1041,15 +1050,14 @@ impl Store {
         let token = match matches.as_slice() {
             [one] => (*one).clone(),
             [] => {
-                return Err(StoreError::Token(format!(
-                    "no token with id {id:?}; `flotilla token list` shows the ids"
-                )));
+                return Err(TokenError::NoSuchId { id: id.to_string() }.into());
             }
             _ => {
-                return Err(StoreError::Token(format!(
-                    "{} tokens have ids starting with {id:?}; give more of the id",
-                    matches.len()
-                )));
+                return Err(TokenError::Ambiguous {
+                    id: id.to_string(),
+                    count: matches.len(),
+                }
+                .into());
             }
         };
         if token.revoked_at_ms.is_some() {

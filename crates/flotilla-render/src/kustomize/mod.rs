@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::load::SourcedDocument;
+use crate::fleet::SourcedDocument;
 use crate::scope::{CustomScopes, is_cluster_scoped};
 use crate::yaml;
 use file::Kustomization;

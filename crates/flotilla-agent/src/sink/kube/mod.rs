@@ -100,6 +100,38 @@ pub enum ConnectError {
     Client(#[source] kube::Error),
 }
 
+/// Why the cluster's inventory (the ledger ConfigMap) could not be read or
+/// written: nothing of the bundle is applied then, and the next apply tries again.
+#[derive(Debug, thiserror::Error)]
+enum InventoryError {
+    #[error("cannot read the cluster's inventory (ConfigMap {namespace}/{name}): {described}")]
+    Read {
+        namespace: String,
+        name: String,
+        /// What the API server said, and what to do about it.
+        described: String,
+    },
+    /// The ledger's own message says which ConfigMap and why (see
+    /// [`SaveError::Failed`]).
+    #[error("{0}")]
+    Write(String),
+    #[error("the cluster's inventory is not open")]
+    NotOpen,
+}
+
+/// Why a CRD of the bundle was not seen Established: its custom resources are not
+/// applied then.
+#[derive(Debug, thiserror::Error)]
+enum EstablishError {
+    #[error("cannot read it back to see it established: {0}")]
+    Unreadable(String),
+    #[error("not Established after {}s; its custom resources cannot be applied", .0.as_secs())]
+    NotEstablished(Duration),
+    /// The agent was asked to stop while it waited; what the pause said.
+    #[error("{0}")]
+    Stopped(String),
+}
+
 /// Requests to the API server, each with its own timeout, abandoned when the agent
 /// is asked to stop.
 #[derive(Clone)]
@@ -269,7 +301,7 @@ impl KubeSink {
     }
 
     /// Reads the ledger the first time (or when the cluster changed).
-    async fn open_ledger(&mut self, cluster: &str) -> Result<(), String> {
+    async fn open_ledger(&mut self, cluster: &str) -> Result<(), InventoryError> {
         if self.ledger.as_ref().is_some_and(|l| l.cluster == cluster) {
             return Ok(());
         }
@@ -287,12 +319,11 @@ impl KubeSink {
                 self.ledger = Some(ledger);
             }
             Err(failure) => {
-                return Err(format!(
-                    "cannot read the cluster's inventory (ConfigMap {}/{}): {}",
-                    self.ledger_namespace,
-                    ledger::configmap_name(cluster),
-                    failure.describe("get", "configmaps")
-                ));
+                return Err(InventoryError::Read {
+                    namespace: self.ledger_namespace.clone(),
+                    name: ledger::configmap_name(cluster),
+                    described: failure.describe("get", "configmaps"),
+                });
             }
         }
         Ok(())
@@ -301,7 +332,7 @@ impl KubeSink {
     /// Writes the ledger if it changed since it was last written. A ledger too big
     /// for a ConfigMap is not an error of the apply: it is logged, and the state
     /// folder's inventory carries on alone (returned as a note for the report).
-    async fn save_ledger(&mut self, api: &Api) -> Result<Option<String>, String> {
+    async fn save_ledger(&mut self, api: &Api) -> Result<Option<String>, InventoryError> {
         let Some(ledger) = &self.ledger else {
             return Ok(None);
         };
@@ -317,7 +348,7 @@ impl KubeSink {
                 tracing::error!("{note}");
                 Ok(Some(note))
             }
-            Err(SaveError::Failed(message)) => Err(message),
+            Err(SaveError::Failed(message)) => Err(InventoryError::Write(message)),
         }
     }
 
@@ -350,8 +381,8 @@ impl KubeSink {
     }
 
     async fn apply_bundle(&mut self, bundle: &Bundle, prune: &[InventoryEntry]) -> ApplyOutcome {
-        if let Err(message) = self.open_ledger(&bundle.cluster).await {
-            return nothing_applied(bundle, message);
+        if let Err(err) = self.open_ledger(&bundle.cluster).await {
+            return nothing_applied(bundle, &err);
         }
         let candidates = self.prune_candidates(bundle, prune);
         if let Some(ledger) = &mut self.ledger {
@@ -360,10 +391,10 @@ impl KubeSink {
         let api = self.api.clone();
         let mut note = match self.save_ledger(&api).await {
             Ok(note) => note,
-            Err(message) => return nothing_applied(bundle, message),
+            Err(err) => return nothing_applied(bundle, &err),
         };
         let Some(mut ledger) = self.ledger.take() else {
-            return nothing_applied(bundle, "the cluster's inventory is not open".into());
+            return nothing_applied(bundle, &InventoryError::NotOpen);
         };
         let mut run = Run {
             api: self.api.clone(),
@@ -559,7 +590,7 @@ fn summary(
 const JOB_REMOVED: &str = "ran and was removed after it finished (ttlSecondsAfterFinished); flotilla creates \
                            a Job again only when its manifest changes";
 
-fn nothing_applied(bundle: &Bundle, message: String) -> ApplyOutcome {
+fn nothing_applied(bundle: &Bundle, message: &dyn std::fmt::Display) -> ApplyOutcome {
     ApplyOutcome {
         resources: bundle
             .resources
@@ -725,9 +756,9 @@ impl Run {
                 break;
             }
             let key = lines[index].status.key();
-            if let Err(message) = self.wait_established(&key).await {
+            if let Err(err) = self.wait_established(&key).await {
                 lines[index] = Line {
-                    status: ResourceStatus::new(&key, ResourceState::Failed, message),
+                    status: ResourceStatus::new(&key, ResourceState::Failed, err.to_string()),
                     apply_error: true,
                 };
             }
@@ -902,7 +933,7 @@ impl Run {
     }
 
     /// Waits until the CRD is Established.
-    async fn wait_established(&mut self, key: &ResourceKey) -> Result<(), String> {
+    async fn wait_established(&mut self, key: &ResourceKey) -> Result<(), EstablishError> {
         let deadline = Instant::now() + self.options.crd_timeout;
         loop {
             match self.api.get(&crd_resource(), None, &key.name).await {
@@ -912,21 +943,16 @@ impl Run {
                     let described =
                         failure.describe("get", "customresourcedefinitions.apiextensions.k8s.io");
                     self.note(key, &failure, &described);
-                    return Err(format!(
-                        "cannot read it back to see it established: {described}"
-                    ));
+                    return Err(EstablishError::Unreadable(described));
                 }
             }
             if Instant::now() + self.options.crd_poll > deadline {
-                return Err(format!(
-                    "not Established after {}s; its custom resources cannot be applied",
-                    self.options.crd_timeout.as_secs()
-                ));
+                return Err(EstablishError::NotEstablished(self.options.crd_timeout));
             }
             if let Err(failure) = self.pause(self.options.crd_poll).await {
                 let described = failure.describe("get", "customresourcedefinitions");
                 self.note(key, &failure, &described);
-                return Err(described);
+                return Err(EstablishError::Stopped(described));
             }
         }
     }

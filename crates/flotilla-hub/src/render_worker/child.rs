@@ -1,0 +1,124 @@
+//! The render process's loop: it caps its own memory, then reads request after
+//! request, renders each since what it names, and writes the answer, keeping its
+//! last render between them.
+
+use std::collections::BTreeMap;
+use std::io::{self, BufRead, Read, Write};
+
+use flotilla_core::bundle::Bundle;
+use flotilla_core::rollout::RolloutPlan;
+use flotilla_render::{RenderOptions, RenderOutput, render_since_fetching};
+
+use super::codec::{
+    Known, Since, decode_input, encode_output, invalid, read_output, write_request,
+};
+
+/// The child's side: caps its own memory, then renders request after request until
+/// its input ends: each is the snapshot and limits read from `input`, its render
+/// written to `output`. Between requests it keeps its last render (digests and
+/// provenance) and that render's parse of the cluster files, so the next commit can
+/// be rendered since it without the hub sending it again, and unchanged cluster
+/// files are not parsed again. Rendering runs out of memory by aborting the process,
+/// which the parent recognises.
+pub fn run_worker(
+    memory_limit: Option<u64>,
+    input: impl Read,
+    output: impl Write,
+) -> io::Result<()> {
+    // Dies with the hub, whatever way the hub ends.
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+        .map_err(io::Error::from)?;
+    if let Some(limit) = memory_limit {
+        rustix::process::setrlimit(
+            rustix::process::Resource::Data,
+            rustix::process::Rlimit {
+                current: Some(limit),
+                maximum: Some(limit),
+            },
+        )
+        .map_err(io::Error::from)?;
+    }
+    let mut input = io::BufReader::new(input);
+    let mut output = io::BufWriter::new(output);
+    let mut kept: Option<RenderOutput> = None;
+    // A request starts with its header; the end of the input, between requests,
+    // ends the worker.
+    while !input.fill_buf()?.is_empty() {
+        let rendered = render_request(&mut input, &mut output, kept.take())?;
+        kept = Some(kept_for_next(rendered));
+    }
+    Ok(())
+}
+
+/// Reads one request, renders it (since the render it names, and with the parse of
+/// `kept`, the last render), and writes the answer; returns the render.
+fn render_request(
+    input: &mut impl BufRead,
+    output: &mut impl Write,
+    kept: Option<RenderOutput>,
+) -> io::Result<RenderOutput> {
+    let (limits, snapshot, since) = decode_input(&mut *input)?;
+    let parsed = kept.as_ref().and_then(|k| k.parsed.clone());
+    let previous =
+        match since {
+            Since::Nothing => None,
+            Since::Given(mut previous) => {
+                previous.parsed = parsed.clone();
+                Some(previous)
+            }
+            Since::Kept => Some(kept.ok_or_else(|| {
+                invalid("asked to render since a render this process does not keep")
+            })?),
+        };
+    let options = RenderOptions {
+        limits,
+        ..RenderOptions::default()
+    };
+    // The clusters rendered in part, asked for once: their previous bundles are read
+    // back from the hub. Asked or not, the request is written before the render.
+    let mut asked: Option<Vec<String>> = None;
+    let mut fetch = |names: &[String]| -> Option<Vec<Bundle>> {
+        asked = Some(names.to_vec());
+        write_request(output, names).ok()?;
+        let answer = read_output(&mut *input, Known::Nothing).ok()?;
+        names
+            .iter()
+            .map(|n| answer.bundles.get(n).cloned())
+            .collect()
+    };
+    let rendered = match &previous {
+        Some(previous) => render_since_fetching(previous, &snapshot, &options, &mut fetch),
+        // Nothing to render since, but the last render's parse of the cluster files
+        // can still be taken.
+        None => {
+            let parse_only = RenderOutput {
+                parsed,
+                ..RenderOutput::default()
+            };
+            render_since_fetching(&parse_only, &snapshot, &options, &mut fetch)
+        }
+    };
+    drop(snapshot);
+    if asked.is_none() {
+        write_request(output, &[])?;
+    }
+    let known = previous.as_ref().map_or(Known::Nothing, Known::Render);
+    encode_output(&rendered, known, output)?;
+    output.flush()?;
+    Ok(rendered)
+}
+
+/// What the worker keeps of a render for the next request: what a hub sends of a
+/// render to render since it (its bundles' digests, its diagnostics and
+/// provenance) and its parse of the cluster files.
+fn kept_for_next(mut rendered: RenderOutput) -> RenderOutput {
+    for bundle in rendered.bundles.values_mut() {
+        bundle.resources = Vec::new();
+    }
+    RenderOutput {
+        memberships: BTreeMap::new(),
+        labels: BTreeMap::new(),
+        rollouts: RolloutPlan::default(),
+        ..rendered
+    }
+}

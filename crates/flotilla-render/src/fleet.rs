@@ -1,0 +1,129 @@
+//! The fleet as the renderer uses it, once its files are read (see
+//! [`crate::load`]): clusters, groups, workloads with their manifests, overlays
+//! with their compiled patches, and rollout policies.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use regex::Regex;
+
+use flotilla_core::model::{ImageOverride, LabelSelector, Located, Target, Vars};
+use flotilla_core::rollout::Policy;
+
+#[derive(Clone, Debug)]
+pub struct Cluster {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub vars: Vars,
+    pub file: String,
+    /// `spec.paused`: it keeps the digest it is served.
+    pub paused: bool,
+}
+
+#[derive(Debug)]
+pub struct Group {
+    pub name: String,
+    pub selector: LabelSelector,
+    pub vars: Vars,
+    pub file: String,
+}
+
+#[derive(Debug)]
+pub struct Workload {
+    pub name: String,
+    pub namespace: Option<String>,
+    pub targets: Vec<Located<Target>>,
+    pub vars: Vars,
+    pub file: String,
+    /// Plain manifests, parsed once for every cluster.
+    pub documents: Arc<Vec<SourcedDocument>>,
+    /// Template files (`*.j2`), by path; rendered per cluster.
+    pub templates: Vec<String>,
+}
+
+/// A manifest document with the file and line it came from.
+#[derive(Debug, Clone)]
+pub struct SourcedDocument {
+    pub value: serde_json::Value,
+    pub file: Arc<str>,
+    pub line: u64,
+}
+
+#[derive(Debug)]
+pub struct Overlay {
+    pub name: String,
+    pub file: String,
+    pub priority: i64,
+    pub clusters: Vec<Located<String>>,
+    pub groups: Vec<Located<String>>,
+    pub cluster_selector: Option<LabelSelector>,
+    pub workloads: Option<Vec<Located<String>>>,
+    pub vars: Vars,
+    pub images: Vec<ImageOverride>,
+    pub patches: Vec<CompiledPatch>,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// A patch with its target's regular expressions and selectors compiled.
+#[derive(Debug)]
+pub struct CompiledPatch {
+    pub line: u64,
+    pub group: Option<Regex>,
+    pub version: Option<Regex>,
+    pub kind: Option<Regex>,
+    pub name: Option<Regex>,
+    pub namespace: Option<Regex>,
+    pub label_selector: Option<LabelSelector>,
+    pub annotation_selector: Option<LabelSelector>,
+    pub action: PatchAction,
+}
+
+#[derive(Debug)]
+pub enum PatchAction {
+    JsonPatch(serde_json::Value),
+    MergePatch(serde_json::Value),
+    StrategicMerge(serde_json::Value),
+}
+
+/// A RolloutPolicy as read: the checked policy and how its waves select clusters.
+#[derive(Debug)]
+pub struct RolloutPolicy {
+    pub name: String,
+    pub file: String,
+    pub selector: LabelSelector,
+    /// The checked policy (its declared waves; the plan adds a last one if needed).
+    pub policy: Policy,
+    pub waves: Vec<WaveSelection>,
+}
+
+/// How one wave selects clusters.
+#[derive(Debug)]
+pub struct WaveSelection {
+    pub line: u64,
+    pub groups: Vec<Located<String>>,
+    pub clusters: Vec<Located<String>>,
+    pub selector: Option<LabelSelector>,
+    pub percent: Option<u32>,
+}
+
+impl WaveSelection {
+    /// A wave with no selection takes every governed cluster not in an earlier wave.
+    pub fn selects_all(&self) -> bool {
+        self.groups.is_empty()
+            && self.clusters.is_empty()
+            && self.selector.is_none()
+            && self.percent.is_none()
+    }
+}
+
+/// The fleet as the renderer uses it: every list sorted (clusters, groups and
+/// workloads by name; overlays by priority, then name; rollout policies by name).
+#[derive(Debug, Default)]
+pub struct Fleet {
+    pub clusters: Vec<Cluster>,
+    pub groups: Vec<Group>,
+    pub workloads: Vec<Workload>,
+    pub overlays: Vec<Overlay>,
+    pub rollout_policies: Vec<RolloutPolicy>,
+}
