@@ -1374,6 +1374,31 @@ async fn write_served(
     let names: Vec<&str> = changes.iter().map(|c| c.cluster.as_str()).collect();
     let old = select_in(tx, "SELECT digest FROM clusters WHERE name IN ({})", &names).await?;
     candidates.extend(old.iter().map(|row| row.get::<String, _>("digest")));
+    let sequences = move_serve_sequences(tx, changes, commit.now_ms).await?;
+    upsert_served_clusters(tx, changes, commit.now_ms, &sequences).await?;
+    let written = changes
+        .iter()
+        .map(|c| Ok((c.cluster.clone(), served_sequence(&sequences, &c.cluster)?)))
+        .collect::<Result<Vec<_>, sqlx::Error>>()?;
+
+    // History, for digests really served (not a hold).
+    let kept: Vec<&ServedChange> = changes.iter().filter(|c| !c.hold).collect();
+    if kept.is_empty() {
+        return Ok(written);
+    }
+    insert_history(tx, &kept, generation).await?;
+    let trimmed = history_beyond(tx, &kept, commit.history).await?;
+    delete_history(tx, &trimmed).await?;
+    candidates.extend(trimmed.into_iter().map(|(_, digest)| digest));
+    Ok(written)
+}
+
+/// Moves each changed cluster's serve sequence up, returning the new ones by cluster.
+async fn move_serve_sequences(
+    tx: &mut Tx<'_>,
+    changes: &[ServedChange],
+    now_ms: i64,
+) -> Result<HashMap<String, i64>, sqlx::Error> {
     // The sequence is the change's time in milliseconds, or one more than the last
     // one when that is higher: it goes up on every change, and a store that was lost
     // or restored from a backup still signs above what agents hold.
@@ -1388,20 +1413,31 @@ async fn write_served(
     );
     let mut query = sqlx::query(&sql);
     for change in changes {
-        query = query.bind(&change.cluster).bind(commit.now_ms.max(1));
+        query = query.bind(&change.cluster).bind(now_ms.max(1));
     }
-    let sequences: HashMap<String, i64> = query
+    Ok(query
         .fetch_all(&mut **tx)
         .await?
         .iter()
         .map(|row| (row.get("cluster"), row.get("sequence")))
-        .collect();
-    let sequence_of = |cluster: &str| {
-        sequences
-            .get(cluster)
-            .copied()
-            .ok_or_else(|| sqlx::Error::RowNotFound)
-    };
+        .collect())
+}
+
+/// The new serve sequence of `cluster`, which [`move_serve_sequences`] returned.
+fn served_sequence(sequences: &HashMap<String, i64>, cluster: &str) -> Result<i64, sqlx::Error> {
+    sequences
+        .get(cluster)
+        .copied()
+        .ok_or_else(|| sqlx::Error::RowNotFound)
+}
+
+/// Writes each changed cluster's `clusters` row with its new serve sequence.
+async fn upsert_served_clusters(
+    tx: &mut Tx<'_>,
+    changes: &[ServedChange],
+    now_ms: i64,
+    sequences: &HashMap<String, i64>,
+) -> Result<(), sqlx::Error> {
     let sql = format!(
         "INSERT INTO clusters (name, digest, revision, updated_at, hold, serve_sequence)
          VALUES {}
@@ -1416,28 +1452,27 @@ async fn write_served(
             .bind(&change.cluster)
             .bind(change.digest.as_str())
             .bind(&change.revision)
-            .bind(commit.now_ms)
+            .bind(now_ms)
             .bind(change.hold)
-            .bind(sequence_of(&change.cluster)?);
+            .bind(served_sequence(sequences, &change.cluster)?);
     }
     query.execute(&mut **tx).await?;
-    let written = changes
-        .iter()
-        .map(|c| Ok((c.cluster.clone(), sequence_of(&c.cluster)?)))
-        .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    Ok(())
+}
 
-    // History, for digests really served (not a hold).
-    let kept: Vec<&ServedChange> = changes.iter().filter(|c| !c.hold).collect();
-    if kept.is_empty() {
-        return Ok(written);
-    }
+/// Adds the served digests to their clusters' history under `generation`.
+async fn insert_history(
+    tx: &mut Tx<'_>,
+    kept: &[&ServedChange],
+    generation: i64,
+) -> Result<(), sqlx::Error> {
     let sql = format!(
         "INSERT INTO bundle_history (cluster, digest, revision, generation) VALUES {}
          ON CONFLICT (cluster, digest) DO UPDATE SET generation = excluded.generation",
         Placeholders::of(tx).rows(kept.len(), 4)
     );
     let mut query = sqlx::query(&sql);
-    for change in &kept {
+    for change in kept {
         query = query
             .bind(&change.cluster)
             .bind(change.digest.as_str())
@@ -1445,6 +1480,15 @@ async fn write_served(
             .bind(generation);
     }
     query.execute(&mut **tx).await?;
+    Ok(())
+}
+
+/// The (cluster, digest) history entries past the newest `history` of each cluster.
+async fn history_beyond(
+    tx: &mut Tx<'_>,
+    kept: &[&ServedChange],
+    history: usize,
+) -> Result<Vec<(String, String)>, sqlx::Error> {
     let names: Vec<&str> = kept.iter().map(|c| c.cluster.as_str()).collect();
     let rows = select_in(
         tx,
@@ -1463,10 +1507,15 @@ async fn write_served(
             kept_of_cluster = 0;
         }
         kept_of_cluster += 1;
-        if kept_of_cluster > commit.history.max(1) {
+        if kept_of_cluster > history.max(1) {
             trimmed.push((cluster, row.get("digest")));
         }
     }
+    Ok(trimmed)
+}
+
+/// Deletes the given (cluster, digest) history entries, many to a statement.
+async fn delete_history(tx: &mut Tx<'_>, trimmed: &[(String, String)]) -> Result<(), sqlx::Error> {
     for chunk in trimmed.chunks(ROWS_PER_STATEMENT) {
         let mut placeholders = Placeholders::of(tx);
         let condition: Vec<String> = (0..chunk.len())
@@ -1485,8 +1534,7 @@ async fn write_served(
         }
         query.execute(&mut **tx).await?;
     }
-    candidates.extend(trimmed.into_iter().map(|(_, digest)| digest));
-    Ok(written)
+    Ok(())
 }
 
 /// The digests of `candidates` nothing refers to any more: not in a cluster's
