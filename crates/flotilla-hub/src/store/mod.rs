@@ -622,133 +622,20 @@ impl Store {
         commit: &Commit,
     ) -> Result<(Vec<Digest>, HashMap<String, u64>), StoreError> {
         let err = |e| self.db_error(e);
-        let mut sequences = HashMap::with_capacity(commit.served.len());
         let mut tx = self.pool.begin().await.map_err(err)?;
-        if let Some(fence) = &commit.fence {
-            // Touching the lease's row holds it locked until this transaction ends, so
-            // a hub taking the lease over waits for this write or fences it out.
-            let held = sqlx::query(
-                "UPDATE hub_leases SET epoch = epoch WHERE name = $1 AND holder = $2 AND epoch = $3",
-            )
-            .bind(&fence.lease)
-            .bind(&fence.holder)
-            .bind(fence.epoch)
-            .execute(&mut *tx)
-            .await
-            .map_err(err)?
-            .rows_affected();
-            if held != 1 {
-                return Err(StoreError::Fenced {
-                    lease: fence.lease.clone(),
-                    epoch: fence.epoch,
-                });
-            }
-        }
-        if let Some(expected) = commit.rollouts_version {
-            // Compare and move on in one statement, which holds the row (PostgreSQL)
-            // or the database (SQLite) until this transaction ends: of two writers
-            // that read the same version, the second is refused.
-            let moved = sqlx::query("UPDATE hub_meta SET value = $1 WHERE key = $2 AND value = $3")
-                .bind((expected + 1).to_string())
-                .bind(META_ROLLOUTS)
-                .bind(expected.to_string())
-                .execute(&mut *tx)
-                .await
-                .map_err(err)?
-                .rows_affected();
-            if moved != 1 {
-                return Err(StoreError::RolloutsMoved { expected });
-            }
-        } else if !commit.rollouts.is_empty() {
-            bump_counter(&mut tx, META_ROLLOUTS).await.map_err(err)?;
-        }
-        if let (Some(revision), Some(expected)) = (&commit.revision, &commit.expect_revision) {
-            let recorded: Option<String> = sqlx::query("SELECT value FROM hub_meta WHERE key = $1")
-                .bind(META_REVISION)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(err)?
-                .map(|row| row.get("value"));
-            if recorded != *expected && recorded.as_ref() != Some(revision) {
-                return Err(StoreError::RevisionMoved {
-                    expected: expected.clone().unwrap_or_else(|| "nothing".into()),
-                    recorded: recorded.unwrap_or_else(|| "nothing".into()),
-                });
-            }
-        }
+        self.check_fence(&mut tx, commit).await?;
+        self.move_rollouts_version(&mut tx, commit).await?;
+        self.check_revision(&mut tx, commit).await?;
         let mut candidates: BTreeSet<String> = BTreeSet::new();
-        // Many rows to a statement: a commit that changes 10,000 clusters is a few
-        // dozen statements, not tens of thousands (each a round trip to PostgreSQL).
-        for chunk in chunks_by_key(&commit.rendered, |row| &row.cluster) {
-            let names: Vec<&str> = chunk.iter().map(|row| row.cluster.as_str()).collect();
-            let old = select_in(
-                &mut tx,
-                "SELECT digest FROM rendered WHERE cluster IN ({})",
-                &names,
-            )
+        write_rendered(&mut tx, &commit.rendered, &mut candidates)
             .await
             .map_err(err)?;
-            candidates.extend(old.iter().map(|row| row.get::<String, _>("digest")));
-            let sql = format!(
-                "INSERT INTO rendered (cluster, digest, revision, policy, wave, paused)
-                 VALUES {}
-                 ON CONFLICT (cluster) DO UPDATE SET digest = excluded.digest,
-                     revision = excluded.revision, policy = excluded.policy,
-                     wave = excluded.wave, paused = excluded.paused",
-                Placeholders::of(&tx).rows(chunk.len(), 6)
-            );
-            let mut query = sqlx::query(&sql);
-            for row in chunk {
-                query = query
-                    .bind(&row.cluster)
-                    .bind(row.digest.as_str())
-                    .bind(&row.revision)
-                    .bind(&row.policy)
-                    .bind(&row.wave)
-                    .bind(row.paused);
-            }
-            query.execute(&mut *tx).await.map_err(err)?;
-        }
-        if !commit.served.is_empty() {
-            let generation = next_generation(&mut tx).await.map_err(err)?;
-            for chunk in chunks_by_key(&commit.served, |change| &change.cluster) {
-                let written = write_served(&mut tx, chunk, generation, commit, &mut candidates)
-                    .await
-                    .map_err(err)?;
-                for (cluster, sequence) in written {
-                    sequences.insert(cluster, sequence_of(sequence)?);
-                }
-            }
-        }
-        for name in &commit.removed {
-            for query in [
-                "SELECT digest FROM bundle_history WHERE cluster = $1",
-                "SELECT digest FROM rendered WHERE cluster = $1",
-            ] {
-                let digests: Vec<String> = sqlx::query(query)
-                    .bind(name)
-                    .fetch_all(&mut *tx)
-                    .await
-                    .map_err(err)?
-                    .iter()
-                    .map(|row| row.get("digest"))
-                    .collect();
-                candidates.extend(digests);
-            }
-            for table in [
-                "DELETE FROM bundle_history WHERE cluster = $1",
-                "DELETE FROM clusters WHERE name = $1",
-                "DELETE FROM rendered WHERE cluster = $1",
-                "DELETE FROM agent_status WHERE cluster = $1",
-                "DELETE FROM cluster_seen WHERE cluster = $1",
-            ] {
-                sqlx::query(table)
-                    .bind(name)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(err)?;
-            }
-        }
+        let sequences = self
+            .write_served_changes(&mut tx, commit, &mut candidates)
+            .await?;
+        remove_clusters(&mut tx, &commit.removed, &mut candidates)
+            .await
+            .map_err(err)?;
         for write in &commit.rollouts {
             rollouts::write(&mut tx, write, &mut candidates)
                 .await
@@ -760,12 +647,123 @@ impl Store {
                 .map_err(err)?;
         }
         bump_counter(&mut tx, META_CHANGES).await.map_err(err)?;
-        let mut unreferenced = Vec::new();
-        for digest in unreferenced_of(&mut tx, candidates).await.map_err(err)? {
-            unreferenced.push(parse_digest("bundle_history", "digest", digest)?);
-        }
+        let unreferenced = self.unreferenced(&mut tx, candidates).await?;
         tx.commit().await.map_err(err)?;
         Ok((unreferenced, sequences))
+    }
+
+    /// Refuses the commit unless this hub still holds the lease it was fenced by.
+    async fn check_fence(&self, tx: &mut Tx<'_>, commit: &Commit) -> Result<(), StoreError> {
+        let Some(fence) = &commit.fence else {
+            return Ok(());
+        };
+        // Touching the lease's row holds it locked until this transaction ends, so
+        // a hub taking the lease over waits for this write or fences it out.
+        let held = sqlx::query(
+            "UPDATE hub_leases SET epoch = epoch WHERE name = $1 AND holder = $2 AND epoch = $3",
+        )
+        .bind(&fence.lease)
+        .bind(&fence.holder)
+        .bind(fence.epoch)
+        .execute(&mut **tx)
+        .await
+        .map_err(|e| self.db_error(e))?
+        .rows_affected();
+        if held != 1 {
+            return Err(StoreError::Fenced {
+                lease: fence.lease.clone(),
+                epoch: fence.epoch,
+            });
+        }
+        Ok(())
+    }
+
+    /// Moves the rollouts version on, refusing the commit if it was read at another.
+    async fn move_rollouts_version(
+        &self,
+        tx: &mut Tx<'_>,
+        commit: &Commit,
+    ) -> Result<(), StoreError> {
+        let err = |e| self.db_error(e);
+        if let Some(expected) = commit.rollouts_version {
+            // Compare and move on in one statement, which holds the row (PostgreSQL)
+            // or the database (SQLite) until this transaction ends: of two writers
+            // that read the same version, the second is refused.
+            let moved = sqlx::query("UPDATE hub_meta SET value = $1 WHERE key = $2 AND value = $3")
+                .bind((expected + 1).to_string())
+                .bind(META_ROLLOUTS)
+                .bind(expected.to_string())
+                .execute(&mut **tx)
+                .await
+                .map_err(err)?
+                .rows_affected();
+            if moved != 1 {
+                return Err(StoreError::RolloutsMoved { expected });
+            }
+        } else if !commit.rollouts.is_empty() {
+            bump_counter(tx, META_ROLLOUTS).await.map_err(err)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses the commit if the recorded revision is neither the expected one nor its own.
+    async fn check_revision(&self, tx: &mut Tx<'_>, commit: &Commit) -> Result<(), StoreError> {
+        let (Some(revision), Some(expected)) = (&commit.revision, &commit.expect_revision) else {
+            return Ok(());
+        };
+        let recorded: Option<String> = sqlx::query("SELECT value FROM hub_meta WHERE key = $1")
+            .bind(META_REVISION)
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(|e| self.db_error(e))?
+            .map(|row| row.get("value"));
+        if recorded != *expected && recorded.as_ref() != Some(revision) {
+            return Err(StoreError::RevisionMoved {
+                expected: expected.clone().unwrap_or_else(|| "nothing".into()),
+                recorded: recorded.unwrap_or_else(|| "nothing".into()),
+            });
+        }
+        Ok(())
+    }
+
+    /// Writes the served changes under one new generation, returning each cluster's sequence.
+    async fn write_served_changes(
+        &self,
+        tx: &mut Tx<'_>,
+        commit: &Commit,
+        candidates: &mut BTreeSet<String>,
+    ) -> Result<HashMap<String, u64>, StoreError> {
+        let err = |e| self.db_error(e);
+        let mut sequences = HashMap::with_capacity(commit.served.len());
+        if commit.served.is_empty() {
+            return Ok(sequences);
+        }
+        let generation = next_generation(tx).await.map_err(err)?;
+        for chunk in chunks_by_key(&commit.served, |change| &change.cluster) {
+            let written = write_served(tx, chunk, generation, commit, candidates)
+                .await
+                .map_err(err)?;
+            for (cluster, sequence) in written {
+                sequences.insert(cluster, sequence_of(sequence)?);
+            }
+        }
+        Ok(sequences)
+    }
+
+    /// The digests of `candidates` nothing refers to any more, parsed.
+    async fn unreferenced(
+        &self,
+        tx: &mut Tx<'_>,
+        candidates: BTreeSet<String>,
+    ) -> Result<Vec<Digest>, StoreError> {
+        let mut unreferenced = Vec::new();
+        for digest in unreferenced_of(tx, candidates)
+            .await
+            .map_err(|e| self.db_error(e))?
+        {
+            unreferenced.push(parse_digest("bundle_history", "digest", digest)?);
+        }
+        Ok(unreferenced)
     }
 
     /// Every digest the store refers to: served, rendered, kept in a cluster's history
@@ -1296,6 +1294,79 @@ async fn select_in(
     query.fetch_all(connection).await
 }
 
+/// Writes a clean render's `rendered` rows, adding the digests they replace to `candidates`.
+async fn write_rendered(
+    tx: &mut Tx<'_>,
+    rendered: &[RenderedCluster],
+    candidates: &mut BTreeSet<String>,
+) -> Result<(), sqlx::Error> {
+    // Many rows to a statement: a commit that changes 10,000 clusters is a few
+    // dozen statements, not tens of thousands (each a round trip to PostgreSQL).
+    for chunk in chunks_by_key(rendered, |row| &row.cluster) {
+        let names: Vec<&str> = chunk.iter().map(|row| row.cluster.as_str()).collect();
+        let old = select_in(
+            tx,
+            "SELECT digest FROM rendered WHERE cluster IN ({})",
+            &names,
+        )
+        .await?;
+        candidates.extend(old.iter().map(|row| row.get::<String, _>("digest")));
+        let sql = format!(
+            "INSERT INTO rendered (cluster, digest, revision, policy, wave, paused)
+             VALUES {}
+             ON CONFLICT (cluster) DO UPDATE SET digest = excluded.digest,
+                 revision = excluded.revision, policy = excluded.policy,
+                 wave = excluded.wave, paused = excluded.paused",
+            Placeholders::of(tx).rows(chunk.len(), 6)
+        );
+        let mut query = sqlx::query(&sql);
+        for row in chunk {
+            query = query
+                .bind(&row.cluster)
+                .bind(row.digest.as_str())
+                .bind(&row.revision)
+                .bind(&row.policy)
+                .bind(&row.wave)
+                .bind(row.paused);
+        }
+        query.execute(&mut **tx).await?;
+    }
+    Ok(())
+}
+
+/// Deletes removed clusters' rows, adding the digests they held to `candidates`.
+async fn remove_clusters(
+    tx: &mut Tx<'_>,
+    removed: &[String],
+    candidates: &mut BTreeSet<String>,
+) -> Result<(), sqlx::Error> {
+    for name in removed {
+        for query in [
+            "SELECT digest FROM bundle_history WHERE cluster = $1",
+            "SELECT digest FROM rendered WHERE cluster = $1",
+        ] {
+            let digests: Vec<String> = sqlx::query(query)
+                .bind(name)
+                .fetch_all(&mut **tx)
+                .await?
+                .iter()
+                .map(|row| row.get("digest"))
+                .collect();
+            candidates.extend(digests);
+        }
+        for table in [
+            "DELETE FROM bundle_history WHERE cluster = $1",
+            "DELETE FROM clusters WHERE name = $1",
+            "DELETE FROM rendered WHERE cluster = $1",
+            "DELETE FROM agent_status WHERE cluster = $1",
+            "DELETE FROM cluster_seen WHERE cluster = $1",
+        ] {
+            sqlx::query(table).bind(name).execute(&mut **tx).await?;
+        }
+    }
+    Ok(())
+}
+
 /// Records changes of what clusters are served (no cluster twice in `changes`): each
 /// `clusters` row (its serve sequence moved up: the change's time in milliseconds, or
 /// one more than before if that is higher, continuing the sequence of a cluster that
@@ -1311,6 +1382,31 @@ async fn write_served(
     let names: Vec<&str> = changes.iter().map(|c| c.cluster.as_str()).collect();
     let old = select_in(tx, "SELECT digest FROM clusters WHERE name IN ({})", &names).await?;
     candidates.extend(old.iter().map(|row| row.get::<String, _>("digest")));
+    let sequences = move_serve_sequences(tx, changes, commit.now_ms).await?;
+    upsert_served_clusters(tx, changes, commit.now_ms, &sequences).await?;
+    let written = changes
+        .iter()
+        .map(|c| Ok((c.cluster.clone(), served_sequence(&sequences, &c.cluster)?)))
+        .collect::<Result<Vec<_>, sqlx::Error>>()?;
+
+    // History, for digests really served (not a hold).
+    let kept: Vec<&ServedChange> = changes.iter().filter(|c| !c.hold).collect();
+    if kept.is_empty() {
+        return Ok(written);
+    }
+    insert_history(tx, &kept, generation).await?;
+    let trimmed = history_beyond(tx, &kept, commit.history).await?;
+    delete_history(tx, &trimmed).await?;
+    candidates.extend(trimmed.into_iter().map(|(_, digest)| digest));
+    Ok(written)
+}
+
+/// Moves each changed cluster's serve sequence up, returning the new ones by cluster.
+async fn move_serve_sequences(
+    tx: &mut Tx<'_>,
+    changes: &[ServedChange],
+    now_ms: i64,
+) -> Result<HashMap<String, i64>, sqlx::Error> {
     // The sequence is the change's time in milliseconds, or one more than the last
     // one when that is higher: it goes up on every change, and a store that was lost
     // or restored from a backup still signs above what agents hold.
@@ -1325,20 +1421,31 @@ async fn write_served(
     );
     let mut query = sqlx::query(&sql);
     for change in changes {
-        query = query.bind(&change.cluster).bind(commit.now_ms.max(1));
+        query = query.bind(&change.cluster).bind(now_ms.max(1));
     }
-    let sequences: HashMap<String, i64> = query
+    Ok(query
         .fetch_all(&mut **tx)
         .await?
         .iter()
         .map(|row| (row.get("cluster"), row.get("sequence")))
-        .collect();
-    let sequence_of = |cluster: &str| {
-        sequences
-            .get(cluster)
-            .copied()
-            .ok_or_else(|| sqlx::Error::RowNotFound)
-    };
+        .collect())
+}
+
+/// The new serve sequence of `cluster`, which [`move_serve_sequences`] returned.
+fn served_sequence(sequences: &HashMap<String, i64>, cluster: &str) -> Result<i64, sqlx::Error> {
+    sequences
+        .get(cluster)
+        .copied()
+        .ok_or_else(|| sqlx::Error::RowNotFound)
+}
+
+/// Writes each changed cluster's `clusters` row with its new serve sequence.
+async fn upsert_served_clusters(
+    tx: &mut Tx<'_>,
+    changes: &[ServedChange],
+    now_ms: i64,
+    sequences: &HashMap<String, i64>,
+) -> Result<(), sqlx::Error> {
     let sql = format!(
         "INSERT INTO clusters (name, digest, revision, updated_at, hold, serve_sequence)
          VALUES {}
@@ -1353,28 +1460,27 @@ async fn write_served(
             .bind(&change.cluster)
             .bind(change.digest.as_str())
             .bind(&change.revision)
-            .bind(commit.now_ms)
+            .bind(now_ms)
             .bind(change.hold)
-            .bind(sequence_of(&change.cluster)?);
+            .bind(served_sequence(sequences, &change.cluster)?);
     }
     query.execute(&mut **tx).await?;
-    let written = changes
-        .iter()
-        .map(|c| Ok((c.cluster.clone(), sequence_of(&c.cluster)?)))
-        .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    Ok(())
+}
 
-    // History, for digests really served (not a hold).
-    let kept: Vec<&ServedChange> = changes.iter().filter(|c| !c.hold).collect();
-    if kept.is_empty() {
-        return Ok(written);
-    }
+/// Adds the served digests to their clusters' history under `generation`.
+async fn insert_history(
+    tx: &mut Tx<'_>,
+    kept: &[&ServedChange],
+    generation: i64,
+) -> Result<(), sqlx::Error> {
     let sql = format!(
         "INSERT INTO bundle_history (cluster, digest, revision, generation) VALUES {}
          ON CONFLICT (cluster, digest) DO UPDATE SET generation = excluded.generation",
         Placeholders::of(tx).rows(kept.len(), 4)
     );
     let mut query = sqlx::query(&sql);
-    for change in &kept {
+    for change in kept {
         query = query
             .bind(&change.cluster)
             .bind(change.digest.as_str())
@@ -1382,6 +1488,15 @@ async fn write_served(
             .bind(generation);
     }
     query.execute(&mut **tx).await?;
+    Ok(())
+}
+
+/// The (cluster, digest) history entries past the newest `history` of each cluster.
+async fn history_beyond(
+    tx: &mut Tx<'_>,
+    kept: &[&ServedChange],
+    history: usize,
+) -> Result<Vec<(String, String)>, sqlx::Error> {
     let names: Vec<&str> = kept.iter().map(|c| c.cluster.as_str()).collect();
     let rows = select_in(
         tx,
@@ -1400,10 +1515,15 @@ async fn write_served(
             kept_of_cluster = 0;
         }
         kept_of_cluster += 1;
-        if kept_of_cluster > commit.history.max(1) {
+        if kept_of_cluster > history.max(1) {
             trimmed.push((cluster, row.get("digest")));
         }
     }
+    Ok(trimmed)
+}
+
+/// Deletes the given (cluster, digest) history entries, many to a statement.
+async fn delete_history(tx: &mut Tx<'_>, trimmed: &[(String, String)]) -> Result<(), sqlx::Error> {
     for chunk in trimmed.chunks(ROWS_PER_STATEMENT) {
         let mut placeholders = Placeholders::of(tx);
         let condition: Vec<String> = (0..chunk.len())
@@ -1422,8 +1542,7 @@ async fn write_served(
         }
         query.execute(&mut **tx).await?;
     }
-    candidates.extend(trimmed.into_iter().map(|(_, digest)| digest));
-    Ok(written)
+    Ok(())
 }
 
 /// The digests of `candidates` nothing refers to any more: not in a cluster's
