@@ -42,7 +42,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use backoff::{Backoff, BackoffPolicy, Sleeper, TokioSleeper};
-use cache::{Inventory, InventoryEntry, StateDir, PendingReport};
+use cache::{Inventory, InventoryEntry, PendingReport, StateDir};
 use client::{FailureKind, Fetched, HubClient, Server};
 use flotilla_core::status::{ResourceState, StatusReport};
 use sink::{ApplyOutcome, Sink, StopSignal};

@@ -390,9 +390,6 @@ pub fn document_bytes(
     out
 }
 
-// The hub's state still names it here; it goes once that takes it from `signing`.
-pub use crate::signing::signed_document_bytes;
-
 /// The signature a served document carries (`"signature"` in the document).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -751,7 +748,7 @@ mod tests {
         let bundle = Bundle::new("edge-1", vec![Arc::new(Resource::new(key, &resource))]);
         let signer = crate::signing::SigningKey::from_seed([7; 32]);
         let signature = signer.sign("edge-1", &bundle.digest, "main@sha1:abc", 12);
-        let document = signed_document_bytes(
+        let document = crate::signing::signed_document_bytes(
             "edge-1",
             &bundle.digest,
             "main@sha1:abc",

@@ -58,10 +58,6 @@ pub enum HubError {
     /// A task the hub waited for panicked or was cancelled.
     #[error("a background task failed: {0}")]
     Join(#[from] tokio::task::JoinError),
-    /// [`HubError::Join`] as text, for the callers that still pass it so (the
-    /// state's object writes); it goes when they use `?` on the join itself.
-    #[error("a background task failed: {0}")]
-    Task(String),
     #[error("the server stopped with an error: {0}")]
     Serve(std::io::Error),
     #[error("cannot use --client-ca {path}: {message}")]

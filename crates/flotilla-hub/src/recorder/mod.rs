@@ -342,8 +342,7 @@ impl Recorder {
                     .map(|(digest, bundle)| (digest.clone(), bundle.canonical_resources()))
                     .collect::<Vec<_>>()
             })
-            .await
-            .map_err(|e| HubError::Task(e.to_string()))?;
+            .await?;
             written += self.store.objects.write_all(bytes).await?;
         }
         Ok(written)

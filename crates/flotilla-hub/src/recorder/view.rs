@@ -21,8 +21,9 @@ use crate::fleet::{
     Counts, Desired, FleetSummary, Line, NO_LABELS, RenderStatus, lines, summarize,
 };
 use crate::store::{ObjectError, Store, StoredStatus};
-use flotilla_core::bundle::{Digest, signed_document_bytes};
+use flotilla_core::bundle::Digest;
 use flotilla_core::rollout::view::RolloutView;
+use flotilla_core::signing::signed_document_bytes;
 use flotilla_core::signing::{BundleSignature, SigningKey};
 use flotilla_render::RenderOutput;
 

@@ -24,9 +24,11 @@
 //! in spirit, not always word for word.
 
 mod emit;
+mod floats;
 mod read;
 
-pub use emit::{format_float_v, key_order, marshal, to_yaml};
+pub use emit::{key_order, marshal, to_yaml};
+pub use floats::format_float_v;
 pub use read::{
     from_yaml, from_yaml_array, from_yaml_map, parse_manifest, split_documents, split_manifests,
 };

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde_saphyr::granit_parser::{Event, Options, Parser, ScalarStyle, Tag};
 
-use super::emit::format_g;
+use super::floats::format_g;
 use super::{MAX_DEPTH, MAX_NODES, YamlError};
 use crate::helm::gotmpl::Value;
 
