@@ -1,6 +1,7 @@
 //! The render decision as a table of scenarios (each rule of a clean render: held and
-//! new clusters, paused, supersede, leave, the immediate trailer, an empty store) and
-//! as properties over random fleets and sequences of commits.
+//! new clusters, paused, supersede, leave — removed, paused, moved to another policy,
+//! reverted —, the immediate trailer, an empty store) and as properties over random
+//! fleets of several policies and sequences of commits, some rendered again.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::rollout::tests::{MINUTE, OFFLINE_AFTER, T0, digest, policy, wave};
-use crate::rollout::{Budget, Health, Placement, Report, Rollout, RolloutState, WaveState};
+use crate::rollout::{Budget, Health, Placement, Policy, Report, Rollout, RolloutState, WaveState};
 
 /// A rollout the simulated hub runs.
 struct Tracked {
@@ -37,19 +38,36 @@ impl Hub {
     /// A fleet governed by the policy `stores` (waves `canary` then `rest`): each
     /// cluster as (name, wave) — `None` for an ungoverned cluster.
     fn new(clusters: &[(&str, Option<usize>)]) -> Hub {
-        let stores = policy(vec![
-            wave("canary", 15, Budget::Count(0), None),
-            wave("rest", 0, Budget::Count(0), None),
-        ]);
+        let placed: Vec<(&str, Option<(usize, usize)>)> = clusters
+            .iter()
+            .map(|&(name, wave)| (name, wave.map(|w| (0, w))))
+            .collect();
+        Hub::with_policies(&["stores"], &placed)
+    }
+
+    /// A fleet governed by the policies named, each with the waves `canary` then
+    /// `rest`: each cluster as (name, (policy, wave)) — `None` for an ungoverned one.
+    fn with_policies(policies: &[&str], clusters: &[(&str, Option<(usize, usize)>)]) -> Hub {
+        let policies = policies
+            .iter()
+            .map(|&name| Policy {
+                name: name.into(),
+                file: format!("rollouts/{name}.yaml"),
+                ..policy(vec![
+                    wave("canary", 15, Budget::Count(0), None),
+                    wave("rest", 0, Budget::Count(0), None),
+                ])
+            })
+            .collect();
         let placements: BTreeMap<String, Placement> = clusters
             .iter()
-            .filter_map(|(name, wave)| {
-                wave.map(|w| (name.to_string(), Placement { policy: 0, wave: w }))
+            .filter_map(|&(name, place)| {
+                place.map(|(policy, wave)| (name.to_string(), Placement { policy, wave }))
             })
             .collect();
         Hub {
             plan: RolloutPlan {
-                policies: vec![stores],
+                policies,
                 placements,
                 paused: BTreeSet::new(),
             },
@@ -66,6 +84,13 @@ impl Hub {
     fn pause(&mut self, cluster: &str) {
         self.plan.placements.remove(cluster);
         self.plan.paused.insert(cluster.to_string());
+    }
+
+    /// The next commit's policies govern `cluster` by the policy at index `policy`.
+    fn move_to(&mut self, cluster: &str, policy: usize, wave: usize) {
+        self.plan
+            .placements
+            .insert(cluster.to_string(), Placement { policy, wave });
     }
 
     /// Records a clean render of `revision` giving each cluster listed the digest
@@ -197,7 +222,12 @@ fn every(c: char) -> Vec<(&'static str, char)> {
 /// The fleet after a first render of `a` at r1 whose rollout completed: every cluster
 /// served `a` and known to run it.
 fn settled() -> Hub {
-    let mut hub = fleet();
+    settle(fleet())
+}
+
+/// `hub` after a first render of `a` at r1 to every cluster of [`ALL`], each served
+/// `a` and known to run it.
+fn settle(mut hub: Hub) -> Hub {
     for name in ALL {
         hub.served.insert(
             name.to_string(),
@@ -311,6 +341,102 @@ fn a_paused_cluster_keeps_its_digest_and_leaves_the_running_rollout() {
         .find(|m| m.cluster == "store-1")
         .expect("member");
     assert!(member.left);
+}
+
+#[test]
+fn a_new_cluster_that_is_already_paused_is_held_and_joins_no_rollout() {
+    let mut hub = settled();
+    // store-3 comes into the fleet with `spec.paused: true`: it has nothing to keep,
+    // so it is served HEAD's render, held (an agent naming what it runs keeps it).
+    hub.plan.paused.insert("store-3".into());
+    let mut digests = every('b');
+    digests.push(("store-3", 'b'));
+    let decision = hub.render("main@r2", &digests, false);
+    assert_eq!(hub.serves("store-3"), ('b', true));
+    assert_eq!(decision.started.len(), 1, "the stores' rollout starts");
+    assert!(
+        decision.started[0]
+            .rollout
+            .members
+            .iter()
+            .all(|m| m.cluster != "store-3"),
+        "a paused cluster is in no wave"
+    );
+    // Still paused, it keeps that digest when a newer commit renders another.
+    digests = every('c');
+    digests.push(("store-3", 'c'));
+    let decision = hub.render("main@r3", &digests, false);
+    assert_eq!(hub.serves("store-3"), ('b', true));
+    assert!(
+        decision.served.iter().all(|c| c.cluster != "store-3"),
+        "nothing changes for a paused cluster"
+    );
+    assert!(
+        hub.rollout().members.iter().all(|m| m.cluster != "store-3"),
+        "r3's rollout leaves it out too"
+    );
+}
+
+#[test]
+fn a_member_moved_to_another_policy_leaves_its_rollout_and_joins_one_of_that_policy() {
+    // The stores of the usual fleet, and a second policy, `kiosks`, that governs
+    // nothing yet.
+    let mut hub = settle(Hub::with_policies(
+        &["stores", "kiosks"],
+        &[
+            ("red", None),
+            ("blue", None),
+            ("canary", Some((0, 0))),
+            ("store-1", Some((0, 1))),
+            ("store-2", Some((0, 1))),
+        ],
+    ));
+    hub.render("main@r2", &every('b'), false);
+    assert_eq!(hub.serves("store-2"), ('a', false), "its wave waits");
+    // r3 renders the same bundles, and moves store-2 to the first wave of `kiosks`.
+    hub.move_to("store-2", 1, 0);
+    let decision = hub.render("main@r3", &every('b'), false);
+    // No store changes: r2's rollout goes on, without store-2.
+    assert!(decision.superseded.is_empty());
+    let stores = &hub.running[0].rollout;
+    assert_eq!(
+        (stores.policy.name.as_str(), stores.revision.as_str()),
+        ("stores", "main@r2")
+    );
+    assert_eq!(stores.state, RolloutState::Progressing);
+    let member = stores
+        .members
+        .iter()
+        .find(|m| m.cluster == "store-2")
+        .expect("member");
+    assert!(member.left, "store-2 left the stores' rollout");
+    let (_, step) = decision
+        .steps
+        .iter()
+        .find(|(i, _)| *i == 0)
+        .expect("a step for r2's rollout");
+    assert!(
+        step.events.iter().any(|e| e.message
+            == "store-2 left the rollout (no longer governed by rollout policy stores)"),
+        "{:?}",
+        step.events
+    );
+    // It changes in a rollout of `kiosks` for r3, from the digest it runs.
+    assert_eq!(decision.started.len(), 1);
+    let kiosks = &decision.started[0].rollout;
+    assert_eq!(
+        (kiosks.policy.name.as_str(), kiosks.revision.as_str()),
+        ("kiosks", "main@r3")
+    );
+    let members: Vec<(&str, Option<&Digest>)> = kiosks
+        .members
+        .iter()
+        .map(|m| (m.cluster.as_str(), m.previous.as_ref()))
+        .collect();
+    assert_eq!(members, vec![("store-2", Some(&digest('a')))]);
+    // Its first wave is released at once; store-1 still waits in r2's rollout.
+    assert_eq!(hub.serves("store-2"), ('b', false));
+    assert_eq!(hub.serves("store-1"), ('a', false));
 }
 
 #[test]
@@ -447,6 +573,10 @@ struct Commit {
     forced: bool,
     /// Per cluster: its agent reports before this commit.
     reports: Vec<bool>,
+    /// Instead of a new commit, one of the sequence's earlier commits is rendered
+    /// again (the branch reset to it, or the same commit recorded twice): its
+    /// revision, bundles and trailer.
+    again: Option<prop::sample::Index>,
 }
 
 fn commit(clusters: usize) -> impl Strategy<Value = Commit> {
@@ -457,40 +587,67 @@ fn commit(clusters: usize) -> impl Strategy<Value = Commit> {
         ),
         proptest::bool::weighted(0.15),
         proptest::collection::vec(proptest::bool::weighted(0.3), clusters),
+        proptest::option::weighted(0.25, any::<prop::sample::Index>()),
     )
-        .prop_map(|(digests, forced, reports)| Commit {
+        .prop_map(|(digests, forced, reports, again)| Commit {
             digests,
             forced,
             reports,
+            again,
         })
 }
 
-fn scenario() -> impl Strategy<Value = (Vec<Option<usize>>, Vec<Commit>)> {
-    (2usize..7).prop_flat_map(|n| {
+/// The number of policies, each cluster's (policy, wave) — `None` when ungoverned —
+/// and the commits.
+type Scenario = (usize, Vec<Option<(usize, usize)>>, Vec<Commit>);
+
+fn scenario() -> impl Strategy<Value = Scenario> {
+    (1usize..4, 2usize..7).prop_flat_map(|(policies, n)| {
         (
+            Just(policies),
             proptest::collection::vec(
-                prop_oneof![1 => Just(None), 3 => (0usize..2).prop_map(Some)],
+                prop_oneof![1 => Just(None), 3 => (0..policies, 0usize..2).prop_map(Some)],
                 n,
             ),
-            proptest::collection::vec(commit(n), 1..6),
+            proptest::collection::vec(commit(n), 1..7),
         )
     })
+}
+
+/// The order of the scenario's revisions (`main@r{n}`: the n-th commit).
+fn rank(revision: &str) -> usize {
+    revision
+        .strip_prefix("main@r")
+        .and_then(|n| n.parse().ok())
+        .expect("a revision of the scenario")
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
     #[test]
-    fn render_decisions_keep_their_invariants((waves, commits) in scenario()) {
-        let names: Vec<String> = (0..waves.len()).map(|i| format!("c{i}")).collect();
-        let clusters: Vec<(&str, Option<usize>)> =
-            names.iter().map(String::as_str).zip(waves.iter().copied()).collect();
-        let mut hub = Hub::new(&clusters);
+    fn render_decisions_keep_their_invariants((policies, places, commits) in scenario()) {
+        let policy_names: Vec<String> = (0..policies).map(|i| format!("p{i}")).collect();
+        let policy_names: Vec<&str> = policy_names.iter().map(String::as_str).collect();
+        let names: Vec<String> = (0..places.len()).map(|i| format!("c{i}")).collect();
+        let clusters: Vec<(&str, Option<(usize, usize)>)> =
+            names.iter().map(String::as_str).zip(places.iter().copied()).collect();
+        let mut hub = Hub::with_policies(&policy_names, &clusters);
+        // What each commit of the sequence rendered: its revision, bundles and trailer.
+        let mut rendered: Vec<(String, Vec<Option<char>>, bool)> = Vec::new();
+        let mut newest = 0;
         for (n, commit) in commits.iter().enumerate() {
-            let revision = format!("main@r{n}");
+            let (revision, bundles, forced) = match commit.again {
+                Some(earlier) if n > 0 => rendered[earlier.index(n)].clone(),
+                _ => (format!("main@r{n}"), commit.digests.clone(), commit.forced),
+            };
+            rendered.push((revision.clone(), bundles.clone(), forced));
+            // HEAD is older than a commit rendered before: the branch was reset.
+            let went_back = rank(&revision) < newest;
+            newest = newest.max(rank(&revision));
             let digests: Vec<(&str, char)> = names
                 .iter()
-                .zip(&commit.digests)
+                .zip(&bundles)
                 .filter_map(|(name, d)| d.map(|c| (name.as_str(), c)))
                 .collect();
             for (name, reports) in names.iter().zip(&commit.reports) {
@@ -500,12 +657,17 @@ proptest! {
             }
             let before = hub.served.clone();
             let reported = hub.reported.clone();
-            let decision = hub.render(&revision, &digests, commit.forced);
+            let started_before = hub.started.clone();
+            let decision = hub.render(&revision, &digests, forced);
 
-            // One rollout per policy and revision.
-            let mut seen = BTreeSet::new();
+            // One rollout per policy and revision, over the whole sequence: a commit
+            // rendered again starts none that it started before.
+            let mut seen = started_before;
             for s in &decision.started {
-                prop_assert!(seen.insert((s.rollout.policy.name.clone(), s.rollout.revision.clone())));
+                prop_assert!(
+                    seen.insert((s.rollout.policy.name.clone(), s.rollout.revision.clone())),
+                    "a second rollout of {} for {}", s.rollout.policy.name, s.rollout.revision
+                );
             }
             // One change per cluster, and only to clusters of the fleet.
             let changed: BTreeSet<&str> = decision.served.iter().map(|c| c.cluster.as_str()).collect();
@@ -536,6 +698,30 @@ proptest! {
             for (i, step) in &decision.steps {
                 if decision.superseded.contains(i) {
                     prop_assert!(step.serve.is_empty());
+                }
+            }
+            // A supersede never sends a cluster back to an older revision: each member
+            // of a superseded rollout is served a revision at least as new as before,
+            // unless HEAD itself went back and it follows HEAD there.
+            for &i in &decision.superseded {
+                let superseded = &hub.running[i].rollout;
+                prop_assert_eq!(superseded.state, RolloutState::Superseded);
+                for member in &superseded.members {
+                    let (Some(was), Some(now)) =
+                        (before.get(&member.cluster), hub.served.get(&member.cluster))
+                    else {
+                        continue;
+                    };
+                    let follows_head = went_back
+                        && hub.latest.get(&member.cluster).is_some_and(|l| {
+                            l.digest == now.digest && l.revision == now.revision
+                        });
+                    prop_assert!(
+                        rank(&now.revision) >= rank(&was.revision) || follows_head,
+                        "superseding {} sent {} back from {} ({}) to {} ({})",
+                        superseded.revision, member.cluster, was.revision, was.digest,
+                        now.revision, now.digest
+                    );
                 }
             }
         }
