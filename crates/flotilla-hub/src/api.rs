@@ -153,13 +153,50 @@ where
     }
 }
 
+/// A hub that has loaded its store: 503, with `Retry-After`, while it starts.
+struct Ready;
+
+impl FromRequestParts<Arc<Shared>> for Ready {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(_: &mut Parts, shared: &Arc<Shared>) -> Result<Self, ApiError> {
+        if shared.view.is_ready() {
+            Ok(Ready)
+        } else {
+            Err(ApiError::not_ready())
+        }
+    }
+}
+
+/// The grant of the request's bearer token, on a ready hub (503 while it starts, 401
+/// for a missing or unknown token), and the token's id.
+struct Token {
+    grant: Grant,
+    id: String,
+}
+
+impl FromRequestParts<Arc<Shared>> for Token {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, shared: &Arc<Shared>) -> Result<Self, ApiError> {
+        let Ready = Ready::from_request_parts(parts, shared).await?;
+        let (grant, id) = shared
+            .recorder
+            .grant_with_id(parts.headers.get(AUTHORIZATION))
+            .await
+            .map_err(|err| ApiError::new(StatusCode::UNAUTHORIZED, err.message()))?;
+        Ok(Token { grant, id })
+    }
+}
+
 /// What an admin-only request is about, for the error a cluster token gets.
 trait AdminOnly {
     const WHAT: &'static str;
 }
 
-/// The id of an admin token, on a hub that has loaded its store: the request checks
-/// every admin-only path makes (503 while starting, 401, 403 for a cluster token).
+/// The id of an admin token (recorded with operator actions), on a hub that has
+/// loaded its store: the checks every admin-only path makes (503 while starting, 401,
+/// 403 for a cluster token).
 struct Admin<W> {
     token_id: String,
     about: std::marker::PhantomData<W>,
@@ -169,12 +206,31 @@ impl<W: AdminOnly> FromRequestParts<Arc<Shared>> for Admin<W> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, shared: &Arc<Shared>) -> Result<Self, ApiError> {
-        let token_id = authorize_admin(shared, &parts.headers, W::WHAT).await?;
-        Ok(Admin {
-            token_id,
-            about: std::marker::PhantomData,
-        })
+        match Token::from_request_parts(parts, shared).await? {
+            Token {
+                grant: Grant::Cluster(_),
+                ..
+            } => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "{} needs an admin token (`flotilla token create --admin`)",
+                    W::WHAT
+                ),
+            )),
+            Token {
+                grant: Grant::Admin,
+                id,
+            } => Ok(Admin {
+                token_id: id,
+                about: std::marker::PhantomData,
+            }),
+        }
     }
+}
+
+struct TheFleetSummary;
+impl AdminOnly for TheFleetSummary {
+    const WHAT: &'static str = "the fleet summary";
 }
 
 struct TheRollouts;
@@ -192,88 +248,117 @@ impl AdminOnly for SteeringARollout {
     const WHAT: &'static str = "steering a rollout";
 }
 
-/// Checks the token and that it may read `cluster`; returns the cluster's current
-/// bundle and whether the token is the cluster's own (whose polls count as the
-/// cluster being seen). A cluster token reads only its own cluster (403 for any
-/// other); an admin token reads any. 404 only when the cluster the token may read is
-/// not served.
-async fn authorize_read(
-    shared: &Shared,
-    headers: &HeaderMap,
-    cluster: &str,
-) -> Result<(Arc<ClusterBundle>, bool), ApiError> {
-    if !shared.view.is_ready() {
-        return Err(ApiError::not_ready());
+/// A path whose first parameter names a cluster.
+trait ClusterPath: serde::de::DeserializeOwned + Send {
+    fn cluster(&self) -> &str;
+}
+
+impl ClusterPath for String {
+    fn cluster(&self) -> &str {
+        self
     }
-    let own = match shared
-        .recorder
-        .grant_with_id(headers.get(AUTHORIZATION))
-        .await
-    {
-        Err(err) => return Err(ApiError::new(StatusCode::UNAUTHORIZED, err.message())),
-        Ok((Grant::Cluster(own), _)) if *own != *cluster => {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                format!(
-                    "this token belongs to cluster {own:?} and cannot read cluster {cluster:?}"
-                ),
-            ));
-        }
-        Ok((Grant::Cluster(_), _)) => true,
-        Ok((Grant::Admin, _)) => false,
-    };
-    shared
-        .view
-        .served_to(cluster)
-        .map(|entry| (entry, own))
-        .ok_or_else(|| {
+}
+
+impl ClusterPath for (String, String) {
+    fn cluster(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A read of the bundles of the cluster the path names, with a token that may read
+/// it: the path's parameters, the cluster's current bundle and whether the token is
+/// the cluster's own (whose polls count as the cluster being seen). A cluster token
+/// reads only its own cluster (403 for any other); an admin token reads any. 404 only
+/// when the cluster the token may read is not served.
+struct ClusterRead<P> {
+    path: P,
+    entry: Arc<ClusterBundle>,
+    own: bool,
+}
+
+impl<P: ClusterPath> FromRequestParts<Arc<Shared>> for ClusterRead<P> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, shared: &Arc<Shared>) -> Result<Self, ApiError> {
+        let ApiPath(path) = ApiPath::<P>::from_request_parts(parts, shared).await?;
+        let cluster = path.cluster();
+        let own = match Token::from_request_parts(parts, shared).await?.grant {
+            Grant::Cluster(own) if *own != *cluster => {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "this token belongs to cluster {own:?} and cannot read cluster {cluster:?}"
+                    ),
+                ));
+            }
+            Grant::Cluster(_) => true,
+            Grant::Admin => false,
+        };
+        let entry = shared.view.served_to(cluster).ok_or_else(|| {
             ApiError::new(
                 StatusCode::NOT_FOUND,
                 format!("no cluster named {cluster:?} is served (is it in the fleet repository, and did its last commit render?)"),
             )
-        })
+        })?;
+        Ok(ClusterRead { path, entry, own })
+    }
 }
 
-/// Checks for an admin token; returns its id (recorded with operator actions).
-async fn authorize_admin(
-    shared: &Shared,
-    headers: &HeaderMap,
-    what: &str,
-) -> Result<String, ApiError> {
-    if !shared.view.is_ready() {
-        return Err(ApiError::not_ready());
-    }
-    match shared
-        .recorder
-        .grant_with_id(headers.get(AUTHORIZATION))
-        .await
-    {
-        Err(err) => Err(ApiError::new(StatusCode::UNAUTHORIZED, err.message())),
-        Ok((Grant::Cluster(_), _)) => Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            format!("{what} needs an admin token (`flotilla token create --admin`)"),
-        )),
-        Ok((Grant::Admin, id)) => Ok(id),
+/// The cluster the path names, for a status report with the cluster's own token: 403
+/// for another cluster's token or an admin token, 404 when the cluster is not served.
+struct ClusterReport {
+    cluster: String,
+}
+
+impl FromRequestParts<Arc<Shared>> for ClusterReport {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, shared: &Arc<Shared>) -> Result<Self, ApiError> {
+        let ApiPath(cluster) = ApiPath::<String>::from_request_parts(parts, shared).await?;
+        match Token::from_request_parts(parts, shared).await?.grant {
+            Grant::Cluster(own) if *own == *cluster => {}
+            Grant::Cluster(own) => {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "this token belongs to cluster {own:?} and cannot report for cluster {cluster:?}"
+                    ),
+                ));
+            }
+            Grant::Admin => {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "an admin token cannot report status; use the cluster's own token",
+                ));
+            }
+        }
+        if shared.view.served_to(&cluster).is_none() {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("no cluster named {cluster:?} is served"),
+            ));
+        }
+        Ok(ClusterReport { cluster })
     }
 }
 
 async fn get_bundle(
     State(shared): SharedState,
-    cluster: Result<Path<String>, PathRejection>,
+    read: Result<ClusterRead<String>, ApiError>,
     request: Request,
 ) -> Response {
-    let response = match cluster {
-        Ok(Path(cluster)) => {
+    let response = match read {
+        Ok(read) => {
             // A long-poll may be held for minutes: keep copies, not the request.
             let (parts, _) = request.into_parts();
             let query = parts.uri.query().map(str::to_owned);
             let headers = owned_headers(&parts.headers);
             drop(parts);
-            current_bundle(&shared, &cluster, &headers, query.as_deref())
+            current_bundle(&shared, read, &headers, query.as_deref())
                 .await
                 .unwrap_or_else(IntoResponse::into_response)
         }
-        Err(rejection) => path_error(rejection).into_response(),
+        Err(err) => err.into_response(),
     };
     shared.metrics.count_bundle_response(response.status());
     response
@@ -302,11 +387,15 @@ fn owned_headers(headers: &HeaderMap) -> HeaderMap {
 
 async fn current_bundle(
     shared: &Arc<Shared>,
-    cluster: &str,
+    read: ClusterRead<String>,
     headers: &HeaderMap,
     query: Option<&str>,
 ) -> Result<Response, ApiError> {
-    let (entry, own) = authorize_read(shared, headers, cluster).await?;
+    let ClusterRead {
+        path: cluster,
+        entry,
+        own,
+    } = read;
     if own {
         shared.recorder.saw(&entry, shared.settings.clock.now_ms());
     }
@@ -318,7 +407,7 @@ async fn current_bundle(
     let mut entry = entry;
     if let (Some(wait), Some(value)) = (wait, if_none_match) {
         let wait = wait.min(shared.settings.max_wait);
-        match wait_for_change(shared, cluster, value, wait).await {
+        match wait_for_change(shared, &cluster, value, wait).await {
             Change::Changed(newer) => return sent(shared, newer, headers, own).await,
             Change::Gone => {
                 return Err(ApiError::new(
@@ -580,17 +669,14 @@ fn bundle_response(
 
 async fn get_bundle_at(
     State(shared): SharedState,
-    params: Result<Path<(String, String)>, PathRejection>,
-    request: Request,
+    read: Result<ClusterRead<(String, String)>, ApiError>,
+    headers: HeaderMap,
 ) -> Response {
-    let response = match params {
-        Ok(Path((cluster, digest))) => {
-            let (parts, _) = request.into_parts();
-            bundle_at(&shared, &cluster, &digest, &parts.headers)
-                .await
-                .unwrap_or_else(IntoResponse::into_response)
-        }
-        Err(rejection) => path_error(rejection).into_response(),
+    let response = match read {
+        Ok(read) => bundle_at(&shared, read, &headers)
+            .await
+            .unwrap_or_else(IntoResponse::into_response),
+        Err(err) => err.into_response(),
     };
     shared.metrics.count_bundle_response(response.status());
     response
@@ -598,12 +684,16 @@ async fn get_bundle_at(
 
 async fn bundle_at(
     shared: &Arc<Shared>,
-    cluster: &str,
-    digest: &str,
+    read: ClusterRead<(String, String)>,
     headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
-    let (current, _) = authorize_read(shared, headers, cluster).await?;
-    let digest = Digest::parse(digest)
+    let ClusterRead {
+        path: (cluster, digest),
+        entry: current,
+        ..
+    } = read;
+    let cluster = cluster.as_str();
+    let digest = Digest::parse(&digest)
         .map_err(|err| ApiError::new(StatusCode::BAD_REQUEST, err.to_string()))?;
     // A bundle by digest is history and carries no signature; the current one is the
     // same document as `/bundle` only when the hub does not sign.
@@ -656,15 +746,19 @@ async fn bundle_at(
     Ok(response)
 }
 
+/// The report's checks are an extractor's, taken as a `Result` so that the body is
+/// read (up to its limit) before any refusal is answered.
 async fn post_status(
     State(shared): SharedState,
-    ApiPath(cluster): ApiPath<String>,
+    report: Result<ClusterReport, ApiError>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    store_status(&shared, &cluster, &headers, body)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+    let result = match report {
+        Ok(ClusterReport { cluster }) => store_status(&shared, &cluster, &headers, body).await,
+        Err(err) => Err(err),
+    };
+    result.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// Whether the request says its body is JSON: `application/json`, with or without
@@ -683,33 +777,6 @@ async fn store_status(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    if !shared.view.is_ready() {
-        return Err(ApiError::not_ready());
-    }
-    match shared.recorder.grant(headers.get(AUTHORIZATION)).await {
-        Err(err) => return Err(ApiError::new(StatusCode::UNAUTHORIZED, err.message())),
-        Ok(Grant::Cluster(own)) if *own == *cluster => {}
-        Ok(Grant::Cluster(own)) => {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                format!(
-                    "this token belongs to cluster {own:?} and cannot report for cluster {cluster:?}"
-                ),
-            ));
-        }
-        Ok(Grant::Admin) => {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "an admin token cannot report status; use the cluster's own token",
-            ));
-        }
-    }
-    if shared.view.served_to(cluster).is_none() {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("no cluster named {cluster:?} is served"),
-        ));
-    }
     if !is_json(headers) {
         return Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -749,19 +816,8 @@ async fn store_status(
     ))
 }
 
-async fn get_fleet(State(shared): SharedState, headers: HeaderMap) -> Response {
-    if !shared.view.is_ready() {
-        return ApiError::not_ready().into_response();
-    }
-    match shared.recorder.grant(headers.get(AUTHORIZATION)).await {
-        Err(err) => ApiError::new(StatusCode::UNAUTHORIZED, err.message()).into_response(),
-        Ok(Grant::Cluster(_)) => ApiError::new(
-            StatusCode::FORBIDDEN,
-            "the fleet summary needs an admin token (`flotilla token create --admin`)",
-        )
-        .into_response(),
-        Ok(Grant::Admin) => json_response(StatusCode::OK, &shared.view.fleet_summary()),
-    }
+async fn get_fleet(State(shared): SharedState, _admin: Admin<TheFleetSummary>) -> Response {
+    json_response(StatusCode::OK, &shared.view.fleet_summary())
 }
 
 async fn get_rollouts(State(shared): SharedState, _admin: Admin<TheRollouts>) -> Response {
