@@ -61,6 +61,7 @@ fn render_fleet(
         limits,
         cancel: None,
         digests_only,
+        helm_seed: None,
     };
     let output = render_with(&snapshot, &options);
     progress.bar.finish_and_clear();

@@ -23,6 +23,14 @@ pub struct FleetSnapshot {
     /// a symlink out of the root), with the reason. They matter only if a
     /// kustomization refers to them, which then says why it cannot use them.
     pub skipped: BTreeMap<String, String>,
+    /// Binary files a Helm chart may be made of (packed charts: `.tgz`), by path; no
+    /// other binary file is held.
+    pub binaries: BTreeMap<String, Arc<[u8]>>,
+}
+
+/// Whether a binary file is one the renderer may read: a packed Helm chart.
+pub fn is_packed_chart(path: &str) -> bool {
+    path.ends_with(".tgz") || path.ends_with(".tar.gz")
 }
 
 impl FleetSnapshot {
@@ -36,6 +44,7 @@ impl FleetSnapshot {
             revision: "memory".to_string(),
             problems: Vec::new(),
             skipped: BTreeMap::new(),
+            binaries: BTreeMap::new(),
         }
     }
 }
@@ -51,6 +60,7 @@ pub fn is_fleet_file(path: &str) -> bool {
     let yaml = |p: &str| p.ends_with(".yaml") || p.ends_with(".yml");
     let parts: Vec<&str> = path.split('/').collect();
     match parts.as_slice() {
+        ["flotilla.yaml"] => true,
         ["clusters", file] | ["groups", file] | ["rollouts", file] => yaml(file),
         ["workloads", _, "workload.yaml"] => true,
         ["workloads", _, file] => KUSTOMIZATION_FILE_NAMES.contains(file),

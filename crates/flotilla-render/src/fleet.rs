@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use regex::Regex;
 
-use flotilla_core::model::{ImageOverride, LabelSelector, Located, Target, Vars};
+use flotilla_core::model::{
+    FleetSettings, HelmSpec, ImageOverride, KubernetesSpec, LabelSelector, Located, Target, Vars,
+};
 use flotilla_core::rollout::Policy;
 
 #[derive(Clone, Debug)]
@@ -18,6 +20,8 @@ pub struct Cluster {
     pub file: String,
     /// `spec.paused`: it keeps the digest it is served.
     pub paused: bool,
+    /// `spec.kubernetes`: what its Helm charts see as `.Capabilities`.
+    pub kubernetes: Option<KubernetesSpec>,
 }
 
 #[derive(Debug)]
@@ -39,6 +43,11 @@ pub struct Workload {
     pub documents: Arc<Vec<SourcedDocument>>,
     /// Template files (`*.j2`), by path; rendered per cluster.
     pub templates: Vec<String>,
+    /// `spec.helm` as written, read into [`Workload::helm`] once the snapshot's
+    /// files are at hand.
+    pub helm_spec: Option<HelmSpec>,
+    /// The Helm release it renders per cluster.
+    pub helm: Option<Arc<crate::release::HelmRelease>>,
 }
 
 /// A manifest document with the file and line it came from.
@@ -59,6 +68,8 @@ pub struct Overlay {
     pub cluster_selector: Option<LabelSelector>,
     pub workloads: Option<Vec<Located<String>>>,
     pub vars: Vars,
+    /// `spec.helmValues`: merged over the values of the Helm workloads it applies to.
+    pub helm_values: Vars,
     pub images: Vec<ImageOverride>,
     pub patches: Vec<CompiledPatch>,
     pub labels: BTreeMap<String, String>,
@@ -126,4 +137,6 @@ pub struct Fleet {
     pub workloads: Vec<Workload>,
     pub overlays: Vec<Overlay>,
     pub rollout_policies: Vec<RolloutPolicy>,
+    /// `flotilla.yaml`'s settings (each its default when the file is absent).
+    pub settings: FleetSettings,
 }

@@ -68,12 +68,16 @@ fn put(hasher: &mut Sha256, bytes: &[u8]) {
 fn file_digest(snapshot: &FleetSnapshot, path: &str) -> InputDigest {
     let mut hasher = Sha256::new();
     put(&mut hasher, path.as_bytes());
-    match snapshot.files.get(path) {
-        Some(text) => {
+    match (snapshot.files.get(path), snapshot.binaries.get(path)) {
+        (Some(text), _) => {
             hasher.update([1]);
             put(&mut hasher, text.as_bytes());
         }
-        None => hasher.update([0]),
+        (None, Some(bytes)) => {
+            hasher.update([2]);
+            put(&mut hasher, bytes);
+        }
+        (None, None) => hasher.update([0]),
     }
     hasher.finalize().into()
 }
@@ -147,7 +151,21 @@ fn workload_digests(snapshot: &FleetSnapshot, fleet: &Fleet) -> Vec<InputDigest>
             for path in &workload.templates {
                 hasher.update(file_digest(snapshot, path));
             }
-            if let (false, Some(shared)) = (workload.templates.is_empty(), shared) {
+            // A Helm workload: its chart's files and its values files (a `.j2` one's
+            // context is the cluster's own part).
+            let helm_inputs = workload.helm.as_ref().map_or(&[][..], |r| &r.inputs[..]);
+            put(&mut hasher, &(helm_inputs.len() as u64).to_le_bytes());
+            for path in helm_inputs {
+                hasher.update(file_digest(snapshot, path));
+            }
+            let templated_values = workload.helm.as_ref().is_some_and(|r| {
+                r.values_files
+                    .iter()
+                    .any(|f| matches!(f, crate::release::ValuesFile::Template { .. }))
+            });
+            if let (true, Some(shared)) =
+                (!workload.templates.is_empty() || templated_values, shared)
+            {
                 hasher.update(shared);
             }
             hasher.finalize().into()
@@ -202,6 +220,9 @@ pub(crate) fn of_fleet(
         .map(|(cluster, member_of)| {
             let mut hasher = Sha256::new();
             hasher.update(skipped);
+            // The fleet's settings (the Kubernetes version charts see) reach every
+            // cluster.
+            hasher.update(file_digest(snapshot, "flotilla.yaml"));
             put(&mut hasher, cluster.name.as_bytes());
             hasher.update(file_digest(snapshot, &cluster.file));
             hasher.update(b"groups");

@@ -22,6 +22,7 @@ pub mod kustomize;
 pub mod kyaml;
 pub mod load;
 pub mod patch;
+pub mod release;
 pub mod rollouts;
 pub mod scope;
 pub mod shape;
@@ -71,6 +72,10 @@ pub struct RenderOptions<'a> {
     /// templates then never holds every cluster's resources at once. Such bundles
     /// are not for serving, diffing or rendering since.
     pub digests_only: bool,
+    /// The secret seed Helm charts' generating functions (`randAlphaNum`, `genCA`,
+    /// ...) derive their values from; without one the public seed is used, and a
+    /// warning says so where a chart generated a value.
+    pub helm_seed: Option<[u8; 32]>,
 }
 
 /// The result of rendering one snapshot.
@@ -175,6 +180,9 @@ enum Written {
     /// shape's documents (see [`Shape::values`]), and its resources are filled in
     /// from stencils (see [`stencil`]).
     Values(Box<[Box<str>]>),
+    /// A Helm release's documents, rendered once for every cluster with the same
+    /// input.
+    Release(Arc<release::ReleaseOutput>),
 }
 
 impl Default for Written {
@@ -483,6 +491,16 @@ struct Shared<'a> {
     stop: &'a Stop<'a>,
     progress: Option<&'a (dyn Fn(usize, usize) + Sync)>,
     digests_only: bool,
+    helm: &'a HelmContext<'a>,
+}
+
+/// What rendering a fleet's Helm workloads needs: the releases made so far, the
+/// seed and time, and per workload the index of its release's output among the
+/// render's template paths (after every `.j2` template's).
+struct HelmContext<'a> {
+    cache: release::ReleaseCache,
+    settings: release::ReleaseSettings<'a>,
+    release_template: Vec<Option<usize>>,
 }
 
 fn render_inner(
@@ -499,15 +517,26 @@ fn render_inner(
     };
     let mut diagnostics = snapshot.problems.clone();
     let (fleet, parsed) = load::load_reusing(snapshot, &mut diagnostics, parsed);
-    let template_paths: Vec<&String> = fleet.workloads.iter().flat_map(|w| &w.templates).collect();
+    let mut template_paths: Vec<&String> =
+        fleet.workloads.iter().flat_map(|w| &w.templates).collect();
+    // Helm values files that are templates are compiled with the manifests'.
+    let values_templates = fleet
+        .workloads
+        .iter()
+        .filter_map(|w| w.helm.as_deref())
+        .flat_map(|r| &r.values_files)
+        .filter_map(|file| match file {
+            release::ValuesFile::Template { path } => Some(path),
+            release::ValuesFile::Static { .. } => None,
+        });
     let templates = Templates::compile_with(
         snapshot,
-        template_paths.iter().copied(),
+        template_paths.iter().copied().chain(values_templates),
         limits,
         &mut diagnostics,
     );
     // Each template's shape, read once: most outputs are then read without parsing.
-    let shapes: Vec<Option<Shape>> = template_paths
+    let mut shapes: Vec<Option<Shape>> = template_paths
         .par_iter()
         .map(|path| {
             snapshot
@@ -516,6 +545,29 @@ fn render_inner(
                 .and_then(|source| Shape::of_template(source))
         })
         .collect();
+    // Each Helm release's output is one more "template", named by its chart.
+    let release_template: Vec<Option<usize>> = fleet
+        .workloads
+        .iter()
+        .map(|w| {
+            let release = w.helm.as_deref()?;
+            template_paths.push(&release.chart_path);
+            shapes.push(None);
+            Some(template_paths.len() - 1)
+        })
+        .collect();
+    let helm = HelmContext {
+        cache: release::ReleaseCache::default(),
+        settings: release::ReleaseSettings {
+            seed: options.helm_seed.as_ref().unwrap_or(&release::PUBLIC_SEED),
+            now: release::DEFAULT_NOW,
+            budget: helm::gotmpl::Budget {
+                max_output: limits.max_template_output_bytes,
+                ..helm::gotmpl::Budget::default()
+            },
+        },
+        release_template,
+    };
     let first_template: Vec<usize> = fleet
         .workloads
         .iter()
@@ -568,6 +620,7 @@ fn render_inner(
         stop: &stop,
         progress: options.progress,
         digests_only: options.digests_only,
+        helm: &helm,
     };
 
     // With a previous render, only the clusters whose inputs changed, and of those
@@ -687,6 +740,12 @@ fn render_inner(
     };
     diagnostics.extend(pass.diagnostics);
     diagnostics.extend(patch_warnings);
+    diagnostics.extend(helm.cache.take_warnings());
+    if options.helm_seed.is_none() && helm.cache.generated_any() {
+        diagnostics.push(Diagnostic::warning(
+            "a Helm chart generated values (randAlphaNum, genCA, ...) from flotilla's public seed: anyone can compute them; the hub uses its own secret seed",
+        ));
+    }
     let mut output = collect_output(
         snapshot,
         &fleet,
@@ -741,6 +800,7 @@ fn render_clusters(
         stop,
         progress,
         digests_only,
+        helm,
     } = *shared;
     let mut diagnostics = Vec::new();
     let templates = Compiled {
@@ -772,7 +832,7 @@ fn render_clusters(
                 .only
                 .map(|(positions, _, _)| positions.iter().map(|&p| job.targeted[p]).collect());
             plan_cluster(
-                (fleet, templates, shapes, valued),
+                (fleet, templates, shapes, valued, helm),
                 cluster,
                 groups,
                 only.as_deref(),
@@ -790,6 +850,11 @@ fn render_clusters(
             Written::Text(text) => scopes_defined_by(template_paths[*template], text),
             // Its template's kinds are its own text, none a CRD.
             Written::Values(_) => CustomScopes::new(),
+            Written::Release(output) => output
+                .documents
+                .iter()
+                .filter_map(|d| scope::cluster_scoped_crd(&d.value))
+                .collect(),
         })
         .collect();
     let (cluster_scope, scope_table) = custom_scopes(fleet, &plans_per_cluster, &output_scopes);
@@ -1324,7 +1389,9 @@ impl StencilSlots {
     fn of(&self, group: usize, template: usize) -> Option<usize> {
         let first = self.first[group]?;
         let (_, first_template) = self.keys[first];
-        Some(first + template - first_template)
+        // A Helm release's output is no template of the workload's and has none.
+        let slot = first + template.checked_sub(first_template)?;
+        (self.keys.get(slot)? == &(group, template)).then_some(slot)
     }
 }
 
@@ -1537,7 +1604,13 @@ struct Compiled<'t> {
 
 /// Plans one cluster's workloads, or only those in `only` (fleet indices).
 fn plan_cluster(
-    (fleet, templates, shapes, valued): (&Fleet, &Compiled<'_>, &[Option<Shape>], &[bool]),
+    (fleet, templates, shapes, valued, helm): (
+        &Fleet,
+        &Compiled<'_>,
+        &[Option<Shape>],
+        &[bool],
+        &HelmContext<'_>,
+    ),
     cluster: &Cluster,
     groups: &[usize],
     only: Option<&[usize]>,
@@ -1631,6 +1704,35 @@ fn plan_cluster(
                 }
             }
         }
+        // A chart that could not be read was reported when the fleet was loaded.
+        if let (Some(release), Some(template)) = (&workload.helm, helm.release_template[index])
+            && release.chart.is_some()
+        {
+            let path = release.chart_path.as_str();
+            let Some(rendered) = stop.run(path, || {
+                render_release(
+                    fleet,
+                    templates,
+                    helm,
+                    (cluster, groups),
+                    (workload, release),
+                    &overlays,
+                )
+            }) else {
+                return (plans, texts, diagnostics);
+            };
+            match rendered {
+                Ok(output) => {
+                    outputs.push(texts.len());
+                    texts.push((template, Written::Release(output)));
+                }
+                Err(diagnostic) => diagnostics.push(
+                    diagnostic
+                        .for_cluster(&cluster.name)
+                        .for_workload(&workload.name),
+                ),
+            }
+        }
         plans.push(Plan {
             workload: index,
             overlays,
@@ -1639,6 +1741,72 @@ fn plan_cluster(
         });
     }
     (plans, texts, diagnostics)
+}
+
+/// A Helm workload's release for one cluster: its values merged (values files in
+/// order, `.j2` ones rendered for the cluster first, then `spec.helm.values`, then
+/// each overlay's `helmValues` in overlay order), rendered once per distinct input.
+fn render_release(
+    fleet: &Fleet,
+    templates: &Compiled<'_>,
+    helm: &HelmContext<'_>,
+    (cluster, groups): (&Cluster, &[usize]),
+    (workload, release): (&Workload, &release::HelmRelease),
+    overlays: &[usize],
+) -> Result<Arc<release::ReleaseOutput>, Diagnostic> {
+    let mut values = Map::new();
+    for file in &release.values_files {
+        match file {
+            release::ValuesFile::Static { values: those, .. } => {
+                release::merge_values(&mut values, those);
+            }
+            release::ValuesFile::Template { path } => {
+                let vars =
+                    template::value_of(&merged_vars(fleet, workload, cluster, groups, overlays));
+                let cluster_part = template::value_of(&ClusterContext {
+                    name: &cluster.name,
+                    labels: &cluster.labels,
+                    vars: &cluster.vars,
+                });
+                let index = fleet
+                    .workloads
+                    .iter()
+                    .position(|w| std::ptr::eq(w, workload))
+                    .unwrap_or_default();
+                let context =
+                    Context::from_parts(&cluster_part, &templates.workloads[index], &vars);
+                let Some(template) = templates.engine.template(path) else {
+                    return Err(Diagnostic::error(
+                        "this values template did not compile (reported above)",
+                    )
+                    .in_file(path.as_str()));
+                };
+                let text = templates
+                    .engine
+                    .render_template(&template, path, &context)?;
+                let those = release::values_map(&text).map_err(|message| {
+                    Diagnostic::error(format!("the rendered values file: {message}"))
+                        .in_file(path.as_str())
+                })?;
+                release::merge_values(&mut values, &those);
+            }
+        }
+    }
+    release::merge_values(&mut values, &release.values);
+    for &overlay in overlays {
+        release::merge_values(&mut values, &fleet.overlays[overlay].helm_values);
+    }
+    let capabilities = release::capabilities(
+        cluster.kubernetes.as_ref(),
+        fleet.settings.kubernetes.as_ref(),
+    );
+    helm.cache.render(
+        &helm.settings,
+        (&workload.name, release),
+        &cluster.name,
+        &values,
+        &capabilities,
+    )
 }
 
 fn merged_vars(
@@ -1766,6 +1934,7 @@ fn render_output(
     let shape = unit.shapes[template].as_ref();
     let parsed = match written {
         Written::Text(text) => parse_output(path, shape, text),
+        Written::Release(output) => Ok(output.documents.clone()),
         Written::Values(values) => {
             if let (Some(stencil), Some(shape)) = (stencil, shape)
                 && let Some(filled) = fill(stencil, shape, values, unit.max_resource_bytes)

@@ -13,8 +13,8 @@ use super::kustomize;
 use super::yaml::{self, YamlDocument};
 use flotilla_core::diagnostic::{Diagnostic, did_you_mean};
 use flotilla_core::model::{
-    ClusterDoc, GroupDoc, LabelSelector, Located, OverlayDoc, Patch, RolloutPolicyDoc, WorkloadDoc,
-    parse_selector,
+    ClusterDoc, FleetSettingsDoc, GroupDoc, LabelSelector, Located, OverlayDoc, Patch,
+    RolloutPolicyDoc, WorkloadDoc, parse_selector,
 };
 use flotilla_core::names;
 use flotilla_core::rollout::{self, Budget, Policy, WavePlan, Window};
@@ -36,6 +36,7 @@ enum Loaded {
     Workload(Workload),
     Overlay(Overlay),
     RolloutPolicy(RolloutPolicy),
+    Settings(flotilla_core::model::FleetSettings),
     Manifest {
         workload: String,
         documents: Vec<SourcedDocument>,
@@ -128,6 +129,7 @@ pub fn load_reusing(
             Loaded::Workload(workload) => fleet.workloads.push(workload),
             Loaded::Overlay(overlay) => fleet.overlays.push(overlay),
             Loaded::RolloutPolicy(policy) => fleet.rollout_policies.push(policy),
+            Loaded::Settings(settings) => fleet.settings = settings,
             Loaded::Manifest {
                 workload,
                 documents,
@@ -144,6 +146,32 @@ pub fn load_reusing(
         .par_iter()
         .map(|workload| build_kustomization(snapshot, &workload.name))
         .collect();
+    // A Helm workload's chart is read once here, for every cluster.
+    let releases: Vec<Option<(crate::release::HelmRelease, Vec<Diagnostic>)>> = fleet
+        .workloads
+        .par_iter()
+        .map(|workload| {
+            let spec = workload.helm_spec.as_ref()?;
+            let mut found = Vec::new();
+            let release = crate::release::read(
+                snapshot,
+                &workload.name,
+                &workload.file,
+                workload.namespace.as_deref(),
+                spec,
+                &mut found,
+            );
+            Some((release, found))
+        })
+        .collect();
+    for (workload, release) in fleet.workloads.iter_mut().zip(releases) {
+        if let Some((release, found)) = release {
+            diagnostics.extend(found);
+            // Resources the chart leaves without a namespace go to the release's.
+            workload.namespace = Some(release.namespace.clone());
+            workload.helm = Some(Arc::new(release));
+        }
+    }
     for (workload, built) in fleet.workloads.iter_mut().zip(built) {
         let mut documents = manifests.remove(&workload.name).unwrap_or_default();
         match built {
@@ -316,6 +344,7 @@ fn load_file(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Loade
         ["rollouts", file] if is_yaml(file) => {
             load_rollout_policy(path, text, diagnostics).map(Loaded::RolloutPolicy)
         }
+        ["flotilla.yaml"] => load_settings(path, text, diagnostics).map(Loaded::Settings),
         _ => None,
     };
     loaded.unwrap_or(Loaded::Nothing)
@@ -387,7 +416,8 @@ header!(
     GroupDoc,
     WorkloadDoc,
     OverlayDoc,
-    RolloutPolicyDoc
+    RolloutPolicyDoc,
+    FleetSettingsDoc
 );
 
 /// Parses a file as one of flotilla's kinds. A wrong apiVersion or kind is reported
@@ -556,7 +586,18 @@ fn load_cluster(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Op
         vars: doc.spec.vars,
         file: path.to_string(),
         paused: doc.spec.paused,
+        kubernetes: doc.spec.kubernetes,
     })
+}
+
+/// `flotilla.yaml`: the fleet's settings.
+fn load_settings(
+    path: &str,
+    text: &str,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Option<flotilla_core::model::FleetSettings> {
+    let doc: FleetSettingsDoc = parse_kind(path, text, "FleetSettings", diagnostics)?;
+    Some(doc.spec)
 }
 
 fn load_group(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Option<Group> {
@@ -633,6 +674,8 @@ fn load_workload(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> O
         file: path.to_string(),
         documents: Arc::default(),
         templates: Vec::new(),
+        helm_spec: doc.spec.helm,
+        helm: None,
     })
 }
 
@@ -680,6 +723,7 @@ fn load_overlay(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Op
         cluster_selector: spec.cluster_selector,
         workloads: spec.workloads,
         vars: spec.vars,
+        helm_values: spec.helm_values,
         images: spec.images,
         patches,
         labels: spec.labels,

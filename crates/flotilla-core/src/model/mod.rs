@@ -68,6 +68,70 @@ pub struct ClusterSpec {
     /// reaches it until this is false again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
+    /// The Kubernetes version and API versions Helm charts see as `.Capabilities`
+    /// for this cluster; the fleet settings' `spec.kubernetes` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesSpec>,
+}
+
+/// What a cluster's API server offers, as Helm charts see it in `.Capabilities`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq, Hash)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KubernetesSpec {
+    /// The server's version, `1.31.4` or `v1.31.4` (`.Capabilities.KubeVersion`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// API versions beyond the built-in ones, `monitoring.coreos.com/v1` or
+    /// `monitoring.coreos.com/v1/ServiceMonitor`
+    /// (`.Capabilities.APIVersions.Has`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub api_versions: Vec<String>,
+}
+
+/// `flotilla.yaml` at the fleet root: fleet-wide settings, each with a default, so
+/// the file is optional.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[schemars(title = "FleetSettings")]
+pub struct FleetSettingsDoc {
+    /// Always `flotilla.dev/v1alpha1`.
+    #[schemars(extend("const" = "flotilla.dev/v1alpha1"))]
+    pub api_version: String,
+    /// Always `FleetSettings`.
+    #[schemars(extend("const" = "FleetSettings"))]
+    pub kind: String,
+    /// Only `name` is read (any name will do); labels and annotations are notes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Metadata>,
+    #[serde(default)]
+    pub spec: FleetSettings,
+}
+
+/// The fleet-wide settings.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct FleetSettings {
+    /// How rendered resources are checked against their kinds' schemas: `strict`
+    /// (a problem is an error), `warn` (the default) or `off`.
+    #[serde(default)]
+    pub validation: Validation,
+    /// Whether every cluster that receives a Secret must name its agent's key
+    /// (`spec.agentKey`); default false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub require_agent_keys: bool,
+    /// What Helm charts see as `.Capabilities` on clusters whose file names none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesSpec>,
+}
+
+/// `spec.validation` of the fleet settings.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Validation {
+    Strict,
+    #[default]
+    Warn,
+    Off,
 }
 
 /// `groups/<name>.yaml`: a named set of clusters chosen by a label selector.
@@ -126,6 +190,48 @@ pub struct WorkloadSpec {
     /// Default variables for the workload's templates.
     #[serde(default)]
     pub vars: Vars,
+    /// A Helm chart this workload renders, per cluster, as `helm template` would.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub helm: Option<HelmSpec>,
+}
+
+/// `spec.helm` of a workload: a chart inside the fleet and how to render it.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HelmSpec {
+    /// The chart: a folder holding `Chart.yaml`, or a packed chart (`.tgz`), as a
+    /// path relative to the workload's folder that stays inside the fleet root
+    /// (`chart`, `../../charts/ingress-nginx`). Charts are never fetched.
+    pub chart: String,
+    /// Not supported: charts are never fetched at render. Vendor the chart into the
+    /// repository (`helm pull REPO/CHART --untar`) and name its folder in `chart`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo: Option<String>,
+    /// `.Release.Name`; the workload's name when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_name: Option<String>,
+    /// `.Release.Namespace`, and the namespace of namespaced resources the chart
+    /// leaves without one; the workload's `spec.namespace` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Values over the chart's `values.yaml` and the values files.
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub values: Vars,
+    /// Values files, relative to the workload's folder, merged in order over the
+    /// chart's `values.yaml`; a file ending in `.j2` is rendered per cluster first,
+    /// with the context manifest templates get.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values_files: Vec<String>,
+    /// Whether the files of the charts' `crds/` folders go into the bundle.
+    #[serde(default = "yes", rename = "includeCRDs")]
+    pub include_crds: bool,
+    /// Whether the chart's test hooks (`helm.sh/hook: test`) are left out.
+    #[serde(default = "yes")]
+    pub skip_tests: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// One entry of `spec.targets`: exactly one of `group`, `cluster` or `clusterSelector`.
@@ -190,6 +296,10 @@ pub struct OverlaySpec {
     /// Variables that override the workload's, the groups' and the cluster's.
     #[serde(default)]
     pub vars: Vars,
+    /// Values for the Helm charts of the workloads it applies to, merged deeply over
+    /// their `spec.helm` values (and earlier overlays' helmValues).
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub helm_values: Vars,
     /// Image overrides with kustomize `images` semantics.
     #[serde(default)]
     pub images: Vec<ImageOverride>,
@@ -295,7 +405,7 @@ pub struct PatchTarget {
     pub annotation_selector: Option<String>,
 }
 
-/// The JSON Schemas of the five kinds, by file name under `schemas/`.
+/// The JSON Schemas of the six kinds, by file name under `schemas/`.
 ///
 /// They are draft-07 schemas, the newest draft the `yaml-language-server` modelines
 /// in a fleet's files fully support. Optional fields are given as their plain type
@@ -317,6 +427,7 @@ pub fn schemas() -> Vec<(&'static str, Value)> {
         ("workload.json", schema::<WorkloadDoc>()),
         ("overlay.json", schema::<OverlayDoc>()),
         ("rolloutpolicy.json", schema::<RolloutPolicyDoc>()),
+        ("fleetsettings.json", schema::<FleetSettingsDoc>()),
     ];
     for (name, schema) in &mut all {
         if let Value::Object(object) = schema {

@@ -160,6 +160,11 @@ pub(super) fn encode_input(
         put_bytes(out, path.as_bytes())?;
         put_len(out, i)?;
     }
+    put_len(out, snapshot.binaries.len())?;
+    for (path, bytes) in &snapshot.binaries {
+        put_bytes(out, path.as_bytes())?;
+        put_bytes(out, bytes)?;
+    }
     match since {
         Since::Nothing => put_len(out, 0),
         Since::Given(previous) => {
@@ -190,6 +195,12 @@ pub(super) fn decode_input(
             .ok_or_else(|| invalid("file index out of range"))?;
         files.insert(path, content.clone());
     }
+    let count = read_len(&mut input)?;
+    let mut binaries = BTreeMap::new();
+    for _ in 0..count {
+        let path = read_text(&mut input)?;
+        binaries.insert(path, Arc::from(read_bytes(&mut input)?));
+    }
     let since = match read_len(&mut input)? {
         0 => Since::Nothing,
         1 => Since::Given(read_output(&mut input, Known::Digests)?),
@@ -201,6 +212,7 @@ pub(super) fn decode_input(
         revision: header.revision,
         problems: header.problems,
         skipped: header.skipped,
+        binaries,
     };
     Ok((header.limits, snapshot, since))
 }

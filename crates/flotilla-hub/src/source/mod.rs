@@ -12,7 +12,7 @@ use git2::{ObjectType, Repository, Tree};
 
 use flotilla_core::diagnostic::Diagnostic;
 use flotilla_core::limits::Limits;
-use flotilla_core::snapshot::{FleetSnapshot, is_fleet_file};
+use flotilla_core::snapshot::{FleetSnapshot, is_fleet_file, is_packed_chart};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
@@ -372,6 +372,11 @@ impl<'a> Files<'a> {
             Err(err) if is_fleet_file(path) => self.problem(
                 Diagnostic::error(format!("file is not UTF-8 text ({err})")).in_file(path),
             ),
+            Err(_) if is_packed_chart(path) => {
+                self.snapshot
+                    .binaries
+                    .insert(path.to_string(), Arc::from(content));
+            }
             Err(_) => {
                 self.snapshot
                     .skipped

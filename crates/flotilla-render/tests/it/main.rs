@@ -3,6 +3,7 @@
 
 mod budgets;
 mod helm_charts;
+mod helm_workloads;
 mod incremental;
 mod kustomize_corpus;
 mod kustomize_diff;

@@ -1,0 +1,730 @@
+//! Helm workloads: a workload's `spec.helm` read once per render (its chart, from
+//! the snapshot's files, parsed once; its static values files parsed once), and its
+//! release rendered per cluster through [`ReleaseCache`], which renders each distinct
+//! input once: the merged values, the release, the capabilities, and the cluster only
+//! for a chart that called a generating function (`randAlphaNum`, `genCA`, ...).
+//!
+//! What a release becomes: the `crds/` files of the enabled charts (when
+//! `includeCRDs`), then every template's documents, parsed as the API server reads
+//! YAML; `NOTES.txt` and empty documents make nothing, test hooks are left out (when
+//! `skipTests`). The documents then take the release namespace as their default
+//! namespace and every overlay like any manifest (the caller does that).
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use hmac::{Hmac, Mac};
+use serde_json::{Map, Value as Json};
+use sha2::{Digest as _, Sha256};
+
+use flotilla_core::diagnostic::Diagnostic;
+use flotilla_core::model::{HelmSpec, KubernetesSpec};
+use flotilla_core::snapshot::FleetSnapshot;
+
+use crate::fleet::SourcedDocument;
+use crate::helm::chart::{Chart, ChartError};
+use crate::helm::gotmpl::{Budget, Host, Value};
+use crate::helm::render::{Capabilities, PreparedChart, Release};
+use crate::helm::yaml::{from_yaml_map, parse_manifest, split_manifests};
+
+/// The seed generating functions derive from when the caller gives none (`render`,
+/// `validate` and `diff` without the hub's store): public, so what it makes is not
+/// secret.
+pub const PUBLIC_SEED: [u8; 32] = *b"flotilla public helm seed v1....";
+
+/// What `now` returns (seconds since the Unix epoch) when the caller gives no time:
+/// 2026-01-01T00:00:00Z.
+pub const DEFAULT_NOW: i64 = 1_767_225_600;
+
+/// Helm v4's default Kubernetes version, for clusters that declare none.
+pub const DEFAULT_KUBE_VERSION: &str = "v1.36.0";
+
+/// The API versions Helm v4 offers in `.Capabilities.APIVersions` by default: the
+/// built-in groups of its Kubernetes client.
+pub const DEFAULT_API_VERSIONS: &[&str] = &[
+    "v1",
+    "admissionregistration.k8s.io/v1",
+    "admissionregistration.k8s.io/v1alpha1",
+    "admissionregistration.k8s.io/v1beta1",
+    "internal.apiserver.k8s.io/v1alpha1",
+    "apps/v1",
+    "apps/v1beta1",
+    "apps/v1beta2",
+    "authentication.k8s.io/v1",
+    "authentication.k8s.io/v1alpha1",
+    "authentication.k8s.io/v1beta1",
+    "authorization.k8s.io/v1",
+    "authorization.k8s.io/v1beta1",
+    "autoscaling/v1",
+    "autoscaling/v2",
+    "batch/v1",
+    "batch/v1beta1",
+    "certificates.k8s.io/v1",
+    "certificates.k8s.io/v1beta1",
+    "certificates.k8s.io/v1alpha1",
+    "coordination.k8s.io/v1alpha2",
+    "coordination.k8s.io/v1beta1",
+    "coordination.k8s.io/v1",
+    "discovery.k8s.io/v1",
+    "discovery.k8s.io/v1beta1",
+    "events.k8s.io/v1",
+    "events.k8s.io/v1beta1",
+    "extensions/v1beta1",
+    "flowcontrol.apiserver.k8s.io/v1",
+    "flowcontrol.apiserver.k8s.io/v1beta1",
+    "flowcontrol.apiserver.k8s.io/v1beta2",
+    "flowcontrol.apiserver.k8s.io/v1beta3",
+    "networking.k8s.io/v1",
+    "networking.k8s.io/v1beta1",
+    "node.k8s.io/v1",
+    "node.k8s.io/v1alpha1",
+    "node.k8s.io/v1beta1",
+    "policy/v1",
+    "policy/v1beta1",
+    "rbac.authorization.k8s.io/v1",
+    "rbac.authorization.k8s.io/v1beta1",
+    "rbac.authorization.k8s.io/v1alpha1",
+    "resource.k8s.io/v1",
+    "resource.k8s.io/v1beta2",
+    "resource.k8s.io/v1beta1",
+    "resource.k8s.io/v1alpha3",
+    "scheduling.k8s.io/v1alpha2",
+    "scheduling.k8s.io/v1beta1",
+    "scheduling.k8s.io/v1",
+    "storage.k8s.io/v1beta1",
+    "storage.k8s.io/v1",
+    "storage.k8s.io/v1alpha1",
+    "storagemigration.k8s.io/v1beta1",
+    "apiextensions.k8s.io/v1beta1",
+    "apiextensions.k8s.io/v1",
+];
+
+/// A workload's Helm release as read from the fleet.
+#[derive(Debug)]
+pub struct HelmRelease {
+    /// The chart's path in the fleet (`charts/ingress`, `workloads/web/chart.tgz`).
+    pub chart_path: String,
+    /// The chart, parsed; `None` when it could not be read (reported at load).
+    pub chart: Option<Arc<PreparedChart>>,
+    pub release_name: String,
+    pub namespace: String,
+    pub values: Map<String, Json>,
+    pub values_files: Vec<ValuesFile>,
+    pub include_crds: bool,
+    pub skip_tests: bool,
+    /// Every file the release reads (the chart's and the values files), for the
+    /// incremental render's input digests.
+    pub inputs: Vec<String>,
+}
+
+impl HelmRelease {
+    /// `name-version` of the chart, as Helm shows a chart.
+    pub fn chart_label(&self) -> Option<String> {
+        let chart = self.chart.as_ref()?.chart();
+        Some(format!(
+            "{}-{}",
+            chart.metadata.name, chart.metadata.version
+        ))
+    }
+}
+
+/// One of `spec.helm.valuesFiles`.
+#[derive(Debug)]
+pub enum ValuesFile {
+    /// A YAML file, parsed once.
+    Static {
+        path: String,
+        values: Map<String, Json>,
+    },
+    /// A `.j2` file, rendered per cluster, then parsed.
+    Template { path: String },
+}
+
+/// `a/b/../c` as `a/c`; `None` when it climbs out of the root.
+fn normalize(path: &str) -> Option<String> {
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop()?;
+            }
+            part => parts.push(part),
+        }
+    }
+    Some(parts.join("/"))
+}
+
+/// A path of `spec.helm`, relative to the workload's folder, as a fleet path.
+fn resolve(workload: &str, relative: &str) -> Result<String, String> {
+    if relative.starts_with('/') {
+        return Err(format!(
+            "{relative:?} is an absolute path: give a path relative to workloads/{workload}/"
+        ));
+    }
+    normalize(&format!("workloads/{workload}/{relative}")).ok_or_else(|| {
+        format!("{relative:?} leads out of the fleet root: a chart must be inside the fleet")
+    })
+}
+
+/// Reads a workload's `spec.helm`: the chart and the static values files. Problems
+/// are reported in `diagnostics` (naming `file`, the workload.yaml, or the chart's
+/// file), and a release whose chart could not be read has `chart: None`.
+pub fn read(
+    snapshot: &FleetSnapshot,
+    workload: &str,
+    file: &str,
+    default_namespace: Option<&str>,
+    spec: &HelmSpec,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> HelmRelease {
+    let error = |message: String| {
+        Diagnostic::error(message)
+            .in_file(file)
+            .for_workload(workload)
+    };
+    let mut release = HelmRelease {
+        chart_path: String::new(),
+        chart: None,
+        release_name: spec
+            .release_name
+            .clone()
+            .unwrap_or_else(|| workload.to_string()),
+        namespace: spec
+            .namespace
+            .clone()
+            .or_else(|| default_namespace.map(str::to_string))
+            .unwrap_or_else(|| "default".to_string()),
+        values: spec.values.clone(),
+        values_files: Vec::new(),
+        include_crds: spec.include_crds,
+        skip_tests: spec.skip_tests,
+        inputs: Vec::new(),
+    };
+    if let Some(repo) = &spec.repo {
+        diagnostics.push(error(format!(
+            "spec.helm.repo {repo:?}: flotilla never fetches charts at render; vendor the chart into the repository (`helm pull --repo {repo} {chart} --untar --untardir charts`) and set spec.helm.chart to its folder",
+            chart = spec.chart
+        )));
+        return release;
+    }
+    if spec.chart.contains("://") {
+        diagnostics.push(error(format!(
+            "spec.helm.chart {:?} is a remote chart: flotilla never fetches charts at render; vendor it into the repository (`helm pull {} --untar --untardir charts`) and name its folder",
+            spec.chart, spec.chart
+        )));
+        return release;
+    }
+    for values_file in &spec.values_files {
+        match resolve(workload, values_file) {
+            Err(message) => diagnostics.push(error(format!("spec.helm.valuesFiles: {message}"))),
+            Ok(path) if path.ends_with(".j2") => {
+                release.inputs.push(path.clone());
+                release.values_files.push(ValuesFile::Template { path });
+            }
+            Ok(path) => {
+                release.inputs.push(path.clone());
+                match snapshot.files.get(&path) {
+                    None => diagnostics.push(error(format!(
+                        "spec.helm.valuesFiles: {path} {}",
+                        missing_reason(snapshot, &path)
+                    ))),
+                    Some(text) => match values_map(text) {
+                        Ok(values) => release
+                            .values_files
+                            .push(ValuesFile::Static { path, values }),
+                        Err(message) => diagnostics.push(
+                            Diagnostic::error(format!("values file: {message}"))
+                                .in_file(path)
+                                .for_workload(workload),
+                        ),
+                    },
+                }
+            }
+        }
+    }
+    let chart_path = match resolve(workload, &spec.chart) {
+        Ok(path) => path,
+        Err(message) => {
+            diagnostics.push(error(format!("spec.helm.chart: {message}")));
+            return release;
+        }
+    };
+    release.chart_path = chart_path.clone();
+    let loaded = if chart_path.ends_with(".tgz") || chart_path.ends_with(".tar.gz") {
+        release.inputs.push(chart_path.clone());
+        match snapshot.binaries.get(&chart_path) {
+            Some(bytes) => Chart::from_tgz(bytes).map_err(|e| chart_error(&chart_path, e)),
+            None => Err(format!(
+                "spec.helm.chart: {chart_path} {}",
+                missing_reason(snapshot, &chart_path)
+            )),
+        }
+    } else {
+        let prefix = format!("{chart_path}/");
+        let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+        for (path, text) in snapshot.files.range(prefix.clone()..) {
+            let Some(inside) = path.strip_prefix(&prefix) else {
+                break;
+            };
+            release.inputs.push(path.clone());
+            files.insert(inside.to_string(), text.as_bytes().to_vec());
+        }
+        for (path, bytes) in snapshot.binaries.range(prefix.clone()..) {
+            let Some(inside) = path.strip_prefix(&prefix) else {
+                break;
+            };
+            release.inputs.push(path.clone());
+            files.insert(inside.to_string(), bytes.to_vec());
+        }
+        let skipped: Vec<&String> = snapshot
+            .skipped
+            .keys()
+            .filter(|p| p.starts_with(&prefix))
+            .collect();
+        if !files.contains_key("Chart.yaml") {
+            Err(format!(
+                "spec.helm.chart: {chart_path} holds no Chart.yaml: name a chart folder (or a packed .tgz) inside the fleet"
+            ))
+        } else if let Some(first) = skipped.first() {
+            Err(format!(
+                "{first} of the chart could not be read: {}",
+                snapshot.skipped[*first]
+            ))
+        } else {
+            Chart::from_files(files).map_err(|e| chart_error(&chart_path, e))
+        }
+    };
+    match loaded {
+        Ok(chart) => release.chart = Some(Arc::new(PreparedChart::new(chart))),
+        Err(message) => diagnostics.push(error(message)),
+    }
+    release
+}
+
+/// A chart's problem with the fleet path of the file it is in.
+fn chart_error(chart_path: &str, error: ChartError) -> String {
+    match error {
+        ChartError::Invalid { file, message } => format!("{chart_path}/{file}: {message}"),
+        ChartError::MissingDependencies { chart, missing } => {
+            let folder = match chart.split_once("/charts/") {
+                Some((_, _)) => format!(
+                    "{chart_path}/{}",
+                    chart.split_once('/').map_or("", |(_, rest)| rest)
+                ),
+                None if chart.starts_with("charts/") => format!("{chart_path}/{chart}"),
+                None => chart_path.to_string(),
+            };
+            format!(
+                "{folder}/Chart.yaml: found in Chart.yaml, but missing in charts/ directory: {missing}; run `helm dependency build {folder}` (or `helm pull --untar` each into {folder}/charts/) and commit the result"
+            )
+        }
+        ChartError::Archive { archive, message } => format!("{chart_path}: {archive}: {message}"),
+    }
+}
+
+fn missing_reason(snapshot: &FleetSnapshot, path: &str) -> String {
+    match snapshot.skipped.get(path) {
+        Some(reason) => format!("could not be read: {reason}"),
+        None => "does not exist".to_string(),
+    }
+}
+
+/// A values file's text as Helm reads it (YAML 1.1, numbers as Go's JSON reads
+/// them), as JSON values; an empty file is no values.
+pub fn values_map(text: &str) -> Result<Map<String, Json>, String> {
+    let map = from_yaml_map(text).map_err(|e| e.to_string())?;
+    Ok(map.iter().map(|(k, v)| (k.clone(), to_json(v))).collect())
+}
+
+/// A value read from YAML as JSON (numbers are Go's float64s already).
+fn to_json(value: &Value) -> Json {
+    match value {
+        Value::Nil | Value::Missing | Value::Object(_) => Json::Null,
+        Value::Bool(b) => Json::Bool(*b),
+        Value::Int(i) | Value::Int64(i) => Json::from(*i),
+        Value::Float(f) => serde_json::Number::from_f64(*f).map_or(Json::Null, Json::Number),
+        Value::String(s) => Json::String(s.to_string()),
+        Value::Bytes(bytes) => Json::Array(bytes.iter().map(|b| Json::from(*b)).collect()),
+        Value::List(items) => Json::Array(items.iter().map(to_json).collect()),
+        Value::Map(map) => Json::Object(
+            map.snapshot()
+                .iter()
+                .map(|(k, v)| (k.clone(), to_json(v)))
+                .collect(),
+        ),
+    }
+}
+
+/// Merges `later` into `base` as Helm merges values files: maps merge deeply, any
+/// other value (null included) replaces.
+pub fn merge_values(base: &mut Map<String, Json>, later: &Map<String, Json>) {
+    for (key, value) in later {
+        match (base.get_mut(key), value) {
+            (Some(Json::Object(into)), Json::Object(from)) => merge_values(into, from),
+            _ => {
+                base.insert(key.clone(), value.clone());
+            }
+        }
+    }
+}
+
+/// The capabilities a cluster's charts see: its own `spec.kubernetes`, else the
+/// fleet's, else Helm's defaults; API versions named are added to the built-in ones.
+pub fn capabilities(
+    cluster: Option<&KubernetesSpec>,
+    fleet: Option<&KubernetesSpec>,
+) -> Capabilities {
+    let spec = cluster.or(fleet);
+    let version = spec
+        .and_then(|s| s.version.as_deref())
+        .map(|v| {
+            if v.starts_with('v') {
+                v.to_string()
+            } else {
+                format!("v{v}")
+            }
+        })
+        .unwrap_or_else(|| DEFAULT_KUBE_VERSION.to_string());
+    let mut api_versions: Vec<String> =
+        DEFAULT_API_VERSIONS.iter().map(|s| s.to_string()).collect();
+    for extra in spec.map(|s| s.api_versions.as_slice()).unwrap_or_default() {
+        if !api_versions.contains(extra) {
+            api_versions.push(extra.clone());
+        }
+    }
+    Capabilities {
+        kube_version: version,
+        api_versions,
+    }
+}
+
+/// What a release rendered to: its documents, with the chart file each came from.
+/// Two outputs are equal when their documents are (compared by a digest).
+#[derive(Debug)]
+pub struct ReleaseOutput {
+    digest: [u8; 32],
+    pub documents: Vec<SourcedDocument>,
+}
+
+impl PartialEq for ReleaseOutput {
+    fn eq(&self, other: &ReleaseOutput) -> bool {
+        self.digest == other.digest
+    }
+}
+
+impl Eq for ReleaseOutput {}
+
+impl Hash for ReleaseOutput {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.digest.hash(state);
+    }
+}
+
+/// What rendering one input gave: shared between the clusters with that input.
+type Outcome = Result<Arc<ReleaseOutput>, Diagnostic>;
+
+/// One distinct input's render; `generated` when the chart called a generating
+/// function, so its output is the first cluster's own and every cluster renders
+/// its own.
+struct Entry {
+    outcome: Outcome,
+    generated: bool,
+}
+
+/// The releases a render made, by input, shared between clusters and threads.
+#[derive(Default)]
+pub struct ReleaseCache {
+    entries: Mutex<HashMap<[u8; 32], Arc<OnceLock<Entry>>>>,
+    /// Warnings met while rendering (`lookup`, values coalescing), once each.
+    warnings: Mutex<Vec<Diagnostic>>,
+    /// Whether any chart called a generating function.
+    generated: std::sync::atomic::AtomicBool,
+}
+
+/// What a render gives every release.
+pub struct ReleaseSettings<'a> {
+    pub seed: &'a [u8; 32],
+    pub now: i64,
+    pub budget: Budget,
+}
+
+impl ReleaseCache {
+    /// The release of `workload` for `cluster`, with `values` the user's values
+    /// merged for it.
+    pub fn render(
+        &self,
+        settings: &ReleaseSettings<'_>,
+        (workload, release): (&str, &HelmRelease),
+        cluster: &str,
+        values: &Map<String, Json>,
+        capabilities: &Capabilities,
+    ) -> Outcome {
+        let Some(chart) = &release.chart else {
+            return Err(Diagnostic::error(format!(
+                "the chart {} could not be read (reported above)",
+                release.chart_path
+            )));
+        };
+        let key = {
+            let mut hasher = Sha256::new();
+            for part in [
+                workload.as_bytes(),
+                serde_json::to_string(values).unwrap_or_default().as_bytes(),
+                capabilities.kube_version.as_bytes(),
+                capabilities.api_versions.join(",").as_bytes(),
+            ] {
+                hasher.update((part.len() as u64).to_le_bytes());
+                hasher.update(part);
+            }
+            let key: [u8; 32] = hasher.finalize().into();
+            key
+        };
+        let cell = {
+            let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+            Arc::clone(entries.entry(key).or_default())
+        };
+        let mut mine: Option<Outcome> = None;
+        let entry = cell.get_or_init(|| {
+            let (outcome, generated) = self.render_one(
+                settings,
+                (workload, release, chart),
+                cluster,
+                values,
+                capabilities,
+            );
+            mine = Some(outcome.clone());
+            Entry { outcome, generated }
+        });
+        match (mine, entry.generated) {
+            (Some(outcome), _) => outcome,
+            (None, false) => entry.outcome.clone(),
+            (None, true) => {
+                self.render_one(
+                    settings,
+                    (workload, release, chart),
+                    cluster,
+                    values,
+                    capabilities,
+                )
+                .0
+            }
+        }
+    }
+
+    /// Whether any release called a generating function.
+    pub fn generated_any(&self) -> bool {
+        self.generated.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The warnings met, each once.
+    pub fn take_warnings(&self) -> Vec<Diagnostic> {
+        std::mem::take(&mut *self.warnings.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn warn(&self, diagnostic: Diagnostic) {
+        let mut warnings = self.warnings.lock().unwrap_or_else(|e| e.into_inner());
+        if !warnings
+            .iter()
+            .any(|w| w.message == diagnostic.message && w.file == diagnostic.file)
+        {
+            warnings.push(diagnostic);
+        }
+    }
+
+    fn render_one(
+        &self,
+        settings: &ReleaseSettings<'_>,
+        (workload, release, chart): (&str, &HelmRelease, &PreparedChart),
+        cluster: &str,
+        values: &Map<String, Json>,
+        capabilities: &Capabilities,
+    ) -> (Outcome, bool) {
+        let helm_release = Release {
+            name: release.release_name.clone(),
+            namespace: release.namespace.clone(),
+            revision: 1,
+            is_install: true,
+            capabilities: capabilities.clone(),
+        };
+        let mut host = SeededHost {
+            seed: settings.seed,
+            now: settings.now,
+            scope: [cluster, &release.release_name, &release.namespace]
+                .map(str::to_string)
+                .join("\u{0}"),
+            template: String::new(),
+            calls: HashMap::new(),
+            generated: false,
+            warnings: Vec::new(),
+        };
+        let user = Value::from_json(&Json::Object(values.clone()));
+        let rendered = chart.render(&helm_release, &user, &mut host, &settings.budget);
+        let generated = host.generated;
+        if generated {
+            self.generated
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        for (template, message) in host.warnings {
+            self.warn(
+                Diagnostic::warning(message)
+                    .in_file(fleet_path(release, &template))
+                    .for_workload(workload),
+            );
+        }
+        let rendered = match rendered {
+            Ok(rendered) => rendered,
+            Err(err) => {
+                let file = match &err {
+                    crate::helm::render::HelmError::Exec { template, .. } => {
+                        fleet_path(release, template)
+                    }
+                    _ => release.chart_path.clone(),
+                };
+                return (
+                    Err(Diagnostic::error(err.to_string()).in_file(file)),
+                    generated,
+                );
+            }
+        };
+        for warning in &rendered.warnings {
+            self.warn(
+                Diagnostic::warning(format!("helm: {warning}"))
+                    .in_file(release.chart_path.as_str())
+                    .for_workload(workload),
+            );
+        }
+        let mut documents = Vec::new();
+        let mut digest = Sha256::new();
+        let crds = rendered.crds.iter().filter(|_| release.include_crds);
+        for (name, text) in crds.chain(rendered.templates.iter()) {
+            if name.ends_with("/NOTES.txt") || name == "NOTES.txt" {
+                continue;
+            }
+            let file: Arc<str> = Arc::from(fleet_path(release, name));
+            for document in split_manifests(text) {
+                let value = match parse_manifest(&document) {
+                    Ok(Some(value)) => value,
+                    Ok(None) => continue,
+                    Err(err) => {
+                        return (
+                            Err(Diagnostic::error(format!(
+                                "the chart's output is not valid YAML: {err}"
+                            ))
+                            .in_file(&*file)),
+                            generated,
+                        );
+                    }
+                };
+                if release.skip_tests && is_test_hook(&value) {
+                    continue;
+                }
+                let bytes = serde_json::to_vec(&value).unwrap_or_default();
+                digest.update((file.len() as u64).to_le_bytes());
+                digest.update(file.as_bytes());
+                digest.update((bytes.len() as u64).to_le_bytes());
+                digest.update(&bytes);
+                documents.push(SourcedDocument {
+                    value,
+                    file: file.clone(),
+                    line: 1,
+                });
+            }
+        }
+        let output = ReleaseOutput {
+            digest: digest.finalize().into(),
+            documents,
+        };
+        (Ok(Arc::new(output)), generated)
+    }
+}
+
+/// Whether a document is one of Helm's test hooks (`helm.sh/hook: test`, or the
+/// older `test-success`/`test-failure`).
+fn is_test_hook(value: &Json) -> bool {
+    value
+        .pointer("/metadata/annotations/helm.sh~1hook")
+        .and_then(Json::as_str)
+        .is_some_and(|hooks| {
+            hooks
+                .split(',')
+                .map(str::trim)
+                .any(|h| matches!(h, "test" | "test-success" | "test-failure"))
+        })
+}
+
+/// The fleet path of a template Helm names `chart/templates/x.yaml` (or
+/// `chart/charts/sub/templates/y.yaml`): below the chart's folder (or, for a packed
+/// chart, `chart.tgz:` and the name).
+fn fleet_path(release: &HelmRelease, template: &str) -> String {
+    let inside = template.split_once('/').map_or(template, |(_, rest)| rest);
+    if release.chart_path.ends_with(".tgz") || release.chart_path.ends_with(".tar.gz") {
+        format!("{}:{inside}", release.chart_path)
+    } else {
+        format!("{}/{inside}", release.chart_path)
+    }
+}
+
+/// The host of a release's templates: generated bytes from the seed, the cluster,
+/// the release, the template, the function with its arguments, and how many times
+/// the same call was made in the template before; `now` as given; warnings kept.
+struct SeededHost<'a> {
+    seed: &'a [u8; 32],
+    now: i64,
+    scope: String,
+    template: String,
+    calls: HashMap<String, u64>,
+    generated: bool,
+    warnings: Vec<(String, String)>,
+}
+
+impl Host for SeededHost<'_> {
+    fn template_name(&self) -> &str {
+        &self.template
+    }
+
+    fn generated_bytes(&mut self, function: &str, args: &[Value], len: usize) -> Vec<u8> {
+        self.generated = true;
+        let call = format!("{function}\u{0}{args:?}");
+        let occurrence = {
+            let count = self.calls.entry(call.clone()).or_insert(0);
+            *count += 1;
+            *count
+        };
+        let mut out = Vec::with_capacity(len + 32);
+        let mut block: u64 = 0;
+        while out.len() < len {
+            let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(self.seed) else {
+                break;
+            };
+            for part in [
+                self.scope.as_bytes(),
+                self.template.as_bytes(),
+                call.as_bytes(),
+                &occurrence.to_le_bytes(),
+                &block.to_le_bytes(),
+            ] {
+                mac.update(&(part.len() as u64).to_le_bytes());
+                mac.update(part);
+            }
+            out.extend_from_slice(&mac.finalize().into_bytes());
+            block += 1;
+        }
+        out.truncate(len);
+        out
+    }
+
+    fn now_unix(&self) -> i64 {
+        self.now
+    }
+
+    fn warn(&mut self, message: String) {
+        self.warnings.push((self.template.clone(), message));
+    }
+
+    fn begin_template(&mut self, name: &str) {
+        self.template = name.to_string();
+        self.calls.clear();
+    }
+}

@@ -1,0 +1,346 @@
+//! Helm workloads in a fleet: a small chart of our own rendered per cluster with its
+//! values merged from the chart, values files (a `.j2` one per cluster), the
+//! workload and the overlays; the release namespace as the default; overlays'
+//! patches on the chart's resources; CRDs and test hooks; values generated from the
+//! seed; and the errors a bad `spec.helm` gives.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use flotilla_core::snapshot::FleetSnapshot;
+use flotilla_render::{RenderOptions, RenderOutput, render_with};
+
+const HEADER: &str = "apiVersion: flotilla.dev/v1alpha1\n";
+
+/// A chart of our own: a Deployment and a ConfigMap (its data from `toYaml`), a
+/// Secret with a generated password, a test hook, a CRD and a helper.
+fn chart() -> Vec<(&'static str, &'static str)> {
+    vec![
+        (
+            "charts/web/Chart.yaml",
+            "apiVersion: v2\nname: web\nversion: 1.2.3\nappVersion: \"4.5\"\n",
+        ),
+        (
+            "charts/web/values.yaml",
+            "replicas: 1\nimage:\n  repository: ghcr.io/example/web\n  tag: stable\nsettings:\n  color: blue\n  size: 10\npassword: \"\"\n",
+        ),
+        (
+            "charts/web/templates/_helpers.tpl",
+            "{{- define \"web.fullname\" -}}\n{{ .Release.Name }}-{{ .Chart.Name }}\n{{- end -}}\n",
+        ),
+        (
+            "charts/web/templates/deployment.yaml",
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {{ include \"web.fullname\" . }}\n  labels:\n    app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}\n    kube: {{ .Capabilities.KubeVersion.Version | quote }}\nspec:\n  replicas: {{ .Values.replicas }}\n  template:\n    spec:\n      containers:\n        - name: web\n          image: \"{{ .Values.image.repository }}:{{ .Values.image.tag }}\"\n",
+        ),
+        (
+            "charts/web/templates/configmap.yaml",
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ include \"web.fullname\" . }}\n  namespace: {{ .Release.Namespace }}\ndata:\n  settings.yaml: |\n{{ toYaml .Values.settings | indent 4 }}\n{{- if .Capabilities.APIVersions.Has \"monitoring.coreos.com/v1\" }}\n  monitoring: \"on\"\n{{- end }}\n",
+        ),
+        (
+            "charts/web/templates/secret.yaml",
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {{ include \"web.fullname\" . }}\nstringData:\n  password: {{ .Values.password | default (randAlphaNum 16) | quote }}\n",
+        ),
+        (
+            "charts/web/templates/tests/test-connection.yaml",
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {{ include \"web.fullname\" . }}-test\n  annotations:\n    \"helm.sh/hook\": test\nspec:\n  containers:\n    - name: wget\n      image: busybox\n",
+        ),
+        (
+            "charts/web/templates/NOTES.txt",
+            "Thank you for installing {{ .Chart.Name }}.\n",
+        ),
+        (
+            "charts/web/crds/widgets.yaml",
+            "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  name: widgets.example.com\nspec:\n  group: example.com\n  scope: Namespaced\n  names: {kind: Widget, plural: widgets}\n  versions: [{name: v1, served: true, storage: true}]\n",
+        ),
+    ]
+}
+
+fn fleet(workload_helm: &str, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut files: Vec<(String, String)> = vec![
+        (
+            "clusters/store-1.yaml".into(),
+            format!(
+                "{HEADER}kind: Cluster\nmetadata:\n  name: store-1\n  labels: {{kind: store}}\nspec:\n  vars: {{size: 3}}\n  kubernetes: {{version: 1.31.4, apiVersions: [monitoring.coreos.com/v1]}}\n"
+            ),
+        ),
+        (
+            "clusters/store-2.yaml".into(),
+            format!(
+                "{HEADER}kind: Cluster\nmetadata:\n  name: store-2\n  labels: {{kind: store}}\nspec:\n  vars: {{size: 3}}\n"
+            ),
+        ),
+        (
+            "clusters/lab.yaml".into(),
+            format!(
+                "{HEADER}kind: Cluster\nmetadata:\n  name: lab\n  labels: {{kind: lab}}\nspec:\n  vars: {{size: 7}}\n"
+            ),
+        ),
+        (
+            "groups/stores.yaml".into(),
+            format!(
+                "{HEADER}kind: Group\nmetadata:\n  name: stores\nspec:\n  selector: {{matchLabels: {{kind: store}}}}\n"
+            ),
+        ),
+        (
+            "workloads/web/workload.yaml".into(),
+            format!(
+                "{HEADER}kind: Workload\nmetadata:\n  name: web\nspec:\n  namespace: shop\n  targets:\n    - clusterSelector: {{}}\n  helm:\n{workload_helm}"
+            ),
+        ),
+    ];
+    for (path, text) in chart().into_iter().chain(extra.iter().copied()) {
+        files.push((path.to_string(), text.to_string()));
+    }
+    files
+}
+
+fn render(files: &[(String, String)], seed: Option<[u8; 32]>) -> RenderOutput {
+    let snapshot = FleetSnapshot::from_files(files.iter().map(|(p, t)| (p.as_str(), t.as_str())));
+    render_with(
+        &snapshot,
+        &RenderOptions {
+            helm_seed: seed,
+            ..RenderOptions::default()
+        },
+    )
+}
+
+/// The resources of a cluster's bundle by `kind/namespace/name`.
+fn resources(output: &RenderOutput, cluster: &str) -> BTreeMap<String, Value> {
+    let bundle = output
+        .bundles
+        .get(cluster)
+        .unwrap_or_else(|| panic!("no bundle for {cluster}: {:#?}", output.diagnostics));
+    bundle
+        .resources
+        .iter()
+        .map(|r| {
+            let value = r.value();
+            let key = format!(
+                "{}/{}/{}",
+                value["kind"].as_str().unwrap_or_default(),
+                value["metadata"]["namespace"].as_str().unwrap_or_default(),
+                value["metadata"]["name"].as_str().unwrap_or_default()
+            );
+            (key, value)
+        })
+        .collect()
+}
+
+fn errors(output: &RenderOutput) -> Vec<String> {
+    output
+        .diagnostics
+        .iter()
+        .filter(|d| d.is_error())
+        .map(ToString::to_string)
+        .collect()
+}
+
+#[test]
+fn a_chart_renders_per_cluster_with_values_merged_in_order() {
+    let files = fleet(
+        "    chart: ../../charts/web\n    values: {image: {tag: \"2.0\"}}\n    valuesFiles: [site.yaml, cluster.yaml.j2]\n",
+        &[
+            (
+                "workloads/web/site.yaml",
+                "replicas: 2\nimage:\n  tag: from-file\nsettings:\n  color: red\n",
+            ),
+            (
+                "workloads/web/cluster.yaml.j2",
+                "settings:\n  size: {{ vars.size }}\n  site: {{ cluster.name }}\n",
+            ),
+            (
+                "overlays/stores.yaml",
+                "apiVersion: flotilla.dev/v1alpha1\nkind: Overlay\nmetadata:\n  name: stores\nspec:\n  groups: [stores]\n  helmValues: {replicas: 5}\n  labels: {tier: store}\n  patches:\n    - target: {kind: Deployment}\n      merge: {spec: {paused: false}}\n",
+            ),
+        ],
+    );
+    let output = render(&files, None);
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+    let store = resources(&output, "store-1");
+    let deployment = &store["Deployment/shop/web-web"];
+    // The overlay's helmValues win over the values files; the inline tag over the file's.
+    assert_eq!(deployment["spec"]["replicas"], json!(5));
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["containers"][0]["image"],
+        json!("ghcr.io/example/web:2.0")
+    );
+    // The overlay's labels and patches apply to the chart's resources.
+    assert_eq!(deployment["metadata"]["labels"]["tier"], json!("store"));
+    assert_eq!(deployment["spec"]["paused"], json!(false));
+    // The cluster's own Kubernetes version and API versions are its capabilities.
+    assert_eq!(deployment["metadata"]["labels"]["kube"], json!("v1.31.4"));
+    assert_eq!(
+        store["ConfigMap/shop/web-web"]["data"],
+        json!({"settings.yaml": "color: red\nsite: store-1\nsize: 3\n", "monitoring": "on"})
+    );
+    let lab = resources(&output, "lab");
+    assert_eq!(lab["Deployment/shop/web-web"]["spec"]["replicas"], json!(2));
+    assert_eq!(
+        lab["Deployment/shop/web-web"]["metadata"]["labels"]["kube"],
+        json!("v1.36.0"),
+        "Helm's default version where the cluster names none"
+    );
+    assert_eq!(
+        lab["ConfigMap/shop/web-web"]["data"],
+        json!({"settings.yaml": "color: red\nsite: lab\nsize: 7\n"})
+    );
+    // The release namespace goes to namespaced resources that name none; the CRD is
+    // cluster-scoped; NOTES.txt and the test hook make nothing.
+    assert!(lab.contains_key("CustomResourceDefinition//widgets.example.com"));
+    assert!(lab.contains_key("Secret/shop/web-web"));
+    assert!(!lab.keys().any(|k| k.contains("test")), "{:?}", lab.keys());
+    assert_eq!(lab.len(), 4, "{:?}", lab.keys());
+}
+
+#[test]
+fn release_name_namespace_crds_and_tests_are_settings() {
+    let files = fleet(
+        "    chart: ../../charts/web\n    releaseName: shop\n    namespace: other\n    includeCRDs: false\n    skipTests: false\n",
+        &[],
+    );
+    let output = render(&files, None);
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+    let lab = resources(&output, "lab");
+    let keys: Vec<&String> = lab.keys().collect();
+    assert_eq!(
+        keys,
+        [
+            "ConfigMap/other/shop-web",
+            "Deployment/other/shop-web",
+            "Pod/other/shop-web-test",
+            "Secret/other/shop-web"
+        ]
+    );
+}
+
+#[test]
+fn generated_values_come_from_the_seed_cluster_and_release() {
+    let files = fleet("    chart: ../../charts/web\n", &[]);
+    let password = |output: &RenderOutput, cluster: &str| {
+        resources(output, cluster)["Secret/shop/web-web"]["stringData"]["password"]
+            .as_str()
+            .expect("a password")
+            .to_string()
+    };
+    let public = render(&files, None);
+    let again = render(&files, None);
+    assert_eq!(password(&public, "lab"), password(&again, "lab"));
+    assert_eq!(public.bundles["lab"].digest, again.bundles["lab"].digest);
+    assert_eq!(password(&public, "lab").len(), 16);
+    assert_ne!(password(&public, "lab"), password(&public, "store-2"));
+    assert!(
+        public
+            .diagnostics
+            .iter()
+            .any(|d| !d.is_error() && d.message.contains("public seed")),
+        "{:#?}",
+        public.diagnostics
+    );
+    let secret = render(&files, Some([7; 32]));
+    assert_ne!(password(&public, "lab"), password(&secret, "lab"));
+    assert!(
+        !secret
+            .diagnostics
+            .iter()
+            .any(|d| d.message.contains("public seed"))
+    );
+    // A value set by the user is used, and nothing is generated.
+    let set = fleet(
+        "    chart: ../../charts/web\n    values: {password: hunter2}\n",
+        &[],
+    );
+    let output = render(&set, None);
+    assert_eq!(password(&output, "lab"), "hunter2");
+    assert_eq!(password(&output, "store-2"), "hunter2");
+}
+
+/// A `spec.helm`, the files to add, and what the error must say.
+type BadCase<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+
+#[test]
+fn a_bad_helm_spec_is_an_error_naming_the_file() {
+    let cases: &[BadCase<'_>] = &[
+        (
+            "    chart: ../../../outside\n",
+            &[],
+            "leads out of the fleet root",
+        ),
+        ("    chart: nothing-here\n", &[], "holds no Chart.yaml"),
+        (
+            "    chart: oci://registry.example/charts/web\n",
+            &[],
+            "never fetches charts",
+        ),
+        (
+            "    chart: web\n    repo: https://charts.example\n",
+            &[],
+            "helm pull --repo https://charts.example web --untar",
+        ),
+        (
+            "    chart: ../../charts/web\n    valuesFiles: [missing.yaml]\n",
+            &[],
+            "workloads/web/missing.yaml does not exist",
+        ),
+        (
+            "    chart: ../../charts/web\n    values: {replicas: 1}\n",
+            &[(
+                "charts/web/templates/broken.yaml",
+                "x: {{ include \"no.such\" . }}\n",
+            )],
+            "no template \"no.such\"",
+        ),
+        (
+            "    chart: ../../charts/web\n",
+            &[(
+                "charts/web/templates/fail.yaml",
+                "{{ fail \"set a domain\" }}\n",
+            )],
+            "set a domain",
+        ),
+        (
+            "    chart: ../../charts/web\n    valuez: {}\n",
+            &[],
+            "unknown field",
+        ),
+    ];
+    for (helm, extra, expected) in cases {
+        let output = render(&fleet(helm, extra), None);
+        let errors = errors(&output);
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.contains(expected) && e.contains(".yaml")),
+            "{helm}: expected an error with {expected:?}, got {errors:#?}"
+        );
+        assert!(
+            output.bundles.is_empty() || !output.bundles.contains_key("lab") || errors.is_empty()
+        );
+    }
+}
+
+#[test]
+fn a_missing_dependency_names_chart_yaml() {
+    let files = fleet(
+        "    chart: ../../charts/app\n",
+        &[
+            (
+                "charts/app/Chart.yaml",
+                "apiVersion: v2\nname: app\nversion: 0.1.0\ndependencies:\n  - name: redis\n    version: 1.x\n    repository: https://charts.example\n",
+            ),
+            (
+                "charts/app/templates/cm.yaml",
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: app}\n",
+            ),
+        ],
+    );
+    let output = render(&files, None);
+    let errors = errors(&output);
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("charts/app/Chart.yaml") && e.contains("missing in charts/")),
+        "{errors:#?}"
+    );
+}
