@@ -23,7 +23,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::pki_types::CertificateDer;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, Semaphore, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
+use tokio::task::JoinSet;
 use tower::Service as _;
 
 /// The limits on connections. [`ConnectionLimits::default`] gives the documented
@@ -138,6 +139,14 @@ struct Registry {
 }
 
 impl Registry {
+    fn new() -> Registry {
+        Registry {
+            epoch: Instant::now(),
+            next_id: AtomicU64::new(0),
+            live: Mutex::default(),
+        }
+    }
+
     fn now_ms(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
@@ -250,50 +259,19 @@ pub(crate) async fn serve(
     stopping: watch::Sender<bool>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let cap = limits
-        .max_connections
-        .unwrap_or_else(|| connection_cap(open_file_limit()));
-    let cap_permits = u32::try_from(cap).unwrap_or(u32::MAX / 2).min(u32::MAX / 2);
-    tracing::info!(
-        max_connections = cap_permits,
-        header_timeout = %humantime::format_duration(limits.header_timeout),
-        idle_timeout = %humantime::format_duration(limits.idle_timeout),
-        "accepting connections"
-    );
+    let cap_permits = cap_permits(&limits);
     let permits = Arc::new(Semaphore::new(cap_permits as usize));
-    let registry = Arc::new(Registry {
-        epoch: Instant::now(),
-        next_id: AtomicU64::new(0),
-        live: Mutex::default(),
-    });
+    let registry = Arc::new(Registry::new());
     let transport = Arc::new(transport);
-    let mut http1 = http1::Builder::new();
-    http1
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout);
-    let mut http2 = http2::Builder::new(TokioExecutor::new());
-    http2.timer(TokioTimer::new());
-    let builders = Arc::new(Builders { http1, http2 });
+    let builders = Arc::new(Builders::new(&limits));
     let mut shutdown = std::pin::pin!(shutdown);
     // Every connection's task, so the ones still open when the grace period ends are
     // really closed (a hub run inside another program, such as a test, outlives it).
-    let mut tasks = tokio::task::JoinSet::new();
+    let mut tasks = JoinSet::new();
     loop {
         while tasks.try_join_next().is_some() {}
-        let permit = match permits.clone().try_acquire_owned() {
-            Ok(permit) => permit,
-            Err(_) => {
-                // At the cap: make room by closing the connection idle the longest,
-                // or wait for one to end when every connection is busy.
-                registry.evict_one();
-                tokio::select! {
-                    permit = permits.clone().acquire_owned() => match permit {
-                        Ok(permit) => permit,
-                        Err(_) => break,
-                    },
-                    _ = &mut shutdown => break,
-                }
-            }
+        let Some(permit) = next_permit(&permits, &registry, shutdown.as_mut()).await else {
+            break;
         };
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -327,7 +305,53 @@ pub(crate) async fn serve(
         });
     }
     stopping.send_replace(true);
-    // Every connection holds a permit until it ends: all of them back means all ended.
+    close_all(&permits, cap_permits, &registry, tasks).await;
+    Ok(())
+}
+
+/// The most connections held at once, as semaphore permits (logged with the
+/// timeouts when the hub starts accepting).
+fn cap_permits(limits: &ConnectionLimits) -> u32 {
+    let cap = limits
+        .max_connections
+        .unwrap_or_else(|| connection_cap(open_file_limit()));
+    let cap_permits = u32::try_from(cap).unwrap_or(u32::MAX / 2).min(u32::MAX / 2);
+    tracing::info!(
+        max_connections = cap_permits,
+        header_timeout = %humantime::format_duration(limits.header_timeout),
+        idle_timeout = %humantime::format_duration(limits.idle_timeout),
+        "accepting connections"
+    );
+    cap_permits
+}
+
+/// A permit for one more connection: at once below the cap; at the cap, once the
+/// connection idle the longest has been closed to make room, or once one ends when
+/// every connection is busy. `None` when `shutdown` completes first.
+async fn next_permit(
+    permits: &Arc<Semaphore>,
+    registry: &Registry,
+    shutdown: Pin<&mut impl Future<Output = ()>>,
+) -> Option<OwnedSemaphorePermit> {
+    if let Ok(permit) = permits.clone().try_acquire_owned() {
+        return Some(permit);
+    }
+    registry.evict_one();
+    tokio::select! {
+        permit = permits.clone().acquire_owned() => permit.ok(),
+        _ = shutdown => None,
+    }
+}
+
+/// Waits for every connection to end, at most [`SHUTDOWN_GRACE`], then closes those
+/// still open. Every connection holds a permit until it ends: all of them back means
+/// all ended.
+async fn close_all(
+    permits: &Semaphore,
+    cap_permits: u32,
+    registry: &Registry,
+    mut tasks: JoinSet<()>,
+) {
     let all = tokio::time::timeout(SHUTDOWN_GRACE, permits.acquire_many(cap_permits)).await;
     if all.is_err() {
         let open = registry.live.lock().map(|l| l.len()).unwrap_or(0);
@@ -339,13 +363,26 @@ pub(crate) async fn serve(
     }
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
-    Ok(())
 }
 
 /// hyper's builders for the two protocols a connection may speak.
 struct Builders {
     http1: http1::Builder,
     http2: http2::Builder<TokioExecutor>,
+}
+
+impl Builders {
+    /// HTTP/1.1 with the header timeout (which also bounds the wait for a kept-alive
+    /// connection's next request), and HTTP/2.
+    fn new(limits: &ConnectionLimits) -> Builders {
+        let mut http1 = http1::Builder::new();
+        http1
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_timeout);
+        let mut http2 = http2::Builder::new(TokioExecutor::new());
+        http2.timer(TokioTimer::new());
+        Builders { http1, http2 }
+    }
 }
 
 /// Which HTTP a connection speaks.

@@ -10,6 +10,7 @@ use sqlx::any::AnyRow;
 
 use super::{Store, StoreError, Tx, flag, parse_digest};
 use flotilla_core::bundle::Digest;
+use flotilla_core::rollout::render::Revisions;
 use flotilla_core::rollout::{Event, Member, Policy, Rollout, RolloutState, Wave, WaveState};
 
 /// A member with its position and the revisions its two digests came from.
@@ -47,14 +48,30 @@ pub struct StoredRollout {
     pub id: i64,
     pub rollout: Rollout,
     /// Per member: (previous revision, target revision).
-    pub revisions: Vec<(Option<String>, String)>,
+    pub revisions: Vec<Revisions>,
 }
 
+/// Writes what one decision changed about one rollout, and adds to `candidates` the
+/// objects an ended rollout no longer keeps.
 pub(super) async fn write(
     tx: &mut Tx<'_>,
     write: &RolloutWrite,
     candidates: &mut BTreeSet<String>,
 ) -> Result<(), sqlx::Error> {
+    write_row(tx, write).await?;
+    write_waves(tx, write.id, &write.waves).await?;
+    for row in &write.members {
+        write_member(tx, write.id, row).await?;
+    }
+    write_events(tx, write.id, &write.events).await?;
+    if write.ended_at.is_some() {
+        candidates.extend(digests_of(tx, write.id).await?);
+    }
+    Ok(())
+}
+
+/// The rollout's own row: inserted whole, or its state, reason and end updated.
+async fn write_row(tx: &mut Tx<'_>, write: &RolloutWrite) -> Result<(), sqlx::Error> {
     if write.insert {
         sqlx::query(
             "INSERT INTO rollouts (id, policy, revision, plan, forced, state, reason, started_at, ended_at)
@@ -80,7 +97,12 @@ pub(super) async fn write(
             .execute(&mut **tx)
             .await?;
     }
-    for (ordinal, wave) in write.waves.iter().enumerate() {
+    Ok(())
+}
+
+/// Every wave of the rollout, inserted or brought up to date.
+async fn write_waves(tx: &mut Tx<'_>, id: i64, waves: &[Wave]) -> Result<(), sqlx::Error> {
+    for (ordinal, wave) in waves.iter().enumerate() {
         sqlx::query(
             "INSERT INTO rollout_waves (rollout_id, ordinal, name, state, released_at, completed_at, deadline)
              VALUES ($1, $2, $3, $4, $5, $6, $7)
@@ -88,7 +110,7 @@ pub(super) async fn write(
                  released_at = excluded.released_at, completed_at = excluded.completed_at,
                  deadline = excluded.deadline",
         )
-        .bind(write.id)
+        .bind(id)
         .bind(ordinal as i64)
         .bind(&wave.name)
         .bind(wave.state.as_str())
@@ -98,76 +120,88 @@ pub(super) async fn write(
         .execute(&mut **tx)
         .await?;
     }
-    for row in &write.members {
-        let m = &row.member;
+    Ok(())
+}
+
+/// One member: inserted, or what a decision changes of it (never its digests).
+async fn write_member(tx: &mut Tx<'_>, id: i64, row: &MemberRow) -> Result<(), sqlx::Error> {
+    let m = &row.member;
+    sqlx::query(
+        "INSERT INTO rollout_clusters (rollout_id, ordinal, cluster, wave, previous, previous_revision,
+             target, target_revision, offline_at_release, admitted_at, fetched, healthy_since,
+             baked_at, failed, rolled_back, left_rollout)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+         ON CONFLICT (rollout_id, ordinal) DO UPDATE SET
+             offline_at_release = excluded.offline_at_release, admitted_at = excluded.admitted_at,
+             fetched = excluded.fetched, healthy_since = excluded.healthy_since,
+             baked_at = excluded.baked_at, failed = excluded.failed,
+             rolled_back = excluded.rolled_back, left_rollout = excluded.left_rollout",
+    )
+    .bind(id)
+    .bind(row.ordinal as i64)
+    .bind(&m.cluster)
+    .bind(m.wave as i64)
+    .bind(m.previous.as_ref().map(Digest::as_str))
+    .bind(&row.previous_revision)
+    .bind(m.target.as_str())
+    .bind(&row.target_revision)
+    .bind(m.offline_at_release)
+    .bind(m.admitted_at)
+    .bind(m.fetched)
+    .bind(m.healthy_since)
+    .bind(m.baked_at)
+    .bind(m.failed)
+    .bind(m.rolled_back)
+    .bind(m.left)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// New events, numbered after the rollout's last one.
+async fn write_events(tx: &mut Tx<'_>, id: i64, events: &[Event]) -> Result<(), sqlx::Error> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let next: i64 = sqlx::query(
+        "SELECT COALESCE(MAX(seq), 0) AS last FROM rollout_events WHERE rollout_id = $1",
+    )
+    .bind(id)
+    .fetch_one(&mut **tx)
+    .await?
+    .get("last");
+    for (offset, event) in events.iter().enumerate() {
         sqlx::query(
-            "INSERT INTO rollout_clusters (rollout_id, ordinal, cluster, wave, previous, previous_revision,
-                 target, target_revision, offline_at_release, admitted_at, fetched, healthy_since,
-                 baked_at, failed, rolled_back, left_rollout)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
-             ON CONFLICT (rollout_id, ordinal) DO UPDATE SET
-                 offline_at_release = excluded.offline_at_release, admitted_at = excluded.admitted_at,
-                 fetched = excluded.fetched, healthy_since = excluded.healthy_since,
-                 baked_at = excluded.baked_at, failed = excluded.failed,
-                 rolled_back = excluded.rolled_back, left_rollout = excluded.left_rollout",
+            "INSERT INTO rollout_events (rollout_id, seq, happened_at, message, by_token)
+             VALUES ($1, $2, $3, $4, $5)",
         )
-        .bind(write.id)
-        .bind(row.ordinal as i64)
-        .bind(&m.cluster)
-        .bind(m.wave as i64)
-        .bind(m.previous.as_ref().map(Digest::as_str))
-        .bind(&row.previous_revision)
-        .bind(m.target.as_str())
-        .bind(&row.target_revision)
-        .bind(m.offline_at_release)
-        .bind(m.admitted_at)
-        .bind(m.fetched)
-        .bind(m.healthy_since)
-        .bind(m.baked_at)
-        .bind(m.failed)
-        .bind(m.rolled_back)
-        .bind(m.left)
+        .bind(id)
+        .bind(next + 1 + offset as i64)
+        .bind(event.at)
+        .bind(&event.message)
+        .bind(&event.by)
         .execute(&mut **tx)
         .await?;
     }
-    if !write.events.is_empty() {
-        let next: i64 = sqlx::query(
-            "SELECT COALESCE(MAX(seq), 0) AS last FROM rollout_events WHERE rollout_id = $1",
-        )
-        .bind(write.id)
-        .fetch_one(&mut **tx)
-        .await?
-        .get("last");
-        for (offset, event) in write.events.iter().enumerate() {
-            sqlx::query(
-                "INSERT INTO rollout_events (rollout_id, seq, happened_at, message, by_token)
-                 VALUES ($1, $2, $3, $4, $5)",
-            )
-            .bind(write.id)
-            .bind(next + 1 + offset as i64)
-            .bind(event.at)
-            .bind(&event.message)
-            .bind(&event.by)
-            .execute(&mut **tx)
-            .await?;
-        }
-    }
-    if write.ended_at.is_some() {
-        // An ended rollout no longer keeps its digests' objects.
-        let rows = sqlx::query(
-            "SELECT DISTINCT previous, target FROM rollout_clusters WHERE rollout_id = $1",
-        )
-        .bind(write.id)
-        .fetch_all(&mut **tx)
-        .await?;
-        for row in rows {
-            if let Some(previous) = row.get::<Option<String>, _>("previous") {
-                candidates.insert(previous);
-            }
-            candidates.insert(row.get("target"));
-        }
-    }
     Ok(())
+}
+
+/// Every digest the rollout's members name (previous and target): an ended rollout
+/// no longer keeps their objects.
+async fn digests_of(tx: &mut Tx<'_>, id: i64) -> Result<Vec<String>, sqlx::Error> {
+    let rows =
+        sqlx::query("SELECT DISTINCT previous, target FROM rollout_clusters WHERE rollout_id = $1")
+            .bind(id)
+            .fetch_all(&mut **tx)
+            .await?;
+    let mut digests = Vec::with_capacity(rows.len() * 2);
+    for row in rows {
+        if let Some(previous) = row.get::<Option<String>, _>("previous") {
+            digests.push(previous);
+        }
+        digests.push(row.get("target"));
+    }
+    Ok(digests)
 }
 
 fn malformed(column: &'static str, message: impl Into<String>) -> StoreError {
@@ -176,6 +210,29 @@ fn malformed(column: &'static str, message: impl Into<String>) -> StoreError {
         column,
         message: message.into(),
     }
+}
+
+/// A member from its row of `rollout_clusters`.
+fn member(m: &AnyRow) -> Result<Member, StoreError> {
+    let previous = m
+        .get::<Option<String>, _>("previous")
+        .map(|d| parse_digest("rollout_clusters", "previous", d))
+        .transpose()?;
+    let wave: i64 = m.get("wave");
+    Ok(Member {
+        cluster: m.get("cluster"),
+        wave: usize::try_from(wave).map_err(|e| malformed("wave", e.to_string()))?,
+        previous,
+        target: parse_digest("rollout_clusters", "target", m.get("target"))?,
+        offline_at_release: flag(m, "offline_at_release"),
+        admitted_at: m.get("admitted_at"),
+        fetched: flag(m, "fetched"),
+        healthy_since: m.get("healthy_since"),
+        baked_at: m.get("baked_at"),
+        failed: flag(m, "failed"),
+        rolled_back: flag(m, "rolled_back"),
+        left: flag(m, "left_rollout"),
+    })
 }
 
 impl Store {
@@ -247,6 +304,7 @@ impl Store {
         Ok(out)
     }
 
+    /// A rollout from its row, with its waves and members.
     async fn read_rollout(&self, row: &AnyRow) -> Result<StoredRollout, StoreError> {
         let id: i64 = row.get("id");
         let plan: String = row.get("plan");
@@ -255,7 +313,28 @@ impl Store {
         let state: String = row.get("state");
         let state = RolloutState::parse(&state)
             .ok_or_else(|| malformed("state", format!("unknown state {state:?}")))?;
-        let waves = sqlx::query(
+        let waves = self.read_waves(id).await?;
+        let (members, revisions) = self.read_members(id).await?;
+        Ok(StoredRollout {
+            id,
+            rollout: Rollout {
+                policy,
+                revision: row.get("revision"),
+                forced: flag(row, "forced"),
+                state,
+                reason: row.get("reason"),
+                started_at: row.get("started_at"),
+                ended_at: row.get("ended_at"),
+                waves,
+                members,
+            },
+            revisions,
+        })
+    }
+
+    /// A rollout's waves, in order.
+    async fn read_waves(&self, id: i64) -> Result<Vec<Wave>, StoreError> {
+        sqlx::query(
             "SELECT name, state, released_at, completed_at, deadline FROM rollout_waves
              WHERE rollout_id = $1 ORDER BY ordinal",
         )
@@ -275,8 +354,12 @@ impl Store {
                 deadline: w.get("deadline"),
             })
         })
-        .collect::<Result<Vec<Wave>, StoreError>>()?;
-        let member_rows = sqlx::query(
+        .collect()
+    }
+
+    /// A rollout's members, in order, and the revisions of each one's digests.
+    async fn read_members(&self, id: i64) -> Result<(Vec<Member>, Vec<Revisions>), StoreError> {
+        let rows = sqlx::query(
             "SELECT cluster, wave, previous, previous_revision, target, target_revision,
                  CAST(offline_at_release AS INTEGER) AS offline_at_release, admitted_at,
                  CAST(fetched AS INTEGER) AS fetched, healthy_since, baked_at,
@@ -288,45 +371,13 @@ impl Store {
         .fetch_all(&self.pool)
         .await
         .map_err(|e| self.db_error(e))?;
-        let mut members = Vec::with_capacity(member_rows.len());
-        let mut revisions = Vec::with_capacity(member_rows.len());
-        for m in member_rows {
-            let previous = m
-                .get::<Option<String>, _>("previous")
-                .map(|d| parse_digest("rollout_clusters", "previous", d))
-                .transpose()?;
-            let wave: i64 = m.get("wave");
-            members.push(Member {
-                cluster: m.get("cluster"),
-                wave: usize::try_from(wave).map_err(|e| malformed("wave", e.to_string()))?,
-                previous,
-                target: parse_digest("rollout_clusters", "target", m.get("target"))?,
-                offline_at_release: flag(&m, "offline_at_release"),
-                admitted_at: m.get("admitted_at"),
-                fetched: flag(&m, "fetched"),
-                healthy_since: m.get("healthy_since"),
-                baked_at: m.get("baked_at"),
-                failed: flag(&m, "failed"),
-                rolled_back: flag(&m, "rolled_back"),
-                left: flag(&m, "left_rollout"),
-            });
+        let mut members = Vec::with_capacity(rows.len());
+        let mut revisions = Vec::with_capacity(rows.len());
+        for m in rows {
+            members.push(member(&m)?);
             revisions.push((m.get("previous_revision"), m.get("target_revision")));
         }
-        Ok(StoredRollout {
-            id,
-            rollout: Rollout {
-                policy,
-                revision: row.get("revision"),
-                forced: flag(row, "forced"),
-                state,
-                reason: row.get("reason"),
-                started_at: row.get("started_at"),
-                ended_at: row.get("ended_at"),
-                waves,
-                members,
-            },
-            revisions,
-        })
+        Ok((members, revisions))
     }
 
     /// A rollout's events, oldest first.
