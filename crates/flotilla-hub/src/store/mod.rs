@@ -1,12 +1,19 @@
-//! The hub's store, embedded under `--state-dir`: bundle content on disk, addressed
-//! by digest ([`objects`]), and everything else in SQLite through sqlx: what each
-//! cluster is served and the revision that first produced it, the last N digests per
-//! cluster, what the last clean render gives each cluster, rollouts ([`rollouts`]),
-//! agent status and hashed tokens.
+//! The hub's store: bundle content addressed by digest ([`objects`]: under
+//! `--state-dir` by default, or with `--objects` in a folder several hubs share or an
+//! S3 bucket), and everything else in a database through sqlx ([`Database`]). By
+//! default that is the SQLite file [`DATABASE_FILE`] in the state dir; with
+//! `serve --database postgres://…` it is a PostgreSQL server several hubs share (and
+//! `sqlite:///…` names a SQLite file elsewhere). The tables hold what each cluster is
+//! served and the revision that first produced it, the last N digests per cluster,
+//! what the last clean render gives each cluster, rollouts ([`rollouts`]), agent
+//! status, hashed tokens, web sessions ([`sessions`]), the hubs sharing the database
+//! ([`hubs`]: heartbeats and the tips they see) and the rollout lease.
 //!
-//! The SQL is written plainly (`$1` placeholders, `ON CONFLICT … DO UPDATE`, no
-//! SQLite-only functions) so the same statements can run on PostgreSQL once a fleet
-//! outgrows one hub. The store knows nothing of HTTP, Git or rendering.
+//! Both engines take the same schema from the same migrations (the files in
+//! `migrations/`, compiled in and applied at open) and run the same SQL, written
+//! plainly: `$1` placeholders, `ON CONFLICT … DO UPDATE`, and no engine's own
+//! functions but the clock's (chosen by [`Engine`]). A decision writes a
+//! [`Commit`] in one transaction. The store knows nothing of HTTP, Git or rendering.
 
 pub mod hubs;
 pub mod objects;
