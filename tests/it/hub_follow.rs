@@ -305,7 +305,7 @@ async fn a_plain_folder_is_served_and_read_again_when_a_file_changes() {
     let folder = tempfile::tempdir().expect("folder");
     let repo = Repo::new();
     // A copy without .git: served as the files are on disk.
-    for file in ["clusters", "groups", "overlays", "workloads"] {
+    for file in ["charts", "clusters", "groups", "overlays", "workloads"] {
         let status = std::process::Command::new("cp")
             .args(["-r"])
             .arg(repo.path().join(file))

@@ -47,7 +47,7 @@ pub struct Workload {
     /// files are at hand.
     pub helm_spec: Option<HelmSpec>,
     /// The Helm release it renders per cluster.
-    pub helm: Option<Arc<crate::release::HelmRelease>>,
+    pub helm: Option<Arc<HelmRelease>>,
 }
 
 /// A manifest document with the file and line it came from.
@@ -139,4 +139,45 @@ pub struct Fleet {
     pub rollout_policies: Vec<RolloutPolicy>,
     /// `flotilla.yaml`'s settings (each its default when the file is absent).
     pub settings: FleetSettings,
+}
+
+/// A workload's Helm release as read from the fleet.
+#[derive(Debug)]
+pub struct HelmRelease {
+    /// The chart's path in the fleet (`charts/ingress`, `workloads/web/chart.tgz`).
+    pub chart_path: String,
+    /// The chart, parsed; `None` when it could not be read (reported at load).
+    pub chart: Option<Arc<crate::helm::render::PreparedChart>>,
+    pub release_name: String,
+    pub namespace: String,
+    pub values: serde_json::Map<String, serde_json::Value>,
+    pub values_files: Vec<ValuesFile>,
+    pub include_crds: bool,
+    pub skip_tests: bool,
+    /// Every file the release reads (the chart's and the values files), for the
+    /// incremental render's input digests.
+    pub inputs: Vec<String>,
+}
+
+impl HelmRelease {
+    /// `name-version` of the chart, as Helm shows a chart.
+    pub fn chart_label(&self) -> Option<String> {
+        let chart = self.chart.as_ref()?.chart();
+        Some(format!(
+            "{}-{}",
+            chart.metadata.name, chart.metadata.version
+        ))
+    }
+}
+
+/// One of `spec.helm.valuesFiles`.
+#[derive(Debug)]
+pub enum ValuesFile {
+    /// A YAML file, parsed once.
+    Static {
+        path: String,
+        values: serde_json::Map<String, serde_json::Value>,
+    },
+    /// A `.j2` file, rendered per cluster, then parsed.
+    Template { path: String },
 }

@@ -2217,14 +2217,31 @@ fn assemble(
         ranked.sort_by(|a, b| a.1.resource.key.cmp(&b.1.resource.key));
     }
     let mut errors = Vec::new();
-    for pair in ranked.windows(2) {
+    // A resource two workloads carry byte for byte (the same CRD shipped by two
+    // charts) is kept once, with a warning.
+    let mut repeated = vec![false; ranked.len()];
+    for (index, pair) in ranked.windows(2).enumerate() {
         let ((rank, first, first_workload), (next_rank, item, workload)) = (pair[0], pair[1]);
         let same = if ranked_all {
             rank == next_rank
         } else {
             first.resource.key == item.resource.key
         };
-        if same {
+        if same && workload != first_workload && first.resource.canonical == item.resource.canonical
+        {
+            repeated[index + 1] = true;
+            done.errors.push(
+                Diagnostic::warning(format!(
+                    "{} is defined by two workloads, {} and {}, byte for byte the same: it is kept once",
+                    item.resource.key,
+                    fleet.workloads[first_workload].name,
+                    fleet.workloads[workload].name,
+                ))
+                .in_file(&*item.file)
+                .at_line(Some(item.line))
+                .for_cluster(&cluster.name),
+            );
+        } else if same {
             errors.push(
                 Diagnostic::error(format!(
                     "{} is defined twice for this cluster: here (workload {}) and at {}:{} (workload {})",
@@ -2249,7 +2266,9 @@ fn assemble(
     }
     let fresh = ranked
         .into_iter()
-        .map(|(_, item, workload)| (item.resource.clone(), position(workload)));
+        .zip(repeated)
+        .filter(|(_, repeated)| !repeated)
+        .map(|((_, item, workload), _)| (item.resource.clone(), position(workload)));
     let (resources, resource_workloads): (Vec<Arc<Resource>>, Vec<u32>) = match job.only {
         None => fresh.unzip(),
         Some((changed, previous, kept)) => {

@@ -23,6 +23,7 @@ use flotilla_core::model::{HelmSpec, KubernetesSpec};
 use flotilla_core::snapshot::FleetSnapshot;
 
 use crate::fleet::SourcedDocument;
+pub use crate::fleet::{HelmRelease, ValuesFile};
 use crate::helm::chart::{Chart, ChartError};
 use crate::helm::gotmpl::{Budget, Host, Value};
 use crate::helm::render::{Capabilities, PreparedChart, Release};
@@ -99,47 +100,6 @@ pub const DEFAULT_API_VERSIONS: &[&str] = &[
     "apiextensions.k8s.io/v1beta1",
     "apiextensions.k8s.io/v1",
 ];
-
-/// A workload's Helm release as read from the fleet.
-#[derive(Debug)]
-pub struct HelmRelease {
-    /// The chart's path in the fleet (`charts/ingress`, `workloads/web/chart.tgz`).
-    pub chart_path: String,
-    /// The chart, parsed; `None` when it could not be read (reported at load).
-    pub chart: Option<Arc<PreparedChart>>,
-    pub release_name: String,
-    pub namespace: String,
-    pub values: Map<String, Json>,
-    pub values_files: Vec<ValuesFile>,
-    pub include_crds: bool,
-    pub skip_tests: bool,
-    /// Every file the release reads (the chart's and the values files), for the
-    /// incremental render's input digests.
-    pub inputs: Vec<String>,
-}
-
-impl HelmRelease {
-    /// `name-version` of the chart, as Helm shows a chart.
-    pub fn chart_label(&self) -> Option<String> {
-        let chart = self.chart.as_ref()?.chart();
-        Some(format!(
-            "{}-{}",
-            chart.metadata.name, chart.metadata.version
-        ))
-    }
-}
-
-/// One of `spec.helm.valuesFiles`.
-#[derive(Debug)]
-pub enum ValuesFile {
-    /// A YAML file, parsed once.
-    Static {
-        path: String,
-        values: Map<String, Json>,
-    },
-    /// A `.j2` file, rendered per cluster, then parsed.
-    Template { path: String },
-}
 
 /// `a/b/../c` as `a/c`; `None` when it climbs out of the root.
 fn normalize(path: &str) -> Option<String> {

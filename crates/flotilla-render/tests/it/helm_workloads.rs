@@ -304,6 +304,22 @@ fn a_bad_helm_spec_is_an_error_naming_the_file() {
             &[],
             "unknown field",
         ),
+        (
+            "    chart: ../../charts/web\n",
+            &[(
+                "charts/web/templates/loop.yaml",
+                "{{- define \"loop\" }}{{ include \"loop\" . }}{{ end }}{{ include \"loop\" . }}\n",
+            )],
+            "loop.yaml",
+        ),
+        (
+            "    chart: ../../charts/web\n",
+            &[(
+                "charts/web/templates/huge.yaml",
+                "x: {{ repeat 1000000000 \"x\" }}\n",
+            )],
+            "huge.yaml",
+        ),
     ];
     for (helm, extra, expected) in cases {
         let output = render(&fleet(helm, extra), None);
@@ -343,4 +359,119 @@ fn a_missing_dependency_names_chart_yaml() {
             .any(|e| e.contains("charts/app/Chart.yaml") && e.contains("missing in charts/")),
         "{errors:#?}"
     );
+}
+
+#[test]
+fn a_crd_two_charts_ship_byte_for_byte_is_kept_once_with_a_warning() {
+    let mut files = fleet("    chart: ../../charts/web\n", &[]);
+    files.push((
+        "workloads/shop/workload.yaml".into(),
+        format!("{HEADER}kind: Workload\nmetadata:\n  name: shop\nspec:\n  namespace: shop\n  targets:\n    - cluster: lab\n  helm:\n    chart: ../../charts/web\n    releaseName: second\n"),
+    ));
+    let output = render(&files, None);
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+    let lab = resources(&output, "lab");
+    assert!(lab.contains_key("CustomResourceDefinition//widgets.example.com"));
+    assert!(lab.contains_key("Deployment/shop/second-web"));
+    assert!(
+        output.diagnostics.iter().any(|d| !d.is_error()
+            && d.message.contains("widgets.example.com")
+            && d.message.contains("kept once")),
+        "{:#?}",
+        output.diagnostics
+    );
+    // Different content under one identity stays an error.
+    files.push((
+        "workloads/shop/manifests/crd.yaml".into(),
+        "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  name: widgets.example.com\nspec:\n  group: example.com\n  scope: Cluster\n  names: {kind: Widget, plural: widgets}\n  versions: [{name: v1, served: true, storage: true}]\n".into(),
+    ));
+    let output = render(&files, None);
+    assert!(
+        errors(&output).iter().any(|e| e.contains("defined twice")),
+        "{:#?}",
+        output.diagnostics
+    );
+}
+
+#[test]
+fn a_packed_chart_renders_like_its_folder() {
+    let folder = render(&fleet("    chart: ../../charts/web\n", &[]), None);
+    // The same chart packed as `helm package` packs it: one top folder, the chart.
+    let mut archive = tar::Builder::new(flate2::write::GzEncoder::new(
+        Vec::new(),
+        flate2::Compression::default(),
+    ));
+    for (path, text) in chart() {
+        let inside = path.strip_prefix("charts/").expect("under charts/");
+        let mut header = tar::Header::new_gnu();
+        header.set_size(text.len() as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        archive
+            .append_data(&mut header, inside, text.as_bytes())
+            .expect("append");
+    }
+    let bytes = archive
+        .into_inner()
+        .and_then(|gz| gz.finish())
+        .expect("archive");
+    let files: Vec<(String, String)> = fleet("    chart: ../../packed/web-1.2.3.tgz\n", &[])
+        .into_iter()
+        .filter(|(path, _)| !path.starts_with("charts/"))
+        .collect();
+    let mut snapshot =
+        FleetSnapshot::from_files(files.iter().map(|(p, t)| (p.as_str(), t.as_str())));
+    snapshot
+        .binaries
+        .insert("packed/web-1.2.3.tgz".into(), bytes.into());
+    let packed = render_with(&snapshot, &RenderOptions::default());
+    assert!(errors(&packed).is_empty(), "{:#?}", packed.diagnostics);
+    for cluster in ["lab", "store-1", "store-2"] {
+        assert_eq!(
+            resources(&packed, cluster),
+            resources(&folder, cluster),
+            "{cluster}"
+        );
+    }
+    // A packed chart that is no archive is an error naming it.
+    snapshot
+        .binaries
+        .insert("packed/web-1.2.3.tgz".into(), b"not gzip".to_vec().into());
+    let broken = render_with(&snapshot, &RenderOptions::default());
+    assert!(
+        errors(&broken)
+            .iter()
+            .any(|e| e.contains("packed/web-1.2.3.tgz") && e.contains("cannot read the archive")),
+        "{:#?}",
+        broken.diagnostics
+    );
+}
+
+#[test]
+fn generated_values_stay_when_another_workload_changes() {
+    let before = fleet("    chart: ../../charts/web\n", &[]);
+    let mut after = before.clone();
+    after.push((
+        "workloads/other/workload.yaml".into(),
+        format!("{HEADER}kind: Workload\nmetadata:\n  name: other\nspec:\n  namespace: other\n  targets:\n    - clusterSelector: {{}}\n"),
+    ));
+    after.push((
+        "workloads/other/manifests/cm.yaml".into(),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: other\n".into(),
+    ));
+    let first = render(&before, Some([3; 32]));
+    let snapshot = FleetSnapshot::from_files(after.iter().map(|(p, t)| (p.as_str(), t.as_str())));
+    let options = RenderOptions {
+        helm_seed: Some([3; 32]),
+        ..RenderOptions::default()
+    };
+    let since = flotilla_render::render_since(&first, &snapshot, &options);
+    let whole = render(&after, Some([3; 32]));
+    for cluster in ["lab", "store-1", "store-2"] {
+        let secret =
+            |output: &RenderOutput| resources(output, cluster)["Secret/shop/web-web"].clone();
+        assert_eq!(secret(&first), secret(&since), "{cluster}");
+        assert_eq!(secret(&first), secret(&whole), "{cluster}");
+        assert_eq!(since.bundles[cluster].digest, whole.bundles[cluster].digest);
+    }
 }
