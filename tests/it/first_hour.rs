@@ -202,8 +202,9 @@ fn validate_reads_the_commit_and_says_when_the_disk_differs() {
         1,
         "",
         "clusters/red.yaml:5: expected apiVersion \"flotilla.dev/v1alpha1\" and kind \"Cluster\", found \"flotilla.dev/v1alpha1\" and \"Clustre\"\n\
+         overlays/regions/menu-board-german.yaml:8: unknown group \"eu\"\n\
          overlays/regions/mirror-eu.yaml:10: unknown group \"eu\"\n\
-         2 errors, 0 warnings: the fleet is invalid\n",
+         3 errors, 0 warnings: the fleet is invalid\n",
     );
     // `diff` without HEAD named compares with HEAD, and says the same.
     case.check(
