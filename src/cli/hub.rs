@@ -260,10 +260,26 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
         .transpose()?;
     let limits = args.limits.limits();
     let snapshot = super::source::read(&args.source, "publish", &limits)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    // Helm charts' generated values come from the hub's seed, kept in its store.
+    let helm_seed = match &args.state_dir {
+        Some(state_dir) => Some(runtime.block_on(async {
+            let database = args.database.clone().unwrap_or(Database::StateDir);
+            let store = Store::open_with(state_dir, &database).await?;
+            let seed = store.helm_seed().await;
+            store.close().await;
+            anyhow::Ok(seed?)
+        })?),
+        None => None,
+    };
     let output = render_with(
         &snapshot,
         &RenderOptions {
             limits,
+            helm_seed,
             ..RenderOptions::default()
         },
     );
@@ -277,10 +293,14 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
         );
         return Ok(EXIT_FINDINGS);
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    if output.generated_from_public_seed {
+        eprintln!(
+            "a Helm chart generated values (passwords, keys) from the public seed, which anyone can compute; \
+             nothing was published: give the hub's --state-dir (or --database) so they come from its secret seed, \
+             or set those values in the chart's values"
+        );
+        return Ok(EXIT_FINDINGS);
+    }
     let site = match (&args.out, &args.objects) {
         (Some(out), _) => publish::Site::Dir(out.clone()),
         (None, Some(ObjectsUrl::Dir(path))) => publish::Site::Dir(path.clone()),

@@ -509,3 +509,94 @@ async fn each_commit_rendered_since_the_last_records_what_a_full_render_gives() 
     }
     hub.stop().await;
 }
+
+/// A chart that generates a password: the hub derives it from its store's secret
+/// seed (not the public one `flotilla render` uses), the same after a restart; and
+/// `publish` without the hub's store refuses to publish it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chart_generates_its_values_from_the_hubs_own_seed() {
+    let repo = Repo::new();
+    repo.write(
+        "charts/secretive/Chart.yaml",
+        "apiVersion: v2\nname: secretive\nversion: 0.1.0\n",
+    );
+    repo.write(
+        "charts/secretive/templates/secret.yaml",
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {{ .Release.Name }}\nstringData:\n  password: {{ randAlphaNum 24 | quote }}\n",
+    );
+    repo.write(
+        "workloads/secretive/workload.yaml",
+        "apiVersion: flotilla.dev/v1alpha1\nkind: Workload\nmetadata:\n  name: secretive\nspec:\n  namespace: kuard\n  targets:\n    - cluster: red\n  helm:\n    chart: ../../charts/secretive\n",
+    );
+    repo.commit("a chart that generates a password");
+    let password = |body: &[u8]| {
+        let document = verify_document(body, Some("red")).expect("a verified bundle");
+        document
+            .resources
+            .iter()
+            .map(|r| r.value())
+            .find(|r| r["kind"] == "Secret" && r["metadata"]["name"] == "secretive")
+            .and_then(|r| r["stringData"]["password"].as_str().map(str::to_string))
+            .expect("the chart's Secret")
+    };
+    let state = tempfile::tempdir().expect("state dir");
+    let token = make_token(state.path(), Some("red")).await;
+    let client = client();
+    let hub = Running::start_ready(config(state.path(), &repo.path().display().to_string())).await;
+    let (status, _, body) =
+        get_bundle(&client, &hub.url("/v1/clusters/red/bundle"), &token, None).await;
+    assert_eq!(status, 200);
+    let served = password(&body);
+    assert_eq!(served.len(), 24);
+    hub.stop().await;
+
+    // The public seed makes another one.
+    let snapshot = flotilla_hub::source::from_git(repo.path(), "HEAD", "").expect("snapshot");
+    let public = flotilla_render::render(&snapshot);
+    let public = public.bundles["red"]
+        .resources
+        .iter()
+        .map(|r| r.value())
+        .find(|r| r["kind"] == "Secret")
+        .expect("a Secret");
+    assert_ne!(
+        public["stringData"]["password"].as_str(),
+        Some(served.as_str())
+    );
+
+    // A restarted hub on the same store makes the same one.
+    let hub = Running::start_ready(config(state.path(), &repo.path().display().to_string())).await;
+    let (_, _, body) = get_bundle(&client, &hub.url("/v1/clusters/red/bundle"), &token, None).await;
+    assert_eq!(password(&body), served);
+    hub.stop().await;
+
+    // publish without the hub's store would serve a guessable password: refused.
+    let out = tempfile::tempdir().expect("out");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["publish", "--repo"])
+        .arg(repo.path())
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .expect("flotilla publish runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("public seed") && stderr.contains("--state-dir"),
+        "{stderr}"
+    );
+    // With the hub's store it publishes what the hub serves.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["publish", "--repo"])
+        .arg(repo.path())
+        .arg("--out")
+        .arg(out.path())
+        .arg("--state-dir")
+        .arg(state.path())
+        .output()
+        .expect("flotilla publish runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let published = std::fs::read(out.path().join("v1/clusters/red/bundle")).expect("red's bundle");
+    assert_eq!(password(&published), served);
+}

@@ -227,6 +227,8 @@ pub struct Follower {
     /// renders only what changed since.
     last_output: Option<Arc<RenderOutput>>,
     keep_render: u64,
+    /// The store's Helm seed, read before the first render.
+    helm_seed: Option<[u8; 32]>,
 }
 
 impl Follower {
@@ -254,6 +256,7 @@ impl Follower {
             pending: None,
             last_output: None,
             keep_render,
+            helm_seed: None,
         }
     }
 
@@ -417,10 +420,23 @@ impl Follower {
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), HubError> {
         let revision = snapshot.revision.clone();
+        // Charts' generated values come from the store's seed, never the public one:
+        // without it the commit is not rendered now (it is tried again).
+        let seed = match self.helm_seed {
+            Some(seed) => seed,
+            None => {
+                let seed = self.shared.recorder.store().helm_seed().await?;
+                if let Some(session) = &mut self.render_session {
+                    session.set_helm_seed(seed);
+                }
+                self.helm_seed = Some(seed);
+                seed
+            }
+        };
         let Some(marker) = self.mark_attempt(&snapshot) else {
             return Ok(());
         };
-        let rendered = self.render_off_runtime(snapshot, shutdown).await;
+        let rendered = self.render_off_runtime(snapshot, seed, shutdown).await;
         // Whatever the outcome, the hub did not die rendering it.
         let _ = std::fs::remove_file(&marker);
         let (output, duration) = match self.finished(rendered) {
@@ -646,6 +662,7 @@ impl Follower {
     async fn render_off_runtime(
         &mut self,
         snapshot: FleetSnapshot,
+        helm_seed: [u8; 32],
         shutdown: &mut watch::Receiver<bool>,
     ) -> Rendered {
         let patience = self.limits.render_timeout + RENDER_GRACE;
@@ -673,6 +690,7 @@ impl Follower {
                     let options = RenderOptions {
                         limits,
                         cancel: Some(&stop),
+                        helm_seed: Some(helm_seed),
                         ..RenderOptions::default()
                     };
                     match &previous {

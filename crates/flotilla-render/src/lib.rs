@@ -99,6 +99,10 @@ pub struct RenderOutput {
     /// The cluster files this render parsed, which a render since it need not
     /// parse again (`None` for a render of named clusters).
     pub parsed: Option<Arc<load::ParsedClusters>>,
+    /// Whether a Helm chart generated values from the public seed (no
+    /// [`RenderOptions::helm_seed`] was given): such values are not secret, so a
+    /// render that serves them (`publish`) refuses.
+    pub generated_from_public_seed: bool,
 }
 
 /// Where a render's bundles came from: what [`render_since`] compares and reuses.
@@ -741,7 +745,8 @@ fn render_inner(
     diagnostics.extend(pass.diagnostics);
     diagnostics.extend(patch_warnings);
     diagnostics.extend(helm.cache.take_warnings());
-    if options.helm_seed.is_none() && helm.cache.generated_any() {
+    let generated_from_public_seed = options.helm_seed.is_none() && helm.cache.generated_any();
+    if generated_from_public_seed {
         diagnostics.push(Diagnostic::warning(
             "a Helm chart generated values (randAlphaNum, genCA, ...) from flotilla's public seed: anyone can compute them; the hub uses its own secret seed",
         ));
@@ -755,6 +760,7 @@ fn render_inner(
         diagnostics,
     );
     output.rollouts = rollout_plan;
+    output.generated_from_public_seed = generated_from_public_seed;
     if options.clusters.is_empty() {
         output.parsed = Some(Arc::new(parsed));
     }

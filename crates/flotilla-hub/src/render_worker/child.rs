@@ -57,7 +57,7 @@ fn render_request(
     output: &mut impl Write,
     kept: Option<RenderOutput>,
 ) -> io::Result<RenderOutput> {
-    let (limits, snapshot, since) = decode_input(&mut *input)?;
+    let (settings, snapshot, since) = decode_input(&mut *input)?;
     let parsed = kept.as_ref().and_then(|k| k.parsed.clone());
     let previous =
         match since {
@@ -71,7 +71,8 @@ fn render_request(
             })?),
         };
     let options = RenderOptions {
-        limits,
+        limits: settings.limits,
+        helm_seed: settings.helm_seed,
         ..RenderOptions::default()
     };
     // The clusters rendered in part, asked for once: their previous bundles are read

@@ -17,10 +17,19 @@ use flotilla_core::snapshot::FleetSnapshot;
 use flotilla_render::inputs::{ClusterInput, InputDigest, WorkloadInputs};
 use flotilla_render::{ClusterProvenance, PatchMatches, Provenance, RenderOutput};
 
+/// What a render is made with besides the snapshot.
+pub(super) struct RenderSettings {
+    pub limits: Limits,
+    pub helm_seed: Option<[u8; 32]>,
+}
+
 /// Everything of the input but the files' contents.
 #[derive(Serialize, Deserialize)]
 struct InputHeader {
     limits: Limits,
+    /// The Helm seed, in hex (absent: the public seed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    helm_seed: Option<String>,
     revision: String,
     problems: Vec<Diagnostic>,
     skipped: BTreeMap<String, String>,
@@ -35,6 +44,8 @@ struct Header {
     memberships: Changes<Vec<String>>,
     labels: Changes<BTreeMap<String, String>>,
     rollouts: RolloutPlan,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    generated_from_public_seed: bool,
 }
 
 /// A map, whole or as changes against the one the reader has: the entries that
@@ -140,11 +151,12 @@ pub(super) enum Since<P> {
 pub(super) fn encode_input(
     snapshot: &FleetSnapshot,
     since: Since<&RenderOutput>,
-    limits: &Limits,
+    (limits, helm_seed): (&Limits, Option<[u8; 32]>),
     out: &mut impl Write,
 ) -> io::Result<()> {
     let header = InputHeader {
         limits: limits.clone(),
+        helm_seed: helm_seed.map(hex::encode),
         revision: snapshot.revision.clone(),
         problems: snapshot.problems.clone(),
         skipped: snapshot.skipped.clone(),
@@ -179,8 +191,17 @@ pub(super) fn encode_input(
 /// and nothing after it.
 pub(super) fn decode_input(
     mut input: impl Read,
-) -> io::Result<(Limits, FleetSnapshot, Since<RenderOutput>)> {
+) -> io::Result<(RenderSettings, FleetSnapshot, Since<RenderOutput>)> {
     let header: InputHeader = serde_json::from_slice(&read_bytes(&mut input)?).map_err(invalid)?;
+    let helm_seed = match &header.helm_seed {
+        None => None,
+        Some(text) => Some(
+            hex::decode(text)
+                .ok()
+                .and_then(|bytes| <[u8; 32]>::try_from(bytes.as_slice()).ok())
+                .ok_or_else(|| invalid("the Helm seed is not 32 bytes in hex"))?,
+        ),
+    };
     let count = read_len(&mut input)?;
     let mut texts: Vec<Arc<str>> = Vec::new();
     for _ in 0..count {
@@ -214,7 +235,11 @@ pub(super) fn decode_input(
         skipped: header.skipped,
         binaries,
     };
-    Ok((header.limits, snapshot, since))
+    let settings = RenderSettings {
+        limits: header.limits,
+        helm_seed,
+    };
+    Ok((settings, snapshot, since))
 }
 
 /// Marks a bundle, or a cluster's inputs or provenance, that is the same as in the
@@ -269,6 +294,7 @@ impl Header {
                 Known::Digests => RolloutPlan::default(),
                 _ => rendered.rollouts.clone(),
             },
+            generated_from_public_seed: rendered.generated_from_public_seed,
         }
     }
 }
@@ -651,6 +677,7 @@ pub(super) fn read_output(mut input: impl Read, known: Known<'_>) -> io::Result<
         rollouts: header.rollouts,
         provenance,
         parsed: None,
+        generated_from_public_seed: header.generated_from_public_seed,
     })
 }
 

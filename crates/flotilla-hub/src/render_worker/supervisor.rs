@@ -29,6 +29,8 @@ const STDERR_KEPT: u64 = 16 * 1024;
 pub struct RenderSession {
     worker: RenderWorker,
     process: Option<Process>,
+    /// The seed Helm charts' generating functions derive from (the store's).
+    helm_seed: Option<[u8; 32]>,
 }
 
 /// A running render process.
@@ -50,7 +52,13 @@ impl RenderSession {
         RenderSession {
             worker,
             process: None,
+            helm_seed: None,
         }
+    }
+
+    /// Renders with `seed` as the seed of Helm charts' generated values.
+    pub fn set_helm_seed(&mut self, seed: [u8; 32]) {
+        self.helm_seed = Some(seed);
     }
 
     /// The memory limit of the render process.
@@ -103,6 +111,7 @@ impl RenderSession {
             previous,
             since_kept,
             limits: limits.clone(),
+            helm_seed: self.helm_seed,
         };
         let (feed, drain) = exchange(request, stdin, stdout);
         let timer = tokio::time::sleep(deadline);
@@ -173,6 +182,7 @@ struct Request {
     previous: Option<Arc<RenderOutput>>,
     since_kept: bool,
     limits: Limits,
+    helm_seed: Option<[u8; 32]>,
 }
 
 /// The feeding of `request` into the process's `stdin` and the draining of its
@@ -195,7 +205,7 @@ fn exchange(request: Request, stdin: std::fs::File, stdout: std::fs::File) -> (F
             &request.snapshot,
             request.previous.as_deref(),
             request.since_kept,
-            &request.limits,
+            (&request.limits, request.helm_seed),
             &mut input,
             &asked,
         );
@@ -350,7 +360,7 @@ pub(super) fn feed_input(
     snapshot: &FleetSnapshot,
     previous: Option<&RenderOutput>,
     since_kept: bool,
-    limits: &Limits,
+    (limits, helm_seed): (&Limits, Option<[u8; 32]>),
     mut input: impl Write,
     asked: &std::sync::mpsc::Receiver<Vec<String>>,
 ) -> io::Result<()> {
@@ -359,7 +369,7 @@ pub(super) fn feed_input(
         Some(previous) => Since::Given(previous),
         None => Since::Nothing,
     };
-    encode_input(snapshot, since, limits, &mut input)?;
+    encode_input(snapshot, since, (limits, helm_seed), &mut input)?;
     input.flush()?;
     // The child asks (with some names) only while it renders, and waits for the
     // answer; none asked, none is written.

@@ -81,8 +81,16 @@ fn a_snapshot_goes_over_whole_and_paths_to_one_content_share_it() {
         ..Limits::default()
     };
     let mut bytes = Vec::new();
-    encode_input(&snapshot, Since::Nothing, &limits, &mut bytes).expect("encodes");
+    encode_input(
+        &snapshot,
+        Since::Nothing,
+        (&limits, Some([9; 32])),
+        &mut bytes,
+    )
+    .expect("encodes");
     let (back_limits, back, previous) = decode_input(bytes.as_slice()).expect("decodes");
+    assert_eq!(back_limits.helm_seed, Some([9; 32]));
+    let back_limits = back_limits.limits;
     assert!(matches!(previous, Since::Nothing));
     assert_eq!(back_limits, limits);
     assert_eq!(back.files, snapshot.files);
@@ -122,7 +130,13 @@ fn a_damaged_answer_is_an_error_not_a_panic() {
 fn the_worker_renders_what_the_hub_would() {
     let (snapshot, rendered) = example();
     let mut input = Vec::new();
-    encode_input(&snapshot, Since::Nothing, &Limits::default(), &mut input).expect("encodes");
+    encode_input(
+        &snapshot,
+        Since::Nothing,
+        (&Limits::default(), None),
+        &mut input,
+    )
+    .expect("encodes");
     let mut out = Vec::new();
     // No memory limit here: this is the test process itself.
     run_worker(None, input.as_slice(), &mut out).expect("renders");
@@ -189,7 +203,7 @@ fn render_through_pipes(
                 snapshot,
                 Some(before),
                 false,
-                &Limits::default(),
+                (&Limits::default(), None),
                 hub_out,
                 &asked,
             );
@@ -252,7 +266,7 @@ fn the_worker_renders_since_the_previous_render() {
         encode_input(
             &snapshot,
             Since::Given(&before),
-            &Limits::default(),
+            (&Limits::default(), None),
             &mut input,
         )
         .expect("encodes");
@@ -337,7 +351,7 @@ fn a_worker_renders_request_after_request_since_what_it_keeps() {
                     snapshot,
                     previous,
                     since_kept,
-                    &Limits::default(),
+                    (&Limits::default(), None),
                     hub_out,
                     &asked,
                 )

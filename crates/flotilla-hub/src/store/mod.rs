@@ -18,6 +18,7 @@
 pub mod hubs;
 pub mod objects;
 pub mod rollouts;
+pub mod secrets;
 pub mod sessions;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -290,6 +291,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         7,
         "hubs seen",
         include_str!("../../migrations/0007_hubs_seen.sql"),
+    ),
+    (
+        8,
+        "hub secrets",
+        include_str!("../../migrations/0008_hub_secrets.sql"),
     ),
 ];
 
