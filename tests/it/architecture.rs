@@ -175,6 +175,24 @@ fn git2_is_named_only_under_the_hubs_source_module() {
 }
 
 #[test]
+fn the_renderer_reads_no_wall_clock_and_no_operating_system_randomness() {
+    // `Instant` (deadlines) does not reach any output; these would.
+    let clock_or_chance = regex::Regex::new(
+        r"\bSystemTime\b|\brand::|\bOsRng\b|\bgetrandom\b|\bthread_rng\b|\brandom\(\)|\bchrono::(Utc|Local)::now|\bUNIX_EPOCH\b",
+    )
+    .expect("a pattern");
+    let found = files_naming(
+        &["crates/flotilla-render/src", "crates/flotilla-core/src"],
+        &clock_or_chance,
+        &[],
+    );
+    assert!(
+        found.is_empty(),
+        "a clock or randomness in the renderer or the core: {found:?}"
+    );
+}
+
+#[test]
 fn kube_rs_is_named_only_in_the_agents_kube_sink() {
     // `crate::sink::kube` is the sink's own module, not the kube crate.
     let kube = regex::Regex::new(r"(^|[^:\w])kube::").expect("a pattern");
