@@ -176,6 +176,9 @@ pub fn run_validate(args: &ValidateArgs) -> anyhow::Result<u8> {
         output.revision,
         plural(warnings)
     );
+    for (workload, chart) in &output.charts {
+        println!("  Helm chart {chart}: workload {workload}");
+    }
     Ok(EXIT_OK)
 }
 

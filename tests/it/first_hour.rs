@@ -177,7 +177,7 @@ fn validate_reads_the_commit_and_says_when_the_disk_differs() {
     std::fs::write(repo.path().join("README.md"), "edited\n").expect("edit");
 
     let case = Case::new(repo.path()).name("COMMIT", &commit);
-    let valid = "valid: 14 clusters rendered (main@sha1:$COMMIT), 0 warnings\n";
+    let valid = "valid: 14 clusters rendered (main@sha1:$COMMIT), 0 warnings\n  Helm chart menu-board 0.3.1 (charts/menu-board): workload menu-board\n";
     let warning = "warning: 3 fleet files changed on disk are not in HEAD, which is what was read:\n\
                    \tnew file:   clusters/green.yaml\n\
                    \tmodified:   clusters/red.yaml\n\

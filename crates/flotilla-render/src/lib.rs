@@ -103,6 +103,9 @@ pub struct RenderOutput {
     /// [`RenderOptions::helm_seed`] was given): such values are not secret, so a
     /// render that serves them (`publish`) refuses.
     pub generated_from_public_seed: bool,
+    /// Per Helm workload, the chart it renders as `name version` (and its path in
+    /// the fleet), for reports.
+    pub charts: BTreeMap<String, String>,
 }
 
 /// Where a render's bundles came from: what [`render_since`] compares and reuses.
@@ -761,6 +764,21 @@ fn render_inner(
     );
     output.rollouts = rollout_plan;
     output.generated_from_public_seed = generated_from_public_seed;
+    output.charts = fleet
+        .workloads
+        .iter()
+        .filter_map(|w| {
+            let release = w.helm.as_deref()?;
+            let chart = release.chart.as_ref()?.chart();
+            Some((
+                w.name.clone(),
+                format!(
+                    "{} {} ({})",
+                    chart.metadata.name, chart.metadata.version, release.chart_path
+                ),
+            ))
+        })
+        .collect();
     if options.clusters.is_empty() {
         output.parsed = Some(Arc::new(parsed));
     }

@@ -46,6 +46,8 @@ struct Header {
     rollouts: RolloutPlan,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     generated_from_public_seed: bool,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    charts: BTreeMap<String, String>,
 }
 
 /// A map, whole or as changes against the one the reader has: the entries that
@@ -295,6 +297,7 @@ impl Header {
                 _ => rendered.rollouts.clone(),
             },
             generated_from_public_seed: rendered.generated_from_public_seed,
+            charts: rendered.charts.clone(),
         }
     }
 }
@@ -678,6 +681,7 @@ pub(super) fn read_output(mut input: impl Read, known: Known<'_>) -> io::Result<
         provenance,
         parsed: None,
         generated_from_public_seed: header.generated_from_public_seed,
+        charts: header.charts,
     })
 }
 

@@ -33,6 +33,17 @@ struct Report<'a> {
     at_once: &'a [String],
     /// Changed clusters that are paused.
     paused: &'a [String],
+    /// Helm workloads whose chart changed (absent when none did).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    charts: Vec<ChartReport<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ChartReport<'a> {
+    workload: &'a str,
+    base: Option<&'a str>,
+    head: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -234,6 +245,15 @@ pub fn report(diff: &FleetDiff) -> Result<String, serde_json::Error> {
             .collect(),
         at_once: &diff.plan.at_once,
         paused: &diff.plan.paused,
+        charts: diff
+            .chart_changes()
+            .into_iter()
+            .map(|c| ChartReport {
+                workload: c.workload,
+                base: c.base,
+                head: c.head,
+            })
+            .collect(),
     };
     let mut text = serde_json::to_string_pretty(&report)?;
     text.push('\n');

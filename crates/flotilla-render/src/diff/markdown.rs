@@ -119,6 +119,9 @@ pub fn report(diff: &FleetDiff, options: &MarkdownOptions) -> String {
         budget = budget.saturating_sub(block.len());
         head.push_str(&block);
     }
+    let charts = chart_block(diff);
+    budget = budget.saturating_sub(charts.len());
+    head.push_str(&charts);
     if diff.has_changes() {
         let plan = plan_block(diff, budget / 3, &mut cuts);
         budget = budget.saturating_sub(plan.len());
@@ -287,6 +290,28 @@ fn names(list: &[String]) -> String {
 
 /// The rollout plan: a table of every wave (as many rows as fit in `budget`), then what
 /// changes at once and what is paused.
+/// The Helm workloads whose chart changed, as a short list.
+fn chart_block(diff: &FleetDiff) -> String {
+    let changes = diff.chart_changes();
+    if changes.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("\n**Helm charts**\n\n");
+    for change in changes {
+        out.push_str(&format!(
+            "- `{}`: {} → {}\n",
+            change.workload,
+            change
+                .base
+                .map_or("(none)".to_string(), |c| format!("`{c}`")),
+            change
+                .head
+                .map_or("(none)".to_string(), |c| format!("`{c}`"))
+        ));
+    }
+    out
+}
+
 fn plan_block(diff: &FleetDiff, budget: usize, cuts: &mut Cuts) -> String {
     let plan = &diff.plan;
     if !plan.has_policies() && plan.paused.is_empty() {

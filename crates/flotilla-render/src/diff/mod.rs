@@ -293,6 +293,8 @@ pub struct Side {
     pub revision: String,
     pub errors: Vec<Diagnostic>,
     pub warnings: Vec<Diagnostic>,
+    /// Per Helm workload, its chart (`name version (path)`).
+    pub charts: BTreeMap<String, String>,
 }
 
 impl Side {
@@ -301,6 +303,7 @@ impl Side {
             revision: output.revision.clone(),
             errors: output.errors().cloned().collect(),
             warnings: output.warnings().cloned().collect(),
+            charts: output.charts.clone(),
         }
     }
 
@@ -328,7 +331,38 @@ pub struct FleetDiff {
     pub plan: Plan,
 }
 
+/// A Helm workload whose chart differs between BASE and HEAD (or that has one on
+/// one side only).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChartChange<'a> {
+    pub workload: &'a str,
+    pub base: Option<&'a str>,
+    pub head: Option<&'a str>,
+}
+
 impl FleetDiff {
+    /// The Helm workloads whose chart (name, version or path) changed.
+    pub fn chart_changes(&self) -> Vec<ChartChange<'_>> {
+        let workloads: std::collections::BTreeSet<&String> = self
+            .base
+            .charts
+            .keys()
+            .chain(self.head.charts.keys())
+            .collect();
+        workloads
+            .into_iter()
+            .filter_map(|workload| {
+                let base = self.base.charts.get(workload).map(String::as_str);
+                let head = self.head.charts.get(workload).map(String::as_str);
+                (base != head).then_some(ChartChange {
+                    workload,
+                    base,
+                    head,
+                })
+            })
+            .collect()
+    }
+
     pub fn with_status(&self, status: ClusterStatus) -> impl Iterator<Item = &ClusterDiff> {
         self.clusters.iter().filter(move |c| c.status == status)
     }

@@ -106,6 +106,7 @@ pub fn report(diff: &FleetDiff, options: &TextOptions) -> String {
     if diff.has_changes() {
         write_plan(&mut out, diff, &style);
     }
+    write_chart_changes(&mut out, diff, &style);
     let _ = writeln!(out, "\n{}", style.bold(&summary_line(&diff.totals)));
     write_table(&mut out, diff);
     if !diff.has_changes() {
@@ -115,6 +116,24 @@ pub fn report(diff: &FleetDiff, options: &TextOptions) -> String {
         write_group(&mut out, diff, group, &style);
     }
     out
+}
+
+/// The Helm workloads whose chart changed, one line each.
+fn write_chart_changes(out: &mut String, diff: &FleetDiff, style: &Style) {
+    let changes = diff.chart_changes();
+    if changes.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\n{}", style.bold("Helm charts"));
+    for change in changes {
+        let _ = writeln!(
+            out,
+            "  {}: {} -> {}",
+            change.workload,
+            change.base.unwrap_or("(none)"),
+            change.head.unwrap_or("(none)")
+        );
+    }
 }
 
 /// Names, at most [`CLUSTERS_SHOWN`] of them.

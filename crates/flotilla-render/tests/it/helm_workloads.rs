@@ -475,3 +475,43 @@ fn generated_values_stay_when_another_workload_changes() {
         assert_eq!(since.bundles[cluster].digest, whole.bundles[cluster].digest);
     }
 }
+
+#[test]
+fn diff_and_the_json_report_name_a_charts_new_version() {
+    let base = render(&fleet("    chart: ../../charts/web\n", &[]), None);
+    let head_files: Vec<(String, String)> = fleet("    chart: ../../charts/web\n", &[])
+        .into_iter()
+        .map(|(path, text)| match path.as_str() {
+            "charts/web/Chart.yaml" => (path, text.replace("version: 1.2.3", "version: 1.3.0")),
+            _ => (path, text),
+        })
+        .collect();
+    let head = render(&head_files, None);
+    let diff = flotilla_render::diff::diff(&base, &head, &Default::default());
+    let text = flotilla_render::diff::text::report(
+        &diff,
+        &flotilla_render::diff::text::TextOptions { colour: false },
+    );
+    assert!(
+        text.contains("Helm charts\n  web: web 1.2.3 (charts/web) -> web 1.3.0 (charts/web)\n"),
+        "{text}"
+    );
+    let markdown = flotilla_render::diff::markdown::report(&diff, &Default::default());
+    assert!(
+        markdown.contains("- `web`: `web 1.2.3 (charts/web)` → `web 1.3.0 (charts/web)`"),
+        "{markdown}"
+    );
+    let json: Value =
+        serde_json::from_str(&flotilla_render::diff::json::report(&diff).expect("json"))
+            .expect("valid JSON");
+    assert_eq!(
+        json["charts"],
+        json!([{"workload": "web", "base": "web 1.2.3 (charts/web)", "head": "web 1.3.0 (charts/web)"}])
+    );
+    // No change, no section.
+    let same = flotilla_render::diff::diff(&base, &base, &Default::default());
+    let json: Value =
+        serde_json::from_str(&flotilla_render::diff::json::report(&same).expect("json"))
+            .expect("valid JSON");
+    assert!(json.get("charts").is_none());
+}
