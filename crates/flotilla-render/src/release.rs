@@ -517,6 +517,7 @@ impl ReleaseCache {
             template: String::new(),
             calls: HashMap::new(),
             generated: false,
+            generators: Vec::new(),
             warnings: Vec::new(),
         };
         let user = Value::from_json(&Json::Object(values.clone()));
@@ -525,6 +526,17 @@ impl ReleaseCache {
         if generated {
             self.generated
                 .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        if settings.seed == &PUBLIC_SEED {
+            for (template, function) in &host.generators {
+                self.warn(
+                    Diagnostic::warning(format!(
+                        "{function} generates a value here, from flotilla's public seed (the hub uses its own secret seed): to choose the value yourself, set the chart value this template reads"
+                    ))
+                    .in_file(fleet_path(release, template))
+                    .for_workload(workload),
+                );
+            }
         }
         for (template, message) in host.warnings {
             self.warn(
@@ -636,6 +648,8 @@ struct SeededHost<'a> {
     template: String,
     calls: HashMap<String, u64>,
     generated: bool,
+    /// The (template, function) pairs that generated a value.
+    generators: Vec<(String, String)>,
     warnings: Vec<(String, String)>,
 }
 
@@ -646,6 +660,10 @@ impl Host for SeededHost<'_> {
 
     fn generated_bytes(&mut self, function: &str, args: &[Value], len: usize) -> Vec<u8> {
         self.generated = true;
+        let pair = (self.template.clone(), function.to_string());
+        if !self.generators.contains(&pair) {
+            self.generators.push(pair);
+        }
         let call = format!("{function}\u{0}{args:?}");
         let occurrence = {
             let count = self.calls.entry(call.clone()).or_insert(0);

@@ -515,3 +515,32 @@ fn diff_and_the_json_report_name_a_charts_new_version() {
             .expect("valid JSON");
     assert!(json.get("charts").is_none());
 }
+
+#[test]
+fn validate_names_each_template_that_generates_a_value() {
+    let output = render(&fleet("    chart: ../../charts/web\n", &[]), None);
+    let warnings: Vec<String> = output
+        .diagnostics
+        .iter()
+        .filter(|d| !d.is_error() && d.message.starts_with("randAlphaNum generates a value"))
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        warnings.len(),
+        1,
+        "once, not once per cluster: {warnings:#?}"
+    );
+    assert!(
+        warnings[0]
+            .starts_with("charts/web/templates/secret.yaml: warning: randAlphaNum generates"),
+        "{warnings:#?}"
+    );
+    // With the hub's seed it is no news.
+    let output = render(&fleet("    chart: ../../charts/web\n", &[]), Some([1; 32]));
+    assert!(
+        !output
+            .diagnostics
+            .iter()
+            .any(|d| d.message.contains("generates a value"))
+    );
+}
