@@ -58,6 +58,9 @@ struct Fleet {
     source_error: Option<String>,
     #[serde(default)]
     counts: BTreeMap<String, usize>,
+    /// Per Helm workload, its chart (`name version (path)`).
+    #[serde(default)]
+    charts: BTreeMap<String, String>,
     clusters: Vec<Cluster>,
 }
 
@@ -102,6 +105,8 @@ struct Report<'a> {
     attempted_revision: &'a Option<String>,
     render_errors: &'a [RenderError],
     source_error: &'a Option<String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    charts: &'a BTreeMap<String, String>,
     counts: BTreeMap<&'static str, usize>,
     failed: usize,
     rollouts: Vec<&'a RolloutView>,
@@ -145,6 +150,7 @@ pub fn run_status(args: &StatusArgs) -> anyhow::Result<u8> {
                 attempted_revision: &fleet.attempted_revision,
                 render_errors: &fleet.render_errors,
                 source_error: &fleet.source_error,
+                charts: &fleet.charts,
                 counts: counts.clone(),
                 failed,
                 rollouts: active,
@@ -232,6 +238,9 @@ fn table(
     }
     if let Some(error) = &fleet.source_error {
         let _ = writeln!(out, "source     {error}");
+    }
+    for (workload, chart) in &fleet.charts {
+        let _ = writeln!(out, "chart      {chart}: workload {workload}");
     }
     let total: usize = counts.values().sum();
     let by_state: Vec<String> = ClusterState::BY_URGENCY

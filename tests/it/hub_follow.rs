@@ -568,6 +568,80 @@ async fn a_chart_generates_its_values_from_the_hubs_own_seed() {
     let hub = Running::start_ready(config(state.path(), &repo.path().display().to_string())).await;
     let (_, _, body) = get_bundle(&client, &hub.url("/v1/clusters/red/bundle"), &token, None).await;
     assert_eq!(password(&body), served);
+    // The fleet summary and the web page name each Helm workload's chart.
+    let admin = make_token(state.path(), None).await;
+    let fleet = eventually(
+        "the fleet to name its charts",
+        Duration::from_secs(10),
+        || {
+            let (client, url, admin) = (&client, hub.url("/v1/fleet"), &admin);
+            async move {
+                let fleet = get_json(client, &url, admin).await;
+                (!fleet["charts"].is_null()).then_some(fleet)
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        fleet["charts"],
+        serde_json::json!({
+            "menu-board": "menu-board 0.3.1 (charts/menu-board)",
+            "secretive": "secretive 0.1.0 (charts/secretive)"
+        })
+    );
+    let web = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let login = web
+        .post(hub.url("/ui/login"))
+        .header("origin", hub.url("").trim_end_matches('/'))
+        .form(&[("token", admin.as_str())])
+        .send()
+        .await
+        .expect("login");
+    assert_eq!(login.status(), 303);
+    let cookie = login
+        .headers()
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .expect("a session cookie")
+        .to_string();
+    let page = web
+        .get(hub.url("/ui/"))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .expect("the fleet page");
+    assert_eq!(page.status(), 200);
+    let page = page.text().await.expect("the fleet page");
+    assert!(
+        page.contains(
+            "<code>menu-board 0.3.1 (charts&#x2f;menu-board)</code> (workload menu-board)"
+        ),
+        "{page}"
+    );
+    let token_file = state.path().join("admin.token");
+    std::fs::write(&token_file, &admin).expect("token file");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args([
+            "status",
+            "--server",
+            hub.url("").trim_end_matches('/'),
+            "--token-file",
+        ])
+        .arg(&token_file)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("flotilla status runs");
+    let table = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        table.contains("chart      menu-board 0.3.1 (charts/menu-board): workload menu-board\n"),
+        "{table}{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
     hub.stop().await;
 
     // publish without the hub's store would serve a guessable password: refused.

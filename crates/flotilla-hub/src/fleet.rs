@@ -143,6 +143,8 @@ pub struct RenderStatus {
     /// Several hubs: a tip of the followed branch that does not descend from the
     /// recorded commit, waiting for every live hub to see it for three polls in a row.
     pub force_push: Option<ForcePush>,
+    /// Per Helm workload of the served render, its chart (`name version (path)`).
+    pub charts: BTreeMap<String, String>,
 }
 
 /// A force-pushed tip waiting to be recorded (several hubs), as `GET /v1/fleet` shows it.
@@ -221,6 +223,10 @@ pub struct FleetSummary {
     /// Several hubs: a force-pushed tip not recorded yet (absent when there is none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub force_push: Option<ForcePush>,
+    /// Per Helm workload of the served render, the chart it renders (`name version
+    /// (path)`); absent when the fleet has none.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub charts: BTreeMap<String, String>,
     pub clusters: Vec<ClusterSummary>,
 }
 
@@ -244,6 +250,7 @@ impl FleetSummary {
             source_error: render.source_error.clone(),
             counts: Counts::of(lines).by_name(),
             force_push: render.force_push.clone(),
+            charts: render.charts.clone(),
             clusters,
         }
     }

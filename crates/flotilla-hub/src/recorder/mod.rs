@@ -422,6 +422,7 @@ impl Recorder {
             r.errors.clear();
             r.warnings = output.warnings().count();
             r.renders_clean += 1;
+            r.charts = output.charts.clone();
         });
         Ok(report)
     }

@@ -335,6 +335,7 @@ pub fn fleet_page(
             attempted_revision => status.attempted_revision.as_deref(),
             render_errors => status.errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
             source_error => status.source_error.as_deref(),
+            charts => Serde(&status.charts),
             total => model.counts.total(),
             counts => Serde(segments(&model.counts)),
             groups => Serde(&model.groups),
