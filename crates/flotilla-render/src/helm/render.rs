@@ -165,6 +165,12 @@ impl PreparedChart {
                     template: template.name.clone(),
                     message: e.helm_message(),
                 })?;
+            if text.contains("<no value>") {
+                host.warn(format!(
+                    "{}: a value the template prints is missing, so Helm prints nothing there (Go's <no value>); set it in the values, or check its name",
+                    template.name
+                ));
+            }
             out.templates
                 .push((template.name.clone(), helm_clean_output(&text)));
         }

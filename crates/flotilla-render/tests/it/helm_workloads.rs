@@ -544,3 +544,34 @@ fn validate_names_each_template_that_generates_a_value() {
             .any(|d| d.message.contains("generates a value"))
     );
 }
+
+#[test]
+fn a_missing_value_a_chart_prints_is_a_warning() {
+    let output = render(
+        &fleet(
+            "    chart: ../../charts/web\n",
+            &[(
+                "charts/web/templates/typo.yaml",
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: typo\ndata:\n  color: \"{{ .Values.settings.colour }}\"\n",
+            )],
+        ),
+        Some([1; 32]),
+    );
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+    // Printed as Helm prints it: nothing.
+    assert_eq!(
+        resources(&output, "lab")["ConfigMap/shop/typo"]["data"]["color"],
+        json!("")
+    );
+    let warnings: Vec<String> = output
+        .diagnostics
+        .iter()
+        .filter(|d| !d.is_error() && d.message.contains("is missing"))
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:#?}");
+    assert!(
+        warnings[0].starts_with("charts/web/templates/typo.yaml: warning: web/templates/typo.yaml: a value the template prints is missing"),
+        "{warnings:#?}"
+    );
+}
