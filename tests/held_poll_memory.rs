@@ -105,6 +105,8 @@ async fn a_held_long_poll_keeps_one_read_buffer_and_one_write_buffer() {
     let token = make_token(state.path(), Some("red")).await;
     let mut settings = config(state.path(), &repo.path().display().to_string());
     settings.max_wait = Duration::from_secs(300);
+    // Every poll is of one cluster.
+    settings.requests.max_polls_per_cluster = 1_000;
     let hub = Running::start_ready(settings).await;
     let address = hub.base.trim_start_matches("http://").to_string();
     let url = hub.url("/v1/clusters/red/bundle");

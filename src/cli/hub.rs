@@ -113,6 +113,17 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
         idle_timeout: args.idle_timeout.into(),
         max_connections: args.max_connections,
     };
+    if args.webhook_body_timeout.as_secs() < 1 {
+        bail!("--webhook-body-timeout must be at least 1s");
+    }
+    if args.max_webhook_bodies == 0 || args.max_polls_per_cluster == 0 {
+        bail!("--max-webhook-bodies and --max-polls-per-cluster must be at least 1");
+    }
+    config.requests = flotilla_hub::RequestLimits {
+        webhook_body_timeout: args.webhook_body_timeout.into(),
+        max_webhook_bodies: args.max_webhook_bodies,
+        max_polls_per_cluster: args.max_polls_per_cluster,
+    };
     match flotilla_hub::listen::raise_open_file_limit() {
         Ok(files) => tracing::info!(
             soft = files.soft,

@@ -297,9 +297,22 @@ pub struct ServeArgs {
     pub idle_timeout: humantime::Duration,
     /// The most connections held at once [default: the open-file limit, raised to its
     /// hard limit at start, less a quarter of it, at most 1,024, for the hub's own
-    /// files]. At the cap, the connection idle the longest is closed to make room.
+    /// files]. At the cap, a connection still sending a request's body after a second,
+    /// or else the one idle the longest, is closed to make room.
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
+    /// How long a webhook's body may take to arrive (its HMAC covers the body, so it
+    /// is read before the hub knows who sent it); a slower one is answered 408 and its
+    /// connection closed.
+    #[arg(long, default_value = "10s", value_name = "DURATION")]
+    pub webhook_body_timeout: humantime::Duration,
+    /// How many webhook bodies are read at once; one more is answered 503 at once.
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    pub max_webhook_bodies: usize,
+    /// How many long-polls of one cluster are held at once; a new one ends the oldest
+    /// (answered 304, as when its wait ends).
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    pub max_polls_per_cluster: usize,
     /// Sign every served bundle with this private key (from `flotilla key generate`);
     /// agents with `--trust-key` accept only bundles it signed.
     #[arg(long, env = "FLOTILLA_SIGNING_KEY", value_name = "KEY")]

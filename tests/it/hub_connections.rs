@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use flotilla_agent::client::{FailureKind, Fetched, HubClient, Server, TlsOptions};
-use flotilla_hub::{ConnectionLimits, Hub, HubError, TlsFiles};
+use flotilla_hub::{ConnectionLimits, Hub, HubError, RequestLimits, TlsFiles};
 use flotilla_testkit::{TestCa, TestLeaf};
 
 /// PEM files of one test's PKI, written into a temp dir.
@@ -1012,4 +1012,250 @@ async fn operator_commands_present_a_client_certificate_to_a_hub_that_requires_o
         "{err}"
     );
     hub.stop().await;
+}
+
+/// Opens a connection to the hub and sends `head` (a request's line and headers, and
+/// perhaps the first bytes of its body) without the rest of the body: a client that
+/// trickles its body, or stops sending it.
+async fn stalled(base: &str, head: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt as _;
+    let mut stream = tokio::net::TcpStream::connect(address(base))
+        .await
+        .expect("connect");
+    stream.write_all(head.as_bytes()).await.expect("send");
+    stream
+}
+
+/// What the hub sent on `stream` until it closed it, or `None` if it was still open
+/// after `within`.
+async fn answer_and_close(stream: &mut tokio::net::TcpStream, within: Duration) -> Option<String> {
+    use tokio::io::AsyncReadExt as _;
+    let mut answer = Vec::new();
+    match tokio::time::timeout(within, stream.read_to_end(&mut answer)).await {
+        Ok(_) => Some(String::from_utf8_lossy(&answer).into_owned()),
+        Err(_) => None,
+    }
+}
+
+/// A report's request line and headers, announcing a body of a megabyte, and its
+/// first byte.
+fn slow_report(cluster: &str, token: Option<&str>) -> String {
+    let authorization = token
+        .map(|token| format!("Authorization: Bearer {token}\r\n"))
+        .unwrap_or_default();
+    format!(
+        "POST /v1/clusters/{cluster}/status HTTP/1.1\r\nHost: hub\r\n{authorization}\
+         Content-Type: application/json\r\nContent-Length: 1000000\r\n\r\n{{"
+    )
+}
+
+/// Issue 33, item 1: sockets announcing a large status report and sending it a byte
+/// at a time held their connection slots until real agents were kept out. A report
+/// without a valid token is now answered at once, before a byte of its body is read,
+/// and its connection closed: three times the connection cap of them pass one after
+/// the other, and an agent is served beside them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_report_without_a_valid_token_is_refused_before_its_body_is_read() {
+    let repo = Repo::new();
+    let state = tempfile::tempdir().expect("state dir");
+    let red = make_token(state.path(), Some("red")).await;
+    let blue = make_token(state.path(), Some("blue")).await;
+    let admin = make_token(state.path(), None).await;
+    let limits = ConnectionLimits {
+        max_connections: Some(4),
+        ..ConnectionLimits::default()
+    };
+    let hub = hub_with(limits, state.path(), &repo).await;
+    let refusals = [
+        (None, "401"),
+        (Some("not-a-token"), "401"),
+        (Some(blue.as_str()), "403"),
+        (Some(admin.as_str()), "403"),
+    ];
+    let mut held = Vec::new();
+    for (token, status) in refusals.iter().cycle().take(12) {
+        let mut socket = stalled(&hub.base, &slow_report("red", *token)).await;
+        let answer = answer_and_close(&mut socket, Duration::from_secs(2))
+            .await
+            .unwrap_or_else(|| {
+                panic!("a report with token {token:?} was not refused and closed at once")
+            });
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{token:?}: {answer}"
+        );
+        assert!(answer.contains("\"error\""), "{answer}");
+        held.push(socket);
+    }
+    let started = Instant::now();
+    let response = client()
+        .get(hub.url("/v1/clusters/red/bundle"))
+        .bearer_auth(&red)
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await
+        .expect("an agent is served beside them");
+    assert_eq!(response.status(), 200, "after {:?}", started.elapsed());
+    hub.stop().await;
+}
+
+/// Issue 33, item 1: at the connection cap, connections still sending their body are
+/// closed to make room, as idle ones are: a cluster's token sending reports a byte at
+/// a time on every connection the hub holds does not keep another agent out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_still_sending_their_body_are_closed_at_the_cap() {
+    let repo = Repo::new();
+    let state = tempfile::tempdir().expect("state dir");
+    let red = make_token(state.path(), Some("red")).await;
+    let blue = make_token(state.path(), Some("blue")).await;
+    let limits = ConnectionLimits {
+        max_connections: Some(4),
+        ..ConnectionLimits::default()
+    };
+    let hub = hub_with(limits, state.path(), &repo).await;
+    let mut slow = Vec::new();
+    for _ in 0..4 {
+        slow.push(stalled(&hub.base, &slow_report("red", Some(&red))).await);
+    }
+    // Every slot holds a report being received.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    let response = client()
+        .get(hub.url("/v1/clusters/blue/bundle"))
+        .bearer_auth(&blue)
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await
+        .expect("an agent is served beside the slow reports");
+    assert_eq!(response.status(), 200, "after {:?}", started.elapsed());
+    // The one sending its body the longest made room.
+    let answer = answer_and_close(&mut slow[0], Duration::from_secs(2)).await;
+    assert!(answer.is_some(), "the oldest slow report is still open");
+    hub.stop().await;
+}
+
+/// Issue 33, item 1: the webhook's HMAC covers its body, so the hub reads the body of
+/// anyone who sends one. What its headers tell is refused at once, the body unread (no
+/// signature, a body over the limit); at most `max_webhook_bodies` are read at once
+/// (one more is turned away at once), each within `webhook_body_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_bodies_are_bounded_in_size_time_and_number() {
+    let repo = Repo::new();
+    let state = tempfile::tempdir().expect("state dir");
+    let secret = b"a webhook secret".to_vec();
+    let mut config = config(state.path(), &repo.path().display().to_string());
+    config.webhook_secret = Some(secret.clone());
+    config.connections = ConnectionLimits {
+        max_connections: Some(8),
+        ..ConnectionLimits::default()
+    };
+    config.requests = RequestLimits {
+        webhook_body_timeout: Duration::from_secs(1),
+        max_webhook_bodies: 2,
+        ..RequestLimits::default()
+    };
+    let hub = Running::start_ready(config).await;
+    let hook = |signature: &str, length: usize| {
+        format!(
+            "POST /v1/hooks/git HTTP/1.1\r\nHost: hub\r\nContent-Type: application/json\r\n\
+             {signature}Content-Length: {length}\r\n\r\n{{"
+        )
+    };
+    let signed = "X-Hub-Signature-256: sha256=00\r\n";
+    for (head, status) in [
+        (hook("", 1_000_000), "401"),
+        (hook(signed, 5 * 1024 * 1024), "413"),
+    ] {
+        let mut socket = stalled(&hub.base, &head).await;
+        let answer = answer_and_close(&mut socket, Duration::from_millis(1500))
+            .await
+            .unwrap_or_else(|| panic!("not refused at once: {head}"));
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{answer}"
+        );
+    }
+
+    let started = Instant::now();
+    let mut slow = Vec::new();
+    for _ in 0..2 {
+        slow.push(stalled(&hub.base, &hook(signed, 1_000_000)).await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut third = stalled(&hub.base, &hook(signed, 1_000_000)).await;
+    let answer = answer_and_close(&mut third, Duration::from_millis(1500))
+        .await
+        .expect("a third body is turned away at once");
+    assert!(answer.starts_with("HTTP/1.1 503 "), "{answer}");
+    for socket in &mut slow {
+        let answer = answer_and_close(socket, Duration::from_secs(3))
+            .await
+            .expect("a body that does not come in time is cut off");
+        assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(post_webhook(&client(), &hub, &secret).await, 202);
+    hub.stop().await;
+}
+
+/// Issue 33, item 5: one cluster's token held every connection with `?wait=` polls.
+/// At most `max_polls_per_cluster` polls of a cluster are held: a new one ends the
+/// oldest, answered 304 as a poll whose wait ended, and another agent gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_poll_of_a_cluster_beyond_its_cap_ends_the_oldest() {
+    let repo = Repo::new();
+    let state = tempfile::tempdir().expect("state dir");
+    let red = make_token(state.path(), Some("red")).await;
+    let blue = make_token(state.path(), Some("blue")).await;
+    let mut config = config(state.path(), &repo.path().display().to_string());
+    config.max_wait = Duration::from_secs(30);
+    config.connections = ConnectionLimits {
+        max_connections: Some(6),
+        ..ConnectionLimits::default()
+    };
+    config.requests = RequestLimits {
+        max_polls_per_cluster: 2,
+        ..RequestLimits::default()
+    };
+    let hub = Running::start_ready(config).await;
+    let client = client();
+    let url = hub.url("/v1/clusters/red/bundle");
+    let (status, etag, _) = get_bundle(&client, &url, &red, None).await;
+    assert_eq!(status, 200);
+    let etag = etag.expect("an ETag");
+
+    let mut polls = Vec::new();
+    for _ in 0..6 {
+        let (client, url, red, etag) = (client.clone(), url.clone(), red.clone(), etag.clone());
+        polls.push(tokio::spawn(async move {
+            let (status, answered, _) =
+                get_bundle(&client, &format!("{url}?wait=30s"), &red, Some(&etag)).await;
+            (status, answered)
+        }));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (i, poll) in polls.iter_mut().take(4).enumerate() {
+        let answer = tokio::time::timeout(Duration::from_secs(2), poll)
+            .await
+            .unwrap_or_else(|_| panic!("poll {i} is still held beside newer ones"))
+            .expect("task");
+        assert_eq!(answer, (304, Some(etag.clone())), "poll {i}");
+    }
+    assert!(!polls[4].is_finished() && !polls[5].is_finished());
+    let response = client
+        .get(hub.url("/v1/clusters/blue/bundle"))
+        .bearer_auth(&blue)
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await
+        .expect("another cluster's agent gets in");
+    assert_eq!(response.status(), 200);
+    hub.stop().await;
+    for poll in polls.drain(4..) {
+        assert_eq!(poll.await.expect("task").0, 304);
+    }
 }

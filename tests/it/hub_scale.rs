@@ -51,8 +51,10 @@ async fn a_thousand_long_polls_are_held_then_released_by_a_commit_and_by_shutdow
     let repo = Repo::new();
     let state = tempfile::tempdir().expect("state dir");
     let token = make_token(state.path(), Some("red")).await;
-    let mut hub =
-        Running::start_ready(config(state.path(), &repo.path().display().to_string())).await;
+    let mut config = config(state.path(), &repo.path().display().to_string());
+    // A thousand agents, all of one cluster.
+    config.requests.max_polls_per_cluster = AGENTS;
+    let mut hub = Running::start_ready(config).await;
     let client = reqwest::Client::builder()
         .no_proxy()
         .pool_max_idle_per_host(AGENTS)

@@ -4,26 +4,38 @@
 //! in-memory token table, and answers a matching `If-None-Match` with a 304 without
 //! touching the disk or the database.
 //!
+//! No body is read before the request is known to be allowed where a token decides
+//! it: a status report without a valid token is refused at once and its connection
+//! closed. The webhook's HMAC covers its body, so its bodies are bounded instead
+//! ([`RequestLimits`]): in size, in the time to receive one, and in how many are read
+//! at once. Held long-polls are bounded per cluster: a new one ends the oldest.
+//!
 //! [`Served`]: crate::recorder::Served
 
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::HttpBody as _;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::{BytesRejection, PathRejection};
-use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Request, State};
+use axum::extract::{
+    DefaultBodyLimit, Extension, FromRequest, FromRequestParts, Path, Request, State,
+};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use hmac::{Hmac, Mac};
 use http::header::{
-    ACCEPT_ENCODING, AUTHORIZATION, CACHE_CONTROL, CONTENT_ENCODING, CONTENT_TYPE, ETAG,
-    IF_NONE_MATCH, RETRY_AFTER, VARY, WWW_AUTHENTICATE,
+    ACCEPT_ENCODING, AUTHORIZATION, CACHE_CONTROL, CONNECTION, CONTENT_ENCODING, CONTENT_LENGTH,
+    CONTENT_TYPE, ETAG, IF_NONE_MATCH, RETRY_AFTER, VARY, WWW_AUTHENTICATE,
 };
 use http::request::Parts;
-use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Version};
 use serde_json::json;
 use sha2::Sha256;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::auth::Grant;
@@ -50,8 +62,47 @@ const VARY_ENCODING: HeaderValue = HeaderValue::from_static("Accept-Encoding");
 
 type SharedState = State<Arc<Shared>>;
 
-pub fn router(shared: Arc<Shared>) -> Router {
+/// The limits on what requests may hold. [`RequestLimits::default`] gives the
+/// documented defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestLimits {
+    /// How long a webhook's body (at most [`HOOK_BODY_LIMIT`]) may take to arrive; its
+    /// HMAC covers the body, so it is read before it is known to come from the Git host.
+    pub webhook_body_timeout: Duration,
+    /// How many webhook bodies are read at once; one more is answered 503 at once.
+    pub max_webhook_bodies: usize,
+    /// How many long-polls of one cluster are held at once; a new one ends the oldest,
+    /// answered as a poll whose wait ended.
+    pub max_polls_per_cluster: usize,
+}
+
+impl Default for RequestLimits {
+    fn default() -> RequestLimits {
+        RequestLimits {
+            webhook_body_timeout: Duration::from_secs(10),
+            max_webhook_bodies: 8,
+            max_polls_per_cluster: 4,
+        }
+    }
+}
+
+/// What the request limits keep count of: the webhook bodies being read and the polls
+/// held for each cluster.
+struct Gates {
+    limits: RequestLimits,
+    webhook_bodies: tokio::sync::Semaphore,
+    polls: Arc<HeldPolls>,
+}
+
+type GatesExtension = Extension<Arc<Gates>>;
+
+pub fn router(shared: Arc<Shared>, limits: RequestLimits) -> Router {
     use flotilla_core::api::routes;
+    let gates = Arc::new(Gates {
+        limits,
+        webhook_bodies: tokio::sync::Semaphore::new(limits.max_webhook_bodies),
+        polls: Arc::default(),
+    });
     Router::new()
         .route(INDEX, get(index))
         .route(routes::BUNDLE, get(get_bundle))
@@ -73,7 +124,83 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route(routes::METRICS, get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(Extension(gates))
         .with_state(shared)
+}
+
+/// The long-polls held for each cluster, oldest first.
+#[derive(Default)]
+struct HeldPolls {
+    next_id: AtomicU64,
+    held: Mutex<HashMap<String, VecDeque<PollEnd>>>,
+}
+
+/// A held poll's id, and what ends it.
+type PollEnd = (u64, Arc<Notify>);
+
+/// One held poll, counted until dropped; `ended` wakes it when newer polls of its
+/// cluster pushed it out.
+struct HeldPoll {
+    polls: Arc<HeldPolls>,
+    cluster: String,
+    id: u64,
+    ended: Arc<Notify>,
+}
+
+impl HeldPolls {
+    /// Counts a poll of `cluster`, ending the oldest held ones beyond `cap`.
+    fn hold(self: &Arc<Self>, cluster: &str, cap: usize) -> HeldPoll {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let ended = Arc::new(Notify::new());
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let polls = held.entry(cluster.to_string()).or_default();
+        polls.push_back((id, ended.clone()));
+        while polls.len() > cap.max(1) {
+            if let Some((_, older)) = polls.pop_front() {
+                // Stored if that poll is not waiting yet: it ends when it begins to.
+                older.notify_one();
+            }
+        }
+        HeldPoll {
+            polls: self.clone(),
+            cluster: cluster.to_string(),
+            id,
+            ended,
+        }
+    }
+}
+
+impl Drop for HeldPoll {
+    fn drop(&mut self) {
+        let mut held = self.polls.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(polls) = held.get_mut(&self.cluster) {
+            polls.retain(|(id, _)| *id != self.id);
+            if polls.is_empty() {
+                held.remove(&self.cluster);
+            }
+        }
+    }
+}
+
+/// A refusal answered without reading the request's body: on HTTP/1 the connection
+/// is closed after it, so whatever of the body is still on its way is never read.
+fn refused_unread(err: ApiError, request: &Request) -> Response {
+    let unread = !request.body().is_end_stream();
+    closing(
+        err.into_response(),
+        unread && request.version() <= Version::HTTP_11,
+    )
+}
+
+/// `response`, with `Connection: close` when `close` (on HTTP/1 only: HTTP/2 has no
+/// such header).
+fn closing(mut response: Response, close: bool) -> Response {
+    if close {
+        response
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
 }
 
 /// Every error the API returns: JSON `{"error": "..."}` with a status code.
@@ -344,6 +471,7 @@ impl FromRequestParts<Arc<Shared>> for ClusterReport {
 
 async fn get_bundle(
     State(shared): SharedState,
+    Extension(gates): GatesExtension,
     read: Result<ClusterRead<String>, ApiError>,
     request: Request,
 ) -> Response {
@@ -354,7 +482,7 @@ async fn get_bundle(
             let query = parts.uri.query().map(str::to_owned);
             let headers = owned_headers(&parts.headers);
             drop(parts);
-            current_bundle(&shared, read, &headers, query.as_deref())
+            current_bundle(&shared, &gates, read, &headers, query.as_deref())
                 .await
                 .unwrap_or_else(IntoResponse::into_response)
         }
@@ -387,6 +515,7 @@ fn owned_headers(headers: &HeaderMap) -> HeaderMap {
 
 async fn current_bundle(
     shared: &Arc<Shared>,
+    gates: &Gates,
     read: ClusterRead<String>,
     headers: &HeaderMap,
     query: Option<&str>,
@@ -407,7 +536,10 @@ async fn current_bundle(
     let mut entry = entry;
     if let (Some(wait), Some(value)) = (wait, if_none_match) {
         let wait = wait.min(shared.settings.max_wait);
-        match wait_for_change(shared, &cluster, value, wait).await {
+        let held = gates
+            .polls
+            .hold(&cluster, gates.limits.max_polls_per_cluster);
+        match wait_for_change(shared, &cluster, value, wait, &held).await {
             Change::Changed(newer) => return sent(shared, newer, headers, own).await,
             Change::Gone => {
                 return Err(ApiError::new(
@@ -492,12 +624,14 @@ enum Change {
 }
 
 /// Holds a request until its `If-None-Match` no longer matches what the cluster is
-/// served, the wait ends, or the hub shuts down.
+/// served, the wait ends, newer polls of the cluster end it (beyond
+/// [`RequestLimits::max_polls_per_cluster`]), or the hub shuts down.
 async fn wait_for_change(
     shared: &Shared,
     cluster: &str,
     if_none_match: &HeaderValue,
     wait: Duration,
+    held: &HeldPoll,
 ) -> Change {
     let deadline = Instant::now() + wait;
     // Subscribe before looking, so a change between the look and the wait still wakes us.
@@ -522,6 +656,7 @@ async fn wait_for_change(
             }
             _ = shutdown.changed() => return Change::Unchanged(entry, etag),
             _ = tokio::time::sleep_until(deadline) => return Change::Unchanged(entry, etag),
+            _ = held.ended.notified() => return Change::Unchanged(entry, etag),
         }
     }
 }
@@ -746,19 +881,20 @@ async fn bundle_at(
     Ok(response)
 }
 
-/// The report's checks are an extractor's, taken as a `Result` so that the body is
-/// read (up to its limit) before any refusal is answered.
+/// The report's checks are an extractor's, made before a byte of the body is read: a
+/// refusal is answered at once and, on HTTP/1, its connection closed (a client without
+/// the cluster's token cannot hold a connection by sending a body slowly).
 async fn post_status(
     State(shared): SharedState,
     report: Result<ClusterReport, ApiError>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    request: Request,
 ) -> Response {
-    let result = match report {
-        Ok(ClusterReport { cluster }) => store_status(&shared, &cluster, &headers, body).await,
-        Err(err) => Err(err),
-    };
-    result.unwrap_or_else(IntoResponse::into_response)
+    match report {
+        Ok(ClusterReport { cluster }) => store_status(&shared, &cluster, request)
+            .await
+            .unwrap_or_else(IntoResponse::into_response),
+        Err(err) => refused_unread(err, &request),
+    }
 }
 
 /// Whether the request says its body is JSON: `application/json`, with or without
@@ -774,18 +910,34 @@ fn is_json(headers: &HeaderMap) -> bool {
 async fn store_status(
     shared: &Arc<Shared>,
     cluster: &str,
-    headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    if !is_json(headers) {
-        return Err(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "a status report must be sent as Content-Type: application/json",
+    request: Request,
+) -> Result<Response, Response> {
+    if !is_json(request.headers()) {
+        return Err(refused_unread(
+            ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "a status report must be sent as Content-Type: application/json",
+            ),
+            &request,
         ));
     }
     let body =
-        body.map_err(|rejection| ApiError::new(rejection.status(), rejection.body_text()))?;
-    let report: StatusReport = serde_json::from_slice(&body).map_err(|err| {
+        Bytes::from_request(request, shared)
+            .await
+            .map_err(|rejection: BytesRejection| {
+                ApiError::new(rejection.status(), rejection.body_text()).into_response()
+            })?;
+    stored_status(shared, cluster, &body)
+        .await
+        .map_err(IntoResponse::into_response)
+}
+
+async fn stored_status(
+    shared: &Arc<Shared>,
+    cluster: &str,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let report: StatusReport = serde_json::from_slice(body).map_err(|err| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
             format!("the status report is not valid: {err} (see docs/api.md for its shape)"),
@@ -903,10 +1055,10 @@ async fn post_rollout_action(
 
 async fn post_hook(
     State(shared): SharedState,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    Extension(gates): GatesExtension,
+    request: Request,
 ) -> Response {
-    let result = check_hook(&shared, &headers, body);
+    let result = check_hook(&shared, &gates, request).await;
     shared.metrics.webhook(result.is_ok());
     match result {
         Ok(()) => {
@@ -917,36 +1069,87 @@ async fn post_hook(
                 &json!({ "status": "fetch scheduled" }),
             )
         }
-        Err(err) => err.into_response(),
+        Err(refusal) => refusal,
     }
 }
 
-fn check_hook(
-    shared: &Shared,
-    headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<(), ApiError> {
+/// Checks a webhook: everything its headers tell first (answered without reading the
+/// body), then its body within the [`RequestLimits`], then its signature.
+async fn check_hook(shared: &Arc<Shared>, gates: &Gates, request: Request) -> Result<(), Response> {
     let Some(secret) = &shared.settings.webhook_secret else {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "the webhook is off; start the hub with --webhook-secret-file to turn it on",
+        return Err(refused_unread(
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "the webhook is off; start the hub with --webhook-secret-file to turn it on",
+            ),
+            &request,
         ));
     };
-    let body =
-        body.map_err(|rejection| ApiError::new(rejection.status(), rejection.body_text()))?;
-    let signature = headers
+    let signature = request
+        .headers()
         .get(&X_HUB_SIGNATURE_256)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("sha256="))
-        .and_then(|hex_text| hex::decode(hex_text.trim()).ok())
-        .ok_or_else(|| {
+        .and_then(|hex_text| hex::decode(hex_text.trim()).ok());
+    let Some(signature) = signature else {
+        return Err(refused_unread(
             ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "missing or malformed X-Hub-Signature-256 header (expected sha256=<hex HMAC of the body>)",
+            ),
+            &request,
+        ));
+    };
+    let length = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(length) = length.filter(|&length| length > HOOK_BODY_LIMIT as u64) {
+        return Err(refused_unread(
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the webhook's body is {length} bytes; the hub reads at most {HOOK_BODY_LIMIT}"
+                ),
+            ),
+            &request,
+        ));
+    }
+    let Ok(_reading) = gates.webhook_bodies.try_acquire() else {
+        let busy = ApiError {
+            retry_after: Some(5),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the hub is already reading {} webhook bodies; retry shortly",
+                    gates.limits.max_webhook_bodies
+                ),
             )
-        })?;
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret)
-        .map_err(|err| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?;
+        };
+        return Err(refused_unread(busy, &request));
+    };
+    let close = request.version() <= Version::HTTP_11;
+    let timeout = gates.limits.webhook_body_timeout;
+    let body = match tokio::time::timeout(timeout, Bytes::from_request(request, shared)).await {
+        Ok(Ok(body)) => body,
+        Ok(Err(rejection)) => {
+            return Err(ApiError::new(rejection.status(), rejection.body_text()).into_response());
+        }
+        Err(_) => {
+            let late = ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the webhook's body did not arrive within {}",
+                    humantime::format_duration(timeout)
+                ),
+            );
+            return Err(closing(late.into_response(), close));
+        }
+    };
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).map_err(|err| {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response()
+    })?;
     mac.update(&body);
     // verify_slice compares in constant time.
     mac.verify_slice(&signature).map_err(|_| {
@@ -954,6 +1157,7 @@ fn check_hook(
             StatusCode::UNAUTHORIZED,
             "the X-Hub-Signature-256 signature does not match the body and the webhook secret",
         )
+        .into_response()
     })
 }
 

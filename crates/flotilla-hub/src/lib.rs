@@ -39,6 +39,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 use crate::store::{ObjectError, Store, StoreError};
+pub use api::RequestLimits;
 use auth::TokenTable;
 use clock::{Clock, SystemClock};
 pub use follow::SourceSpec;
@@ -107,6 +108,8 @@ pub struct HubConfig {
     pub limits: flotilla_core::limits::Limits,
     /// Timeouts and the cap on connections.
     pub connections: ConnectionLimits,
+    /// The webhook's bodies and the long-polls held per cluster.
+    pub requests: RequestLimits,
     /// Several hubs on one database: the lease's length and how often to look for
     /// changes other hubs made.
     pub peers: peers::PeerTiming,
@@ -140,6 +143,7 @@ impl HubConfig {
             token_refresh: Duration::from_secs(1),
             limits: flotilla_core::limits::Limits::default(),
             connections: ConnectionLimits::default(),
+            requests: RequestLimits::default(),
             peers: peers::PeerTiming::default(),
             signing_key: None,
             gc_grace: Duration::from_secs(3600),
@@ -154,6 +158,7 @@ pub struct Hub {
     shared: Arc<Shared>,
     tasks: Vec<JoinHandle<()>>,
     connections: ConnectionLimits,
+    requests: RequestLimits,
     /// Released last, once the store is closed.
     lock: lock::StateDirLock,
 }
@@ -211,6 +216,7 @@ impl Hub {
             shared,
             tasks,
             connections: config.connections,
+            requests: config.requests,
             lock,
         })
     }
@@ -223,7 +229,8 @@ impl Hub {
 
     /// The API and the web page; `secure` when served over TLS.
     fn app(&self, secure: bool) -> axum::Router {
-        api::router(self.shared.clone()).merge(ui::router(self.shared.clone(), secure))
+        api::router(self.shared.clone(), self.requests)
+            .merge(ui::router(self.shared.clone(), secure))
     }
 
     /// Long-polls being held right now.

@@ -3,11 +3,12 @@
 //! connections held at once, derived from the open-file limit.
 //!
 //! A held long-poll is a request in flight: no timeout here ends it, so `--max-wait`
-//! alone bounds it. When the cap is reached, the connection that has been idle the
-//! longest (no request in flight, or still in its TLS handshake) is closed to make room:
-//! sockets that only hold a file descriptor never keep an agent with a real request
-//! out. With `--client-ca`, every connection's certificate is checked against the path
-//! it asks for (see [`crate::tls`]).
+//! alone bounds it. When the cap is reached, a connection still sending a request's
+//! body (for longer than [`BODY_GRACE`]) is closed to make room, or else the one that
+//! has been idle the longest (no request in flight, or still in its TLS handshake):
+//! sockets that only hold a file descriptor, or trickle a body, never keep an agent
+//! with a real request out. With `--client-ca`, every connection's certificate is
+//! checked against the path it asks for (see [`crate::tls`]).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -15,9 +16,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Frame, Incoming, SizeHint};
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::pki_types::CertificateDer;
@@ -122,9 +124,17 @@ pub fn connection_cap(open_files: u64) -> usize {
         .max(1)
 }
 
+/// How long a request's body may be on its way before its connection is among the
+/// first closed at the cap: a real client's body arrives within moments of its headers.
+pub const BODY_GRACE: Duration = Duration::from_secs(1);
+
 /// One connection as the accept loop sees it.
 struct Tracked {
     in_flight: AtomicUsize,
+    /// Requests whose body is still being received (neither all read nor dropped).
+    receiving: AtomicUsize,
+    /// When the oldest body still being received began, in ms since `epoch`.
+    body_since_ms: AtomicU64,
     /// Requests received so far: before the first, the header timeout applies.
     requests: AtomicU64,
     /// When the last request ended (or the connection opened), in ms since `epoch`.
@@ -154,6 +164,8 @@ impl Registry {
     fn add(self: &Arc<Self>) -> (Arc<Tracked>, Unregister) {
         let tracked = Arc::new(Tracked {
             in_flight: AtomicUsize::new(0),
+            receiving: AtomicUsize::new(0),
+            body_since_ms: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             idle_since_ms: AtomicU64::new(self.now_ms()),
             evict: Notify::new(),
@@ -172,17 +184,31 @@ impl Registry {
         )
     }
 
-    /// Tells the connection idle the longest to close; false when every connection has
-    /// a request in flight.
+    /// Tells a connection to close: the one sending a request's body the longest, if
+    /// that has taken more than [`BODY_GRACE`]; else the one idle (or sending a body)
+    /// the longest. False when every connection has a request in flight whose body
+    /// has been received.
     fn evict_one(&self) -> bool {
         let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        let grace = u64::try_from(BODY_GRACE.as_millis()).unwrap_or(u64::MAX);
+        let now = self.now_ms();
         // Ties (connections accepted within the same millisecond) go to the one
         // accepted first, so a burst of idle sockets never evicts the newest
         // connection before its first request has been read.
         let oldest = live
             .iter()
-            .filter(|(_, c)| c.in_flight.load(Ordering::Relaxed) == 0)
-            .min_by_key(|(id, c)| (c.idle_since_ms.load(Ordering::Relaxed), **id))
+            .filter_map(|(id, c)| {
+                if c.receiving.load(Ordering::Relaxed) > 0 {
+                    let since = c.body_since_ms.load(Ordering::Relaxed);
+                    let slow = now.saturating_sub(since) >= grace;
+                    Some(((!slow, since, *id), c))
+                } else if c.in_flight.load(Ordering::Relaxed) == 0 {
+                    Some(((true, c.idle_since_ms.load(Ordering::Relaxed), *id), c))
+                } else {
+                    None
+                }
+            })
+            .min_by_key(|(key, _)| *key)
             .map(|(_, c)| c);
         match oldest {
             Some(connection) => {
@@ -232,6 +258,63 @@ impl Drop for Busy {
             .idle_since_ms
             .store(self.registry.now_ms(), Ordering::Relaxed);
         self.tracked.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A request's body as the router reads it: the connection counts as receiving it
+/// until it has all been read, or the handler dropped it unread.
+struct Receiving {
+    body: Incoming,
+    guard: Option<ReceivingGuard>,
+}
+
+struct ReceivingGuard {
+    tracked: Arc<Tracked>,
+}
+
+impl Receiving {
+    fn new(body: Incoming, tracked: &Arc<Tracked>, registry: &Registry) -> Receiving {
+        let guard = (!body.is_end_stream()).then(|| {
+            if tracked.receiving.fetch_add(1, Ordering::Relaxed) == 0 {
+                tracked
+                    .body_since_ms
+                    .store(registry.now_ms(), Ordering::Relaxed);
+            }
+            ReceivingGuard {
+                tracked: tracked.clone(),
+            }
+        });
+        Receiving { body, guard }
+    }
+}
+
+impl Drop for ReceivingGuard {
+    fn drop(&mut self) {
+        self.tracked.receiving.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl hyper::body::Body for Receiving {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<bytes::Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None | Some(Err(_)))) || self.body.is_end_stream() {
+            self.guard = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -535,6 +618,7 @@ impl Connection {
             );
             hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
                 let busy = Busy::new(&tracked, &registry);
+                let request = request.map(|body| Receiving::new(body, &tracked, &registry));
                 let mut router = router.clone();
                 let refusal = client
                     .as_ref()
@@ -569,7 +653,8 @@ impl Connection {
     }
 
     /// Drives a connection to its end, shutting it down gracefully (its requests in
-    /// flight answered first) when it is evicted, stays idle too long, or the hub stops.
+    /// flight answered first) when it is evicted, stays idle too long, or the hub stops;
+    /// an evicted connection still receiving a body is closed at once.
     async fn drive<C>(&mut self, mut connection: Pin<Box<C>>, graceful_shutdown: fn(Pin<&mut C>))
     where
         C: Future<Output = Result<(), hyper::Error>>,
@@ -585,7 +670,11 @@ impl Connection {
                     return;
                 }
                 _ = self.tracked.evict.notified(), if !closing => {
-                    if self.tracked.in_flight.load(Ordering::Relaxed) == 0 {
+                    // Closed at once when nothing is in flight, or a request's body is
+                    // still on its way (its answer would wait for the rest).
+                    if self.tracked.in_flight.load(Ordering::Relaxed) == 0
+                        || self.tracked.receiving.load(Ordering::Relaxed) > 0
+                    {
                         return;
                     }
                     graceful_shutdown(connection.as_mut());
