@@ -6,6 +6,13 @@
 //! holding it, so a second hub can say which one is in the way. The kernel releases
 //! the lock when the process ends, however it ends. Commands that only read the store
 //! or add to it (`token`, `publish --state-dir`, `rollout`) do not take the lock.
+//!
+//! The lock belongs to the open file, not to the descriptor: a process started by any
+//! thread of this one holds a copy of every descriptor from its fork until its exec
+//! (close-on-exec closes them only then), and closing ours does not release the lock
+//! while a copy is open. So dropping the lock unlocks the file first, and a hub started
+//! again in the same process (a test, a program embedding the hub) finds it free at
+//! once, however many processes are being started around it.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{self, Read as _, Seek as _, Write as _};
@@ -32,7 +39,17 @@ pub enum LockError {
 /// Held for as long as the hub serves; dropping it releases the lock.
 #[derive(Debug)]
 pub struct StateDirLock {
-    _file: File,
+    file: File,
+}
+
+impl Drop for StateDirLock {
+    fn drop(&mut self) {
+        // Released now, even while a process being started holds a copy of the
+        // descriptor (see the module's documentation).
+        if let Err(err) = self.file.unlock() {
+            tracing::warn!("cannot unlock the state dir: {err}");
+        }
+    }
 }
 
 impl StateDirLock {
@@ -66,15 +83,17 @@ impl StateDirLock {
             }
             Err(TryLockError::Error(source)) => return Err(io_error(source)),
         }
-        // Ours now: say who holds it, for the next hub that tries.
-        file.set_len(0).map_err(io_error)?;
-        file.rewind().map_err(io_error)?;
-        writeln!(file, "{}", std::process::id()).map_err(io_error)?;
-        Ok(StateDirLock { _file: file })
+        // Ours now (and released again if what follows fails): say who holds it, for
+        // the next hub that tries.
+        let mut lock = StateDirLock { file };
+        lock.file.set_len(0).map_err(io_error)?;
+        lock.file.rewind().map_err(io_error)?;
+        writeln!(lock.file, "{}", std::process::id()).map_err(io_error)?;
+        Ok(lock)
     }
 }
 
-/// Whether the lock file exists but nobody holds it (for tests and diagnostics).
+/// Whether a hub holds the lock on `state_dir` (for tests and diagnostics).
 pub fn is_held(state_dir: &Path) -> io::Result<bool> {
     let file = match File::open(state_dir.join(LOCK_FILE)) {
         Ok(file) => file,
@@ -82,7 +101,8 @@ pub fn is_held(state_dir: &Path) -> io::Result<bool> {
         Err(err) => return Err(err),
     };
     match file.try_lock_shared() {
-        Ok(()) => Ok(false),
+        // Unlocked before the file closes, for the same reason as a StateDirLock.
+        Ok(()) => file.unlock().map(|()| false),
         Err(TryLockError::WouldBlock) => Ok(true),
         Err(TryLockError::Error(err)) => Err(err),
     }
@@ -109,5 +129,25 @@ mod tests {
         let _again = StateDirLock::acquire(dir.path()).expect("free again");
         let text = std::fs::read_to_string(dir.path().join(LOCK_FILE)).expect("read");
         assert_eq!(text.trim(), std::process::id().to_string());
+    }
+
+    /// A process started while the lock is held keeps a copy of its descriptor until
+    /// its exec; a process given the descriptor as its stdin keeps one as long as it
+    /// runs, which makes that moment last. The lock is free as soon as it is dropped.
+    #[test]
+    fn a_dropped_lock_is_free_at_once_while_another_process_holds_its_descriptor() {
+        let dir = tempfile::tempdir().expect("dir");
+        let lock = StateDirLock::acquire(dir.path()).expect("lock");
+        let copy = lock.file.try_clone().expect("copy of the descriptor");
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .stdin(copy)
+            .spawn()
+            .expect("sleep runs");
+        drop(lock);
+        let again = StateDirLock::acquire(dir.path());
+        let _ = child.kill();
+        let _ = child.wait();
+        again.expect("free at once");
     }
 }

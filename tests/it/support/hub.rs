@@ -165,20 +165,6 @@ impl Running {
             .with_test_writer()
             .try_init();
         let state_dir = config.state_dir.clone();
-        // A hub restarted in this process has twice found its state dir's lock still
-        // held after the hub before it had stopped (rollout_e2e, in full runs only;
-        // the cause is not known): wait for it, up to 20 s, so the test says whether
-        // the restart itself works.
-        if state_dir.exists() {
-            for _ in 0..200 {
-                match flotilla_hub::lock::StateDirLock::acquire(&state_dir) {
-                    Err(flotilla_hub::lock::LockError::Held { .. }) => {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                    _ => break,
-                }
-            }
-        }
         let hub = Hub::start(config).await.expect("hub starts");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -216,13 +202,16 @@ impl Running {
         format!("{}{path}", self.base)
     }
 
-    /// Asks the hub to shut down and waits until it has.
+    /// Asks the hub to shut down and waits until it has; by then its state dir's lock
+    /// is free, so a hub can start on it again at once.
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
         if let Some(task) = self.task.take() {
             task.await.expect("hub task").expect("hub stops cleanly");
+            flotilla_hub::lock::StateDirLock::acquire(&self.state_dir)
+                .expect("a stopped hub leaves its state dir's lock free");
         }
     }
 
