@@ -27,7 +27,7 @@ use sha2::{Digest as _, Sha256};
 use flotilla_core::snapshot::FleetSnapshot;
 
 use crate::load::{Cluster, Fleet};
-use crate::{overlay_selects, targeted_workloads};
+use crate::select::{overlay_selects, targeted_workloads};
 
 /// A sha256 digest of some of what a bundle is made from.
 pub type InputDigest = [u8; 32];

@@ -1,0 +1,400 @@
+//! Phase 3 of a pass, per cluster: its units' resources and its own outputs
+//! gathered, sorted by identity (each identity ranked once for every cluster),
+//! checked for duplicates, merged with the previous bundle's for a cluster rendered
+//! in part, and hashed; then the render's output collected from the bundles.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use flotilla_core::bundle::{Bundle, Resource, ResourceKey};
+use flotilla_core::diagnostic::Diagnostic;
+use flotilla_core::snapshot::FleetSnapshot;
+
+use super::plan::{Plan, Written};
+use super::since::Job;
+use super::stop::Stop;
+use super::units::{
+    SourcedResource, StencilSlots, UnitContext, UnitGroup, UnitKey, UnitResult, fill,
+    matched_pairs, render_output,
+};
+use super::warnings::fold_cluster_repeats;
+use crate::load::{Cluster, Fleet};
+use crate::scope::CustomScopes;
+use crate::stencil::StencilUnit;
+use crate::{ClusterProvenance, RenderOutput};
+
+/// One cluster's bundle and where its parts came from, or its errors.
+pub(super) type Assembled = Result<(Bundle, ClusterProvenance), Vec<Diagnostic>>;
+
+/// Every distinct resource identity gets its rank in bundle order once, so that per
+/// cluster, sorting and the duplicate check compare integers, not strings.
+pub(super) struct Ranks<'r> {
+    /// The rank of each identity rendered by a unit or a stencil.
+    pub(super) of_key: HashMap<&'r ResourceKey, u32, foldhash::fast::RandomState>,
+    /// Per unit, the rank of each of its resources.
+    pub(super) units: Vec<Vec<u32>>,
+    /// Per stencil slot, the rank of each of its resources.
+    pub(super) stencils: Vec<Vec<u32>>,
+}
+
+impl<'r> Ranks<'r> {
+    pub(super) fn of(rendered: &'r [UnitResult], stencils: &'r [Option<StencilUnit>]) -> Ranks<'r> {
+        // Distinct first: with per-cluster templates every cluster renders the same
+        // identities, and sorting a million of them compared strings for a tenth of
+        // the render.
+        let unit_keys = rendered
+            .iter()
+            .flatten()
+            .flatten()
+            .map(|r| &*r.resource.key);
+        let stencil_keys = stencils
+            .iter()
+            .flatten()
+            .flat_map(|s| &s.resources)
+            .map(|r| &*r.key);
+        let mut of_key: HashMap<&ResourceKey, u32, foldhash::fast::RandomState> =
+            unit_keys.chain(stencil_keys).map(|key| (key, 0)).collect();
+        let mut keys: Vec<&ResourceKey> = of_key.keys().copied().collect();
+        keys.sort_unstable();
+        for (rank, key) in keys.into_iter().enumerate() {
+            of_key.insert(key, rank as u32);
+        }
+        let units = rendered
+            .par_iter()
+            .map(|unit| match unit {
+                Ok(rendered) => rendered.iter().map(|r| of_key[&*r.resource.key]).collect(),
+                Err(_) => Vec::new(),
+            })
+            .collect();
+        let stencils = stencils
+            .iter()
+            .map(|stencil| match stencil {
+                Some(stencil) => stencil.resources.iter().map(|r| of_key[&*r.key]).collect(),
+                None => Vec::new(),
+            })
+            .collect();
+        Ranks {
+            of_key,
+            units,
+            stencils,
+        }
+    }
+}
+
+/// What phase 2 rendered: per unit, its key, resources, their ranks and the
+/// (overlay, patch) pairs that matched; each overlay's file; and what filling in a
+/// cluster's own outputs needs.
+pub(super) struct UnitsDone<'a> {
+    pub(super) keys: &'a [UnitKey],
+    pub(super) groups: &'a [UnitGroup],
+    pub(super) rendered: &'a [UnitResult],
+    pub(super) ranks: &'a Ranks<'a>,
+    pub(super) matched: &'a [Vec<(usize, usize)>],
+    pub(super) overlay_files: &'a [Arc<str>],
+    pub(super) slots: &'a StencilSlots,
+    pub(super) stencils: &'a [Option<StencilUnit>],
+    pub(super) scope_table: &'a [CustomScopes],
+    pub(super) context: &'a UnitContext<'a>,
+}
+
+/// What assembling one cluster gave, and what rendering its own outputs found: the
+/// errors (for the cluster and workload) and the (overlay, patch) pairs that
+/// matched.
+pub(super) struct ClusterDone {
+    pub(super) assembled: Assembled,
+    pub(super) errors: Vec<Diagnostic>,
+    pub(super) matched: Vec<(usize, usize)>,
+}
+
+impl Default for ClusterDone {
+    /// Nothing assembled, as for a render that stopped.
+    fn default() -> ClusterDone {
+        ClusterDone {
+            assembled: Err(Vec::new()),
+            errors: Vec::new(),
+            matched: Vec::new(),
+        }
+    }
+}
+
+/// A resource of a cluster with its rank (`u32::MAX` when its identity has none:
+/// it came from an output rendered as text in assembly) and the workload it came
+/// from.
+type Ranked<'a> = (u32, &'a SourcedResource, usize);
+
+/// One cluster's bundle from its units and its own outputs (filled in from their
+/// stencils, or rendered from their text when a stencil does not take them), sorted
+/// and checked for duplicate identities, with where its parts came from. A cluster
+/// rendered in part keeps its previous bundle's resources of the other workloads;
+/// `None` when a resource of its changed workloads has the identity of one of those
+/// (rendered whole, the error names both).
+pub(super) fn assemble(
+    fleet: &Fleet,
+    (cluster, job, custom_scopes): (&Cluster, &Job<'_>, bool),
+    (unit_list, plans, plan_groups): (&[usize], &[Plan], &[usize]),
+    units: &UnitsDone<'_>,
+    stop: &Stop<'_>,
+) -> Option<ClusterDone> {
+    let position = |workload: usize| -> u32 {
+        let found = job.targeted.binary_search(&workload);
+        found.map_or(u32::MAX, |p| p as u32)
+    };
+    let mut done = ClusterDone::default();
+    // The cluster's own outputs first, so that the list below can borrow them.
+    let mut own: Vec<(u32, SourcedResource, usize)> = Vec::new();
+    let mut patch_matches = Vec::new();
+    for (plan, &group) in plans.iter().zip(plan_groups) {
+        let first = done.matched.len();
+        for (template, values) in &plan.filled {
+            let slot = units.slots.of(group, *template);
+            let stencil = slot.and_then(|slot| units.stencils[slot].as_ref());
+            let shape = units.context.shapes[*template].as_ref();
+            if let (Some(slot), Some(stencil), Some(shape)) = (slot, stencil, shape)
+                && let Some(filled) = fill(stencil, shape, values, units.context.max_resource_bytes)
+            {
+                let ranks = &units.ranks.stencils[slot];
+                own.extend(
+                    ranks
+                        .iter()
+                        .zip(filled)
+                        .map(|(&rank, item)| (rank, item, plan.workload)),
+                );
+                done.matched
+                    .extend(matched_pairs(&units.groups[group], &stencil.matched));
+                continue;
+            }
+            // Not filled in: rendered from its text, as a unit would.
+            let file = units.context.template_paths[*template].as_str();
+            let group_of = &units.groups[group];
+            let scopes = &units.scope_table[group_of.scope];
+            let written = Written::Values(values.clone());
+            let (result, matched) = stop.run(file, || {
+                render_output(
+                    units.context,
+                    (group_of, scopes),
+                    (*template, &written),
+                    None,
+                )
+            })?;
+            done.matched.extend(matched);
+            match result {
+                Ok(rendered) => own.extend(rendered.into_iter().map(|item| {
+                    let rank = units.ranks.of_key.get(&*item.resource.key);
+                    (rank.copied().unwrap_or(u32::MAX), item, plan.workload)
+                })),
+                Err(errors) => done.errors.extend(errors.into_iter().map(|diagnostic| {
+                    diagnostic
+                        .for_cluster(&cluster.name)
+                        .for_workload(&fleet.workloads[plan.workload].name)
+                })),
+            }
+        }
+        patch_matches.extend(done.matched[first..].iter().map(|&(o, p)| {
+            (
+                units.overlay_files[o].clone(),
+                p as u32,
+                position(plan.workload),
+            )
+        }));
+    }
+    let mut ranked: Vec<Ranked<'_>> = Vec::new();
+    for &unit in unit_list {
+        let workload = units.groups[units.keys[unit].group].workload;
+        patch_matches.extend(
+            units.matched[unit]
+                .iter()
+                .map(|&(o, p)| (units.overlay_files[o].clone(), p as u32, position(workload))),
+        );
+        let Ok(rendered) = &units.rendered[unit] else {
+            continue;
+        };
+        ranked.extend(
+            units.ranks.units[unit]
+                .iter()
+                .zip(rendered)
+                .map(|(&rank, item)| (rank, item, workload)),
+        );
+    }
+    ranked.extend(
+        own.iter()
+            .map(|(rank, item, workload)| (*rank, item, *workload)),
+    );
+    // A stable sort keeps equal identities in workload order, so the duplicate is
+    // reported at the later one.
+    let ranked_all = ranked.iter().all(|(rank, _, _)| *rank != u32::MAX);
+    if ranked_all {
+        ranked.sort_by_key(|(rank, _, _)| *rank);
+    } else {
+        ranked.sort_by(|a, b| a.1.resource.key.cmp(&b.1.resource.key));
+    }
+    let mut errors = Vec::new();
+    // A resource two workloads carry byte for byte (the same CRD shipped by two
+    // charts) is kept once, with a warning.
+    let mut repeated = vec![false; ranked.len()];
+    for (index, pair) in ranked.windows(2).enumerate() {
+        let ((rank, first, first_workload), (next_rank, item, workload)) = (pair[0], pair[1]);
+        let same = if ranked_all {
+            rank == next_rank
+        } else {
+            first.resource.key == item.resource.key
+        };
+        if same && workload != first_workload && first.resource.canonical == item.resource.canonical
+        {
+            repeated[index + 1] = true;
+            done.errors.push(
+                Diagnostic::warning(format!(
+                    "{} is defined by two workloads, {} and {}, byte for byte the same: it is kept once",
+                    item.resource.key,
+                    fleet.workloads[first_workload].name,
+                    fleet.workloads[workload].name,
+                ))
+                .in_file(&*item.file)
+                .at_line(Some(item.line))
+                .for_cluster(&cluster.name),
+            );
+        } else if same {
+            errors.push(
+                Diagnostic::error(format!(
+                    "{} is defined twice for this cluster: here (workload {}) and at {}:{} (workload {})",
+                    item.resource.key,
+                    fleet.workloads[workload].name,
+                    first.file,
+                    first.line,
+                    fleet.workloads[first_workload].name
+                ))
+                .in_file(&*item.file)
+                .at_line(Some(item.line))
+                .for_cluster(&cluster.name),
+            );
+        }
+    }
+    if !errors.is_empty() {
+        done.assembled = match job.only {
+            Some(_) => return None,
+            None => Err(errors),
+        };
+        return Some(done);
+    }
+    let fresh = ranked
+        .into_iter()
+        .zip(repeated)
+        .filter(|(_, repeated)| !repeated)
+        .map(|((_, item, workload), _)| (item.resource.clone(), position(workload)));
+    let (resources, resource_workloads): (Vec<Arc<Resource>>, Vec<u32>) = match job.only {
+        None => fresh.unzip(),
+        Some((changed, previous, kept)) => {
+            let is_changed = |w: u32| changed.contains(&(w as usize));
+            patch_matches.extend(
+                kept.patch_matches
+                    .iter()
+                    .filter(|(_, _, w)| !is_changed(*w))
+                    .cloned(),
+            );
+            let old = previous
+                .resources
+                .iter()
+                .zip(kept.resource_workloads.iter())
+                .filter(|(_, w)| !is_changed(**w))
+                .map(|(r, &w)| (r.clone(), w));
+            merge_by_key(old, fresh)?
+        }
+    };
+    patch_matches.sort();
+    patch_matches.dedup();
+    done.assembled = Ok((
+        Bundle::from_sorted(cluster.name.clone(), resources),
+        ClusterProvenance {
+            resource_workloads: resource_workloads.into(),
+            patch_matches: patch_matches.into(),
+            custom_scopes,
+        },
+    ));
+    Some(done)
+}
+
+/// Merges two lists of resources, each in key order, into one; `None` when both
+/// have a key.
+fn merge_by_key(
+    a: impl Iterator<Item = (Arc<Resource>, u32)>,
+    b: impl Iterator<Item = (Arc<Resource>, u32)>,
+) -> Option<(Vec<Arc<Resource>>, Vec<u32>)> {
+    let mut a = a.peekable();
+    let mut b = b.peekable();
+    let mut resources = Vec::new();
+    let mut workloads = Vec::new();
+    loop {
+        let take_a = match (a.peek(), b.peek()) {
+            (None, None) => break,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (Some(x), Some(y)) => match x.0.key.cmp(&y.0.key) {
+                std::cmp::Ordering::Less => true,
+                std::cmp::Ordering::Greater => false,
+                std::cmp::Ordering::Equal => return None,
+            },
+        };
+        let (resource, workload) = if take_a { a.next() } else { b.next() }?;
+        resources.push(resource);
+        workloads.push(workload);
+    }
+    Some((resources, workloads))
+}
+
+/// The bundles of clusters that rendered without error and the bundles `kept` from
+/// a previous render, every cluster's group memberships and labels, and every
+/// diagnostic. An error that belongs to no single cluster leaves no bundle.
+pub(super) fn collect_output<'c>(
+    snapshot: &FleetSnapshot,
+    fleet: &Fleet,
+    (clusters, memberships): (&[&Cluster], &[Vec<usize>]),
+    assembled: impl Iterator<Item = (&'c Cluster, Result<Bundle, Vec<Diagnostic>>)>,
+    kept: Vec<Bundle>,
+    mut diagnostics: Vec<Diagnostic>,
+) -> RenderOutput {
+    let mut output = RenderOutput {
+        revision: snapshot.revision.clone(),
+        ..RenderOutput::default()
+    };
+    // Owned names, because `diagnostics` grows in the loop below.
+    let failed: BTreeSet<String> = diagnostics
+        .iter()
+        .filter(|d| d.is_error())
+        .filter_map(|d| d.cluster.clone())
+        .collect();
+    for bundle in kept {
+        output.bundles.insert(bundle.cluster.clone(), bundle);
+    }
+    for (cluster, result) in assembled {
+        match result {
+            Ok(bundle) if !failed.contains(&cluster.name) => {
+                output.bundles.insert(cluster.name.clone(), bundle);
+            }
+            Ok(_) => {}
+            Err(cluster_diagnostics) => diagnostics.extend(cluster_diagnostics),
+        }
+    }
+    for (cluster, groups) in clusters.iter().zip(memberships) {
+        output.memberships.insert(
+            cluster.name.clone(),
+            groups
+                .iter()
+                .map(|&g| fleet.groups[g].name.clone())
+                .collect(),
+        );
+        output
+            .labels
+            .insert(cluster.name.clone(), cluster.labels.clone());
+    }
+    // An error that belongs to no single cluster (a broken overlay or group file,
+    // say) may have changed what every cluster gets, so no bundle is trustworthy.
+    if diagnostics
+        .iter()
+        .any(|d| d.is_error() && d.cluster.is_none())
+    {
+        output.bundles.clear();
+    }
+    output.diagnostics = fold_cluster_repeats(diagnostics);
+    output
+}

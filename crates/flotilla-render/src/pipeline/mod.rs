@@ -1,0 +1,378 @@
+//! The render behind [`crate::render_with`] and [`crate::render_since`]: the fleet
+//! loaded and its templates compiled, the clusters selected, the clusters (or
+//! workloads) to render again chosen ([`since`]), passes over them ([`pass`]) until
+//! one completes, and the output collected with the fleet's warnings
+//! ([`warnings`]). Every step asks [`stop`] whether to go on.
+//!
+//! - `stop` — the render's deadline and cancel flag.
+//! - `since` — how much of each cluster a previous render leaves to render again.
+//! - `pass` — one pass over some clusters: `plan` (phase 1, per cluster), `units`
+//!   (phase 2, every distinct unit of work once) and `assemble` (phase 3, per
+//!   cluster, and the render's output).
+//! - `warnings` — empty selections, unmatched patches, repeats folded.
+
+mod assemble;
+mod pass;
+mod plan;
+mod since;
+mod stop;
+mod units;
+mod warnings;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use flotilla_core::bundle::Bundle;
+use flotilla_core::diagnostic::Diagnostic;
+use flotilla_core::snapshot::FleetSnapshot;
+
+use assemble::collect_output;
+use pass::{Passed, Shared, render_clusters};
+use since::{Job, Redo, redo_since};
+use stop::Stop;
+use warnings::{unmatched_patches, unmatched_patches_since, warn_about_empty_selections};
+
+use crate::inputs::{self, ClusterInputs};
+use crate::load::{self, Cluster};
+use crate::patch::PatchLimits;
+use crate::select::{select_clusters, targeted_workloads};
+use crate::shape::Shape;
+use crate::template::Templates;
+use crate::{FetchBundles, PatchMatches, Provenance, RenderOptions, RenderOutput};
+use crate::{helm, release, rollouts};
+
+/// What rendering a fleet's Helm workloads needs: the releases made so far, the
+/// seed and time, and per workload the index of its release's output among the
+/// render's template paths (after every `.j2` template's).
+struct HelmContext<'a> {
+    cache: release::ReleaseCache,
+    settings: release::ReleaseSettings<'a>,
+    release_template: Vec<Option<usize>>,
+}
+
+pub(crate) fn render_inner(
+    snapshot: &FleetSnapshot,
+    options: &RenderOptions<'_>,
+    (previous, parsed): (Option<&RenderOutput>, Option<&load::ParsedClusters>),
+    fetch: &mut FetchBundles<'_>,
+) -> RenderOutput {
+    let stop = Stop::new(options);
+    let limits = &options.limits;
+    let patch_limits = PatchLimits {
+        max_bytes: limits.max_resource_bytes,
+        ..PatchLimits::default()
+    };
+    let mut diagnostics = snapshot.problems.clone();
+    let (fleet, parsed) = load::load_reusing(snapshot, &mut diagnostics, parsed);
+    let mut template_paths: Vec<&String> =
+        fleet.workloads.iter().flat_map(|w| &w.templates).collect();
+    // Helm values files that are templates are compiled with the manifests'.
+    let values_templates = fleet
+        .workloads
+        .iter()
+        .filter_map(|w| w.helm.as_deref())
+        .flat_map(|r| &r.values_files)
+        .filter_map(|file| match file {
+            release::ValuesFile::Template { path } => Some(path),
+            release::ValuesFile::Static { .. } => None,
+        });
+    let templates = Templates::compile_with(
+        snapshot,
+        template_paths.iter().copied().chain(values_templates),
+        limits,
+        &mut diagnostics,
+    );
+    // Each template's shape, read once: most outputs are then read without parsing.
+    let mut shapes: Vec<Option<Shape>> = template_paths
+        .par_iter()
+        .map(|path| {
+            snapshot
+                .files
+                .get(*path)
+                .and_then(|source| Shape::of_template(source))
+        })
+        .collect();
+    // Each Helm release's output is one more "template", named by its chart.
+    let release_template: Vec<Option<usize>> = fleet
+        .workloads
+        .iter()
+        .map(|w| {
+            let release = w.helm.as_deref()?;
+            template_paths.push(&release.chart_path);
+            shapes.push(None);
+            Some(template_paths.len() - 1)
+        })
+        .collect();
+    let helm = HelmContext {
+        cache: release::ReleaseCache::default(),
+        settings: release::ReleaseSettings {
+            seed: options.helm_seed.as_ref().unwrap_or(&release::PUBLIC_SEED),
+            now: release::DEFAULT_NOW,
+            budget: helm::gotmpl::Budget {
+                max_output: limits.max_template_output_bytes,
+                ..helm::gotmpl::Budget::default()
+            },
+        },
+        release_template,
+    };
+    let first_template: Vec<usize> = fleet
+        .workloads
+        .iter()
+        .scan(0, |next, workload| {
+            let first = *next;
+            *next += workload.templates.len();
+            Some(first)
+        })
+        .collect();
+    let valued: Vec<bool> = shapes
+        .iter()
+        .map(|shape| shape.as_ref().is_some_and(|s| !s.may_define_crd()))
+        .collect();
+    if stop.now() {
+        return stop.abandoned(snapshot, diagnostics);
+    }
+    let (clusters, memberships) = select_clusters(&fleet, options, &mut diagnostics);
+    // Selections are judged only when every file loaded: with a broken cluster file
+    // "selects no cluster" would be a guess.
+    let judge_selections =
+        options.clusters.is_empty() && !diagnostics.iter().any(Diagnostic::is_error);
+    if judge_selections {
+        warn_about_empty_selections(&fleet, &clusters, &memberships, &mut diagnostics);
+    }
+    let rollout_plan = rollouts::plan(&fleet, &mut diagnostics, judge_selections);
+    let (inputs, found) = if options.clusters.is_empty() {
+        inputs::of_fleet(snapshot, &fleet, &clusters, &memberships)
+    } else {
+        let targeted = clusters
+            .iter()
+            .zip(&memberships)
+            .map(|(cluster, groups)| targeted_workloads(&fleet, cluster, groups))
+            .collect();
+        let found = inputs::Found {
+            targeted,
+            selecting: Vec::new(),
+        };
+        (ClusterInputs::default(), found)
+    };
+    let targeted = &found.targeted;
+    let shared = Shared {
+        fleet: &fleet,
+        templates: &templates,
+        template_paths: &template_paths,
+        shapes: &shapes,
+        valued: &valued,
+        first_template: &first_template,
+        patch_limits: &patch_limits,
+        limits,
+        stop: &stop,
+        progress: options.progress,
+        digests_only: options.digests_only,
+        helm: &helm,
+    };
+
+    // With a previous render, only the clusters whose inputs changed, and of those
+    // only the changed workloads where that is sound. A problem of one cluster is
+    // reported with how many clusters share it, which needs them all: then every
+    // cluster is rendered.
+    let mut redo: Vec<Redo> = clusters
+        .iter()
+        .map(|cluster| match previous {
+            Some(previous) => redo_since(previous, &cluster.name, &inputs.clusters[&cluster.name]),
+            None => Redo::All,
+        })
+        .collect();
+    // The previous bundles of the clusters rendered in part, asked for once; without
+    // them those clusters are rendered whole.
+    let partial_names: Vec<String> = (0..clusters.len())
+        .filter(|&i| matches!(redo[i], Redo::Workloads(_)))
+        .map(|i| clusters[i].name.clone())
+        .collect();
+    let mut fetched: BTreeMap<String, Bundle> = BTreeMap::new();
+    if let Some(previous) = previous
+        && !partial_names.is_empty()
+    {
+        if let Some(bundles) = fetch(&partial_names)
+            && bundles.len() == partial_names.len()
+        {
+            // Only a bundle that is the previous one (by digest) is merged with.
+            fetched = partial_names
+                .into_iter()
+                .zip(bundles)
+                .filter(|(name, bundle)| previous.bundles[name].digest == bundle.digest)
+                .collect();
+        }
+        for (i, cluster) in clusters.iter().enumerate() {
+            if matches!(redo[i], Redo::Workloads(_)) && !fetched.contains_key(&cluster.name) {
+                redo[i] = Redo::All;
+            }
+        }
+    }
+    let (chosen, pass, whole) = loop {
+        let chosen: Vec<usize> = (0..clusters.len())
+            .filter(|&i| redo[i] != Redo::Nothing)
+            .collect();
+        let some_clusters: Vec<&Cluster> = chosen.iter().map(|&i| clusters[i]).collect();
+        let some_memberships: Vec<Vec<usize>> =
+            chosen.iter().map(|&i| memberships[i].clone()).collect();
+        let jobs: Vec<Job<'_>> = chosen
+            .iter()
+            .map(|&i| Job {
+                targeted: &targeted[i],
+                only: match (&redo[i], previous) {
+                    (Redo::Workloads(only), Some(previous)) => Some((
+                        only.as_slice(),
+                        &fetched[&clusters[i].name],
+                        &previous.provenance.clusters[&clusters[i].name],
+                    )),
+                    _ => None,
+                },
+            })
+            .collect();
+        let whole = redo.iter().all(|r| *r == Redo::All);
+        match render_clusters(&shared, &some_clusters, &some_memberships, &jobs) {
+            Passed::Stopped => return stop.abandoned(snapshot, diagnostics),
+            Passed::Widen(positions) => {
+                for position in positions {
+                    redo[chosen[position]] = Redo::All;
+                }
+            }
+            Passed::Done(pass) if !whole && pass.has_cluster_problems() => {
+                redo.fill(Redo::All);
+            }
+            Passed::Done(pass) => break (chosen, pass, whole),
+        }
+    };
+    let judge_patches = options.clusters.is_empty()
+        && !diagnostics
+            .iter()
+            .chain(&pass.diagnostics)
+            .any(Diagnostic::is_error);
+    let rendered: Vec<&Cluster> = chosen.iter().map(|&i| clusters[i]).collect();
+    let mut kept = Vec::new();
+    let mut provenance = Provenance::default();
+    let mut assembled = Vec::with_capacity(pass.assembled.len());
+    // Clusters whose resources came from the same workloads in the same order share
+    // one list.
+    let mut lists: HashSet<Arc<[u32]>, foldhash::fast::RandomState> = HashSet::default();
+    let mut matches: HashSet<PatchMatches, foldhash::fast::RandomState> = HashSet::default();
+    for (cluster, result) in rendered.iter().zip(pass.assembled) {
+        assembled.push(result.map(|(bundle, mut found)| {
+            if !inputs.is_empty() {
+                found.resource_workloads = interned(&mut lists, found.resource_workloads);
+                found.patch_matches = interned(&mut matches, found.patch_matches);
+                provenance.clusters.insert(cluster.name.clone(), found);
+            }
+            bundle
+        }));
+    }
+    if let Some(previous) = previous {
+        for i in (0..clusters.len()).filter(|&i| redo[i] == Redo::Nothing) {
+            let name = &clusters[i].name;
+            kept.push(previous.bundles[name].clone());
+            provenance
+                .clusters
+                .insert(name.clone(), previous.provenance.clusters[name].clone());
+        }
+    }
+    let patch_warnings = match previous {
+        _ if !judge_patches => Vec::new(),
+        Some(_) if !whole => unmatched_patches_since(
+            &fleet,
+            (&clusters, targeted, &found.selecting),
+            &redo,
+            &pass.used_overlays,
+            &provenance,
+        ),
+        _ => unmatched_patches(&fleet, &pass.used_overlays, &pass.matched),
+    };
+    diagnostics.extend(pass.diagnostics);
+    diagnostics.extend(patch_warnings);
+    diagnostics.extend(helm.cache.take_warnings());
+    let generated_from_public_seed = options.helm_seed.is_none() && helm.cache.generated_any();
+    if generated_from_public_seed {
+        diagnostics.push(Diagnostic::warning(
+            "a Helm chart generated values (randAlphaNum, genCA, ...) from flotilla's public seed: anyone can compute them; the hub uses its own secret seed",
+        ));
+    }
+    let mut output = collect_output(
+        snapshot,
+        &fleet,
+        (&clusters, &memberships),
+        rendered.into_iter().zip(assembled),
+        kept,
+        diagnostics,
+    );
+    output.rollouts = rollout_plan;
+    output.generated_from_public_seed = generated_from_public_seed;
+    output.charts = fleet
+        .workloads
+        .iter()
+        .filter_map(|w| {
+            let release = w.helm.as_deref()?;
+            let chart = release.chart.as_ref()?.chart();
+            Some((
+                w.name.clone(),
+                format!(
+                    "{} {} ({})",
+                    chart.metadata.name, chart.metadata.version, release.chart_path
+                ),
+            ))
+        })
+        .collect();
+    if options.clusters.is_empty() {
+        output.parsed = Some(Arc::new(parsed));
+    }
+    provenance.inputs = inputs;
+    // A cluster whose bundle `collect_output` dropped has no provenance either.
+    provenance
+        .clusters
+        .retain(|name, _| output.bundles.contains_key(name));
+    output.provenance = provenance;
+    output
+}
+
+/// The list in `lists` equal to `list` (added if there is none).
+fn interned<T: Eq + std::hash::Hash + ?Sized>(
+    lists: &mut HashSet<Arc<T>, foldhash::fast::RandomState>,
+    list: Arc<T>,
+) -> Arc<T> {
+    match lists.get(&list) {
+        Some(known) => known.clone(),
+        None => {
+            lists.insert(list.clone());
+            list
+        }
+    }
+}
+
+/// Assigns dense ids to distinct keys in the order they are first seen. Keys can be
+/// whole template outputs, so the hash is a fast one (foldhash, seeded at random, as
+/// the keys come from the fleet's authors); SipHash was a tenth of a templated
+/// fleet's render.
+struct Interner<K> {
+    ids: HashMap<K, usize, foldhash::fast::RandomState>,
+}
+
+impl<K: std::hash::Hash + Eq + Clone + Default> Interner<K> {
+    fn new() -> Self {
+        Interner {
+            ids: HashMap::default(),
+        }
+    }
+
+    fn intern(&mut self, key: K) -> usize {
+        let next = self.ids.len();
+        *self.ids.entry(key).or_insert(next)
+    }
+
+    /// The distinct keys, indexed by their ids.
+    fn into_table(self) -> Vec<K> {
+        let mut table = vec![K::default(); self.ids.len()];
+        for (key, id) in self.ids {
+            table[id] = key;
+        }
+        table
+    }
+}

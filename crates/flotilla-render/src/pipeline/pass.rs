@@ -1,0 +1,340 @@
+//! One pass over some clusters, in three phases: plan each cluster ([`plan`]: its
+//! workloads, overlays and template outputs), render every distinct unit of work once
+//! ([`units`]), and assemble each cluster's bundle ([`assemble`]). A pass gives up
+//! when the render should stop, and asks for a cluster rendered in part to be
+//! rendered whole when its changed workloads reach the others.
+//!
+//! [`plan`]: super::plan
+//! [`units`]: super::units
+//! [`assemble`]: super::assemble
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use rayon::prelude::*;
+
+use flotilla_core::diagnostic::Diagnostic;
+use flotilla_core::limits::Limits;
+
+use super::HelmContext;
+use super::assemble::{Assembled, ClusterDone, Ranks, UnitsDone, assemble};
+use super::plan::{ClusterPlan, Compiled, Written, intern_outputs, plan_cluster};
+use super::since::Job;
+use super::stop::Stop;
+use super::units::{
+    OutputTexts, StencilSlots, UnitContext, UnitResult, custom_scopes, plan_units, render_unit,
+    report_unit_errors, scopes_defined_by,
+};
+use crate::load::{Cluster, Fleet, Overlay};
+use crate::patch::PatchLimits;
+use crate::scope::{self, CustomScopes};
+use crate::shape::Shape;
+use crate::stencil::{self, StencilUnit};
+use crate::template::{self, Templates, WorkloadContext};
+
+/// Everything a render shares between its clusters.
+pub(super) struct Shared<'a> {
+    pub(super) fleet: &'a Fleet,
+    pub(super) templates: &'a Templates,
+    pub(super) template_paths: &'a [&'a String],
+    pub(super) shapes: &'a [Option<Shape>],
+    /// Per template, whether its outputs are read as the values in its shape's
+    /// holes (it has a shape, and no output of it could be a CRD).
+    pub(super) valued: &'a [bool],
+    /// Per workload, the index of its first template in `template_paths`.
+    pub(super) first_template: &'a [usize],
+    pub(super) patch_limits: &'a PatchLimits,
+    pub(super) limits: &'a Limits,
+    pub(super) stop: &'a Stop<'a>,
+    pub(super) progress: Option<&'a (dyn Fn(usize, usize) + Sync)>,
+    pub(super) digests_only: bool,
+    pub(super) helm: &'a HelmContext<'a>,
+}
+
+/// What rendering some clusters gave.
+pub(super) struct Pass {
+    /// Per cluster rendered, what assembling it gave.
+    pub(super) assembled: Vec<Assembled>,
+    /// Errors of template renders and units, each for its cluster.
+    pub(super) diagnostics: Vec<Diagnostic>,
+    /// The overlays some unit used, and the (overlay, patch) pairs that matched.
+    pub(super) used_overlays: BTreeSet<usize>,
+    pub(super) matched: BTreeSet<(usize, usize)>,
+}
+
+impl Pass {
+    /// Whether any problem belongs to one cluster: its message then counts the
+    /// clusters that share it, which only a render of all of them can do.
+    pub(super) fn has_cluster_problems(&self) -> bool {
+        self.diagnostics.iter().any(|d| d.cluster.is_some())
+            || self.assembled.iter().any(Result::is_err)
+    }
+}
+
+/// What a pass over some clusters came to.
+pub(super) enum Passed {
+    Done(Pass),
+    /// These clusters (positions in the pass) were rendered in part, and their
+    /// changed workloads brought a custom scope or a resource another workload
+    /// has: render them whole.
+    Widen(Vec<usize>),
+    Stopped,
+}
+
+/// Renders `clusters` (with the groups each belongs to), each as its job says.
+pub(super) fn render_clusters(
+    shared: &Shared<'_>,
+    clusters: &[&Cluster],
+    memberships: &[Vec<usize>],
+    jobs: &[Job<'_>],
+) -> Passed {
+    let Shared {
+        fleet,
+        templates,
+        template_paths,
+        shapes,
+        valued,
+        first_template,
+        patch_limits,
+        limits,
+        stop,
+        progress,
+        digests_only,
+        helm,
+    } = *shared;
+    let mut diagnostics = Vec::new();
+    let templates = Compiled {
+        engine: templates,
+        handles: template_paths
+            .iter()
+            .map(|path| templates.template(path))
+            .collect(),
+        workloads: fleet
+            .workloads
+            .iter()
+            .map(|workload| {
+                template::value_of(&WorkloadContext {
+                    name: &workload.name,
+                    namespace: workload.namespace.as_deref(),
+                })
+            })
+            .collect(),
+    };
+    let templates = &templates;
+    // Phase 1, per cluster: which workloads and overlays apply, and the template
+    // outputs for them; distinct outputs are parsed once each.
+    let cluster_plans: Vec<ClusterPlan> = clusters
+        .par_iter()
+        .zip(memberships.par_iter())
+        .zip(jobs.par_iter())
+        .map(|((cluster, groups), job)| {
+            let only: Option<Vec<usize>> = job
+                .only
+                .map(|(positions, _, _)| positions.iter().map(|&p| job.targeted[p]).collect());
+            plan_cluster(
+                (fleet, templates, shapes, valued, helm),
+                cluster,
+                groups,
+                only.as_deref(),
+                stop,
+            )
+        })
+        .collect();
+    if stop.now() {
+        return Passed::Stopped;
+    }
+    let (plans_per_cluster, outputs) = intern_outputs(cluster_plans, &mut diagnostics);
+    let output_scopes: Vec<CustomScopes> = outputs
+        .par_iter()
+        .map(|(template, written)| match written {
+            Written::Text(text) => scopes_defined_by(template_paths[*template], text),
+            // Its template's kinds are its own text, none a CRD.
+            Written::Values(_) => CustomScopes::new(),
+            Written::Release(output) => output
+                .documents
+                .iter()
+                .filter_map(|d| scope::cluster_scoped_crd(&d.value))
+                .collect(),
+        })
+        .collect();
+    let (cluster_scope, scope_table) = custom_scopes(fleet, &plans_per_cluster, &output_scopes);
+    // A cluster rendered in part had no custom scope; if its changed workloads
+    // bring one, every workload's resources may change.
+    let widen: Vec<usize> = (0..jobs.len())
+        .filter(|&k| jobs[k].only.is_some() && !scope_table[cluster_scope[k]].is_empty())
+        .collect();
+    if !widen.is_empty() {
+        return Passed::Widen(widen);
+    }
+
+    // Phase 2: every distinct unit of work, rendered once; and the stencils of the
+    // templates read as values, made once per template and unit group.
+    let units = plan_units(&plans_per_cluster, &cluster_scope);
+    let outputs = OutputTexts::new(outputs, &units.keys);
+    let slots = StencilSlots::new(fleet, &units.groups, first_template, valued);
+    let mut wanted = vec![false; slots.keys.len()];
+    for key in &units.keys {
+        if let Some(output) = key.output
+            && let Some(slot) = slots.of(key.group, outputs.templates[output])
+        {
+            wanted[slot] = true;
+        }
+    }
+    for (plans, groups) in plans_per_cluster.iter().zip(&units.plan_groups) {
+        for (plan, &group) in plans.iter().zip(groups) {
+            for (template, _) in &plan.filled {
+                if let Some(slot) = slots.of(group, *template) {
+                    wanted[slot] = true;
+                }
+            }
+        }
+    }
+    let stencils: Vec<Option<StencilUnit>> = slots
+        .keys
+        .par_iter()
+        .zip(wanted.par_iter())
+        .map(|(&(group, template), &wanted)| {
+            if !wanted {
+                return None;
+            }
+            let group = &units.groups[group];
+            let path: Arc<str> = Arc::from(template_paths[template].as_str());
+            let shape = shapes[template].as_ref()?;
+            let overlays: Vec<&Overlay> =
+                group.overlays.iter().map(|&o| &fleet.overlays[o]).collect();
+            let under = stencil::Under {
+                workload: &fleet.workloads[group.workload],
+                overlays: &overlays,
+                scopes: &scope_table[group.scope],
+                limits: patch_limits,
+            };
+            stop.run(&path, || stencil::compile(shape, &path, &under))
+                .flatten()
+        })
+        .collect();
+    if stop.now() {
+        return Passed::Stopped;
+    }
+    let context = UnitContext {
+        fleet,
+        template_paths,
+        shapes,
+        patch_limits,
+        max_resource_bytes: limits.max_resource_bytes,
+    };
+    let (rendered, matched): (Vec<UnitResult>, Vec<Vec<(usize, usize)>>) = units
+        .keys
+        .par_iter()
+        .map(|key| {
+            let group = &units.groups[key.group];
+            let file = match key.output {
+                Some(output) => template_paths[outputs.templates[output]].as_str(),
+                None => fleet.workloads[group.workload].file.as_str(),
+            };
+            stop.run(file, || {
+                let scopes = &scope_table[group.scope];
+                let stencil = key
+                    .output
+                    .and_then(|output| slots.of(key.group, outputs.templates[output]))
+                    .and_then(|slot| stencils[slot].as_ref());
+                render_unit(&context, (group, scopes), (&outputs, key.output), stencil)
+            })
+            .unwrap_or_else(|| (Err(Vec::new()), Vec::new()))
+        })
+        .unzip();
+    drop(outputs);
+    if stop.now() {
+        return Passed::Stopped;
+    }
+    report_unit_errors(fleet, clusters, &units, &rendered, &mut diagnostics);
+    let used_overlays = units
+        .groups
+        .iter()
+        .flat_map(|group| group.overlays.iter().copied())
+        .collect();
+    let ranks = Ranks::of(&rendered, &stencils);
+    let overlay_files: Vec<Arc<str>> = fleet
+        .overlays
+        .iter()
+        .map(|o| Arc::from(o.file.as_str()))
+        .collect();
+    let units_done = UnitsDone {
+        keys: &units.keys,
+        groups: &units.groups,
+        rendered: &rendered,
+        ranks: &ranks,
+        matched: &matched,
+        overlay_files: &overlay_files,
+        slots: &slots,
+        stencils: &stencils,
+        scope_table: &scope_table,
+        context: &context,
+    };
+
+    // Phase 3, per cluster: gather (filling in the outputs of its own), check
+    // identities, sort and hash.
+    let done = AtomicUsize::new(0);
+    let total = clusters.len();
+    let assembled: Vec<Option<ClusterDone>> = clusters
+        .par_iter()
+        .zip(units.per_cluster.par_iter())
+        .zip(jobs.par_iter().zip(cluster_scope.par_iter()))
+        .zip(
+            plans_per_cluster
+                .par_iter()
+                .zip(units.plan_groups.par_iter()),
+        )
+        .map(|(((cluster, unit_list), (job, &scope)), (plans, groups))| {
+            if stop.now() {
+                return Some(ClusterDone::default());
+            }
+            let custom_scopes = !scope_table[scope].is_empty();
+            let mut result = assemble(
+                fleet,
+                (cluster, job, custom_scopes),
+                (unit_list, plans, groups),
+                &units_done,
+                stop,
+            );
+            if digests_only
+                && let Some(ClusterDone {
+                    assembled: Ok((bundle, _)),
+                    ..
+                }) = &mut result
+            {
+                bundle.resources = Vec::new();
+            }
+            let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
+            if let Some(progress) = progress {
+                progress(finished, total);
+            }
+            result
+        })
+        .collect();
+    if stop.now() {
+        return Passed::Stopped;
+    }
+    let widen: Vec<usize> = (0..assembled.len())
+        .filter(|&k| assembled[k].is_none())
+        .collect();
+    if !widen.is_empty() {
+        return Passed::Widen(widen);
+    }
+    let mut matched: BTreeSet<(usize, usize)> = matched.into_iter().flatten().collect();
+    let assembled = assembled
+        .into_iter()
+        .flatten()
+        .map(|done| {
+            diagnostics.extend(done.errors);
+            matched.extend(done.matched);
+            done.assembled
+        })
+        .collect();
+    Passed::Done(Pass {
+        assembled,
+        diagnostics,
+        used_overlays,
+        matched,
+    })
+}
