@@ -50,6 +50,9 @@ struct HelmContext<'a> {
     cache: release::ReleaseCache,
     settings: release::ReleaseSettings<'a>,
     release_template: Vec<Option<usize>>,
+    /// The capabilities of every cluster whose file names no `spec.kubernetes`,
+    /// made once for the render.
+    default_capabilities: helm::render::Capabilities,
 }
 
 pub(crate) fn render_inner(
@@ -116,6 +119,7 @@ pub(crate) fn render_inner(
             },
         },
         release_template,
+        default_capabilities: release::capabilities(None, fleet.settings.kubernetes.as_ref()),
     };
     let first_template: Vec<usize> = fleet
         .workloads

@@ -260,16 +260,20 @@ fn render_release(
     for &overlay in overlays {
         release::merge_values(&mut values, &fleet.overlays[overlay].helm_values);
     }
-    let capabilities = release::capabilities(
-        cluster.kubernetes.as_ref(),
-        fleet.settings.kubernetes.as_ref(),
-    );
+    let own;
+    let capabilities = match &cluster.kubernetes {
+        None => &helm.default_capabilities,
+        Some(spec) => {
+            own = release::capabilities(Some(spec), fleet.settings.kubernetes.as_ref());
+            &own
+        }
+    };
     helm.cache.render(
         &helm.settings,
         (&workload.name, release),
         &cluster.name,
         &values,
-        &capabilities,
+        capabilities,
     )
 }
 

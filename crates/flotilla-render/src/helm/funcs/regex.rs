@@ -82,7 +82,32 @@ fn go_pattern(pattern: &str) -> String {
     out
 }
 
+/// Patterns compiled so far on this thread, at most [`COMPILED_KEPT`]: charts call the
+/// same few patterns for every label and image of every release (Bitnami's `common`),
+/// and compiling one costs more than the rest of the call.
+const COMPILED_KEPT: usize = 256;
+
+thread_local! {
+    static COMPILED: std::cell::RefCell<std::collections::HashMap<String, Regex>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
 fn compile(pattern: &str) -> Result<Regex, FuncError> {
+    if let Some(re) = COMPILED.with(|kept| kept.borrow().get(pattern).cloned()) {
+        return Ok(re);
+    }
+    let re = compile_anew(pattern)?;
+    COMPILED.with(|kept| {
+        let mut kept = kept.borrow_mut();
+        if kept.len() >= COMPILED_KEPT {
+            kept.clear();
+        }
+        kept.insert(pattern.to_string(), re.clone());
+    });
+    Ok(re)
+}
+
+fn compile_anew(pattern: &str) -> Result<Regex, FuncError> {
     Regex::new(&go_pattern(pattern)).map_err(|e| {
         let detail = match &e {
             regex::Error::Syntax(text) => text
