@@ -159,17 +159,6 @@ pub struct HelmRelease {
     pub inputs: Vec<String>,
 }
 
-impl HelmRelease {
-    /// `name-version` of the chart, as Helm shows a chart.
-    pub fn chart_label(&self) -> Option<String> {
-        let chart = self.chart.as_ref()?.chart();
-        Some(format!(
-            "{}-{}",
-            chart.metadata.name, chart.metadata.version
-        ))
-    }
-}
-
 /// One of `spec.helm.valuesFiles`.
 #[derive(Debug)]
 pub enum ValuesFile {

@@ -294,12 +294,8 @@ pub(crate) fn render_inner(
     diagnostics.extend(pass.diagnostics);
     diagnostics.extend(patch_warnings);
     diagnostics.extend(helm.cache.take_warnings());
+    // Each template that generated a value from the public seed was warned about.
     let generated_from_public_seed = options.helm_seed.is_none() && helm.cache.generated_any();
-    if generated_from_public_seed {
-        diagnostics.push(Diagnostic::warning(
-            "a Helm chart generated values (randAlphaNum, genCA, ...) from flotilla's public seed: anyone can compute them; the hub uses its own secret seed",
-        ));
-    }
     let mut output = collect_output(
         snapshot,
         &fleet,

@@ -179,7 +179,7 @@ pub(super) fn plan_cluster(
                     templates,
                     helm,
                     (cluster, groups),
-                    (workload, release),
+                    (index, release),
                     &overlays,
                 )
             }) else {
@@ -215,9 +215,12 @@ fn render_release(
     templates: &Compiled<'_>,
     helm: &HelmContext<'_>,
     (cluster, groups): (&Cluster, &[usize]),
-    (workload, release): (&Workload, &release::HelmRelease),
+    (index, release): (usize, &release::HelmRelease),
     overlays: &[usize],
 ) -> Result<Arc<release::ReleaseOutput>, Diagnostic> {
+    let workload = &fleet.workloads[index];
+    // The context of the `.j2` values files, made once for all of them.
+    let mut context: Option<minijinja::Value> = None;
     let mut values = Map::new();
     for file in &release.values_files {
         match file {
@@ -225,29 +228,24 @@ fn render_release(
                 release::merge_values(&mut values, those);
             }
             release::ValuesFile::Template { path } => {
-                let vars =
-                    template::value_of(&merged_vars(fleet, workload, cluster, groups, overlays));
-                let cluster_part = template::value_of(&ClusterContext {
-                    name: &cluster.name,
-                    labels: &cluster.labels,
-                    vars: &cluster.vars,
+                let context = context.get_or_insert_with(|| {
+                    let vars = template::value_of(&merged_vars(
+                        fleet, workload, cluster, groups, overlays,
+                    ));
+                    let cluster_part = template::value_of(&ClusterContext {
+                        name: &cluster.name,
+                        labels: &cluster.labels,
+                        vars: &cluster.vars,
+                    });
+                    Context::from_parts(&cluster_part, &templates.workloads[index], &vars)
                 });
-                let index = fleet
-                    .workloads
-                    .iter()
-                    .position(|w| std::ptr::eq(w, workload))
-                    .unwrap_or_default();
-                let context =
-                    Context::from_parts(&cluster_part, &templates.workloads[index], &vars);
                 let Some(template) = templates.engine.template(path) else {
                     return Err(Diagnostic::error(
                         "this values template did not compile (reported above)",
                     )
                     .in_file(path.as_str()));
                 };
-                let text = templates
-                    .engine
-                    .render_template(&template, path, &context)?;
+                let text = templates.engine.render_template(&template, path, context)?;
                 let those = release::values_map(&text).map_err(|message| {
                     Diagnostic::error(format!("the rendered values file: {message}"))
                         .in_file(path.as_str())
