@@ -175,6 +175,29 @@ fn git2_is_named_only_under_the_hubs_source_module() {
 }
 
 #[test]
+fn only_the_recorder_writes_the_hubs_store() {
+    // The recorder owns the store; everyone else reads through the view's
+    // `StoreReads`, which has no writing method. The crate root opens the store and
+    // hands it to the recorder (and writes the first heartbeat, before the recorder
+    // exists).
+    let store = regex::Regex::new(r"(^|[^:\w])Store\b|store::Store\b|store::\{[^}]*\bStore\b")
+        .expect("a pattern");
+    let found = files_naming(
+        &["crates/flotilla-hub/src"],
+        &store,
+        &[
+            "crates/flotilla-hub/src/recorder/",
+            "crates/flotilla-hub/src/store/",
+            "crates/flotilla-hub/src/lib.rs",
+        ],
+    );
+    assert!(
+        found.is_empty(),
+        "the hub's store named outside the recorder: {found:?}"
+    );
+}
+
+#[test]
 fn the_renderer_reads_no_wall_clock_and_no_operating_system_randomness() {
     // `Instant` (deadlines) does not reach any output; these would.
     let clock_or_chance = regex::Regex::new(

@@ -425,7 +425,7 @@ impl Follower {
         let seed = match self.helm_seed {
             Some(seed) => seed,
             None => {
-                let seed = self.shared.recorder.store().helm_seed().await?;
+                let seed = self.shared.recorder.helm_seed().await?;
                 if let Some(session) = &mut self.render_session {
                     session.set_helm_seed(seed);
                 }
@@ -589,7 +589,7 @@ impl Follower {
         // recorded, so a hub that is behind never moves the fleet back. The recorded
         // revision is compared again inside the transaction that records.
         let expect = if self.shared.recorder.lease().is_shared() {
-            let recorded = self.shared.recorder.store().revision().await?;
+            let recorded = self.shared.view.reads().revision().await?;
             if let Some(recorded) = &recorded
                 && *recorded != output.revision
                 && !self.descends(&output.revision, recorded).await
@@ -820,7 +820,7 @@ impl Follower {
         };
         let tip = pending.output.revision.clone();
         let polls = pending.polls;
-        let store = self.shared.recorder.store();
+        let store = self.shared.view.reads();
         let hub = self.shared.recorder.lease().holder().to_string();
         let recorded = store.revision().await?;
         if recorded.as_deref() == Some(tip.as_str()) {
@@ -834,7 +834,7 @@ impl Follower {
             return self.take_force_push(Some(recorded.clone())).await;
         }
         if polled {
-            store.see_tip(&hub, Some(&tip), polls).await?;
+            self.shared.recorder.see_tip(Some(&tip), polls).await?;
         }
         let live_ms =
             i64::try_from(self.shared.settings.peers.lease_ttl.as_millis()).unwrap_or(i64::MAX);
@@ -913,8 +913,7 @@ impl Follower {
         self.shared
             .recorder
             .update_render_status(|r| r.force_push = None);
-        let hub = self.shared.recorder.lease().holder().to_string();
-        if let Err(err) = self.shared.recorder.store().see_tip(&hub, None, 0).await {
+        if let Err(err) = self.shared.recorder.see_tip(None, 0).await {
             tracing::warn!("cannot clear this hub's force-push count: {err}");
         }
     }

@@ -173,7 +173,7 @@ impl Hub {
         let database_clock = (lease.is_shared() && config.clock.advanced().is_none())
             .then(|| Arc::new(clock::DatabaseClock::new(config.clock.clone())));
         if lease.is_shared() {
-            peers::heartbeat(&store, lease.holder(), database_clock.as_deref()).await?;
+            recorder::lease::heartbeat(&store, lease.holder(), database_clock.as_deref()).await?;
         }
         let clock: Arc<dyn Clock> = match &database_clock {
             Some(database_clock) => database_clock.clone(),
@@ -321,7 +321,7 @@ impl Hub {
                 abort.abort();
             }
         }
-        self.shared.recorder.store().close().await;
+        self.shared.recorder.close().await;
         drop(self.lock);
     }
 }
@@ -395,8 +395,8 @@ async fn refresh_tokens(shared: Arc<Shared>, mut seen: i64, every: Duration) {
             _ = tokio::time::sleep(every) => {}
             _ = shutdown.changed() => return,
         }
-        match shared.recorder.store().tokens_generation().await {
-            Ok(current) if current != seen => match shared.recorder.store().tokens().await {
+        match shared.view.reads().tokens_generation().await {
+            Ok(current) if current != seen => match shared.view.reads().tokens().await {
                 Ok(tokens) => {
                     let table = TokenTable::from_stored(&tokens);
                     tracing::info!(tokens = table.len(), "tokens changed; reloaded");

@@ -15,7 +15,7 @@
 //! touches neither the database nor the objects.
 //!
 //! Every hub writes a heartbeat to the `hubs` table every third of the lease's length
-//! ([`heartbeat`]); a hub is **live** while its heartbeat is younger than the lease's
+//! ([`Recorder::heartbeat`](crate::recorder::Recorder::heartbeat)); a hub is **live** while its heartbeat is younger than the lease's
 //! length on the database's clock (a hub that stops cleanly leaves the table at once).
 //! The heartbeat's answer is the database's time, from which each hub keeps the
 //! offset of the database's clock ([`DatabaseClock`]): every time that decides (bake,
@@ -33,27 +33,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::DatabaseClock;
 use crate::recorder::Shared;
 use crate::recorder::lease::monotonic_ms;
 use crate::recorder::reload::Reload;
 pub use crate::recorder::{Lease, PeerTiming, ROLLOUT_LEASE};
-use crate::store::{Store, StoreError};
-
-/// Marks this hub live in the database and, given the hub's database clock, samples
-/// the database's time from the same round trip.
-pub async fn heartbeat(
-    store: &Store,
-    holder: &str,
-    clock: Option<&DatabaseClock>,
-) -> Result<(), StoreError> {
-    let sent = clock.map(DatabaseClock::local_ms);
-    let database_ms = store.heartbeat(holder).await?;
-    if let (Some(clock), Some(sent)) = (clock, sent) {
-        clock.sample(database_ms, sent, clock.local_ms());
-    }
-    Ok(())
-}
 
 /// Takes and renews the lease; when this hub becomes the holder it first reads the
 /// rollouts back from the database (another hub may have moved them on).
@@ -61,23 +44,12 @@ pub async fn run_lease(shared: Arc<Shared>, timing: PeerTiming) {
     let mut shutdown = shared.shutdown.subscribe();
     let ttl_ms = i64::try_from(timing.lease_ttl.as_millis()).unwrap_or(i64::MAX);
     loop {
-        let beat = heartbeat(
-            shared.recorder.store(),
-            shared.recorder.lease().holder(),
-            shared.settings.database_clock.as_deref(),
-        )
-        .await;
-        if let Err(err) = beat {
+        if let Err(err) = shared.recorder.heartbeat().await {
             tracing::warn!("cannot write this hub's heartbeat: {err}");
             shared.metrics.database_error();
         }
         let asked_at = monotonic_ms();
-        match shared
-            .recorder
-            .store()
-            .acquire_lease(ROLLOUT_LEASE, shared.recorder.lease().holder(), ttl_ms)
-            .await
-        {
+        match shared.recorder.ask_for_lease(ttl_ms).await {
             Ok(Some(epoch)) => {
                 // Valid for the lease's length less a margin, counted from before the
                 // request: the database's clock decides, this only errs early.
@@ -105,18 +77,7 @@ pub async fn run_lease(shared: Arc<Shared>, timing: PeerTiming) {
         }
         if !continue_after(&mut shutdown, timing.lease_ttl / 3).await {
             // No longer among the live hubs that must see a force-push.
-            let _ = shared
-                .recorder
-                .store()
-                .leave(shared.recorder.lease().holder())
-                .await;
-            if shared.recorder.lease().epoch() != 0 {
-                let _ = shared
-                    .recorder
-                    .store()
-                    .release_lease(ROLLOUT_LEASE, shared.recorder.lease().holder())
-                    .await;
-            }
+            shared.recorder.leave().await;
             return;
         }
     }
@@ -144,7 +105,7 @@ pub async fn run_sync(shared: Arc<Shared>, timing: PeerTiming) {
         if !continue_after(&mut shutdown, timing.sync_interval).await {
             return;
         }
-        match shared.recorder.store().changes().await {
+        match shared.view.reads().changes().await {
             Ok(current) if Some(current) == seen => shared.metrics.database_ok(),
             Ok(current) => match shared.recorder.reload(Reload::Changed).await {
                 Ok(_) => {

@@ -4,7 +4,8 @@
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use crate::store::Fence;
+use crate::clock::DatabaseClock;
+use crate::store::{Fence, Store, StoreError};
 
 /// The lease that names the hub recording renders and deciding rollouts.
 pub const ROLLOUT_LEASE: &str = "rollouts";
@@ -122,4 +123,20 @@ impl Default for PeerTiming {
             sync_interval: Duration::from_secs(1),
         }
     }
+}
+
+/// Marks this hub live in the database and, given the hub's database clock, samples
+/// the database's time from the same round trip. `serve` calls it once at start,
+/// before the recorder exists; afterwards [`Recorder::heartbeat`](super::Recorder::heartbeat).
+pub async fn heartbeat(
+    store: &Store,
+    holder: &str,
+    clock: Option<&DatabaseClock>,
+) -> Result<(), StoreError> {
+    let sent = clock.map(DatabaseClock::local_ms);
+    let database_ms = store.heartbeat(holder).await?;
+    if let (Some(clock), Some(sent)) = (clock, sent) {
+        clock.sample(database_ms, sent, clock.local_ms());
+    }
+    Ok(())
 }

@@ -24,7 +24,7 @@ use tokio::sync::{Notify, watch};
 use crate::HubError;
 use crate::auth::{AuthError, Grant, TokenTable};
 use crate::metrics::Metrics;
-use crate::store::{ObjectError, Store, StoredStatus};
+use crate::store::{ObjectError, Store, StoreError, StoredStatus};
 use flotilla_core::bundle::Digest;
 use flotilla_core::status::StatusReport;
 use flotilla_render::RenderOutput;
@@ -429,10 +429,50 @@ impl Recorder {
 }
 
 impl Recorder {
-    /// The store, for the hub's own tasks (the follower, the lease) and for `serve`'s
-    /// start; request handlers read through [`View::reads`].
-    pub fn store(&self) -> &Store {
-        &self.store
+    /// Writes this hub's heartbeat (several hubs on one database).
+    pub async fn heartbeat(&self) -> Result<(), StoreError> {
+        lease::heartbeat(
+            &self.store,
+            self.lease.holder(),
+            self.settings.database_clock.as_deref(),
+        )
+        .await
+    }
+
+    /// Asks the database for the rollout lease (taken or renewed for `ttl_ms`): its
+    /// epoch when this hub holds it.
+    pub async fn ask_for_lease(&self, ttl_ms: i64) -> Result<Option<i64>, StoreError> {
+        self.store
+            .acquire_lease(ROLLOUT_LEASE, self.lease.holder(), ttl_ms)
+            .await
+    }
+
+    /// The hub stops: it leaves the live hubs and gives the lease back if it held it.
+    /// Errors are ignored (the heartbeat and the lease lapse by themselves).
+    pub async fn leave(&self) {
+        let _ = self.store.leave(self.lease.holder()).await;
+        if self.lease.epoch() != 0 {
+            let _ = self
+                .store
+                .release_lease(ROLLOUT_LEASE, self.lease.holder())
+                .await;
+        }
+    }
+
+    /// Records how many polls in a row this hub has seen a force-pushed `tip`
+    /// (`None`: none pending).
+    pub async fn see_tip(&self, tip: Option<&str>, polls: i64) -> Result<(), StoreError> {
+        self.store.see_tip(self.lease.holder(), tip, polls).await
+    }
+
+    /// The seed Helm charts' generated values derive from, made on first use.
+    pub async fn helm_seed(&self) -> Result<[u8; 32], StoreError> {
+        self.store.helm_seed().await
+    }
+
+    /// Closes the store's connections (the hub is stopping).
+    pub async fn close(&self) {
+        self.store.close().await;
     }
 
     pub fn lease(&self) -> &Lease {

@@ -446,6 +446,33 @@ impl StoreReads<'_> {
     pub async fn history(&self, cluster: &str) -> Result<Vec<(Digest, String)>, crate::StoreError> {
         self.0.history(cluster).await
     }
+
+    /// The revision the store records as rendered (several hubs: the lease holder's).
+    pub async fn revision(&self) -> Result<Option<String>, crate::StoreError> {
+        self.0.revision().await
+    }
+
+    /// The hubs whose heartbeat is younger than `live_ms`, with their force-push counts.
+    pub async fn live_hubs(
+        &self,
+        live_ms: i64,
+    ) -> Result<Vec<crate::store::Sighting>, crate::StoreError> {
+        self.0.live_hubs(live_ms).await
+    }
+
+    /// The counter every recorded change moves (several hubs poll it).
+    pub async fn changes(&self) -> Result<i64, crate::StoreError> {
+        self.0.changes().await
+    }
+
+    /// The counter every token change moves.
+    pub async fn tokens_generation(&self) -> Result<i64, crate::StoreError> {
+        self.0.tokens_generation().await
+    }
+
+    pub async fn tokens(&self) -> Result<Vec<crate::store::StoredToken>, crate::StoreError> {
+        self.0.tokens().await
+    }
 }
 
 impl View {
