@@ -219,7 +219,9 @@ fn apply_patch_entry(
             )));
         }
     };
-    let documents = yaml::parse_documents(text.trim()).map_err(|err| {
+    // Parsed as written: trimming would cut the final newline of a `|` block scalar
+    // that ends the file, which kustomize keeps.
+    let documents = yaml::parse_documents(&text).map_err(|err| {
         error(match err.line {
             Some(at) => format!("{source}, line {at}: {}", err.message),
             None => format!("{source}: {}", err.message),
