@@ -368,6 +368,9 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
             runtime.block_on(publish::publish_to(&output, &site, signer.as_ref()))?
         }
     };
+    for warning in &published.warnings {
+        eprintln!("warning: {warning}");
+    }
     println!(
         "published {} clusters at {} into {} ({} written, {} unchanged{})",
         published.clusters,

@@ -404,7 +404,8 @@ pub struct PublishArgs {
     #[arg(long, env = "FLOTILLA_OBJECTS", value_name = "URL", requires = "state_dir", value_parser = parse_objects)]
     pub hub_objects: Option<ObjectsUrl>,
     /// Sign each cluster's current bundle with this private key (from `flotilla key
-    /// generate`), continuing the sequence of the previous output in --out.
+    /// generate`), continuing the sequence of the previous output in --out when its
+    /// signature verifies with this key (otherwise it is ignored, with a warning).
     #[arg(long, env = "FLOTILLA_SIGNING_KEY", value_name = "KEY")]
     pub signing_key: Option<PathBuf>,
     #[command(flatten)]

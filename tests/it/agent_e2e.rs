@@ -732,6 +732,102 @@ async fn a_signed_publish_mirror_that_is_tampered_with_or_replayed_is_refused() 
     task.await.expect("no panic").expect("ran");
 }
 
+/// `flotilla publish --repo REPO --out MIRROR --signing-key KEY`: its standard error.
+fn publish_signed(repo: &Repo, mirror: &Path, key: &Path) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["publish", "--repo"])
+        .arg(repo.path())
+        .arg("--out")
+        .arg(mirror)
+        .arg("--signing-key")
+        .arg(key)
+        .output()
+        .expect("flotilla publish runs");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{stderr}");
+    stderr
+}
+
+/// The signature of a cluster's current document in a publish folder.
+fn published_signature(mirror: &Path) -> BundleSignature {
+    let bytes =
+        std::fs::read(mirror.join("v1/clusters").join(CLUSTER).join("bundle")).expect("published");
+    verify_document_parts(&bytes, Some(CLUSTER))
+        .expect("verifies")
+        .signature
+        .expect("signed")
+}
+
+#[tokio::test]
+async fn a_sequence_planted_in_a_publish_mirror_is_ignored_and_agents_take_the_next_publishes() {
+    let repo = Repo::new();
+    let site = Site::new("");
+    let (key_path, key, trusted) = generate_key(site.dir.path());
+    let mirror = tempfile::tempdir().expect("tempdir");
+    publish_signed(&repo, mirror.path(), &key_path);
+    let first_sequence = published_signature(mirror.path()).sequence;
+    let mut agent = RunningAgent::start_with(
+        &site,
+        &format!("file://{}", mirror.path().display()),
+        |config| {
+            config.token_file = None;
+            config.trusted = trusted.clone();
+        },
+    );
+    agent.applied(&rendered(&repo).digest).await;
+
+    // Someone who can write the mirror, without the key, plants the highest sequence
+    // there is with a signature of zeros. Continuing from it would sign u64::MAX
+    // genuinely, and nothing could ever be signed above it.
+    let path = mirror
+        .path()
+        .join("v1/clusters")
+        .join(CLUSTER)
+        .join("bundle");
+    let mut planted: Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("JSON");
+    planted["signature"]["sequence"] = Value::from(u64::MAX);
+    // 64 zero bytes in base64.
+    planted["signature"]["sig"] = Value::String(format!("{}==", "A".repeat(86)));
+    agent_support::publish_document(
+        mirror.path(),
+        CLUSTER,
+        &serde_json::to_vec(&planted).expect("JSON"),
+    );
+
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as u64;
+    let mut previous = first_sequence;
+    for replicas in [3, 4] {
+        set_replicas(&repo, replicas);
+        repo.commit(&format!("kuard: {replicas} replicas"));
+        let stderr = publish_signed(&repo, mirror.path(), &key_path);
+        let signature = published_signature(mirror.path());
+        // A sane sequence: above the last genuine one, and the time (give or take a
+        // minute for a slow machine), not the planted one.
+        assert!(
+            signature.sequence > previous && signature.sequence < started + 60_000,
+            "sequence {} after {previous} (started at {started})",
+            signature.sequence
+        );
+        assert_eq!(signature.key_id, key.key_id());
+        if replicas == 3 {
+            assert!(
+                stderr.contains("warning:")
+                    && stderr.contains(&format!("sequence {}", u64::MAX))
+                    && stderr.contains("does not verify with the signing key"),
+                "the planted document is named: {stderr}"
+            );
+        }
+        previous = signature.sequence;
+        let report = agent.applied(&rendered(&repo).digest).await;
+        assert!(report.is_success(), "{report:?}");
+    }
+    agent.stop().await;
+}
+
 fn spawn_agent(site: &Site, base: &str) -> Child {
     Command::new(env!("CARGO_BIN_EXE_flotilla"))
         .args([

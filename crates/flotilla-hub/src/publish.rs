@@ -15,16 +15,21 @@
 //! `publish --objects s3://bucket/prefix`), with the same keys under the prefix.
 //!
 //! With a signing key the current document is signed (the documents by digest are
-//! history and are not). Its sequence continues the one in the previous output: the
-//! same as before while the digest is unchanged, one more when it changes, and never
-//! below the hub's own sequence for the cluster when the hub's store is given.
+//! history and are not). Its sequence continues the one in the previous output, but
+//! only when that output's signature verifies with the publishing key: the same as
+//! before while the digest is unchanged, else `max(previous + 1, the time in
+//! milliseconds)`, and never below the hub's own sequence for the cluster when the
+//! hub's store is given. A previous document that does not verify (a mirror's writer
+//! planted it) is ignored with a warning, and a sequence that cannot go up any more
+//! is refused rather than signed again. The mirror is untrusted input: a document by
+//! digest already there is kept only when it matches its digest and cluster.
 
 use std::collections::BTreeSet;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use flotilla_core::bundle::{Digest, document_bytes};
+use flotilla_core::bundle::{Digest, document_bytes, verify_document};
 use flotilla_core::signing::{BundleSignature, SigningKey};
 use flotilla_core::{api, names};
 use flotilla_fs::Mode;
@@ -68,6 +73,13 @@ pub enum PublishError {
         "{path} is not a bundle document flotilla wrote ({message}); remove it and publish again"
     )]
     Unreadable { path: String, message: String },
+    /// The previous output was signed, with the publishing key, at the highest
+    /// sequence there is: no later document can be signed above it.
+    #[error(
+        "{path} is signed with sequence {sequence}, and no higher one exists: agents would refuse anything signed after it. \
+         The signing key signed it, so treat the key as stolen: generate a new one, give agents its public key, and reset their state"
+    )]
+    SequenceExhausted { path: String, sequence: u64 },
     #[error("cannot {what} {path}: {source}")]
     Remote {
         what: &'static str,
@@ -92,6 +104,10 @@ pub struct Published {
     pub written: usize,
     pub unchanged: usize,
     pub removed: Vec<String>,
+    /// Documents found in the output that were not flotilla's (a signature that does
+    /// not verify, a document by digest that does not match it): ignored, and written
+    /// over.
+    pub warnings: Vec<String>,
 }
 
 /// Writes every bundle of a clean render under `out`, as if every cluster were served
@@ -199,7 +215,7 @@ async fn write_documents(
         ..Published::default()
     };
     for document in &documents {
-        if write_document(document, &clusters, site, signer).await? {
+        if write_document(document, &clusters, site, signer, &mut published.warnings).await? {
             published.written += 1;
         } else {
             published.unchanged += 1;
@@ -223,6 +239,7 @@ async fn write_document(
     clusters: &str,
     site: &impl Destination,
     signer: Option<&SigningKey>,
+    warnings: &mut Vec<String>,
 ) -> Result<bool, PublishError> {
     let Document {
         cluster,
@@ -233,25 +250,38 @@ async fn write_document(
     let dir = format!("{clusters}/{cluster}");
     let digest_key = format!("{dir}/{}/{}", api::BUNDLES_BY_DIGEST, digest.as_str());
     // A digest document's content is fixed by its digest, except for the revision in
-    // it: the first one written stays, as on the hub.
+    // it: the first one written stays, as on the hub, if it is what its name says.
     let digest_document = match site.read(&digest_key).await? {
-        Some(existing) => existing,
-        None => {
+        Some(existing) if holds(&existing, cluster, digest) => existing,
+        found => {
+            if found.is_some() {
+                warnings.push(format!(
+                    "{} is not the document of {digest} for {cluster}; it was written again",
+                    site.shown(&digest_key)
+                ));
+            }
             site.write(&digest_key, bytes).await?;
             bytes.clone()
         }
     };
     let current_key = format!("{dir}/{}", api::CURRENT_BUNDLE);
     let previous = site.read(&current_key).await?;
-    let current_document = current_document(
-        cluster,
-        digest,
-        digest_document,
-        (&site.shown(&digest_key), previous.as_deref()),
-        &site.shown(&current_key),
-        *hub_sequence,
-        signer,
-    )?;
+    let current_document = match signer {
+        None => digest_document,
+        Some(key) => {
+            let current_path = site.shown(&current_key);
+            let held = previous
+                .as_deref()
+                .and_then(|bytes| verified_claims(cluster, bytes, key, &current_path, warnings));
+            let sequence = next_sequence(held.as_ref(), digest, now_ms(), &current_path)?
+                .max(hub_sequence.unwrap_or(0));
+            let claims = read_claims(&site.shown(&digest_key), &digest_document)?;
+            signed(
+                &digest_document,
+                &key.sign(cluster, digest, &claims.revision, sequence),
+            )
+        }
+    };
     if previous.is_some_and(|existing| existing == current_document) {
         return Ok(false);
     }
@@ -259,27 +289,44 @@ async fn write_document(
     Ok(true)
 }
 
-/// The document to publish as a cluster's current bundle: the one by digest, signed
-/// with a sequence that continues `previous` when there is a key.
-fn current_document(
+/// Whether `document` is a bundle document of `cluster` whose resources match `digest`.
+fn holds(document: &[u8], cluster: &str, digest: &Digest) -> bool {
+    verify_document(document, Some(cluster)).is_ok_and(|bundle| bundle.digest == *digest)
+}
+
+/// The claims of the previous current document, when `key` signed them for `cluster`;
+/// anything else is only a warning, since whoever can write the output can put it
+/// there, and continuing from it would let them choose the sequence.
+fn verified_claims(
     cluster: &str,
-    digest: &Digest,
-    digest_document: Vec<u8>,
-    (digest_path, previous): (&str, Option<&[u8]>),
-    current_path: &str,
-    hub_sequence: Option<u64>,
-    signer: Option<&SigningKey>,
-) -> Result<Vec<u8>, PublishError> {
-    let Some(key) = signer else {
-        return Ok(digest_document);
+    bytes: &[u8],
+    key: &SigningKey,
+    path: &str,
+    warnings: &mut Vec<String>,
+) -> Option<Claims> {
+    let claims = match read_claims(path, bytes) {
+        Ok(claims) => claims,
+        Err(err) => {
+            warnings.push(format!("{err}; it is ignored and written over"));
+            return None;
+        }
     };
-    let held = previous
-        .map(|bytes| read_claims(current_path, bytes))
-        .transpose()?;
-    let sequence = next_sequence(held.as_ref(), digest, now_ms()).max(hub_sequence.unwrap_or(0));
-    let claims = read_claims(digest_path, &digest_document)?;
-    let signature = key.sign(cluster, digest, &claims.revision, sequence);
-    Ok(signed(&digest_document, &signature))
+    let signature = claims.signature.as_ref()?;
+    let public = key.public_key();
+    let verifies = signature.key_id == public.key_id()
+        && Digest::parse(&claims.digest)
+            .is_ok_and(|digest| public.verifies(cluster, &digest, &claims.revision, signature));
+    if verifies {
+        return Some(claims);
+    }
+    warnings.push(format!(
+        "{path}: its signature (key {}, sequence {}) does not verify with the signing key {}; \
+         its sequence is ignored and the document written over",
+        names::shown(&signature.key_id),
+        signature.sequence,
+        public.key_id()
+    ));
+    None
 }
 
 /// Where documents are published, by their keys under the API's paths
@@ -502,16 +549,29 @@ fn read_claims(path: &str, bytes: &[u8]) -> Result<Claims, PublishError> {
     })
 }
 
-/// The sequence to sign for `digest`, continuing the previous output: the same while
-/// the digest is unchanged; when it changes (a rollback included) or there is no
-/// previous output, the time in milliseconds, or one more than before if that is
-/// higher — so a mirror rebuilt from nothing still signs above what agents hold.
-fn next_sequence(previous: Option<&Claims>, digest: &Digest, now_ms: u64) -> u64 {
+/// The sequence to sign for `digest`, continuing the previous output (already
+/// verified): the same while the digest is unchanged; when it changes (a rollback
+/// included) or there is no previous output, `max(previous + 1, the time in
+/// milliseconds)` — so a mirror rebuilt from nothing still signs above what agents
+/// hold. A previous sequence with none above it is refused.
+fn next_sequence(
+    previous: Option<&Claims>,
+    digest: &Digest,
+    now_ms: u64,
+    path: &str,
+) -> Result<u64, PublishError> {
     let held = previous.and_then(|claims| claims.signature.as_ref().map(|s| (claims, s)));
     match held {
-        Some((claims, signature)) if claims.digest == digest.as_str() => signature.sequence,
-        Some((_, signature)) => signature.sequence.saturating_add(1).max(now_ms),
-        None => now_ms.max(1),
+        Some((claims, signature)) if claims.digest == digest.as_str() => Ok(signature.sequence),
+        Some((_, signature)) => signature
+            .sequence
+            .checked_add(1)
+            .map(|next| next.max(now_ms))
+            .ok_or_else(|| PublishError::SequenceExhausted {
+                path: path.to_string(),
+                sequence: signature.sequence,
+            }),
+        None => Ok(now_ms.max(1)),
     }
 }
 
@@ -596,13 +656,23 @@ mod tests {
             revision: "r".into(),
             signature: Some(key.sign("edge-1", digest, "r", sequence)),
         };
+        let next = |previous: Option<&Claims>, digest: &Digest, now: u64| {
+            next_sequence(previous, digest, now, "bundle").expect("a sequence")
+        };
         // Nothing published before: the time.
-        assert_eq!(next_sequence(None, &a, 5_000), 5_000);
+        assert_eq!(next(None, &a, 5_000), 5_000);
         // The same digest keeps its sequence, even one from the future.
-        assert_eq!(next_sequence(Some(&claims(&a, 9_000)), &a, 5_000), 9_000);
+        assert_eq!(next(Some(&claims(&a, 9_000)), &a, 5_000), 9_000);
         // A change: the time, or one more when the last one is ahead of the clock.
-        assert_eq!(next_sequence(Some(&claims(&a, 4_000)), &b, 5_000), 5_000);
-        assert_eq!(next_sequence(Some(&claims(&a, 9_000)), &b, 5_000), 9_001);
+        assert_eq!(next(Some(&claims(&a, 4_000)), &b, 5_000), 5_000);
+        assert_eq!(next(Some(&claims(&a, 9_000)), &b, 5_000), 9_001);
+        // Nothing is above the highest sequence: refused, never signed again.
+        let err = next_sequence(Some(&claims(&a, u64::MAX)), &b, 5_000, "bundle")
+            .expect_err("no sequence above u64::MAX");
+        assert!(
+            matches!(err, PublishError::SequenceExhausted { .. }),
+            "{err}"
+        );
     }
 
     #[test]
