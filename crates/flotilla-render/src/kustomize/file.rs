@@ -45,11 +45,11 @@ pub struct KustomizationDoc {
     pub image_tags: Vec<Located<ImageDoc>>,
     #[serde(default)]
     pub replicas: Vec<Located<ReplicaDoc>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "patch_entries::<false, _>")]
     pub patches: Vec<Located<PatchDoc>>,
     #[serde(default)]
     pub patches_strategic_merge: Vec<Located<String>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "patch_entries::<true, _>")]
     pub patches_json6902: Vec<Located<PatchDoc>>,
     #[serde(default)]
     pub config_map_generator: Vec<Located<GeneratorDoc>>,
@@ -137,6 +137,9 @@ pub struct ReplicaDoc {
     pub count: i64,
 }
 
+/// A `patches` or `patchesJson6902` entry. kustomize reads only a mapping here; a
+/// bare file name (`- patch.yaml`, as `patchesStrategicMerge` takes it) is refused
+/// with the form kustomize expects instead of the parser's "expected a mapping".
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct PatchDoc {
@@ -148,6 +151,63 @@ pub struct PatchDoc {
     pub target: Option<SelectorDoc>,
     #[serde(default)]
     pub options: BTreeMap<String, bool>,
+}
+
+/// Deserializes the entries of `patches` (or, with `JSON6902`, `patchesJson6902`),
+/// refusing a bare string entry with the mapping kustomize wants in its place.
+fn patch_entries<'de, const JSON6902: bool, D>(
+    deserializer: D,
+) -> Result<Vec<Located<PatchDoc>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let entries: Vec<Located<PatchEntry<JSON6902>>> = Deserialize::deserialize(deserializer)?;
+    Ok(entries
+        .into_iter()
+        .map(|entry| Located {
+            value: entry.value.0,
+            referenced: entry.referenced,
+            defined: entry.defined,
+        })
+        .collect())
+}
+
+struct PatchEntry<const JSON6902: bool>(PatchDoc);
+
+impl<'de, const JSON6902: bool> Deserialize<'de> for PatchEntry<JSON6902> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Entry<const JSON6902: bool>;
+        impl<'de, const JSON6902: bool> serde::de::Visitor<'de> for Entry<JSON6902> {
+            type Value = PatchEntry<JSON6902>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a mapping with `path:` (a file) or `patch:` (inline)")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, file: &str) -> Result<Self::Value, E> {
+                Err(E::custom(if JSON6902 {
+                    format!(
+                        "patchesJson6902: an entry is a mapping, not a file name: write `- path: {file}` \
+                         with the `target:` it changes"
+                    )
+                } else {
+                    format!(
+                        "patches: an entry is a mapping, not a file name: write `- path: {file}` \
+                         (kustomize takes bare file names only under patchesStrategicMerge)"
+                    )
+                }))
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
+                PatchDoc::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(PatchEntry)
+            }
+        }
+        deserializer.deserialize_any(Entry::<JSON6902>)
+    }
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
