@@ -110,10 +110,18 @@ impl HubClient {
                 "--server needs --token-file (or FLOTILLA_TOKEN_FILE): a file holding an admin token"
             );
         };
-        let token = std::fs::read_to_string(token_file)
-            .with_context(|| format!("cannot read --token-file {}", token_file.display()))?
-            .trim()
-            .to_string();
+        let token = match std::fs::read_to_string(token_file) {
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => bail!(
+                "--token-file {path} does not exist: make an admin token with `flotilla token \
+                 create --admin > {path}` (where the hub keeps its --state-dir)",
+                path = token_file.display()
+            ),
+            read => {
+                read.with_context(|| format!("cannot read --token-file {}", token_file.display()))?
+            }
+        }
+        .trim()
+        .to_string();
         if token.is_empty() {
             bail!("--token-file {} is empty", token_file.display());
         }

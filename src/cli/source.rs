@@ -84,6 +84,10 @@ pub fn read_base(
                     revision,
                     hint: String::new(),
                 },
+                SourceError::NoClusters { looked, .. } => SourceError::NoClusters {
+                    looked,
+                    hint: String::new(),
+                },
                 other => other,
             };
             let note = format!("note: {name} has no fleet ({err}); every cluster counts as added");

@@ -262,7 +262,7 @@ fn a_wrong_path_is_an_error_that_says_where_it_looked() {
         2,
         "",
         &format!(
-            "error: cannot read HEAD (HEAD): no fleet in $REPO at main@sha1:$SECOND: there is no clusters/<name>.yaml there ({fleet_root})\n"
+            "error: cannot read HEAD (HEAD): no fleet in $REPO at main@sha1:$SECOND: there is no clusters/<name>.yaml there ({fleet_root}); did you mean --path fleet?\n"
         ),
     );
     // A fleet folder that is on disk but not committed.
@@ -279,6 +279,100 @@ fn a_wrong_path_is_an_error_that_says_where_it_looked() {
     assert_eq!(
         outcome.stderr,
         "note: BASE (HEAD) has no fleet (the fleet root \"new-fleet\" does not exist at main@sha1:$SECOND); every cluster counts as added\n"
+    );
+}
+
+/// An agent for the cluster `red` with the token file `red.token`, its state and
+/// output in the current folder, and a hub that is not there.
+const RED_AGENT: [&str; 11] = [
+    "agent",
+    "--server",
+    "http://127.0.0.1:9",
+    "--cluster",
+    "red",
+    "--token-file",
+    "red.token",
+    "--state-dir",
+    "agent-state",
+    "--sink",
+    "dir:out",
+];
+
+/// A mistyped folder, a repository whose fleet is in a subfolder, and a token file
+/// not made yet: each error names the command or option that fixes it.
+#[test]
+fn errors_name_the_next_step() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    copy_tree(&fleet_example(), &dir.path().join("fleet-example"));
+    std::fs::create_dir(dir.path().join("docs")).expect("mkdir");
+    std::fs::write(dir.path().join("docs/README.md"), "docs\n").expect("write");
+    git(dir.path(), &["init", "--quiet", "--initial-branch=main"]);
+    git(dir.path(), &["add", "--all"]);
+    git(dir.path(), &["commit", "--quiet", "-m", "fleet"]);
+    let commit = git(dir.path(), &["rev-parse", "HEAD"]);
+    let case = Case::new(dir.path())
+        .name("COMMIT", &commit)
+        .name("DIR", canonical(dir.path()));
+    case.check(
+        &["validate", "--repo", "fleet-exmaple"],
+        2,
+        "",
+        "error: cannot read the fleet: fleet-exmaple: no such folder or Git repository (did you mean fleet-example?)\n",
+    );
+    case.check(
+        &["render", "--repo", "fleet-exmaple", "--worktree"],
+        2,
+        "",
+        "error: cannot read the fleet: fleet-exmaple: no such folder (did you mean fleet-example?)\n",
+    );
+    let no_fleet = "there is no clusters/<name>.yaml there (a fleet root holds clusters/, groups/, \
+                    workloads/ and overlays/; check --repo and --path); did you mean --path fleet-example?";
+    // The repository's top, read from the commit and from the disk.
+    case.check(
+        &["validate", "--repo", "."],
+        2,
+        "",
+        &format!(
+            "error: cannot read the fleet: no fleet in $DIR at main@sha1:$COMMIT: {no_fleet}\n"
+        ),
+    );
+    case.check(
+        &["validate", "--worktree"],
+        2,
+        "",
+        &format!("error: cannot read the fleet: no fleet in $DIR: {no_fleet}\n"),
+    );
+    // What the message says to do works.
+    let outcome = case.run(&["validate", "--repo", ".", "--path", "fleet-example"]);
+    assert_eq!(outcome.code, 0, "{}", outcome.stderr);
+    // A folder without a fleet below it gets no guess.
+    case.check(
+        &["validate", "--path", "docs"],
+        2,
+        "",
+        "error: cannot read the fleet: no fleet in $DIR/docs at main@sha1:$COMMIT: there is no \
+         clusters/<name>.yaml there (a fleet root holds clusters/, groups/, workloads/ and \
+         overlays/; check --repo and --path)\n",
+    );
+
+    // A token file not made yet, for an agent and for an operator.
+    case.check(
+        &RED_AGENT,
+        2,
+        "",
+        "error: the token file red.token does not exist: make one with `flotilla token create red > red.token` (where the hub keeps its --state-dir)\n",
+    );
+    case.check(
+        &[
+            "status",
+            "--server",
+            "http://127.0.0.1:9",
+            "--token-file",
+            "admin.token",
+        ],
+        2,
+        "",
+        "error: --token-file admin.token does not exist: make an admin token with `flotilla token create --admin > admin.token` (where the hub keeps its --state-dir)\n",
     );
 }
 
@@ -425,19 +519,7 @@ fn the_agent_says_when_its_token_file_holds_more_than_a_token() {
         ),
     )
     .expect("write");
-    let agent = [
-        "agent",
-        "--server",
-        "http://127.0.0.1:9",
-        "--cluster",
-        "red",
-        "--token-file",
-        "red.token",
-        "--state-dir",
-        "agent-state",
-        "--sink",
-        "dir:out",
-    ];
+    let agent = RED_AGENT;
     case.check(
         &agent,
         2,

@@ -86,6 +86,11 @@ impl std::fmt::Display for Server {
 pub enum ClientError {
     #[error("invalid --server {url:?}: {reason}")]
     BadServer { url: String, reason: String },
+    #[error(
+        "the token file {path} does not exist: make one with `flotilla token create {cluster} > \
+         {path}` (where the hub keeps its --state-dir)"
+    )]
+    NoTokenFile { path: String, cluster: String },
     #[error("cannot read the token file {path}: {source}")]
     TokenFile {
         path: PathBuf,
@@ -299,7 +304,17 @@ impl HubClient {
         let token = match token_file {
             Some(path) => Some(Token {
                 path: path.to_path_buf(),
-                value: read_token(path)?,
+                value: read_token(path).map_err(|err| match err {
+                    ClientError::TokenFile { path, source }
+                        if source.kind() == std::io::ErrorKind::NotFound =>
+                    {
+                        ClientError::NoTokenFile {
+                            path: path.display().to_string(),
+                            cluster: cluster.to_string(),
+                        }
+                    }
+                    other => other,
+                })?,
                 stale: false,
             }),
             None if matches!(server, Server::Http(_)) => return Err(ClientError::NoToken),

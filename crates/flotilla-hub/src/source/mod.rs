@@ -50,9 +50,13 @@ pub enum SourceError {
     },
     #[error(
         "no fleet in {looked}: there is no clusters/<name>.yaml there (a fleet root holds \
-         clusters/, groups/, workloads/ and overlays/; check --repo and --path)"
+         clusters/, groups/, workloads/ and overlays/; check --repo and --path){hint}"
     )]
-    NoClusters { looked: String },
+    NoClusters {
+        looked: String,
+        /// The fleets found below, as the `--path` that reads them: starts with "; ".
+        hint: String,
+    },
     #[error("{path}: {message}")]
     Io { path: String, message: String },
     #[error("Git error in {repo}: {message}")]
@@ -562,7 +566,15 @@ pub fn from_folder_within(
         path: path.display().to_string(),
         message: err.to_string(),
     };
-    let canonical_root = root.canonicalize().map_err(|e| io(&root, e))?;
+    let canonical_root = root
+        .canonicalize()
+        .map_err(|err| match similar_folder(&root) {
+            Some(found) if err.kind() == std::io::ErrorKind::NotFound => SourceError::Io {
+                path: root.display().to_string(),
+                message: format!("no such folder (did you mean {}?)", found.display()),
+            },
+            _ => io(&root, err),
+        })?;
     if !canonical_root.is_dir() {
         return Err(SourceError::Io {
             path: root.display().to_string(),
@@ -682,7 +694,12 @@ pub fn locate(repo: &Path, subpath: &str) -> Result<Root, SourceError> {
     if !repo.exists() {
         return Err(SourceError::Io {
             path: repo.display().to_string(),
-            message: "no such folder or Git repository".into(),
+            message: format!(
+                "no such folder or Git repository{}",
+                similar_folder(repo)
+                    .map(|found| format!(" (did you mean {}?)", found.display()))
+                    .unwrap_or_default()
+            ),
         });
     }
     let Some(repository) = discover(repo)? else {
@@ -773,8 +790,180 @@ pub fn read_within(location: &Location, limits: &Limits) -> Result<FleetSnapshot
             }
         }
     };
-    require_clusters(&snapshot, looked)?;
+    require_clusters(&snapshot, looked).map_err(|err| match err {
+        SourceError::NoClusters { looked, .. } => SourceError::NoClusters {
+            looked,
+            hint: fleets_below_hint(location),
+        },
+        other => other,
+    })?;
     Ok(snapshot)
+}
+
+/// A folder beside the missing `path` whose name is close to its name: the path a
+/// mistyped `--repo fleet-exmaple` meant.
+fn similar_folder(path: &Path) -> Option<PathBuf> {
+    let name = path.file_name()?.to_str()?;
+    let parent = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    let folders: Vec<String> = std::fs::read_dir(parent)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|entry| entry.file_name().into_string().ok())
+        .filter(|folder| !folder.starts_with('.'))
+        .collect();
+    let best = flotilla_core::diagnostic::did_you_mean(name, folders.iter().map(String::as_str))?;
+    Some(path.with_file_name(best))
+}
+
+/// How deep below the fleet root a command looks for fleets it could have meant.
+const FLEET_SEARCH_DEPTH: usize = 2;
+
+/// For a location that holds no fleet: the `--path` of each fleet in a folder below
+/// it (at most [`FLEET_SEARCH_DEPTH`] levels down), read where the fleet was read from
+/// (the commit, or the disk), as "; did you mean --path P?"; empty when there is none.
+fn fleets_below_hint(location: &Location) -> String {
+    let mut found = if location.worktree {
+        fleets_below_on_disk(&location.repo, &location.path)
+    } else {
+        match locate(&location.repo, &location.path) {
+            Ok(Root::Folder { path }) => fleets_below_on_disk(&path, ""),
+            Ok(Root::Git {
+                repository,
+                subpath,
+            }) => fleets_below_in_git(&repository, location.rev.as_deref(), &subpath),
+            Err(_) => Vec::new(),
+        }
+    };
+    found.sort();
+    let paths: Vec<String> = found
+        .iter()
+        .take(3)
+        .map(|below| {
+            let path = [location.path.trim_matches('/'), below.as_str()]
+                .iter()
+                .filter(|part| !part.is_empty() && **part != ".")
+                .copied()
+                .collect::<Vec<_>>()
+                .join("/");
+            format!("--path {path}")
+        })
+        .collect();
+    if paths.is_empty() {
+        String::new()
+    } else {
+        format!("; did you mean {}?", paths.join(" or "))
+    }
+}
+
+/// Whether a folder's listing (`(name, is folder)`) names a `clusters` folder.
+fn holds_clusters_folder(entries: &[(String, bool)]) -> bool {
+    entries
+        .iter()
+        .any(|(name, is_dir)| *is_dir && name == "clusters")
+}
+
+fn fleets_below_on_disk(repo: &Path, subpath: &str) -> Vec<String> {
+    let root = checked_subpath(subpath)
+        .unwrap_or_default()
+        .iter()
+        .fold(repo.to_path_buf(), |p, part| p.join(part));
+    let list = |dir: &Path| -> Vec<(String, bool)> {
+        std::fs::read_dir(dir)
+            .map(|entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .filter_map(|e| {
+                        let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+                        e.file_name().into_string().ok().map(|name| (name, is_dir))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    search_fleets(String::new(), &list(&root), FLEET_SEARCH_DEPTH, &|below| {
+        list(&root.join(below))
+    })
+}
+
+fn fleets_below_in_git(repository: &Repository, rev: Option<&str>, subpath: &str) -> Vec<String> {
+    let Ok(tree) = repository
+        .revparse_single(rev.unwrap_or("HEAD"))
+        .and_then(|object| object.peel_to_tree())
+    else {
+        return Vec::new();
+    };
+    let tree_at = |path: &str| -> Option<Tree<'_>> {
+        if path.is_empty() {
+            return Some(tree.clone());
+        }
+        tree.get_path(Path::new(path))
+            .ok()?
+            .to_object(repository)
+            .ok()?
+            .peel_to_tree()
+            .ok()
+    };
+    let list = |path: &str| -> Vec<(String, bool)> {
+        tree_at(path)
+            .map(|tree| {
+                tree.iter()
+                    .filter_map(|entry| {
+                        let is_dir = entry.kind() == Some(ObjectType::Tree);
+                        entry.name().ok().map(|name| (name.to_string(), is_dir))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let join = |below: &str| -> String {
+        [subpath, below]
+            .iter()
+            .filter(|part| !part.is_empty())
+            .copied()
+            .collect::<Vec<_>>()
+            .join("/")
+    };
+    search_fleets(
+        String::new(),
+        &list(subpath),
+        FLEET_SEARCH_DEPTH,
+        &|below| list(&join(below)),
+    )
+}
+
+/// The folders below `at` (whose listing is `entries`), down to `depth` levels, that
+/// hold a `clusters` folder; hidden folders are passed over.
+fn search_fleets(
+    at: String,
+    entries: &[(String, bool)],
+    depth: usize,
+    list: &dyn Fn(&str) -> Vec<(String, bool)>,
+) -> Vec<String> {
+    let mut found = Vec::new();
+    if depth == 0 {
+        return found;
+    }
+    for (name, is_dir) in entries {
+        if !is_dir || name.starts_with('.') {
+            continue;
+        }
+        let below = if at.is_empty() {
+            name.clone()
+        } else {
+            format!("{at}/{name}")
+        };
+        let listing = list(&below);
+        if holds_clusters_folder(&listing) {
+            found.push(below);
+        } else {
+            found.extend(search_fleets(below, &listing, depth - 1, list));
+        }
+    }
+    found
 }
 
 fn commit_snapshot(
@@ -857,7 +1046,10 @@ fn require_clusters(snapshot: &FleetSnapshot, looked: String) -> Result<(), Sour
     if found {
         Ok(())
     } else {
-        Err(SourceError::NoClusters { looked })
+        Err(SourceError::NoClusters {
+            looked,
+            hint: String::new(),
+        })
     }
 }
 
