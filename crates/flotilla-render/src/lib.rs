@@ -28,6 +28,7 @@ mod rollouts;
 pub mod scope;
 mod select;
 pub mod shape;
+pub mod sops;
 pub mod stencil;
 mod strategic;
 pub mod template;

@@ -16,7 +16,7 @@ pub struct YamlError {
 
 /// Parser options: the budget refuses alias bombs ("billion laughs") and absurd
 /// nesting, and duplicate keys are errors rather than silently overwritten.
-fn options() -> serde_saphyr::Options {
+pub(crate) fn options() -> serde_saphyr::Options {
     let mut options = serde_saphyr::Options::default();
     let mut budget = serde_saphyr::Budget::default();
     budget.max_aliases = 1_000;

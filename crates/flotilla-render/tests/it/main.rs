@@ -10,6 +10,7 @@ mod kustomize_diff;
 mod patch_conformance;
 mod regressions;
 mod shape;
+mod sops_files;
 mod stencil;
 mod template_scopes;
 mod yaml_values;

@@ -1,0 +1,331 @@
+//! Unit tests against documents written here as sops writes them (the real `sops`
+//! is exercised by `tests/it/sops_files.rs`, which skips without it).
+
+use super::*;
+
+use aes_gcm::aead::generic_array::GenericArray;
+
+const IDENTITY: &str = "AGE-SECRET-KEY-1SH36876FLEVRV2C9YN2PNR3JJQV0Z9TLDNL49D4QPZRD22V3EENQ55K5JP";
+const OTHER: &str = "AGE-SECRET-KEY-1ET5NLF5AM389DNGX70MFFET2AYPTNMFH6R3SW2N5JDR82MHG853QCGLHTS";
+const DATA_KEY: [u8; 32] = [7; 32];
+
+fn keys(identity: &str) -> DecryptionKeys {
+    DecryptionKeys::from_identity_file(identity).expect("an identity")
+}
+
+fn recipient(identity: &str) -> String {
+    keys(identity).recipients().remove(0)
+}
+
+/// Writes `document` (JSON text) as sops does for `recipients`, with the rules in
+/// `extra` metadata fields, values encrypted at their paths and the MAC over them.
+fn write(document: &str, recipients: &[&str], extra: &[(&str, Node)]) -> String {
+    let Node::Map(entries) = serde_json::from_str::<Node>(document).expect("JSON") else {
+        panic!("a map")
+    };
+    let mut metadata = vec![("mac".to_string(), Node::Str(String::new()))];
+    metadata.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
+    let rules = Rules::of(&Node::Map(metadata.clone())).expect("rules");
+    let cipher = SopsCipher::new_from_slice(&DATA_KEY).expect("a key");
+    let mut mac = Sha512::new();
+    if rules.mac_only_encrypted {
+        mac.update(MAC_ONLY_ENCRYPTED_INIT);
+    }
+    let mut counter = 0u8;
+    let tree = seal(
+        &Node::Map(entries),
+        &mut Vec::new(),
+        &rules,
+        &cipher,
+        &mut mac,
+        &mut counter,
+    );
+    let modified = "2026-01-02T03:04:05Z";
+    let mac_value = encrypt(
+        &cipher,
+        &Node::Str(hex_upper(&mac.finalize())),
+        modified,
+        &mut counter,
+    );
+    let age: Vec<Node> = recipients
+        .iter()
+        .map(|r| {
+            let recipient: age::x25519::Recipient = r.parse().expect("a recipient");
+            let enc = age::encrypt_and_armor(&recipient, &DATA_KEY).expect("age");
+            Node::Map(vec![
+                ("recipient".to_string(), Node::Str(r.to_string())),
+                ("enc".to_string(), Node::Str(enc)),
+            ])
+        })
+        .collect();
+    metadata[0].1 = Node::Str(mac_value);
+    metadata.push(("age".to_string(), Node::Seq(age)));
+    metadata.push(("lastmodified".to_string(), Node::Str(modified.to_string())));
+    let Node::Map(mut out) = tree else {
+        unreachable!()
+    };
+    out.push(("sops".to_string(), Node::Map(metadata)));
+    serde_json::to_string_pretty(&Node::Map(out)).expect("JSON")
+}
+
+fn seal(
+    node: &Node,
+    path: &mut Vec<String>,
+    rules: &Rules,
+    cipher: &SopsCipher,
+    mac: &mut Sha512,
+    counter: &mut u8,
+) -> Node {
+    match node {
+        Node::Map(entries) => Node::Map(
+            entries
+                .iter()
+                .map(|(k, v)| {
+                    path.push(k.clone());
+                    let sealed = seal(v, path, rules, cipher, mac, counter);
+                    path.pop();
+                    (k.clone(), sealed)
+                })
+                .collect(),
+        ),
+        Node::Seq(items) => Node::Seq(
+            items
+                .iter()
+                .map(|i| seal(i, path, rules, cipher, mac, counter))
+                .collect(),
+        ),
+        Node::Null => Node::Null,
+        scalar => {
+            let encrypted = rules.encrypted(path);
+            if !rules.mac_only_encrypted || encrypted {
+                mac.update(scalar.mac_bytes());
+            }
+            if !encrypted || *scalar == Node::Str(String::new()) {
+                return scalar.clone();
+            }
+            Node::Str(encrypt(
+                cipher,
+                scalar,
+                &format!("{}:", path.join(":")),
+                counter,
+            ))
+        }
+    }
+}
+
+fn encrypt(cipher: &SopsCipher, value: &Node, aad: &str, counter: &mut u8) -> String {
+    *counter += 1;
+    let iv = [*counter; 32];
+    let kind = match value {
+        Node::Bool(_) => "bool",
+        Node::Int(_) => "int",
+        Node::Float(_) => "float",
+        _ => "str",
+    };
+    let sealed = cipher
+        .encrypt(
+            GenericArray::from_slice(&iv),
+            Payload {
+                msg: &value.mac_bytes(),
+                aad: aad.as_bytes(),
+            },
+        )
+        .expect("encrypts");
+    let (data, tag) = sealed.split_at(sealed.len() - 16);
+    format!(
+        "ENC[AES256_GCM,data:{},iv:{},tag:{},type:{kind}]",
+        STANDARD.encode(data),
+        STANDARD.encode(iv),
+        STANDARD.encode(tag)
+    )
+}
+
+const SECRET: &str = r#"{"apiVersion": "v1", "kind": "Secret",
+  "metadata": {"name": "db", "namespace": "shop"},
+  "stringData": {"password": "hunter2", "port": 5432, "ratio": 1.5, "on": true,
+                 "list": ["a", 2], "empty": "", "none": null}}"#;
+
+fn open(text: &str, identity: &str) -> Result<String, SopsError> {
+    SopsDocument::parse(text, true)
+        .expect("parses")
+        .expect("a sops document")
+        .open(&keys(identity))
+}
+
+fn plain(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).expect("JSON")
+}
+
+#[test]
+fn a_document_opens_with_its_values_typed_and_its_order_kept() {
+    let file = write(SECRET, &[&recipient(IDENTITY)], &[]);
+    assert!(
+        !file.contains("hunter2"),
+        "the value is encrypted in the file"
+    );
+    assert!(looks_like_sops(&file));
+    let opened = open(&file, IDENTITY).expect("opens");
+    assert_eq!(plain(&opened), plain(SECRET));
+    assert!(!opened.contains("sops"), "the metadata is gone: {opened}");
+    let order: Vec<usize> = ["apiVersion", "kind", "metadata", "stringData"]
+        .iter()
+        .map(|k| opened.find(k).expect("a key"))
+        .collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{opened}");
+}
+
+#[test]
+fn a_document_for_other_recipients_names_them() {
+    let file = write(SECRET, &[&recipient(OTHER)], &[]);
+    match open(&file, IDENTITY) {
+        Err(SopsError::NoKey { recipients }) => assert_eq!(recipients, [recipient(OTHER)]),
+        other => panic!("expected NoKey, got {other:?}"),
+    }
+}
+
+#[test]
+fn any_of_several_recipients_opens_it_and_any_of_several_keys() {
+    let file = write(SECRET, &[&recipient(OTHER), &recipient(IDENTITY)], &[]);
+    assert!(open(&file, IDENTITY).is_ok());
+    assert!(open(&file, OTHER).is_ok());
+    let mut both = keys(OTHER);
+    both.add_identity_file(IDENTITY).expect("adds");
+    let single = write(SECRET, &[&recipient(IDENTITY)], &[]);
+    let document = SopsDocument::parse(&single, true)
+        .expect("as written")
+        .expect("as written");
+    assert!(document.open(&both).is_ok());
+}
+
+#[test]
+fn a_value_moved_to_another_key_is_refused() {
+    let file = write(SECRET, &[&recipient(IDENTITY)], &[]);
+    let mut tree: serde_json::Value = plain(&file);
+    let password = tree["stringData"]["password"].clone();
+    tree["metadata"]["name"] = password;
+    let moved = serde_json::to_string(&tree).expect("as written");
+    match open(&moved, IDENTITY) {
+        Err(SopsError::Value { path }) => assert_eq!(path, "metadata.name"),
+        other => panic!("expected a value error, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_value_changed_in_the_clear_fails_the_mac() {
+    let rule = [("unencrypted_suffix", Node::Str("_unencrypted".into()))];
+    let file = write(
+        r#"{"user_unencrypted": "admin", "password": "hunter2"}"#,
+        &[&recipient(IDENTITY)],
+        &rule,
+    );
+    assert!(file.contains("admin"), "left in the clear");
+    assert!(open(&file, IDENTITY).is_ok());
+    let edited = file.replace("\"admin\"", "\"root\"");
+    assert_eq!(open(&edited, IDENTITY), Err(SopsError::Mac));
+    // A value the rules say is encrypted may not be replaced by a plain one.
+    let mut tree = plain(&file);
+    tree["password"] = "guess".into();
+    let replaced = serde_json::to_string(&tree).expect("as written");
+    assert!(matches!(
+        open(&replaced, IDENTITY),
+        Err(SopsError::Value { .. })
+    ));
+}
+
+#[test]
+fn a_mac_that_was_edited_is_refused() {
+    let file = write(SECRET, &[&recipient(IDENTITY)], &[]);
+    let mut tree = plain(&file);
+    tree["sops"]["lastmodified"] = "2026-01-02T03:04:06Z".into();
+    assert_eq!(
+        open(&serde_json::to_string(&tree).expect("as written"), IDENTITY),
+        Err(SopsError::Mac)
+    );
+}
+
+#[test]
+fn only_what_the_regex_names_is_encrypted_and_mac_only_encrypted_is_read() {
+    for mac_only in [false, true] {
+        let rules = [
+            ("encrypted_regex", Node::Str("^(data|stringData)$".into())),
+            ("mac_only_encrypted", Node::Bool(mac_only)),
+        ];
+        let file = write(SECRET, &[&recipient(IDENTITY)], &rules);
+        assert!(file.contains("\"shop\""), "metadata stays readable");
+        assert!(!file.contains("hunter2"));
+        assert_eq!(plain(&open(&file, IDENTITY).expect("opens")), plain(SECRET));
+        let renamed = file.replace("\"shop\"", "\"store\"");
+        let result = open(&renamed, IDENTITY);
+        if mac_only {
+            assert!(result.is_ok(), "values in the clear are not in this MAC");
+        } else {
+            assert_eq!(result, Err(SopsError::Mac));
+        }
+    }
+}
+
+#[test]
+fn documents_that_are_not_sops_are_left_alone() {
+    assert!(
+        SopsDocument::parse("a: 1\nsops: 2\n", false)
+            .expect("as written")
+            .is_none()
+    );
+    assert!(
+        SopsDocument::parse("kind: ConfigMap\n", false)
+            .expect("as written")
+            .is_none()
+    );
+    assert!(!looks_like_sops("kind: ConfigMap\n"));
+}
+
+#[test]
+fn comment_rules_and_several_key_groups_are_refused_with_a_reason() {
+    let file = write(r#"{"a": "b"}"#, &[&recipient(IDENTITY)], &[]);
+    let mut tree = plain(&file);
+    tree["sops"]["encrypted_comment_regex"] = "sops:enc".into();
+    let err =
+        open(&serde_json::to_string(&tree).expect("as written"), IDENTITY).expect_err("refused");
+    assert!(err.to_string().contains("encrypted_comment_regex"), "{err}");
+    let mut tree = plain(&file);
+    tree["sops"]["key_groups"] = serde_json::json!([{"age": []}, {"age": []}]);
+    let err =
+        open(&serde_json::to_string(&tree).expect("as written"), IDENTITY).expect_err("refused");
+    assert!(matches!(err, SopsError::Unsupported(_)), "{err}");
+}
+
+#[test]
+fn lastmodified_is_bound_as_go_formats_it() {
+    assert_eq!(
+        rfc3339_as_go_writes_it("2026-01-02T03:04:05Z"),
+        "2026-01-02T03:04:05Z"
+    );
+    assert_eq!(
+        rfc3339_as_go_writes_it("2026-01-02T03:04:05.123Z"),
+        "2026-01-02T03:04:05Z"
+    );
+    assert_eq!(
+        rfc3339_as_go_writes_it("2026-01-02T03:04:05+00:00"),
+        "2026-01-02T03:04:05Z"
+    );
+    assert_eq!(
+        rfc3339_as_go_writes_it("2026-01-02T03:04:05-07:00"),
+        "2026-01-02T03:04:05-07:00"
+    );
+}
+
+#[test]
+fn an_identity_file_is_read_as_age_keygen_writes_it() {
+    let file = format!(
+        "# created: 2026-01-01T00:00:00Z\n# public key: {}\n{IDENTITY}\n",
+        recipient(IDENTITY)
+    );
+    let keys = DecryptionKeys::from_identity_file(&file).expect("reads");
+    assert_eq!(keys.identity_lines(), [IDENTITY]);
+    let err = DecryptionKeys::from_identity_file("# nothing\nnot-a-key\n").expect_err("refused");
+    assert!(
+        err.starts_with("line 2:") && !err.contains("not-a-key"),
+        "{err}"
+    );
+    assert!(DecryptionKeys::from_identity_file("# only comments\n").is_err());
+}
