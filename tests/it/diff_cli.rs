@@ -461,6 +461,79 @@ fn secret_values_never_appear() {
     }
 }
 
+/// `SECRET` with annotations that copy its values: a `kubectl apply` record of an
+/// earlier version (`last_applied`) and one value, decoded (`copied`).
+fn annotated_secret(secret: &str, last_applied: &str, copied: &str) -> String {
+    secret.replacen(
+        "  name: pos-api-db\n",
+        &format!(
+            "  name: pos-api-db\n  annotations:\n    \
+             kubectl.kubernetes.io/last-applied-configuration: '{last_applied}'\n    \
+             copied: {copied}\n    team: payments\n"
+        ),
+        1,
+    )
+}
+
+#[test]
+fn secret_values_in_a_secrets_annotations_never_appear_and_validate_warns() {
+    let last_applied = |password: &str, token: &str| {
+        format!(
+            r#"{{"apiVersion":"v1","kind":"Secret","metadata":{{"name":"pos-api-db"}},"data":{{"password":"{password}"}},"stringData":{{"gateway-token":"{token}"}}}}"#
+        )
+    };
+    let fleet = FleetRepo::new();
+    let path = "workloads/pos-api/manifests/secret.yaml";
+    fleet.write(
+        path,
+        &annotated_secret(
+            SECRET_BASE,
+            &last_applied("b2xkLXNlY3JldA==", "s3cr3t-gateway-older"),
+            "hunter2-base",
+        ),
+    );
+    fleet.commit("base");
+    fleet.write(
+        path,
+        &annotated_secret(
+            SECRET_HEAD,
+            &last_applied("aHVudGVyMi1iYXNl", "s3cr3t-gateway-base"),
+            "hunter2-head",
+        ),
+    );
+    fleet.commit("head");
+    for format in FORMATS {
+        let run = fleet.diff(&["base", "head", "--format", format]);
+        assert_eq!(run.code, 1, "{format}: {}", run.stderr);
+        assert_no_secret(&run.stdout);
+        assert_no_secret(&run.stderr);
+        assert!(
+            run.stdout.contains("last-applied-configuration")
+                && run.stdout.contains("<redacted, changed>")
+                && run.stdout.contains("team: payments"),
+            "{format}: the annotations are named, their values hidden:\n{}",
+            run.stdout
+        );
+    }
+
+    let output = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["validate", "--repo"])
+        .arg(fleet.dir.path())
+        .output()
+        .expect("flotilla validate runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "a warning, not an error: {stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{path}:1: warning: Secret pos-api/pos-api-db carries its values in its metadata"
+        )) && stderr.contains("annotation \"kubectl.kubernetes.io/last-applied-configuration\"")
+            && stderr.contains("annotation \"copied\"")
+            && !stderr.contains("annotation \"team\""),
+        "{stderr}"
+    );
+    assert_no_secret(&stderr);
+}
+
 #[test]
 fn markdown_is_cut_at_max_bytes() {
     let fleet = FleetRepo::new();

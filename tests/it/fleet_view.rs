@@ -27,10 +27,14 @@ pub(crate) async fn every_state() -> (Scene, String) {
             &format!("apiVersion: flotilla.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name: {name}\n  labels: {{kind: lab}}\n"),
         );
     }
-    // A Secret, whose values the web page must never show.
+    // A Secret, whose values the web page must never show: not even in the record
+    // `kubectl apply` keeps of it in an annotation.
     scene.fleet.repo.write(
         "workloads/app/manifests/secret.yaml",
-        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: app\nstringData:\n  password: hunter2-secret\n",
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: app\n  annotations:\n    \
+         kubectl.kubernetes.io/last-applied-configuration: \
+         '{\"apiVersion\":\"v1\",\"kind\":\"Secret\",\"stringData\":{\"password\":\"hunter2-secret\"}}'\n\
+         stringData:\n  password: hunter2-secret\n",
     );
     let edge = make_token(scene.state.path(), Some("edge")).await;
     scene.tokens.insert("edge".into(), edge);
@@ -458,6 +462,13 @@ async fn the_web_page_shows_the_fleet_only_after_login_and_refuses_cross_site_fo
     let bundle = send(get("/ui/clusters/c1/bundle".into())).await;
     assert_eq!(bundle.status, 200);
     assert!(bundle.body.contains("(redacted)") && bundle.body.contains("&quot;password&quot;"));
+    assert!(
+        bundle
+            .body
+            .contains("last-applied-configuration&quot;: &quot;(redacted)&quot;"),
+        "the annotation is named, its value hidden: {}",
+        bundle.body
+    );
     assert!(!bundle.body.contains("hunter2"), "{}", bundle.body);
     assert_eq!(send(get("/ui/clusters/nope".into())).await.status, 404);
 

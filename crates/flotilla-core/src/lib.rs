@@ -12,6 +12,7 @@ pub mod limits;
 pub mod model;
 pub mod names;
 pub mod rollout;
+pub mod secret;
 pub mod signing;
 pub mod snapshot;
 pub mod status;

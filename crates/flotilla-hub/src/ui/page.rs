@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fleet::{ClusterState, ClusterSummary, Counts, Line, RenderStatus};
 use flotilla_core::rollout::view::RolloutView;
+use flotilla_core::secret;
 
 /// Clusters per page of the cluster list.
 pub const PAGE_SIZE: usize = 100;
@@ -430,21 +431,31 @@ pub fn error_page(message: &str, csrf: Option<&str>) -> Result<String, PageError
 }
 
 /// Replaces the values under `data` and `stringData` of every Secret in a bundle
-/// document (`{"resources": [...]}`) with a placeholder, keeping the keys.
+/// document (`{"resources": [...]}`) with a placeholder, keeping the keys, and so
+/// every annotation or label of a Secret that holds one of them (such as
+/// `kubectl.kubernetes.io/last-applied-configuration`).
 pub fn redact_secrets(document: &mut serde_json::Value) {
+    const REDACTED: &str = "(redacted)";
     let Some(resources) = document.get_mut("resources").and_then(|r| r.as_array_mut()) else {
         return;
     };
     for resource in resources {
-        let is_secret = resource.get("kind").and_then(|k| k.as_str()) == Some("Secret")
-            && resource.get("apiVersion").and_then(|v| v.as_str()) == Some("v1");
-        if !is_secret {
+        if !secret::is_secret(resource) {
             continue;
         }
-        for field in ["data", "stringData"] {
+        for (map, key) in secret::revealing_metadata(resource) {
+            if let Some(value) = resource
+                .get_mut("metadata")
+                .and_then(|m| m.get_mut(map))
+                .and_then(|m| m.get_mut(&key))
+            {
+                *value = serde_json::Value::String(REDACTED.into());
+            }
+        }
+        for field in secret::VALUE_FIELDS {
             if let Some(values) = resource.get_mut(field).and_then(|d| d.as_object_mut()) {
                 for value in values.values_mut() {
-                    *value = serde_json::Value::String("(redacted)".into());
+                    *value = serde_json::Value::String(REDACTED.into());
                 }
             }
         }
@@ -476,6 +487,28 @@ mod tests {
             "(redacted)"
         );
         assert_eq!(document["resources"][1]["data"]["password"], "visible");
+    }
+
+    #[test]
+    fn a_last_applied_configuration_of_a_secret_is_hidden() {
+        let last_applied = json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "s"}, "data": {"password": "aHVudGVyMg=="}})
+        .to_string();
+        let mut document = json!({"resources": [
+            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s", "annotations": {
+                "kubectl.kubernetes.io/last-applied-configuration": last_applied,
+                "team": "shop"}},
+             "data": {"password": "aHVudGVyMg=="}},
+        ]});
+        redact_secrets(&mut document);
+        let text = document.to_string();
+        assert!(!text.contains("aHVudGVyMg=="), "{text}");
+        let annotations = &document["resources"][0]["metadata"]["annotations"];
+        assert_eq!(
+            annotations["kubectl.kubernetes.io/last-applied-configuration"],
+            "(redacted)"
+        );
+        assert_eq!(annotations["team"], "shop");
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! How one resource is shown in a diff: its YAML (with `apiVersion`, `kind` and
 //! `metadata` first, the rest in key order), with the values of a Secret's `data`
-//! and `stringData` replaced by markers, and a unified diff of two such texts.
+//! and `stringData`, and its annotations and labels that hold them (such as
+//! `kubectl.kubernetes.io/last-applied-configuration`), replaced by markers, and a
+//! unified diff of two such texts.
 
 use std::borrow::Cow;
 
@@ -8,15 +10,12 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value};
 use similar::TextDiff;
 
-use flotilla_core::bundle::api_group;
+use flotilla_core::secret::{VALUE_FIELDS, is_secret, revealing_metadata};
 
 /// Shown instead of a Secret value that is the same on both sides (or exists on one).
 pub const REDACTED: &str = "<redacted>";
 /// Shown on the HEAD side instead of a Secret value that differs from BASE's.
 pub const REDACTED_CHANGED: &str = "<redacted, changed>";
-
-/// The Secret fields whose values never appear in a report.
-const SECRET_FIELDS: [&str; 2] = ["data", "stringData"];
 
 /// A unified diff of two versions of a resource (either may be absent), without
 /// file headers, with `context` lines around each change. Secret values are replaced
@@ -69,17 +68,9 @@ impl Serialize for KubernetesOrder<'_> {
     }
 }
 
-/// Whether a resource is a core `Secret` (API group `""`).
-pub fn is_secret(value: &Value) -> bool {
-    value.get("kind").and_then(Value::as_str) == Some("Secret")
-        && value
-            .get("apiVersion")
-            .and_then(Value::as_str)
-            .is_some_and(|v| api_group(v).is_empty())
-}
-
-/// Replaces every value under a Secret's `data` and `stringData` by a marker. A key
-/// whose value differs between the sides shows [`REDACTED_CHANGED`] on the HEAD side,
+/// Replaces every value under a Secret's `data` and `stringData`, and every
+/// annotation or label of it that holds one (see [`revealing_metadata`]), by a marker.
+/// A key whose value differs between the sides shows [`REDACTED_CHANGED`] on the HEAD side,
 /// so the diff says that it changed without saying what it was or became. No hash of
 /// the value is shown either: a short hash of a low-entropy secret (a PIN, a port, a
 /// word) is as good as the value to anyone who tries the candidates.
@@ -92,7 +83,33 @@ pub fn redact_pair<'a>(
     }
     let mut redacted_before = before.cloned();
     let mut redacted_after = after.cloned();
-    for field in SECRET_FIELDS {
+    // An annotation or label that holds a value on either side is hidden on both,
+    // whole: it shows that it changed, not what it holds.
+    let revealing: Vec<(&str, String)> = before
+        .into_iter()
+        .chain(after)
+        .flat_map(revealing_metadata)
+        .collect();
+    for (map, key) in &revealing {
+        let pointer = format!(
+            "/metadata/{map}/{}",
+            key.replace('~', "~0").replace('/', "~1")
+        );
+        let old = before.and_then(|v| v.pointer(&pointer));
+        if let Some(value) = redacted_before
+            .as_mut()
+            .and_then(|v| v.pointer_mut(&pointer))
+        {
+            *value = redact_field(value, None);
+        }
+        if let Some(value) = redacted_after
+            .as_mut()
+            .and_then(|v| v.pointer_mut(&pointer))
+        {
+            *value = redact_field(value, Some(old));
+        }
+    }
+    for field in VALUE_FIELDS {
         let old = before.and_then(|v| v.get(field));
         if let Some(value) = redacted_before.as_mut().and_then(|v| v.get_mut(field)) {
             *value = redact_field(value, None);
@@ -183,6 +200,39 @@ mod tests {
         assert!(diff.contains("-  gone: <redacted>"), "{diff}");
         assert!(diff.contains("   same: <redacted>"), "{diff}");
         assert!(diff.contains("+  token: <redacted, changed>"), "{diff}");
+    }
+
+    #[test]
+    fn annotations_that_hold_secret_values_become_markers() {
+        let last_applied = |password: &str| {
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"},
+                   "data": {"password": password}})
+            .to_string()
+        };
+        let secret = |password: &str| {
+            json!({"apiVersion": "v1", "kind": "Secret",
+                   "metadata": {"name": "s", "annotations": {
+                       "kubectl.kubernetes.io/last-applied-configuration": last_applied(password),
+                       "team": "shop"}},
+                   "data": {"password": password}})
+        };
+        // aHVudGVyMg== and aHVudGVyMw== are hunter2 and hunter3.
+        let diff = resource_diff(
+            Some(&secret("aHVudGVyMg==")),
+            Some(&secret("aHVudGVyMw==")),
+            3,
+        );
+        assert!(
+            !diff.contains("aHVudGVy") && !diff.contains("hunter"),
+            "{diff}"
+        );
+        assert!(
+            diff.contains(
+                "+    kubectl.kubernetes.io/last-applied-configuration: <redacted, changed>"
+            ),
+            "{diff}"
+        );
+        assert!(diff.contains("team: shop"), "{diff}");
     }
 
     #[test]

@@ -270,6 +270,8 @@ pub(super) fn assemble(
             );
         }
     }
+    done.errors
+        .extend(secret_values_in_metadata(&ranked, &cluster.name));
     if !errors.is_empty() {
         done.assembled = match job.only {
             Some(_) => return None,
@@ -312,6 +314,35 @@ pub(super) fn assemble(
         },
     ));
     Some(done)
+}
+
+/// A warning for each Secret of a cluster whose annotations or labels hold one of its
+/// values (`kubectl.kubernetes.io/last-applied-configuration` copied from a cluster,
+/// say): diffs and the web page hide them, but they reach the cluster and anyone who
+/// can read the Secret's metadata there.
+fn secret_values_in_metadata(ranked: &[Ranked<'_>], cluster: &str) -> Vec<Diagnostic> {
+    ranked
+        .iter()
+        .filter(|(_, item, _)| item.resource.key.kind == "Secret" && item.resource.key.group.is_empty())
+        .filter_map(|(_, item, _)| {
+            let found = flotilla_core::secret::revealing_metadata(&item.resource.value());
+            let names: Vec<String> = found
+                .iter()
+                .map(|(map, key)| format!("{} {key:?}", map.trim_end_matches('s')))
+                .collect();
+            (!names.is_empty()).then(|| {
+                Diagnostic::warning(format!(
+                    "{} carries its values in its metadata ({}); flotilla hides them in diffs and the web page, \
+                     but they are applied as written: remove them from the manifest",
+                    item.resource.key,
+                    names.join(", ")
+                ))
+                .in_file(&*item.file)
+                .at_line(Some(item.line))
+                .for_cluster(cluster)
+            })
+        })
+        .collect()
 }
 
 /// Merges two lists of resources, each in key order, into one; `None` when both
