@@ -97,36 +97,119 @@ struct Gates {
 type GatesExtension = Extension<Arc<Gates>>;
 
 pub fn router(shared: Arc<Shared>, limits: RequestLimits) -> Router {
-    use flotilla_core::api::routes;
     let gates = Arc::new(Gates {
         limits,
         webhook_bodies: tokio::sync::Semaphore::new(limits.max_webhook_bodies),
         polls: Arc::default(),
     });
-    Router::new()
-        .route(INDEX, get(index))
-        .route(routes::BUNDLE, get(get_bundle))
-        .route(routes::BUNDLE_BY_DIGEST, get(get_bundle_at))
-        .route(
-            routes::STATUS,
-            post(post_status).layer(DefaultBodyLimit::max(STATUS_BODY_LIMIT)),
+    ENDPOINTS
+        .iter()
+        .fold(
+            Router::new().route(INDEX, get(index)),
+            |router, endpoint| router.route(endpoint.path, (endpoint.handler)()),
         )
-        .route(routes::FLEET, get(get_fleet))
-        .route(routes::ROLLOUTS, get(get_rollouts))
-        .route(routes::ROLLOUT, get(get_rollout))
-        .route(routes::ROLLOUT_ACTION, post(post_rollout_action))
-        .route(
-            routes::GIT_HOOK,
-            post(post_hook).layer(DefaultBodyLimit::max(HOOK_BODY_LIMIT)),
-        )
-        .route(routes::HEALTHZ, get(healthz))
-        .route(routes::READYZ, get(readyz))
-        .route(routes::METRICS, get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(Extension(gates))
         .with_state(shared)
 }
+
+/// One endpoint of the API: the router routes it and `GET /` lists it, both from
+/// [`ENDPOINTS`], so the index cannot leave out a route.
+struct Endpoint {
+    method: &'static str,
+    path: &'static str,
+    auth: &'static str,
+    what: &'static str,
+    handler: fn() -> axum::routing::MethodRouter<Arc<Shared>>,
+}
+
+const CLUSTER_TOKEN: &str = "the cluster's token (an admin token reads too)";
+const ADMIN_TOKEN: &str = "an admin token";
+
+/// Every endpoint of the API, in the order of docs/api.md's table.
+const ENDPOINTS: &[Endpoint] = {
+    use flotilla_core::api::routes;
+    &[
+        Endpoint {
+            method: "GET",
+            path: routes::BUNDLE,
+            auth: CLUSTER_TOKEN,
+            what: "the cluster's current bundle; ETag is its digest, If-None-Match answers 304, ?wait=30s long-polls",
+            handler: || get(get_bundle),
+        },
+        Endpoint {
+            method: "GET",
+            path: routes::BUNDLE_BY_DIGEST,
+            auth: CLUSTER_TOKEN,
+            what: "an earlier bundle of the cluster, by digest (immutable)",
+            handler: || get(get_bundle_at),
+        },
+        Endpoint {
+            method: "POST",
+            path: routes::STATUS,
+            auth: "the cluster's token",
+            what: "the agent's status report",
+            handler: || post(post_status).layer(DefaultBodyLimit::max(STATUS_BODY_LIMIT)),
+        },
+        Endpoint {
+            method: "GET",
+            path: routes::FLEET,
+            auth: ADMIN_TOKEN,
+            what: "every cluster's desired and applied digest, state and last report; render errors",
+            handler: || get(get_fleet),
+        },
+        Endpoint {
+            method: "GET",
+            path: routes::ROLLOUTS,
+            auth: ADMIN_TOKEN,
+            what: "the rollouts under way, then the most recent ended ones",
+            handler: || get(get_rollouts),
+        },
+        Endpoint {
+            method: "GET",
+            path: routes::ROLLOUT,
+            auth: ADMIN_TOKEN,
+            what: "one rollout, with its events and its clusters",
+            handler: || get(get_rollout),
+        },
+        Endpoint {
+            method: "POST",
+            path: routes::ROLLOUT_ACTION,
+            auth: ADMIN_TOKEN,
+            what: "steer a rollout: {action} is pause, resume, promote or abort",
+            handler: || post(post_rollout_action),
+        },
+        Endpoint {
+            method: "POST",
+            path: routes::GIT_HOOK,
+            auth: "an HMAC signature (X-Hub-Signature-256)",
+            what: "a push happened: look for a new commit now",
+            handler: || post(post_hook).layer(DefaultBodyLimit::max(HOOK_BODY_LIMIT)),
+        },
+        Endpoint {
+            method: "GET",
+            path: routes::HEALTHZ,
+            auth: "none",
+            what: "liveness",
+            handler: || get(healthz),
+        },
+        Endpoint {
+            method: "GET",
+            path: routes::READYZ,
+            auth: "none",
+            what: "readiness: 200 once bundles are served",
+            handler: || get(readyz),
+        },
+        Endpoint {
+            method: "GET",
+            path: routes::METRICS,
+            auth: "none",
+            what: "Prometheus text format",
+            handler: || get(metrics),
+        },
+    ]
+};
 
 /// The long-polls held for each cluster, oldest first.
 #[derive(Default)]
@@ -1164,33 +1247,27 @@ async fn check_hook(shared: &Arc<Shared>, gates: &Gates, request: Request) -> Re
 /// The hub's front door.
 pub const INDEX: &str = "/";
 
-/// `GET /`: where to go from here, as a JSON index of the endpoints. When the hub
-/// serves a web page, this handler becomes a redirect to it; nothing else changes.
+/// `GET /`: where to go from here, as a JSON index of the endpoints: the API's
+/// (every route of [`ENDPOINTS`]) and the web page's entry.
 async fn index() -> Response {
-    use flotilla_core::api::routes;
     let endpoint = |method: &str, path: &str, auth: &str, what: &str| json!({ "method": method, "path": path, "auth": auth, "what": what });
-    let cluster_token = "the cluster's token (an admin token reads too)";
+    let mut endpoints: Vec<serde_json::Value> = ENDPOINTS
+        .iter()
+        .map(|e| endpoint(e.method, e.path, e.auth, e.what))
+        .collect();
+    endpoints.push(endpoint(
+        "GET",
+        crate::ui::routes::HOME,
+        "a session: log in there with an admin token",
+        "the web page: the fleet, each cluster and each rollout (docs/ui.md)",
+    ));
     json_response(
         StatusCode::OK,
         &json!({
             "name": "flotilla hub",
             "version": env!("CARGO_PKG_VERSION"),
             "documentation": "docs/api.md in the flotilla repository",
-            "endpoints": [
-                endpoint("GET", routes::BUNDLE, cluster_token,
-                    "the cluster's current bundle; ETag is its digest, If-None-Match answers 304, ?wait=30s long-polls"),
-                endpoint("GET", routes::BUNDLE_BY_DIGEST, cluster_token,
-                    "an earlier bundle of the cluster, by digest (immutable)"),
-                endpoint("POST", routes::STATUS, "the cluster's token",
-                    "the agent's status report"),
-                endpoint("GET", routes::FLEET, "an admin token",
-                    "every cluster's desired and applied digest, state and last report; render errors"),
-                endpoint("POST", routes::GIT_HOOK, "an HMAC signature (X-Hub-Signature-256)",
-                    "a push happened: look for a new commit now"),
-                endpoint("GET", routes::HEALTHZ, "none", "liveness"),
-                endpoint("GET", routes::READYZ, "none", "readiness: 200 once bundles are served"),
-                endpoint("GET", routes::METRICS, "none", "Prometheus text format"),
-            ],
+            "endpoints": endpoints,
         }),
     )
 }
