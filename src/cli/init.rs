@@ -1,5 +1,8 @@
 //! `flotilla init [DIR]`: a new fleet repository that validates as it is, whose
-//! files' schema modelines resolve inside it, with a CI job for `validate` and `diff`.
+//! files' schema modelines resolve inside it, with a CI job for `validate` and `diff`
+//! that runs flotilla's container image. A folder in no Git repository is made one, on
+//! `main`; in an existing repository the README and the CI job name the branch its
+//! HEAD is on.
 
 use std::path::{Path, PathBuf};
 
@@ -56,18 +59,32 @@ const OPTIONAL: &[(&str, &str)] = &[
 
 const WORKFLOW: &str = ".github/workflows/fleet.yml";
 
+/// The branch of a repository `init` makes itself (the branch of an existing one is
+/// whatever its HEAD is on).
+const NEW_BRANCH: &str = "main";
+
 pub fn run_init(args: &InitArgs) -> anyhow::Result<u8> {
     let dir = &args.dir;
     let fleet_path = path_in_repository(dir);
+    let existing_branch = dir
+        .ancestors()
+        .find(|a| a.exists())
+        .and_then(|existing| flotilla_hub::source::discover(existing).ok()?)
+        .map(|repository| flotilla_hub::source::head_branch(&repository));
+    let branch = existing_branch
+        .clone()
+        .flatten()
+        .unwrap_or_else(|| NEW_BRANCH.to_string());
+    let fill = |text: &str| {
+        text.replace("@FLEET_PATH@", fleet_path.as_deref().unwrap_or("."))
+            .replace("@BRANCH@", &branch)
+            .replace("@VERSION@", env!("CARGO_PKG_VERSION"))
+    };
     let mut files: Vec<(String, String)> = FILES
         .iter()
         .map(|(path, text)| (path.to_string(), text.to_string()))
         .collect();
-    files.push((
-        WORKFLOW.to_string(),
-        include_str!("init/fleet.yml")
-            .replace("@FLEET_PATH@", fleet_path.as_deref().unwrap_or(".")),
-    ));
+    files.push((WORKFLOW.to_string(), fill(include_str!("init/fleet.yml"))));
     for (name, schema) in flotilla_core::model::schemas() {
         let mut text = serde_json::to_string_pretty(&schema)?;
         text.push('\n');
@@ -90,7 +107,7 @@ pub fn run_init(args: &InitArgs) -> anyhow::Result<u8> {
         if dir.join(path).exists() {
             eprintln!("kept the {path} already in {}", dir.display());
         } else {
-            files.push((path.to_string(), text.to_string()));
+            files.push((path.to_string(), fill(text)));
         }
     }
     for (path, text) in &files {
@@ -106,6 +123,12 @@ pub fn run_init(args: &InitArgs) -> anyhow::Result<u8> {
         "wrote a new fleet in {}: 1 cluster, 1 group, 1 workload, 1 overlay, schemas/ and {WORKFLOW}",
         dir.display()
     );
+    if existing_branch.is_none() {
+        // flotilla reads the fleet from commits; a repository made here is on the
+        // branch the README and the CI job name, whatever Git's default would be.
+        flotilla_hub::source::init_repository(dir, &branch)?;
+        println!("made {} a Git repository on branch {branch}", dir.display());
+    }
     print_next_steps(dir, fleet_path.as_deref());
     Ok(EXIT_OK)
 }
@@ -132,17 +155,12 @@ fn git_top(path: &Path) -> Option<PathBuf> {
 fn print_next_steps(dir: &Path, fleet_path: Option<&str>) {
     let shown = super::source::shell_word(&dir.display().to_string());
     match fleet_path {
-        None if git_top(dir).is_some() => println!(
+        None => println!(
             "\nnext: commit it, then check it:\n\n    \
              git -C {shown} add . && git -C {shown} commit -m 'A new fleet'\n    \
-             flotilla validate --repo {shown}\n"
-        ),
-        None => println!(
-            "\nnext: make it a Git repository, commit, and check it:\n\n    \
-             git -C {shown} init && git -C {shown} add . && git -C {shown} commit -m 'A new fleet'\n    \
              flotilla validate --repo {shown}\n\n\
-             Flotilla reads the fleet from a commit inside a Git repository (add --worktree\n\
-             to read the files on disk instead)."
+             Flotilla reads the fleet from a commit (add --worktree to read the files on\n\
+             disk instead)."
         ),
         Some(path) => println!(
             "\nnext: commit it, then check it:\n\n    \

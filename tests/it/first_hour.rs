@@ -376,6 +376,79 @@ fn errors_name_the_next_step() {
     );
 }
 
+/// `flotilla init` in a folder outside Git makes the repository itself, on the
+/// branch its README and CI job name; in a repository on another branch (Git's
+/// `master`), it names that branch. The CI job runs flotilla's container image,
+/// cached, and builds nothing.
+#[test]
+fn init_names_the_repositorys_branch_and_writes_a_ci_job_that_builds_nothing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Git's own default branch here is master, as on many machines.
+    let gitconfig = dir.path().join("gitconfig");
+    std::fs::write(&gitconfig, "[init]\n\tdefaultBranch = master\n").expect("write");
+    let case = Case::new(dir.path())
+        .env("GIT_CONFIG_GLOBAL", gitconfig.display().to_string())
+        .env("GIT_CONFIG_NOSYSTEM", "1");
+    let branch_of = |repo: &Path| git(repo, &["symbolic-ref", "--short", "HEAD"]);
+    let read = |path: &Path| std::fs::read_to_string(path).expect("read");
+
+    let outcome = case.run(&["init", "fleet"]);
+    assert_eq!(outcome.code, 0, "{}", outcome.stderr);
+    assert!(
+        outcome
+            .stdout
+            .contains("made fleet a Git repository on branch main\n"),
+        "{}",
+        outcome.stdout
+    );
+    let fleet = dir.path().join("fleet");
+    assert_eq!(branch_of(&fleet), "main");
+    assert!(read(&fleet.join("README.md")).contains("\nflotilla diff main "));
+    let workflow = read(&fleet.join(".github/workflows/fleet.yml"));
+    assert!(workflow.contains("\n    branches: [main]\n"), "{workflow}");
+    // What the README says works once the fleet is committed.
+    git(&fleet, &["add", "."]);
+    git(&fleet, &["commit", "--quiet", "-m", "A new fleet"]);
+    let diff = case.run(&["diff", "main", "--repo", "fleet"]);
+    assert_eq!(diff.code, 0, "{}", diff.stderr);
+
+    // A repository on master keeps its branch, and the files say master.
+    let platform = dir.path().join("platform");
+    std::fs::create_dir(&platform).expect("mkdir");
+    git(&platform, &["init", "--quiet", "--initial-branch=master"]);
+    let outcome = case.run(&["init", "platform/fleet"]);
+    assert_eq!(outcome.code, 0, "{}", outcome.stderr);
+    assert!(!outcome.stdout.contains("made "), "{}", outcome.stdout);
+    assert!(!platform.join("fleet/.git").exists());
+    assert!(read(&platform.join("fleet/README.md")).contains("\nflotilla diff master "));
+    let workflow = read(&platform.join("fleet/.github/workflows/fleet.yml"));
+    assert!(
+        workflow.contains("\n    branches: [master]\n"),
+        "{workflow}"
+    );
+    assert!(workflow.contains("FLEET_PATH: \"fleet\""), "{workflow}");
+
+    // The job pulls a released image of this version, cached, and runs no build.
+    let job: serde_json::Value = serde_saphyr::from_str(&workflow).expect("YAML");
+    assert_eq!(
+        job["env"]["FLOTILLA_IMAGE"],
+        format!(
+            "ghcr.io/flotilla-dev/flotilla:{}",
+            env!("CARGO_PKG_VERSION")
+        )
+    );
+    let steps = job["jobs"]["check"]["steps"].as_array().expect("steps");
+    let uses: Vec<&str> = steps.iter().filter_map(|s| s["uses"].as_str()).collect();
+    assert!(
+        uses.iter().any(|u| u.starts_with("actions/cache@")),
+        "{uses:?}"
+    );
+    for step in steps {
+        let run = step["run"].as_str().unwrap_or("");
+        assert!(!run.contains("cargo"), "a step builds flotilla: {run}");
+    }
+}
+
 fn is_root() -> bool {
     Command::new("id")
         .arg("-u")

@@ -140,6 +140,27 @@ fn not_owned(path: &Path, err: &git2::Error) -> SourceError {
     }
 }
 
+/// The branch a repository's HEAD is on, whether it has a commit yet or not; `None`
+/// when HEAD is detached.
+pub fn head_branch(repository: &Repository) -> Option<String> {
+    let head = repository.find_reference("HEAD").ok()?;
+    let target = head.symbolic_target().ok()??;
+    target.strip_prefix("refs/heads/").map(str::to_string)
+}
+
+/// Makes `dir` a new Git repository whose first branch is `branch`, whatever Git's
+/// own default (`init.defaultBranch`) says.
+pub fn init_repository(dir: &Path, branch: &str) -> Result<(), SourceError> {
+    let mut options = git2::RepositoryInitOptions::new();
+    options.initial_head(branch);
+    Repository::init_opts(dir, &options)
+        .map(drop)
+        .map_err(|err| SourceError::Git {
+            repo: dir.display().to_string(),
+            message: err.message().to_string(),
+        })
+}
+
 /// The commit a revision names, as a 40-hex string.
 pub fn resolve(repo: &Repository, rev: &str) -> Result<git2::Oid, SourceError> {
     let repo_name = repo.path().display().to_string();
