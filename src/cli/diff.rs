@@ -71,6 +71,8 @@ pub struct DiffArgs {
     #[arg(long, value_enum, default_value_t = ColourChoice::Auto, value_name = "WHEN")]
     pub color: ColourChoice,
     #[command(flatten)]
+    pub decryption: super::DecryptionArgs,
+    #[command(flatten)]
     pub limits: super::LimitArgs,
 }
 
@@ -103,6 +105,7 @@ pub fn run_diff(args: &DiffArgs) -> anyhow::Result<u8> {
     let limits = args.limits.limits();
     let render_options = RenderOptions {
         limits: limits.clone(),
+        sops: args.decryption.review()?,
         ..RenderOptions::default()
     };
     let render = |snapshot: &FleetSnapshot| render_with(snapshot, &render_options);

@@ -139,6 +139,13 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
             "cannot raise the open-file limit: {err}"
         ),
     }
+    config.decryption = args.decryption.hub()?;
+    if !config.decryption.is_empty() {
+        tracing::info!(
+            recipients = config.decryption.recipients().join(","),
+            "opening SOPS files with the given age identities"
+        );
+    }
     if let Some(path) = &args.signing_key {
         let key = super::key::read_signing_key(path)?;
         tracing::info!(key_id = key.key_id(), "signing every served bundle");
@@ -291,6 +298,7 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
         &RenderOptions {
             limits,
             helm_seed,
+            sops: flotilla_render::sops::SopsKeys::Open(args.decryption.hub()?),
             ..RenderOptions::default()
         },
     );

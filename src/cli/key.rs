@@ -26,13 +26,81 @@ pub enum KeyCommand {
         /// `.pub` added. Existing files are never overwritten.
         #[arg(long, value_name = "KEY")]
         out: PathBuf,
+        /// Make an age identity instead (one file, mode 0600, as `age-keygen` writes
+        /// it) for `serve --decryption-key`; prints its public key (`age1…`), the
+        /// recipient to add to the fleet's `.sops.yaml`.
+        #[arg(long)]
+        age: bool,
     },
 }
 
 pub fn run_key(args: &KeyArgs) -> anyhow::Result<u8> {
     match &args.command {
-        KeyCommand::Generate { out } => generate(out),
+        KeyCommand::Generate { out, age: false } => generate(out),
+        KeyCommand::Generate { out, age: true } => generate_age(out),
     }
+}
+
+fn generate_age(out: &Path) -> anyhow::Result<u8> {
+    use age::secrecy::ExposeSecret as _;
+    if out.exists() {
+        bail!(
+            "{} exists; a decryption key is never overwritten (SOPS files are encrypted to it): choose another --out, or remove it first",
+            out.display()
+        );
+    }
+    let identity = age::x25519::Identity::generate();
+    let recipient = identity.to_public().to_string();
+    let created = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
+    let text = format!(
+        "# created: {created}\n# public key: {recipient}\n{}\n",
+        identity.to_string().expose_secret()
+    );
+    flotilla_fs::write_atomically(out, text.as_bytes(), Mode::Private)
+        .with_context(|| format!("cannot write the age identity {}", out.display()))?;
+    eprintln!(
+        "wrote the age identity {} (keep it on the hub, mode 0600: serve --decryption-key {}); add its public key to the age recipients of your .sops.yaml",
+        out.display(),
+        out.display()
+    );
+    println!("{recipient}");
+    Ok(EXIT_OK)
+}
+
+/// Reads `--decryption-key` files (age identity files). A file readable by others is
+/// refused, as for `--signing-key`.
+pub fn read_decryption_keys(
+    paths: &[PathBuf],
+) -> anyhow::Result<flotilla_render::sops::DecryptionKeys> {
+    let mut keys = flotilla_render::sops::DecryptionKeys::default();
+    for path in paths {
+        refuse_if_shared(path, "--decryption-key")?;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read --decryption-key {}", path.display()))?;
+        keys.add_identity_file(&text)
+            .map_err(|reason| anyhow::anyhow!("--decryption-key {}: {reason}", path.display()))?;
+    }
+    Ok(keys)
+}
+
+/// Refuses a private key file other users can read (as ssh does).
+fn refuse_if_shared(path: &Path, flag: &str) -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let metadata = std::fs::metadata(path)
+            .with_context(|| format!("cannot read {flag} {}", path.display()))?;
+        if metadata.permissions().mode() & 0o077 != 0 {
+            bail!(
+                "{flag} {} can be read by other users (mode {:o}); make it private: chmod 600 {}",
+                path.display(),
+                metadata.permissions().mode() & 0o777,
+                path.display()
+            );
+        }
+    }
+    let _ = (path, flag);
+    Ok(())
 }
 
 fn public_path(private: &Path) -> PathBuf {
@@ -76,20 +144,7 @@ fn generate(out: &Path) -> anyhow::Result<u8> {
 /// Reads `--signing-key`: the private key file `flotilla key generate` wrote. A key
 /// readable by others is refused, as ssh refuses one.
 pub fn read_signing_key(path: &Path) -> anyhow::Result<SigningKey> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        let metadata = std::fs::metadata(path)
-            .with_context(|| format!("cannot read --signing-key {}", path.display()))?;
-        if metadata.permissions().mode() & 0o077 != 0 {
-            bail!(
-                "--signing-key {} can be read by other users (mode {:o}); make it private: chmod 600 {}",
-                path.display(),
-                metadata.permissions().mode() & 0o777,
-                path.display()
-            );
-        }
-    }
+    refuse_if_shared(path, "--signing-key")?;
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read --signing-key {}", path.display()))?;
     SigningKey::parse(&text).with_context(|| format!("--signing-key {}", path.display()))

@@ -174,6 +174,50 @@ impl LimitArgs {
     }
 }
 
+/// `--decryption-key`: the age identities the fleet's SOPS files are opened with.
+#[derive(Debug, Args)]
+pub struct DecryptionArgs {
+    /// An age identity file (from `flotilla key generate --age` or `age-keygen`,
+    /// mode 0600) to open the fleet's SOPS files with; repeat it while a key is
+    /// rotated. Without one, SOPS files are read as their ciphertext (with a
+    /// warning) by render, validate and diff, and are render errors for serve and
+    /// publish.
+    #[arg(
+        long = "decryption-key",
+        env = "FLOTILLA_DECRYPTION_KEY",
+        value_name = "FILE",
+        value_delimiter = ','
+    )]
+    pub decryption_keys: Vec<PathBuf>,
+}
+
+impl DecryptionArgs {
+    /// The keys, read; `None` when none was given.
+    pub fn keys(
+        &self,
+    ) -> anyhow::Result<Option<std::sync::Arc<flotilla_render::sops::DecryptionKeys>>> {
+        if self.decryption_keys.is_empty() {
+            return Ok(None);
+        }
+        key::read_decryption_keys(&self.decryption_keys).map(|k| Some(std::sync::Arc::new(k)))
+    }
+
+    /// How `render`, `validate` and `diff` read SOPS files: opened with the keys
+    /// given, else as ciphertext.
+    pub fn review(&self) -> anyhow::Result<flotilla_render::sops::SopsKeys> {
+        Ok(match self.keys()? {
+            Some(keys) => flotilla_render::sops::SopsKeys::Open(keys),
+            None => flotilla_render::sops::SopsKeys::Unopened,
+        })
+    }
+
+    /// How `serve` and `publish` read them: always opened (with no key, each is an
+    /// error).
+    pub fn hub(&self) -> anyhow::Result<std::sync::Arc<flotilla_render::sops::DecryptionKeys>> {
+        Ok(self.keys()?.unwrap_or_default())
+    }
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
 pub enum OutputFormat {
     Yaml,
@@ -195,6 +239,8 @@ pub struct RenderArgs {
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     #[command(flatten)]
+    pub decryption: DecryptionArgs,
+    #[command(flatten)]
     pub limits: LimitArgs,
 }
 
@@ -206,6 +252,8 @@ pub struct ValidateArgs {
     /// selects no cluster, ...): exit 1 if there is any.
     #[arg(long)]
     pub strict: bool,
+    #[command(flatten)]
+    pub decryption: DecryptionArgs,
     #[command(flatten)]
     pub limits: LimitArgs,
 }
@@ -321,6 +369,8 @@ pub struct ServeArgs {
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     #[command(flatten)]
+    pub decryption: DecryptionArgs,
+    #[command(flatten)]
     pub limits: LimitArgs,
     /// The most memory the render of one commit may take: each commit is rendered in a
     /// process of its own, and one that needs more ends there and is reported as a
@@ -408,6 +458,8 @@ pub struct PublishArgs {
     /// signature verifies with this key (otherwise it is ignored, with a warning).
     #[arg(long, env = "FLOTILLA_SIGNING_KEY", value_name = "KEY")]
     pub signing_key: Option<PathBuf>,
+    #[command(flatten)]
+    pub decryption: DecryptionArgs,
     #[command(flatten)]
     pub limits: LimitArgs,
 }

@@ -48,7 +48,7 @@ fn render_fleet(
     source: &super::SourceArgs,
     command: &str,
     clusters: &[String],
-    limits: &super::LimitArgs,
+    (limits, decryption): (&super::LimitArgs, &super::DecryptionArgs),
     digests_only: bool,
 ) -> anyhow::Result<RenderOutput> {
     let limits = limits.limits();
@@ -62,6 +62,7 @@ fn render_fleet(
         cancel: None,
         digests_only,
         helm_seed: None,
+        sops: decryption.review()?,
     };
     let output = render_with(&snapshot, &options);
     progress.bar.finish_and_clear();
@@ -75,7 +76,13 @@ fn print_diagnostics(output: &RenderOutput) {
 }
 
 pub fn run_render(args: &RenderArgs) -> anyhow::Result<u8> {
-    let output = render_fleet(&args.source, "render", &args.clusters, &args.limits, false)?;
+    let output = render_fleet(
+        &args.source,
+        "render",
+        &args.clusters,
+        (&args.limits, &args.decryption),
+        false,
+    )?;
     print_diagnostics(&output);
     if !output.is_clean() {
         let count = output.errors().count();
@@ -150,7 +157,13 @@ fn document_value(bundle: &Bundle, revision: &str) -> anyhow::Result<serde_json:
 
 pub fn run_validate(args: &ValidateArgs) -> anyhow::Result<u8> {
     // It reports problems and counts bundles: it keeps no resources.
-    let output = render_fleet(&args.source, "validate", &[], &args.limits, true)?;
+    let output = render_fleet(
+        &args.source,
+        "validate",
+        &[],
+        (&args.limits, &args.decryption),
+        true,
+    )?;
     print_diagnostics(&output);
     let errors = output.errors().count();
     let warnings = output.warnings().count();

@@ -24,6 +24,7 @@ mod readme;
 mod render_example;
 mod rollout_e2e;
 mod schemas;
+mod sops_secrets;
 mod support;
 mod ui_browser;
 mod validate_cli;

@@ -38,6 +38,7 @@ use flotilla_core::bundle::Digest;
 use flotilla_core::diagnostic::Diagnostic;
 use flotilla_core::limits::Limits;
 use flotilla_core::snapshot::FleetSnapshot;
+use flotilla_render::sops::SopsKeys;
 use flotilla_render::{RenderOptions, RenderOutput, render_since, render_with};
 
 use crate::render_worker::{RenderSession, RenderWorker, Rendered};
@@ -206,6 +207,17 @@ impl Origin {
     }
 }
 
+/// How the follower renders.
+pub struct RenderSetup {
+    pub limits: Limits,
+    /// Render in a child process (see [`crate::render_worker`]); on a thread without.
+    pub worker: Option<RenderWorker>,
+    /// The largest last render kept to render the next commit since.
+    pub keep_render: u64,
+    /// The identities SOPS files are opened with.
+    pub decryption: Arc<flotilla_render::sops::DecryptionKeys>,
+}
+
 pub struct Follower {
     shared: Arc<Shared>,
     origin: Origin,
@@ -229,6 +241,7 @@ pub struct Follower {
     keep_render: u64,
     /// The store's Helm seed, read before the first render.
     helm_seed: Option<[u8; 32]>,
+    decryption: Arc<flotilla_render::sops::DecryptionKeys>,
 }
 
 impl Follower {
@@ -237,16 +250,20 @@ impl Follower {
         spec: SourceSpec,
         state_dir: &Path,
         poll_interval: Duration,
-        limits: Limits,
-        render_worker: Option<RenderWorker>,
-        keep_render: u64,
+        setup: RenderSetup,
     ) -> Follower {
+        let RenderSetup {
+            limits,
+            worker,
+            keep_render,
+            decryption,
+        } = setup;
         Follower {
             origin: Origin::of(&spec, state_dir),
             shared,
             spec,
             limits,
-            render_session: render_worker.map(RenderSession::new),
+            render_session: worker.map(|w| RenderSession::new(w, decryption.clone())),
             state_dir: state_dir.to_path_buf(),
             poll_interval,
             last_commit: None,
@@ -257,6 +274,7 @@ impl Follower {
             last_output: None,
             keep_render,
             helm_seed: None,
+            decryption,
         }
     }
 
@@ -682,6 +700,7 @@ impl Follower {
         let limits = self.limits.clone();
         let stop = cancel.clone();
         let previous = self.last_output.clone();
+        let decryption = self.decryption.clone();
         let spawned = std::thread::Builder::new()
             .name("flotilla-render".into())
             .spawn(move || {
@@ -691,6 +710,7 @@ impl Follower {
                         limits,
                         cancel: Some(&stop),
                         helm_seed: Some(helm_seed),
+                        sops: SopsKeys::Open(decryption),
                         ..RenderOptions::default()
                     };
                     match &previous {

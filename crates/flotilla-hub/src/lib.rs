@@ -125,6 +125,9 @@ pub struct HubConfig {
     /// that the next commit renders only what it changes; a heavier render is not
     /// kept, and every commit is rendered in full.
     pub keep_render: u64,
+    /// The age identities SOPS files are opened with (`serve --decryption-key`);
+    /// empty: a SOPS file is a render error.
+    pub decryption: Arc<flotilla_render::sops::DecryptionKeys>,
 }
 
 impl HubConfig {
@@ -149,6 +152,7 @@ impl HubConfig {
             gc_grace: Duration::from_secs(3600),
             render_worker: None,
             keep_render: follow::DEFAULT_KEEP_RENDER,
+            decryption: Arc::default(),
         }
     }
 }
@@ -207,9 +211,12 @@ impl Hub {
             config.source,
             &config.state_dir,
             config.poll_interval,
-            config.limits,
-            config.render_worker,
-            config.keep_render,
+            follow::RenderSetup {
+                limits: config.limits,
+                worker: config.render_worker,
+                keep_render: config.keep_render,
+                decryption: config.decryption,
+            },
         );
         let tasks = spawn_tasks(&shared, follower, tokens_generation, config.token_refresh);
         Ok(Hub {

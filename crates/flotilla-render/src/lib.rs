@@ -69,6 +69,9 @@ pub struct RenderOptions<'a> {
     /// ...) derive their values from; without one the public seed is used, and a
     /// warning says so where a chart generated a value.
     pub helm_seed: Option<[u8; 32]>,
+    /// How SOPS documents in the fleet are read: opened with the hub's keys, or left
+    /// as ciphertext (a review without them).
+    pub sops: sops::SopsKeys,
 }
 
 /// The result of rendering one snapshot.

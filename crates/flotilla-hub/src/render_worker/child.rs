@@ -73,6 +73,7 @@ fn render_request(
     let options = RenderOptions {
         limits: settings.limits,
         helm_seed: settings.helm_seed,
+        sops: flotilla_render::sops::SopsKeys::Open(settings.decryption),
         ..RenderOptions::default()
     };
     // The clusters rendered in part, asked for once: their previous bundles are read

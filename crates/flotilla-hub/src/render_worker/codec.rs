@@ -15,12 +15,28 @@ use flotilla_core::limits::Limits;
 use flotilla_core::rollout::RolloutPlan;
 use flotilla_core::snapshot::FleetSnapshot;
 use flotilla_render::inputs::{ClusterInput, InputDigest, WorkloadInputs};
+use flotilla_render::sops::DecryptionKeys;
 use flotilla_render::{ClusterProvenance, PatchMatches, Provenance, RenderOutput};
 
 /// What a render is made with besides the snapshot.
 pub(super) struct RenderSettings {
     pub limits: Limits,
     pub helm_seed: Option<[u8; 32]>,
+    /// The identities SOPS files are opened with (sent over the pipe to the render
+    /// process, never written anywhere).
+    pub decryption: Arc<DecryptionKeys>,
+}
+
+impl RenderSettings {
+    /// Budgets only: the public Helm seed, no decryption key.
+    #[cfg(test)]
+    pub fn plain(limits: Limits) -> RenderSettings {
+        RenderSettings {
+            limits,
+            helm_seed: None,
+            decryption: Arc::default(),
+        }
+    }
 }
 
 /// Everything of the input but the files' contents.
@@ -30,6 +46,9 @@ struct InputHeader {
     /// The Helm seed, in hex (absent: the public seed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     helm_seed: Option<String>,
+    /// The age identities SOPS files are opened with.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    decryption: Vec<String>,
     revision: String,
     problems: Vec<Diagnostic>,
     skipped: BTreeMap<String, String>,
@@ -153,12 +172,13 @@ pub(super) enum Since<P> {
 pub(super) fn encode_input(
     snapshot: &FleetSnapshot,
     since: Since<&RenderOutput>,
-    (limits, helm_seed): (&Limits, Option<[u8; 32]>),
+    settings: &RenderSettings,
     out: &mut impl Write,
 ) -> io::Result<()> {
     let header = InputHeader {
-        limits: limits.clone(),
-        helm_seed: helm_seed.map(hex::encode),
+        limits: settings.limits.clone(),
+        helm_seed: settings.helm_seed.map(hex::encode),
+        decryption: settings.decryption.identity_lines(),
         revision: snapshot.revision.clone(),
         problems: snapshot.problems.clone(),
         skipped: snapshot.skipped.clone(),
@@ -237,9 +257,16 @@ pub(super) fn decode_input(
         skipped: header.skipped,
         binaries,
     };
+    let mut decryption = DecryptionKeys::default();
+    if !header.decryption.is_empty() {
+        decryption
+            .add_identity_file(&header.decryption.join("\n"))
+            .map_err(invalid)?;
+    }
     let settings = RenderSettings {
         limits: header.limits,
         helm_seed,
+        decryption: Arc::new(decryption),
     };
     Ok((settings, snapshot, since))
 }

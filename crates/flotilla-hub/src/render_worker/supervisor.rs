@@ -13,8 +13,11 @@ use tokio::io::AsyncReadExt;
 use flotilla_core::limits::Limits;
 use flotilla_core::snapshot::FleetSnapshot;
 use flotilla_render::RenderOutput;
+use flotilla_render::sops::DecryptionKeys;
 
-use super::codec::{Known, Since, encode_input, encode_output, read_output, read_request};
+use super::codec::{
+    Known, RenderSettings, Since, encode_input, encode_output, read_output, read_request,
+};
 use super::{RenderWorker, Rendered, WORKER_COMMAND};
 
 /// How much of the child's standard error is kept for the report.
@@ -31,6 +34,8 @@ pub struct RenderSession {
     process: Option<Process>,
     /// The seed Helm charts' generating functions derive from (the store's).
     helm_seed: Option<[u8; 32]>,
+    /// The identities SOPS files are opened with.
+    decryption: Arc<DecryptionKeys>,
 }
 
 /// A running render process.
@@ -48,11 +53,12 @@ struct Process {
 }
 
 impl RenderSession {
-    pub fn new(worker: RenderWorker) -> RenderSession {
+    pub fn new(worker: RenderWorker, decryption: Arc<DecryptionKeys>) -> RenderSession {
         RenderSession {
             worker,
             process: None,
             helm_seed: None,
+            decryption,
         }
     }
 
@@ -110,8 +116,11 @@ impl RenderSession {
             snapshot,
             previous,
             since_kept,
-            limits: limits.clone(),
-            helm_seed: self.helm_seed,
+            settings: RenderSettings {
+                limits: limits.clone(),
+                helm_seed: self.helm_seed,
+                decryption: self.decryption.clone(),
+            },
         };
         let (feed, drain) = exchange(request, stdin, stdout);
         let timer = tokio::time::sleep(deadline);
@@ -181,8 +190,7 @@ struct Request {
     snapshot: FleetSnapshot,
     previous: Option<Arc<RenderOutput>>,
     since_kept: bool,
-    limits: Limits,
-    helm_seed: Option<[u8; 32]>,
+    settings: RenderSettings,
 }
 
 /// The feeding of `request` into the process's `stdin` and the draining of its
@@ -205,7 +213,7 @@ fn exchange(request: Request, stdin: std::fs::File, stdout: std::fs::File) -> (F
             &request.snapshot,
             request.previous.as_deref(),
             request.since_kept,
-            (&request.limits, request.helm_seed),
+            &request.settings,
             &mut input,
             &asked,
         );
@@ -360,7 +368,7 @@ pub(super) fn feed_input(
     snapshot: &FleetSnapshot,
     previous: Option<&RenderOutput>,
     since_kept: bool,
-    (limits, helm_seed): (&Limits, Option<[u8; 32]>),
+    settings: &RenderSettings,
     mut input: impl Write,
     asked: &std::sync::mpsc::Receiver<Vec<String>>,
 ) -> io::Result<()> {
@@ -369,7 +377,7 @@ pub(super) fn feed_input(
         Some(previous) => Since::Given(previous),
         None => Since::Nothing,
     };
-    encode_input(snapshot, since, (limits, helm_seed), &mut input)?;
+    encode_input(snapshot, since, settings, &mut input)?;
     input.flush()?;
     // The child asks (with some names) only while it renders, and waits for the
     // answer; none asked, none is written.

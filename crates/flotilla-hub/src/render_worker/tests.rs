@@ -10,7 +10,14 @@ use flotilla_core::limits::Limits;
 use flotilla_core::snapshot::FleetSnapshot;
 use flotilla_render::RenderOutput;
 
-use super::codec::{Known, Since, decode_input, decode_output, encode_input, encode_output};
+use flotilla_render::sops::DecryptionKeys;
+
+use super::codec::{
+    Known, RenderSettings, Since, decode_input, decode_output, encode_input, encode_output,
+};
+
+/// An age identity (made for this test) the codec carries to the render process.
+const IDENTITY: &str = "AGE-SECRET-KEY-1SH36876FLEVRV2C9YN2PNR3JJQV0Z9TLDNL49D4QPZRD22V3EENQ55K5JP";
 use super::run_worker;
 use super::supervisor::{data_size, drain_output, feed_input, vm_data};
 
@@ -84,12 +91,19 @@ fn a_snapshot_goes_over_whole_and_paths_to_one_content_share_it() {
     encode_input(
         &snapshot,
         Since::Nothing,
-        (&limits, Some([9; 32])),
+        &RenderSettings {
+            limits: limits.clone(),
+            helm_seed: Some([9; 32]),
+            decryption: Arc::new(
+                DecryptionKeys::from_identity_file(IDENTITY).expect("an identity"),
+            ),
+        },
         &mut bytes,
     )
     .expect("encodes");
     let (back_limits, back, previous) = decode_input(bytes.as_slice()).expect("decodes");
     assert_eq!(back_limits.helm_seed, Some([9; 32]));
+    assert_eq!(back_limits.decryption.identity_lines(), [IDENTITY]);
     let back_limits = back_limits.limits;
     assert!(matches!(previous, Since::Nothing));
     assert_eq!(back_limits, limits);
@@ -133,7 +147,7 @@ fn the_worker_renders_what_the_hub_would() {
     encode_input(
         &snapshot,
         Since::Nothing,
-        (&Limits::default(), None),
+        &RenderSettings::plain(Limits::default()),
         &mut input,
     )
     .expect("encodes");
@@ -203,7 +217,7 @@ fn render_through_pipes(
                 snapshot,
                 Some(before),
                 false,
-                (&Limits::default(), None),
+                &RenderSettings::plain(Limits::default()),
                 hub_out,
                 &asked,
             );
@@ -266,7 +280,7 @@ fn the_worker_renders_since_the_previous_render() {
         encode_input(
             &snapshot,
             Since::Given(&before),
-            (&Limits::default(), None),
+            &RenderSettings::plain(Limits::default()),
             &mut input,
         )
         .expect("encodes");
@@ -351,7 +365,7 @@ fn a_worker_renders_request_after_request_since_what_it_keeps() {
                     snapshot,
                     previous,
                     since_kept,
-                    (&Limits::default(), None),
+                    &RenderSettings::plain(Limits::default()),
                     hub_out,
                     &asked,
                 )

@@ -68,6 +68,8 @@ pub(crate) fn render_inner(
         ..PatchLimits::default()
     };
     let mut diagnostics = snapshot.problems.clone();
+    let opened = crate::sops::open_snapshot(snapshot, &options.sops, &mut diagnostics);
+    let snapshot: &FleetSnapshot = &opened;
     let (fleet, parsed) = load::load_reusing(snapshot, &mut diagnostics, parsed);
     let mut template_paths: Vec<&String> =
         fleet.workloads.iter().flat_map(|w| &w.templates).collect();

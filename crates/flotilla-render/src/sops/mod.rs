@@ -19,6 +19,10 @@
 use std::fmt;
 use std::io::Read;
 use std::str::FromStr;
+use std::sync::Arc;
+
+use flotilla_core::diagnostic::Diagnostic;
+use flotilla_core::snapshot::FleetSnapshot;
 
 use aes_gcm::aead::consts::U32;
 use aes_gcm::aead::{Aead, KeyInit, Payload};
@@ -114,6 +118,87 @@ impl DecryptionKeys {
         stream.read_to_end(&mut plain).ok()?;
         Some(plain)
     }
+}
+
+/// How a render reads the fleet's SOPS documents.
+#[derive(Clone, Debug, Default)]
+pub enum SopsKeys {
+    /// Not opened: each is read with its `sops` metadata removed and its values as
+    /// their `ENC[…]` text, with a warning. What `validate` and `diff` do without the
+    /// hub's keys: a changed value still shows as changed.
+    #[default]
+    Unopened,
+    /// Opened with these identities (the hub's); a document none of them opens is an
+    /// error naming its recipients.
+    Open(std::sync::Arc<DecryptionKeys>),
+}
+
+/// The fleet's files with every SOPS document (a `.yaml`, `.yml` or `.json` file
+/// with `sops` metadata) replaced by its plain text, as `keys` say; errors and
+/// warnings name the file. The snapshot is copied only when it holds one.
+pub fn open_snapshot<'a>(
+    snapshot: &'a FleetSnapshot,
+    keys: &SopsKeys,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> std::borrow::Cow<'a, FleetSnapshot> {
+    let mut opened: Vec<(String, Arc<str>)> = Vec::new();
+    for (path, text) in &snapshot.files {
+        let json = path.ends_with(".json");
+        if !(json || path.ends_with(".yaml") || path.ends_with(".yml")) || !looks_like_sops(text) {
+            continue;
+        }
+        let document = match SopsDocument::parse(text, json) {
+            Ok(Some(document)) => document,
+            // Not a SOPS document, or not one that parses: the file's own reader
+            // says what is wrong with it.
+            Ok(None) | Err(_) => continue,
+        };
+        let plain = match keys {
+            SopsKeys::Open(keys) => match document.open(keys) {
+                Ok(plain) => plain,
+                Err(err) => {
+                    let hint = match (&err, keys.is_empty()) {
+                        (SopsError::NoKey { .. }, true) => {
+                            " (no decryption key was given: `--decryption-key FILE`, an age identity file)"
+                        }
+                        _ => "",
+                    };
+                    diagnostics.push(
+                        Diagnostic::error(format!("cannot open this SOPS file: {err}{hint}"))
+                            .in_file(path.clone()),
+                    );
+                    // Read as ciphertext, so the rest of the fleet still renders and
+                    // reports; the render is not clean.
+                    document.without_metadata()
+                }
+            },
+            SopsKeys::Unopened if document.names_encrypted() => {
+                diagnostics.push(
+                    Diagnostic::warning(
+                        "a SOPS file left out (no decryption key given): its kinds and names are encrypted too, so nothing of it can be compared without the key; encrypt only the values (for Secrets: `encrypted_regex: ^(data|stringData)$` in .sops.yaml)",
+                    )
+                    .in_file(path.clone()),
+                );
+                String::new()
+            }
+            SopsKeys::Unopened => {
+                diagnostics.push(
+                    Diagnostic::warning(
+                        "a SOPS file read without decrypting it (no decryption key given): its encrypted values are compared as their ciphertext",
+                    )
+                    .in_file(path.clone()),
+                );
+                document.without_metadata()
+            }
+        };
+        opened.push((path.clone(), Arc::from(plain)));
+    }
+    if opened.is_empty() {
+        return std::borrow::Cow::Borrowed(snapshot);
+    }
+    let mut copy = snapshot.clone();
+    copy.files.extend(opened);
+    std::borrow::Cow::Owned(copy)
 }
 
 /// Why a SOPS document could not be opened.
@@ -381,6 +466,20 @@ impl SopsDocument {
     /// can compare.
     pub fn without_metadata(&self) -> String {
         emit(&self.documents)
+    }
+
+    /// Whether a document's `apiVersion`, `kind` or `metadata.name`/`namespace` is
+    /// encrypted: a manifest that cannot even be named without the key.
+    pub fn names_encrypted(&self) -> bool {
+        let encrypted =
+            |node: Option<&Node>| matches!(node, Some(Node::Str(s)) if s.starts_with("ENC["));
+        self.documents.iter().any(|d| {
+            let metadata = d.get("metadata");
+            encrypted(d.get("apiVersion"))
+                || encrypted(d.get("kind"))
+                || encrypted(metadata.and_then(|m| m.get("name")))
+                || encrypted(metadata.and_then(|m| m.get("namespace")))
+        })
     }
 
     fn data_key(&self, keys: &DecryptionKeys) -> Result<Vec<u8>, SopsError> {

@@ -4,6 +4,7 @@
 use super::*;
 
 use aes_gcm::aead::generic_array::GenericArray;
+use flotilla_core::snapshot::FleetSnapshot;
 
 const IDENTITY: &str = "AGE-SECRET-KEY-1SH36876FLEVRV2C9YN2PNR3JJQV0Z9TLDNL49D4QPZRD22V3EENQ55K5JP";
 const OTHER: &str = "AGE-SECRET-KEY-1ET5NLF5AM389DNGX70MFFET2AYPTNMFH6R3SW2N5JDR82MHG853QCGLHTS";
@@ -328,4 +329,100 @@ fn an_identity_file_is_read_as_age_keygen_writes_it() {
         "{err}"
     );
     assert!(DecryptionKeys::from_identity_file("# only comments\n").is_err());
+}
+
+/// A fleet of one cluster whose workload's manifests include `secret` (a file's text).
+fn fleet(secret: &str) -> FleetSnapshot {
+    const HEADER: &str = "apiVersion: flotilla.dev/v1alpha1\n";
+    FleetSnapshot::from_files([
+        (
+            "clusters/shop-1.yaml",
+            &*format!("{HEADER}kind: Cluster\nmetadata:\n  name: shop-1\nspec: {{}}\n"),
+        ),
+        (
+            "workloads/db/workload.yaml",
+            &*format!(
+                "{HEADER}kind: Workload\nmetadata:\n  name: db\nspec:\n  namespace: shop\n  targets:\n    - clusterSelector: {{}}\n"
+            ),
+        ),
+        ("workloads/db/manifests/secret.yaml", secret),
+    ])
+}
+
+fn render(snapshot: &FleetSnapshot, sops: SopsKeys) -> crate::RenderOutput {
+    crate::render_with(
+        snapshot,
+        &crate::RenderOptions {
+            sops,
+            ..crate::RenderOptions::default()
+        },
+    )
+}
+
+fn bundle_text(output: &crate::RenderOutput) -> String {
+    let bundle = output.bundles.get("shop-1").expect("a bundle");
+    String::from_utf8(bundle.canonical_resources()).expect("UTF-8")
+}
+
+#[test]
+fn a_render_opens_sops_manifests_with_the_keys_it_is_given() {
+    let snapshot = fleet(&write(SECRET, &[&recipient(IDENTITY)], &[]));
+    let opened = render(&snapshot, SopsKeys::Open(Arc::new(keys(IDENTITY))));
+    assert!(opened.is_clean(), "{:?}", opened.diagnostics);
+    let text = bundle_text(&opened);
+    assert!(text.contains("hunter2") && !text.contains("ENC["), "{text}");
+    // The same commit renders the same digest.
+    let again = render(&snapshot, SopsKeys::Open(Arc::new(keys(IDENTITY))));
+    assert_eq!(
+        opened.bundles["shop-1"].digest,
+        again.bundles["shop-1"].digest
+    );
+}
+
+#[test]
+fn a_render_without_the_key_names_the_file_and_its_recipients() {
+    let snapshot = fleet(&write(SECRET, &[&recipient(OTHER)], &[]));
+    let output = render(&snapshot, SopsKeys::Open(Arc::new(keys(IDENTITY))));
+    let error = output.errors().next().expect("an error");
+    assert_eq!(
+        error.file.as_deref(),
+        Some("workloads/db/manifests/secret.yaml")
+    );
+    assert!(
+        error.message.contains(&recipient(OTHER)),
+        "{}",
+        error.message
+    );
+    let none = render(
+        &snapshot,
+        SopsKeys::Open(Arc::new(DecryptionKeys::default())),
+    );
+    let error = none.errors().next().expect("an error");
+    assert!(
+        error.message.contains("--decryption-key"),
+        "{}",
+        error.message
+    );
+}
+
+#[test]
+fn a_review_without_keys_compares_ciphertext_with_a_warning() {
+    let rule = [("encrypted_regex", Node::Str("^stringData$".into()))];
+    let snapshot = fleet(&write(SECRET, &[&recipient(IDENTITY)], &rule));
+    let output = render(&snapshot, SopsKeys::Unopened);
+    assert!(output.is_clean(), "{:?}", output.diagnostics);
+    let warning = output.warnings().next().expect("a warning");
+    assert_eq!(
+        warning.file.as_deref(),
+        Some("workloads/db/manifests/secret.yaml")
+    );
+    let text = bundle_text(&output);
+    assert!(
+        text.contains("ENC[AES256_GCM") && !text.contains("hunter2"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("lastmodified"),
+        "the sops metadata is not a field: {text}"
+    );
 }

@@ -1,0 +1,237 @@
+//! SOPS files in a fleet, end to end with the real `sops` and `age-keygen`: the
+//! hub's age identity from `flotilla key generate --age`, a Secret encrypted to it,
+//! `render`/`validate` with and without `--decryption-key`, and a hub that opens it
+//! (or, without the key, reports the file as a render error). Without the tools
+//! these tests print that they skip and why; in CI they fail instead.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use flotilla_core::bundle::verify_document;
+use flotilla_testkit::SopsTools;
+
+use crate::support::hub::*;
+
+const SECRET: &str = "apiVersion: v1
+kind: Secret
+metadata:
+  name: pos-database
+  namespace: kuard
+type: Opaque
+stringData:
+  password: correct-horse-battery-staple
+  port: 5432
+";
+const PLAIN: &str = "correct-horse-battery-staple";
+const FILE: &str = "workloads/kuard/manifests/pos-database.yaml";
+
+fn flotilla(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(args)
+        .env_remove("FLOTILLA_DECRYPTION_KEY")
+        .output()
+        .expect("flotilla runs")
+}
+
+/// `flotilla key generate --age --out DIR/NAME`: the file and the recipient printed.
+fn age_key(dir: &Path, name: &str) -> (PathBuf, String) {
+    let path = dir.join(name);
+    let out = flotilla(&[
+        "key",
+        "generate",
+        "--age",
+        "--out",
+        path.to_str().expect("a path"),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let recipient = String::from_utf8(out.stdout)
+        .expect("UTF-8")
+        .trim()
+        .to_string();
+    assert!(recipient.starts_with("age1"), "{recipient}");
+    (path, recipient)
+}
+
+/// fleet-example with the Secret above, encrypted with sops to `recipient`.
+fn repo_with_secret(tools: &SopsTools, recipient: &str) -> Repo {
+    let repo = Repo::new();
+    repo.write(FILE, SECRET);
+    tools.encrypt(&repo.path().join(FILE), &[recipient], &[]);
+    assert!(!repo.read(FILE).contains(PLAIN));
+    repo.commit("a database password, encrypted with sops");
+    repo
+}
+
+#[test]
+fn render_and_validate_open_a_sops_secret_with_the_key_and_say_when_they_cannot() {
+    let Some(tools) = SopsTools::find(
+        "sops_secrets::render_and_validate_open_a_sops_secret_with_the_key_and_say_when_they_cannot",
+    ) else {
+        return;
+    };
+    let keys = tempfile::tempdir().expect("a folder");
+    let (hub_key, recipient) = age_key(keys.path(), "hub.agekey");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&hub_key)
+            .expect("written")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "the identity is private");
+    }
+    let again = flotilla(&[
+        "key",
+        "generate",
+        "--age",
+        "--out",
+        hub_key.to_str().expect("a path"),
+    ]);
+    assert!(!again.status.success(), "an identity is never overwritten");
+
+    let repo = repo_with_secret(&tools, &recipient);
+    let fleet = repo.path().to_str().expect("a path");
+    let key = hub_key.to_str().expect("a path");
+
+    let rendered = flotilla(&[
+        "render",
+        "--repo",
+        fleet,
+        "--cluster",
+        "red",
+        "--decryption-key",
+        key,
+    ]);
+    let stdout = String::from_utf8_lossy(&rendered.stdout);
+    assert!(
+        rendered.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rendered.stderr)
+    );
+    assert!(
+        stdout.contains(PLAIN) && stdout.contains("pos-database"),
+        "{stdout}"
+    );
+
+    let valid = flotilla(&[
+        "validate",
+        "--strict",
+        "--repo",
+        fleet,
+        "--decryption-key",
+        key,
+    ]);
+    assert_eq!(
+        valid.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&valid.stderr)
+    );
+
+    // Without the key, a file whose kind and name are encrypted too is left out, with
+    // a warning naming it and saying how to encrypt only the values.
+    let unopened = flotilla(&["validate", "--repo", fleet]);
+    let stderr = String::from_utf8_lossy(&unopened.stderr);
+    assert_eq!(unopened.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(FILE) && stderr.contains("encrypted_regex"),
+        "{stderr}"
+    );
+    // One with only its values encrypted is read as ciphertext, with a warning.
+    repo.write(FILE, SECRET);
+    tools.encrypt(
+        &repo.path().join(FILE),
+        &[&recipient],
+        &["--encrypted-regex", "^(data|stringData)$"],
+    );
+    repo.commit("only the values encrypted");
+    let unopened = flotilla(&["validate", "--repo", fleet]);
+    let stderr = String::from_utf8_lossy(&unopened.stderr);
+    assert_eq!(unopened.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(FILE) && stderr.contains("without decrypting"),
+        "{stderr}"
+    );
+    let ciphertext = flotilla(&["render", "--repo", fleet, "--cluster", "red"]);
+    let stdout = String::from_utf8_lossy(&ciphertext.stdout);
+    assert!(
+        stdout.contains("pos-database") && !stdout.contains(PLAIN),
+        "{stdout}"
+    );
+
+    // Another key: an error naming the file and the recipient it was encrypted to.
+    let (other, _) = age_key(keys.path(), "other.agekey");
+    let wrong = flotilla(&[
+        "validate",
+        "--repo",
+        fleet,
+        "--decryption-key",
+        other.to_str().expect("a path"),
+    ]);
+    let stderr = String::from_utf8_lossy(&wrong.stderr);
+    assert_eq!(wrong.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(FILE) && stderr.contains(&recipient),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hub_opens_a_sops_secret_with_its_key_and_without_one_names_the_file() {
+    let Some(tools) = SopsTools::find(
+        "sops_secrets::the_hub_opens_a_sops_secret_with_its_key_and_without_one_names_the_file",
+    ) else {
+        return;
+    };
+    let key = tools.age_key();
+    let repo = repo_with_secret(&tools, &key.recipient);
+    let client = client();
+
+    // Without a key the commit is not served; the error names the file.
+    let state = tempfile::tempdir().expect("state dir");
+    let admin = make_token(state.path(), None).await;
+    let hub = Running::start_ready(config(state.path(), &repo.path().display().to_string())).await;
+    let fleet = get_json(&client, &hub.url("/v1/fleet"), &admin).await;
+    let errors = fleet["renderErrors"].as_array().expect("errors");
+    assert!(
+        errors.iter().any(|e| e["file"] == FILE
+            && e["text"]
+                .as_str()
+                .is_some_and(|t| t.contains(&key.recipient) && t.contains("--decryption-key"))),
+        "{errors:#?}"
+    );
+    hub.stop().await;
+
+    // With it, the cluster is served the Secret's value.
+    let state = tempfile::tempdir().expect("state dir");
+    let token = make_token(state.path(), Some("red")).await;
+    let mut config = config(state.path(), &repo.path().display().to_string());
+    config.decryption = std::sync::Arc::new(
+        flotilla_render::sops::DecryptionKeys::from_identity_file(&key.identity_file)
+            .expect("an identity"),
+    );
+    let hub = Running::start_ready(config).await;
+    let body = eventually("red's bundle", Duration::from_secs(10), || {
+        let (client, url, token) = (&client, hub.url("/v1/clusters/red/bundle"), &token);
+        async move {
+            let (status, _, body) = get_bundle(client, &url, token, None).await;
+            (status == 200).then_some(body)
+        }
+    })
+    .await;
+    let document = verify_document(&body, Some("red")).expect("a verified bundle");
+    let secret = document
+        .resources
+        .iter()
+        .map(|r| r.value())
+        .find(|r| r["kind"] == "Secret" && r["metadata"]["name"] == "pos-database")
+        .expect("the Secret");
+    assert_eq!(secret["stringData"]["password"], PLAIN);
+    assert_eq!(secret["stringData"]["port"], 5432);
+    hub.stop().await;
+}
