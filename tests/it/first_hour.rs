@@ -3,15 +3,18 @@
 //! `validate` reads in a Git repository (and the warning when the disk says something
 //! else), a wrong path, a repository owned by another user, `token create > FILE`,
 //! a state dir that does not exist, the agent's own variables, `--sink kube` without
-//! a kubeconfig, and the hub's front door.
+//! a kubeconfig, the hub's front door, errors that name the next step, `init`'s
+//! branch and CI job, and an agent taking a fixed token file.
 //!
 //! Machine-specific text (temporary paths, commit ids, token ids) is written as
 //! `$NAME` in the expected output; [`Case::check`] puts it back.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use crate::support::hub::{Repo, Running, client, config, fleet_example};
+use crate::support::process::{Background, free_port, http_status, wait_for};
 
 /// One run of the binary: the exit code and both streams.
 struct Outcome {
@@ -282,21 +285,26 @@ fn a_wrong_path_is_an_error_that_says_where_it_looked() {
     );
 }
 
-/// An agent for the cluster `red` with the token file `red.token`, its state and
-/// output in the current folder, and a hub that is not there.
-const RED_AGENT: [&str; 11] = [
-    "agent",
-    "--server",
-    "http://127.0.0.1:9",
-    "--cluster",
-    "red",
-    "--token-file",
-    "red.token",
-    "--state-dir",
-    "agent-state",
-    "--sink",
-    "dir:out",
-];
+/// A hub that is not there.
+const NO_HUB: &str = "http://127.0.0.1:9";
+
+/// An agent for the cluster `red` of the hub at `server`, with the token file
+/// `red.token`, its state and output in the current folder.
+fn red_agent(server: &str) -> [&str; 11] {
+    [
+        "agent",
+        "--server",
+        server,
+        "--cluster",
+        "red",
+        "--token-file",
+        "red.token",
+        "--state-dir",
+        "agent-state",
+        "--sink",
+        "dir:out",
+    ]
+}
 
 /// A mistyped folder, a repository whose fleet is in a subfolder, and a token file
 /// not made yet: each error names the command or option that fixes it.
@@ -357,7 +365,7 @@ fn errors_name_the_next_step() {
 
     // A token file not made yet, for an agent and for an operator.
     case.check(
-        &RED_AGENT,
+        &red_agent(NO_HUB),
         2,
         "",
         "error: the token file red.token does not exist: make one with `flotilla token create red > red.token` (where the hub keeps its --state-dir)\n",
@@ -447,6 +455,83 @@ fn init_names_the_repositorys_branch_and_writes_a_ci_job_that_builds_nothing() {
         let run = step["run"].as_str().unwrap_or("");
         assert!(!run.contains("cargo"), "a step builds flotilla: {run}");
     }
+}
+
+/// An agent refused for a wrong token takes the right one within seconds of its file
+/// being fixed, without a restart: the real hub and agent, as the quick start runs
+/// them.
+#[test]
+fn an_agent_takes_a_fixed_token_file_within_seconds() {
+    let (repo, _) = repository_with_fleet_in_a_folder();
+    let work = repo.path();
+    let port = free_port();
+    let server = format!("http://127.0.0.1:{port}");
+    let start = |args: &[&str], log: &str| {
+        let log = work.join(log);
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(args)
+            .current_dir(work)
+            .env_remove("FLOTILLA_STATE_DIR")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log file"))
+            .stderr(file)
+            .spawn()
+            .expect("flotilla starts");
+        Background { child, log }
+    };
+    let listen = format!("127.0.0.1:{port}");
+    let mut running = vec![start(
+        &[
+            "serve",
+            "--repo",
+            "fleet",
+            "--state-dir",
+            "state",
+            "--listen",
+            &listen,
+        ],
+        "hub.log",
+    )];
+    wait_for("the hub to serve bundles", &mut running, || {
+        http_status(port, "/readyz") == Some(200)
+    });
+    std::fs::write(work.join("red.token"), format!("flt_{}\n", "0".repeat(64))).expect("write");
+    running.push(start(&red_agent(&server), "agent.log"));
+    wait_for("the hub to refuse the token", &mut running, || {
+        std::fs::read_to_string(work.join("agent.log"))
+            .is_ok_and(|log| log.contains("the hub refused this agent's token"))
+    });
+
+    // The newcomer fixes the file.
+    let token = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["token", "create", "red", "--state-dir", "state"])
+        .current_dir(work)
+        .output()
+        .expect("token create runs");
+    assert!(
+        token.status.success(),
+        "{}",
+        String::from_utf8_lossy(&token.stderr)
+    );
+    std::fs::write(work.join("red.token.new"), &token.stdout).expect("write");
+    std::fs::rename(work.join("red.token.new"), work.join("red.token")).expect("rename");
+    let fixed = Instant::now();
+    let out = work.join("out");
+    wait_for("the agent to write red's bundle", &mut running, || {
+        std::fs::read_dir(&out).is_ok_and(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .any(|e| e.file_name().to_string_lossy().contains("deployment"))
+        })
+    });
+    let waited = fixed.elapsed();
+    assert!(
+        waited < Duration::from_secs(10),
+        "the agent took {waited:?} to use the fixed token file:\n{}",
+        running[1].log()
+    );
 }
 
 fn is_root() -> bool {
@@ -592,7 +677,7 @@ fn the_agent_says_when_its_token_file_holds_more_than_a_token() {
         ),
     )
     .expect("write");
-    let agent = RED_AGENT;
+    let agent = red_agent(NO_HUB);
     case.check(
         &agent,
         2,

@@ -9,10 +9,10 @@
 //! it must be the command CI runs. The hub listens on a free port instead of 8080
 //! (through `FLOTILLA_LISTEN`), and the commands' URLs are changed to match.
 
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use crate::support::process::{Background, free_port, http_status, wait_for};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -94,66 +94,6 @@ fn step(command: &str) -> Step {
         Some("serve" | "agent") => Step::Background(rewritten),
         _ => Step::Foreground(rewritten),
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-/// A process the test started, killed (by its own id) when the test ends.
-struct Background {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Drop for Background {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Background {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-fn wait_for(what: &str, background: &mut [Background], mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !done() {
-        for process in background.iter_mut() {
-            if let Ok(Some(status)) = process.child.try_wait() {
-                panic!(
-                    "waiting for {what}, a README command ended with {status}:\n{}",
-                    process.log()
-                );
-            }
-        }
-        let logs: Vec<String> = background.iter().map(Background::log).collect();
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; the background commands said:\n{}",
-            logs.join("\n---\n")
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn http_status(port: u16, path: &str) -> Option<u16> {
-    use std::io::{Read as _, Write as _};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).ok()?;
-    answer.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// A Git repository holding fleet-example, as a fresh clone of this one would.

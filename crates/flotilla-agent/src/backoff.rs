@@ -15,17 +15,21 @@ pub struct BackoffPolicy {
     pub base: Duration,
     /// No wait is longer than this (except what a server asks for with Retry-After).
     pub cap: Duration,
-    /// The wait after the hub refused the token (401, 403): slow, since retrying
-    /// fast cannot help until someone fixes the token.
+    /// The longest wait after the hub refused the token (401, 403). Short: the one
+    /// who fixes the token file is waiting for the agent to take it (the file is read
+    /// again before the next request), and a refused request costs the hub little.
     pub auth_retry: Duration,
 }
+
+/// The default of [`BackoffPolicy::auth_retry`].
+pub const AUTH_RETRY: Duration = Duration::from_secs(30);
 
 impl Default for BackoffPolicy {
     fn default() -> Self {
         BackoffPolicy {
             base: Duration::from_secs(1),
             cap: Duration::from_secs(5 * 60),
-            auth_retry: Duration::from_secs(5 * 60),
+            auth_retry: AUTH_RETRY,
         }
     }
 }
@@ -88,11 +92,13 @@ impl Backoff {
         }
     }
 
-    /// The wait after an authentication failure: between half and all of `auth_retry`.
+    /// The wait after an authentication failure: the ceiling doubles from the base
+    /// as for any failure, but stops at `auth_retry`; the wait is between half and all
+    /// of it, so agents refused together do not all come back together.
     pub fn auth_delay(&mut self) -> Duration {
+        let ceiling = self.ceiling().min(self.policy.auth_retry);
         self.failures = self.failures.saturating_add(1);
-        let slow = self.policy.auth_retry;
-        self.jitter(slow / 2, slow).max(MIN_WAIT)
+        self.jitter(ceiling / 2, ceiling).max(MIN_WAIT)
     }
 
     fn jitter(&mut self, low: Duration, high: Duration) -> Duration {
@@ -182,14 +188,18 @@ mod tests {
     }
 
     #[test]
-    fn authentication_failures_wait_long() {
+    fn authentication_failures_retry_from_a_second_doubling_to_thirty() {
         let mut backoff = backoff();
-        for _ in 0..20 {
+        let mut ceilings = Vec::new();
+        for _ in 0..8 {
+            let ceiling = backoff.ceiling().min(AUTH_RETRY);
             let delay = backoff.auth_delay();
             assert!(
-                delay >= Duration::from_secs(150) && delay <= Duration::from_secs(300),
-                "{delay:?}"
+                delay >= ceiling / 2 && delay <= ceiling,
+                "{delay:?} outside {ceiling:?}"
             );
+            ceilings.push(ceiling.as_secs());
         }
+        assert_eq!(ceilings, [1, 2, 4, 8, 16, 30, 30, 30]);
     }
 }

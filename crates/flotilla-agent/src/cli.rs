@@ -200,7 +200,7 @@ fn settings(args: &AgentArgs) -> anyhow::Result<Settings> {
     config.http2 = args.http2;
     config.backoff = BackoffPolicy {
         cap: args.max_backoff,
-        auth_retry: args.max_backoff,
+        auth_retry: args.max_backoff.min(crate::backoff::AUTH_RETRY),
         ..BackoffPolicy::default()
     };
     Ok(Settings {
