@@ -80,7 +80,7 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
         },
     );
     config.database = args.database.database();
-    config.objects = args.objects.clone().unwrap_or_default();
+    config.objects = args.s3_sse.apply(args.objects.clone())?.unwrap_or_default();
     config.poll_interval = args.poll_interval.into();
     config.offline_after = args.offline_after.into();
     config.max_wait = args.max_wait.into();
@@ -320,7 +320,8 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
         );
         return Ok(EXIT_FINDINGS);
     }
-    let site = match (&args.out, &args.objects) {
+    let objects = args.s3_sse.apply(args.objects.clone())?;
+    let site = match (&args.out, &objects) {
         (Some(out), _) => publish::Site::Dir(out.clone()),
         (None, Some(ObjectsUrl::Dir(path))) => publish::Site::Dir(path.clone()),
         (None, Some(ObjectsUrl::S3(location))) => runtime.block_on(async {

@@ -304,6 +304,8 @@ pub struct ServeArgs {
     /// AWS_ENDPOINT_URL, AWS_ALLOW_HTTP, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY).
     #[arg(long, env = "FLOTILLA_OBJECTS", value_name = "URL", value_parser = parse_objects)]
     pub objects: Option<ObjectsUrl>,
+    #[command(flatten)]
+    pub s3_sse: S3SseArgs,
     /// The address to listen on: loopback by default; the container image sets
     /// FLOTILLA_LISTEN=0.0.0.0:8080.
     #[arg(long, env = "FLOTILLA_LISTEN", default_value = "127.0.0.1:8080", value_name = "ADDR", value_parser = hub::parse_listen)]
@@ -441,6 +443,8 @@ pub struct PublishArgs {
     /// the AWS environment variables) or file:///path.
     #[arg(long, value_name = "URL", value_parser = parse_objects)]
     pub objects: Option<ObjectsUrl>,
+    #[command(flatten)]
+    pub s3_sse: S3SseArgs,
     /// The hub's state dir: publish what the hub serves each cluster (so rollouts
     /// hold on the mirror) instead of HEAD's render for every cluster at once.
     #[arg(long, value_name = "DIR")]
@@ -462,6 +466,32 @@ pub struct PublishArgs {
     pub decryption: DecryptionArgs,
     #[command(flatten)]
     pub limits: LimitArgs,
+}
+
+/// `--s3-sse`, for `serve` and `publish` with `--objects s3://…`.
+#[derive(Debug, Args)]
+pub struct S3SseArgs {
+    /// Server-side encryption asked of S3 for every object written with --objects
+    /// s3://…: none (no header: for S3-compatible stores that refuse it), aes256
+    /// (SSE-S3) or kms:KEY (SSE-KMS with that key id or ARN) [default: as
+    /// AWS_SERVER_SIDE_ENCRYPTION says, else none]. Checked at start by writing a
+    /// small object with it.
+    #[arg(long = "s3-sse", value_name = "none|aes256|kms:KEY")]
+    pub sse: Option<flotilla_hub::store::objects::S3Sse>,
+}
+
+impl S3SseArgs {
+    /// `objects` with the chosen encryption; an error when one is chosen for objects
+    /// that are not in S3.
+    pub fn apply(&self, objects: Option<ObjectsUrl>) -> anyhow::Result<Option<ObjectsUrl>> {
+        match (&self.sse, objects) {
+            (None, objects) => Ok(objects),
+            (Some(sse), Some(ObjectsUrl::S3(location))) => {
+                Ok(Some(ObjectsUrl::S3(location.with_sse(sse))))
+            }
+            (Some(_), _) => anyhow::bail!("--s3-sse applies to --objects s3://… only"),
+        }
+    }
 }
 
 /// `--database URL`, for the commands that open the hub's store.

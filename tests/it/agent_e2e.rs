@@ -828,6 +828,70 @@ async fn a_sequence_planted_in_a_publish_mirror_is_ignored_and_agents_take_the_n
     agent.stop().await;
 }
 
+/// Every folder and file under `root`, with its permission bits.
+fn modes_under(root: &Path) -> Vec<(PathBuf, bool, u32)> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mut found = Vec::new();
+    let mut folders = vec![root.to_path_buf()];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).expect("read_dir") {
+            let path = entry.expect("entry").path();
+            let metadata = std::fs::symlink_metadata(&path).expect("stat");
+            if metadata.is_dir() {
+                folders.push(path.clone());
+            }
+            found.push((
+                path,
+                metadata.is_dir(),
+                metadata.permissions().mode() & 0o777,
+            ));
+        }
+    }
+    found
+}
+
+#[test]
+fn publish_output_is_private_to_its_user_even_over_an_earlier_public_one() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let repo = Repo::new();
+    let site = Site::new("");
+    let (key_path, _, _) = generate_key(site.dir.path());
+    let parent = tempfile::tempdir().expect("tempdir");
+
+    // A folder publish makes, and one holding what an earlier flotilla published
+    // for everyone to read (folders 0755, files 0644).
+    let fresh = parent.path().join("fresh");
+    let earlier = parent.path().join("earlier");
+    let old = earlier.join("v1/clusters").join(CLUSTER);
+    std::fs::create_dir_all(&old).expect("mkdir");
+    std::fs::write(old.join("bundle"), b"{}").expect("write");
+    for (path, mode) in [
+        (earlier.as_path(), 0o755),
+        (&earlier.join("v1"), 0o755),
+        (&earlier.join("v1/clusters"), 0o755),
+        (&old, 0o755),
+        (&old.join("bundle"), 0o644),
+    ] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+    for out in [&fresh, &earlier] {
+        publish_signed(&repo, out, &key_path);
+        let written = modes_under(out);
+        assert!(written.len() > 20, "{written:?}");
+        for (path, is_dir, mode) in written {
+            let expected = if is_dir { 0o700 } else { 0o600 };
+            assert_eq!(mode, expected, "{} is {mode:o}", path.display());
+        }
+    }
+    let mode = |path: &Path| std::fs::metadata(path).expect("stat").permissions().mode() & 0o777;
+    assert_eq!(mode(&fresh), 0o700, "a folder publish makes is private");
+    assert_eq!(
+        mode(&earlier),
+        0o755,
+        "the operator's own folder is left as it was"
+    );
+}
+
 fn spawn_agent(site: &Site, base: &str) -> Child {
     Command::new(env!("CARGO_BIN_EXE_flotilla"))
         .args([

@@ -7,6 +7,7 @@
 use crate::support::hub::*;
 
 use flotilla_core::bundle::verify_document;
+use flotilla_hub::store::objects::S3Sse;
 use flotilla_hub::store::{ObjectsUrl, S3Location};
 
 /// `flotilla_object_store_requests_total` from the hub's /metrics.
@@ -91,4 +92,127 @@ async fn a_hub_with_its_objects_in_s3_answers_unchanged_polls_from_memory() {
         "an unchanged poll or a repeated fetch asked the object store"
     );
     hub.stop().await;
+}
+
+/// The server-side encryption the test server recorded for each key of `bucket`
+/// under `prefix`: `(key, encryption, KMS key)`. Read from moto's own state dump
+/// (`/moto-api/data.json`), since an object's encryption shows only in response
+/// headers the S3 client does not hand back.
+async fn encryption_of(
+    bucket: &flotilla_testkit::TestBucket,
+    prefix: &str,
+) -> Vec<(String, Option<String>, Option<String>)> {
+    let state: serde_json::Value = client()
+        .get(format!("{}/moto-api/data.json", bucket.endpoint))
+        .send()
+        .await
+        .expect("the test server's state")
+        .json()
+        .await
+        .expect("JSON");
+    let text = |value: &serde_json::Value| value.as_str().map(str::to_string);
+    let mut keys: Vec<(String, Option<String>, Option<String>)> = state["s3"]["FakeKey"]
+        .as_array()
+        .expect("the test server lists its keys")
+        .iter()
+        .filter(|key| {
+            key["bucket_name"] == bucket.bucket.as_str()
+                && !key["disposed"].as_bool().unwrap_or(false)
+        })
+        .filter_map(|key| {
+            let name = key["name"].as_str()?;
+            name.starts_with(prefix).then(|| {
+                (
+                    name.to_string(),
+                    text(&key["encryption"]),
+                    text(&key["kms_key_id"]),
+                )
+            })
+        })
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hub_and_publish_ask_s3_for_the_server_side_encryption_they_are_given() {
+    let test =
+        "hub_objects::the_hub_and_publish_ask_s3_for_the_server_side_encryption_they_are_given";
+    let Some(bucket) = flotilla_testkit::s3_bucket(test) else {
+        return;
+    };
+    let repo = Repo::new();
+
+    // The hub, with --s3-sse aes256: every object it writes asks for SSE-S3.
+    let state = tempfile::tempdir().expect("state dir");
+    let mut config = config(state.path(), &repo.path().display().to_string());
+    config.objects = ObjectsUrl::S3(
+        S3Location {
+            bucket: bucket.bucket.clone(),
+            prefix: "hub".into(),
+            settings: bucket.settings(),
+        }
+        .with_sse(&S3Sse::Aes256),
+    );
+    let hub = Running::start_ready(config).await;
+    let written = encryption_of(&bucket, "hub/").await;
+    assert!(written.len() > 5, "{written:?}");
+    for (key, encryption, _) in &written {
+        assert_eq!(encryption.as_deref(), Some("AES256"), "{key}");
+    }
+    hub.stop().await;
+
+    // publish, with --s3-sse kms:KEY: its documents ask for SSE-KMS with that key,
+    // and the object written to check the store at start is gone.
+    let publish = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(["publish", "--repo"])
+            .arg(repo.path())
+            .args(args)
+            .envs(bucket.env())
+            .output()
+            .expect("flotilla publish runs");
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let mirror = format!("s3://{}/mirror", bucket.bucket);
+    let (published, stderr) = publish(&["--objects", &mirror, "--s3-sse", "kms:flotilla-test-key"]);
+    assert!(published, "{stderr}");
+    let written = encryption_of(&bucket, "mirror/").await;
+    assert!(
+        written.iter().any(|(key, _, _)| key.ends_with("/bundle")),
+        "{written:?}"
+    );
+    for (key, encryption, kms_key) in &written {
+        assert!(
+            !key.contains("sse-probe"),
+            "the probe object was left: {key}"
+        );
+        assert_eq!(
+            (encryption.as_deref(), kms_key.as_deref()),
+            (Some("aws:kms"), Some("flotilla-test-key")),
+            "{key}"
+        );
+    }
+
+    // The flag means S3: with a folder it is refused, not ignored.
+    let out = tempfile::tempdir().expect("out");
+    let (published, stderr) = publish(&[
+        "--out",
+        &out.path().display().to_string(),
+        "--s3-sse",
+        "aes256",
+    ]);
+    assert!(
+        !published && stderr.contains("--s3-sse applies to --objects s3://"),
+        "{stderr}"
+    );
+    let (published, stderr) = publish(&["--objects", &mirror, "--s3-sse", "rot13"]);
+    assert!(
+        !published && stderr.contains("give none, aes256 or kms:KEY"),
+        "{stderr}"
+    );
 }

@@ -387,8 +387,19 @@ impl Destination for InFolder<'_> {
         self.path(key).display().to_string()
     }
 
+    /// `out` is made private when publish makes it (an existing one is the
+    /// operator's), and every folder below it down to the clusters' is, those of an
+    /// earlier publish included, so nothing written stays readable to others.
     async fn prepare(&self) -> Result<(), PublishError> {
-        create_dir(&self.clusters_dir())
+        let mut dir = self.0.to_path_buf();
+        if !dir.exists() {
+            create_dir(&dir)?;
+        }
+        for segment in api::CLUSTERS {
+            dir.push(segment);
+            create_dir(&dir)?;
+        }
+        Ok(())
     }
 
     async fn read(&self, key: &str) -> Result<Option<Vec<u8>>, PublishError> {
@@ -611,10 +622,11 @@ fn join(root: &Path, segments: &[&str]) -> PathBuf {
         .fold(root.to_path_buf(), |path, s| path.join(s))
 }
 
-// Published files are meant for a web server or a mirror to read, so they keep the
-// umask's permissions; the folder `out` is the operator's to protect.
+// Bundles may hold Secrets, so what publish writes is its user's only (folders 0700,
+// files 0600, and an existing folder it writes into tightened to 0700): a web server
+// or a sync to a mirror runs as that user, or copies the files out as it must.
 fn create_dir(path: &Path) -> Result<(), PublishError> {
-    flotilla_fs::create_dir(path, Mode::Public).map_err(|source| error(path, source))
+    flotilla_fs::create_dir(path, Mode::Private).map_err(|source| error(path, source))
 }
 
 fn sync(dir: &Path) -> Result<(), PublishError> {
@@ -622,7 +634,7 @@ fn sync(dir: &Path) -> Result<(), PublishError> {
 }
 
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), PublishError> {
-    flotilla_fs::replace_file(path, bytes, Mode::Public).map_err(|source| error(path, source))
+    flotilla_fs::replace_file(path, bytes, Mode::Private).map_err(|source| error(path, source))
 }
 
 #[cfg(test)]

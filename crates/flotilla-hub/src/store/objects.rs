@@ -91,7 +91,74 @@ impl std::fmt::Debug for S3Location {
     }
 }
 
+/// Server-side encryption asked of S3 for every object written (`--s3-sse`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum S3Sse {
+    /// No encryption header, whatever the environment says: for S3-compatible stores
+    /// that refuse the header (AWS encrypts every object with its own keys anyway).
+    None,
+    /// `x-amz-server-side-encryption: AES256` (SSE-S3, keys the store manages).
+    Aes256,
+    /// `aws:kms` with this KMS key (SSE-KMS): reading needs access to the key too.
+    Kms(String),
+}
+
+/// The setting [`S3Location::with_sse`] records the choice in, read by
+/// [`Bucket::from_env`]: not an `object_store` key.
+const SSE_SETTING: &str = "flotilla_sse";
+
+impl FromStr for S3Sse {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<S3Sse, String> {
+        match text {
+            "none" => Ok(S3Sse::None),
+            "aes256" | "AES256" => Ok(S3Sse::Aes256),
+            _ => match text.strip_prefix("kms:") {
+                Some(key) if !key.is_empty() => Ok(S3Sse::Kms(key.to_string())),
+                _ => Err(format!(
+                    "{text:?} is not a server-side encryption: give none, aes256 or kms:KEY (a KMS key id or ARN)"
+                )),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for S3Sse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            S3Sse::None => f.write_str("none"),
+            S3Sse::Aes256 => f.write_str("aes256"),
+            S3Sse::Kms(key) => write!(f, "kms:{key}"),
+        }
+    }
+}
+
+/// Whether an `object_store` setting is about server-side encryption.
+fn is_encryption_setting(key: &str) -> bool {
+    key.contains("server_side_encryption") || key.contains("sse_")
+}
+
 impl S3Location {
+    /// Asks for `sse` on every object written, in place of any encryption the
+    /// environment's `AWS_SERVER_SIDE_ENCRYPTION`, `AWS_SSE_KMS_KEY_ID`, ... set.
+    pub fn with_sse(mut self, sse: &S3Sse) -> S3Location {
+        self.settings
+            .retain(|(key, _)| key != SSE_SETTING && !is_encryption_setting(key));
+        self.settings
+            .push((SSE_SETTING.to_string(), sse.to_string()));
+        self
+    }
+
+    /// The encryption [`S3Location::with_sse`] chose, if it was called.
+    fn sse(&self) -> Result<Option<S3Sse>, ObjectError> {
+        self.settings
+            .iter()
+            .find(|(key, _)| key == SSE_SETTING)
+            .map(|(_, value)| value.parse().map_err(ObjectError::Open))
+            .transpose()
+    }
+
     /// `s3://bucket/prefix`.
     pub fn url(&self) -> String {
         if self.prefix.is_empty() {
@@ -177,6 +244,8 @@ pub struct Bucket {
     pub url: String,
     /// Whether an access key was given (else the instance's credentials are asked).
     access_key: bool,
+    /// The server-side encryption chosen with `--s3-sse`, checked by [`Bucket::probe`].
+    sse: Option<S3Sse>,
 }
 
 impl Bucket {
@@ -185,6 +254,7 @@ impl Bucket {
     /// AWS environment variables. Makes no request.
     pub fn from_env(location: &S3Location) -> Result<Bucket, ObjectError> {
         let url = location.url();
+        let sse = location.sse()?;
         // Client options first: setting them replaces every client option, the
         // environment's AWS_ALLOW_HTTP included.
         let mut builder = object_store::aws::AmazonS3Builder::new()
@@ -207,15 +277,32 @@ impl Bucket {
                 .flatten()
         });
         for (key, value) in environment {
+            // A chosen encryption replaces the environment's.
+            if sse.is_some() && is_encryption_setting(&key) {
+                continue;
+            }
             if let Ok(key) = key.parse() {
                 builder = builder.with_config(key, value);
             }
         }
-        for (key, value) in &location.settings {
+        for (key, value) in location
+            .settings
+            .iter()
+            .filter(|(key, _)| key != SSE_SETTING)
+        {
             let key = key.parse().map_err(|_| {
                 ObjectError::Open(format!("{key} is not an S3 setting (for {url})"))
             })?;
             builder = builder.with_config(key, value);
+        }
+        match &sse {
+            None | Some(S3Sse::None) => {}
+            Some(S3Sse::Aes256) => {
+                if let Ok(key) = "aws_server_side_encryption".parse() {
+                    builder = builder.with_config(key, "AES256");
+                }
+            }
+            Some(S3Sse::Kms(key)) => builder = builder.with_sse_kms_encryption(key),
         }
         let store = builder
             .with_bucket_name(&location.bucket)
@@ -235,6 +322,7 @@ impl Bucket {
             prefix: location.prefix.clone(),
             url,
             access_key,
+            sse,
         })
     }
 
@@ -254,23 +342,46 @@ impl Bucket {
 
     /// One request that needs the bucket to exist and the credentials to be good: a
     /// listing of the prefix's first level (a HEAD cannot tell a missing bucket from
-    /// a missing key).
+    /// a missing key). With `--s3-sse` aes256 or kms, also a small object written
+    /// with that encryption and removed, so a store that refuses the header (or a
+    /// KMS key that cannot be used) stops the start, not the first render.
     pub async fn probe(&self) -> Result<(), ObjectError> {
         let prefix =
             (!self.prefix.is_empty()).then(|| object_store::path::Path::from(self.prefix.as_str()));
-        match self.store.list_with_delimiter(prefix.as_ref()).await {
-            Ok(_) => Ok(()),
-            Err(err) => {
-                let credentials = if self.access_key {
-                    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
-                } else {
-                    "no AWS_ACCESS_KEY_ID is set, so the instance's credentials were asked for"
-                };
-                Err(ObjectError::Open(format!(
-                    "cannot reach the object store {}: {err}; check the bucket, AWS_REGION, AWS_ENDPOINT_URL (and AWS_ALLOW_HTTP=true for http://) and the credentials ({credentials})",
-                    self.url
-                )))
-            }
+        if let Err(err) = self.store.list_with_delimiter(prefix.as_ref()).await {
+            let credentials = if self.access_key {
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+            } else {
+                "no AWS_ACCESS_KEY_ID is set, so the instance's credentials were asked for"
+            };
+            return Err(ObjectError::Open(format!(
+                "cannot reach the object store {}: {err}; check the bucket, AWS_REGION, AWS_ENDPOINT_URL (and AWS_ALLOW_HTTP=true for http://) and the credentials ({credentials})",
+                self.url
+            )));
+        }
+        match &self.sse {
+            Some(sse @ (S3Sse::Aes256 | S3Sse::Kms(_))) => self.probe_sse(sse).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// Writes and removes `.flotilla-sse-probe` under the prefix with `sse`.
+    async fn probe_sse(&self, sse: &S3Sse) -> Result<(), ObjectError> {
+        let key = self.key(".flotilla-sse-probe");
+        let refused = |err: object_store::Error| {
+            ObjectError::Open(format!(
+                "the object store {} refused an object written with server-side encryption {sse} (--s3-sse): {err}; \
+                 give --s3-sse none for a store that does not support it, or check the KMS key and the permission to use it",
+                self.url
+            ))
+        };
+        self.store
+            .put(&key, bytes::Bytes::from_static(b"flotilla").into())
+            .await
+            .map_err(refused)?;
+        match self.store.delete(&key).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(err) => Err(refused(err)),
         }
     }
 }
