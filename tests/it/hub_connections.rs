@@ -1259,3 +1259,105 @@ async fn a_new_poll_of_a_cluster_beyond_its_cap_ends_the_oldest() {
         assert_eq!(poll.await.expect("task").0, 304);
     }
 }
+
+/// Posts the web page's login form with `token` from `client`; the status and the
+/// `Retry-After` header.
+async fn log_in(client: &reqwest::Client, base: &str, token: &str) -> (u16, Option<u64>) {
+    let response = client
+        .post(format!("{base}/ui/login"))
+        .header("Origin", base)
+        .form(&[("token", token)])
+        .send()
+        .await
+        .expect("login answered");
+    let retry = response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    (response.status().as_u16(), retry)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_logins_to_the_web_page_are_throttled_per_client_and_logged_without_the_token() {
+    use crate::support::process::{Background, free_port, http_status, wait_for};
+    let repo = Repo::new();
+    let state = tempfile::tempdir().expect("state");
+    let admin = make_token(state.path(), None).await;
+    let red = make_token(state.path(), Some("red")).await;
+    let port = free_port();
+    let log = state.path().join("hub.log");
+    let file = std::fs::File::create(&log).expect("log file");
+    let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["serve", "--repo"])
+        .arg(repo.path())
+        .arg("--state-dir")
+        .arg(state.path())
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().expect("log file"))
+        .stderr(file)
+        .spawn()
+        .expect("the hub starts");
+    let mut hub = [Background { child, log }];
+    wait_for("the hub to be ready", &mut hub, || {
+        http_status(port, "/readyz") == Some(200)
+    });
+    let base = format!("http://127.0.0.1:{port}");
+    let client = |address: [u8; 4]| {
+        reqwest::Client::builder()
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .local_address(std::net::IpAddr::from(address))
+            .build()
+            .expect("client")
+    };
+    let (attacker, operator) = (client([127, 0, 0, 1]), client([127, 0, 0, 2]));
+
+    // A thousand guesses as fast as one client can send them: the first ten are
+    // checked and refused, the rest answered 429 with Retry-After before any token is
+    // looked at (the admin token among them, too).
+    let guesses: Vec<String> = (0..1000)
+        .map(|n| format!("flotilla-guess-{n:04}"))
+        .collect();
+    let started = Instant::now();
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    let mut retry_after = None;
+    for guess in &guesses {
+        let (status, retry) = log_in(&attacker, &base, guess).await;
+        *statuses.entry(status).or_default() += 1;
+        if status == 429 {
+            retry_after = retry_after.or(retry);
+        }
+    }
+    assert!(started.elapsed() < Duration::from_secs(60));
+    assert_eq!(
+        statuses,
+        [(401, 10), (429, 990)].into_iter().collect(),
+        "ten refused, the rest throttled"
+    );
+    assert!(matches!(retry_after, Some(1..=6)), "{retry_after:?}");
+    assert_eq!(log_in(&attacker, &base, &admin).await.0, 429);
+    assert_eq!(log_in(&attacker, &base, &red).await.0, 429);
+
+    // Another client is not held back: its wrong token is refused, its admin token
+    // opens a session (a redirect to the page).
+    assert_eq!(log_in(&operator, &base, &red).await.0, 403);
+    assert_eq!(log_in(&operator, &base, &admin).await.0, 303);
+
+    // Every failure is in the log with the client's address; no token is.
+    let text = hub[0].log();
+    assert_eq!(
+        text.matches("failed login to the web page").count(),
+        11,
+        "{text}"
+    );
+    assert!(
+        text.contains("127.0.0.1") && text.contains("127.0.0.2"),
+        "{text}"
+    );
+    assert!(text.contains("too many failed logins"), "{text}");
+    for token in [guesses[0].as_str(), guesses[999].as_str(), &admin, &red] {
+        assert!(!text.contains(token), "a token in the log:\n{text}");
+    }
+}

@@ -530,6 +530,11 @@ fn negotiated(alpn: Option<&[u8]>) -> Protocol {
     }
 }
 
+/// The address a request came from, in its extensions (the web page throttles failed
+/// logins by it).
+#[derive(Debug, Clone, Copy)]
+pub struct Peer(pub std::net::SocketAddr);
+
 struct Connection {
     tracked: Arc<Tracked>,
     registry: Arc<Registry>,
@@ -564,7 +569,7 @@ impl Connection {
 
     async fn plain(&mut self, tcp: TcpStream, peer: std::net::SocketAddr) {
         match self.before_request(sniff(&tcp)).await {
-            Some(Ok(Some(protocol))) => self.http(tcp, protocol, None).await,
+            Some(Ok(Some(protocol))) => self.http(tcp, protocol, None, peer).await,
             Some(Ok(None)) => {}
             Some(Err(err)) => tracing::debug!(%peer, "cannot read from the connection: {err}"),
             None => tracing::debug!(%peer, "no request began in time"),
@@ -597,7 +602,7 @@ impl Connection {
                 .and_then(|chain| chain.first())
                 .map(|cert| Arc::new(cert.clone().into_owned()))
         });
-        self.http(tls, protocol, client).await;
+        self.http(tls, protocol, client, peer).await;
     }
 
     /// Serves HTTP on `io`. `client` is `Some` when client certificates are required:
@@ -607,6 +612,7 @@ impl Connection {
         io: I,
         protocol: Protocol,
         client: Option<Option<Arc<CertificateDer<'static>>>>,
+        peer: std::net::SocketAddr,
     ) where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -618,7 +624,8 @@ impl Connection {
             );
             hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
                 let busy = Busy::new(&tracked, &registry);
-                let request = request.map(|body| Receiving::new(body, &tracked, &registry));
+                let mut request = request.map(|body| Receiving::new(body, &tracked, &registry));
+                request.extensions_mut().insert(Peer(peer));
                 let mut router = router.clone();
                 let refusal = client
                     .as_ref()

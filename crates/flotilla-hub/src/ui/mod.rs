@@ -2,7 +2,8 @@
 //! rollout, server-rendered HTML behind a login with an admin token.
 //!
 //! - [`session`]: login, the session cookie, form tokens and the origin check;
-//! - [`page`]: view models and templates (pure: the benchmark builds pages with it).
+//! - [`page`]: view models and templates (pure: the benchmark builds pages with it);
+//! - [`throttle`]: failed logins, throttled per client.
 //!
 //! Every page but the login redirects to it without a session, before it reads
 //! anything of the fleet. Rollout actions go through the same engine as the API's
@@ -10,6 +11,7 @@
 
 pub mod page;
 pub mod session;
+pub mod throttle;
 
 use std::sync::Arc;
 
@@ -51,6 +53,7 @@ struct Ui {
     shared: Arc<Shared>,
     /// Served over TLS: the cookie is marked Secure.
     secure: bool,
+    throttle: Arc<throttle::LoginThrottle>,
 }
 
 /// The routes of the web page; `secure` when the hub serves HTTPS.
@@ -73,7 +76,11 @@ pub fn router(shared: Arc<Shared>, secure: bool) -> Router {
             routes::SCRIPT,
             get(|| async { asset(page::SCRIPT, "text/javascript; charset=utf-8") }),
         )
-        .with_state(Ui { shared, secure })
+        .with_state(Ui {
+            shared,
+            secure,
+            throttle: Arc::default(),
+        })
 }
 
 /// What every page answer carries: no caching, no framing, only the hub's own
@@ -206,6 +213,7 @@ struct LoginForm {
 
 async fn login(
     State(ui): State<Ui>,
+    peer: Option<axum::Extension<crate::listen::Peer>>,
     headers: HeaderMap,
     uri: Uri,
     form: Result<Form<LoginForm>, FormRejection>,
@@ -217,10 +225,35 @@ async fn login(
             None,
         );
     }
+    let peer = peer.map(|axum::Extension(peer)| peer.0.ip());
+    let client = throttle::client_of(peer);
+    let shown = peer.map_or_else(|| "unknown".to_string(), |ip| ip.to_string());
+    let now_ms = || u64::try_from(ui.shared.settings.clock.now_ms()).unwrap_or(0);
+    if let Err(wait) = ui.throttle.check(client, now_ms()) {
+        tracing::debug!(peer = %shown, "login to the web page refused: too many failed logins");
+        let mut response = error(
+            StatusCode::TOO_MANY_REQUESTS,
+            &format!("too many failed logins from this address; try again in {wait} s"),
+            None,
+        );
+        response
+            .headers_mut()
+            .insert(http::header::RETRY_AFTER, HeaderValue::from(wait));
+        return response;
+    }
     let token = form.map(|Form(f)| f.token).unwrap_or_default();
-    let refused = |status, message: &str| match page::login_page(Some(message)) {
-        Ok(body) => html(status, body),
-        Err(err) => page_result(Err(err)),
+    // A failed login is counted against the client and logged with its address and
+    // the reason, never with the token it tried.
+    let refused = |status: StatusCode, message: &str| {
+        let emptied = ui.throttle.failed(client, now_ms());
+        tracing::warn!(peer = %shown, status = status.as_u16(), "failed login to the web page: {message}");
+        if emptied {
+            tracing::warn!(peer = %shown, "too many failed logins to the web page: this client's next ones are answered 429 until its budget refills");
+        }
+        match page::login_page(Some(message)) {
+            Ok(body) => html(status, body),
+            Err(err) => page_result(Err(err)),
+        }
     };
     let Ok(header) = HeaderValue::from_str(&format!("Bearer {}", token.trim())) else {
         return refused(StatusCode::UNAUTHORIZED, "that is not a token");
