@@ -24,8 +24,12 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
     super::init_logging(args.log_format);
     if !source::follow::is_remote(&args.repo) && !Path::new(&args.repo).exists() {
+        let hint = match source::similar_folder(Path::new(&args.repo)) {
+            Some(found) => format!("did you mean {}?", found.display()),
+            None => "give a local path or a URL such as https://…/fleet.git".to_string(),
+        };
         bail!(
-            "--repo {}: no such folder or Git repository (give a local path or a URL such as https://…/fleet.git)",
+            "--repo {}: no such folder or Git repository ({hint})",
             args.repo
         );
     }

@@ -328,6 +328,12 @@ fn errors_name_the_next_step() {
         "error: cannot read the fleet: fleet-exmaple: no such folder or Git repository (did you mean fleet-example?)\n",
     );
     case.check(
+        &["serve", "--repo", "fleet-exmaple", "--state-dir", "state"],
+        2,
+        "",
+        "error: --repo fleet-exmaple: no such folder or Git repository (did you mean fleet-example?)\n",
+    );
+    case.check(
         &["render", "--repo", "fleet-exmaple", "--worktree"],
         2,
         "",

@@ -823,7 +823,7 @@ pub fn read_within(location: &Location, limits: &Limits) -> Result<FleetSnapshot
 
 /// A folder beside the missing `path` whose name is close to its name: the path a
 /// mistyped `--repo fleet-exmaple` meant.
-fn similar_folder(path: &Path) -> Option<PathBuf> {
+pub fn similar_folder(path: &Path) -> Option<PathBuf> {
     let name = path.file_name()?.to_str()?;
     let parent = match path.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
