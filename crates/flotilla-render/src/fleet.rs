@@ -22,6 +22,8 @@ pub struct Cluster {
     pub paused: bool,
     /// `spec.kubernetes`: what its Helm charts see as `.Capabilities`.
     pub kubernetes: Option<KubernetesSpec>,
+    /// `spec.agentKey`: its Secrets are sealed to this key.
+    pub agent_key: Option<crate::seal::AgentKey>,
 }
 
 #[derive(Debug)]

@@ -26,6 +26,7 @@ mod pipeline;
 mod release;
 mod rollouts;
 pub mod scope;
+pub mod seal;
 mod select;
 pub mod shape;
 pub mod sops;

@@ -573,6 +573,23 @@ fn load_cluster(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Op
     if !check_label(path, text, "cluster", &doc.metadata.name, diagnostics) {
         return None;
     }
+    let agent_key = match doc
+        .spec
+        .agent_key
+        .as_deref()
+        .map(crate::seal::AgentKey::parse)
+    {
+        None => None,
+        Some(Ok(key)) => Some(key),
+        Some(Err(reason)) => {
+            diagnostics.push(
+                Diagnostic::error(format!("spec.agentKey: {reason}"))
+                    .in_file(path)
+                    .at_line(key_line_anywhere(text, "agentKey")),
+            );
+            return None;
+        }
+    };
     check_name(
         path,
         "file name",
@@ -587,6 +604,7 @@ fn load_cluster(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Op
         file: path.to_string(),
         paused: doc.spec.paused,
         kubernetes: doc.spec.kubernetes,
+        agent_key,
     })
 }
 

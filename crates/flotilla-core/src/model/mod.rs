@@ -72,6 +72,11 @@ pub struct ClusterSpec {
     /// for this cluster; the fleet settings' `spec.kubernetes` when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<KubernetesSpec>,
+    /// The public key (`age1…`) of this cluster's agent, which it prints at its first
+    /// start: its Secrets are sealed to it in every bundle, so only that agent can
+    /// read their values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_key: Option<String>,
 }
 
 /// What a cluster's API server offers, as Helm charts see it in `.Capabilities`.

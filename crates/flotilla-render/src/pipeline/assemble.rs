@@ -272,6 +272,8 @@ pub(super) fn assemble(
     }
     done.errors
         .extend(secret_values_in_metadata(&ranked, &cluster.name));
+    done.errors
+        .extend(unsealed_secrets(fleet, cluster, &ranked));
     if !errors.is_empty() {
         done.assembled = match job.only {
             Some(_) => return None,
@@ -279,11 +281,18 @@ pub(super) fn assemble(
         };
         return Some(done);
     }
+    let sealing = units.context.sealer.zip(cluster.agent_key.as_ref());
     let fresh = ranked
         .into_iter()
         .zip(repeated)
         .filter(|(_, repeated)| !repeated)
-        .map(|((_, item, workload), _)| (item.resource.clone(), position(workload)));
+        .map(|((_, item, workload), _)| {
+            let resource = match sealing {
+                Some(sealing) => sealed(&item.resource, sealing),
+                None => item.resource.clone(),
+            };
+            (resource, position(workload))
+        });
     let (resources, resource_workloads): (Vec<Arc<Resource>>, Vec<u32>) = match job.only {
         None => fresh.unzip(),
         Some((changed, previous, kept)) => {
@@ -314,6 +323,45 @@ pub(super) fn assemble(
         },
     ));
     Some(done)
+}
+
+/// A cluster without `spec.agentKey` whose bundle has Secrets: a warning (an error
+/// with the fleet setting `requireAgentKeys`) at its first Secret, once per cluster
+/// (folded with the other clusters that share it).
+fn unsealed_secrets(fleet: &Fleet, cluster: &Cluster, ranked: &[Ranked<'_>]) -> Option<Diagnostic> {
+    if cluster.agent_key.is_some() {
+        return None;
+    }
+    let (_, first, _) = ranked.iter().find(|(_, item, _)| {
+        item.resource.key.kind == "Secret" && item.resource.key.group.is_empty()
+    })?;
+    let message = "a Secret for a cluster with no spec.agentKey: its values are served and stored as plain text; add the public key the cluster's agent printed at its first start to its Cluster file to seal them to that agent";
+    let diagnostic = if fleet.settings.require_agent_keys {
+        Diagnostic::error(format!("{message} (flotilla.yaml sets requireAgentKeys)"))
+    } else {
+        Diagnostic::warning(message)
+    };
+    Some(
+        diagnostic
+            .in_file(&*first.file)
+            .at_line(Some(first.line))
+            .for_cluster(&cluster.name),
+    )
+}
+
+/// `resource` with its values sealed to the cluster's agent when it is a Secret.
+fn sealed(
+    resource: &Arc<Resource>,
+    sealing: (&crate::seal::Sealer, &crate::seal::AgentKey),
+) -> Arc<Resource> {
+    if resource.key.kind != "Secret" || !resource.key.group.is_empty() {
+        return resource.clone();
+    }
+    let value = resource.value();
+    match crate::seal::seal_secret(&value, sealing, &resource.key.to_string()) {
+        Some(sealed) => Arc::new(Resource::new((*resource.key).clone(), &sealed)),
+        None => resource.clone(),
+    }
 }
 
 /// A warning for each Secret of a cluster whose annotations or labels hold one of its

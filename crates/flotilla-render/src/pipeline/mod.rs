@@ -163,6 +163,10 @@ pub(crate) fn render_inner(
         (ClusterInputs::default(), found)
     };
     let targeted = &found.targeted;
+    let sealer = options
+        .helm_seed
+        .as_ref()
+        .map(crate::seal::Sealer::from_hub_seed);
     let shared = Shared {
         fleet: &fleet,
         templates: &templates,
@@ -176,6 +180,7 @@ pub(crate) fn render_inner(
         progress: options.progress,
         digests_only: options.digests_only,
         helm: &helm,
+        sealer: sealer.as_ref(),
     };
 
     // With a previous render, only the clusters whose inputs changed, and of those

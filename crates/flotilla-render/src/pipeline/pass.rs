@@ -50,6 +50,8 @@ pub(super) struct Shared<'a> {
     pub(super) progress: Option<&'a (dyn Fn(usize, usize) + Sync)>,
     pub(super) digests_only: bool,
     pub(super) helm: &'a HelmContext<'a>,
+    /// Seals Secrets to clusters' agent keys (the hub's renders only).
+    pub(super) sealer: Option<&'a crate::seal::Sealer>,
 }
 
 /// What rendering some clusters gave.
@@ -102,6 +104,7 @@ pub(super) fn render_clusters(
         progress,
         digests_only,
         helm,
+        sealer,
     } = *shared;
     let mut diagnostics = Vec::new();
     let templates = Compiled {
@@ -222,6 +225,7 @@ pub(super) fn render_clusters(
         shapes,
         patch_limits,
         max_resource_bytes: limits.max_resource_bytes,
+        sealer,
     };
     let (rendered, matched): (Vec<UnitResult>, Vec<Vec<(usize, usize)>>) = units
         .keys

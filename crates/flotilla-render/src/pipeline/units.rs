@@ -256,6 +256,7 @@ pub(super) struct UnitContext<'a> {
     pub(super) shapes: &'a [Option<Shape>],
     pub(super) patch_limits: &'a PatchLimits,
     pub(super) max_resource_bytes: usize,
+    pub(super) sealer: Option<&'a crate::seal::Sealer>,
 }
 
 /// Renders one unit (of a group with its custom scopes, reading `output` of

@@ -178,3 +178,39 @@ fn a_file_changed_after_sops_encrypted_it_is_refused_whole() {
     );
     assert_eq!(open(&tampered, &keys), Err(SopsError::Mac));
 }
+
+#[test]
+fn the_real_age_opens_a_secret_sealed_for_its_key() {
+    let Some(tools) = SopsTools::find("sops_files::the_real_age_opens_a_secret_sealed_for_its_key")
+    else {
+        return;
+    };
+    use flotilla_render::seal::{AgentKey, Sealer};
+    let dir = tempfile::tempdir().expect("a folder");
+    let key = tools.age_key();
+    let key_file = write(dir.path(), "agent.key", &key.identity_file);
+    let sealer = Sealer::from_hub_seed(&[1; 32]);
+    let agent = AgentKey::parse(&key.recipient).expect("a recipient");
+    for plain in [
+        &b""[..],
+        b"{\"stringData\":{\"password\":\"hunter2\"}}",
+        &[7u8; 200_000][..],
+    ] {
+        let sealed = sealer.seal(&agent, "v1/Secret/shop/db", plain);
+        let file = dir.path().join("sealed.age");
+        std::fs::write(&file, &sealed).expect("writes");
+        let out = std::process::Command::new("age")
+            .arg("--decrypt")
+            .arg("-i")
+            .arg(&key_file)
+            .arg(&file)
+            .output()
+            .expect("age runs");
+        assert!(
+            out.status.success(),
+            "age -d: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.stdout, plain, "{} bytes", plain.len());
+    }
+}

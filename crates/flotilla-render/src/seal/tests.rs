@@ -1,0 +1,239 @@
+use super::*;
+
+use std::str::FromStr as _;
+
+const AGENT: &str = "AGE-SECRET-KEY-1SH36876FLEVRV2C9YN2PNR3JJQV0Z9TLDNL49D4QPZRD22V3EENQ55K5JP";
+const OTHER: &str = "AGE-SECRET-KEY-1ET5NLF5AM389DNGX70MFFET2AYPTNMFH6R3SW2N5JDR82MHG853QCGLHTS";
+
+fn identity(text: &str) -> age::x25519::Identity {
+    age::x25519::Identity::from_str(text).expect("an identity")
+}
+
+fn key_of(text: &str) -> AgentKey {
+    AgentKey::parse(&identity(text).to_public().to_string()).expect("a recipient")
+}
+
+fn open(identity_text: &str, sealed: &[u8]) -> Option<Vec<u8>> {
+    age::decrypt(&identity(identity_text), sealed).ok()
+}
+
+#[test]
+fn the_age_crate_opens_what_is_sealed_for_its_identity_only() {
+    let sealer = Sealer::from_hub_seed(&[3; 32]);
+    for size in [0, 1, 100, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK] {
+        let plain: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        let sealed = sealer.seal(&key_of(AGENT), "v1/Secret/shop/db", &plain);
+        assert_eq!(
+            open(AGENT, &sealed).as_deref(),
+            Some(&plain[..]),
+            "{size} bytes"
+        );
+        assert_eq!(open(OTHER, &sealed), None);
+    }
+}
+
+#[test]
+fn sealing_is_the_same_for_the_same_input_and_unrelated_otherwise() {
+    let sealer = Sealer::from_hub_seed(&[3; 32]);
+    let agent = key_of(AGENT);
+    let once = sealer.seal(&agent, "v1/Secret/shop/db", b"hunter2");
+    assert_eq!(once, sealer.seal(&agent, "v1/Secret/shop/db", b"hunter2"));
+    let others = [
+        sealer.seal(&agent, "v1/Secret/shop/db", b"hunter3"),
+        sealer.seal(&agent, "v1/Secret/shop/cache", b"hunter2"),
+        sealer.seal(&key_of(OTHER), "v1/Secret/shop/db", b"hunter2"),
+        Sealer::from_hub_seed(&[4; 32]).seal(&agent, "v1/Secret/shop/db", b"hunter2"),
+    ];
+    for other in &others {
+        assert_ne!(&once, other);
+        // Not even the ephemeral share or the nonce repeats.
+        let share = |f: &[u8]| f.split(|&b| b == b'\n').nth(1).map(<[u8]>::to_vec);
+        assert_ne!(share(&once), share(other));
+    }
+}
+
+#[test]
+fn a_secret_is_sealed_whole_and_its_last_applied_annotation_removed() {
+    let sealer = Sealer::from_hub_seed(&[3; 32]);
+    let secret = serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "db", "namespace": "shop", "annotations": {
+            "kubectl.kubernetes.io/last-applied-configuration": "{\"stringData\":{\"password\":\"hunter2\"}}",
+            "team": "pos"}},
+        "type": "Opaque",
+        "data": {"user": "YWRtaW4="},
+        "stringData": {"password": "hunter2"}
+    });
+    let sealed =
+        seal_secret(&secret, (&sealer, &key_of(AGENT)), "v1/Secret/shop/db").expect("sealed");
+    let text = sealed.to_string();
+    assert!(
+        !text.contains("hunter2") && !text.contains("YWRtaW4="),
+        "{text}"
+    );
+    assert!(sealed.get("data").is_none() && sealed.get("stringData").is_none());
+    assert_eq!(
+        sealed["metadata"]["annotations"],
+        serde_json::json!({"team": "pos"})
+    );
+    assert_eq!(sealed["type"], "Opaque");
+    let blob = STANDARD
+        .decode(sealed[SEALED_FIELD]["sealed"].as_str().expect("a string"))
+        .expect("base64");
+    let plain: Value = serde_json::from_slice(&open(AGENT, &blob).expect("opens")).expect("JSON");
+    assert_eq!(
+        plain,
+        serde_json::json!({"data": {"user": "YWRtaW4="}, "stringData": {"password": "hunter2"}})
+    );
+    let empty =
+        serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "e"}});
+    assert!(seal_secret(&empty, (&sealer, &key_of(AGENT)), "v1/Secret//e").is_none());
+}
+
+#[test]
+fn agent_keys_are_read_as_age_prints_them() {
+    let recipient = identity(AGENT).to_public().to_string();
+    assert!(AgentKey::parse(&recipient).is_ok());
+    assert!(AgentKey::parse(&recipient.replace("age1", "agx1")).is_err());
+    assert!(AgentKey::parse("age1notakey").is_err());
+    assert!(
+        AgentKey::parse(AGENT).is_err(),
+        "a secret key is not a public key"
+    );
+}
+
+/// Two clusters, one with `spec.agentKey`, and a workload with a Secret for both.
+fn fleet(agent_key: &str) -> flotilla_core::snapshot::FleetSnapshot {
+    const HEADER: &str = "apiVersion: flotilla.dev/v1alpha1\n";
+    flotilla_core::snapshot::FleetSnapshot::from_files([
+        (
+            "clusters/keyed.yaml",
+            &*format!(
+                "{HEADER}kind: Cluster\nmetadata:\n  name: keyed\nspec:\n  agentKey: {agent_key}\n"
+            ),
+        ),
+        (
+            "clusters/plain.yaml",
+            &*format!("{HEADER}kind: Cluster\nmetadata:\n  name: plain\nspec: {{}}\n"),
+        ),
+        (
+            "workloads/db/workload.yaml",
+            &*format!(
+                "{HEADER}kind: Workload\nmetadata:\n  name: db\nspec:\n  namespace: shop\n  targets:\n    - clusterSelector: {{}}\n"
+            ),
+        ),
+        (
+            "workloads/db/manifests/secret.yaml",
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: db\nstringData:\n  password: hunter2\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: db\ndata:\n  host: db.local\n",
+        ),
+    ])
+}
+
+fn render(
+    snapshot: &flotilla_core::snapshot::FleetSnapshot,
+    seed: Option<[u8; 32]>,
+) -> crate::RenderOutput {
+    crate::render_with(
+        snapshot,
+        &crate::RenderOptions {
+            helm_seed: seed,
+            ..crate::RenderOptions::default()
+        },
+    )
+}
+
+fn secret_of(output: &crate::RenderOutput, cluster: &str) -> Value {
+    output.bundles[cluster]
+        .resources
+        .iter()
+        .map(|r| r.value())
+        .find(|v| v["kind"] == "Secret")
+        .expect("the Secret")
+}
+
+#[test]
+fn the_hubs_render_seals_the_secrets_of_clusters_with_an_agent_key() {
+    let recipient = identity(AGENT).to_public().to_string();
+    let snapshot = fleet(&recipient);
+    let output = render(&snapshot, Some([5; 32]));
+    assert!(output.is_clean(), "{:?}", output.diagnostics);
+    let keyed = secret_of(&output, "keyed");
+    assert!(keyed.get("stringData").is_none(), "{keyed}");
+    let blob = STANDARD
+        .decode(keyed[SEALED_FIELD]["sealed"].as_str().expect("sealed"))
+        .expect("base64");
+    let plain: Value = serde_json::from_slice(&open(AGENT, &blob).expect("opens")).expect("JSON");
+    assert_eq!(plain["stringData"]["password"], "hunter2");
+    assert_eq!(
+        secret_of(&output, "plain")["stringData"]["password"],
+        "hunter2"
+    );
+    // The same commit renders the same digests; a changed value gives a new one.
+    let again = render(&snapshot, Some([5; 32]));
+    assert_eq!(
+        output.bundles["keyed"].digest,
+        again.bundles["keyed"].digest
+    );
+    let mut changed = snapshot.clone();
+    changed.files.insert(
+        "workloads/db/manifests/secret.yaml".into(),
+        std::sync::Arc::from(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: db\nstringData:\n  password: hunter3\n",
+        ),
+    );
+    let after = render(&changed, Some([5; 32]));
+    assert_ne!(
+        output.bundles["keyed"].digest,
+        after.bundles["keyed"].digest
+    );
+    // Without the hub's seed (a review), nothing is sealed.
+    let review = render(&snapshot, None);
+    assert_eq!(
+        secret_of(&review, "keyed")["stringData"]["password"],
+        "hunter2"
+    );
+}
+
+#[test]
+fn a_cluster_with_secrets_and_no_agent_key_is_warned_about_once() {
+    let recipient = identity(AGENT).to_public().to_string();
+    let output = render(&fleet(&recipient), Some([5; 32]));
+    let warnings: Vec<_> = output
+        .warnings()
+        .filter(|d| d.message.contains("no spec.agentKey"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(
+        warnings[0].file.as_deref(),
+        Some("workloads/db/manifests/secret.yaml")
+    );
+    assert_eq!(warnings[0].cluster.as_deref(), Some("plain"));
+    let mut required = fleet(&recipient);
+    required.files.insert(
+        "flotilla.yaml".into(),
+        std::sync::Arc::from(
+            "apiVersion: flotilla.dev/v1alpha1\nkind: FleetSettings\nspec:\n  requireAgentKeys: true\n",
+        ),
+    );
+    let output = render(&required, Some([5; 32]));
+    assert!(
+        output
+            .errors()
+            .any(|d| d.message.contains("requireAgentKeys")),
+        "{:?}",
+        output.diagnostics
+    );
+}
+
+#[test]
+fn a_bad_agent_key_is_an_error_at_its_line() {
+    let output = render(&fleet("age1notakey"), None);
+    let error = output.errors().next().expect("an error");
+    assert_eq!(error.file.as_deref(), Some("clusters/keyed.yaml"));
+    assert_eq!(error.line, Some(6));
+    assert!(
+        error.message.starts_with("spec.agentKey:"),
+        "{}",
+        error.message
+    );
+}
