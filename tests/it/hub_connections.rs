@@ -1361,3 +1361,102 @@ async fn failed_logins_to_the_web_page_are_throttled_per_client_and_logged_witho
         assert!(!text.contains(token), "a token in the log:\n{text}");
     }
 }
+
+/// Runs `flotilla serve` on `state` and waits up to 20 s for it to exit (it is killed
+/// and the test failed if it does not): its exit code, and what it printed.
+fn serve_until_it_exits(repo: &Repo, state: &Path) -> (Option<i32>, Duration, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--repo"])
+        .arg(repo.path())
+        .arg("--state-dir")
+        .arg(state)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the hub starts");
+    let started = Instant::now();
+    while child.try_wait().expect("polls").is_none() {
+        if started.elapsed() > Duration::from_secs(20) {
+            child.kill().expect("SIGKILL");
+            let output = child.wait_with_output().expect("reaped");
+            panic!(
+                "the hub was still running after 20 s: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let elapsed = started.elapsed();
+    let output = child.wait_with_output().expect("reaped");
+    let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&output.stderr));
+    (output.status.code(), elapsed, text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_empty_or_foreign_database_stops_the_hub_at_once_and_is_left_as_it_is() {
+    use sqlx::Connection as _;
+    let repo = Repo::new();
+    // A real store, whose first page is then damaged past SQLite's 100-byte header.
+    let genuine = tempfile::tempdir().expect("state");
+    make_token(genuine.path(), None).await;
+    let mut damaged = std::fs::read(genuine.path().join("flotilla.db")).expect("the store");
+    assert!(damaged.len() >= 4096, "{} bytes", damaged.len());
+    for byte in &mut damaged[100..4096] {
+        *byte = 0xA5;
+    }
+    // A SQLite database of something else.
+    let foreign_dir = tempfile::tempdir().expect("dir");
+    let foreign_path = foreign_dir.path().join("notes.db");
+    let mut connection = sqlx::SqliteConnection::connect_with(
+        &sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&foreign_path)
+            .create_if_missing(true),
+    )
+    .await
+    .expect("a SQLite database");
+    sqlx::query("CREATE TABLE notes (text TEXT)")
+        .execute(&mut connection)
+        .await
+        .expect("a table");
+    connection.close().await.expect("closed");
+    let foreign = std::fs::read(&foreign_path).expect("the database");
+
+    let cases: [(&str, Vec<u8>, &[&str]); 4] = [
+        ("damaged", damaged, &["malformed", "not a database"]),
+        ("empty", Vec::new(), &["is an empty file (0 bytes)"]),
+        (
+            "text",
+            b"my notes\n".to_vec(),
+            &["is not a SQLite database"],
+        ),
+        (
+            "foreign",
+            foreign,
+            &["not a flotilla store (its tables are notes"],
+        ),
+    ];
+    for (case, bytes, reasons) in cases {
+        let state = tempfile::tempdir().expect("state");
+        let db = state.path().join("flotilla.db");
+        std::fs::write(&db, &bytes).expect("write");
+        let (code, elapsed, output) = serve_until_it_exits(&repo, state.path());
+        assert_ne!(code, Some(0), "{case}: {output}");
+        assert!(
+            elapsed < Duration::from_secs(10),
+            "{case}: the hub took {elapsed:?} to give up: {output}"
+        );
+        assert!(
+            reasons.iter().any(|reason| output.contains(reason)),
+            "{case}: the reason is told: {output}"
+        );
+        assert!(!output.contains("pool timed out"), "{case}: {output}");
+        if case != "damaged" {
+            assert!(
+                std::fs::read(&db).expect("still there") == bytes,
+                "{case}: the file is left as it was"
+            );
+        }
+    }
+}

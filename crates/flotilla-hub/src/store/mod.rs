@@ -55,6 +55,9 @@ pub enum StoreError {
     },
     #[error("the database {path} cannot be used: {source}")]
     Database { path: String, source: sqlx::Error },
+    /// A SQLite file that is there but is not a flotilla store: it is left as it is.
+    #[error("the database {path} {reason}; it was left as it is")]
+    NotAStore { path: String, reason: String },
     #[error(transparent)]
     Object(#[from] ObjectError),
     #[error("the database holds a malformed value in {table}.{column}: {message}")]
@@ -1138,19 +1141,30 @@ async fn connect(state_dir: &Path, database: &Database) -> Result<(AnyPool, Engi
             };
             // SQLite creates its journal files with the database's permissions, so
             // a private database file keeps all of them private.
-            create_private_file(&db_file).map_err(|source| StoreError::CreateDir {
+            let created =
+                create_private_file(&db_file).map_err(|source| StoreError::CreateDir {
+                    path: db_path.clone(),
+                    source,
+                })?;
+            let not_a_store = |reason: String| StoreError::NotAStore {
                 path: db_path.clone(),
-                source,
-            })?;
+                reason,
+            };
+            if !created {
+                check_sqlite_file(&db_file).map_err(not_a_store)?;
+            }
             let url = SqliteConnectOptions::new()
                 .filename(&db_file)
                 .create_if_missing(true)
                 .to_url_lossy();
-            (
-                Engine::Sqlite,
-                AnyConnectOptions::from_url(&url).map_err(db_error)?,
-                4,
-            )
+            let options = AnyConnectOptions::from_url(&url).map_err(db_error)?;
+            check_sqlite_tables(&options, created)
+                .await
+                .map_err(|err| match err {
+                    Ok(reason) => not_a_store(reason),
+                    Err(source) => db_error(source),
+                })?;
+            (Engine::Sqlite, options, 4)
         }
         Database::Postgres(url) => (
             Engine::Postgres,
@@ -1164,15 +1178,7 @@ async fn connect(state_dir: &Path, database: &Database) -> Result<(AnyPool, Engi
         .after_connect(move |connection, _| {
             Box::pin(async move {
                 if engine == Engine::Sqlite {
-                    // Through sqlx's `Any` driver SQLite's settings are set here:
-                    // a write-ahead log (readers never wait for the writer), every
-                    // commit synced, and writers wait for each other.
-                    for pragma in [
-                        "PRAGMA journal_mode = WAL",
-                        "PRAGMA synchronous = FULL",
-                        "PRAGMA busy_timeout = 10000",
-                        "PRAGMA foreign_keys = ON",
-                    ] {
+                    for pragma in SQLITE_PRAGMAS {
                         sqlx::Executor::execute(&mut *connection, pragma).await?;
                     }
                 }
@@ -1196,6 +1202,98 @@ async fn connect(state_dir: &Path, database: &Database) -> Result<(AnyPool, Engi
         .await
         .map_err(db_error)?;
     Ok((pool, engine))
+}
+
+/// Through sqlx's `Any` driver SQLite's settings are set on each connection: a
+/// write-ahead log (readers never wait for the writer), every commit synced, and
+/// writers wait for each other.
+const SQLITE_PRAGMAS: [&str; 4] = [
+    "PRAGMA journal_mode = WAL",
+    "PRAGMA synchronous = FULL",
+    "PRAGMA busy_timeout = 10000",
+    "PRAGMA foreign_keys = ON",
+];
+
+/// The 16 bytes every SQLite database file starts with.
+const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
+
+/// An existing database file must be a SQLite database: an empty file is not taken
+/// for a new store (a store that lost its contents, to a full disk or a failed copy,
+/// would silently start over without its tokens), nor is any other file written over.
+fn check_sqlite_file(path: &Path) -> Result<(), String> {
+    use std::io::Read as _;
+    let mut header = Vec::with_capacity(SQLITE_HEADER.len());
+    std::fs::File::open(path)
+        .and_then(|file| {
+            file.take(SQLITE_HEADER.len() as u64)
+                .read_to_end(&mut header)
+        })
+        .map_err(|err| format!("cannot be read: {err}"))?;
+    if header.is_empty() {
+        return Err(format!(
+            "is an empty file (0 bytes), not a flotilla store: a store that lost its contents (a full disk, a failed copy or restore)? \
+             Restore it from a backup, or remove it to start a new store (every token and the rollouts' state are then made anew): rm {}",
+            path.display()
+        ));
+    }
+    if header != SQLITE_HEADER {
+        return Err(
+            "is not a SQLite database (it does not start with SQLite's header), so not a flotilla store: give the hub a --state-dir of its own, or --database for its tables"
+                .to_string(),
+        );
+    }
+    Ok(())
+}
+
+/// Opens one connection to a SQLite database and reads its list of tables, so a
+/// damaged file fails here at once with SQLite's own reason (a pool would retry it
+/// until its timeout). `Ok(reason)` for a database that has tables, none of them
+/// flotilla's, unless `created` (flotilla made the file just now).
+async fn check_sqlite_tables(
+    options: &AnyConnectOptions,
+    created: bool,
+) -> Result<(), Result<String, sqlx::Error>> {
+    use sqlx::Connection as _;
+    let mut connection = sqlx::AnyConnection::connect_with(options)
+        .await
+        .map_err(Err)?;
+    let tables: Result<Vec<String>, sqlx::Error> =
+        sqlx::query("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+            .fetch_all(&mut connection)
+            .await
+            .map(|rows| rows.iter().map(|row| row.get("name")).collect());
+    let tables = match tables {
+        Ok(tables) => tables,
+        Err(err) => {
+            let _ = connection.close().await;
+            return Err(Err(err));
+        }
+    };
+    let ours = ["_sqlx_migrations", "hub_meta"];
+    if created || tables.is_empty() || tables.iter().any(|t| ours.contains(&t.as_str())) {
+        // The settings each pooled connection makes, once here, where a failure
+        // is told at once.
+        let mut set = Ok(());
+        for pragma in SQLITE_PRAGMAS {
+            if let Err(err) = sqlx::Executor::execute(&mut connection, pragma).await {
+                set = Err(err);
+                break;
+            }
+        }
+        let _ = connection.close().await;
+        return set.map_err(Err);
+    }
+    let _ = connection.close().await;
+    let shown: Vec<&str> = tables.iter().take(5).map(String::as_str).collect();
+    Err(Ok(format!(
+        "is a SQLite database, but not a flotilla store (its tables are {}{}, and none is flotilla's): give the hub a --state-dir of its own, or --database for its tables",
+        shown.join(", "),
+        if tables.len() > shown.len() {
+            ", …"
+        } else {
+            ""
+        }
+    )))
 }
 
 async fn next_generation(tx: &mut Tx<'_>) -> Result<i64, sqlx::Error> {
@@ -1640,7 +1738,8 @@ fn parse_digest(
 }
 
 /// Creates `path` empty with mode 0600 unless it exists.
-fn create_private_file(path: &Path) -> std::io::Result<()> {
+/// Creates `path` empty and private unless it exists; whether it was created.
+fn create_private_file(path: &Path) -> std::io::Result<bool> {
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true);
     #[cfg(unix)]
@@ -1649,8 +1748,8 @@ fn create_private_file(path: &Path) -> std::io::Result<()> {
         options.mode(0o600);
     }
     match options.open(path) {
-        Ok(_) => Ok(()),
-        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Ok(_) => Ok(true),
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
         Err(err) => Err(err),
     }
 }
