@@ -609,6 +609,46 @@ async fn a_signing_hub_and_a_trusting_agent_take_every_change_and_a_rollback_wit
 }
 
 #[tokio::test]
+async fn a_signing_hub_that_lost_its_store_signs_above_what_agents_hold() {
+    let f = fixture().await;
+    let (key_path, _, trusted) = generate_key(f.site.dir.path());
+    let signing = |state: &Path| {
+        let mut hub_config = config(state, &f.repo.path().display().to_string());
+        hub_config.signing_key = Some(std::sync::Arc::new(
+            SigningKey::parse(&std::fs::read_to_string(&key_path).expect("KEY")).expect("a key"),
+        ));
+        hub_config
+    };
+    let hub = HubProcess::start_with(signing(f.hub_state.path()), any_port()).await;
+    let address = hub.address;
+    let mut agent = RunningAgent::start_with(&f.site, &hub.base(), |config| {
+        config.trusted = trusted.clone();
+    });
+    let first = rendered(&f.repo);
+    agent.applied(&first.digest).await;
+    let token = std::fs::read_to_string(&f.site.token_file).expect("token");
+    let held = served_signature(&hub, &token).await.sequence;
+    hub.stop().await;
+
+    // The store is lost: a new state dir, with a new token for the agent, on the same
+    // address. Its sequences start from the time, above the one the agent holds, so
+    // the agent takes its bundles (the same digest, signed anew, then a change).
+    let lost = tempfile::tempdir().expect("state");
+    let token = make_token(lost.path(), Some(CLUSTER)).await;
+    std::fs::write(&f.site.token_file, &token).expect("new token");
+    let hub = HubProcess::start_with(signing(lost.path()), address).await;
+    let restarted = served_signature(&hub, &token).await.sequence;
+    assert!(restarted > held, "{restarted} after {held}");
+    set_replicas(&f.repo, 3);
+    f.repo.commit("kuard: three replicas");
+    let report = agent.applied(&rendered(&f.repo).digest).await;
+    assert!(report.is_success(), "{report:?}");
+    assert!(served_signature(&hub, &token).await.sequence > restarted);
+    agent.stop().await;
+    hub.stop().await;
+}
+
+#[tokio::test]
 async fn a_signed_publish_mirror_that_is_tampered_with_or_replayed_is_refused() {
     let f = fixture().await;
     let (key_path, _, trusted) = generate_key(f.site.dir.path());
