@@ -177,6 +177,10 @@ pub struct Store {
     /// The database as people are shown it (a PostgreSQL password left out).
     db_path: String,
     engine: Engine,
+    /// SQLite: the connection that first checked the file, kept open until the pool
+    /// is closed. Closing it while the process has no other connection yet made a
+    /// command beside a running hub (`token create`) lose what it then committed.
+    first: tokio::sync::Mutex<Option<sqlx::AnyConnection>>,
 }
 
 /// A transaction on either engine.
@@ -376,13 +380,14 @@ impl Store {
             }
         })?;
         let objects = Objects::open_url(state_dir, objects).await?;
-        let (pool, engine) = connect(state_dir, database).await?;
+        let (pool, engine, first) = connect(state_dir, database).await?;
         Ok(Store {
             root: state_dir.to_path_buf(),
             objects,
             pool,
             db_path: database.display(state_dir),
             engine,
+            first: tokio::sync::Mutex::new(first),
         })
     }
 
@@ -391,13 +396,14 @@ impl Store {
     /// state dir is created, and [`Store::objects`] points at none (reading one fails).
     pub async fn open_tables(database: &Database) -> Result<Store, StoreError> {
         let nowhere = Path::new("");
-        let (pool, engine) = connect(nowhere, database).await?;
+        let (pool, engine, first) = connect(nowhere, database).await?;
         Ok(Store {
             root: PathBuf::new(),
             objects: Objects::unopened(Path::new("/nonexistent/flotilla-objects")),
             pool,
             db_path: database.display(nowhere),
             engine,
+            first: tokio::sync::Mutex::new(first),
         })
     }
 
@@ -413,6 +419,9 @@ impl Store {
     /// Closes the database connections (waits for writes in flight).
     pub async fn close(&self) {
         self.pool.close().await;
+        if let Some(first) = self.first.lock().await.take() {
+            let _ = sqlx::Connection::close(first).await;
+        }
     }
 
     fn db_error(&self, source: sqlx::Error) -> StoreError {
@@ -1126,13 +1135,17 @@ impl Store {
 }
 
 /// Connects to the database and applies the migrations.
-async fn connect(state_dir: &Path, database: &Database) -> Result<(AnyPool, Engine), StoreError> {
+async fn connect(
+    state_dir: &Path,
+    database: &Database,
+) -> Result<(AnyPool, Engine, Option<sqlx::AnyConnection>), StoreError> {
     let db_path = database.display(state_dir);
     let db_error = |source| StoreError::Database {
         path: db_path.clone(),
         source,
     };
     sqlx::any::install_default_drivers();
+    let mut first = None;
     let (engine, options, max_connections) = match database {
         Database::StateDir | Database::Sqlite(_) => {
             let db_file = match database {
@@ -1158,12 +1171,12 @@ async fn connect(state_dir: &Path, database: &Database) -> Result<(AnyPool, Engi
                 .create_if_missing(true)
                 .to_url_lossy();
             let options = AnyConnectOptions::from_url(&url).map_err(db_error)?;
-            check_sqlite_tables(&options, created)
-                .await
-                .map_err(|err| match err {
+            first = Some(check_sqlite_tables(&options, created).await.map_err(
+                |err| match err {
                     Ok(reason) => not_a_store(reason),
                     Err(source) => db_error(source),
-                })?;
+                },
+            )?);
             (Engine::Sqlite, options, 4)
         }
         Database::Postgres(url) => (
@@ -1201,7 +1214,7 @@ async fn connect(state_dir: &Path, database: &Database) -> Result<(AnyPool, Engi
         .execute(&pool)
         .await
         .map_err(db_error)?;
-    Ok((pool, engine))
+    Ok((pool, engine, first))
 }
 
 /// Through sqlx's `Any` driver SQLite's settings are set on each connection: a
@@ -1248,11 +1261,12 @@ fn check_sqlite_file(path: &Path) -> Result<(), String> {
 /// Opens one connection to a SQLite database and reads its list of tables, so a
 /// damaged file fails here at once with SQLite's own reason (a pool would retry it
 /// until its timeout). `Ok(reason)` for a database that has tables, none of them
-/// flotilla's, unless `created` (flotilla made the file just now).
+/// flotilla's, unless `created` (flotilla made the file just now). The connection is
+/// given back open: see [`Store::first`](Store).
 async fn check_sqlite_tables(
     options: &AnyConnectOptions,
     created: bool,
-) -> Result<(), Result<String, sqlx::Error>> {
+) -> Result<sqlx::AnyConnection, Result<String, sqlx::Error>> {
     use sqlx::Connection as _;
     let mut connection = sqlx::AnyConnection::connect_with(options)
         .await
@@ -1280,8 +1294,13 @@ async fn check_sqlite_tables(
                 break;
             }
         }
-        let _ = connection.close().await;
-        return set.map_err(Err);
+        return match set {
+            Ok(()) => Ok(connection),
+            Err(err) => {
+                let _ = connection.close().await;
+                Err(Err(err))
+            }
+        };
     }
     let _ = connection.close().await;
     let shown: Vec<&str> = tables.iter().take(5).map(String::as_str).collect();
