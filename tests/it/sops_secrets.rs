@@ -118,20 +118,12 @@ fn render_and_validate_open_a_sops_secret_with_the_key_and_say_when_they_cannot(
         "{stdout}"
     );
 
-    let valid = flotilla(&[
-        "validate",
-        "--strict",
-        "--repo",
-        fleet,
-        "--decryption-key",
-        key,
-    ]);
-    assert_eq!(
-        valid.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&valid.stderr)
-    );
+    let valid = flotilla(&["validate", "--repo", fleet, "--decryption-key", key]);
+    let stderr = String::from_utf8_lossy(&valid.stderr);
+    assert_eq!(valid.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("without decrypting"), "{stderr}");
+    // Its clusters name no agent key: the Secret would travel as plain text.
+    assert!(stderr.contains("no spec.agentKey"), "{stderr}");
 
     // Without the key, a file whose kind and name are encrypted too is left out, with
     // a warning naming it and saying how to encrypt only the values.
@@ -234,4 +226,216 @@ async fn the_hub_opens_a_sops_secret_with_its_key_and_without_one_names_the_file
     assert_eq!(secret["stringData"]["password"], PLAIN);
     assert_eq!(secret["stringData"]["port"], 5432);
     hub.stop().await;
+}
+
+/// Every file under `dir` whose bytes contain `needle`.
+fn files_containing(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(folder) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&folder) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if file_contains(&path, needle) {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+fn file_contains(path: &Path, needle: &[u8]) -> bool {
+    std::fs::read(path).is_ok_and(|bytes| bytes.windows(needle.len()).any(|w| w == needle))
+}
+
+#[test]
+fn a_sops_secret_reaches_its_agent_sealed_and_nothing_between_holds_its_value() {
+    use crate::support::process::{Background, free_port, http_status, wait_for};
+    use std::process::Stdio;
+    let Some(tools) = SopsTools::find(
+        "sops_secrets::a_sops_secret_reaches_its_agent_sealed_and_nothing_between_holds_its_value",
+    ) else {
+        return;
+    };
+    let repo = Repo::new();
+    let work = tempfile::tempdir().expect("a folder");
+    let work = work.path();
+    let start = |args: &[&str], log: &str| {
+        let log = work.join(log);
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(args)
+            .current_dir(work)
+            .env_remove("FLOTILLA_STATE_DIR")
+            .env_remove("FLOTILLA_DECRYPTION_KEY")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log file"))
+            .stderr(file)
+            .spawn()
+            .expect("flotilla starts");
+        Background { child, log }
+    };
+    let port = free_port();
+    let server = format!("http://127.0.0.1:{port}");
+    let agent_args = [
+        "agent",
+        "--server",
+        &server,
+        "--cluster",
+        "red",
+        "--token-file",
+        "red.token",
+        "--state-dir",
+        "agent-state",
+        "--sink",
+        "dir:./out",
+    ];
+
+    // The agent makes its key at its first start, before it reaches any hub, and
+    // prints the line to add to its Cluster file.
+    std::fs::write(work.join("red.token"), format!("flt_{}\n", "0".repeat(64))).expect("write");
+    let mut first = vec![start(&agent_args, "agent-first.log")];
+    let first_log = work.join("agent-first.log");
+    wait_for("the agent to make its key", &mut first, || {
+        std::fs::read_to_string(&first_log).is_ok_and(|log| log.contains("agentKey: age1"))
+    });
+    drop(first);
+    let printed = std::fs::read_to_string(&first_log).expect("a log");
+    let agent_key = printed
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("agentKey: "))
+        .expect("the line to add")
+        .to_string();
+
+    // The hub's identity, and the fleet: red names its agent's key, and a workload
+    // for red alone carries a SOPS Secret.
+    let hub_key = tools.age_key();
+    std::fs::write(work.join("hub.agekey"), &hub_key.identity_file).expect("write");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(
+            work.join("hub.agekey"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .expect("chmod");
+    }
+    let red = repo
+        .read("clusters/red.yaml")
+        .replace("spec:\n", &format!("spec:\n  agentKey: {agent_key}\n"));
+    repo.write("clusters/red.yaml", &red);
+    repo.write(
+        "workloads/vault/workload.yaml",
+        "apiVersion: flotilla.dev/v1alpha1\nkind: Workload\nmetadata:\n  name: vault\nspec:\n  namespace: kuard\n  targets:\n    - cluster: red\n",
+    );
+    let file = "workloads/vault/manifests/pos-database.yaml";
+    repo.write(file, SECRET);
+    tools.encrypt(
+        &repo.path().join(file),
+        &[&hub_key.recipient],
+        &["--encrypted-regex", "^(data|stringData)$"],
+    );
+    repo.commit("red's agent key and a SOPS Secret for red");
+
+    let fleet = repo.path().to_str().expect("a path").to_string();
+    let listen = format!("127.0.0.1:{port}");
+    let mut running = vec![start(
+        &[
+            "serve",
+            "--repo",
+            &fleet,
+            "--state-dir",
+            "state",
+            "--listen",
+            &listen,
+            "--decryption-key",
+            "hub.agekey",
+        ],
+        "hub.log",
+    )];
+    wait_for("the hub to serve bundles", &mut running, || {
+        http_status(port, "/readyz") == Some(200)
+    });
+    let token = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["token", "create", "red", "--state-dir", "state"])
+        .current_dir(work)
+        .output()
+        .expect("token create runs");
+    assert!(
+        token.status.success(),
+        "{}",
+        String::from_utf8_lossy(&token.stderr)
+    );
+    std::fs::write(work.join("red.token"), &token.stdout).expect("write");
+    running.push(start(&agent_args, "agent.log"));
+    let out = work.join("out");
+    wait_for("the agent to write the opened Secret", &mut running, || {
+        !files_containing(&out, PLAIN.as_bytes()).is_empty()
+    });
+
+    // What the agent applied holds the value, in a private file.
+    let applied = files_containing(&out, PLAIN.as_bytes());
+    assert_eq!(applied.len(), 1, "{applied:?}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&applied[0])
+            .expect("written")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "{mode:o}");
+    }
+
+    // publish, from the same store, writes the bundle the hub serves: the Secret in
+    // it is sealed.
+    let published = work.join("published");
+    let publish = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args([
+            "publish",
+            "--repo",
+            &fleet,
+            "--state-dir",
+            "state",
+            "--decryption-key",
+            "hub.agekey",
+            "--out",
+        ])
+        .arg(&published)
+        .current_dir(work)
+        .output()
+        .expect("publish runs");
+    assert!(
+        publish.status.success(),
+        "{}",
+        String::from_utf8_lossy(&publish.stderr)
+    );
+    let document = std::fs::read(published.join("v1/clusters/red/bundle")).expect("red's bundle");
+    let document = verify_document(&document, Some("red")).expect("a verified bundle");
+    let sealed = document
+        .resources
+        .iter()
+        .map(|r| r.value())
+        .find(|r| r["kind"] == "Secret" && r["metadata"]["name"] == "pos-database")
+        .expect("the Secret");
+    assert!(sealed.get("stringData").is_none(), "{sealed}");
+    assert!(sealed[flotilla_core::bundle::SEALED_SECRET_FIELD]["sealed"].is_string());
+
+    // Nowhere between Git and the agent's sink is the value kept: not the hub's state
+    // (its database and objects), its log, publish output, nor the agent's own state.
+    drop(running);
+    for place in ["state", "published", "agent-state"] {
+        let found = files_containing(&work.join(place), PLAIN.as_bytes());
+        assert!(found.is_empty(), "the plain value is in {found:?}");
+    }
+    for log in ["hub.log", "agent.log"] {
+        assert!(
+            !file_contains(&work.join(log), PLAIN.as_bytes()),
+            "the plain value is in {log}"
+        );
+    }
 }

@@ -28,6 +28,7 @@ pub mod cache;
 pub mod cli;
 pub mod client;
 pub mod logging;
+pub mod sealed;
 pub mod sink;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -44,7 +45,7 @@ use tokio::time::Instant;
 use backoff::{Backoff, BackoffPolicy, Sleeper, TokioSleeper};
 use cache::{Inventory, InventoryEntry, PendingReport, StateDir};
 use client::{FailureKind, Fetched, HubClient, Server};
-use flotilla_core::status::{ResourceState, StatusReport};
+use flotilla_core::status::{ResourceState, ResourceStatus, StatusReport};
 use sink::{ApplyOutcome, Sink, StopSignal};
 use wait::{Wait, Waits};
 
@@ -170,6 +171,8 @@ impl<S: Sink> Agent<S> {
         let stop = StopSignal::default();
         sink.watch_stop(stop.clone());
         let state = Arc::new(StateDir::open(&config.state_dir)?);
+        let (identity, made) = sealed::AgentIdentity::load_or_make(&state)?;
+        announce_key(&config.cluster, &identity, made);
         let last_known_good = state.load_document(&config.cluster)?;
         // The stored document was checked when it arrived; its sequence is the one held.
         let held = last_known_good.as_ref().and_then(|document| {
@@ -265,6 +268,7 @@ impl<S: Sink> Agent<S> {
             report_tx,
             observers: reports,
             backoff: Backoff::new(config.backoff),
+            identity,
         };
         applier.run(events_rx, shutdown, stop).await;
         poller.abort();
@@ -275,6 +279,19 @@ impl<S: Sink> Agent<S> {
 }
 
 /// The applier's state.
+/// Says which key Secrets must be sealed to: on its first start the agent prints the
+/// line to add to its Cluster file (and logs it on every start).
+fn announce_key(cluster: &str, identity: &sealed::AgentIdentity, made: bool) {
+    let recipient = identity.recipient();
+    if made {
+        eprintln!(
+            "made this agent's key (in its state dir, {}); to seal cluster {cluster}'s Secrets to it, add to clusters/{cluster}.yaml:\n  spec:\n    agentKey: {recipient}",
+            sealed::KEY_FILE
+        );
+    }
+    tracing::info!(agent_key = %recipient, "Secrets sealed to this key are opened here (spec.agentKey: {recipient})");
+}
+
 struct Applier<'a, S: Sink> {
     config: &'a AgentConfig,
     sink: S,
@@ -285,6 +302,8 @@ struct Applier<'a, S: Sink> {
     report_tx: watch::Sender<Option<StatusReport>>,
     observers: watch::Sender<Option<StatusReport>>,
     backoff: Backoff,
+    /// Opens the Secrets sealed to this agent, in memory, just before they apply.
+    identity: sealed::AgentIdentity,
 }
 
 impl<S: Sink> Applier<'_, S> {
@@ -382,6 +401,32 @@ impl<S: Sink> Applier<'_, S> {
     /// Applies one bundle: records the intent in the inventory, applies and prunes,
     /// records the result, and reports. Returns true when the apply was complete.
     async fn apply(&mut self, bundle: &Bundle) -> bool {
+        // Sealed Secrets are opened first: one that cannot be means nothing is
+        // applied (never an empty Secret), and what runs is kept.
+        let opened = match self.identity.open(bundle) {
+            Ok(opened) => opened,
+            Err(err) => {
+                let message = format!("nothing applied: {err}; keeping what runs");
+                tracing::error!(digest = %bundle.digest, "{message}");
+                let failed = bundle
+                    .resources
+                    .iter()
+                    .find(|r| r.key.to_string() == err.secret)
+                    .map(|r| {
+                        ResourceStatus::new(&r.key, ResourceState::Failed, err.reason.clone())
+                    });
+                self.report = StatusReport {
+                    applied: self.inventory.applied.clone(),
+                    attempted: Some(bundle.digest.clone()),
+                    resources: failed.into_iter().collect(),
+                    message,
+                    agent_version: AGENT_VERSION.to_string(),
+                };
+                self.publish();
+                return false;
+            }
+        };
+        let bundle = &opened;
         let prune = self.inventory.left_out_of(bundle);
         let intent = Inventory {
             sink: self.inventory.sink.clone(),

@@ -290,6 +290,10 @@ impl Resource {
     }
 }
 
+/// The field of a `Secret` sealed to its cluster's agent: `{"sealed": "<base64 of an
+/// age file>"}` in place of its `data` and `stringData` (docs/api.md).
+pub const SEALED_SECRET_FIELD: &str = "flotilla.dev/sealed";
+
 /// One cluster's bundle: its resources sorted by key, and their digest.
 #[derive(Clone, Debug)]
 pub struct Bundle {

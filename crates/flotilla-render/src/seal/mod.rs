@@ -29,7 +29,7 @@ use serde_json::{Map, Value};
 use sha2::Sha256;
 
 /// The field of a sealed `Secret` that replaces its `data` and `stringData`.
-pub const SEALED_FIELD: &str = "flotilla.dev/sealed";
+pub const SEALED_FIELD: &str = flotilla_core::bundle::SEALED_SECRET_FIELD;
 /// The annotation `kubectl apply` writes, which would repeat a Secret's values.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 /// age's plain-text chunk size (STREAM).

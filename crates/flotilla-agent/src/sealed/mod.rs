@@ -1,0 +1,150 @@
+//! The agent's own age key, and the Secrets its hub sealed to it.
+//!
+//! At its first start, before it reaches any hub, the agent makes an X25519 key pair
+//! in its state dir ([`KEY_FILE`], mode 0600) and prints the line to add to its
+//! Cluster file, `spec.agentKey: age1…`. The hub then seals each of the cluster's
+//! Secrets to that key (see docs/secrets.md): the bundle the agent receives, verifies
+//! and keeps holds only ciphertext. Just before applying, the agent opens the sealed
+//! values in memory; they are never written to its state dir (the dir sink writes the
+//! applied Secret itself, mode 0600, as it writes every file).
+
+use std::str::FromStr as _;
+use std::sync::Arc;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use flotilla_core::bundle::{Bundle, Resource, SEALED_SECRET_FIELD};
+use flotilla_fs::Mode;
+use serde_json::Value;
+
+use crate::cache::{StateDir, StateError};
+
+/// The agent's age identity in its state dir.
+pub const KEY_FILE: &str = "agent.agekey";
+
+/// The agent's key pair.
+pub struct AgentIdentity {
+    identity: age::x25519::Identity,
+}
+
+impl AgentIdentity {
+    /// The key in `state`, made (and written, 0600) if there is none; true when made.
+    pub fn load_or_make(state: &StateDir) -> Result<(AgentIdentity, bool), StateError> {
+        let path = state.path().join(KEY_FILE);
+        let io = |source| StateError::Io {
+            path: path.clone(),
+            source,
+        };
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                let line = text
+                    .lines()
+                    .map(str::trim)
+                    .find(|l| l.starts_with("AGE-SECRET-KEY-"))
+                    .unwrap_or_default();
+                let identity = age::x25519::Identity::from_str(line).map_err(|reason| {
+                    io(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("not an age identity ({reason}); move it away to make a new key, then put the new agentKey in the cluster's file"),
+                    ))
+                })?;
+                Ok((AgentIdentity { identity }, false))
+            }
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                use age::secrecy::ExposeSecret as _;
+                let identity = age::x25519::Identity::generate();
+                let text = format!(
+                    "# flotilla agent key: Secrets sealed to it can be opened with it\n# public key: {}\n{}\n",
+                    identity.to_public(),
+                    identity.to_string().expose_secret()
+                );
+                flotilla_fs::write_atomically(&path, text.as_bytes(), Mode::Private).map_err(io)?;
+                Ok((AgentIdentity { identity }, true))
+            }
+            Err(err) => Err(io(err)),
+        }
+    }
+
+    /// The public key, `age1…`, for the cluster's `spec.agentKey`.
+    pub fn recipient(&self) -> String {
+        self.identity.to_public().to_string()
+    }
+
+    /// `bundle` with every sealed Secret opened (same digest: it is what was
+    /// verified); the bundle itself when none is sealed. An error names the first
+    /// Secret that cannot be opened.
+    pub fn open(&self, bundle: &Bundle) -> Result<Bundle, SealError> {
+        if !bundle
+            .resources
+            .iter()
+            .any(|r| r.key.kind == "Secret" && contains_sealed(&r.canonical))
+        {
+            return Ok(bundle.clone());
+        }
+        let mut resources = Vec::with_capacity(bundle.resources.len());
+        for resource in &bundle.resources {
+            if resource.key.kind != "Secret" || !contains_sealed(&resource.canonical) {
+                resources.push(resource.clone());
+                continue;
+            }
+            let mut value = resource.value();
+            self.open_secret(&mut value).map_err(|reason| SealError {
+                secret: resource.key.to_string(),
+                reason,
+            })?;
+            resources.push(Arc::new(Resource::new((*resource.key).clone(), &value)));
+        }
+        Ok(Bundle {
+            cluster: bundle.cluster.clone(),
+            digest: bundle.digest.clone(),
+            resources,
+        })
+    }
+
+    fn open_secret(&self, value: &mut Value) -> Result<(), String> {
+        let Some(object) = value.as_object_mut() else {
+            return Err("not an object".to_string());
+        };
+        let Some(sealed) = object.remove(SEALED_SECRET_FIELD) else {
+            return Ok(());
+        };
+        let text = sealed
+            .get("sealed")
+            .and_then(Value::as_str)
+            .ok_or("its sealed value is not a string")?;
+        let bytes = STANDARD
+            .decode(text)
+            .map_err(|_| "its sealed value is not base64".to_string())?;
+        let plain = age::decrypt(&self.identity, &bytes).map_err(|err| {
+            format!(
+                "it cannot be opened with this agent's key ({}): {err}; if the agent's state dir was made anew, put its new key in the cluster's spec.agentKey",
+                self.recipient()
+            )
+        })?;
+        let Ok(Value::Object(fields)) = serde_json::from_slice::<Value>(&plain) else {
+            return Err("its opened value is not a JSON object".to_string());
+        };
+        for (field, content) in fields {
+            if field == "data" || field == "stringData" {
+                object.insert(field, content);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A sealed Secret the agent cannot open.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the Secret {secret} is sealed and {reason}")]
+pub struct SealError {
+    pub secret: String,
+    pub reason: String,
+}
+
+fn contains_sealed(canonical: &[u8]) -> bool {
+    let needle = SEALED_SECRET_FIELD.as_bytes();
+    canonical.windows(needle.len()).any(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests;
