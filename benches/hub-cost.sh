@@ -19,6 +19,8 @@
 #   HTTP2=1 (the agents speak HTTP/2, each on a connection of its own)
 #   HUB_BINARY=PATH VARIANT=postgres|sqlite (sqlite: one hub alone, the default set-up: SQLite and the
 #   objects in its state dir; no database statistics, no S3) KEEP=1 (keep the work folder)
+#   PREBUILT=DIR (a cargo output folder, e.g. target/release, holding flotilla,
+#   examples/poll_load and examples/gen_fleet already built: nothing is built)
 # Needs: cargo, git, python3, curl, PostgreSQL 12+ binaries with pg_stat_statements
 # (.ci/postgres installs the Debian package when missing), and moto for S3 (.ci/s3).
 # Everything listens on 127.0.0.1 and stops at the end; the database and S3 servers
@@ -41,11 +43,19 @@ VARIANT=${VARIANT:-postgres}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 export CARGO_INCREMENTAL=0
 
-for tool in git python3 curl cargo; do
+for tool in git python3 curl; do
   command -v "$tool" >/dev/null 2>&1 || { echo "hub-cost.sh needs $tool" >&2; exit 2; }
 done
 cd "$ROOT"
-if [[ "$BUILD" == release ]]; then
+if [[ -n "${PREBUILT:-}" ]]; then
+  BIN=$(cd "$PREBUILT" && pwd)
+  for file in flotilla examples/poll_load examples/gen_fleet; do
+    [[ -x "$BIN/$file" ]] || { echo "PREBUILT: no $BIN/$file" >&2; exit 2; }
+  done
+  BUILD="prebuilt ($BIN)"
+elif ! command -v cargo >/dev/null 2>&1; then
+  echo "hub-cost.sh needs cargo (or PREBUILT=DIR)" >&2; exit 2
+elif [[ "$BUILD" == release ]]; then
   cargo build --release --quiet --bin flotilla --example poll_load --example gen_fleet
   BIN="$ROOT/target/release"
 else

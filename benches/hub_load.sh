@@ -10,6 +10,9 @@
 #   CONNECTIONS=64 THREADS=1 LATENCY_CLUSTERS=1000 LATENCY_RUNS=5
 #   GEN_FLEET="command --clusters N --workloads W --resources R OUT" to use another
 #   fleet generator than `cargo run --release --example gen_fleet`.
+#   FLOTILLA=PATH runs that flotilla binary (say, another commit's release build, to
+#   compare side by side) instead of building this tree's; with GEN_FLEET too, nothing
+#   is built. SKIP_NGINX=1 measures the hub alone (no nginx, no `flotilla publish`).
 # Needs: cargo, git, python3, curl; installs wrk and nginx from Debian when missing.
 # Everything listens on 127.0.0.1 only and stops by itself.
 set -euo pipefail
@@ -26,17 +29,22 @@ LATENCY_RUNS=${LATENCY_RUNS:-5}
 HUB_PORT=${HUB_PORT:-18480}
 NGINX_PORT=${NGINX_PORT:-18481}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SKIP_NGINX=${SKIP_NGINX:-0}
 
 need() { command -v "$1" >/dev/null 2>&1; }
-if ! need wrk || ! need nginx; then
+if ! need wrk || { [[ "$SKIP_NGINX" != 1 ]] && ! need nginx; }; then
   echo "installing wrk and nginx from Debian" >&2
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx-light >/dev/null
 fi
 for tool in git python3 curl; do need "$tool" || { echo "bench needs $tool" >&2; exit 2; }; done
 
 cd "$ROOT"
-cargo build --release --quiet
-FLOTILLA="$ROOT/target/release/flotilla"
+if [[ -n "${FLOTILLA:-}" ]]; then
+  FLOTILLA=$(realpath "$FLOTILLA")
+else
+  cargo build --release --quiet
+  FLOTILLA="$ROOT/target/release/flotilla"
+fi
 if [[ -z "${GEN_FLEET:-}" ]]; then
   cargo build --release --quiet --example gen_fleet
   GEN_FLEET="$ROOT/target/release/examples/gen_fleet"
@@ -126,6 +134,7 @@ run_wrk() {
 
 echo "== machine: $(nproc) cores, $(awk '/MemTotal/ {print int($2/1024)" MiB"}' /proc/meminfo), $(uname -r)"
 echo "== fleet: $CLUSTERS clusters x $WORKLOADS workloads x $RESOURCES resources"
+echo "== hub: $FLOTILLA"
 REPO="$WORK/fleet"
 make_repo "$REPO" "$CLUSTERS"
 
@@ -149,6 +158,8 @@ code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $token" 
 [[ "$code" == 304 ]] || { echo "expected 304 from the hub, got $code" >&2; exit 1; }
 
 # nginx serving the published files, with its own ETags (mtime-size).
+NGINX_PIDS=""
+if [[ "$SKIP_NGINX" != 1 ]]; then
 PUBLISHED="$WORK/published"
 "$FLOTILLA" publish --repo "$REPO" --out "$PUBLISHED" >/dev/null
 mkdir -p "$WORK/nginx"
@@ -190,21 +201,29 @@ for _ in $(seq 1 40); do curl -fs -o /dev/null "http://127.0.0.1:$NGINX_PORT/v1/
 IFS=$'\t' read -r path token etag < "$WORK/nginx-requests.tsv"
 code=$(curl -s -o /dev/null -w '%{http_code}' -H "If-None-Match: $etag" "http://127.0.0.1:$NGINX_PORT$path")
 [[ "$code" == 304 ]] || { echo "expected 304 from nginx, got $code" >&2; exit 1; }
+NGINX_PIDS=$(pgrep -f "nginx -c $WORK/nginx/nginx.conf" | tr '\n' ' ')
+NGINX_PIDS="$NGINX_PIDS $(for p in $NGINX_PIDS; do pgrep -P "$p"; done | tr '\n' ' ')"
+fi
 
 echo "== conditional GETs (304), wrk -t$THREADS -c$CONNECTIONS -d$DURATION, $CLUSTERS clusters, $RUNS runs each, alternating"
 : >"$WORK/hub.rps"; : >"$WORK/nginx.rps"
-NGINX_PIDS=$(pgrep -f "nginx -c $WORK/nginx/nginx.conf" | tr '\n' ' ')
-NGINX_PIDS="$NGINX_PIDS $(for p in $NGINX_PIDS; do pgrep -P "$p"; done | tr '\n' ' ')"
 for run in $(seq 1 "$RUNS"); do
   read -r hub hub_cpu < <(run_wrk "http://127.0.0.1:$HUB_PORT" "$WORK/hub-requests.tsv" "$HUB_PID")
+  echo "$hub $hub_cpu" >>"$WORK/hub.rps"
+  if [[ "$SKIP_NGINX" == 1 ]]; then echo "run $run: hub $hub req/s ($hub_cpu us CPU/request)"; continue; fi
   read -r ngx ngx_cpu < <(run_wrk "http://127.0.0.1:$NGINX_PORT" "$WORK/nginx-requests.tsv" $NGINX_PIDS)
-  echo "$hub $hub_cpu" >>"$WORK/hub.rps"; echo "$ngx $ngx_cpu" >>"$WORK/nginx.rps"
+  echo "$ngx $ngx_cpu" >>"$WORK/nginx.rps"
   echo "run $run: hub $hub req/s ($hub_cpu us CPU/request), nginx $ngx req/s ($ngx_cpu us CPU/request)"
 done
-HUB_MEDIAN=$(cut -d' ' -f1 "$WORK/hub.rps" | median); NGINX_MEDIAN=$(cut -d' ' -f1 "$WORK/nginx.rps" | median)
-HUB_CPU=$(cut -d' ' -f2 "$WORK/hub.rps" | median); NGINX_CPU=$(cut -d' ' -f2 "$WORK/nginx.rps" | median)
-echo "median: hub $HUB_MEDIAN req/s, nginx $NGINX_MEDIAN req/s, ratio $(awk -v h="$HUB_MEDIAN" -v n="$NGINX_MEDIAN" 'BEGIN {printf "%.2f", h/n}')"
-echo "median server CPU per 304: hub $HUB_CPU us, nginx $NGINX_CPU us"
+HUB_MEDIAN=$(cut -d' ' -f1 "$WORK/hub.rps" | median); HUB_CPU=$(cut -d' ' -f2 "$WORK/hub.rps" | median)
+if [[ "$SKIP_NGINX" == 1 ]]; then
+  echo "median: hub $HUB_MEDIAN req/s"
+  echo "median server CPU per 304: hub $HUB_CPU us"
+else
+  NGINX_MEDIAN=$(cut -d' ' -f1 "$WORK/nginx.rps" | median); NGINX_CPU=$(cut -d' ' -f2 "$WORK/nginx.rps" | median)
+  echo "median: hub $HUB_MEDIAN req/s, nginx $NGINX_MEDIAN req/s, ratio $(awk -v h="$HUB_MEDIAN" -v n="$NGINX_MEDIAN" 'BEGIN {printf "%.2f", h/n}')"
+  echo "median server CPU per 304: hub $HUB_CPU us, nginx $NGINX_CPU us"
+fi
 # The same without Lua: one cluster's URL, token and ETag as fixed headers. wrk spends
 # less of its own time per request this way, so both servers are pushed harder.
 plain_wrk() { # plain_wrk REQUESTS_FILE PORT PID... -> "requests/s CPU-microseconds-per-request"
@@ -221,11 +240,17 @@ plain_wrk() { # plain_wrk REQUESTS_FILE PORT PID... -> "requests/s CPU-microseco
 : >"$WORK/hub.plain"; : >"$WORK/nginx.plain"
 for run in $(seq 1 "$RUNS"); do
   read -r hub hub_cpu < <(plain_wrk "$WORK/hub-requests.tsv" "$HUB_PORT" "$HUB_PID")
+  echo "$hub $hub_cpu" >>"$WORK/hub.plain"
+  if [[ "$SKIP_NGINX" == 1 ]]; then echo "one URL, no Lua, run $run: hub $hub req/s ($hub_cpu us CPU/request)"; continue; fi
   read -r ngx ngx_cpu < <(plain_wrk "$WORK/nginx-requests.tsv" "$NGINX_PORT" $NGINX_PIDS)
-  echo "$hub $hub_cpu" >>"$WORK/hub.plain"; echo "$ngx $ngx_cpu" >>"$WORK/nginx.plain"
+  echo "$ngx $ngx_cpu" >>"$WORK/nginx.plain"
   echo "one URL, no Lua, run $run: hub $hub req/s ($hub_cpu us CPU/request), nginx $ngx req/s ($ngx_cpu us CPU/request)"
 done
-echo "median, one URL: hub $(cut -d' ' -f1 "$WORK/hub.plain" | median) req/s ($(cut -d' ' -f2 "$WORK/hub.plain" | median) us CPU), nginx $(cut -d' ' -f1 "$WORK/nginx.plain" | median) req/s ($(cut -d' ' -f2 "$WORK/nginx.plain" | median) us CPU)"
+if [[ "$SKIP_NGINX" == 1 ]]; then
+  echo "median, one URL: hub $(cut -d' ' -f1 "$WORK/hub.plain" | median) req/s ($(cut -d' ' -f2 "$WORK/hub.plain" | median) us CPU)"
+else
+  echo "median, one URL: hub $(cut -d' ' -f1 "$WORK/hub.plain" | median) req/s ($(cut -d' ' -f2 "$WORK/hub.plain" | median) us CPU), nginx $(cut -d' ' -f1 "$WORK/nginx.plain" | median) req/s ($(cut -d' ' -f2 "$WORK/nginx.plain" | median) us CPU)"
+fi
 echo "== hub memory with $CLUSTERS clusters: RSS $(awk '/VmRSS/ {print int($2/1024)" MiB"}' "/proc/$HUB_PID/status"), peak $(awk '/VmHWM/ {print int($2/1024)" MiB"}' "/proc/$HUB_PID/status")"
 grep -o '"render_ms":[0-9]*,"install_ms":[0-9]*' "$WORK/hub.log" | head -1 | sed 's/^/   first render and install: /'
 kill "$HUB_PID"; wait "$HUB_PID" 2>/dev/null || true
