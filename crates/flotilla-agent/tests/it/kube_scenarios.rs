@@ -1158,3 +1158,59 @@ async fn stopping_the_agent_ends_an_apply_under_way_promptly() {
         .expect("a");
     assert_eq!(a["origin"], "created");
 }
+
+// Secrets sealed to the agent's key are applied with their plain values, opened in
+// memory: the API server receives the values, the agent's state folder never does.
+#[tokio::test(start_paused = true)]
+async fn a_sealed_secret_is_applied_opened_and_its_values_stay_out_of_the_state_folder() {
+    use base64::Engine as _;
+    use flotilla_core::bundle::SEALED_SECRET_FIELD;
+    let fake = FakeApiServer::new();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let publish_dir = dir.path().join("publish");
+    let state = dir.path().join("state");
+    // The key the agent makes at its first start, made here beforehand.
+    std::fs::create_dir_all(&state).expect("state folder");
+    let identity = age::x25519::Identity::generate();
+    {
+        use age::secrecy::ExposeSecret as _;
+        std::fs::write(
+            state.join(flotilla_agent::sealed::KEY_FILE),
+            format!("{}\n", identity.to_string().expose_secret()),
+        )
+        .expect("key");
+    }
+    let plain = br#"{"stringData":{"password":"correct-horse-battery"}}"#;
+    let sealed = age::encrypt(&identity.to_public(), plain).expect("seals");
+    let secret = object(
+        "v1",
+        "Secret",
+        "demo",
+        "db",
+        json!({SEALED_SECRET_FIELD: {"sealed": base64::engine::general_purpose::STANDARD.encode(sealed)}}),
+    );
+    let sealed_bundle = bundle("edge-1", vec![kube_namespace("demo"), secret]);
+    publish(&publish_dir, &sealed_bundle);
+    let mut agent = RunningAgent::start(&fake, &publish_dir, &state, "edge-1");
+    let report = agent.report_for(&sealed_bundle.digest).await;
+    assert!(
+        report
+            .resources
+            .iter()
+            .all(|r| r.state != ResourceState::Failed),
+        "{report:#?}"
+    );
+    let applied = fake.get("v1", "Secret", "demo", "db").expect("the Secret");
+    assert_eq!(applied["stringData"]["password"], "correct-horse-battery");
+    assert!(applied.get(SEALED_SECRET_FIELD).is_none(), "{applied}");
+    agent.stop().await;
+    for entry in std::fs::read_dir(&state).expect("state folder") {
+        let path = entry.expect("entry").path();
+        let bytes = std::fs::read(&path).unwrap_or_default();
+        assert!(
+            !bytes.windows(21).any(|w| w == b"correct-horse-battery"),
+            "{} holds the plain value",
+            path.display()
+        );
+    }
+}
