@@ -198,6 +198,7 @@ cases! {
     manifest_nests_too_deep => "manifest-nests-too-deep",
     invalid_resource_names => "invalid-resource-names",
     invalid_fleet_names => "invalid-fleet-names",
+    invalid_labels => "invalid-labels",
     cluster_defined_twice => "cluster-defined-twice",
 }
 

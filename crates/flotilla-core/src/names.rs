@@ -2,7 +2,8 @@
 //! DNS-1123 labels, so a name is always safe as a file name, a URL path segment and a
 //! Kubernetes label value) and Kubernetes' (resource names, namespaces and kinds, by
 //! the rules the Kubernetes API server applies). A name that passes never holds `/`,
-//! `..`, NUL or a line break.
+//! `..`, NUL or a line break. Label keys and values are checked by the API server's rules
+//! too (`label_key`, `label_value`).
 
 use std::fmt;
 
@@ -31,6 +32,11 @@ const DNS1035_RULE: &str = "must be a DNS-1035 label: at most 63 characters, low
      digits and '-', starting with a letter and ending with a letter or digit";
 const PATH_SEGMENT_RULE: &str = "must be at most 253 characters, not \".\" or \"..\", and hold no \
      '/', '%' or control character";
+const LABEL_VALUE_RULE: &str = "must be a Kubernetes label value: at most 63 characters, \
+     letters, digits, '-', '_' and '.', starting and ending with a letter or digit (or empty)";
+const LABEL_KEY_RULE: &str = "must be a Kubernetes label key: a name of at most 63 characters, \
+     letters, digits, '-', '_' and '.', starting and ending with a letter or digit, with an \
+     optional DNS-1123 subdomain prefix and '/' before it (example.com/tier)";
 const KIND_RULE: &str = "must be at most 63 letters, digits and '-', starting with a letter and \
      ending with a letter or digit";
 
@@ -56,6 +62,48 @@ pub fn dns1123_label(name: &str) -> Result<(), InvalidName> {
         Ok(())
     } else {
         Err(InvalidName { rule: LABEL_RULE })
+    }
+}
+
+/// `([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]`, at most 63 characters: a label
+/// value that is not empty, and the name part of a label key.
+fn qualified_name_part(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    name.len() <= MAX_LABEL_LENGTH
+        && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes
+            .iter()
+            .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+/// A label value as the Kubernetes API server accepts it: empty, or at most 63
+/// letters, digits, `-`, `_` and `.`, beginning and ending with a letter or digit.
+/// No line break, `---`, markup or non-ASCII character passes.
+pub fn label_value(value: &str) -> Result<(), InvalidName> {
+    if value.is_empty() || qualified_name_part(value) {
+        Ok(())
+    } else {
+        Err(InvalidName {
+            rule: LABEL_VALUE_RULE,
+        })
+    }
+}
+
+/// A label (or annotation) key as the Kubernetes API server accepts it: a name as
+/// [`label_value`] has it but not empty, after an optional DNS-1123 subdomain prefix
+/// and `/`.
+pub fn label_key(key: &str) -> Result<(), InvalidName> {
+    let valid = match key.split_once('/') {
+        None => qualified_name_part(key),
+        Some((prefix, name)) => dns1123_subdomain(prefix).is_ok() && qualified_name_part(name),
+    };
+    if valid {
+        Ok(())
+    } else {
+        Err(InvalidName {
+            rule: LABEL_KEY_RULE,
+        })
     }
 }
 
@@ -183,6 +231,53 @@ mod tests {
             &"a".repeat(254),
         ] {
             assert!(dns1123_subdomain(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn label_keys_and_values_follow_the_api_servers_rules() {
+        for good in ["", "eu", "EU-west_1.a", "0", &"a".repeat(63)] {
+            assert!(label_value(good).is_ok(), "{good:?}");
+        }
+        for bad in [
+            "-a",
+            "a-",
+            ".a",
+            "a_",
+            "a b",
+            "a\nb",
+            "---",
+            "a\u{2028}b",
+            "<b>x</b>",
+            "é",
+            "a/b",
+            &"a".repeat(64),
+        ] {
+            assert!(label_value(bad).is_err(), "{bad:?}");
+        }
+        for good in [
+            "tier",
+            "Tier_2.a-b",
+            "example.com/tier",
+            "app.kubernetes.io/name",
+            &format!("{}/{}", "a".repeat(253), "b".repeat(63)),
+        ] {
+            assert!(label_key(good).is_ok(), "{good:?}");
+        }
+        for bad in [
+            "",
+            "/tier",
+            "example.com/",
+            "a/b/c",
+            "Example.com/tier",
+            "exa_mple.com/tier",
+            "ti er",
+            "tier\n---",
+            "-tier",
+            &"a".repeat(64),
+            &format!("{}/b", "a".repeat(254)),
+        ] {
+            assert!(label_key(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -538,6 +538,96 @@ fn metadata_name_line(text: &str) -> Option<u64> {
         .map(|offset| (metadata + offset + 2) as u64)
 }
 
+/// Labels must be valid Kubernetes label keys and values: a cluster's are what
+/// templates may copy into resources, an overlay's are written into every resource
+/// it applies to, and an API server refuses any other. Each refused label is an
+/// error at its line.
+fn check_labels(
+    path: &str,
+    text: &str,
+    field: LabelField,
+    labels: &BTreeMap<String, String>,
+    diagnostics: &mut Vec<Diagnostic>,
+) {
+    let mut lines: Option<BTreeMap<String, u64>> = None;
+    for (key, value) in labels {
+        let mut problems = Vec::new();
+        if let Err(invalid) = names::label_key(key) {
+            problems.push(format!(
+                "{}: the key {} is not a valid label key: it {invalid}",
+                field.name(),
+                names::shown(key)
+            ));
+        }
+        if let Err(invalid) = names::label_value(value) {
+            problems.push(format!(
+                "{}: the value {} of label {} is not a valid label value: it {invalid}",
+                field.name(),
+                names::shown(value),
+                names::shown(key)
+            ));
+        }
+        if problems.is_empty() {
+            continue;
+        }
+        let lines = lines.get_or_insert_with(|| label_lines(text, field));
+        for problem in problems {
+            diagnostics.push(
+                Diagnostic::error(problem)
+                    .in_file(path)
+                    .at_line(lines.get(key).copied()),
+            );
+        }
+    }
+}
+
+/// Where a document's labels are: a cluster's under `metadata`, an overlay's (those
+/// it adds to resources) under `spec`.
+#[derive(Clone, Copy)]
+enum LabelField {
+    Metadata,
+    Spec,
+}
+
+impl LabelField {
+    fn name(self) -> &'static str {
+        match self {
+            LabelField::Metadata => "metadata.labels",
+            LabelField::Spec => "spec.labels",
+        }
+    }
+}
+
+/// The labels of a document, each with its value's line: read again only when a
+/// label was refused, since the typed document no longer knows its lines.
+#[derive(Default, serde::Deserialize)]
+#[serde(default)]
+struct LabelLines {
+    metadata: LabelSection,
+    spec: LabelSection,
+}
+
+#[derive(Default, serde::Deserialize)]
+#[serde(default)]
+struct LabelSection {
+    labels: BTreeMap<String, Located<String>>,
+}
+
+fn label_lines(text: &str, field: LabelField) -> BTreeMap<String, u64> {
+    let Ok(lines) = yaml::parse::<LabelLines>(text) else {
+        return BTreeMap::new();
+    };
+    let section = match field {
+        LabelField::Metadata => lines.metadata,
+        LabelField::Spec => lines.spec,
+    };
+    section
+        .labels
+        .into_iter()
+        .map(|(key, value)| (key, value.referenced.line()))
+        .collect()
+}
+
 fn check_name(
     path: &str,
     what: &str,
@@ -573,6 +663,15 @@ fn load_cluster(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Op
     if !check_label(path, text, "cluster", &doc.metadata.name, diagnostics) {
         return None;
     }
+    // A cluster whose labels are refused is kept, so what names it is not refused
+    // too; the error alone keeps the commit from being served.
+    check_labels(
+        path,
+        text,
+        LabelField::Metadata,
+        &doc.metadata.labels,
+        diagnostics,
+    );
     let agent_key = match doc
         .spec
         .agent_key
@@ -702,6 +801,7 @@ fn load_overlay(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Op
     let spec = doc.spec;
     let before = diagnostics.len();
     check_label(path, text, "overlay", &doc.metadata.name, diagnostics);
+    check_labels(path, text, LabelField::Spec, &spec.labels, diagnostics);
     if spec.clusters.is_empty() && spec.groups.is_empty() && spec.cluster_selector.is_none() {
         diagnostics.push(
             Diagnostic::error(
