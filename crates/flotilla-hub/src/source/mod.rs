@@ -455,6 +455,21 @@ impl GitWalker<'_> {
                     );
                     continue;
                 };
+                if let Some(reason) = refused_entry_name(name) {
+                    // Git itself never writes such an entry; a tree that holds one
+                    // was made by hand, and reading it would make a path no
+                    // folder holds (`a/b.yaml`) or hide a folder (`..`).
+                    let folder = if prefix.is_empty() { "." } else { &prefix };
+                    self.files.problem(
+                        Diagnostic::error(format!(
+                            "the Git tree holds an entry named {} ({reason}), which `git fsck` \
+                             refuses; it was not read and this commit is not rendered",
+                            flotilla_core::names::shown(name)
+                        ))
+                        .in_file(folder),
+                    );
+                    continue;
+                }
                 let path = if prefix.is_empty() {
                     name.to_string()
                 } else {
@@ -545,6 +560,23 @@ impl GitWalker<'_> {
                 format!("symlink to {target:?} does not lead to a file in the fleet"),
             ),
         }
+    }
+}
+
+/// Why `git fsck` refuses a tree entry's name, if it does: an entry names one file or
+/// folder, so it is never empty, never holds `/`, is never `.` or `..`, and is never
+/// Git's own folder.
+fn refused_entry_name(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("an empty name")
+    } else if name.contains('/') {
+        Some("a name holding '/'")
+    } else if name == "." || name == ".." {
+        Some("a name for a folder itself or the one above it")
+    } else if name.eq_ignore_ascii_case(".git") {
+        Some("the name of Git's own folder")
+    } else {
+        None
     }
 }
 
@@ -1333,6 +1365,70 @@ mod tests {
         assert!(!fresh.problems.is_empty());
         assert_eq!(reused.problems, fresh.problems);
         assert_eq!(reused.files, fresh.files);
+    }
+
+    /// Writes a tree object as given, entry by entry (mode, name, id), without the
+    /// checks git2's tree builder and `git mktree` make on names.
+    fn raw_tree(repo: &Repository, entries: &[(&str, &[u8], git2::Oid)]) -> git2::Oid {
+        let mut bytes = Vec::new();
+        for (mode, name, id) in entries {
+            bytes.extend_from_slice(mode.as_bytes());
+            bytes.push(b' ');
+            bytes.extend_from_slice(name);
+            bytes.push(0);
+            bytes.extend_from_slice(id.as_bytes());
+        }
+        repo.odb()
+            .expect("odb")
+            .write(ObjectType::Tree, &bytes)
+            .expect("write tree")
+    }
+
+    #[test]
+    fn trees_with_entries_git_fsck_refuses_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let repo = Repository::init_bare(dir.path()).expect("init");
+        let cluster = repo
+            .blob(b"apiVersion: flotilla.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name: a\n")
+            .expect("blob");
+        let planted = repo.blob(b"planted: true\n").expect("blob");
+        let clusters = raw_tree(&repo, &[("100644", b"a.yaml", cluster)]);
+        let root = raw_tree(
+            &repo,
+            &[
+                ("40000", b"..", clusters),
+                ("100644", b".GIT", planted),
+                ("40000", b"clusters", clusters),
+                ("100644", b"clusters/b.yaml", planted),
+            ],
+        );
+        let tree = repo.find_tree(root).expect("tree");
+        let who = git2::Signature::now("flotilla test", "test@flotilla.invalid").expect("sig");
+        let commit = repo
+            .commit(None, &who, &who, "test", &tree, &[])
+            .expect("commit");
+        let snapshot =
+            snapshot_of_commit_within(&repo, commit, "main", "", &Limits::default()).expect("read");
+        // The entry with a slash is not read as a file of a folder it is not in.
+        assert!(!snapshot.files.contains_key("clusters/b.yaml"));
+        assert!(snapshot.files.contains_key("clusters/a.yaml"));
+        let problems: Vec<String> = snapshot.problems.iter().map(|p| p.to_string()).collect();
+        for (name, reason) in [
+            ("\"..\"", "a name for a folder itself or the one above it"),
+            ("\".GIT\"", "the name of Git's own folder"),
+            ("\"clusters/b.yaml\"", "a name holding '/'"),
+        ] {
+            let expected = format!(
+                ".: the Git tree holds an entry named {name} ({reason}), which `git fsck` \
+                 refuses; it was not read and this commit is not rendered"
+            );
+            assert!(
+                problems.contains(&expected),
+                "{expected}\nnot in {problems:#?}"
+            );
+        }
+        assert!(snapshot.problems.iter().all(Diagnostic::is_error));
+        assert_eq!(problems.len(), 3, "{problems:#?}");
     }
 
     #[test]
