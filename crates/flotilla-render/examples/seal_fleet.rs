@@ -1,0 +1,104 @@
+//! Secrets sealed per cluster at fleet scale: renders in-process a fleet of N
+//! clusters, each with its own agent key (`spec.agentKey`), and one workload of S
+//! Secrets (and as many ConfigMaps) for every cluster, with the hub's seed (so every
+//! Secret is sealed to its cluster's key), alternately with the same fleet without
+//! keys, R times each; prints both medians and their ratio (BENCHMARKS.md).
+//!
+//! ```text
+//! seal_fleet [--clusters N] [--secrets S] [--runs R]
+//! ```
+
+use std::time::{Duration, Instant};
+
+use flotilla_core::snapshot::FleetSnapshot;
+use flotilla_render::{RenderOptions, render_with};
+
+const HEADER: &str = "apiVersion: flotilla.dev/v1alpha1\n";
+
+fn fleet(clusters: usize, secrets: usize, keys: Option<&[String]>) -> FleetSnapshot {
+    let mut files: Vec<(String, String)> = Vec::new();
+    for i in 0..clusters {
+        let key = keys.map_or(String::new(), |k| format!("  agentKey: {}\n", k[i]));
+        files.push((
+            format!("clusters/site-{i:05}.yaml"),
+            format!(
+                "{HEADER}kind: Cluster\nmetadata:\n  name: site-{i:05}\n  labels: {{kind: site}}\nspec:\n{key}  vars: {{}}\n"
+            ),
+        ));
+    }
+    files.push((
+        "workloads/pos/workload.yaml".into(),
+        format!(
+            "{HEADER}kind: Workload\nmetadata:\n  name: pos\nspec:\n  namespace: pos\n  targets:\n    - clusterSelector: {{matchLabels: {{kind: site}}}}\n"
+        ),
+    ));
+    for s in 0..secrets {
+        files.push((
+            format!("workloads/pos/manifests/secret-{s}.yaml"),
+            format!(
+                "apiVersion: v1\nkind: Secret\nmetadata:\n  name: credentials-{s}\ntype: Opaque\nstringData:\n  username: pos-{s}\n  password: a-long-enough-password-{s}-0123456789\n"
+            ),
+        ));
+        files.push((
+            format!("workloads/pos/manifests/config-{s}.yaml"),
+            format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings-{s}\ndata:\n  level: \"{s}\"\n"
+            ),
+        ));
+    }
+    FleetSnapshot::from_files(files.iter().map(|(p, t)| (p.as_str(), t.as_str())))
+}
+
+fn median(mut times: Vec<Duration>) -> Duration {
+    times.sort();
+    times[times.len() / 2]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str, default: usize| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let (clusters, secrets, runs) = (
+        arg("--clusters", 10_000),
+        arg("--secrets", 5),
+        arg("--runs", 5),
+    );
+    let keys: Vec<String> = (0..clusters)
+        .map(|_| age::x25519::Identity::generate().to_public().to_string())
+        .collect();
+    let sealed = fleet(clusters, secrets, Some(&keys));
+    let plain = fleet(clusters, secrets, None);
+    let options = RenderOptions {
+        helm_seed: Some([7; 32]),
+        ..RenderOptions::default()
+    };
+    let (mut with_keys, mut without) = (Vec::new(), Vec::new());
+    for run in 0..runs {
+        for (snapshot, times, what) in [
+            (&sealed, &mut with_keys, "sealed"),
+            (&plain, &mut without, "plain"),
+        ] {
+            let started = Instant::now();
+            let output = render_with(snapshot, &options);
+            let took = started.elapsed();
+            assert!(
+                output.is_clean() || what == "plain",
+                "{:?}",
+                output.diagnostics.first()
+            );
+            assert_eq!(output.bundles.len(), clusters);
+            eprintln!("run {run}: {what} {took:?}");
+            times.push(took);
+        }
+    }
+    let (a, b) = (median(with_keys), median(without));
+    println!(
+        "{clusters} clusters x {secrets} Secrets: sealed {a:?}, without keys {b:?} (medians of {runs}); ratio {:.2}",
+        a.as_secs_f64() / b.as_secs_f64()
+    );
+}
