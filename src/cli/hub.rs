@@ -324,6 +324,13 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
         );
         return Ok(EXIT_FINDINGS);
     }
+    if output.unsealed_for_agent_keys {
+        eprintln!(
+            "clusters name their agent's key (spec.agentKey), but their Secrets are sealed with the hub's secret seed, which only its store holds; \
+             nothing was published: give the hub's --state-dir (or --database)"
+        );
+        return Ok(EXIT_FINDINGS);
+    }
     let objects = args.s3_sse.apply(args.objects.clone())?;
     let site = match (&args.out, &objects) {
         (Some(out), _) => publish::Site::Dir(out.clone()),

@@ -439,3 +439,31 @@ fn a_sops_secret_reaches_its_agent_sealed_and_nothing_between_holds_its_value() 
         );
     }
 }
+
+#[test]
+fn publish_without_the_hubs_seed_refuses_a_fleet_whose_clusters_name_agent_keys() {
+    let repo = Repo::new();
+    let keys = tempfile::tempdir().expect("a folder");
+    let (_, agent_key) = age_key(keys.path(), "agent.agekey");
+    let red = repo
+        .read("clusters/red.yaml")
+        .replace("spec:\n", &format!("spec:\n  agentKey: {agent_key}\n"));
+    repo.write("clusters/red.yaml", &red);
+    repo.write(FILE, SECRET);
+    repo.commit("red names its agent's key; a plain Secret");
+    let out = keys.path().join("published");
+    let published = flotilla(&[
+        "publish",
+        "--repo",
+        repo.path().to_str().expect("a path"),
+        "--out",
+        out.to_str().expect("a path"),
+    ]);
+    let stderr = String::from_utf8_lossy(&published.stderr);
+    assert_eq!(published.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("spec.agentKey") && stderr.contains("--state-dir"),
+        "{stderr}"
+    );
+    assert!(files_containing(&out, PLAIN.as_bytes()).is_empty());
+}

@@ -100,6 +100,9 @@ pub struct RenderOutput {
     /// [`RenderOptions::helm_seed`] was given): such values are not secret, so a
     /// render that serves them (`publish`) refuses.
     pub generated_from_public_seed: bool,
+    /// Some cluster names an agent key (`spec.agentKey`) but the render had no hub
+    /// seed, so nothing was sealed: such a render must not be published.
+    pub unsealed_for_agent_keys: bool,
     /// Per Helm workload, the chart it renders as `name version` (and its path in
     /// the fleet), for reports.
     pub charts: BTreeMap<String, String>,

@@ -65,6 +65,8 @@ struct Header {
     rollouts: RolloutPlan,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     generated_from_public_seed: bool,
+    #[serde(default)]
+    unsealed_for_agent_keys: bool,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     charts: BTreeMap<String, String>,
 }
@@ -324,6 +326,7 @@ impl Header {
                 _ => rendered.rollouts.clone(),
             },
             generated_from_public_seed: rendered.generated_from_public_seed,
+            unsealed_for_agent_keys: rendered.unsealed_for_agent_keys,
             charts: rendered.charts.clone(),
         }
     }
@@ -708,6 +711,7 @@ pub(super) fn read_output(mut input: impl Read, known: Known<'_>) -> io::Result<
         provenance,
         parsed: None,
         generated_from_public_seed: header.generated_from_public_seed,
+        unsealed_for_agent_keys: header.unsealed_for_agent_keys,
         charts: header.charts,
     })
 }

@@ -313,6 +313,8 @@ pub(crate) fn render_inner(
     );
     output.rollouts = rollout_plan;
     output.generated_from_public_seed = generated_from_public_seed;
+    output.unsealed_for_agent_keys =
+        options.helm_seed.is_none() && fleet.clusters.iter().any(|c| c.agent_key.is_some());
     output.charts = fleet
         .workloads
         .iter()
