@@ -757,6 +757,43 @@ fn resource_over_the_size_limit() {
     assert!(output.bundles.is_empty());
 }
 
+/// A bundle larger than an agent accepts is a render error naming the cluster, so
+/// the hub never serves a bundle its agents would refuse every time they ask.
+#[test]
+fn bundle_over_the_agents_limit() {
+    use flotilla_core::bundle::{BUNDLE_ENVELOPE_BYTES, MAX_BUNDLE_BYTES};
+    let dir = tempfile::tempdir().expect("temp dir");
+    small_fleet(dir.path());
+    // Each ConfigMap is within the limit for one resource; together they are not
+    // within the limit for a bundle.
+    let blob = "x".repeat(3_000_000);
+    let count = MAX_BUNDLE_BYTES / blob.len() + 1;
+    for index in 0..count {
+        std::fs::write(
+            dir.path()
+                .join(format!("workloads/web/manifests/big-{index:02}.yaml")),
+            format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: big-{index:02}\ndata:\n  blob: {blob}\n"
+            ),
+        )
+        .expect("write");
+    }
+    let snapshot = source::from_folder(dir.path(), "").expect("readable");
+    let output = render(&snapshot);
+    let limit = MAX_BUNDLE_BYTES - BUNDLE_ENVELOPE_BYTES;
+    assert_eq!(
+        lines(&output),
+        [format!(
+            "clusters/edge-1.yaml: the bundle of cluster edge-1 is 69002523 bytes as JSON, over \
+             the limit of {limit} bytes for a bundle's resources (an agent accepts a bundle of at \
+             most {MAX_BUNDLE_BYTES} bytes); its largest resource is ConfigMap web/big-00 \
+             (3000104 bytes) (cluster edge-1)"
+        )]
+    );
+    assert!(output.bundles.is_empty());
+    assert!(!output.is_clean());
+}
+
 /// A render past its deadline is abandoned between units of work and names the
 /// file it was busy with; it does not run on to the end.
 #[test]

@@ -10,14 +10,12 @@ use reqwest::header::{self, HeaderMap};
 use url::Url;
 
 use flotilla_core::api;
-use flotilla_core::bundle::Digest;
+// A bundle larger than the limit the renderer keeps is refused.
+use flotilla_core::bundle::{Digest, MAX_BUNDLE_BYTES};
 use flotilla_core::status::StatusReport;
 
 use crate::wait::Ending;
 
-/// A bundle larger than this is refused: an edge agent must not be made to buffer
-/// an unbounded body.
-pub const MAX_BUNDLE_BYTES: usize = 64 * 1024 * 1024;
 /// How much longer than the long-poll wait a request may take before it is abandoned.
 const REQUEST_GRACE: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);

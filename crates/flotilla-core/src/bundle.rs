@@ -23,6 +23,18 @@ pub const API_VERSION: &str = "flotilla.dev/v1alpha1";
 /// wraps resources two levels deeper, well inside a JSON reader's default limit of 128.
 pub const MAX_NESTING_DEPTH: usize = 100;
 
+/// The largest served bundle document an agent accepts, in bytes: an edge agent must
+/// not be made to buffer an unbounded body. The renderer refuses a bundle whose
+/// resources leave less than [`BUNDLE_ENVELOPE_BYTES`] of it for the rest of the
+/// document, with this one constant on both sides, so a hub never serves a bundle its
+/// agents would refuse.
+pub const MAX_BUNDLE_BYTES: usize = 64 * 1024 * 1024;
+
+/// What the served document may hold besides its resources (apiVersion, cluster,
+/// digest, kind, revision and a signature, a few hundred bytes in all), with room to
+/// spare: a bundle's resources may come to [`MAX_BUNDLE_BYTES`] less this.
+pub const BUNDLE_ENVELOPE_BYTES: usize = 64 * 1024;
+
 /// Whether `value` nests arrays and objects deeper than `max` (see
 /// [`MAX_NESTING_DEPTH`]). Walks the value without recursion and stops at the first
 /// path that is too deep.
@@ -324,13 +336,7 @@ impl Bundle {
 
     /// The canonical bytes of the resource list, exactly the bytes the digest covers.
     pub fn canonical_resources(&self) -> Vec<u8> {
-        let size = self
-            .resources
-            .iter()
-            .map(|r| r.canonical.len() + 1)
-            .sum::<usize>()
-            + 2;
-        let mut out = Vec::with_capacity(size);
+        let mut out = Vec::with_capacity(resource_list_bytes(&self.resources));
         write_resource_list(&mut out, &self.resources);
         out
     }
@@ -344,6 +350,17 @@ impl Bundle {
             &self.canonical_resources(),
         )
     }
+}
+
+/// The length of the canonical resource list (`[`, the resources, the commas between
+/// them and `]`), without writing it.
+pub fn resource_list_bytes(resources: &[Arc<Resource>]) -> usize {
+    resources
+        .iter()
+        .map(|r| r.canonical.len() + 1)
+        .sum::<usize>()
+        .max(1)
+        + 1
 }
 
 fn write_resource_list<W: Write>(out: &mut W, resources: &[Arc<Resource>]) {
@@ -726,6 +743,27 @@ mod tests {
             canonical(json!({"\u{e000}": 1, "\u{1f600}": 2})),
             "{\"\u{1f600}\":2,\"\u{e000}\":1}"
         );
+    }
+
+    #[test]
+    fn the_resource_list_length_is_known_before_it_is_written() {
+        let resources: Vec<Arc<Resource>> = ["a", "b", "c"]
+            .iter()
+            .map(|name| {
+                let resource =
+                    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}});
+                let key = ResourceKey::of(&resource).expect("has identity");
+                Arc::new(Resource::new(key, &resource))
+            })
+            .collect();
+        for count in 0..=3 {
+            let bundle = Bundle::new("edge-1", resources[..count].to_vec());
+            assert_eq!(
+                resource_list_bytes(&bundle.resources),
+                bundle.canonical_resources().len(),
+                "{count} resources"
+            );
+        }
     }
 
     #[test]

@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use flotilla_core::bundle::{Bundle, Resource, ResourceKey};
+use flotilla_core::bundle::{
+    BUNDLE_ENVELOPE_BYTES, Bundle, MAX_BUNDLE_BYTES, Resource, ResourceKey, resource_list_bytes,
+};
 use flotilla_core::diagnostic::Diagnostic;
 use flotilla_core::snapshot::FleetSnapshot;
 
@@ -312,6 +314,10 @@ pub(super) fn assemble(
             merge_by_key(old, fresh)?
         }
     };
+    if let Some(error) = too_large(cluster, &resources) {
+        done.assembled = Err(vec![error]);
+        return Some(done);
+    }
     patch_matches.sort();
     patch_matches.dedup();
     done.assembled = Ok((
@@ -323,6 +329,39 @@ pub(super) fn assemble(
         },
     ));
     Some(done)
+}
+
+/// An error at the cluster's file when its bundle would not fit in the served
+/// document an agent accepts: the hub would serve it and the agent refuse it, every
+/// time it asks.
+fn too_large(cluster: &Cluster, resources: &[Arc<Resource>]) -> Option<Diagnostic> {
+    let limit = MAX_BUNDLE_BYTES - BUNDLE_ENVELOPE_BYTES;
+    let size = resource_list_bytes(resources);
+    if size <= limit {
+        return None;
+    }
+    // The first of the largest, in bundle order.
+    let largest = resources
+        .iter()
+        .rev()
+        .max_by_key(|r| r.canonical.len())
+        .map(|r| {
+            format!(
+                "; its largest resource is {} ({} bytes)",
+                r.key,
+                r.canonical.len()
+            )
+        })
+        .unwrap_or_default();
+    Some(
+        Diagnostic::error(format!(
+            "the bundle of cluster {} is {size} bytes as JSON, over the limit of {limit} bytes for \
+             a bundle's resources (an agent accepts a bundle of at most {MAX_BUNDLE_BYTES} bytes){largest}",
+            cluster.name
+        ))
+        .in_file(&cluster.file)
+        .for_cluster(&cluster.name),
+    )
 }
 
 /// A cluster without `spec.agentKey` whose bundle has Secrets: a warning (an error
