@@ -171,8 +171,6 @@ impl<S: Sink> Agent<S> {
         let stop = StopSignal::default();
         sink.watch_stop(stop.clone());
         let state = Arc::new(StateDir::open(&config.state_dir)?);
-        let (identity, made) = sealed::AgentIdentity::load_or_make(&state)?;
-        announce_key(&config.cluster, &identity, made);
         let last_known_good = state.load_document(&config.cluster)?;
         // The stored document was checked when it arrived; its sequence is the one held.
         let held = last_known_good.as_ref().and_then(|document| {
@@ -206,6 +204,9 @@ impl<S: Sink> Agent<S> {
         if config.http2 {
             client = client.with_http2_prior_knowledge()?;
         }
+        // Made once the command line is known good, before the hub is asked anything.
+        let (identity, made) = sealed::AgentIdentity::load_or_make(&state)?;
+        announce_key(&config.cluster, &identity, made);
         tracing::info!(
             cluster = %config.cluster, server = %config.server,
             state_dir = %config.state_dir.display(),
