@@ -276,6 +276,13 @@ pub(super) fn assemble(
         .extend(secret_values_in_metadata(&ranked, &cluster.name));
     done.errors
         .extend(unsealed_secrets(fleet, cluster, &ranked));
+    if !units.context.sops_secrets.is_empty() {
+        done.errors.extend(secrets_outside_secrets(
+            units.context.sops_secrets,
+            cluster,
+            &ranked,
+        ));
+    }
     if !errors.is_empty() {
         done.assembled = match job.only {
             Some(_) => return None,
@@ -386,6 +393,77 @@ fn unsealed_secrets(fleet: &Fleet, cluster: &Cluster, ranked: &[Ranked<'_>]) -> 
             .at_line(Some(first.line))
             .for_cluster(&cluster.name),
     )
+}
+
+/// A warning for each resource that is not a Secret but holds a value decrypted from
+/// a SOPS file: it travels and is stored in plain text. Names the SOPS file, the
+/// resource (at its file and line) and the field.
+fn secrets_outside_secrets(
+    secrets: &[crate::sops::SopsSecret],
+    cluster: &Cluster,
+    ranked: &[Ranked<'_>],
+) -> Vec<Diagnostic> {
+    let mut found = Vec::new();
+    for (_, item, _) in ranked {
+        if item.resource.key.kind == "Secret" && item.resource.key.group.is_empty() {
+            continue;
+        }
+        let canonical = &item.resource.canonical;
+        for secret in secrets {
+            let needle = secret.escaped.as_bytes();
+            if needle.is_empty() || !canonical.windows(needle.len()).any(|w| w == needle) {
+                continue;
+            }
+            let field = field_holding(&item.resource.value(), &secret.escaped)
+                .unwrap_or_else(|| "a field".to_string());
+            let message = format!(
+                "a value decrypted from the SOPS file {} is in {} at {field}, which is not a Secret: it travels and is stored in plain text",
+                secret.file, item.resource.key
+            );
+            let diagnostic = Diagnostic::warning(message)
+                .in_file(&*item.file)
+                .at_line(Some(item.line))
+                .for_cluster(&cluster.name);
+            // Two values in one field are one warning.
+            if !found.contains(&diagnostic) {
+                found.push(diagnostic);
+            }
+        }
+    }
+    found
+}
+
+/// The path (`spec.template…`) of the first string in `value` whose JSON form holds
+/// `escaped`.
+fn field_holding(value: &serde_json::Value, escaped: &str) -> Option<String> {
+    use serde_json::Value;
+    match value {
+        Value::String(text) => serde_json::to_string(text)
+            .ok()
+            .filter(|json| json.contains(escaped))
+            .map(|_| String::new()),
+        Value::Object(map) => map.iter().find_map(|(key, inner)| {
+            field_holding(inner, escaped).map(|rest| {
+                if rest.is_empty() {
+                    key.clone()
+                } else if rest.starts_with('[') {
+                    format!("{key}{rest}")
+                } else {
+                    format!("{key}.{rest}")
+                }
+            })
+        }),
+        Value::Array(items) => items.iter().enumerate().find_map(|(i, inner)| {
+            field_holding(inner, escaped).map(|rest| {
+                if rest.is_empty() {
+                    format!("[{i}]")
+                } else {
+                    format!("[{i}].{rest}")
+                }
+            })
+        }),
+        _ => None,
+    }
 }
 
 /// `resource` with its values sealed to the cluster's agent when it is a Secret.

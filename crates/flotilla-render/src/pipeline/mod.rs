@@ -68,7 +68,12 @@ pub(crate) fn render_inner(
         ..PatchLimits::default()
     };
     let mut diagnostics = snapshot.problems.clone();
-    let opened = crate::sops::open_snapshot(snapshot, &options.sops, &mut diagnostics);
+    let mut sops_secrets = Vec::new();
+    let opened = crate::sops::open_snapshot(
+        snapshot,
+        &options.sops,
+        (&mut diagnostics, &mut sops_secrets),
+    );
     let snapshot: &FleetSnapshot = &opened;
     let (fleet, parsed) = load::load_reusing(snapshot, &mut diagnostics, parsed);
     let mut template_paths: Vec<&String> =
@@ -181,6 +186,7 @@ pub(crate) fn render_inner(
         digests_only: options.digests_only,
         helm: &helm,
         sealer: sealer.as_ref(),
+        sops_secrets: &sops_secrets,
     };
 
     // With a previous render, only the clusters whose inputs changed, and of those

@@ -52,6 +52,8 @@ pub(super) struct Shared<'a> {
     pub(super) helm: &'a HelmContext<'a>,
     /// Seals Secrets to clusters' agent keys (the hub's renders only).
     pub(super) sealer: Option<&'a crate::seal::Sealer>,
+    /// Values decrypted from SOPS files, looked for outside Secrets.
+    pub(super) sops_secrets: &'a [crate::sops::SopsSecret],
 }
 
 /// What rendering some clusters gave.
@@ -105,6 +107,7 @@ pub(super) fn render_clusters(
         digests_only,
         helm,
         sealer,
+        sops_secrets,
     } = *shared;
     let mut diagnostics = Vec::new();
     let templates = Compiled {
@@ -226,6 +229,7 @@ pub(super) fn render_clusters(
         patch_limits,
         max_resource_bytes: limits.max_resource_bytes,
         sealer,
+        sops_secrets,
     };
     let (rendered, matched): (Vec<UnitResult>, Vec<Vec<(usize, usize)>>) = units
         .keys

@@ -257,6 +257,7 @@ pub(super) struct UnitContext<'a> {
     pub(super) patch_limits: &'a PatchLimits,
     pub(super) max_resource_bytes: usize,
     pub(super) sealer: Option<&'a crate::seal::Sealer>,
+    pub(super) sops_secrets: &'a [crate::sops::SopsSecret],
 }
 
 /// Renders one unit (of a group with its custom scopes, reading `output` of

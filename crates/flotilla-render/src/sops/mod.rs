@@ -139,7 +139,7 @@ pub enum SopsKeys {
 pub fn open_snapshot<'a>(
     snapshot: &'a FleetSnapshot,
     keys: &SopsKeys,
-    diagnostics: &mut Vec<Diagnostic>,
+    (diagnostics, secrets): (&mut Vec<Diagnostic>, &mut Vec<SopsSecret>),
 ) -> std::borrow::Cow<'a, FleetSnapshot> {
     let mut opened: Vec<(String, Arc<str>)> = Vec::new();
     for (path, text) in &snapshot.files {
@@ -154,8 +154,19 @@ pub fn open_snapshot<'a>(
             Ok(None) | Err(_) => continue,
         };
         let plain = match keys {
-            SopsKeys::Open(keys) => match document.open(keys) {
-                Ok(plain) => plain,
+            SopsKeys::Open(keys) => match document.open_with_secrets(keys) {
+                Ok((plain, found)) => {
+                    secrets.extend(
+                        found
+                            .into_iter()
+                            .filter(|v| v.chars().count() >= MIN_TRACKED_SECRET)
+                            .map(|v| SopsSecret {
+                                escaped: escaped(&v),
+                                file: path.clone(),
+                            }),
+                    );
+                    plain
+                }
                 Err(err) => {
                     let hint = match (&err, keys.is_empty()) {
                         (SopsError::NoKey { .. }, true) => {
@@ -444,6 +455,24 @@ impl SopsDocument {
     /// Opens the document: the plain documents as JSON text, one per line-separated
     /// YAML document (`---`).
     pub fn open(&self, keys: &DecryptionKeys) -> Result<String, SopsError> {
+        self.open_nodes(keys).map(|plain| emit(&plain))
+    }
+
+    /// [`SopsDocument::open`], and the text of every value that was encrypted (the
+    /// secrets the file holds), for finding where they end up.
+    pub fn open_with_secrets(
+        &self,
+        keys: &DecryptionKeys,
+    ) -> Result<(String, Vec<String>), SopsError> {
+        let plain = self.open_nodes(keys)?;
+        let mut secrets = Vec::new();
+        for (sealed, opened) in self.documents.iter().zip(&plain) {
+            decrypted_texts(sealed, opened, &mut secrets);
+        }
+        Ok((emit(&plain), secrets))
+    }
+
+    fn open_nodes(&self, keys: &DecryptionKeys) -> Result<Vec<Node>, SopsError> {
         let rules = Rules::of(&self.metadata)?;
         let key = self.data_key(keys)?;
         let cipher = SopsCipher::new_from_slice(&key)
@@ -458,7 +487,7 @@ impl SopsDocument {
             plain.push(open_node(document, &mut path, &rules, &cipher, &mut mac)?);
         }
         self.check_mac(&cipher, &mac.finalize())?;
-        Ok(emit(&plain))
+        Ok(plain)
     }
 
     /// The document with its `sops` metadata removed and every value as it is in the
@@ -646,6 +675,38 @@ fn open_node(
     }
 }
 
+/// The texts of the values of `opened` that were `ENC[…]` in `sealed` (the same tree).
+fn decrypted_texts(sealed: &Node, opened: &Node, out: &mut Vec<String>) {
+    match (sealed, opened) {
+        (Node::Map(a), Node::Map(b)) => {
+            for ((_, x), (_, y)) in a.iter().zip(b) {
+                decrypted_texts(x, y, out);
+            }
+        }
+        (Node::Seq(a), Node::Seq(b)) => {
+            for (x, y) in a.iter().zip(b) {
+                decrypted_texts(x, y, out);
+            }
+        }
+        (Node::Str(text), value) if text.starts_with("ENC[") => {
+            out.push(String::from_utf8_lossy(&value.mac_bytes()).into_owned());
+        }
+        _ => {}
+    }
+}
+
+/// A value decrypted from a SOPS file, and the file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SopsSecret {
+    /// As it appears inside a JSON string (escaped), for searching canonical JSON.
+    pub escaped: String,
+    pub file: String,
+}
+
+/// The shortest decrypted value looked for outside Secrets: shorter ones (`true`,
+/// a port) would match by chance.
+pub const MIN_TRACKED_SECRET: usize = 6;
+
 /// Decrypts one `ENC[AES256_GCM,data:…,iv:…,tag:…,type:…]` value bound to `aad`.
 fn decrypt_value(cipher: &SopsCipher, text: &str, aad: &str) -> Result<Node, SopsError> {
     let malformed = || SopsError::Malformed("a value is not `ENC[AES256_GCM,…]`".to_string());
@@ -722,6 +783,12 @@ fn rfc3339_as_go_writes_it(text: &str) -> String {
 
 fn hex_upper(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02X}")).collect()
+}
+
+/// `text` as it is written inside a JSON string.
+fn escaped(text: &str) -> String {
+    let quoted = serde_json::to_string(text).unwrap_or_default();
+    quoted[1..quoted.len().saturating_sub(1).max(1)].to_string()
 }
 
 /// The documents as JSON text, separated as a YAML stream.

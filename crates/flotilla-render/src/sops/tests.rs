@@ -426,3 +426,43 @@ fn a_review_without_keys_compares_ciphertext_with_a_warning() {
         "the sops metadata is not a field: {text}"
     );
 }
+
+#[test]
+fn a_decrypted_value_outside_a_secret_is_a_warning_naming_the_file_resource_and_field() {
+    let config = r#"{"apiVersion": "v1", "kind": "ConfigMap",
+      "metadata": {"name": "db"},
+      "data": {"host": "primary.db.internal", "dsn": "postgres://pos:hunter2-long@db/pos"}}"#;
+    let rule = [("encrypted_regex", Node::Str("^data$".into()))];
+    let snapshot = fleet(&write(config, &[&recipient(IDENTITY)], &rule));
+    let output = render(&snapshot, SopsKeys::Open(Arc::new(keys(IDENTITY))));
+    let warnings: Vec<_> = output
+        .warnings()
+        .filter(|d| d.message.contains("not a Secret"))
+        .collect();
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    let dsn = warnings
+        .iter()
+        .find(|d| d.message.contains("data.dsn"))
+        .expect("the dsn field");
+    assert!(
+        dsn.message.contains("workloads/db/manifests/secret.yaml"),
+        "{}",
+        dsn.message
+    );
+    assert!(dsn.message.contains("ConfigMap shop/db"), "{}", dsn.message);
+    assert!(
+        !dsn.message.contains("hunter2"),
+        "never the value: {}",
+        dsn.message
+    );
+    // The same values in a Secret raise nothing.
+    let secret = fleet(&write(SECRET, &[&recipient(IDENTITY)], &[]));
+    let output = render(&secret, SopsKeys::Open(Arc::new(keys(IDENTITY))));
+    assert!(
+        !output
+            .warnings()
+            .any(|d| d.message.contains("not a Secret")),
+        "{:?}",
+        output.diagnostics
+    );
+}
