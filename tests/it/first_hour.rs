@@ -10,11 +10,11 @@
 //! `$NAME` in the expected output; [`Case::check`] puts it back.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::support::hub::{Repo, Running, client, config, fleet_example};
-use crate::support::process::{Background, free_port, http_status, wait_for};
+use crate::support::process::{free_port, http_status, start_flotilla, wait_for};
 
 /// One run of the binary: the exit code and both streams.
 struct Outcome {
@@ -472,21 +472,7 @@ fn an_agent_takes_a_fixed_token_file_within_seconds() {
     let work = repo.path();
     let port = free_port();
     let server = format!("http://127.0.0.1:{port}");
-    let start = |args: &[&str], log: &str| {
-        let log = work.join(log);
-        let file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-            .args(args)
-            .current_dir(work)
-            .env_remove("FLOTILLA_STATE_DIR")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().expect("log file"))
-            .stderr(file)
-            .spawn()
-            .expect("flotilla starts");
-        Background { child, log }
-    };
+    let start = |args: &[&str], log: &str| start_flotilla(work, args, log);
     let listen = format!("127.0.0.1:{port}");
     let mut running = vec![start(
         &[

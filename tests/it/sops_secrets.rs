@@ -254,8 +254,7 @@ fn file_contains(path: &Path, needle: &[u8]) -> bool {
 
 #[test]
 fn a_sops_secret_reaches_its_agent_sealed_and_nothing_between_holds_its_value() {
-    use crate::support::process::{Background, free_port, http_status, wait_for};
-    use std::process::Stdio;
+    use crate::support::process::{free_port, http_status, start_flotilla, wait_for};
     let Some(tools) = SopsTools::find(
         "sops_secrets::a_sops_secret_reaches_its_agent_sealed_and_nothing_between_holds_its_value",
     ) else {
@@ -264,22 +263,7 @@ fn a_sops_secret_reaches_its_agent_sealed_and_nothing_between_holds_its_value() 
     let repo = Repo::new();
     let work = tempfile::tempdir().expect("a folder");
     let work = work.path();
-    let start = |args: &[&str], log: &str| {
-        let log = work.join(log);
-        let file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-            .args(args)
-            .current_dir(work)
-            .env_remove("FLOTILLA_STATE_DIR")
-            .env_remove("FLOTILLA_DECRYPTION_KEY")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().expect("log file"))
-            .stderr(file)
-            .spawn()
-            .expect("flotilla starts");
-        Background { child, log }
-    };
+    let start = |args: &[&str], log: &str| start_flotilla(work, args, log);
     let port = free_port();
     let server = format!("http://127.0.0.1:{port}");
     let agent_args = [

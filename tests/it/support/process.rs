@@ -2,8 +2,8 @@
 //! waits on: each killed, by its own id, when the test ends.
 
 use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::Child;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A port nothing listens on now, for a hub started with `--listen`.
@@ -68,4 +68,23 @@ pub fn http_status(port: u16, path: &str) -> Option<u16> {
     let mut answer = String::new();
     stream.read_to_string(&mut answer).ok()?;
     answer.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Starts the real `flotilla` with `args` in `work`, its output to `work/log`,
+/// without the environment a developer's shell may set (state dir, decryption key).
+pub fn start_flotilla(work: &Path, args: &[&str], log: &str) -> Background {
+    let log = work.join(log);
+    let file = std::fs::File::create(&log).expect("log file");
+    let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(args)
+        .current_dir(work)
+        .env_remove("FLOTILLA_STATE_DIR")
+        .env_remove("FLOTILLA_DECRYPTION_KEY")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().expect("log file"))
+        .stderr(file)
+        .spawn()
+        .expect("flotilla starts");
+    Background { child, log }
 }

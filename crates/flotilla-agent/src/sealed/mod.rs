@@ -71,16 +71,9 @@ impl AgentIdentity {
     }
 
     /// `bundle` with every sealed Secret opened (same digest: it is what was
-    /// verified); the bundle itself when none is sealed. An error names the first
-    /// Secret that cannot be opened.
+    /// verified); the other resources are shared, not copied. An error names the
+    /// first Secret that cannot be opened.
     pub fn open(&self, bundle: &Bundle) -> Result<Bundle, SealError> {
-        if !bundle
-            .resources
-            .iter()
-            .any(|r| r.key.kind == "Secret" && contains_sealed(&r.canonical))
-        {
-            return Ok(bundle.clone());
-        }
         let mut resources = Vec::with_capacity(bundle.resources.len());
         for resource in &bundle.resources {
             if resource.key.kind != "Secret" || !contains_sealed(&resource.canonical) {
