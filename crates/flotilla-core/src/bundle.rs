@@ -1,8 +1,9 @@
 //! Canonical bundles: RFC 8785 (JSON Canonicalization Scheme) serialisation, the
 //! content digest, and the served `Bundle` document.
 //!
-//! The digest is computed over the canonical bytes of the sorted resource list only,
-//! so it depends on content and nothing else (not the commit, the hub or the time).
+//! The digest is computed over the canonical bytes of the sorted resource list (and
+//! the bundle's metadata when it has some) only, so it depends on content and nothing
+//! else (not the commit, the hub or the time).
 
 use std::fmt;
 use std::io::Write;
@@ -306,12 +307,129 @@ impl Resource {
 /// age file>"}` in place of its `data` and `stringData` (docs/api.md).
 pub const SEALED_SECRET_FIELD: &str = "flotilla.dev/sealed";
 
-/// One cluster's bundle: its resources sorted by key, and their digest.
+/// What a workload's drift policy says to do with a change made on the cluster.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum DriftPolicy {
+    /// Put the drifted fields back and report what was corrected.
+    #[default]
+    Correct,
+    /// Leave the drift in place and report it.
+    Report,
+}
+
+impl DriftPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DriftPolicy::Correct => "correct",
+            DriftPolicy::Report => "report",
+        }
+    }
+}
+
+/// The bundle's metadata (`meta` in the served document, docs/api.md): what an agent
+/// must know beyond the resources. A bundle that needs none has no `meta`, and its
+/// digest is the digest of its resource list alone; with `meta`, the digest covers
+/// `{"meta": ..., "resources": [...]}`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BundleMeta {
+    /// The workload each resource comes from, in the order of the resources (one entry
+    /// per resource).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workloads: Vec<String>,
+    /// The apply phases in order, each the workloads of one level of the dependency
+    /// graph (`spec.dependsOn`): a phase is applied once the previous one is healthy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phases: Vec<Vec<String>>,
+    /// Workloads whose drift policy is not the default (`correct`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub drift: std::collections::BTreeMap<String, DriftPolicy>,
+}
+
+impl BundleMeta {
+    /// Whether there is nothing in it (then a bundle carries no `meta`).
+    pub fn is_empty(&self) -> bool {
+        self.workloads.is_empty() && self.phases.is_empty() && self.drift.is_empty()
+    }
+
+    /// The canonical bytes of the `meta` object.
+    pub fn canonical(&self) -> Vec<u8> {
+        let value = serde_json::to_value(self).expect("bundle metadata serialises to JSON");
+        to_canonical_vec(&value)
+    }
+
+    /// Checks the metadata against the bundle's resources: a workload per resource, and
+    /// every workload in exactly one phase when there are phases.
+    pub fn check(&self, resources: usize) -> Result<(), String> {
+        if !self.workloads.is_empty() && self.workloads.len() != resources {
+            return Err(format!(
+                "meta.workloads names {} workloads for {} resources",
+                self.workloads.len(),
+                resources
+            ));
+        }
+        if self.phases.is_empty() {
+            return Ok(());
+        }
+        if self.workloads.is_empty() {
+            return Err("meta.phases without meta.workloads".into());
+        }
+        let mut phase_of = std::collections::HashMap::new();
+        for (index, phase) in self.phases.iter().enumerate() {
+            for workload in phase {
+                if phase_of.insert(workload.as_str(), index).is_some() {
+                    return Err(format!("workload {workload:?} is in two phases"));
+                }
+            }
+        }
+        match self
+            .workloads
+            .iter()
+            .find(|w| !phase_of.contains_key(w.as_str()))
+        {
+            Some(workload) => Err(format!("workload {workload:?} is in no phase")),
+            None => Ok(()),
+        }
+    }
+
+    /// The phase of each resource (an index into `phases`), or all 0 without phases.
+    pub fn resource_phases(&self, resources: usize) -> Vec<usize> {
+        if self.phases.is_empty() || self.workloads.len() != resources {
+            return vec![0; resources];
+        }
+        let phase_of: std::collections::HashMap<&str, usize> = self
+            .phases
+            .iter()
+            .enumerate()
+            .flat_map(|(index, phase)| phase.iter().map(move |w| (w.as_str(), index)))
+            .collect();
+        self.workloads
+            .iter()
+            .map(|w| phase_of.get(w.as_str()).copied().unwrap_or(0))
+            .collect()
+    }
+
+    /// The drift policy of the workload of resource `index`.
+    pub fn drift_of(&self, index: usize) -> DriftPolicy {
+        self.workloads
+            .get(index)
+            .and_then(|w| self.drift.get(w))
+            .copied()
+            .unwrap_or_default()
+    }
+}
+
+/// One cluster's bundle: its resources sorted by key, its metadata, and their digest.
 #[derive(Clone, Debug)]
 pub struct Bundle {
     pub cluster: String,
     pub digest: Digest,
     pub resources: Vec<Arc<Resource>>,
+    /// What the agent must know beyond the resources; `None` when nothing.
+    pub meta: Option<Arc<BundleMeta>>,
 }
 
 impl Bundle {
@@ -324,20 +442,34 @@ impl Bundle {
 
     /// Builds a bundle from resources already in key order.
     pub fn from_sorted(cluster: impl Into<String>, resources: Vec<Arc<Resource>>) -> Bundle {
+        Bundle::from_sorted_with_meta(cluster, resources, None)
+    }
+
+    /// Builds a bundle from resources already in key order and its metadata (an empty
+    /// one is none).
+    pub fn from_sorted_with_meta(
+        cluster: impl Into<String>,
+        resources: Vec<Arc<Resource>>,
+        meta: Option<BundleMeta>,
+    ) -> Bundle {
         debug_assert!(resources.windows(2).all(|pair| pair[0].key < pair[1].key));
+        let meta = meta.filter(|m| !m.is_empty()).map(Arc::new);
         let mut hasher = HashWriter(Sha256::new());
-        write_resource_list(&mut hasher, &resources);
+        write_body(&mut hasher, meta.as_deref(), &resources);
         Bundle {
             cluster: cluster.into(),
             digest: Digest::from_hasher(hasher.0),
             resources,
+            meta,
         }
     }
 
-    /// The canonical bytes of the resource list, exactly the bytes the digest covers.
-    pub fn canonical_resources(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(resource_list_bytes(&self.resources));
-        write_resource_list(&mut out, &self.resources);
+    /// The bytes the digest covers: the canonical resource list, or, for a bundle
+    /// with metadata, the canonical `{"meta": ..., "resources": [...]}`. The hub keeps
+    /// these as the bundle's object.
+    pub fn canonical_body(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(resource_list_bytes(&self.resources) + 64);
+        write_body(&mut out, self.meta.as_deref(), &self.resources);
         out
     }
 
@@ -347,8 +479,34 @@ impl Bundle {
             &self.cluster,
             &self.digest,
             revision,
-            &self.canonical_resources(),
+            &self.canonical_body(),
         )
+    }
+
+    /// The phase of each resource, in resource order (all 0 without phases).
+    pub fn resource_phases(&self) -> Vec<usize> {
+        match &self.meta {
+            Some(meta) => meta.resource_phases(self.resources.len()),
+            None => vec![0; self.resources.len()],
+        }
+    }
+
+    /// How many apply phases the bundle has (at least one).
+    pub fn phase_count(&self) -> usize {
+        self.meta.as_ref().map_or(1, |m| m.phases.len().max(1))
+    }
+}
+
+fn write_body<W: Write>(out: &mut W, meta: Option<&BundleMeta>, resources: &[Arc<Resource>]) {
+    match meta {
+        None => write_resource_list(out, resources),
+        Some(meta) => {
+            let _ = out.write_all(b"{\"meta\":");
+            let _ = out.write_all(&meta.canonical());
+            let _ = out.write_all(b",\"resources\":");
+            write_resource_list(out, resources);
+            let _ = out.write_all(b"}");
+        }
     }
 }
 
@@ -387,24 +545,31 @@ impl Write for HashWriter {
     }
 }
 
-/// Builds the served Bundle document from already canonical resource bytes, without
-/// re-serialising them. The document is itself canonical JSON (its keys are in
-/// canonical order), though only the resources are covered by the digest.
-pub fn document_bytes(
-    cluster: &str,
-    digest: &Digest,
-    revision: &str,
-    canonical_resources: &[u8],
-) -> Vec<u8> {
-    let mut out = Vec::with_capacity(canonical_resources.len() + 384);
+/// Builds the served Bundle document from a bundle's canonical body (what
+/// [`Bundle::canonical_body`] gives: the resource list, or `{"meta":…,"resources":…}`),
+/// without re-serialising it. The document is itself canonical JSON (its keys are in
+/// canonical order: `meta` and `resources` fall between `kind` and `revision`), though
+/// only the body is covered by the digest.
+pub fn document_bytes(cluster: &str, digest: &Digest, revision: &str, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len() + 384);
     out.extend_from_slice(b"{\"apiVersion\":");
     write_canonical_string(&mut out, API_VERSION);
     out.extend_from_slice(b",\"cluster\":");
     write_canonical_string(&mut out, cluster);
     out.extend_from_slice(b",\"digest\":");
     write_canonical_string(&mut out, digest.as_str());
-    out.extend_from_slice(b",\"kind\":\"Bundle\",\"resources\":");
-    out.extend_from_slice(canonical_resources);
+    match body.first() {
+        // `{"meta":…,"resources":[…]}`: its members, between the braces, go in as
+        // they are.
+        Some(b'{') if body.len() >= 2 => {
+            out.extend_from_slice(b",\"kind\":\"Bundle\",");
+            out.extend_from_slice(&body[1..body.len() - 1]);
+        }
+        _ => {
+            out.extend_from_slice(b",\"kind\":\"Bundle\",\"resources\":");
+            out.extend_from_slice(body);
+        }
+    }
     out.extend_from_slice(b",\"revision\":");
     write_canonical_string(&mut out, revision);
     out.extend_from_slice(b"}");
@@ -431,6 +596,9 @@ pub struct BundleDocument {
     pub digest: String,
     pub revision: String,
     pub resources: Vec<Value>,
+    /// The bundle's metadata, covered by the digest; absent when it has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta: Option<BundleMeta>,
     /// Present when the hub signs what it serves; outside the digest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signature: Option<BundleSignature>,
@@ -472,6 +640,8 @@ pub enum VerifyError {
         "bundle nests arrays and objects deeper than {MAX_NESTING_DEPTH} levels, which flotilla never renders"
     )]
     DocumentTooDeep,
+    #[error("bundle metadata does not fit its resources: {0}")]
+    BadMeta(String),
 }
 
 /// Parses a served Bundle document and checks it: the recomputed digest over the
@@ -522,7 +692,15 @@ pub fn verify_document_parts(
             return Err(VerifyError::NotSorted { index: index + 1 });
         }
     }
-    let bundle = Bundle::new(doc.cluster, resources);
+    if let Some(meta) = &doc.meta {
+        if meta.is_empty() {
+            return Err(VerifyError::BadMeta(
+                "meta is empty (a bundle without metadata has no meta)".into(),
+            ));
+        }
+        meta.check(resources.len()).map_err(VerifyError::BadMeta)?;
+    }
+    let bundle = Bundle::from_sorted_with_meta(doc.cluster, resources, doc.meta);
     if bundle.digest.as_str() != doc.digest {
         return Err(VerifyError::DigestMismatch {
             claimed: doc.digest,
@@ -760,7 +938,7 @@ mod tests {
             let bundle = Bundle::new("edge-1", resources[..count].to_vec());
             assert_eq!(
                 resource_list_bytes(&bundle.resources),
-                bundle.canonical_resources().len(),
+                bundle.canonical_body().len(),
                 "{count} resources"
             );
         }
@@ -794,7 +972,7 @@ mod tests {
             "edge-1",
             &bundle.digest,
             "main@sha1:abc",
-            &bundle.canonical_resources(),
+            &bundle.canonical_body(),
             Some(&signature),
         );
         let parsed: Value = serde_json::from_slice(&document).expect("JSON");
@@ -819,6 +997,98 @@ mod tests {
             value = json!([value]);
         }
         json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "deep"}, "data": value})
+    }
+
+    fn two_config_maps() -> Vec<Arc<Resource>> {
+        ["a", "b"]
+            .iter()
+            .map(|name| {
+                let value =
+                    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}});
+                Arc::new(Resource::new(
+                    ResourceKey::of(&value).expect("identity"),
+                    &value,
+                ))
+            })
+            .collect()
+    }
+
+    fn chain_meta() -> BundleMeta {
+        BundleMeta {
+            workloads: vec!["db".into(), "app".into()],
+            phases: vec![vec!["db".into()], vec!["app".into()]],
+            drift: [("app".to_string(), DriftPolicy::Report)].into(),
+        }
+    }
+
+    #[test]
+    fn a_bundle_without_metadata_keeps_the_digest_of_its_resource_list() {
+        let plain = Bundle::from_sorted("c", two_config_maps());
+        let empty =
+            Bundle::from_sorted_with_meta("c", two_config_maps(), Some(BundleMeta::default()));
+        assert!(empty.meta.is_none());
+        assert_eq!(plain.digest, empty.digest);
+        assert_eq!(plain.digest, Digest::of(&plain.canonical_body()));
+        assert!(plain.canonical_body().starts_with(b"["));
+        assert!(
+            !String::from_utf8(plain.document("main@sha1:0"))
+                .expect("UTF-8")
+                .contains("\"meta\"")
+        );
+    }
+
+    #[test]
+    fn metadata_is_covered_by_the_digest_and_travels_in_the_document() {
+        let plain = Bundle::from_sorted("c", two_config_maps());
+        let with = Bundle::from_sorted_with_meta("c", two_config_maps(), Some(chain_meta()));
+        assert_ne!(plain.digest, with.digest);
+        let body = with.canonical_body();
+        assert_eq!(with.digest, Digest::of(&body));
+        let expected_body = to_canonical_vec(&json!({
+            "meta": {"drift": {"app": "report"}, "phases": [["db"], ["app"]], "workloads": ["db", "app"]},
+            "resources": two_config_maps().iter().map(|r| r.value()).collect::<Vec<_>>(),
+        }));
+        assert_eq!(body, expected_body);
+        let document = with.document("main@sha1:0");
+        // The document is canonical JSON, `meta` between `kind` and `resources`.
+        let parsed: Value = serde_json::from_slice(&document).expect("JSON");
+        assert_eq!(to_canonical_vec(&parsed), document);
+        let back = verify_document(&document, Some("c")).expect("verifies");
+        assert_eq!(back.digest, with.digest);
+        assert_eq!(back.meta.as_deref(), Some(&chain_meta()));
+        assert_eq!(back.resource_phases(), vec![0, 1]);
+        assert_eq!(back.phase_count(), 2);
+        assert_eq!(chain_meta().drift_of(1), DriftPolicy::Report);
+        assert_eq!(chain_meta().drift_of(0), DriftPolicy::Correct);
+        // Changing the metadata in transit breaks the digest.
+        let tampered = String::from_utf8(document)
+            .expect("UTF-8")
+            .replace("\"report\"", "\"correct\"");
+        assert!(matches!(
+            verify_document(tampered.as_bytes(), Some("c")),
+            Err(VerifyError::DigestMismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn metadata_that_does_not_fit_the_resources_is_refused() {
+        let mut short = chain_meta();
+        short.workloads.pop();
+        let mut unphased = chain_meta();
+        unphased.phases.pop();
+        for meta in [short, unphased] {
+            let bundle = Bundle::from_sorted_with_meta("c", two_config_maps(), Some(meta));
+            assert!(
+                matches!(
+                    verify_document(&bundle.document("r"), Some("c")),
+                    Err(VerifyError::BadMeta(_))
+                ),
+                "{:?}",
+                bundle.meta
+            );
+        }
+        let unknown = r#"{"apiVersion":"flotilla.dev/v1alpha1","cluster":"c","digest":"sha256:00","kind":"Bundle","meta":{"tenants":{}},"resources":[],"revision":"r"}"#;
+        assert!(verify_document(unknown.as_bytes(), Some("c")).is_err());
     }
 
     #[test]

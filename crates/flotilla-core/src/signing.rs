@@ -41,10 +41,10 @@ pub fn signed_document_bytes(
     cluster: &str,
     digest: &Digest,
     revision: &str,
-    canonical_resources: &[u8],
+    body: &[u8],
     signature: Option<&BundleSignature>,
 ) -> Vec<u8> {
-    let mut out = document_bytes(cluster, digest, revision, canonical_resources);
+    let mut out = document_bytes(cluster, digest, revision, body);
     if let Some(signature) = signature {
         out.pop();
         out.extend_from_slice(b",\"signature\":{\"keyId\":");

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use regex::Regex;
 
+use flotilla_core::bundle::DriftPolicy;
 use flotilla_core::model::{
     FleetSettings, HelmSpec, ImageOverride, KubernetesSpec, LabelSelector, Located, Target, Vars,
 };
@@ -50,6 +51,10 @@ pub struct Workload {
     pub helm_spec: Option<HelmSpec>,
     /// The Helm release it renders per cluster.
     pub helm: Option<Arc<HelmRelease>>,
+    /// `spec.dependsOn`: workloads applied before it.
+    pub depends_on: Vec<Located<String>>,
+    /// `spec.drift`, before overlays.
+    pub drift: DriftPolicy,
 }
 
 /// A manifest document with the file and line it came from.
@@ -73,6 +78,8 @@ pub struct Overlay {
     /// `spec.helmValues`: merged over the values of the Helm workloads it applies to.
     pub helm_values: Vars,
     pub images: Vec<ImageOverride>,
+    /// `spec.drift`: the drift policy it sets.
+    pub drift: Option<DriftPolicy>,
     pub patches: Vec<CompiledPatch>,
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,

@@ -21,6 +21,7 @@ pub mod inputs;
 pub mod kustomize;
 pub mod kyaml;
 pub mod load;
+mod order;
 pub mod patch;
 mod pipeline;
 mod release;

@@ -232,6 +232,7 @@ pub fn load_reusing(
         .sort_by(|a, b| (a.priority, &a.name).cmp(&(b.priority, &b.name)));
     check_duplicates(&mut fleet, diagnostics);
     check_references(snapshot, &fleet, diagnostics);
+    crate::order::check_cycles(&fleet, diagnostics);
     check_policy_references(snapshot, &fleet, diagnostics);
     (fleet, clusters)
 }
@@ -793,6 +794,8 @@ fn load_workload(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> O
         templates: Vec::new(),
         helm_spec: doc.spec.helm,
         helm: None,
+        depends_on: doc.spec.depends_on,
+        drift: doc.spec.drift.unwrap_or_default(),
     })
 }
 
@@ -843,6 +846,7 @@ fn load_overlay(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Op
         vars: spec.vars,
         helm_values: spec.helm_values,
         images: spec.images,
+        drift: spec.drift,
         patches,
         labels: spec.labels,
         annotations: spec.annotations,
@@ -1037,6 +1041,15 @@ fn check_references(snapshot: &FleetSnapshot, fleet: &Fleet, diagnostics: &mut V
         );
     };
     for workload in &fleet.workloads {
+        for dependency in &workload.depends_on {
+            check(
+                &workload.file,
+                dependency.referenced.line(),
+                "workload",
+                &dependency.value,
+                &workloads,
+            );
+        }
         for target in &workload.targets {
             if let Some(group) = &target.value.group {
                 check(

@@ -91,6 +91,7 @@ impl AgentIdentity {
             cluster: bundle.cluster.clone(),
             digest: bundle.digest.clone(),
             resources,
+            meta: bundle.meta.clone(),
         })
     }
 

@@ -734,7 +734,7 @@ fn signed(bundle: &Bundle, key: &SigningKey, sequence: u64) -> Vec<u8> {
         &bundle.cluster,
         &bundle.digest,
         revision,
-        &bundle.canonical_resources(),
+        &bundle.canonical_body(),
         Some(&signature),
     )
 }
@@ -768,7 +768,7 @@ async fn a_trusting_agent_applies_only_signed_bundles_whose_sequence_goes_up() {
         "edge-1",
         &c.digest,
         "main@sha1:test",
-        &c.canonical_resources(),
+        &c.canonical_body(),
         Some(&key.sign("edge-1", &b.digest, "main@sha1:test", 3)),
     );
     let refusals: Vec<(&str, Vec<u8>, &Digest)> = vec![

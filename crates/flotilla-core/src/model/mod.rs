@@ -198,6 +198,17 @@ pub struct WorkloadSpec {
     /// A Helm chart this workload renders, per cluster, as `helm template` would.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub helm: Option<HelmSpec>,
+    /// Workloads applied before this one on every cluster both target: the agent
+    /// applies this workload once theirs are healthy. Each must target every cluster
+    /// this one targets; a cycle is an error.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(with = "Vec<String>")]
+    pub depends_on: Vec<Located<String>>,
+    /// What the agent does when an object of this workload is changed on the cluster:
+    /// `correct` (the default: put it back and report it) or `report` (leave it and
+    /// report it). Overlays may set it for some clusters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift: Option<crate::bundle::DriftPolicy>,
 }
 
 /// `spec.helm` of a workload: a chart inside the fleet and how to render it.
@@ -308,6 +319,10 @@ pub struct OverlaySpec {
     /// Image overrides with kustomize `images` semantics.
     #[serde(default)]
     pub images: Vec<ImageOverride>,
+    /// The drift policy (`correct` or `report`) of the workloads it applies to, on the
+    /// clusters it selects, over the workload's own `spec.drift`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift: Option<crate::bundle::DriftPolicy>,
     /// Patches applied to the resources their target selects.
     #[serde(default)]
     #[schemars(with = "Vec<Patch>")]

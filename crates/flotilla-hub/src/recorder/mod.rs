@@ -339,7 +339,7 @@ impl Recorder {
             let bytes = tokio::task::spawn_blocking(move || {
                 batch
                     .iter()
-                    .map(|(digest, bundle)| (digest.clone(), bundle.canonical_resources()))
+                    .map(|(digest, bundle)| (digest.clone(), bundle.canonical_body()))
                     .collect::<Vec<_>>()
             })
             .await?;

@@ -385,6 +385,11 @@ pub fn encode_output(
         for resource in &bundle.resources {
             put_len(out, index[&Arc::as_ptr(resource)])?;
         }
+        // The bundle's metadata as canonical JSON; nothing when it has none.
+        match &bundle.meta {
+            Some(meta) => put_bytes(out, &meta.canonical())?,
+            None => put_bytes(out, b"")?,
+        }
     }
     encode_provenance(&rendered.provenance, since.map(|s| &s.provenance), out)
 }
@@ -669,6 +674,7 @@ pub(super) fn read_output(mut input: impl Read, known: Known<'_>) -> io::Result<
                     cluster: cluster.clone(),
                     digest,
                     resources: Vec::new(),
+                    meta: None,
                 },
                 _ => since
                     .and_then(|s| s.bundles.get(&cluster))
@@ -691,12 +697,19 @@ pub(super) fn read_output(mut input: impl Read, known: Known<'_>) -> io::Result<
                 .ok_or_else(|| invalid("resource index out of range"))?;
             list.push(resource.clone());
         }
+        let meta = read_bytes(&mut input)?;
+        let meta = if meta.is_empty() {
+            None
+        } else {
+            Some(Arc::new(serde_json::from_slice(&meta).map_err(invalid)?))
+        };
         bundles.insert(
             cluster.clone(),
             Bundle {
                 cluster,
                 digest,
                 resources: list,
+                meta,
             },
         );
     }

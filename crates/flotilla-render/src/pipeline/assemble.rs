@@ -134,7 +134,7 @@ type Ranked<'a> = (u32, &'a SourcedResource, usize);
 /// (rendered whole, the error names both).
 pub(super) fn assemble(
     fleet: &Fleet,
-    (cluster, job, custom_scopes): (&Cluster, &Job<'_>, bool),
+    (cluster, groups, job, custom_scopes): (&Cluster, &[usize], &Job<'_>, bool),
     (unit_list, plans, plan_groups): (&[usize], &[Plan], &[usize]),
     units: &UnitsDone<'_>,
     stop: &Stop<'_>,
@@ -325,10 +325,23 @@ pub(super) fn assemble(
         done.assembled = Err(vec![error]);
         return Some(done);
     }
+    let meta = match crate::order::bundle_meta(
+        fleet,
+        cluster,
+        groups,
+        job.targeted,
+        &resource_workloads,
+    ) {
+        Ok(meta) => meta,
+        Err(errors) => {
+            done.assembled = Err(errors);
+            return Some(done);
+        }
+    };
     patch_matches.sort();
     patch_matches.dedup();
     done.assembled = Ok((
-        Bundle::from_sorted(cluster.name.clone(), resources),
+        Bundle::from_sorted_with_meta(cluster.name.clone(), resources, meta),
         ClusterProvenance {
             resource_workloads: resource_workloads.into(),
             patch_matches: patch_matches.into(),

@@ -286,39 +286,41 @@ pub(super) fn render_clusters(
     let total = clusters.len();
     let assembled: Vec<Option<ClusterDone>> = clusters
         .par_iter()
-        .zip(units.per_cluster.par_iter())
+        .zip(units.per_cluster.par_iter().zip(memberships.par_iter()))
         .zip(jobs.par_iter().zip(cluster_scope.par_iter()))
         .zip(
             plans_per_cluster
                 .par_iter()
                 .zip(units.plan_groups.par_iter()),
         )
-        .map(|(((cluster, unit_list), (job, &scope)), (plans, groups))| {
-            if stop.now() {
-                return Some(ClusterDone::default());
-            }
-            let custom_scopes = !scope_table[scope].is_empty();
-            let mut result = assemble(
-                fleet,
-                (cluster, job, custom_scopes),
-                (unit_list, plans, groups),
-                &units_done,
-                stop,
-            );
-            if digests_only
-                && let Some(ClusterDone {
-                    assembled: Ok((bundle, _)),
-                    ..
-                }) = &mut result
-            {
-                bundle.resources = Vec::new();
-            }
-            let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
-            if let Some(progress) = progress {
-                progress(finished, total);
-            }
-            result
-        })
+        .map(
+            |(((cluster, (unit_list, member_of)), (job, &scope)), (plans, groups))| {
+                if stop.now() {
+                    return Some(ClusterDone::default());
+                }
+                let custom_scopes = !scope_table[scope].is_empty();
+                let mut result = assemble(
+                    fleet,
+                    (cluster, member_of, job, custom_scopes),
+                    (unit_list, plans, groups),
+                    &units_done,
+                    stop,
+                );
+                if digests_only
+                    && let Some(ClusterDone {
+                        assembled: Ok((bundle, _)),
+                        ..
+                    }) = &mut result
+                {
+                    bundle.resources = Vec::new();
+                }
+                let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
+                if let Some(progress) = progress {
+                    progress(finished, total);
+                }
+                result
+            },
+        )
         .collect();
     if stop.now() {
         return Passed::Stopped;

@@ -361,7 +361,7 @@ fn render(snapshot: &FleetSnapshot, sops: SopsKeys) -> crate::RenderOutput {
 
 fn bundle_text(output: &crate::RenderOutput) -> String {
     let bundle = output.bundles.get("shop-1").expect("a bundle");
-    String::from_utf8(bundle.canonical_resources()).expect("UTF-8")
+    String::from_utf8(bundle.canonical_body()).expect("UTF-8")
 }
 
 #[test]

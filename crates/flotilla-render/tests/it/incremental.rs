@@ -442,6 +442,7 @@ fn check_seed(seed: u64, steps: usize) -> Tally {
                         cluster: b.cluster.clone(),
                         digest: b.digest.clone(),
                         resources: Vec::new(),
+                        meta: b.meta.clone(),
                     };
                     (name.clone(), stub)
                 })

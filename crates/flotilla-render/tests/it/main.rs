@@ -7,6 +7,7 @@ mod helm_workloads;
 mod incremental;
 mod kustomize_corpus;
 mod kustomize_diff;
+mod order;
 mod patch_conformance;
 mod regressions;
 mod shape;
