@@ -101,6 +101,25 @@ struct GroupReport<'a> {
     shared_groups: &'a [String],
     whole_groups: &'a [String],
     resources: Vec<ResourceReport<'a>>,
+    /// The apply order before and after, when it changed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    order: Option<OrderReport<'a>>,
+    /// Workloads whose drift policy changed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    drift: Vec<DriftReport<'a>>,
+}
+
+#[derive(Serialize)]
+struct OrderReport<'a> {
+    before: &'a [Vec<String>],
+    after: &'a [Vec<String>],
+}
+
+#[derive(Serialize)]
+struct DriftReport<'a> {
+    workload: &'a str,
+    before: &'static str,
+    after: &'static str,
 }
 
 #[derive(Serialize)]
@@ -220,6 +239,21 @@ pub fn report(diff: &FleetDiff) -> Result<String, serde_json::Error> {
                         namespace: &r.key.namespace,
                         name: &r.key.name,
                         diff: r.diff.as_deref(),
+                    })
+                    .collect(),
+                order: g
+                    .meta
+                    .as_ref()
+                    .and_then(|m| m.phases.as_ref())
+                    .map(|(before, after)| OrderReport { before, after }),
+                drift: g
+                    .meta
+                    .iter()
+                    .flat_map(|m| &m.drift)
+                    .map(|(workload, was, is)| DriftReport {
+                        workload,
+                        before: was.as_str(),
+                        after: is.as_str(),
                     })
                     .collect(),
             })

@@ -532,6 +532,17 @@ fn group_block(diff: &FleetDiff, group: &ChangeGroup, layout: Layout) -> String 
             }
         }
     }
+    let meta_lines: Vec<String> = group
+        .meta
+        .iter()
+        .flat_map(super::MetaChange::lines)
+        .collect();
+    if !meta_lines.is_empty() {
+        for line in meta_lines {
+            let _ = writeln!(out, "- {}", escape_html(&line));
+        }
+        out.push('\n');
+    }
     if group.status == ClusterStatus::Removed {
         out.push_str("The hub stops serving these bundles:\n\n");
     }

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use crate::RenderOutput;
-use flotilla_core::bundle::{Bundle, Digest, Resource, ResourceKey};
+use flotilla_core::bundle::{Bundle, BundleMeta, Digest, DriftPolicy, Resource, ResourceKey};
 use flotilla_core::diagnostic::Diagnostic;
 use flotilla_core::rollout::Budget;
 
@@ -172,6 +172,75 @@ pub struct ClusterDiff {
     pub rollout: Option<Rollout>,
 }
 
+/// Apply phases, each the names of its workloads.
+pub type Phases = Vec<Vec<String>>;
+
+/// What changed in a cluster's bundle metadata: its apply order (`spec.dependsOn`)
+/// and its workloads' drift policies.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MetaChange {
+    /// The phases before and after, when they differ (empty: one phase, no order).
+    pub phases: Option<(Phases, Phases)>,
+    /// Each workload whose drift policy differs: its name, before and after.
+    pub drift: Vec<(String, DriftPolicy, DriftPolicy)>,
+}
+
+impl MetaChange {
+    /// What differs between two bundles' metadata (`None` for a bundle not rendered),
+    /// or `None` when nothing does.
+    pub fn between(before: Option<&Bundle>, after: Option<&Bundle>) -> Option<MetaChange> {
+        let empty = BundleMeta::default();
+        let meta = |b: Option<&Bundle>| -> BundleMeta {
+            b.and_then(|b| b.meta.as_deref()).unwrap_or(&empty).clone()
+        };
+        let (old, new) = (meta(before), meta(after));
+        let phases = (old.phases != new.phases).then(|| (old.phases.clone(), new.phases.clone()));
+        let names: BTreeSet<&String> = old.drift.keys().chain(new.drift.keys()).collect();
+        let drift: Vec<(String, DriftPolicy, DriftPolicy)> = names
+            .into_iter()
+            .filter_map(|name| {
+                let was = old.drift.get(name).copied().unwrap_or_default();
+                let is = new.drift.get(name).copied().unwrap_or_default();
+                (was != is).then(|| (name.clone(), was, is))
+            })
+            .collect();
+        (phases.is_some() || !drift.is_empty()).then_some(MetaChange { phases, drift })
+    }
+
+    /// The lines a report shows: `apply order: cert-manager → ingress → app (was: all
+    /// at once)`, `drift of app: correct → report`.
+    pub fn lines(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        if let Some((before, after)) = &self.phases {
+            lines.push(format!(
+                "apply order: {} (was: {})",
+                order_text(after),
+                order_text(before)
+            ));
+        }
+        for (workload, was, is) in &self.drift {
+            lines.push(format!(
+                "drift of {workload}: {} → {}",
+                was.as_str(),
+                is.as_str()
+            ));
+        }
+        lines
+    }
+}
+
+/// Phases as people read them: `a, b → c → d`, or `all at once`.
+pub fn order_text(phases: &[Vec<String>]) -> String {
+    if phases.len() < 2 {
+        return "all at once".to_string();
+    }
+    phases
+        .iter()
+        .map(|phase| phase.join(", "))
+        .collect::<Vec<_>>()
+        .join(" → ")
+}
+
 /// Clusters whose change reads the same, shown once.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChangeGroup {
@@ -187,6 +256,8 @@ pub struct ChangeGroup {
     /// Those of `shared_groups` whose every cluster is in this change group.
     pub whole_groups: Vec<String>,
     pub resources: Vec<ResourceChange>,
+    /// What changed in the bundle's metadata (apply order, drift policies).
+    pub meta: Option<MetaChange>,
 }
 
 impl ChangeGroup {
@@ -248,6 +319,14 @@ impl ChangeGroup {
                     plural(count),
                     kind.as_str()
                 ));
+            }
+        }
+        if let Some(meta) = &self.meta {
+            if meta.phases.is_some() {
+                parts.push("apply order changed".to_string());
+            }
+            if !meta.drift.is_empty() {
+                parts.push("drift policy changed".to_string());
             }
         }
         if parts.is_empty() {
@@ -451,6 +530,7 @@ struct Classified<'a> {
     before: Option<&'a Bundle>,
     after: Option<&'a Bundle>,
     pairs: Vec<Pair<'a>>,
+    meta: Option<MetaChange>,
 }
 
 fn classify<'a>(
@@ -468,6 +548,7 @@ fn classify<'a>(
         before,
         after,
         pairs: Vec::new(),
+        meta: None,
     };
     let all = |bundle: Option<&'a Bundle>, side_is_after: bool| -> Vec<Pair<'a>> {
         bundle
@@ -488,6 +569,7 @@ fn classify<'a>(
         (false, true, _, Some(_)) => {
             classified.status = ClusterStatus::Added;
             classified.pairs = all(after, true);
+            classified.meta = MetaChange::between(None, after);
         }
         // Known on neither side cannot happen: the name came from one of them.
         (_, false, _, _) => {
@@ -498,6 +580,7 @@ fn classify<'a>(
         (true, true, Some(b), Some(a)) => {
             classified.status = ClusterStatus::Changed;
             classified.pairs = changed_pairs(b, a);
+            classified.meta = MetaChange::between(Some(b), Some(a));
         }
         (true, true, None, Some(_)) => {
             classified.status = ClusterStatus::Changed;
@@ -674,7 +757,7 @@ struct Signatures {
 
 impl Signatures {
     fn of(classified: &[Classified<'_>]) -> Signatures {
-        type Signature = (ClusterStatus, bool, Vec<(usize, usize)>);
+        type Signature = (ClusterStatus, bool, Vec<(usize, usize)>, Option<MetaChange>);
         let mut ids: HashMap<Signature, usize> = HashMap::new();
         let mut first_cluster = Vec::new();
         let mut of_cluster = Vec::with_capacity(classified.len());
@@ -690,6 +773,7 @@ impl Signatures {
                 cluster.status,
                 cluster.before_unknown,
                 cluster.pairs.iter().map(Pair::identity).collect(),
+                cluster.meta.clone(),
             );
             let next = ids.len();
             let id = *ids.entry(signature).or_insert(next);
@@ -761,7 +845,7 @@ fn change_groups(
     signatures: &[usize],
     texts: &HashMap<(usize, usize), Arc<str>>,
 ) -> (Vec<ChangeGroup>, Vec<usize>) {
-    type GroupKey = (ClusterStatus, bool, Vec<ResourceChange>);
+    type GroupKey = (ClusterStatus, bool, Vec<ResourceChange>, Option<MetaChange>);
     let mut group_ids: HashMap<GroupKey, usize> = HashMap::new();
     let mut group_of_signature: Vec<usize> = Vec::with_capacity(signatures.len());
     let mut groups: Vec<ChangeGroup> = Vec::new();
@@ -781,7 +865,12 @@ fn change_groups(
                 },
             })
             .collect();
-        let key = (cluster.status, cluster.before_unknown, resources);
+        let key = (
+            cluster.status,
+            cluster.before_unknown,
+            resources,
+            cluster.meta.clone(),
+        );
         let next = group_ids.len();
         let id = *group_ids.entry(key.clone()).or_insert(next);
         if id == groups.len() {
@@ -792,6 +881,7 @@ fn change_groups(
                 shared_groups: Vec::new(),
                 whole_groups: Vec::new(),
                 resources: key.2,
+                meta: key.3,
             });
         }
         group_of_signature.push(id);

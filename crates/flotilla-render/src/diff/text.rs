@@ -316,6 +316,9 @@ fn write_group(out: &mut String, diff: &FleetDiff, group: &ChangeGroup, style: &
             members.len() - CLUSTERS_SHOWN
         );
     }
+    for line in group.meta.iter().flat_map(super::MetaChange::lines) {
+        let _ = writeln!(out, "  {}", style.cyan(&line));
+    }
     if group.status == ClusterStatus::Removed {
         let _ = writeln!(out, "  the hub stops serving these bundles:");
     }

@@ -252,3 +252,47 @@ fn an_incremental_render_sees_a_new_dependency() {
     );
     assert_eq!(phases(&second.bundles["shop-1"]).len(), 2);
 }
+
+#[test]
+fn diff_shows_a_changed_order_and_drift_policy_without_a_resource_change() {
+    let base = render(&fleet(vec![
+        vec![cluster("shop-1", "shop"), cluster("shop-2", "shop")],
+        workload("database", "shop", ""),
+        workload("app", "shop", ""),
+    ]));
+    let head = render(&fleet(vec![
+        vec![cluster("shop-1", "shop"), cluster("shop-2", "shop")],
+        workload("database", "shop", ""),
+        workload("app", "shop", "  dependsOn: [database]\n  drift: report\n"),
+    ]));
+    let diff = flotilla_render::diff::diff(&base, &head, &Default::default());
+    assert_eq!(diff.groups.len(), 1, "both clusters read the same");
+    let group = &diff.groups[0];
+    assert!(group.resources.is_empty());
+    assert_eq!(
+        group.resource_summary(),
+        "apply order changed, drift policy changed"
+    );
+    let text = flotilla_render::diff::text::report(&diff, &Default::default());
+    assert!(
+        text.contains("apply order: database → app (was: all at once)"),
+        "{text}"
+    );
+    assert!(text.contains("drift of app: correct → report"), "{text}");
+    let json: serde_json::Value =
+        serde_json::from_str(&flotilla_render::diff::json::report(&diff).expect("json"))
+            .expect("JSON");
+    assert_eq!(
+        json["groups"][0]["order"],
+        serde_json::json!({"before": [], "after": [["database"], ["app"]]})
+    );
+    assert_eq!(
+        json["groups"][0]["drift"],
+        serde_json::json!([{"workload": "app", "before": "correct", "after": "report"}])
+    );
+    let markdown = flotilla_render::diff::markdown::report(&diff, &Default::default());
+    assert!(
+        markdown.contains("- apply order: database → app (was: all at once)"),
+        "{markdown}"
+    );
+}
