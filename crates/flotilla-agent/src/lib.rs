@@ -23,6 +23,15 @@
 /// The version of this agent, sent with every report.
 pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// The bundle features this agent understands, named in every bundle request (the
+/// `Flotilla-Features` header) and in its reports: a hub serves it no bundle that
+/// needs another.
+pub const FEATURES: &[&str] = &[
+    flotilla_core::bundle::features::META,
+    flotilla_core::bundle::features::PHASES,
+    flotilla_core::bundle::features::SEALED,
+];
+
 pub mod backoff;
 pub mod cache;
 pub mod cli;
@@ -422,6 +431,8 @@ impl<S: Sink> Applier<'_, S> {
                     resources: failed.into_iter().collect(),
                     message,
                     agent_version: AGENT_VERSION.to_string(),
+                    drift: Vec::new(),
+                    features: crate::FEATURES.iter().map(|f| f.to_string()).collect(),
                 };
                 self.publish();
                 return false;
@@ -477,6 +488,8 @@ impl<S: Sink> Applier<'_, S> {
             resources: outcome.resources,
             message: outcome.message,
             agent_version: AGENT_VERSION.to_string(),
+            drift: Vec::new(),
+            features: crate::FEATURES.iter().map(|f| f.to_string()).collect(),
         };
         self.publish();
         complete

@@ -307,6 +307,31 @@ impl Resource {
 /// age file>"}` in place of its `data` and `stringData` (docs/api.md).
 pub const SEALED_SECRET_FIELD: &str = "flotilla.dev/sealed";
 
+/// The bundle features an agent may understand (docs/api.md, "Bundle features"): it
+/// names them in the `Flotilla-Features` header of its bundle requests and in its
+/// reports, and a hub serves an agent no bundle that needs one it does not name.
+pub mod features {
+    /// The request header an agent names its features in, comma-separated.
+    pub const HEADER: &str = "flotilla-features";
+    /// The document's `meta` object, with each resource's workload.
+    pub const META: &str = "meta";
+    /// Apply phases (`meta.phases`).
+    pub const PHASES: &str = "phases";
+    /// Drift policies (`meta.drift`).
+    pub const DRIFT: &str = "drift";
+    /// Secrets sealed to the agent's key.
+    pub const SEALED: &str = "sealed";
+
+    /// The features named in a header value (`meta, phases`).
+    pub fn parse(header: &str) -> Vec<&str> {
+        header
+            .split(',')
+            .map(str::trim)
+            .filter(|f| !f.is_empty())
+            .collect()
+    }
+}
+
 /// What a workload's drift policy says to do with a change made on the cluster.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema,
@@ -491,10 +516,37 @@ impl Bundle {
         }
     }
 
+    /// The features an agent must understand to apply this bundle (see [`features`]).
+    pub fn needs(&self) -> Vec<&'static str> {
+        let mut needs = Vec::new();
+        if let Some(meta) = &self.meta {
+            needs.push(features::META);
+            if !meta.phases.is_empty() {
+                needs.push(features::PHASES);
+            }
+            if !meta.drift.is_empty() {
+                needs.push(features::DRIFT);
+            }
+        }
+        let sealed = format!("\"{SEALED_SECRET_FIELD}\":");
+        if self.resources.iter().any(|r| {
+            r.key.kind == "Secret"
+                && r.key.group.is_empty()
+                && contains_bytes(&r.canonical, sealed.as_bytes())
+        }) {
+            needs.push(features::SEALED);
+        }
+        needs
+    }
+
     /// How many apply phases the bundle has (at least one).
     pub fn phase_count(&self) -> usize {
         self.meta.as_ref().map_or(1, |m| m.phases.len().max(1))
     }
+}
+
+fn contains_bytes(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 fn write_body<W: Write>(out: &mut W, meta: Option<&BundleMeta>, resources: &[Arc<Resource>]) {

@@ -30,6 +30,85 @@ pub struct StatusReport {
     /// The agent's version, e.g. `0.1.0`.
     #[serde(default)]
     pub agent_version: String,
+    /// Resources changed on the cluster since flotilla applied them, and what the
+    /// agent did about it (never the values).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drift: Vec<DriftedResource>,
+    /// The bundle features this agent understands (`meta`, `phases`, `drift`,
+    /// `sealed`; docs/api.md); empty from an agent older than features.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<String>,
+}
+
+/// One resource of the applied bundle that was changed on the cluster by someone
+/// other than flotilla, in a field flotilla applied, or deleted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DriftedResource {
+    /// API group, `""` for the core group.
+    #[serde(default)]
+    pub group: String,
+    pub kind: String,
+    /// `""` for cluster-scoped resources.
+    #[serde(default)]
+    pub namespace: String,
+    pub name: String,
+    /// The paths of the fields that differ from what flotilla applied, such as
+    /// `spec.replicas` or `spec.template.spec.containers[name=web].image`; empty when
+    /// the resource was deleted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fields: Vec<String>,
+    /// The field managers that changed them (from the object's managed fields), when
+    /// known.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub managers: Vec<String>,
+    /// The resource was deleted out of band.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleted: bool,
+    pub action: DriftAction,
+}
+
+/// What the agent did about a drifted resource.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DriftAction {
+    /// Put back (the workload's drift policy is `correct`).
+    Corrected,
+    /// Left as it is (the workload's drift policy is `report`).
+    Reported,
+    /// Changed back by another manager after every correction: no longer corrected,
+    /// reported once.
+    Fighting,
+    /// A word named by a newer agent.
+    #[serde(other)]
+    Unknown,
+}
+
+impl fmt::Display for DriftAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DriftAction::Corrected => "corrected",
+            DriftAction::Reported => "reported",
+            DriftAction::Fighting => "fighting",
+            DriftAction::Unknown => "unknown",
+        })
+    }
+}
+
+impl DriftedResource {
+    pub fn key(&self) -> ResourceKey {
+        ResourceKey {
+            group: self.group.clone(),
+            kind: self.kind.clone(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        }
+    }
+
+    /// Whether the drift is still on the cluster (it was not put back).
+    pub fn remains(&self) -> bool {
+        self.action != DriftAction::Corrected
+    }
 }
 
 /// One resource's line in a report.
@@ -114,6 +193,8 @@ impl StatusReport {
             resources: Vec::new(),
             message: message.into(),
             agent_version: agent_version.into(),
+            drift: Vec::new(),
+            features: Vec::new(),
         }
     }
 
@@ -121,6 +202,12 @@ impl StatusReport {
         self.resources
             .iter()
             .any(|r| r.state == ResourceState::Failed)
+    }
+
+    /// Whether the cluster differs from what flotilla applied: some drift was left in
+    /// place (reported, or fought over by another manager).
+    pub fn is_drifted(&self) -> bool {
+        self.drift.iter().any(DriftedResource::remains)
     }
 
     /// True when the attempted bundle is the applied one and no resource failed.
@@ -152,6 +239,26 @@ impl StatusReport {
         if self.message.len() > MAX_TEXT || self.agent_version.len() > 256 {
             return Err(format!(
                 "message is limited to {MAX_TEXT} bytes and agentVersion to 256"
+            ));
+        }
+        if self.drift.len() > MAX_RESOURCES || self.features.len() > 64 {
+            return Err(format!(
+                "the report lists {} drifted resources and {} features; at most {MAX_RESOURCES} and 64 are accepted",
+                self.drift.len(),
+                self.features.len()
+            ));
+        }
+        let long_drift = self.drift.iter().any(|d| {
+            d.fields.len() > 1_000
+                || d.managers.len() > 100
+                || d.fields
+                    .iter()
+                    .chain(&d.managers)
+                    .any(|t| t.len() > MAX_TEXT)
+        });
+        if long_drift || self.features.iter().any(|f| f.len() > 64) {
+            return Err(format!(
+                "a drifted resource lists at most 1000 fields and 100 managers of at most {MAX_TEXT} bytes each, and a feature is at most 64 bytes"
             ));
         }
         for r in &self.resources {
@@ -195,6 +302,8 @@ mod tests {
             resources: vec![ResourceStatus::new(&key(), state, "")],
             message: String::new(),
             agent_version: "test".into(),
+            drift: Vec::new(),
+            features: Vec::new(),
         }
     }
 
@@ -236,6 +345,8 @@ mod tests {
             )],
             message: "applied".into(),
             agent_version: "1.2.3".into(),
+            drift: Vec::new(),
+            features: Vec::new(),
         };
         assert_eq!(
             serde_json::to_value(&report).expect("serialises"),

@@ -83,6 +83,8 @@ fn fleet() -> Fleet {
                     },
                     message: "applied 42 resources".into(),
                     agent_version: "0.1.0".into(),
+                    drift: Vec::new(),
+                    features: Vec::new(),
                 },
                 received_at_ms,
             },

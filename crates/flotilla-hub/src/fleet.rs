@@ -532,6 +532,8 @@ mod tests {
                 resources: vec![],
                 message: String::new(),
                 agent_version: String::new(),
+                drift: Vec::new(),
+                features: Vec::new(),
             },
             received_at_ms: at_ms,
         }

@@ -584,6 +584,8 @@ fn judge_reads_reports_as_the_fleet_summary_does() {
                 .unwrap_or_default(),
             message: String::new(),
             agent_version: String::new(),
+            drift: Vec::new(),
+            features: Vec::new(),
         }
     };
     use crate::status::ResourceState;

@@ -304,6 +304,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "hub secrets",
         include_str!("../../migrations/0008_hub_secrets.sql"),
     ),
+    (
+        9,
+        "agent drift and features",
+        include_str!("../../migrations/0009_agent_drift_features.sql"),
+    ),
 ];
 
 /// [`MIGRATIONS`] as sqlx reads a migrations folder.
@@ -887,12 +892,19 @@ impl Store {
                 column: "resources",
                 message: e.to_string(),
             })?;
+        let drift =
+            serde_json::to_string(&status.report.drift).map_err(|e| StoreError::Malformed {
+                table: "agent_status",
+                column: "drift",
+                message: e.to_string(),
+            })?;
         sqlx::query(
-            "INSERT INTO agent_status (cluster, applied, attempted, resources, message, agent_version, received_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)
+            "INSERT INTO agent_status (cluster, applied, attempted, resources, message, agent_version, received_at, drift, features)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
              ON CONFLICT (cluster) DO UPDATE SET applied = excluded.applied, attempted = excluded.attempted,
                  resources = excluded.resources, message = excluded.message,
-                 agent_version = excluded.agent_version, received_at = excluded.received_at",
+                 agent_version = excluded.agent_version, received_at = excluded.received_at,
+                 drift = excluded.drift, features = excluded.features",
         )
         .bind(&status.cluster)
         .bind(status.report.applied.as_ref().map(Digest::as_str))
@@ -901,6 +913,8 @@ impl Store {
         .bind(&status.report.message)
         .bind(&status.report.agent_version)
         .bind(status.received_at_ms)
+        .bind(drift)
+        .bind(status.report.features.join(","))
         .execute(&mut *tx)
         .await
         .map_err(err)?;
@@ -1006,7 +1020,7 @@ impl Store {
 
     pub async fn statuses(&self) -> Result<Vec<StoredStatus>, StoreError> {
         let rows = sqlx::query(
-            "SELECT cluster, applied, attempted, resources, message, agent_version, received_at
+            "SELECT cluster, applied, attempted, resources, message, agent_version, received_at, drift, features
              FROM agent_status ORDER BY cluster",
         )
         .fetch_all(&self.pool)
@@ -1020,6 +1034,8 @@ impl Store {
                         .transpose()
                 };
                 let resources: String = row.get("resources");
+                let drift: String = row.get("drift");
+                let features: String = row.get("features");
                 Ok(StoredStatus {
                     cluster: row.get("cluster"),
                     report: StatusReport {
@@ -1034,6 +1050,15 @@ impl Store {
                         })?,
                         message: row.get("message"),
                         agent_version: row.get("agent_version"),
+                        drift: serde_json::from_str(&drift).map_err(|e| StoreError::Malformed {
+                            table: "agent_status",
+                            column: "drift",
+                            message: e.to_string(),
+                        })?,
+                        features: flotilla_core::bundle::features::parse(&features)
+                            .into_iter()
+                            .map(str::to_string)
+                            .collect(),
                     },
                     received_at_ms: row.get("received_at"),
                 })
@@ -2425,6 +2450,17 @@ mod tests {
                 resources: vec![],
                 message: "applying".into(),
                 agent_version: "1".into(),
+                drift: vec![flotilla_core::status::DriftedResource {
+                    group: "apps".into(),
+                    kind: "Deployment".into(),
+                    namespace: "shop".into(),
+                    name: "web".into(),
+                    fields: vec!["spec.replicas".into()],
+                    managers: vec!["kubectl-edit".into()],
+                    deleted: false,
+                    action: flotilla_core::status::DriftAction::Reported,
+                }],
+                features: vec!["meta".into(), "phases".into()],
             },
             received_at_ms: 5,
         };
