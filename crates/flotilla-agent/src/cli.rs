@@ -64,6 +64,11 @@ pub struct AgentArgs {
     /// With `--sink kube`: the longest wait for one answer of the Kubernetes API.
     #[arg(long, env = "FLOTILLA_AGENT_KUBE_TIMEOUT", default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
     pub kube_timeout: Duration,
+    /// With `--sink kube`, for bundles whose workloads depend on others
+    /// (`spec.dependsOn`): how long the workloads of one apply phase may take to become
+    /// healthy before the later phases are held back and the agent tries again later.
+    #[arg(long, env = "FLOTILLA_AGENT_PHASE_TIMEOUT", default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
+    pub phase_timeout: Duration,
     /// How long the hub may hold a poll open waiting for a change. `auto`: up to 4
     /// minutes, held shorter when a proxy or load balancer on the way cuts held polls
     /// (a folder or static server is then asked every 55 s); a duration: that, every
@@ -183,6 +188,9 @@ fn settings(args: &AgentArgs) -> anyhow::Result<Settings> {
     if args.kube_timeout < Duration::from_secs(1) {
         bail!("--kube-timeout must be at least 1s");
     }
+    if args.phase_timeout < Duration::from_secs(1) {
+        bail!("--phase-timeout must be at least 1s");
+    }
     crate::sink::check_cluster_name(&args.cluster).map_err(anyhow::Error::msg)?;
     if args.max_backoff < Duration::from_secs(1) {
         bail!("--max-backoff must be at least 1s");
@@ -211,6 +219,7 @@ fn settings(args: &AgentArgs) -> anyhow::Result<Settings> {
             force_conflicts: args.force_conflicts,
             prune_namespaces_and_crds: args.prune_namespaces_and_crds,
             request_timeout: args.kube_timeout,
+            phase_timeout: args.phase_timeout,
             inventory_namespace: args.inventory_namespace.clone(),
             ..KubeOptions::default()
         },
@@ -409,6 +418,8 @@ mod tests {
             "--prune-namespaces-and-crds",
             "--kube-timeout",
             "5s",
+            "--phase-timeout",
+            "2m",
             "--inventory-namespace",
             "ops",
         ])
@@ -416,6 +427,15 @@ mod tests {
         let kube = settings(&args).expect("valid").kube;
         assert!(kube.prune_namespaces_and_crds);
         assert_eq!(kube.request_timeout, Duration::from_secs(5));
+        assert_eq!(kube.phase_timeout, Duration::from_secs(120));
+        let args = with(&["--sink", "kube"]).expect("parses");
+        assert_eq!(
+            settings(&args).expect("valid").kube.phase_timeout,
+            Duration::from_secs(600)
+        );
+        let args = with(&["--sink", "kube", "--phase-timeout", "500ms"]).expect("parses");
+        let err = settings(&args).err().expect("refused");
+        assert!(err.to_string().contains("--phase-timeout"), "{err}");
         assert_eq!(kube.inventory_namespace.as_deref(), Some("ops"));
         assert!(with(&["--sink", "dir:/x", "--wait", "0"]).is_err());
         let args = with(&["--sink", "dir:/x", "--wait", "auto"]).expect("parses");

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use flotilla_core::bundle::{Bundle, Resource, ResourceKey};
+use flotilla_core::bundle::{Bundle, BundleMeta, Resource, ResourceKey};
 
 /// A bundle of the given resources (any order), as a hub would serve it.
 pub fn bundle_of(cluster: &str, values: Vec<Value>) -> Bundle {
@@ -16,6 +16,29 @@ pub fn bundle_of(cluster: &str, values: Vec<Value>) -> Bundle {
         })
         .collect();
     Bundle::new(cluster, resources)
+}
+
+/// A bundle of `(workload, resource)` pairs (any order) with these apply phases, as
+/// the renderer makes one for workloads with `spec.dependsOn`.
+pub fn phased_bundle_of(cluster: &str, values: Vec<(&str, Value)>, phases: &[&[&str]]) -> Bundle {
+    let mut pairs: Vec<(String, Arc<Resource>)> = values
+        .into_iter()
+        .map(|(workload, value)| {
+            let key = ResourceKey::of(&value).expect("test resources have an identity");
+            (workload.to_string(), Arc::new(Resource::new(key, &value)))
+        })
+        .collect();
+    pairs.sort_by(|a, b| a.1.key.cmp(&b.1.key));
+    let (workloads, resources) = pairs.into_iter().unzip();
+    let meta = BundleMeta {
+        workloads,
+        phases: phases
+            .iter()
+            .map(|phase| phase.iter().map(|w| w.to_string()).collect())
+            .collect(),
+        ..BundleMeta::default()
+    };
+    Bundle::from_sorted_with_meta(cluster, resources, Some(meta))
 }
 
 /// Merges `extra` into `value`, maps key by key.

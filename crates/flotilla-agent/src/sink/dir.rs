@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use flotilla_fs::Mode;
 
-use super::{ApplyOutcome, Sink, apply_order, apply_rank, with_flotilla_metadata};
+use super::{ApplyOutcome, Sink, apply_phases, apply_rank, with_flotilla_metadata};
 use crate::cache::InventoryEntry;
 use flotilla_core::bundle::{Bundle, Digest, ResourceKey};
 use flotilla_core::status::{ResourceState, ResourceStatus};
@@ -45,8 +45,16 @@ pub struct DirSink {
     kustomization: bool,
 }
 
-/// File name → (the resource it holds, or `None` for the kustomization; its content).
-type DesiredFiles = BTreeMap<String, (Option<ResourceKey>, Vec<u8>)>;
+/// The files an apply wants.
+#[derive(Default)]
+struct DesiredFiles {
+    /// File name → (the resource it holds, or `None` for the kustomization; its content).
+    files: BTreeMap<String, (Option<ResourceKey>, Vec<u8>)>,
+    /// The order to write them in: the bundle's apply phases one after the other, each
+    /// in apply order, and the kustomization last. There is no health to wait for
+    /// here, but a reader that picks files up as they come sees them in that order.
+    order: Vec<String>,
+}
 
 /// What writing the desired files did.
 #[derive(Default)]
@@ -155,6 +163,7 @@ impl DirSink {
         let header = header(&bundle.cluster);
         let (desired, mut statuses) = self.desired_files(bundle, &header);
         let foreign: BTreeSet<String> = desired
+            .files
             .keys()
             .filter(|name| !old.files.contains(*name) && self.is_foreign(name, &header))
             .cloned()
@@ -162,7 +171,13 @@ impl DirSink {
 
         // Record intent: every file this apply may write, plus the old ones.
         let mut intent = old.files.clone();
-        intent.extend(desired.keys().filter(|n| !foreign.contains(*n)).cloned());
+        intent.extend(
+            desired
+                .files
+                .keys()
+                .filter(|n| !foreign.contains(*n))
+                .cloned(),
+        );
         if let Err(err) = self.save_manifest(&Manifest {
             target: self.target.clone(),
             files: intent,
@@ -178,8 +193,9 @@ impl DirSink {
             .values()
             .filter(|s| s.state == ResourceState::Failed)
             .count();
-        let mut resources: Vec<ResourceStatus> = apply_order(bundle)
-            .iter()
+        let mut resources: Vec<ResourceStatus> = apply_phases(bundle)
+            .into_iter()
+            .flatten()
             .filter_map(|r| statuses.remove(&r.key))
             .collect();
         let synced = flotilla_fs::sync_dir(&self.target);
@@ -211,7 +227,7 @@ impl DirSink {
             };
             resources.push(ResourceStatus::new(&key, state, message));
         }
-        let mut files: BTreeSet<String> = desired.into_keys().collect();
+        let mut files: BTreeSet<String> = desired.files.into_keys().collect();
         files.extend(removal.kept);
         let committed = self.save_manifest(&Manifest {
             target: self.target.clone(),
@@ -258,16 +274,19 @@ impl DirSink {
         bundle: &Bundle,
         header: &str,
     ) -> (DesiredFiles, BTreeMap<ResourceKey, ResourceStatus>) {
-        let mut desired = DesiredFiles::new();
+        let mut desired = DesiredFiles::default();
         let mut statuses = BTreeMap::new();
-        for resource in apply_order(bundle) {
+        for resource in apply_phases(bundle).into_iter().flatten() {
             let name = file_name(&resource.key);
             let value = with_flotilla_metadata(resource.value(), &bundle.cluster, None);
             match serde_saphyr::to_string(&value) {
                 Ok(yaml) => {
                     let identity = comment_safe(&resource.key.to_string());
                     let content = format!("{header}\n# {identity}\n{yaml}").into_bytes();
-                    desired.insert(name, (Some((*resource.key).clone()), content));
+                    desired.order.push(name.clone());
+                    desired
+                        .files
+                        .insert(name, (Some((*resource.key).clone()), content));
                 }
                 Err(err) => {
                     statuses.insert(
@@ -282,9 +301,12 @@ impl DirSink {
             }
         }
         if self.kustomization {
-            let listed: Vec<&String> = desired.keys().collect();
+            let listed: Vec<&String> = desired.files.keys().collect();
             let content = kustomization(header, &listed);
-            desired.insert(KUSTOMIZATION_FILE.to_string(), (None, content));
+            desired.order.push(KUSTOMIZATION_FILE.to_string());
+            desired
+                .files
+                .insert(KUSTOMIZATION_FILE.to_string(), (None, content));
         }
         (desired, statuses)
     }
@@ -298,7 +320,10 @@ impl DirSink {
         statuses: &mut BTreeMap<ResourceKey, ResourceStatus>,
     ) -> Writes {
         let mut writes = Writes::default();
-        for (name, (key, content)) in desired {
+        for name in &desired.order {
+            let Some((key, content)) = desired.files.get(name) else {
+                continue;
+            };
             let outcome = if foreign.contains(name) {
                 Err(format!(
                     "{} already exists and was not written by flotilla; it is left alone: \
@@ -345,7 +370,7 @@ impl DirSink {
     /// Removes the files of the old manifest that the new bundle does not hold.
     fn remove_left(&self, old: &Manifest, desired: &DesiredFiles) -> Removal {
         let mut removal = Removal::default();
-        for name in old.files.iter().filter(|n| !desired.contains_key(*n)) {
+        for name in old.files.iter().filter(|n| !desired.files.contains_key(*n)) {
             match fs::remove_file(self.target.join(name)) {
                 Ok(()) => removal.removed += 1,
                 Err(err) if err.kind() == io::ErrorKind::NotFound => {}
@@ -485,7 +510,7 @@ fn sanitise(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::bundle_of;
+    use crate::testing::{bundle_of, phased_bundle_of};
     use serde_json::{Value, json};
 
     fn config_map(name: &str, data: Value) -> Value {
@@ -710,6 +735,44 @@ mod tests {
         fs::write(&path, "edited").expect("edits");
         assert!(apply(&mut sink, &bundle, &[]).message.contains("1 written"));
         assert!(fixture.read(&cm("a")).contains("k: v"));
+    }
+
+    #[test]
+    fn resources_are_written_phase_by_phase_without_waiting() {
+        let fixture = Fixture::new();
+        let mut sink = fixture.sink(false);
+        // `app` depends on `db`: its Namespace comes after db's ConfigMap, although
+        // Namespaces come first within a phase.
+        let bundle = phased_bundle_of(
+            "edge-1",
+            vec![
+                ("app", namespace("app")),
+                ("app", config_map("web", json!({}))),
+                ("db", config_map("pg", json!({}))),
+                ("db", namespace("demo")),
+            ],
+            &[&["db"], &["app"]],
+        );
+        let outcome = apply(&mut sink, &bundle, &[]);
+        assert!(outcome.complete, "{outcome:?}");
+        let order: Vec<(&str, ResourceState)> = outcome
+            .resources
+            .iter()
+            .map(|r| (r.name.as_str(), r.state))
+            .collect();
+        use ResourceState::Applied;
+        assert_eq!(
+            order,
+            [
+                ("demo", Applied),
+                ("pg", Applied),
+                ("app", Applied),
+                ("web", Applied)
+            ]
+        );
+        let mut written = vec![ns_file("demo"), ns_file("app"), cm("pg"), cm("web")];
+        written.sort();
+        assert_eq!(fixture.files(), written);
     }
 
     #[test]

@@ -142,6 +142,22 @@ pub fn apply_order(bundle: &Bundle) -> Vec<&Arc<Resource>> {
     ordered
 }
 
+/// The bundle's resources in apply order, phase by phase: one list per apply phase
+/// (the levels of the workloads' `spec.dependsOn` graph), each in [`apply_order`]. A
+/// bundle without phases is one list, in [`apply_order`].
+pub fn apply_phases(bundle: &Bundle) -> Vec<Vec<&Arc<Resource>>> {
+    let mut phases: Vec<Vec<&Arc<Resource>>> = vec![Vec::new(); bundle.phase_count()];
+    let last = phases.len() - 1;
+    for (resource, phase) in bundle.resources.iter().zip(bundle.resource_phases()) {
+        phases[phase.min(last)].push(resource);
+    }
+    for phase in &mut phases {
+        // A stable sort keeps bundle order within each rank.
+        phase.sort_by_key(|r| apply_rank(&r.key));
+    }
+    phases
+}
+
 /// Prune order: the reverse of apply order, so objects go before their namespace and
 /// custom resources before their definition.
 pub fn prune_order(entries: &[InventoryEntry]) -> Vec<InventoryEntry> {
@@ -237,7 +253,7 @@ pub fn check_cluster_name(cluster: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::bundle_of;
+    use crate::testing::{bundle_of, phased_bundle_of};
     use serde_json::json;
 
     fn object(api_version: &str, kind: &str, namespace: Option<&str>, name: &str) -> Value {
@@ -279,6 +295,45 @@ mod tests {
             .map(|e| e.name)
             .collect();
         assert_eq!(pruned, ["w1", "web", "cfg", "demo", "widgets.example.com"]);
+    }
+
+    #[test]
+    fn phases_are_applied_in_order_each_in_apply_order() {
+        let bundle = phased_bundle_of(
+            "edge-1",
+            vec![
+                ("app", object("apps/v1", "Deployment", Some("app"), "web")),
+                ("app", object("v1", "Namespace", None, "app")),
+                ("db", object("apps/v1", "StatefulSet", Some("db"), "pg")),
+                ("db", object("v1", "Namespace", None, "db")),
+                (
+                    "operator",
+                    object(
+                        "apiextensions.k8s.io/v1",
+                        "CustomResourceDefinition",
+                        None,
+                        "widgets.example.com",
+                    ),
+                ),
+            ],
+            &[&["operator"], &["db"], &["app"]],
+        );
+        let names = |phase: &Vec<&Arc<Resource>>| -> Vec<String> {
+            phase.iter().map(|r| r.key.name.clone()).collect()
+        };
+        let phases: Vec<Vec<String>> = apply_phases(&bundle).iter().map(names).collect();
+        assert_eq!(
+            phases,
+            [
+                vec!["widgets.example.com"],
+                vec!["db", "pg"],
+                vec!["app", "web"]
+            ]
+        );
+        // Without phases: one phase, in apply order.
+        let plain = sample();
+        let one: Vec<Vec<String>> = apply_phases(&plain).iter().map(names).collect();
+        assert_eq!(one, [names(&apply_order(&plain))]);
     }
 
     #[test]

@@ -8,5 +8,6 @@ mod agent_kill;
 mod agent_kube_live;
 mod deploy_files;
 mod kube_https;
+mod kube_phases;
 mod kube_scenarios;
 mod support;

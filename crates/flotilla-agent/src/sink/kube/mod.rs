@@ -4,12 +4,13 @@
 //! One apply:
 //! 1. reads the **ledger** (the inventory kept in the cluster, [`ledger`]) once, and
 //!    records in it what the apply is about to touch;
-//! 2. applies CustomResourceDefinitions, waiting until each is Established; then
-//!    Namespaces; then everything else; admission webhooks and APIServices last. Every
-//!    object is sent without the metadata the server sets, labelled with the cluster,
-//!    annotated with the bundle digest, with field manager `flotilla` (forcing
-//!    conflicts only when asked). The answer says whether flotilla created the object
-//!    (201) or found it (200), and how healthy it is ([`health`]);
+//! 2. applies the bundle phase by phase ([`phases`]: a phase waits until the one before
+//!    is healthy), and within a phase CustomResourceDefinitions, waiting until each is
+//!    Established; then Namespaces; then everything else; admission webhooks and
+//!    APIServices last. Every object is sent without the metadata the server sets,
+//!    labelled with the cluster, annotated with the bundle digest, with field manager
+//!    `flotilla` (forcing conflicts only when asked). The answer says whether flotilla
+//!    created the object (201) or found it (200), and how healthy it is ([`health`]);
 //! 3. only when every object was applied (healthy or not), deletes what the previous
 //!    inventory held and the bundle does not, in reverse order, as [`prune`] decides;
 //! 4. records the outcome in the ledger.
@@ -18,18 +19,21 @@
 //! 500 from a webhook or a typed patch) fails that object alone. No answer, 401, 429,
 //! 502, 503, 504, or five 500s in a row stop the apply, and the agent tries again
 //! later; server-side apply is idempotent, so the next attempt resumes. A workload that
-//! is unhealthy is reported `failed`, but does not stop the bundle from being applied.
+//! is unhealthy is reported `failed`, but does not stop the rest of its phase from being
+//! applied; it holds the later phases back.
 
 mod discovery;
 mod failure;
 mod health;
 mod ledger;
+mod phases;
 mod prune;
 #[cfg(test)]
 mod wire_tests;
 
 use std::collections::HashSet;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use kube::api::{DeleteParams, GetParams, Patch, PatchParams, Preconditions, PropagationPolicy};
@@ -68,8 +72,11 @@ pub struct KubeOptions {
     pub request_timeout: Duration,
     /// How long a CRD may take to become Established.
     pub crd_timeout: Duration,
-    /// How often a CRD is looked at while waiting.
+    /// How often a CRD is looked at while waiting, and the workloads of a phase.
     pub crd_poll: Duration,
+    /// How long the workloads of an apply phase may take to become healthy before the
+    /// later phases are held back (`--phase-timeout`).
+    pub phase_timeout: Duration,
     /// Where the ledger is kept; the client's namespace when `None` (in a cluster, the
     /// agent's own namespace).
     pub inventory_namespace: Option<String>,
@@ -83,6 +90,7 @@ impl Default for KubeOptions {
             request_timeout: Duration::from_secs(30),
             crd_timeout: Duration::from_secs(60),
             crd_poll: Duration::from_secs(1),
+            phase_timeout: Duration::from_secs(600),
             inventory_namespace: None,
         }
     }
@@ -403,7 +411,7 @@ impl KubeSink {
             stopped: None,
             server_errors: 0,
         };
-        let lines = run.apply_all(&mut ledger, bundle).await;
+        let (lines, held) = run.apply_in_phases(&mut ledger, bundle).await;
         let apply_errors = lines.iter().filter(|l| l.apply_error).count();
         let stopped_applying = run.stopped.clone();
 
@@ -430,13 +438,16 @@ impl KubeSink {
         let saved = self.save_ledger(&self.api.unstoppable()).await;
 
         let mut complete = apply_errors == 0 && run.stopped.is_none();
-        let mut message = summary(
-            bundle.resources.len(),
-            &lines,
-            &pruned,
-            stopped_applying.as_deref(),
-            run.stopped.as_deref(),
-        );
+        let mut message = match held {
+            Some(held) if stopped_applying.is_none() => held,
+            _ => summary(
+                bundle.resources.len(),
+                &lines,
+                &pruned,
+                stopped_applying.as_deref(),
+                run.stopped.as_deref(),
+            ),
+        };
         match saved {
             Ok(later) => note = later.or(note),
             Err(problem) => {
@@ -466,67 +477,69 @@ impl KubeSink {
                 statuses.push(ResourceStatus::new(key, ResourceState::Applied, ""));
                 continue;
             }
-            let status = |state, message: String| ResourceStatus::new(key, state, message);
-            let unreadable = |failure: Failure| {
-                status(
-                    ResourceState::Progressing,
-                    format!(
-                        "cannot read its health: {}",
-                        failure.describe("get", &key.kind)
-                    ),
-                )
-            };
-            let found = match discovery
-                .resolve(&self.api, &api_version_of(resource), &key.kind)
+            let ran = job_ran(self.ledger.as_ref(), resource);
+            let (state, message) = read_health(&self.api, &mut discovery, resource, ran)
                 .await
-            {
-                Ok(Some(found)) => found,
-                Ok(None) => {
-                    statuses.push(status(
-                        ResourceState::Failed,
-                        "its kind is not served".into(),
-                    ));
-                    continue;
-                }
-                Err(failure) if failure.stops_run() => return None,
-                Err(failure) => {
-                    statuses.push(unreadable(failure));
-                    continue;
-                }
-            };
-            let namespace = found.namespaced.then_some(key.namespace.as_str());
-            match self.api.get(&found.resource, namespace, &key.name).await {
-                Ok(live) => {
-                    let (state, message) = health(key, &live);
-                    statuses.push(status(state, message));
-                }
-                Err(failure) if failure.is_not_found() => {
-                    if self.job_ran(resource) {
-                        statuses.push(status(ResourceState::Applied, JOB_REMOVED.into()));
-                    } else {
-                        statuses.push(status(
-                            ResourceState::Failed,
-                            "it is gone (deleted since it was applied); the next resync applies it again".into(),
-                        ));
-                    }
-                }
-                Err(failure) if failure.stops_run() => return None,
-                Err(failure) => statuses.push(unreadable(failure)),
-            }
+                .ok()?;
+            statuses.push(ResourceStatus::new(key, state, message));
         }
         Some(statuses)
     }
+}
 
-    /// Whether this Job was applied from exactly this manifest before.
-    fn job_ran(&self, resource: &Resource) -> bool {
-        is_job(&resource.key)
-            && self
-                .ledger
-                .as_ref()
-                .and_then(|l| l.entry(&resource.key))
-                .and_then(|e| e.ran.as_deref())
-                == Some(Digest::of(&resource.canonical).as_str())
+/// Reads the health of one resource that has a health rule from the API server. A
+/// failure that stops a run (no answer, 401, 429, 502-504, the agent stopping) is an
+/// error; any other reads as progressing, with what the server said.
+async fn read_health(
+    api: &Api,
+    discovery: &mut Discovery,
+    resource: &Resource,
+    job_ran: bool,
+) -> Result<(ResourceState, String), Failure> {
+    let key = &resource.key;
+    let unreadable = |failure: Failure| {
+        if failure.stops_run() {
+            return Err(failure);
+        }
+        Ok((
+            ResourceState::Progressing,
+            format!(
+                "cannot read its health: {}",
+                failure.describe("get", &key.kind)
+            ),
+        ))
+    };
+    let found = match discovery
+        .resolve(api, &api_version_of(resource), &key.kind)
+        .await
+    {
+        Ok(Some(found)) => found,
+        Ok(None) => return Ok((ResourceState::Failed, "its kind is not served".into())),
+        Err(failure) => return unreadable(failure),
+    };
+    let namespace = found.namespaced.then_some(key.namespace.as_str());
+    match api.get(&found.resource, namespace, &key.name).await {
+        Ok(live) => Ok(health(key, &live)),
+        Err(failure) if failure.is_not_found() => Ok(if job_ran {
+            (ResourceState::Applied, JOB_REMOVED.into())
+        } else {
+            (
+                ResourceState::Failed,
+                "it is gone (deleted since it was applied); the next resync applies it again"
+                    .into(),
+            )
+        }),
+        Err(failure) => unreadable(failure),
     }
+}
+
+/// Whether this Job was applied from exactly this manifest before.
+fn job_ran(ledger: Option<&Ledger>, resource: &Resource) -> bool {
+    is_job(&resource.key)
+        && ledger
+            .and_then(|l| l.entry(&resource.key))
+            .and_then(|e| e.ran.as_deref())
+            == Some(Digest::of(&resource.canonical).as_str())
 }
 
 /// The report's one line about an apply: what failed to apply (and why it stopped),
@@ -735,12 +748,21 @@ impl Run {
         }
     }
 
-    /// Applies the bundle in order; CRDs are waited for until Established.
-    async fn apply_all(&mut self, ledger: &mut Ledger, bundle: &Bundle) -> Vec<Line> {
-        let (definitions, others): (Vec<_>, Vec<_>) = apply_order(bundle)
-            .into_iter()
+    /// Applies `resources` (some of the bundle's, in apply order) and returns one line
+    /// per resource, in the same order; CRDs are waited for until Established. The
+    /// kinds the CRDs define are added to `defined`.
+    async fn apply_all(
+        &mut self,
+        ledger: &mut Ledger,
+        bundle: &Bundle,
+        resources: &[&Arc<Resource>],
+        defined: &mut HashSet<(String, String)>,
+    ) -> Vec<Line> {
+        let (definitions, others): (Vec<&Arc<Resource>>, Vec<&Arc<Resource>>) = resources
+            .iter()
+            .copied()
             .partition(|r| apply_rank(&r.key) == 0);
-        let mut lines = Vec::with_capacity(bundle.resources.len());
+        let mut lines = Vec::with_capacity(resources.len());
         let mut waiting = Vec::new();
         for resource in &definitions {
             let (line, live) = self
@@ -765,30 +787,31 @@ impl Run {
         }
         // The kinds the bundle's own, established, CRDs define: discovery may take a
         // moment to serve them.
-        let defined: HashSet<(String, String)> = definitions
-            .iter()
-            .zip(&lines)
-            .filter(|(_, line)| !line.apply_error)
-            .flat_map(|(crd, _)| {
-                let crd = crd.value();
-                let spec = &crd["spec"];
-                let group = spec["group"].as_str().unwrap_or_default().to_string();
-                let kind = spec["names"]["kind"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string();
-                spec["versions"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter(|v| v["served"].as_bool() == Some(true))
-                    .filter_map(|v| v["name"].as_str())
-                    .map(move |version| (format!("{group}/{version}"), kind.clone()))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        defined.extend(
+            definitions
+                .iter()
+                .zip(&lines)
+                .filter(|(_, line)| !line.apply_error)
+                .flat_map(|(crd, _)| {
+                    let crd = crd.value();
+                    let spec = &crd["spec"];
+                    let group = spec["group"].as_str().unwrap_or_default().to_string();
+                    let kind = spec["names"]["kind"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string();
+                    spec["versions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter(|v| v["served"].as_bool() == Some(true))
+                        .filter_map(|v| v["name"].as_str())
+                        .map(move |version| (format!("{group}/{version}"), kind.clone()))
+                        .collect::<Vec<_>>()
+                }),
+        );
         for resource in &others {
-            let (line, _) = self.apply_one(ledger, bundle, resource, &defined).await;
+            let (line, _) = self.apply_one(ledger, bundle, resource, defined).await;
             lines.push(line);
         }
         lines

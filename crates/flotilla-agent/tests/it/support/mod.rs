@@ -25,6 +25,29 @@ pub fn bundle(cluster: &str, values: Vec<Value>) -> Bundle {
     Bundle::new(cluster, resources)
 }
 
+/// A bundle of `(workload, resource)` pairs with these apply phases, as the renderer
+/// makes one for workloads with `spec.dependsOn`.
+pub fn phased_bundle(cluster: &str, values: Vec<(&str, Value)>, phases: &[&[&str]]) -> Bundle {
+    let mut pairs: Vec<(String, Arc<Resource>)> = values
+        .into_iter()
+        .map(|(workload, value)| {
+            let key = ResourceKey::of(&value).expect("test resources have an identity");
+            (workload.to_string(), Arc::new(Resource::new(key, &value)))
+        })
+        .collect();
+    pairs.sort_by(|a, b| a.1.key.cmp(&b.1.key));
+    let (workloads, resources) = pairs.into_iter().unzip();
+    let meta = flotilla_core::bundle::BundleMeta {
+        workloads,
+        phases: phases
+            .iter()
+            .map(|phase| phase.iter().map(|w| w.to_string()).collect())
+            .collect(),
+        ..Default::default()
+    };
+    Bundle::from_sorted_with_meta(cluster, resources, Some(meta))
+}
+
 pub fn config_map(name: &str, value: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "ConfigMap",
            "metadata": {"name": name, "namespace": "demo"}, "data": {"value": value}})
