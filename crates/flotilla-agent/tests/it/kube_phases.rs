@@ -7,11 +7,14 @@ use crate::support as agent_support;
 use std::time::Duration;
 
 use agent_support::kube::*;
-use agent_support::{bundle, phased_bundle};
+use agent_support::{bundle, phased_bundle, publish};
+use flotilla_agent::client::Server;
 use flotilla_agent::sink::kube::KubeOptions;
 use flotilla_agent::sink::{Sink, StopSignal};
+use flotilla_agent::{Agent, AgentConfig};
 use flotilla_core::bundle::Bundle;
 use flotilla_core::status::ResourceState::{Applied, Failed, Healthy, Progressing, Pruned};
+use flotilla_core::status::StatusReport;
 use flotilla_kube_fake::FakeApiServer;
 use serde_json::json;
 use tokio::time::Instant;
@@ -297,4 +300,76 @@ async fn stopping_the_agent_ends_a_phase_wait_promptly() {
     assert_eq!(state, Failed);
     assert!(message.starts_with("not attempted"), "{message}");
     assert!(fake.get("apps/v1", "Deployment", "demo", "web").is_none());
+}
+
+/// Runs an agent that reads its bundle from `publish` and applies it to `fake`, until
+/// `until` accepts a report; then stops it and returns that report.
+async fn run_agent_until(
+    fake: &FakeApiServer,
+    publish: &std::path::Path,
+    state: &std::path::Path,
+    until: impl Fn(&StatusReport) -> bool,
+) -> StatusReport {
+    let mut config = AgentConfig::new(
+        Server::File(publish.to_path_buf()),
+        "edge-1",
+        state.to_path_buf(),
+    );
+    config.resync = Duration::ZERO;
+    let agent = Agent::new(config, sink(fake, quick()));
+    let mut reports = agent.reports();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(agent.run(async {
+        let _ = stopped.await;
+    }));
+    let report = reports
+        .wait_for(|r| r.as_ref().is_some_and(&until))
+        .await
+        .expect("a report")
+        .clone()
+        .expect("present");
+    let _ = stop.send(());
+    task.await.expect("joined").expect("the agent ran");
+    report
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_agent_resumes_the_phases_of_its_stored_bundle_without_the_hub() {
+    let fake = FakeApiServer::new();
+    let publish_dir = tempfile::tempdir().expect("tempdir");
+    let state = tempfile::tempdir().expect("tempdir");
+    let next = two_phases();
+    publish(publish_dir.path(), &next);
+
+    let held = run_agent_until(&fake, publish_dir.path(), state.path(), |r| {
+        r.attempted.as_ref() == Some(&next.digest)
+    })
+    .await;
+    assert_eq!(held.applied, None, "{held:#?}");
+    assert!(
+        held.message
+            .starts_with("stopped after phase 1 of 2: phase 2 (workloads app) waits for phase 1 (workloads db): Deployment.apps demo/db"),
+        "{}",
+        held.message
+    );
+
+    // The hub goes away; `db` rolls out; the agent restarts from its state folder.
+    drop(publish_dir);
+    make_available(&fake, "db");
+    let gone = tempfile::tempdir().expect("tempdir");
+    let applied = run_agent_until(&fake, &gone.path().join("nothing"), state.path(), |r| {
+        r.applied.as_ref() == Some(&next.digest)
+    })
+    .await;
+    let state_of = |kind: &str, name: &str| {
+        applied
+            .resources
+            .iter()
+            .find(|r| r.kind == kind && r.name == name)
+            .map(|r| r.state)
+    };
+    assert_eq!(state_of("Deployment", "db"), Some(Healthy), "{applied:#?}");
+    assert_eq!(state_of("ConfigMap", "web"), Some(Applied));
+    assert_eq!(state_of("Deployment", "web"), Some(Progressing));
+    assert!(fake.get("apps/v1", "Deployment", "demo", "web").is_some());
 }
