@@ -11,7 +11,7 @@ use url::Url;
 
 use flotilla_core::api;
 // A bundle larger than the limit the renderer keeps is refused.
-use flotilla_core::bundle::{Digest, MAX_BUNDLE_BYTES};
+use flotilla_core::bundle::{Digest, MAX_BUNDLE_BYTES, features};
 use flotilla_core::status::StatusReport;
 
 use crate::wait::Ending;
@@ -372,7 +372,8 @@ impl HubClient {
                     .http
                     .get(url)
                     .timeout(wait + REQUEST_GRACE)
-                    .header(header::ACCEPT, "application/json");
+                    .header(header::ACCEPT, "application/json")
+                    .header(features::HEADER, crate::FEATURES.join(", "));
                 if let Some(etag) = if_none_match {
                     request = request.header(header::IF_NONE_MATCH, etag);
                 }

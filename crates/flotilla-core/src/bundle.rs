@@ -322,6 +322,9 @@ pub mod features {
     /// Secrets sealed to the agent's key.
     pub const SEALED: &str = "sealed";
 
+    /// Every feature this version knows, in the order of their bits (see [`bits`]).
+    pub const ALL: [&str; 4] = [META, PHASES, DRIFT, SEALED];
+
     /// The features named in a header value (`meta, phases`).
     pub fn parse(header: &str) -> Vec<&str> {
         header
@@ -329,6 +332,66 @@ pub mod features {
             .map(str::trim)
             .filter(|f| !f.is_empty())
             .collect()
+    }
+
+    /// The known features among `names` as a bit set (bit `i` for `ALL[i]`); names
+    /// this version does not know are left out.
+    pub fn bits<'a>(names: impl IntoIterator<Item = &'a str>) -> u8 {
+        names
+            .into_iter()
+            .filter_map(|name| ALL.iter().position(|known| *known == name))
+            .fold(0, |set, i| set | (1 << i))
+    }
+
+    /// The features of a bit set made by [`bits`].
+    pub fn names(bits: u8) -> Vec<&'static str> {
+        ALL.iter()
+            .enumerate()
+            .filter(|(i, _)| bits & (1 << i) != 0)
+            .map(|(_, name)| *name)
+            .collect()
+    }
+
+    /// The features a stored bundle body (what [`super::Bundle::canonical_body`]
+    /// gives) needs; `None` if the bytes are not a bundle body.
+    pub fn needed_by_body(body: &[u8]) -> Option<Vec<&'static str>> {
+        #[derive(serde::Deserialize)]
+        struct WithMeta {
+            meta: super::BundleMeta,
+            resources: Vec<serde_json::Value>,
+        }
+        let (meta, resources) = match body.first() {
+            Some(b'{') => {
+                let parsed: WithMeta = serde_json::from_slice(body).ok()?;
+                (Some(parsed.meta), parsed.resources)
+            }
+            _ => (None, serde_json::from_slice(body).ok()?),
+        };
+        let sealed = resources.iter().any(is_sealed_secret);
+        Some(needed(meta.as_ref(), sealed))
+    }
+
+    pub(super) fn is_sealed_secret(resource: &serde_json::Value) -> bool {
+        resource["kind"] == "Secret"
+            && resource["apiVersion"] == "v1"
+            && resource.get(super::SEALED_SECRET_FIELD).is_some()
+    }
+
+    pub(super) fn needed(meta: Option<&super::BundleMeta>, sealed: bool) -> Vec<&'static str> {
+        let mut needs = Vec::new();
+        if let Some(meta) = meta {
+            needs.push(META);
+            if !meta.phases.is_empty() {
+                needs.push(PHASES);
+            }
+            if !meta.drift.is_empty() {
+                needs.push(DRIFT);
+            }
+        }
+        if sealed {
+            needs.push(SEALED);
+        }
+        needs
     }
 }
 
@@ -518,25 +581,14 @@ impl Bundle {
 
     /// The features an agent must understand to apply this bundle (see [`features`]).
     pub fn needs(&self) -> Vec<&'static str> {
-        let mut needs = Vec::new();
-        if let Some(meta) = &self.meta {
-            needs.push(features::META);
-            if !meta.phases.is_empty() {
-                needs.push(features::PHASES);
-            }
-            if !meta.drift.is_empty() {
-                needs.push(features::DRIFT);
-            }
-        }
-        let sealed = format!("\"{SEALED_SECRET_FIELD}\":");
-        if self.resources.iter().any(|r| {
+        let marker = format!("\"{SEALED_SECRET_FIELD}\":");
+        let sealed = self.resources.iter().any(|r| {
             r.key.kind == "Secret"
                 && r.key.group.is_empty()
-                && contains_bytes(&r.canonical, sealed.as_bytes())
-        }) {
-            needs.push(features::SEALED);
-        }
-        needs
+                && contains_bytes(&r.canonical, marker.as_bytes())
+                && features::is_sealed_secret(&r.value())
+        });
+        features::needed(self.meta.as_deref(), sealed)
     }
 
     /// How many apply phases the bundle has (at least one).

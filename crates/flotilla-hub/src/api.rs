@@ -29,7 +29,7 @@ use axum::routing::{get, post};
 use hmac::{Hmac, Mac};
 use http::header::{
     ACCEPT_ENCODING, AUTHORIZATION, CACHE_CONTROL, CONNECTION, CONTENT_ENCODING, CONTENT_LENGTH,
-    CONTENT_TYPE, ETAG, IF_NONE_MATCH, RETRY_AFTER, VARY, WWW_AUTHENTICATE,
+    CONTENT_TYPE, ETAG, IF_NONE_MATCH, RETRY_AFTER, USER_AGENT, VARY, WWW_AUTHENTICATE,
 };
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Version};
@@ -41,7 +41,7 @@ use tokio::time::Instant;
 use super::auth::Grant;
 use crate::recorder::rollouts::{Action, ActionRefused};
 use crate::recorder::{ClusterBundle, Encoding, ReportRefused, Shared};
-use flotilla_core::bundle::{Digest, document_bytes};
+use flotilla_core::bundle::{Digest, document_bytes, features};
 use flotilla_core::status::StatusReport;
 
 /// The largest status report accepted.
@@ -613,6 +613,16 @@ async fn current_bundle(
     }
     let wait = parse_wait(query)?;
     let if_none_match = headers.get(IF_NONE_MATCH);
+    let named = agent_features(headers);
+    if let Some(named) = named {
+        let missing = missing_features(shared, &entry, named).await?;
+        if own {
+            shared.recorder.agent_lacks(&entry, &missing);
+        }
+        if !missing.is_empty() {
+            return Ok(behind(shared, &entry, if_none_match, wait, &missing).await);
+        }
+    }
     let Some(mut etag) = if_none_match.and_then(|value| unchanged_etag(value, &entry)) else {
         return sent(shared, entry, headers, own).await;
     };
@@ -623,7 +633,19 @@ async fn current_bundle(
             .polls
             .hold(&cluster, gates.limits.max_polls_per_cluster);
         match wait_for_change(shared, &cluster, value, wait, &held).await {
-            Change::Changed(newer) => return sent(shared, newer, headers, own).await,
+            Change::Changed(newer) => {
+                // What it changed to may need a feature the agent lacks.
+                if let Some(named) = named {
+                    let missing = missing_features(shared, &newer, named).await?;
+                    if own {
+                        shared.recorder.agent_lacks(&newer, &missing);
+                    }
+                    if !missing.is_empty() {
+                        return Ok(behind(shared, &newer, if_none_match, None, &missing).await);
+                    }
+                }
+                return sent(shared, newer, headers, own).await;
+            }
             Change::Gone => {
                 return Err(ApiError::new(
                     StatusCode::NOT_FOUND,
@@ -652,6 +674,97 @@ async fn current_bundle(
         response.headers_mut().remove(&X_FLOTILLA_REVISION);
     }
     Ok(response)
+}
+
+/// The bundle features the requesting agent names (a bit set, see
+/// `flotilla_core::bundle::features::bits`): those of its `Flotilla-Features` header,
+/// or none for a flotilla agent older than the header. `None` for any other client
+/// (curl, a browser, a mirror): it gets every bundle as it is.
+fn agent_features(headers: &HeaderMap) -> Option<u8> {
+    if let Some(value) = headers.get(features::HEADER) {
+        let text = value.to_str().unwrap_or_default();
+        return Some(features::bits(features::parse(text)));
+    }
+    let agent = headers.get(USER_AGENT)?.to_str().ok()?;
+    agent.starts_with("flotilla-agent/").then_some(0)
+}
+
+/// The features the entry's bundle needs that the agent did not name.
+async fn missing_features(
+    shared: &Arc<Shared>,
+    entry: &Arc<ClusterBundle>,
+    named: u8,
+) -> Result<Vec<&'static str>, ApiError> {
+    let every = features::bits(features::ALL);
+    if named & every == every {
+        return Ok(Vec::new());
+    }
+    let (shared_for_read, entry_for_read) = (shared.clone(), entry.clone());
+    let needs = tokio::task::spawn_blocking(move || {
+        shared_for_read.view.reads().needs_blocking(&entry_for_read)
+    })
+    .await
+    .map_err(|err| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?
+    .map_err(|err| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!(
+                "the stored bundle of cluster {:?} cannot be read: {err}",
+                entry.name
+            ),
+        )
+    })?;
+    Ok(needs
+        .into_iter()
+        .filter(|need| named & features::bits([*need]) == 0)
+        .collect())
+}
+
+/// The answer to an agent that lacks features the cluster's bundle needs: it keeps
+/// what it runs. With an `If-None-Match`, a 304 naming what it runs, after the wait it
+/// asked for (or sooner, when what the cluster is served changes); without one (it
+/// runs nothing yet), a 409 saying what to upgrade.
+async fn behind(
+    shared: &Shared,
+    entry: &ClusterBundle,
+    if_none_match: Option<&HeaderValue>,
+    wait: Option<Duration>,
+    missing: &[&str],
+) -> Response {
+    let runs = if_none_match.and_then(named_digest);
+    tracing::warn!(
+        cluster = %entry.name,
+        digest = %entry.digest,
+        "the cluster's bundle needs bundle features its agent does not name ({}): it keeps what it runs until its agent is upgraded",
+        missing.join(", ")
+    );
+    let Some(runs) = runs else {
+        return ApiError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "cluster {:?} is served a bundle that needs bundle features this agent does not name ({}); upgrade flotilla-agent",
+                entry.name,
+                missing.join(", ")
+            ),
+        )
+        .into_response();
+    };
+    if let Some(wait) = wait {
+        let wait = wait.min(shared.settings.max_wait);
+        let mut generation = shared.view.generations();
+        let mut shutdown = shared.shutdown.subscribe();
+        if !*shutdown.borrow() {
+            tokio::select! {
+                _ = generation.changed() => {}
+                _ = shutdown.changed() => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+    let mut response = not_modified(entry, REVALIDATE);
+    response.headers_mut().insert(ETAG, runs);
+    response.headers_mut().remove(&X_FLOTILLA_REVISION);
+    response
 }
 
 /// A 200 with the entry's bundle; for the cluster's own token it marks the cluster
@@ -690,6 +803,11 @@ fn unchanged_etag(value: &HeaderValue, entry: &ClusterBundle) -> Option<HeaderVa
     if !entry.hold {
         return None;
     }
+    named_digest(value)
+}
+
+/// The ETag of the first digest an `If-None-Match` value names: what the agent runs.
+fn named_digest(value: &HeaderValue) -> Option<HeaderValue> {
     let text = value.to_str().ok()?;
     text.split(',').find_map(|part| {
         let part = part.trim();
@@ -1051,8 +1169,24 @@ async fn stored_status(
     ))
 }
 
-async fn get_fleet(State(shared): SharedState, _admin: Admin<TheFleetSummary>) -> Response {
-    json_response(StatusCode::OK, &shared.view.fleet_summary())
+/// `GET /v1/fleet[?drifted=true|false]`: the filter narrows the cluster list only.
+async fn get_fleet(
+    State(shared): SharedState,
+    _admin: Admin<TheFleetSummary>,
+    filter: Result<
+        axum::extract::Query<crate::fleet::FleetFilter>,
+        axum::extract::rejection::QueryRejection,
+    >,
+) -> Result<Response, ApiError> {
+    let axum::extract::Query(filter) = filter.map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "the fleet's filter is drifted=true or drifted=false",
+        )
+    })?;
+    let mut summary = shared.view.fleet_summary();
+    filter.apply(&mut summary);
+    Ok(json_response(StatusCode::OK, &summary))
 }
 
 async fn get_rollouts(State(shared): SharedState, _admin: Admin<TheRollouts>) -> Response {

@@ -489,6 +489,14 @@ impl Recorder {
         entry.pulse.see(now_ms);
     }
 
+    /// A poll of the cluster's own agent found it lacks `missing` features for the
+    /// bundle it is served (none: it can take it).
+    pub fn agent_lacks(&self, entry: &ClusterBundle, missing: &[&str]) {
+        entry.pulse.lack(flotilla_core::bundle::features::bits(
+            missing.iter().copied(),
+        ));
+    }
+
     /// A poll ended with the cluster holding the digest it is served.
     pub fn fetched(&self, entry: &ClusterBundle, now_ms: i64) {
         entry.pulse.fetch(now_ms);

@@ -5,7 +5,7 @@
 //! reports and the active rollouts.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
@@ -35,9 +35,22 @@ use flotilla_render::RenderOutput;
 pub struct Pulse {
     seen: AtomicI64,
     fetched: AtomicI64,
+    /// The bundle features (a bit set, `flotilla_core::bundle::features::bits`) the
+    /// cluster's served bundle needs and its agent did not name at its last poll.
+    lacking: AtomicU8,
 }
 
 impl Pulse {
+    pub(in crate::recorder) fn lack(&self, features: u8) {
+        self.lacking.store(features, Ordering::Relaxed);
+    }
+
+    /// The features the cluster's agent lacks for the bundle it is served, as of its
+    /// last poll: it keeps what it runs until it is upgraded.
+    pub fn lacking(&self) -> Vec<&'static str> {
+        flotilla_core::bundle::features::names(self.lacking.load(Ordering::Relaxed))
+    }
+
     pub(in crate::recorder) fn see(&self, now_ms: i64) {
         self.seen.fetch_max(now_ms, Ordering::Relaxed);
     }
@@ -216,6 +229,9 @@ pub struct ClusterBundle {
     /// change), so a cluster that has not applied it is pending since then.
     pub served_since_ms: Option<i64>,
     signature: OnceLock<BundleSignature>,
+    /// The bundle features an agent needs to apply it, read from the stored object
+    /// the first time an agent that does not name every feature asks.
+    needs: OnceLock<Vec<&'static str>>,
     /// The canonical resources, kept once read when the objects are in a remote store
     /// (from disk they are read again through the page cache).
     canonical: OnceLock<Bytes>,
@@ -252,6 +268,7 @@ impl ClusterBundle {
             sequence,
             served_since_ms,
             signature: OnceLock::new(),
+            needs: OnceLock::new(),
             canonical: OnceLock::new(),
             gzip: OnceLock::new(),
             zstd: OnceLock::new(),
@@ -436,6 +453,17 @@ impl StoreReads<'_> {
         digest: &Digest,
     ) -> Result<Option<String>, crate::StoreError> {
         self.0.revision_in_history(cluster, digest).await
+    }
+
+    /// The bundle features an entry's bundle needs, read from its stored object the
+    /// first time (call it off the async threads).
+    pub fn needs_blocking(&self, entry: &ClusterBundle) -> Result<Vec<&'static str>, ObjectError> {
+        if let Some(needs) = entry.needs.get() {
+            return Ok(needs.clone());
+        }
+        let body = self.0.objects.read_blocking(&entry.digest)?;
+        let needs = flotilla_core::bundle::features::needed_by_body(&body).unwrap_or_default();
+        Ok(entry.needs.get_or_init(|| needs).clone())
     }
 
     /// A stored object's bytes, read on this thread (call it off the async threads).
