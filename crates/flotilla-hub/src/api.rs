@@ -699,6 +699,16 @@ async fn missing_features(
     if named & every == every {
         return Ok(Vec::new());
     }
+    let lacking = |needs: &[&'static str]| -> Vec<&'static str> {
+        needs
+            .iter()
+            .copied()
+            .filter(|need| named & features::bits([*need]) == 0)
+            .collect()
+    };
+    if let Some(needs) = entry.known_needs() {
+        return Ok(lacking(needs));
+    }
     let (shared_for_read, entry_for_read) = (shared.clone(), entry.clone());
     let needs = tokio::task::spawn_blocking(move || {
         shared_for_read.view.reads().needs_blocking(&entry_for_read)
@@ -714,10 +724,7 @@ async fn missing_features(
             ),
         )
     })?;
-    Ok(needs
-        .into_iter()
-        .filter(|need| named & features::bits([*need]) == 0)
-        .collect())
+    Ok(lacking(&needs))
 }
 
 /// The answer to an agent that lacks features the cluster's bundle needs: it keeps

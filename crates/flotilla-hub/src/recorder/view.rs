@@ -275,6 +275,11 @@ impl ClusterBundle {
         }
     }
 
+    /// The bundle features an agent needs to apply it, if they were read already.
+    pub fn known_needs(&self) -> Option<&[&'static str]> {
+        self.needs.get().map(Vec::as_slice)
+    }
+
     /// The served document, read from the store and checked against its digest, and
     /// signed with the hub's key when it has one. Call it on a blocking thread
     /// (`spawn_blocking`): it reads a file or waits for the object store.
