@@ -1,7 +1,11 @@
 //! The fleet summary of `GET /v1/fleet`: per cluster the digest it is served
 //! (`desired`), the one HEAD renders for it (`latest`), its rollout wave, what it
-//! applied and its state; counts per state, and the render status. Pure: it takes the
-//! time as an argument, so tests move time without sleeping.
+//! applied, its state and its drift; counts per state and of drifted clusters, and the
+//! render status. Pure: it takes the time as an argument, so tests move time without
+//! sleeping.
+//!
+//! Drift is a flag beside the state, never a state: a drifted cluster keeps the state
+//! its digests give it, and rollouts judge it by that state alone.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap};
@@ -12,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::store::StoredStatus;
 use flotilla_core::bundle::Digest;
 use flotilla_core::diagnostic::Diagnostic;
+use flotilla_core::status::{DriftAction, DriftedResource};
 
 use super::clock::rfc3339;
 
@@ -220,6 +225,8 @@ pub struct FleetSummary {
     pub render_errors: Vec<RenderError>,
     pub source_error: Option<String>,
     pub counts: BTreeMap<&'static str, usize>,
+    /// How many clusters are drifted (whatever their state).
+    pub drifted: usize,
     /// Several hubs: a force-pushed tip not recorded yet (absent when there is none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub force_push: Option<ForcePush>,
@@ -249,10 +256,31 @@ impl FleetSummary {
                 .collect(),
             source_error: render.source_error.clone(),
             counts: Counts::of(lines).by_name(),
+            drifted: lines.iter().filter(|l| l.drifted()).count(),
             force_push: render.force_push.clone(),
             charts: render.charts.clone(),
             clusters,
         }
+    }
+}
+
+/// The filters of `GET /v1/fleet` (its query string): they narrow the cluster list;
+/// the counts stay those of the whole fleet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct FleetFilter {
+    /// `drifted=true`: only drifted clusters; `drifted=false`: only the others.
+    #[serde(default)]
+    pub drifted: Option<bool>,
+}
+
+impl FleetFilter {
+    pub fn matches(&self, cluster: &ClusterSummary) -> bool {
+        self.drifted.is_none_or(|d| d == cluster.drifted)
+    }
+
+    /// Keeps the clusters of `summary` that match.
+    pub fn apply(&self, summary: &mut FleetSummary) {
+        summary.clusters.retain(|c| self.matches(c));
     }
 }
 
@@ -286,6 +314,12 @@ pub struct ClusterSummary {
     pub agent_version: Option<String>,
     /// Resources the agent reported as failed.
     pub failed_resources: Vec<String>,
+    /// Whether its last report says the cluster differs from what flotilla applied
+    /// (some drift was left in place). Not a state: `state` stays what it is.
+    pub drifted: bool,
+    /// The drift of its last report, corrected drift included: what was changed on
+    /// the cluster and what the agent did about it (never values).
+    pub drift: Vec<Drift>,
     /// The fleet groups it belongs to (from the last clean render).
     pub groups: Vec<String>,
     /// Its labels (from the last clean render).
@@ -296,6 +330,70 @@ pub struct ClusterSummary {
     pub served_since: Option<String>,
     /// While pending: how long since it was served the digest it has not applied yet.
     pub pending_for_seconds: Option<i64>,
+}
+
+/// One resource changed on a cluster, as `GET /v1/fleet` shows it: every field
+/// present, so a reader need not guess defaults.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Drift {
+    /// `Kind.group namespace/name` (`Kind/name` when cluster-scoped).
+    pub resource: String,
+    pub group: String,
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    /// The paths of the fields that differ from what flotilla applied.
+    pub fields: Vec<String>,
+    /// The field managers that changed them, when known.
+    pub managers: Vec<String>,
+    /// The resource was deleted out of band.
+    pub deleted: bool,
+    pub action: DriftAction,
+}
+
+impl Drift {
+    pub fn of(d: &DriftedResource) -> Drift {
+        Drift {
+            resource: resource_name(&d.group, &d.kind, &d.namespace, &d.name),
+            group: d.group.clone(),
+            kind: d.kind.clone(),
+            namespace: d.namespace.clone(),
+            name: d.name.clone(),
+            fields: d.fields.clone(),
+            managers: d.managers.clone(),
+            deleted: d.deleted,
+            action: d.action,
+        }
+    }
+
+    /// Whether it is still on the cluster (not put back).
+    pub fn remains(&self) -> bool {
+        self.action != DriftAction::Corrected
+    }
+
+    /// `spec.replicas, spec.paused` or `deleted`: what changed, for one line of text.
+    pub fn what(&self) -> String {
+        match (self.deleted, self.fields.is_empty()) {
+            (true, true) => "deleted".to_string(),
+            (true, false) => format!("deleted; {}", self.fields.join(", ")),
+            (false, _) => self.fields.join(", "),
+        }
+    }
+}
+
+/// `Kind.group namespace/name`, or `Kind/name` for a cluster-scoped resource.
+pub fn resource_name(group: &str, kind: &str, namespace: &str, name: &str) -> String {
+    let kind = if group.is_empty() {
+        kind.to_string()
+    } else {
+        format!("{kind}.{group}")
+    };
+    if namespace.is_empty() {
+        format!("{kind}/{name}")
+    } else {
+        format!("{kind} {namespace}/{name}")
+    }
 }
 
 /// One served cluster, as the summary needs it.
@@ -421,18 +519,27 @@ impl<'a> Line<'a> {
             .iter()
             .filter(|r| r.state == flotilla_core::status::ResourceState::Failed)
             .map(|r| {
-                let kind = if r.group.is_empty() {
-                    r.kind.clone()
-                } else {
-                    format!("{}.{}", r.kind, r.group)
-                };
-                if r.namespace.is_empty() {
-                    format!("{kind}/{}: {}", r.name, r.message)
-                } else {
-                    format!("{kind} {}/{}: {}", r.namespace, r.name, r.message)
-                }
+                format!(
+                    "{}: {}",
+                    resource_name(&r.group, &r.kind, &r.namespace, &r.name),
+                    r.message
+                )
             })
             .collect()
+    }
+
+    /// Whether its last report left drift in place (see [`StatusReport::is_drifted`]).
+    ///
+    /// [`StatusReport::is_drifted`]: flotilla_core::status::StatusReport::is_drifted
+    pub fn drifted(&self) -> bool {
+        self.status.is_some_and(|s| s.report.is_drifted())
+    }
+
+    /// The drift of its last report, corrected drift included.
+    pub fn drift(&self) -> Vec<Drift> {
+        self.status
+            .map(|s| s.report.drift.iter().map(Drift::of).collect())
+            .unwrap_or_default()
     }
 
     /// The owned summary `GET /v1/fleet` and the cluster page show.
@@ -452,6 +559,8 @@ impl<'a> Line<'a> {
             message: status.map(|s| s.report.message.clone()),
             agent_version: status.map(|s| s.report.agent_version.clone()),
             failed_resources: self.failed_resources(),
+            drifted: self.drifted(),
+            drift: self.drift(),
             groups: self.groups.to_vec(),
             labels: self.labels.clone(),
             silent_for_seconds: self.silent_for_seconds(now_ms),
@@ -699,6 +808,70 @@ mod tests {
         assert_eq!(
             (in_sync.state, in_sync.pending_for_seconds),
             (ClusterState::InSync, None)
+        );
+    }
+
+    fn drifted(action: DriftAction) -> DriftedResource {
+        DriftedResource {
+            group: "apps".into(),
+            kind: "Deployment".into(),
+            namespace: "web".into(),
+            name: "front".into(),
+            fields: vec!["spec.replicas".into()],
+            managers: vec!["kubectl-edit".into()],
+            deleted: false,
+            action,
+        }
+    }
+
+    #[test]
+    fn drift_is_a_flag_beside_the_state_and_the_filter_picks_by_it() {
+        let a = digest('a');
+        let mut left = seen(0, Some('a'), Some('a'));
+        left.report.drift = vec![
+            drifted(DriftAction::Corrected),
+            drifted(DriftAction::Reported),
+        ];
+        let summary = summary_of(desired(&a, Some(&a)), Some(left), 1_000);
+        assert_eq!(
+            (summary.state, summary.drifted),
+            (ClusterState::InSync, true)
+        );
+        assert_eq!(summary.drift.len(), 2, "corrected drift is shown too");
+        assert_eq!(summary.drift[1].resource, "Deployment.apps web/front");
+        assert_eq!(
+            (&summary.drift[1].fields[..], &summary.drift[1].managers[..]),
+            (
+                &["spec.replicas".to_string()][..],
+                &["kubectl-edit".to_string()][..]
+            )
+        );
+
+        let mut put_back = seen(0, Some('a'), Some('a'));
+        put_back.report.drift = vec![drifted(DriftAction::Corrected)];
+        let corrected = summary_of(desired(&a, Some(&a)), Some(put_back), 1_000);
+        assert_eq!(
+            (corrected.state, corrected.drifted),
+            (ClusterState::InSync, false)
+        );
+        assert_eq!(corrected.drift[0].action, DriftAction::Corrected);
+
+        let only = FleetFilter {
+            drifted: Some(true),
+        };
+        let mut drifted_only = FleetSummary {
+            clusters: vec![summary, corrected],
+            ..FleetSummary::default()
+        };
+        only.apply(&mut drifted_only);
+        assert_eq!(drifted_only.clusters.len(), 1);
+        assert!(drifted_only.clusters[0].drifted);
+        assert!(FleetFilter::default().matches(&drifted_only.clusters[0]));
+        assert!(
+            !FleetFilter {
+                drifted: Some(false)
+            }
+            .matches(&drifted_only.clusters[0])
         );
     }
 
