@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use flotilla_core::bundle::{BundleMeta, DriftPolicy};
 use flotilla_core::diagnostic::Diagnostic;
 
-use crate::load::{Cluster, Fleet};
+use crate::fleet::{Cluster, Fleet};
 use crate::select::{overlay_applies_to, overlay_selects};
 
 /// Reports every cycle of `spec.dependsOn` once, at the first workload of the cycle

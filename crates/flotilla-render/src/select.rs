@@ -6,7 +6,7 @@ use flotilla_core::diagnostic::Diagnostic;
 use flotilla_core::model::Target;
 
 use crate::RenderOptions;
-use crate::load::{Cluster, Fleet, Overlay, Workload};
+use crate::fleet::{Cluster, Fleet, Overlay, Workload};
 
 /// The clusters to render (all, or those `options` names; unknown names are errors)
 /// and, for each, the indices of the groups it belongs to.
