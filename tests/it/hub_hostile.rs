@@ -583,6 +583,45 @@ async fn a_commit_the_hub_died_on_twice_is_not_rendered_again() {
     hub.stop().await;
 }
 
+/// A hub killed while its render process renders a commit did not die of that
+/// render (a render process cannot take the hub down: its memory is capped and its
+/// crashes are reported as render errors), so however often that happens, the next
+/// start renders the commit: an operator's or a reboot's kill -9 never strands a good
+/// commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_killed_twice_while_its_render_process_renders_renders_the_commit_again() {
+    let repo = Repo::new();
+    let head = repo.git(&["rev-parse", "HEAD"]);
+    let state = tempfile::tempdir().expect("state dir");
+    let admin = make_token(state.path(), None).await;
+    let marker = state.path().join("render-in-progress.json");
+    let revision = format!("main@sha1:{head}");
+    // The marker of a commit rendered in a render process when the hub was killed, as
+    // an earlier hub counted it after two kills.
+    std::fs::write(
+        &marker,
+        json!({"source": revision, "attempts": 2, "in_child": true}).to_string(),
+    )
+    .expect("write the marker");
+    let mut config = config(state.path(), &repo.path().display().to_string());
+    config.render_worker = Some(flotilla_hub::render_worker::RenderWorker {
+        program: env!("CARGO_BIN_EXE_flotilla").into(),
+        memory_limit: None,
+    });
+    let hub = Running::start_ready(config).await;
+    let client = client();
+    eventually("the commit to be served", Duration::from_secs(60), || {
+        let (client, url, admin, revision) = (&client, hub.url("/v1/fleet"), &admin, &revision);
+        async move {
+            let fleet = get_json(client, &url, admin).await;
+            (fleet["revision"] == revision.as_str()).then_some(())
+        }
+    })
+    .await;
+    assert!(!marker.exists(), "a finished render leaves no marker");
+    hub.stop().await;
+}
+
 /// A render process that cannot be started (the binary replaced or removed under a
 /// running hub) is a render error saying what to do, not a crash or "a flotilla bug".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

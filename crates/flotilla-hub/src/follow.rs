@@ -51,10 +51,14 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(300);
 /// matters when one unit runs long.
 const RENDER_GRACE: Duration = Duration::from_secs(5);
 
-/// The file in the state dir that says a render is under way. One left behind means
-/// the hub died while rendering (killed, out of memory, a crash); a commit the hub
-/// died on twice is not rendered again, so that a commit that kills the hub cannot
-/// keep it in a crash loop.
+/// The file in the state dir that says a render is under way. One left behind by a
+/// render in the hub's own process means the hub died while rendering (killed, out of
+/// memory, a crash); a commit the hub died on twice is not rendered again, so that a
+/// commit that kills the hub cannot keep it in a crash loop. One left behind by a
+/// render in a render process does not count: that render cannot take the hub down
+/// (its memory is capped, its crashes are its own and reported as render errors), so
+/// the hub was stopped by something else (an operator, a reboot) and renders the
+/// commit again.
 const RENDER_MARKER: &str = "render-in-progress.json";
 /// How many times the hub may die rendering one commit before it stops trying.
 const RENDER_ATTEMPTS: u32 = 2;
@@ -64,6 +68,9 @@ struct RenderMarker {
     /// The commit (or, for a folder, a digest of its files) being rendered.
     source: String,
     attempts: u32,
+    /// Rendered in a render process: a marker left behind is not counted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    in_child: bool,
 }
 
 /// How many polls in a row every live hub must see a force-pushed tip before it is
@@ -483,8 +490,9 @@ impl Follower {
         let source = render_source(snapshot);
         let marker = self.state_dir.join(RENDER_MARKER);
         let attempts = read_marker(&marker)
-            .filter(|m| m.source == source)
+            .filter(|m| m.source == source && !m.in_child)
             .map_or(0, |m| m.attempts);
+        let in_child = self.render_session.is_some();
         if attempts >= RENDER_ATTEMPTS {
             self.shared.recorder.record_failed_render(
                 &failed_output(
@@ -503,7 +511,8 @@ impl Follower {
             &marker,
             &RenderMarker {
                 source,
-                attempts: attempts + 1,
+                attempts: if in_child { 1 } else { attempts + 1 },
+                in_child,
             },
         );
         Some(marker)
