@@ -8,7 +8,10 @@
 //!   on; it backs off with full jitter on failures, honouring `Retry-After`;
 //! - the **applier** (the caller's task) applies the last-known-good bundle at boot
 //!   without waiting for the hub, then every new bundle, retries failed applies with
-//!   back-off, re-applies on `--resync`, and follows rollouts until they are healthy;
+//!   back-off, looks for drift on `--resync` (the sink compares what it applied with
+//!   what is there, and corrects or reports it as each workload's policy says,
+//!   [`sink::drift`]; a sink that cannot look applies the bundle again), and follows
+//!   rollouts until they are healthy;
 //! - the **reporter** posts the latest status report, keeps it in the state folder
 //!   until the hub has it, and retries; a newer report replaces an unsent one, and a
 //!   report equal to the one the hub already has (a resync that changed nothing) is
@@ -29,6 +32,7 @@ pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
 pub const FEATURES: &[&str] = &[
     flotilla_core::bundle::features::META,
     flotilla_core::bundle::features::PHASES,
+    flotilla_core::bundle::features::DRIFT,
     flotilla_core::bundle::features::SEALED,
 ];
 
@@ -55,6 +59,7 @@ use backoff::{Backoff, BackoffPolicy, Sleeper, TokioSleeper};
 use cache::{Inventory, InventoryEntry, PendingReport, StateDir};
 use client::{FailureKind, Fetched, HubClient, Server};
 use flotilla_core::status::{ResourceState, ResourceStatus, StatusReport};
+use sink::drift::DriftCheck;
 use sink::{ApplyOutcome, Sink, StopSignal};
 use wait::{Wait, Waits};
 
@@ -72,7 +77,8 @@ pub struct AgentConfig {
     /// How long a hub may hold a poll (`auto`: as long as the path to it allows, up
     /// to 4 minutes); a folder is re-read once per wait (55 s with `auto`).
     pub wait: Wait,
-    /// How often the current bundle is applied again to undo drift; zero disables it.
+    /// How often the agent looks for drift (and corrects or reports it, as each
+    /// workload's policy says); zero disables it.
     pub resync: Duration,
     /// How long the agent stays silent before it sends its last report again; zero (the
     /// default) never does: the hub counts the agent's polls as it being seen.
@@ -327,6 +333,7 @@ impl<S: Sink> Applier<'_, S> {
         let far_future = || Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600);
         // At boot the last-known-good bundle is applied at once, hub or no hub.
         let mut apply_now = self.desired.is_some();
+        let mut check_now = false;
         let mut retry_at: Option<Instant> = None;
         let mut resync_at = far_future();
         let mut health_at: Option<Instant> = None;
@@ -371,6 +378,33 @@ impl<S: Sink> Applier<'_, S> {
                     health_at = None;
                 }
             }
+            if check_now {
+                check_now = false;
+                let reapply = {
+                    let check = self.check_drift();
+                    tokio::pin!(check);
+                    tokio::select! {
+                        reapply = &mut check => reapply,
+                        () = &mut shutdown => {
+                            stop.raise();
+                            if tokio::time::timeout(STOP_GRACE, check).await.is_err() {
+                                tracing::warn!("the drift check did not wind down in time; stopping anyway");
+                            }
+                            return;
+                        }
+                    }
+                };
+                if reapply {
+                    tracing::info!("resync: applying the current bundle again");
+                    apply_now = true;
+                    continue;
+                }
+                resync_at = Instant::now() + self.config.resync;
+                if health_at.is_none() && self.progressing() {
+                    health_interval = HEALTH_FIRST;
+                    health_at = Some(Instant::now() + health_interval);
+                }
+            }
             tokio::select! {
                 () = &mut shutdown => return,
                 event = events.recv() => match event {
@@ -396,8 +430,8 @@ impl<S: Sink> Applier<'_, S> {
                     apply_now = true;
                 }
                 () = tokio::time::sleep_until(resync_at), if self.desired.is_some() && retry_at.is_none() => {
-                    tracing::info!("resync: applying the current bundle again");
-                    apply_now = true;
+                    resync_at = far_future();
+                    check_now = true;
                 }
                 () = tokio::time::sleep_until(health_at.unwrap_or_else(far_future)), if health_at.is_some() => {
                     self.refresh_health().await;
@@ -513,21 +547,7 @@ impl<S: Sink> Applier<'_, S> {
         let Some(fresh) = self.sink.health(&bundle).await else {
             return;
         };
-        let mut changed = false;
-        for status in fresh {
-            if let Some(line) = self.report.resources.iter_mut().find(|r| {
-                r.state != ResourceState::Pruned
-                    && r.group == status.group
-                    && r.kind == status.kind
-                    && r.namespace == status.namespace
-                    && r.name == status.name
-            }) && *line != status
-            {
-                *line = status;
-                changed = true;
-            }
-        }
-        if changed {
+        if self.merge_health(fresh) {
             tracing::info!(
                 healthy = self
                     .report
@@ -545,6 +565,58 @@ impl<S: Sink> Applier<'_, S> {
             );
             self.publish();
         }
+    }
+
+    /// Looks for drift in the applied bundle and reports what the sink found and did.
+    /// Returns true when the bundle must be applied instead: the sink cannot look, or
+    /// the bundle is not the one applied.
+    async fn check_drift(&mut self) -> bool {
+        let Some(bundle) = self.desired.clone() else {
+            return false;
+        };
+        if self.report.applied.as_ref() != Some(&bundle.digest)
+            || self.report.attempted.as_ref() != Some(&bundle.digest)
+        {
+            return true;
+        }
+        // Sealed Secrets are compared (and corrected) as they were applied: opened.
+        let Ok(opened) = self.identity.open(&bundle) else {
+            return true;
+        };
+        match self.sink.check_drift(&opened).await {
+            DriftCheck::Unavailable => true,
+            DriftCheck::Failed(message) => {
+                tracing::warn!("{message}; looking again at the next resync");
+                false
+            }
+            DriftCheck::Checked { drift, health } => {
+                tracing::debug!(drifted = drift.len(), "resync: looked for drift");
+                self.merge_health(health);
+                self.report.drift = drift;
+                // An unchanged report is not sent again (see the reporter).
+                self.publish();
+                false
+            }
+        }
+    }
+
+    /// Puts fresh health lines into the report; returns whether any changed.
+    fn merge_health(&mut self, fresh: Vec<ResourceStatus>) -> bool {
+        let mut changed = false;
+        for status in fresh {
+            if let Some(line) = self.report.resources.iter_mut().find(|r| {
+                r.state != ResourceState::Pruned
+                    && r.group == status.group
+                    && r.kind == status.kind
+                    && r.namespace == status.namespace
+                    && r.name == status.name
+            }) && *line != status
+            {
+                *line = status;
+                changed = true;
+            }
+        }
+        changed
     }
 
     fn publish(&self) {

@@ -19,6 +19,8 @@
 //! - **deletion**: `preconditions` (uid, resourceVersion) answered 409 when they do not
 //!   hold; objects with finalizers get a `deletionTimestamp` and stay; a Namespace goes
 //!   Terminating and a second delete answers 409; 404 once gone;
+//! - **mutating admission** set by a test ([`FakeApiServer::mutate_applies`]), on
+//!   every apply;
 //! - a bearer token, when one is set (401 otherwise), and faults injected by tests
 //!   (any status, a request that never answers, a dropped connection).
 //!
@@ -142,6 +144,9 @@ impl Fault {
 /// a person acting at the worst moment).
 type Hook = Box<dyn FnOnce(&FakeApiServer) + Send>;
 
+/// A mutating admission webhook: changes every object an apply writes.
+type Mutation = Arc<dyn Fn(&mut Value) + Send + Sync>;
+
 /// What the fake does with one request.
 #[derive(Debug)]
 pub(crate) enum Answer {
@@ -176,6 +181,7 @@ struct State {
     checks: Vec<Check>,
     /// On which read after its creation a CRD is Established; `None`: never.
     establish_after: Option<u32>,
+    mutations: Vec<Mutation>,
 }
 
 impl FakeApiServer {
@@ -194,6 +200,7 @@ impl FakeApiServer {
                 exchanges: Vec::new(),
                 checks: Vec::new(),
                 establish_after: Some(1),
+                mutations: Vec::new(),
             })),
         };
         for name in [
@@ -264,6 +271,13 @@ impl FakeApiServer {
             }
         });
         kube::Client::new(service, namespace)
+    }
+
+    /// Changes every object a server-side apply writes, after defaulting, as a
+    /// mutating admission webhook would (the change is the applier's, as the real
+    /// server attributes it).
+    pub fn mutate_applies(&self, mutation: impl Fn(&mut Value) + Send + Sync + 'static) {
+        self.lock().mutations.push(Arc::new(mutation));
     }
 
     /// Stages a fault for the next matching requests.
@@ -882,6 +896,9 @@ impl State {
         }
         prepare_for_create(info, &mut object);
         defaults(info, &mut object);
+        for mutation in &self.mutations {
+            mutation(&mut object);
+        }
         validate(info, key, &object)?;
         // patch.go authorizes `create` when the apply creates (`withAuthorization` on
         // `createValidation`), after the object passed validation.
@@ -1013,6 +1030,9 @@ impl State {
         }
         self.check_escalation(info, key, &config)?;
         defaults(info, &mut object);
+        for mutation in &self.mutations {
+            mutation(&mut object);
+        }
         if generation_changes(info.generation, &existing.object, &object) {
             let generation = existing.object["metadata"]["generation"]
                 .as_i64()

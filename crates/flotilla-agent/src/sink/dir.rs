@@ -10,6 +10,8 @@
 //! only then does the manifest shrink to the new set; an agent killed at any point
 //! therefore never forgets a file it wrote.
 
+mod drift;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io;
@@ -43,6 +45,8 @@ pub struct DirSink {
     target: PathBuf,
     state_dir: PathBuf,
     kustomization: bool,
+    /// What past drift checks corrected (see [`drift`]).
+    memory: super::drift::Memory,
 }
 
 /// The files an apply wants.
@@ -89,6 +93,7 @@ impl DirSink {
             target: target.to_path_buf(),
             state_dir: state_dir.to_path_buf(),
             kustomization,
+            memory: super::drift::Memory::default(),
         }
     }
 
@@ -417,6 +422,13 @@ impl Sink for DirSink {
     ) -> impl std::future::Future<Output = Option<Vec<ResourceStatus>>> + Send + 'a {
         // The folder's reader applies the files; their health is not visible here.
         std::future::ready(None)
+    }
+
+    fn check_drift<'a>(
+        &'a mut self,
+        bundle: &'a Bundle,
+    ) -> impl std::future::Future<Output = super::drift::DriftCheck> + Send + 'a {
+        std::future::ready(self.detect_drift(bundle))
     }
 }
 

@@ -3,6 +3,7 @@
 //! [`dir::DirSink`] (one file per resource, for auto-deploy manifest folders).
 
 pub mod dir;
+pub mod drift;
 pub mod kube;
 
 use std::future::Future;
@@ -83,6 +84,17 @@ pub trait Sink: Send {
     /// flotilla applied through this sink before. A sink that keeps its own record
     /// takes it over when it has none yet.
     fn recall(&mut self, _applied_before: &[InventoryEntry]) {}
+
+    /// Looks for drift in what the sink applied of `bundle` (the bundle it last applied
+    /// completely) and deals with it as each workload's drift policy says
+    /// ([`drift`]). Sinks that cannot look answer [`drift::DriftCheck::Unavailable`],
+    /// and the agent applies the bundle again instead.
+    fn check_drift<'a>(
+        &'a mut self,
+        _bundle: &'a Bundle,
+    ) -> impl Future<Output = drift::DriftCheck> + Send + 'a {
+        std::future::ready(drift::DriftCheck::Unavailable)
+    }
 }
 
 /// Raised once when the agent is asked to stop (SIGTERM); cloned by whoever must notice.

@@ -23,6 +23,7 @@
 //! applied; it holds the later phases back.
 
 mod discovery;
+mod drift;
 mod failure;
 mod health;
 mod ledger;
@@ -265,6 +266,8 @@ pub struct KubeSink {
     saved: Option<Ledger>,
     /// What the state folder says flotilla applied before (see [`Sink::recall`]).
     applied_before: Vec<InventoryEntry>,
+    /// The server's answers to the last applies, for drift checks.
+    drift: drift::Tracker,
 }
 
 impl std::fmt::Debug for KubeSink {
@@ -305,6 +308,7 @@ impl KubeSink {
             ledger: None,
             saved: None,
             applied_before: Vec::new(),
+            drift: drift::Tracker::default(),
         }
     }
 
@@ -410,8 +414,10 @@ impl KubeSink {
             discovery: Discovery::default(),
             stopped: None,
             server_errors: 0,
+            answers: Vec::new(),
         };
         let (lines, held) = run.apply_in_phases(&mut ledger, bundle).await;
+        self.drift.record(bundle, std::mem::take(&mut run.answers));
         let apply_errors = lines.iter().filter(|l| l.apply_error).count();
         let stopped_applying = run.stopped.clone();
 
@@ -649,6 +655,13 @@ impl Sink for KubeSink {
     fn recall(&mut self, applied_before: &[InventoryEntry]) {
         self.applied_before = applied_before.to_vec();
     }
+
+    fn check_drift<'a>(
+        &'a mut self,
+        bundle: &'a Bundle,
+    ) -> impl std::future::Future<Output = super::drift::DriftCheck> + Send + 'a {
+        self.detect_drift(bundle)
+    }
 }
 
 /// One resource's line of the report, and whether it failed to apply (as opposed to
@@ -673,6 +686,8 @@ struct Run {
     stopped: Option<String>,
     /// 500 answers in a row.
     server_errors: u32,
+    /// What the server answered each apply, for drift checks.
+    answers: Vec<drift::Answered>,
 }
 
 fn is_job(key: &ResourceKey) -> bool {
@@ -939,6 +954,8 @@ impl Run {
                 if is_job(key) {
                     ledger.record_run(key, &manifest);
                 }
+                self.answers
+                    .push(drift::Answered::of(key, &found, &object, &live));
                 let (state, message) = health(key, &live);
                 (
                     Line {
