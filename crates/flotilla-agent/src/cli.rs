@@ -80,7 +80,8 @@ pub struct AgentArgs {
         value_name = "auto|DURATION"
     )]
     pub wait: Wait,
-    /// How often to apply the current bundle again to undo drift (0 to never).
+    /// How often to look for drift, and correct or report it as each workload's
+    /// `spec.drift` says (0 to never).
     #[arg(long, env = "FLOTILLA_AGENT_RESYNC", default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
     pub resync: Duration,
     /// Send the last status report again after this long without a new one (0: never;
