@@ -59,8 +59,8 @@ pub enum Command {
     /// Run the edge agent: pull this cluster's bundle, verify, keep, apply, prune, report.
     Agent(flotilla_agent::cli::AgentArgs),
     /// Show the fleet from a running hub (or its database): counts by state, render errors,
-    /// rollouts and the clusters that need attention (exit 0 none failed, 1 some failed,
-    /// 2 could not ask).
+    /// rollouts, the clusters that need attention and the drifted ones (exit 0 none
+    /// failed, 1 some failed, 2 could not ask).
     Status(status::StatusArgs),
     /// Watch and steer rollouts on a running hub (or its database): list, show, pause,
     /// resume, promote, abort.

@@ -1,7 +1,9 @@
 //! `flotilla status`: the fleet as a running hub sees it, like `kubectl get`: counts by
 //! state, the served and attempted revision with any render error, active rollouts
 //! with each wave's progress, then the clusters that need attention (failed with
-//! their failed resources, offline with how long, pending longest first, never seen).
+//! their failed resources, offline with how long, pending longest first, never seen,
+//! and drifted ones in any state). Drift is a column of its own, not a state; with
+//! `--cluster` each drifted resource gets a line with its field paths and managers.
 //!
 //! With `--database` the same view is read straight from the hub's database (see
 //! [`remote::Fleet`]); the database records neither the fleet's groups nor the last
@@ -22,7 +24,7 @@ use super::remote::{self, HubArgs, Output};
 use super::rollout::{Paint, short_revision, table_painted, waves_line};
 use super::{EXIT_FINDINGS, EXIT_OK};
 use flotilla_core::rollout::view::RolloutView;
-use flotilla_hub::fleet::{ClusterState, attention_key};
+use flotilla_hub::fleet::{ClusterState, Drift, attention_key};
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
@@ -35,9 +37,14 @@ pub struct StatusArgs {
     /// Only clusters in this fleet group (repeatable).
     #[arg(long = "group", value_name = "GROUP")]
     pub groups: Vec<String>,
-    /// Only this cluster (repeatable).
+    /// Only this cluster (repeatable). Each drifted resource of the clusters listed
+    /// gets a line: what changed, who changed it, what the agent did.
     #[arg(long = "cluster", value_name = "NAME")]
     pub clusters: Vec<String>,
+    /// Only drifted clusters: changed on the cluster since flotilla applied them, and
+    /// not put back (drift is not a state: they keep theirs).
+    #[arg(long)]
+    pub drifted: bool,
 }
 
 fn parse_state(text: &str) -> Result<ClusterState, String> {
@@ -83,6 +90,12 @@ struct Cluster {
     message: Option<String>,
     #[serde(default)]
     failed_resources: Vec<String>,
+    /// Some drift of its last report remains on the cluster (absent from older hubs).
+    #[serde(default)]
+    drifted: bool,
+    /// The drift of its last report, corrected drift included.
+    #[serde(default)]
+    drift: Vec<Drift>,
     #[serde(default)]
     groups: Vec<String>,
     silent_for_seconds: Option<i64>,
@@ -109,6 +122,8 @@ struct Report<'a> {
     charts: &'a BTreeMap<String, String>,
     counts: BTreeMap<&'static str, usize>,
     failed: usize,
+    /// Drifted clusters of the selection.
+    drifted: usize,
     rollouts: Vec<&'a RolloutView>,
     clusters: Vec<&'a Cluster>,
 }
@@ -129,6 +144,7 @@ pub fn run_status(args: &StatusArgs) -> anyhow::Result<u8> {
         .filter(|c| args.states.is_empty() || args.states.contains(&c.state))
         .filter(|c| args.groups.is_empty() || c.groups.iter().any(|g| args.groups.contains(g)))
         .filter(|c| args.clusters.is_empty() || args.clusters.contains(&c.name))
+        .filter(|c| !args.drifted || c.drifted)
         .collect();
     selected.sort_by(|a, b| attention(a).cmp(&attention(b)));
     let mut counts: BTreeMap<&'static str, usize> =
@@ -137,12 +153,16 @@ pub fn run_status(args: &StatusArgs) -> anyhow::Result<u8> {
         *counts.entry(cluster.state.as_str()).or_default() += 1;
     }
     let failed = counts[ClusterState::Failed.as_str()];
+    let drifted = selected.iter().filter(|c| c.drifted).count();
     let active: Vec<&RolloutView> = rollouts
         .rollouts
         .iter()
         .filter(|r| r.ended_at.is_none())
         .collect();
-    let filtered = !(args.states.is_empty() && args.groups.is_empty() && args.clusters.is_empty());
+    let filtered = !(args.states.is_empty()
+        && args.groups.is_empty()
+        && args.clusters.is_empty()
+        && !args.drifted);
     let text = match args.hub.output {
         Output::Json => {
             let report = Report {
@@ -153,6 +173,7 @@ pub fn run_status(args: &StatusArgs) -> anyhow::Result<u8> {
                 charts: &fleet.charts,
                 counts: counts.clone(),
                 failed,
+                drifted,
                 rollouts: active,
                 clusters: selected,
             };
@@ -162,7 +183,11 @@ pub fn run_status(args: &StatusArgs) -> anyhow::Result<u8> {
         }
         Output::Table => {
             let paint = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-            table(&fleet, &counts, &active, &selected, filtered, paint)
+            let mut text = table(&fleet, &counts, &active, &selected, filtered, paint);
+            if !args.clusters.is_empty() {
+                text.push_str(&drift_table(&selected));
+            }
+            text
         }
     };
     print!("{text}");
@@ -260,6 +285,13 @@ fn table(
         if by_state.is_empty() { "" } else { ": " },
         by_state.join(", ")
     );
+    let drifted = selected.iter().filter(|c| c.drifted).count();
+    if drifted > 0 {
+        let _ = writeln!(
+            out,
+            "drifted    {drifted} (changed on the cluster and not put back; their states stay)"
+        );
+    }
     if !active.is_empty() {
         out.push('\n');
         let rows: Vec<[String; 5]> = active
@@ -288,7 +320,7 @@ fn table(
     }
     let listed: Vec<&&Cluster> = selected
         .iter()
-        .filter(|c| filtered || c.state.needs_attention())
+        .filter(|c| filtered || c.state.needs_attention() || c.drifted)
         .collect();
     if listed.is_empty() {
         if !filtered && total > 0 {
@@ -299,7 +331,7 @@ fn table(
         return out;
     }
     out.push('\n');
-    let rows: Vec<[String; 5]> = listed
+    let rows: Vec<[String; 6]> = listed
         .iter()
         .map(|c| {
             let seen = match (c.silent_for_seconds, &c.last_seen) {
@@ -332,11 +364,14 @@ fn table(
                     c.latest.as_deref().map(short_digest).unwrap_or_default()
                 ),
                 ClusterState::NeverSeen => "no report yet: is its agent running?".to_string(),
+                // Drift says more than the last message, never more than a failure.
+                ClusterState::InSync | ClusterState::Paused if c.drifted => drift_detail(c),
                 _ => c.message.clone().unwrap_or_default(),
             };
             [
                 c.name.clone(),
                 c.state.as_str().to_string(),
+                if c.drifted { "yes" } else { "-" }.to_string(),
                 c.wave.clone().unwrap_or_else(|| "-".into()),
                 seen,
                 detail,
@@ -344,9 +379,61 @@ fn table(
         })
         .collect();
     out.push_str(&table_painted(
-        &["CLUSTER", "STATE", "WAVE", "LAST SEEN", "DETAIL"],
+        &["CLUSTER", "STATE", "DRIFTED", "WAVE", "LAST SEEN", "DETAIL"],
         &rows,
         paint.then_some((1, state_colour as Paint)),
+    ));
+    out
+}
+
+/// The drift left on a cluster, on one line: `Deployment.apps app/app: spec.replicas
+/// by kubectl-edit (reported)`, each resource after the other.
+fn drift_detail(c: &Cluster) -> String {
+    c.drift
+        .iter()
+        .filter(|d| d.remains())
+        .map(|d| {
+            let by = if d.managers.is_empty() {
+                String::new()
+            } else {
+                format!(" by {}", d.managers.join(", "))
+            };
+            format!("{}: {}{by} ({})", d.resource, d.what(), d.action)
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// A line per resource of the listed clusters' last reports' drift, corrected drift
+/// included: what changed (field paths, never values), who changed it, and what the
+/// agent did. Empty when there is none.
+fn drift_table(listed: &[&Cluster]) -> String {
+    let rows: Vec<[String; 5]> = listed
+        .iter()
+        .flat_map(|c| {
+            c.drift.iter().map(|d| {
+                [
+                    c.name.clone(),
+                    d.resource.clone(),
+                    d.action.to_string(),
+                    d.what(),
+                    if d.managers.is_empty() {
+                        "-".to_string()
+                    } else {
+                        d.managers.join(", ")
+                    },
+                ]
+            })
+        })
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("\n");
+    out.push_str(&table_painted(
+        &["CLUSTER", "DRIFTED RESOURCE", "ACTION", "CHANGED", "BY"],
+        &rows,
+        None,
     ));
     out
 }

@@ -7,7 +7,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use crate::rollout_e2e::{POLICY, Scene};
-use crate::support::hub::make_token;
+use crate::support::hub::{get_json, make_token};
 
 /// The hub with a cluster in each state, and a rollout of v2 under way:
 /// - `c1` (canary) took v2 and reports a crashing Deployment: failed;
@@ -131,24 +131,29 @@ async fn status_shows_every_state_and_exits_1_when_a_cluster_failed() {
         [
             "c1",
             "failed",
+            "-",
             "canary",
             "0s ago",
             "Deployment.apps app/app: CrashLoopBackOff"
         ]
     );
-    assert_eq!(row(&out, "s3")[..4], ["s3", "offline", "rest", "6m ago"]);
+    assert_eq!(
+        row(&out, "s3")[..5],
+        ["s3", "offline", "-", "rest", "6m ago"]
+    );
     assert!(
-        row(&out, "s3")[4].starts_with("silent for 6m, runs sha256:"),
+        row(&out, "s3")[5].starts_with("silent for 6m, runs sha256:"),
         "{out}"
     );
     // Pending since the hub changed what it serves lab (v2), six minutes ago.
     assert_eq!(row(&out, "lab")[..2], ["lab", "pending"]);
-    assert!(row(&out, "lab")[4].ends_with(", pending for 6m"), "{out}");
+    assert!(row(&out, "lab")[5].ends_with(", pending for 6m"), "{out}");
     assert_eq!(
         row(&out, "fresh"),
         [
             "fresh",
             "never-seen",
+            "-",
             "-",
             "never",
             "no report yet: is its agent running?"
@@ -170,8 +175,8 @@ async fn status_shows_every_state_and_exits_1_when_a_cluster_failed() {
     let (code, out, _) = run(&["--state", "waiting"]).await.expect("runs");
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("clusters   2: 2 waiting\n"), "{out}");
-    assert_eq!(row(&out, "s1")[..3], ["s1", "waiting", "rest"]);
-    assert_eq!(row(&out, "s2")[..3], ["s2", "waiting", "rest"]);
+    assert_eq!(row(&out, "s1")[..4], ["s1", "waiting", "-", "rest"]);
+    assert_eq!(row(&out, "s2")[..4], ["s2", "waiting", "-", "rest"]);
     let (code, out, _) = run(&["--group", "canary"]).await.expect("runs");
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("clusters   1: 1 failed\n"), "{out}");
@@ -561,6 +566,348 @@ async fn the_web_page_shows_the_fleet_only_after_login_and_refuses_cross_site_fo
     assert_eq!(
         (gone.status, gone.location.as_deref()),
         (303, Some("/ui/login"))
+    );
+    scene.stop().await;
+}
+
+/// Stores in two waves, the canary without a bake: a healthy canary completes its
+/// wave at once.
+const NO_BAKE: &str = "apiVersion: flotilla.dev/v1alpha1
+kind: RolloutPolicy
+metadata:
+  name: stores
+spec:
+  clusterSelector: {matchLabels: {kind: store}}
+  waves:
+    - {name: canary, groups: [canary]}
+    - {name: rest}
+";
+
+/// The agent of `cluster` reports what it runs, healthy, with this drift; returns the
+/// state the hub answers.
+async fn report_drift(scene: &Scene, cluster: &str, drift: Value) -> String {
+    let runs = scene.runs.get(cluster).cloned();
+    let response = scene
+        .client
+        .post(scene.url(&format!("/v1/clusters/{cluster}/status")))
+        .bearer_auth(&scene.tokens[cluster])
+        .json(
+            &serde_json::json!({"applied": runs, "attempted": runs, "resources": [],
+            "message": "applied", "agentVersion": "test", "drift": drift,
+            "features": ["drift"]}),
+        )
+        .send()
+        .await
+        .expect("report");
+    assert_eq!(response.status(), 200, "{cluster} reports");
+    let answer: Value = response.json().await.expect("json");
+    answer["state"].as_str().expect("state").to_string()
+}
+
+fn cluster<'a>(fleet: &'a Value, name: &str) -> &'a Value {
+    fleet["clusters"]
+        .as_array()
+        .expect("clusters")
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {fleet:#}"))
+}
+
+fn names(fleet: &Value) -> Vec<&str> {
+    fleet["clusters"]
+        .as_array()
+        .expect("clusters")
+        .iter()
+        .map(|c| c["name"].as_str().expect("name"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drift_is_a_flag_beside_the_state_in_the_api_the_status_command_and_the_page() {
+    let mut scene = Scene::at_v1(&["c1"], NO_BAKE).await;
+    // s1 was scaled and its ConfigMap is fought over: drift left in place. s2 was
+    // scaled too, and its agent put it back: nothing remains.
+    let s1_drift = serde_json::json!([
+        {"group": "apps", "kind": "Deployment", "namespace": "app", "name": "app",
+         "fields": ["spec.replicas"], "managers": ["kubectl-edit"], "action": "reported"},
+        {"kind": "ConfigMap", "namespace": "app", "name": "app",
+         "fields": ["data.version"], "managers": ["helm", "<b>ops</b>"], "action": "fighting"},
+        {"kind": "ConfigMap", "namespace": "app", "name": "extra", "deleted": true,
+         "action": "reported"}
+    ]);
+    assert_eq!(report_drift(&scene, "s1", s1_drift).await, "in-sync");
+    let s2_drift = serde_json::json!([
+        {"group": "apps", "kind": "Deployment", "namespace": "app", "name": "app",
+         "fields": ["spec.replicas"], "managers": ["kubectl-scale"], "action": "corrected"}
+    ]);
+    assert_eq!(report_drift(&scene, "s2", s2_drift).await, "in-sync");
+
+    // GET /v1/fleet: drifted is a flag of its own; the states and counts stay.
+    let fleet = scene.fleet().await;
+    assert_eq!(fleet["drifted"], 1, "{fleet:#}");
+    assert_eq!(
+        fleet["counts"]["in-sync"], 6,
+        "drift is not a state: {fleet:#}"
+    );
+    let s1 = cluster(&fleet, "s1");
+    assert_eq!(
+        (&s1["state"], &s1["drifted"]),
+        (&"in-sync".into(), &true.into())
+    );
+    assert_eq!(
+        s1["drift"][0],
+        serde_json::json!({"resource": "Deployment.apps app/app", "group": "apps",
+            "kind": "Deployment", "namespace": "app", "name": "app",
+            "fields": ["spec.replicas"], "managers": ["kubectl-edit"], "deleted": false,
+            "action": "reported"})
+    );
+    assert_eq!(
+        s1["drift"][1]["managers"],
+        serde_json::json!(["helm", "<b>ops</b>"])
+    );
+    assert_eq!(s1["drift"][1]["action"], "fighting");
+    assert_eq!(
+        (&s1["drift"][2]["deleted"], &s1["drift"][2]["fields"]),
+        (&true.into(), &serde_json::json!([]))
+    );
+    // Corrected drift is shown, but the cluster is not drifted.
+    let s2 = cluster(&fleet, "s2");
+    assert_eq!(
+        (&s2["state"], &s2["drifted"]),
+        (&"in-sync".into(), &false.into())
+    );
+    assert_eq!(s2["drift"][0]["action"], "corrected");
+    assert_eq!(
+        s2["drift"][0]["managers"],
+        serde_json::json!(["kubectl-scale"])
+    );
+    assert_eq!(cluster(&fleet, "s3")["drift"], serde_json::json!([]));
+    assert_eq!(cluster(&fleet, "s3")["drifted"], false);
+
+    // The filter narrows the list; the counts stay the fleet's.
+    let only = get_json(
+        &scene.client,
+        &scene.url("/v1/fleet?drifted=true"),
+        &scene.admin,
+    )
+    .await;
+    assert_eq!(names(&only), ["s1"]);
+    assert_eq!(
+        (&only["drifted"], &only["counts"]["in-sync"]),
+        (&1.into(), &6.into())
+    );
+    let others = get_json(
+        &scene.client,
+        &scene.url("/v1/fleet?drifted=false"),
+        &scene.admin,
+    )
+    .await;
+    assert_eq!(names(&others), ["c1", "lab", "s2", "s3", "s4"]);
+    let bad = scene
+        .client
+        .get(scene.url("/v1/fleet?drifted=maybe"))
+        .bearer_auth(&scene.admin)
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(bad.status(), 400);
+    assert!(bad.text().await.expect("body").contains("drifted=true"));
+
+    // flotilla status: a DRIFTED column; drifted clusters are listed whatever their
+    // state, with what drifted and who changed it.
+    let token_file = scene.state.path().join("admin-token");
+    std::fs::write(&token_file, &scene.admin).expect("token file");
+    let server = scene.hub.as_ref().expect("hub").base.clone();
+    let run = |args: &'static [&'static str]| {
+        let (server, file) = (server.clone(), token_file.clone());
+        tokio::task::spawn_blocking(move || run_status(&server, &file, args))
+    };
+    let (code, out, err) = run(&[]).await.expect("runs");
+    assert_eq!(code, 0, "drift is not a failure\n{out}{err}");
+    assert!(out.contains("clusters   6: 6 in-sync\n"), "{out}");
+    assert!(out.contains("drifted    1 ("), "{out}");
+    assert!(out.contains("CLUSTER  STATE    DRIFTED  WAVE"), "{out}");
+    assert_eq!(
+        row(&out, "s1"),
+        [
+            "s1",
+            "in-sync",
+            "yes",
+            "rest",
+            "0s ago",
+            "Deployment.apps app/app: spec.replicas by kubectl-edit (reported); \
+             ConfigMap app/app: data.version by helm, <b>ops</b> (fighting); \
+             ConfigMap app/extra: deleted (reported)"
+        ]
+    );
+    assert!(
+        !out.lines().any(|l| l.starts_with("s2 ")),
+        "s2's drift was put back: not listed\n{out}"
+    );
+    let (code, out, _) = run(&["--drifted"]).await.expect("runs");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("clusters   1: 1 in-sync\n"), "{out}");
+    let in_table: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.starts_with("CLUSTER"))
+        .skip(1)
+        .map(|l| l.split_whitespace().next().unwrap_or(""))
+        .collect();
+    assert_eq!(in_table, ["s1"], "{out}");
+    // One cluster's view: a line per drifted resource, corrected drift included.
+    let (_, out, _) = run(&["--cluster", "s1"]).await.expect("runs");
+    let drift_lines: Vec<Vec<&str>> = out
+        .lines()
+        .skip_while(|l| !l.starts_with("CLUSTER  DRIFTED RESOURCE"))
+        .skip(1)
+        .map(|l| {
+            l.split("  ")
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        drift_lines,
+        [
+            vec![
+                "s1",
+                "Deployment.apps app/app",
+                "reported",
+                "spec.replicas",
+                "kubectl-edit"
+            ],
+            vec![
+                "s1",
+                "ConfigMap app/app",
+                "fighting",
+                "data.version",
+                "helm, <b>ops</b>"
+            ],
+            vec!["s1", "ConfigMap app/extra", "reported", "deleted", "-"],
+        ],
+        "{out}"
+    );
+    let (_, out, _) = run(&["--cluster", "s2"]).await.expect("runs");
+    assert_eq!(row(&out, "s2")[..3], ["s2", "in-sync", "-"]);
+    assert!(
+        out.lines().any(|l| l.starts_with("s2 ")
+            && l.contains("Deployment.apps app/app")
+            && l.contains("corrected")
+            && l.contains("kubectl-scale")),
+        "{out}"
+    );
+    let (_, out, _) = run(&["-o", "json", "--drifted"]).await.expect("runs");
+    let json: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(json["drifted"], 1);
+    assert_eq!(names(&json), ["s1"]);
+    assert_eq!(
+        json["clusters"][0]["drift"][0]["fields"],
+        serde_json::json!(["spec.replicas"])
+    );
+
+    // The web page: the drifted clusters with their resources, fields and managers.
+    let web = browser();
+    let login = send(
+        web.post(scene.url("/ui/login"))
+            .header("origin", &server)
+            .form(&[("token", scene.admin.as_str())]),
+    )
+    .await;
+    let cookie = login
+        .cookie
+        .expect("a session")
+        .split(';')
+        .next()
+        .expect("name=value")
+        .to_string();
+    let get = |path: &str| web.get(scene.url(path)).header("cookie", &cookie);
+    let page = send(get("/ui/")).await;
+    assert_eq!(page.status, 200);
+    assert!(
+        page.body
+            .contains("<span class=\"n\" id=\"drifted-count\">1</span> drifted"),
+        "{}",
+        page.body
+    );
+    let drift_rows: Vec<&str> = page
+        .body
+        .split("<tr class=\"drift\">")
+        .skip(1)
+        .map(|r| r.split("</tr>").next().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        drift_rows.len(),
+        3,
+        "a row per drift left on s1: {}",
+        page.body
+    );
+    assert!(
+        drift_rows[0].contains("clusters&#x2f;s1\">s1</a>")
+            && drift_rows[0].contains("Deployment.apps app&#x2f;app")
+            && drift_rows[0].contains("<code>spec.replicas</code>")
+            && drift_rows[0].contains("kubectl-edit")
+            && drift_rows[0].contains("reported"),
+        "{}",
+        drift_rows[0]
+    );
+    assert!(
+        drift_rows[1].contains("helm, &lt;b&gt;ops&lt;&#x2f;b&gt;")
+            && !page.body.contains("<b>ops"),
+        "managers are escaped: {}",
+        drift_rows[1]
+    );
+    assert!(drift_rows[2].contains("deleted"), "{}", drift_rows[2]);
+    assert!(
+        !page.body.contains("kubectl-scale"),
+        "corrected drift is not listed as drift"
+    );
+    assert_eq!(listed(&page.body), ["c1", "lab", "s1", "s2", "s3", "s4"]);
+    let drifted = send(get("/ui/?drifted=true")).await;
+    assert_eq!(listed(&drifted.body), ["s1"]);
+    assert!(
+        drifted
+            .body
+            .contains("name=\"drifted\" value=\"true\" checked")
+    );
+    let refresh: Value =
+        serde_json::from_str(&send(get("/ui/fleet.json")).await.body).expect("json");
+    assert_eq!(refresh["drifted"], 1);
+    // A cluster's page: its drift, and its state unchanged.
+    let s1_page = send(get("/ui/clusters/s1")).await;
+    assert!(
+        s1_page.body.contains("<span class=\"chip s-in-sync\">in-sync</span> <span class=\"chip s-drifted\">drifted</span>"),
+        "{}",
+        s1_page.body
+    );
+    assert_eq!(s1_page.body.matches("<tr class=\"drift\">").count(), 3);
+    assert!(
+        s1_page.body.contains("<code>data.version</code>") && s1_page.body.contains("fighting")
+    );
+    let s2_page = send(get("/ui/clusters/s2")).await;
+    assert!(
+        s2_page.body.contains("was put back")
+            && s2_page.body.contains("kubectl-scale")
+            && s2_page.body.contains("corrected")
+            && !s2_page.body.contains("s-drifted"),
+        "{}",
+        s2_page.body
+    );
+
+    // A drifted canary is healthy for its rollout: its wave completes at once.
+    let v2 = scene.fleet.release("v2", "v2");
+    scene.wait_waves(&v2, &["released", "waiting"]).await;
+    assert_eq!(scene.poll("c1").await, 200);
+    let c1_drift = serde_json::json!([
+        {"group": "apps", "kind": "Deployment", "namespace": "app", "name": "app",
+         "fields": ["spec.replicas"], "managers": ["hpa"], "action": "fighting"}
+    ]);
+    assert_eq!(report_drift(&scene, "c1", c1_drift).await, "in-sync");
+    scene.wait_waves(&v2, &["complete", "released"]).await;
+    let c1 = scene.fleet().await;
+    assert_eq!(
+        (&cluster(&c1, "c1")["state"], &cluster(&c1, "c1")["drifted"]),
+        (&"in-sync".into(), &true.into())
     );
     scene.stop().await;
 }

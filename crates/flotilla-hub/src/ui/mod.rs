@@ -377,11 +377,15 @@ async fn fleet_json(State(ui): State<Ui>, headers: HeaderMap) -> Response {
         harden(&mut response);
         return response;
     }
-    let counts = ui.shared.view.fleet_counts();
+    let (counts, drifted) = ui.shared.view.with_fleet(|lines, _| {
+        let drifted = lines.iter().filter(|l| l.drifted()).count();
+        (crate::fleet::Counts::of(lines), drifted)
+    });
     let render = ui.shared.view.render_status();
     let rollouts = ui.shared.view.active_rollouts();
     let body = serde_json::json!({
-        "stamp": page::stamp(&render, &counts, &rollouts),
+        "stamp": page::stamp(&render, &counts, drifted, &rollouts),
+        "drifted": drifted,
         "revision": render.served_revision,
         "counts": counts.by_name(),
     });

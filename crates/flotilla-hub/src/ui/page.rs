@@ -10,7 +10,7 @@ use minijinja::value::Serde;
 use minijinja::{Environment, context};
 use serde::{Deserialize, Serialize};
 
-use crate::fleet::{ClusterState, ClusterSummary, Counts, Line, RenderStatus};
+use crate::fleet::{ClusterState, ClusterSummary, Counts, Drift, Line, RenderStatus};
 use flotilla_core::rollout::view::RolloutView;
 use flotilla_core::secret;
 
@@ -70,11 +70,18 @@ pub struct FleetQuery {
     /// A part of the cluster's name.
     #[serde(default)]
     pub name: String,
+    /// `true`: only drifted clusters (a checkbox; any other value is no filter).
+    #[serde(default)]
+    pub drifted: String,
     #[serde(default)]
     pub page: Option<usize>,
 }
 
 impl FleetQuery {
+    fn drifted_only(&self) -> bool {
+        self.drifted == "true"
+    }
+
     /// This query's link with another page number.
     fn link(&self, page: usize) -> String {
         let mut parts = Vec::new();
@@ -86,6 +93,9 @@ impl FleetQuery {
             if !value.is_empty() {
                 parts.push(format!("{key}={}", encode(value)));
             }
+        }
+        if self.drifted_only() {
+            parts.push("drifted=true".to_string());
         }
         if page > 1 {
             parts.push(format!("page={page}"));
@@ -145,6 +155,7 @@ struct Row {
     name: String,
     link: String,
     state: &'static str,
+    drifted: bool,
     wave: Option<String>,
     groups: Vec<String>,
     applied: Option<String>,
@@ -159,6 +170,7 @@ impl Row {
             name: line.name.to_string(),
             link: format!("/ui/clusters/{}", encode(line.name)),
             state: line.state.as_str(),
+            drifted: line.drifted(),
             wave: line.wave.map(str::to_string),
             groups: line.groups.to_vec(),
             applied: status
@@ -219,15 +231,30 @@ fn short(digest: &str) -> String {
     digest.chars().take("sha256:".len() + 12).collect()
 }
 
-/// What makes the self-refresh reload: a change of any count, of the served or
-/// attempted revision, of the render errors, or of any active rollout's progress.
-pub fn stamp(render: &RenderStatus, counts: &Counts, rollouts: &[RolloutView]) -> String {
+/// One drifted resource of a drifted cluster, as the fleet page lists them.
+#[derive(Serialize)]
+struct DriftRow {
+    cluster: String,
+    link: String,
+    drift: Drift,
+}
+
+/// What makes the self-refresh reload: a change of any count (drifted clusters
+/// included), of the served or attempted revision, of the render errors, or of any
+/// active rollout's progress.
+pub fn stamp(
+    render: &RenderStatus,
+    counts: &Counts,
+    drifted: usize,
+    rollouts: &[RolloutView],
+) -> String {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     render.served_revision.hash(&mut hasher);
     render.attempted_revision.hash(&mut hasher);
     render.errors.len().hash(&mut hasher);
     counts.hash(&mut hasher);
+    drifted.hash(&mut hasher);
     for r in rollouts {
         (r.id, r.state.to_string()).hash(&mut hasher);
         for w in &r.waves {
@@ -243,6 +270,11 @@ pub fn stamp(render: &RenderStatus, counts: &Counts, rollouts: &[RolloutView]) -
 /// formatted; owned, so the page is rendered after the state is let go.
 pub struct FleetModel {
     pub counts: Counts,
+    /// How many clusters are drifted.
+    pub drifted: usize,
+    /// The drift left on the first drifted clusters (by name, at most a page of
+    /// them), a row per resource.
+    drift: Vec<DriftRow>,
     groups: Vec<GroupBar>,
     rows: Vec<Row>,
     /// Clusters that match the filters.
@@ -279,6 +311,7 @@ impl FleetModel {
             .filter(|l| state.is_none_or(|s| s == Some(l.state)))
             .filter(|l| query.group.is_empty() || l.groups.contains(&query.group))
             .filter(|l| name.is_empty() || l.name.contains(name))
+            .filter(|l| !query.drifted_only() || l.drifted())
             .map(|l| (l.attention_key(now_ms), l))
             .collect();
         let pages = matching.len().div_ceil(PAGE_SIZE).max(1);
@@ -298,8 +331,27 @@ impl FleetModel {
             .iter()
             .map(|(_, line)| Row::of(line, now_ms))
             .collect();
+        let mut drifted: Vec<&Line<'_>> = lines.iter().filter(|l| l.drifted()).collect();
+        drifted.sort_unstable_by_key(|l| l.name);
+        let drift = drifted
+            .iter()
+            .take(PAGE_SIZE)
+            .flat_map(|line| {
+                let link = format!("/ui/clusters/{}", encode(line.name));
+                line.drift()
+                    .into_iter()
+                    .filter(Drift::remains)
+                    .map(move |drift| DriftRow {
+                        cluster: line.name.to_string(),
+                        link: link.clone(),
+                        drift,
+                    })
+            })
+            .collect();
         FleetModel {
             counts,
+            drifted: drifted.len(),
+            drift,
             groups,
             rows,
             matching: matching.len(),
@@ -331,7 +383,7 @@ pub fn fleet_page(
         context! {
             title => "Fleet",
             csrf,
-            stamp => stamp(status, &model.counts, rollouts),
+            stamp => stamp(status, &model.counts, model.drifted, rollouts),
             revision => status.served_revision.as_deref(),
             attempted_revision => status.attempted_revision.as_deref(),
             render_errors => status.errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
@@ -339,6 +391,9 @@ pub fn fleet_page(
             charts => Serde(&status.charts),
             total => model.counts.total(),
             counts => Serde(segments(&model.counts)),
+            drifted => model.drifted,
+            drift => Serde(&model.drift),
+            drift_shown => model.drifted.min(PAGE_SIZE),
             groups => Serde(&model.groups),
             rollouts => Serde(rollouts),
             rows => Serde(&model.rows),
@@ -517,11 +572,12 @@ mod tests {
             state: "failed".into(),
             group: "eu west".into(),
             name: "<x>".into(),
+            drifted: "true".into(),
             page: Some(3),
         };
         assert_eq!(
             query.link(2),
-            "/ui/?state=failed&group=eu%20west&name=%3Cx%3E&page=2"
+            "/ui/?state=failed&group=eu%20west&name=%3Cx%3E&drifted=true&page=2"
         );
         assert_eq!(FleetQuery::default().link(1), "/ui/");
     }
