@@ -478,8 +478,15 @@ async fn the_agent_reports_drift_found_at_each_resync() {
     let task = tokio::spawn(agent.run(async {
         let _ = stopped.await;
     }));
-    let first = next_report(&mut reports).await;
-    assert_eq!(first.applied.as_ref(), Some(&bundle.digest));
+    let first = reports
+        .wait_for(|r| {
+            r.as_ref()
+                .is_some_and(|r| r.applied.as_ref() == Some(&bundle.digest))
+        })
+        .await
+        .expect("the agent runs")
+        .clone()
+        .expect("a report");
     assert!(
         first.features.iter().any(|f| f == "drift"),
         "{:?}",
