@@ -16,7 +16,8 @@ use crate::support::hub::{get_json, make_token};
 /// - `s4` is `spec.paused`: paused;
 /// - `lab` (no policy) was sent v2 but still runs v1: pending;
 /// - `fresh` (new in v2, no policy) never reported: never-seen;
-/// - `edge` (new in v2, no policy) took v2 and is healthy: in-sync.
+/// - `edge` (new in v2, no policy) took v2 and is healthy: in-sync, and drifted (its
+///   Deployment was scaled by hand and its drift policy leaves it).
 pub(crate) async fn every_state() -> (Scene, String) {
     let mut scene = Scene::at_v1(&["c1"], POLICY).await;
     let lab_v1 = scene.runs["lab"].clone();
@@ -45,7 +46,11 @@ pub(crate) async fn every_state() -> (Scene, String) {
     scene.runs.insert("lab".into(), lab_v1);
     scene.report("lab", true).await;
     assert_eq!(scene.poll("edge").await, 200);
-    scene.report("edge", true).await;
+    let drift = serde_json::json!([
+        {"group": "apps", "kind": "Deployment", "namespace": "app", "name": "app",
+         "fields": ["spec.replicas"], "managers": ["kubectl-edit"], "action": "reported"}
+    ]);
+    assert_eq!(report_drift(&scene, "edge", drift).await, "in-sync");
     (scene, v2)
 }
 
@@ -125,7 +130,20 @@ async fn status_shows_every_state_and_exits_1_when_a_cluster_failed() {
         .skip(1)
         .map(|l| l.split_whitespace().next().unwrap_or(""))
         .collect();
-    assert_eq!(listed, ["c1", "s3", "lab", "fresh"], "{out}");
+    assert_eq!(listed, ["c1", "s3", "lab", "fresh", "edge"], "{out}");
+    // Drifted, and still in sync: listed for its drift, with what changed.
+    assert!(out.contains("drifted    1 ("), "{out}");
+    assert_eq!(
+        row(&out, "edge"),
+        [
+            "edge",
+            "in-sync",
+            "yes",
+            "-",
+            "0s ago",
+            "Deployment.apps app/app: spec.replicas by kubectl-edit (reported)"
+        ]
+    );
     assert_eq!(
         row(&out, "c1"),
         [
@@ -160,7 +178,7 @@ async fn status_shows_every_state_and_exits_1_when_a_cluster_failed() {
         ]
     );
     let state_column = header.find("STATE").expect("STATE");
-    for cluster in ["c1", "s3", "lab", "fresh"] {
+    for cluster in ["c1", "s3", "lab", "fresh", "edge"] {
         let line = out
             .lines()
             .find(|l| l.starts_with(&format!("{cluster} ")))

@@ -376,6 +376,13 @@ async fn an_operator_logs_in_filters_opens_a_cluster_and_pauses_a_rollout_in_chr
     assert_eq!(browser.text("#counts-h").await, "8 clusters");
     assert_eq!(browser.text(".n[data-state=failed]").await, "1");
     assert_eq!(browser.text(".n[data-state=waiting]").await, "2");
+    // edge is drifted: counted beside the states, and listed with what changed.
+    assert_eq!(browser.text("#drifted-count").await, "1");
+    let drift = browser.text("table.drift tbody tr").await;
+    assert!(
+        drift.contains("edge") && drift.contains("spec.replicas") && drift.contains("kubectl-edit"),
+        "{drift}"
+    );
     browser.screenshot("ui-fleet.png").await;
 
     // Filter to the failed clusters, then open the one there is.
