@@ -306,7 +306,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     ),
     (
         9,
-        "agent drift and features",
+        "agent drift features",
         include_str!("../../migrations/0009_agent_drift_features.sql"),
     ),
 ];
