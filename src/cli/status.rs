@@ -96,6 +96,10 @@ struct Cluster {
     /// The drift of its last report, corrected drift included.
     #[serde(default)]
     drift: Vec<Drift>,
+    /// Bundle features what it is served needs and its agent lacks (absent from
+    /// older hubs).
+    #[serde(default)]
+    needs_newer_agent: Vec<String>,
     #[serde(default)]
     groups: Vec<String>,
     silent_for_seconds: Option<i64>,
@@ -342,6 +346,16 @@ fn table(
                 ClusterState::Failed if !c.failed_resources.is_empty() => {
                     c.failed_resources.join("; ")
                 }
+                _ if !c.needs_newer_agent.is_empty() => format!(
+                    "needs a newer agent: {} is served a bundle that needs {}, which its agent \
+                     does not understand; it keeps what it runs{}",
+                    c.name,
+                    c.needs_newer_agent.join(", "),
+                    c.applied
+                        .as_deref()
+                        .map(|a| format!(" ({})", short_digest(a)))
+                        .unwrap_or_default()
+                ),
                 ClusterState::Offline => format!(
                     "silent for {}{}",
                     c.silent_for_seconds.map_or("ever".into(), ago),

@@ -97,5 +97,41 @@ async fn an_agent_that_lacks_a_feature_the_bundle_needs_keeps_what_it_runs() {
         .await
         .expect("get");
     assert_eq!(curl.status(), 200);
+
+    // The fleet says why the cluster keeps what it runs, in the API and `status`.
+    let admin = make_token(state.path(), None).await;
+    let red = |fleet: serde_json::Value| {
+        fleet["clusters"]
+            .as_array()
+            .expect("clusters")
+            .iter()
+            .find(|c| c["name"] == "red")
+            .cloned()
+            .expect("red")
+    };
+    let fleet = get_json(&client, &hub.url("/v1/fleet"), &admin).await;
+    assert_eq!(red(fleet)["needsNewerAgent"], serde_json::json!(["phases"]));
+    let token_file = state.path().join("admin.token");
+    std::fs::write(&token_file, &admin).expect("token file");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["status", "--cluster", "red", "--server", &hub.base])
+        .arg("--token-file")
+        .arg(&token_file)
+        .env_remove("FLOTILLA_SERVER")
+        .output()
+        .expect("flotilla runs");
+    let out = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        out.contains("needs a newer agent: red is served a bundle that needs phases"),
+        "{out}{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    // Once its agent names every feature, it is no longer said.
+    let upgraded = agent(Some("meta, phases, drift, sealed"), Some(RUNS), &url)
+        .await
+        .expect("get");
+    assert_eq!(upgraded.status(), 200);
+    let fleet = get_json(&client, &hub.url("/v1/fleet"), &admin).await;
+    assert_eq!(red(fleet)["needsNewerAgent"], serde_json::json!([]));
     hub.stop().await;
 }

@@ -116,6 +116,7 @@ fn with_lines<R>(fleet: &Fleet, f: impl FnOnce(&[Line<'_>]) -> R) -> R {
             hold: false,
             seen_ms: None,
             served_since_ms: Some(NOW_MS - 600_000 - i as i64 * 1_000),
+            lacking: 0,
             latest: Some(&fleet.digests[i]),
             policy: Some("stores"),
             wave: Some(if i % 100 == 0 { "canary" } else { "rest" }),

@@ -320,6 +320,9 @@ pub struct ClusterSummary {
     /// The drift of its last report, corrected drift included: what was changed on
     /// the cluster and what the agent did about it (never values).
     pub drift: Vec<Drift>,
+    /// The bundle features what it is served needs and its agent did not name at
+    /// its last poll: it keeps what it runs until its agent is upgraded.
+    pub needs_newer_agent: Vec<&'static str>,
     /// The fleet groups it belongs to (from the last clean render).
     pub groups: Vec<String>,
     /// Its labels (from the last clean render).
@@ -407,6 +410,10 @@ pub struct Desired<'a> {
     pub seen_ms: Option<i64>,
     /// When what it is served last changed.
     pub served_since_ms: Option<i64>,
+    /// The bundle features its agent did not name at its last poll that what it is
+    /// served needs (a bit set, `flotilla_core::bundle::features::bits`): it keeps
+    /// what it runs until its agent is upgraded.
+    pub lacking: u8,
     pub latest: Option<&'a Digest>,
     pub policy: Option<&'a str>,
     pub wave: Option<&'a str>,
@@ -442,6 +449,8 @@ pub struct Line<'a> {
     pub last_seen_ms: Option<i64>,
     /// When what it is served last changed.
     pub served_since_ms: Option<i64>,
+    /// See [`Desired::lacking`].
+    pub lacking: u8,
 }
 
 impl<'a> Line<'a> {
@@ -481,7 +490,14 @@ impl<'a> Line<'a> {
             status,
             last_seen_ms,
             served_since_ms: d.served_since_ms,
+            lacking: d.lacking,
         }
+    }
+
+    /// The bundle features its agent lacks for what it is served (see
+    /// [`Desired::lacking`]).
+    pub fn needs_newer_agent(&self) -> Vec<&'static str> {
+        flotilla_core::bundle::features::names(self.lacking)
     }
 
     /// How long since it was last seen, in seconds.
@@ -561,6 +577,7 @@ impl<'a> Line<'a> {
             failed_resources: self.failed_resources(),
             drifted: self.drifted(),
             drift: self.drift(),
+            needs_newer_agent: self.needs_newer_agent(),
             groups: self.groups.to_vec(),
             labels: self.labels.clone(),
             silent_for_seconds: self.silent_for_seconds(now_ms),
@@ -725,6 +742,7 @@ mod tests {
             hold: false,
             seen_ms: None,
             served_since_ms: None,
+            lacking: 0,
             latest,
             policy: Some("stores"),
             wave: Some("rest"),

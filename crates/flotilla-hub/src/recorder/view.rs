@@ -48,7 +48,12 @@ impl Pulse {
     /// The features the cluster's agent lacks for the bundle it is served, as of its
     /// last poll: it keeps what it runs until it is upgraded.
     pub fn lacking(&self) -> Vec<&'static str> {
-        flotilla_core::bundle::features::names(self.lacking.load(Ordering::Relaxed))
+        flotilla_core::bundle::features::names(self.lacking_bits())
+    }
+
+    /// [`Pulse::lacking`] as a bit set (`flotilla_core::bundle::features::bits`).
+    pub fn lacking_bits(&self) -> u8 {
+        self.lacking.load(Ordering::Relaxed)
     }
 
     pub(in crate::recorder) fn see(&self, now_ms: i64) {
@@ -131,6 +136,7 @@ fn desired<'a>(
     Desired {
         seen_ms: entry.pulse.seen(),
         served_since_ms: entry.served_since_ms,
+        lacking: entry.pulse.lacking_bits(),
         ..stored_desired(
             &entry.name,
             &entry.digest,
@@ -159,6 +165,7 @@ fn stored_desired<'a>(
         hold,
         seen_ms: None,
         served_since_ms: None,
+        lacking: 0,
         latest: latest.map(|l| &l.digest),
         policy: latest.and_then(|l| l.policy.as_deref()),
         wave: latest.and_then(|l| l.wave.as_deref()),
