@@ -321,9 +321,11 @@ pub mod features {
     pub const DRIFT: &str = "drift";
     /// Secrets sealed to the agent's key.
     pub const SEALED: &str = "sealed";
+    /// Helm hooks run around their release (`meta.hooks`).
+    pub const HOOKS: &str = "hooks";
 
     /// Every feature this version knows, in the order of their bits (see [`bits`]).
-    pub const ALL: [&str; 4] = [META, PHASES, DRIFT, SEALED];
+    pub const ALL: [&str; 5] = [META, PHASES, DRIFT, SEALED, HOOKS];
 
     /// The features named in a header value (`meta, phases`).
     pub fn parse(header: &str) -> Vec<&str> {
@@ -387,6 +389,9 @@ pub mod features {
             if !meta.drift.is_empty() {
                 needs.push(DRIFT);
             }
+            if !meta.hooks.is_empty() {
+                needs.push(HOOKS);
+            }
         }
         if sealed {
             needs.push(SEALED);
@@ -435,12 +440,68 @@ pub struct BundleMeta {
     /// Workloads whose drift policy is not the default (`correct`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub drift: std::collections::BTreeMap<String, DriftPolicy>,
+    /// The resources of Helm releases that are Helm hooks (`helm.sh/hook`), in the
+    /// order of the resources: the agent runs them around their release as Helm does
+    /// instead of applying them with the rest.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hooks: Vec<HookMark>,
+}
+
+/// One Helm hook of a bundle (`meta.hooks`, docs/api.md): the resource, the events it
+/// runs on, its weight and what deletes it, as its `helm.sh/hook*` annotations say.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HookMark {
+    /// The hook's index in the bundle's resources.
+    pub resource: usize,
+    /// `pre-install`, `post-install`, `pre-upgrade`, `post-upgrade`, `pre-delete`,
+    /// `post-delete`, in the annotation's order.
+    pub events: Vec<String>,
+    /// `helm.sh/hook-weight`: hooks of one event run in ascending weight.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub weight: i64,
+    /// `helm.sh/hook-delete-policy`: `before-hook-creation` (Helm's default when
+    /// the annotation is absent), `hook-succeeded`, `hook-failed`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub delete_policies: Vec<String>,
+}
+
+fn is_zero(weight: &i64) -> bool {
+    *weight == 0
+}
+
+impl HookMark {
+    /// The Helm hook events flotilla knows (test hooks are not among them).
+    pub const EVENTS: [&str; 6] = [
+        "pre-install",
+        "post-install",
+        "pre-upgrade",
+        "post-upgrade",
+        "pre-delete",
+        "post-delete",
+    ];
+    /// The delete policies flotilla knows.
+    pub const DELETE_POLICIES: [&str; 3] =
+        ["before-hook-creation", "hook-succeeded", "hook-failed"];
+
+    /// Whether the hook runs on `event`.
+    pub fn runs_on(&self, event: &str) -> bool {
+        self.events.iter().any(|e| e == event)
+    }
+
+    /// Whether the hook is deleted on `policy`.
+    pub fn deletes_on(&self, policy: &str) -> bool {
+        self.delete_policies.iter().any(|p| p == policy)
+    }
 }
 
 impl BundleMeta {
     /// Whether there is nothing in it (then a bundle carries no `meta`).
     pub fn is_empty(&self) -> bool {
-        self.workloads.is_empty() && self.phases.is_empty() && self.drift.is_empty()
+        self.workloads.is_empty()
+            && self.phases.is_empty()
+            && self.drift.is_empty()
+            && self.hooks.is_empty()
     }
 
     /// The canonical bytes of the `meta` object.
@@ -449,8 +510,9 @@ impl BundleMeta {
         to_canonical_vec(&value)
     }
 
-    /// Checks the metadata against the bundle's resources: a workload per resource, and
-    /// every workload in exactly one phase when there are phases.
+    /// Checks the metadata against the bundle's resources: a workload per resource,
+    /// every workload in exactly one phase when there are phases, and hooks that name
+    /// resources of the bundle, each once and in order, with known events and policies.
     pub fn check(&self, resources: usize) -> Result<(), String> {
         if !self.workloads.is_empty() && self.workloads.len() != resources {
             return Err(format!(
@@ -459,6 +521,7 @@ impl BundleMeta {
                 resources
             ));
         }
+        self.check_hooks(resources)?;
         if self.phases.is_empty() {
             return Ok(());
         }
@@ -481,6 +544,57 @@ impl BundleMeta {
             Some(workload) => Err(format!("workload {workload:?} is in no phase")),
             None => Ok(()),
         }
+    }
+
+    fn check_hooks(&self, resources: usize) -> Result<(), String> {
+        if !self.hooks.is_empty() && self.workloads.is_empty() {
+            return Err("meta.hooks without meta.workloads".into());
+        }
+        let mut previous = None;
+        for hook in &self.hooks {
+            if hook.resource >= resources {
+                return Err(format!(
+                    "meta.hooks names resource {} of a bundle of {resources} resources",
+                    hook.resource
+                ));
+            }
+            if previous.is_some_and(|p| p >= hook.resource) {
+                return Err(format!(
+                    "meta.hooks names resource {} out of order or twice",
+                    hook.resource
+                ));
+            }
+            previous = Some(hook.resource);
+            if hook.events.is_empty() {
+                return Err(format!(
+                    "meta.hooks: resource {} has no events",
+                    hook.resource
+                ));
+            }
+            if let Some(event) = hook
+                .events
+                .iter()
+                .find(|e| !HookMark::EVENTS.contains(&e.as_str()))
+            {
+                return Err(format!("meta.hooks: unknown hook event {event:?}"));
+            }
+            if let Some(policy) = hook
+                .delete_policies
+                .iter()
+                .find(|p| !HookMark::DELETE_POLICIES.contains(&p.as_str()))
+            {
+                return Err(format!("meta.hooks: unknown hook delete policy {policy:?}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The hook mark of resource `index`, if it is a Helm hook.
+    pub fn hook_of(&self, index: usize) -> Option<&HookMark> {
+        self.hooks
+            .binary_search_by_key(&index, |h| h.resource)
+            .ok()
+            .map(|at| &self.hooks[at])
     }
 
     /// The phase of each resource (an index into `phases`), or all 0 without phases.
@@ -1122,6 +1236,7 @@ mod tests {
             workloads: vec!["db".into(), "app".into()],
             phases: vec![vec!["db".into()], vec!["app".into()]],
             drift: [("app".to_string(), DriftPolicy::Report)].into(),
+            hooks: Vec::new(),
         }
     }
 
@@ -1193,6 +1308,69 @@ mod tests {
         }
         let unknown = r#"{"apiVersion":"flotilla.dev/v1alpha1","cluster":"c","digest":"sha256:00","kind":"Bundle","meta":{"tenants":{}},"resources":[],"revision":"r"}"#;
         assert!(verify_document(unknown.as_bytes(), Some("c")).is_err());
+    }
+
+    fn hooked_meta(hooks: Vec<HookMark>) -> BundleMeta {
+        BundleMeta {
+            workloads: vec!["web".into(), "web".into()],
+            hooks,
+            ..BundleMeta::default()
+        }
+    }
+
+    #[test]
+    fn hook_marks_travel_camel_case_and_must_name_resources_of_the_bundle() {
+        let migrate = HookMark {
+            resource: 1,
+            events: vec!["pre-install".into(), "pre-upgrade".into()],
+            weight: -5,
+            delete_policies: vec!["before-hook-creation".into()],
+        };
+        let meta = hooked_meta(vec![migrate.clone()]);
+        assert_eq!(
+            serde_json::to_value(&meta).expect("serialises")["hooks"],
+            json!([{"resource": 1, "events": ["pre-install", "pre-upgrade"], "weight": -5,
+                    "deletePolicies": ["before-hook-creation"]}])
+        );
+        let bundle = Bundle::from_sorted_with_meta("c", two_config_maps(), Some(meta));
+        let back = verify_document(&bundle.document("r"), Some("c")).expect("verifies");
+        let back_meta = back.meta.as_deref().expect("has meta");
+        assert_eq!(back_meta.hook_of(1), Some(&migrate));
+        assert_eq!(back_meta.hook_of(0), None);
+        assert_eq!(
+            features::needed_by_body(&bundle.canonical_body()),
+            Some(vec![features::META, features::HOOKS])
+        );
+        let out_of_range = HookMark {
+            resource: 2,
+            ..migrate.clone()
+        };
+        let unknown_event = HookMark {
+            events: vec!["crd-install".into()],
+            ..migrate.clone()
+        };
+        let unknown_policy = HookMark {
+            delete_policies: vec!["never".into()],
+            ..migrate.clone()
+        };
+        for (hooks, expected) in [
+            (vec![out_of_range], "resource 2 of a bundle of 2"),
+            (
+                vec![migrate.clone(), migrate.clone()],
+                "out of order or twice",
+            ),
+            (vec![unknown_event], "unknown hook event \"crd-install\""),
+            (vec![unknown_policy], "unknown hook delete policy \"never\""),
+        ] {
+            let bundle =
+                Bundle::from_sorted_with_meta("c", two_config_maps(), Some(hooked_meta(hooks)));
+            match verify_document(&bundle.document("r"), Some("c")) {
+                Err(VerifyError::BadMeta(message)) => {
+                    assert!(message.contains(expected), "{message}")
+                }
+                other => panic!("{expected}: {other:?}"),
+            }
+        }
     }
 
     #[test]

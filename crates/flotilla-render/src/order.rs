@@ -6,7 +6,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use flotilla_core::bundle::{BundleMeta, DriftPolicy};
+use std::sync::Arc;
+
+use flotilla_core::bundle::{BundleMeta, DriftPolicy, HookMark, Resource};
 use flotilla_core::diagnostic::Diagnostic;
 
 use crate::fleet::{Cluster, Fleet};
@@ -130,20 +132,22 @@ pub(crate) fn drift_policy(
 }
 
 /// The bundle metadata of one cluster, or `None` when its workloads need none (no
-/// dependencies between them and every drift policy the default): then the bundle
-/// and its digest are what they were before flotilla knew of either.
+/// dependencies between them, every drift policy the default and no Helm hooks):
+/// then the bundle and its digest are what they were before flotilla knew of any.
 ///
 /// `targeted` lists the workloads that target the cluster (fleet indices, sorted);
-/// `resource_workloads` gives each resource's workload as a position in `targeted`.
-/// A dependency on a workload that does not target the cluster is an error for the
-/// cluster naming both.
+/// `resources` are the bundle's, and `resource_workloads` gives each one's workload
+/// as a position in `targeted`. A dependency on a workload that does not target the
+/// cluster is an error for the cluster naming both.
 pub(crate) fn bundle_meta(
     fleet: &Fleet,
     cluster: &Cluster,
     groups: &[usize],
     targeted: &[usize],
+    resources: &[Arc<Resource>],
     resource_workloads: &[u32],
 ) -> Result<Option<BundleMeta>, Vec<Diagnostic>> {
+    let hooks = hook_marks(fleet, targeted, resources, resource_workloads);
     let has_dependencies = targeted
         .iter()
         .any(|&w| !fleet.workloads[w].depends_on.is_empty());
@@ -154,7 +158,7 @@ pub(crate) fn bundle_meta(
             drift.insert(fleet.workloads[w].name.clone(), policy);
         }
     }
-    if !has_dependencies && drift.is_empty() {
+    if !has_dependencies && drift.is_empty() && hooks.is_empty() {
         return Ok(None);
     }
     let phases = if has_dependencies {
@@ -175,7 +179,75 @@ pub(crate) fn bundle_meta(
         workloads,
         phases,
         drift,
+        hooks,
     }))
+}
+
+/// The Helm hooks among the resources of Helm workloads (`spec.helm`): resources
+/// whose `helm.sh/hook` annotation names an install, upgrade or delete event. Test
+/// hooks (kept with `skipTests: false`) and Helm 2's `crd-install` are not hooks
+/// here, and stay plain resources. Only resources whose bytes hold `helm.sh/hook`
+/// are parsed.
+fn hook_marks(
+    fleet: &Fleet,
+    targeted: &[usize],
+    resources: &[Arc<Resource>],
+    resource_workloads: &[u32],
+) -> Vec<HookMark> {
+    const ANNOTATION: &[u8] = b"helm.sh/hook";
+    let helm = |p: u32| {
+        targeted
+            .get(p as usize)
+            .is_some_and(|&w| fleet.workloads[w].helm_spec.is_some())
+    };
+    resources
+        .iter()
+        .zip(resource_workloads)
+        .enumerate()
+        .filter(|(_, (resource, p))| {
+            helm(**p)
+                && resource
+                    .canonical
+                    .windows(ANNOTATION.len())
+                    .any(|w| w == ANNOTATION)
+        })
+        .filter_map(|(index, (resource, _))| hook_mark(index, &resource.value()))
+        .collect()
+}
+
+/// The hook mark of one resource, from its `helm.sh/hook`, `helm.sh/hook-weight` and
+/// `helm.sh/hook-delete-policy` annotations, read as Helm reads them (comma-separated,
+/// spaces trimmed, a weight that is not a number is 0); `None` when it names none of
+/// the events flotilla runs.
+fn hook_mark(index: usize, resource: &serde_json::Value) -> Option<HookMark> {
+    let annotations = resource.pointer("/metadata/annotations")?;
+    let annotation = |name: &str| annotations.get(name).and_then(serde_json::Value::as_str);
+    let known = |list: &str, of: &[&str]| -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        for name in list.split(',').map(str::trim) {
+            if of.contains(&name) && !names.iter().any(|n| n == name) {
+                names.push(name.to_string());
+            }
+        }
+        names
+    };
+    let events = known(annotation("helm.sh/hook")?, &HookMark::EVENTS);
+    if events.is_empty() {
+        return None;
+    }
+    let weight = annotation("helm.sh/hook-weight")
+        .and_then(|w| w.trim().parse().ok())
+        .unwrap_or(0);
+    let delete_policies = match annotation("helm.sh/hook-delete-policy") {
+        Some(policies) => known(policies, &HookMark::DELETE_POLICIES),
+        None => vec!["before-hook-creation".to_string()],
+    };
+    Some(HookMark {
+        resource: index,
+        events,
+        weight,
+        delete_policies,
+    })
 }
 
 /// The targeted workloads by level of the dependency graph: a workload's level is one

@@ -330,6 +330,7 @@ pub(super) fn assemble(
         cluster,
         groups,
         job.targeted,
+        &resources,
         &resource_workloads,
     ) {
         Ok(meta) => meta,

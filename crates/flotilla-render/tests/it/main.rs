@@ -4,6 +4,7 @@
 mod budgets;
 mod helm_charts;
 mod helm_workloads;
+mod hooks;
 mod incremental;
 mod kustomize_corpus;
 mod kustomize_diff;
