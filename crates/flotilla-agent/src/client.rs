@@ -220,7 +220,11 @@ pub enum FetchError {
         source: std::io::Error,
     },
     #[error("the bundle from {server} is larger than {MAX_BUNDLE_BYTES} bytes; refusing it")]
-    TooLarge { server: String },
+    TooLarge {
+        server: String,
+        /// The ETag it came with (on HTTP), which names its digest.
+        etag: Option<String>,
+    },
 }
 
 /// How the agent should react to a failed request.
@@ -249,6 +253,24 @@ impl FetchError {
             FetchError::Unreachable { ending, .. } => *ending,
             FetchError::Status { status, .. } if *status == 502 || *status == 504 => Ending::Cut,
             _ => Ending::Other,
+        }
+    }
+
+    /// Whether the server answered, but with what this agent cannot take: a bundle
+    /// over its size limit, or a refusal saying why (`409`: the bundle needs a newer
+    /// agent). The agent reports it, so the hub shows why, and keeps what it runs.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            FetchError::TooLarge { .. } | FetchError::Status { status: 409, .. }
+        )
+    }
+
+    /// The digest the refused bundle's ETag names, if it named one.
+    pub fn refused_etag(&self) -> Option<&str> {
+        match self {
+            FetchError::TooLarge { etag, .. } => etag.as_deref(),
+            _ => None,
         }
     }
 
@@ -410,6 +432,7 @@ impl HubClient {
                 if body.len() > MAX_BUNDLE_BYTES {
                     return Err(FetchError::TooLarge {
                         server: self.server.to_string(),
+                        etag: None,
                     });
                 }
                 if self.unchanged(&body, if_none_match) {
@@ -513,8 +536,14 @@ impl HubClient {
     }
 
     async fn read_limited(&self, mut response: reqwest::Response) -> Result<Vec<u8>, FetchError> {
+        let etag = response
+            .headers()
+            .get(header::ETAG)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         let too_large = || FetchError::TooLarge {
             server: self.server.to_string(),
+            etag: etag.clone(),
         };
         if response
             .content_length()

@@ -740,6 +740,17 @@ impl Poller {
                 {
                     Duration::ZERO
                 }
+                // Answered with what this agent cannot take: reported, so the hub
+                // shows why, while it keeps what it runs.
+                Err(err) if err.is_refusal() => {
+                    let message = format!("{err}; keeping the last-known-good bundle");
+                    tracing::error!("{message}");
+                    let claimed = err.refused_etag().and_then(digest_of_etag);
+                    if !self.refuse(claimed, message).await {
+                        return;
+                    }
+                    self.backoff.next_delay(err.retry_after())
+                }
                 Err(err) => match err.kind() {
                     FailureKind::Auth => {
                         let delay = self.backoff.auth_delay();

@@ -532,6 +532,57 @@ async fn a_bundle_nested_too_deep_is_refused_and_reported_against_its_etag() {
     agent.stop().await;
 }
 
+/// A bundle over the agent's size limit is refused before its body is read, and
+/// reported against the digest its ETag names: the hub shows why the cluster keeps
+/// what it runs instead of showing it pending for ever.
+#[tokio::test]
+async fn a_bundle_over_the_size_limit_is_refused_and_reported_against_its_etag() {
+    let hub = FakeHub::start().await;
+    let claimed = bundle("edge-1", vec![config_map("big", "x")]).digest;
+    let mut huge = b"{\"pad\":\"".to_vec();
+    huge.resize(flotilla_core::bundle::MAX_BUNDLE_BYTES + 16, b'x');
+    huge.extend_from_slice(b"\"}");
+    hub.serve_document(huge);
+    hub.with(|s| s.etag_override = Some(format!("\"{claimed}\"")));
+    let site = site("flt_good");
+    let mut agent = start(&hub, &site, BackoffPolicy::default());
+    let refused = agent
+        .until("a refusal", |r| r.message.contains("is larger than"))
+        .await;
+    assert_eq!(refused.applied, None);
+    assert_eq!(refused.attempted, Some(claimed));
+    assert!(
+        refused
+            .message
+            .contains("keeping the last-known-good bundle"),
+        "{}",
+        refused.message
+    );
+    assert!(yaml_names(site.target.path()).is_empty(), "nothing applied");
+    agent.stop().await;
+}
+
+/// A hub that will not serve this agent its bundle (409: the bundle needs features
+/// the agent does not name) is answered with a report saying so.
+#[tokio::test]
+async fn a_hub_that_says_the_agent_is_too_old_gets_a_report_saying_so() {
+    let hub = FakeHub::start().await;
+    hub.serve(&bundle("edge-1", vec![config_map("a", "1")]));
+    hub.set_mode(Mode::Fail(409, None));
+    let site = site("flt_good");
+    let mut agent = start(&hub, &site, BackoffPolicy::default());
+    let refused = agent
+        .until("a refusal", |r| r.message.contains("answered 409"))
+        .await;
+    assert_eq!(refused.applied, None);
+    assert!(
+        refused.message.contains("hub trouble"),
+        "{}",
+        refused.message
+    );
+    agent.stop().await;
+}
+
 #[tokio::test]
 async fn reports_are_kept_while_the_hub_refuses_them_and_only_the_latest_is_sent() {
     let hub = FakeHub::start().await;
