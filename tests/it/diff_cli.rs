@@ -739,3 +739,79 @@ fn the_rollout_plan_leads_the_report() {
     assert_eq!(json["clusters"]["blue"]["policy"], serde_json::Value::Null);
     assert_eq!(json["clusters"]["store-eu-003"]["paused"], true);
 }
+
+/// A workload that `dependsOn` another shows as a change of apply order on the
+/// clusters both go to; a cycle, and a dependency on a workload that does not go to
+/// a cluster, break HEAD with messages naming them, in `diff` as in `validate`.
+#[test]
+fn dependencies_show_as_an_order_and_their_mistakes_break_head() {
+    let fleet = FleetRepo::new();
+    fleet.commit("base");
+    fleet.write(
+        "workloads/kuard-config/workload.yaml",
+        "apiVersion: flotilla.dev/v1alpha1\nkind: Workload\nmetadata:\n  name: kuard-config\n\
+         spec:\n  namespace: kuard\n  targets:\n    - group: kuard-demo\n",
+    );
+    fleet.write(
+        "workloads/kuard-config/manifests/config.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: kuard-config\ndata:\n  colour: any\n",
+    );
+    let kuard = std::fs::read_to_string(fleet.path("workloads/kuard/workload.yaml"))
+        .expect("kuard's workload");
+    fleet.write(
+        "workloads/kuard/workload.yaml",
+        &format!("{kuard}  dependsOn: [kuard-config]\n"),
+    );
+    fleet.commit("ordered");
+    let run = fleet.diff(&["base", "ordered"]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout
+            .contains("apply order: kuard-config → kuard (was: all at once)"),
+        "{}",
+        run.stdout
+    );
+
+    fleet.write(
+        "workloads/kuard-config/workload.yaml",
+        "apiVersion: flotilla.dev/v1alpha1\nkind: Workload\nmetadata:\n  name: kuard-config\n\
+         spec:\n  namespace: kuard\n  targets:\n    - group: kuard-demo\n  dependsOn: [kuard]\n",
+    );
+    fleet.commit("cycle");
+    let run = fleet.diff(&["base", "cycle"]);
+    assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout
+            .contains("spec.dependsOn makes a cycle: kuard → kuard-config → kuard"),
+        "{}",
+        run.stdout
+    );
+    let validate = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["validate", "--repo"])
+        .arg(fleet.dir.path())
+        .output()
+        .expect("flotilla runs");
+    let stderr = String::from_utf8_lossy(&validate.stderr);
+    assert_eq!(validate.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("workloads/kuard/workload.yaml:")
+            && stderr.contains("spec.dependsOn makes a cycle: kuard → kuard-config → kuard"),
+        "{stderr}"
+    );
+
+    fleet.write(
+        "workloads/kuard-config/workload.yaml",
+        "apiVersion: flotilla.dev/v1alpha1\nkind: Workload\nmetadata:\n  name: kuard-config\n\
+         spec:\n  namespace: kuard\n  targets:\n    - cluster: red\n",
+    );
+    fleet.commit("not-everywhere");
+    let run = fleet.diff(&["base", "not-everywhere"]);
+    assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains(
+            "workload kuard depends on workload kuard-config, which does not target cluster blue"
+        ),
+        "{}",
+        run.stdout
+    );
+}
