@@ -126,6 +126,40 @@ async fn an_agent_that_lacks_a_feature_the_bundle_needs_keeps_what_it_runs() {
         "{out}{}",
         String::from_utf8_lossy(&status.stderr)
     );
+    // And the cluster's page.
+    let web = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let login = web
+        .post(hub.url("/ui/login"))
+        .header("origin", &hub.base)
+        .form(&[("token", admin.as_str())])
+        .send()
+        .await
+        .expect("login");
+    assert_eq!(login.status(), 303);
+    let cookie = login.headers()["set-cookie"]
+        .to_str()
+        .expect("cookie")
+        .split(';')
+        .next()
+        .expect("name=value")
+        .to_string();
+    let page = web
+        .get(hub.url("/ui/clusters/red"))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("body");
+    assert!(
+        page.contains("needs a newer agent</span> what it is served needs phases"),
+        "{page}"
+    );
     // Once its agent names every feature, it is no longer said.
     let upgraded = agent(Some("meta, phases, drift, sealed"), Some(RUNS), &url)
         .await
