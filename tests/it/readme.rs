@@ -99,10 +99,16 @@ fn step(command: &str) -> Step {
 /// A Git repository holding fleet-example, as a fresh clone of this one would.
 fn clone_like() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("temp dir");
+    make_clone_like(dir.path());
+    dir
+}
+
+/// [`clone_like`] in a given (existing, empty) folder.
+fn make_clone_like(dir: &Path) {
     let status = Command::new("cp")
         .arg("-r")
         .arg(Path::new(ROOT).join("fleet-example"))
-        .arg(dir.path())
+        .arg(dir)
         .status()
         .expect("cp runs");
     assert!(status.success());
@@ -113,7 +119,7 @@ fn clone_like() -> tempfile::TempDir {
     ] {
         let status = Command::new("git")
             .args(args)
-            .current_dir(dir.path())
+            .current_dir(dir)
             .env("GIT_CONFIG_GLOBAL", "/dev/null")
             .env("GIT_CONFIG_NOSYSTEM", "1")
             .env("GIT_AUTHOR_NAME", "flotilla tests")
@@ -124,7 +130,6 @@ fn clone_like() -> tempfile::TempDir {
             .expect("git runs");
         assert!(status.success(), "git {args:?}");
     }
-    dir
 }
 
 #[test]
@@ -334,5 +339,126 @@ fn readme_commands_are_read_as_a_user_would_paste_them() {
             Step::Foreground("flotilla token create red > red.token".into()),
             Step::TheTests("cargo test --locked".into()),
         ]
+    );
+}
+
+/// README.md's "Try a change", run as written after the quick start's token: the hub
+/// follows a copy of the example beside the checkout, a commit there reaches `red`,
+/// and the checkout (whose tests check the example as committed) is left as it was.
+#[test]
+fn the_readme_change_walkthrough_leaves_the_checkout_as_it_was() {
+    if !flotilla_testkit::can_run(
+        "the_readme_change_walkthrough_leaves_the_checkout_as_it_was",
+        flotilla_testkit::command_works("curl", &["--version"])
+            .err()
+            .map(|e| format!("the test reads the hub's answers with curl: {e}")),
+    ) {
+        return;
+    }
+    let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).expect("README");
+    let steps: Vec<Step> = section_commands(&readme, "Try a change")
+        .iter()
+        .map(|c| step(c))
+        .collect();
+    assert!(
+        steps
+            .iter()
+            .any(|s| matches!(s, Step::Background(c) if c.starts_with("flotilla serve"))),
+        "the walkthrough serves the copy: {steps:?}"
+    );
+    // The checkout, with a folder beside it for the copy.
+    let parent = tempfile::tempdir().expect("temp dir");
+    let work = parent.path().join("flotilla");
+    std::fs::create_dir(&work).expect("checkout folder");
+    make_clone_like(&work);
+    let bin = tempfile::tempdir().expect("bin dir");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_flotilla"), bin.path().join("flotilla"))
+        .expect("symlink");
+    let path = format!(
+        "{}:{}",
+        bin.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let port = free_port();
+    let run = |command: &str| {
+        let output = Command::new("bash")
+            .args(["-euo", "pipefail", "-c", command])
+            .current_dir(&work)
+            .env("PATH", &path)
+            .env_remove("FLOTILLA_STATE_DIR")
+            // A newcomer's Git has an identity; a fresh machine's may not.
+            .env("GIT_AUTHOR_NAME", "flotilla tests")
+            .env("GIT_AUTHOR_EMAIL", "tests@flotilla.invalid")
+            .env("GIT_COMMITTER_NAME", "flotilla tests")
+            .env("GIT_COMMITTER_EMAIL", "tests@flotilla.invalid")
+            .stdin(Stdio::null())
+            .output()
+            .expect("bash runs");
+        assert!(
+            output.status.success(),
+            "command failed: {command}\n{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).trim().to_string()
+    };
+    // The quick start's token, made in the checkout's state folder (there, its hub
+    // made the folder).
+    let token = run("flotilla token create red --init");
+    let digest = |port: u16| -> Option<String> {
+        let output = Command::new("curl")
+            .args(["-sS", "-o", "/dev/null", "-D", "-", "-H"])
+            .arg(format!("Authorization: Bearer {token}"))
+            .arg(format!("http://127.0.0.1:{port}/v1/clusters/red/bundle"))
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("etag: ")
+                    .or_else(|| l.strip_prefix("ETag: "))
+            })
+            .map(|etag| etag.trim().to_string())
+    };
+    let mut background: Vec<Background> = Vec::new();
+    let mut before = None;
+    for step in &steps {
+        match step {
+            Step::TheTests(_) => panic!("the walkthrough runs no tests"),
+            Step::Background(command) => {
+                let log = work.join(format!("background-{}.log", background.len()));
+                let file = std::fs::File::create(&log).expect("log file");
+                let child = Command::new("bash")
+                    .args(["-c", &format!("exec {command}")])
+                    .current_dir(&work)
+                    .env("PATH", &path)
+                    .env("FLOTILLA_LISTEN", format!("127.0.0.1:{port}"))
+                    .env_remove("FLOTILLA_STATE_DIR")
+                    .stdin(Stdio::null())
+                    .stdout(file.try_clone().expect("log file"))
+                    .stderr(file)
+                    .spawn()
+                    .expect("bash runs");
+                background.push(Background { child, log });
+                wait_for("the hub to serve red's bundle", &mut background, || {
+                    before = digest(port);
+                    before.is_some()
+                });
+            }
+            Step::Foreground(command) => {
+                run(command);
+            }
+        }
+    }
+    let before = before.expect("a digest before the change");
+    wait_for("red's new bundle", &mut background, || {
+        digest(port).is_some_and(|now| now != before)
+    });
+    drop(background);
+    let changed = run("git status --porcelain -- fleet-example");
+    assert_eq!(changed, "", "the checkout's example is as it was committed");
+    assert!(
+        parent.path().join("my-fleet/.git").exists(),
+        "the copy is a repository of its own"
     );
 }
