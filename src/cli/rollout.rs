@@ -258,11 +258,19 @@ fn show(view: &RolloutView) -> String {
     );
     let _ = writeln!(
         out,
-        "started {}{}\n",
+        "started {}{}{}\n",
         view.started_at,
         view.ended_at
             .as_deref()
             .map(|e| format!(", ended {e}"))
+            .unwrap_or_default(),
+        view.settling_until
+            .as_deref()
+            .map(|at| format!(
+                "\nsettling: no wave is released before {at} (the hub started with no record of \
+                 its clusters' last contact and waits to hear from them; it releases sooner once \
+                 every cluster has been seen)"
+            ))
             .unwrap_or_default()
     );
     let rows: Vec<[String; 9]> = view

@@ -713,12 +713,20 @@ async fn a_hub_on_an_empty_store_keeps_agents_on_what_they_run_until_their_wave(
     .await;
     assert_eq!(status, 200);
     // The hub knows of no cluster yet: it gives them the offline threshold to be heard
-    // from before it releases a wave, and the canary keeps v1 meanwhile too.
-    scene.all_check_in(&[]).await;
+    // from before it releases a wave (settling, said on the rollout with its end), and
+    // the canary keeps v1 meanwhile too. One store not heard from keeps it settling.
+    scene.all_check_in(&["s2"]).await;
     assert_eq!(scene.runs["c1"], v1["c1"]);
     let waiting = scene.wait_waves(&v2, &["waiting", "waiting"]).await;
     assert_eq!(waiting["state"], "progressing");
+    assert!(
+        waiting["settlingUntil"].is_string(),
+        "the rollout says until when it settles: {waiting:#}"
+    );
+    // The last one is heard from, long before the threshold: settling ends at once.
     scene.report("s2", true).await;
+    let released = scene.wait_wave(&v2, 0, "released").await;
+    assert!(released["settlingUntil"].is_null(), "{released:#}");
     let fleet = scene.fleet().await;
     let s2 = fleet["clusters"]
         .as_array()
@@ -729,8 +737,6 @@ async fn a_hub_on_an_empty_store_keeps_agents_on_what_they_run_until_their_wave(
         .clone();
     assert_eq!(s2["state"], "waiting", "in sync with what it runs: {s2:#}");
     assert_eq!(s2["desired"], v1["s2"].as_str());
-    scene.advance(5, &[]).await;
-    scene.wait_wave(&v2, 0, "released").await;
     // The canary, seen meanwhile, takes part in its wave and gets v2; the stores wait.
     assert_eq!(scene.poll("c1").await, 200);
     assert_ne!(scene.runs["c1"], v1["c1"]);

@@ -591,10 +591,27 @@ pub fn decide(
     decide_with(rollout, observations, now, offline_after, None)
 }
 
+/// Until when a rollout's waves are held because the hub has just started on a store
+/// that knows no cluster's last contact (`release_not_before`): `None` once that time
+/// has passed, once every member has been seen since (then who is offline can be
+/// told), or for a forced rollout (which admits everyone at once whatever is known of
+/// them).
+pub fn settling_until(
+    rollout: &Rollout,
+    observations: &[Observation],
+    now: Millis,
+    release_not_before: Option<Millis>,
+) -> Option<Millis> {
+    let at = release_not_before.filter(|&at| now < at)?;
+    let all_seen = !observations.is_empty() && observations.iter().all(|o| o.last_seen.is_some());
+    (!rollout.forced && !all_seen).then_some(at)
+}
+
 /// [`decide`], releasing no wave before `release_not_before`. A hub that has just
 /// started with no record of when its clusters were last seen passes its start plus
 /// the offline threshold: until then it cannot tell an offline cluster from one it has
-/// not heard from yet, and whether a cluster is offline is judged at release.
+/// not heard from yet, and whether a cluster is offline is judged at release. Once
+/// every member has been seen, it need not wait (see [`settling_until`]).
 pub fn decide_with(
     rollout: &mut Rollout,
     observations: &[Observation],
@@ -620,8 +637,7 @@ pub fn decide_with(
             judge_wave(rollout, wave, now, &mut step);
         }
     }
-    // A forced rollout admits everyone at once whatever is known of them.
-    let settled = rollout.forced || release_not_before.is_none_or(|at| now >= at);
+    let settled = settling_until(rollout, observations, now, release_not_before).is_none();
     if rollout.state == RolloutState::Progressing && settled {
         release_ready(rollout, observations, now, offline_after, &mut step);
     }

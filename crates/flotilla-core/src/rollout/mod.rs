@@ -30,7 +30,7 @@ use sha2::{Digest as _, Sha256};
 pub use crate::model::{FailurePolicy, OfflinePolicy, Weekday};
 pub use engine::{
     ActionError, Event, Health, Member, Observation, Report, Rollout, RolloutState, Serve, Step,
-    Wave, WaveState, decide, decide_with, judge,
+    Wave, WaveState, decide, decide_with, judge, settling_until,
 };
 pub use window::Window;
 

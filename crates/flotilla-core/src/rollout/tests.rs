@@ -657,3 +657,80 @@ fn a_hub_that_just_started_releases_nothing_before_it_can_judge_who_is_offline()
     assert!(!sim.rollout.members[i].offline_at_release);
     assert_eq!(sim.rollout.state, RolloutState::Progressing);
 }
+
+#[test]
+fn settling_ends_as_soon_as_every_member_has_been_seen() {
+    let mut sim = Sim::new(canary_then_rest(0), FLEET, false);
+    let names: Vec<String> = sim
+        .rollout
+        .members
+        .iter()
+        .map(|m| m.cluster.clone())
+        .collect();
+    for name in &names {
+        sim.never_seen(name);
+    }
+    let settle = T0 + OFFLINE_AFTER;
+    // Nobody heard from yet: settling, and the view says until when.
+    decide_with(
+        &mut sim.rollout,
+        &sim.obs,
+        sim.now,
+        OFFLINE_AFTER,
+        Some(settle),
+    );
+    assert_eq!(sim.wave_states(), [Waiting, Waiting]);
+    assert_eq!(
+        settling_until(&sim.rollout, &sim.obs, sim.now, Some(settle)),
+        Some(settle)
+    );
+    let view = crate::rollout::view::RolloutView::of(
+        1,
+        &sim.rollout,
+        &sim.obs,
+        (sim.now, OFFLINE_AFTER, Some(settle)),
+        false,
+    );
+    assert_eq!(
+        view.settling_until,
+        Some(crate::rollout::view::rfc3339(settle))
+    );
+    // All but one heard from: still settling.
+    sim.now += MINUTE;
+    for name in &names[1..] {
+        let i = sim.index(name);
+        sim.obs[i].last_seen = Some(sim.now);
+    }
+    decide_with(
+        &mut sim.rollout,
+        &sim.obs,
+        sim.now,
+        OFFLINE_AFTER,
+        Some(settle),
+    );
+    assert_eq!(sim.wave_states(), [Waiting, Waiting]);
+    // The last one too, long before the threshold: the first wave is released now.
+    let i = sim.index(&names[0]);
+    sim.obs[i].last_seen = Some(sim.now);
+    assert!(sim.now < settle);
+    decide_with(
+        &mut sim.rollout,
+        &sim.obs,
+        sim.now,
+        OFFLINE_AFTER,
+        Some(settle),
+    );
+    assert_eq!(sim.wave_states(), [Released, Waiting]);
+    assert_eq!(
+        settling_until(&sim.rollout, &sim.obs, sim.now, Some(settle)),
+        None
+    );
+    let view = crate::rollout::view::RolloutView::of(
+        1,
+        &sim.rollout,
+        &sim.obs,
+        (sim.now, OFFLINE_AFTER, Some(settle)),
+        false,
+    );
+    assert_eq!(view.settling_until, None);
+}

@@ -24,6 +24,11 @@ pub struct RolloutView {
     pub started_at: String,
     #[serde(default)]
     pub ended_at: Option<String>,
+    /// While set, no wave is released before this time: the hub started on a store
+    /// that knows no cluster's last contact and waits to hear from its clusters (it
+    /// ends sooner once every member has been seen).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settling_until: Option<String>,
     pub waves: Vec<WaveView>,
     /// Every decision, oldest first (`GET /v1/rollouts/{id}` only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -92,12 +97,13 @@ pub fn rfc3339(at: Millis) -> String {
 
 impl RolloutView {
     /// The view of a rollout; `detail` adds its clusters (events are the caller's).
+    /// `release_not_before` is what the hub passes to `decide_with` (see
+    /// [`super::settling_until`]).
     pub fn of(
         id: i64,
         rollout: &Rollout,
         observations: &[Observation],
-        now: Millis,
-        offline_after: Millis,
+        (now, offline_after, release_not_before): (Millis, Millis, Option<Millis>),
         detail: bool,
     ) -> RolloutView {
         let online = |index: usize| {
@@ -184,6 +190,10 @@ impl RolloutView {
             forced: rollout.forced,
             started_at: rfc3339(rollout.started_at),
             ended_at: rollout.ended_at.map(rfc3339),
+            settling_until: (rollout.state == RolloutState::Progressing)
+                .then(|| super::settling_until(rollout, observations, now, release_not_before))
+                .flatten()
+                .map(rfc3339),
             waves,
             events: Vec::new(),
             clusters,

@@ -134,13 +134,20 @@ impl Active {
         }
     }
 
-    fn view(&self, now: Millis, offline_after: Millis, detail: bool) -> RolloutView {
+    /// Its view; `release_not_before` as [`RolloutBook`] holds it (`None` read
+    /// straight from a store, with no hub that started).
+    fn view(
+        &self,
+        now: Millis,
+        offline_after: Millis,
+        release_not_before: Option<Millis>,
+        detail: bool,
+    ) -> RolloutView {
         RolloutView::of(
             self.id,
             &self.rollout,
             &self.observations,
-            now,
-            offline_after,
+            (now, offline_after, release_not_before),
             detail,
         )
     }
@@ -372,7 +379,14 @@ impl Recorder {
         let now = self.settings.clock.now_ms();
         let views: Vec<RolloutView> = active
             .iter()
-            .map(|a| a.view(now, offline_after(self), false))
+            .map(|a| {
+                a.view(
+                    now,
+                    offline_after(self),
+                    self.rollouts.release_not_before(),
+                    false,
+                )
+            })
             .collect();
         self.view.set_rollouts(views);
     }
@@ -801,7 +815,7 @@ impl Recorder {
         let then = decide_now(self, a, now);
         let step = merge_steps(vec![acted, then]);
         tracing::info!(rollout = id, ?action, by, "operator action");
-        let view = a.view(now, offline, true);
+        let view = a.view(now, offline, self.rollouts.release_not_before(), true);
         self.finish(&mut active, vec![(index, step)], true).await?;
         drop(active);
         Ok(with_events(&self.store, view)
@@ -817,7 +831,14 @@ impl Recorder {
             active
                 .iter()
                 .rev()
-                .map(|a| a.view(now, offline_after(self), false))
+                .map(|a| {
+                    a.view(
+                        now,
+                        offline_after(self),
+                        self.rollouts.release_not_before(),
+                        false,
+                    )
+                })
                 .collect()
         };
         for stored in self.store.recent_rollouts(RECENT_ROLLOUTS).await? {
@@ -829,7 +850,12 @@ impl Recorder {
     fn ended_view(&self, stored: StoredRollout, now: Millis, detail: bool) -> RolloutView {
         let mut a = Active::new(self, stored);
         a.refresh();
-        a.view(now, offline_after(self), detail)
+        a.view(
+            now,
+            offline_after(self),
+            self.rollouts.release_not_before(),
+            detail,
+        )
     }
 
     /// `GET /v1/rollouts/{id}`: one rollout with its clusters and every event.
@@ -837,10 +863,14 @@ impl Recorder {
         let now = self.settings.clock.now_ms();
         let view = {
             let active = self.rollouts.active.lock().await;
-            active
-                .iter()
-                .find(|a| a.id == id)
-                .map(|a| a.view(now, offline_after(self), true))
+            active.iter().find(|a| a.id == id).map(|a| {
+                a.view(
+                    now,
+                    offline_after(self),
+                    self.rollouts.release_not_before(),
+                    true,
+                )
+            })
         };
         let view = match view {
             Some(view) => view,
@@ -953,7 +983,7 @@ pub mod in_store {
         let ended = store.recent_rollouts(RECENT_ROLLOUTS).await?;
         Ok(active
             .chain(ended)
-            .map(|stored| observed.active(stored).view(now, offline, false))
+            .map(|stored| observed.active(stored).view(now, offline, None, false))
             .collect())
     }
 
@@ -970,7 +1000,7 @@ pub mod in_store {
         let observed = Observed::read(store).await?;
         let view = observed
             .active(stored)
-            .view(now, millis(offline_after), true);
+            .view(now, millis(offline_after), None, true);
         Ok(Some(with_events(store, view).await?))
     }
 
@@ -1002,7 +1032,7 @@ pub mod in_store {
             // polls it sees first-hand; this side sees polls only as the hubs last
             // wrote them (every 30 s), too late to judge who is offline.
             let step = act(&mut a, action, by, now, offline)?;
-            let view = a.view(now, offline, true);
+            let view = a.view(now, offline, None, true);
             // The history of what clusters were served is trimmed by the hubs, to
             // their own `--history`.
             let commit = steps_commit(

@@ -32,6 +32,8 @@ struct Hub {
     release_not_before: Option<Millis>,
     /// Clusters whose agents have reported.
     reported: BTreeSet<String>,
+    /// No cluster has been seen yet (a hub just started on a new store).
+    unheard: bool,
 }
 
 impl Hub {
@@ -78,6 +80,7 @@ impl Hub {
             now: T0,
             release_not_before: None,
             reported: BTreeSet::new(),
+            unheard: false,
         }
     }
 
@@ -138,6 +141,7 @@ impl Hub {
         };
         let now = self.now;
         let reported = &self.reported;
+        let last_seen = (!self.unheard).then_some(now);
         let mut running: Vec<Running<'_>> = self
             .running
             .iter_mut()
@@ -153,7 +157,7 @@ impl Hub {
                 health: Health::Elsewhere,
                 at: now,
             }),
-            last_seen: Some(now),
+            last_seen,
             fetched_at: None,
         });
         drop(running);
@@ -552,6 +556,7 @@ fn a_rollout_that_exists_for_the_revision_is_not_started_again() {
 fn a_hub_on_a_new_store_releases_no_wave_before_its_clusters_were_heard_from() {
     let mut hub = fleet();
     hub.release_not_before = Some(T0 + OFFLINE_AFTER);
+    hub.unheard = true;
     let decision = hub.render("main@r1", &every('a'), false);
     let rollout = &decision.started[0].rollout;
     assert!(rollout.waves.iter().all(|w| w.state == WaveState::Waiting));
