@@ -34,6 +34,7 @@ pub const FEATURES: &[&str] = &[
     flotilla_core::bundle::features::PHASES,
     flotilla_core::bundle::features::DRIFT,
     flotilla_core::bundle::features::SEALED,
+    flotilla_core::bundle::features::HOOKS,
 ];
 
 pub mod backoff;

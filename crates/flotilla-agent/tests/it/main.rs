@@ -8,6 +8,7 @@ mod agent_kill;
 mod agent_kube_live;
 mod deploy_files;
 mod kube_drift;
+mod kube_hooks;
 mod kube_https;
 mod kube_phases;
 mod kube_scenarios;

@@ -5,7 +5,8 @@
 //! and leave every object flotilla created behind for ever), and it knows what the
 //! state folder does not: which objects flotilla **created** (the apply answered 201)
 //! rather than adopted (an object that existed, whose fields agreed), each object's uid,
-//! and for Jobs the manifest they last ran from.
+//! for Jobs the manifest they last ran from, and for each Helm release with hooks the
+//! fingerprint of the release as last installed or upgraded (see the hooks module).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -98,6 +99,10 @@ pub(crate) enum SaveError {
 pub(crate) struct Ledger {
     pub cluster: String,
     pub entries: Vec<LedgerEntry>,
+    /// Each Helm release (workload) with hooks, and the fingerprint of its resources
+    /// when its hooks last ran to the end: its hooks run again when it changes.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub releases: std::collections::BTreeMap<String, String>,
 }
 
 /// The ConfigMap's name: `flotilla-inventory-<cluster>`, or with a hash of the name
@@ -123,6 +128,7 @@ impl Ledger {
         Ledger {
             cluster: cluster.to_string(),
             entries: Vec::new(),
+            releases: std::collections::BTreeMap::new(),
         }
     }
 
@@ -192,6 +198,14 @@ impl Ledger {
             .chain(kept.iter().map(InventoryEntry::key))
             .collect();
         self.entries.retain(|e| keys.contains(&e.key()));
+        // A release that left the bundle is installed anew if it comes back.
+        let workloads: std::collections::HashSet<&str> = bundle
+            .meta
+            .iter()
+            .flat_map(|meta| meta.workloads.iter().map(String::as_str))
+            .collect();
+        self.releases
+            .retain(|release, _| workloads.contains(release.as_str()));
     }
 
     fn to_configmap(&self, namespace: &str) -> Result<Value, SaveError> {
@@ -350,6 +364,7 @@ mod tests {
         let huge = Ledger {
             cluster: "edge-1".into(),
             entries: vec![ledger.entries[0].clone(); 20_000],
+            releases: Default::default(),
         };
         assert!(
             matches!(huge.to_configmap("x"), Err(SaveError::TooBig(note)) if note.contains("20000 objects"))

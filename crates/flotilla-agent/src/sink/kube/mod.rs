@@ -15,6 +15,9 @@
 //!    inventory held and the bundle does not, in reverse order, as [`prune`] decides;
 //! 4. records the outcome in the ledger.
 //!
+//! A Helm release's hooks run around its resources in its phase, only when the release
+//! is installed or upgraded ([`hooks`]).
+//!
 //! An error the API server gives for one object (invalid, forbidden, a conflict, a
 //! 500 from a webhook or a typed patch) fails that object alone. No answer, 401, 429,
 //! 502, 503, 504, or five 500s in a row stop the apply, and the agent tries again
@@ -26,6 +29,7 @@ mod discovery;
 mod drift;
 mod failure;
 mod health;
+mod hooks;
 mod ledger;
 mod phases;
 mod prune;
@@ -397,8 +401,19 @@ impl KubeSink {
             return nothing_applied(bundle, &err);
         }
         let candidates = self.prune_candidates(bundle, prune);
+        let hooks = match &self.ledger {
+            Some(ledger) => hooks::Hooks::plan(bundle, ledger),
+            None => hooks::Hooks::default(),
+        };
         if let Some(ledger) = &mut self.ledger {
-            ledger.intend(&InventoryEntry::of_bundle(bundle));
+            // Hooks are not in the inventory: never pruned, never checked for drift.
+            let entries: Vec<InventoryEntry> = bundle
+                .resources
+                .iter()
+                .filter(|r| !hooks.is_hook(&r.key))
+                .map(|r| InventoryEntry::of(r))
+                .collect();
+            ledger.intend(&entries);
         }
         let api = self.api.clone();
         let mut note = match self.save_ledger(&api).await {
@@ -416,7 +431,7 @@ impl KubeSink {
             server_errors: 0,
             answers: Vec::new(),
         };
-        let (lines, held) = run.apply_in_phases(&mut ledger, bundle).await;
+        let (lines, held) = run.apply_in_phases(&mut ledger, bundle, &hooks).await;
         self.drift.record(bundle, std::mem::take(&mut run.answers));
         let apply_errors = lines.iter().filter(|l| l.apply_error).count();
         let stopped_applying = run.stopped.clone();
@@ -477,8 +492,24 @@ impl KubeSink {
     async fn bundle_health(&self, bundle: &Bundle) -> Option<Vec<ResourceStatus>> {
         let mut discovery = Discovery::default();
         let mut statuses = Vec::with_capacity(bundle.resources.len());
+        let hooks = bundle.meta.as_deref().map(|meta| {
+            meta.hooks
+                .iter()
+                .filter_map(|h| bundle.resources.get(h.resource))
+                .map(|r| &*r.key)
+                .collect::<HashSet<&ResourceKey>>()
+        });
         for resource in apply_order(bundle) {
             let key = &resource.key;
+            if hooks.as_ref().is_some_and(|hooks| hooks.contains(&**key)) {
+                // A hook ran (or not) when its release was applied; it is not followed.
+                statuses.push(ResourceStatus::new(
+                    key,
+                    ResourceState::Applied,
+                    "a Helm hook",
+                ));
+                continue;
+            }
             if !has_health_rule(key) {
                 statuses.push(ResourceStatus::new(key, ResourceState::Applied, ""));
                 continue;

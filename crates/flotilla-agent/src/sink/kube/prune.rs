@@ -17,6 +17,9 @@ use crate::cache::InventoryEntry;
 use crate::sink::{CLUSTER_LABEL, PRUNE_ANNOTATION, prune_allowed, prune_disabled};
 use flotilla_core::bundle::Bundle;
 
+/// The annotation that makes an object a Helm hook.
+const HELM_HOOK_ANNOTATION: &str = "helm.sh/hook";
+
 /// What the new bundle and the agent's settings say about pruning.
 pub(crate) struct Context<'a> {
     pub cluster: &'a str,
@@ -113,6 +116,17 @@ pub(crate) fn judge(
     }
     if prune_disabled(live) {
         return keep(format!("annotated {PRUNE_ANNOTATION}: disabled"), false);
+    }
+    if live
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(HELM_HOOK_ANNOTATION))
+        .is_some()
+    {
+        return keep(
+            "a Helm hook: hooks are not part of their release, and flotilla never prunes them (as Helm \
+             never deletes them with the release)",
+            false,
+        );
     }
     if text(
         live,

@@ -1,0 +1,606 @@
+//! Helm hooks (`meta.hooks`): resources of a Helm release that run around it, as Helm
+//! runs them, instead of being applied with the rest.
+//!
+//! A release (a workload with hooks) is **installed** when the agent never applied
+//! any of its other resources, and **upgraded** when its resources (hooks included)
+//! differ from those of its last install or upgrade, which the ledger keeps as a
+//! fingerprint per release ([`super::ledger::Ledger::releases`]). A release that did
+//! not change runs no hook: a resync, or a bundle that changes another workload,
+//! leaves its hooks alone.
+//!
+//! In the release's apply phase, its `pre-*` hooks of the event run first (by weight,
+//! then kind and name), each Job or Pod waited for until it completes; then the
+//! release's resources are applied; then its `post-*` hooks run, waited for the same
+//! way (like Helm without `--wait`, the release's health is not waited for before
+//! them). A hook that fails, or does not complete within `--phase-timeout`, stops the
+//! apply there. `before-hook-creation` deletes the hook's previous object before it is
+//! created, `hook-succeeded` and `hook-failed` delete it after it ran. The fingerprint
+//! is recorded once the post hooks completed, so a release whose hooks or resources
+//! failed runs them again on the next attempt.
+//!
+//! Hooks are not in the ledger: they are never pruned, never checked for drift and
+//! never applied again by a resync.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio::time::Instant;
+
+use super::discovery::Found;
+use super::ledger::{Ledger, Origin};
+use super::{Line, Run, api_version_of, health, qualified, with_flotilla_metadata};
+use flotilla_core::bundle::{Bundle, Digest, HookMark, Resource, ResourceKey};
+use flotilla_core::status::{ResourceState, ResourceStatus};
+
+/// What happens to a release in this apply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Change {
+    Install,
+    Upgrade,
+}
+
+impl Change {
+    fn event(self, when: When) -> &'static str {
+        match (self, when) {
+            (Change::Install, When::Pre) => "pre-install",
+            (Change::Install, When::Post) => "post-install",
+            (Change::Upgrade, When::Pre) => "pre-upgrade",
+            (Change::Upgrade, When::Post) => "post-upgrade",
+        }
+    }
+}
+
+/// Before or after the release's resources.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum When {
+    Pre,
+    Post,
+}
+
+/// The hooks of a bundle and what is due of them.
+#[derive(Debug, Default)]
+pub(super) struct Hooks<'b> {
+    /// Each hook resource: its mark and its release.
+    marks: HashMap<&'b ResourceKey, (&'b HookMark, &'b str)>,
+    /// Each release with hooks: its fingerprint now, and its change if it has one.
+    releases: BTreeMap<&'b str, (String, Option<Change>)>,
+}
+
+/// One hook to run.
+pub(super) struct Due<'b> {
+    pub resource: &'b Arc<Resource>,
+    pub mark: &'b HookMark,
+    pub event: &'static str,
+    pub release: &'b str,
+}
+
+impl<'b> Hooks<'b> {
+    /// The bundle's hooks, and which of them are due given what the ledger (as it was
+    /// before this apply) says of each release.
+    pub fn plan(bundle: &'b Bundle, ledger: &Ledger) -> Hooks<'b> {
+        let Some(meta) = bundle.meta.as_deref() else {
+            return Hooks::default();
+        };
+        let mut marks = HashMap::new();
+        for hook in &meta.hooks {
+            if let (Some(resource), Some(release)) = (
+                bundle.resources.get(hook.resource),
+                meta.workloads.get(hook.resource),
+            ) {
+                marks.insert(&*resource.key, (hook, release.as_str()));
+            }
+        }
+        let mut digests: BTreeMap<&str, String> = BTreeMap::new();
+        let mut applied_before: HashSet<&str> = HashSet::new();
+        let released: HashSet<&str> = marks.values().map(|(_, release)| *release).collect();
+        for (resource, workload) in bundle.resources.iter().zip(&meta.workloads) {
+            let workload = workload.as_str();
+            if !released.contains(workload) {
+                continue;
+            }
+            let text = digests.entry(workload).or_default();
+            text.push_str(Digest::of(&resource.canonical).hex());
+            if !marks.contains_key(&*resource.key)
+                && ledger
+                    .entry(&resource.key)
+                    .is_some_and(|e| e.origin != Origin::Pending)
+            {
+                applied_before.insert(workload);
+            }
+        }
+        let releases = digests
+            .into_iter()
+            .map(|(release, text)| {
+                let fingerprint = Digest::of(text.as_bytes()).to_string();
+                let change = match ledger.releases.get(release) {
+                    Some(last) if *last == fingerprint => None,
+                    Some(_) => Some(Change::Upgrade),
+                    None if applied_before.contains(release) => Some(Change::Upgrade),
+                    None => Some(Change::Install),
+                };
+                (release, (fingerprint, change))
+            })
+            .collect();
+        Hooks { marks, releases }
+    }
+
+    pub fn is_hook(&self, key: &ResourceKey) -> bool {
+        self.marks.contains_key(key)
+    }
+
+    /// The hooks among `resources` due `when`, in the order they run: by weight, then
+    /// kind and name.
+    pub fn due(&self, resources: &[&'b Arc<Resource>], when: When) -> Vec<Due<'b>> {
+        let mut due: Vec<Due<'b>> = resources
+            .iter()
+            .filter_map(|resource| {
+                let &(mark, release) = self.marks.get(&*resource.key)?;
+                let (_, change) = self.releases.get(release)?;
+                let event = change.as_ref()?.event(when);
+                mark.runs_on(event).then_some(Due {
+                    resource,
+                    mark,
+                    event,
+                    release,
+                })
+            })
+            .collect();
+        due.sort_by(|a, b| {
+            (a.mark.weight, &a.resource.key.kind, &a.resource.key.name).cmp(&(
+                b.mark.weight,
+                &b.resource.key.kind,
+                &b.resource.key.name,
+            ))
+        });
+        due
+    }
+
+    /// A line for each hook among `resources` that is not due in this apply.
+    pub fn idle_lines(&self, resources: &[&Arc<Resource>]) -> Vec<Line> {
+        resources
+            .iter()
+            .filter_map(|resource| {
+                let &(mark, release) = self.marks.get(&*resource.key)?;
+                let change = self.releases.get(release).and_then(|(_, c)| *c);
+                let due = change.is_some_and(|c| {
+                    mark.runs_on(c.event(When::Pre)) || mark.runs_on(c.event(When::Post))
+                });
+                if due {
+                    return None;
+                }
+                let why = match change {
+                    None => format!("release {release} did not change"),
+                    Some(Change::Install) => format!("release {release} is being installed"),
+                    Some(Change::Upgrade) => format!("release {release} is being upgraded"),
+                };
+                let message = format!("Helm hook ({}): not run, {why}", mark.events.join(", "));
+                Some(Line {
+                    status: ResourceStatus::new(&resource.key, ResourceState::Applied, message),
+                    apply_error: false,
+                })
+            })
+            .collect()
+    }
+
+    /// The releases among `resources`' workloads that have hooks, with their
+    /// fingerprint now.
+    pub fn releases_of(
+        &self,
+        bundle: &Bundle,
+        resources: &[&Arc<Resource>],
+    ) -> Vec<(String, String)> {
+        let Some(meta) = bundle.meta.as_deref() else {
+            return Vec::new();
+        };
+        let in_phase: HashSet<&ResourceKey> = resources.iter().map(|r| &*r.key).collect();
+        let mut found: Vec<(String, String)> = Vec::new();
+        for (resource, workload) in bundle.resources.iter().zip(&meta.workloads) {
+            if !in_phase.contains(&*resource.key) || found.iter().any(|(w, _)| w == workload) {
+                continue;
+            }
+            if let Some((fingerprint, _)) = self.releases.get(workload.as_str()) {
+                found.push((workload.clone(), fingerprint.clone()));
+            }
+        }
+        found
+    }
+
+    /// The release of a resource, if it belongs to one with hooks.
+    pub fn release_of(&self, bundle: &'b Bundle, key: &ResourceKey) -> Option<&'b str> {
+        let meta = bundle.meta.as_deref()?;
+        let index = bundle
+            .resources
+            .binary_search_by(|r| (*r.key).cmp(key))
+            .ok()?;
+        let workload = meta.workloads.get(index)?.as_str();
+        self.releases.contains_key(workload).then_some(workload)
+    }
+}
+
+/// How a hook ended.
+enum End {
+    Succeeded(String),
+    Failed(String),
+}
+
+/// Whether a hook object as the server returned it has finished: a Job once it
+/// completed or failed, a Pod once it succeeded or failed, anything else at once.
+fn finished(key: &ResourceKey, live: &Value) -> Option<End> {
+    match (key.group.as_str(), key.kind.as_str()) {
+        ("batch", "Job") => match health(key, live) {
+            (ResourceState::Healthy, message) => Some(End::Succeeded(message)),
+            (ResourceState::Failed, message) => Some(End::Failed(message)),
+            _ => None,
+        },
+        ("", "Pod") => match live.pointer("/status/phase").and_then(Value::as_str) {
+            Some("Succeeded") => Some(End::Succeeded("succeeded".into())),
+            Some("Failed") => Some(End::Failed(
+                live.pointer("/status/message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("the pod failed")
+                    .to_string(),
+            )),
+            _ => None,
+        },
+        _ => Some(End::Succeeded("applied".into())),
+    }
+}
+
+fn running(live: &Value) -> String {
+    let active = live
+        .pointer("/status/active")
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
+    match live.pointer("/status/phase").and_then(Value::as_str) {
+        Some(phase) => format!("phase {phase}"),
+        None => format!("running: {active} active"),
+    }
+}
+
+impl Run {
+    /// Runs hooks one after the other; the first that fails stops them. Returns a
+    /// line per hook, and why they stopped.
+    pub(super) async fn run_hooks(
+        &mut self,
+        bundle: &Bundle,
+        due: &[Due<'_>],
+        defined: &HashSet<(String, String)>,
+    ) -> (Vec<Line>, Option<String>) {
+        let mut lines = Vec::with_capacity(due.len());
+        for (index, hook) in due.iter().enumerate() {
+            let line = self.run_hook(bundle, hook, defined).await;
+            if !line.apply_error {
+                lines.push(line);
+                continue;
+            }
+            let reason = format!(
+                "Helm hook {} ({} of release {}) failed: {}",
+                hook.resource.key, hook.event, hook.release, line.status.message
+            );
+            lines.push(line);
+            lines.extend(due[index + 1..].iter().map(|later| Line {
+                status: ResourceStatus::new(
+                    &later.resource.key,
+                    ResourceState::Failed,
+                    format!("not run: {reason}"),
+                ),
+                apply_error: true,
+            }));
+            return (lines, Some(reason));
+        }
+        (lines, None)
+    }
+
+    async fn run_hook(
+        &mut self,
+        bundle: &Bundle,
+        hook: &Due<'_>,
+        defined: &HashSet<(String, String)>,
+    ) -> Line {
+        let key = &hook.resource.key;
+        let failed = |message: String| Line {
+            status: ResourceStatus::new(key, ResourceState::Failed, message),
+            apply_error: true,
+        };
+        if let Some(reason) = &self.stopped {
+            return failed(format!("not run: the apply stopped early ({reason})"));
+        }
+        let api_version = api_version_of(hook.resource);
+        let found = match self
+            .resolve_for_apply(&api_version, &key.kind, defined)
+            .await
+        {
+            Ok(Some(found)) => found,
+            Ok(None) => {
+                return failed(format!(
+                    "the API server does not serve kind {} in {api_version}",
+                    key.kind
+                ));
+            }
+            Err(failure) => {
+                return self.apply_failed(
+                    key,
+                    "cannot discover its API",
+                    "get",
+                    &api_version,
+                    failure,
+                );
+            }
+        };
+        let namespace = found.namespaced.then_some(key.namespace.as_str());
+        let resource_name = qualified(&found);
+        if hook.mark.deletes_on("before-hook-creation")
+            && let Err(message) = self.delete_hook(&found, namespace, key).await
+        {
+            return failed(format!(
+                "cannot delete its previous object (before-hook-creation): {message}"
+            ));
+        }
+        let mut object =
+            with_flotilla_metadata(hook.resource.value(), &bundle.cluster, Some(&bundle.digest));
+        if !found.namespaced
+            && let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut)
+        {
+            metadata.remove("namespace");
+        }
+        let live = match self
+            .api
+            .apply(
+                &found.resource,
+                namespace,
+                &key.name,
+                &object,
+                self.options.force_conflicts,
+            )
+            .await
+        {
+            Ok((_, live)) => {
+                self.server_errors = 0;
+                live
+            }
+            Err(failure) => {
+                return self.apply_failed(key, "apply failed", "patch", &resource_name, failure);
+            }
+        };
+        let end = self.wait_finished(&found, namespace, key, live).await;
+        let (policy, end) = match end {
+            End::Succeeded(message) => ("hook-succeeded", End::Succeeded(message)),
+            End::Failed(message) => ("hook-failed", End::Failed(message)),
+        };
+        let mut deleted = String::new();
+        if hook.mark.deletes_on(policy) {
+            deleted = match self.delete_hook(&found, namespace, key).await {
+                Ok(()) => format!("; deleted ({policy})"),
+                Err(message) => format!("; cannot delete it ({policy}): {message}"),
+            };
+        }
+        match end {
+            End::Succeeded(message) => {
+                let state = if matches!(key.kind.as_str(), "Job" | "Pod") {
+                    ResourceState::Healthy
+                } else {
+                    ResourceState::Applied
+                };
+                Line {
+                    status: ResourceStatus::new(
+                        key,
+                        state,
+                        format!(
+                            "Helm hook {} of release {}: {message}{deleted}",
+                            hook.event, hook.release
+                        ),
+                    ),
+                    apply_error: false,
+                }
+            }
+            End::Failed(message) => failed(format!("{message}{deleted}")),
+        }
+    }
+
+    /// Waits until a hook Job or Pod finishes, for at most `--phase-timeout`.
+    async fn wait_finished(
+        &mut self,
+        found: &Found,
+        namespace: Option<&str>,
+        key: &ResourceKey,
+        mut live: Value,
+    ) -> End {
+        let deadline = Instant::now() + self.options.phase_timeout;
+        loop {
+            if let Some(end) = finished(key, &live) {
+                return end;
+            }
+            if Instant::now() + self.options.crd_poll > deadline {
+                return End::Failed(format!(
+                    "not complete after {} (--phase-timeout): {}",
+                    humantime::format_duration(self.options.phase_timeout),
+                    running(&live)
+                ));
+            }
+            let read = async {
+                self.pause(self.options.crd_poll).await?;
+                self.api.get(&found.resource, namespace, &key.name).await
+            };
+            match read.await {
+                Ok(read) => live = read,
+                Err(failure) if failure.is_not_found() => {
+                    return End::Failed("it was deleted before it finished".into());
+                }
+                Err(failure) => {
+                    let described = failure.describe("get", &key.kind);
+                    self.note(key, &failure, &described);
+                    if failure.stops_run() {
+                        return End::Failed(described);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Deletes a hook's object if there is one, and waits until it is gone (for at
+    /// most `--phase-timeout`).
+    async fn delete_hook(
+        &mut self,
+        found: &Found,
+        namespace: Option<&str>,
+        key: &ResourceKey,
+    ) -> Result<(), String> {
+        let mut deleting = false;
+        let deadline = Instant::now() + self.options.phase_timeout;
+        loop {
+            let live = match self.api.get(&found.resource, namespace, &key.name).await {
+                Ok(live) => live,
+                Err(failure) if failure.is_not_found() => return Ok(()),
+                Err(failure) => {
+                    let described = failure.describe("get", &key.kind);
+                    self.note(key, &failure, &described);
+                    return Err(described);
+                }
+            };
+            if !deleting {
+                let uid = live
+                    .pointer("/metadata/uid")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
+                match self
+                    .api
+                    .delete(&found.resource, namespace, &key.name, uid, None)
+                    .await
+                {
+                    Ok(_) => deleting = true,
+                    Err(failure) if failure.is_not_found() => return Ok(()),
+                    Err(failure) => {
+                        let described = failure.describe("delete", &key.kind);
+                        self.note(key, &failure, &described);
+                        return Err(described);
+                    }
+                }
+                continue;
+            }
+            if Instant::now() + self.options.crd_poll > deadline {
+                return Err(format!(
+                    "still there after {} (--phase-timeout)",
+                    humantime::format_duration(self.options.phase_timeout)
+                ));
+            }
+            if let Err(failure) = self.pause(self.options.crd_poll).await {
+                return Err(failure.describe("delete", &key.kind));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::InventoryEntry;
+    use crate::testing::phased_bundle_of;
+    use serde_json::json;
+
+    fn object(kind: &str, name: &str, replicas: i64) -> Value {
+        let api_version = if kind == "Job" { "batch/v1" } else { "apps/v1" };
+        json!({"apiVersion": api_version, "kind": kind,
+               "metadata": {"name": name, "namespace": "demo"}, "spec": {"replicas": replicas}})
+    }
+
+    /// Release `web` (a Deployment with `replicas`) with two pre-install,pre-upgrade
+    /// hooks of weights 5 and -1 and a post-install one, beside workload `other`.
+    fn release(replicas: i64) -> Bundle {
+        let bundle = phased_bundle_of(
+            "edge-1",
+            vec![
+                ("web", object("Deployment", "web", replicas)),
+                ("web", object("Job", "a-late", 0)),
+                ("web", object("Job", "z-early", 0)),
+                ("web", object("Job", "notify", 0)),
+                ("other", object("Deployment", "other", 1)),
+            ],
+            &[&["web", "other"]],
+        );
+        let mut meta = bundle.meta.as_deref().cloned().expect("meta");
+        for (index, resource) in bundle.resources.iter().enumerate() {
+            let (events, weight): (&[&str], i64) = match resource.key.name.as_str() {
+                "a-late" => (&["pre-install", "pre-upgrade"], 5),
+                "z-early" => (&["pre-install", "pre-upgrade"], -1),
+                "notify" => (&["post-install"], 0),
+                _ => continue,
+            };
+            meta.hooks.push(HookMark {
+                resource: index,
+                events: events.iter().map(|e| e.to_string()).collect(),
+                weight,
+                delete_policies: Vec::new(),
+            });
+        }
+        Bundle::from_sorted_with_meta("edge-1", bundle.resources.clone(), Some(meta))
+    }
+
+    fn due(hooks: &Hooks<'_>, bundle: &Bundle, when: When) -> Vec<(String, &'static str)> {
+        let all: Vec<&Arc<Resource>> = bundle.resources.iter().collect();
+        hooks
+            .due(&all, when)
+            .iter()
+            .map(|d| (d.resource.key.name.clone(), d.event))
+            .collect()
+    }
+
+    fn names(list: &[(&str, &'static str)]) -> Vec<(String, &'static str)> {
+        list.iter().map(|(n, e)| (n.to_string(), *e)).collect()
+    }
+
+    #[test]
+    fn a_release_is_installed_once_upgraded_when_it_changes_and_left_alone_otherwise() {
+        let bundle = release(1);
+        let mut ledger = Ledger::new("edge-1");
+        let hooks = Hooks::plan(&bundle, &ledger);
+        let hook_names: Vec<&str> = bundle
+            .resources
+            .iter()
+            .filter(|r| hooks.is_hook(&r.key))
+            .map(|r| r.key.name.as_str())
+            .collect();
+        assert_eq!(hook_names, ["a-late", "notify", "z-early"]);
+        assert_eq!(
+            due(&hooks, &bundle, When::Pre),
+            names(&[("z-early", "pre-install"), ("a-late", "pre-install")]),
+            "by weight, then kind and name"
+        );
+        assert_eq!(
+            due(&hooks, &bundle, When::Post),
+            names(&[("notify", "post-install")])
+        );
+
+        // Its Deployment was applied before (by an agent that kept no fingerprint):
+        // an upgrade, which the post-install hook does not run on.
+        let web = bundle
+            .resources
+            .iter()
+            .find(|r| r.key.name == "web")
+            .expect("web");
+        ledger.record_apply(&InventoryEntry::of(web), true, Some("uid-1"));
+        let hooks = Hooks::plan(&bundle, &ledger);
+        assert_eq!(
+            due(&hooks, &bundle, When::Pre),
+            names(&[("z-early", "pre-upgrade"), ("a-late", "pre-upgrade")])
+        );
+        assert!(due(&hooks, &bundle, When::Post).is_empty());
+        let all: Vec<&Arc<Resource>> = bundle.resources.iter().collect();
+        let notify_line = hooks.idle_lines(&all);
+        assert_eq!(notify_line.len(), 1);
+        assert_eq!(
+            notify_line[0].status.message,
+            "Helm hook (post-install): not run, release web is being upgraded"
+        );
+
+        // Recorded as run to the end: nothing is due until the release changes.
+        ledger.releases.extend(hooks.releases_of(&bundle, &all));
+        assert_eq!(ledger.releases.len(), 1, "only web has hooks");
+        let hooks = Hooks::plan(&bundle, &ledger);
+        assert!(due(&hooks, &bundle, When::Pre).is_empty());
+        assert_eq!(hooks.idle_lines(&all).len(), 3);
+        let changed = release(2);
+        let hooks = Hooks::plan(&changed, &ledger);
+        assert_eq!(due(&hooks, &changed, When::Pre).len(), 2);
+    }
+}

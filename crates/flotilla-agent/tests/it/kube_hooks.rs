@@ -1,0 +1,290 @@
+//! Helm hooks (`meta.hooks`) with the kube sink against the fake API server: a
+//! release's pre-install Job completes before the release is applied; a change to the
+//! release runs its pre-upgrade hook, deleting the previous Job first
+//! (`before-hook-creation`); an unchanged release runs none; a failing hook stops the
+//! apply naming it; hooks are neither checked for drift nor pruned.
+
+use crate::support as agent_support;
+
+use std::time::Duration;
+
+use agent_support::kube::*;
+use agent_support::phased_bundle;
+use flotilla_agent::sink::Sink;
+use flotilla_agent::sink::drift::DriftCheck;
+use flotilla_agent::sink::kube::KubeOptions;
+use flotilla_core::bundle::{Bundle, HookMark};
+use flotilla_core::status::ResourceState::{Applied, Failed, Healthy, Progressing};
+use flotilla_kube_fake::FakeApiServer;
+use serde_json::{Value, json};
+
+const POLL: Duration = Duration::from_millis(100);
+
+fn quick() -> KubeOptions {
+    KubeOptions {
+        crd_poll: POLL,
+        phase_timeout: Duration::from_millis(500),
+        ..options()
+    }
+}
+
+const JOB: &str = "/apis/batch/v1/namespaces/demo/jobs/web-migrate";
+const WEB: &str = "/apis/apps/v1/namespaces/demo/deployments/web";
+const NAMESPACE: &str = "/api/v1/namespaces/demo";
+
+/// The migration Job of release `web`, a `pre-install,pre-upgrade` hook.
+fn migrate_job(image: &str) -> Value {
+    object(
+        "batch/v1",
+        "Job",
+        "demo",
+        "web-migrate",
+        json!({"metadata": {"annotations": {"helm.sh/hook": "pre-install,pre-upgrade"}},
+               "spec": {"template": {"spec": {"restartPolicy": "Never",
+                        "containers": [{"name": "migrate", "image": image}]}}}}),
+    )
+}
+
+/// Release `web` (its Deployment, and the migration Job as a hook with the given
+/// delete policies) after workload `base` (the namespace and a ConfigMap).
+fn release(replicas: i64, base_value: &str, delete_policies: &[&str]) -> Bundle {
+    with_hooks(
+        phased_bundle(
+            "edge-1",
+            vec![
+                ("base", kube_namespace("demo")),
+                ("base", kube_config_map("demo", "base", base_value)),
+                ("web", deployment("demo", "web", replicas)),
+                ("web", migrate_job("ghcr.io/example/migrate:1")),
+            ],
+            &[&["base"], &["web"]],
+        ),
+        &[(
+            "web-migrate",
+            &["pre-install", "pre-upgrade"],
+            delete_policies,
+        )],
+    )
+}
+
+/// The bundle with hook marks added for the named resources.
+fn with_hooks(bundle: Bundle, hooks: &[(&str, &[&str], &[&str])]) -> Bundle {
+    let mut meta = bundle.meta.as_deref().cloned().unwrap_or_default();
+    for (index, resource) in bundle.resources.iter().enumerate() {
+        if let Some((_, events, policies)) = hooks.iter().find(|(n, ..)| *n == resource.key.name) {
+            meta.hooks.push(HookMark {
+                resource: index,
+                events: events.iter().map(|e| e.to_string()).collect(),
+                weight: 0,
+                delete_policies: policies.iter().map(|p| p.to_string()).collect(),
+            });
+        }
+    }
+    Bundle::from_sorted_with_meta("edge-1", bundle.resources.clone(), Some(meta))
+}
+
+/// The requests for the bundle's objects, without discovery and the ledger.
+fn object_requests(fake: &FakeApiServer) -> Vec<String> {
+    requests(fake)
+        .into_iter()
+        .filter(|l| !l.contains("/configmaps/flotilla-inventory-"))
+        .collect()
+}
+
+/// Makes the Job finish (`Complete` or `Failed`) as its controller would, just
+/// before the `read`th read of it is answered (counted from 1).
+fn finish_at_read(fake: &FakeApiServer, read: usize, condition: &'static str) {
+    fake.before("GET", "/jobs/web-migrate", move |fake| {
+        if read > 1 {
+            finish_at_read(fake, read - 1, condition);
+            return;
+        }
+        let status = json!({"conditions": [{"type": condition, "status": "True",
+                                            "message": format!("the job is {condition}")}]});
+        assert!(fake.set_status("batch/v1", "Job", "demo", "web-migrate", status));
+    });
+}
+
+/// On install the first read is the one before the Job is created, the second the
+/// first look at it.
+fn finish_at_second_read(fake: &FakeApiServer, condition: &'static str) {
+    finish_at_read(fake, 2, condition);
+}
+
+fn job_image(fake: &FakeApiServer) -> Option<String> {
+    fake.get("batch/v1", "Job", "demo", "web-migrate")
+        .map(|job| {
+            job.pointer("/spec/template/spec/containers/0/image")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pre_install_job_completes_before_its_release_is_applied_and_runs_again_on_upgrade_only()
+{
+    let fake = FakeApiServer::new();
+    let mut sink = sink(&fake, quick());
+    let patch = |path: &str| format!("PATCH {path}");
+    let get = |path: &str| format!("GET {path}");
+
+    // Install: the Job is created, read until it completes, then the Deployment.
+    finish_at_second_read(&fake, "Complete");
+    let installed = release(1, "1", &["before-hook-creation"]);
+    let outcome = sink.apply(&installed, &[]).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    let (state, message) = line(&outcome, "Job", "web-migrate");
+    assert_eq!(state, Healthy);
+    assert!(message.contains("pre-install of release web"), "{message}");
+    assert_eq!(
+        object_requests(&fake),
+        [
+            patch(NAMESPACE),
+            patch("/api/v1/namespaces/demo/configmaps/base"),
+            get(JOB),
+            patch(JOB),
+            get(JOB),
+            patch(WEB),
+        ]
+    );
+
+    // Upgrade: the release changed, so the previous Job is deleted, made again and
+    // waited for before the Deployment is applied.
+    fake.clear_exchanges();
+    // Read, deleted, read gone, created, read: the third read sees it complete.
+    finish_at_read(&fake, 3, "Complete");
+    let upgraded = release(2, "1", &["before-hook-creation"]);
+    let outcome = sink.apply(&upgraded, &[]).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    assert!(
+        line(&outcome, "Job", "web-migrate")
+            .1
+            .contains("pre-upgrade of release web"),
+        "{outcome:#?}"
+    );
+    let requests = object_requests(&fake);
+    let job_and_web: Vec<&String> = requests
+        .iter()
+        .filter(|r| r.ends_with(JOB) || r.ends_with(WEB))
+        .collect();
+    assert_eq!(
+        job_and_web,
+        [
+            &get(JOB),
+            &format!("DELETE {JOB}"),
+            &get(JOB),
+            &patch(JOB),
+            &get(JOB),
+            &patch(WEB),
+        ]
+    );
+    assert!(
+        fake.get("batch/v1", "Job", "demo", "web-migrate")
+            .is_some_and(|job| job.pointer("/status/conditions").is_some()),
+        "the new Job ran and is kept (no hook-succeeded policy)"
+    );
+
+    // The same bundle again (a resync), and a bundle that changes only another
+    // workload: the release did not change, so no hook runs.
+    for unchanged in [upgraded.clone(), release(2, "2", &["before-hook-creation"])] {
+        fake.clear_exchanges();
+        let outcome = sink.apply(&unchanged, &[]).await;
+        assert!(outcome.complete, "{outcome:#?}");
+        assert!(
+            object_requests(&fake).iter().all(|r| !r.contains("/jobs/")),
+            "{:?}",
+            object_requests(&fake)
+        );
+        assert_eq!(
+            line(&outcome, "Job", "web-migrate"),
+            (
+                Applied,
+                "Helm hook (pre-install, pre-upgrade): not run, release web did not change".into()
+            )
+        );
+        assert_eq!(line(&outcome, "Deployment", "web").0, Progressing);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hook_that_fails_or_does_not_complete_stops_the_apply_naming_it() {
+    let fake = FakeApiServer::new();
+    finish_at_second_read(&fake, "Failed");
+    let outcome = sink(&fake, quick())
+        .apply(&release(1, "1", &["hook-failed"]), &[])
+        .await;
+    assert!(!outcome.complete, "{outcome:#?}");
+    assert!(
+        outcome.message.contains(
+            "Helm hook Job.batch demo/web-migrate (pre-install of release web) failed: the job is Failed"
+        ),
+        "{}",
+        outcome.message
+    );
+    assert_eq!(line(&outcome, "Job", "web-migrate").0, Failed);
+    let (state, message) = line(&outcome, "Deployment", "web");
+    assert_eq!(state, Failed);
+    assert!(message.starts_with("not applied: Helm hook"), "{message}");
+    let requests = object_requests(&fake);
+    assert!(!requests.contains(&format!("PATCH {WEB}")), "{requests:?}");
+    assert!(
+        requests.contains(&format!("DELETE {JOB}")),
+        "hook-failed deletes the failed Job: {requests:?}"
+    );
+    assert_eq!(job_image(&fake), None);
+
+    // A Job that never completes is given --phase-timeout.
+    let fake = FakeApiServer::new();
+    let outcome = sink(&fake, quick())
+        .apply(&release(1, "1", &["before-hook-creation"]), &[])
+        .await;
+    assert!(!outcome.complete, "{outcome:#?}");
+    assert!(
+        outcome
+            .message
+            .contains("not complete after 500ms (--phase-timeout)"),
+        "{}",
+        outcome.message
+    );
+    assert!(!object_requests(&fake).contains(&format!("PATCH {WEB}")));
+}
+
+#[tokio::test(start_paused = true)]
+async fn hooks_are_not_checked_for_drift_and_never_pruned() {
+    let fake = FakeApiServer::new();
+    let mut sink = sink(&fake, quick());
+    finish_at_second_read(&fake, "Complete");
+    let installed = release(1, "1", &["before-hook-creation"]);
+    let outcome = sink.apply(&installed, &[]).await;
+    assert!(outcome.complete, "{outcome:#?}");
+
+    // Someone changes the Job: not drift, as flotilla does not follow hooks.
+    fake.insert(migrate_job("ghcr.io/example/other:9"), "kubectl-edit");
+    match sink.check_drift(&installed).await {
+        DriftCheck::Checked { drift, .. } => {
+            assert!(drift.iter().all(|d| d.name != "web-migrate"), "{drift:#?}")
+        }
+        other => panic!("the check did not complete: {other:?}"),
+    }
+    assert_eq!(job_image(&fake).as_deref(), Some("ghcr.io/example/other:9"));
+
+    // The release's next version has no hook: the Job stays.
+    let without = phased_bundle(
+        "edge-1",
+        vec![
+            ("base", kube_namespace("demo")),
+            ("base", kube_config_map("demo", "base", "1")),
+            ("web", deployment("demo", "web", 1)),
+        ],
+        &[&["base"], &["web"]],
+    );
+    let outcome = sink
+        .apply(&without, &prune_list(&installed, &without))
+        .await;
+    assert!(outcome.complete, "{outcome:#?}");
+    let (state, message) = line(&outcome, "Job", "web-migrate");
+    assert_eq!(state, Applied);
+    assert!(message.contains("a Helm hook"), "{message}");
+    assert!(job_image(&fake).is_some(), "the hook Job is not pruned");
+}
