@@ -288,3 +288,59 @@ async fn hooks_are_not_checked_for_drift_and_never_pruned() {
     assert!(message.contains("a Helm hook"), "{message}");
     assert!(job_image(&fake).is_some(), "the hook Job is not pruned");
 }
+
+#[tokio::test(start_paused = true)]
+async fn post_hooks_run_after_the_release_and_hook_succeeded_deletes_the_job() {
+    let fake = FakeApiServer::new();
+    finish_at_second_read(&fake, "Complete");
+    let notify = kube_config_map("demo", "web-notify", "installed");
+    let bundle = with_hooks(
+        phased_bundle(
+            "edge-1",
+            vec![
+                ("base", kube_namespace("demo")),
+                ("web", deployment("demo", "web", 1)),
+                ("web", migrate_job("ghcr.io/example/migrate:1")),
+                ("web", notify),
+            ],
+            &[&["base"], &["web"]],
+        ),
+        &[
+            ("web-migrate", &["pre-install"], &["hook-succeeded"]),
+            ("web-notify", &["post-install"], &["before-hook-creation"]),
+        ],
+    );
+    let outcome = sink(&fake, quick()).apply(&bundle, &[]).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    const NOTIFY: &str = "/api/v1/namespaces/demo/configmaps/web-notify";
+    assert_eq!(
+        object_requests(&fake),
+        [
+            format!("PATCH {NAMESPACE}"),
+            // Without before-hook-creation (a policy given replaces Helm's default)
+            // the Job is created at once, then read until it completes.
+            format!("PATCH {JOB}"),
+            format!("GET {JOB}"),
+            format!("GET {JOB}"),
+            // hook-succeeded: read, deleted, read gone.
+            format!("GET {JOB}"),
+            format!("DELETE {JOB}"),
+            format!("GET {JOB}"),
+            format!("PATCH {WEB}"),
+            // The post-install hook once the release is applied, without waiting
+            // for the Deployment.
+            format!("GET {NOTIFY}"),
+            format!("PATCH {NOTIFY}"),
+        ]
+    );
+    assert_eq!(job_image(&fake), None, "the Job that succeeded is deleted");
+    let (state, message) = line(&outcome, "Job", "web-migrate");
+    assert_eq!(state, Healthy);
+    assert!(message.ends_with("; deleted (hook-succeeded)"), "{message}");
+    assert_eq!(
+        line(&outcome, "ConfigMap", "web-notify").0,
+        Applied,
+        "a post hook other than a Job or Pod is done once applied"
+    );
+    assert!(fake.get("v1", "ConfigMap", "demo", "web-notify").is_some());
+}
