@@ -5,6 +5,7 @@ mod agent_e2e;
 mod agent_file;
 mod architecture;
 mod bad_inputs;
+mod bundle_deltas;
 mod bundle_features;
 mod cli_database;
 mod diff_cli;

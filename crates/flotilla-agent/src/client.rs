@@ -12,6 +12,7 @@ use url::Url;
 use flotilla_core::api;
 // A bundle larger than the limit the renderer keeps is refused.
 use flotilla_core::bundle::{Digest, MAX_BUNDLE_BYTES, features};
+use flotilla_core::dcz;
 use flotilla_core::status::StatusReport;
 
 use crate::wait::Ending;
@@ -193,6 +194,9 @@ pub enum Fetched {
     NotModified,
     /// A bundle document, not yet verified, and the ETag it came with.
     Bundle { body: Vec<u8>, etag: Option<String> },
+    /// A delta (RFC 9842 `dcz`) against the bundle named by
+    /// [`HubClient::offer_dictionary`], not yet rebuilt or verified.
+    Delta { body: Vec<u8>, etag: Option<String> },
 }
 
 /// Why a fetch or a report failed. Every variant says what to do next by its kind:
@@ -293,6 +297,9 @@ pub struct HubClient {
     /// The digest of the raw document last returned, to answer "not modified" for
     /// servers that cannot (a folder, a static server that ignores If-None-Match).
     last_body: Option<Digest>,
+    /// The digest whose bundle the agent holds, offered to a hub as the dictionary of a
+    /// delta (`Available-Dictionary`); `None`: full documents only.
+    dictionary: Option<Digest>,
 }
 
 #[derive(Debug, Clone)]
@@ -347,6 +354,7 @@ impl HubClient {
             token,
             http,
             last_body: None,
+            dictionary: None,
         })
     }
 
@@ -363,6 +371,13 @@ impl HubClient {
             self.http = http_client().http2_prior_knowledge().build()?;
         }
         Ok(self)
+    }
+
+    /// Offers the bundle of `digest` as the base of deltas in the next requests to a
+    /// hub (`Available-Dictionary`, and `dcz` in `Accept-Encoding`); `None` asks for
+    /// full documents only.
+    pub fn offer_dictionary(&mut self, digest: Option<Digest>) {
+        self.dictionary = digest;
     }
 
     /// Whether `body` is byte for byte the document fetched last, while the caller
@@ -399,6 +414,13 @@ impl HubClient {
                 if let Some(etag) = if_none_match {
                     request = request.header(header::IF_NONE_MATCH, etag);
                 }
+                if let Some(value) = self.dictionary.as_ref().and_then(dcz::available_dictionary) {
+                    // Set here, the HTTP client leaves Accept-Encoding alone; it still
+                    // decodes gzip itself and hands a dcz body over as it came.
+                    request = request
+                        .header(dcz::AVAILABLE_DICTIONARY, value)
+                        .header(header::ACCEPT_ENCODING, "gzip, dcz");
+                }
                 request = self.authorise(request);
                 let response = request.send().await.map_err(|err| self.unanswered(err))?;
                 let status = response.status();
@@ -413,7 +435,14 @@ impl HubClient {
                     .get(header::ETAG)
                     .and_then(|v| v.to_str().ok())
                     .map(str::to_string);
+                let delta = response
+                    .headers()
+                    .get(header::CONTENT_ENCODING)
+                    .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(dcz::ENCODING.as_bytes()));
                 let body = self.read_limited(response).await?;
+                if delta {
+                    return Ok(Fetched::Delta { body, etag });
+                }
                 // A server that ignores If-None-Match (a plain static server) sends the
                 // same document again: answered as "not modified" without parsing it.
                 if self.unchanged(&body, if_none_match) {

@@ -5,7 +5,9 @@
 //! - the **poller** long-polls the hub (or re-reads a `file://` folder) with the last
 //!   digest as `If-None-Match`, verifies each new bundle (recomputed digest, and the
 //!   ETag when it is a flotilla digest), stores it as last-known-good, and hands it
-//!   on; it backs off with full jitter on failures, honouring `Retry-After`;
+//!   on; a hub may send a change as a delta against the stored bundle ([`delta`]),
+//!   rebuilt and then verified as a full document, and any doubt about one means
+//!   the next request asks for the full document; it backs off with full jitter on failures, honouring `Retry-After`;
 //! - the **applier** (the caller's task) applies the last-known-good bundle at boot
 //!   without waiting for the hub, then every new bundle, retries failed applies with
 //!   back-off, looks for drift on `--resync` (the sink compares what it applied with
@@ -41,6 +43,7 @@ pub mod backoff;
 pub mod cache;
 pub mod cli;
 pub mod client;
+pub mod delta;
 pub mod logging;
 pub mod sealed;
 pub mod sink;
@@ -136,8 +139,10 @@ const HEALTH_MAX: Duration = Duration::from_secs(60);
 /// What the poller hands the applier.
 #[derive(Debug)]
 enum Event {
-    /// A new, verified bundle, already stored as last-known-good.
-    Bundle(Arc<Bundle>),
+    /// A new, verified bundle, already stored as last-known-good, and how it came
+    /// when that is worth a word in the report (as a delta, or in full after a delta
+    /// that failed).
+    Bundle(Arc<Bundle>, Option<String>),
     /// A bundle that was refused; the last-known-good stays.
     Refused {
         claimed: Option<Digest>,
@@ -269,6 +274,8 @@ impl<S: Sink> Agent<S> {
             etag: None,
             trusted: config.trusted.clone(),
             held,
+            offer_delta: true,
+            bad_delta: None,
         };
         let poller = tokio::spawn(poller.run());
 
@@ -286,6 +293,7 @@ impl<S: Sink> Agent<S> {
             observers: reports,
             backoff: Backoff::new(config.backoff),
             identity,
+            delivery: None,
         };
         applier.run(events_rx, shutdown, stop).await;
         poller.abort();
@@ -321,6 +329,8 @@ struct Applier<'a, S: Sink> {
     backoff: Backoff,
     /// Opens the Secrets sealed to this agent, in memory, just before they apply.
     identity: sealed::AgentIdentity,
+    /// How the bundle being applied came, said in the report after the apply's message.
+    delivery: Option<String>,
 }
 
 impl<S: Sink> Applier<'_, S> {
@@ -409,9 +419,10 @@ impl<S: Sink> Applier<'_, S> {
             tokio::select! {
                 () = &mut shutdown => return,
                 event = events.recv() => match event {
-                    Some(Event::Bundle(bundle)) => {
-                        tracing::info!(digest = %bundle.digest, resources = bundle.resources.len(), "new bundle");
+                    Some(Event::Bundle(bundle, delivery)) => {
+                        tracing::info!(digest = %bundle.digest, resources = bundle.resources.len(), delivery = delivery.as_deref().unwrap_or("full document"), "new bundle");
                         self.desired = Some(bundle);
+                        self.delivery = delivery;
                         self.backoff.reset();
                         retry_at = None;
                         apply_now = true;
@@ -517,11 +528,15 @@ impl<S: Sink> Applier<'_, S> {
         } else {
             tracing::error!(digest = %bundle.digest, "{}", outcome.message);
         }
+        let message = match &self.delivery {
+            Some(delivery) => format!("{} ({delivery})", outcome.message),
+            None => outcome.message,
+        };
         self.report = StatusReport {
             applied: self.inventory.applied.clone(),
             attempted: Some(bundle.digest.clone()),
             resources: outcome.resources,
-            message: outcome.message,
+            message,
             agent_version: AGENT_VERSION.to_string(),
             drift: Vec::new(),
             features: crate::FEATURES.iter().map(|f| f.to_string()).collect(),
@@ -643,7 +658,15 @@ struct Poller {
     trusted: TrustedKeys,
     /// The sequence and digest of the last signed bundle accepted.
     held: Option<Held>,
+    /// Whether the next request offers the stored bundle as the base of a delta; off
+    /// for one request after a delta failed.
+    offer_delta: bool,
+    /// Why the last delta failed, said with the full bundle that follows it.
+    bad_delta: Option<String>,
 }
+
+/// What the report says of a bundle that came as a delta.
+const AS_DELTA: &str = "received as a delta";
 
 enum Verdict {
     New(Bundle, Option<Held>),
@@ -662,25 +685,51 @@ impl Poller {
                 .etag
                 .clone()
                 .or_else(|| self.current.as_ref().map(|d| format!("\"{d}\"")));
-            let delay = match self
+            let offer = std::mem::replace(&mut self.offer_delta, true);
+            self.client
+                .offer_dictionary(self.current.clone().filter(|_| offer));
+            let fetched = self
                 .client
                 .fetch_bundle(if_none_match.as_deref(), wait)
-                .await
-            {
+                .await;
+            // A delta is rebuilt into the document it stands for, then verified as one.
+            let (fetched, as_delta) = match fetched {
+                Ok(Fetched::Delta { body, etag }) => match self.rebuild(&body) {
+                    Ok(body) => (Ok(Fetched::Bundle { body, etag }), true),
+                    Err(err) => {
+                        self.delta_failed(err.to_string(), offer).await;
+                        continue;
+                    }
+                },
+                other => (other, false),
+            };
+            let delay = match fetched {
+                Ok(Fetched::Delta { .. }) => Duration::ZERO,
                 Ok(Fetched::NotModified) => {
                     self.backoff.reset();
                     self.waits.answered(wait, started.elapsed())
                 }
                 Ok(Fetched::Bundle { body, etag }) => match self.judge(&body, etag.as_deref()) {
+                    Verdict::Refused(_, message) if as_delta => {
+                        self.delta_failed(message, offer).await;
+                        continue;
+                    }
                     Verdict::New(bundle, held) => match self.state.save_bundle(&body) {
                         Ok(()) => {
                             self.backoff.reset();
                             self.held = held;
                             self.current = Some(bundle.digest.clone());
                             self.etag = etag;
+                            let delivery = if as_delta {
+                                Some(AS_DELTA.to_string())
+                            } else {
+                                self.bad_delta.take().map(|why| {
+                                    format!("fetched in full after a delta that failed: {why}")
+                                })
+                            };
                             if self
                                 .events
-                                .send(Event::Bundle(Arc::new(bundle)))
+                                .send(Event::Bundle(Arc::new(bundle), delivery))
                                 .await
                                 .is_err()
                             {
@@ -775,6 +824,39 @@ impl Poller {
     }
 
     /// Verifies a received document.
+    /// The document a delta stands for, rebuilt against the stored bundle (which must
+    /// be the one this agent runs).
+    fn rebuild(&self, body: &[u8]) -> Result<Vec<u8>, delta::DeltaError> {
+        let dictionary = match self.state.load_document(&self.cluster) {
+            Ok(Some(document)) if Some(&document.bundle.digest) == self.current.as_ref() => {
+                document.bundle.canonical_body()
+            }
+            Ok(Some(_)) => {
+                return Err(delta::DeltaError::NoBase(
+                    "it is not the bundle this agent runs".into(),
+                ));
+            }
+            Ok(None) => return Err(delta::DeltaError::NoBase("there is none".into())),
+            Err(err) => return Err(delta::DeltaError::NoBase(err.to_string())),
+        };
+        delta::decode(body, self.current.as_ref(), &dictionary)
+    }
+
+    /// A delta that could not be rebuilt or verified: nothing of it is kept, and the
+    /// next request, at once, asks for the full document. A server that sends a delta
+    /// it was not asked for is waited for as after any failure.
+    async fn delta_failed(&mut self, why: String, asked: bool) {
+        tracing::warn!(
+            "a delta from {} failed ({why}); fetching the full document",
+            self.client.server()
+        );
+        self.offer_delta = false;
+        self.bad_delta = Some(why);
+        if !asked {
+            self.sleeper.sleep(self.backoff.next_delay(None)).await;
+        }
+    }
+
     fn judge(&self, body: &[u8], etag: Option<&str>) -> Verdict {
         let document = match bundle::verify_document_parts(body, Some(&self.cluster)) {
             Ok(document) => document,

@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod bundle;
+pub mod dcz;
 pub mod diagnostic;
 pub mod limits;
 pub mod model;

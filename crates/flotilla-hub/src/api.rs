@@ -39,9 +39,11 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::auth::Grant;
+use crate::delta;
 use crate::recorder::rollouts::{Action, ActionRefused};
 use crate::recorder::{ClusterBundle, Encoding, ReportRefused, Shared};
 use flotilla_core::bundle::{Digest, document_bytes, features};
+use flotilla_core::dcz;
 use flotilla_core::status::StatusReport;
 
 /// The largest status report accepted.
@@ -59,6 +61,8 @@ const REVALIDATE: HeaderValue = HeaderValue::from_static("private, no-cache");
 /// A bundle named by its digest never changes.
 const IMMUTABLE: HeaderValue = HeaderValue::from_static("private, max-age=31536000, immutable");
 const VARY_ENCODING: HeaderValue = HeaderValue::from_static("Accept-Encoding");
+const VARY_DICTIONARY: HeaderValue =
+    HeaderValue::from_static("Accept-Encoding, Available-Dictionary");
 
 type SharedState = State<Arc<Shared>>;
 
@@ -92,6 +96,8 @@ struct Gates {
     limits: RequestLimits,
     webhook_bodies: tokio::sync::Semaphore,
     polls: Arc<HeldPolls>,
+    /// The deltas made for agents that run an earlier digest (RFC 9842 `dcz`).
+    deltas: Arc<delta::Deltas>,
 }
 
 type GatesExtension = Extension<Arc<Gates>>;
@@ -101,6 +107,7 @@ pub fn router(shared: Arc<Shared>, limits: RequestLimits) -> Router {
         limits,
         webhook_bodies: tokio::sync::Semaphore::new(limits.max_webhook_bodies),
         polls: Arc::default(),
+        deltas: Arc::new(delta::Deltas::new()),
     });
     ENDPOINTS
         .iter()
@@ -624,7 +631,7 @@ async fn current_bundle(
         }
     }
     let Some(mut etag) = if_none_match.and_then(|value| unchanged_etag(value, &entry)) else {
-        return sent(shared, entry, headers, own).await;
+        return sent(shared, &gates.deltas, entry, headers, own, false).await;
     };
     let mut entry = entry;
     if let (Some(wait), Some(value)) = (wait, if_none_match) {
@@ -644,7 +651,7 @@ async fn current_bundle(
                         return Ok(behind(shared, &newer, if_none_match, None, &missing).await);
                     }
                 }
-                return sent(shared, newer, headers, own).await;
+                return sent(shared, &gates.deltas, newer, headers, own, true).await;
             }
             Change::Gone => {
                 return Err(ApiError::new(
@@ -776,14 +783,26 @@ async fn behind(
 
 /// A 200 with the entry's bundle; for the cluster's own token it marks the cluster
 /// as having fetched what it is served, and tells the rollouts when that is the
-/// digest HEAD renders for it (so a silence after taking it counts).
+/// digest HEAD renders for it (so a silence after taking it counts). A request that
+/// names the digest it runs (`Available-Dictionary`) and accepts `dcz` gets the
+/// delta from it when one is made (a long-poll a change `woken` waits a little for
+/// it), else the full document.
 async fn sent(
     shared: &Arc<Shared>,
+    deltas: &Arc<delta::Deltas>,
     entry: Arc<ClusterBundle>,
     headers: &HeaderMap,
     own: bool,
+    woken: bool,
 ) -> Result<Response, ApiError> {
-    let response = full_response(shared, entry.clone(), headers, REVALIDATE).await?;
+    let delta = match delta::requested(headers) {
+        Some(base) => delta::answer(shared, deltas, &entry, &base, woken).await,
+        None => None,
+    };
+    let response = match delta {
+        Some(body) => delta_response(shared, &entry, body),
+        None => full_response(shared, entry.clone(), headers, REVALIDATE).await?,
+    };
     if own {
         shared
             .recorder
@@ -967,6 +986,9 @@ async fn full_response(
             let _permit = shared.answering.acquire().await.ok();
             // Another request may have made it meanwhile.
             if let Some(body) = entry.cached(encoding) {
+                shared
+                    .metrics
+                    .bundle_bytes_sent(encoding_name(encoding), body.len());
                 return Ok(bundle_response(&entry, body, encoding, cache));
             }
             let shared = shared.clone();
@@ -992,7 +1014,31 @@ async fn full_response(
             .map_err(|err| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))??
         }
     };
+    shared
+        .metrics
+        .bundle_bytes_sent(encoding_name(encoding), body.len());
     Ok(bundle_response(&entry, body, encoding, cache))
+}
+
+/// A 200 with a delta (RFC 9842 `dcz`): it differs with the dictionary the request
+/// names, so no cache may give it to another.
+fn delta_response(shared: &Shared, entry: &ClusterBundle, body: Bytes) -> Response {
+    shared.metrics.bundle_bytes_sent(dcz::ENCODING, body.len());
+    let mut response = Response::new(Body::from(body));
+    bundle_headers(&mut response, entry, REVALIDATE);
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, JSON);
+    headers.insert(CONTENT_ENCODING, HeaderValue::from_static(dcz::ENCODING));
+    headers.insert(VARY, VARY_DICTIONARY);
+    response
+}
+
+fn encoding_name(encoding: Encoding) -> &'static str {
+    match encoding {
+        Encoding::Identity => "identity",
+        Encoding::Gzip => "gzip",
+        Encoding::Zstd => "zstd",
+    }
 }
 
 fn bundle_response(

@@ -16,6 +16,7 @@
 pub mod api;
 pub mod auth;
 pub mod clock;
+pub mod delta;
 pub mod fleet;
 pub mod follow;
 pub mod listen;

@@ -101,7 +101,18 @@ pub struct Metrics {
     /// 1 while the last look at the database (several hubs) failed.
     database_unreachable: Gauge,
     rollout_lease_held: Gauge,
+    bundle_bytes: Family<EncodingLabel, Counter>,
+    deltas: Family<ResultLabel, Counter>,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EncodingLabel {
+    encoding: &'static str,
+}
+
+/// The content encodings of bundle bodies: the full document as it is or compressed,
+/// or a delta (RFC 9842 `dcz`).
+const ENCODINGS: [&str; 4] = ["identity", "gzip", "zstd", "dcz"];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -155,7 +166,27 @@ impl Default for Metrics {
             "1 while this hub holds the lease to record renders and decide rollouts",
             rollout_lease_held.clone(),
         );
+        let bundle_bytes = Family::<EncodingLabel, Counter>::default();
+        for encoding in ENCODINGS {
+            let _ = bundle_bytes.get_or_create(&EncodingLabel { encoding });
+        }
+        registry.register(
+            "flotilla_bundle_bytes_sent",
+            "Bytes of bundle bodies sent, by content encoding (dcz: deltas against the digest the agent runs)",
+            bundle_bytes.clone(),
+        );
+        let deltas = Family::<ResultLabel, Counter>::default();
+        for result in ["hit", "miss"] {
+            let _ = deltas.get_or_create(&ResultLabel { result });
+        }
+        registry.register(
+            "flotilla_bundle_deltas",
+            "Changed bundles asked for as a delta: sent as one (hit) or as the full document (miss)",
+            deltas.clone(),
+        );
         Metrics {
+            bundle_bytes,
+            deltas,
             database_unreachable,
             rollout_lease_held,
             registry,
@@ -178,6 +209,20 @@ impl Metrics {
         self.bundle_responses
             .get_or_create(&CodeLabel { code })
             .inc();
+    }
+
+    /// Counts the bytes of a bundle body sent with `encoding` (`identity`, `gzip`,
+    /// `zstd` or `dcz`).
+    pub fn bundle_bytes_sent(&self, encoding: &'static str, bytes: usize) {
+        self.bundle_bytes
+            .get_or_create(&EncodingLabel { encoding })
+            .inc_by(bytes as u64);
+    }
+
+    /// Counts a changed bundle asked for as a delta: sent as one, or not.
+    pub fn delta(&self, hit: bool) {
+        let result = if hit { "hit" } else { "miss" };
+        self.deltas.get_or_create(&ResultLabel { result }).inc();
     }
 
     fn bundle_responses(&self, code: u16) -> u64 {
