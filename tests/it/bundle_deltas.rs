@@ -539,12 +539,27 @@ async fn a_broken_delta_is_dropped_and_the_agent_takes_the_full_document() {
     // all, the other decompresses into a document whose resources were changed after
     // their digest was taken (it fails the digest check).
     let mut runs = first;
-    for (what, value) in [("garbage", "two"), ("forged", "three")] {
+    // The third is a good delta, but the agent's stored copy of its base is damaged.
+    let cases = [
+        ("garbage", "two", "the delta does not decompress"),
+        ("forged", "three", "refused the bundle"),
+        (
+            "no base",
+            "four",
+            "the stored bundle cannot serve as the delta's base",
+        ),
+    ];
+    for (what, value, why) in cases {
         let target = entries(value);
         let delta = if what == "garbage" {
             let mut garbage = dcz::header(&runs.digest).expect("header").to_vec();
             garbage.extend_from_slice(b"this is not a zstd frame");
             garbage
+        } else if what == "no base" {
+            std::fs::write(site.path().join("state").join(STORED), b"{\"damaged\"")
+                .expect("damages the stored bundle");
+            flotilla_hub::delta::encode(&runs.canonical_body(), &target.document(REVISION))
+                .expect("encodes")
         } else {
             let forged = String::from_utf8(target.document(REVISION))
                 .expect("utf-8")
@@ -557,7 +572,7 @@ async fn a_broken_delta_is_dropped_and_the_agent_takes_the_full_document() {
         assert!(
             report
                 .message
-                .contains("fetched in full after a delta that failed"),
+                .contains(&format!("fetched in full after a delta that failed: {why}")),
             "{what}: {}",
             report.message
         );
