@@ -100,9 +100,10 @@ proptest! {
     }
 }
 
-/// 200 ConfigMaps of hexadecimal text, about 2 MB: what the benchmark measures too.
-fn large(changed: bool) -> Bundle {
-    let values = (0..200)
+/// `count` ConfigMaps of 10,000 characters of hexadecimal text each: 200 make about
+/// 2 MB, what the benchmark measures too.
+fn large(count: u64, changed: bool) -> Bundle {
+    let values = (0..count)
         .map(|i| {
             let text: String = (0..1250u64)
                 .map(|j| {
@@ -125,13 +126,28 @@ fn large(changed: bool) -> Bundle {
 
 #[test]
 fn one_changed_field_in_a_large_bundle_is_a_small_delta() {
-    let base = large(false);
-    let target = large(true);
+    let base = large(200, false);
+    let target = large(200, true);
     round_trip(&base, &target);
     let document = target.document(REVISION);
     assert!(document.len() > 2_000_000, "{}", document.len());
     let delta = flotilla_hub::delta::encode(&base.canonical_body(), &document).expect("encodes");
     assert!(delta.len() < 2_500, "{} bytes", delta.len());
+}
+
+#[test]
+fn a_ten_megabyte_bundle_with_resources_added_and_removed_round_trips() {
+    let base = large(1000, false);
+    let mut values: Vec<Value> = large(1000, true)
+        .resources
+        .iter()
+        .map(|r| r.value())
+        .collect();
+    values.remove(500);
+    values.push(config_map("zz-added", "a new one"));
+    let target = bundle("edge", values);
+    assert!(base.canonical_body().len() > 10_000_000);
+    round_trip(&base, &target);
 }
 
 #[test]
