@@ -80,6 +80,15 @@ fn comparable(mut report: Value) -> Value {
     // The Helm charts of the served render are what the hub rendered; the database
     // does not keep them.
     object.remove("charts");
+    // A hub's settling after it started on a new store is its own: the database does
+    // not record when a hub started.
+    if let Some(rollouts) = object.get_mut("rollouts").and_then(Value::as_array_mut) {
+        for rollout in rollouts {
+            if let Some(rollout) = rollout.as_object_mut() {
+                rollout.remove("settlingUntil");
+            }
+        }
+    }
     for cluster in object["clusters"].as_array_mut().expect("clusters") {
         let cluster = cluster.as_object_mut().expect("a cluster");
         for moving in [
