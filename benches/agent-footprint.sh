@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The edge agent's footprint: binary size, resident memory and CPU while idle.
 #
-#   cargo build --release && benches/agent-footprint.sh [IDLE_SECONDS]
+#   cargo build --release --bin flotilla && cargo build --profile edge --bin flotilla-agent \
+#     && benches/agent-footprint.sh [IDLE_SECONDS]
 #   AGENT_BIN=target/release/flotilla benches/agent-footprint.sh   # `flotilla agent` instead
 #   SYNTHETIC=2000 benches/agent-footprint.sh     # a bundle of 2,000 ConfigMaps instead
 #
@@ -18,7 +19,7 @@ cd "$(dirname "$0")/.."
 
 idle="${1:-30}"
 bin="${FLOTILLA_BIN:-target/release/flotilla}"
-agent_bin="${AGENT_BIN:-target/release/flotilla-agent}"
+agent_bin="${AGENT_BIN:-target/edge/flotilla-agent}"
 # `flotilla` runs its agent as a subcommand; the edge binary is the agent itself.
 agent_cmd=("$agent_bin")
 [ "$(basename "$agent_bin")" = "flotilla" ] && agent_cmd+=(agent)

@@ -268,14 +268,18 @@ fn the_dockerfile_builds_from_what_the_repository_holds() {
         "the image builds what Cargo.lock pins"
     );
 
-    for (target, binary) in [("hub", "flotilla"), ("agent", "flotilla-agent")] {
+    // The hub in the release profile, the edge agent in the smaller `edge` one.
+    for (target, binary, profile) in [
+        ("hub", "flotilla", "release"),
+        ("agent", "flotilla-agent", "edge"),
+    ] {
         assert!(
             binaries.contains(binary),
             "{binary} is a [[bin]] of the workspace"
         );
         let stage = stage(&stages, target);
         assert!(
-            run.args.contains(&format!("target/release/{binary} ")),
+            run.args.contains(&format!("target/{profile}/{binary} ")),
             "Dockerfile:{}: the build copies out {binary}",
             run.line
         );
