@@ -78,6 +78,20 @@ pub fn to_path(segments: &[&str]) -> String {
     path
 }
 
+/// The content codings an `Accept-Encoding` value accepts: each named one whose
+/// quality is not `q=0`, in the order given.
+pub fn accepted_encodings(accept_encoding: &str) -> impl Iterator<Item = &str> {
+    accept_encoding.split(',').filter_map(|item| {
+        let mut parts = item.split(';');
+        let name = parts.next().unwrap_or("").trim();
+        let quality = parts
+            .find_map(|p| p.trim().strip_prefix("q="))
+            .and_then(|q| q.trim().parse::<f32>().ok())
+            .unwrap_or(1.0);
+        (!name.is_empty() && quality > 0.0).then_some(name)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -373,13 +373,13 @@ pub mod features {
         Some(needed(meta.as_ref(), sealed))
     }
 
-    pub(super) fn is_sealed_secret(resource: &serde_json::Value) -> bool {
+    fn is_sealed_secret(resource: &serde_json::Value) -> bool {
         resource["kind"] == "Secret"
             && resource["apiVersion"] == "v1"
             && resource.get(super::SEALED_SECRET_FIELD).is_some()
     }
 
-    pub(super) fn needed(meta: Option<&super::BundleMeta>, sealed: bool) -> Vec<&'static str> {
+    fn needed(meta: Option<&super::BundleMeta>, sealed: bool) -> Vec<&'static str> {
         let mut needs = Vec::new();
         if let Some(meta) = meta {
             needs.push(META);
@@ -693,26 +693,10 @@ impl Bundle {
         }
     }
 
-    /// The features an agent must understand to apply this bundle (see [`features`]).
-    pub fn needs(&self) -> Vec<&'static str> {
-        let marker = format!("\"{SEALED_SECRET_FIELD}\":");
-        let sealed = self.resources.iter().any(|r| {
-            r.key.kind == "Secret"
-                && r.key.group.is_empty()
-                && contains_bytes(&r.canonical, marker.as_bytes())
-                && features::is_sealed_secret(&r.value())
-        });
-        features::needed(self.meta.as_deref(), sealed)
-    }
-
     /// How many apply phases the bundle has (at least one).
     pub fn phase_count(&self) -> usize {
         self.meta.as_ref().map_or(1, |m| m.phases.len().max(1))
     }
-}
-
-fn contains_bytes(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 fn write_body<W: Write>(out: &mut W, meta: Option<&BundleMeta>, resources: &[Arc<Resource>]) {

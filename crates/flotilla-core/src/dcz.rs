@@ -70,15 +70,7 @@ pub fn split(body: &[u8]) -> Option<(Digest, &[u8])> {
 
 /// Whether an `Accept-Encoding` value accepts `dcz` (not with `q=0`).
 pub fn accepts(accept_encoding: &str) -> bool {
-    accept_encoding.split(',').any(|item| {
-        let mut parts = item.split(';');
-        let name = parts.next().unwrap_or("").trim();
-        let quality = parts
-            .find_map(|p| p.trim().strip_prefix("q="))
-            .and_then(|q| q.trim().parse::<f32>().ok())
-            .unwrap_or(1.0);
-        name.eq_ignore_ascii_case(ENCODING) && quality > 0.0
-    })
+    crate::api::accepted_encodings(accept_encoding).any(|name| name.eq_ignore_ascii_case(ENCODING))
 }
 
 #[cfg(test)]

@@ -932,16 +932,7 @@ fn choose_encoding(headers: &HeaderMap) -> Encoding {
         return Encoding::Identity;
     };
     let (mut gzip, mut zstd) = (false, false);
-    for item in value.split(',') {
-        let mut parts = item.split(';');
-        let name = parts.next().unwrap_or("").trim();
-        let quality = parts
-            .find_map(|p| p.trim().strip_prefix("q="))
-            .and_then(|q| q.trim().parse::<f32>().ok())
-            .unwrap_or(1.0);
-        if quality <= 0.0 {
-            continue;
-        }
+    for name in flotilla_core::api::accepted_encodings(value) {
         if name.eq_ignore_ascii_case("zstd") {
             zstd = true;
         } else if name.eq_ignore_ascii_case("gzip") || name.eq_ignore_ascii_case("x-gzip") {

@@ -18,9 +18,9 @@ use serde_json::Value;
 use super::discovery::Found;
 use super::{FIELD_MANAGER, KubeSink, has_health_rule, health, job_ran};
 use crate::cache::InventoryEntry;
+use crate::sink::apply_rank;
 use crate::sink::drift::{self, DriftCheck, Fingerprint, Memory};
-use crate::sink::{apply_rank, with_flotilla_metadata};
-use flotilla_core::bundle::{Bundle, Digest, DriftPolicy, Resource, ResourceKey};
+use flotilla_core::bundle::{Bundle, Digest, DriftPolicy, ResourceKey};
 use flotilla_core::status::{DriftAction, ResourceStatus};
 
 /// What the sink keeps of its applies for drift checks.
@@ -71,17 +71,6 @@ impl Tracker {
     }
 }
 
-/// The object as [`KubeSink`] applies it.
-fn applied_object(bundle: &Bundle, resource: &Resource, namespaced: bool) -> Value {
-    let mut object =
-        with_flotilla_metadata(resource.value(), &bundle.cluster, Some(&bundle.digest));
-    if !namespaced && let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut)
-    {
-        metadata.remove("namespace");
-    }
-    object
-}
-
 /// A drifted resource waiting for its correction.
 struct Correction {
     /// Its index in the bundle and in the report's drift.
@@ -104,7 +93,7 @@ impl KubeSink {
             let Some(applied) = self.drift.applied.get(&**key) else {
                 continue;
             };
-            let object = applied_object(bundle, resource, applied.found.namespaced);
+            let object = super::applied_object(bundle, resource, applied.found.namespaced);
             let namespace = applied.found.namespaced.then_some(key.namespace.as_str());
             let (found, managers) = match self
                 .api
@@ -179,7 +168,7 @@ impl KubeSink {
             let Some(applied) = self.drift.applied.get_mut(&**key) else {
                 continue;
             };
-            let object = applied_object(bundle, resource, applied.found.namespaced);
+            let object = super::applied_object(bundle, resource, applied.found.namespaced);
             let namespace = applied.found.namespaced.then_some(key.namespace.as_str());
             match self
                 .api

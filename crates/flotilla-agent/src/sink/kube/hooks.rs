@@ -29,7 +29,7 @@ use tokio::time::Instant;
 
 use super::discovery::Found;
 use super::ledger::{Ledger, Origin};
-use super::{Line, Run, api_version_of, health, qualified, with_flotilla_metadata};
+use super::{Line, Run, api_version_of, health, qualified};
 use flotilla_core::bundle::{Bundle, Digest, HookMark, Resource, ResourceKey};
 use flotilla_core::status::{ResourceState, ResourceStatus};
 
@@ -337,13 +337,7 @@ impl Run {
                 "cannot delete its previous object (before-hook-creation): {message}"
             ));
         }
-        let mut object =
-            with_flotilla_metadata(hook.resource.value(), &bundle.cluster, Some(&bundle.digest));
-        if !found.namespaced
-            && let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut)
-        {
-            metadata.remove("namespace");
-        }
+        let object = super::applied_object(bundle, hook.resource, found.namespaced);
         let live = match self
             .api
             .apply(

@@ -959,14 +959,7 @@ impl Run {
                 }
             }
         }
-        let mut object =
-            with_flotilla_metadata(resource.value(), &bundle.cluster, Some(&bundle.digest));
-        if !found.namespaced
-            && let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut)
-        {
-            // The API server rejects a namespace on a cluster-scoped object.
-            metadata.remove("namespace");
-        }
+        let object = applied_object(bundle, resource, found.namespaced);
         match self
             .api
             .apply(
@@ -1157,6 +1150,18 @@ impl Run {
             }
         }
     }
+}
+
+/// The object as the kube sink applies it: flotilla's label and digest annotation on
+/// it, and no namespace on a cluster-scoped object (the API server rejects one).
+fn applied_object(bundle: &Bundle, resource: &Resource, namespaced: bool) -> Value {
+    let mut object =
+        with_flotilla_metadata(resource.value(), &bundle.cluster, Some(&bundle.digest));
+    if !namespaced && let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut)
+    {
+        metadata.remove("namespace");
+    }
+    object
 }
 
 #[cfg(test)]
