@@ -323,9 +323,11 @@ pub mod features {
     pub const SEALED: &str = "sealed";
     /// Helm hooks run around their release (`meta.hooks`).
     pub const HOOKS: &str = "hooks";
+    /// Tenant rules the agent enforces (`meta.tenants`).
+    pub const TENANTS: &str = "tenants";
 
     /// Every feature this version knows, in the order of their bits (see [`bits`]).
-    pub const ALL: [&str; 5] = [META, PHASES, DRIFT, SEALED, HOOKS];
+    pub const ALL: [&str; 6] = [META, PHASES, DRIFT, SEALED, HOOKS, TENANTS];
 
     /// The features named in a header value (`meta, phases`).
     pub fn parse(header: &str) -> Vec<&str> {
@@ -392,6 +394,9 @@ pub mod features {
             if !meta.hooks.is_empty() {
                 needs.push(HOOKS);
             }
+            if !meta.tenants.is_empty() {
+                needs.push(TENANTS);
+            }
         }
         if sealed {
             needs.push(SEALED);
@@ -445,6 +450,24 @@ pub struct BundleMeta {
     /// instead of applying them with the rest.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hooks: Vec<HookMark>,
+    /// The tenants whose workloads the bundle holds, by name: which workloads are
+    /// theirs and where their resources may go. The agent refuses a tenant's resource
+    /// outside them. Workloads named by no tenant are the platform's.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub tenants: std::collections::BTreeMap<String, TenantMark>,
+}
+
+/// One tenant of a bundle (`meta.tenants.<name>`, docs/tenants.md).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TenantMark {
+    /// The tenant's workloads in this bundle, sorted.
+    pub workloads: Vec<String>,
+    /// The namespaces its resources may be in: names and globs (`team-a-*`).
+    pub namespaces: Vec<String>,
+    /// The cluster-scoped kinds it may write (none unless listed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cluster_scoped: Vec<String>,
 }
 
 /// One Helm hook of a bundle (`meta.hooks`, docs/api.md): the resource, the events it
@@ -502,6 +525,7 @@ impl BundleMeta {
             && self.phases.is_empty()
             && self.drift.is_empty()
             && self.hooks.is_empty()
+            && self.tenants.is_empty()
     }
 
     /// The canonical bytes of the `meta` object.
@@ -522,6 +546,7 @@ impl BundleMeta {
             ));
         }
         self.check_hooks(resources)?;
+        self.check_tenants()?;
         if self.phases.is_empty() {
             return Ok(());
         }
@@ -544,6 +569,31 @@ impl BundleMeta {
             Some(workload) => Err(format!("workload {workload:?} is in no phase")),
             None => Ok(()),
         }
+    }
+
+    fn check_tenants(&self) -> Result<(), String> {
+        if !self.tenants.is_empty() && self.workloads.is_empty() {
+            return Err("meta.tenants without meta.workloads".into());
+        }
+        let mut owner = std::collections::HashMap::new();
+        for (tenant, mark) in &self.tenants {
+            for workload in &mark.workloads {
+                if let Some(other) = owner.insert(workload.as_str(), tenant.as_str()) {
+                    return Err(format!(
+                        "workload {workload:?} belongs to two tenants, {other:?} and {tenant:?}"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The tenant a workload belongs to, if any (`None`: the platform's).
+    pub fn tenant_of(&self, workload: &str) -> Option<(&str, &TenantMark)> {
+        self.tenants
+            .iter()
+            .find(|(_, mark)| mark.workloads.iter().any(|w| w == workload))
+            .map(|(name, mark)| (name.as_str(), mark))
     }
 
     fn check_hooks(&self, resources: usize) -> Result<(), String> {
