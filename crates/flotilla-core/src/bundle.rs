@@ -1270,7 +1270,7 @@ mod tests {
             workloads: vec!["db".into(), "app".into()],
             phases: vec![vec!["db".into()], vec!["app".into()]],
             drift: [("app".to_string(), DriftPolicy::Report)].into(),
-            hooks: Vec::new(),
+            ..BundleMeta::default()
         }
     }
 

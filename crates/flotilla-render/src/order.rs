@@ -180,6 +180,7 @@ pub(crate) fn bundle_meta(
         phases,
         drift,
         hooks,
+        ..BundleMeta::default()
     }))
 }
 
