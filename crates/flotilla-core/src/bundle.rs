@@ -489,6 +489,31 @@ pub struct HookMark {
     pub delete_policies: Vec<String>,
 }
 
+impl TenantMark {
+    /// Why the tenant may not write the resource `key`, if it may not: a namespace
+    /// outside its own, a `Namespace` not its own, or a cluster-scoped kind it may
+    /// not write (`clusterScoped` names `Kind` or `Kind.group`).
+    pub fn refusal(&self, key: &ResourceKey) -> Option<String> {
+        let ours = |name: &str| {
+            self.namespaces
+                .iter()
+                .any(|pattern| crate::names::glob_matches(pattern, name))
+        };
+        if !key.namespace.is_empty() {
+            return (!ours(&key.namespace))
+                .then(|| format!("namespace {:?} is not the tenant's", key.namespace));
+        }
+        if key.group.is_empty() && key.kind == "Namespace" {
+            return (!ours(&key.name)).then(|| "the namespace is not the tenant's".to_string());
+        }
+        let allowed = self.cluster_scoped.iter().any(|k| match k.split_once('.') {
+            Some((kind, group)) => kind == key.kind && group == key.group,
+            None => *k == key.kind,
+        });
+        (!allowed).then(|| format!("the tenant may not write cluster-scoped {}", key.kind))
+    }
+}
+
 fn is_zero(weight: &i64) -> bool {
     *weight == 0
 }

@@ -190,6 +190,36 @@ pub fn shown(name: &str) -> String {
     }
 }
 
+/// Whether `text` matches `pattern`, where `*` stands for any characters but `/`,
+/// `**` for any characters at all and `?` for one character but `/`. A pattern
+/// without them is a plain name.
+pub fn glob_matches(pattern: &str, text: &str) -> bool {
+    fn at(p: &[u8], t: &[u8]) -> bool {
+        match p.split_first() {
+            None => t.is_empty(),
+            Some((b'*', rest)) if rest.first() == Some(&b'*') => {
+                let rest = &rest[1..];
+                (0..=t.len()).any(|i| at(rest, &t[i..]))
+            }
+            Some((b'*', rest)) => {
+                let mut i = 0;
+                loop {
+                    if at(rest, &t[i..]) {
+                        return true;
+                    }
+                    if i == t.len() || t[i] == b'/' {
+                        return false;
+                    }
+                    i += 1;
+                }
+            }
+            Some((b'?', rest)) => t.first().is_some_and(|&c| c != b'/') && at(rest, &t[1..]),
+            Some((c, rest)) => t.first() == Some(c) && at(rest, &t[1..]),
+        }
+    }
+    at(pattern.as_bytes(), text.as_bytes())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -320,5 +350,26 @@ mod tests {
             long.ends_with("… (5000 bytes)") && long.len() < 90,
             "{long}"
         );
+    }
+}
+
+#[cfg(test)]
+mod glob_tests {
+    use super::glob_matches;
+
+    #[test]
+    fn globs_match_names_and_paths() {
+        assert!(glob_matches("team-a", "team-a"));
+        assert!(!glob_matches("team-a", "team-ab"));
+        assert!(glob_matches("team-a-*", "team-a-shop"));
+        assert!(glob_matches("team-a-*", "team-a-"));
+        assert!(!glob_matches("team-a-*", "team-b-shop"));
+        assert!(glob_matches("*", "anything"));
+        assert!(glob_matches("shop-?", "shop-1"));
+        assert!(!glob_matches("shop-?", "shop-12"));
+        assert!(glob_matches("charts/**", "charts/ingress/templates/a.yaml"));
+        assert!(!glob_matches("charts/*", "charts/ingress/templates/a.yaml"));
+        assert!(glob_matches("charts/*/Chart.yaml", "charts/ingress/Chart.yaml"));
+        assert!(!glob_matches("charts/**", "workloads/x/charts/a"));
     }
 }

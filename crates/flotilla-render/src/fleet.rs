@@ -55,6 +55,9 @@ pub struct Workload {
     pub depends_on: Vec<Located<String>>,
     /// `spec.drift`, before overlays.
     pub drift: DriftPolicy,
+    /// The tenant that owns it (an index into [`Fleet::tenants`]); `None`: the
+    /// platform's.
+    pub tenant: Option<usize>,
 }
 
 /// A manifest document with the file and line it came from.
@@ -83,6 +86,22 @@ pub struct Overlay {
     pub patches: Vec<CompiledPatch>,
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
+    /// The tenant that owns it: then it acts only on that tenant's workloads.
+    pub tenant: Option<usize>,
+}
+
+/// A tenant (`tenants/<name>.yaml`) as read: see [`crate::tenancy`].
+#[derive(Debug)]
+pub struct Tenant {
+    pub name: String,
+    pub file: String,
+    pub workloads: Vec<Located<String>>,
+    pub overlays: Vec<Located<String>>,
+    pub cluster_selector: Option<LabelSelector>,
+    pub namespaces: Vec<Located<String>>,
+    pub cluster_scoped: Vec<Located<String>>,
+    pub cluster_roles: Vec<Located<String>>,
+    pub shared_paths: Vec<Located<String>>,
 }
 
 /// A patch with its target's regular expressions and selectors compiled.
@@ -146,6 +165,8 @@ pub struct Fleet {
     pub workloads: Vec<Workload>,
     pub overlays: Vec<Overlay>,
     pub rollout_policies: Vec<RolloutPolicy>,
+    /// Tenants, by name.
+    pub tenants: Vec<Tenant>,
     /// `flotilla.yaml`'s settings (each its default when the file is absent).
     pub settings: FleetSettings,
 }

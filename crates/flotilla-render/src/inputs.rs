@@ -10,8 +10,8 @@
 //! it (the workload file, its parsed manifests and kustomize output as the renderer
 //! sees them, and its templates' text); the overlays that select it (their files);
 //! and, for every cluster, the files the snapshot skipped (a manifest or kustomize
-//! input too large to read is an error where it is used). A template that includes,
-//! imports or extends another can reach any template the renderer compiles, so when
+//! input too large to read is an error where it is used) and the tenants' files. A
+//! template that includes, imports or extends another can reach any template the renderer compiles, so when
 //! any template does, every templated workload depends on all of them (which ones,
 //! and their text). Templates cannot otherwise see each other: `debug()`, which
 //! prints the engine's state, is taken out of the engine.
@@ -195,6 +195,12 @@ pub(crate) fn of_fleet(
         for (path, reason) in &snapshot.skipped {
             put(&mut hasher, path.as_bytes());
             put(&mut hasher, reason.as_bytes());
+        }
+        // Tenants decide which overlays act on which workloads and what their
+        // resources may be: they reach every cluster.
+        hasher.update(b"tenants");
+        for tenant in &fleet.tenants {
+            hasher.update(file_digest(snapshot, &tenant.file));
         }
         hasher.finalize().into()
     };

@@ -33,6 +33,7 @@ pub mod shape;
 pub mod sops;
 pub mod stencil;
 mod strategic;
+mod tenancy;
 pub mod template;
 pub mod transform;
 pub mod yaml;

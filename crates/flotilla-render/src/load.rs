@@ -14,7 +14,7 @@ use super::yaml::{self, YamlDocument};
 use flotilla_core::diagnostic::{Diagnostic, did_you_mean};
 use flotilla_core::model::{
     ClusterDoc, FleetSettingsDoc, GroupDoc, LabelSelector, Located, OverlayDoc, Patch,
-    RolloutPolicyDoc, WorkloadDoc, parse_selector,
+    RolloutPolicyDoc, TenantDoc, WorkloadDoc, parse_selector,
 };
 use flotilla_core::names;
 use flotilla_core::rollout::{self, Budget, Policy, WavePlan, Window};
@@ -24,7 +24,7 @@ use flotilla_core::snapshot::{FleetSnapshot, KUSTOMIZATION_FILE_NAMES};
 // named here too, as before they had a module of their own.
 pub use crate::fleet::{
     Cluster, CompiledPatch, Fleet, Group, Overlay, PatchAction, RolloutPolicy, SourcedDocument,
-    WaveSelection, Workload,
+    Tenant, WaveSelection, Workload,
 };
 
 const API_VERSION: &str = flotilla_core::bundle::API_VERSION;
@@ -36,6 +36,7 @@ enum Loaded {
     Workload(Workload),
     Overlay(Overlay),
     RolloutPolicy(RolloutPolicy),
+    Tenant(Tenant),
     Settings(flotilla_core::model::FleetSettings),
     Manifest {
         workload: String,
@@ -129,6 +130,7 @@ pub fn load_reusing(
             Loaded::Workload(workload) => fleet.workloads.push(workload),
             Loaded::Overlay(overlay) => fleet.overlays.push(overlay),
             Loaded::RolloutPolicy(policy) => fleet.rollout_policies.push(policy),
+            Loaded::Tenant(tenant) => fleet.tenants.push(tenant),
             Loaded::Settings(settings) => fleet.settings = settings,
             Loaded::Manifest {
                 workload,
@@ -140,11 +142,33 @@ pub fn load_reusing(
             Loaded::Nothing => {}
         }
     }
+    fleet.tenants.sort_by(|a, b| a.name.cmp(&b.name));
+    crate::tenancy::assign(&mut fleet, diagnostics);
+    // A tenant's kustomizations see only the files the tenant may read.
+    let fenced: Vec<Option<FleetSnapshot>> = (0..fleet.tenants.len())
+        .map(|t| {
+            fleet
+                .workloads
+                .iter()
+                .any(|w| {
+                    w.tenant == Some(t)
+                        && kustomize::file::find_in(snapshot, &format!("workloads/{}", w.name))
+                            .is_ok_and(|found| found.is_some())
+                })
+                .then(|| crate::tenancy::Fence::of(&fleet, t).snapshot(snapshot))
+        })
+        .collect();
     // A workload that is a kustomize base is built once here, for every cluster.
     let built: Vec<Option<Result<Vec<SourcedDocument>, Vec<Diagnostic>>>> = fleet
         .workloads
         .par_iter()
-        .map(|workload| build_kustomization(snapshot, &workload.name))
+        .map(|workload| {
+            let seen = workload
+                .tenant
+                .and_then(|t| fenced[t].as_ref())
+                .unwrap_or(snapshot);
+            build_kustomization(seen, &workload.name)
+        })
         .collect();
     // A Helm workload's chart is read once here, for every cluster.
     let releases: Vec<Option<(crate::release::HelmRelease, Vec<Diagnostic>)>> = fleet
@@ -164,6 +188,21 @@ pub fn load_reusing(
             Some((release, found))
         })
         .collect();
+    for (w, release) in releases.iter().enumerate() {
+        if let (Some((release, _)), Some(t)) = (release, fleet.workloads[w].tenant) {
+            let fence = crate::tenancy::Fence::of(&fleet, t);
+            let workload = &fleet.workloads[w];
+            let text = snapshot.files.get(&workload.file);
+            for path in release.inputs.iter().filter(|p| !fence.allows(p)) {
+                diagnostics.push(
+                    Diagnostic::error(fence.refusal(path))
+                        .in_file(&workload.file)
+                        .at_line(text.and_then(|t| key_line_anywhere(t, "helm")))
+                        .for_workload(&workload.name),
+                );
+            }
+        }
+    }
     for (workload, release) in fleet.workloads.iter_mut().zip(releases) {
         if let Some((release, found)) = release {
             diagnostics.extend(found);
@@ -345,6 +384,7 @@ fn load_file(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Loade
         ["rollouts", file] if is_yaml(file) => {
             load_rollout_policy(path, text, diagnostics).map(Loaded::RolloutPolicy)
         }
+        ["tenants", file] if is_yaml(file) => load_tenant(path, text, diagnostics).map(Loaded::Tenant),
         ["flotilla.yaml"] => load_settings(path, text, diagnostics).map(Loaded::Settings),
         _ => None,
     };
@@ -418,7 +458,8 @@ header!(
     WorkloadDoc,
     OverlayDoc,
     RolloutPolicyDoc,
-    FleetSettingsDoc
+    FleetSettingsDoc,
+    TenantDoc
 );
 
 /// Parses a file as one of flotilla's kinds. A wrong apiVersion or kind is reported
@@ -796,6 +837,7 @@ fn load_workload(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> O
         helm: None,
         depends_on: doc.spec.depends_on,
         drift: doc.spec.drift.unwrap_or_default(),
+        tenant: None,
     })
 }
 
@@ -850,6 +892,70 @@ fn load_overlay(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Op
         patches,
         labels: spec.labels,
         annotations: spec.annotations,
+        tenant: None,
+    })
+}
+
+/// `tenants/<name>.yaml`: its name is its file's, its namespaces and cluster roles
+/// names or globs, and its selector a valid one.
+fn load_tenant(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Option<Tenant> {
+    let doc: TenantDoc = parse_kind(path, text, "Tenant", diagnostics)?;
+    let before = diagnostics.len();
+    check_name(
+        path,
+        "file name",
+        &doc.metadata.name,
+        file_stem(path),
+        diagnostics,
+    );
+    if let Err(invalid) = names::dns1123_label(&doc.metadata.name) {
+        diagnostics.push(
+            Diagnostic::error(format!(
+                "metadata.name {} is not a valid tenant name: it {invalid}",
+                names::shown(&doc.metadata.name)
+            ))
+            .in_file(path),
+        );
+    }
+    let spec = doc.spec;
+    if let Some(selector) = &spec.cluster_selector {
+        check_selector(path, "spec.clusterSelector", selector, diagnostics);
+    }
+    if spec.namespaces.is_empty() {
+        diagnostics.push(
+            Diagnostic::error(
+                "the tenant has no namespaces: list in spec.namespaces the namespaces (names or globs, like team-a-*) its resources may be in",
+            )
+            .in_file(path)
+            .at_line(key_line(text, "spec")),
+        );
+    }
+    for namespace in &spec.namespaces {
+        let plain = namespace.value.replace(['*', '?'], "x");
+        if plain.contains('/') || names::dns1123_label(&plain).is_err() {
+            diagnostics.push(
+                Diagnostic::error(format!(
+                    "spec.namespaces: {} is neither a namespace nor a glob of namespaces",
+                    names::shown(&namespace.value)
+                ))
+                .in_file(path)
+                .at_line(Some(namespace.referenced.line())),
+            );
+        }
+    }
+    if diagnostics.len() > before {
+        return None;
+    }
+    Some(Tenant {
+        name: doc.metadata.name,
+        file: path.to_string(),
+        workloads: spec.workloads,
+        overlays: spec.overlays,
+        cluster_selector: spec.cluster_selector,
+        namespaces: spec.namespaces,
+        cluster_scoped: spec.cluster_scoped,
+        cluster_roles: spec.cluster_roles,
+        shared_paths: spec.shared_paths,
     })
 }
 

@@ -132,7 +132,8 @@ pub(crate) fn drift_policy(
 }
 
 /// The bundle metadata of one cluster, or `None` when its workloads need none (no
-/// dependencies between them, every drift policy the default and no Helm hooks):
+/// dependencies between them, every drift policy the default, no Helm hooks and no
+/// tenant's workload):
 /// then the bundle and its digest are what they were before flotilla knew of any.
 ///
 /// `targeted` lists the workloads that target the cluster (fleet indices, sorted);
@@ -158,7 +159,8 @@ pub(crate) fn bundle_meta(
             drift.insert(fleet.workloads[w].name.clone(), policy);
         }
     }
-    if !has_dependencies && drift.is_empty() && hooks.is_empty() {
+    let tenants = crate::tenancy::marks(fleet, targeted);
+    if !has_dependencies && drift.is_empty() && hooks.is_empty() && tenants.is_empty() {
         return Ok(None);
     }
     let phases = if has_dependencies {
@@ -180,7 +182,7 @@ pub(crate) fn bundle_meta(
         phases,
         drift,
         hooks,
-        ..BundleMeta::default()
+        tenants,
     }))
 }
 

@@ -80,8 +80,11 @@ pub(crate) fn overlay_selects(
             .is_some_and(|selector| selector.matches(&cluster.labels))
 }
 
+/// Whether an overlay acts on a workload: one it names (or any, when it names none),
+/// and only its tenant's when a tenant owns it.
 pub(crate) fn overlay_applies_to(overlay: &Overlay, workload: &Workload) -> bool {
-    overlay
+    overlay.tenant.is_none_or(|t| workload.tenant == Some(t))
+        && overlay
         .workloads
         .as_ref()
         .is_none_or(|names| names.iter().any(|n| n.value == workload.name))

@@ -335,6 +335,63 @@ pub struct OverlaySpec {
     pub annotations: BTreeMap<String, String>,
 }
 
+/// `tenants/<name>.yaml`: a team that owns some workloads (and overlays), and where
+/// their resources may go. Every rule is enforced when the fleet renders and again
+/// by the agent; a workload named by no tenant is the platform's.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[schemars(title = "Tenant")]
+pub struct TenantDoc {
+    /// Always `flotilla.dev/v1alpha1`.
+    #[schemars(extend("const" = "flotilla.dev/v1alpha1"))]
+    pub api_version: String,
+    /// Always `Tenant`.
+    #[schemars(extend("const" = "Tenant"))]
+    pub kind: String,
+    pub metadata: Metadata,
+    pub spec: TenantSpec,
+}
+
+/// What a tenant owns and may do.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TenantSpec {
+    /// The workloads it owns: names or globs (`shop-*`). A workload may belong to one
+    /// tenant only.
+    #[serde(default)]
+    #[schemars(with = "Vec<String>")]
+    pub workloads: Vec<Located<String>>,
+    /// The overlays it owns: names or globs. They act only on its workloads.
+    #[serde(default)]
+    #[schemars(with = "Vec<String>")]
+    pub overlays: Vec<Located<String>>,
+    /// The clusters its workloads may target (every cluster when left out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_selector: Option<LabelSelector>,
+    /// The namespaces its resources may be in: names or globs (`team-a-*`). Its
+    /// resources may also be these `Namespace` objects themselves.
+    #[serde(default)]
+    #[schemars(with = "Vec<String>")]
+    pub namespaces: Vec<Located<String>>,
+    /// The cluster-scoped kinds it may write (`CustomResourceDefinition`,
+    /// `ClusterRole`, ...); none when left out.
+    #[serde(default)]
+    #[schemars(with = "Vec<String>")]
+    pub cluster_scoped: Vec<Located<String>>,
+    /// ClusterRoles its RoleBindings and ClusterRoleBindings may refer to, besides
+    /// the ClusterRoles its own workloads ship (`view`, say). `cluster-admin`,
+    /// `admin` and `edit` are refused unless listed here.
+    #[serde(default)]
+    #[schemars(with = "Vec<String>")]
+    pub cluster_roles: Vec<Located<String>>,
+    /// Files outside its own folders that its workloads may read: globs
+    /// (`charts/**` for charts the platform vets). Its own folders are those of its
+    /// workloads (`workloads/<name>/`) and its overlays' files.
+    #[serde(default)]
+    #[schemars(with = "Vec<String>")]
+    pub shared_paths: Vec<Located<String>>,
+}
+
 /// A kustomize-style image override: the containers whose image name equals `name`
 /// get a new name, a new tag, or a digest.
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq, Eq, Hash)]
@@ -448,6 +505,7 @@ pub fn schemas() -> Vec<(&'static str, Value)> {
         ("overlay.json", schema::<OverlayDoc>()),
         ("rolloutpolicy.json", schema::<RolloutPolicyDoc>()),
         ("fleetsettings.json", schema::<FleetSettingsDoc>()),
+        ("tenant.json", schema::<TenantDoc>()),
     ];
     for (name, schema) in &mut all {
         if let Value::Object(object) = schema {

@@ -23,6 +23,7 @@ use super::units::{
 };
 use super::warnings::fold_cluster_repeats;
 use crate::load::{Cluster, Fleet};
+use crate::select::targeted_workloads;
 use crate::scope::CustomScopes;
 use crate::stencil::StencilUnit;
 use crate::{ClusterProvenance, RenderOutput};
@@ -272,6 +273,14 @@ pub(super) fn assemble(
             );
         }
     }
+    done.errors.extend(crate::tenancy::check_cluster(
+        fleet,
+        cluster,
+        job.targeted,
+        ranked
+            .iter()
+            .map(|(_, item, w)| (&*item.resource, &*item.file, item.line, *w)),
+    ));
     done.errors
         .extend(secret_values_in_metadata(&ranked, &cluster.name));
     done.errors
@@ -567,12 +576,35 @@ pub(super) fn collect_output<'c>(
         revision: snapshot.revision.clone(),
         ..RenderOutput::default()
     };
+    // An error of a tenant's workload that names no cluster (a broken manifest, a
+    // file outside the tenant's folders) fails only the clusters the workload
+    // targets: one tenant's mistake does not hold the others' clusters.
+    let tenant_workload = |d: &Diagnostic| -> Option<usize> {
+        if !d.is_error() || d.cluster.is_some() {
+            return None;
+        }
+        let name = d.workload.as_deref()?;
+        let w = fleet.workloads.binary_search_by(|w| w.name.as_str().cmp(name)).ok()?;
+        fleet.workloads[w].tenant.map(|_| w)
+    };
+    let broken_workloads: BTreeSet<usize> =
+        diagnostics.iter().filter_map(tenant_workload).collect();
     // Owned names, because `diagnostics` grows in the loop below.
-    let failed: BTreeSet<String> = diagnostics
+    let mut failed: BTreeSet<String> = diagnostics
         .iter()
         .filter(|d| d.is_error())
         .filter_map(|d| d.cluster.clone())
         .collect();
+    if !broken_workloads.is_empty() {
+        for (cluster, groups) in clusters.iter().zip(memberships) {
+            if targeted_workloads(fleet, cluster, groups)
+                .iter()
+                .any(|w| broken_workloads.contains(w))
+            {
+                failed.insert(cluster.name.clone());
+            }
+        }
+    }
     for bundle in kept {
         output.bundles.insert(bundle.cluster.clone(), bundle);
     }
@@ -601,7 +633,7 @@ pub(super) fn collect_output<'c>(
     // say) may have changed what every cluster gets, so no bundle is trustworthy.
     if diagnostics
         .iter()
-        .any(|d| d.is_error() && d.cluster.is_none())
+        .any(|d| d.is_error() && d.cluster.is_none() && tenant_workload(d).is_none())
     {
         output.bundles.clear();
     }

@@ -15,4 +15,5 @@ mod shape;
 mod sops_files;
 mod stencil;
 mod template_scopes;
+mod tenants;
 mod yaml_values;

@@ -1,0 +1,347 @@
+//! Tenants (`tenants/<name>.yaml`): which workloads and overlays a team owns, and the
+//! rules its resources must keep, enforced as the fleet renders.
+//!
+//! - A tenant's workloads may target only clusters its `spec.clusterSelector`
+//!   selects.
+//! - Its resources may be only in namespaces `spec.namespaces` names (names or
+//!   globs), or be those `Namespace` objects; cluster-scoped kinds only those
+//!   `spec.clusterScoped` lists.
+//! - Its RoleBindings and ClusterRoleBindings may refer only to ClusterRoles its own
+//!   workloads ship on the cluster or `spec.clusterRoles` lists: `cluster-admin`,
+//!   `admin` and `edit` are refused unless listed.
+//! - Its workloads may read files only in their own folders, its overlays' folders
+//!   and `spec.sharedPaths`: a kustomization's reference to another tenant's file
+//!   (a SOPS file above all) is an error at its line, and so is a Helm chart or
+//!   values file elsewhere.
+//! - Its overlays act only on its workloads.
+//!
+//! Each broken rule is an error naming the tenant, the rule, the file and the line.
+//! An error of a tenant's workload fails only the clusters that workload targets
+//! (they keep their last good bundle), so one tenant's mistake does not hold the
+//! others' clusters. The bundle's `meta.tenants` carries the rules on to the agent,
+//! which enforces them again.
+
+use std::collections::BTreeMap;
+
+use flotilla_core::bundle::{Resource, TenantMark};
+use flotilla_core::diagnostic::Diagnostic;
+use flotilla_core::model::Located;
+use flotilla_core::names::glob_matches;
+use flotilla_core::snapshot::FleetSnapshot;
+
+use crate::fleet::{Cluster, Fleet, Tenant};
+
+fn any_matches(patterns: &[Located<String>], text: &str) -> bool {
+    patterns.iter().any(|p| glob_matches(&p.value, text))
+}
+
+fn shown_list(patterns: &[Located<String>]) -> String {
+    if patterns.is_empty() {
+        return "none".into();
+    }
+    patterns
+        .iter()
+        .map(|p| p.value.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Gives each workload and overlay its tenant. A workload or overlay two tenants
+/// claim is an error at both claims; an overlay of a tenant that names a workload
+/// of someone else's in `spec.workloads` is an error at that name.
+pub(crate) fn assign(fleet: &mut Fleet, diagnostics: &mut Vec<Diagnostic>) {
+    if fleet.tenants.is_empty() {
+        return;
+    }
+    let tenants = &fleet.tenants;
+    let owner = |name: &str, claims: fn(&Tenant) -> &[Located<String>], what: &str,
+                 diagnostics: &mut Vec<Diagnostic>|
+     -> Option<usize> {
+        let claiming: Vec<usize> = (0..tenants.len())
+            .filter(|&t| any_matches(claims(&tenants[t]), name))
+            .collect();
+        if let [first, second, ..] = claiming[..] {
+            let line = |t: usize| {
+                claims(&tenants[t])
+                    .iter()
+                    .find(|p| glob_matches(&p.value, name))
+                    .map(|p| p.referenced.line())
+            };
+            diagnostics.push(
+                Diagnostic::error(format!(
+                    "{what} {name:?} is claimed by two tenants, {:?} (here) and {:?} ({}:{}): a {what} belongs to one tenant at most",
+                    tenants[first].name,
+                    tenants[second].name,
+                    tenants[second].file,
+                    line(second).unwrap_or(0),
+                ))
+                .in_file(&tenants[first].file)
+                .at_line(line(first)),
+            );
+        }
+        claiming.first().copied()
+    };
+    let mut found = Vec::new();
+    let workload_tenants: Vec<Option<usize>> = fleet
+        .workloads
+        .iter()
+        .map(|w| owner(&w.name, |t| &t.workloads, "workload", &mut found))
+        .collect();
+    let overlay_tenants: Vec<Option<usize>> = fleet
+        .overlays
+        .iter()
+        .map(|o| owner(&o.name, |t| &t.overlays, "overlay", &mut found))
+        .collect();
+    diagnostics.extend(found);
+    for (workload, tenant) in fleet.workloads.iter_mut().zip(workload_tenants) {
+        workload.tenant = tenant;
+    }
+    for (overlay, tenant) in fleet.overlays.iter_mut().zip(overlay_tenants) {
+        overlay.tenant = tenant;
+        let Some(t) = tenant else { continue };
+        for named in overlay.workloads.iter().flatten() {
+            let theirs = fleet
+                .workloads
+                .iter()
+                .find(|w| w.name == named.value)
+                .is_none_or(|w| w.tenant == Some(t));
+            if !theirs {
+                diagnostics.push(
+                    Diagnostic::error(format!(
+                        "tenant {:?}: overlay {:?} names workload {:?}, which is not the tenant's: a tenant's overlay acts only on its own workloads (spec.workloads of {})",
+                        fleet.tenants[t].name, overlay.name, named.value, fleet.tenants[t].file
+                    ))
+                    .in_file(&overlay.file)
+                    .at_line(Some(named.referenced.line())),
+                );
+            }
+        }
+    }
+}
+
+/// The folders and files a tenant's workloads may read: its workloads' folders, its
+/// overlays' folders (or files, for overlays at the top of `overlays/`) and its
+/// `spec.sharedPaths`.
+pub(crate) struct Fence<'f> {
+    prefixes: Vec<String>,
+    shared: &'f [Located<String>],
+    tenant: &'f Tenant,
+}
+
+impl<'f> Fence<'f> {
+    pub(crate) fn of(fleet: &'f Fleet, tenant: usize) -> Fence<'f> {
+        let workloads = fleet
+            .workloads
+            .iter()
+            .filter(|w| w.tenant == Some(tenant))
+            .map(|w| format!("workloads/{}/", w.name));
+        let overlays = fleet
+            .overlays
+            .iter()
+            .filter(|o| o.tenant == Some(tenant))
+            .map(|o| match o.file.rsplit_once('/') {
+                Some((dir, _)) if dir != "overlays" => format!("{dir}/"),
+                _ => o.file.clone(),
+            });
+        Fence {
+            prefixes: workloads.chain(overlays).collect(),
+            shared: &fleet.tenants[tenant].shared_paths,
+            tenant: &fleet.tenants[tenant],
+        }
+    }
+
+    pub(crate) fn allows(&self, path: &str) -> bool {
+        self.prefixes.iter().any(|p| path.starts_with(p.as_str())) || any_matches(self.shared, path)
+    }
+
+    /// Why a file outside the fence cannot be read.
+    pub(crate) fn refusal(&self, path: &str) -> String {
+        format!(
+            "tenant {:?} may not read {path}: a tenant's files may refer only to its own workloads' and overlays' folders and to spec.sharedPaths of {} ({})",
+            self.tenant.name,
+            self.tenant.file,
+            shown_list(self.shared)
+        )
+    }
+
+    /// The snapshot as this tenant's kustomizations may see it: every file outside
+    /// the fence is skipped, with the reason.
+    pub(crate) fn snapshot(&self, snapshot: &FleetSnapshot) -> FleetSnapshot {
+        let mut fenced = FleetSnapshot {
+            revision: snapshot.revision.clone(),
+            ..FleetSnapshot::default()
+        };
+        for (path, text) in &snapshot.files {
+            if self.allows(path) {
+                fenced.files.insert(path.clone(), text.clone());
+            } else {
+                fenced.skipped.insert(path.clone(), self.refusal(path));
+            }
+        }
+        for (path, bytes) in &snapshot.binaries {
+            if self.allows(path) {
+                fenced.binaries.insert(path.clone(), bytes.clone());
+            } else {
+                fenced.skipped.insert(path.clone(), self.refusal(path));
+            }
+        }
+        for (path, reason) in &snapshot.skipped {
+            fenced
+                .skipped
+                .entry(path.clone())
+                .or_insert_with(|| reason.clone());
+        }
+        fenced
+    }
+}
+
+/// The errors of one cluster's tenant rules: a tenant's workload that targets it
+/// outside the tenant's clusters, and each resource of a tenant's workload outside
+/// its namespaces, of a cluster-scoped kind it may not write, or binding a
+/// ClusterRole it does not own. `resources` gives each resource with the file and
+/// line it came from and its workload (a fleet index).
+pub(crate) fn check_cluster<'r>(
+    fleet: &Fleet,
+    cluster: &Cluster,
+    targeted: &[usize],
+    resources: impl Iterator<Item = (&'r Resource, &'r str, u64, usize)> + Clone,
+) -> Vec<Diagnostic> {
+    let mut errors = Vec::new();
+    if fleet.tenants.is_empty() {
+        return errors;
+    }
+    for &w in targeted {
+        let workload = &fleet.workloads[w];
+        let Some(t) = workload.tenant else { continue };
+        let tenant = &fleet.tenants[t];
+        if let Some(selector) = &tenant.cluster_selector
+            && !selector.matches(&cluster.labels)
+        {
+            let line = workload.targets.first().map(|t| t.referenced.line());
+            errors.push(
+                Diagnostic::error(format!(
+                    "tenant {:?}: workload {:?} targets cluster {:?}, which spec.clusterSelector of {} does not select",
+                    tenant.name, workload.name, cluster.name, tenant.file
+                ))
+                .in_file(&workload.file)
+                .at_line(line)
+                .for_cluster(&cluster.name)
+                .for_workload(&workload.name),
+            );
+        }
+    }
+    // The ClusterRoles each tenant ships on this cluster are its own to bind.
+    let shipped = |t: usize, role: &str| {
+        resources.clone().any(|(resource, _, _, w)| {
+            fleet.workloads[w].tenant == Some(t)
+                && resource.key.kind == "ClusterRole"
+                && resource.key.group == RBAC
+                && resource.key.name == role
+        })
+    };
+    for (resource, file, line, w) in resources.clone() {
+        let Some(t) = fleet.workloads[w].tenant else {
+            continue;
+        };
+        let tenant = &fleet.tenants[t];
+        let key = &resource.key;
+        let broken = if !key.namespace.is_empty() {
+            (!any_matches(&tenant.namespaces, &key.namespace)).then(|| {
+                format!(
+                    "{key} is in namespace {:?}, which is not the tenant's (spec.namespaces of {}: {})",
+                    key.namespace,
+                    tenant.file,
+                    shown_list(&tenant.namespaces)
+                )
+            })
+        } else if key.group.is_empty() && key.kind == "Namespace" {
+            (!any_matches(&tenant.namespaces, &key.name)).then(|| {
+                format!(
+                    "{key} is not one of the tenant's namespaces (spec.namespaces of {}: {})",
+                    tenant.file,
+                    shown_list(&tenant.namespaces)
+                )
+            })
+        } else {
+            (!may_write_cluster_scoped(tenant, &key.group, &key.kind)).then(|| {
+                format!(
+                    "{key} is cluster-scoped, and spec.clusterScoped of {} does not list {} ({})",
+                    tenant.file,
+                    key.kind,
+                    shown_list(&tenant.cluster_scoped)
+                )
+            })
+        };
+        let broken = broken.or_else(|| {
+            let role = bound_cluster_role(resource)?;
+            (!any_matches(&tenant.cluster_roles, &role) && !shipped(t, &role)).then(|| {
+                format!(
+                    "{key} binds ClusterRole {role:?}, which the tenant neither ships nor may bind (spec.clusterRoles of {}: {})",
+                    tenant.file,
+                    shown_list(&tenant.cluster_roles)
+                )
+            })
+        });
+        if let Some(message) = broken {
+            errors.push(
+                Diagnostic::error(format!("tenant {:?}: {message}", tenant.name))
+                    .in_file(file)
+                    .at_line(Some(line))
+                    .for_cluster(&cluster.name)
+                    .for_workload(&fleet.workloads[w].name),
+            );
+        }
+    }
+    errors
+}
+
+const RBAC: &str = "rbac.authorization.k8s.io";
+
+/// Whether a tenant may write a cluster-scoped kind: `spec.clusterScoped` names it
+/// as `Kind` or `Kind.group`.
+fn may_write_cluster_scoped(tenant: &Tenant, group: &str, kind: &str) -> bool {
+    tenant.cluster_scoped.iter().any(|allowed| {
+        match allowed.value.split_once('.') {
+            Some((k, g)) => k == kind && g == group,
+            None => allowed.value == kind,
+        }
+    })
+}
+
+/// The ClusterRole a RoleBinding or ClusterRoleBinding refers to.
+fn bound_cluster_role(resource: &Resource) -> Option<String> {
+    let key = &resource.key;
+    if key.group != RBAC || !matches!(key.kind.as_str(), "RoleBinding" | "ClusterRoleBinding") {
+        return None;
+    }
+    let value = resource.value();
+    let role_ref = value.get("roleRef")?;
+    (role_ref.get("kind")?.as_str()? == "ClusterRole")
+        .then(|| role_ref.get("name")?.as_str().map(str::to_string))
+        .flatten()
+}
+
+/// `meta.tenants` for a cluster: each tenant with workloads among `targeted`, with
+/// the rules the agent checks.
+pub(crate) fn marks(fleet: &Fleet, targeted: &[usize]) -> BTreeMap<String, TenantMark> {
+    let mut marks: BTreeMap<String, TenantMark> = BTreeMap::new();
+    for &w in targeted {
+        let workload = &fleet.workloads[w];
+        let Some(t) = workload.tenant else { continue };
+        let tenant = &fleet.tenants[t];
+        let mark = marks.entry(tenant.name.clone()).or_insert_with(|| TenantMark {
+            workloads: Vec::new(),
+            namespaces: tenant.namespaces.iter().map(|n| n.value.clone()).collect(),
+            cluster_scoped: tenant
+                .cluster_scoped
+                .iter()
+                .map(|k| k.value.clone())
+                .collect(),
+        });
+        mark.workloads.push(workload.name.clone());
+    }
+    for mark in marks.values_mut() {
+        mark.workloads.sort();
+    }
+    marks
+}

@@ -1,0 +1,318 @@
+//! Tenants (`tenants/<name>.yaml`) at render: each rule refused with an error that
+//! names the tenant, the rule, the file and the line; one tenant's broken workload
+//! failing only the clusters it targets; and the bundle's `meta.tenants`.
+
+use flotilla_core::diagnostic::Diagnostic;
+use flotilla_core::snapshot::FleetSnapshot;
+use flotilla_render::{RenderOutput, render};
+
+fn cluster(name: &str, site: &str) -> (String, String) {
+    (
+        format!("clusters/{name}.yaml"),
+        format!(
+            "apiVersion: flotilla.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name: {name}\n  labels:\n    site: {site}\n"
+        ),
+    )
+}
+
+/// A workload targeting the cluster `target`, in namespace `namespace`, with one
+/// manifest file holding `manifest`.
+fn workload(name: &str, target: &str, namespace: &str, manifest: &str) -> Vec<(String, String)> {
+    vec![
+        (
+            format!("workloads/{name}/workload.yaml"),
+            format!(
+                "apiVersion: flotilla.dev/v1alpha1\nkind: Workload\nmetadata:\n  name: {name}\nspec:\n  namespace: {namespace}\n  targets:\n    - cluster: {target}\n"
+            ),
+        ),
+        (
+            format!("workloads/{name}/manifests/{name}.yaml"),
+            manifest.to_string(),
+        ),
+    ]
+}
+
+fn config_map(name: &str) -> String {
+    format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\ndata:\n  a: b\n")
+}
+
+fn tenant(name: &str, spec: &str) -> (String, String) {
+    (
+        format!("tenants/{name}.yaml"),
+        format!("apiVersion: flotilla.dev/v1alpha1\nkind: Tenant\nmetadata:\n  name: {name}\nspec:\n{spec}"),
+    )
+}
+
+/// Two tenants and the platform on three clusters: team-a's `shop` on `north`,
+/// team-b's `till` on `south`, the platform's `agent` everywhere it is pointed.
+fn base() -> Vec<(String, String)> {
+    let mut files = vec![
+        cluster("north", "a"),
+        cluster("south", "b"),
+        cluster("east", "c"),
+        tenant(
+            "team-a",
+            "  workloads: [shop, shop-*]\n  clusterSelector:\n    matchLabels: {site: a}\n  namespaces: [team-a, team-a-*]\n",
+        ),
+        tenant("team-b", "  workloads: [till]\n  namespaces: [team-b]\n"),
+    ];
+    files.extend(workload("shop", "north", "team-a", &config_map("shop")));
+    files.extend(workload("till", "south", "team-b", &config_map("till")));
+    files.extend(workload("agent", "east", "kube-system", &config_map("agent")));
+    files
+}
+
+fn with(mut files: Vec<(String, String)>, more: Vec<(String, String)>) -> Vec<(String, String)> {
+    for (path, text) in more {
+        files.retain(|(p, _)| *p != path);
+        files.push((path, text));
+    }
+    files
+}
+
+fn rendered(files: &[(String, String)]) -> RenderOutput {
+    let snapshot =
+        FleetSnapshot::from_files(files.iter().map(|(p, t)| (p.as_str(), t.as_str())));
+    render(&snapshot)
+}
+
+fn errors(output: &RenderOutput) -> Vec<&Diagnostic> {
+    output.diagnostics.iter().filter(|d| d.is_error()).collect()
+}
+
+/// The one error of a render, which must fail `cluster` only.
+fn only_error(output: &RenderOutput, cluster: &str) -> Diagnostic {
+    let errors = errors(output);
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(!output.bundles.contains_key(cluster), "{cluster} has a bundle");
+    let others = ["north", "south", "east"].into_iter().filter(|c| *c != cluster);
+    for other in others {
+        assert!(output.bundles.contains_key(other), "{other} lost its bundle");
+    }
+    errors[0].clone()
+}
+
+#[test]
+fn tenants_render_and_the_bundle_names_each_tenant_with_its_rules() {
+    let output = rendered(&base());
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+    let north = output.bundles["north"].meta.as_ref().expect("north has meta");
+    let mark = &north.tenants["team-a"];
+    assert_eq!(mark.workloads, ["shop"]);
+    assert_eq!(mark.namespaces, ["team-a", "team-a-*"]);
+    assert!(mark.cluster_scoped.is_empty());
+    assert_eq!(north.tenant_of("shop").map(|(t, _)| t), Some("team-a"));
+    // The platform's workload alone needs no metadata: its digest is as before.
+    assert!(output.bundles["east"].meta.is_none());
+}
+
+#[test]
+fn a_resource_outside_the_tenants_namespaces_is_refused_at_its_line() {
+    let files = with(
+        base(),
+        workload(
+            "shop",
+            "north",
+            "team-a",
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: shop\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: sneaky\n  namespace: kube-system\n",
+        ),
+    );
+    let error = only_error(&rendered(&files), "north");
+    assert_eq!(
+        error.message,
+        "tenant \"team-a\": ConfigMap kube-system/sneaky is in namespace \"kube-system\", which is not the tenant's (spec.namespaces of tenants/team-a.yaml: team-a, team-a-*)"
+    );
+    assert_eq!(error.file.as_deref(), Some("workloads/shop/manifests/shop.yaml"));
+    assert_eq!(error.line, Some(6));
+    assert_eq!(error.cluster.as_deref(), Some("north"));
+}
+
+#[test]
+fn a_cluster_scoped_kind_needs_the_tenants_leave_and_its_own_namespaces_are_allowed() {
+    let cluster_role = "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: shop-reader\nrules: []\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: team-a-extra\n";
+    let files = with(base(), workload("shop", "north", "team-a", cluster_role));
+    let error = only_error(&rendered(&files), "north");
+    assert!(
+        error.message.contains(
+            "is cluster-scoped, and spec.clusterScoped of tenants/team-a.yaml does not list ClusterRole (none)"
+        ),
+        "{}",
+        error.message
+    );
+    assert_eq!(error.line, Some(1));
+    let allowed = with(
+        files,
+        vec![tenant(
+            "team-a",
+            "  workloads: [shop]\n  namespaces: [team-a, team-a-*]\n  clusterScoped: [ClusterRole.rbac.authorization.k8s.io]\n",
+        )],
+    );
+    let output = rendered(&allowed);
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+    let meta = output.bundles["north"].meta.as_ref().expect("meta");
+    assert_eq!(
+        meta.tenants["team-a"].cluster_scoped,
+        ["ClusterRole.rbac.authorization.k8s.io"]
+    );
+}
+
+fn binding(role: &str) -> String {
+    format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata:\n  name: shop-admins\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: {role}\nsubjects:\n  - kind: Group\n    name: shop\n    apiGroup: rbac.authorization.k8s.io\n"
+    )
+}
+
+#[test]
+fn binding_a_cluster_role_the_tenant_does_not_own_is_refused() {
+    let files = with(base(), workload("shop", "north", "team-a", &binding("cluster-admin")));
+    let error = only_error(&rendered(&files), "north");
+    assert_eq!(
+        error.message,
+        "tenant \"team-a\": RoleBinding.rbac.authorization.k8s.io team-a/shop-admins binds ClusterRole \"cluster-admin\", which the tenant neither ships nor may bind (spec.clusterRoles of tenants/team-a.yaml: none)"
+    );
+    // A role it is given, and one it ships itself, may be bound.
+    let given = with(
+        files.clone(),
+        vec![tenant(
+            "team-a",
+            "  workloads: [shop]\n  namespaces: [team-a]\n  clusterRoles: [view, cluster-admin]\n",
+        )],
+    );
+    assert!(errors(&rendered(&given)).is_empty());
+    let shipped = format!(
+        "{}---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: shop-operator\nrules: []\n",
+        binding("shop-operator")
+    );
+    let own = with(
+        with(base(), workload("shop", "north", "team-a", &shipped)),
+        vec![tenant(
+            "team-a",
+            "  workloads: [shop]\n  namespaces: [team-a]\n  clusterScoped: [ClusterRole]\n",
+        )],
+    );
+    let output = rendered(&own);
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+}
+
+#[test]
+fn a_tenants_workload_may_target_only_the_tenants_clusters() {
+    let files = with(base(), workload("shop", "south", "team-a", &config_map("shop")));
+    let output = rendered(&files);
+    let errors = errors(&output);
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert_eq!(
+        errors[0].message,
+        "tenant \"team-a\": workload \"shop\" targets cluster \"south\", which spec.clusterSelector of tenants/team-a.yaml does not select"
+    );
+    assert_eq!(errors[0].file.as_deref(), Some("workloads/shop/workload.yaml"));
+    assert_eq!(errors[0].line, Some(8));
+    assert!(!output.bundles.contains_key("south"));
+    assert!(output.bundles.contains_key("east"));
+}
+
+#[test]
+fn a_kustomization_may_not_read_another_tenants_files() {
+    let secret = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: till-key\nstringData:\n  key: hunter2\n";
+    let mut files = with(
+        base(),
+        vec![
+            (
+                "workloads/till/manifests/key.yaml".to_string(),
+                secret.to_string(),
+            ),
+            (
+                "workloads/shop/kustomization.yaml".to_string(),
+                "resources:\n  - ../till/manifests/key.yaml\n".to_string(),
+            ),
+        ],
+    );
+    let error = only_error(&rendered(&files), "north");
+    assert!(
+        error.message.contains("tenant \"team-a\" may not read workloads/till/manifests/key.yaml: a tenant's files may refer only to its own workloads' and overlays' folders and to spec.sharedPaths of tenants/team-a.yaml (none)"),
+        "{}",
+        error.message
+    );
+    assert_eq!(error.file.as_deref(), Some("workloads/shop/kustomization.yaml"));
+    assert_eq!(error.line, Some(2));
+    // A shared path may be read (the file then renders into team-a's namespace).
+    files = with(
+        files,
+        vec![tenant(
+            "team-a",
+            "  workloads: [shop]\n  namespaces: [team-a]\n  sharedPaths: [\"workloads/till/manifests/**\"]\n",
+        )],
+    );
+    let output = rendered(&files);
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+}
+
+#[test]
+fn a_tenants_overlay_acts_only_on_its_own_workloads() {
+    let overlay = |workloads: &str| {
+        (
+            "overlays/team-a/label.yaml".to_string(),
+            format!(
+                "apiVersion: flotilla.dev/v1alpha1\nkind: Overlay\nmetadata:\n  name: label\nspec:\n  clusterSelector: {{}}\n{workloads}  labels:\n    touched: \"yes\"\n"
+            ),
+        )
+    };
+    let files = with(
+        base(),
+        vec![
+            overlay(""),
+            tenant(
+                "team-a",
+                "  workloads: [shop]\n  overlays: [label]\n  namespaces: [team-a]\n",
+            ),
+        ],
+    );
+    let output = rendered(&files);
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+    let labelled = |cluster: &str| {
+        output.bundles[cluster].resources[0].value()["metadata"]["labels"]["touched"] == "yes"
+    };
+    assert!(labelled("north"));
+    assert!(!labelled("south"));
+    assert!(!labelled("east"));
+    let naming_another = with(files, vec![overlay("  workloads: [shop, till]\n")]);
+    let output = rendered(&naming_another);
+    let errors = errors(&output);
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert_eq!(
+        errors[0].message,
+        "tenant \"team-a\": overlay \"label\" names workload \"till\", which is not the tenant's: a tenant's overlay acts only on its own workloads (spec.workloads of tenants/team-a.yaml)"
+    );
+    assert_eq!(errors[0].line, Some(7));
+}
+
+#[test]
+fn a_workload_two_tenants_claim_is_an_error() {
+    let files = with(
+        base(),
+        vec![tenant("team-b", "  workloads: [till, shop-*, shop]\n  namespaces: [team-b]\n")],
+    );
+    let output = rendered(&files);
+    let errors = errors(&output);
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(
+        errors[0].message.starts_with(
+            "workload \"shop\" is claimed by two tenants, \"team-a\" (here) and \"team-b\" (tenants/team-b.yaml:6)"
+        ),
+        "{}",
+        errors[0].message
+    );
+    assert_eq!(errors[0].file.as_deref(), Some("tenants/team-a.yaml"));
+}
+
+#[test]
+fn a_tenants_broken_manifest_holds_only_the_clusters_it_targets() {
+    let files = with(base(), workload("shop", "north", "team-a", "kind: [unclosed\n"));
+    let output = rendered(&files);
+    assert!(!errors(&output).is_empty());
+    assert!(!output.bundles.contains_key("north"));
+    assert!(output.bundles.contains_key("south"));
+    assert!(output.bundles.contains_key("east"));
+    // The platform's broken workload still holds every cluster, as it always did.
+    let platform = with(base(), workload("agent", "east", "kube-system", "kind: [unclosed\n"));
+    assert!(rendered(&platform).bundles.is_empty());
+}
