@@ -132,6 +132,12 @@ pub struct AgentArgs {
         value_delimiter = ','
     )]
     pub trust_keys: Vec<PathBuf>,
+    /// A TenantPolicy file (docs/tenants.md): the tenant rules to enforce on every
+    /// bundle instead of the rules the bundle carries, which its hub wrote. A bundle
+    /// that puts a tenant's resource outside them is refused and the refusal
+    /// reported.
+    #[arg(long, env = "FLOTILLA_AGENT_TENANT_POLICY", value_name = "FILE")]
+    pub tenant_policy: Option<PathBuf>,
 }
 
 /// Where the agent applies bundles.
@@ -198,6 +204,10 @@ fn settings(args: &AgentArgs) -> anyhow::Result<Settings> {
     }
     let mut config = AgentConfig::new(server, &args.cluster, args.state_dir.clone());
     config.trusted = trusted_keys(&args.trust_keys)?;
+    config.tenant_policy = match &args.tenant_policy {
+        Some(path) => Some(crate::tenancy::TenantPolicy::read(path).map_err(anyhow::Error::msg)?),
+        None => None,
+    };
     config.token_file = args.token_file.clone();
     config.wait = args.wait;
     config.resync = args.resync;

@@ -37,6 +37,7 @@ pub const FEATURES: &[&str] = &[
     flotilla_core::bundle::features::DRIFT,
     flotilla_core::bundle::features::SEALED,
     flotilla_core::bundle::features::HOOKS,
+    flotilla_core::bundle::features::TENANTS,
 ];
 
 pub mod backoff;
@@ -47,6 +48,7 @@ pub mod delta;
 pub mod logging;
 pub mod sealed;
 pub mod sink;
+pub mod tenancy;
 #[cfg(test)]
 pub(crate) mod testing;
 pub mod wait;
@@ -94,6 +96,8 @@ pub struct AgentConfig {
     pub tls: client::TlsOptions,
     /// The keys whose signatures the agent accepts; empty: digests are checked only.
     pub trusted: TrustedKeys,
+    /// `--tenant-policy`: tenant rules enforced instead of those a bundle carries.
+    pub tenant_policy: Option<tenancy::TenantPolicy>,
 }
 
 impl AgentConfig {
@@ -112,6 +116,7 @@ impl AgentConfig {
             backoff: BackoffPolicy::default(),
             tls: client::TlsOptions::default(),
             trusted: TrustedKeys::default(),
+            tenant_policy: None,
         }
     }
 }
@@ -273,6 +278,7 @@ impl<S: Sink> Agent<S> {
             current: last_known_good.as_ref().map(|b| b.digest.clone()),
             etag: None,
             trusted: config.trusted.clone(),
+            tenant_policy: config.tenant_policy.clone(),
             held,
             offer_delta: true,
             bad_delta: None,
@@ -656,6 +662,8 @@ struct Poller {
     etag: Option<String>,
     /// The keys whose signatures are accepted (none: digests only).
     trusted: TrustedKeys,
+    /// `--tenant-policy`, if given.
+    tenant_policy: Option<tenancy::TenantPolicy>,
     /// The sequence and digest of the last signed bundle accepted.
     held: Option<Held>,
     /// Whether the next request offers the stored bundle as the base of a delta; off
@@ -886,6 +894,16 @@ impl Poller {
             );
         }
         let bundle = document.bundle;
+        if let Some(why) = tenancy::refusal(&bundle, self.tenant_policy.as_ref()) {
+            return Verdict::Refused(
+                Some(bundle.digest.clone()),
+                format!(
+                    "refused the bundle {} from {}: {why}; keeping the last-known-good bundle",
+                    bundle.digest,
+                    self.client.server()
+                ),
+            );
+        }
         if self.trusted.is_empty() {
             return if self.current.as_ref() == Some(&bundle.digest) {
                 Verdict::Same

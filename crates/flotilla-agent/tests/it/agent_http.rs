@@ -271,14 +271,25 @@ fn start_trusting(
     policy: BackoffPolicy,
     trusted: TrustedKeys,
 ) -> Running {
+    start_configured(hub, site, |config| {
+        config.backoff = policy;
+        config.trusted = trusted;
+    })
+}
+
+/// The agent with its test settings, changed by `configure`.
+fn start_configured(
+    hub: &FakeHub,
+    site: &Site,
+    configure: impl FnOnce(&mut AgentConfig),
+) -> Running {
     let mut config = AgentConfig::new(
         Server::Http(hub.url.clone()),
         "edge-1",
         site.state.path().join("agent"),
     );
     config.token_file = Some(site.token_file.clone());
-    config.backoff = policy;
-    config.trusted = trusted;
+    configure(&mut config);
     let sleeper = Arc::new(RecordingSleeper::default());
     let agent = Agent::new(
         config,
@@ -907,5 +918,92 @@ async fn a_restarted_agent_keeps_its_sequence_and_trusts_both_keys_while_they_ro
     assert_eq!(yaml_names(site.target.path()), [config_map_file("a")]);
     hub.serve_document(signed(&b, &new, 8));
     agent.applied(&b.digest).await;
+    agent.stop().await;
+}
+
+/// A bundle signed with a trusted key whose tenant's resource lies in `kube-system`
+/// (a hub that renders without the rule, or a tampered mirror with the key) is
+/// refused and reported, and nothing of it applied. With a local tenant policy, a
+/// bundle whose marks were stripped (so the hub's marks would allow anything) is
+/// refused all the same.
+#[tokio::test]
+async fn a_signed_bundle_that_puts_a_tenants_resource_into_kube_system_is_refused() {
+    use flotilla_core::bundle::{BundleMeta, TenantMark};
+    let key = SigningKey::from_seed([7; 32]);
+    let with_meta = |namespace: &str, tenants: bool| {
+        let plain = bundle(
+            "edge-1",
+            vec![serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "shop", "namespace": namespace}, "data": {"a": "b"}})],
+        );
+        let meta = BundleMeta {
+            workloads: vec!["shop".into()],
+            tenants: if tenants {
+                [(
+                    "team-a".to_string(),
+                    TenantMark {
+                        workloads: vec!["shop".into()],
+                        namespaces: vec!["team-a".into()],
+                        cluster_scoped: Vec::new(),
+                    },
+                )]
+                .into()
+            } else {
+                Default::default()
+            },
+            ..BundleMeta::default()
+        };
+        Bundle::from_sorted_with_meta("edge-1", plain.resources.clone(), Some(meta))
+    };
+    let good = with_meta("team-a", true);
+    let forged = with_meta("kube-system", true);
+    let hub = FakeHub::start().await;
+    let site = site("flt_good");
+    hub.serve_document(signed(&good, &key, 1));
+    let trusted = TrustedKeys::new(vec![key.public_key()]);
+    let mut agent = start_configured(&hub, &site, |config| config.trusted = trusted.clone());
+    agent.applied(&good.digest).await;
+    hub.serve_document(signed(&forged, &key, 2));
+    let refused = agent
+        .until("the refusal", |r| r.message.contains("tenant"))
+        .await;
+    assert!(
+        refused.message.contains(
+            "ConfigMap kube-system/shop of tenant \"team-a\" (workload \"shop\") breaks the tenant's rules: namespace \"kube-system\" is not the tenant's"
+        ),
+        "{}",
+        refused.message
+    );
+    assert_eq!(refused.applied, Some(good.digest.clone()));
+    assert_eq!(refused.attempted, Some(forged.digest.clone()));
+    eventually("the refusal reaches the hub", || {
+        hub.statuses().iter().any(|s| {
+            s["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("breaks the tenant's rules"))
+        })
+    })
+    .await;
+    agent.stop().await;
+
+    // The hub strips the marks: only a local policy still catches it.
+    let stripped = with_meta("kube-system", false);
+    let policy_file = site.state.path().join("tenants.yaml");
+    std::fs::write(
+        &policy_file,
+        "apiVersion: flotilla.dev/v1alpha1\nkind: TenantPolicy\nplatformWorkloads: [agent]\ntenants:\n  team-a:\n    workloads: [\"shop*\"]\n    namespaces: [team-a]\n",
+    )
+    .expect("writes the policy");
+    let policy = flotilla_agent::tenancy::TenantPolicy::read(&policy_file).expect("policy");
+    hub.serve_document(signed(&stripped, &key, 3));
+    let mut agent = start_configured(&hub, &site, |config| {
+        config.trusted = trusted;
+        config.tenant_policy = Some(policy);
+    });
+    let refused = agent
+        .until("the refusal", |r| r.message.contains("tenant"))
+        .await;
+    assert_eq!(refused.applied, Some(good.digest.clone()));
+    assert_eq!(refused.attempted, Some(stripped.digest.clone()));
     agent.stop().await;
 }

@@ -1,0 +1,198 @@
+//! Tenant rules checked at the edge, before a bundle is applied.
+//!
+//! The bundle's `meta.tenants` says which workloads belong to which tenant and where
+//! their resources may go; a bundle that puts a tenant's resource outside them is
+//! refused whole (the last-known-good bundle stays) and the refusal reported. That
+//! guards against a hub that renders without the rule, or a mirror that was
+//! tampered with. It cannot guard against a hub (or signing key) that is itself
+//! compromised, since that hub writes the marks: for that the agent takes its rules
+//! from a local policy file (`--tenant-policy`), which then replaces the bundle's
+//! marks and can also name the platform's own workloads, so that a resource
+//! attributed to any other workload is refused too.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use flotilla_core::bundle::{Bundle, TenantMark};
+use flotilla_core::names::glob_matches;
+
+/// `--tenant-policy FILE`: the tenant rules the agent enforces instead of the marks
+/// a bundle carries.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TenantPolicy {
+    /// Always `flotilla.dev/v1alpha1`.
+    pub api_version: String,
+    /// Always `TenantPolicy`.
+    pub kind: String,
+    /// The workloads (names or globs) that are the platform's own, without limits.
+    /// When given, a resource of a workload that is neither the platform's nor a
+    /// tenant's is refused.
+    #[serde(default)]
+    pub platform_workloads: Option<Vec<String>>,
+    /// Each tenant's rules; `workloads` are names or globs here.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, TenantMark>,
+}
+
+impl TenantPolicy {
+    /// Reads and checks a policy file.
+    pub fn read(path: &Path) -> Result<TenantPolicy, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|err| format!("cannot read {}: {err}", path.display()))?;
+        let policy: TenantPolicy = serde_saphyr::from_str(&text)
+            .map_err(|err| format!("{}: not a TenantPolicy: {err}", path.display()))?;
+        if policy.api_version != flotilla_core::bundle::API_VERSION || policy.kind != "TenantPolicy"
+        {
+            return Err(format!(
+                "{}: expected apiVersion {} and kind TenantPolicy, found {} and {}",
+                path.display(),
+                flotilla_core::bundle::API_VERSION,
+                policy.api_version,
+                policy.kind
+            ));
+        }
+        for (name, tenant) in &policy.tenants {
+            if tenant.namespaces.is_empty() {
+                return Err(format!(
+                    "{}: tenant {name:?} has no namespaces",
+                    path.display()
+                ));
+            }
+        }
+        Ok(policy)
+    }
+
+    fn tenant_of(&self, workload: &str) -> Option<(&str, &TenantMark)> {
+        self.tenants
+            .iter()
+            .find(|(_, t)| t.workloads.iter().any(|w| glob_matches(w, workload)))
+            .map(|(name, mark)| (name.as_str(), mark))
+    }
+
+    fn is_platforms(&self, workload: &str) -> bool {
+        self.platform_workloads
+            .as_ref()
+            .is_none_or(|names| names.iter().any(|w| glob_matches(w, workload)))
+    }
+}
+
+/// Why a bundle breaks its tenants' rules (the first resource that does), if it
+/// does: by `policy` when given, else by the bundle's own `meta.tenants`.
+pub fn refusal(bundle: &Bundle, policy: Option<&TenantPolicy>) -> Option<String> {
+    let meta = bundle.meta.as_ref();
+    if policy.is_none() && meta.is_none_or(|m| m.tenants.is_empty()) {
+        return None;
+    }
+    for (index, resource) in bundle.resources.iter().enumerate() {
+        let workload = meta
+            .and_then(|m| m.workloads.get(index))
+            .map_or("", String::as_str);
+        let tenant = match policy {
+            Some(policy) => match policy.tenant_of(workload) {
+                Some(tenant) => Some(tenant),
+                None if policy.is_platforms(workload) => None,
+                None => {
+                    return Some(format!(
+                        "{} comes from workload {workload:?}, which the tenant policy names neither a tenant's nor the platform's",
+                        resource.key
+                    ));
+                }
+            },
+            None => meta.and_then(|m| m.tenant_of(workload)),
+        };
+        if let Some((name, mark)) = tenant
+            && let Some(why) = mark.refusal(&resource.key)
+        {
+            return Some(format!(
+                "{} of tenant {name:?} (workload {workload:?}) breaks the tenant's rules: {why}",
+                resource.key
+            ));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use flotilla_core::bundle::{BundleMeta, Resource, ResourceKey};
+    use serde_json::json;
+
+    use super::*;
+
+    fn resource(kind: &str, namespace: &str, name: &str) -> Arc<Resource> {
+        let mut value = json!({"apiVersion": "v1", "kind": kind, "metadata": {"name": name}});
+        if !namespace.is_empty() {
+            value["metadata"]["namespace"] = json!(namespace);
+        }
+        Arc::new(Resource::new(ResourceKey::of(&value).expect("key"), &value))
+    }
+
+    fn mark(workloads: &[&str], namespaces: &[&str]) -> TenantMark {
+        TenantMark {
+            workloads: workloads.iter().map(|w| w.to_string()).collect(),
+            namespaces: namespaces.iter().map(|n| n.to_string()).collect(),
+            cluster_scoped: Vec::new(),
+        }
+    }
+
+    /// team-a's `shop` writes `namespace`; the platform's `agent` writes kube-system.
+    fn bundle(namespace: &str) -> Bundle {
+        let resources = vec![
+            resource("ConfigMap", "kube-system", "agent"),
+            resource("ConfigMap", namespace, "shop"),
+        ];
+        let meta = BundleMeta {
+            workloads: vec!["agent".into(), "shop".into()],
+            tenants: [("team-a".to_string(), mark(&["shop"], &["team-a-*"]))].into(),
+            ..BundleMeta::default()
+        };
+        Bundle::from_sorted_with_meta("c", resources, Some(meta))
+    }
+
+    #[test]
+    fn a_tenants_resource_outside_its_namespaces_is_refused() {
+        assert_eq!(refusal(&bundle("team-a-shop"), None), None);
+        assert_eq!(
+            refusal(&bundle("kube-system"), None).as_deref(),
+            Some(
+                "ConfigMap kube-system/shop of tenant \"team-a\" (workload \"shop\") breaks the tenant's rules: namespace \"kube-system\" is not the tenant's"
+            )
+        );
+    }
+
+    #[test]
+    fn a_local_policy_replaces_the_marks_the_bundle_carries() {
+        // A hub that widened team-a's namespaces in the marks is not believed.
+        let mut widened = bundle("kube-system");
+        if let Some(meta) = widened.meta.as_mut().map(Arc::make_mut) {
+            meta.tenants.get_mut("team-a").expect("team-a").namespaces = vec!["*".into()];
+        }
+        assert_eq!(refusal(&widened, None), None);
+        let policy = TenantPolicy {
+            api_version: "flotilla.dev/v1alpha1".into(),
+            kind: "TenantPolicy".into(),
+            platform_workloads: Some(vec!["agent".into()]),
+            tenants: [("team-a".to_string(), mark(&["shop*"], &["team-a-*"]))].into(),
+        };
+        assert!(refusal(&widened, Some(&policy)).is_some());
+        assert_eq!(refusal(&bundle("team-a-x"), Some(&policy)), None);
+        // A hub that strips the marks, or calls the resource another workload's,
+        // gains nothing either.
+        let mut stripped = bundle("kube-system");
+        if let Some(meta) = stripped.meta.as_mut().map(Arc::make_mut) {
+            meta.tenants.clear();
+            meta.workloads[1] = "sneaky".into();
+        }
+        assert_eq!(
+            refusal(&stripped, Some(&policy)).as_deref(),
+            Some(
+                "ConfigMap kube-system/shop comes from workload \"sneaky\", which the tenant policy names neither a tenant's nor the platform's"
+            )
+        );
+    }
+}
