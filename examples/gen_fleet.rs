@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release --example gen_fleet -- --clusters 10000 --workloads 20 --resources 5 OUT
-//!     [--git] [--kustomize K] [--kustomize-bases] [--templated PERCENT]
+//!     [--git] [--kustomize K] [--kustomize-bases] [--templated PERCENT] [--tenants T]
 //! ```
 //!
 //! The fleet is described in `examples/support/synthetic.rs`. `--git` makes OUT a
@@ -17,6 +17,10 @@
 //! annotation with the cluster's `site` variable) and the rest literal (the same
 //! annotation with a fixed value): `--templated 100` and `--templated 0` are the
 //! templated and the literal fleet of the same 100 resources a cluster.
+//! `--tenants T` adds T tenants (`tenants/team-<t>.yaml`) that share the workloads
+//! between them (workload `w` belongs to team `w mod T`), each with its workloads'
+//! namespaces and a cluster selector every cluster matches, so that every resource
+//! is checked against a tenant's rules and none breaks them.
 
 #[path = "support/synthetic.rs"]
 mod synthetic;
@@ -33,6 +37,7 @@ struct Args {
     kustomize: usize,
     kustomize_bases: bool,
     templated: Option<usize>,
+    tenants: usize,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -45,6 +50,7 @@ fn parse_args() -> Result<Args, String> {
         kustomize: 0,
         kustomize_bases: false,
         templated: None,
+        tenants: 0,
     };
     let mut it = std::env::args().skip(1);
     let number = |value: Option<String>, flag: &str| -> Result<usize, String> {
@@ -67,6 +73,7 @@ fn parse_args() -> Result<Args, String> {
                 args.templated = Some(percent);
             }
             "--git" => args.git = true,
+            "--tenants" => args.tenants = number(it.next(), "--tenants")?,
             "--kustomize-bases" => args.kustomize_bases = true,
             "-h" | "--help" => return Err(String::new()),
             other if !other.starts_with('-') => args.out = PathBuf::from(other),
@@ -128,6 +135,28 @@ fn built_into_manifests(files: &synthetic::Files, workloads: usize) -> synthetic
     plain
 }
 
+/// `tenants/team-<t>.yaml` for `tenants` teams sharing `workloads` workloads.
+fn write_tenants(root: &Path, tenants: usize, workloads: usize) {
+    let dir = root.join("tenants");
+    std::fs::create_dir_all(&dir).expect("creates tenants/");
+    for t in 0..tenants {
+        let owned: Vec<usize> = (0..workloads).filter(|w| w % tenants == t).collect();
+        let list = |prefix: &str| {
+            owned
+                .iter()
+                .map(|w| format!("{prefix}w{w:02}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let text = format!(
+            "apiVersion: flotilla.dev/v1alpha1\nkind: Tenant\nmetadata:\n  name: team-{t}\nspec:\n  workloads: [{}]\n  clusterSelector:\n    matchExpressions:\n      - {{key: region, operator: Exists}}\n  namespaces: [{}]\n",
+            list(""),
+            list("ns-")
+        );
+        std::fs::write(dir.join(format!("team-{t}.yaml")), text).expect("writes a tenant");
+    }
+}
+
 fn git(dir: &Path, arguments: &[&str]) {
     let status = Command::new("git")
         .args(arguments)
@@ -146,7 +175,7 @@ fn main() {
         Ok(args) => args,
         Err(message) => {
             eprintln!(
-                "{message}\nusage: gen_fleet --clusters N --workloads W --resources R OUT [--git] [--kustomize K] [--kustomize-bases] [--templated PERCENT]"
+                "{message}\nusage: gen_fleet --clusters N --workloads W --resources R OUT [--git] [--kustomize K] [--kustomize-bases] [--templated PERCENT] [--tenants T]"
             );
             std::process::exit(2);
         }
@@ -167,6 +196,9 @@ fn main() {
             &args.out,
             &synthetic::fleet(args.clusters, args.workloads, args.resources),
         );
+    }
+    if args.tenants > 0 {
+        write_tenants(&args.out, args.tenants, args.workloads);
     }
     if args.kustomize > 0 {
         let root = PathBuf::from(format!("{}-kustomize", args.out.display()));

@@ -431,7 +431,7 @@ impl DriftPolicy {
 /// must know beyond the resources. A bundle that needs none has no `meta`, and its
 /// digest is the digest of its resource list alone; with `meta`, the digest covers
 /// `{"meta": ..., "resources": [...]}`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct BundleMeta {
     /// The workload each resource comes from, in the order of the resources (one entry
@@ -458,7 +458,7 @@ pub struct BundleMeta {
 }
 
 /// One tenant of a bundle (`meta.tenants.<name>`, docs/tenants.md).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct TenantMark {
     /// The tenant's workloads in this bundle, sorted.
@@ -472,7 +472,7 @@ pub struct TenantMark {
 
 /// One Helm hook of a bundle (`meta.hooks`, docs/api.md): the resource, the events it
 /// runs on, its weight and what deletes it, as its `helm.sh/hook*` annotations say.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct HookMark {
     /// The hook's index in the bundle's resources.
@@ -699,6 +699,28 @@ impl BundleMeta {
     }
 }
 
+/// Bundle metadata with its canonical bytes, made once and shared by the bundles that
+/// have the same.
+#[derive(Clone, Debug)]
+pub struct SharedMeta {
+    pub meta: Arc<BundleMeta>,
+    pub canonical: Arc<[u8]>,
+}
+
+impl SharedMeta {
+    /// `None` for empty metadata (a bundle then has none).
+    pub fn new(meta: BundleMeta) -> Option<SharedMeta> {
+        if meta.is_empty() {
+            return None;
+        }
+        let canonical = meta.canonical().into();
+        Some(SharedMeta {
+            meta: Arc::new(meta),
+            canonical,
+        })
+    }
+}
+
 /// One cluster's bundle: its resources sorted by key, its metadata, and their digest.
 #[derive(Clone, Debug)]
 pub struct Bundle {
@@ -729,15 +751,26 @@ impl Bundle {
         resources: Vec<Arc<Resource>>,
         meta: Option<BundleMeta>,
     ) -> Bundle {
+        let shared = meta.and_then(SharedMeta::new);
+        Bundle::from_sorted_with_shared_meta(cluster, resources, shared.as_ref())
+    }
+
+    /// [`Bundle::from_sorted_with_meta`] with metadata made once for every bundle that
+    /// has the same (a fleet's clusters mostly do): the bundle holds the shared copy,
+    /// and its canonical bytes are not written again for the digest.
+    pub fn from_sorted_with_shared_meta(
+        cluster: impl Into<String>,
+        resources: Vec<Arc<Resource>>,
+        meta: Option<&SharedMeta>,
+    ) -> Bundle {
         debug_assert!(resources.windows(2).all(|pair| pair[0].key < pair[1].key));
-        let meta = meta.filter(|m| !m.is_empty()).map(Arc::new);
         let mut hasher = HashWriter(Sha256::new());
-        write_body(&mut hasher, meta.as_deref(), &resources);
+        write_body_with(&mut hasher, meta.map(|m| &*m.canonical), &resources);
         Bundle {
             cluster: cluster.into(),
             digest: Digest::from_hasher(hasher.0),
             resources,
-            meta,
+            meta: meta.map(|m| m.meta.clone()),
         }
     }
 
@@ -775,11 +808,17 @@ impl Bundle {
 }
 
 fn write_body<W: Write>(out: &mut W, meta: Option<&BundleMeta>, resources: &[Arc<Resource>]) {
+    let canonical = meta.map(BundleMeta::canonical);
+    write_body_with(out, canonical.as_deref(), resources);
+}
+
+/// [`write_body`] given the canonical bytes of the metadata.
+fn write_body_with<W: Write>(out: &mut W, meta: Option<&[u8]>, resources: &[Arc<Resource>]) {
     match meta {
         None => write_resource_list(out, resources),
         Some(meta) => {
             let _ = out.write_all(b"{\"meta\":");
-            let _ = out.write_all(&meta.canonical());
+            let _ = out.write_all(meta);
             let _ = out.write_all(b",\"resources\":");
             write_resource_list(out, resources);
             let _ = out.write_all(b"}");

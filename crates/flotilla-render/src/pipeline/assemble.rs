@@ -351,7 +351,11 @@ pub(super) fn assemble(
     patch_matches.sort();
     patch_matches.dedup();
     done.assembled = Ok((
-        Bundle::from_sorted_with_meta(cluster.name.clone(), resources, meta),
+        Bundle::from_sorted_with_shared_meta(
+            cluster.name.clone(),
+            resources,
+            units.context.metas.shared(meta).as_ref(),
+        ),
         ClusterProvenance {
             resource_workloads: resource_workloads.into(),
             patch_matches: patch_matches.into(),

@@ -222,7 +222,9 @@ pub(super) fn render_clusters(
     if stop.now() {
         return Passed::Stopped;
     }
+    let metas = super::units::MetaCache::default();
     let context = UnitContext {
+        metas: &metas,
         fleet,
         template_paths,
         shapes,

@@ -250,7 +250,38 @@ impl StencilSlots {
 }
 
 /// What rendering a unit needs besides its key.
+/// The bundle metadata of the clusters assembled so far, each distinct one made once
+/// (with its canonical bytes) and shared by every bundle that has it.
+#[derive(Default)]
+pub(super) struct MetaCache(
+    std::sync::Mutex<
+        std::collections::HashMap<
+            flotilla_core::bundle::BundleMeta,
+            flotilla_core::bundle::SharedMeta,
+            foldhash::fast::RandomState,
+        >,
+    >,
+);
+
+impl MetaCache {
+    /// The shared copy of `meta` (`None` for none).
+    pub(super) fn shared(
+        &self,
+        meta: Option<flotilla_core::bundle::BundleMeta>,
+    ) -> Option<flotilla_core::bundle::SharedMeta> {
+        let meta = meta.filter(|m| !m.is_empty())?;
+        let mut known = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(shared) = known.get(&meta) {
+            return Some(shared.clone());
+        }
+        let shared = flotilla_core::bundle::SharedMeta::new(meta.clone())?;
+        known.insert(meta, shared.clone());
+        Some(shared)
+    }
+}
+
 pub(super) struct UnitContext<'a> {
+    pub(super) metas: &'a MetaCache,
     pub(super) fleet: &'a Fleet,
     pub(super) template_paths: &'a [&'a String],
     pub(super) shapes: &'a [Option<Shape>],
