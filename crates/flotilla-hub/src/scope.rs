@@ -276,3 +276,205 @@ impl RolloutScope {
         rollout
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::{ClusterState, Drift, RenderError};
+    use flotilla_core::bundle::{BundleMeta, TenantMark};
+    use flotilla_core::diagnostic::Diagnostic;
+    use flotilla_core::status::DriftAction;
+    use serde_json::json;
+
+    fn config_map(name: &str, namespace: &str) -> serde_json::Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": name, "namespace": namespace}})
+    }
+
+    /// A cluster running the shop's `web` and the platform's `dns`.
+    fn shared_cluster() -> ScopedBundle {
+        let mut meta = BundleMeta {
+            workloads: vec!["dns".into(), "web".into()],
+            ..BundleMeta::default()
+        };
+        meta.tenants.insert(
+            "shop".into(),
+            TenantMark {
+                workloads: vec!["web".into()],
+                namespaces: vec!["shop".into()],
+                cluster_scoped: Vec::new(),
+            },
+        );
+        ScopedBundle::new(
+            vec![config_map("dns", "kube-system"), config_map("web", "shop")],
+            meta,
+        )
+        .expect("a bundle")
+    }
+
+    fn drift(name: &str, namespace: &str) -> Drift {
+        Drift {
+            resource: crate::fleet::resource_name("", "ConfigMap", namespace, name),
+            group: String::new(),
+            kind: "ConfigMap".into(),
+            namespace: namespace.into(),
+            name: name.into(),
+            fields: vec!["data.v".into()],
+            managers: vec!["kubectl-edit".into()],
+            deleted: false,
+            action: DriftAction::Reported,
+        }
+    }
+
+    fn summary(name: &str, state: ClusterState) -> ClusterSummary {
+        ClusterSummary {
+            name: name.into(),
+            state,
+            desired: Digest::of(b"[]"),
+            desired_revision: "main@sha1:1".into(),
+            latest: None,
+            policy: None,
+            wave: None,
+            applied: None,
+            attempted: None,
+            last_seen: None,
+            message: None,
+            agent_version: None,
+            failed_resources: vec![
+                "ConfigMap kube-system/dns: invalid".into(),
+                "ConfigMap shop/web: invalid".into(),
+            ],
+            drifted: true,
+            drift: vec![drift("dns", "kube-system"), drift("web", "shop")],
+            needs_newer_agent: Vec::new(),
+            groups: Vec::new(),
+            labels: Default::default(),
+            silent_for_seconds: None,
+            served_since: None,
+            pending_for_seconds: None,
+        }
+    }
+
+    fn error(workload: &str) -> RenderError {
+        let diagnostic = Diagnostic {
+            workload: Some(workload.into()),
+            ..Diagnostic::error("bad").in_file(format!("workloads/{workload}/workload.yaml"))
+        };
+        RenderError {
+            text: diagnostic.to_string(),
+            diagnostic,
+        }
+    }
+
+    #[test]
+    fn a_tenant_sees_its_clusters_and_on_them_its_own_resources() {
+        let view = TenantView {
+            tenant: Arc::from("shop"),
+            clusters: HashMap::from([("edge-1".to_string(), Arc::new(shared_cluster()))]),
+        };
+        let fleet = FleetSummary {
+            render_errors: vec![error("web"), error("dns")],
+            charts: [("dns".to_string(), "coredns 1.0".to_string())].into(),
+            clusters: vec![
+                summary("edge-1", ClusterState::Failed),
+                summary("edge-2", ClusterState::Failed),
+            ],
+            ..FleetSummary::default()
+        };
+        let cut = view.fleet(fleet);
+        assert_eq!(
+            cut.clusters
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>(),
+            ["edge-1"]
+        );
+        let edge = &cut.clusters[0];
+        assert_eq!(edge.failed_resources, ["ConfigMap shop/web: invalid"]);
+        assert_eq!(
+            edge.drift
+                .iter()
+                .map(|d| d.name.as_str())
+                .collect::<Vec<_>>(),
+            ["web"]
+        );
+        assert_eq!(cut.counts["failed"], 1);
+        assert_eq!(cut.counts.values().sum::<usize>(), 1);
+        assert_eq!(cut.drifted, 1);
+        assert_eq!(
+            cut.render_errors
+                .iter()
+                .map(|e| e.diagnostic.workload.as_deref())
+                .collect::<Vec<_>>(),
+            [Some("web")]
+        );
+        assert!(cut.charts.is_empty());
+        assert!(view.owns("edge-1", &drift("web", "shop")));
+        assert!(!view.owns("edge-1", &drift("dns", "kube-system")));
+        assert!(!view.owns("edge-2", &drift("web", "shop")));
+
+        // A tenant whose workloads are on no cluster sees an empty fleet.
+        let nowhere = TenantView {
+            tenant: Arc::from("bank"),
+            clusters: HashMap::new(),
+        };
+        let empty = nowhere.fleet(FleetSummary {
+            clusters: vec![summary("edge-1", ClusterState::InSync)],
+            ..FleetSummary::default()
+        });
+        assert!(empty.clusters.is_empty() && empty.counts.values().all(|n| *n == 0));
+    }
+
+    #[test]
+    fn a_tenant_sees_of_a_rollout_only_the_clusters_it_is_on() {
+        let view = RolloutScope {
+            access: RolloutAccess::Visible,
+            theirs: ["edge-1".to_string()].into(),
+        };
+        let member = |name: &str| flotilla_core::rollout::view::MemberView {
+            name: name.into(),
+            wave: "canary".into(),
+            state: "serving".into(),
+            previous: None,
+            target: Digest::of(b"[]"),
+        };
+        let event = |message: &str| flotilla_core::rollout::view::EventView {
+            at: "2025-01-15T00:00:00Z".into(),
+            message: message.into(),
+            by: None,
+            role: None,
+        };
+        let rollout = RolloutView {
+            id: 1,
+            policy: "stores".into(),
+            revision: "main@sha1:2".into(),
+            state: flotilla_core::rollout::RolloutState::Progressing,
+            reason: None,
+            forced: false,
+            started_at: "2025-01-15T00:00:00Z".into(),
+            ended_at: None,
+            settling_until: None,
+            waves: Vec::new(),
+            events: vec![
+                event("wave canary released"),
+                event("edge-2 left the rollout"),
+            ],
+            clusters: vec![member("edge-1"), member("edge-2")],
+        };
+        let cut = view.cut(rollout);
+        assert_eq!(
+            cut.clusters
+                .iter()
+                .map(|m| m.name.as_str())
+                .collect::<Vec<_>>(),
+            ["edge-1"]
+        );
+        assert_eq!(
+            cut.events
+                .iter()
+                .map(|e| e.message.as_str())
+                .collect::<Vec<_>>(),
+            ["wave canary released"]
+        );
+    }
+}
