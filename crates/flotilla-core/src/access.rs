@@ -136,12 +136,22 @@ impl ScopedBundle {
             .map(|(_, (key, _))| key)
     }
 
-    /// The tenant's workloads in this bundle.
-    pub fn workloads_of(&self, tenant: &str) -> &[String] {
-        self.meta
+    /// What scoping reads of this bundle when it shows a tenant the fleet: each
+    /// tenant's workloads and resources, without the resources' content.
+    pub fn index(&self) -> TenantIndex {
+        let tenants = self
+            .meta
             .tenants
-            .get(tenant)
-            .map_or(&[], |mark| mark.workloads.as_slice())
+            .iter()
+            .map(|(name, mark)| {
+                let entry = TenantEntry {
+                    workloads: mark.workloads.clone(),
+                    resources: self.resources_of(name).cloned().collect(),
+                };
+                (name.clone(), entry)
+            })
+            .collect();
+        TenantIndex { tenants }
     }
 
     /// Everything in the bundle that is not the tenant's: the other resources (each
@@ -197,6 +207,41 @@ impl ScopedBundle {
             drift,
             tenants,
         }
+    }
+}
+
+/// Each tenant of one bundle with its workloads and the identities of its resources:
+/// what showing a tenant the fleet needs, small enough to keep for every served
+/// digest (made by [`ScopedBundle::index`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TenantIndex {
+    tenants: BTreeMap<String, TenantEntry>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct TenantEntry {
+    workloads: Vec<String>,
+    resources: Vec<ResourceKey>,
+}
+
+impl TenantIndex {
+    /// Whether the tenant's workloads are in the bundle.
+    pub fn has_tenant(&self, tenant: &str) -> bool {
+        self.tenants.contains_key(tenant)
+    }
+
+    /// The identities of the tenant's resources, in bundle order.
+    pub fn resources_of(&self, tenant: &str) -> &[ResourceKey] {
+        self.tenants
+            .get(tenant)
+            .map_or(&[], |entry| entry.resources.as_slice())
+    }
+
+    /// The tenant's workloads in the bundle.
+    pub fn workloads_of(&self, tenant: &str) -> &[String] {
+        self.tenants
+            .get(tenant)
+            .map_or(&[], |entry| entry.workloads.as_slice())
     }
 }
 
@@ -331,7 +376,18 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["a"]
         );
-        assert_eq!(with_meta.workloads_of("shop"), ["web"]);
+        let index = with_meta.index();
+        assert!(index.has_tenant("shop") && !index.has_tenant("bank"));
+        assert_eq!(index.workloads_of("shop"), ["web"]);
+        assert_eq!(
+            index
+                .resources_of("shop")
+                .iter()
+                .map(|k| k.name.as_str())
+                .collect::<Vec<_>>(),
+            ["a"]
+        );
+        assert!(index.resources_of("bank").is_empty() && index.workloads_of("bank").is_empty());
         // Metadata that does not fit the resources, and bodies that are not bundles.
         let misfit = json!({"meta": {"workloads": ["web", "api"]}, "resources": [config_map("a", "x", "1")]});
         for body in [

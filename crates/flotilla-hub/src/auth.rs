@@ -65,8 +65,8 @@ impl Grant {
     fn of_stored(token: &StoredToken) -> Option<Grant> {
         match (&token.cluster, token.admin, token.role, &token.tenant) {
             (Some(cluster), false, None, None) => Some(Grant::Cluster(Arc::from(cluster.as_str()))),
-            // Admin tokens made before roles have no role column value of their own
-            // only if the store was never migrated; the migration gives them `admin`.
+            // The roles' migration gives every admin row the role admin; a row without
+            // a role is read as the admin it was made as.
             (None, true, Some(Role::Admin) | None, None) => Some(Grant::ADMIN),
             (None, false, Some(role @ (Role::Viewer | Role::Operator)), tenant) => {
                 Some(Grant::Person(Person {

@@ -3,90 +3,138 @@
 //! rollouts cut down to them. The decisions are `flotilla_core::access`'s; this
 //! module reads their inputs and applies them.
 //!
-//! Stored bodies are parsed once per digest and kept in a small cache shared by the
-//! process: an object is named by its content, so what it says never changes.
+//! What a stored bundle says of its tenants (a [`TenantIndex`]: names, workloads and
+//! resource identities, no content) is kept per digest, for the digests served (and
+//! a few more, such as those rollouts name): an object is named by its content, so what it says never changes, and a
+//! page that refreshes itself reads no object twice. Whole bundles are read only to
+//! decide whether a tenant may steer a rollout.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use flotilla_core::access::{MemberBundles, RolloutAccess, ScopedBundle, rollout_access};
+use flotilla_core::access::{
+    MemberBundles, RolloutAccess, ScopedBundle, TenantIndex, rollout_access,
+};
 use flotilla_core::bundle::Digest;
 use flotilla_core::rollout::view::RolloutView;
 
 use crate::fleet::{ClusterSummary, Counts, FleetSummary, RenderStatus};
 use crate::recorder::Shared;
 
-/// How many parsed bundles the cache keeps before it starts again.
-const CACHED_BUNDLES: usize = 512;
+/// How many more indexes than digests served the cache holds before it forgets the
+/// others.
+const SPARE_INDEXES: usize = 256;
 
-/// A parsed stored bundle; `None`: unreadable or not a bundle.
-type Parsed = Option<Arc<ScopedBundle>>;
+/// A stored bundle's tenant index; `None`: unreadable or not a bundle.
+type Indexed = Option<Arc<TenantIndex>>;
 
-fn cache() -> &'static Mutex<HashMap<Digest, Parsed>> {
-    static CACHE: OnceLock<Mutex<HashMap<Digest, Parsed>>> = OnceLock::new();
-    CACHE.get_or_init(Mutex::default)
+fn indexes() -> &'static Mutex<HashMap<Digest, Indexed>> {
+    static INDEXES: OnceLock<Mutex<HashMap<Digest, Indexed>>> = OnceLock::new();
+    INDEXES.get_or_init(Mutex::default)
 }
 
-/// Reads and parses the stored bodies of `digests` (call it off the async threads).
-fn bundles_blocking(shared: &Shared, digests: BTreeSet<Digest>) -> HashMap<Digest, Parsed> {
+/// Reads and parses a stored bundle (call it off the async threads).
+fn read_blocking(shared: &Shared, digest: &Digest) -> Option<ScopedBundle> {
+    match shared.view.reads().object_blocking(digest) {
+        Ok(body) => ScopedBundle::parse(&body),
+        Err(err) => {
+            tracing::warn!(%digest, "cannot read a bundle to scope a tenant's view: {err}");
+            None
+        }
+    }
+}
+
+/// The tenant indexes of `digests`, from the cache or read (call it off the async
+/// threads); the cache keeps only what `in_use` names once it has grown.
+fn indexes_blocking(
+    shared: &Shared,
+    digests: &BTreeSet<Digest>,
+    in_use: Option<&BTreeSet<Digest>>,
+) -> HashMap<Digest, Indexed> {
     let mut found = HashMap::with_capacity(digests.len());
-    for digest in digests {
-        let cached = cache()
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&digest)
-            .cloned();
-        let parsed = match cached {
-            Some(parsed) => parsed,
-            None => {
-                let parsed = match shared.view.reads().object_blocking(&digest) {
-                    Ok(body) => ScopedBundle::parse(&body).map(Arc::new),
-                    Err(err) => {
-                        tracing::warn!(%digest, "cannot read a bundle to scope a tenant's view: {err}");
-                        None
-                    }
-                };
-                let mut cache = cache().lock().unwrap_or_else(|e| e.into_inner());
-                if cache.len() >= CACHED_BUNDLES {
-                    cache.clear();
+    let mut missing = Vec::new();
+    {
+        let cache = indexes().lock().unwrap_or_else(|e| e.into_inner());
+        for digest in digests {
+            match cache.get(digest) {
+                Some(indexed) => {
+                    found.insert(digest.clone(), indexed.clone());
                 }
-                cache.insert(digest.clone(), parsed.clone());
-                parsed
+                None => missing.push(digest.clone()),
             }
-        };
-        found.insert(digest, parsed);
+        }
+    }
+    let read: Vec<(Digest, Indexed)> = missing
+        .into_iter()
+        .map(|digest| {
+            let indexed = read_blocking(shared, &digest).map(|b| Arc::new(b.index()));
+            (digest, indexed)
+        })
+        .collect();
+    let mut cache = indexes().lock().unwrap_or_else(|e| e.into_inner());
+    for (digest, indexed) in read {
+        cache.insert(digest.clone(), indexed.clone());
+        found.insert(digest, indexed);
+    }
+    if let Some(in_use) = in_use
+        && cache.len() > in_use.len() + SPARE_INDEXES
+    {
+        cache.retain(|digest, _| in_use.contains(digest));
     }
     found
 }
 
-async fn bundles(shared: &Arc<Shared>, digests: BTreeSet<Digest>) -> HashMap<Digest, Parsed> {
+async fn indexes_of(
+    shared: &Arc<Shared>,
+    digests: BTreeSet<Digest>,
+    in_use: Option<BTreeSet<Digest>>,
+) -> HashMap<Digest, Indexed> {
     let shared = shared.clone();
-    tokio::task::spawn_blocking(move || bundles_blocking(&shared, digests))
+    tokio::task::spawn_blocking(move || indexes_blocking(&shared, &digests, in_use.as_ref()))
         .await
         .unwrap_or_default()
+}
+
+/// Whole stored bundles, read and parsed.
+async fn bundles_of(
+    shared: &Arc<Shared>,
+    digests: BTreeSet<Digest>,
+) -> HashMap<Digest, ScopedBundle> {
+    let shared = shared.clone();
+    tokio::task::spawn_blocking(move || {
+        digests
+            .into_iter()
+            .filter_map(|digest| Some((digest.clone(), read_blocking(&shared, &digest)?)))
+            .collect()
+    })
+    .await
+    .unwrap_or_default()
 }
 
 /// What one tenant's token sees of the fleet now.
 pub struct TenantView {
     pub tenant: Arc<str>,
-    /// The clusters whose served bundle names the tenant, with that bundle.
-    clusters: HashMap<String, Arc<ScopedBundle>>,
+    /// The clusters whose served bundle names the tenant, with that bundle's index.
+    clusters: HashMap<String, Arc<TenantIndex>>,
 }
 
 impl TenantView {
-    /// Reads the bundle served to every cluster and keeps those that name the tenant.
+    /// Reads what the bundle served to every cluster says of its tenants and keeps the
+    /// clusters that name this one.
     pub async fn read(shared: &Arc<Shared>, tenant: Arc<str>) -> TenantView {
         let served = shared.view.served();
-        let digests = served.clusters.values().map(|c| c.digest.clone()).collect();
-        let parsed = bundles(shared, digests).await;
+        let digests: BTreeSet<Digest> =
+            served.clusters.values().map(|c| c.digest.clone()).collect();
+        let in_use = digests.clone();
+        let indexed = indexes_of(shared, digests, Some(in_use)).await;
         let clusters = served
             .clusters
             .values()
             .filter_map(|c| {
-                let bundle = parsed.get(&c.digest)?.as_ref()?;
-                bundle
+                let index = indexed.get(&c.digest)?.as_ref()?;
+                index
                     .has_tenant(&tenant)
-                    .then(|| (c.name.clone(), bundle.clone()))
+                    .then(|| (c.name.clone(), index.clone()))
             })
             .collect();
         TenantView { tenant, clusters }
@@ -99,9 +147,10 @@ impl TenantView {
     /// One cluster's summary with only the tenant's resources in its failures and
     /// drift; `None` for a cluster the tenant is not on.
     pub fn cluster(&self, mut summary: ClusterSummary) -> Option<ClusterSummary> {
-        let bundle = self.clusters.get(&summary.name)?;
-        let theirs: Vec<String> = bundle
+        let index = self.clusters.get(&summary.name)?;
+        let theirs: Vec<String> = index
             .resources_of(&self.tenant)
+            .iter()
             .map(ToString::to_string)
             .collect();
         // A failure reads `Kind.group namespace/name: message`.
@@ -136,8 +185,8 @@ impl TenantView {
 
     /// Whether a drifted resource of a cluster is the tenant's.
     pub fn owns(&self, cluster: &str, drift: &crate::fleet::Drift) -> bool {
-        self.clusters.get(cluster).is_some_and(|bundle| {
-            bundle.resources_of(&self.tenant).any(|key| {
+        self.clusters.get(cluster).is_some_and(|index| {
+            index.resources_of(&self.tenant).iter().any(|key| {
                 key.group == drift.group
                     && key.kind == drift.kind
                     && key.namespace == drift.namespace
@@ -183,15 +232,45 @@ impl TenantView {
         }
     }
 
-    /// What the tenant may do with a rollout (a detailed view, with its clusters).
+    /// What the tenant may do with a rollout (a detailed view, with its clusters),
+    /// whether it may steer it included.
     pub async fn rollout(&self, shared: &Arc<Shared>, rollout: &RolloutView) -> RolloutScope {
-        self.rollouts(shared, std::slice::from_ref(rollout))
+        let mut scope = self
+            .rollouts(shared, std::slice::from_ref(rollout))
             .await
             .pop()
-            .unwrap_or_default()
+            .unwrap_or_default();
+        if scope.access == RolloutAccess::Hidden {
+            return scope;
+        }
+        let digests = rollout
+            .clusters
+            .iter()
+            .flat_map(|m| m.previous.iter().chain([&m.target]))
+            .cloned()
+            .collect();
+        let bundles = bundles_of(shared, digests).await;
+        let empty = ScopedBundle::default();
+        let members: Vec<MemberBundles<'_>> = rollout
+            .clusters
+            .iter()
+            .map(|m| MemberBundles {
+                cluster: &m.name,
+                before: match &m.previous {
+                    // A new cluster had nothing before.
+                    None => Some(&empty),
+                    Some(digest) => bundles.get(digest),
+                },
+                after: bundles.get(&m.target),
+            })
+            .collect();
+        scope.access = rollout_access(&self.tenant, &members);
+        scope
     }
 
-    /// What the tenant may do with each rollout (detailed views, with their clusters).
+    /// Whether the tenant sees each rollout (detailed views, with their clusters), and
+    /// which of their clusters: a rollout it sees is `Visible` here, whether or not it
+    /// may steer it (see [`TenantView::rollout`]).
     pub async fn rollouts(
         &self,
         shared: &Arc<Shared>,
@@ -203,31 +282,29 @@ impl TenantView {
             .flat_map(|m| m.previous.iter().chain([&m.target]))
             .cloned()
             .collect();
-        let parsed = bundles(shared, digests).await;
-        let empty = ScopedBundle::default();
+        let indexed = indexes_of(shared, digests, None).await;
+        let has_tenant = |digest: &Digest| {
+            indexed
+                .get(digest)
+                .and_then(Option::as_ref)
+                .is_some_and(|index| index.has_tenant(&self.tenant))
+        };
         rollouts
             .iter()
             .map(|rollout| {
-                let members: Vec<MemberBundles<'_>> = rollout
+                let theirs: BTreeSet<String> = rollout
                     .clusters
                     .iter()
-                    .map(|m| MemberBundles {
-                        cluster: &m.name,
-                        before: match &m.previous {
-                            // A new cluster had nothing before.
-                            None => Some(&empty),
-                            Some(digest) => parsed.get(digest).and_then(|p| p.as_deref()),
-                        },
-                        after: parsed.get(&m.target).and_then(|p| p.as_deref()),
-                    })
+                    .filter(|m| m.previous.iter().chain([&m.target]).any(has_tenant))
+                    .map(|m| m.name.clone())
                     .collect();
                 RolloutScope {
-                    access: rollout_access(&self.tenant, &members),
-                    theirs: members
-                        .iter()
-                        .filter(|m| m.touches(&self.tenant))
-                        .map(|m| m.cluster.to_string())
-                        .collect(),
+                    access: if theirs.is_empty() {
+                        RolloutAccess::Hidden
+                    } else {
+                        RolloutAccess::Visible
+                    },
+                    theirs,
                 }
             })
             .collect()
@@ -370,7 +447,7 @@ mod tests {
     fn a_tenant_sees_its_clusters_and_on_them_its_own_resources() {
         let view = TenantView {
             tenant: Arc::from("shop"),
-            clusters: HashMap::from([("edge-1".to_string(), Arc::new(shared_cluster()))]),
+            clusters: HashMap::from([("edge-1".to_string(), Arc::new(shared_cluster().index()))]),
         };
         let fleet = FleetSummary {
             render_errors: vec![error("web"), error("dns")],
