@@ -445,6 +445,20 @@ async fn every_page_and_button_answers_each_role() {
             !tenant,
             "{who} sees the rollout: {fleet}"
         );
+        // The list filtered by name, group or state shows a tenant nothing either.
+        for filtered in [
+            "/ui/?name=c1",
+            "/ui/?group=canary",
+            "/ui/?state=pending&page=1",
+        ] {
+            let (status, body) = page(&web, &scene, &cookie, filtered).await;
+            assert_eq!(status, 200, "{who} {filtered}");
+            if tenant {
+                assert!(!body.contains(">c1</a>"), "{who} {filtered}: {body}");
+            } else if filtered == "/ui/?name=c1" {
+                assert!(body.contains(">c1</a>"), "{who} {filtered}: {body}");
+            }
+        }
         let (status, counts) = page(&web, &scene, &cookie, "/ui/fleet.json").await;
         assert_eq!(status, 200);
         let counts: Value = serde_json::from_str(&counts).expect("JSON");
@@ -502,6 +516,18 @@ async fn every_page_and_button_answers_each_role() {
                 .expect("post");
             assert_eq!(response.status().as_u16(), 303, "{who} posts {undo}");
         }
+        // Logging out ends the session, whatever the role.
+        let response = web
+            .post(scene.url("/ui/logout"))
+            .header("cookie", &cookie)
+            .header("origin", &origin)
+            .form(&[("csrf", csrf.as_str())])
+            .send()
+            .await
+            .expect("logout");
+        assert_eq!(response.status().as_u16(), 303, "{who} logs out");
+        let (status, _) = page(&web, &scene, &cookie, "/ui/").await;
+        assert_eq!(status, 303, "{who}'s session ended");
     }
     scene.stop().await;
 }
