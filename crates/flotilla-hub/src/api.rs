@@ -1292,7 +1292,10 @@ async fn get_rollouts(State(shared): SharedState, reader: Reader<TheRollouts>) -
     let result = async {
         let mut rollouts = shared.recorder.rollout_list().await.map_err(hub_error)?;
         if let Some(tenant) = reader.person.tenant {
-            rollouts = tenant_rollouts(&shared, tenant, rollouts).await?;
+            rollouts = TenantView::read(&shared, tenant)
+                .await
+                .visible(&shared, rollouts)
+                .await;
         }
         Ok::<_, ApiError>(json_response(
             StatusCode::OK,
@@ -1301,38 +1304,6 @@ async fn get_rollouts(State(shared): SharedState, reader: Reader<TheRollouts>) -
     }
     .await;
     result.unwrap_or_else(IntoResponse::into_response)
-}
-
-/// The rollouts a tenant sees, in the list's order and shape: those that change one of
-/// its clusters.
-async fn tenant_rollouts(
-    shared: &Arc<Shared>,
-    tenant: Arc<str>,
-    listed: Vec<flotilla_core::rollout::view::RolloutView>,
-) -> Result<Vec<flotilla_core::rollout::view::RolloutView>, ApiError> {
-    let mut details = Vec::with_capacity(listed.len());
-    for rollout in &listed {
-        if let Some(detail) = shared
-            .recorder
-            .rollout_detail(rollout.id)
-            .await
-            .map_err(hub_error)?
-        {
-            details.push(detail);
-        }
-    }
-    let view = TenantView::read(shared, tenant).await;
-    let scopes = view.rollouts(shared, &details).await;
-    let visible: std::collections::HashSet<i64> = details
-        .iter()
-        .zip(&scopes)
-        .filter(|(_, scope)| scope.access != RolloutAccess::Hidden)
-        .map(|(rollout, _)| rollout.id)
-        .collect();
-    Ok(listed
-        .into_iter()
-        .filter(|r| visible.contains(&r.id))
-        .collect())
 }
 
 fn rollout_id(text: &str) -> Result<i64, ApiError> {

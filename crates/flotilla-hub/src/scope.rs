@@ -268,6 +268,36 @@ impl TenantView {
         scope
     }
 
+    /// The rollouts of a list (`GET /v1/rollouts`, the fleet page) the tenant sees, in
+    /// the list's order and shape: those that change one of its clusters, before or
+    /// after the change. Each is read in detail, for its clusters.
+    pub async fn visible(
+        &self,
+        shared: &Arc<Shared>,
+        listed: Vec<RolloutView>,
+    ) -> Vec<RolloutView> {
+        let mut details = Vec::with_capacity(listed.len());
+        for rollout in &listed {
+            match shared.recorder.rollout_detail(rollout.id).await {
+                Ok(Some(detail)) => details.push(detail),
+                Ok(None) => {}
+                // Left out: a rollout that cannot be read is not shown to a tenant.
+                Err(err) => tracing::error!("cannot read rollout {}: {err}", rollout.id),
+            }
+        }
+        let scopes = self.rollouts(shared, &details).await;
+        let visible: BTreeSet<i64> = details
+            .iter()
+            .zip(&scopes)
+            .filter(|(_, scope)| scope.access != RolloutAccess::Hidden)
+            .map(|(rollout, _)| rollout.id)
+            .collect();
+        listed
+            .into_iter()
+            .filter(|r| visible.contains(&r.id))
+            .collect()
+    }
+
     /// Whether the tenant sees each rollout (detailed views, with their clusters), and
     /// which of their clusters: a rollout it sees is `Visible` here, whether or not it
     /// may steer it (see [`TenantView::rollout`]).

@@ -414,7 +414,7 @@ async fn fleet(
     if let Some(tenant) = &tenant {
         model.retain_drift(|cluster, drift| tenant.owns(cluster, drift));
         render = tenant.render_status(render);
-        rollouts = tenant_rollouts(&ui.shared, tenant, rollouts).await;
+        rollouts = tenant.visible(&ui.shared, rollouts).await;
     }
     page_result(page::fleet_page(
         &model,
@@ -423,33 +423,6 @@ async fn fleet(
         &query,
         &login.visitor,
     ))
-}
-
-/// The rollouts of `listed` a tenant sees.
-async fn tenant_rollouts(
-    shared: &Arc<Shared>,
-    tenant: &TenantView,
-    listed: Vec<flotilla_core::rollout::view::RolloutView>,
-) -> Vec<flotilla_core::rollout::view::RolloutView> {
-    let mut details = Vec::with_capacity(listed.len());
-    for rollout in &listed {
-        match shared.recorder.rollout_detail(rollout.id).await {
-            Ok(Some(detail)) => details.push(detail),
-            Ok(None) => {}
-            Err(err) => tracing::error!("cannot read rollout {}: {err}", rollout.id),
-        }
-    }
-    let scopes = tenant.rollouts(shared, &details).await;
-    let visible: Vec<i64> = details
-        .iter()
-        .zip(&scopes)
-        .filter(|(_, scope)| scope.access != RolloutAccess::Hidden)
-        .map(|(rollout, _)| rollout.id)
-        .collect();
-    listed
-        .into_iter()
-        .filter(|r| visible.contains(&r.id))
-        .collect()
 }
 
 async fn fleet_json(State(ui): State<Ui>, headers: HeaderMap) -> Response {
@@ -479,7 +452,7 @@ async fn fleet_json(State(ui): State<Ui>, headers: HeaderMap) -> Response {
     let mut rollouts = ui.shared.view.active_rollouts().to_vec();
     if let Some(tenant) = &tenant {
         render = tenant.render_status(render);
-        rollouts = tenant_rollouts(&ui.shared, tenant, rollouts).await;
+        rollouts = tenant.visible(&ui.shared, rollouts).await;
     }
     let body = serde_json::json!({
         "stamp": page::stamp(&render, &counts, drifted, &rollouts),
