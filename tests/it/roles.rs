@@ -3,18 +3,25 @@
 //! viewer's, an operator's, an admin's, and a viewer's and an operator's limited to a
 //! tenant — made with the real `flotilla token create`.
 //!
-//! This fleet has no `kind: Tenant`, so every cluster and rollout is another's (the
-//! platform's) to the tenant's tokens: they must see none of it by any URL. What a
-//! tenant sees of its own clusters is decided by `flotilla_core::access`, tested there
-//! on bundles that carry `meta.tenants`.
+//! The first fleets have no tenant, so every cluster and rollout is another's (the
+//! platform's) to the tenant's tokens: they must see none of it by any URL. The last
+//! tests seed the hub's store, before it starts, with bundles that carry the tenant
+//! `shop` in `meta.tenants` (as a fleet with `kind: Tenant` renders them) and check
+//! what the tenant's tokens see and steer of them in the real hub.
 
 use std::path::Path;
 use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use serde_json::{Value, json};
 
-use crate::rollout_e2e::{POLICY, Scene};
+use crate::rollout_e2e::{Fleet, POLICY, START, Scene};
+use crate::support::hub::{client, make_token};
+use flotilla_core::bundle::{Bundle, BundleMeta, Resource, ResourceKey, TenantMark};
 use flotilla_hub::auth::token_id;
+use flotilla_hub::clock::ManualClock;
+use flotilla_hub::store::{Commit, Database, ServedChange, Store};
 
 /// Runs `flotilla`; returns (exit code, stdout, stderr).
 fn flotilla(args: &[&str]) -> (i32, String, String) {
@@ -562,4 +569,335 @@ fn token_create_refuses_unknown_roles_and_mixed_kinds() {
         assert!(stdout.is_empty(), "{args:?}");
         assert!(stderr.contains(message), "{args:?}: {stderr}");
     }
+}
+
+/// A cluster's bundle as HEAD renders it, with the tenant `shop`'s workload `web` (a
+/// ConfigMap in namespace `shop`) added, and, if `platform_change`, the platform's
+/// ConfigMap changed too: what the cluster ran before HEAD, had `shop` been there.
+fn with_shop(head: &Bundle, platform_change: bool) -> Bundle {
+    let meta = head.meta.as_deref().cloned().unwrap_or_default();
+    assert_eq!(
+        meta.workloads.len(),
+        head.resources.len(),
+        "HEAD's bundle names its resources' workloads"
+    );
+    let mut resources: Vec<(Value, String)> = head
+        .resources
+        .iter()
+        .zip(&meta.workloads)
+        .map(|(resource, workload)| {
+            let mut value = resource.value();
+            if platform_change && value["kind"] == "ConfigMap" {
+                value["data"]["version"] = json!("v0");
+            }
+            (value, workload.clone())
+        })
+        .collect();
+    resources.push((
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": "web", "namespace": "shop"}, "data": {"shop": "open"}}),
+        "web".to_string(),
+    ));
+    resources.sort_by_key(|(value, _)| ResourceKey::of(value).expect("an identity"));
+    let mut phases = meta.phases.clone();
+    if let Some(first) = phases.first_mut() {
+        first.push("web".into());
+    }
+    let mut tenants = std::collections::BTreeMap::new();
+    tenants.insert(
+        "shop".to_string(),
+        TenantMark {
+            workloads: vec!["web".into()],
+            namespaces: vec!["shop".into()],
+            cluster_scoped: Vec::new(),
+        },
+    );
+    let meta = BundleMeta {
+        workloads: resources.iter().map(|(_, w)| w.clone()).collect(),
+        phases,
+        tenants,
+        ..meta
+    };
+    let resources = resources
+        .iter()
+        .map(|(value, _)| {
+            Arc::new(Resource::new(
+                ResourceKey::of(value).expect("an identity"),
+                value,
+            ))
+        })
+        .collect();
+    Bundle::from_sorted_with_meta(head.cluster.clone(), resources, Some(meta))
+}
+
+/// The rollout fleet with its workload's drift policy `report` (so HEAD's bundles name
+/// their workloads in `meta`), its store seeded before the hub first starts: every
+/// cluster served what HEAD renders for it, but the canary `c1` and `s1` served a
+/// bundle that also holds the tenant `shop`'s workload, and, if `mixed`, `s2` one
+/// that also holds it and an older platform ConfigMap. The hub renders HEAD, whose
+/// bundles hold no tenant: a rollout of those clusters starts; its canary has not been
+/// heard from, so it pauses before the second wave, and `s1` and `s2` keep the bundles
+/// with `shop`. Returns the scene, the rollout's id and the clusters whose served
+/// bundle holds `shop` once it has paused.
+async fn shop_on_clusters(mixed: bool) -> (Scene, i64, Vec<String>) {
+    let fleet = Fleet::new(&["c1"], POLICY);
+    fleet.repo.write(
+        "workloads/app/workload.yaml",
+        "apiVersion: flotilla.dev/v1alpha1\nkind: Workload\nmetadata:\n  name: app\nspec:\n  namespace: app\n  drift: report\n  targets:\n    - clusterSelector: {}\n  vars:\n    version: v1\n",
+    );
+    let revision = format!("main@sha1:{}", fleet.repo.commit("v1"));
+    let snapshot = flotilla_hub::source::from_folder(fleet.repo.path(), "").expect("snapshot");
+    let head = flotilla_render::render(&snapshot);
+    assert!(
+        head.diagnostics
+            .iter()
+            .all(|d| d.severity != flotilla_core::diagnostic::Severity::Error),
+        "{:?}",
+        head.diagnostics
+    );
+    let seeded: Vec<Bundle> = head
+        .bundles
+        .values()
+        .map(|bundle| match bundle.cluster.as_str() {
+            "c1" | "s1" => with_shop(bundle, false),
+            "s2" if mixed => with_shop(bundle, true),
+            _ => bundle.clone(),
+        })
+        .collect();
+    let with_shop_digests: Vec<String> = seeded
+        .iter()
+        .filter(|b| b.meta.as_ref().is_some_and(|m| !m.tenants.is_empty()))
+        .map(|b| b.digest.to_string())
+        .collect();
+    let state = tempfile::tempdir().expect("state dir");
+    let store = Store::open(state.path()).await.expect("store");
+    store
+        .objects
+        .write_all(
+            seeded
+                .iter()
+                .map(|b| (b.digest.clone(), b.canonical_body()))
+                .collect(),
+        )
+        .await
+        .expect("objects");
+    store
+        .commit(&Commit {
+            served: seeded
+                .iter()
+                .map(|b| ServedChange {
+                    cluster: b.cluster.clone(),
+                    digest: b.digest.clone(),
+                    revision: "main@sha1:0000000000000000000000000000000000000000".into(),
+                    hold: false,
+                })
+                .collect(),
+            history: 10,
+            now_ms: (START * 1000) as i64,
+            ..Commit::default()
+        })
+        .await
+        .expect("served");
+    store.close().await;
+    let admin = make_token(state.path(), None).await;
+    let s1 = make_token(state.path(), Some("s1")).await;
+    let mut scene = Scene {
+        fleet,
+        state,
+        hub: None,
+        clock: Arc::new(ManualClock::new(
+            SystemTime::UNIX_EPOCH + Duration::from_secs(START),
+        )),
+        client: client(),
+        admin,
+        tokens: [("s1".to_string(), s1)].into(),
+        runs: Default::default(),
+        database: Database::StateDir,
+    };
+    scene.start().await;
+    scene.wait_revision(&revision).await;
+    scene.wait_rollout_state(&revision, "paused").await;
+    let rollout = scene.rollout_of(&revision).await;
+    let expected = if mixed {
+        ["c1", "s1", "s2"].as_slice()
+    } else {
+        ["c1", "s1"].as_slice()
+    };
+    assert_eq!(names(&rollout["clusters"]), expected, "{rollout}");
+    let holding: Vec<String> = scene
+        .served()
+        .await
+        .into_iter()
+        .filter(|(_, (served, _))| with_shop_digests.contains(served))
+        .map(|(name, _)| name)
+        .collect();
+    assert!(
+        holding.contains(&"s1".to_string()),
+        "s1 keeps its bundle until its wave: {holding:?}"
+    );
+    (scene, rollout["id"].as_i64().expect("id"), holding)
+}
+
+async fn get_as(scene: &Scene, token: &str, path: &str) -> (u16, Value) {
+    let call = Call {
+        method: "GET",
+        route: "",
+        path: path.to_string(),
+        body: None,
+        expect: [0; 7],
+    };
+    send(scene, &call, Some(token)).await
+}
+
+async fn post_as(scene: &Scene, token: &str, path: &str) -> (u16, Value) {
+    let call = Call {
+        method: "POST",
+        route: "",
+        path: path.to_string(),
+        body: None,
+        expect: [0; 7],
+    };
+    send(scene, &call, Some(token)).await
+}
+
+fn names(list: &Value) -> Vec<String> {
+    let mut names: Vec<String> = list
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|c| c["name"].as_str().map(str::to_string))
+        .collect();
+    names.sort_unstable();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_sees_its_clusters_and_steers_a_rollout_that_changes_only_its_workloads() {
+    let (mut scene, id, holding) = shop_on_clusters(false).await;
+    let state = scene.state.path().to_path_buf();
+    let shop = person_token(&state, "operator", Some("shop"));
+    let bank = person_token(&state, "operator", Some("bank"));
+
+    // s1's agent reports a failure of the platform's ConfigMap and of the shop's.
+    let served = scene.served().await["s1"].0.clone();
+    let failed = |namespace: &str, name: &str| {
+        json!({"group": "", "kind": "ConfigMap", "namespace": namespace, "name": name,
+               "state": "failed", "message": "refused"})
+    };
+    let response = scene
+        .client
+        .post(scene.url("/v1/clusters/s1/status"))
+        .bearer_auth(&scene.tokens["s1"])
+        .json(
+            &json!({"applied": served, "attempted": served, "message": "",
+                      "agentVersion": "test",
+                      "resources": [failed("app", "app"), failed("shop", "web")]}),
+        )
+        .send()
+        .await
+        .expect("report");
+    assert_eq!(response.status(), 200);
+
+    // The shop sees the clusters its workload is on, and no other; on them, only its
+    // own resources' failures.
+    let (status, fleet) = get_as(&scene, &shop, "/v1/fleet").await;
+    assert_eq!(status, 200);
+    assert_eq!(names(&fleet["clusters"]), holding, "{fleet}");
+    let failures = |fleet: &Value| {
+        fleet["clusters"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["name"] == "s1"))
+            .map(|c| c["failedResources"].clone())
+            .expect("s1")
+    };
+    assert_eq!(failures(&fleet), json!(["ConfigMap shop/web: refused"]));
+    assert_eq!(
+        failures(&scene.fleet().await),
+        json!(["ConfigMap app/app: refused", "ConfigMap shop/web: refused"])
+    );
+    let (_, fleet) = get_as(&scene, &bank, "/v1/fleet").await;
+    assert_eq!(names(&fleet["clusters"]), Vec::<String>::new(), "{fleet}");
+    // Still no bundle, even of its own cluster.
+    let (status, _) = get_as(&scene, &shop, "/v1/clusters/s1/bundle").await;
+    assert_eq!(status, 403);
+
+    // The rollout changes only the shop's workload on c1 and s1 (it leaves): the
+    // shop's operator sees and steers it; another tenant does neither.
+    let (_, rollouts) = get_as(&scene, &shop, "/v1/rollouts").await;
+    assert!(
+        rollouts["rollouts"]
+            .as_array()
+            .expect("rollouts")
+            .iter()
+            .any(|r| r["id"] == id),
+        "{rollouts}"
+    );
+    let (status, detail) = get_as(&scene, &shop, &format!("/v1/rollouts/{id}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(names(&detail["clusters"]), ["c1", "s1"]);
+    let (status, _) = get_as(&scene, &bank, &format!("/v1/rollouts/{id}")).await;
+    assert_eq!(status, 404);
+    let (status, _) = post_as(&scene, &bank, &format!("/v1/rollouts/{id}/resume")).await;
+    assert_eq!(status, 404);
+    let (status, resumed) = post_as(&scene, &shop, &format!("/v1/rollouts/{id}/resume")).await;
+    assert_eq!(status, 200, "{resumed}");
+    // The action is recorded with the token's id and role (the hub's own decisions
+    // that follow it have neither).
+    let event = resumed["events"]
+        .as_array()
+        .and_then(|e| e.iter().find(|e| !e["by"].is_null()))
+        .cloned()
+        .expect("the operator's event");
+    assert_eq!(
+        (&event["message"], &event["by"], &event["role"]),
+        (
+            &json!("resumed"),
+            &json!(token_id(&shop)),
+            &json!("operator@shop")
+        )
+    );
+    scene.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_sees_but_cannot_steer_a_rollout_that_also_changes_the_platform() {
+    let (mut scene, id, holding) = shop_on_clusters(true).await;
+    let state = scene.state.path().to_path_buf();
+    let shop = person_token(&state, "operator", Some("shop"));
+    let viewer = person_token(&state, "viewer", Some("shop"));
+    // Made before the first request: the hub looks for new tokens at most every
+    // quarter of a second.
+    let operator = person_token(&state, "operator", None);
+
+    let (_, fleet) = get_as(&scene, &viewer, "/v1/fleet").await;
+    assert_eq!(names(&fleet["clusters"]), holding, "{fleet}");
+    assert!(holding.contains(&"s2".to_string()), "{holding:?}");
+    let (status, detail) = get_as(&scene, &shop, &format!("/v1/rollouts/{id}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(names(&detail["clusters"]), ["c1", "s1", "s2"]);
+    // s2's change is the platform's too: the shop may not steer the rollout.
+    let (status, refused) = post_as(&scene, &shop, &format!("/v1/rollouts/{id}/resume")).await;
+    assert_eq!(status, 403, "{refused}");
+    assert!(
+        refused["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("changes more than tenant \"shop\"'s workloads")),
+        "{refused}"
+    );
+    let (status, _) = post_as(&scene, &viewer, &format!("/v1/rollouts/{id}/resume")).await;
+    assert_eq!(status, 403);
+    // A whole-fleet operator may.
+    let (status, _) = post_as(&scene, &operator, &format!("/v1/rollouts/{id}/resume")).await;
+    assert_eq!(status, 200);
+    // The web page offers the shop's operator no button on it either.
+    let web = web();
+    let cookie = log_in(&web, &scene, &shop).await.expect("a session");
+    let (status, body) = page(&web, &scene, &cookie, &format!("/ui/rollouts/{id}")).await;
+    assert_eq!(status, 200);
+    assert!(!body.contains("id=\"action-"), "{body}");
+    assert!(
+        body.contains(">s1</a>") && body.contains(">s2</a>"),
+        "{body}"
+    );
+    scene.stop().await;
 }
