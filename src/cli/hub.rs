@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 
 use super::{EXIT_FINDINGS, EXIT_OK, PublishArgs, ServeArgs, StoreArgs, TokenArgs, TokenCommand};
+use flotilla_core::access::Role;
 use flotilla_hub::clock::{Clock, SystemClock, rfc3339};
 use flotilla_hub::source;
 use flotilla_hub::store::{Bucket, Database, ObjectsUrl, Store};
@@ -484,11 +485,28 @@ async fn open_token_store(args: &StoreArgs) -> anyhow::Result<Store> {
 
 async fn token_command(store: &Store, command: &TokenCommand, now_ms: i64) -> anyhow::Result<u8> {
     match command {
-        TokenCommand::Create { cluster, admin, .. } => {
-            let cluster = match (cluster, admin) {
-                (Some(_), true) => bail!("give a cluster name or --admin, not both"),
-                (None, false) => bail!("give the cluster the token is for, or --admin"),
-                (Some(name), false) => {
+        TokenCommand::Create {
+            cluster,
+            role,
+            tenant,
+            admin,
+            ..
+        } => {
+            let role = match (role, admin) {
+                (Some(role), true) if *role != Role::Admin => {
+                    bail!("--admin is --role admin; give one role, not --admin and --role {role}")
+                }
+                (_, true) => Some(Role::Admin),
+                (role, false) => *role,
+            };
+            let token = match (cluster, role) {
+                (Some(_), Some(_)) => bail!(
+                    "a cluster's token is its agent's and has no role: give a cluster name, or --role for a person's token, not both"
+                ),
+                (None, None) => bail!(
+                    "give the cluster the token is for, or --role viewer|operator|admin for a person's token"
+                ),
+                (Some(name), None) => {
                     check_cluster_name(name)?;
                     let known = store.clusters().await?;
                     if !known.is_empty() && !known.iter().any(|c| &c.name == name) {
@@ -496,16 +514,12 @@ async fn token_command(store: &Store, command: &TokenCommand, now_ms: i64) -> an
                             "warning: the hub serves no cluster named {name:?} yet; the token works once it does"
                         );
                     }
-                    Some(name.as_str())
+                    auth::new_token(Some(name), now_ms)
                 }
-                (None, true) => None,
+                (None, Some(role)) => auth::new_person_token(role, tenant.as_deref(), now_ms)?,
             };
-            let token = auth::new_token(cluster, now_ms);
             store.insert_token(&token.stored).await?;
-            let scope = match cluster {
-                Some(name) => format!("for cluster {name}"),
-                None => "with admin rights".to_string(),
-            };
+            let scope = scope_of(&token.stored);
             // Only the token goes to stdout, so `> FILE` and `$(…)` keep just the token.
             eprintln!(
                 "created token {} {scope}; it is shown once, on stdout (only its hash is stored)",
@@ -533,10 +547,11 @@ async fn token_command(store: &Store, command: &TokenCommand, now_ms: i64) -> an
                 );
             }
             for token in tokens {
-                let scope = match (&token.cluster, token.admin) {
-                    (_, true) => "admin".to_string(),
-                    (Some(cluster), false) => format!("cluster {cluster}"),
-                    (None, false) => "nothing".to_string(),
+                let scope = match (&token.cluster, token.role, &token.tenant) {
+                    (Some(cluster), None, _) => format!("cluster {cluster}"),
+                    (None, Some(role), None) => role.to_string(),
+                    (None, Some(role), Some(tenant)) => format!("{role} of tenant {tenant}"),
+                    _ => "nothing".to_string(),
                 };
                 let state = match token.revoked_at_ms {
                     Some(at) => format!("revoked {}", rfc3339(at)),
@@ -551,6 +566,17 @@ async fn token_command(store: &Store, command: &TokenCommand, now_ms: i64) -> an
         }
     }
     Ok(EXIT_OK)
+}
+
+/// What a token grants, in words: `for cluster edge-1`, `with the role viewer`,
+/// `with the role operator of tenant shop`.
+fn scope_of(token: &flotilla_hub::store::StoredToken) -> String {
+    match (&token.cluster, token.role, &token.tenant) {
+        (Some(cluster), None, _) => format!("for cluster {cluster}"),
+        (None, Some(role), None) => format!("with the role {role}"),
+        (None, Some(role), Some(tenant)) => format!("with the role {role} of tenant {tenant}"),
+        _ => "granting nothing this version knows".to_string(),
+    }
 }
 
 fn check_cluster_name(name: &str) -> anyhow::Result<()> {

@@ -510,6 +510,10 @@ impl DatabaseArgs {
     }
 }
 
+fn parse_role(text: &str) -> Result<flotilla_core::access::Role, String> {
+    flotilla_core::access::Role::parse(text).map_err(|err| err.to_string())
+}
+
 fn parse_database(url: &str) -> Result<Database, String> {
     url.parse()
 }
@@ -527,12 +531,23 @@ pub struct TokenArgs {
 #[derive(Debug, Subcommand)]
 pub enum TokenCommand {
     /// Make a token and print it once, alone on stdout (`> FILE` keeps just the token);
-    /// only its hash is kept.
+    /// only its hash is kept. A cluster's token (give CLUSTER) is its agent's; a
+    /// person's token has a role (--role).
     Create {
         /// The cluster whose bundles the token reads.
         #[arg(value_name = "CLUSTER")]
         cluster: Option<String>,
-        /// Make an admin token (reads /v1/fleet and every bundle) instead.
+        /// A person's token with this role: viewer (reads /v1/fleet, /v1/rollouts and
+        /// the web page), operator (also pauses, resumes, promotes and aborts rollouts)
+        /// or admin (also reads every bundle).
+        #[arg(long, value_name = "ROLE", value_parser = parse_role)]
+        role: Option<flotilla_core::access::Role>,
+        /// Limit a viewer's or operator's token to one tenant: it sees only the
+        /// tenant's workloads and the clusters they target, and steers only rollouts
+        /// that change nothing else.
+        #[arg(long, value_name = "TENANT", requires = "role")]
+        tenant: Option<String>,
+        /// Make an admin token; the same as --role admin.
         #[arg(long)]
         admin: bool,
         #[command(flatten)]

@@ -325,7 +325,10 @@ fn show(view: &RolloutView) -> String {
                 event
                     .by
                     .as_deref()
-                    .map(|by| format!(" [token {by}]"))
+                    .map(|by| match &event.role {
+                        Some(role) => format!(" [token {by}, {role}]"),
+                        None => format!(" [token {by}]"),
+                    })
                     .unwrap_or_default()
             );
         }

@@ -24,6 +24,7 @@ mod hub_scale;
 mod module_graph;
 mod readme;
 mod render_example;
+mod roles;
 mod rollout_e2e;
 mod schemas;
 mod sops_secrets;

@@ -944,7 +944,7 @@ async fn operators_pause_resume_promote_and_abort_through_the_command_line() {
     let (ok, out, err) = run(&["rollout", "show", &id]).await.expect("runs");
     assert!(ok, "{err}");
     assert!(
-        out.contains("state: aborted") && out.contains(&format!("[token {admin_id}]")),
+        out.contains("state: aborted") && out.contains(&format!("[token {admin_id}, admin]")),
         "{out}"
     );
     // Refused actions say why, and exit 2.

@@ -2,7 +2,8 @@
 //! (the W3C WebDriver protocol, spoken here over plain HTTP with the tests' own
 //! client). Logs in, reads the counts, filters to the failed clusters, opens one,
 //! resumes and pauses a rollout, and saves screenshots for docs/ui.md (into
-//! docs/images/ with FLOTILLA_UPDATE_SCREENSHOTS=1). Skips with a printed reason
+//! docs/images/ with FLOTILLA_UPDATE_SCREENSHOTS=1); logs in with a viewer's token
+//! and finds no steering button. Skips with a printed reason
 //! when Chromium or chromedriver is missing, except in CI.
 
 use std::path::Path;
@@ -281,8 +282,9 @@ fn base64_decode(text: &str) -> Vec<u8> {
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_operator_logs_in_filters_opens_a_cluster_and_pauses_a_rollout_in_chromium() {
+/// Chromium driven by chromedriver, for the test named `test`; `None` when it skips
+/// (Chromium or chromedriver missing, outside CI).
+async fn start_browser(test: &str) -> Option<(Driver, Browser)> {
     let browser_binary = chromium();
     let missing = match (
         browser_binary,
@@ -294,11 +296,8 @@ async fn an_operator_logs_in_filters_opens_a_cluster_and_pauses_a_rollout_in_chr
         (_, Err(reason)) => Some(format!("{reason} (apt-get install chromium-driver)")),
         (Some(_), Ok(())) => None,
     };
-    if !flotilla_testkit::can_run(
-        "an_operator_logs_in_filters_opens_a_cluster_and_pauses_a_rollout_in_chromium",
-        missing,
-    ) {
-        return;
+    if !flotilla_testkit::can_run(test, missing) {
+        return None;
     }
     let port = free_port();
     let driver = Driver {
@@ -324,9 +323,6 @@ async fn an_operator_logs_in_filters_opens_a_cluster_and_pauses_a_rollout_in_chr
         }
     })
     .await;
-    let (mut scene, v2) = every_state().await;
-    let rollout_id = scene.rollout_of(&v2).await["id"].as_i64().expect("id");
-    let hub = scene.hub.as_ref().expect("hub").base.clone();
 
     let which = browser_binary.unwrap_or("chromium");
     let binary = String::from_utf8(
@@ -362,6 +358,22 @@ async fn an_operator_logs_in_filters_opens_a_cluster_and_pauses_a_rollout_in_chr
         http: http.clone(),
         session: format!("{}/session/{session}", driver.base),
     };
+    Some((driver, browser))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_logs_in_filters_opens_a_cluster_and_pauses_a_rollout_in_chromium() {
+    let Some((driver, browser)) = start_browser(
+        "an_operator_logs_in_filters_opens_a_cluster_and_pauses_a_rollout_in_chromium",
+    )
+    .await
+    else {
+        return;
+    };
+    let http = browser.http.clone();
+    let (mut scene, v2) = every_state().await;
+    let rollout_id = scene.rollout_of(&v2).await["id"].as_i64().expect("id");
+    let hub = scene.hub.as_ref().expect("hub").base.clone();
 
     // The page sends a visitor without a session to the login.
     browser.go(&format!("{hub}/ui/")).await;
@@ -420,6 +432,82 @@ async fn an_operator_logs_in_filters_opens_a_cluster_and_pauses_a_rollout_in_chr
     assert_eq!(browser.title().await, "Log in · flotilla");
 
     let _ = http.delete(&browser.session).send().await;
+    drop(driver);
+    scene.stop().await;
+}
+
+/// A viewer's token made with the real command line, beside the running hub.
+fn viewer_token(state: &Path) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["token", "create", "--role", "viewer", "--state-dir"])
+        .arg(state)
+        .env_remove("FLOTILLA_STATE_DIR")
+        .output()
+        .expect("flotilla runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_viewer_logs_in_and_finds_no_steering_buttons_in_chromium() {
+    let Some((driver, browser)) =
+        start_browser("a_viewer_logs_in_and_finds_no_steering_buttons_in_chromium").await
+    else {
+        return;
+    };
+    let (mut scene, v2) = every_state().await;
+    let rollout_id = scene.rollout_of(&v2).await["id"].as_i64().expect("id");
+    let hub = scene.hub.as_ref().expect("hub").base.clone();
+    let viewer = viewer_token(scene.state.path());
+
+    browser.go(&format!("{hub}/ui/")).await;
+    browser.type_into("#token", &viewer).await;
+    browser.click("form.login button[type=submit]").await;
+    assert_eq!(
+        browser.title_once("Fleet · flotilla").await,
+        "Fleet · flotilla"
+    );
+    // Who is logged in, with which role.
+    assert_eq!(browser.text("#role").await, "viewer");
+    assert!(
+        browser
+            .text("#who")
+            .await
+            .contains(&flotilla_hub::auth::token_id(&viewer))
+    );
+    assert_eq!(browser.text("#counts-h").await, "8 clusters");
+
+    // The halted rollout offers an admin resume and abort; the viewer gets no button.
+    browser.go(&format!("{hub}/ui/rollouts/{rollout_id}")).await;
+    assert_eq!(
+        browser
+            .title_once(&format!("Rollout {rollout_id} · flotilla"))
+            .await,
+        format!("Rollout {rollout_id} · flotilla")
+    );
+    assert_eq!(browser.text("h1 .chip").await, "halted");
+    assert_eq!(
+        browser.all_texts(".actions button").await,
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        browser.all_texts("button[id^=action-]").await,
+        Vec::<String>::new()
+    );
+    // Nor a link to a cluster's bundle.
+    browser.go(&format!("{hub}/ui/clusters/c1")).await;
+    assert_eq!(browser.title_once("c1 · flotilla").await, "c1 · flotilla");
+    assert_eq!(
+        browser.all_texts("#bundle-link").await,
+        Vec::<String>::new()
+    );
+    browser.screenshot("ui-viewer-rollout.png").await;
+
+    let _ = browser.http.delete(&browser.session).send().await;
     drop(driver);
     scene.stop().await;
 }

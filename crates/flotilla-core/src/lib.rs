@@ -5,6 +5,7 @@
 //! Pure and small by construction: no async runtime, Git, database, HTTP, Kubernetes,
 //! template engine or thread pool is a dependency of this crate (ARCHITECTURE.md).
 
+pub mod access;
 pub mod api;
 pub mod bundle;
 pub mod dcz;

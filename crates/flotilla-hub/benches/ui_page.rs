@@ -14,7 +14,17 @@ use flotilla_core::bundle::Digest;
 use flotilla_core::status::{ResourceState, ResourceStatus, StatusReport};
 use flotilla_hub::fleet::{Desired, FleetSummary, Line, NO_LABELS, RenderStatus, lines};
 use flotilla_hub::store::StoredStatus;
-use flotilla_hub::ui::page::{FleetModel, FleetQuery, fleet_page};
+use flotilla_hub::ui::page::{FleetModel, FleetQuery, Visitor, fleet_page};
+
+fn visitor() -> Visitor {
+    Visitor {
+        csrf: "0".repeat(64),
+        token: "0".repeat(12),
+        role: "admin".into(),
+        steers: true,
+        reads_bundles: true,
+    }
+}
 
 const CLUSTERS: usize = 10_000;
 const NOW_MS: i64 = 1_736_899_200_000;
@@ -133,7 +143,7 @@ fn with_lines<R>(fleet: &Fleet, f: impl FnOnce(&[Line<'_>]) -> R) -> R {
 
 fn page(fleet: &Fleet, query: &FleetQuery) -> String {
     let model = with_lines(fleet, |lines| FleetModel::new(lines, query, NOW_MS));
-    fleet_page(&model, &render_status(), &[], query, &"0".repeat(64)).expect("page")
+    fleet_page(&model, &render_status(), &[], query, &visitor()).expect("page")
 }
 
 fn summary(fleet: &Fleet) -> FleetSummary {

@@ -38,10 +38,12 @@ use sha2::Sha256;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::auth::Grant;
+use super::auth::{Grant, Person};
 use crate::delta;
 use crate::recorder::rollouts::{Action, ActionRefused};
 use crate::recorder::{ClusterBundle, Encoding, ReportRefused, Shared};
+use crate::scope::TenantView;
+use flotilla_core::access::RolloutAccess;
 use flotilla_core::bundle::{Digest, document_bytes, features};
 use flotilla_core::dcz;
 use flotilla_core::status::StatusReport;
@@ -132,7 +134,9 @@ struct Endpoint {
 }
 
 const CLUSTER_TOKEN: &str = "the cluster's token (an admin token reads too)";
-const ADMIN_TOKEN: &str = "an admin token";
+const PERSON_TOKEN: &str =
+    "a person's token: viewer, operator or admin (a tenant's token sees its tenant's part)";
+const STEERING_TOKEN: &str = "an operator's or admin's token (a tenant's only for rollouts that change nothing but its workloads)";
 
 /// Every endpoint of the API, in the order of docs/api.md's table.
 const ENDPOINTS: &[Endpoint] = {
@@ -162,28 +166,28 @@ const ENDPOINTS: &[Endpoint] = {
         Endpoint {
             method: "GET",
             path: routes::FLEET,
-            auth: ADMIN_TOKEN,
+            auth: PERSON_TOKEN,
             what: "every cluster's desired and applied digest, state and last report; render errors",
             handler: || get(get_fleet),
         },
         Endpoint {
             method: "GET",
             path: routes::ROLLOUTS,
-            auth: ADMIN_TOKEN,
+            auth: PERSON_TOKEN,
             what: "the rollouts under way, then the most recent ended ones",
             handler: || get(get_rollouts),
         },
         Endpoint {
             method: "GET",
             path: routes::ROLLOUT,
-            auth: ADMIN_TOKEN,
+            auth: PERSON_TOKEN,
             what: "one rollout, with its events and its clusters",
             handler: || get(get_rollout),
         },
         Endpoint {
             method: "POST",
             path: routes::ROLLOUT_ACTION,
-            auth: ADMIN_TOKEN,
+            auth: STEERING_TOKEN,
             what: "steer a rollout: {action} is pause, resume, promote or abort",
             handler: || post(post_rollout_action),
         },
@@ -406,20 +410,21 @@ impl FromRequestParts<Arc<Shared>> for Token {
     }
 }
 
-/// What an admin-only request is about, for the error a cluster token gets.
-trait AdminOnly {
+/// What a request for people is about, for the error a token that may not gets.
+trait ForPeople {
     const WHAT: &'static str;
 }
 
-/// The id of an admin token (recorded with operator actions), on a hub that has
-/// loaded its store: the checks every admin-only path makes (503 while starting, 401,
-/// 403 for a cluster token).
-struct Admin<W> {
+/// A person's token (any role; a tenant's too), recorded with operator actions, on a
+/// hub that has loaded its store: the checks every path for people makes (503 while
+/// starting, 401, 403 for a cluster's token).
+struct Reader<W> {
+    person: Person,
     token_id: String,
     about: std::marker::PhantomData<W>,
 }
 
-impl<W: AdminOnly> FromRequestParts<Arc<Shared>> for Admin<W> {
+impl<W: ForPeople> FromRequestParts<Arc<Shared>> for Reader<W> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, shared: &Arc<Shared>) -> Result<Self, ApiError> {
@@ -430,14 +435,15 @@ impl<W: AdminOnly> FromRequestParts<Arc<Shared>> for Admin<W> {
             } => Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 format!(
-                    "{} needs an admin token (`flotilla token create --admin`)",
+                    "{} needs a person's token, not a cluster's (`flotilla token create --role viewer|operator|admin`)",
                     W::WHAT
                 ),
             )),
             Token {
-                grant: Grant::Admin,
+                grant: Grant::Person(person),
                 id,
-            } => Ok(Admin {
+            } => Ok(Reader {
+                person,
                 token_id: id,
                 about: std::marker::PhantomData,
             }),
@@ -445,23 +451,45 @@ impl<W: AdminOnly> FromRequestParts<Arc<Shared>> for Admin<W> {
     }
 }
 
+/// A person's token whose role steers rollouts (operator or admin): 403 for a viewer.
+struct Steerer<W>(Reader<W>);
+
+impl<W: ForPeople> FromRequestParts<Arc<Shared>> for Steerer<W> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, shared: &Arc<Shared>) -> Result<Self, ApiError> {
+        let reader = Reader::<W>::from_request_parts(parts, shared).await?;
+        if !reader.person.role.steers() {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "{} needs an operator's or admin's token; this token is a {}'s (read only)",
+                    W::WHAT,
+                    reader.person.role
+                ),
+            ));
+        }
+        Ok(Steerer(reader))
+    }
+}
+
 struct TheFleetSummary;
-impl AdminOnly for TheFleetSummary {
+impl ForPeople for TheFleetSummary {
     const WHAT: &'static str = "the fleet summary";
 }
 
 struct TheRollouts;
-impl AdminOnly for TheRollouts {
+impl ForPeople for TheRollouts {
     const WHAT: &'static str = "the rollouts";
 }
 
 struct ARollout;
-impl AdminOnly for ARollout {
+impl ForPeople for ARollout {
     const WHAT: &'static str = "a rollout";
 }
 
 struct SteeringARollout;
-impl AdminOnly for SteeringARollout {
+impl ForPeople for SteeringARollout {
     const WHAT: &'static str = "steering a rollout";
 }
 
@@ -509,7 +537,19 @@ impl<P: ClusterPath> FromRequestParts<Arc<Shared>> for ClusterRead<P> {
                 ));
             }
             Grant::Cluster(_) => true,
-            Grant::Admin => false,
+            Grant::Person(person) if person.role.reads_bundles() && person.tenant.is_none() => {
+                false
+            }
+            // Before the cluster is looked up: the answer tells nothing of the fleet.
+            Grant::Person(person) => {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "a {}'s token never reads bundles (they may hold Secrets); use an admin token",
+                        person.role
+                    ),
+                ));
+            }
         };
         let entry = shared.view.served_to(cluster).ok_or_else(|| {
             ApiError::new(
@@ -542,10 +582,10 @@ impl FromRequestParts<Arc<Shared>> for ClusterReport {
                     ),
                 ));
             }
-            Grant::Admin => {
+            Grant::Person(_) => {
                 return Err(ApiError::new(
                     StatusCode::FORBIDDEN,
-                    "an admin token cannot report status; use the cluster's own token",
+                    "a person's token cannot report status; use the cluster's own token",
                 ));
             }
         }
@@ -1213,10 +1253,11 @@ async fn stored_status(
     ))
 }
 
-/// `GET /v1/fleet[?drifted=true|false]`: the filter narrows the cluster list only.
+/// `GET /v1/fleet[?drifted=true|false]`: the filter narrows the cluster list only. A
+/// tenant's token sees the clusters its tenant is on, and of them its own resources.
 async fn get_fleet(
     State(shared): SharedState,
-    _admin: Admin<TheFleetSummary>,
+    reader: Reader<TheFleetSummary>,
     filter: Result<
         axum::extract::Query<crate::fleet::FleetFilter>,
         axum::extract::rejection::QueryRejection,
@@ -1229,17 +1270,33 @@ async fn get_fleet(
         )
     })?;
     let mut summary = shared.view.fleet_summary();
+    if let Some(tenant) = reader.person.tenant {
+        summary = TenantView::read(&shared, tenant).await.fleet(summary);
+    }
     filter.apply(&mut summary);
     Ok(json_response(StatusCode::OK, &summary))
 }
 
-async fn get_rollouts(State(shared): SharedState, _admin: Admin<TheRollouts>) -> Response {
+fn hub_error(err: impl ToString) -> ApiError {
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string())
+}
+
+fn no_rollout(id: i64) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("no rollout with id {id} (GET /v1/rollouts lists them)"),
+    )
+}
+
+async fn get_rollouts(State(shared): SharedState, reader: Reader<TheRollouts>) -> Response {
     let result = async {
-        let rollouts = shared
-            .recorder
-            .rollout_list()
-            .await
-            .map_err(|err| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?;
+        let mut rollouts = shared.recorder.rollout_list().await.map_err(hub_error)?;
+        if let Some(tenant) = reader.person.tenant {
+            rollouts = TenantView::read(&shared, tenant)
+                .await
+                .visible(&shared, rollouts)
+                .await;
+        }
         Ok::<_, ApiError>(json_response(
             StatusCode::OK,
             &json!({ "rollouts": rollouts }),
@@ -1258,24 +1315,41 @@ fn rollout_id(text: &str) -> Result<i64, ApiError> {
     })
 }
 
+/// A rollout as the person sees it, with what a tenant's token may do with it: 404
+/// for a rollout a tenant's token does not see, as for one that does not exist.
+async fn rollout_for(
+    shared: &Arc<Shared>,
+    person: &Person,
+    id: i64,
+) -> Result<(flotilla_core::rollout::view::RolloutView, RolloutAccess), ApiError> {
+    let view = shared
+        .recorder
+        .rollout_detail(id)
+        .await
+        .map_err(hub_error)?
+        .ok_or_else(|| no_rollout(id))?;
+    let Some(tenant) = person.tenant.clone() else {
+        return Ok((view, RolloutAccess::Steerable));
+    };
+    let scope = TenantView::read(shared, tenant)
+        .await
+        .rollout(shared, &view)
+        .await;
+    match scope.access {
+        RolloutAccess::Hidden => Err(no_rollout(id)),
+        access => Ok((scope.cut(view), access)),
+    }
+}
+
 async fn get_rollout(
     State(shared): SharedState,
     ApiPath(id): ApiPath<String>,
-    _admin: Admin<ARollout>,
+    reader: Reader<ARollout>,
 ) -> Response {
     let result = async {
         let id = rollout_id(&id)?;
-        match shared.recorder.rollout_detail(id).await {
-            Ok(Some(view)) => Ok(json_response(StatusCode::OK, &view)),
-            Ok(None) => Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                format!("no rollout with id {id} (GET /v1/rollouts lists them)"),
-            )),
-            Err(err) => Err(ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                err.to_string(),
-            )),
-        }
+        let (view, _) = rollout_for(&shared, &reader.person, id).await?;
+        Ok::<_, ApiError>(json_response(StatusCode::OK, &view))
     }
     .await;
     result.unwrap_or_else(IntoResponse::into_response)
@@ -1284,9 +1358,10 @@ async fn get_rollout(
 async fn post_rollout_action(
     State(shared): SharedState,
     ApiPath((id, action)): ApiPath<(String, String)>,
-    admin: Admin<SteeringARollout>,
+    Steerer(steerer): Steerer<SteeringARollout>,
 ) -> Response {
-    let by = admin.token_id;
+    let by = steerer.token_id;
+    let role = steerer.person.label();
     let result = async {
         let id = rollout_id(&id)?;
         let action = Action::parse(&action).ok_or_else(|| {
@@ -1295,19 +1370,34 @@ async fn post_rollout_action(
                 format!("no action {action:?}; the actions are pause, resume, promote and abort"),
             )
         })?;
-        match shared.recorder.rollout_action(id, action, &by).await {
-            Ok(view) => Ok(json_response(StatusCode::OK, &view)),
-            Err(ActionRefused::NotFound(id)) => Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                format!("no rollout with id {id} (GET /v1/rollouts lists them)"),
-            )),
+        if let Some(tenant) = &steerer.person.tenant {
+            let (_, access) = rollout_for(&shared, &steerer.person, id).await?;
+            if access != RolloutAccess::Steerable {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "rollout {id} changes more than tenant {tenant:?}'s workloads; only a token for the whole fleet steers it"
+                    ),
+                ));
+            }
+        }
+        match shared.recorder.rollout_action(id, action, (&by, &role)).await {
+            Ok(view) => {
+                let view = match steerer.person.tenant.clone() {
+                    Some(tenant) => TenantView::read(&shared, tenant)
+                        .await
+                        .rollout(&shared, &view)
+                        .await
+                        .cut(view),
+                    None => view,
+                };
+                Ok(json_response(StatusCode::OK, &view))
+            }
+            Err(ActionRefused::NotFound(id)) => Err(no_rollout(id)),
             Err(ActionRefused::Conflict(err)) => {
                 Err(ApiError::new(StatusCode::CONFLICT, err.to_string()))
             }
-            Err(ActionRefused::Hub(err)) => Err(ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                err.to_string(),
-            )),
+            Err(ActionRefused::Hub(err)) => Err(hub_error(err)),
         }
     }
     .await;
@@ -1436,7 +1526,7 @@ async fn index() -> Response {
     endpoints.push(endpoint(
         "GET",
         crate::ui::routes::HOME,
-        "a session: log in there with an admin token",
+        "a session: log in there with a person's token (viewer, operator or admin)",
         "the web page: the fleet, each cluster and each rollout (docs/ui.md)",
     ));
     json_response(

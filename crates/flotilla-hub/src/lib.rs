@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod peers;
 pub mod publish;
 pub mod render_worker;
+pub mod scope;
 
 pub mod recorder;
 pub mod source;

@@ -249,6 +249,11 @@ pub struct Event {
     pub message: String,
     /// The id of the token of the operator who acted; `None` for the hub's own decisions.
     pub by: Option<String>,
+    /// The role of that token (`operator`, `admin`; with `@tenant` for a tenant's
+    /// token), set by the hub; `None` for the hub's own decisions and for actions
+    /// recorded before tokens had roles.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
 }
 
 /// A change of what one member is served.
@@ -280,6 +285,7 @@ impl Step {
             at,
             message,
             by: None,
+            role: None,
         });
         self.changed = true;
     }
@@ -470,6 +476,7 @@ impl Rollout {
                             .unwrap_or_default()
                     ),
                     by: Some(by.to_string()),
+                    role: None,
                 });
                 step.changed = true;
                 Ok(step.finish())
@@ -552,6 +559,7 @@ impl Rollout {
                 if rolled_back == 1 { "its" } else { "their" }
             ),
             by: Some(by.to_string()),
+            role: None,
         });
         step.changed = true;
         Ok(step.finish())
@@ -564,6 +572,7 @@ fn operator_step(now: Millis, by: &str, message: String) -> Step {
             at: now,
             message,
             by: Some(by.to_string()),
+            role: None,
         }],
         changed: true,
         ..Step::default()

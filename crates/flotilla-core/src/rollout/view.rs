@@ -72,6 +72,10 @@ pub struct EventView {
     /// The token id of the operator who acted; `null` for the hub's own decisions.
     #[serde(default)]
     pub by: Option<String>,
+    /// That token's role (`operator`, `admin`, or `operator@TENANT` for a tenant's
+    /// token); absent for the hub's own decisions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
 }
 
 /// One changing cluster of a rollout.
@@ -207,6 +211,7 @@ impl From<&Event> for EventView {
             at: rfc3339(event.at),
             message: event.message.clone(),
             by: event.by.clone(),
+            role: event.role.clone(),
         }
     }
 }

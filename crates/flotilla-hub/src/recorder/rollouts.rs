@@ -31,6 +31,7 @@ use crate::store::{
     Commit, Fence, RenderedCluster, RolloutWrite, ServedChange, Store, StoreError, StoredRollout,
     StoredStatus,
 };
+use flotilla_core::access::Role;
 use flotilla_core::bundle::Digest;
 use flotilla_core::rollout::render::{
     RenderDecision, RenderInput, Revisions, Running, Started, decide_render, merge_steps,
@@ -276,16 +277,16 @@ fn decide_now(recorder: &Recorder, a: &mut Active, now: Millis) -> Step {
 }
 
 /// An operator's action on one rollout, and nothing it leads to: the same on a hub
-/// and straight on the store.
+/// and straight on the store. Its events record the token's id and role.
 fn act(
     a: &mut Active,
     action: Action,
-    by: &str,
+    (by, role): (&str, &str),
     now: Millis,
     offline: Millis,
 ) -> Result<Step, ActionError> {
     a.refresh();
-    match action {
+    let mut step = match action {
         Action::Pause => a.rollout.pause(by, now),
         Action::Resume => a.rollout.resume(by, now),
         Action::Promote => {
@@ -293,7 +294,11 @@ fn act(
             a.rollout.promote(by, now, offline, &observations)
         }
         Action::Abort => a.rollout.abort(by, now),
+    }?;
+    for event in step.events.iter_mut().filter(|e| e.by.is_some()) {
+        event.role = Some(role.to_string());
     }
+    Ok(step)
 }
 
 /// The one transaction that records some rollouts' steps and what they serve,
@@ -783,13 +788,13 @@ impl Recorder {
         Ok(next)
     }
 
-    /// An operator's `pause`, `resume`, `promote` or `abort`, recorded with the id of
-    /// the token that asked for it.
+    /// An operator's `pause`, `resume`, `promote` or `abort`, recorded with the id and
+    /// role of the token that asked for it.
     pub async fn rollout_action(
         &self,
         id: i64,
         action: Action,
-        by: &str,
+        (by, role): (&str, &str),
     ) -> Result<RolloutView, ActionRefused> {
         if !self.lease.holds() {
             return Err(ActionRefused::Conflict(ActionError(
@@ -811,10 +816,10 @@ impl Recorder {
         };
         let offline = offline_after(self);
         let a = &mut active[index];
-        let acted = act(a, action, by, now, offline)?;
+        let acted = act(a, action, (by, role), now, offline)?;
         let then = decide_now(self, a, now);
         let step = merge_steps(vec![acted, then]);
-        tracing::info!(rollout = id, ?action, by, "operator action");
+        tracing::info!(rollout = id, ?action, by, role, "operator action");
         let view = a.view(now, offline, self.rollouts.release_not_before(), true);
         self.finish(&mut active, vec![(index, step)], true).await?;
         drop(active);
@@ -1031,7 +1036,9 @@ pub mod in_store {
             // next is released) is the lease holder's to decide, on the reports and
             // polls it sees first-hand; this side sees polls only as the hubs last
             // wrote them (every 30 s), too late to judge who is offline.
-            let step = act(&mut a, action, by, now, offline)?;
+            // Whoever reaches the database itself can do anything a hub can: the
+            // fleet's admin.
+            let step = act(&mut a, action, (by, Role::Admin.as_str()), now, offline)?;
             let view = a.view(now, offline, None, true);
             // The history of what clusters were served is trimmed by the hubs, to
             // their own `--history`.

@@ -30,6 +30,7 @@ use sqlx::any::{AnyConnectOptions, AnyPoolOptions, AnyRow};
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{AnyPool, ConnectOptions, Row};
 
+use flotilla_core::access::Role;
 use flotilla_core::bundle::Digest;
 use flotilla_core::status::StatusReport;
 pub use hubs::Sighting;
@@ -124,9 +125,14 @@ pub struct StoredToken {
     pub id: String,
     /// Hex of SHA-256 of the token.
     pub hash: String,
-    /// The cluster whose bundles it reads; `None` for an admin token.
+    /// The cluster whose bundles it reads; `None` for a person's token.
     pub cluster: Option<String>,
+    /// An admin token (the role admin; kept as its own column since the first store).
     pub admin: bool,
+    /// A person's token's role; `None` for a cluster's token.
+    pub role: Option<Role>,
+    /// The tenant a person's token is limited to.
+    pub tenant: Option<String>,
     pub created_at_ms: i64,
     pub revoked_at_ms: Option<i64>,
 }
@@ -309,11 +315,17 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "agent drift features",
         include_str!("../../migrations/0009_agent_drift_features.sql"),
     ),
+    (
+        10,
+        "token roles",
+        include_str!("../../migrations/0010_token_roles.sql"),
+    ),
 ];
 
-/// [`MIGRATIONS`] as sqlx reads a migrations folder.
+/// [`MIGRATIONS`] (or the first of them, in tests of upgrades) as sqlx reads a
+/// migrations folder.
 #[derive(Debug)]
-struct EmbeddedMigrations;
+struct EmbeddedMigrations(&'static [(i64, &'static str, &'static str)]);
 
 impl sqlx::migrate::MigrationSource<'static> for EmbeddedMigrations {
     fn resolve(
@@ -325,8 +337,9 @@ impl sqlx::migrate::MigrationSource<'static> for EmbeddedMigrations {
                 > + Send,
         >,
     > {
-        Box::pin(async {
-            Ok(MIGRATIONS
+        Box::pin(async move {
+            Ok(self
+                .0
                 .iter()
                 .map(|(version, description, sql)| {
                     sqlx::migrate::Migration::new(
@@ -1071,7 +1084,7 @@ impl Store {
         let err = |e| self.db_error(e);
         let mut tx = self.pool.begin().await.map_err(err)?;
         sqlx::query(
-            "INSERT INTO tokens (id, hash, cluster, admin, created_at, revoked_at) VALUES ($1, $2, $3, $4, $5, $6)",
+            "INSERT INTO tokens (id, hash, cluster, admin, created_at, revoked_at, role, tenant) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
         .bind(&token.id)
         .bind(&token.hash)
@@ -1079,6 +1092,8 @@ impl Store {
         .bind(token.admin)
         .bind(token.created_at_ms)
         .bind(token.revoked_at_ms)
+        .bind(token.role.map(Role::as_str))
+        .bind(&token.tenant)
         .execute(&mut *tx)
         .await
         .map_err(err)?;
@@ -1130,7 +1145,7 @@ impl Store {
     /// Every token, revoked ones included, oldest first.
     pub async fn tokens(&self) -> Result<Vec<StoredToken>, StoreError> {
         let rows = sqlx::query(
-            "SELECT id, hash, cluster, CAST(admin AS INTEGER) AS admin, created_at, revoked_at FROM tokens ORDER BY created_at, id",
+            "SELECT id, hash, cluster, CAST(admin AS INTEGER) AS admin, created_at, revoked_at, role, tenant FROM tokens ORDER BY created_at, id",
         )
         .fetch_all(&self.pool)
         .await
@@ -1142,6 +1157,12 @@ impl Store {
                 hash: row.get("hash"),
                 cluster: row.get("cluster"),
                 admin: flag(row, "admin"),
+                // A role this hub does not know reads as none: such a token grants
+                // nothing here.
+                role: row
+                    .get::<Option<String>, _>("role")
+                    .and_then(|role| Role::parse(&role).ok()),
+                tenant: row.get("tenant"),
                 created_at_ms: row.get("created_at"),
                 revoked_at_ms: row.get("revoked_at"),
             })
@@ -1226,7 +1247,7 @@ async fn connect(
         .connect_with(options)
         .await
         .map_err(db_error)?;
-    sqlx::migrate::Migrator::new(EmbeddedMigrations)
+    sqlx::migrate::Migrator::new(EmbeddedMigrations(MIGRATIONS))
         .await
         .map_err(|source| db_error(source.into()))?
         .run(&pool)
@@ -1891,6 +1912,76 @@ mod tests {
         store.close().await;
     }
 
+    /// A store written before people's tokens had roles, on either engine: its admin
+    /// tokens become admins and its cluster tokens stay cluster tokens.
+    async fn tokens_from_before_roles_keep_what_they_granted(dir: &Path, database: Database) {
+        let url = match &database {
+            Database::Postgres(url) => url.clone(),
+            _ => format!("sqlite://{}?mode=rwc", dir.join("flotilla.db").display()),
+        };
+        {
+            sqlx::any::install_default_drivers();
+            let pool = AnyPoolOptions::new()
+                .max_connections(1)
+                .connect(&url)
+                .await
+                .expect("connects");
+            let before_roles = MIGRATIONS
+                .iter()
+                .position(|(version, ..)| *version == 10)
+                .expect("the roles' migration");
+            sqlx::migrate::Migrator::new(EmbeddedMigrations(&MIGRATIONS[..before_roles]))
+                .await
+                .expect("migrator")
+                .run(&pool)
+                .await
+                .expect("migrates");
+            for (id, cluster, admin) in [("adm1", None, true), ("edge1", Some("red"), false)] {
+                sqlx::query(
+                    "INSERT INTO tokens (id, hash, cluster, admin, created_at) VALUES ($1, $2, $3, $4, 0)",
+                )
+                .bind(id)
+                .bind(format!("hash-{id}"))
+                .bind(cluster)
+                .bind(admin)
+                .execute(&pool)
+                .await
+                .expect("insert");
+            }
+            pool.close().await;
+        }
+        let store = Store::open_with(dir, &database).await.expect("opens");
+        let tokens = store.tokens().await.expect("reads");
+        let grants: Vec<_> = tokens
+            .iter()
+            .map(|t| (t.id.as_str(), t.cluster.as_deref(), t.admin, t.role))
+            .collect();
+        assert_eq!(
+            grants,
+            [
+                ("adm1", None, true, Some(Role::Admin)),
+                ("edge1", Some("red"), false, None)
+            ]
+        );
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn sqlite_tokens_from_before_roles_keep_what_they_granted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        tokens_from_before_roles_keep_what_they_granted(dir.path(), Database::StateDir).await;
+    }
+
+    #[tokio::test]
+    async fn postgres_tokens_from_before_roles_keep_what_they_granted() {
+        let test = "store::postgres_tokens_from_before_roles_keep_what_they_granted";
+        let Some(url) = flotilla_testkit::postgres_database(test).await else {
+            return;
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        tokens_from_before_roles_keep_what_they_granted(dir.path(), Database::Postgres(url)).await;
+    }
+
     fn digest(c: char) -> Digest {
         Digest::parse(&format!("sha256:{}", c.to_string().repeat(64))).expect("digest")
     }
@@ -2411,6 +2502,8 @@ mod tests {
             hash: "h1".into(),
             cluster: None,
             admin: true,
+            role: Some(Role::Admin),
+            tenant: None,
             created_at_ms: 1,
             revoked_at_ms: None,
         };
@@ -2419,12 +2512,25 @@ mod tests {
             hash: "h2".into(),
             cluster: Some("red".into()),
             admin: false,
+            role: None,
+            tenant: None,
+            created_at_ms: 2,
+            revoked_at_ms: None,
+        };
+        let viewer = StoredToken {
+            id: "view1".into(),
+            hash: "h3".into(),
+            cluster: None,
+            admin: false,
+            role: Some(Role::Viewer),
+            tenant: Some("shop".into()),
             created_at_ms: 2,
             revoked_at_ms: None,
         };
         let before = store.tokens_generation().await.expect("generation");
         store.insert_token(&admin).await.expect("admin");
         store.insert_token(&edge).await.expect("edge");
+        store.insert_token(&viewer).await.expect("viewer");
         let revoked = store.revoke_token("edge1", 3).await.expect("revoke");
         assert_eq!(revoked.revoked_at_ms, Some(3));
         assert_eq!(
@@ -2434,12 +2540,13 @@ mod tests {
                 StoredToken {
                     revoked_at_ms: Some(3),
                     ..edge
-                }
+                },
+                viewer,
             ]
         );
         assert_eq!(
             store.tokens_generation().await.expect("generation"),
-            before + 3
+            before + 4
         );
 
         let status = StoredStatus {

@@ -172,14 +172,15 @@ async fn write_events(tx: &mut Tx<'_>, id: i64, events: &[Event]) -> Result<(), 
     .get("last");
     for (offset, event) in events.iter().enumerate() {
         sqlx::query(
-            "INSERT INTO rollout_events (rollout_id, seq, happened_at, message, by_token)
-             VALUES ($1, $2, $3, $4, $5)",
+            "INSERT INTO rollout_events (rollout_id, seq, happened_at, message, by_token, by_role)
+             VALUES ($1, $2, $3, $4, $5, $6)",
         )
         .bind(id)
         .bind(next + 1 + offset as i64)
         .bind(event.at)
         .bind(&event.message)
         .bind(&event.by)
+        .bind(&event.role)
         .execute(&mut **tx)
         .await?;
     }
@@ -383,7 +384,7 @@ impl Store {
     /// A rollout's events, oldest first.
     pub async fn rollout_events(&self, id: i64) -> Result<Vec<Event>, StoreError> {
         let rows = sqlx::query(
-            "SELECT happened_at, message, by_token FROM rollout_events WHERE rollout_id = $1 ORDER BY seq",
+            "SELECT happened_at, message, by_token, by_role FROM rollout_events WHERE rollout_id = $1 ORDER BY seq",
         )
         .bind(id)
         .fetch_all(&self.pool)
@@ -395,6 +396,7 @@ impl Store {
                 at: row.get("happened_at"),
                 message: row.get("message"),
                 by: row.get("by_token"),
+                role: row.get("by_role"),
             })
             .collect())
     }

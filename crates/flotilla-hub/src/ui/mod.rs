@@ -1,5 +1,8 @@
 //! The web page at `/ui/` (docs/ui.md): the fleet, a page per cluster and per
-//! rollout, server-rendered HTML behind a login with an admin token.
+//! rollout, server-rendered HTML behind a login with a person's token. The page
+//! shows who is logged in and offers only what the token's role may do; a tenant's
+//! token sees its tenant's clusters and rollouts. The server refuses the rest
+//! whatever the page offers.
 //!
 //! - [`session`]: login, the session cookie, form tokens and the origin check;
 //! - [`page`]: view models and templates (pure: the benchmark builds pages with it);
@@ -7,7 +10,7 @@
 //!
 //! Every page but the login redirects to it without a session, before it reads
 //! anything of the fleet. Rollout actions go through the same engine as the API's
-//! and are recorded with the id of the token that opened the session.
+//! and are recorded with the id and role of the token that opened the session.
 
 pub mod page;
 pub mod session;
@@ -28,10 +31,12 @@ use http::header::{
 use http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use serde::Deserialize;
 
-use crate::auth::{Grant, TokenTable};
+use crate::auth::{Grant, Person, TokenTable};
 use crate::recorder::Shared;
 use crate::recorder::rollouts::{Action, ActionRefused};
+use crate::scope::TenantView;
 use crate::store::StoredSession;
+use flotilla_core::access::RolloutAccess;
 use page::FleetQuery;
 
 /// The web page's routes.
@@ -154,14 +159,33 @@ fn asset(body: &'static str, content_type: &'static str) -> Response {
     response
 }
 
-/// Whether the admin token with this id is still live (a revoked token's sessions
-/// end with it).
-fn admin_live(tokens: &TokenTable, token_id: &str) -> bool {
-    tokens.grant_of_id(token_id) == Some(&Grant::Admin)
+/// The person whose live token opened a session (a revoked token's sessions end with
+/// it; a cluster's token never opens one).
+fn person_live(tokens: &TokenTable, token_id: &str) -> Option<Person> {
+    tokens.grant_of_id(token_id)?.person().cloned()
+}
+
+/// A session and the person whose token opened it.
+struct Login {
+    session: StoredSession,
+    person: Person,
+    visitor: page::Visitor,
+}
+
+impl Login {
+    fn csrf(&self) -> Option<&str> {
+        Some(&self.session.csrf)
+    }
+
+    /// What this person sees of the fleet when the token is a tenant's.
+    async fn tenant_view(&self, shared: &Arc<Shared>) -> Option<TenantView> {
+        let tenant = self.person.tenant.clone()?;
+        Some(TenantView::read(shared, tenant).await)
+    }
 }
 
 /// The request's session, or the answer to give instead (a redirect to the login).
-async fn session(ui: &Ui, headers: &HeaderMap) -> Result<StoredSession, Response> {
+async fn session(ui: &Ui, headers: &HeaderMap) -> Result<Login, Response> {
     let Some(id) = session::cookie_id(headers) else {
         return Err(redirect(routes::LOGIN));
     };
@@ -173,8 +197,24 @@ async fn session(ui: &Ui, headers: &HeaderMap) -> Result<StoredSession, Response
         .session(&session::id_hash(&id), now)
         .await
     {
-        Ok(Some(session)) if admin_live(&ui.shared.view.tokens(), &session.token_id) => Ok(session),
-        Ok(_) => Err(redirect(routes::LOGIN)),
+        Ok(Some(session)) => match person_live(&ui.shared.view.tokens(), &session.token_id) {
+            Some(person) => {
+                let visitor = page::Visitor {
+                    csrf: session.csrf.clone(),
+                    token: session.token_id.clone(),
+                    role: person.label(),
+                    steers: person.role.steers(),
+                    reads_bundles: person.role.reads_bundles() && person.tenant.is_none(),
+                };
+                Ok(Login {
+                    session,
+                    person,
+                    visitor,
+                })
+            }
+            None => Err(redirect(routes::LOGIN)),
+        },
+        Ok(None) => Err(redirect(routes::LOGIN)),
         Err(err) => {
             tracing::error!("cannot read the web page's sessions: {err}");
             Err(error(
@@ -259,11 +299,11 @@ async fn login(
         return refused(StatusCode::UNAUTHORIZED, "that is not a token");
     };
     let token_id = match ui.shared.recorder.grant_with_id(Some(&header)).await {
-        Ok((Grant::Admin, id)) => id,
+        Ok((Grant::Person(_), id)) => id,
         Ok((Grant::Cluster(_), _)) => {
             return refused(
                 StatusCode::FORBIDDEN,
-                "that is a cluster's token; the page needs an admin token (flotilla token create --admin)",
+                "that is a cluster's token; the page needs a person's token (flotilla token create --role viewer|operator|admin)",
             );
         }
         Err(_) => return refused(StatusCode::UNAUTHORIZED, "the token is unknown or revoked"),
@@ -298,24 +338,24 @@ async fn check_post(
     headers: &HeaderMap,
     uri: &Uri,
     form: Result<Form<CsrfForm>, FormRejection>,
-) -> Result<StoredSession, Response> {
-    let session = session(ui, headers).await?;
+) -> Result<Login, Response> {
+    let login = session(ui, headers).await?;
     if !session::same_origin(headers, uri.authority().map(|a| a.as_str())) {
         return Err(error(
             StatusCode::FORBIDDEN,
             "this form must be sent from the hub's own page",
-            Some(&session.csrf),
+            login.csrf(),
         ));
     }
     let sent = form.map(|Form(f)| f.csrf).unwrap_or_default();
-    if !session::same_token(&sent, &session.csrf) {
+    if !session::same_token(&sent, &login.session.csrf) {
         return Err(error(
             StatusCode::FORBIDDEN,
             "the form is out of date or was not sent by this page; reload it and try again",
-            Some(&session.csrf),
+            login.csrf(),
         ));
     }
-    Ok(session)
+    Ok(login)
 }
 
 async fn logout(
@@ -324,11 +364,16 @@ async fn logout(
     uri: Uri,
     form: Result<Form<CsrfForm>, FormRejection>,
 ) -> Response {
-    let session = match check_post(&ui, &headers, &uri, form).await {
-        Ok(session) => session,
+    let login = match check_post(&ui, &headers, &uri, form).await {
+        Ok(login) => login,
         Err(response) => return response,
     };
-    if let Err(err) = ui.shared.recorder.close_session(&session.id_hash).await {
+    if let Err(err) = ui
+        .shared
+        .recorder
+        .close_session(&login.session.id_hash)
+        .await
+    {
         tracing::error!("cannot end a web page session: {err}");
     }
     let mut response = redirect(routes::LOGIN);
@@ -343,46 +388,72 @@ async fn fleet(
     headers: HeaderMap,
     query: Result<Query<FleetQuery>, QueryRejection>,
 ) -> Response {
-    let session = match session(&ui, &headers).await {
-        Ok(session) => session,
+    let login = match session(&ui, &headers).await {
+        Ok(login) => login,
         Err(response) => return response,
     };
     if !ui.shared.view.is_ready() {
         return not_ready();
     }
     let query = query.map(|Query(q)| q).unwrap_or_default();
+    let tenant = login.tenant_view(&ui.shared).await;
     // Only the rows shown are copied while the fleet is held; the page renders after.
-    let model = ui
-        .shared
-        .view
-        .with_fleet(|lines, now| page::FleetModel::new(lines, &query, now));
-    let render = ui.shared.view.render_status();
-    let rollouts = ui.shared.view.active_rollouts();
+    let mut model = ui.shared.view.with_fleet(|lines, now| match &tenant {
+        Some(tenant) => {
+            let theirs: Vec<_> = lines
+                .iter()
+                .filter(|l| tenant.sees(l.name))
+                .copied()
+                .collect();
+            page::FleetModel::new(&theirs, &query, now)
+        }
+        None => page::FleetModel::new(lines, &query, now),
+    });
+    let mut render = ui.shared.view.render_status();
+    let mut rollouts = ui.shared.view.active_rollouts().to_vec();
+    if let Some(tenant) = &tenant {
+        model.retain_drift(|cluster, drift| tenant.owns(cluster, drift));
+        render = tenant.render_status(render);
+        rollouts = tenant.visible(&ui.shared, rollouts).await;
+    }
     page_result(page::fleet_page(
         &model,
         &render,
         &rollouts,
         &query,
-        &session.csrf,
+        &login.visitor,
     ))
 }
 
 async fn fleet_json(State(ui): State<Ui>, headers: HeaderMap) -> Response {
-    if session(&ui, &headers).await.is_err() {
-        let mut response = Response::new(Body::from(r#"{"error":"log in at /ui/login"}"#));
-        *response.status_mut() = StatusCode::UNAUTHORIZED;
-        response
-            .headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        harden(&mut response);
-        return response;
-    }
+    let login = match session(&ui, &headers).await {
+        Ok(login) => login,
+        Err(_) => {
+            let mut response = Response::new(Body::from(r#"{"error":"log in at /ui/login"}"#));
+            *response.status_mut() = StatusCode::UNAUTHORIZED;
+            response
+                .headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            harden(&mut response);
+            return response;
+        }
+    };
+    let tenant = login.tenant_view(&ui.shared).await;
     let (counts, drifted) = ui.shared.view.with_fleet(|lines, _| {
-        let drifted = lines.iter().filter(|l| l.drifted()).count();
-        (crate::fleet::Counts::of(lines), drifted)
+        let theirs: Vec<_> = lines
+            .iter()
+            .filter(|l| tenant.as_ref().is_none_or(|t| t.sees(l.name)))
+            .copied()
+            .collect();
+        let drifted = theirs.iter().filter(|l| l.drifted()).count();
+        (crate::fleet::Counts::of(&theirs), drifted)
     });
-    let render = ui.shared.view.render_status();
-    let rollouts = ui.shared.view.active_rollouts();
+    let mut render = ui.shared.view.render_status();
+    let mut rollouts = ui.shared.view.active_rollouts().to_vec();
+    if let Some(tenant) = &tenant {
+        render = tenant.render_status(render);
+        rollouts = tenant.visible(&ui.shared, rollouts).await;
+    }
     let body = serde_json::json!({
         "stamp": page::stamp(&render, &counts, drifted, &rollouts),
         "drifted": drifted,
@@ -398,17 +469,27 @@ async fn fleet_json(State(ui): State<Ui>, headers: HeaderMap) -> Response {
 }
 
 async fn cluster(State(ui): State<Ui>, headers: HeaderMap, Path(name): Path<String>) -> Response {
-    let session = match session(&ui, &headers).await {
-        Ok(session) => session,
+    let login = match session(&ui, &headers).await {
+        Ok(login) => login,
         Err(response) => return response,
     };
-    let Some(summary) = ui.shared.view.fleet_summary_of(&name) else {
-        return error(
+    let not_served = || {
+        error(
             StatusCode::NOT_FOUND,
             &format!("no cluster named {name:?} is served"),
-            Some(&session.csrf),
-        );
+            login.csrf(),
+        )
     };
+    let Some(mut summary) = ui.shared.view.fleet_summary_of(&name) else {
+        return not_served();
+    };
+    if let Some(tenant) = login.tenant_view(&ui.shared).await {
+        // A cluster the tenant is not on is answered as one that does not exist.
+        match tenant.cluster(summary) {
+            Some(theirs) => summary = theirs,
+            None => return not_served(),
+        }
+    }
     let history = match ui.shared.view.reads().history(&name).await {
         Ok(history) => history
             .into_iter()
@@ -419,7 +500,7 @@ async fn cluster(State(ui): State<Ui>, headers: HeaderMap, Path(name): Path<Stri
             Vec::new()
         }
     };
-    page_result(page::cluster_page(&summary, &history, &session.csrf))
+    page_result(page::cluster_page(&summary, &history, &login.visitor))
 }
 
 async fn cluster_bundle(
@@ -427,15 +508,26 @@ async fn cluster_bundle(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Response {
-    let session = match session(&ui, &headers).await {
-        Ok(session) => session,
+    let login = match session(&ui, &headers).await {
+        Ok(login) => login,
         Err(response) => return response,
     };
+    // Before the cluster is looked up: the answer tells nothing of the fleet.
+    if !login.visitor.reads_bundles {
+        return error(
+            StatusCode::FORBIDDEN,
+            &format!(
+                "a {}'s token never reads bundles (they may hold Secrets); log in with an admin token",
+                login.person.role
+            ),
+            login.csrf(),
+        );
+    }
     let Some(entry) = ui.shared.view.served_to(&name) else {
         return error(
             StatusCode::NOT_FOUND,
             &format!("no cluster named {name:?} is served"),
-            Some(&session.csrf),
+            login.csrf(),
         );
     };
     let shared = ui.shared.clone();
@@ -459,45 +551,75 @@ async fn cluster_bundle(
                 .served_to(&name)
                 .map(|c| c.digest.to_string())
                 .unwrap_or_default();
-            page_result(page::bundle_page(&name, &digest, &text, &session.csrf))
+            page_result(page::bundle_page(&name, &digest, &text, &login.visitor))
         }
         Ok(Err(err)) => error(
             StatusCode::INTERNAL_SERVER_ERROR,
             &format!("cannot read the bundle of {name}: {err}"),
-            Some(&session.csrf),
+            login.csrf(),
         ),
         Err(err) => error(
             StatusCode::INTERNAL_SERVER_ERROR,
             &err.to_string(),
-            Some(&session.csrf),
+            login.csrf(),
         ),
     }
 }
 
+/// A rollout as the person sees it, and whether its token may steer it; `None` when
+/// there is none, or a tenant's token does not see it.
+async fn rollout_for(
+    ui: &Ui,
+    login: &Login,
+    id: i64,
+) -> Result<Option<(flotilla_core::rollout::view::RolloutView, bool)>, Response> {
+    let view = match ui.shared.recorder.rollout_detail(id).await {
+        Ok(Some(view)) => view,
+        Ok(None) => return Ok(None),
+        Err(err) => {
+            return Err(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &err.to_string(),
+                login.csrf(),
+            ));
+        }
+    };
+    let steers = login.person.role.steers();
+    let Some(tenant) = login.tenant_view(&ui.shared).await else {
+        return Ok(Some((view, steers)));
+    };
+    let scope = tenant.rollout(&ui.shared, &view).await;
+    Ok(match scope.access {
+        RolloutAccess::Hidden => None,
+        access => Some((
+            scope.cut(view),
+            steers && access == RolloutAccess::Steerable,
+        )),
+    })
+}
+
 async fn rollout(State(ui): State<Ui>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    let session = match session(&ui, &headers).await {
-        Ok(session) => session,
+    let login = match session(&ui, &headers).await {
+        Ok(login) => login,
         Err(response) => return response,
     };
     let Ok(id) = id.parse::<i64>() else {
         return error(
             StatusCode::NOT_FOUND,
             &format!("{id:?} is not a rollout id"),
-            Some(&session.csrf),
+            login.csrf(),
         );
     };
-    match ui.shared.recorder.rollout_detail(id).await {
-        Ok(Some(view)) => page_result(page::rollout_page(&view, &session.csrf)),
+    match rollout_for(&ui, &login, id).await {
+        Ok(Some((view, steerable))) => {
+            page_result(page::rollout_page(&view, &login.visitor, steerable))
+        }
         Ok(None) => error(
             StatusCode::NOT_FOUND,
             &format!("no rollout with id {id}"),
-            Some(&session.csrf),
+            login.csrf(),
         ),
-        Err(err) => error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            &err.to_string(),
-            Some(&session.csrf),
-        ),
+        Err(response) => response,
     }
 }
 
@@ -508,18 +630,49 @@ async fn rollout_action(
     uri: Uri,
     form: Result<Form<CsrfForm>, FormRejection>,
 ) -> Response {
-    let session = match check_post(&ui, &headers, &uri, form).await {
-        Ok(session) => session,
+    let login = match check_post(&ui, &headers, &uri, form).await {
+        Ok(login) => login,
         Err(response) => return response,
     };
-    let csrf = Some(session.csrf.as_str());
+    let csrf = login.csrf();
     let (Ok(id), Some(action)) = (id.parse::<i64>(), Action::parse(&action)) else {
         return error(StatusCode::NOT_FOUND, "no such rollout or action", csrf);
     };
+    if !login.person.role.steers() {
+        return error(
+            StatusCode::FORBIDDEN,
+            &format!(
+                "a {}'s token reads only; steering a rollout needs an operator's or admin's token",
+                login.person.role
+            ),
+            csrf,
+        );
+    }
+    match rollout_for(&ui, &login, id).await {
+        Ok(Some((_, true))) => {}
+        Ok(Some((_, false))) => {
+            return error(
+                StatusCode::FORBIDDEN,
+                &format!(
+                    "rollout {id} changes more than your tenant's workloads; only a token for the whole fleet steers it"
+                ),
+                csrf,
+            );
+        }
+        Ok(None) => {
+            return error(
+                StatusCode::NOT_FOUND,
+                &format!("no rollout with id {id}"),
+                csrf,
+            );
+        }
+        Err(response) => return response,
+    }
+    let role = login.person.label();
     match ui
         .shared
         .recorder
-        .rollout_action(id, action, &session.token_id)
+        .rollout_action(id, action, (&login.session.token_id, &role))
         .await
     {
         Ok(_) => redirect(&format!("/ui/rollouts/{id}")),

@@ -14,6 +14,22 @@ use crate::fleet::{ClusterState, ClusterSummary, Counts, Drift, Line, RenderStat
 use flotilla_core::rollout::view::RolloutView;
 use flotilla_core::secret;
 
+/// Who is logged in: shown in the page's header, and deciding what the page offers
+/// (the server refuses the rest regardless).
+#[derive(Clone, Debug, Serialize)]
+pub struct Visitor {
+    /// The session's form token.
+    pub csrf: String,
+    /// The id of the token that logged in.
+    pub token: String,
+    /// Its role: `viewer`, `operator`, `admin`, or `operator@TENANT`.
+    pub role: String,
+    /// Whether it pauses, resumes, promotes and aborts rollouts.
+    pub steers: bool,
+    /// Whether it reads bundles.
+    pub reads_bundles: bool,
+}
+
 /// Clusters per page of the cluster list.
 pub const PAGE_SIZE: usize = 100;
 
@@ -287,6 +303,11 @@ pub struct FleetModel {
 }
 
 impl FleetModel {
+    /// Keeps the drifted resources `keep` accepts (a tenant's token sees its own).
+    pub fn retain_drift(&mut self, mut keep: impl FnMut(&str, &Drift) -> bool) {
+        self.drift.retain(|row| keep(&row.cluster, &row.drift));
+    }
+
     pub fn new(lines: &[Line<'_>], query: &FleetQuery, now_ms: i64) -> FleetModel {
         let counts = Counts::of(lines);
         let mut by_group: BTreeMap<&str, Counts> = BTreeMap::new();
@@ -370,7 +391,7 @@ pub fn fleet_page(
     status: &RenderStatus,
     rollouts: &[RolloutView],
     query: &FleetQuery,
-    csrf: &str,
+    visitor: &Visitor,
 ) -> Result<String, PageError> {
     let all_groups: Vec<&str> = model.groups.iter().map(|g| g.name.as_str()).collect();
     let states: Vec<&str> = ClusterState::BY_URGENCY
@@ -382,7 +403,8 @@ pub fn fleet_page(
         "fleet.html",
         context! {
             title => "Fleet",
-            csrf,
+            csrf => &visitor.csrf,
+            who => Serde(visitor),
             stamp => stamp(status, &model.counts, model.drifted, rollouts),
             revision => status.served_revision.as_deref(),
             attempted_revision => status.attempted_revision.as_deref(),
@@ -415,18 +437,19 @@ pub fn fleet_page(
 pub fn cluster_page(
     cluster: &ClusterSummary,
     history: &[(String, String)],
-    csrf: &str,
+    visitor: &Visitor,
 ) -> Result<String, PageError> {
     render(
         "cluster.html",
         context! {
             title => cluster.name.clone(),
-            csrf,
+            csrf => &visitor.csrf,
+            who => Serde(visitor),
             cluster => Serde(cluster),
             state => cluster.state.as_str(),
             last_seen => ago(cluster.silent_for_seconds),
             pending_for => cluster.pending_for_seconds.map(duration),
-            bundle_link => format!("/ui/clusters/{}/bundle", encode(&cluster.name)),
+            bundle_link => visitor.reads_bundles.then(|| format!("/ui/clusters/{}/bundle", encode(&cluster.name))),
             history => history.iter().map(|(d, r)| context! { digest => d, revision => r }).collect::<Vec<_>>(),
         },
     )
@@ -437,13 +460,14 @@ pub fn bundle_page(
     cluster: &str,
     digest: &str,
     text: &str,
-    csrf: &str,
+    visitor: &Visitor,
 ) -> Result<String, PageError> {
     render(
         "bundle.html",
         context! {
             title => format!("{cluster}: bundle"),
-            csrf,
+            csrf => &visitor.csrf,
+            who => Serde(visitor),
             cluster,
             cluster_link => format!("/ui/clusters/{}", encode(cluster)),
             digest,
@@ -452,9 +476,14 @@ pub fn bundle_page(
     )
 }
 
-/// One rollout with its controls.
-pub fn rollout_page(rollout: &RolloutView, csrf: &str) -> Result<String, PageError> {
-    let ended = rollout.ended_at.is_some();
+/// One rollout, with its controls when the visitor may steer it (`steerable`: a
+/// tenant's token only when everything the rollout changes is the tenant's).
+pub fn rollout_page(
+    rollout: &RolloutView,
+    visitor: &Visitor,
+    steerable: bool,
+) -> Result<String, PageError> {
+    let ended = rollout.ended_at.is_some() || !(visitor.steers && steerable);
     let state = rollout.state.to_string();
     let actions: Vec<&str> = if ended {
         vec![]
@@ -468,7 +497,8 @@ pub fn rollout_page(rollout: &RolloutView, csrf: &str) -> Result<String, PageErr
         "rollout.html",
         context! {
             title => format!("Rollout {}", rollout.id),
-            csrf,
+            csrf => &visitor.csrf,
+            who => Serde(visitor),
             rollout => Serde(rollout),
             state,
             actions,
