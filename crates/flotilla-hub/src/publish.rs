@@ -598,15 +598,7 @@ fn now_ms() -> u64 {
 /// The unsigned canonical document with its signature added. `signature` sorts after
 /// every other member of the document, so adding it last keeps the document canonical.
 fn signed(unsigned: &[u8], signature: &BundleSignature) -> Vec<u8> {
-    let without_brace = unsigned.strip_suffix(b"}").unwrap_or(unsigned);
-    let mut out = Vec::with_capacity(unsigned.len() + 160);
-    out.extend_from_slice(without_brace);
-    out.extend_from_slice(b",\"signature\":");
-    // A BundleSignature serialises as canonical JSON: its members are in canonical
-    // order, and its strings (a hex key id, base64) need no escapes.
-    let _ = serde_json::to_writer(&mut out, signature);
-    out.push(b'}');
-    out
+    flotilla_core::bundle::with_signature(unsigned, signature)
 }
 
 fn error(path: &Path, source: io::Error) -> PublishError {
