@@ -94,6 +94,11 @@ pub struct AgentConfig {
     pub tls: client::TlsOptions,
     /// The keys whose signatures the agent accepts; empty: digests are checked only.
     pub trusted: TrustedKeys,
+    /// How an `oci://` server is reached (credentials, plain HTTP to a loopback one).
+    pub registry: flotilla_oci::RegistryOptions,
+    /// The hub that receives the reports of an agent whose bundles come from a
+    /// registry or a folder (which cannot take reports); `None`: they are only kept.
+    pub report_to: Option<url::Url>,
 }
 
 impl AgentConfig {
@@ -112,6 +117,8 @@ impl AgentConfig {
             backoff: BackoffPolicy::default(),
             tls: client::TlsOptions::default(),
             trusted: TrustedKeys::default(),
+            registry: flotilla_oci::RegistryOptions::default(),
+            report_to: None,
         }
     }
 }
@@ -225,6 +232,17 @@ impl<S: Sink> Agent<S> {
         if config.http2 {
             client = client.with_http2_prior_knowledge()?;
         }
+        client = client.with_registry_options(config.registry.clone())?;
+        // Reports go where bundles come from, or to --report-to.
+        let report_client = match &config.report_to {
+            Some(hub) => HubClient::with_tls(
+                Server::Http(hub.clone()),
+                &config.cluster,
+                config.token_file.as_deref(),
+                &config.tls,
+            )?,
+            None => client.clone(),
+        };
         // Made once the command line is known good, before the hub is asked anything.
         let (identity, made) = sealed::AgentIdentity::load_or_make(&state)?;
         announce_key(&config.cluster, &identity, made);
@@ -253,7 +271,7 @@ impl<S: Sink> Agent<S> {
         };
         let (report_tx, report_rx) = watch::channel(first_report);
         let reporter = Reporter {
-            client: client.clone(),
+            client: report_client,
             state: state.clone(),
             backoff: Backoff::new(config.backoff),
             sleeper: sleeper.clone(),
