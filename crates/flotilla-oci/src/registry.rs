@@ -269,17 +269,9 @@ impl Registry {
         }
         let mut uploaded = 0;
         for blob in artifact.blobs() {
-            if self.knows(&blob.digest) {
-                continue;
-            }
-            if !self.has_blob(&blob.digest).await? {
-                self.upload_blob(blob).await?;
+            if self.ensure_blob(blob).await? {
                 uploaded += 1;
             }
-            self.known_blobs
-                .lock()
-                .map(|mut known| known.insert(blob.digest.as_str().to_string()))
-                .ok();
         }
         self.put_manifest(tag, &manifest).await?;
         Ok(Pushed {
@@ -287,6 +279,22 @@ impl Registry {
             uploaded,
             changed: true,
         })
+    }
+
+    /// Makes sure the repository holds `blob`: uploaded unless this client saw it
+    /// there already or a HEAD finds it. Whether it was uploaded.
+    pub async fn ensure_blob(&self, blob: &Blob) -> Result<bool, OciError> {
+        if self.knows(&blob.digest) {
+            return Ok(false);
+        }
+        let upload = !self.has_blob(&blob.digest).await?;
+        if upload {
+            self.upload_blob(blob).await?;
+        }
+        if let Ok(mut known) = self.known_blobs.lock() {
+            known.insert(blob.digest.as_str().to_string());
+        }
+        Ok(upload)
     }
 
     fn knows(&self, digest: &Digest) -> bool {

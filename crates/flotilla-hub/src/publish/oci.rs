@@ -11,12 +11,16 @@
 //! that left the fleet stay: registries do not all allow deleting.
 
 use flotilla_core::signing::SigningKey;
-use flotilla_oci::artifact::BundleManifest;
-use flotilla_oci::{Artifact, Registry};
+use flotilla_oci::artifact::{BUNDLE_LAYER_MEDIA_TYPE, BundleManifest};
+use flotilla_oci::{Artifact, Blob, Registry};
+use futures::StreamExt as _;
 
 use super::{
     Claims, Document, PublishError, Published, check_names, next_sequence, now_ms, verified,
 };
+
+/// How many clusters' manifests are read and pushed at once.
+const IN_FLIGHT: usize = 16;
 
 pub(super) async fn push_documents(
     documents: Vec<Document>,
@@ -28,8 +32,39 @@ pub(super) async fn push_documents(
         clusters: documents.len(),
         ..Published::default()
     };
-    for document in documents {
-        let pushed = push_document(document, registry, signer, &mut published.warnings).await?;
+    // Each distinct bundle's layer first, one at a time, so that clusters sharing a
+    // bundle never upload it twice; then the clusters' manifests, several at once.
+    let mut layers = std::collections::BTreeMap::new();
+    for document in &documents {
+        layers.entry(document.digest.as_str()).or_insert(document);
+    }
+    for blob in std::iter::once(Blob::empty()).chain(
+        layers
+            .values()
+            .map(|d| Blob::new(BUNDLE_LAYER_MEDIA_TYPE, d.body.as_slice())),
+    ) {
+        let uploaded = registry
+            .ensure_blob(&blob)
+            .await
+            .map_err(|source| PublishError::Oci {
+                cluster: layers
+                    .values()
+                    .find(|d| d.digest == blob.digest)
+                    .map_or_else(String::new, |d| d.cluster.clone()),
+                repository: registry.repository().to_string(),
+                source,
+            })?;
+        published.uploaded_blobs += usize::from(uploaded);
+    }
+    let mut pushes = futures::stream::iter(documents.into_iter().map(|document| async move {
+        let mut warnings = Vec::new();
+        let pushed = push_document(document, registry, signer, &mut warnings).await;
+        (pushed, warnings)
+    }))
+    .buffer_unordered(IN_FLIGHT);
+    while let Some((pushed, warnings)) = pushes.next().await {
+        published.warnings.extend(warnings);
+        let pushed = pushed?;
         published.uploaded_blobs += pushed.uploaded;
         if pushed.changed {
             published.written += 1;
