@@ -638,16 +638,18 @@ async fn publish_many(
             Bundle::new("shared", vec![Arc::new(Resource::new(key, &value))])
         })
         .collect();
-    let mut output = flotilla_render::RenderOutput::default();
-    output.revision = "main@sha1:0123456789abcdef0123456789abcdef01234567".into();
-    output.bundles = (0..clusters)
-        .map(|i| {
-            let name = format!("edge-{i:05}");
-            let mut bundle = bundles[i % distinct].clone();
-            bundle.cluster = name.clone();
-            (name, bundle)
-        })
-        .collect::<BTreeMap<_, _>>();
+    let output = flotilla_render::RenderOutput {
+        revision: "main@sha1:0123456789abcdef0123456789abcdef01234567".into(),
+        bundles: (0..clusters)
+            .map(|i| {
+                let name = format!("edge-{i:05}");
+                let mut bundle = bundles[i % distinct].clone();
+                bundle.cluster = name.clone();
+                (name, bundle)
+            })
+            .collect::<BTreeMap<_, _>>(),
+        ..flotilla_render::RenderOutput::default()
+    };
     let client = registry_client(
         &format!("{}/{REPOSITORY}", registry.address()),
         RegistryOptions {

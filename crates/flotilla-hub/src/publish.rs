@@ -96,7 +96,7 @@ pub enum PublishError {
     Oci {
         cluster: String,
         repository: String,
-        source: flotilla_oci::OciError,
+        source: Box<flotilla_oci::OciError>,
     },
 }
 

@@ -52,7 +52,7 @@ pub(super) async fn push_documents(
                     .find(|d| d.digest == blob.digest)
                     .map_or_else(String::new, |d| d.cluster.clone()),
                 repository: registry.repository().to_string(),
-                source,
+                source: Box::new(source),
             })?;
         published.uploaded_blobs += usize::from(uploaded);
     }
@@ -91,7 +91,7 @@ async fn push_document(
     let failed = |source| PublishError::Oci {
         cluster: cluster.clone(),
         repository: registry.repository().to_string(),
-        source,
+        source: Box::new(source),
     };
     let shown = format!("{}:{cluster}", registry.repository());
     let previous = registry.get_manifest(&cluster).await.map_err(failed)?;
