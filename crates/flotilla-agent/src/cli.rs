@@ -238,6 +238,15 @@ fn settings(args: &AgentArgs) -> anyhow::Result<Settings> {
             bail!("{flag} only applies to an oci:// --server");
         }
     }
+    if let Server::Oci(repository) = &server
+        && args.oci_plain_http
+        && !repository.is_loopback()
+    {
+        return Err(flotilla_oci::OciError::PlainHttpNotLoopback {
+            host: repository.host().to_string(),
+        }
+        .into());
+    }
     let report_to = match &args.report_to {
         None => None,
         Some(_) if matches!(server, Server::Http(_)) => {
@@ -540,6 +549,45 @@ mod tests {
             settings(&args).expect("valid").config.resync,
             Duration::ZERO
         );
+    }
+
+    #[test]
+    fn an_oci_server_reports_to_a_hub_at_least_every_half_offline_after() {
+        let agent = |server: &str, extra: &[&str]| {
+            let mut all = vec![
+                "--server",
+                server,
+                "--cluster",
+                "c",
+                "--state-dir",
+                "/s",
+                "--sink",
+                "dir:/x",
+            ];
+            all.extend_from_slice(extra);
+            settings(&parse(&all).expect("parses"))
+        };
+        let oci = "oci://registry.example:5000/fleet/bundles";
+        let config = agent(oci, &[]).expect("valid").config;
+        assert!(matches!(config.server, Server::Oci(_)));
+        assert_eq!((config.report_to, config.heartbeat), (None, Duration::ZERO));
+        let token = ["--report-to", "https://hub.example", "--token-file", "/t"];
+        let config = agent(oci, &token).expect("valid").config;
+        assert_eq!(config.heartbeat, Duration::from_secs(150));
+        let mut more = token.to_vec();
+        more.extend(["--offline-after", "1m", "--heartbeat", "2m"]);
+        assert_eq!(
+            agent(oci, &more).expect("valid").config.heartbeat,
+            Duration::from_secs(30)
+        );
+        let refused =
+            |server: &str, extra: &[&str]| agent(server, extra).err().expect("refused").to_string();
+        assert!(refused(oci, &["--report-to", "https://hub.example"]).contains("--token-file"));
+        assert!(refused(oci, &["--report-to", "ftp://x", "--token-file", "/t"]).contains("http"));
+        assert!(refused("https://hub.example", &token).contains("--report-to"));
+        assert!(refused("file:///f", &["--oci-plain-http"]).contains("oci://"));
+        assert!(refused(oci, &["--oci-plain-http"]).contains("plain HTTP"));
+        assert!(agent("oci://127.0.0.1:5000/f", &["--oci-plain-http"]).is_ok());
     }
 
     #[test]

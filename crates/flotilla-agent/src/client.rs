@@ -1167,6 +1167,15 @@ mod tests {
             Server::parse("file:///srv/fleet").expect("file"),
             Server::File(PathBuf::from("/srv/fleet"))
         );
+        assert_eq!(
+            Server::parse("oci://registry.example:5000/fleet/bundles")
+                .expect("oci")
+                .to_string(),
+            "oci://registry.example:5000/fleet/bundles"
+        );
+        assert!(!Server::parse("oci://r/a").expect("oci").accepts_status());
+        let err = Server::parse("oci://registry.example").expect_err("refused");
+        assert!(err.to_string().contains("REGISTRY/REPOSITORY"), "{err}");
         let err = Server::parse("ftp://x").expect_err("refused");
         assert!(err.to_string().contains("ftp"), "{err}");
         assert!(Server::parse("not a url").is_err());
