@@ -543,3 +543,159 @@ fn unreachable(url: &Url, err: &reqwest::Error) -> OciError {
         timed_out: err.is_timeout(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::{HeaderMap, StatusCode as AxumStatus};
+    use axum::response::IntoResponse;
+    use axum::routing::get;
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    const DIGEST: &str = "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a";
+
+    /// A registry on loopback whose manifests want `wanted` as `Authorization`, whose
+    /// challenge is `challenge` (with `{base}` replaced by its URL), and whose token
+    /// service hands `Bearer t0k` to the basic credentials robot:pw. Its address and
+    /// the number of tokens handed out.
+    async fn registry(wanted: String, challenge: &'static str) -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let address = listener.local_addr().expect("address").to_string();
+        let base = format!("http://{address}");
+        let tokens = Arc::new(AtomicUsize::new(0));
+        let handed = tokens.clone();
+        let app = axum::Router::new()
+            .route(
+                "/v2/fleet/bundles/manifests/{tag}",
+                get(move |headers: HeaderMap| async move {
+                    let given = headers.get("authorization").and_then(|v| v.to_str().ok());
+                    if given == Some(wanted.as_str()) {
+                        ([(CONTENT_DIGEST, DIGEST)], "{}").into_response()
+                    } else {
+                        (
+                            AxumStatus::UNAUTHORIZED,
+                            [("www-authenticate", challenge.replace("{base}", &base))],
+                            r#"{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}"#,
+                        )
+                            .into_response()
+                    }
+                }),
+            )
+            .route(
+                "/token",
+                get(
+                    move |headers: HeaderMap,
+                          query: axum::extract::Query<BTreeMap<String, String>>| async move {
+                        let basic = Credentials {
+                            username: "robot".into(),
+                            password: "pw".into(),
+                        }
+                        .basic();
+                        let given = headers.get("authorization").and_then(|v| v.to_str().ok());
+                        if given != Some(basic.as_str())
+                            || query.get("scope").map(String::as_str)
+                                != Some("repository:fleet/bundles:pull")
+                            || query.get("service").map(String::as_str) != Some("test")
+                        {
+                            return AxumStatus::UNAUTHORIZED.into_response();
+                        }
+                        handed.fetch_add(1, Ordering::SeqCst);
+                        r#"{"token":"t0k","expires_in":300}"#.into_response()
+                    },
+                ),
+            );
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (address, tokens)
+    }
+
+    fn client(address: &str, credentials: Option<Credentials>) -> Registry {
+        Registry::new(
+            Repository::parse(&format!("{address}/fleet/bundles")).expect("parses"),
+            reqwest::Client::new(),
+            RegistryOptions {
+                plain_http: true,
+                credentials,
+            },
+        )
+        .expect("a client")
+    }
+
+    fn robot() -> Option<Credentials> {
+        Some(Credentials {
+            username: "robot".into(),
+            password: "pw".into(),
+        })
+    }
+
+    #[tokio::test]
+    async fn a_bearer_challenge_is_answered_with_a_token_that_is_then_reused() {
+        let (address, tokens) = registry(
+            "Bearer t0k".into(),
+            r#"Bearer realm="{base}/token",service="test",scope="repository:fleet/bundles:pull""#,
+        )
+        .await;
+        let registry = client(&address, robot());
+        for _ in 0..3 {
+            let digest = registry.head_manifest("edge-1").await.expect("answers");
+            assert_eq!(digest.map(|d| d.to_string()).as_deref(), Some(DIGEST));
+        }
+        assert_eq!(
+            tokens.load(Ordering::SeqCst),
+            1,
+            "one token for three requests"
+        );
+
+        // Without credentials the token service refuses, and the error says so.
+        let err = client(&address, None)
+            .head_manifest("edge-1")
+            .await
+            .expect_err("refused");
+        assert_eq!(err.status(), Some(401), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_basic_challenge_is_answered_with_the_credentials_only_when_there_are_some() {
+        let basic = robot().expect("some").basic();
+        let (address, _) = registry(basic, r#"Basic realm="test""#).await;
+        let digest = client(&address, robot())
+            .head_manifest("edge-1")
+            .await
+            .expect("answers");
+        assert_eq!(digest.map(|d| d.to_string()).as_deref(), Some(DIGEST));
+        let err = client(&address, None)
+            .head_manifest("edge-1")
+            .await
+            .expect_err("refused");
+        assert_eq!(err.status(), Some(401));
+        assert!(err.to_string().contains("docker login"), "{err}");
+        let wrong = Some(Credentials {
+            username: "robot".into(),
+            password: "not-it".into(),
+        });
+        let err = client(&address, wrong)
+            .head_manifest("edge-1")
+            .await
+            .expect_err("refused");
+        assert!(!err.to_string().contains("not-it"), "{err}");
+    }
+
+    #[test]
+    fn plain_http_is_only_for_this_machine() {
+        let refused = Registry::new(
+            Repository::parse("registry.example/fleet/bundles").expect("parses"),
+            reqwest::Client::new(),
+            RegistryOptions {
+                plain_http: true,
+                credentials: None,
+            },
+        )
+        .expect_err("refused");
+        assert!(
+            matches!(refused, OciError::PlainHttpNotLoopback { .. }),
+            "{refused}"
+        );
+    }
+}
