@@ -282,6 +282,12 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
         .as_deref()
         .map(super::key::read_signing_key)
         .transpose()?;
+    // A registry reference or flag that cannot work is refused before the render.
+    let registry = args
+        .oci
+        .as_deref()
+        .map(|reference| oci_registry(reference, &args.oci_access))
+        .transpose()?;
     let limits = args.limits.limits();
     let snapshot = super::source::read(&args.source, "publish", &limits)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -334,19 +340,20 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
         return Ok(EXIT_FINDINGS);
     }
     let objects = args.s3_sse.apply(args.objects.clone())?;
-    let site = match (&args.out, &objects) {
-        (None, None) if args.oci.is_some() => publish::Site::Oci(oci_registry(
-            args.oci.as_deref().unwrap_or_default(),
-            &args.oci_access,
-        )?),
-        (Some(out), _) => publish::Site::Dir(out.clone()),
-        (None, Some(ObjectsUrl::Dir(path))) => publish::Site::Dir(path.clone()),
-        (None, Some(ObjectsUrl::S3(location))) => runtime.block_on(async {
-            let bucket = Bucket::from_env(location)?;
-            bucket.probe().await?;
-            anyhow::Ok(publish::Site::Bucket(bucket))
-        })?,
-        (None, Some(ObjectsUrl::StateDir) | None) => bail!("give --out DIR or --objects URL"),
+    // --oci excludes --out and --objects.
+    let site = if let Some(registry) = registry {
+        publish::Site::Oci(registry)
+    } else {
+        match (&args.out, &objects) {
+            (Some(out), _) => publish::Site::Dir(out.clone()),
+            (None, Some(ObjectsUrl::Dir(path))) => publish::Site::Dir(path.clone()),
+            (None, Some(ObjectsUrl::S3(location))) => runtime.block_on(async {
+                let bucket = Bucket::from_env(location)?;
+                bucket.probe().await?;
+                anyhow::Ok(publish::Site::Bucket(bucket))
+            })?,
+            (None, Some(ObjectsUrl::StateDir) | None) => bail!("give --out DIR or --objects URL"),
+        }
     };
     let published = match &args.state_dir {
         Some(state_dir) => {
