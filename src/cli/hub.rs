@@ -157,6 +157,11 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
         tracing::info!(key_id = key.key_id(), "signing every served bundle");
         config.signing_key = Some(Arc::new(key));
     }
+    if let Some(reference) = &args.oci {
+        let registry = oci_registry(reference, &args.oci_access)?;
+        tracing::info!(registry = %registry.repository(), "pushing what is served to the registry on every change");
+        config.oci = Some(registry);
+    }
     let listen = args.listen;
     let tls = args
         .tls_cert

@@ -306,6 +306,13 @@ pub struct ServeArgs {
     pub objects: Option<ObjectsUrl>,
     #[command(flatten)]
     pub s3_sse: S3SseArgs,
+    /// Also push what is served to this repository of an OCI registry, on every change,
+    /// as `publish --oci` does: REGISTRY/REPOSITORY (agents may then use --server
+    /// oci://REGISTRY/REPOSITORY). Credentials as for `publish --oci`.
+    #[arg(long, env = "FLOTILLA_OCI", value_name = "REGISTRY/REPOSITORY")]
+    pub oci: Option<String>,
+    #[command(flatten)]
+    pub oci_access: OciArgs,
     /// The address to listen on: loopback by default; the container image sets
     /// FLOTILLA_LISTEN=0.0.0.0:8080.
     #[arg(long, env = "FLOTILLA_LISTEN", default_value = "127.0.0.1:8080", value_name = "ADDR", value_parser = hub::parse_listen)]

@@ -720,3 +720,65 @@ async fn publish_oci_of_ten_thousand_clusters_sharing_ten_bundles() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_oci_pushes_what_the_hub_serves_on_every_change() {
+    let test = "serve_oci_pushes_what_the_hub_serves_on_every_change";
+    let Some(registry) = TestRegistry::start(test, None, None) else {
+        return;
+    };
+    let repo = Repo::new();
+    let reference = format!("{}/{REPOSITORY}", registry.address());
+    let options = || RegistryOptions {
+        plain_http: true,
+        credentials: None,
+    };
+    let state = tempfile::tempdir().expect("tempdir");
+    let mut config = hub_support::config(state.path(), repo.path().to_str().expect("utf-8"));
+    config.poll_interval = Duration::from_millis(200);
+    config.signing_key = Some(Arc::new(flotilla_core::signing::SigningKey::from_seed(
+        [7; 32],
+    )));
+    config.oci = Some(registry_client(&reference, options()));
+    let hub = hub_support::Running::start_ready(config).await;
+    let client = registry_client(&reference, options());
+    let tagged = |digest: Digest| {
+        let client = client.clone();
+        async move {
+            eventually(
+                &format!("blue's tag to name {digest}"),
+                Duration::from_secs(60),
+                || async {
+                    let (bytes, manifest_digest) = client.get_manifest("blue").await.ok()??;
+                    let manifest = BundleManifest::parse(&bytes, manifest_digest.as_str()).ok()?;
+                    (manifest.layer == digest).then_some(manifest)
+                },
+            )
+            .await
+        }
+    };
+    let first = tagged(rendered(&repo, "blue").digest).await;
+    // The hub's own signature, as an agent polling the hub would get it.
+    let token = hub_support::make_token(state.path(), Some("blue")).await;
+    let (_, _, served) = hub_support::get_bundle(
+        &hub_support::client(),
+        &hub.url("/v1/clusters/blue/bundle"),
+        &token,
+        None,
+    )
+    .await;
+    let served =
+        flotilla_core::bundle::verify_document_parts(&served, Some("blue")).expect("verifies");
+    assert_eq!(first.signature, served.signature);
+    assert_eq!(first.revision, served.revision);
+
+    set_replicas(&repo, 4);
+    repo.commit("four replicas");
+    let second = tagged(rendered(&repo, "blue").digest).await;
+    let (old, new) = (
+        first.signature.expect("signed").sequence,
+        second.signature.expect("signed").sequence,
+    );
+    assert!(new > old, "the sequence went up: {old} then {new}");
+    hub.stop().await;
+}
