@@ -77,10 +77,16 @@ impl Credentials {
                 err.column()
             ))
         })?;
+        // Docker keeps Docker Hub's credentials under its old index's name.
+        let wanted = if registry == "docker.io" {
+            "index.docker.io"
+        } else {
+            registry
+        };
         let Some((key, entry)) = config
             .auths
             .iter()
-            .find(|(key, _)| auths_host(key).eq_ignore_ascii_case(registry))
+            .find(|(key, _)| auths_host(key).eq_ignore_ascii_case(wanted))
         else {
             return Ok(None);
         };
@@ -264,6 +270,16 @@ mod tests {
         assert_eq!(
             Credentials::from_docker_config(&path, "nowhere.example").expect("reads"),
             None
+        );
+        std::fs::write(
+            &path,
+            format!(r#"{{"auths":{{"https://index.docker.io/v1/":{{"auth":"{auth}"}}}}}}"#),
+        )
+        .expect("writes");
+        assert!(
+            Credentials::from_docker_config(&path, "docker.io")
+                .expect("reads")
+                .is_some()
         );
         assert_eq!(
             Credentials::from_docker_config(&dir.path().join("absent.json"), "x")

@@ -50,6 +50,16 @@ impl Repository {
         })
     }
 
+    /// Where the registry's API answers: Docker Hub's (`docker.io`) is at
+    /// `registry-1.docker.io`; any other registry's at its own name.
+    pub fn api_host(&self) -> &str {
+        if self.registry == "docker.io" {
+            "registry-1.docker.io"
+        } else {
+            &self.registry
+        }
+    }
+
     /// The host without its port, for the loopback check.
     pub fn host(&self) -> &str {
         let registry = self.registry.as_str();
@@ -126,6 +136,9 @@ mod tests {
         assert_eq!(repository.registry, "registry.example:5000");
         assert_eq!(repository.name, "fleet/bundles");
         assert_eq!(repository.host(), "registry.example");
+        assert_eq!(repository.api_host(), "registry.example:5000");
+        let hub = Repository::parse("docker.io/fleet/bundles").expect("parses");
+        assert_eq!(hub.api_host(), "registry-1.docker.io");
         assert!(!repository.is_loopback());
         assert!(
             Repository::parse("127.0.0.1:5000/a")

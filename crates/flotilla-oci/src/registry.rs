@@ -71,7 +71,8 @@ impl Registry {
         let scheme = if options.plain_http { "http" } else { "https" };
         let base = Url::parse(&format!(
             "{scheme}://{}/v2/{}/",
-            repository.registry, repository.name
+            repository.api_host(),
+            repository.name
         ))
         .map_err(|err| OciError::BadReference {
             text: repository.to_string(),
