@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 
-use super::{EXIT_FINDINGS, EXIT_OK, PublishArgs, ServeArgs, StoreArgs, TokenArgs, TokenCommand};
+use super::{
+    EXIT_FINDINGS, EXIT_OK, OciArgs, PublishArgs, ServeArgs, StoreArgs, TokenArgs, TokenCommand,
+};
 use flotilla_core::access::Role;
 use flotilla_hub::clock::{Clock, SystemClock, rfc3339};
 use flotilla_hub::source;
@@ -156,6 +158,11 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
         tracing::info!(key_id = key.key_id(), "signing every served bundle");
         config.signing_key = Some(Arc::new(key));
     }
+    if let Some(reference) = &args.oci {
+        let registry = oci_registry(reference, &args.oci_access)?;
+        tracing::info!(registry = %registry.repository(), "pushing what is served to the registry on every change");
+        config.oci = Some(registry);
+    }
     let listen = args.listen;
     let tls = args
         .tls_cert
@@ -281,6 +288,12 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
         .as_deref()
         .map(super::key::read_signing_key)
         .transpose()?;
+    // A registry reference or flag that cannot work is refused before the render.
+    let registry = args
+        .oci
+        .as_deref()
+        .map(|reference| oci_registry(reference, &args.oci_access))
+        .transpose()?;
     let limits = args.limits.limits();
     let snapshot = super::source::read(&args.source, "publish", &limits)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -333,15 +346,20 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
         return Ok(EXIT_FINDINGS);
     }
     let objects = args.s3_sse.apply(args.objects.clone())?;
-    let site = match (&args.out, &objects) {
-        (Some(out), _) => publish::Site::Dir(out.clone()),
-        (None, Some(ObjectsUrl::Dir(path))) => publish::Site::Dir(path.clone()),
-        (None, Some(ObjectsUrl::S3(location))) => runtime.block_on(async {
-            let bucket = Bucket::from_env(location)?;
-            bucket.probe().await?;
-            anyhow::Ok(publish::Site::Bucket(bucket))
-        })?,
-        (None, Some(ObjectsUrl::StateDir) | None) => bail!("give --out DIR or --objects URL"),
+    // --oci excludes --out and --objects.
+    let site = if let Some(registry) = registry {
+        publish::Site::Oci(registry)
+    } else {
+        match (&args.out, &objects) {
+            (Some(out), _) => publish::Site::Dir(out.clone()),
+            (None, Some(ObjectsUrl::Dir(path))) => publish::Site::Dir(path.clone()),
+            (None, Some(ObjectsUrl::S3(location))) => runtime.block_on(async {
+                let bucket = Bucket::from_env(location)?;
+                bucket.probe().await?;
+                anyhow::Ok(publish::Site::Bucket(bucket))
+            })?,
+            (None, Some(ObjectsUrl::StateDir) | None) => bail!("give --out DIR or --objects URL"),
+        }
     };
     let published = match &args.state_dir {
         Some(state_dir) => {
@@ -393,7 +411,7 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
         eprintln!("warning: {warning}");
     }
     println!(
-        "published {} clusters at {} into {} ({} written, {} unchanged{})",
+        "published {} clusters at {} into {} ({} written, {} unchanged{}{})",
         published.clusters,
         output.revision,
         site.display(),
@@ -403,9 +421,56 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
             String::new()
         } else {
             format!(", removed {}", published.removed.join(", "))
+        },
+        if matches!(site, publish::Site::Oci(_)) {
+            format!(", {} blobs uploaded", published.uploaded_blobs)
+        } else {
+            String::new()
         }
     );
     Ok(EXIT_OK)
+}
+
+/// The registry client of `publish --oci`: credentials from the flags or the Docker
+/// configuration file, TLS with the system's store and --ca-file.
+fn oci_registry(reference: &str, args: &OciArgs) -> anyhow::Result<flotilla_oci::Registry> {
+    let repository = flotilla_oci::Repository::parse(reference)?;
+    let credentials = match (&args.oci_username, &args.oci_password_file) {
+        (Some(username), Some(file)) => {
+            let password = std::fs::read_to_string(file)
+                .with_context(|| format!("cannot read --oci-password-file {}", file.display()))?;
+            Some(flotilla_oci::Credentials {
+                username: username.clone(),
+                password: password.trim_end_matches(['\r', '\n']).to_string(),
+            })
+        }
+        _ => match flotilla_oci::docker_config_path() {
+            Some(path) => {
+                flotilla_oci::Credentials::from_docker_config(&path, &repository.registry)?
+            }
+            None => None,
+        },
+    };
+    let tls = flotilla_agent::client::TlsOptions {
+        ca_file: args.ca_file.clone(),
+        client_cert: None,
+    };
+    let http = tls
+        .apply(
+            reqwest::Client::builder()
+                .user_agent(concat!("flotilla/", env!("CARGO_PKG_VERSION")))
+                .connect_timeout(std::time::Duration::from_secs(15)),
+        )?
+        .build()
+        .context("cannot build the HTTP client")?;
+    Ok(flotilla_oci::Registry::new(
+        repository,
+        http,
+        flotilla_oci::RegistryOptions {
+            plain_http: args.oci_plain_http,
+            credentials,
+        },
+    )?)
 }
 
 pub fn run_token(args: &TokenArgs) -> anyhow::Result<u8> {

@@ -306,6 +306,13 @@ pub struct ServeArgs {
     pub objects: Option<ObjectsUrl>,
     #[command(flatten)]
     pub s3_sse: S3SseArgs,
+    /// Also push what is served to this repository of an OCI registry, on every change,
+    /// as `publish --oci` does: REGISTRY/REPOSITORY (agents may then use --server
+    /// oci://REGISTRY/REPOSITORY). Credentials as for `publish --oci`.
+    #[arg(long, env = "FLOTILLA_OCI", value_name = "REGISTRY/REPOSITORY")]
+    pub oci: Option<String>,
+    #[command(flatten)]
+    pub oci_access: OciArgs,
     /// The address to listen on: loopback by default; the container image sets
     /// FLOTILLA_LISTEN=0.0.0.0:8080.
     #[arg(long, env = "FLOTILLA_LISTEN", default_value = "127.0.0.1:8080", value_name = "ADDR", value_parser = hub::parse_listen)]
@@ -434,8 +441,8 @@ pub struct PublishArgs {
     #[arg(
         long,
         value_name = "DIR",
-        required_unless_present = "objects",
-        conflicts_with = "objects"
+        required_unless_present_any = ["objects", "oci"],
+        conflicts_with_all = ["objects", "oci"]
     )]
     pub out: Option<PathBuf>,
     /// Write the same layout into an object store instead of --out:
@@ -445,6 +452,15 @@ pub struct PublishArgs {
     pub objects: Option<ObjectsUrl>,
     #[command(flatten)]
     pub s3_sse: S3SseArgs,
+    /// Push each cluster's bundle to this repository of an OCI registry instead, as
+    /// an artifact tagged with the cluster's name: REGISTRY/REPOSITORY (like
+    /// registry.example:5000/fleet/bundles). Credentials come from the Docker
+    /// configuration file ($DOCKER_CONFIG/config.json or ~/.docker/config.json) or
+    /// --oci-username and --oci-password-file.
+    #[arg(long, value_name = "REGISTRY/REPOSITORY", conflicts_with = "objects")]
+    pub oci: Option<String>,
+    #[command(flatten)]
+    pub oci_access: OciArgs,
     /// The hub's state dir: publish what the hub serves each cluster (so rollouts
     /// hold on the mirror) instead of HEAD's render for every cluster at once.
     #[arg(long, value_name = "DIR")]
@@ -466,6 +482,26 @@ pub struct PublishArgs {
     pub decryption: DecryptionArgs,
     #[command(flatten)]
     pub limits: LimitArgs,
+}
+
+/// How `publish --oci` reaches the registry.
+#[derive(Debug, Args)]
+pub struct OciArgs {
+    /// The registry's user name (with --oci-password-file), instead of the Docker
+    /// configuration file's credentials.
+    #[arg(long, value_name = "USER", requires = "oci_password_file")]
+    pub oci_username: Option<String>,
+    /// A file holding the password or token of --oci-username (never on the command line).
+    #[arg(long, value_name = "FILE", requires = "oci_username")]
+    pub oci_password_file: Option<PathBuf>,
+    /// Speak plain HTTP to the registry: only for a registry on this machine
+    /// (localhost, 127.0.0.1, ::1).
+    #[arg(long, requires = "oci")]
+    pub oci_plain_http: bool,
+    /// A PEM file of CA certificates to trust for the registry besides the system's
+    /// trust store (which honours SSL_CERT_FILE and SSL_CERT_DIR).
+    #[arg(long, value_name = "PEM", requires = "oci")]
+    pub ca_file: Option<PathBuf>,
 }
 
 /// `--s3-sse`, for `serve` and `publish` with `--objects s3://…`.

@@ -102,6 +102,26 @@ fn the_agent_links_nothing_of_the_hub_the_renderer_or_git() {
 }
 
 #[test]
+fn the_oci_client_links_nothing_of_the_hub_the_renderer_git_or_kubernetes() {
+    check(
+        "flotilla-oci",
+        &[
+            "git2",
+            "sqlx",
+            "minijinja",
+            "axum",
+            "rayon",
+            "kube",
+            "k8s-openapi",
+            "object_store",
+            "flotilla-render",
+            "flotilla-hub",
+            "flotilla-agent",
+        ],
+    );
+}
+
+#[test]
 fn one_rustls_crypto_provider_in_the_whole_graph() {
     // With two providers compiled in, rustls cannot pick one by itself and a client
     // that does not install one panics at its first TLS connection.
@@ -158,13 +178,14 @@ fn files_naming(dirs: &[&str], needle: &regex::Regex, allowed: &[&str]) -> Vec<S
         .collect()
 }
 
-const EVERY_CRATE: [&str; 6] = [
+const EVERY_CRATE: [&str; 7] = [
     "src",
     "crates/flotilla-core/src",
     "crates/flotilla-render/src",
     "crates/flotilla-hub/src",
     "crates/flotilla-agent/src",
     "crates/flotilla-fs/src",
+    "crates/flotilla-oci/src",
 ];
 
 #[test]

@@ -22,6 +22,7 @@ mod hub_objects;
 mod hub_peers;
 mod hub_scale;
 mod module_graph;
+mod oci;
 mod readme;
 mod render_example;
 mod roles;

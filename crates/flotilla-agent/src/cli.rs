@@ -22,9 +22,42 @@ use flotilla_core::signing::{PublicKey, TrustedKeys};
 
 #[derive(Debug, Args)]
 pub struct AgentArgs {
-    /// The hub (http://, https://) or a `flotilla publish` folder (file:///path).
+    /// The hub (http://, https://), a `flotilla publish` folder (file:///path) or a
+    /// repository `flotilla publish --oci` pushes to (oci://REGISTRY/REPOSITORY).
     #[arg(long, env = "FLOTILLA_AGENT_SERVER", value_name = "URL")]
     pub server: String,
+    /// With an oci:// or file:// server: the hub (http://, https://) to send status
+    /// reports to, with --token-file. A report is sent at least every half
+    /// --offline-after, since the hub never sees the agent's polls. Without it,
+    /// reports are only kept in the state folder.
+    #[arg(long, env = "FLOTILLA_AGENT_REPORT_TO", value_name = "URL")]
+    pub report_to: Option<String>,
+    /// With --report-to: the hub's `serve --offline-after`; the agent reports at
+    /// least every half of it, so the hub does not count it offline.
+    #[arg(long, env = "FLOTILLA_AGENT_OFFLINE_AFTER", default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
+    pub offline_after: Duration,
+    /// With an oci:// server: the registry's user name (with --oci-password-file),
+    /// instead of the Docker configuration file's credentials ($DOCKER_CONFIG/config.json
+    /// or ~/.docker/config.json).
+    #[arg(
+        long,
+        env = "FLOTILLA_AGENT_OCI_USERNAME",
+        value_name = "USER",
+        requires = "oci_password_file"
+    )]
+    pub oci_username: Option<String>,
+    /// A file holding the password or token of --oci-username.
+    #[arg(
+        long,
+        env = "FLOTILLA_AGENT_OCI_PASSWORD_FILE",
+        value_name = "FILE",
+        requires = "oci_username"
+    )]
+    pub oci_password_file: Option<PathBuf>,
+    /// With an oci:// server: speak plain HTTP to it; only for a registry on this
+    /// machine (localhost, 127.0.0.1, ::1).
+    #[arg(long, env = "FLOTILLA_AGENT_OCI_PLAIN_HTTP")]
+    pub oci_plain_http: bool,
     /// This cluster's name in the fleet.
     #[arg(long, env = "FLOTILLA_AGENT_CLUSTER", value_name = "NAME")]
     pub cluster: String,
@@ -202,7 +235,77 @@ fn settings(args: &AgentArgs) -> anyhow::Result<Settings> {
     if args.max_backoff < Duration::from_secs(1) {
         bail!("--max-backoff must be at least 1s");
     }
+    let is_oci = matches!(server, Server::Oci(_));
+    for (flag, given) in [
+        ("--oci-plain-http", args.oci_plain_http),
+        ("--oci-username", args.oci_username.is_some()),
+    ] {
+        if given && !is_oci {
+            bail!("{flag} only applies to an oci:// --server");
+        }
+    }
+    if let Server::Oci(repository) = &server
+        && args.oci_plain_http
+        && !repository.is_loopback()
+    {
+        return Err(flotilla_oci::OciError::PlainHttpNotLoopback {
+            host: repository.host().to_string(),
+        }
+        .into());
+    }
+    let report_to = match &args.report_to {
+        None => None,
+        Some(_) if matches!(server, Server::Http(_)) => {
+            bail!(
+                "--report-to is for an oci:// or file:// --server; a hub takes the reports itself"
+            )
+        }
+        Some(text) => match url::Url::parse(text) {
+            Ok(url) if matches!(url.scheme(), "http" | "https") => Some(url),
+            _ => bail!("--report-to {text:?} is not an http:// or https:// URL of a hub"),
+        },
+    };
+    if report_to.is_some() && args.token_file.is_none() {
+        bail!("--report-to needs --token-file: the hub takes reports with the cluster's token");
+    }
+    if args.offline_after < Duration::from_secs(2) {
+        bail!("--offline-after must be at least 2s");
+    }
+    let credentials = match (&args.oci_username, &args.oci_password_file) {
+        (Some(username), Some(file)) => {
+            let password = std::fs::read_to_string(file)
+                .with_context(|| format!("cannot read --oci-password-file {}", file.display()))?;
+            Some(flotilla_oci::Credentials {
+                username: username.clone(),
+                password: password.trim_end_matches(['\r', '\n']).to_string(),
+            })
+        }
+        _ => match (&server, flotilla_oci::docker_config_path()) {
+            (Server::Oci(repository), Some(path)) => {
+                flotilla_oci::Credentials::from_docker_config(&path, &repository.registry)?
+            }
+            _ => None,
+        },
+    };
     let mut config = AgentConfig::new(server, &args.cluster, args.state_dir.clone());
+    config.registry = flotilla_oci::RegistryOptions {
+        plain_http: args.oci_plain_http,
+        credentials,
+    };
+    // The hub never sees a registry's or a folder's polls: the reports say the agent
+    // is alive, at least every half --offline-after.
+    let heartbeat = match report_to {
+        Some(_) => {
+            let half = args.offline_after / 2;
+            if args.heartbeat.is_zero() {
+                half
+            } else {
+                args.heartbeat.min(half)
+            }
+        }
+        None => args.heartbeat,
+    };
+    config.report_to = report_to;
     config.trusted = trusted_keys(&args.trust_keys)?;
     config.tenant_policy = match &args.tenant_policy {
         Some(path) => Some(crate::tenancy::TenantPolicy::read(path).map_err(anyhow::Error::msg)?),
@@ -211,7 +314,7 @@ fn settings(args: &AgentArgs) -> anyhow::Result<Settings> {
     config.token_file = args.token_file.clone();
     config.wait = args.wait;
     config.resync = args.resync;
-    config.heartbeat = args.heartbeat;
+    config.heartbeat = heartbeat;
     config.tls = crate::client::TlsOptions {
         ca_file: args.ca_file.clone(),
         client_cert: args.client_cert.clone().zip(args.client_key.clone()),
@@ -456,6 +559,45 @@ mod tests {
             settings(&args).expect("valid").config.resync,
             Duration::ZERO
         );
+    }
+
+    #[test]
+    fn an_oci_server_reports_to_a_hub_at_least_every_half_offline_after() {
+        let agent = |server: &str, extra: &[&str]| {
+            let mut all = vec![
+                "--server",
+                server,
+                "--cluster",
+                "c",
+                "--state-dir",
+                "/s",
+                "--sink",
+                "dir:/x",
+            ];
+            all.extend_from_slice(extra);
+            settings(&parse(&all).expect("parses"))
+        };
+        let oci = "oci://registry.example:5000/fleet/bundles";
+        let config = agent(oci, &[]).expect("valid").config;
+        assert!(matches!(config.server, Server::Oci(_)));
+        assert_eq!((config.report_to, config.heartbeat), (None, Duration::ZERO));
+        let token = ["--report-to", "https://hub.example", "--token-file", "/t"];
+        let config = agent(oci, &token).expect("valid").config;
+        assert_eq!(config.heartbeat, Duration::from_secs(150));
+        let mut more = token.to_vec();
+        more.extend(["--offline-after", "1m", "--heartbeat", "2m"]);
+        assert_eq!(
+            agent(oci, &more).expect("valid").config.heartbeat,
+            Duration::from_secs(30)
+        );
+        let refused =
+            |server: &str, extra: &[&str]| agent(server, extra).err().expect("refused").to_string();
+        assert!(refused(oci, &["--report-to", "https://hub.example"]).contains("--token-file"));
+        assert!(refused(oci, &["--report-to", "ftp://x", "--token-file", "/t"]).contains("http"));
+        assert!(refused("https://hub.example", &token).contains("--report-to"));
+        assert!(refused("file:///f", &["--oci-plain-http"]).contains("oci://"));
+        assert!(refused(oci, &["--oci-plain-http"]).contains("plain HTTP"));
+        assert!(agent("oci://127.0.0.1:5000/f", &["--oci-plain-http"]).is_ok());
     }
 
     #[test]

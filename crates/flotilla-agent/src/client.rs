@@ -1,6 +1,8 @@
 //! Talking to the hub: conditional, long-polling GETs of the cluster's bundle and POSTs
-//! of status reports over HTTP(S) (reqwest with rustls), or reading the same paths from
-//! a `file://` folder laid out by `flotilla publish`.
+//! of status reports over HTTP(S) (reqwest with rustls), reading the same paths from
+//! a `file://` folder laid out by `flotilla publish`, or asking an OCI registry
+//! (`oci://`, where `publish --oci` pushed) for the cluster's tag: one HEAD per poll,
+//! and the manifest and layer, by digest, only when the tag moved.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -39,11 +41,22 @@ pub enum Server {
     Http(Url),
     /// A `flotilla publish` folder on a local path (an air-gapped site).
     File(PathBuf),
+    /// A repository of an OCI registry holding `publish --oci` artifacts, tagged by
+    /// cluster.
+    Oci(flotilla_oci::Repository),
 }
 
 impl Server {
-    /// Parses `http://…`, `https://…` or `file:///…`.
+    /// Parses `http://…`, `https://…`, `file:///…` or `oci://REGISTRY/REPOSITORY`.
     pub fn parse(text: &str) -> Result<Server, ClientError> {
+        if text.starts_with("oci://") {
+            return flotilla_oci::Repository::parse(text)
+                .map(Server::Oci)
+                .map_err(|err| ClientError::BadServer {
+                    url: text.to_string(),
+                    reason: err.to_string(),
+                });
+        }
         let url = Url::parse(text).map_err(|err| ClientError::BadServer {
             url: text.to_string(),
             reason: err.to_string(),
@@ -60,7 +73,7 @@ impl Server {
                 }),
             other => Err(ClientError::BadServer {
                 url: text.to_string(),
-                reason: format!("unsupported scheme {other:?}: use http, https or file"),
+                reason: format!("unsupported scheme {other:?}: use http, https, file or oci"),
             }),
         }
     }
@@ -76,6 +89,7 @@ impl std::fmt::Display for Server {
         match self {
             Server::Http(url) => write!(f, "{url}"),
             Server::File(path) => write!(f, "file://{}", path.display()),
+            Server::Oci(repository) => write!(f, "oci://{repository}"),
         }
     }
 }
@@ -117,6 +131,8 @@ pub enum ClientError {
     },
     #[error("{flag} needs an https:// server, not {server}")]
     TlsFlagWithoutTls { flag: &'static str, server: String },
+    #[error(transparent)]
+    Oci(#[from] flotilla_oci::OciError),
 }
 
 /// How the agent authenticates the hub and itself over TLS. The system's trust store
@@ -134,8 +150,9 @@ impl TlsOptions {
     /// Refuses TLS settings for a server that does not use TLS.
     pub fn check(&self, server: &Server) -> Result<(), ClientError> {
         let is_https = matches!(server, Server::Http(url) if url.scheme() == "https");
+        let is_oci = matches!(server, Server::Oci(_));
         let flags = [
-            ("--ca-file", self.ca_file.is_some()),
+            ("--ca-file", self.ca_file.is_some() && !is_oci),
             ("--client-cert", self.client_cert.is_some()),
         ];
         for (flag, given) in flags {
@@ -223,6 +240,11 @@ pub enum FetchError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{server}: {source}")]
+    Registry {
+        server: String,
+        source: flotilla_oci::OciError,
+    },
     #[error("the bundle from {server} is larger than {MAX_BUNDLE_BYTES} bytes; refusing it")]
     TooLarge {
         server: String,
@@ -246,6 +268,9 @@ impl FetchError {
             FetchError::Status { status, .. } if *status == 401 || *status == 403 => {
                 FailureKind::Auth
             }
+            FetchError::Registry { source, .. } if matches!(source.status(), Some(401 | 403)) => {
+                FailureKind::Auth
+            }
             _ => FailureKind::Transient,
         }
     }
@@ -264,10 +289,11 @@ impl FetchError {
     /// over its size limit, or a refusal saying why (`409`: the bundle needs a newer
     /// agent). The agent reports it, so the hub shows why, and keeps what it runs.
     pub fn is_refusal(&self) -> bool {
-        matches!(
-            self,
-            FetchError::TooLarge { .. } | FetchError::Status { status: 409, .. }
-        )
+        match self {
+            FetchError::TooLarge { .. } | FetchError::Status { status: 409, .. } => true,
+            FetchError::Registry { source, .. } => source.is_bad_content(),
+            _ => false,
+        }
     }
 
     /// The digest the refused bundle's ETag names, if it named one.
@@ -300,6 +326,8 @@ pub struct HubClient {
     /// The digest whose bundle the agent holds, offered to a hub as the dictionary of a
     /// delta (`Available-Dictionary`); `None`: full documents only.
     dictionary: Option<Digest>,
+    /// The registry client of an `oci://` server.
+    registry: Option<flotilla_oci::Registry>,
 }
 
 #[derive(Debug, Clone)]
@@ -348,6 +376,14 @@ impl HubClient {
             None => None,
         };
         let http = tls.apply(http_client())?.build()?;
+        let registry = match &server {
+            Server::Oci(repository) => Some(flotilla_oci::Registry::new(
+                repository.clone(),
+                http.clone(),
+                flotilla_oci::RegistryOptions::default(),
+            )?),
+            _ => None,
+        };
         Ok(HubClient {
             server,
             cluster: cluster.to_string(),
@@ -355,7 +391,24 @@ impl HubClient {
             http,
             last_body: None,
             dictionary: None,
+            registry,
         })
+    }
+
+    /// How an `oci://` server is reached: credentials, and plain HTTP for a registry
+    /// on this machine. Nothing for other servers.
+    pub fn with_registry_options(
+        mut self,
+        options: flotilla_oci::RegistryOptions,
+    ) -> Result<HubClient, ClientError> {
+        if let Server::Oci(repository) = &self.server {
+            self.registry = Some(flotilla_oci::Registry::new(
+                repository.clone(),
+                self.http.clone(),
+                options,
+            )?);
+        }
+        Ok(self)
     }
 
     pub fn server(&self) -> &Server {
@@ -469,7 +522,76 @@ impl HubClient {
                 }
                 Ok(Fetched::Bundle { body, etag: None })
             }
+            Server::Oci(_) => self.fetch_from_registry(if_none_match).await,
         }
+    }
+
+    /// The cluster's tag asked for with a HEAD; its manifest and layer fetched by
+    /// digest only when the tag names another manifest than `if_none_match`'s. The
+    /// "ETag" is the manifest's digest as `"oci:sha256:…"` (no flotilla digest, so it
+    /// is not compared with the bundle's), and the document is the one a hub would
+    /// serve, rebuilt from the layer and the annotations, for the caller to verify.
+    async fn fetch_from_registry(
+        &mut self,
+        if_none_match: Option<&str>,
+    ) -> Result<Fetched, FetchError> {
+        let server = self.server.to_string();
+        let Some(registry) = &self.registry else {
+            return Err(FetchError::Unreachable {
+                server,
+                reason: "no registry client".into(),
+                ending: Ending::Other,
+            });
+        };
+        let failed = |source: flotilla_oci::OciError| match source {
+            flotilla_oci::OciError::Unreachable { reason, .. } => FetchError::Unreachable {
+                server: server.clone(),
+                reason,
+                ending: Ending::Other,
+            },
+            source => FetchError::Registry {
+                server: server.clone(),
+                source,
+            },
+        };
+        let no_tag = || FetchError::Status {
+            server: server.clone(),
+            status: 404,
+            message: format!(
+                "the registry has no tag {:?} (has `flotilla publish --oci` pushed this cluster?)",
+                self.cluster
+            ),
+            retry_after: None,
+        };
+        let Some(manifest_digest) = registry
+            .head_manifest(&self.cluster)
+            .await
+            .map_err(failed)?
+        else {
+            return Err(no_tag());
+        };
+        let etag = format!("\"oci:{manifest_digest}\"");
+        if if_none_match == Some(etag.as_str()) {
+            return Ok(Fetched::NotModified);
+        }
+        let Some((bytes, _)) = registry
+            .get_manifest(manifest_digest.as_str())
+            .await
+            .map_err(failed)?
+        else {
+            return Err(no_tag());
+        };
+        let manifest =
+            flotilla_oci::artifact::BundleManifest::parse(&bytes, manifest_digest.as_str())
+                .map_err(failed)?;
+        let layer = registry
+            .get_blob(&manifest.layer, MAX_BUNDLE_BYTES)
+            .await
+            .map_err(failed)?;
+        Ok(Fetched::Bundle {
+            body: manifest.document(&layer),
+            etag: Some(etag),
+        })
     }
 
     /// Posts a status report to the hub. A folder has nowhere to post to: the
@@ -1045,6 +1167,15 @@ mod tests {
             Server::parse("file:///srv/fleet").expect("file"),
             Server::File(PathBuf::from("/srv/fleet"))
         );
+        assert_eq!(
+            Server::parse("oci://registry.example:5000/fleet/bundles")
+                .expect("oci")
+                .to_string(),
+            "oci://registry.example:5000/fleet/bundles"
+        );
+        assert!(!Server::parse("oci://r/a").expect("oci").accepts_status());
+        let err = Server::parse("oci://registry.example").expect_err("refused");
+        assert!(err.to_string().contains("REGISTRY/REPOSITORY"), "{err}");
         let err = Server::parse("ftp://x").expect_err("refused");
         assert!(err.to_string().contains("ftp"), "{err}");
         assert!(Server::parse("not a url").is_err());

@@ -98,6 +98,11 @@ pub struct AgentConfig {
     pub trusted: TrustedKeys,
     /// `--tenant-policy`: tenant rules enforced instead of those a bundle carries.
     pub tenant_policy: Option<tenancy::TenantPolicy>,
+    /// How an `oci://` server is reached (credentials, plain HTTP to a loopback one).
+    pub registry: flotilla_oci::RegistryOptions,
+    /// The hub that receives the reports of an agent whose bundles come from a
+    /// registry or a folder (which cannot take reports); `None`: they are only kept.
+    pub report_to: Option<url::Url>,
 }
 
 impl AgentConfig {
@@ -117,6 +122,8 @@ impl AgentConfig {
             tls: client::TlsOptions::default(),
             trusted: TrustedKeys::default(),
             tenant_policy: None,
+            registry: flotilla_oci::RegistryOptions::default(),
+            report_to: None,
         }
     }
 }
@@ -230,6 +237,17 @@ impl<S: Sink> Agent<S> {
         if config.http2 {
             client = client.with_http2_prior_knowledge()?;
         }
+        client = client.with_registry_options(config.registry.clone())?;
+        // Reports go where bundles come from, or to --report-to.
+        let report_client = match &config.report_to {
+            Some(hub) => HubClient::with_tls(
+                Server::Http(hub.clone()),
+                &config.cluster,
+                config.token_file.as_deref(),
+                &config.tls,
+            )?,
+            None => client.clone(),
+        };
         // Made once the command line is known good, before the hub is asked anything.
         let (identity, made) = sealed::AgentIdentity::load_or_make(&state)?;
         announce_key(&config.cluster, &identity, made);
@@ -258,7 +276,7 @@ impl<S: Sink> Agent<S> {
         };
         let (report_tx, report_rx) = watch::channel(first_report);
         let reporter = Reporter {
-            client: client.clone(),
+            client: report_client,
             state: state.clone(),
             backoff: Backoff::new(config.backoff),
             sleeper: sleeper.clone(),

@@ -892,6 +892,20 @@ pub fn document_bytes(cluster: &str, digest: &Digest, revision: &str, body: &[u8
     out
 }
 
+/// A served document with its `signature` added (outside the digest). `signature`
+/// sorts after every other member of the document, so adding it last keeps a
+/// canonical document canonical.
+pub fn with_signature(unsigned: &[u8], signature: &BundleSignature) -> Vec<u8> {
+    let without_brace = unsigned.strip_suffix(b"}").unwrap_or(unsigned);
+    let mut out = Vec::with_capacity(unsigned.len() + 160);
+    out.extend_from_slice(without_brace);
+    out.extend_from_slice(b",\"signature\":");
+    // A struct of strings and a number always serialises.
+    let _ = serde_json::to_writer(&mut out, signature);
+    out.push(b'}');
+    out
+}
+
 /// The signature a served document carries (`"signature"` in the document).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]

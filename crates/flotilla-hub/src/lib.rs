@@ -22,6 +22,7 @@ pub mod follow;
 pub mod listen;
 pub mod lock;
 pub mod metrics;
+mod mirror;
 pub mod peers;
 pub mod publish;
 pub mod render_worker;
@@ -130,6 +131,9 @@ pub struct HubConfig {
     /// The age identities SOPS files are opened with (`serve --decryption-key`);
     /// empty: a SOPS file is a render error.
     pub decryption: Arc<flotilla_render::sops::DecryptionKeys>,
+    /// Pushes what is served to this repository of an OCI registry on every change
+    /// (`serve --oci`); `None`: no registry.
+    pub oci: Option<flotilla_oci::Registry>,
 }
 
 impl HubConfig {
@@ -155,6 +159,7 @@ impl HubConfig {
             render_worker: None,
             keep_render: follow::DEFAULT_KEEP_RENDER,
             decryption: Arc::default(),
+            oci: None,
         }
     }
 }
@@ -220,7 +225,10 @@ impl Hub {
                 decryption: config.decryption,
             },
         );
-        let tasks = spawn_tasks(&shared, follower, tokens_generation, config.token_refresh);
+        let mut tasks = spawn_tasks(&shared, follower, tokens_generation, config.token_refresh);
+        if let Some(registry) = config.oci {
+            tasks.push(tokio::spawn(mirror::run(shared.clone(), registry)));
+        }
         Ok(Hub {
             shared,
             tasks,

@@ -37,6 +37,8 @@ use flotilla_render::RenderOutput;
 
 use crate::store::{Bucket, ObjectError, Objects, StoredCluster};
 
+mod oci;
+
 /// Where a publish writes.
 #[derive(Debug, Clone)]
 pub enum Site {
@@ -44,6 +46,9 @@ pub enum Site {
     Dir(PathBuf),
     /// A bucket (and prefix) in S3 or an S3-compatible store, for a CDN to front.
     Bucket(Bucket),
+    /// A repository in an OCI registry: each cluster's bundle as an artifact tagged
+    /// with the cluster's name (`publish --oci`, see [`oci`]).
+    Oci(flotilla_oci::Registry),
 }
 
 impl Site {
@@ -52,6 +57,7 @@ impl Site {
         match self {
             Site::Dir(path) => path.display().to_string(),
             Site::Bucket(bucket) => bucket.url.clone(),
+            Site::Oci(registry) => format!("oci://{}", registry.repository()),
         }
     }
 }
@@ -86,13 +92,21 @@ pub enum PublishError {
         path: String,
         source: Box<object_store::Error>,
     },
+    #[error("cannot push the bundle of {cluster} to {repository}: {source}")]
+    Oci {
+        cluster: String,
+        repository: String,
+        source: Box<flotilla_oci::OciError>,
+    },
 }
 
-/// One cluster's document as it is to be published.
+/// One cluster's bundle as it is to be published.
 struct Document {
     cluster: String,
     digest: Digest,
-    bytes: Vec<u8>,
+    revision: String,
+    /// The bundle's canonical body (what its digest covers).
+    body: Vec<u8>,
     /// The hub's serve sequence for what it serves the cluster, if a hub's store says.
     hub_sequence: Option<u64>,
 }
@@ -104,6 +118,9 @@ pub struct Published {
     pub written: usize,
     pub unchanged: usize,
     pub removed: Vec<String>,
+    /// Blobs uploaded (to a registry: each distinct bundle once, and only when the
+    /// registry lacks it).
+    pub uploaded_blobs: usize,
     /// Documents found in the output that were not flotilla's (a signature that does
     /// not verify, a document by digest that does not match it): ignored, and written
     /// over.
@@ -141,7 +158,8 @@ fn head_documents(output: &RenderOutput) -> Vec<Document> {
         .map(|(name, bundle)| Document {
             cluster: name.clone(),
             digest: bundle.digest.clone(),
-            bytes: bundle.document(&output.revision),
+            revision: output.revision.clone(),
+            body: bundle.canonical_body(),
             hub_sequence: None,
         })
         .collect()
@@ -155,6 +173,7 @@ async fn write_to(
     match site {
         Site::Dir(out) => write_documents(documents, &InFolder(out), signer).await,
         Site::Bucket(bucket) => write_documents(documents, &InBucket(bucket), signer).await,
+        Site::Oci(registry) => oci::push_documents(documents, registry, signer).await,
     }
 }
 
@@ -184,14 +203,16 @@ pub async fn publish_served(
                     Document {
                         cluster: name.clone(),
                         digest: cluster.digest.clone(),
-                        bytes: document_bytes(name, &cluster.digest, &cluster.revision, &canonical),
+                        revision: cluster.revision.clone(),
+                        body: canonical,
                         hub_sequence: Some(cluster.sequence),
                     }
                 }
                 _ => Document {
                     cluster: name.clone(),
                     digest: bundle.digest.clone(),
-                    bytes: bundle.document(&output.revision),
+                    revision: output.revision.clone(),
+                    body: bundle.canonical_body(),
                     hub_sequence: served.get(name.as_str()).map(|c| c.sequence),
                 },
             };
@@ -244,9 +265,11 @@ async fn write_document(
     let Document {
         cluster,
         digest,
-        bytes,
+        revision,
+        body,
         hub_sequence,
     } = document;
+    let bytes = &document_bytes(cluster, digest, revision, body);
     let dir = format!("{clusters}/{cluster}");
     let digest_key = format!("{dir}/{}/{}", api::BUNDLES_BY_DIGEST, digest.as_str());
     // A digest document's content is fixed by its digest, except for the revision in
@@ -311,6 +334,17 @@ fn verified_claims(
             return None;
         }
     };
+    verified(cluster, claims, key, path, warnings)
+}
+
+/// `claims` when `key` signed them for `cluster`, else `None` with a warning.
+fn verified(
+    cluster: &str,
+    claims: Claims,
+    key: &SigningKey,
+    path: &str,
+    warnings: &mut Vec<String>,
+) -> Option<Claims> {
     let signature = claims.signature.as_ref()?;
     let public = key.public_key();
     let verifies = signature.key_id == public.key_id()
@@ -598,15 +632,7 @@ fn now_ms() -> u64 {
 /// The unsigned canonical document with its signature added. `signature` sorts after
 /// every other member of the document, so adding it last keeps the document canonical.
 fn signed(unsigned: &[u8], signature: &BundleSignature) -> Vec<u8> {
-    let without_brace = unsigned.strip_suffix(b"}").unwrap_or(unsigned);
-    let mut out = Vec::with_capacity(unsigned.len() + 160);
-    out.extend_from_slice(without_brace);
-    out.extend_from_slice(b",\"signature\":");
-    // A BundleSignature serialises as canonical JSON: its members are in canonical
-    // order, and its strings (a hex key id, base64) need no escapes.
-    let _ = serde_json::to_writer(&mut out, signature);
-    out.push(b'}');
-    out
+    flotilla_core::bundle::with_signature(unsigned, signature)
 }
 
 fn error(path: &Path, source: io::Error) -> PublishError {

@@ -1,0 +1,702 @@
+//! The distribution API's client: blobs and manifests of one repository, with the
+//! registry's authentication challenges answered on the way.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reqwest::header::{self, HeaderValue};
+use reqwest::{Method, RequestBuilder, Response, StatusCode};
+use url::Url;
+
+use flotilla_core::bundle::Digest;
+
+use crate::artifact::{Artifact, Blob, MAX_MANIFEST_BYTES};
+use crate::auth::{Challenge, Credentials};
+use crate::reference::valid_tag;
+use crate::{MANIFEST_MEDIA_TYPE, OciError, Repository};
+
+/// The longest one request may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// The header in which registries name a manifest's digest.
+const CONTENT_DIGEST: &str = "docker-content-digest";
+
+/// How to reach a registry.
+#[derive(Debug, Clone, Default)]
+pub struct RegistryOptions {
+    /// Plain HTTP instead of HTTPS; refused unless the registry is on this machine.
+    pub plain_http: bool,
+    /// Credentials for basic authentication or for the registry's token service.
+    pub credentials: Option<Credentials>,
+}
+
+/// A client for one repository in one registry. Clones share the connection pool,
+/// the authorization won from the registry and the blobs known to be there.
+#[derive(Debug, Clone)]
+pub struct Registry {
+    repository: Repository,
+    /// `<scheme>://<registry>/v2/<name>/`.
+    base: Url,
+    http: reqwest::Client,
+    credentials: Option<Credentials>,
+    /// The `Authorization` value the registry last accepted or asked for.
+    authorization: Arc<Mutex<Option<HeaderValue>>>,
+    /// Blobs this client saw in the repository (pushed or found): not asked again.
+    known_blobs: Arc<Mutex<HashSet<String>>>,
+}
+
+/// What a push did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pushed {
+    /// The manifest's digest, which the tag now names.
+    pub manifest: Digest,
+    /// How many blobs were uploaded (those already in the repository were not).
+    pub uploaded: usize,
+    /// Whether the tag moved (false: it named this manifest already).
+    pub changed: bool,
+}
+
+impl Registry {
+    /// A client for `repository` over `http` (whose TLS settings the caller chose).
+    pub fn new(
+        repository: Repository,
+        http: reqwest::Client,
+        options: RegistryOptions,
+    ) -> Result<Registry, OciError> {
+        if options.plain_http && !repository.is_loopback() {
+            return Err(OciError::PlainHttpNotLoopback {
+                host: repository.host().to_string(),
+            });
+        }
+        let scheme = if options.plain_http { "http" } else { "https" };
+        let base = Url::parse(&format!(
+            "{scheme}://{}/v2/{}/",
+            repository.api_host(),
+            repository.name
+        ))
+        .map_err(|err| OciError::BadReference {
+            text: repository.to_string(),
+            reason: err.to_string(),
+        })?;
+        Ok(Registry {
+            repository,
+            base,
+            http,
+            credentials: options.credentials,
+            authorization: Arc::default(),
+            known_blobs: Arc::default(),
+        })
+    }
+
+    pub fn repository(&self) -> &Repository {
+        &self.repository
+    }
+
+    fn url(&self, path: &str) -> Url {
+        // `path` is made here of a digest or a checked tag: it always joins.
+        self.base.join(path).unwrap_or_else(|_| self.base.clone())
+    }
+
+    fn manifest_url(&self, reference: &str) -> Result<Url, OciError> {
+        if !valid_tag(reference) && Digest::parse(reference).is_err() {
+            return Err(OciError::BadReference {
+                text: format!("{}:{reference}", self.repository),
+                reason: "a tag is letters, digits, '_', '.' and '-' (at most 128), not starting with '.' or '-'".into(),
+            });
+        }
+        Ok(self.url(&format!("manifests/{reference}")))
+    }
+
+    /// The digest of the manifest `reference` (a tag) names, with one HEAD; `None`
+    /// when there is no such tag.
+    pub async fn head_manifest(&self, reference: &str) -> Result<Option<Digest>, OciError> {
+        let url = self.manifest_url(reference)?;
+        let response = self
+            .send(|http| {
+                http.head(url.clone())
+                    .header(header::ACCEPT, MANIFEST_MEDIA_TYPE)
+            })
+            .await?;
+        if response.status() == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        let response = checked(response, &url).await?;
+        let named = response
+            .headers()
+            .get(CONTENT_DIGEST)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| Digest::parse(v).ok());
+        match named {
+            Some(digest) => Ok(Some(digest)),
+            // A registry that does not say: the manifest is read to know.
+            None => Ok(self
+                .get_manifest(reference)
+                .await?
+                .map(|(_, digest)| digest)),
+        }
+    }
+
+    /// The manifest `reference` (a tag or a digest) names and its digest; `None` when
+    /// there is none. A manifest asked for by digest must match it.
+    pub async fn get_manifest(
+        &self,
+        reference: &str,
+    ) -> Result<Option<(Vec<u8>, Digest)>, OciError> {
+        let url = self.manifest_url(reference)?;
+        let response = self
+            .send(|http| {
+                http.get(url.clone())
+                    .header(header::ACCEPT, MANIFEST_MEDIA_TYPE)
+            })
+            .await?;
+        if response.status() == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        let response = checked(response, &url).await?;
+        let bytes = read_limited(response, &url, "the manifest", MAX_MANIFEST_BYTES).await?;
+        let digest = Digest::of(&bytes);
+        if let Ok(asked) = Digest::parse(reference)
+            && asked != digest
+        {
+            return Err(OciError::DigestMismatch {
+                what: "the manifest",
+                url: url.to_string(),
+                expected: asked.to_string(),
+                actual: digest.to_string(),
+            });
+        }
+        Ok(Some((bytes, digest)))
+    }
+
+    /// The blob `digest`, at most `limit` bytes, checked against its digest.
+    pub async fn get_blob(&self, digest: &Digest, limit: usize) -> Result<Vec<u8>, OciError> {
+        let url = self.url(&format!("blobs/{digest}"));
+        let response = self.send(|http| http.get(url.clone())).await?;
+        let response = checked(response, &url).await?;
+        let bytes = read_limited(response, &url, "the blob", limit).await?;
+        let actual = Digest::of(&bytes);
+        if actual != *digest {
+            return Err(OciError::DigestMismatch {
+                what: "the blob",
+                url: url.to_string(),
+                expected: digest.to_string(),
+                actual: actual.to_string(),
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// Whether the repository holds the blob `digest`.
+    pub async fn has_blob(&self, digest: &Digest) -> Result<bool, OciError> {
+        let url = self.url(&format!("blobs/{digest}"));
+        let response = self.send(|http| http.head(url.clone())).await?;
+        if response.status() == StatusCode::NOT_FOUND {
+            return Ok(false);
+        }
+        checked(response, &url).await.map(|_| true)
+    }
+
+    /// Uploads `blob` whole: a POST opens the upload, a PUT with the digest closes it.
+    pub async fn upload_blob(&self, blob: &Blob) -> Result<(), OciError> {
+        let start = self.url("blobs/uploads/");
+        let response = self
+            .send(|http| http.post(start.clone()).header(header::CONTENT_LENGTH, "0"))
+            .await?;
+        let response = checked(response, &start).await?;
+        let location = response
+            .headers()
+            .get(header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| OciError::Status {
+                url: start.to_string(),
+                status: response.status().as_u16(),
+                message: "the registry opened an upload without a Location".into(),
+            })?;
+        let mut put = start.join(location).map_err(|err| OciError::Status {
+            url: start.to_string(),
+            status: response.status().as_u16(),
+            message: format!("the upload's Location {location:?} is not a URL: {err}"),
+        })?;
+        put.query_pairs_mut()
+            .append_pair("digest", blob.digest.as_str());
+        let bytes = blob.bytes.clone();
+        let response = self
+            .send(|http| {
+                http.put(put.clone())
+                    .header(header::CONTENT_TYPE, "application/octet-stream")
+                    .body(bytes.to_vec())
+            })
+            .await?;
+        checked(response, &put).await.map(|_| ())
+    }
+
+    /// Puts `manifest` under `tag`; its digest.
+    pub async fn put_manifest(&self, tag: &str, manifest: &[u8]) -> Result<Digest, OciError> {
+        let url = self.manifest_url(tag)?;
+        let response = self
+            .send(|http| {
+                http.put(url.clone())
+                    .header(header::CONTENT_TYPE, MANIFEST_MEDIA_TYPE)
+                    .body(manifest.to_vec())
+            })
+            .await?;
+        checked(response, &url).await?;
+        Ok(Digest::of(manifest))
+    }
+
+    /// Pushes `artifact` under `tag`: the blobs the repository lacks, then the
+    /// manifest, unless the tag names that manifest already.
+    pub async fn push(&self, tag: &str, artifact: &Artifact) -> Result<Pushed, OciError> {
+        let now = self.head_manifest(tag).await?;
+        self.push_over(tag, artifact, now.as_ref()).await
+    }
+
+    /// [`Registry::push`] when the caller knows what the tag names now (`None`: nothing).
+    pub async fn push_over(
+        &self,
+        tag: &str,
+        artifact: &Artifact,
+        now: Option<&Digest>,
+    ) -> Result<Pushed, OciError> {
+        let manifest = artifact.manifest();
+        let digest = Digest::of(&manifest);
+        if now == Some(&digest) {
+            // A registry keeps no manifest without its blobs: they are all there.
+            return Ok(Pushed {
+                manifest: digest,
+                uploaded: 0,
+                changed: false,
+            });
+        }
+        let mut uploaded = 0;
+        for blob in artifact.blobs() {
+            if self.ensure_blob(blob).await? {
+                uploaded += 1;
+            }
+        }
+        self.put_manifest(tag, &manifest).await?;
+        Ok(Pushed {
+            manifest: digest,
+            uploaded,
+            changed: true,
+        })
+    }
+
+    /// Makes sure the repository holds `blob`: uploaded unless this client saw it
+    /// there already or a HEAD finds it. Whether it was uploaded.
+    pub async fn ensure_blob(&self, blob: &Blob) -> Result<bool, OciError> {
+        if self.knows(&blob.digest) {
+            return Ok(false);
+        }
+        let upload = !self.has_blob(&blob.digest).await?;
+        if upload {
+            self.upload_blob(blob).await?;
+        }
+        if let Ok(mut known) = self.known_blobs.lock() {
+            known.insert(blob.digest.as_str().to_string());
+        }
+        Ok(upload)
+    }
+
+    fn knows(&self, digest: &Digest) -> bool {
+        self.known_blobs
+            .lock()
+            .is_ok_and(|known| known.contains(digest.as_str()))
+    }
+
+    fn authorization(&self) -> Option<HeaderValue> {
+        self.authorization.lock().ok().and_then(|held| held.clone())
+    }
+
+    fn set_authorization(&self, value: HeaderValue) {
+        if let Ok(mut held) = self.authorization.lock() {
+            *held = Some(value);
+        }
+    }
+
+    /// Sends a request built by `build`, answering one authentication challenge: a
+    /// 401 with `WWW-Authenticate` is met (basic credentials, or a token from the
+    /// registry's token service) and the request is sent once more.
+    async fn send(
+        &self,
+        build: impl Fn(&reqwest::Client) -> RequestBuilder,
+    ) -> Result<Response, OciError> {
+        let mut answered = false;
+        loop {
+            let mut request = build(&self.http).timeout(REQUEST_TIMEOUT);
+            if let Some(value) = self.authorization() {
+                request = request.header(header::AUTHORIZATION, value);
+            }
+            let request = request
+                .build()
+                .map_err(|err| OciError::Client(err.to_string()))?;
+            let url = request.url().clone();
+            let response = self
+                .http
+                .execute(request)
+                .await
+                .map_err(|err| unreachable(&url, &err))?;
+            if response.status() != StatusCode::UNAUTHORIZED || answered {
+                return Ok(response);
+            }
+            answered = true;
+            let challenge = response
+                .headers()
+                .get(header::WWW_AUTHENTICATE)
+                .and_then(|v| v.to_str().ok())
+                .and_then(Challenge::parse);
+            let value = match challenge {
+                Some(Challenge::Basic) => match &self.credentials {
+                    Some(credentials) => header_value(&credentials.basic())?,
+                    None => return Ok(response),
+                },
+                Some(Challenge::Bearer {
+                    realm,
+                    service,
+                    scope,
+                }) => {
+                    let scope = scope
+                        .unwrap_or_else(|| format!("repository:{}:pull", self.repository.name));
+                    let token = self.token(&realm, service.as_deref(), &scope).await?;
+                    header_value(&format!("Bearer {token}"))?
+                }
+                None => return Ok(response),
+            };
+            self.set_authorization(value);
+        }
+    }
+
+    /// A token from the registry's token service, for `scope`.
+    async fn token(
+        &self,
+        realm: &str,
+        service: Option<&str>,
+        scope: &str,
+    ) -> Result<String, OciError> {
+        let mut url = Url::parse(realm).map_err(|err| OciError::Status {
+            url: self.base.to_string(),
+            status: 401,
+            message: format!("the registry's token realm {realm:?} is not a URL: {err}"),
+        })?;
+        if url.scheme() != "https" && !(url.scheme() == "http" && self.base.scheme() == "http") {
+            return Err(OciError::Status {
+                url: self.base.to_string(),
+                status: 401,
+                message: format!(
+                    "the registry's token realm {realm} is not https; credentials are not sent there"
+                ),
+            });
+        }
+        {
+            let mut query = url.query_pairs_mut();
+            if let Some(service) = service {
+                query.append_pair("service", service);
+            }
+            query.append_pair("scope", scope);
+        }
+        let mut request = self
+            .http
+            .request(Method::GET, url.clone())
+            .timeout(REQUEST_TIMEOUT);
+        if let Some(credentials) = &self.credentials {
+            request = request.header(header::AUTHORIZATION, credentials.basic());
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|err| unreachable(&url, &err))?;
+        let response = checked(response, &url).await?;
+        #[derive(serde::Deserialize)]
+        struct Token {
+            token: Option<String>,
+            access_token: Option<String>,
+        }
+        let body = read_limited(response, &url, "the token", 64 * 1024).await?;
+        let token: Token = serde_json::from_slice(&body).map_err(|err| OciError::Status {
+            url: url.to_string(),
+            status: 200,
+            message: format!("not a token response: {err}"),
+        })?;
+        token
+            .token
+            .or(token.access_token)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| OciError::Status {
+                url: url.to_string(),
+                status: 200,
+                message: "the token service answered without a token".into(),
+            })
+    }
+}
+
+fn header_value(text: &str) -> Result<HeaderValue, OciError> {
+    let mut value = HeaderValue::from_str(text)
+        .map_err(|_| OciError::Client("credentials that cannot go in a header".into()))?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
+/// The response when it is a success, else the registry's error as an [`OciError`].
+async fn checked(response: Response, url: &Url) -> Result<Response, OciError> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let text = response.text().await.unwrap_or_default();
+    let mut message = registry_message(&text);
+    match status.as_u16() {
+        401 => message.push_str(
+            " (the registry wants credentials: log in with `docker login`, which writes them to \
+             the Docker configuration file, or give them with the --oci-username and \
+             --oci-password-file flags)",
+        ),
+        403 => message.push_str(" (the credentials are not allowed to do this here)"),
+        _ => {}
+    }
+    Err(OciError::Status {
+        url: url.to_string(),
+        status: status.as_u16(),
+        message,
+    })
+}
+
+/// The distribution API's error body (`{"errors":[{"code","message"}]}`), or the
+/// start of a text one.
+fn registry_message(body: &str) -> String {
+    #[derive(serde::Deserialize)]
+    struct Errors {
+        errors: Vec<Entry>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        code: Option<String>,
+        message: Option<String>,
+    }
+    if let Ok(errors) = serde_json::from_str::<Errors>(body)
+        && !errors.errors.is_empty()
+    {
+        return errors
+            .errors
+            .iter()
+            .map(|e| {
+                format!(
+                    "{}: {}",
+                    e.code.as_deref().unwrap_or("ERROR"),
+                    e.message.as_deref().unwrap_or("")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+    }
+    let trimmed = body.trim();
+    if trimmed.is_empty() {
+        "no message".into()
+    } else {
+        trimmed.chars().take(300).collect()
+    }
+}
+
+async fn read_limited(
+    mut response: Response,
+    url: &Url,
+    what: &'static str,
+    limit: usize,
+) -> Result<Vec<u8>, OciError> {
+    let too_large = || OciError::TooLarge {
+        what,
+        url: url.to_string(),
+        limit,
+    };
+    if response.content_length().is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|err| unreachable(url, &err))?
+    {
+        if body.len() + chunk.len() > limit {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+fn unreachable(url: &Url, err: &reqwest::Error) -> OciError {
+    let mut reason = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        reason.push_str(": ");
+        reason.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    if reason.contains("UnknownIssuer") {
+        reason.push_str(
+            " (the registry's certificate is signed by a CA not trusted here: give it with \
+             --ca-file, or add it to the system's trust store or SSL_CERT_FILE)",
+        );
+    }
+    OciError::Unreachable {
+        url: url.to_string(),
+        reason,
+        timed_out: err.is_timeout(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::{HeaderMap, StatusCode as AxumStatus};
+    use axum::response::IntoResponse;
+    use axum::routing::get;
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    const DIGEST: &str = "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a";
+
+    /// A registry on loopback whose manifests want `wanted` as `Authorization`, whose
+    /// challenge is `challenge` (with `{base}` replaced by its URL), and whose token
+    /// service hands `Bearer t0k` to the basic credentials robot:pw. Its address and
+    /// the number of tokens handed out.
+    async fn registry(wanted: String, challenge: &'static str) -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let address = listener.local_addr().expect("address").to_string();
+        let base = format!("http://{address}");
+        let tokens = Arc::new(AtomicUsize::new(0));
+        let handed = tokens.clone();
+        let app = axum::Router::new()
+            .route(
+                "/v2/fleet/bundles/manifests/{tag}",
+                get(move |headers: HeaderMap| async move {
+                    let given = headers.get("authorization").and_then(|v| v.to_str().ok());
+                    if given == Some(wanted.as_str()) {
+                        ([(CONTENT_DIGEST, DIGEST)], "{}").into_response()
+                    } else {
+                        (
+                            AxumStatus::UNAUTHORIZED,
+                            [("www-authenticate", challenge.replace("{base}", &base))],
+                            r#"{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}"#,
+                        )
+                            .into_response()
+                    }
+                }),
+            )
+            .route(
+                "/token",
+                get(
+                    move |headers: HeaderMap,
+                          query: axum::extract::Query<BTreeMap<String, String>>| async move {
+                        let basic = Credentials {
+                            username: "robot".into(),
+                            password: "pw".into(),
+                        }
+                        .basic();
+                        let given = headers.get("authorization").and_then(|v| v.to_str().ok());
+                        if given != Some(basic.as_str())
+                            || query.get("scope").map(String::as_str)
+                                != Some("repository:fleet/bundles:pull")
+                            || query.get("service").map(String::as_str) != Some("test")
+                        {
+                            return AxumStatus::UNAUTHORIZED.into_response();
+                        }
+                        handed.fetch_add(1, Ordering::SeqCst);
+                        r#"{"token":"t0k","expires_in":300}"#.into_response()
+                    },
+                ),
+            );
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (address, tokens)
+    }
+
+    fn client(address: &str, credentials: Option<Credentials>) -> Registry {
+        Registry::new(
+            Repository::parse(&format!("{address}/fleet/bundles")).expect("parses"),
+            reqwest::Client::new(),
+            RegistryOptions {
+                plain_http: true,
+                credentials,
+            },
+        )
+        .expect("a client")
+    }
+
+    fn robot() -> Option<Credentials> {
+        Some(Credentials {
+            username: "robot".into(),
+            password: "pw".into(),
+        })
+    }
+
+    #[tokio::test]
+    async fn a_bearer_challenge_is_answered_with_a_token_that_is_then_reused() {
+        let (address, tokens) = registry(
+            "Bearer t0k".into(),
+            r#"Bearer realm="{base}/token",service="test",scope="repository:fleet/bundles:pull""#,
+        )
+        .await;
+        let registry = client(&address, robot());
+        for _ in 0..3 {
+            let digest = registry.head_manifest("edge-1").await.expect("answers");
+            assert_eq!(digest.map(|d| d.to_string()).as_deref(), Some(DIGEST));
+        }
+        assert_eq!(
+            tokens.load(Ordering::SeqCst),
+            1,
+            "one token for three requests"
+        );
+
+        // Without credentials the token service refuses, and the error says so.
+        let err = client(&address, None)
+            .head_manifest("edge-1")
+            .await
+            .expect_err("refused");
+        assert_eq!(err.status(), Some(401), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_basic_challenge_is_answered_with_the_credentials_only_when_there_are_some() {
+        let basic = robot().expect("some").basic();
+        let (address, _) = registry(basic, r#"Basic realm="test""#).await;
+        let digest = client(&address, robot())
+            .head_manifest("edge-1")
+            .await
+            .expect("answers");
+        assert_eq!(digest.map(|d| d.to_string()).as_deref(), Some(DIGEST));
+        let err = client(&address, None)
+            .head_manifest("edge-1")
+            .await
+            .expect_err("refused");
+        assert_eq!(err.status(), Some(401));
+        assert!(err.to_string().contains("docker login"), "{err}");
+        let wrong = Some(Credentials {
+            username: "robot".into(),
+            password: "not-it".into(),
+        });
+        let err = client(&address, wrong)
+            .head_manifest("edge-1")
+            .await
+            .expect_err("refused");
+        assert!(!err.to_string().contains("not-it"), "{err}");
+    }
+
+    #[test]
+    fn plain_http_is_only_for_this_machine() {
+        let refused = Registry::new(
+            Repository::parse("registry.example/fleet/bundles").expect("parses"),
+            reqwest::Client::new(),
+            RegistryOptions {
+                plain_http: true,
+                credentials: None,
+            },
+        )
+        .expect_err("refused");
+        assert!(
+            matches!(refused, OciError::PlainHttpNotLoopback { .. }),
+            "{refused}"
+        );
+    }
+}

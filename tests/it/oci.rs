@@ -1,0 +1,784 @@
+//! OCI registries: `flotilla publish --oci` pushing to the real CNCF distribution
+//! registry (Debian's `docker-registry`), and the real agent pulling from it
+//! (`oci://`), over plain HTTP on loopback and over TLS with basic authentication.
+//!
+//! What the registry served is read from its access log (one line per request), and
+//! the agent's wire bytes from a counting TCP proxy between it and the registry.
+
+use crate::support::hub::{self as hub_support, Repo, eventually};
+use crate::support::process::{Background, free_port};
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use flotilla_agent::client::Server;
+use flotilla_agent::sink::dir::DirSink;
+use flotilla_agent::wait::Wait;
+use flotilla_agent::{Agent, AgentConfig};
+use flotilla_core::bundle::{Bundle, Digest, Resource, ResourceKey};
+use flotilla_core::signing::{PublicKey, TrustedKeys};
+use flotilla_core::status::StatusReport;
+use flotilla_oci::artifact::BundleManifest;
+use flotilla_oci::{Artifact, Credentials, Registry, RegistryOptions, Repository};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+const REGISTRY_BINARY: &str = "/usr/bin/docker-registry";
+const REPOSITORY: &str = "fleet/bundles";
+
+/// A registry the test started: its folder, port and access log.
+struct TestRegistry {
+    process: Option<Background>,
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+struct RegistryTls {
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+impl TestRegistry {
+    /// Starts `docker-registry` on a free loopback port; `None` (a skip) when it is
+    /// not installed.
+    fn start(
+        test: &str,
+        tls: Option<&RegistryTls>,
+        htpasswd: Option<&Path>,
+    ) -> Option<TestRegistry> {
+        let missing = (!Path::new(REGISTRY_BINARY).exists()).then(|| {
+            format!("{REGISTRY_BINARY} is not installed (Debian's docker-registry package)")
+        });
+        if !flotilla_testkit::can_run(test, missing) {
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let mut config = format!(
+            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: false\n\
+             storage:\n  filesystem:\n    rootdirectory: {}\n\
+             http:\n  addr: 127.0.0.1:{port}\n  secret: flotilla-test\n",
+            dir.path().join("data").display()
+        );
+        if let Some(tls) = tls {
+            config.push_str(&format!(
+                "  tls:\n    certificate: {}\n    key: {}\n",
+                tls.cert.display(),
+                tls.key.display()
+            ));
+        }
+        if let Some(htpasswd) = htpasswd {
+            config.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: flotilla-test\n    path: {}\n",
+                htpasswd.display()
+            ));
+        }
+        std::fs::write(dir.path().join("config.yml"), config).expect("writes the config");
+        let mut registry = TestRegistry {
+            process: None,
+            dir,
+            port,
+        };
+        registry.run();
+        Some(registry)
+    }
+
+    /// Starts (or starts again) the registry process and waits until it answers.
+    fn run(&mut self) {
+        let log = self.dir.path().join("registry.log");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("log file");
+        let child = Command::new(REGISTRY_BINARY)
+            .arg("serve")
+            .arg(self.dir.path().join("config.yml"))
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log file"))
+            .stderr(file)
+            .spawn()
+            .expect("docker-registry starts");
+        let mut process = Background { child, log };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            if let Ok(Some(status)) = process.child.try_wait() {
+                panic!("docker-registry ended with {status}:\n{}", process.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "docker-registry did not start:\n{}",
+                process.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.process = Some(process);
+    }
+
+    fn stop(&mut self) {
+        // Dropping the process kills it, by its own id.
+        self.process = None;
+    }
+
+    fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default()
+    }
+
+    /// How many requests of `method` on a path starting with `path` the access log holds.
+    fn requests(&self, method: &str, path: &str) -> usize {
+        let needle = format!("\"{method} /v2/{REPOSITORY}/{path}");
+        self.log()
+            .lines()
+            .filter(|line| line.contains(&needle))
+            .count()
+    }
+}
+
+/// A TCP proxy in front of the registry that counts the bytes each way.
+struct CountingProxy {
+    port: u16,
+    to_registry: Arc<AtomicU64>,
+    from_registry: Arc<AtomicU64>,
+}
+
+impl CountingProxy {
+    async fn start(upstream: u16) -> CountingProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let port = listener.local_addr().expect("address").port();
+        let to_registry = Arc::new(AtomicU64::new(0));
+        let from_registry = Arc::new(AtomicU64::new(0));
+        let (up, down) = (to_registry.clone(), from_registry.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let (up, down) = (up.clone(), down.clone());
+                tokio::spawn(async move {
+                    // A registry that is down: the client's connection is closed.
+                    let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                    else {
+                        return;
+                    };
+                    let (client_read, client_write) = client.into_split();
+                    let (server_read, server_write) = server.into_split();
+                    tokio::join!(
+                        pump(client_read, server_write, up),
+                        pump(server_read, client_write, down)
+                    );
+                });
+            }
+        });
+        CountingProxy {
+            port,
+            to_registry,
+            from_registry,
+        }
+    }
+
+    fn bytes(&self) -> (u64, u64) {
+        (
+            self.to_registry.load(Ordering::SeqCst),
+            self.from_registry.load(Ordering::SeqCst),
+        )
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    counter: Arc<AtomicU64>,
+) {
+    let mut buffer = vec![0; 16 * 1024];
+    loop {
+        match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                counter.fetch_add(n as u64, Ordering::SeqCst);
+                if to.write_all(&buffer[..n]).await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+/// Runs the real `flotilla` to completion; its exit status and output.
+fn flotilla(args: &[&str], env: &[(&str, &Path)]) -> (bool, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla"));
+    command
+        .args(args)
+        .env_remove("FLOTILLA_STATE_DIR")
+        .env_remove("FLOTILLA_DECRYPTION_KEY")
+        .env_remove("FLOTILLA_SIGNING_KEY")
+        .env("NO_COLOR", "1")
+        // No developer's own registry credentials.
+        .env("DOCKER_CONFIG", "/nonexistent-flotilla-test");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let output = command.output().expect("flotilla runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+/// The agent, in process, applying to a folder.
+struct RunningAgent {
+    reports: watch::Receiver<Option<StatusReport>>,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<Result<(), flotilla_agent::AgentError>>,
+}
+
+impl RunningAgent {
+    fn start(config: AgentConfig, target: &Path) -> RunningAgent {
+        let state = config.state_dir.clone();
+        let agent = Agent::new(config, DirSink::new(target, &state, false));
+        let reports = agent.reports();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(agent.run(async {
+            let _ = stopped.await;
+        }));
+        RunningAgent {
+            reports,
+            stop,
+            task,
+        }
+    }
+
+    async fn until(&mut self, what: &str, test: impl Fn(&StatusReport) -> bool) -> StatusReport {
+        let wait = self.reports.wait_for(|r| r.as_ref().is_some_and(&test));
+        let found = match tokio::time::timeout(Duration::from_secs(60), wait).await {
+            Ok(Ok(report)) => report.clone(),
+            _ => None,
+        };
+        match found {
+            Some(report) => report,
+            None => panic!(
+                "the agent never reported {what}; last report: {:?}",
+                self.reports.borrow()
+            ),
+        }
+    }
+
+    async fn applied(&mut self, digest: &Digest) -> StatusReport {
+        self.until(&format!("applied {digest}"), |r| {
+            r.applied.as_ref() == Some(digest) && r.attempted.as_ref() == Some(digest)
+        })
+        .await
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task
+            .await
+            .expect("the agent task did not panic")
+            .expect("the agent ran");
+    }
+}
+
+/// What HEAD of `repo` renders for `cluster`.
+fn rendered(repo: &Repo, cluster: &str) -> Bundle {
+    let snapshot = flotilla_hub::source::from_folder(repo.path(), "").expect("reads the fleet");
+    let output = flotilla_render::render(&snapshot);
+    assert!(output.is_clean(), "the fleet renders");
+    output.bundles.get(cluster).expect("the cluster").clone()
+}
+
+/// Sets the kuard Deployment's replicas, which changes blue's bundle.
+fn set_replicas(repo: &Repo, replicas: u32) {
+    let path = "workloads/kuard/manifests/deployment.yaml";
+    let text = repo.read(path);
+    let changed: Vec<String> = text
+        .lines()
+        .map(|line| {
+            if line.trim_start().starts_with("replicas:") {
+                format!("  replicas: {replicas}")
+            } else {
+                line.to_string()
+            }
+        })
+        .collect();
+    repo.write(path, &(changed.join("\n") + "\n"));
+}
+
+fn yaml_count(dir: &Path) -> usize {
+    crate::support::agent::yaml_names(dir).len()
+}
+
+fn registry_client(repository: &str, options: RegistryOptions) -> Registry {
+    Registry::new(
+        Repository::parse(repository).expect("a repository"),
+        reqwest::Client::new(),
+        options,
+    )
+    .expect("a client")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_oci_then_the_agent_pulls_verifies_applies_and_survives_the_registry() {
+    let test = "publish_oci_then_the_agent_pulls_verifies_applies_and_survives_the_registry";
+    let Some(mut registry) = TestRegistry::start(test, None, None) else {
+        return;
+    };
+    let repo = Repo::new();
+    let work = tempfile::tempdir().expect("tempdir");
+    let key = work.path().join("signing.key");
+    let (ok, out) = flotilla(
+        &["key", "generate", "--out", key.to_str().expect("utf-8")],
+        &[],
+    );
+    assert!(ok, "{out}");
+    let reference = format!("{}/{REPOSITORY}", registry.address());
+    let publish = |extra: &[&str]| {
+        let mut args = vec![
+            "publish",
+            "--repo",
+            repo.path().to_str().expect("utf-8"),
+            "--oci",
+            &reference,
+            "--oci-plain-http",
+            "--signing-key",
+            key.to_str().expect("utf-8"),
+        ];
+        args.extend_from_slice(extra);
+        flotilla(&args, &[])
+    };
+    let (ok, out) = publish(&[]);
+    assert!(ok, "{out}");
+    assert!(out.contains("14 written, 0 unchanged"), "{out}");
+    let first = rendered(&repo, "blue");
+
+    // The layer's OCI digest is the flotilla digest; the manifest names the cluster.
+    let client = registry_client(
+        &reference,
+        RegistryOptions {
+            plain_http: true,
+            credentials: None,
+        },
+    );
+    let (manifest_bytes, manifest_digest) = client
+        .get_manifest("blue")
+        .await
+        .expect("reads")
+        .expect("tagged");
+    let manifest =
+        BundleManifest::parse(&manifest_bytes, manifest_digest.as_str()).expect("a bundle");
+    assert_eq!(manifest.layer, first.digest);
+    assert_eq!(manifest.cluster, "blue");
+    assert!(manifest.signature.is_some());
+
+    // Published again, nothing changes: no tag moves, no blob is uploaded.
+    let uploads = registry.requests("POST", "blobs/uploads");
+    let (ok, out) = publish(&[]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("0 written, 14 unchanged, 0 blobs uploaded"),
+        "{out}"
+    );
+    assert_eq!(registry.requests("POST", "blobs/uploads"), uploads);
+    assert_eq!(
+        client.head_manifest("blue").await.expect("reads"),
+        Some(manifest_digest.clone())
+    );
+
+    // The agent, through a proxy that counts its bytes, and reporting to a hub.
+    let proxy = CountingProxy::start(registry.port).await;
+    let hub_state = tempfile::tempdir().expect("tempdir");
+    let hub = hub_support::Running::start_ready(hub_support::config(
+        hub_state.path(),
+        repo.path().to_str().expect("utf-8"),
+    ))
+    .await;
+    let token = hub_support::make_token(hub_state.path(), Some("blue")).await;
+    let token_file = work.path().join("token");
+    std::fs::write(&token_file, &token).expect("writes the token");
+    let public = PublicKey::parse(
+        &std::fs::read_to_string(work.path().join("signing.key.pub")).expect("the public key"),
+    )
+    .expect("a public key");
+    let state = tempfile::tempdir().expect("tempdir");
+    let target = tempfile::tempdir().expect("tempdir");
+    let config = || {
+        let server = Server::parse(&format!("oci://127.0.0.1:{}/{REPOSITORY}", proxy.port))
+            .expect("an oci:// server");
+        let mut config = AgentConfig::new(server, "blue", state.path().to_path_buf());
+        config.wait = Wait::Fixed(Duration::from_millis(300));
+        config.registry.plain_http = true;
+        config.trusted = TrustedKeys::new(vec![public.clone()]);
+        config.token_file = Some(token_file.clone());
+        config.report_to = Some(url::Url::parse(&hub.base).expect("the hub's URL"));
+        config
+    };
+    let mut agent = RunningAgent::start(config(), target.path());
+    agent.applied(&first.digest).await;
+    assert_eq!(yaml_count(target.path()), first.resources.len());
+    // The hub heard of it through --report-to.
+    let admin = hub_support::make_token(hub_state.path(), None).await;
+    let http = hub_support::client();
+    eventually(
+        "the hub to hear blue's report",
+        Duration::from_secs(30),
+        || async {
+            let fleet = hub_support::get_json(&http, &hub.url("/v1/fleet"), &admin).await;
+            fleet
+                .to_string()
+                .contains(&format!("\"applied\":\"{}\"", first.digest))
+                .then_some(())
+        },
+    )
+    .await;
+
+    // Unchanged: each poll is one HEAD of the tag; no manifest or blob is fetched.
+    let blob_gets = registry.requests("GET", "blobs/");
+    let manifest_gets = registry.requests("GET", "manifests/");
+    let heads = registry.requests("HEAD", "manifests/blue");
+    let bytes_before = proxy.bytes();
+    let polls = 5;
+    eventually("five unchanged polls", Duration::from_secs(30), || async {
+        (registry.requests("HEAD", "manifests/blue") >= heads + polls).then_some(())
+    })
+    .await;
+    let bytes_after = proxy.bytes();
+    let heads_seen = registry.requests("HEAD", "manifests/blue") - heads;
+    assert_eq!(registry.requests("GET", "blobs/"), blob_gets);
+    assert_eq!(registry.requests("GET", "manifests/"), manifest_gets);
+    let per_poll = (bytes_after.0 - bytes_before.0 + bytes_after.1 - bytes_before.1) as f64
+        / heads_seen as f64;
+    eprintln!(
+        "an unchanged poll of an oci:// server: {per_poll:.0} bytes of HTTP on the wire \
+         ({} sent, {} received over {heads_seen} polls on one kept connection)",
+        bytes_after.0 - bytes_before.0,
+        bytes_after.1 - bytes_before.1
+    );
+    assert!(
+        per_poll < 1024.0,
+        "an unchanged poll costs {per_poll} bytes"
+    );
+
+    // Changed: the new bundle is fetched and applied.
+    set_replicas(&repo, 5);
+    repo.commit("five replicas");
+    let second = rendered(&repo, "blue");
+    assert_ne!(second.digest, first.digest);
+    let (ok, out) = publish(&[]);
+    assert!(ok, "{out}");
+    agent.applied(&second.digest).await;
+
+    // Tampered: a manifest whose revision was changed after signing, then a layer
+    // that is not the canonical body of its digest. Both are refused; what runs stays.
+    let (bytes, digest) = client
+        .get_manifest("blue")
+        .await
+        .expect("reads")
+        .expect("tagged");
+    let good = BundleManifest::parse(&bytes, digest.as_str()).expect("a bundle");
+    let layer = client
+        .get_blob(&good.layer, 1 << 20)
+        .await
+        .expect("the layer");
+    let forged = Artifact::bundle(
+        "blue",
+        "main@sha1:forged",
+        layer.clone(),
+        good.signature.as_ref(),
+    );
+    client.push("blue", &forged).await.expect("pushes");
+    agent
+        .until("the forged revision refused", |r| {
+            r.applied.as_ref() == Some(&second.digest) && r.message.contains("refused")
+        })
+        .await;
+    let mut loose = serde_json::to_vec_pretty(
+        &serde_json::from_slice::<serde_json::Value>(&layer).expect("JSON"),
+    )
+    .expect("JSON");
+    loose.push(b'\n');
+    let reformatted = Artifact::bundle("blue", &good.revision, loose, good.signature.as_ref());
+    client.push("blue", &reformatted).await.expect("pushes");
+    let refused = agent
+        .until("the non-canonical layer refused", |r| {
+            r.applied.as_ref() == Some(&second.digest)
+                && r.attempted.as_ref() == Some(&reformatted.layers[0].digest)
+        })
+        .await;
+    assert!(refused.message.contains("refused"), "{}", refused.message);
+    assert_eq!(yaml_count(target.path()), second.resources.len());
+
+    // The registry goes away: the agent keeps running what it has, and a new agent
+    // on the same state boots from it without the registry.
+    registry.stop();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!agent.task.is_finished(), "the agent keeps running");
+    agent.stop().await;
+    std::fs::remove_dir_all(target.path()).expect("clears the target");
+    let mut again = RunningAgent::start(config(), target.path());
+    again.applied(&second.digest).await;
+    assert_eq!(yaml_count(target.path()), second.resources.len());
+    again.stop().await;
+    hub.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_oci_with_basic_authentication_over_tls() {
+    let test = "publish_oci_with_basic_authentication_over_tls";
+    let htpasswd_missing = flotilla_testkit::command_works("htpasswd", &["-nbB", "u", "p"]).err();
+    if !flotilla_testkit::can_run(test, htpasswd_missing) {
+        return;
+    }
+    let work = tempfile::tempdir().expect("tempdir");
+    let ca = flotilla_testkit::TestCa::new("flotilla test registry CA");
+    let leaf = ca.server(&["127.0.0.1", "localhost"]);
+    let tls = RegistryTls {
+        cert: work.path().join("registry.pem"),
+        key: work.path().join("registry-key.pem"),
+    };
+    std::fs::write(&tls.cert, &leaf.cert_pem).expect("writes");
+    std::fs::write(&tls.key, &leaf.key_pem).expect("writes");
+    let ca_file = work.path().join("ca.pem");
+    std::fs::write(&ca_file, ca.cert_pem()).expect("writes");
+    let password = "correct-horse-battery";
+    let htpasswd = work.path().join("htpasswd");
+    let hashed = Command::new("htpasswd")
+        .args(["-nbB", "robot", password])
+        .output()
+        .expect("htpasswd runs");
+    assert!(hashed.status.success());
+    std::fs::write(&htpasswd, &hashed.stdout).expect("writes");
+    let Some(registry) = TestRegistry::start(test, Some(&tls), Some(&htpasswd)) else {
+        return;
+    };
+    let repo = Repo::new();
+    let reference = format!("{}/{REPOSITORY}", registry.address());
+    let publish = |env: &[(&str, &Path)]| {
+        flotilla(
+            &[
+                "publish",
+                "--repo",
+                repo.path().to_str().expect("utf-8"),
+                "--oci",
+                &reference,
+                "--ca-file",
+                ca_file.to_str().expect("utf-8"),
+            ],
+            env,
+        )
+    };
+
+    // Without credentials the registry's 401 is explained.
+    let (ok, out) = publish(&[]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("401") && out.contains("docker login"), "{out}");
+
+    // With the Docker configuration file's, it works, and the password is never shown.
+    let docker = work.path().join("docker");
+    std::fs::create_dir_all(&docker).expect("mkdir");
+    let auth = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(format!("robot:{password}"))
+    };
+    std::fs::write(
+        docker.join("config.json"),
+        json!({"auths": {registry.address(): {"auth": auth}}}).to_string(),
+    )
+    .expect("writes");
+    let (ok, out) = publish(&[("DOCKER_CONFIG", &docker)]);
+    assert!(ok, "{out}");
+    assert!(out.contains("14 written"), "{out}");
+    assert!(!out.contains(password) && !out.contains(&auth), "{out}");
+
+    // The agent, trusting the registry's CA with --ca-file, with the credentials.
+    let bundle = rendered(&repo, "red");
+    let state = tempfile::tempdir().expect("tempdir");
+    let target = tempfile::tempdir().expect("tempdir");
+    let server = Server::parse(&format!("oci://{reference}")).expect("an oci:// server");
+    let mut config = AgentConfig::new(server, "red", state.path().to_path_buf());
+    config.wait = Wait::Fixed(Duration::from_millis(300));
+    config.tls.ca_file = Some(ca_file.clone());
+    config.registry.credentials = Some(Credentials {
+        username: "robot".into(),
+        password: password.into(),
+    });
+    let mut agent = RunningAgent::start(config, target.path());
+    agent.applied(&bundle.digest).await;
+    assert_eq!(yaml_count(target.path()), bundle.resources.len());
+    agent.stop().await;
+}
+
+/// Publishes `clusters` clusters sharing `distinct` bundles to a fresh registry; the
+/// time it took, with the registry for counting.
+async fn publish_many(
+    test: &str,
+    clusters: usize,
+    distinct: usize,
+) -> Option<(TestRegistry, Duration)> {
+    let registry = TestRegistry::start(test, None, None)?;
+    let bundles: Vec<Bundle> = (0..distinct)
+        .map(|flavour| {
+            let value = json!({
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "flavour", "namespace": "default"},
+                "data": {"flavour": flavour.to_string()},
+            });
+            let key = ResourceKey::of(&value).expect("a key");
+            Bundle::new("shared", vec![Arc::new(Resource::new(key, &value))])
+        })
+        .collect();
+    let output = flotilla_render::RenderOutput {
+        revision: "main@sha1:0123456789abcdef0123456789abcdef01234567".into(),
+        bundles: (0..clusters)
+            .map(|i| {
+                let name = format!("edge-{i:05}");
+                let mut bundle = bundles[i % distinct].clone();
+                bundle.cluster = name.clone();
+                (name, bundle)
+            })
+            .collect::<BTreeMap<_, _>>(),
+        ..flotilla_render::RenderOutput::default()
+    };
+    let client = registry_client(
+        &format!("{}/{REPOSITORY}", registry.address()),
+        RegistryOptions {
+            plain_http: true,
+            credentials: None,
+        },
+    );
+    let site = flotilla_hub::publish::Site::Oci(client);
+    let started = Instant::now();
+    let published = flotilla_hub::publish::publish_to(&output, &site, None)
+        .await
+        .expect("publishes");
+    let took = started.elapsed();
+    assert_eq!(published.written, clusters);
+    // Each distinct layer once, and the empty config once.
+    assert_eq!(published.uploaded_blobs, distinct + 1);
+    assert_eq!(registry.requests("POST", "blobs/uploads"), distinct + 1);
+    assert_eq!(registry.requests("PUT", "blobs/uploads"), distinct + 1);
+    assert_eq!(registry.requests("PUT", "manifests/"), clusters);
+    let requests = |registry: &TestRegistry| {
+        registry
+            .log()
+            .lines()
+            .filter(|line| line.contains(" HTTP/1.1\" "))
+            .count()
+    };
+    let first_requests = requests(&registry);
+    eprintln!(
+        "publish --oci of {clusters} clusters sharing {distinct} bundles: {took:.2?}, \
+         {} blobs uploaded, {clusters} manifests put, {first_requests} requests",
+        distinct + 1,
+    );
+    // Again, unchanged: every tag read, nothing uploaded or put.
+    let started = Instant::now();
+    let again = flotilla_hub::publish::publish_to(&output, &site, None)
+        .await
+        .expect("publishes");
+    let took_again = started.elapsed();
+    assert_eq!((again.written, again.unchanged), (0, clusters));
+    assert_eq!(again.uploaded_blobs, 0);
+    assert_eq!(registry.requests("PUT", "manifests/"), clusters);
+    eprintln!(
+        "the same again, unchanged: {took_again:.2?}, {} requests",
+        requests(&registry) - first_requests
+    );
+    Some((registry, took))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_oci_of_a_thousand_clusters_uploads_each_distinct_bundle_once() {
+    publish_many(
+        "publish_oci_of_a_thousand_clusters_uploads_each_distinct_bundle_once",
+        1_000,
+        10,
+    )
+    .await;
+}
+
+/// The figure in BENCHMARKS.md ("OCI registries"): `cargo test --test it --
+/// --ignored publish_oci_of_ten_thousand --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: 10,000 clusters, about a minute"]
+async fn publish_oci_of_ten_thousand_clusters_sharing_ten_bundles() {
+    publish_many(
+        "publish_oci_of_ten_thousand_clusters_sharing_ten_bundles",
+        10_000,
+        10,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_oci_pushes_what_the_hub_serves_on_every_change() {
+    let test = "serve_oci_pushes_what_the_hub_serves_on_every_change";
+    let Some(registry) = TestRegistry::start(test, None, None) else {
+        return;
+    };
+    let repo = Repo::new();
+    let reference = format!("{}/{REPOSITORY}", registry.address());
+    let options = || RegistryOptions {
+        plain_http: true,
+        credentials: None,
+    };
+    let state = tempfile::tempdir().expect("tempdir");
+    let mut config = hub_support::config(state.path(), repo.path().to_str().expect("utf-8"));
+    config.poll_interval = Duration::from_millis(200);
+    config.signing_key = Some(Arc::new(flotilla_core::signing::SigningKey::from_seed(
+        [7; 32],
+    )));
+    config.oci = Some(registry_client(&reference, options()));
+    let hub = hub_support::Running::start_ready(config).await;
+    let client = registry_client(&reference, options());
+    let tagged = |digest: Digest| {
+        let client = client.clone();
+        async move {
+            eventually(
+                &format!("blue's tag to name {digest}"),
+                Duration::from_secs(60),
+                || async {
+                    let (bytes, manifest_digest) = client.get_manifest("blue").await.ok()??;
+                    let manifest = BundleManifest::parse(&bytes, manifest_digest.as_str()).ok()?;
+                    (manifest.layer == digest).then_some(manifest)
+                },
+            )
+            .await
+        }
+    };
+    let first = tagged(rendered(&repo, "blue").digest).await;
+    // The hub's own signature, as an agent polling the hub would get it.
+    let token = hub_support::make_token(state.path(), Some("blue")).await;
+    let (_, _, served) = hub_support::get_bundle(
+        &hub_support::client(),
+        &hub.url("/v1/clusters/blue/bundle"),
+        &token,
+        None,
+    )
+    .await;
+    let served =
+        flotilla_core::bundle::verify_document_parts(&served, Some("blue")).expect("verifies");
+    assert_eq!(first.signature, served.signature);
+    assert_eq!(first.revision, served.revision);
+
+    set_replicas(&repo, 4);
+    repo.commit("four replicas");
+    let second = tagged(rendered(&repo, "blue").digest).await;
+    let (old, new) = (
+        first.signature.expect("signed").sequence,
+        second.signature.expect("signed").sequence,
+    );
+    assert!(new > old, "the sequence went up: {old} then {new}");
+    hub.stop().await;
+}
