@@ -14,8 +14,9 @@
 //! - a `Secret` as a SOPS document whose `data` and `stringData` values are encrypted
 //!   for the cluster's `spec.agentKey` (an age recipient), which the
 //!   kustomize-controller decrypts with `spec.decryption.provider: sops` and the
-//!   agent's age identity in the referenced Secret; a cluster with Secrets and no
-//!   `agentKey` is refused;
+//!   agent's age identity in the referenced Secret (an annotation or label that
+//!   copies a value, such as `kubectl`'s last-applied configuration, is encrypted
+//!   too); a cluster with Secrets and no `agentKey` is refused;
 //! - entries as reproducible archives have them: regular files, mode 0644, owner 0,
 //!   modification time 0, and a gzip header without a time or name, so a bundle
 //!   without Secrets gives the same bytes on every run.
@@ -129,7 +130,13 @@ pub fn flux_files(
                         secret: key.to_string(),
                     });
                 };
-                sops.encrypt(&value, recipient, &key.to_string())
+                // Annotations or labels that copy a value (kubectl's last-applied
+                // configuration) are encrypted with the values.
+                let copies: Vec<String> = flotilla_core::secret::revealing_metadata(&value)
+                    .into_iter()
+                    .map(|(_, key)| key)
+                    .collect();
+                sops.encrypt_also(&value, recipient, &key.to_string(), &copies)
                     .map_err(|reason| FluxError::Sops {
                         cluster: cluster.clone(),
                         secret: key.to_string(),

@@ -32,8 +32,9 @@ use sha2::{Digest as _, Sha256, Sha512};
 use super::{Node, SopsCipher, hex_upper};
 use crate::seal::AgentKey;
 
-/// The `encrypted_regex` of the documents written here: Secrets' values only, so a
-/// reader without the key still sees what each document is.
+/// The `encrypted_regex` of the documents written here: Secrets' values only (and
+/// the keys named to [`SopsWriter::encrypt_also`]), so a reader without the key still
+/// sees what each document is.
 pub const SECRET_VALUES_REGEX: &str = "^(data|stringData)$";
 /// The `sops.version` written: the document format of sops 3.9 and later (no
 /// `mac_only_encrypted`, empty key lists left out).
@@ -81,6 +82,19 @@ impl SopsWriter {
         recipient: &AgentKey,
         identity: &str,
     ) -> Result<String, SopsWriteError> {
+        self.encrypt_also(document, recipient, identity, &[])
+    }
+
+    /// [`SopsWriter::encrypt`], with the values under the keys `also` (wherever they
+    /// are, as sops reads `encrypted_regex`) encrypted too: a Secret's annotations or
+    /// labels that copy its values.
+    pub fn encrypt_also(
+        &self,
+        document: &Value,
+        recipient: &AgentKey,
+        identity: &str,
+        also: &[String],
+    ) -> Result<String, SopsWriteError> {
         if !document.is_object() {
             return Err(SopsWriteError::NotAnObject);
         }
@@ -102,7 +116,13 @@ impl SopsWriter {
         let data_key: [u8; 32] = expand(&derived, b"sops data key");
         let cipher = SopsCipher::new_from_slice(&data_key).expect("a 32-byte key");
         let values = Hkdf::<Sha256>::new(Some(&data_key), b"flotilla.dev/v1 sops nonces");
-        let regex = regex::Regex::new(SECRET_VALUES_REGEX).expect("a valid pattern");
+        let pattern = if also.is_empty() {
+            SECRET_VALUES_REGEX.to_string()
+        } else {
+            let extra: Vec<String> = also.iter().map(|k| regex::escape(k)).collect();
+            format!("^(data|stringData|{})$", extra.join("|"))
+        };
+        let regex = regex::Regex::new(&pattern).map_err(|e| SopsWriteError::Yaml(e.to_string()))?;
 
         let mut mac = Sha512::new();
         let mut path = Vec::new();
@@ -142,10 +162,7 @@ impl SopsWriter {
                 Node::Str(self.lastmodified.clone()),
             ),
             ("mac".to_string(), Node::Str(mac_value)),
-            (
-                "encrypted_regex".to_string(),
-                Node::Str(SECRET_VALUES_REGEX.to_string()),
-            ),
+            ("encrypted_regex".to_string(), Node::Str(pattern)),
             (
                 "version".to_string(),
                 Node::Str(SOPS_FORMAT_VERSION.to_string()),

@@ -31,6 +31,8 @@ metadata:
   name: db
   labels:
     tier: data
+  annotations:
+    kubectl.kubernetes.io/last-applied-configuration: '{\"data\":{\"password\":\"aHVudGVyMg==\"}}'
 type: Opaque
 data:
   password: aHVudGVyMg==
@@ -176,7 +178,7 @@ fn the_flux_layer_holds_the_bundle_as_yaml_files_with_secrets_as_sops_for_the_ag
     assert_eq!(yaml(secret)["metadata"]["labels"]["tier"], "data");
     assert_eq!(
         yaml(secret)["sops"]["encrypted_regex"],
-        "^(data|stringData)$"
+        "^(data|stringData|kubectl\\.kubernetes\\.io/last\\-applied\\-configuration)$"
     );
 
     assert_eq!(opened(&files), values(bundle));
