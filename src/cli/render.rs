@@ -127,13 +127,17 @@ fn each_cluster<T, E: std::fmt::Display>(
         }
     }
     if failed > 0 {
-        eprintln!(
-            "{failed} cluster{} cannot be written in this format; nothing was written",
-            plural(failed)
-        );
+        refused(failed);
         return None;
     }
     Some(made)
+}
+
+fn refused(clusters: usize) {
+    eprintln!(
+        "{clusters} cluster{} cannot be written in this format; nothing was written",
+        plural(clusters)
+    );
 }
 
 /// `--format flux`: DIR/<cluster>.tar.gz, the layer of each cluster's Flux artifact.
@@ -145,22 +149,26 @@ fn write_flux_layers(dir: &std::path::Path, output: &RenderOutput) -> anyhow::Re
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let sops = flotilla_render::sops::SopsWriter::new(seed, now);
-    let Some(layers) = each_cluster(output, |bundle| {
-        flux::flux_layer(bundle, output.agent_keys.get(&bundle.cluster), &sops)
-    }) else {
-        return Ok(EXIT_FINDINGS);
+    let layers = match flux::flux_layers(output, &sops) {
+        Ok(layers) => layers,
+        Err(errors) => {
+            for err in &errors {
+                eprintln!("{err}");
+            }
+            refused(errors.len());
+            return Ok(EXIT_FINDINGS);
+        }
     };
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let mut stdout = std::io::stdout().lock();
     let width = layers.iter().map(|(c, _)| c.len()).max().unwrap_or(0);
-    for (cluster, layer) in layers {
+    for (cluster, layer) in &layers {
         let path = dir.join(format!("{cluster}.tar.gz"));
-        std::fs::write(&path, &layer)
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        std::fs::write(&path, layer).with_context(|| format!("cannot write {}", path.display()))?;
         writeln!(
             stdout,
             "{cluster:width$}  {}  {} bytes  {}",
-            flotilla_core::bundle::Digest::of(&layer),
+            flotilla_core::bundle::Digest::of(layer),
             layer.len(),
             flux::LAYER_MEDIA_TYPE
         )?;

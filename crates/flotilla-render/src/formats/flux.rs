@@ -65,6 +65,31 @@ pub enum FluxError {
     },
 }
 
+/// The layer of every cluster of `output` (a render of the plain fleet), in cluster
+/// order, or the error of every cluster that cannot have one.
+///
+/// For pushing: a seed kept by the hub (derived from its secret seed) and the
+/// commit's time as `sops`'s time make the same commit give the same layers, so a
+/// publish that changes nothing pushes nothing new.
+pub fn flux_layers(
+    output: &crate::RenderOutput,
+    sops: &SopsWriter,
+) -> Result<Vec<(String, Vec<u8>)>, Vec<FluxError>> {
+    let mut layers = Vec::with_capacity(output.bundles.len());
+    let mut errors = Vec::new();
+    for (cluster, bundle) in &output.bundles {
+        match flux_layer(bundle, output.agent_keys.get(cluster), sops) {
+            Ok(layer) => layers.push((cluster.clone(), layer)),
+            Err(err) => errors.push(err),
+        }
+    }
+    if errors.is_empty() {
+        Ok(layers)
+    } else {
+        Err(errors)
+    }
+}
+
 /// The layer (`tar.gz` bytes) of `bundle`'s Flux artifact; its Secrets are encrypted
 /// with `sops` for `agent_key`.
 pub fn flux_layer(

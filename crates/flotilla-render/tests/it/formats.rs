@@ -204,6 +204,47 @@ fn a_cluster_with_secrets_and_no_agent_key_is_refused_by_name() {
 }
 
 #[test]
+fn every_cluster_that_cannot_have_a_layer_is_named_and_odd_names_make_plain_file_names() {
+    const ROLE: &str = "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: system:Reader\nrules: []\n";
+    const EMPTY_SECRET: &str =
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: pull\ntype: Opaque\n";
+    let output = rendered(&fleet(
+        &[("a", None), ("b", None)],
+        &[("secret.yaml", SECRET), ("role.yaml", ROLE)],
+    ));
+    let errors =
+        flux::flux_layers(&output, &SopsWriter::new([7; 32], MODIFIED)).expect_err("refused");
+    let clusters: Vec<String> = errors
+        .iter()
+        .map(|e| match e {
+            FluxError::NoAgentKey { cluster, .. } => cluster.clone(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(clusters, ["a", "b"]);
+
+    // A Secret without values needs no key.
+    let output = rendered(&fleet(
+        &[("a", None)],
+        &[("secret.yaml", EMPTY_SECRET), ("role.yaml", ROLE)],
+    ));
+    let layers = flux::flux_layers(&output, &SopsWriter::new([7; 32], MODIFIED)).expect("layers");
+    let files = unpack(&layers[0].1);
+    let names: Vec<&str> = files.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "0001-secret-shop-pull.yaml",
+            "0002-clusterrole-_-system_reader.yaml"
+        ]
+    );
+    assert_eq!(
+        files.iter().map(|(_, t)| yaml(t)).collect::<Vec<_>>(),
+        values(&output.bundles["a"])
+    );
+}
+
+#[test]
 fn a_layer_without_secrets_needs_no_key_and_is_the_same_bytes_every_time() {
     let output = rendered(&fleet(
         &[("edge", None)],
