@@ -31,6 +31,12 @@ metadata:
   name: db
   labels:
     tier: data
+    port: \"5432\"
+    enabled: \"true\"
+    legacy: \"yes\"
+    version: \"1.0\"
+    hex: \"0x1F\"
+    none: \"~\"
   annotations:
     kubectl.kubernetes.io/last-applied-configuration: '{\"data\":{\"password\":\"aHVudGVyMg==\"}}'
 type: Opaque
@@ -40,8 +46,7 @@ stringData:
   user: admin & <root>
   empty: \"\"
 ";
-const CONFIG: &str =
-    "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  mode: fast\n";
+const CONFIG: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  mode: fast\n  port: \"5432\"\n  on: \"on\"\n  empty: \"\"\n  null: \"null\"\n  date: \"2024-01-01\"\n  multi: \"a\\nb: c\\n\"\n";
 const DEPLOYMENT: &str = "apiVersion: apps/v1
 kind: Deployment
 metadata:
