@@ -9,8 +9,8 @@
 //! none). [`flux_layer`] writes that layer for one cluster:
 //!
 //! - one file per resource, in bundle order, named `NNNN-<kind>-<namespace>-<name>.yaml`
-//!   (lower case; the number keeps names unique and the order visible), each a single
-//!   YAML document;
+//!   (lower case, cut to 100 bytes; the number keeps names unique and the order
+//!   visible), each a single YAML document;
 //! - a `Secret` as a SOPS document whose `data` and `stringData` values are encrypted
 //!   for the cluster's `spec.agentKey` (an age recipient), which the
 //!   kustomize-controller decrypts with `spec.decryption.provider: sops` and the
@@ -40,6 +40,9 @@ pub const REVISION_ANNOTATION: &str = "org.opencontainers.image.revision";
 /// The manifest annotation Flux shows as the artifact's source.
 pub const SOURCE_ANNOTATION: &str = "org.opencontainers.image.source";
 
+/// The longest file name in the layer: what a plain (ustar) tar header holds.
+const MAX_FILE_NAME: usize = 100;
+
 /// Why a cluster's layer could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum FluxError {
@@ -56,6 +59,12 @@ pub enum FluxError {
         cluster: String,
         secret: String,
         reason: crate::sops::SopsWriteError,
+    },
+    #[error("cluster {cluster}: {file} cannot be written into the layer: {reason}")]
+    Archive {
+        cluster: String,
+        file: String,
+        reason: String,
     },
     #[error("cluster {cluster}: the resource {resource} cannot be written as YAML: {reason}")]
     Yaml {
@@ -111,10 +120,12 @@ pub fn flux_layer(
         header.set_mtime(0);
         archive
             .append_data(&mut header, name, text.as_bytes())
-            .expect("writing to memory");
+            .map_err(|e| archive_error(bundle, name, &e))?;
     }
-    let gzip = archive.into_inner().expect("writing to memory");
-    Ok(gzip.finish().expect("writing to memory"))
+    let finished = archive
+        .into_inner()
+        .and_then(flate2::write::GzEncoder::finish);
+    finished.map_err(|e| archive_error(bundle, "the archive's end", &e))
 }
 
 /// The files of the layer, in order: (name, YAML text).
@@ -127,8 +138,8 @@ pub fn flux_files(
     let mut files = Vec::with_capacity(bundle.resources.len());
     for (index, resource) in bundle.resources.iter().enumerate() {
         let key = &resource.key;
-        let name = format!(
-            "{:04}-{}-{}-{}.yaml",
+        let mut stem = format!(
+            "{:04}-{}-{}-{}",
             index + 1,
             file_part(&key.kind),
             file_part(if key.namespace.is_empty() {
@@ -138,6 +149,9 @@ pub fn flux_files(
             }),
             file_part(&key.name)
         );
+        // A tar header holds a name of 100 bytes; the number keeps cut names unique.
+        stem.truncate(MAX_FILE_NAME - ".yaml".len());
+        let name = format!("{stem}.yaml");
         let text = if super::is_secret(resource) {
             if super::is_sealed(resource) {
                 return Err(FluxError::Sealed {
@@ -174,6 +188,14 @@ pub fn flux_files(
         files.push((name, text));
     }
     Ok(files)
+}
+
+fn archive_error(bundle: &Bundle, file: &str, err: &std::io::Error) -> FluxError {
+    FluxError::Archive {
+        cluster: bundle.cluster.clone(),
+        file: file.to_string(),
+        reason: err.to_string(),
+    }
 }
 
 fn yaml(value: &serde_json::Value, cluster: &str, resource: &str) -> Result<String, FluxError> {

@@ -229,9 +229,17 @@ fn every_cluster_that_cannot_have_a_layer_is_named_and_odd_names_make_plain_file
     assert_eq!(clusters, ["a", "b"]);
 
     // A Secret without values needs no key.
+    let long = format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {}\n",
+        "n".repeat(253)
+    );
     let output = rendered(&fleet(
         &[("a", None)],
-        &[("secret.yaml", EMPTY_SECRET), ("role.yaml", ROLE)],
+        &[
+            ("secret.yaml", EMPTY_SECRET),
+            ("role.yaml", ROLE),
+            ("long.yaml", &long),
+        ],
     ));
     let layers = flux::flux_layers(&output, &SopsWriter::new([7; 32], MODIFIED)).expect("layers");
     let files = unpack(&layers[0].1);
@@ -239,8 +247,9 @@ fn every_cluster_that_cannot_have_a_layer_is_named_and_odd_names_make_plain_file
     assert_eq!(
         names,
         [
-            "0001-secret-shop-pull.yaml",
-            "0002-clusterrole-_-system_reader.yaml"
+            format!("0001-configmap-shop-{}.yaml", "n".repeat(100 - 25)).as_str(),
+            "0002-secret-shop-pull.yaml",
+            "0003-clusterrole-_-system_reader.yaml"
         ]
     );
     assert_eq!(
