@@ -620,3 +620,22 @@ fn secrets_go_into_manifest_works_only_when_plain_secrets_are_allowed() {
     let works = typed(&manifest_works(bundle, "r", &allowed).expect("works"));
     assert_eq!(works[0].spec.workload.manifests, values(bundle));
 }
+
+#[test]
+fn manifest_works_as_yaml_for_review() {
+    let output = rendered(&fleet(
+        &[("edge", None)],
+        &[("config.yaml", CONFIG), ("web.yaml", DEPLOYMENT)],
+    ));
+    let options = ManifestWorkOptions {
+        max_bytes: 400,
+        allow_plain_secrets: false,
+    };
+    let works =
+        manifest_works(&output.bundles["edge"], "main@sha1:0123abc", &options).expect("works");
+    let text: String = works
+        .iter()
+        .map(|w| format!("---\n{}", serde_saphyr::to_string(w).expect("YAML")))
+        .collect();
+    insta::assert_snapshot!("manifestworks", text);
+}
