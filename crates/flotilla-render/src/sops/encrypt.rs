@@ -9,7 +9,8 @@
 //! every value in document order, encrypted under the data key and bound to
 //! `lastmodified`. Maps are written with their keys sorted, as the bundle's canonical
 //! JSON holds them, so the MAC is the same whether a reader walks the YAML or the JSON
-//! form of the document (Flux decrypts a resource as JSON).
+//! form of the document: Flux's kustomize-controller decrypts a built resource as
+//! JSON made through a Go map, whose keys come out sorted.
 //!
 //! Pure, like the rest of the renderer: no clock and no operating-system randomness.
 //! The caller gives the time (`lastmodified`) and a 32-byte seed; the data key, the

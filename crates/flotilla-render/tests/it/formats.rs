@@ -639,3 +639,79 @@ fn manifest_works_as_yaml_for_review() {
         .collect();
     insta::assert_snapshot!("manifestworks", text);
 }
+
+/// The layer built as Flux's kustomize-controller builds it: unpacked, a
+/// `kustomization.yaml` naming every file (the one the controller generates), `kubectl
+/// kustomize`, then each resource that has `sops` metadata turned into JSON through a
+/// map, keys sorted (kustomize's `MarshalJSON`), and decrypted by the real `sops`.
+#[test]
+fn the_layer_builds_and_decrypts_as_fluxs_kustomize_controller_does() {
+    let test = "formats::the_layer_builds_and_decrypts_as_fluxs_kustomize_controller_does";
+    let Some(tools) = flotilla_testkit::SopsTools::find(test) else {
+        return;
+    };
+    if !flotilla_testkit::can_run(
+        test,
+        flotilla_testkit::command_works("kubectl", &["version", "--client"]).err(),
+    ) {
+        return;
+    }
+    let key = recipient();
+    let output = rendered(&fleet(
+        &[("edge", Some(&key))],
+        &[
+            ("secret.yaml", SECRET),
+            ("config.yaml", CONFIG),
+            ("web.yaml", DEPLOYMENT),
+        ],
+    ));
+    let bundle = &output.bundles["edge"];
+    let layer = flux::flux_layer(
+        bundle,
+        output.agent_keys.get("edge"),
+        &SopsWriter::new([8; 32], MODIFIED),
+    )
+    .expect("a layer");
+    let dir = tempfile::tempdir().expect("a folder");
+    let root = dir.path().join("artifact");
+    std::fs::create_dir(&root).expect("a folder");
+    let files = unpack(&layer);
+    let mut kustomization = String::from(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n",
+    );
+    for (name, text) in &files {
+        std::fs::write(root.join(name), text).expect("writes");
+        kustomization.push_str(&format!("  - {name}\n"));
+    }
+    std::fs::write(root.join("kustomization.yaml"), kustomization).expect("writes");
+    let built = std::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&root)
+        .output()
+        .expect("kubectl runs");
+    assert!(
+        built.status.success(),
+        "kubectl kustomize failed: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let text = String::from_utf8(built.stdout).expect("UTF-8");
+    let mut resources: Vec<Value> = flotilla_render::yaml::parse_documents(&text)
+        .unwrap_or_else(|err| panic!("kustomize's output is not YAML: {}\n{text}", err.message))
+        .into_iter()
+        .map(|d| d.value)
+        .enumerate()
+        .map(|(index, value)| {
+            if value.get("sops").is_none() {
+                return value;
+            }
+            let as_json = serde_json::to_string(&value).expect("JSON");
+            sops_decrypt(&tools, dir.path(), &format!("{index}.json"), &as_json)
+        })
+        .collect();
+    // kustomize orders resources its own way; compare as sets.
+    let key_of = |v: &Value| serde_json::to_string(v).expect("JSON");
+    let mut expected = values(bundle);
+    resources.sort_by_key(key_of);
+    expected.sort_by_key(key_of);
+    assert_eq!(resources, expected);
+}
