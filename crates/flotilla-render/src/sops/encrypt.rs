@@ -52,8 +52,12 @@ pub struct SopsWriter {
 pub enum SopsWriteError {
     #[error("not a JSON object")]
     NotAnObject,
-    #[error("the value at `{0}` is nested more deeply than sops documents are written here")]
+    #[error("{0} is nested more deeply than a bundle's resources may be")]
     TooDeep(String),
+    #[error("a key cannot be named in `encrypted_regex`: {0}")]
+    Regex(String),
+    #[error("cannot write the data key's age file: {0}")]
+    Armor(String),
     #[error("cannot write the document as YAML: {0}")]
     Yaml(String),
 }
@@ -123,7 +127,8 @@ impl SopsWriter {
             let extra: Vec<String> = also.iter().map(|k| regex::escape(k)).collect();
             format!("^(data|stringData|{})$", extra.join("|"))
         };
-        let regex = regex::Regex::new(&pattern).map_err(|e| SopsWriteError::Yaml(e.to_string()))?;
+        let regex =
+            regex::Regex::new(&pattern).map_err(|e| SopsWriteError::Regex(e.to_string()))?;
 
         let mut mac = Sha512::new();
         let mut path = Vec::new();
@@ -254,13 +259,13 @@ fn encrypt_value(cipher: &SopsCipher, nonce: &[u8; 32], value: &Node, aad: &str)
 
 /// An age file in age's ASCII armour, as sops stores a data key.
 fn armored(file: &[u8]) -> Result<String, SopsWriteError> {
-    let to_error = |e: std::io::Error| SopsWriteError::Yaml(e.to_string());
+    let to_error = |e: std::io::Error| SopsWriteError::Armor(e.to_string());
     let mut writer =
         age::armor::ArmoredWriter::wrap_output(Vec::new(), age::armor::Format::AsciiArmor)
             .map_err(to_error)?;
     writer.write_all(file).map_err(to_error)?;
     let bytes = writer.finish().map_err(to_error)?;
-    String::from_utf8(bytes).map_err(|e| SopsWriteError::Yaml(e.to_string()))
+    String::from_utf8(bytes).map_err(|e| SopsWriteError::Armor(e.to_string()))
 }
 
 /// HKDF over the seed and the length-prefixed parts.
