@@ -235,13 +235,40 @@ pub struct RenderArgs {
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Yaml)]
     pub output: OutputFormat,
     /// Write DIR/<cluster>.json (the served Bundle document) instead of printing, and
-    /// print one summary line per cluster.
+    /// print one summary line per cluster; with --format flux, DIR/<cluster>.tar.gz;
+    /// with --format manifestwork, DIR/<cluster>.yaml.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// What to write: flotilla's Bundle documents; per cluster, the layer of a Flux
+    /// OCIRepository artifact (a tar.gz of YAML, Secrets as SOPS for the cluster's
+    /// agentKey; needs --out); or Open Cluster Management ManifestWorks. See
+    /// docs/formats.md.
+    #[arg(long, value_enum, default_value_t = RenderFormat::Bundle)]
+    pub format: RenderFormat,
+    /// With --format manifestwork: the most bytes of manifests one ManifestWork holds,
+    /// as OCM's webhook counts them (500KiB is OCM's default since 2023; older hubs
+    /// accept 50KiB). A cluster's resources are split across several works.
+    #[arg(long, default_value = "500KiB", value_name = "SIZE", value_parser = parse_bytes)]
+    pub manifestwork_max_bytes: u64,
+    /// With --format manifestwork: write Secrets in plain text into ManifestWorks
+    /// (without it, a cluster with Secrets is refused).
+    #[arg(long)]
+    pub allow_plain_secrets: bool,
     #[command(flatten)]
     pub decryption: DecryptionArgs,
     #[command(flatten)]
     pub limits: LimitArgs,
+}
+
+/// What `flotilla render` writes.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum RenderFormat {
+    /// flotilla's Bundle documents.
+    Bundle,
+    /// The layer of a Flux OCIRepository artifact, per cluster.
+    Flux,
+    /// Open Cluster Management ManifestWorks.
+    Manifestwork,
 }
 
 #[derive(Debug, Args)]
@@ -401,8 +428,20 @@ pub struct ServeArgs {
     pub render_in_process: bool,
 }
 
-/// A size in bytes: a number, or a number with KiB, MiB or GiB (or K, M, G).
+/// A memory budget: [`parse_bytes`], at least 64 MiB.
 pub fn parse_size(text: &str) -> Result<u64, String> {
+    let bytes = parse_bytes(text)?;
+    if bytes < 64 << 20 {
+        return Err(format!(
+            "{:?} is less than 64MiB, too little to render even a small fleet",
+            text.trim()
+        ));
+    }
+    Ok(bytes)
+}
+
+/// A size in bytes: a number, or a number with KiB, MiB or GiB (or K, M, G).
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())
@@ -422,15 +461,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
             ));
         }
     };
-    let bytes = number
+    number
         .checked_mul(scale)
-        .ok_or_else(|| format!("{text:?} is too large"))?;
-    if bytes < 64 << 20 {
-        return Err(format!(
-            "{text:?} is less than 64MiB, too little to render even a small fleet"
-        ));
-    }
-    Ok(bytes)
+        .ok_or_else(|| format!("{text:?} is too large"))
 }
 
 #[derive(Debug, Args)]

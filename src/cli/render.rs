@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::{EXIT_FINDINGS, EXIT_OK, OutputFormat, RenderArgs, SchemasArgs, ValidateArgs};
+use super::{
+    EXIT_FINDINGS, EXIT_OK, OutputFormat, RenderArgs, RenderFormat, SchemasArgs, ValidateArgs,
+};
 use flotilla_core::bundle::Bundle;
 use flotilla_render::{RenderOptions, RenderOutput, render_with};
 
@@ -92,9 +94,149 @@ pub fn run_render(args: &RenderArgs) -> anyhow::Result<u8> {
         );
         return Ok(EXIT_FINDINGS);
     }
-    match &args.out {
-        Some(dir) => write_bundles(dir, &output)?,
-        None => print_bundles(&output, args.output)?,
+    match (args.format, &args.out) {
+        (RenderFormat::Bundle, Some(dir)) => write_bundles(dir, &output)?,
+        (RenderFormat::Bundle, None) => print_bundles(&output, args.output)?,
+        (RenderFormat::Flux, Some(dir)) => return write_flux_layers(dir, &output),
+        (RenderFormat::Flux, None) => {
+            anyhow::bail!(
+                "--format flux writes one DIR/<cluster>.tar.gz per cluster: give --out DIR"
+            )
+        }
+        (RenderFormat::Manifestwork, out) => {
+            return write_manifest_works(args, out.as_deref(), &output);
+        }
+    }
+    Ok(EXIT_OK)
+}
+
+/// Each cluster's formatted output, or every cluster's error (printed) and `None`.
+fn each_cluster<T, E: std::fmt::Display>(
+    output: &RenderOutput,
+    mut make: impl FnMut(&Bundle) -> Result<T, E>,
+) -> Option<Vec<(&str, T)>> {
+    let mut made = Vec::new();
+    let mut failed = 0;
+    for (cluster, bundle) in &output.bundles {
+        match make(bundle) {
+            Ok(value) => made.push((cluster.as_str(), value)),
+            Err(err) => {
+                eprintln!("{err}");
+                failed += 1;
+            }
+        }
+    }
+    if failed > 0 {
+        refused(failed);
+        return None;
+    }
+    Some(made)
+}
+
+fn refused(clusters: usize) {
+    eprintln!(
+        "{clusters} cluster{} cannot be written in this format; nothing was written",
+        plural(clusters)
+    );
+}
+
+/// `--format flux`: DIR/<cluster>.tar.gz, the layer of each cluster's Flux artifact.
+fn write_flux_layers(dir: &std::path::Path, output: &RenderOutput) -> anyhow::Result<u8> {
+    use flotilla_render::formats::flux;
+    // A fresh seed each run: each SOPS document gets data keys nobody can recompute.
+    let seed: [u8; 32] = rand::random();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let sops = flotilla_render::sops::SopsWriter::new(seed, now);
+    let layers = match flux::flux_layers(output, &sops) {
+        Ok(layers) => layers,
+        Err(errors) => {
+            for err in &errors {
+                eprintln!("{err}");
+            }
+            refused(errors.len());
+            return Ok(EXIT_FINDINGS);
+        }
+    };
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut stdout = std::io::stdout().lock();
+    let width = layers.iter().map(|(c, _)| c.len()).max().unwrap_or(0);
+    for (cluster, layer) in &layers {
+        let path = dir.join(format!("{cluster}.tar.gz"));
+        std::fs::write(&path, layer).with_context(|| format!("cannot write {}", path.display()))?;
+        writeln!(
+            stdout,
+            "{cluster:width$}  {}  {} bytes  {}",
+            flotilla_core::bundle::Digest::of(layer),
+            layer.len(),
+            flux::LAYER_MEDIA_TYPE
+        )?;
+    }
+    Ok(EXIT_OK)
+}
+
+/// `--format manifestwork`: each cluster's ManifestWorks, printed or in DIR/<cluster>.yaml.
+fn write_manifest_works(
+    args: &RenderArgs,
+    out: Option<&std::path::Path>,
+    output: &RenderOutput,
+) -> anyhow::Result<u8> {
+    use flotilla_render::formats::manifestwork::{ManifestWorkOptions, manifest_works};
+    let options = ManifestWorkOptions {
+        max_bytes: usize::try_from(args.manifestwork_max_bytes).unwrap_or(usize::MAX),
+        allow_plain_secrets: args.allow_plain_secrets,
+    };
+    let Some(works) = each_cluster(output, |bundle| {
+        manifest_works(bundle, &output.revision, &options)
+    }) else {
+        return Ok(EXIT_FINDINGS);
+    };
+    let stream = |works: &[serde_json::Value]| -> anyhow::Result<String> {
+        let mut text = String::new();
+        for work in works {
+            text.push_str("---\n");
+            text.push_str(&serde_saphyr::to_string(work)?);
+        }
+        Ok(text)
+    };
+    let mut stdout = std::io::stdout().lock();
+    match out {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            let width = works.iter().map(|(c, _)| c.len()).max().unwrap_or(0);
+            for (cluster, works) in &works {
+                let path = dir.join(format!("{cluster}.yaml"));
+                std::fs::write(&path, stream(works)?)
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+                let resources: usize = works
+                    .iter()
+                    .map(|w| {
+                        w["spec"]["workload"]["manifests"]
+                            .as_array()
+                            .map_or(0, Vec::len)
+                    })
+                    .sum();
+                writeln!(
+                    stdout,
+                    "{cluster:width$}  {} ManifestWork{}  {resources} resource{}",
+                    works.len(),
+                    plural(works.len()),
+                    plural(resources)
+                )?;
+            }
+        }
+        None if args.output == OutputFormat::Json => {
+            let all: Vec<&serde_json::Value> = works.iter().flat_map(|(_, w)| w).collect();
+            serde_json::to_writer_pretty(&mut stdout, &all)?;
+            writeln!(stdout)?;
+        }
+        None => {
+            for (_, works) in &works {
+                write!(stdout, "{}", stream(works)?)?;
+            }
+        }
     }
     Ok(EXIT_OK)
 }

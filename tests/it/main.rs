@@ -13,6 +13,7 @@ mod digest_properties;
 mod dockerfile;
 mod first_hour;
 mod fleet_view;
+mod formats_cli;
 mod fuzz_regressions;
 mod hub_api;
 mod hub_connections;

@@ -16,6 +16,7 @@
 
 pub mod diff;
 mod fleet;
+pub mod formats;
 pub mod helm;
 pub mod inputs;
 pub mod kustomize;
@@ -105,6 +106,9 @@ pub struct RenderOutput {
     /// Some cluster names an agent key (`spec.agentKey`) but the render had no hub
     /// seed, so nothing was sealed: such a render must not be published.
     pub unsealed_for_agent_keys: bool,
+    /// The agent key (`spec.agentKey`) of each cluster with a bundle that names one:
+    /// what its Secrets are encrypted for in other fleets' formats ([`formats`]).
+    pub agent_keys: BTreeMap<String, seal::AgentKey>,
     /// Per Helm workload, the chart it renders as `name version` (and its path in
     /// the fleet), for reports.
     pub charts: BTreeMap<String, String>,

@@ -67,6 +67,9 @@ struct Header {
     generated_from_public_seed: bool,
     #[serde(default)]
     unsealed_for_agent_keys: bool,
+    /// Each cluster's `spec.agentKey`, as `age1…`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    agent_keys: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     charts: BTreeMap<String, String>,
 }
@@ -327,6 +330,11 @@ impl Header {
             },
             generated_from_public_seed: rendered.generated_from_public_seed,
             unsealed_for_agent_keys: rendered.unsealed_for_agent_keys,
+            agent_keys: rendered
+                .agent_keys
+                .iter()
+                .map(|(cluster, key)| (cluster.clone(), key.to_string()))
+                .collect(),
             charts: rendered.charts.clone(),
         }
     }
@@ -725,6 +733,15 @@ pub(super) fn read_output(mut input: impl Read, known: Known<'_>) -> io::Result<
         parsed: None,
         generated_from_public_seed: header.generated_from_public_seed,
         unsealed_for_agent_keys: header.unsealed_for_agent_keys,
+        agent_keys: header
+            .agent_keys
+            .iter()
+            .map(|(cluster, key)| {
+                flotilla_render::seal::AgentKey::parse(key)
+                    .map(|key| (cluster.clone(), key))
+                    .map_err(invalid)
+            })
+            .collect::<io::Result<_>>()?,
         charts: header.charts,
     })
 }

@@ -70,6 +70,40 @@ fn a_render_comes_back_whole_with_its_resources_still_shared() {
 }
 
 #[test]
+fn each_clusters_agent_key_comes_back() {
+    let recipient = DecryptionKeys::from_identity_file(IDENTITY)
+        .expect("an identity")
+        .recipients()
+        .remove(0);
+    let header = "apiVersion: flotilla.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name:";
+    let files = [
+        (
+            "clusters/keyed.yaml".to_string(),
+            format!("{header} keyed\nspec:\n  agentKey: {recipient}\n"),
+        ),
+        (
+            "clusters/plain.yaml".to_string(),
+            format!("{header} plain\n"),
+        ),
+    ];
+    let snapshot = FleetSnapshot::from_files(files.iter().map(|(p, t)| (p.as_str(), t.as_str())));
+    let rendered = flotilla_render::render(&snapshot);
+    assert!(rendered.is_clean(), "{:?}", rendered.diagnostics);
+    assert_eq!(
+        rendered
+            .agent_keys
+            .iter()
+            .map(|(c, k)| (c.as_str(), k.to_string()))
+            .collect::<Vec<_>>(),
+        [("keyed", recipient)]
+    );
+    let mut bytes = Vec::new();
+    encode_output(&rendered, Known::Nothing, &mut bytes).expect("encodes");
+    let back = decode_output(bytes.as_slice(), None).expect("decodes");
+    assert_eq!(back.agent_keys, rendered.agent_keys);
+}
+
+#[test]
 fn a_snapshot_goes_over_whole_and_paths_to_one_content_share_it() {
     let (mut snapshot, _) = example();
     let shared: Arc<str> = Arc::from("# the same content at two paths\n");

@@ -321,6 +321,12 @@ pub(crate) fn render_inner(
     output.generated_from_public_seed = generated_from_public_seed;
     output.unsealed_for_agent_keys =
         options.helm_seed.is_none() && fleet.clusters.iter().any(|c| c.agent_key.is_some());
+    output.agent_keys = fleet
+        .clusters
+        .iter()
+        .filter(|c| output.bundles.contains_key(&c.name))
+        .filter_map(|c| Some((c.name.clone(), c.agent_key?)))
+        .collect();
     output.charts = fleet
         .workloads
         .iter()

@@ -92,9 +92,19 @@ impl AgentKey {
     }
 }
 
+impl std::fmt::Display for AgentKey {
+    /// `age1…`, as `age-keygen` prints a recipient.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use bech32::ToBase32 as _;
+        let text = bech32::encode("age", self.0.to_base32(), bech32::Variant::Bech32)
+            .map_err(|_| std::fmt::Error)?;
+        f.write_str(&text)
+    }
+}
+
 /// The age v1 format (c2sp.org/age) with one X25519 recipient stanza, from the given
 /// file key, ephemeral secret and payload nonce.
-fn age_file(
+pub(crate) fn age_file(
     recipient: &AgentKey,
     (file_key, ephemeral, nonce): (&[u8; 16], &[u8; 32], &[u8; 16]),
     plain: &[u8],

@@ -33,6 +33,11 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::{SerializeMap, SerializeSeq, Serializer};
 use sha2::{Digest as _, Sha512};
 
+mod encrypt;
+pub use encrypt::{
+    SECRET_VALUES_REGEX, SOPS_FORMAT_VERSION, SopsWriteError, SopsWriter, rfc3339_utc,
+};
+
 /// AES-256-GCM with the 32-byte nonces sops uses.
 type SopsCipher = aes_gcm::AesGcm<Aes256, U32>;
 

@@ -2,6 +2,7 @@
 //! suites, and `kubectl kustomize`), and property tests of its budgets.
 
 mod budgets;
+mod formats;
 mod helm_charts;
 mod helm_workloads;
 mod hooks;
