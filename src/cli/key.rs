@@ -73,12 +73,24 @@ pub fn read_decryption_keys(
     paths: &[PathBuf],
 ) -> anyhow::Result<flotilla_render::sops::DecryptionKeys> {
     let mut keys = flotilla_render::sops::DecryptionKeys::default();
-    for path in paths {
+    for given in paths {
+        // `TENANT=FILE`: that tenant's identities. A file whose name holds `=` is
+        // read as a file when no tenant prefix fits (`./a=b.txt`).
+        let (tenant, path) = match given.to_str().and_then(|s| s.split_once('=')) {
+            Some((tenant, file)) if flotilla_core::names::dns1123_label(tenant).is_ok() => {
+                (Some(tenant), Path::new(file))
+            }
+            _ => (None, given.as_path()),
+        };
         refuse_if_shared(path, "--decryption-key")?;
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read --decryption-key {}", path.display()))?;
-        keys.add_identity_file(&text)
-            .map_err(|reason| anyhow::anyhow!("--decryption-key {}: {reason}", path.display()))?;
+        let added = match tenant {
+            Some(tenant) => keys.add_tenant_identity_file(tenant, &text),
+            None => keys.add_identity_file(&text),
+        };
+        added
+            .map_err(|reason| anyhow::anyhow!("--decryption-key {}: {reason}", given.display()))?;
     }
     Ok(keys)
 }

@@ -179,7 +179,8 @@ impl LimitArgs {
 pub struct DecryptionArgs {
     /// An age identity file (from `flotilla key generate --age` or `age-keygen`,
     /// mode 0600) to open the fleet's SOPS files with; repeat it while a key is
-    /// rotated. Without one, SOPS files are read as their ciphertext (with a
+    /// rotated. `TENANT=FILE` gives a tenant identities of its own: that tenant's
+    /// SOPS files then open only with them, and the others' never do. Without one, SOPS files are read as their ciphertext (with a
     /// warning) by render, validate and diff, and are render errors for serve and
     /// publish.
     #[arg(

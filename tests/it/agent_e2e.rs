@@ -700,7 +700,14 @@ async fn a_signed_publish_mirror_that_is_tampered_with_or_replayed_is_refused() 
             std::sync::Arc::new(flotilla_core::bundle::Resource::new(key, &value))
         })
         .collect();
-    let forged_bundle = Bundle::new(CLUSTER, resources);
+    // The forger keeps the document's metadata (its tenants, say) and recomputes
+    // the digest over it, as a careful forger would.
+    let meta: Option<flotilla_core::bundle::BundleMeta> = forged
+        .get("meta")
+        .map(|m| serde_json::from_value(m.clone()).expect("meta"));
+    let mut resources: Vec<_> = resources;
+    resources.sort_by(|a, b| a.key.cmp(&b.key));
+    let forged_bundle = Bundle::from_sorted_with_meta(CLUSTER, resources, meta);
     assert_ne!(forged_bundle.digest, second_digest);
     forged["digest"] = Value::String(forged_bundle.digest.to_string());
     forged["resources"] = serde_json::to_value(

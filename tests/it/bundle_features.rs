@@ -49,7 +49,7 @@ async fn an_agent_that_lacks_a_feature_the_bundle_needs_keeps_what_it_runs() {
     };
 
     // An agent that names every feature the bundle needs gets it, phases and all.
-    let current = agent(Some("meta, phases, sealed"), Some(RUNS), &url)
+    let current = agent(Some("meta, phases, sealed, tenants"), Some(RUNS), &url)
         .await
         .expect("get");
     assert_eq!(current.status(), 200);
@@ -70,7 +70,7 @@ async fn an_agent_that_lacks_a_feature_the_bundle_needs_keeps_what_it_runs() {
     assert_eq!(fresh.status(), 409);
     let message = fresh.text().await.expect("body");
     assert!(
-        message.contains("needs bundle features this agent does not name (meta, phases)")
+        message.contains("needs bundle features this agent does not name (meta, phases, tenants)")
             && message.contains("upgrade flotilla-agent"),
         "{message}"
     );
@@ -78,9 +78,13 @@ async fn an_agent_that_lacks_a_feature_the_bundle_needs_keeps_what_it_runs() {
     // An agent that lacks only `phases` and long-polls is answered after its wait,
     // not at once (else it would poll in a loop).
     let started = Instant::now();
-    let waited = agent(Some("meta, sealed"), Some(RUNS), &format!("{url}?wait=1s"))
-        .await
-        .expect("get");
+    let waited = agent(
+        Some("meta, sealed, tenants"),
+        Some(RUNS),
+        &format!("{url}?wait=1s"),
+    )
+    .await
+    .expect("get");
     assert_eq!(waited.status(), 304);
     assert_eq!(waited.headers()["etag"], RUNS);
     assert!(
@@ -161,9 +165,13 @@ async fn an_agent_that_lacks_a_feature_the_bundle_needs_keeps_what_it_runs() {
         "{page}"
     );
     // Once its agent names every feature, it is no longer said.
-    let upgraded = agent(Some("meta, phases, drift, sealed"), Some(RUNS), &url)
-        .await
-        .expect("get");
+    let upgraded = agent(
+        Some("meta, phases, drift, sealed, tenants"),
+        Some(RUNS),
+        &url,
+    )
+    .await
+    .expect("get");
     assert_eq!(upgraded.status(), 200);
     let fleet = get_json(&client, &hub.url("/v1/fleet"), &admin).await;
     assert_eq!(red(fleet)["needsNewerAgent"], serde_json::json!([]));

@@ -901,3 +901,54 @@ async fn a_tenant_sees_but_cannot_steer_a_rollout_that_also_changes_the_platform
     );
     scene.stop().await;
 }
+
+/// End to end, with nothing seeded: a fleet gains a `kind: Tenant` file and a
+/// workload of the tenant's on one cluster; the real hub renders `meta.tenants` into
+/// that cluster's bundle, and the tenant's token sees that cluster alone while
+/// another tenant's sees none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_file_in_the_fleet_scopes_the_tenants_tokens_to_the_clusters_it_renders_onto() {
+    let scene = Scene::at_v1(&["c1"], POLICY).await;
+    let repo = &scene.fleet.repo;
+    repo.write(
+        "tenants/shop.yaml",
+        "apiVersion: flotilla.dev/v1alpha1\nkind: Tenant\nmetadata:\n  name: shop\nspec:\n  workloads: [till]\n  clusterSelector: {matchLabels: {kind: store}}\n  namespaces: [shop]\n",
+    );
+    repo.write(
+        "workloads/till/workload.yaml",
+        "apiVersion: flotilla.dev/v1alpha1\nkind: Workload\nmetadata:\n  name: till\nspec:\n  namespace: shop\n  targets:\n    - cluster: s1\n",
+    );
+    repo.write(
+        "workloads/till/manifests/till.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: till\ndata:\n  lanes: \"4\"\n",
+    );
+    let revision = format!(
+        "main@sha1:{}",
+        repo.commit("the shop's till\n\nFlotilla-Rollout: immediate")
+    );
+    scene.wait_revision(&revision).await;
+    let state = scene.state.path().to_path_buf();
+    let shop = person_token(&state, "viewer", Some("shop"));
+    let bank = person_token(&state, "viewer", Some("bank"));
+    let mut seen = Vec::new();
+    for _ in 0..100 {
+        let (status, fleet) = get_as(&scene, &shop, "/v1/fleet").await;
+        assert_eq!(status, 200);
+        seen = names(&fleet["clusters"]);
+        if !seen.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(seen, ["s1"]);
+    let (status, fleet) = get_as(&scene, &bank, "/v1/fleet").await;
+    assert_eq!(status, 200);
+    assert!(names(&fleet["clusters"]).is_empty(), "{fleet}");
+    // The platform's view is whole.
+    let (status, fleet) = get_as(&scene, &scene.admin, "/v1/fleet").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        names(&fleet["clusters"]).len(),
+        scene.fleet.clusters().len()
+    );
+}

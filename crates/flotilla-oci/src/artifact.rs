@@ -222,8 +222,15 @@ impl BundleManifest {
     /// The served document this artifact stands for, as a hub would serve it:
     /// `{"apiVersion","kind":"Bundle","cluster","digest","revision","resources"[,
     /// "meta"]}` (with its `signature`), the digest being the layer's.
+    /// A layer that is not canonical (spaced out, say) still makes a document that
+    /// reads, so the agent refuses it for its digest and names the digest it claimed.
     pub fn document(&self, layer: &[u8]) -> Vec<u8> {
-        let unsigned = document_bytes(&self.cluster, &self.layer, &self.revision, layer);
+        let unsigned = document_bytes(
+            &self.cluster,
+            &self.layer,
+            &self.revision,
+            layer.trim_ascii(),
+        );
         match &self.signature {
             Some(signature) => flotilla_core::bundle::with_signature(&unsigned, signature),
             None => unsigned,

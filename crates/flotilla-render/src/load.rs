@@ -384,7 +384,9 @@ fn load_file(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Loade
         ["rollouts", file] if is_yaml(file) => {
             load_rollout_policy(path, text, diagnostics).map(Loaded::RolloutPolicy)
         }
-        ["tenants", file] if is_yaml(file) => load_tenant(path, text, diagnostics).map(Loaded::Tenant),
+        ["tenants", file] if is_yaml(file) => {
+            load_tenant(path, text, diagnostics).map(Loaded::Tenant)
+        }
         ["flotilla.yaml"] => load_settings(path, text, diagnostics).map(Loaded::Settings),
         _ => None,
     };

@@ -54,7 +54,9 @@ pub(crate) fn assign(fleet: &mut Fleet, diagnostics: &mut Vec<Diagnostic>) {
         return;
     }
     let tenants = &fleet.tenants;
-    let owner = |name: &str, claims: fn(&Tenant) -> &[Located<String>], what: &str,
+    let owner = |name: &str,
+                 claims: fn(&Tenant) -> &[Located<String>],
+                 what: &str,
                  diagnostics: &mut Vec<Diagnostic>|
      -> Option<usize> {
         let claiming: Vec<usize> = (0..tenants.len())
@@ -300,12 +302,13 @@ const RBAC: &str = "rbac.authorization.k8s.io";
 /// Whether a tenant may write a cluster-scoped kind: `spec.clusterScoped` names it
 /// as `Kind` or `Kind.group`.
 fn may_write_cluster_scoped(tenant: &Tenant, group: &str, kind: &str) -> bool {
-    tenant.cluster_scoped.iter().any(|allowed| {
-        match allowed.value.split_once('.') {
+    tenant
+        .cluster_scoped
+        .iter()
+        .any(|allowed| match allowed.value.split_once('.') {
             Some((k, g)) => k == kind && g == group,
             None => allowed.value == kind,
-        }
-    })
+        })
 }
 
 /// The ClusterRole a RoleBinding or ClusterRoleBinding refers to.
@@ -329,15 +332,17 @@ pub(crate) fn marks(fleet: &Fleet, targeted: &[usize]) -> BTreeMap<String, Tenan
         let workload = &fleet.workloads[w];
         let Some(t) = workload.tenant else { continue };
         let tenant = &fleet.tenants[t];
-        let mark = marks.entry(tenant.name.clone()).or_insert_with(|| TenantMark {
-            workloads: Vec::new(),
-            namespaces: tenant.namespaces.iter().map(|n| n.value.clone()).collect(),
-            cluster_scoped: tenant
-                .cluster_scoped
-                .iter()
-                .map(|k| k.value.clone())
-                .collect(),
-        });
+        let mark = marks
+            .entry(tenant.name.clone())
+            .or_insert_with(|| TenantMark {
+                workloads: Vec::new(),
+                namespaces: tenant.namespaces.iter().map(|n| n.value.clone()).collect(),
+                cluster_scoped: tenant
+                    .cluster_scoped
+                    .iter()
+                    .map(|k| k.value.clone())
+                    .collect(),
+            });
         mark.workloads.push(workload.name.clone());
     }
     for mark in marks.values_mut() {

@@ -262,12 +262,7 @@ pub(super) fn decode_input(
         skipped: header.skipped,
         binaries,
     };
-    let mut decryption = DecryptionKeys::default();
-    if !header.decryption.is_empty() {
-        decryption
-            .add_identity_file(&header.decryption.join("\n"))
-            .map_err(invalid)?;
-    }
+    let decryption = DecryptionKeys::from_lines(&header.decryption).map_err(invalid)?;
     let settings = RenderSettings {
         limits: header.limits,
         helm_seed,

@@ -60,8 +60,13 @@ fn a_render_comes_back_whole_with_its_resources_still_shared() {
         assert_eq!(other.cluster, bundle.cluster);
         assert_eq!(other.digest, bundle.digest);
         assert_eq!(other.resources, bundle.resources, "{cluster}");
-        // The digest sent is the digest of the resources sent.
-        let again = Bundle::from_sorted(cluster.clone(), other.resources.clone());
+        assert_eq!(other.meta, bundle.meta, "{cluster}");
+        // The digest sent is the digest of the resources (and metadata) sent.
+        let again = Bundle::from_sorted_with_meta(
+            cluster.clone(),
+            other.resources.clone(),
+            other.meta.as_deref().cloned(),
+        );
         assert_eq!(again.digest, bundle.digest, "{cluster}");
     }
     // Resources shared between clusters in the render are shared after it.

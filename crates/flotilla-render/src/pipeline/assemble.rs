@@ -23,8 +23,8 @@ use super::units::{
 };
 use super::warnings::fold_cluster_repeats;
 use crate::load::{Cluster, Fleet};
-use crate::select::targeted_workloads;
 use crate::scope::CustomScopes;
+use crate::select::targeted_workloads;
 use crate::stencil::StencilUnit;
 use crate::{ClusterProvenance, RenderOutput};
 
@@ -588,7 +588,10 @@ pub(super) fn collect_output<'c>(
             return None;
         }
         let name = d.workload.as_deref()?;
-        let w = fleet.workloads.binary_search_by(|w| w.name.as_str().cmp(name)).ok()?;
+        let w = fleet
+            .workloads
+            .binary_search_by(|w| w.name.as_str().cmp(name))
+            .ok()?;
         fleet.workloads[w].tenant.map(|_| w)
     };
     let broken_workloads: BTreeSet<usize> =

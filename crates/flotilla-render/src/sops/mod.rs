@@ -48,10 +48,16 @@ const MAC_ONLY_ENCRYPTED_INIT: [u8; 32] = [
     0x0b, 0x97, 0x5b, 0x3b, 0xf4, 0x4f, 0x72, 0xc6, 0xfd, 0xad, 0xec, 0x81, 0x76, 0xf2, 0x7d, 0x69,
 ];
 
-/// The age identities a render may open SOPS files with (several during a rotation).
+/// The age identities a render may open SOPS files with (several during a rotation):
+/// the platform's, and each tenant's own (`--decryption-key TENANT=FILE`). When some
+/// tenant has identities of its own, each SOPS file is opened only with those of the
+/// tenant whose workload folder holds it (the platform's for a tenant without any),
+/// and a file of no tenant only with the platform's: one tenant's Secrets cannot be
+/// opened, and so sealed to its clusters, by another's workloads.
 #[derive(Clone, Default)]
 pub struct DecryptionKeys {
     identities: Vec<age::x25519::Identity>,
+    tenants: std::collections::BTreeMap<String, Vec<age::x25519::Identity>>,
 }
 
 impl fmt::Debug for DecryptionKeys {
@@ -71,33 +77,61 @@ impl DecryptionKeys {
 
     /// Adds the identities of one more identity file.
     pub fn add_identity_file(&mut self, text: &str) -> Result<(), String> {
-        let before = self.identities.len();
-        for (number, line) in text.lines().enumerate() {
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let identity = age::x25519::Identity::from_str(line).map_err(|reason| {
-                format!(
-                    "line {}: not an age identity (AGE-SECRET-KEY-1…): {reason}",
-                    number + 1
-                )
-            })?;
-            self.identities.push(identity);
-        }
-        if self.identities.len() == before {
-            return Err("no age identity (AGE-SECRET-KEY-1…) in the file".to_string());
-        }
+        let found = read_identities(text)?;
+        self.identities.extend(found);
         Ok(())
     }
 
-    /// The identities, as they were written (for handing to another process).
+    /// Adds the identities of one more identity file for one tenant's SOPS files.
+    pub fn add_tenant_identity_file(&mut self, tenant: &str, text: &str) -> Result<(), String> {
+        let found = read_identities(text)?;
+        self.tenants
+            .entry(tenant.to_string())
+            .or_default()
+            .extend(found);
+        Ok(())
+    }
+
+    /// The identities, as they were written (for handing to another process): the
+    /// platform's as they are, a tenant's after `@TENANT `. [`DecryptionKeys::from_lines`]
+    /// reads them back.
     pub fn identity_lines(&self) -> Vec<String> {
         use age::secrecy::ExposeSecret as _;
-        self.identities
+        let line = |i: &age::x25519::Identity| i.to_string().expose_secret().to_string();
+        let tenants = self
+            .tenants
             .iter()
-            .map(|i| i.to_string().expose_secret().to_string())
-            .collect()
+            .flat_map(|(tenant, ids)| ids.iter().map(move |i| format!("@{tenant} {}", line(i))));
+        self.identities.iter().map(line).chain(tenants).collect()
+    }
+
+    /// Reads what [`DecryptionKeys::identity_lines`] wrote.
+    pub fn from_lines(lines: &[String]) -> Result<DecryptionKeys, String> {
+        let mut keys = DecryptionKeys::default();
+        for line in lines {
+            match line.strip_prefix('@').and_then(|rest| rest.split_once(' ')) {
+                Some((tenant, identity)) => keys.add_tenant_identity_file(tenant, identity)?,
+                None => keys.add_identity_file(line)?,
+            }
+        }
+        Ok(keys)
+    }
+
+    /// Whether some tenant has identities of its own.
+    pub fn has_tenant_keys(&self) -> bool {
+        !self.tenants.is_empty()
+    }
+
+    /// The keys that open the SOPS files of `tenant` (`None`: the platform's).
+    fn for_owner(&self, tenant: Option<&str>) -> DecryptionKeys {
+        let identities = tenant
+            .and_then(|t| self.tenants.get(t))
+            .unwrap_or(&self.identities)
+            .clone();
+        DecryptionKeys {
+            identities,
+            tenants: Default::default(),
+        }
     }
 
     /// The public keys (`age1…`) of the identities.
@@ -109,7 +143,7 @@ impl DecryptionKeys {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.identities.is_empty()
+        self.identities.is_empty() && self.tenants.is_empty()
     }
 
     /// Opens an age file (armoured or binary) with any of the identities.
@@ -122,6 +156,66 @@ impl DecryptionKeys {
         let mut plain = Vec::new();
         stream.read_to_end(&mut plain).ok()?;
         Some(plain)
+    }
+}
+
+/// The identities of an identity file as `age-keygen` writes it.
+fn read_identities(text: &str) -> Result<Vec<age::x25519::Identity>, String> {
+    let mut found = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let identity = age::x25519::Identity::from_str(line).map_err(|reason| {
+            format!(
+                "line {}: not an age identity (AGE-SECRET-KEY-1…): {reason}",
+                number + 1
+            )
+        })?;
+        found.push(identity);
+    }
+    if found.is_empty() {
+        return Err("no age identity (AGE-SECRET-KEY-1…) in the file".to_string());
+    }
+    Ok(found)
+}
+
+/// Which tenant's workload folder holds each path, read from the fleet's Tenant
+/// files ahead of the load (which reports any problem with them).
+struct Owners {
+    tenants: Vec<(String, Vec<String>)>,
+}
+
+impl Owners {
+    fn of(snapshot: &FleetSnapshot) -> Owners {
+        let tenants = snapshot
+            .files
+            .iter()
+            .filter(|(path, _)| {
+                path.strip_prefix("tenants/").is_some_and(|f| {
+                    !f.contains('/') && (f.ends_with(".yaml") || f.ends_with(".yml"))
+                })
+            })
+            .filter_map(|(_, text)| {
+                let doc: flotilla_core::model::TenantDoc = serde_saphyr::from_str(text).ok()?;
+                let workloads = doc.spec.workloads.into_iter().map(|w| w.value).collect();
+                Some((doc.metadata.name, workloads))
+            })
+            .collect();
+        Owners { tenants }
+    }
+
+    fn owner(&self, path: &str) -> Option<&str> {
+        let workload = path.strip_prefix("workloads/")?.split('/').next()?;
+        self.tenants
+            .iter()
+            .find(|(_, patterns)| {
+                patterns
+                    .iter()
+                    .any(|p| flotilla_core::names::glob_matches(p, workload))
+            })
+            .map(|(name, _)| name.as_str())
     }
 }
 
@@ -147,6 +241,10 @@ pub fn open_snapshot<'a>(
     (diagnostics, secrets): (&mut Vec<Diagnostic>, &mut Vec<SopsSecret>),
 ) -> std::borrow::Cow<'a, FleetSnapshot> {
     let mut opened: Vec<(String, Arc<str>)> = Vec::new();
+    let owners = match keys {
+        SopsKeys::Open(keys) if keys.has_tenant_keys() => Some(Owners::of(snapshot)),
+        _ => None,
+    };
     for (path, text) in &snapshot.files {
         let json = path.ends_with(".json");
         if !(json || path.ends_with(".yaml") || path.ends_with(".yml")) || !looks_like_sops(text) {
@@ -158,36 +256,57 @@ pub fn open_snapshot<'a>(
             // says what is wrong with it.
             Ok(None) | Err(_) => continue,
         };
+        let owner = owners.as_ref().and_then(|o| o.owner(path));
+        let owned_keys = owners.as_ref().and(match keys {
+            SopsKeys::Open(keys) => Some(keys.for_owner(owner)),
+            SopsKeys::Unopened => None,
+        });
         let plain = match keys {
-            SopsKeys::Open(keys) => match document.open_with_secrets(keys) {
-                Ok((plain, found)) => {
-                    secrets.extend(
-                        found
-                            .into_iter()
-                            .filter(|v| v.chars().count() >= MIN_TRACKED_SECRET)
-                            .map(|v| SopsSecret {
-                                escaped: escaped(&v),
-                                file: path.clone(),
-                            }),
-                    );
-                    plain
-                }
-                Err(err) => {
-                    let hint = match (&err, keys.is_empty()) {
-                        (SopsError::NoKey { .. }, true) => {
-                            " (no decryption key was given: `--decryption-key FILE`, an age identity file)"
+            SopsKeys::Open(all) => {
+                match document.open_with_secrets(owned_keys.as_ref().unwrap_or(all)) {
+                    Ok((plain, found)) => {
+                        secrets.extend(
+                            found
+                                .into_iter()
+                                .filter(|v| v.chars().count() >= MIN_TRACKED_SECRET)
+                                .map(|v| SopsSecret {
+                                    escaped: escaped(&v),
+                                    file: path.clone(),
+                                }),
+                        );
+                        plain
+                    }
+                    Err(err) => {
+                        let hint = match (&err, all.is_empty(), owned_keys.is_some()) {
+                        (SopsError::NoKey { .. }, true, _) => {
+                            " (no decryption key was given: `--decryption-key FILE`, an age identity file)".to_string()
                         }
-                        _ => "",
+                        (SopsError::NoKey { .. }, _, true) => match owner {
+                            Some(tenant) => format!(
+                                " (a file of tenant {tenant:?} opens only with its identities: `--decryption-key {tenant}=FILE`, or the platform's when the tenant has none)"
+                            ),
+                            None => " (a file of no tenant opens only with the platform's identities, not a tenant's)".to_string(),
+                        },
+                        _ => String::new(),
                     };
-                    diagnostics.push(
-                        Diagnostic::error(format!("cannot open this SOPS file: {err}{hint}"))
-                            .in_file(path.clone()),
-                    );
-                    // Read as ciphertext, so the rest of the fleet still renders and
-                    // reports; the render is not clean.
-                    document.without_metadata()
+                        let mut error =
+                            Diagnostic::error(format!("cannot open this SOPS file: {err}{hint}"))
+                                .in_file(path.clone());
+                        // A tenant's file fails only the clusters its workload targets.
+                        if owner.is_some()
+                            && let Some(workload) = path
+                                .strip_prefix("workloads/")
+                                .and_then(|rest| rest.split('/').next())
+                        {
+                            error = error.for_workload(workload);
+                        }
+                        diagnostics.push(error);
+                        // Read as ciphertext, so the rest of the fleet still renders and
+                        // reports; the render is not clean.
+                        document.without_metadata()
+                    }
                 }
-            },
+            }
             SopsKeys::Unopened if document.names_encrypted() => {
                 diagnostics.push(
                     Diagnostic::warning(

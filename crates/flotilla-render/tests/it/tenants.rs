@@ -39,7 +39,9 @@ fn config_map(name: &str) -> String {
 fn tenant(name: &str, spec: &str) -> (String, String) {
     (
         format!("tenants/{name}.yaml"),
-        format!("apiVersion: flotilla.dev/v1alpha1\nkind: Tenant\nmetadata:\n  name: {name}\nspec:\n{spec}"),
+        format!(
+            "apiVersion: flotilla.dev/v1alpha1\nkind: Tenant\nmetadata:\n  name: {name}\nspec:\n{spec}"
+        ),
     )
 }
 
@@ -58,7 +60,12 @@ fn base() -> Vec<(String, String)> {
     ];
     files.extend(workload("shop", "north", "team-a", &config_map("shop")));
     files.extend(workload("till", "south", "team-b", &config_map("till")));
-    files.extend(workload("agent", "east", "kube-system", &config_map("agent")));
+    files.extend(workload(
+        "agent",
+        "east",
+        "kube-system",
+        &config_map("agent"),
+    ));
     files
 }
 
@@ -71,8 +78,7 @@ fn with(mut files: Vec<(String, String)>, more: Vec<(String, String)>) -> Vec<(S
 }
 
 fn rendered(files: &[(String, String)]) -> RenderOutput {
-    let snapshot =
-        FleetSnapshot::from_files(files.iter().map(|(p, t)| (p.as_str(), t.as_str())));
+    let snapshot = FleetSnapshot::from_files(files.iter().map(|(p, t)| (p.as_str(), t.as_str())));
     render(&snapshot)
 }
 
@@ -84,10 +90,18 @@ fn errors(output: &RenderOutput) -> Vec<&Diagnostic> {
 fn only_error(output: &RenderOutput, cluster: &str) -> Diagnostic {
     let errors = errors(output);
     assert_eq!(errors.len(), 1, "{errors:#?}");
-    assert!(!output.bundles.contains_key(cluster), "{cluster} has a bundle");
-    let others = ["north", "south", "east"].into_iter().filter(|c| *c != cluster);
+    assert!(
+        !output.bundles.contains_key(cluster),
+        "{cluster} has a bundle"
+    );
+    let others = ["north", "south", "east"]
+        .into_iter()
+        .filter(|c| *c != cluster);
     for other in others {
-        assert!(output.bundles.contains_key(other), "{other} lost its bundle");
+        assert!(
+            output.bundles.contains_key(other),
+            "{other} lost its bundle"
+        );
     }
     errors[0].clone()
 }
@@ -96,7 +110,10 @@ fn only_error(output: &RenderOutput, cluster: &str) -> Diagnostic {
 fn tenants_render_and_the_bundle_names_each_tenant_with_its_rules() {
     let output = rendered(&base());
     assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
-    let north = output.bundles["north"].meta.as_ref().expect("north has meta");
+    let north = output.bundles["north"]
+        .meta
+        .as_ref()
+        .expect("north has meta");
     let mark = &north.tenants["team-a"];
     assert_eq!(mark.workloads, ["shop"]);
     assert_eq!(mark.namespaces, ["team-a", "team-a-*"]);
@@ -122,7 +139,10 @@ fn a_resource_outside_the_tenants_namespaces_is_refused_at_its_line() {
         error.message,
         "tenant \"team-a\": ConfigMap kube-system/sneaky is in namespace \"kube-system\", which is not the tenant's (spec.namespaces of tenants/team-a.yaml: team-a, team-a-*)"
     );
-    assert_eq!(error.file.as_deref(), Some("workloads/shop/manifests/shop.yaml"));
+    assert_eq!(
+        error.file.as_deref(),
+        Some("workloads/shop/manifests/shop.yaml")
+    );
     assert_eq!(error.line, Some(6));
     assert_eq!(error.cluster.as_deref(), Some("north"));
 }
@@ -164,7 +184,10 @@ fn binding(role: &str) -> String {
 
 #[test]
 fn binding_a_cluster_role_the_tenant_does_not_own_is_refused() {
-    let files = with(base(), workload("shop", "north", "team-a", &binding("cluster-admin")));
+    let files = with(
+        base(),
+        workload("shop", "north", "team-a", &binding("cluster-admin")),
+    );
     let error = only_error(&rendered(&files), "north");
     assert_eq!(
         error.message,
@@ -196,7 +219,10 @@ fn binding_a_cluster_role_the_tenant_does_not_own_is_refused() {
 
 #[test]
 fn a_tenants_workload_may_target_only_the_tenants_clusters() {
-    let files = with(base(), workload("shop", "south", "team-a", &config_map("shop")));
+    let files = with(
+        base(),
+        workload("shop", "south", "team-a", &config_map("shop")),
+    );
     let output = rendered(&files);
     let errors = errors(&output);
     assert_eq!(errors.len(), 1, "{errors:#?}");
@@ -204,7 +230,10 @@ fn a_tenants_workload_may_target_only_the_tenants_clusters() {
         errors[0].message,
         "tenant \"team-a\": workload \"shop\" targets cluster \"south\", which spec.clusterSelector of tenants/team-a.yaml does not select"
     );
-    assert_eq!(errors[0].file.as_deref(), Some("workloads/shop/workload.yaml"));
+    assert_eq!(
+        errors[0].file.as_deref(),
+        Some("workloads/shop/workload.yaml")
+    );
     assert_eq!(errors[0].line, Some(8));
     assert!(!output.bundles.contains_key("south"));
     assert!(output.bundles.contains_key("east"));
@@ -212,7 +241,8 @@ fn a_tenants_workload_may_target_only_the_tenants_clusters() {
 
 #[test]
 fn a_kustomization_may_not_read_another_tenants_files() {
-    let secret = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: till-key\nstringData:\n  key: hunter2\n";
+    let secret =
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: till-key\nstringData:\n  key: hunter2\n";
     let mut files = with(
         base(),
         vec![
@@ -232,7 +262,10 @@ fn a_kustomization_may_not_read_another_tenants_files() {
         "{}",
         error.message
     );
-    assert_eq!(error.file.as_deref(), Some("workloads/shop/kustomization.yaml"));
+    assert_eq!(
+        error.file.as_deref(),
+        Some("workloads/shop/kustomization.yaml")
+    );
     assert_eq!(error.line, Some(2));
     // A shared path may be read (the file then renders into team-a's namespace).
     files = with(
@@ -289,7 +322,10 @@ fn a_tenants_overlay_acts_only_on_its_own_workloads() {
 fn a_workload_two_tenants_claim_is_an_error() {
     let files = with(
         base(),
-        vec![tenant("team-b", "  workloads: [till, shop-*, shop]\n  namespaces: [team-b]\n")],
+        vec![tenant(
+            "team-b",
+            "  workloads: [till, shop-*, shop]\n  namespaces: [team-b]\n",
+        )],
     );
     let output = rendered(&files);
     let errors = errors(&output);
@@ -306,13 +342,105 @@ fn a_workload_two_tenants_claim_is_an_error() {
 
 #[test]
 fn a_tenants_broken_manifest_holds_only_the_clusters_it_targets() {
-    let files = with(base(), workload("shop", "north", "team-a", "kind: [unclosed\n"));
+    let files = with(
+        base(),
+        workload("shop", "north", "team-a", "kind: [unclosed\n"),
+    );
     let output = rendered(&files);
     assert!(!errors(&output).is_empty());
     assert!(!output.bundles.contains_key("north"));
     assert!(output.bundles.contains_key("south"));
     assert!(output.bundles.contains_key("east"));
     // The platform's broken workload still holds every cluster, as it always did.
-    let platform = with(base(), workload("agent", "east", "kube-system", "kind: [unclosed\n"));
+    let platform = with(
+        base(),
+        workload("agent", "east", "kube-system", "kind: [unclosed\n"),
+    );
     assert!(rendered(&platform).bundles.is_empty());
+}
+
+/// A SOPS Secret for `workload`'s folder, encrypted to `recipient` as sops writes it.
+fn sops_secret(workload: &str, namespace: &str, recipient: &str) -> (String, String) {
+    let writer = flotilla_render::sops::SopsWriter::new([9; 32], 1_700_000_000);
+    let key = flotilla_render::seal::AgentKey::parse(recipient).expect("a recipient");
+    let secret = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": format!("{workload}-key"), "namespace": namespace},
+        "stringData": {"key": format!("{workload}-secret-value")}});
+    let text = writer.encrypt(&secret, &key, workload).expect("encrypts");
+    (format!("workloads/{workload}/manifests/key.yaml"), text)
+}
+
+fn identity() -> (String, String) {
+    use age::secrecy::ExposeSecret as _;
+    let identity = age::x25519::Identity::generate();
+    (
+        identity.to_string().expose_secret().to_string(),
+        identity.to_public().to_string(),
+    )
+}
+
+/// With `--decryption-key TENANT=FILE`, each tenant's SOPS files open with its own
+/// identities only: a file encrypted to another tenant's key, copied into a
+/// tenant's folder, is an error naming the tenant, and the platform's identity
+/// opens no tenant's file.
+#[test]
+fn each_tenants_sops_files_open_only_with_its_own_identities() {
+    use flotilla_render::sops::{DecryptionKeys, SopsKeys};
+    let (a_identity, a_recipient) = identity();
+    let (b_identity, b_recipient) = identity();
+    let (platform_identity, _) = identity();
+    let mut keys = DecryptionKeys::default();
+    keys.add_identity_file(&platform_identity)
+        .expect("platform");
+    keys.add_tenant_identity_file("team-a", &a_identity)
+        .expect("team-a");
+    keys.add_tenant_identity_file("team-b", &b_identity)
+        .expect("team-b");
+    // Handed to the render worker and back, the tenants' identities stay theirs.
+    let keys = DecryptionKeys::from_lines(&keys.identity_lines()).expect("read back");
+    let options = flotilla_render::RenderOptions {
+        sops: SopsKeys::Open(std::sync::Arc::new(keys)),
+        ..Default::default()
+    };
+    let render = |files: &[(String, String)]| {
+        let snapshot =
+            FleetSnapshot::from_files(files.iter().map(|(p, t)| (p.as_str(), t.as_str())));
+        flotilla_render::render_with(&snapshot, &options)
+    };
+    let files = with(
+        base(),
+        vec![
+            sops_secret("shop", "team-a", &a_recipient),
+            sops_secret("till", "team-b", &b_recipient),
+        ],
+    );
+    let output = render(&files);
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+    let shop = output.bundles["north"]
+        .resources
+        .iter()
+        .find(|r| r.key.kind == "Secret");
+    assert!(
+        shop.is_some_and(|r| String::from_utf8_lossy(&r.canonical).contains("shop-secret-value"))
+    );
+
+    // team-b's Secret, encrypted to team-b's key, copied into team-a's folder.
+    let stolen = with(files, vec![sops_secret("shop", "team-a", &b_recipient)]);
+    let output = render(&stolen);
+    let errors = errors(&output);
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(
+        errors[0]
+            .message
+            .contains("a file of tenant \"team-a\" opens only with its identities"),
+        "{}",
+        errors[0].message
+    );
+    assert_eq!(
+        errors[0].file.as_deref(),
+        Some("workloads/shop/manifests/key.yaml")
+    );
+    // Only the cluster team-a's workload targets is held.
+    assert!(!output.bundles.contains_key("north"));
+    assert!(output.bundles.contains_key("south") && output.bundles.contains_key("east"));
 }
