@@ -32,13 +32,86 @@ pub enum KeyCommand {
         #[arg(long)]
         age: bool,
     },
+    /// Sign the fleet's tenant rules (its `tenants/*.yaml`) with the platform's key
+    /// (from `key generate`, kept apart from the hub's signing key) into
+    /// `tenants/rules.signed.json`, for agents started with `--tenant-key KEY.pub`.
+    /// Commit the file; sign again after any change to `tenants/`.
+    SignTenants {
+        /// The platform's private key.
+        #[arg(long, value_name = "KEY")]
+        key: PathBuf,
+        /// The fleet root on disk.
+        #[arg(long, value_name = "DIR", default_value = ".")]
+        fleet: PathBuf,
+        /// A workload (name or glob) of the platform's own; with any, agents refuse a
+        /// resource of a workload that is neither the platform's nor a tenant's.
+        #[arg(long = "platform-workload", value_name = "NAME")]
+        platform_workloads: Vec<String>,
+    },
 }
 
 pub fn run_key(args: &KeyArgs) -> anyhow::Result<u8> {
     match &args.command {
         KeyCommand::Generate { out, age: false } => generate(out),
         KeyCommand::Generate { out, age: true } => generate_age(out),
+        KeyCommand::SignTenants {
+            key,
+            fleet,
+            platform_workloads,
+        } => sign_tenants(key, fleet, platform_workloads),
     }
+}
+
+fn sign_tenants(key: &Path, fleet: &Path, platform_workloads: &[String]) -> anyhow::Result<u8> {
+    refuse_if_shared(key, "--key")?;
+    let text = std::fs::read_to_string(key)
+        .with_context(|| format!("cannot read --key {}", key.display()))?;
+    let key = flotilla_core::signing::SigningKey::parse(&text)
+        .map_err(|err| anyhow::anyhow!("--key {}: {err}", key.display()))?;
+    let snapshot = flotilla_hub::source::from_folder(fleet, "")
+        .map_err(|err| anyhow::anyhow!("cannot read the fleet in {}: {err:?}", fleet.display()))?;
+    let mut diagnostics = Vec::new();
+    let loaded = flotilla_render::load::load(&snapshot, &mut diagnostics);
+    let broken: Vec<String> = diagnostics
+        .iter()
+        .filter(|d| {
+            d.is_error()
+                && d.file
+                    .as_deref()
+                    .is_some_and(|f| f.starts_with("tenants/") && f != "tenants/rules.signed.json")
+        })
+        .map(ToString::to_string)
+        .collect();
+    if !broken.is_empty() {
+        bail!(
+            "the Tenant files have errors; fix them before signing:\n{}",
+            broken.join("\n")
+        );
+    }
+    if loaded.tenants.is_empty() {
+        bail!(
+            "no tenants in {}/tenants/: nothing to sign",
+            fleet.display()
+        );
+    }
+    let platform = (!platform_workloads.is_empty()).then(|| platform_workloads.to_vec());
+    let rules = flotilla_render::tenancy::rules_of(&loaded.tenants, platform);
+    let signed = flotilla_core::bundle::SignedTenantRules {
+        sig: key.sign_tenant_rules(&rules.canonical()),
+        key_id: key.key_id().to_string(),
+        rules,
+    };
+    let out = fleet.join("tenants/rules.signed.json");
+    let mut json = serde_json::to_string_pretty(&signed).context("signed rules as JSON")?;
+    json.push('\n');
+    std::fs::write(&out, json).with_context(|| format!("cannot write {}", out.display()))?;
+    println!(
+        "signed the rules of {} tenants with key {} into {}; commit it",
+        loaded.tenants.len(),
+        key.key_id(),
+        out.display()
+    );
+    Ok(EXIT_OK)
 }
 
 fn generate_age(out: &Path) -> anyhow::Result<u8> {

@@ -49,3 +49,94 @@ fn errors_fail_validate_with_or_without_strict() {
         assert!(stderr.contains("the fleet is invalid"), "{stderr}");
     }
 }
+
+/// `flotilla key sign-tenants` signs the Tenant files' rules with the platform's
+/// key; a Tenant file changed afterwards makes the fleet invalid until it is signed
+/// again, and every bundle carries the signed rules.
+#[test]
+fn signed_tenant_rules_follow_the_tenant_files() {
+    let dir = tempfile::tempdir().expect("a folder");
+    let fleet = dir.path().join("fleet");
+    let copy = std::process::Command::new("cp")
+        .args(["-r", concat!(env!("CARGO_MANIFEST_DIR"), "/fleet-example")])
+        .arg(&fleet)
+        .status()
+        .expect("cp runs");
+    assert!(copy.success());
+    let run = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(args)
+            .output()
+            .expect("flotilla runs");
+        (
+            output.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let key = dir.path().join("platform.key");
+    let key_arg = key.to_str().expect("utf-8");
+    let fleet_arg = fleet.to_str().expect("utf-8");
+    let (code, _, stderr) = run(&["key", "generate", "--out", key_arg]);
+    assert_eq!(code, 0, "{stderr}");
+    let (code, stdout, stderr) = run(&[
+        "key",
+        "sign-tenants",
+        "--key",
+        key_arg,
+        "--fleet",
+        fleet_arg,
+        "--platform-workload",
+        "edge-cache",
+        "--platform-workload",
+        "telemetry-agent",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("signed the rules of 2 tenants"), "{stdout}");
+    let (code, stdout, stderr) = run(&["validate", "--repo", fleet_arg]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let out = dir.path().join("out");
+    let (code, _, stderr) = run(&[
+        "render",
+        "--repo",
+        fleet_arg,
+        "--out",
+        out.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let plant: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("plant-eu-01.json")).expect("a bundle"))
+            .expect("JSON");
+    assert_eq!(
+        plant["meta"]["tenantRules"]["rules"]["platformWorkloads"],
+        serde_json::json!(["edge-cache", "telemetry-agent"])
+    );
+
+    // The demo team widens its namespaces without the platform's signature.
+    let demo = fleet.join("tenants/demo.yaml");
+    let text = std::fs::read_to_string(&demo).expect("reads");
+    std::fs::write(
+        &demo,
+        text.replace("namespaces: [kuard]", "namespaces: [kuard, kube-system]"),
+    )
+    .expect("writes");
+    let (code, stdout, stderr) = run(&["validate", "--repo", fleet_arg]);
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(
+        format!("{stdout}{stderr}").contains(
+            "tenants/rules.signed.json: the signed tenant rules differ from the Tenant files for demo"
+        ),
+        "{stdout}{stderr}"
+    );
+    let (code, _, stderr) = run(&[
+        "key",
+        "sign-tenants",
+        "--key",
+        key_arg,
+        "--fleet",
+        fleet_arg,
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let (code, stdout, stderr) = run(&["validate", "--repo", fleet_arg]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+}

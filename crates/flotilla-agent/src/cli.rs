@@ -171,6 +171,16 @@ pub struct AgentArgs {
     /// reported.
     #[arg(long, env = "FLOTILLA_AGENT_TENANT_POLICY", value_name = "FILE")]
     pub tenant_policy: Option<PathBuf>,
+    /// The platform's public key (from `flotilla key generate`, kept apart from the
+    /// hub's signing key): enforce the tenant rules each bundle carries signed by
+    /// it (`flotilla key sign-tenants`), and refuse a bundle without them.
+    #[arg(
+        long,
+        env = "FLOTILLA_AGENT_TENANT_KEY",
+        value_name = "KEY.pub",
+        conflicts_with = "tenant_policy"
+    )]
+    pub tenant_key: Option<PathBuf>,
 }
 
 /// Where the agent applies bundles.
@@ -309,6 +319,18 @@ fn settings(args: &AgentArgs) -> anyhow::Result<Settings> {
     config.trusted = trusted_keys(&args.trust_keys)?;
     config.tenant_policy = match &args.tenant_policy {
         Some(path) => Some(crate::tenancy::TenantPolicy::read(path).map_err(anyhow::Error::msg)?),
+        None => None,
+    };
+    config.tenant_key = match &args.tenant_key {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|err| {
+                anyhow::anyhow!("cannot read --tenant-key {}: {err}", path.display())
+            })?;
+            Some(
+                flotilla_core::signing::PublicKey::parse(&text)
+                    .map_err(|err| anyhow::anyhow!("--tenant-key {}: {err}", path.display()))?,
+            )
+        }
         None => None,
     };
     config.token_file = args.token_file.clone();

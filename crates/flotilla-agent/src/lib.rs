@@ -98,6 +98,9 @@ pub struct AgentConfig {
     pub trusted: TrustedKeys,
     /// `--tenant-policy`: tenant rules enforced instead of those a bundle carries.
     pub tenant_policy: Option<tenancy::TenantPolicy>,
+    /// `--tenant-key`: enforce the tenant rules a bundle carries signed by this key
+    /// (and refuse a bundle without them).
+    pub tenant_key: Option<flotilla_core::signing::PublicKey>,
     /// How an `oci://` server is reached (credentials, plain HTTP to a loopback one).
     pub registry: flotilla_oci::RegistryOptions,
     /// The hub that receives the reports of an agent whose bundles come from a
@@ -122,6 +125,7 @@ impl AgentConfig {
             tls: client::TlsOptions::default(),
             trusted: TrustedKeys::default(),
             tenant_policy: None,
+            tenant_key: None,
             registry: flotilla_oci::RegistryOptions::default(),
             report_to: None,
         }
@@ -297,6 +301,7 @@ impl<S: Sink> Agent<S> {
             etag: None,
             trusted: config.trusted.clone(),
             tenant_policy: config.tenant_policy.clone(),
+            tenant_key: config.tenant_key.clone(),
             held,
             offer_delta: true,
             bad_delta: None,
@@ -682,6 +687,8 @@ struct Poller {
     trusted: TrustedKeys,
     /// `--tenant-policy`, if given.
     tenant_policy: Option<tenancy::TenantPolicy>,
+    /// `--tenant-key`, if given.
+    tenant_key: Option<flotilla_core::signing::PublicKey>,
     /// The sequence and digest of the last signed bundle accepted.
     held: Option<Held>,
     /// Whether the next request offers the stored bundle as the base of a delta; off
@@ -912,7 +919,25 @@ impl Poller {
             );
         }
         let bundle = document.bundle;
-        if let Some(why) = tenancy::refusal(&bundle, self.tenant_policy.as_ref()) {
+        let signed = self
+            .tenant_key
+            .as_ref()
+            .map(|key| tenancy::signed_policy(&bundle, key));
+        let policy = match &signed {
+            Some(Ok(policy)) => Some(policy),
+            Some(Err(why)) => {
+                return Verdict::Refused(
+                    Some(bundle.digest.clone()),
+                    format!(
+                        "refused the bundle {} from {}: {why}; keeping the last-known-good bundle",
+                        bundle.digest,
+                        self.client.server()
+                    ),
+                );
+            }
+            None => self.tenant_policy.as_ref(),
+        };
+        if let Some(why) = tenancy::refusal(&bundle, policy) {
             return Verdict::Refused(
                 Some(bundle.digest.clone()),
                 format!(

@@ -15,8 +15,9 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use flotilla_core::bundle::{Bundle, TenantMark};
+use flotilla_core::bundle::{Bundle, TenantMark, TenantRules};
 use flotilla_core::names::glob_matches;
+use flotilla_core::signing::PublicKey;
 
 /// `--tenant-policy FILE`: the tenant rules the agent enforces instead of the marks
 /// a bundle carries.
@@ -65,6 +66,16 @@ impl TenantPolicy {
         Ok(policy)
     }
 
+    /// The rules the platform signed, as a policy.
+    pub fn from_rules(rules: &TenantRules) -> TenantPolicy {
+        TenantPolicy {
+            api_version: flotilla_core::bundle::API_VERSION.to_string(),
+            kind: "TenantPolicy".to_string(),
+            platform_workloads: rules.platform_workloads.clone(),
+            tenants: rules.tenants.clone(),
+        }
+    }
+
     fn tenant_of(&self, workload: &str) -> Option<(&str, &TenantMark)> {
         self.tenants
             .iter()
@@ -77,6 +88,27 @@ impl TenantPolicy {
             .as_ref()
             .is_none_or(|names| names.iter().any(|w| glob_matches(w, workload)))
     }
+}
+
+/// `--tenant-key`: the tenant rules a bundle carries signed by the platform's key
+/// (`meta.tenantRules`), as a policy; why not, when they are missing or the
+/// signature does not verify with `key`.
+pub fn signed_policy(bundle: &Bundle, key: &PublicKey) -> Result<TenantPolicy, String> {
+    let Some(signed) = bundle.meta.as_ref().and_then(|m| m.tenant_rules.as_ref()) else {
+        return Err(format!(
+            "it carries no tenant rules signed by the platform key {} (--tenant-key): sign them with `flotilla key sign-tenants` and commit tenants/rules.signed.json",
+            key.key_id()
+        ));
+    };
+    if signed.key_id != key.key_id()
+        || !key.verifies_tenant_rules(&signed.rules.canonical(), &signed.sig)
+    {
+        return Err(format!(
+            "its tenant rules are not signed by the platform key {} (--tenant-key), or were changed after signing",
+            key.key_id()
+        ));
+    }
+    Ok(TenantPolicy::from_rules(&signed.rules))
 }
 
 /// Why a bundle breaks its tenants' rules (the first resource that does), if it
@@ -162,6 +194,53 @@ mod tests {
             Some(
                 "ConfigMap kube-system/shop of tenant \"team-a\" (workload \"shop\") breaks the tenant's rules: namespace \"kube-system\" is not the tenant's"
             )
+        );
+    }
+
+    /// `--tenant-key`: only rules the platform's key signed count, and a bundle
+    /// without them is refused.
+    #[test]
+    fn signed_rules_are_enforced_and_a_bundle_without_them_is_refused() {
+        use flotilla_core::bundle::SignedTenantRules;
+        use flotilla_core::signing::SigningKey;
+        let platform = SigningKey::from_seed([3; 32]);
+        let hub = SigningKey::from_seed([4; 32]);
+        let rules = TenantRules {
+            platform_workloads: Some(vec!["agent".into()]),
+            tenants: [("team-a".to_string(), mark(&["shop"], &["team-a-*"]))].into(),
+        };
+        let signed_by = |key: &SigningKey, rules: &TenantRules| SignedTenantRules {
+            sig: key.sign_tenant_rules(&rules.canonical()),
+            key_id: key.key_id().to_string(),
+            rules: rules.clone(),
+        };
+        let with_rules = |namespace: &str, signed: Option<SignedTenantRules>| {
+            let mut bundle = bundle(namespace);
+            if let Some(meta) = bundle.meta.as_mut().map(Arc::make_mut) {
+                // The hub's own marks would allow anything.
+                meta.tenants.clear();
+                meta.tenant_rules = signed;
+            }
+            bundle
+        };
+        let key = platform.public_key();
+        let good = with_rules("team-a-x", Some(signed_by(&platform, &rules)));
+        let policy = signed_policy(&good, &key).expect("signed by the platform");
+        assert_eq!(refusal(&good, Some(&policy)), None);
+        let escaping = with_rules("kube-system", Some(signed_by(&platform, &rules)));
+        let policy = signed_policy(&escaping, &key).expect("signed by the platform");
+        assert!(refusal(&escaping, Some(&policy)).is_some());
+        // Rules the hub signed, or widened after signing, or none at all: refused.
+        let by_hub = with_rules("kube-system", Some(signed_by(&hub, &rules)));
+        assert!(signed_policy(&by_hub, &key).is_err());
+        let mut widened = signed_by(&platform, &rules);
+        widened.rules.tenants.get_mut("team-a").expect("team-a").namespaces = vec!["*".into()];
+        assert!(signed_policy(&with_rules("kube-system", Some(widened)), &key).is_err());
+        let stripped = with_rules("team-a-x", None);
+        assert!(
+            signed_policy(&stripped, &key)
+                .expect_err("refused")
+                .contains("carries no tenant rules signed by the platform key")
         );
     }
 

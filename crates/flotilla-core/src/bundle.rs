@@ -394,7 +394,7 @@ pub mod features {
             if !meta.hooks.is_empty() {
                 needs.push(HOOKS);
             }
-            if !meta.tenants.is_empty() {
+            if !meta.tenants.is_empty() || meta.tenant_rules.is_some() {
                 needs.push(TENANTS);
             }
         }
@@ -455,6 +455,42 @@ pub struct BundleMeta {
     /// outside them. Workloads named by no tenant are the platform's.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub tenants: std::collections::BTreeMap<String, TenantMark>,
+    /// The platform's tenant rules as its key signed them (`tenants/rules.signed.json`
+    /// in the fleet): an agent given that key (`--tenant-key`) enforces these
+    /// instead of `tenants`, which the hub writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_rules: Option<SignedTenantRules>,
+}
+
+/// The platform's tenant rules: each tenant's workloads (names or globs), namespaces
+/// and cluster-scoped kinds, and optionally the platform's own workloads (then a
+/// workload that is neither is refused).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TenantRules {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub platform_workloads: Option<Vec<String>>,
+    #[serde(default)]
+    pub tenants: std::collections::BTreeMap<String, TenantMark>,
+}
+
+impl TenantRules {
+    /// The bytes a signature covers.
+    pub fn canonical(&self) -> Vec<u8> {
+        let value = serde_json::to_value(self).expect("tenant rules serialise to JSON");
+        to_canonical_vec(&value)
+    }
+}
+
+/// [`TenantRules`] with the platform key's signature (`flotilla key sign-tenants`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SignedTenantRules {
+    pub rules: TenantRules,
+    /// The id of the key that signed them.
+    pub key_id: String,
+    /// The base64 ed25519 signature of the canonical rules.
+    pub sig: String,
 }
 
 /// One tenant of a bundle (`meta.tenants.<name>`, docs/tenants.md).
@@ -551,6 +587,7 @@ impl BundleMeta {
             && self.drift.is_empty()
             && self.hooks.is_empty()
             && self.tenants.is_empty()
+            && self.tenant_rules.is_none()
     }
 
     /// The canonical bytes of the `meta` object.

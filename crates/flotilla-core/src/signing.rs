@@ -160,6 +160,38 @@ impl SigningKey {
     }
 }
 
+/// What a signature of the platform's tenant rules covers: this prefix, then the
+/// canonical rules. No bundle statement starts with it, so neither signature can
+/// stand for the other.
+const TENANT_RULES_DOMAIN: &[u8] = b"flotilla tenant rules v1\n";
+
+impl SigningKey {
+    /// Signs the canonical bytes of the platform's tenant rules (`flotilla tenants
+    /// sign`); returns the base64 signature.
+    pub fn sign_tenant_rules(&self, canonical: &[u8]) -> String {
+        let mut message = TENANT_RULES_DOMAIN.to_vec();
+        message.extend_from_slice(canonical);
+        BASE64.encode(self.key.sign(&message).to_bytes())
+    }
+}
+
+impl PublicKey {
+    /// Whether `sig` (base64) is this key's signature of the tenant rules.
+    pub fn verifies_tenant_rules(&self, canonical: &[u8], sig: &str) -> bool {
+        let Ok(bytes) = BASE64.decode(sig.as_bytes()) else {
+            return false;
+        };
+        let Ok(bytes) = <[u8; 64]>::try_from(bytes.as_slice()) else {
+            return false;
+        };
+        let mut message = TENANT_RULES_DOMAIN.to_vec();
+        message.extend_from_slice(canonical);
+        self.key
+            .verify_strict(&message, &ed25519_dalek::Signature::from_bytes(&bytes))
+            .is_ok()
+    }
+}
+
 /// A public key an agent trusts (`--trust-key KEY.pub`).
 #[derive(Clone, PartialEq, Eq)]
 pub struct PublicKey {

@@ -167,6 +167,9 @@ pub struct Fleet {
     pub rollout_policies: Vec<RolloutPolicy>,
     /// Tenants, by name.
     pub tenants: Vec<Tenant>,
+    /// `tenants/rules.signed.json`: the tenant rules as the platform's key signed
+    /// them, carried in every bundle for agents that take only those.
+    pub signed_tenant_rules: Option<flotilla_core::bundle::SignedTenantRules>,
     /// `flotilla.yaml`'s settings (each its default when the file is absent).
     pub settings: FleetSettings,
 }

@@ -202,6 +202,7 @@ pub(crate) fn of_fleet(
         for tenant in &fleet.tenants {
             hasher.update(file_digest(snapshot, &tenant.file));
         }
+        hasher.update(file_digest(snapshot, crate::tenancy::SIGNED_RULES_FILE));
         hasher.finalize().into()
     };
     let groups: Vec<InputDigest> = fleet

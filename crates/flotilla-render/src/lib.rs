@@ -35,7 +35,7 @@ pub mod sops;
 pub mod stencil;
 mod strategic;
 pub mod template;
-mod tenancy;
+pub mod tenancy;
 pub mod transform;
 pub mod yaml;
 

@@ -144,6 +144,9 @@ pub fn load_reusing(
     }
     fleet.tenants.sort_by(|a, b| a.name.cmp(&b.name));
     crate::tenancy::assign(&mut fleet, diagnostics);
+    if let Some(text) = snapshot.files.get(crate::tenancy::SIGNED_RULES_FILE) {
+        fleet.signed_tenant_rules = crate::tenancy::signed_rules(text, &fleet.tenants, diagnostics);
+    }
     // A tenant's kustomizations see only the files the tenant may read.
     let fenced: Vec<Option<FleetSnapshot>> = (0..fleet.tenants.len())
         .map(|t| {

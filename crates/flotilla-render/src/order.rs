@@ -160,7 +160,13 @@ pub(crate) fn bundle_meta(
         }
     }
     let tenants = crate::tenancy::marks(fleet, targeted);
-    if !has_dependencies && drift.is_empty() && hooks.is_empty() && tenants.is_empty() {
+    let tenant_rules = fleet.signed_tenant_rules.clone();
+    if !has_dependencies
+        && drift.is_empty()
+        && hooks.is_empty()
+        && tenants.is_empty()
+        && tenant_rules.is_none()
+    {
         return Ok(None);
     }
     let phases = if has_dependencies {
@@ -183,6 +189,7 @@ pub(crate) fn bundle_meta(
         drift,
         hooks,
         tenants,
+        tenant_rules,
     }))
 }
 

@@ -23,7 +23,7 @@
 
 use std::collections::BTreeMap;
 
-use flotilla_core::bundle::{Resource, TenantMark};
+use flotilla_core::bundle::{Resource, SignedTenantRules, TenantMark, TenantRules};
 use flotilla_core::diagnostic::Diagnostic;
 use flotilla_core::model::Located;
 use flotilla_core::names::glob_matches;
@@ -349,4 +349,72 @@ pub(crate) fn marks(fleet: &Fleet, targeted: &[usize]) -> BTreeMap<String, Tenan
         mark.workloads.sort();
     }
     marks
+}
+
+/// Where the signed tenant rules live in a fleet.
+pub(crate) const SIGNED_RULES_FILE: &str = "tenants/rules.signed.json";
+
+/// The tenant rules the Tenant files give, as `flotilla key sign-tenants` signs them
+/// (workloads and namespaces as written: names or globs).
+pub fn rules_of(tenants: &[Tenant], platform_workloads: Option<Vec<String>>) -> TenantRules {
+    let values = |list: &[Located<String>]| list.iter().map(|v| v.value.clone()).collect();
+    TenantRules {
+        platform_workloads,
+        tenants: tenants
+            .iter()
+            .map(|t| {
+                (
+                    t.name.clone(),
+                    TenantMark {
+                        workloads: values(&t.workloads),
+                        namespaces: values(&t.namespaces),
+                        cluster_scoped: values(&t.cluster_scoped),
+                    },
+                )
+            })
+            .collect(),
+    }
+}
+
+/// Reads `tenants/rules.signed.json` and checks that it signs the rules the Tenant
+/// files say: a change to a Tenant file needs the platform's signature again.
+pub(crate) fn signed_rules(
+    text: &str,
+    tenants: &[Tenant],
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Option<SignedTenantRules> {
+    let signed: SignedTenantRules = match serde_json::from_str(text) {
+        Ok(signed) => signed,
+        Err(err) => {
+            diagnostics.push(
+                Diagnostic::error(format!(
+                    "not signed tenant rules as `flotilla key sign-tenants` writes them: {err}"
+                ))
+                .in_file(SIGNED_RULES_FILE)
+                .at_line(Some(err.line() as u64)),
+            );
+            return None;
+        }
+    };
+    let files = rules_of(tenants, signed.rules.platform_workloads.clone());
+    if files.tenants != signed.rules.tenants {
+        let differing: Vec<&str> = files
+            .tenants
+            .keys()
+            .chain(signed.rules.tenants.keys())
+            .filter(|name| files.tenants.get(*name) != signed.rules.tenants.get(*name))
+            .map(String::as_str)
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        diagnostics.push(
+            Diagnostic::error(format!(
+                "the signed tenant rules differ from the Tenant files for {}: the platform signs them again with `flotilla key sign-tenants --key KEY` after any change to tenants/",
+                differing.join(", ")
+            ))
+            .in_file(SIGNED_RULES_FILE),
+        );
+        return None;
+    }
+    Some(signed)
 }
