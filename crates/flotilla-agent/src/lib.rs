@@ -919,25 +919,7 @@ impl Poller {
             );
         }
         let bundle = document.bundle;
-        let signed = self
-            .tenant_key
-            .as_ref()
-            .map(|key| tenancy::signed_policy(&bundle, key));
-        let policy = match &signed {
-            Some(Ok(policy)) => Some(policy),
-            Some(Err(why)) => {
-                return Verdict::Refused(
-                    Some(bundle.digest.clone()),
-                    format!(
-                        "refused the bundle {} from {}: {why}; keeping the last-known-good bundle",
-                        bundle.digest,
-                        self.client.server()
-                    ),
-                );
-            }
-            None => self.tenant_policy.as_ref(),
-        };
-        if let Some(why) = tenancy::refusal(&bundle, policy) {
+        if let Err(why) = self.keeps_tenant_rules(&bundle) {
             return Verdict::Refused(
                 Some(bundle.digest.clone()),
                 format!(
@@ -982,6 +964,19 @@ impl Poller {
             }
         } else {
             Verdict::New(bundle, held)
+        }
+    }
+
+    /// Whether the bundle keeps its tenants' rules: those signed by `--tenant-key`
+    /// (required then), else `--tenant-policy`'s, else the bundle's own marks.
+    fn keeps_tenant_rules(&self, bundle: &Bundle) -> Result<(), String> {
+        let signed = match &self.tenant_key {
+            Some(key) => Some(tenancy::signed_policy(bundle, key)?),
+            None => None,
+        };
+        match tenancy::refusal(bundle, signed.as_ref().or(self.tenant_policy.as_ref())) {
+            Some(why) => Err(why),
+            None => Ok(()),
         }
     }
 

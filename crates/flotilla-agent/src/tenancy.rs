@@ -234,7 +234,12 @@ mod tests {
         let by_hub = with_rules("kube-system", Some(signed_by(&hub, &rules)));
         assert!(signed_policy(&by_hub, &key).is_err());
         let mut widened = signed_by(&platform, &rules);
-        widened.rules.tenants.get_mut("team-a").expect("team-a").namespaces = vec!["*".into()];
+        widened
+            .rules
+            .tenants
+            .get_mut("team-a")
+            .expect("team-a")
+            .namespaces = vec!["*".into()];
         assert!(signed_policy(&with_rules("kube-system", Some(widened)), &key).is_err());
         let stripped = with_rules("team-a-x", None);
         assert!(
