@@ -365,15 +365,16 @@ fn finish_cleanup_at_read(fake: &FakeApiServer, read: usize, condition: &'static
     });
 }
 
-/// Workload `base`, then release `web` (its Deployment, a `pre-delete` cleanup Job and
-/// a `post-delete` ConfigMap) beside workload `cache`, which has no hooks.
-fn leaving_release() -> Bundle {
+/// Workload `base`, then release `web` (its Deployment, a cleanup Job run on
+/// `cleanup_event` and a `post-delete` ConfigMap) beside workload `cache`, which has no
+/// hooks.
+fn leaving_release(cleanup_event: &'static str) -> Bundle {
     let cleanup = object(
         "batch/v1",
         "Job",
         "demo",
         "web-cleanup",
-        json!({"metadata": {"annotations": {"helm.sh/hook": "pre-delete"}},
+        json!({"metadata": {"annotations": {"helm.sh/hook": cleanup_event}},
                "spec": {"template": {"spec": {"restartPolicy": "Never",
                         "containers": [{"name": "cleanup", "image": "ghcr.io/example/cleanup:1"}]}}}}),
     );
@@ -392,7 +393,7 @@ fn leaving_release() -> Bundle {
             &[&["base"], &["cache", "web"]],
         ),
         &[
-            ("web-cleanup", &["pre-delete"], &["before-hook-creation"]),
+            ("web-cleanup", &[cleanup_event], &["before-hook-creation"]),
             ("web-farewell", &["post-delete"], &["before-hook-creation"]),
         ],
     )
@@ -410,7 +411,7 @@ fn base_only() -> Bundle {
 async fn a_leaving_release_runs_its_pre_delete_hook_before_its_prune_and_post_delete_after() {
     let fake = FakeApiServer::new();
     let mut sink = sink(&fake, quick());
-    let installed = leaving_release();
+    let installed = leaving_release("pre-delete");
     let outcome = sink.apply(&installed, &[]).await;
     assert!(outcome.complete, "{outcome:#?}");
     assert!(
@@ -471,7 +472,7 @@ async fn a_leaving_release_runs_its_pre_delete_hook_before_its_prune_and_post_de
 async fn a_failed_pre_delete_hook_keeps_its_release_and_the_next_try_deletes_it() {
     let fake = FakeApiServer::new();
     let mut sink = sink(&fake, quick());
-    let installed = leaving_release();
+    let installed = leaving_release("pre-delete");
     assert!(sink.apply(&installed, &[]).await.complete);
 
     fake.clear_exchanges();
@@ -532,4 +533,47 @@ async fn a_failed_pre_delete_hook_keeps_its_release_and_the_next_try_deletes_it(
         ]
     );
     assert!(fake.get("apps/v1", "Deployment", "demo", "web").is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_post_delete_hook_is_reported_once_its_release_is_gone() {
+    let fake = FakeApiServer::new();
+    let mut sink = sink(&fake, quick());
+    let installed = leaving_release("post-delete");
+    assert!(sink.apply(&installed, &[]).await.complete);
+
+    fake.clear_exchanges();
+    finish_cleanup_at_read(&fake, 2, "Failed");
+    let next = base_only();
+    let outcome = sink.apply(&next, &prune_list(&installed, &next)).await;
+
+    // The release is deleted: the apply is done, and says what failed after it.
+    assert!(outcome.complete, "{outcome:#?}");
+    assert!(
+        outcome.message.ends_with(
+            "Helm hook Job.batch demo/web-cleanup (post-delete of release web) failed: the job is Failed"
+        ),
+        "{}",
+        outcome.message
+    );
+    assert_eq!(line(&outcome, "Job", "web-cleanup").0, Failed);
+    assert_eq!(line(&outcome, "Deployment", "web").0, Pruned);
+    let requests = object_requests(&fake);
+    let web = requests
+        .iter()
+        .position(|r| *r == format!("DELETE {WEB}"))
+        .expect("the release is deleted");
+    let cleanup = requests
+        .iter()
+        .position(|r| *r == format!("PATCH {CLEANUP}"))
+        .expect("the hook runs");
+    assert!(
+        web < cleanup,
+        "post-delete runs after the release: {requests:?}"
+    );
+
+    // Not run again: the release is gone.
+    fake.clear_exchanges();
+    assert!(sink.apply(&next, &[]).await.complete);
+    assert_eq!(object_requests(&fake), [format!("PATCH {NAMESPACE}")]);
 }
