@@ -23,6 +23,7 @@ const LOCK_FILE: &str = "lock";
 const BUNDLE_FILE: &str = "bundle.json";
 const INVENTORY_FILE: &str = "inventory.json";
 const STATUS_FILE: &str = "status.json";
+const APPLIED_FILE: &str = "applied.json";
 /// Earlier versions named temporary files in the state folder `.<final name>.tmp`;
 /// today's are [`flotilla_fs`]'s.
 const OLD_TMP_SUFFIX: &str = ".tmp";
@@ -143,6 +144,40 @@ impl StateDir {
     /// Stores a verified bundle document as the last-known-good, atomically.
     pub fn save_bundle(&self, document: &[u8]) -> Result<(), StateError> {
         self.write(BUNDLE_FILE, document)
+    }
+
+    /// Keeps the bundle just applied completely, as it was received, for the next
+    /// prune: it says which apply phase each object that leaves had, and holds the
+    /// delete hooks of a Helm release that leaves. Only a bundle with metadata has
+    /// anything to say; for another the file is removed.
+    pub fn save_applied(&self, bundle: &Bundle) -> Result<(), StateError> {
+        if bundle.meta.is_some() {
+            return self.write(APPLIED_FILE, &bundle.document("applied"));
+        }
+        let path = self.path.join(APPLIED_FILE);
+        match fs::remove_file(&path) {
+            Err(err) if err.kind() != io::ErrorKind::NotFound => {
+                Err(StateError::Io { path, source: err })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The bundle [`StateDir::save_applied`] kept, if it is the one the inventory says
+    /// was applied last (`digest`) and still verifies; `None` otherwise (prune then
+    /// goes in one step, without delete hooks).
+    pub fn load_applied(&self, cluster: &str, digest: Option<&Digest>) -> Option<Bundle> {
+        let path = self.path.join(APPLIED_FILE);
+        let bytes = fs::read(&path).ok()?;
+        match bundle::verify_document(&bytes, Some(cluster)) {
+            Ok(bundle) if Some(&bundle.digest) == digest => Some(bundle),
+            Ok(_) => None,
+            Err(err) => {
+                tracing::warn!(path = %path.display(), error = %err,
+                    "the bundle last applied does not verify; ignoring it (the next prune goes in one step)");
+                None
+            }
+        }
     }
 
     /// Reads the inventory; a missing or unreadable one is empty (nothing will be pruned).
@@ -348,6 +383,32 @@ mod tests {
         let err = state.load_bundle("edge-1").expect_err("refused");
         let text = err.to_string();
         assert!(text.contains("edge-2") && text.contains("edge-1"), "{text}");
+    }
+
+    #[test]
+    fn the_bundle_last_applied_is_kept_only_with_metadata_and_read_only_for_its_digest() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = StateDir::open(dir.path()).expect("opens");
+        let phased = crate::testing::phased_bundle_of(
+            "edge-1",
+            vec![("db", config_map("a", "1")), ("app", config_map("b", "1"))],
+            &[&["db"], &["app"]],
+        );
+        state.save_applied(&phased).expect("saves");
+        let loaded = state
+            .load_applied("edge-1", Some(&phased.digest))
+            .expect("present");
+        assert_eq!(loaded.digest, phased.digest);
+        assert_eq!(loaded.resource_phases(), [0, 1]);
+        // Another digest in the inventory (the file is older than it): not used.
+        let plain = bundle_of("edge-1", vec![config_map("a", "1")]);
+        assert!(state.load_applied("edge-1", Some(&plain.digest)).is_none());
+        assert!(state.load_applied("edge-1", None).is_none());
+        assert!(state.load_applied("edge-2", Some(&phased.digest)).is_none());
+        // A bundle without metadata has nothing to say: the file goes.
+        state.save_applied(&plain).expect("saves");
+        assert!(!dir.path().join(APPLIED_FILE).exists());
+        assert!(state.load_applied("edge-1", Some(&phased.digest)).is_none());
     }
 
     #[test]

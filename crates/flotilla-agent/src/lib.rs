@@ -311,6 +311,15 @@ impl<S: Sink> Agent<S> {
         let last_report = stored
             .map(|s| s.report)
             .unwrap_or_else(|| StatusReport::empty("starting; no bundle yet", AGENT_VERSION));
+        // What the next prune needs of the bundle last applied, offline too.
+        if let Some(applied) = state.load_applied(&config.cluster, inventory.applied.as_ref()) {
+            match identity.open(&applied) {
+                Ok(opened) => sink.recall_applied(Some(Arc::new(opened))),
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot open the bundle last applied; the next prune goes in one step")
+                }
+            }
+        }
         let applier = Applier {
             config: &config,
             sink,
@@ -513,6 +522,7 @@ impl<S: Sink> Applier<'_, S> {
                 return false;
             }
         };
+        let received = bundle;
         let bundle = &opened;
         let prune = self.inventory.left_out_of(bundle);
         let intent = Inventory {
@@ -545,7 +555,12 @@ impl<S: Sink> Applier<'_, S> {
                 entries,
             };
             match self.state.save_inventory(&done) {
-                Ok(()) => self.inventory = done,
+                Ok(()) => {
+                    self.inventory = done;
+                    if let Err(err) = self.state.save_applied(received) {
+                        tracing::warn!(error = %err, "cannot keep the bundle applied for the next prune; it will go in one step");
+                    }
+                }
                 Err(err) => {
                     tracing::error!(error = %err, "applied, but cannot record it; will apply again");
                     complete = false;

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use flotilla_fs::Mode;
 
-use super::{ApplyOutcome, Sink, apply_phases, apply_rank, with_flotilla_metadata};
+use super::{ApplyOutcome, Sink, apply_phases, apply_rank, prune_phases, with_flotilla_metadata};
 use crate::cache::InventoryEntry;
 use flotilla_core::bundle::{Bundle, Digest, ResourceKey};
 use flotilla_core::status::{ResourceState, ResourceStatus};
@@ -47,6 +47,9 @@ pub struct DirSink {
     kustomization: bool,
     /// What past drift checks corrected (see [`drift`]).
     memory: super::drift::Memory,
+    /// The bundle last applied completely, when it has metadata: the files of what
+    /// left the bundle are removed in reverse of its apply phases.
+    last_applied: Option<std::sync::Arc<Bundle>>,
 }
 
 /// The files an apply wants.
@@ -72,7 +75,8 @@ struct Writes {
 /// What removing the files of resources that left did.
 #[derive(Default)]
 struct Removal {
-    removed: usize,
+    /// The files removed, in the order they were.
+    removed: Vec<String>,
     /// Files that could not be removed (they stay in the manifest).
     kept: BTreeSet<String>,
     failure: Option<String>,
@@ -94,6 +98,7 @@ impl DirSink {
             state_dir: state_dir.to_path_buf(),
             kustomization,
             memory: super::drift::Memory::default(),
+            last_applied: None,
         }
     }
 
@@ -221,9 +226,13 @@ impl DirSink {
             };
         }
 
-        let removal = self.remove_left(&old, &desired);
+        let removal = self.remove_left(&old, &desired, prune);
         let sync = synced.and_then(|()| flotilla_fs::sync_dir(&self.target));
-        for entry in prune {
+        let previous = self.last_applied.as_deref();
+        for entry in prune_phases(prune, previous)
+            .into_iter()
+            .flat_map(|(_, group)| group)
+        {
             let key = entry.key();
             let (state, message) = if removal.kept.contains(&file_name(&key)) {
                 (ResourceState::Failed, "its file could not be removed")
@@ -249,6 +258,9 @@ impl DirSink {
                     .err()
                     .map(|e| format!("cannot record the dir sink's manifest: {e}"))
             });
+        if problem.is_none() {
+            self.last_applied = super::worth_keeping(bundle);
+        }
         match problem {
             Some(message) => ApplyOutcome {
                 resources,
@@ -265,7 +277,7 @@ impl DirSink {
                     self.target.display(),
                     writes.written,
                     writes.unchanged,
-                    removal.removed
+                    removal.removed.len()
                 ),
                 kept: Vec::new(),
             },
@@ -372,12 +384,33 @@ impl DirSink {
         writes
     }
 
-    /// Removes the files of the old manifest that the new bundle does not hold.
-    fn remove_left(&self, old: &Manifest, desired: &DesiredFiles) -> Removal {
+    /// Removes the files of the old manifest that the new bundle does not hold: those of
+    /// the resources that left it (`prune`) in reverse phase order, as the kube sink
+    /// deletes them ([`prune_phases`]), and before them any other (a file whose resource
+    /// flotilla no longer knows).
+    fn remove_left(
+        &self,
+        old: &Manifest,
+        desired: &DesiredFiles,
+        prune: &[InventoryEntry],
+    ) -> Removal {
+        let ordered: Vec<String> = prune_phases(prune, self.last_applied.as_deref())
+            .into_iter()
+            .flat_map(|(_, group)| group)
+            .map(|entry| file_name(&entry.key()))
+            .collect();
+        let left: BTreeSet<&String> = old
+            .files
+            .iter()
+            .filter(|n| !desired.files.contains_key(*n))
+            .collect();
+        let known: BTreeSet<&String> = ordered.iter().collect();
+        let unknown = left.iter().copied().filter(|n| !known.contains(n));
+        let in_order = ordered.iter().filter(|n| left.contains(n));
         let mut removal = Removal::default();
-        for name in old.files.iter().filter(|n| !desired.files.contains_key(*n)) {
+        for name in unknown.chain(in_order) {
             match fs::remove_file(self.target.join(name)) {
-                Ok(()) => removal.removed += 1,
+                Ok(()) => removal.removed.push(name.clone()),
                 Err(err) if err.kind() == io::ErrorKind::NotFound => {}
                 Err(err) => {
                     removal.kept.insert(name.clone());
@@ -422,6 +455,10 @@ impl Sink for DirSink {
     ) -> impl std::future::Future<Output = Option<Vec<ResourceStatus>>> + Send + 'a {
         // The folder's reader applies the files; their health is not visible here.
         std::future::ready(None)
+    }
+
+    fn recall_applied(&mut self, bundle: Option<std::sync::Arc<Bundle>>) {
+        self.last_applied = bundle;
     }
 
     fn check_drift<'a>(
@@ -785,6 +822,61 @@ mod tests {
         let mut written = vec![ns_file("demo"), ns_file("app"), cm("pg"), cm("web")];
         written.sort();
         assert_eq!(fixture.files(), written);
+    }
+
+    #[test]
+    fn files_that_leave_are_removed_in_reverse_phase_order() {
+        let fixture = Fixture::new();
+        let mut sink = fixture.sink(false);
+        // `app` depends on `db`, which depends on `base`.
+        let applied = phased_bundle_of(
+            "edge-1",
+            vec![
+                ("base", namespace("demo")),
+                ("db", namespace("db")),
+                ("db", config_map("pg", json!({}))),
+                ("app", namespace("app")),
+                ("app", config_map("web", json!({}))),
+            ],
+            &[&["base"], &["db"], &["app"]],
+        );
+        assert!(apply(&mut sink, &applied, &[]).complete);
+        let next = phased_bundle_of("edge-1", vec![("base", namespace("demo"))], &[&["base"]]);
+        let prune = crate::cache::Inventory {
+            sink: sink.id(),
+            applied: Some(applied.digest.clone()),
+            entries: InventoryEntry::of_bundle(&applied),
+        }
+        .left_out_of(&next);
+        let old = sink.load_manifest();
+        let (desired, _) = sink.desired_files(&next, &header("edge-1"));
+        let removal = sink.remove_left(&old, &desired, &prune);
+        // The last phase first, each in reverse apply order (its objects before its
+        // Namespace); by name alone `pg` would go before `web`.
+        assert_eq!(
+            removal.removed,
+            [cm("web"), ns_file("app"), cm("pg"), ns_file("db")]
+        );
+        assert_eq!(fixture.files(), [ns_file("demo")]);
+
+        // The apply reports them in that order too.
+        let fixture = Fixture::new();
+        let mut sink = fixture.sink(false);
+        assert!(apply(&mut sink, &applied, &[]).complete);
+        let outcome = apply(&mut sink, &next, &prune);
+        assert!(outcome.complete, "{outcome:?}");
+        let pruned: Vec<&str> = outcome
+            .resources
+            .iter()
+            .filter(|r| r.state == ResourceState::Pruned)
+            .map(|r| r.name.as_str())
+            .collect();
+        assert_eq!(pruned, ["web", "app", "pg", "db"]);
+        assert!(
+            outcome.message.ends_with("4 removed"),
+            "{}",
+            outcome.message
+        );
     }
 
     #[test]

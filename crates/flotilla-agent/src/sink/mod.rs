@@ -85,6 +85,12 @@ pub trait Sink: Send {
     /// takes it over when it has none yet.
     fn recall(&mut self, _applied_before: &[InventoryEntry]) {}
 
+    /// Tells the sink, before its first apply, which bundle it last applied completely
+    /// (the state folder keeps it): prune takes from it the phase of each object that
+    /// left the bundle and the delete hooks of a Helm release that left it. A sink
+    /// remembers the bundles it then applies completely itself.
+    fn recall_applied(&mut self, _bundle: Option<Arc<Bundle>>) {}
+
     /// Looks for drift in what the sink applied of `bundle` (the bundle it last applied
     /// completely) and deals with it as each workload's drift policy says
     /// ([`drift`]). Sinks that cannot look answer [`drift::DriftCheck::Unavailable`],
@@ -179,6 +185,51 @@ pub fn prune_order(entries: &[InventoryEntry]) -> Vec<InventoryEntry> {
         (apply_rank(&kb), kb).cmp(&(apply_rank(&ka), ka))
     });
     ordered
+}
+
+/// Prune order, phase by phase: the entries grouped by the apply phase their workload
+/// had in `previous`, the bundle that last applied them (it is not in the new bundle),
+/// the last phase first and the first phase last, each group in [`prune_order`]. Each
+/// group comes with its phase's index in `previous`. An entry `previous` does not hold,
+/// or every entry without a `previous`, counts as in its last phase: nothing known
+/// depends on it.
+pub fn prune_phases(
+    entries: &[InventoryEntry],
+    previous: Option<&Bundle>,
+) -> Vec<(usize, Vec<InventoryEntry>)> {
+    let Some(previous) = previous else {
+        return if entries.is_empty() {
+            Vec::new()
+        } else {
+            vec![(0, prune_order(entries))]
+        };
+    };
+    let last = previous.phase_count() - 1;
+    let phases = previous.resource_phases();
+    let mut groups: Vec<Vec<InventoryEntry>> = vec![Vec::new(); last + 1];
+    for entry in entries {
+        let key = entry.key();
+        let phase = previous
+            .resources
+            .binary_search_by(|r| (*r.key).cmp(&key))
+            .ok()
+            .and_then(|index| phases.get(index).copied())
+            .unwrap_or(last);
+        groups[phase.min(last)].push(entry.clone());
+    }
+    groups
+        .into_iter()
+        .enumerate()
+        .rev()
+        .filter(|(_, group)| !group.is_empty())
+        .map(|(phase, group)| (phase, prune_order(&group)))
+        .collect()
+}
+
+/// The bundle a sink keeps as the one it last applied completely: only one with
+/// metadata (phases, hooks) has anything to tell prune.
+pub fn worth_keeping(bundle: &Bundle) -> Option<Arc<Bundle>> {
+    bundle.meta.is_some().then(|| Arc::new(bundle.clone()))
 }
 
 /// The object as flotilla applies it: without the metadata the API server sets and
@@ -346,6 +397,59 @@ mod tests {
         let plain = sample();
         let one: Vec<Vec<String>> = apply_phases(&plain).iter().map(names).collect();
         assert_eq!(one, [names(&apply_order(&plain))]);
+    }
+
+    #[test]
+    fn prune_goes_in_reverse_phase_order_by_the_bundle_that_last_applied() {
+        let previous = phased_bundle_of(
+            "edge-1",
+            vec![
+                (
+                    "operator",
+                    object(
+                        "apiextensions.k8s.io/v1",
+                        "CustomResourceDefinition",
+                        None,
+                        "widgets.example.com",
+                    ),
+                ),
+                (
+                    "operator",
+                    object("apps/v1", "Deployment", Some("op"), "op"),
+                ),
+                ("db", object("v1", "Namespace", None, "db")),
+                ("db", object("apps/v1", "StatefulSet", Some("db"), "pg")),
+                ("app", object("apps/v1", "Deployment", Some("app"), "web")),
+                ("app", object("example.com/v1", "Widget", Some("app"), "w")),
+            ],
+            &[&["operator"], &["db"], &["app"]],
+        );
+        let mut entries = InventoryEntry::of_bundle(&previous);
+        // Not in the bundle that last applied: as in its last phase.
+        entries.push(InventoryEntry {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            namespace: "app".into(),
+            name: "stray".into(),
+        });
+        entries.reverse();
+        let groups: Vec<(usize, Vec<String>)> = prune_phases(&entries, Some(&previous))
+            .into_iter()
+            .map(|(phase, group)| (phase, group.into_iter().map(|e| e.name).collect()))
+            .collect();
+        assert_eq!(
+            groups,
+            [
+                (2, vec!["w".to_string(), "web".into(), "stray".into()]),
+                (1, vec!["pg".into(), "db".into()]),
+                (0, vec!["op".into(), "widgets.example.com".into()]),
+            ]
+        );
+        // Without the bundle that last applied: one group, in reverse apply order.
+        let one = prune_phases(&entries, None);
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].1, prune_order(&entries));
+        assert!(prune_phases(&[], None).is_empty());
     }
 
     #[test]

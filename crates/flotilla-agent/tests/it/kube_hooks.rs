@@ -2,7 +2,9 @@
 //! release's pre-install Job completes before the release is applied; a change to the
 //! release runs its pre-upgrade hook, deleting the previous Job first
 //! (`before-hook-creation`); an unchanged release runs none; a failing hook stops the
-//! apply naming it; hooks are neither checked for drift nor pruned.
+//! apply naming it; hooks are neither checked for drift nor pruned. A release that
+//! leaves the bundle runs its pre-delete hooks before its objects are deleted and its
+//! post-delete hooks after; a pre-delete hook that fails keeps the release.
 
 use crate::support as agent_support;
 
@@ -14,7 +16,7 @@ use flotilla_agent::sink::Sink;
 use flotilla_agent::sink::drift::DriftCheck;
 use flotilla_agent::sink::kube::KubeOptions;
 use flotilla_core::bundle::{Bundle, HookMark};
-use flotilla_core::status::ResourceState::{Applied, Failed, Healthy, Progressing};
+use flotilla_core::status::ResourceState::{Applied, Failed, Healthy, Progressing, Pruned};
 use flotilla_kube_fake::FakeApiServer;
 use serde_json::{Value, json};
 
@@ -343,4 +345,235 @@ async fn post_hooks_run_after_the_release_and_hook_succeeded_deletes_the_job() {
         "a post hook other than a Job or Pod is done once applied"
     );
     assert!(fake.get("v1", "ConfigMap", "demo", "web-notify").is_some());
+}
+
+const CLEANUP: &str = "/apis/batch/v1/namespaces/demo/jobs/web-cleanup";
+const FAREWELL: &str = "/api/v1/namespaces/demo/configmaps/web-farewell";
+const CACHE: &str = "/api/v1/namespaces/demo/configmaps/cache";
+
+/// Makes the cleanup Job finish (`Complete` or `Failed`) just before the `read`th read
+/// of it is answered (counted from 1).
+fn finish_cleanup_at_read(fake: &FakeApiServer, read: usize, condition: &'static str) {
+    fake.before("GET", "/jobs/web-cleanup", move |fake| {
+        if read > 1 {
+            finish_cleanup_at_read(fake, read - 1, condition);
+            return;
+        }
+        let status = json!({"conditions": [{"type": condition, "status": "True",
+                                            "message": format!("the job is {condition}")}]});
+        assert!(fake.set_status("batch/v1", "Job", "demo", "web-cleanup", status));
+    });
+}
+
+/// Workload `base`, then release `web` (its Deployment, a cleanup Job run on
+/// `cleanup_event` and a `post-delete` ConfigMap) beside workload `cache`, which has no
+/// hooks.
+fn leaving_release(cleanup_event: &'static str) -> Bundle {
+    let cleanup = object(
+        "batch/v1",
+        "Job",
+        "demo",
+        "web-cleanup",
+        json!({"metadata": {"annotations": {"helm.sh/hook": cleanup_event}},
+               "spec": {"template": {"spec": {"restartPolicy": "Never",
+                        "containers": [{"name": "cleanup", "image": "ghcr.io/example/cleanup:1"}]}}}}),
+    );
+    let mut farewell = kube_config_map("demo", "web-farewell", "gone");
+    farewell["metadata"]["annotations"] = json!({"helm.sh/hook": "post-delete"});
+    with_hooks(
+        phased_bundle(
+            "edge-1",
+            vec![
+                ("base", kube_namespace("demo")),
+                ("web", deployment("demo", "web", 1)),
+                ("web", cleanup),
+                ("web", farewell),
+                ("cache", kube_config_map("demo", "cache", "1")),
+            ],
+            &[&["base"], &["cache", "web"]],
+        ),
+        &[
+            ("web-cleanup", &[cleanup_event], &["before-hook-creation"]),
+            ("web-farewell", &["post-delete"], &["before-hook-creation"]),
+        ],
+    )
+}
+
+fn base_only() -> Bundle {
+    phased_bundle(
+        "edge-1",
+        vec![("base", kube_namespace("demo"))],
+        &[&["base"]],
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_leaving_release_runs_its_pre_delete_hook_before_its_prune_and_post_delete_after() {
+    let fake = FakeApiServer::new();
+    let mut sink = sink(&fake, quick());
+    let installed = leaving_release("pre-delete");
+    let outcome = sink.apply(&installed, &[]).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    assert!(
+        object_requests(&fake)
+            .iter()
+            .all(|r| !r.contains("web-cleanup") && !r.contains("web-farewell")),
+        "delete hooks do not run on install: {:?}",
+        object_requests(&fake)
+    );
+
+    fake.clear_exchanges();
+    // Read (none yet), created, read: complete.
+    finish_cleanup_at_read(&fake, 2, "Complete");
+    let next = base_only();
+    let outcome = sink.apply(&next, &prune_list(&installed, &next)).await;
+
+    assert!(outcome.complete, "{outcome:#?}");
+    assert_eq!(
+        object_requests(&fake),
+        [
+            format!("PATCH {NAMESPACE}"),
+            // The pre-delete hook, waited for until it completes...
+            format!("GET {CLEANUP}"),
+            format!("PATCH {CLEANUP}"),
+            format!("GET {CLEANUP}"),
+            // ... then the phase's objects, in reverse apply order...
+            format!("GET {WEB}"),
+            format!("DELETE {WEB}"),
+            format!("GET {CACHE}"),
+            format!("DELETE {CACHE}"),
+            // ... then the post-delete hook.
+            format!("GET {FAREWELL}"),
+            format!("PATCH {FAREWELL}"),
+        ]
+    );
+    let (state, message) = line(&outcome, "Job", "web-cleanup");
+    assert_eq!(state, Healthy);
+    assert!(message.contains("pre-delete of release web"), "{message}");
+    let (state, message) = line(&outcome, "ConfigMap", "web-farewell");
+    assert_eq!(state, Applied);
+    assert!(message.contains("post-delete of release web"), "{message}");
+    assert_eq!(line(&outcome, "Deployment", "web").0, Pruned);
+    assert!(fake.get("apps/v1", "Deployment", "demo", "web").is_none());
+    assert!(
+        fake.get("v1", "ConfigMap", "demo", "web-farewell")
+            .is_some(),
+        "a hook is never pruned"
+    );
+
+    // The release is gone: the next apply runs no hook again.
+    fake.clear_exchanges();
+    let outcome = sink.apply(&next, &[]).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    assert_eq!(object_requests(&fake), [format!("PATCH {NAMESPACE}")]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_pre_delete_hook_keeps_its_release_and_the_next_try_deletes_it() {
+    let fake = FakeApiServer::new();
+    let mut sink = sink(&fake, quick());
+    let installed = leaving_release("pre-delete");
+    assert!(sink.apply(&installed, &[]).await.complete);
+
+    fake.clear_exchanges();
+    finish_cleanup_at_read(&fake, 2, "Failed");
+    let next = base_only();
+    let prune = prune_list(&installed, &next);
+    let outcome = sink.apply(&next, &prune).await;
+
+    assert!(!outcome.complete, "{outcome:#?}");
+    assert!(
+        outcome.message.contains(
+            "release web is not deleted: Helm hook Job.batch demo/web-cleanup (pre-delete of release web) \
+             failed: the job is Failed"
+        ),
+        "{}",
+        outcome.message
+    );
+    assert_eq!(line(&outcome, "Job", "web-cleanup").0, Failed);
+    let (state, message) = line(&outcome, "Deployment", "web");
+    assert_eq!(state, Applied);
+    assert!(
+        message.starts_with("left in place: release web is not deleted"),
+        "{message}"
+    );
+    assert!(fake.get("apps/v1", "Deployment", "demo", "web").is_some());
+    assert!(
+        fake.get("v1", "ConfigMap", "demo", "web-farewell")
+            .is_none(),
+        "no post-delete hook for a release that was not deleted"
+    );
+    // Only that release is kept: the other workload of its phase goes.
+    assert_eq!(line(&outcome, "ConfigMap", "cache").0, Pruned);
+    assert!(
+        !object_requests(&fake).contains(&format!("DELETE {WEB}")),
+        "{:?}",
+        object_requests(&fake)
+    );
+
+    // The next try runs the hook again (the failed Job deleted first, as
+    // before-hook-creation says) and, once it completes, deletes the release.
+    fake.clear_exchanges();
+    finish_cleanup_at_read(&fake, 3, "Complete");
+    let outcome = sink.apply(&next, &prune).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    let requests = object_requests(&fake);
+    let order: Vec<&String> = requests
+        .iter()
+        .filter(|r| r.starts_with("DELETE") || r.starts_with("PATCH"))
+        .collect();
+    assert_eq!(
+        order,
+        [
+            &format!("PATCH {NAMESPACE}"),
+            &format!("DELETE {CLEANUP}"),
+            &format!("PATCH {CLEANUP}"),
+            &format!("DELETE {WEB}"),
+            &format!("PATCH {FAREWELL}"),
+        ]
+    );
+    assert!(fake.get("apps/v1", "Deployment", "demo", "web").is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_post_delete_hook_is_reported_once_its_release_is_gone() {
+    let fake = FakeApiServer::new();
+    let mut sink = sink(&fake, quick());
+    let installed = leaving_release("post-delete");
+    assert!(sink.apply(&installed, &[]).await.complete);
+
+    fake.clear_exchanges();
+    finish_cleanup_at_read(&fake, 2, "Failed");
+    let next = base_only();
+    let outcome = sink.apply(&next, &prune_list(&installed, &next)).await;
+
+    // The release is deleted: the apply is done, and says what failed after it.
+    assert!(outcome.complete, "{outcome:#?}");
+    assert!(
+        outcome.message.ends_with(
+            "Helm hook Job.batch demo/web-cleanup (post-delete of release web) failed: the job is Failed"
+        ),
+        "{}",
+        outcome.message
+    );
+    assert_eq!(line(&outcome, "Job", "web-cleanup").0, Failed);
+    assert_eq!(line(&outcome, "Deployment", "web").0, Pruned);
+    let requests = object_requests(&fake);
+    let web = requests
+        .iter()
+        .position(|r| *r == format!("DELETE {WEB}"))
+        .expect("the release is deleted");
+    let cleanup = requests
+        .iter()
+        .position(|r| *r == format!("PATCH {CLEANUP}"))
+        .expect("the hook runs");
+    assert!(
+        web < cleanup,
+        "post-delete runs after the release: {requests:?}"
+    );
+
+    // Not run again: the release is gone.
+    fake.clear_exchanges();
+    assert!(sink.apply(&next, &[]).await.complete);
+    assert_eq!(object_requests(&fake), [format!("PATCH {NAMESPACE}")]);
 }

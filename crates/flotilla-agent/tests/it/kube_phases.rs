@@ -1,6 +1,8 @@
 //! Apply phases (`spec.dependsOn`) with the kube sink against the fake API server: a
 //! phase is applied once the one before is healthy, a phase that is not holds the later
-//! ones back, and a restart resumes where the last attempt stopped.
+//! ones back, and a restart resumes where the last attempt stopped. What leaves the
+//! bundle is pruned in reverse phase order, each phase gone before the next, by the
+//! phases of the bundle last applied (kept in the state folder across restarts).
 
 use crate::support as agent_support;
 
@@ -372,4 +374,199 @@ async fn a_restarted_agent_resumes_the_phases_of_its_stored_bundle_without_the_h
     assert_eq!(state_of("ConfigMap", "web"), Some(Applied));
     assert_eq!(state_of("Deployment", "web"), Some(Progressing));
     assert!(fake.get("apps/v1", "Deployment", "demo", "web").is_some());
+}
+
+/// `app` depends on `db`, which depends on `base`. The app's ConfigMap has a finalizer,
+/// so that deleting it takes a while.
+fn three_phases() -> Bundle {
+    phased_bundle(
+        "edge-1",
+        vec![
+            ("base", kube_namespace("demo")),
+            ("db", kube_config_map("demo", "db", "1")),
+            ("db", deployment("demo", "db", 1)),
+            (
+                "app",
+                object(
+                    "v1",
+                    "ConfigMap",
+                    "demo",
+                    "web",
+                    json!({"metadata": {"finalizers": ["example.com/hold"]}, "data": {"k": "1"}}),
+                ),
+            ),
+            ("app", deployment("demo", "web", 1)),
+        ],
+        &[&["base"], &["db"], &["app"]],
+    )
+}
+
+/// What is left of [`three_phases`] once `db` and `app` leave it.
+fn base_only() -> Bundle {
+    phased_bundle(
+        "edge-1",
+        vec![("base", kube_namespace("demo"))],
+        &[&["base"]],
+    )
+}
+
+const DB_CONFIG: &str = "/api/v1/namespaces/demo/configmaps/db";
+
+/// The DELETE requests, in order.
+fn deletes(fake: &FakeApiServer) -> Vec<String> {
+    object_requests(fake)
+        .into_iter()
+        .filter(|r| r.starts_with("DELETE "))
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn what_leaves_is_pruned_in_reverse_phase_order_each_phase_gone_before_the_next() {
+    let fake = FakeApiServer::new();
+    fake.before("GET", "/deployments/db", |fake| make_available(fake, "db"));
+    let mut sink = sink(&fake, quick());
+    let applied = three_phases();
+    let outcome = sink.apply(&applied, &[]).await;
+    assert!(outcome.complete, "{outcome:#?}");
+
+    // The app's ConfigMap stays, terminating, until its finalizer is removed just
+    // before its third read (read, deleted, read still there, read gone).
+    fake.clear_exchanges();
+    fake.before("GET", "/configmaps/web", |fake| {
+        fake.before("GET", "/configmaps/web", |fake| {
+            fake.before("GET", "/configmaps/web", |fake| {
+                fake.remove_finalizers("v1", "ConfigMap", "demo", "web")
+            })
+        })
+    });
+    let next = base_only();
+    let outcome = sink.apply(&next, &prune_list(&applied, &next)).await;
+
+    assert!(outcome.complete, "{outcome:#?}");
+    let get = |path: &str| format!("GET {path}");
+    let delete = |path: &str| format!("DELETE {path}");
+    assert_eq!(
+        object_requests(&fake),
+        [
+            format!("PATCH {NAMESPACE}"),
+            // Phase 3 (app) first, in reverse apply order...
+            get(WEB),
+            delete(WEB),
+            get(WEB_CONFIG),
+            delete(WEB_CONFIG),
+            // ... and gone before phase 2 (db) starts.
+            get(WEB_CONFIG),
+            get(WEB_CONFIG),
+            get(DB),
+            delete(DB),
+            get(DB_CONFIG),
+            delete(DB_CONFIG),
+        ]
+    );
+    for (kind, name) in [
+        ("Deployment", "web"),
+        ("ConfigMap", "web"),
+        ("Deployment", "db"),
+        ("ConfigMap", "db"),
+    ] {
+        assert_eq!(line(&outcome, kind, name).0, Pruned, "{kind} {name}");
+    }
+    assert!(fake.get("v1", "ConfigMap", "demo", "web").is_none());
+    assert!(fake.get("apps/v1", "Deployment", "demo", "db").is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_phase_still_being_deleted_in_time_holds_the_earlier_phases_prune_back() {
+    let fake = FakeApiServer::new();
+    fake.before("GET", "/deployments/db", |fake| make_available(fake, "db"));
+    let mut sink = sink(&fake, quick());
+    let applied = three_phases();
+    assert!(sink.apply(&applied, &[]).await.complete);
+
+    // The finalizer is never removed.
+    let next = base_only();
+    let prune = prune_list(&applied, &next);
+    let outcome = sink.apply(&next, &prune).await;
+
+    assert!(!outcome.complete, "{outcome:#?}");
+    assert!(
+        outcome.message.contains(
+            "phase 3 (workloads app) was not pruned completely: ConfigMap demo/web is still being deleted after 300ms (--phase-timeout)"
+        ),
+        "{}",
+        outcome.message
+    );
+    let (state, message) = line(&outcome, "Deployment", "db");
+    assert_eq!(state, Applied);
+    assert!(message.starts_with("left in place for now"), "{message}");
+    assert!(fake.get("apps/v1", "Deployment", "demo", "db").is_some());
+    assert!(fake.get("apps/v1", "Deployment", "demo", "web").is_none());
+
+    // Once the finalizer goes, the next try prunes the rest.
+    fake.remove_finalizers("v1", "ConfigMap", "demo", "web");
+    fake.clear_exchanges();
+    let outcome = sink.apply(&next, &prune).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    assert_eq!(
+        deletes(&fake),
+        [format!("DELETE {DB}"), format!("DELETE {DB_CONFIG}")]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_agent_resumes_the_prune_in_the_phases_of_the_bundle_it_applied_last() {
+    let fake = FakeApiServer::new();
+    fake.before("GET", "/deployments/db", |fake| make_available(fake, "db"));
+    let publish_dir = tempfile::tempdir().expect("tempdir");
+    let state = tempfile::tempdir().expect("tempdir");
+    let applied = three_phases();
+    publish(publish_dir.path(), &applied);
+    run_agent_until(&fake, publish_dir.path(), state.path(), |r| {
+        r.applied.as_ref() == Some(&applied.digest)
+    })
+    .await;
+
+    // The next bundle: the app's ConfigMap is not gone in time, so its dependencies
+    // are left for the next try.
+    let next = base_only();
+    publish(publish_dir.path(), &next);
+    let held = run_agent_until(&fake, publish_dir.path(), state.path(), |r| {
+        r.attempted.as_ref() == Some(&next.digest)
+    })
+    .await;
+    assert!(
+        held.message
+            .contains("phase 3 (workloads app) was not pruned completely"),
+        "{}",
+        held.message
+    );
+    assert!(fake.get("apps/v1", "Deployment", "demo", "db").is_some());
+
+    // The finalizer goes; the hub goes away; a new agent process (a sink that
+    // remembers nothing) resumes from its state folder, in the phases of the bundle it
+    // last applied completely.
+    fake.remove_finalizers("v1", "ConfigMap", "demo", "web");
+    drop(publish_dir);
+    fake.clear_exchanges();
+    let gone = tempfile::tempdir().expect("tempdir");
+    let report = run_agent_until(&fake, &gone.path().join("nothing"), state.path(), |r| {
+        r.applied.as_ref() == Some(&next.digest)
+    })
+    .await;
+    assert!(report.message.contains("pruned 4"), "{}", report.message);
+    assert_eq!(
+        object_requests(&fake),
+        [
+            format!("PATCH {NAMESPACE}"),
+            // Phase 3 (app), already gone...
+            format!("GET {WEB}"),
+            format!("GET {WEB_CONFIG}"),
+            // ... then phase 2 (db). By key alone, both Deployments would come
+            // before both ConfigMaps.
+            format!("GET {DB}"),
+            format!("DELETE {DB}"),
+            format!("GET {DB_CONFIG}"),
+            format!("DELETE {DB_CONFIG}"),
+        ]
+    );
 }

@@ -18,6 +18,11 @@
 //! is recorded once the post hooks completed, so a release whose hooks or resources
 //! failed runs them again on the next attempt.
 //!
+//! A release **leaves** when the bundle last applied completely held it and the new one
+//! does not ([`Leaving`]): in its prune step, its `pre-delete` hooks (from that previous
+//! bundle) run and are waited for before its objects are deleted, and its `post-delete`
+//! hooks after; a `pre-delete` hook that fails keeps the release in place.
+//!
 //! Hooks are not in the ledger: they are never pruned, never checked for drift and
 //! never applied again by a resync.
 
@@ -215,6 +220,122 @@ impl<'b> Hooks<'b> {
             .ok()?;
         let workload = meta.workloads.get(index)?.as_str();
         self.releases.contains_key(workload).then_some(workload)
+    }
+}
+
+/// The releases that leave the cluster and their delete hooks: releases with hooks in
+/// the bundle last applied completely whose workload the new bundle no longer holds, and
+/// of which flotilla's inventory still lists a resource (so a release whose prune was
+/// done does not run its hooks again). The hooks come from that previous bundle, since
+/// the new one does not hold them.
+#[derive(Default)]
+pub(super) struct Leaving<'b> {
+    /// Each leaving release: its apply phase in the previous bundle, its `pre-delete`
+    /// and its `post-delete` hooks, each in the order they run.
+    releases: BTreeMap<&'b str, (usize, Vec<Due<'b>>, Vec<Due<'b>>)>,
+    /// The release each resource of the previous bundle belongs to, for those leaving.
+    members: HashMap<&'b ResourceKey, &'b str>,
+}
+
+impl<'b> Leaving<'b> {
+    pub fn plan(previous: &'b Bundle, bundle: &Bundle, ledger: &Ledger) -> Leaving<'b> {
+        let Some(meta) = previous.meta.as_deref() else {
+            return Leaving::default();
+        };
+        let staying: HashSet<&str> = bundle
+            .meta
+            .iter()
+            .flat_map(|meta| meta.workloads.iter().map(String::as_str))
+            .collect();
+        let mut hooks: BTreeMap<&str, Vec<(&Arc<Resource>, &HookMark)>> = BTreeMap::new();
+        for hook in &meta.hooks {
+            if let (Some(resource), Some(release)) = (
+                previous.resources.get(hook.resource),
+                meta.workloads.get(hook.resource),
+            ) && !staying.contains(release.as_str())
+            {
+                hooks.entry(release).or_default().push((resource, hook));
+            }
+        }
+        let phases = previous.resource_phases();
+        let mut releases = BTreeMap::new();
+        let mut members = HashMap::new();
+        for ((resource, workload), phase) in
+            previous.resources.iter().zip(&meta.workloads).zip(&phases)
+        {
+            let Some(release_hooks) = hooks.get(workload.as_str()) else {
+                continue;
+            };
+            members.insert(&*resource.key, workload.as_str());
+            let is_hook = release_hooks.iter().any(|(r, _)| r.key == resource.key);
+            if is_hook
+                || ledger.entry(&resource.key).is_none()
+                || releases.contains_key(workload.as_str())
+            {
+                continue;
+            }
+            let due = |event: &'static str| {
+                let mut due: Vec<Due<'b>> = release_hooks
+                    .iter()
+                    .filter(|(_, mark)| mark.runs_on(event))
+                    .map(|&(resource, mark)| Due {
+                        resource,
+                        mark,
+                        event,
+                        release: workload.as_str(),
+                    })
+                    .collect();
+                due.sort_by(|a, b| {
+                    (a.mark.weight, &a.resource.key.kind, &a.resource.key.name).cmp(&(
+                        b.mark.weight,
+                        &b.resource.key.kind,
+                        &b.resource.key.name,
+                    ))
+                });
+                due
+            };
+            releases.insert(
+                workload.as_str(),
+                (*phase, due("pre-delete"), due("post-delete")),
+            );
+        }
+        members.retain(|_, release| releases.contains_key(*release));
+        Leaving { releases, members }
+    }
+
+    /// The leaving releases whose workload was in apply phase `phase`.
+    pub fn in_phase(&self, phase: usize) -> Vec<&'b str> {
+        self.releases
+            .iter()
+            .filter(|(_, (p, ..))| *p == phase)
+            .map(|(release, _)| *release)
+            .collect()
+    }
+
+    /// A release's `pre-delete` hooks.
+    pub fn pre(&self, release: &str) -> &[Due<'b>] {
+        self.releases
+            .get(release)
+            .map_or(&[][..], |(_, pre, _)| pre.as_slice())
+    }
+
+    /// A release's `post-delete` hooks.
+    pub fn post(&self, release: &str) -> &[Due<'b>] {
+        self.releases
+            .get(release)
+            .map_or(&[][..], |(_, _, post)| post.as_slice())
+    }
+
+    /// Whether the object is a delete hook of a leaving release.
+    pub fn runs(&self, key: &ResourceKey) -> bool {
+        self.releases
+            .values()
+            .any(|(_, pre, post)| pre.iter().chain(post).any(|due| *due.resource.key == *key))
+    }
+
+    /// The leaving release an object belongs to.
+    pub fn release_of(&self, key: &ResourceKey) -> Option<&'b str> {
+        self.members.get(key).copied()
     }
 }
 

@@ -12,11 +12,13 @@
 //!    `flotilla` (forcing conflicts only when asked). The answer says whether flotilla
 //!    created the object (201) or found it (200), and how healthy it is ([`health`]);
 //! 3. only when every object was applied (healthy or not), deletes what the previous
-//!    inventory held and the bundle does not, in reverse order, as [`prune`] decides;
+//!    inventory held and the bundle does not, as [`prune`] decides: phase by phase in
+//!    reverse, by the phases of the bundle last applied completely, and each phase in
+//!    reverse apply order ([`phases`]);
 //! 4. records the outcome in the ledger.
 //!
 //! A Helm release's hooks run around its resources in its phase, only when the release
-//! is installed or upgraded ([`hooks`]).
+//! is installed or upgraded, and around its prune when it leaves the bundle ([`hooks`]).
 //!
 //! An error the API server gives for one object (invalid, forbidden, a conflict, a
 //! 500 from a webhook or a typed patch) fails that object alone. No answer, 401, 429,
@@ -46,9 +48,7 @@ use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::Value;
 use tokio::time::Instant;
 
-use super::{
-    ApplyOutcome, Sink, StopSignal, apply_order, apply_rank, prune_order, with_flotilla_metadata,
-};
+use super::{ApplyOutcome, Sink, StopSignal, apply_order, apply_rank, with_flotilla_metadata};
 use crate::cache::InventoryEntry;
 use discovery::{Discovery, Found};
 use failure::{ApiStatus, Failure, SERVER_ERRORS_BEFORE_STOP};
@@ -272,6 +272,9 @@ pub struct KubeSink {
     applied_before: Vec<InventoryEntry>,
     /// The server's answers to the last applies, for drift checks.
     drift: drift::Tracker,
+    /// The bundle last applied completely, when it has metadata: prune takes the phase
+    /// of what left the bundle, and the delete hooks of a release that left, from it.
+    last_applied: Option<Arc<Bundle>>,
 }
 
 impl std::fmt::Debug for KubeSink {
@@ -313,6 +316,7 @@ impl KubeSink {
             saved: None,
             applied_before: Vec::new(),
             drift: drift::Tracker::default(),
+            last_applied: None,
         }
     }
 
@@ -437,20 +441,22 @@ impl KubeSink {
         let stopped_applying = run.stopped.clone();
 
         let mut pruned = Vec::new();
-        let mut retained = Vec::new();
+        let retained;
+        let mut prune_held = None;
         if apply_errors == 0 && stopped_applying.is_none() {
             let context = prune::Context::new(
                 bundle,
                 self.options.prune_namespaces_and_crds,
                 &self.ledger_namespace,
             );
-            for entry in prune_order(&candidates) {
-                let line = run.prune_one(&ledger, &entry, &context).await;
-                if line.retain {
-                    retained.push(entry);
-                }
-                pruned.push(line.status);
-            }
+            let previous = self.last_applied.clone();
+            let outcome = run
+                .prune_in_phases(&ledger, bundle, previous.as_deref(), &candidates, &context)
+                .await;
+            pruned = outcome.lines;
+            retained = outcome.retained;
+            prune_held = outcome.held;
+            note = outcome.note.or(note);
         } else {
             retained = candidates;
         }
@@ -458,9 +464,10 @@ impl KubeSink {
         self.ledger = Some(ledger);
         let saved = self.save_ledger(&self.api.unstoppable()).await;
 
-        let mut complete = apply_errors == 0 && run.stopped.is_none();
-        let mut message = match held {
-            Some(held) if stopped_applying.is_none() => held,
+        let mut complete = apply_errors == 0 && run.stopped.is_none() && prune_held.is_none();
+        let mut message = match (held, prune_held) {
+            (Some(held), _) if stopped_applying.is_none() => held,
+            (_, Some(prune_held)) if run.stopped.is_none() => prune_held,
             _ => summary(
                 bundle.resources.len(),
                 &lines,
@@ -478,6 +485,9 @@ impl KubeSink {
         }
         if let Some(note) = note {
             message = format!("{message}; {note}");
+        }
+        if complete {
+            self.last_applied = crate::sink::worth_keeping(bundle);
         }
         let mut resources: Vec<ResourceStatus> = lines.into_iter().map(|l| l.status).collect();
         resources.extend(pruned);
@@ -687,6 +697,10 @@ impl Sink for KubeSink {
         self.applied_before = applied_before.to_vec();
     }
 
+    fn recall_applied(&mut self, bundle: Option<Arc<Bundle>>) {
+        self.last_applied = bundle;
+    }
+
     fn check_drift<'a>(
         &'a mut self,
         bundle: &'a Bundle,
@@ -702,10 +716,13 @@ struct Line {
     apply_error: bool,
 }
 
-/// One object considered for pruning, and whether it stays in the inventory.
+/// One object considered for pruning, whether it stays in the inventory, and its kind
+/// when it was still there, being deleted, at the last look (finalizers, a Namespace
+/// terminating).
 struct PruneLine {
     status: ResourceStatus,
     retain: bool,
+    lingering: Option<Found>,
 }
 
 /// The state of one apply.
@@ -1047,6 +1064,7 @@ impl Run {
         let line = |state, message: String, retain| PruneLine {
             status: ResourceStatus::new(&key, state, message),
             retain,
+            lingering: None,
         };
         if let Some(reason) = &self.stopped {
             return line(
@@ -1111,7 +1129,10 @@ impl Run {
             }
         };
         match prune::judge(entry, ledger.entry(&key), &live, context) {
-            prune::Verdict::Gone(why) => line(ResourceState::Pruned, why, false),
+            prune::Verdict::Gone(why) => PruneLine {
+                lingering: Some(found),
+                ..line(ResourceState::Pruned, why, false)
+            },
             prune::Verdict::Keep { reason, retry } => line(
                 ResourceState::Applied,
                 format!("left in place: {reason}"),
@@ -1134,7 +1155,12 @@ impl Run {
                 {
                     Ok(answer) => {
                         self.server_errors = 0;
-                        line(ResourceState::Pruned, prune::after_delete(&answer), false)
+                        let after = prune::after_delete(&answer);
+                        let lingering = (!after.is_empty()).then_some(found);
+                        PruneLine {
+                            lingering,
+                            ..line(ResourceState::Pruned, after, false)
+                        }
                     }
                     Err(failure) if failure.is_not_found() => {
                         line(ResourceState::Pruned, "already gone".into(), false)

@@ -8,6 +8,15 @@
 //! without waiting, as bundles without dependencies always were. Within its phase, a
 //! Helm release's due hooks run before and after its resources ([`super::hooks`]); a
 //! hook that fails holds back everything not applied yet.
+//!
+//! Prune goes the other way, after the last phase: what left the bundle is deleted
+//! phase by phase in reverse, by the phase its workload had in the bundle last applied
+//! completely (the last phase's objects first, their dependencies last). A phase's
+//! deletions are all accepted, and its objects that were still there being deleted
+//! (finalizers, a Namespace terminating) gone, before the next phase's start; a Helm
+//! release that leaves runs its `pre-delete` hooks before its objects are deleted and
+//! its `post-delete` hooks after. A `pre-delete` hook that fails keeps its release, and
+//! the phases before it, in place; the apply is incomplete and tried again.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -15,11 +24,12 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::failure::Failure;
-use super::hooks::{Hooks, When};
+use super::hooks::{Hooks, Leaving, When};
 use super::ledger::Ledger;
-use super::{Line, Run, has_health_rule, job_ran, read_health};
-use crate::sink::apply_phases;
-use flotilla_core::bundle::{Bundle, Resource};
+use super::{Line, Run, has_health_rule, job_ran, prune, read_health};
+use crate::cache::InventoryEntry;
+use crate::sink::{apply_phases, prune_phases};
+use flotilla_core::bundle::{Bundle, Resource, ResourceKey};
 use flotilla_core::status::{ResourceState, ResourceStatus};
 
 impl Run {
@@ -221,5 +231,218 @@ fn phase_name(bundle: &Bundle, index: usize) -> String {
         format!("phase {}", index + 1)
     } else {
         format!("phase {} (workloads {workloads})", index + 1)
+    }
+}
+
+/// What prune did: a line per object (and per delete hook), what stays in the
+/// inventory, and why prune stopped before the end, if it did.
+pub(super) struct Pruned {
+    pub lines: Vec<ResourceStatus>,
+    pub retained: Vec<InventoryEntry>,
+    pub held: Option<String>,
+    /// A `post-delete` hook that failed: its release is gone, so it is reported, not
+    /// tried again.
+    pub note: Option<String>,
+}
+
+impl Run {
+    /// Prunes `candidates` phase by phase in reverse, with the delete hooks of the
+    /// releases that leave. `previous` is the bundle last applied completely.
+    pub(super) async fn prune_in_phases(
+        &mut self,
+        ledger: &Ledger,
+        bundle: &Bundle,
+        previous: Option<&Bundle>,
+        candidates: &[InventoryEntry],
+        context: &prune::Context<'_>,
+    ) -> Pruned {
+        let leaving = previous
+            .map(|previous| Leaving::plan(previous, bundle, ledger))
+            .unwrap_or_default();
+        let groups = prune_phases(candidates, previous);
+        let previous_hooks: HashSet<ResourceKey> = previous
+            .and_then(|p| Some((p, p.meta.as_deref()?)))
+            .map(|(p, meta)| {
+                meta.hooks
+                    .iter()
+                    .filter_map(|h| p.resources.get(h.resource))
+                    .map(|r| (*r.key).clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let last = previous.map_or(0, |p| p.phase_count() - 1);
+        let mut pruned = Pruned {
+            lines: Vec::new(),
+            retained: Vec::new(),
+            held: None,
+            note: None,
+        };
+        let mut post_failures = Vec::new();
+        for phase in (0..=last).rev() {
+            let entries: &[InventoryEntry] = groups
+                .iter()
+                .find(|(p, _)| *p == phase)
+                .map_or(&[][..], |(_, group)| group.as_slice());
+            let releases = leaving.in_phase(phase);
+            if let Some(reason) = &pruned.held {
+                for entry in entries {
+                    pruned.lines.push(ResourceStatus::new(
+                        &entry.key(),
+                        ResourceState::Applied,
+                        format!("left in place for now: {reason}"),
+                    ));
+                    pruned.retained.push(entry.clone());
+                }
+                continue;
+            }
+            // Each leaving release's pre-delete hooks; one that fails keeps its release.
+            let mut kept: Vec<(&str, String)> = Vec::new();
+            for release in &releases {
+                let (ran, failed) = self
+                    .run_hooks(
+                        previous.unwrap_or(bundle),
+                        leaving.pre(release),
+                        &HashSet::new(),
+                    )
+                    .await;
+                pruned.lines.extend(ran.into_iter().map(|l| l.status));
+                if let Some(reason) = failed {
+                    kept.push((*release, reason));
+                }
+            }
+            let mut lingering = Vec::new();
+            for entry in entries {
+                let key = entry.key();
+                // Hooks are outside prune: a leaving release's delete hooks report
+                // themselves; any other is left in place, without a look.
+                if previous_hooks.contains(&key) {
+                    if !leaving.runs(&key) {
+                        pruned.lines.push(ResourceStatus::new(
+                            &key,
+                            ResourceState::Applied,
+                            format!("left in place: {}", prune::HOOK_KEPT),
+                        ));
+                    }
+                    continue;
+                }
+                let blocked = leaving
+                    .release_of(&key)
+                    .and_then(|release| kept.iter().find(|(r, _)| *r == release));
+                if let Some((release, reason)) = blocked {
+                    pruned.lines.push(ResourceStatus::new(
+                        &key,
+                        ResourceState::Applied,
+                        format!("left in place: release {release} is not deleted: {reason}"),
+                    ));
+                    pruned.retained.push(entry.clone());
+                    continue;
+                }
+                let line = self.prune_one(ledger, entry, context).await;
+                if line.retain {
+                    pruned.retained.push(entry.clone());
+                }
+                if let Some(found) = line.lingering {
+                    lingering.push((key, found));
+                }
+                pruned.lines.push(line.status);
+            }
+            let later = groups.iter().any(|(p, _)| *p < phase)
+                || (0..phase).any(|p| !leaving.in_phase(p).is_empty());
+            let has_post = releases.iter().any(|r| !leaving.post(r).is_empty());
+            let mut waited = None;
+            if (later || has_post) && self.stopped.is_none() {
+                waited = self.wait_gone(&lingering).await;
+            }
+            for release in releases
+                .iter()
+                .filter(|r| !kept.iter().any(|(k, _)| k == *r))
+            {
+                if leaving.post(release).is_empty() {
+                    continue;
+                }
+                if let Some(reason) = &waited {
+                    for due in leaving.post(release) {
+                        pruned.lines.push(ResourceStatus::new(
+                            &due.resource.key,
+                            ResourceState::Failed,
+                            format!("not run: {reason}"),
+                        ));
+                    }
+                    continue;
+                }
+                let (ran, failed) = self
+                    .run_hooks(
+                        previous.unwrap_or(bundle),
+                        leaving.post(release),
+                        &HashSet::new(),
+                    )
+                    .await;
+                pruned.lines.extend(ran.into_iter().map(|l| l.status));
+                post_failures.extend(failed);
+            }
+            let step = if last > 0 {
+                format!("{} ", phase_name(previous.unwrap_or(bundle), phase))
+            } else {
+                String::new()
+            };
+            if let Some((release, reason)) = kept.first() {
+                pruned.held = Some(format!(
+                    "{step}was not pruned completely: release {release} is not deleted: {reason}"
+                ));
+            } else if let Some(reason) = waited {
+                pruned.held = Some(format!("{step}was not pruned completely: {reason}"));
+            }
+        }
+        if let Some(held) = &pruned.held {
+            pruned.held = Some(format!(
+                "applied {} resources, but {held}; what it keeps, and the phases before it, are \
+                 left in place and pruned on the next try",
+                bundle.resources.len()
+            ));
+        }
+        pruned.note = post_failures.into_iter().next();
+        pruned
+    }
+
+    /// Waits until the objects that were still there being deleted are gone, for at
+    /// most `--phase-timeout`; returns why not, if not. Returns `None` too when the run
+    /// stopped while it waited (`self.stopped` says why).
+    async fn wait_gone(
+        &mut self,
+        lingering: &[(ResourceKey, super::discovery::Found)],
+    ) -> Option<String> {
+        let deadline = Instant::now() + self.options.phase_timeout;
+        let mut waiting: Vec<usize> = (0..lingering.len()).collect();
+        loop {
+            let mut still = Vec::new();
+            for &i in &waiting {
+                let (key, found) = &lingering[i];
+                let namespace = found.namespaced.then_some(key.namespace.as_str());
+                match self.api.get(&found.resource, namespace, &key.name).await {
+                    Err(failure) if failure.is_not_found() => {}
+                    Ok(_) => still.push(i),
+                    Err(failure) => {
+                        let described = failure.describe("get", &key.kind);
+                        self.note(key, &failure, &described);
+                        if failure.stops_run() {
+                            return None;
+                        }
+                        still.push(i);
+                    }
+                }
+            }
+            waiting = still;
+            let &first = waiting.first()?;
+            if Instant::now() + self.options.crd_poll > deadline {
+                return Some(format!(
+                    "{} is still being deleted after {} (--phase-timeout)",
+                    lingering[first].0,
+                    humantime::format_duration(self.options.phase_timeout)
+                ));
+            }
+            if self.pause(self.options.crd_poll).await.is_err() {
+                return None;
+            }
+        }
     }
 }

@@ -20,6 +20,10 @@ use flotilla_core::bundle::Bundle;
 /// The annotation that makes an object a Helm hook.
 const HELM_HOOK_ANNOTATION: &str = "helm.sh/hook";
 
+/// Why a Helm hook is left in place when it leaves the bundle.
+pub(crate) const HOOK_KEPT: &str = "a Helm hook: hooks are not part of their release, and flotilla never prunes \
+                                    them (as Helm never deletes them with the release)";
+
 /// What the new bundle and the agent's settings say about pruning.
 pub(crate) struct Context<'a> {
     pub cluster: &'a str,
@@ -122,11 +126,7 @@ pub(crate) fn judge(
         .and_then(|a| a.get(HELM_HOOK_ANNOTATION))
         .is_some()
     {
-        return keep(
-            "a Helm hook: hooks are not part of their release, and flotilla never prunes them (as Helm \
-             never deletes them with the release)",
-            false,
-        );
+        return keep(HOOK_KEPT, false);
     }
     if text(
         live,
