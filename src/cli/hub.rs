@@ -305,6 +305,15 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
     if args.flux_source.is_some() && !flux {
         bail!("--flux-source names the source of Flux artifacts: give it with --format flux");
     }
+    // The source is written into every Flux manifest, which anyone who may pull reads.
+    if let Some(source) = &args.flux_source
+        && reqwest::Url::parse(source)
+            .is_ok_and(|url| !url.username().is_empty() || url.password().is_some())
+    {
+        bail!(
+            "--flux-source holds credentials (user:password@), which would be written into every Flux manifest; give the URL without them"
+        );
+    }
     let decryption = args.decryption.hub()?;
     let limits = args.limits.limits();
     let snapshot = super::source::read(&args.source, "publish", &limits)?;

@@ -1103,4 +1103,23 @@ async fn publish_oci_format_flux_pushes_each_clusters_flux_artifact_and_refuses_
         out.contains("--format flux cannot go with --state-dir"),
         "{out}"
     );
+
+    // A source URL with credentials would be readable in every manifest: refused.
+    let (code, out) = flotilla_code(&[
+        "publish",
+        "--repo",
+        &repo_path,
+        "--oci",
+        &reference,
+        "--oci-plain-http",
+        "--format",
+        "flux",
+        "--flux-source",
+        "https://robot:t0ken@git.example/fleet.git",
+    ]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.contains("--flux-source holds credentials") && !out.contains("t0ken"),
+        "{out}"
+    );
 }
