@@ -1123,3 +1123,72 @@ async fn publish_oci_format_flux_pushes_each_clusters_flux_artifact_and_refuses_
         "{out}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_oci_format_flux_never_writes_over_another_clusters_bundle_tag() {
+    let test = "publish_oci_format_flux_never_writes_over_another_clusters_bundle_tag";
+    let Some(registry) = TestRegistry::start(test, None, None) else {
+        return;
+    };
+    let repo = Repo::empty();
+    let header = "apiVersion: flotilla.dev/v1alpha1\n";
+    for name in ["edge", "edge-flux"] {
+        repo.write(
+            &format!("clusters/{name}.yaml"),
+            &format!("{header}kind: Cluster\nmetadata:\n  name: {name}\n"),
+        );
+    }
+    repo.write(
+        "workloads/shop/workload.yaml",
+        &format!(
+            "{header}kind: Workload\nmetadata:\n  name: shop\nspec:\n  namespace: shop\n  targets:\n    - clusterSelector: {{}}\n"
+        ),
+    );
+    repo.write(
+        "workloads/shop/manifests/settings.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  mode: fast\n",
+    );
+    repo.commit("two clusters whose tags meet");
+    let reference = format!("{}/{REPOSITORY}", registry.address());
+    let (code, out) = flotilla_code(&[
+        "publish",
+        "--repo",
+        repo.path().to_str().expect("utf-8"),
+        "--oci",
+        &reference,
+        "--oci-plain-http",
+        "--format",
+        "flux",
+    ]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("cluster edge: its Flux artifact's tag edge-flux is the bundle tag of the cluster edge-flux"),
+        "{out}"
+    );
+    assert!(
+        flux_line(&out).starts_with("pushed the Flux artifacts of 1 clusters"),
+        "{out}"
+    );
+    let client = registry_client(
+        &reference,
+        RegistryOptions {
+            plain_http: true,
+            credentials: None,
+        },
+    );
+    // The tag edge-flux still holds the bundle of the cluster edge-flux.
+    let (bytes, digest) = client
+        .get_manifest("edge-flux")
+        .await
+        .expect("reads")
+        .expect("tagged");
+    let manifest = BundleManifest::parse(&bytes, digest.as_str()).expect("a bundle");
+    assert_eq!(manifest.cluster, "edge-flux");
+    assert!(
+        client
+            .head_manifest("edge-flux-flux")
+            .await
+            .expect("reads")
+            .is_some()
+    );
+}
