@@ -8,7 +8,8 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 
 use super::{
-    EXIT_FINDINGS, EXIT_OK, OciArgs, PublishArgs, ServeArgs, StoreArgs, TokenArgs, TokenCommand,
+    EXIT_FINDINGS, EXIT_OK, OciArgs, PublishArgs, PublishFormat, ServeArgs, StoreArgs, TokenArgs,
+    TokenCommand,
 };
 use flotilla_core::access::Role;
 use flotilla_hub::clock::{Clock, SystemClock, rfc3339};
@@ -294,6 +295,26 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
         .as_deref()
         .map(|reference| oci_registry(reference, &args.oci_access))
         .transpose()?;
+    let flux = args.format == PublishFormat::Flux;
+    if flux && args.state_dir.is_some() {
+        bail!(
+            "--format flux cannot go with --state-dir: what the hub serves has its Secrets sealed for flotilla's agent, \
+             which Flux cannot open; publish the Flux artifacts from HEAD, without --state-dir (with --decryption-key)"
+        );
+    }
+    if args.flux_source.is_some() && !flux {
+        bail!("--flux-source names the source of Flux artifacts: give it with --format flux");
+    }
+    // The source is written into every Flux manifest, which anyone who may pull reads.
+    if let Some(source) = &args.flux_source
+        && reqwest::Url::parse(source)
+            .is_ok_and(|url| !url.username().is_empty() || url.password().is_some())
+    {
+        bail!(
+            "--flux-source holds credentials (user:password@), which would be written into every Flux manifest; give the URL without them"
+        );
+    }
+    let decryption = args.decryption.hub()?;
     let limits = args.limits.limits();
     let snapshot = super::source::read(&args.source, "publish", &limits)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -316,7 +337,7 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
         &RenderOptions {
             limits,
             helm_seed,
-            sops: flotilla_render::sops::SopsKeys::Open(args.decryption.hub()?),
+            sops: flotilla_render::sops::SopsKeys::Open(decryption.clone()),
             ..RenderOptions::default()
         },
     );
@@ -338,7 +359,25 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
         );
         return Ok(EXIT_FINDINGS);
     }
-    if output.unsealed_for_agent_keys {
+    // With --format flux (never with --state-dir, so without the hub's seed), the
+    // clusters whose bundle would carry plain Secrets to an agent that expects them
+    // sealed get their Flux artifact only.
+    let unsealed: std::collections::BTreeSet<String> = if flux {
+        output
+            .agent_keys
+            .keys()
+            .filter(|cluster| {
+                output
+                    .bundles
+                    .get(*cluster)
+                    .is_some_and(flotilla_render::formats::holds_plain_secrets)
+            })
+            .cloned()
+            .collect()
+    } else {
+        Default::default()
+    };
+    if output.unsealed_for_agent_keys && !flux {
         eprintln!(
             "clusters name their agent's key (spec.agentKey), but their Secrets are sealed with the hub's secret seed, which only its store holds; \
              nothing was published: give the hub's --state-dir (or --database)"
@@ -404,7 +443,12 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
                      give the hub's --state-dir to publish what it serves each cluster"
                 );
             }
-            runtime.block_on(publish::publish_to(&output, &site, signer.as_ref()))?
+            runtime.block_on(publish::publish_to_except(
+                &output,
+                &site,
+                signer.as_ref(),
+                &unsealed,
+            ))?
         }
     };
     for warning in &published.warnings {
@@ -428,7 +472,81 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
             String::new()
         }
     );
-    Ok(EXIT_OK)
+    let mut partial = false;
+    for cluster in &unsealed {
+        eprintln!(
+            "cluster {cluster}: its bundle was not pushed: it names an agentKey and holds Secrets, which only the hub's seed can seal for its agent \
+             (publish its bundle with --state-dir, without --format flux)"
+        );
+        partial = true;
+    }
+    if let (true, publish::Site::Oci(registry)) = (flux, &site) {
+        partial |= push_flux_artifacts(&output, registry, &decryption, args, &runtime)?;
+    }
+    Ok(if partial { EXIT_FINDINGS } else { EXIT_OK })
+}
+
+/// `publish --oci … --format flux`: each cluster's Flux artifact; whether a cluster
+/// was refused (each is printed).
+fn push_flux_artifacts(
+    output: &flotilla_render::RenderOutput,
+    registry: &flotilla_oci::Registry,
+    decryption: &flotilla_render::sops::DecryptionKeys,
+    args: &PublishArgs,
+    runtime: &tokio::runtime::Runtime,
+) -> anyhow::Result<bool> {
+    use flotilla_render::formats::flux;
+    // The SOPS seed derives from the operator's decryption identity, so an unchanged
+    // Secret keeps its document and its cluster's tag; without one, a fresh seed.
+    let sops = match flux::sops_seed(decryption) {
+        Some(seed) => flotilla_render::sops::SopsWriter::new(seed, flux::STABLE_TIME),
+        None => {
+            if output.bundles.iter().any(|(cluster, bundle)| {
+                output.agent_keys.contains_key(cluster)
+                    && flotilla_render::formats::holds_plain_secrets(bundle)
+            }) {
+                eprintln!(
+                    "note: without --decryption-key the Secrets' SOPS documents are encrypted afresh, \
+                     so the Flux artifacts of clusters with Secrets change on every publish"
+                );
+            }
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            flotilla_render::sops::SopsWriter::new(rand::random(), now)
+        }
+    };
+    let published = runtime.block_on(publish::publish_flux(
+        output,
+        registry,
+        &sops,
+        args.flux_source.as_deref(),
+    ))?;
+    for refusal in &published.refused {
+        eprintln!("{refusal}");
+    }
+    println!(
+        "pushed the Flux artifacts of {} clusters at {} into oci://{} as <cluster>{} ({} written, {} unchanged, {} blobs uploaded)",
+        published.clusters,
+        output.revision,
+        registry.repository(),
+        publish::FLUX_TAG_SUFFIX,
+        published.written,
+        published.unchanged,
+        published.uploaded_blobs
+    );
+    if !published.refused.is_empty() {
+        eprintln!(
+            "{} {} no Flux artifact; the others were pushed",
+            published.refused.len(),
+            if published.refused.len() == 1 {
+                "cluster has"
+            } else {
+                "clusters have"
+            }
+        );
+    }
+    Ok(!published.refused.is_empty())
 }
 
 /// The registry client of `publish --oci`: credentials from the flags or the Docker

@@ -495,6 +495,16 @@ pub struct PublishArgs {
     pub oci: Option<String>,
     #[command(flatten)]
     pub oci_access: OciArgs,
+    /// What --oci pushes: bundle (each cluster's bundle, for flotilla's agent), or
+    /// flux (that, and each cluster's Flux OCIRepository artifact under the tag
+    /// <cluster>-flux: a tar.gz of YAML, Secrets as SOPS for the cluster's
+    /// agentKey; not with --state-dir). See docs/oci.md.
+    #[arg(long, value_enum, default_value_t = PublishFormat::Bundle, requires = "oci")]
+    pub format: PublishFormat,
+    /// With --format flux: the source the Flux artifacts name
+    /// (org.opencontainers.image.source), such as the fleet repository's URL.
+    #[arg(long, value_name = "URL")]
+    pub flux_source: Option<String>,
     /// The hub's state dir: publish what the hub serves each cluster (so rollouts
     /// hold on the mirror) instead of HEAD's render for every cluster at once.
     #[arg(long, value_name = "DIR")]
@@ -516,6 +526,15 @@ pub struct PublishArgs {
     pub decryption: DecryptionArgs,
     #[command(flatten)]
     pub limits: LimitArgs,
+}
+
+/// What `publish --oci` pushes.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum PublishFormat {
+    /// Each cluster's bundle, for flotilla's agent.
+    Bundle,
+    /// Each cluster's bundle and its Flux OCIRepository artifact.
+    Flux,
 }
 
 /// How `publish --oci` reaches the registry.

@@ -782,3 +782,413 @@ async fn serve_oci_pushes_what_the_hub_serves_on_every_change() {
     assert!(new > old, "the sequence went up: {old} then {new}");
     hub.stop().await;
 }
+
+/// Runs the real `flotilla` to completion; its exit code and output.
+fn flotilla_code(args: &[&str]) -> (Option<i32>, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(args)
+        .env_remove("FLOTILLA_STATE_DIR")
+        .env_remove("FLOTILLA_DECRYPTION_KEY")
+        .env_remove("FLOTILLA_SIGNING_KEY")
+        .env("NO_COLOR", "1")
+        .env("DOCKER_CONFIG", "/nonexistent-flotilla-test")
+        .output()
+        .expect("flotilla runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.code(), text)
+}
+
+/// A fleet for Flux: `plain` has no Secret; `keyed` has one and names its agent's
+/// key; `bare` has one and no key.
+fn flux_fleet(agent_key: &str) -> Repo {
+    let repo = Repo::empty();
+    let header = "apiVersion: flotilla.dev/v1alpha1\n";
+    for (name, spec) in [
+        ("plain", String::new()),
+        ("keyed", format!("spec:\n  agentKey: {agent_key}\n")),
+        ("bare", String::new()),
+    ] {
+        let secrets = if name == "plain" { "no" } else { "yes" };
+        repo.write(
+            &format!("clusters/{name}.yaml"),
+            &format!(
+                "{header}kind: Cluster\nmetadata:\n  name: {name}\n  labels:\n    secrets: \"{secrets}\"\n{spec}"
+            ),
+        );
+    }
+    repo.write(
+        "workloads/shop/workload.yaml",
+        &format!(
+            "{header}kind: Workload\nmetadata:\n  name: shop\nspec:\n  namespace: shop\n  targets:\n    - clusterSelector: {{}}\n"
+        ),
+    );
+    repo.write(
+        "workloads/shop/manifests/settings.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  mode: fast\n  port: \"5432\"\n",
+    );
+    repo.write(
+        "workloads/shop/manifests/web.yaml",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\nspec:\n  replicas: 2\n  selector:\n    matchLabels:\n      app: web\n  template:\n    metadata:\n      labels:\n        app: web\n    spec:\n      containers:\n        - name: web\n          image: nginx:1.27\n",
+    );
+    repo.write(
+        "workloads/vault/workload.yaml",
+        &format!(
+            "{header}kind: Workload\nmetadata:\n  name: vault\nspec:\n  namespace: vault\n  targets:\n    - clusterSelector:\n        matchLabels:\n          secrets: \"yes\"\n"
+        ),
+    );
+    repo.write(
+        "workloads/vault/manifests/db.yaml",
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: db\ntype: Opaque\ndata:\n  password: aHVudGVyMg==\nstringData:\n  user: admin\n",
+    );
+    repo.commit("a fleet for Flux");
+    repo
+}
+
+/// The summary line of the Flux artifacts in `out`.
+fn flux_line(out: &str) -> &str {
+    out.lines()
+        .find(|line| line.starts_with("pushed the Flux artifacts"))
+        .unwrap_or_default()
+}
+
+/// The layer's files, unpacked as source-controller unpacks it: (name, text).
+fn unpack_layer(layer: &[u8]) -> Vec<(String, String)> {
+    use std::io::Read as _;
+    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(layer));
+    let mut files = Vec::new();
+    for entry in archive.entries().expect("a tar stream") {
+        let mut entry = entry.expect("an entry");
+        assert_eq!(entry.header().entry_type(), tar::EntryType::Regular);
+        let name = entry.path().expect("a path").to_string_lossy().into_owned();
+        let mut text = String::new();
+        entry.read_to_string(&mut text).expect("UTF-8");
+        files.push((name, text));
+    }
+    files
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_oci_format_flux_pushes_each_clusters_flux_artifact_and_refuses_only_what_it_must()
+{
+    use age::secrecy::ExposeSecret as _;
+    use flotilla_oci::artifact::{CLUSTER_ANNOTATION, ImageManifest};
+    use flotilla_render::formats::flux;
+    use flotilla_render::sops::{DecryptionKeys, SopsDocument};
+
+    let test =
+        "publish_oci_format_flux_pushes_each_clusters_flux_artifact_and_refuses_only_what_it_must";
+    let Some(registry) = TestRegistry::start(test, None, None) else {
+        return;
+    };
+    let agent = age::x25519::Identity::generate();
+    let repo = flux_fleet(&agent.to_public().to_string());
+    let commit = repo.git(&["rev-parse", "HEAD"]);
+    let work = tempfile::tempdir().expect("tempdir");
+    // The operator's decryption identity, from which the SOPS seed is derived.
+    let hub_key = work.path().join("hub.agekey");
+    let (ok, out) = flotilla(
+        &[
+            "key",
+            "generate",
+            "--age",
+            "--out",
+            hub_key.to_str().expect("utf-8"),
+        ],
+        &[],
+    );
+    assert!(ok, "{out}");
+    let reference = format!("{}/{REPOSITORY}", registry.address());
+    let repo_path = repo.path().to_str().expect("utf-8").to_string();
+    let publish = || {
+        flotilla_code(&[
+            "publish",
+            "--repo",
+            &repo_path,
+            "--oci",
+            &reference,
+            "--oci-plain-http",
+            "--format",
+            "flux",
+            "--flux-source",
+            "https://git.example/fleet.git",
+            "--decryption-key",
+            hub_key.to_str().expect("utf-8"),
+        ])
+    };
+
+    // bare (a Secret, no agentKey) has no Flux artifact and keyed (whose Secret only
+    // the hub's seed could seal for its agent) no bundle: each is said, exit 1, and
+    // everything else is pushed.
+    let (code, out) = publish();
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("cluster bare: the Secret") && out.contains("no spec.agentKey"),
+        "{out}"
+    );
+    assert!(
+        out.contains("cluster keyed: its bundle was not pushed"),
+        "{out}"
+    );
+    assert!(out.contains("published 2 clusters"), "{out}");
+    assert!(
+        flux_line(&out).starts_with("pushed the Flux artifacts of 2 clusters")
+            && flux_line(&out).contains("(2 written, 0 unchanged"),
+        "{out}"
+    );
+    assert!(out.contains("1 cluster has no Flux artifact"), "{out}");
+
+    let client = registry_client(
+        &reference,
+        RegistryOptions {
+            plain_http: true,
+            credentials: None,
+        },
+    );
+    let tagged = |tag: &'static str| {
+        let client = client.clone();
+        async move { client.head_manifest(tag).await.expect("reads").is_some() }
+    };
+    assert!(tagged("plain").await && tagged("bare").await);
+    assert!(
+        !tagged("keyed").await,
+        "keyed's bundle would carry plain Secrets"
+    );
+    assert!(tagged("plain-flux").await && tagged("keyed-flux").await);
+    assert!(!tagged("bare-flux").await);
+
+    let snapshot = flotilla_hub::source::from_folder(repo.path(), "").expect("reads the fleet");
+    let output = flotilla_render::render(&snapshot);
+    assert!(output.is_clean(), "the fleet renders");
+    let agent_keys = DecryptionKeys::from_identity_file(agent.to_string().expose_secret())
+        .expect("the agent's identity");
+    let mut manifests = BTreeMap::new();
+    for cluster in ["plain", "keyed"] {
+        let tag = format!("{cluster}-flux");
+        let (bytes, digest) = client
+            .get_manifest(&tag)
+            .await
+            .expect("reads")
+            .expect("tagged");
+        let manifest = ImageManifest::parse(&bytes, digest.as_str()).expect("an image manifest");
+        // What `flux push artifact` writes: no artifactType, Flux's config and layer.
+        assert_eq!(manifest.media_type, flux::MANIFEST_MEDIA_TYPE);
+        assert_eq!(manifest.artifact_type, None);
+        assert!(!String::from_utf8_lossy(&bytes).contains("artifactType"));
+        assert_eq!(manifest.config.media_type, flux::CONFIG_MEDIA_TYPE);
+        let config = Digest::parse(&manifest.config.digest).expect("sha256");
+        assert_eq!(
+            client.get_blob(&config, 1024).await.expect("the config"),
+            flux::CONFIG
+        );
+        let [layer] = manifest.layers.as_slice() else {
+            panic!("one layer: {manifest:?}");
+        };
+        assert_eq!(layer.media_type, flux::LAYER_MEDIA_TYPE);
+        let annotation = |key: &str| manifest.annotations.get(key).cloned();
+        assert_eq!(
+            annotation(flux::REVISION_ANNOTATION),
+            Some(format!("main@sha1:{commit}"))
+        );
+        assert_eq!(
+            annotation(flux::SOURCE_ANNOTATION).as_deref(),
+            Some("https://git.example/fleet.git")
+        );
+        assert_eq!(annotation(CLUSTER_ANNOTATION).as_deref(), Some(cluster));
+
+        // The layer holds the bundle's resources, the Secret as SOPS for the agent.
+        let layer_digest = Digest::parse(&layer.digest).expect("sha256");
+        let bytes = client
+            .get_blob(&layer_digest, 1 << 20)
+            .await
+            .expect("the layer");
+        let files = unpack_layer(&bytes);
+        let values: Vec<serde_json::Value> = files
+            .iter()
+            .map(
+                |(name, text)| match SopsDocument::parse(text, false).expect("parses") {
+                    Some(document) => {
+                        assert!(
+                            !text.contains("aHVudGVyMg=="),
+                            "{name} holds the plain value"
+                        );
+                        serde_json::from_str(
+                            &document.open(&agent_keys).expect("the agent opens it"),
+                        )
+                        .expect("JSON")
+                    }
+                    None => serde_saphyr::from_str(text).expect("YAML"),
+                },
+            )
+            .collect();
+        let bundle = output.bundles.get(cluster).expect("the cluster");
+        let expected: Vec<serde_json::Value> = bundle.resources.iter().map(|r| r.value()).collect();
+        assert_eq!(values, expected, "{cluster}");
+        assert_eq!(
+            files.iter().any(|(_, text)| text.contains("sops:")),
+            cluster == "keyed"
+        );
+        manifests.insert(cluster, digest);
+    }
+
+    // Published again with nothing changed: no blob is uploaded, no tag moves, the
+    // keyed cluster's Secret included (its SOPS seed derives from the hub's key).
+    let uploads = registry.requests("POST", "blobs/uploads");
+    let (code, out) = publish();
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        flux_line(&out).contains("(0 written, 2 unchanged, 0 blobs uploaded)"),
+        "{out}"
+    );
+    assert_eq!(registry.requests("POST", "blobs/uploads"), uploads);
+    for (cluster, digest) in &manifests {
+        assert_eq!(
+            client
+                .head_manifest(&format!("{cluster}-flux"))
+                .await
+                .expect("reads")
+                .as_ref(),
+            Some(digest)
+        );
+    }
+
+    // A commit that changes only the Secret: plain's Flux tag stays where it was
+    // (its revision is kept with its layer), keyed's moves to the new revision.
+    repo.write(
+        "workloads/vault/manifests/db.yaml",
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: db\ntype: Opaque\ndata:\n  password: c3dvcmRmaXNo\n",
+    );
+    let second = repo.commit("a new password");
+    let (code, out) = publish();
+    assert_eq!(code, Some(1), "{out}");
+    assert!(flux_line(&out).contains("(1 written, 1 unchanged"), "{out}");
+    assert_eq!(
+        client
+            .head_manifest("plain-flux")
+            .await
+            .expect("reads")
+            .as_ref(),
+        Some(&manifests["plain"])
+    );
+    let (bytes, digest) = client
+        .get_manifest("keyed-flux")
+        .await
+        .expect("reads")
+        .expect("tagged");
+    assert_ne!(digest, manifests["keyed"]);
+    let manifest = ImageManifest::parse(&bytes, digest.as_str()).expect("an image manifest");
+    assert_eq!(
+        manifest.annotations.get(flux::REVISION_ANNOTATION),
+        Some(&format!("main@sha1:{second}"))
+    );
+
+    // What the hub serves has its Secrets sealed for flotilla's agent: refused.
+    let (code, out) = flotilla_code(&[
+        "publish",
+        "--repo",
+        &repo_path,
+        "--oci",
+        &reference,
+        "--oci-plain-http",
+        "--format",
+        "flux",
+        "--state-dir",
+        work.path().to_str().expect("utf-8"),
+    ]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.contains("--format flux cannot go with --state-dir"),
+        "{out}"
+    );
+
+    // A source URL with credentials would be readable in every manifest: refused.
+    let (code, out) = flotilla_code(&[
+        "publish",
+        "--repo",
+        &repo_path,
+        "--oci",
+        &reference,
+        "--oci-plain-http",
+        "--format",
+        "flux",
+        "--flux-source",
+        "https://robot:t0ken@git.example/fleet.git",
+    ]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.contains("--flux-source holds credentials") && !out.contains("t0ken"),
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_oci_format_flux_never_writes_over_another_clusters_bundle_tag() {
+    let test = "publish_oci_format_flux_never_writes_over_another_clusters_bundle_tag";
+    let Some(registry) = TestRegistry::start(test, None, None) else {
+        return;
+    };
+    let repo = Repo::empty();
+    let header = "apiVersion: flotilla.dev/v1alpha1\n";
+    for name in ["edge", "edge-flux"] {
+        repo.write(
+            &format!("clusters/{name}.yaml"),
+            &format!("{header}kind: Cluster\nmetadata:\n  name: {name}\n"),
+        );
+    }
+    repo.write(
+        "workloads/shop/workload.yaml",
+        &format!(
+            "{header}kind: Workload\nmetadata:\n  name: shop\nspec:\n  namespace: shop\n  targets:\n    - clusterSelector: {{}}\n"
+        ),
+    );
+    repo.write(
+        "workloads/shop/manifests/settings.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  mode: fast\n",
+    );
+    repo.commit("two clusters whose tags meet");
+    let reference = format!("{}/{REPOSITORY}", registry.address());
+    let (code, out) = flotilla_code(&[
+        "publish",
+        "--repo",
+        repo.path().to_str().expect("utf-8"),
+        "--oci",
+        &reference,
+        "--oci-plain-http",
+        "--format",
+        "flux",
+    ]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("cluster edge: its Flux artifact's tag edge-flux is the bundle tag of the cluster edge-flux"),
+        "{out}"
+    );
+    assert!(
+        flux_line(&out).starts_with("pushed the Flux artifacts of 1 clusters"),
+        "{out}"
+    );
+    let client = registry_client(
+        &reference,
+        RegistryOptions {
+            plain_http: true,
+            credentials: None,
+        },
+    );
+    // The tag edge-flux still holds the bundle of the cluster edge-flux.
+    let (bytes, digest) = client
+        .get_manifest("edge-flux")
+        .await
+        .expect("reads")
+        .expect("tagged");
+    let manifest = BundleManifest::parse(&bytes, digest.as_str()).expect("a bundle");
+    assert_eq!(manifest.cluster, "edge-flux");
+    assert!(
+        client
+            .head_manifest("edge-flux-flux")
+            .await
+            .expect("reads")
+            .is_some()
+    );
+}

@@ -98,6 +98,12 @@ pub enum PublishError {
         repository: String,
         source: Box<flotilla_oci::OciError>,
     },
+    #[error("cannot push the Flux artifact of {cluster} to {repository}: {source}")]
+    OciFlux {
+        cluster: String,
+        repository: String,
+        source: Box<flotilla_oci::OciError>,
+    },
 }
 
 /// One cluster's bundle as it is to be published.
@@ -125,6 +131,9 @@ pub struct Published {
     /// not verify, a document by digest that does not match it): ignored, and written
     /// over.
     pub warnings: Vec<String>,
+    /// Clusters left out, each with the reason (a Flux artifact that cannot be made):
+    /// the others were published.
+    pub refused: Vec<String>,
 }
 
 /// Writes every bundle of a clean render under `out`, as if every cluster were served
@@ -150,6 +159,35 @@ pub async fn publish_to(
 ) -> Result<Published, PublishError> {
     write_to(head_documents(output), site, signer).await
 }
+
+/// [`publish_to`] for every cluster but those in `except`.
+pub async fn publish_to_except(
+    output: &RenderOutput,
+    site: &Site,
+    signer: Option<&SigningKey>,
+    except: &BTreeSet<String>,
+) -> Result<Published, PublishError> {
+    let documents = head_documents(output)
+        .into_iter()
+        .filter(|d| !except.contains(&d.cluster))
+        .collect();
+    write_to(documents, site, signer).await
+}
+
+/// `publish --oci … --format flux`: each cluster's Flux `OCIRepository` artifact
+/// pushed to `registry` under the tag `<cluster>-flux` (see [`oci::push_flux`]). A
+/// cluster whose artifact cannot be made is in [`Published::refused`]; the others
+/// are pushed.
+pub async fn publish_flux(
+    output: &RenderOutput,
+    registry: &flotilla_oci::Registry,
+    sops: &flotilla_render::sops::SopsWriter,
+    source: Option<&str>,
+) -> Result<Published, PublishError> {
+    oci::push_flux(output, registry, sops, source).await
+}
+
+pub use oci::{FLUX_TAG_SUFFIX, flux_tag};
 
 fn head_documents(output: &RenderOutput) -> Vec<Document> {
     output

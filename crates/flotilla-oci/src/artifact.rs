@@ -63,10 +63,12 @@ impl Blob {
     }
 }
 
-/// An artifact to push: a config blob, layers and annotations under an artifact type.
+/// An artifact to push: a config blob, layers and annotations, under an artifact type
+/// when it has one (a manifest without `artifactType` is what `flux push artifact`
+/// writes, and what tools that predate the field expect).
 #[derive(Debug, Clone)]
 pub struct Artifact {
-    pub artifact_type: String,
+    pub artifact_type: Option<String>,
     pub config: Blob,
     pub layers: Vec<Blob>,
     pub annotations: BTreeMap<String, String>,
@@ -75,10 +77,10 @@ pub struct Artifact {
 impl Artifact {
     /// The OCI image manifest naming the blobs (deterministic bytes).
     pub fn manifest(&self) -> Vec<u8> {
-        let manifest = Manifest {
+        let manifest = ImageManifest {
             schema_version: 2,
             media_type: MANIFEST_MEDIA_TYPE.to_string(),
-            artifact_type: Some(self.artifact_type.clone()),
+            artifact_type: self.artifact_type.clone(),
             config: self.config.descriptor(),
             layers: self.layers.iter().map(Blob::descriptor).collect(),
             annotations: self.annotations.clone(),
@@ -110,7 +112,7 @@ impl Artifact {
             );
         }
         Artifact {
-            artifact_type: BUNDLE_ARTIFACT_TYPE.to_string(),
+            artifact_type: Some(BUNDLE_ARTIFACT_TYPE.to_string()),
             config: Blob::empty(),
             layers: vec![Blob::new(BUNDLE_LAYER_MEDIA_TYPE, body)],
             annotations,
@@ -118,26 +120,51 @@ impl Artifact {
     }
 }
 
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
+/// An OCI image manifest as JSON has it: what [`Artifact::manifest`] writes, and what
+/// a reader of any artifact (not only a bundle) gets back from [`ImageManifest::parse`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Manifest {
-    schema_version: u32,
+pub struct ImageManifest {
+    pub schema_version: u32,
     #[serde(default)]
-    media_type: String,
+    pub media_type: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    artifact_type: Option<String>,
-    config: Descriptor,
-    layers: Vec<Descriptor>,
+    pub artifact_type: Option<String>,
+    pub config: Descriptor,
+    pub layers: Vec<Descriptor>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    annotations: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+impl ImageManifest {
+    /// Reads an image manifest (`digest` names it in the error), checking only that it
+    /// is one: schema version 2 and, when given, the OCI manifest media type.
+    pub fn parse(bytes: &[u8], digest: &str) -> Result<ImageManifest, OciError> {
+        let bad = |reason: String| OciError::NotAnImageManifest {
+            digest: digest.to_string(),
+            reason,
+        };
+        let manifest: ImageManifest =
+            serde_json::from_slice(bytes).map_err(|err| bad(err.to_string()))?;
+        if manifest.schema_version != 2
+            || (!manifest.media_type.is_empty() && manifest.media_type != MANIFEST_MEDIA_TYPE)
+        {
+            return Err(bad(format!(
+                "its media type is {:?}, not {MANIFEST_MEDIA_TYPE}",
+                manifest.media_type
+            )));
+        }
+        Ok(manifest)
+    }
+}
+
+/// A blob as a manifest names it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Descriptor {
-    media_type: String,
-    digest: String,
-    size: u64,
+pub struct Descriptor {
+    pub media_type: String,
+    pub digest: String,
+    pub size: u64,
 }
 
 /// A bundle artifact's manifest, read back: where its layer is and what the
@@ -159,7 +186,7 @@ impl BundleManifest {
             digest: digest.to_string(),
             reason,
         };
-        let manifest: Manifest = serde_json::from_slice(bytes)
+        let manifest: ImageManifest = serde_json::from_slice(bytes)
             .map_err(|err| bad(format!("not an OCI image manifest: {err}")))?;
         if manifest.schema_version != 2
             || (!manifest.media_type.is_empty() && manifest.media_type != MANIFEST_MEDIA_TYPE)
@@ -280,9 +307,39 @@ mod tests {
     }
 
     #[test]
+    fn an_artifact_without_a_type_writes_none_and_reads_back_as_an_image_manifest() {
+        let mut artifact = Artifact::bundle("edge-1", "r", &b"[]"[..], None);
+        artifact.artifact_type = None;
+        let manifest = artifact.manifest();
+        let text = String::from_utf8(manifest.clone()).expect("utf-8");
+        assert!(!text.contains("artifactType"), "{text}");
+        let read = ImageManifest::parse(&manifest, "m").expect("an image manifest");
+        assert_eq!(read.artifact_type, None);
+        assert_eq!(read.media_type, MANIFEST_MEDIA_TYPE);
+        assert_eq!(read.config.digest, EMPTY_DIGEST);
+        assert_eq!(read.layers.len(), 1);
+        assert_eq!(read.layers[0].digest, Digest::of(b"[]").as_str());
+        assert_eq!(
+            read.annotations.get(CLUSTER_ANNOTATION).map(String::as_str),
+            Some("edge-1")
+        );
+        let err = BundleManifest::parse(&manifest, "m").expect_err("not a bundle");
+        assert!(err.to_string().contains("artifact type"), "{err}");
+        let err = ImageManifest::parse(
+            br#"{"schemaVersion":1,"config":{"mediaType":"a","digest":"b","size":0},"layers":[]}"#,
+            "m",
+        )
+        .expect_err("not version 2");
+        assert!(
+            err.to_string().contains("not an OCI image manifest"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn other_manifests_are_not_bundles() {
         let mut artifact = Artifact::bundle("edge-1", "r", &b"[]"[..], None);
-        artifact.artifact_type = "application/vnd.example.other".into();
+        artifact.artifact_type = Some("application/vnd.example.other".into());
         let err = BundleManifest::parse(&artifact.manifest(), "m").expect_err("refused");
         assert!(err.to_string().contains("artifact type"), "{err}");
         let mut artifact = Artifact::bundle("edge-1", "r", &b"[]"[..], None);

@@ -22,7 +22,7 @@ mod registry;
 
 pub use artifact::{Artifact, Blob};
 pub use auth::{Credentials, docker_config_path};
-pub use reference::Repository;
+pub use reference::{Repository, valid_tag};
 pub use registry::{Pushed, Registry, RegistryOptions};
 
 /// The OCI image manifest's media type (distribution 2.x serves an OCI manifest only
@@ -70,6 +70,8 @@ pub enum OciError {
     },
     #[error("the manifest {digest} is not a flotilla bundle: {reason}")]
     NotABundle { digest: String, reason: String },
+    #[error("the manifest {digest} is not an OCI image manifest: {reason}")]
+    NotAnImageManifest { digest: String, reason: String },
 }
 
 impl OciError {
@@ -89,6 +91,7 @@ impl OciError {
             OciError::TooLarge { .. }
                 | OciError::DigestMismatch { .. }
                 | OciError::NotABundle { .. }
+                | OciError::NotAnImageManifest { .. }
         )
     }
 }

@@ -115,7 +115,7 @@ fn valid_component(component: &str) -> bool {
 }
 
 /// Whether `tag` is a valid tag: `[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}`.
-pub(crate) fn valid_tag(tag: &str) -> bool {
+pub fn valid_tag(tag: &str) -> bool {
     let bytes = tag.as_bytes();
     !bytes.is_empty()
         && bytes.len() <= 128

@@ -20,6 +20,10 @@
 //! - entries as reproducible archives have them: regular files, mode 0644, owner 0,
 //!   modification time 0, and a gzip header without a time or name, so a bundle
 //!   without Secrets gives the same bytes on every run.
+//!
+//! A bundle with Secrets gives the same bytes when the [`SopsWriter`]'s seed and time
+//! are the same: [`sops_seed`] derives a seed from the operator's own decryption
+//! identity for that (`publish --oci --format flux`), and [`STABLE_TIME`] is the time.
 
 use flotilla_core::bundle::Bundle;
 
@@ -39,6 +43,33 @@ pub const CONFIG: &[u8] = b"{}";
 pub const REVISION_ANNOTATION: &str = "org.opencontainers.image.revision";
 /// The manifest annotation Flux shows as the artifact's source.
 pub const SOURCE_ANNOTATION: &str = "org.opencontainers.image.source";
+
+/// The `lastmodified` time written with a [`sops_seed`]: a fixed one, so that the same
+/// Secret gives the same document from one publish to the next (sops reads the time
+/// only into its MAC; nothing on the cluster compares it with a clock).
+pub const STABLE_TIME: u64 = 0;
+
+/// What [`sops_seed`] derives its seed for (HKDF's `info`), so that the seed is of no
+/// use for anything else the identity keys.
+const SOPS_SEED_PURPOSE: &[u8] = b"flotilla flux layer sops seed v1";
+
+/// A secret seed for the SOPS documents of Flux layers, derived (HKDF-SHA256) from the
+/// first age identity of `keys`, the key the operator already holds to open the
+/// fleet's SOPS files; `None` without one.
+///
+/// Reused, the seed makes an unchanged Secret encrypt to the same document, so its
+/// cluster's layer and tag stay as they were. The seed is as secret as the identity:
+/// without it nobody can recompute an encryption to test a guessed value against
+/// it, and HKDF's output reveals nothing of the identity. Replacing the first
+/// identity (a rotation) gives every Secret a new encryption once.
+pub fn sops_seed(keys: &crate::sops::DecryptionKeys) -> Option<[u8; 32]> {
+    let identity = keys.identity_lines().into_iter().next()?;
+    let hkdf = hkdf::Hkdf::<sha2::Sha256>::new(None, identity.as_bytes());
+    let mut seed = [0u8; 32];
+    // 32 bytes are far below HKDF-SHA256's limit of 8160.
+    hkdf.expand(SOPS_SEED_PURPOSE, &mut seed).ok()?;
+    Some(seed)
+}
 
 /// The longest file name in the layer: what a plain (ustar) tar header holds.
 const MAX_FILE_NAME: usize = 100;
@@ -77,9 +108,9 @@ pub enum FluxError {
 /// The layer of every cluster of `output` (a render of the plain fleet), in cluster
 /// order, or the error of every cluster that cannot have one.
 ///
-/// For pushing: a seed kept by the hub (derived from its secret seed) and the
-/// commit's time as `sops`'s time make the same commit give the same layers, so a
-/// publish that changes nothing pushes nothing new.
+/// For pushing: a secret seed that is reused ([`sops_seed`]) and [`STABLE_TIME`] make
+/// an unchanged fleet give the same layers, so a publish that changes nothing pushes
+/// nothing new.
 pub fn flux_layers(
     output: &crate::RenderOutput,
     sops: &SopsWriter,

@@ -22,6 +22,16 @@ fn is_sealed(resource: &Resource) -> bool {
     is_secret(resource) && resource.value().get(crate::seal::SEALED_FIELD).is_some()
 }
 
+/// Whether `bundle` holds a `Secret` that is not sealed for flotilla's agent: what a
+/// render without the hub's seed gives a cluster that names an `agentKey`, and what
+/// must not be served to that cluster's agent (sealing would change it).
+pub fn holds_plain_secrets(bundle: &flotilla_core::bundle::Bundle) -> bool {
+    bundle
+        .resources
+        .iter()
+        .any(|resource| is_secret(resource) && !is_sealed(resource))
+}
+
 /// Whether a resource is a core `Secret`.
 fn is_secret(resource: &Resource) -> bool {
     resource.key.group.is_empty() && resource.key.kind == "Secret"

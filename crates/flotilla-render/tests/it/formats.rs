@@ -276,6 +276,39 @@ fn a_layer_without_secrets_needs_no_key_and_is_the_same_bytes_every_time() {
 }
 
 #[test]
+fn a_seed_derived_from_the_operators_identity_gives_the_same_secret_layer_each_time() {
+    // Another identity made by `age-keygen` for these tests only, as the operator's.
+    let operator = age::x25519::Identity::generate();
+    let keys = || {
+        use age::secrecy::ExposeSecret as _;
+        DecryptionKeys::from_identity_file(operator.to_string().expose_secret()).expect("a key")
+    };
+    let seed = flux::sops_seed(&keys()).expect("a seed");
+    assert_eq!(flux::sops_seed(&keys()), Some(seed));
+    assert_ne!(
+        flux::sops_seed(&DecryptionKeys::from_identity_file(AGENT).expect("a key")),
+        Some(seed)
+    );
+    assert_eq!(flux::sops_seed(&DecryptionKeys::default()), None);
+
+    let key = recipient();
+    let output = rendered(&fleet(&[("edge", Some(&key))], &[("db.yaml", SECRET)]));
+    let bundle = &output.bundles["edge"];
+    let layer = |seed: [u8; 32]| {
+        flux::flux_layer(
+            bundle,
+            output.agent_keys.get("edge"),
+            &SopsWriter::new(seed, flux::STABLE_TIME),
+        )
+        .expect("a layer")
+    };
+    assert_eq!(layer(seed), layer(seed));
+    assert_ne!(layer(seed), layer([7; 32]));
+    assert!(flotilla_render::formats::holds_plain_secrets(bundle));
+    assert_eq!(opened(&unpack(&layer(seed))), values(bundle));
+}
+
+#[test]
 fn a_sealed_secret_is_refused_for_flux() {
     let key = recipient();
     let snapshot = fleet(&[("edge", Some(&key))], &[("secret.yaml", SECRET)]);
