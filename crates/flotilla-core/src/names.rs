@@ -369,7 +369,10 @@ mod glob_tests {
         assert!(!glob_matches("shop-?", "shop-12"));
         assert!(glob_matches("charts/**", "charts/ingress/templates/a.yaml"));
         assert!(!glob_matches("charts/*", "charts/ingress/templates/a.yaml"));
-        assert!(glob_matches("charts/*/Chart.yaml", "charts/ingress/Chart.yaml"));
+        assert!(glob_matches(
+            "charts/*/Chart.yaml",
+            "charts/ingress/Chart.yaml"
+        ));
         assert!(!glob_matches("charts/**", "workloads/x/charts/a"));
     }
 }

@@ -34,8 +34,8 @@ pub mod shape;
 pub mod sops;
 pub mod stencil;
 mod strategic;
-mod tenancy;
 pub mod template;
+mod tenancy;
 pub mod transform;
 pub mod yaml;
 

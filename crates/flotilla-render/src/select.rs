@@ -85,7 +85,7 @@ pub(crate) fn overlay_selects(
 pub(crate) fn overlay_applies_to(overlay: &Overlay, workload: &Workload) -> bool {
     overlay.tenant.is_none_or(|t| workload.tenant == Some(t))
         && overlay
-        .workloads
-        .as_ref()
-        .is_none_or(|names| names.iter().any(|n| n.value == workload.name))
+            .workloads
+            .as_ref()
+            .is_none_or(|names| names.iter().any(|n| n.value == workload.name))
 }

@@ -23,8 +23,8 @@ use super::units::{
 };
 use super::warnings::fold_cluster_repeats;
 use crate::load::{Cluster, Fleet};
-use crate::select::targeted_workloads;
 use crate::scope::CustomScopes;
+use crate::select::targeted_workloads;
 use crate::stencil::StencilUnit;
 use crate::{ClusterProvenance, RenderOutput};
 
@@ -330,6 +330,19 @@ pub(super) fn assemble(
             merge_by_key(old, fresh)?
         }
     };
+    let (resources, resource_workloads) = match crate::tenancy::with_platform_objects(
+        fleet,
+        cluster,
+        job.targeted,
+        resources,
+        resource_workloads,
+    ) {
+        Ok(lists) => lists,
+        Err(errors) => {
+            done.assembled = Err(errors);
+            return Some(done);
+        }
+    };
     if let Some(error) = too_large(cluster, &resources) {
         done.assembled = Err(vec![error]);
         return Some(done);
@@ -588,7 +601,10 @@ pub(super) fn collect_output<'c>(
             return None;
         }
         let name = d.workload.as_deref()?;
-        let w = fleet.workloads.binary_search_by(|w| w.name.as_str().cmp(name)).ok()?;
+        let w = fleet
+            .workloads
+            .binary_search_by(|w| w.name.as_str().cmp(name))
+            .ok()?;
         fleet.workloads[w].tenant.map(|_| w)
     };
     let broken_workloads: BTreeSet<usize> =

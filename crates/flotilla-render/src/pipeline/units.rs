@@ -270,7 +270,10 @@ impl MetaCache {
         meta: Option<flotilla_core::bundle::BundleMeta>,
     ) -> Option<flotilla_core::bundle::SharedMeta> {
         let meta = meta.filter(|m| !m.is_empty())?;
-        let mut known = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut known = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(shared) = known.get(&meta) {
             return Some(shared.clone());
         }
