@@ -640,7 +640,7 @@ impl State {
         let caller = impersonated.map(|(user, rules)| {
             (
                 std::mem::replace(&mut self.user, user),
-                std::mem::replace(&mut self.rules, Some(rules)),
+                self.rules.replace(rules),
             )
         });
         let result = match target {

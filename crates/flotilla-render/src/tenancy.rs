@@ -362,6 +362,9 @@ pub(crate) fn marks(fleet: &Fleet, targeted: &[usize]) -> BTreeMap<String, Tenan
 /// and are named [`TENANCY_WORKLOAD`] in the bundle's metadata.
 pub(crate) const TENANCY_POSITION: u32 = u32::MAX - 1;
 
+/// A bundle's resources and, for each, its workload's position.
+type BundleLists = (Vec<Arc<Resource>>, Vec<u32>);
+
 /// A cluster's resources with what tenants need on it: per tenant, in each
 /// namespace its resources are in (the concrete namespaces, not `spec.namespaces`'
 /// globs), the ServiceAccount `flotilla-tenant-<tenant>` the agent impersonates to
@@ -380,7 +383,7 @@ pub(crate) fn with_platform_objects(
     targeted: &[usize],
     resources: Vec<Arc<Resource>>,
     resource_workloads: Vec<u32>,
-) -> Result<(Vec<Arc<Resource>>, Vec<u32>), Vec<Diagnostic>> {
+) -> Result<BundleLists, Vec<Diagnostic>> {
     if fleet.tenants.is_empty() {
         return Ok((resources, resource_workloads));
     }

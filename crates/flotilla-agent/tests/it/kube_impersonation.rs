@@ -73,7 +73,7 @@ async fn a_tenants_objects_are_applied_and_pruned_as_its_service_account_the_pla
     let agent = (DEFAULT_USER.to_string(), true);
     assert_eq!(
         callers(&fake, "patch", "configmaps", "settings"),
-        [tenant.clone()]
+        std::slice::from_ref(&tenant)
     );
     assert_eq!(
         callers(
@@ -82,7 +82,7 @@ async fn a_tenants_objects_are_applied_and_pruned_as_its_service_account_the_pla
             "serviceaccounts",
             "flotilla-tenant-shop"
         ),
-        [agent.clone()]
+        std::slice::from_ref(&agent)
     );
     for (resource, name) in [
         ("namespaces", "shop"),
@@ -92,7 +92,7 @@ async fn a_tenants_objects_are_applied_and_pruned_as_its_service_account_the_pla
     ] {
         assert_eq!(
             callers(&fake, "patch", resource, name),
-            [agent.clone()],
+            std::slice::from_ref(&agent),
             "{resource}/{name}"
         );
     }
