@@ -767,7 +767,7 @@ fn dependencies_show_as_an_order_and_their_mistakes_break_head() {
     assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
     assert!(
         run.stdout
-            .contains("apply order: kuard-config → kuard (was: all at once)"),
+            .contains("apply order: flotilla-tenancy, kuard-config → kuard (was: all at once)"),
         "{}",
         run.stdout
     );

@@ -94,6 +94,13 @@ pub struct AgentArgs {
         value_name = "NAMESPACE"
     )]
     pub inventory_namespace: Option<String>,
+    /// With `--sink kube`: apply each tenant's namespaced resources as the tenant's
+    /// ServiceAccount `flotilla-tenant-<tenant>` in their namespace (which the bundle
+    /// creates, bound to the ClusterRole `flotilla-tenant`), so that the API server
+    /// holds them to that role; the agent's own role needs `impersonate` on
+    /// `serviceaccounts` (docs/tenants.md).
+    #[arg(long, env = "FLOTILLA_AGENT_IMPERSONATE_TENANTS")]
+    pub impersonate_tenants: bool,
     /// With `--sink kube`: the longest wait for one answer of the Kubernetes API.
     #[arg(long, env = "FLOTILLA_AGENT_KUBE_TIMEOUT", default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
     pub kube_timeout: Duration,
@@ -229,6 +236,7 @@ fn settings(args: &AgentArgs) -> anyhow::Result<Settings> {
             args.prune_namespaces_and_crds,
         ),
         ("--inventory-namespace", args.inventory_namespace.is_some()),
+        ("--impersonate-tenants", args.impersonate_tenants),
     ];
     for (flag, given) in kube_only {
         if given && args.sink != SinkSpec::Kube {
@@ -357,6 +365,7 @@ fn settings(args: &AgentArgs) -> anyhow::Result<Settings> {
             request_timeout: args.kube_timeout,
             phase_timeout: args.phase_timeout,
             inventory_namespace: args.inventory_namespace.clone(),
+            impersonate_tenants: args.impersonate_tenants,
             ..KubeOptions::default()
         },
     })
@@ -548,6 +557,17 @@ mod tests {
         assert!(settings(&args).is_err());
         let args = with(&["--sink", "dir:/x", "--prune-namespaces-and-crds"]).expect("parses");
         assert!(settings(&args).is_err());
+        let args = with(&["--sink", "dir:/x", "--impersonate-tenants"]).expect("parses");
+        let err = settings(&args).err().expect("refused");
+        assert!(
+            err.to_string()
+                .contains("--impersonate-tenants only applies to `--sink kube`"),
+            "{err}"
+        );
+        let args = with(&["--sink", "kube", "--impersonate-tenants"]).expect("parses");
+        assert!(settings(&args).expect("valid").kube.impersonate_tenants);
+        let args = with(&["--sink", "kube"]).expect("parses");
+        assert!(!settings(&args).expect("valid").kube.impersonate_tenants);
         let args = with(&[
             "--sink",
             "kube",

@@ -15,7 +15,10 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use flotilla_core::bundle::{Bundle, TenantMark, TenantRules};
+use flotilla_core::bundle::{
+    Bundle, Resource, TENANCY_WORKLOAD, TENANT_CLUSTER_ROLE, TenantMark, TenantRules,
+    is_tenancy_object,
+};
 use flotilla_core::names::glob_matches;
 use flotilla_core::signing::PublicKey;
 
@@ -122,6 +125,19 @@ pub fn refusal(bundle: &Bundle, policy: Option<&TenantPolicy>) -> Option<String>
         let workload = meta
             .and_then(|m| m.workloads.get(index))
             .map_or("", String::as_str);
+        if workload == TENANCY_WORKLOAD {
+            let tenants = match policy {
+                Some(policy) => Some(&policy.tenants),
+                None => meta.map(|m| &m.tenants),
+            };
+            if let Some(why) = tenancy_refusal(resource, tenants) {
+                return Some(format!(
+                    "{} (workload {TENANCY_WORKLOAD:?}) is not what flotilla makes for a tenant: {why}",
+                    resource.key
+                ));
+            }
+            continue;
+        }
         let tenant = match policy {
             Some(policy) => match policy.tenant_of(workload) {
                 Some(tenant) => Some(tenant),
@@ -141,6 +157,59 @@ pub fn refusal(bundle: &Bundle, policy: Option<&TenantPolicy>) -> Option<String>
             return Some(format!(
                 "{} of tenant {name:?} (workload {workload:?}) breaks the tenant's rules: {why}",
                 resource.key
+            ));
+        }
+    }
+    None
+}
+
+/// Why a resource of the reserved workload `flotilla-tenancy` is not one of the
+/// objects the render makes for a tenant's namespace: the ServiceAccount
+/// `flotilla-tenant-<tenant>` or its RoleBinding to the ClusterRole `flotilla-tenant`,
+/// in one of that tenant's namespaces. So the name cannot carry anything else past
+/// the tenant rules (with a tenant policy, not even from a compromised hub).
+fn tenancy_refusal(
+    resource: &Resource,
+    tenants: Option<&BTreeMap<String, TenantMark>>,
+) -> Option<String> {
+    let key = &resource.key;
+    if !is_tenancy_object(key) {
+        return Some(
+            "only ServiceAccounts and RoleBindings named flotilla-tenant-<tenant> are".into(),
+        );
+    }
+    let tenant = key
+        .name
+        .strip_prefix("flotilla-tenant-")
+        .unwrap_or_default();
+    let Some(mark) = tenants.and_then(|t| t.get(tenant)) else {
+        return Some(format!("there is no tenant {tenant:?}"));
+    };
+    if !mark
+        .namespaces
+        .iter()
+        .any(|n| glob_matches(n, &key.namespace))
+    {
+        return Some(format!(
+            "namespace {:?} is not tenant {tenant:?}'s",
+            key.namespace
+        ));
+    }
+    if key.kind == "RoleBinding" {
+        let value = resource.value();
+        let expected_subjects = serde_json::json!([{
+            "kind": "ServiceAccount",
+            "name": key.name,
+            "namespace": key.namespace,
+        }]);
+        let role = &value["roleRef"];
+        if role["kind"] != "ClusterRole"
+            || role["name"] != TENANT_CLUSTER_ROLE
+            || value["subjects"] != expected_subjects
+        {
+            return Some(format!(
+                "a RoleBinding binds the ClusterRole {TENANT_CLUSTER_ROLE} to the tenant's ServiceAccount {} and nothing else",
+                key.name
             ));
         }
     }
@@ -247,6 +316,59 @@ mod tests {
                 .expect_err("refused")
                 .contains("carries no tenant rules signed by the platform key")
         );
+    }
+
+    #[test]
+    fn the_tenancy_workload_carries_only_a_tenants_service_account_and_its_binding() {
+        let binding = |role: &str, subject: &str| {
+            let value = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "flotilla-tenant-team-a", "namespace": "team-a-x"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                "subjects": [{"kind": "ServiceAccount", "name": subject, "namespace": "team-a-x"}]});
+            Arc::new(Resource::new(ResourceKey::of(&value).expect("key"), &value))
+        };
+        let with = |extra: Vec<Arc<Resource>>| {
+            let mut resources = vec![resource("ConfigMap", "team-a-x", "shop")];
+            let mut workloads = vec!["shop".to_string()];
+            for r in extra {
+                resources.push(r);
+                workloads.push(TENANCY_WORKLOAD.to_string());
+            }
+            let mut pairs: Vec<_> = resources.into_iter().zip(workloads).collect();
+            pairs.sort_by(|a, b| a.0.key.cmp(&b.0.key));
+            let (resources, workloads) = pairs.into_iter().unzip();
+            let meta = BundleMeta {
+                workloads,
+                tenants: [("team-a".to_string(), mark(&["shop"], &["team-a-*"]))].into(),
+                ..BundleMeta::default()
+            };
+            Bundle::from_sorted_with_meta("c", resources, Some(meta))
+        };
+        let good = with(vec![
+            resource("ServiceAccount", "team-a-x", "flotilla-tenant-team-a"),
+            binding("flotilla-tenant", "flotilla-tenant-team-a"),
+        ]);
+        assert_eq!(refusal(&good, None), None);
+        let admin = with(vec![binding("cluster-admin", "flotilla-tenant-team-a")]);
+        assert!(
+            refusal(&admin, None)
+                .is_some_and(|why| why.contains("binds the ClusterRole flotilla-tenant")),
+        );
+        let other = with(vec![binding("flotilla-tenant", "default")]);
+        assert!(refusal(&other, None).is_some());
+        let elsewhere = with(vec![resource(
+            "ServiceAccount",
+            "kube-system",
+            "flotilla-tenant-team-a",
+        )]);
+        assert_eq!(
+            refusal(&elsewhere, None).as_deref(),
+            Some(
+                "ServiceAccount kube-system/flotilla-tenant-team-a (workload \"flotilla-tenancy\") is not what flotilla makes for a tenant: namespace \"kube-system\" is not tenant \"team-a\"'s"
+            )
+        );
+        let smuggled = with(vec![resource("ConfigMap", "kube-system", "anything")]);
+        assert!(refusal(&smuggled, None).is_some());
     }
 
     #[test]

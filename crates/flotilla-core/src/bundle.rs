@@ -493,6 +493,36 @@ pub struct SignedTenantRules {
     pub sig: String,
 }
 
+/// The workload name of the objects the render adds for tenants (a ServiceAccount and
+/// a RoleBinding per tenant namespace, docs/tenants.md): the platform's, applied in
+/// the first phase. No fleet workload may have this name.
+pub const TENANCY_WORKLOAD: &str = "flotilla-tenancy";
+
+/// The ClusterRole a tenant's ServiceAccounts are bound to in its namespaces
+/// (deploy/tenant-rbac.yaml).
+pub const TENANT_CLUSTER_ROLE: &str = "flotilla-tenant";
+
+/// The label that makes a namespace enforce a Pod Security level.
+pub const POD_SECURITY_LABEL: &str = "pod-security.kubernetes.io/enforce";
+
+/// The name of a tenant's ServiceAccount (and of its RoleBinding) in each of its
+/// namespaces: the agent impersonates it to apply the tenant's resources there.
+pub fn tenant_service_account(tenant: &str) -> String {
+    format!("flotilla-tenant-{tenant}")
+}
+
+/// Whether `key` is one of the objects the render adds for a tenant's namespace (a
+/// ServiceAccount or RoleBinding named `flotilla-tenant-<tenant>`): the agent
+/// applies them before the other objects of their phase and prunes them after.
+pub fn is_tenancy_object(key: &ResourceKey) -> bool {
+    let kind = (key.group.as_str(), key.kind.as_str());
+    key.name.starts_with("flotilla-tenant-")
+        && matches!(
+            kind,
+            ("", "ServiceAccount") | ("rbac.authorization.k8s.io", "RoleBinding")
+        )
+}
+
 /// One tenant of a bundle (`meta.tenants.<name>`, docs/tenants.md).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]

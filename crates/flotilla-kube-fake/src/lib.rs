@@ -13,6 +13,9 @@
 //!   patch cannot be built for; 422 for invalid labels;
 //! - **authorization** by RBAC rules, per verb, including `create` on an apply that
 //!   creates and the `escalate` and `bind` checks on RBAC objects ([`rbac`]);
+//!   **impersonation** (`Impersonate-User`): the caller needs `impersonate` on the
+//!   ServiceAccount, and the request then holds the rules the stored RoleBindings and
+//!   ClusterRoleBindings grant that ServiceAccount;
 //! - **admission**: the namespace must exist and must not be Terminating; `default`,
 //!   `kube-system` and `kube-public` may not be deleted; a validating or mutating
 //!   webhook whose Service is missing fails the objects it matches with a 500;
@@ -80,6 +83,8 @@ impl Exchange {
 /// One authorization decision: what was asked and whether the rules allowed it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Check {
+    /// Who asked: the caller, or the user it impersonates.
+    pub user: String,
     pub attributes: Attributes,
     /// The index of the rule that allowed it; `None` when refused.
     pub rule: Option<usize>,
@@ -251,11 +256,25 @@ impl FakeApiServer {
 
     /// The same, with `namespace` as the client's default namespace.
     pub fn client_in(&self, namespace: &str) -> kube::Client {
+        self.client_with(namespace, None)
+    }
+
+    /// A client whose every request impersonates `user` (`Impersonate-User`), as
+    /// kube-rs's `AuthInfo::impersonate` makes one.
+    pub fn impersonating_client(&self, user: &str) -> kube::Client {
+        self.client_with("default", Some(user.to_string()))
+    }
+
+    fn client_with(&self, namespace: &str, user: Option<String>) -> kube::Client {
         let fake = self.clone();
         let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
             let fake = fake.clone();
+            let user = user.clone();
             async move {
-                let (parts, body) = request.into_parts();
+                let (mut parts, body) = request.into_parts();
+                if let Some(value) = user.and_then(|u| http::HeaderValue::from_str(&u).ok()) {
+                    parts.headers.insert("impersonate-user", value);
+                }
                 let bytes = body.collect_bytes().await?;
                 match fake.answer(&parts.method, &parts.uri, &parts.headers, &bytes) {
                     Answer::Reply(code, body) => http::Response::builder()
@@ -612,7 +631,19 @@ impl State {
                 FaultAnswer::Disconnect => Answer::Disconnect,
             };
         }
-        let result = match request::parse(method, path, query) {
+        let target = request::parse(method, path, query);
+        let impersonated = match self.impersonation(headers, &target) {
+            Ok(impersonated) => impersonated,
+            Err(error) => return Answer::Reply(error.code, error.body),
+        };
+        // The request runs as the impersonated user, with the rules its bindings grant.
+        let caller = impersonated.map(|(user, rules)| {
+            (
+                std::mem::replace(&mut self.user, user),
+                self.rules.replace(rules),
+            )
+        });
+        let result = match target {
             // Discovery is open to every authenticated user (the `system:discovery`
             // ClusterRole of `plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go`).
             Target::Discovery {
@@ -623,6 +654,10 @@ impl State {
             Target::Resource(request) => self.resource(request, query, headers, body),
             Target::Other => Err(status::no_such_resource()),
         };
+        if let Some((user, rules)) = caller {
+            self.user = user;
+            self.rules = rules;
+        }
         match result {
             Ok((code, body)) => Answer::Reply(code, body),
             Err(error) => Answer::Reply(error.code, error.body),
@@ -648,6 +683,113 @@ impl State {
             .ok_or_else(status::no_such_resource)
     }
 
+    /// The user an `Impersonate-User` header names and the rules it holds for this
+    /// request, once the caller was allowed to impersonate it
+    /// (`staging/src/k8s.io/apiserver/pkg/endpoints/filters/impersonation.go`: the
+    /// caller needs `impersonate` on `serviceaccounts` (name, namespace) for a
+    /// `system:serviceaccount:<namespace>:<name>`, on `users` otherwise). Only
+    /// ServiceAccounts get rules here: those of the RoleBindings in the request's
+    /// namespace and of the ClusterRoleBindings that name it as a subject
+    /// (`plugin/pkg/auth/authorizer/rbac/rbac.go`, `VisitRulesFor`). `None` without
+    /// the header.
+    fn impersonation(
+        &mut self,
+        headers: &HeaderMap,
+        target: &Target,
+    ) -> Result<Option<(String, Vec<Rule>)>, ApiError> {
+        let Some(user) = headers.get("impersonate-user") else {
+            return Ok(None);
+        };
+        let user = user.to_str().unwrap_or_default().to_string();
+        let account = user
+            .strip_prefix("system:serviceaccount:")
+            .and_then(|rest| rest.split_once(':'))
+            .map(|(namespace, name)| (namespace.to_string(), name.to_string()));
+        let attributes = match &account {
+            Some((namespace, name)) => Attributes {
+                verb: "impersonate".into(),
+                group: String::new(),
+                resource: "serviceaccounts".into(),
+                name: name.clone(),
+                namespace: namespace.clone(),
+            },
+            None => Attributes {
+                verb: "impersonate".into(),
+                group: String::new(),
+                resource: "users".into(),
+                name: user.clone(),
+                namespace: String::new(),
+            },
+        };
+        self.authorize(attributes)?;
+        let namespace = match target {
+            Target::Resource(request) => request.namespace.as_str(),
+            _ => "",
+        };
+        let rules = match &account {
+            Some((account_namespace, name)) => {
+                self.service_account_rules(account_namespace, name, namespace)
+            }
+            None => Vec::new(),
+        };
+        Ok(Some((user, rules)))
+    }
+
+    /// The rules ServiceAccount `namespace/name` holds in `request_namespace` (at the
+    /// cluster scope when empty): its ClusterRoleBindings' roles everywhere, its
+    /// RoleBindings' roles in their own namespace.
+    fn service_account_rules(
+        &self,
+        namespace: &str,
+        name: &str,
+        request_namespace: &str,
+    ) -> Vec<Rule> {
+        const RBAC: &str = "rbac.authorization.k8s.io";
+        let names_it = |binding: &Value, binding_namespace: &str| {
+            binding["subjects"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|subject| {
+                    subject["kind"] == "ServiceAccount"
+                        && subject["name"] == name
+                        && subject["namespace"].as_str().unwrap_or(binding_namespace) == namespace
+                })
+        };
+        let mut rules = Vec::new();
+        for (key, stored) in &self.objects {
+            if key.group != RBAC {
+                continue;
+            }
+            let in_scope = match key.plural.as_str() {
+                "clusterrolebindings" => true,
+                "rolebindings" => {
+                    !request_namespace.is_empty() && key.namespace == request_namespace
+                }
+                _ => false,
+            };
+            if !in_scope || !names_it(&stored.object, &key.namespace) {
+                continue;
+            }
+            let role_ref = &stored.object["roleRef"];
+            let (plural, role_namespace) = match role_ref["kind"].as_str() {
+                Some("ClusterRole") => ("clusterroles", String::new()),
+                Some("Role") if key.plural == "rolebindings" => ("roles", key.namespace.clone()),
+                _ => continue,
+            };
+            let role = self.objects.get(&ObjKey {
+                group: RBAC.into(),
+                plural: plural.into(),
+                namespace: role_namespace,
+                name: role_ref["name"].as_str().unwrap_or_default().to_string(),
+            });
+            if let Some(role) = role {
+                rules.extend(Rule::of_role(&role.object));
+            }
+        }
+        rules
+    }
+
     /// Asks the authorizer; records the decision.
     fn authorize(&mut self, attributes: Attributes) -> Result<(), ApiError> {
         let rule = match &self.rules {
@@ -655,6 +797,7 @@ impl State {
             Some(rules) => rbac::allows(rules, &attributes),
         };
         self.checks.push(Check {
+            user: self.user.clone(),
             attributes: attributes.clone(),
             rule,
         });
@@ -1160,7 +1303,11 @@ impl State {
         };
         let held = self.rules.clone().unwrap_or_default();
         let rule = rbac::allows(&held, &attributes);
-        self.checks.push(Check { attributes, rule });
+        self.checks.push(Check {
+            user: self.user.clone(),
+            attributes,
+            rule,
+        });
         if rule.is_some() {
             return Ok(());
         }
@@ -1811,6 +1958,125 @@ mod tests {
                 ("create".into(), false),
                 ("delete".into(), false)
             ]
+        );
+    }
+
+    #[tokio::test]
+    async fn an_impersonated_service_account_holds_what_its_bindings_grant_where_they_grant_it() {
+        let caller_rules = json!([
+            {"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "create", "patch", "delete"]},
+            {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["impersonate"]}
+        ]);
+        let fake = FakeApiServer::new().with_rules(&caller_rules);
+        for namespace in ["shop", "other"] {
+            fake.insert(
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}),
+                "kubectl",
+            );
+        }
+        fake.insert(
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                   "metadata": {"name": "tenant"},
+                   "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]}]}),
+            "kubectl",
+        );
+        fake.insert(
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                   "metadata": {"name": "tenant", "namespace": "shop"},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tenant"},
+                   "subjects": [{"kind": "ServiceAccount", "name": "team", "namespace": "shop"}]}),
+            "kubectl",
+        );
+        let user = "system:serviceaccount:shop:team";
+        let config_map = |ns: &str| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": ns}});
+        let as_team = |ns: &str| {
+            let resource = ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("", "v1", "ConfigMap"),
+                "configmaps",
+            );
+            Api::<DynamicObject>::namespaced_with(fake.impersonating_client(user), ns, &resource)
+        };
+        as_team("shop")
+            .patch(
+                "c",
+                &PatchParams::apply("flotilla"),
+                &Patch::Apply(config_map("shop")),
+            )
+            .await
+            .expect("the RoleBinding in shop grants it");
+        let err = as_team("shop")
+            .delete("c", &DeleteParams::default())
+            .await
+            .expect_err("the role does not grant delete");
+        assert_eq!(
+            code(err),
+            (
+                403,
+                format!(
+                    "configmaps \"c\" is forbidden: User \"{user}\" cannot delete resource \"configmaps\" in API group \"\" in the namespace \"shop\""
+                )
+            )
+        );
+        let err = as_team("other")
+            .patch(
+                "c",
+                &PatchParams::apply("flotilla"),
+                &Patch::Apply(config_map("other")),
+            )
+            .await
+            .expect_err("no binding in other");
+        assert_eq!(code(err).0, 403);
+        assert!(fake.get("v1", "ConfigMap", "other", "c").is_none());
+        // The caller's own rules are left as they were: it may still delete.
+        api(&fake, "", "v1", "ConfigMap", "configmaps", Some("shop"))
+            .delete("c", &DeleteParams::default())
+            .await
+            .expect("the caller holds delete");
+        let checks: Vec<(String, String, bool)> = fake
+            .checks()
+            .iter()
+            .map(|c| (c.user.clone(), c.attributes.verb.clone(), c.rule.is_some()))
+            .collect();
+        let caller = DEFAULT_USER.to_string();
+        let team = user.to_string();
+        assert_eq!(
+            checks,
+            [
+                (caller.clone(), "impersonate".into(), true),
+                (team.clone(), "patch".into(), true),
+                (team.clone(), "create".into(), true),
+                (caller.clone(), "impersonate".into(), true),
+                (team.clone(), "delete".into(), false),
+                (caller.clone(), "impersonate".into(), true),
+                (team.clone(), "patch".into(), false),
+                (caller.clone(), "delete".into(), true),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_caller_without_impersonate_cannot_act_as_a_service_account() {
+        let fake = FakeApiServer::new().with_rules(
+            &json!([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "create", "patch"]}]),
+        );
+        let resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("", "v1", "ConfigMap"),
+            "configmaps",
+        );
+        let config_maps = Api::<DynamicObject>::namespaced_with(
+            fake.impersonating_client("system:serviceaccount:default:team"),
+            "default",
+            &resource,
+        );
+        let err = config_maps.get("c").await.expect_err("refused");
+        assert_eq!(
+            code(err),
+            (
+                403,
+                format!(
+                    "serviceaccounts \"team\" is forbidden: User \"{DEFAULT_USER}\" cannot impersonate resource \"serviceaccounts\" in API group \"\" in the namespace \"default\""
+                )
+            )
         );
     }
 }

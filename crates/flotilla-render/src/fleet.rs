@@ -9,7 +9,8 @@ use regex::Regex;
 
 use flotilla_core::bundle::DriftPolicy;
 use flotilla_core::model::{
-    FleetSettings, HelmSpec, ImageOverride, KubernetesSpec, LabelSelector, Located, Target, Vars,
+    FleetSettings, HelmSpec, ImageOverride, KubernetesSpec, LabelSelector, Located,
+    PodSecurityLevel, Target, Vars,
 };
 use flotilla_core::rollout::Policy;
 
@@ -102,6 +103,7 @@ pub struct Tenant {
     pub cluster_scoped: Vec<Located<String>>,
     pub cluster_roles: Vec<Located<String>>,
     pub shared_paths: Vec<Located<String>>,
+    pub pod_security: PodSecurityLevel,
 }
 
 /// A patch with its target's regular expressions and selectors compiled.

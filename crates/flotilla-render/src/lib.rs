@@ -132,7 +132,8 @@ pub type PatchMatches = Arc<[(Arc<str>, u32, u32)]>;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClusterProvenance {
     /// For each resource of the bundle, in order, the workload it came from
-    /// (clusters with the same list may share it).
+    /// (clusters with the same list may share it); `u32::MAX - 1` for the objects
+    /// the render adds for tenants' namespaces (workload `flotilla-tenancy`).
     pub resource_workloads: Arc<[u32]>,
     /// The overlay patches whose target matched a resource here: (overlay file,
     /// index of the patch, workload).

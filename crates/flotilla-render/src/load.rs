@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 
 use super::kustomize;
 use super::yaml::{self, YamlDocument};
+use flotilla_core::bundle::TENANCY_WORKLOAD;
 use flotilla_core::diagnostic::{Diagnostic, did_you_mean};
 use flotilla_core::model::{
     ClusterDoc, FleetSettingsDoc, GroupDoc, LabelSelector, Located, OverlayDoc, Patch,
@@ -790,6 +791,16 @@ fn load_workload(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> O
     let folder = path.split('/').nth(1).unwrap_or_default();
     let mut ok = check_label(path, text, "workload", &doc.metadata.name, diagnostics)
         && check_name(path, "folder name", &doc.metadata.name, folder, diagnostics);
+    if doc.metadata.name == TENANCY_WORKLOAD {
+        ok = false;
+        diagnostics.push(
+            Diagnostic::error(format!(
+                "the workload name {TENANCY_WORKLOAD} is reserved: flotilla names so the ServiceAccounts and RoleBindings it adds for tenants; rename the workload and its folder"
+            ))
+            .in_file(path)
+            .at_line(key_line_anywhere(text, "name")),
+        );
+    }
     if let Some(namespace) = &doc.spec.namespace
         && let Err(invalid) = names::dns1123_label(namespace)
     {
@@ -961,6 +972,7 @@ fn load_tenant(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Opt
         cluster_scoped: spec.cluster_scoped,
         cluster_roles: spec.cluster_roles,
         shared_paths: spec.shared_paths,
+        pod_security: spec.pod_security.unwrap_or_default(),
     })
 }
 

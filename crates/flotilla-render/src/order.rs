@@ -8,7 +8,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use std::sync::Arc;
 
-use flotilla_core::bundle::{BundleMeta, DriftPolicy, HookMark, Resource};
+use flotilla_core::bundle::{BundleMeta, DriftPolicy, HookMark, Resource, TENANCY_WORKLOAD};
+
+use crate::tenancy::TENANCY_POSITION;
 use flotilla_core::diagnostic::Diagnostic;
 
 use crate::fleet::{Cluster, Fleet};
@@ -169,18 +171,23 @@ pub(crate) fn bundle_meta(
     {
         return Ok(None);
     }
+    let tenancy = resource_workloads.contains(&TENANCY_POSITION);
     let phases = if has_dependencies {
-        phases(fleet, cluster, targeted)?
+        let mut phases = phases(fleet, cluster, targeted)?;
+        // What tenants need (their ServiceAccounts and RoleBindings) comes first.
+        if let (true, Some(first)) = (tenancy, phases.first_mut()) {
+            first.insert(0, TENANCY_WORKLOAD.to_string());
+        }
+        phases
     } else {
         Vec::new()
     };
     let workloads = resource_workloads
         .iter()
-        .map(|&p| {
-            targeted
-                .get(p as usize)
-                .map(|&w| fleet.workloads[w].name.clone())
-                .unwrap_or_default()
+        .map(|&p| match targeted.get(p as usize) {
+            Some(&w) => fleet.workloads[w].name.clone(),
+            None if p == TENANCY_POSITION => TENANCY_WORKLOAD.to_string(),
+            None => String::new(),
         })
         .collect();
     Ok(Some(BundleMeta {

@@ -21,11 +21,17 @@
 //! others' clusters. The bundle's `meta.tenants` carries the rules on to the agent,
 //! which enforces them again.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
-use flotilla_core::bundle::{Resource, SignedTenantRules, TenantMark, TenantRules};
+use serde_json::{Value, json};
+
+use flotilla_core::bundle::{
+    POD_SECURITY_LABEL, Resource, ResourceKey, SignedTenantRules, TENANT_CLUSTER_ROLE, TenantMark,
+    TenantRules, tenant_service_account,
+};
 use flotilla_core::diagnostic::Diagnostic;
-use flotilla_core::model::Located;
+use flotilla_core::model::{Located, PodSecurityLevel};
 use flotilla_core::names::glob_matches;
 use flotilla_core::snapshot::FleetSnapshot;
 
@@ -417,4 +423,171 @@ pub(crate) fn signed_rules(
         return None;
     }
     Some(signed)
+}
+
+/// The position in a bundle's workload list (`ClusterProvenance::resource_workloads`)
+/// of the objects [`with_platform_objects`] adds: they belong to no fleet workload,
+/// and are named [`TENANCY_WORKLOAD`] in the bundle's metadata.
+pub(crate) const TENANCY_POSITION: u32 = u32::MAX - 1;
+
+/// A bundle's resources and, for each, its workload's position.
+type BundleLists = (Vec<Arc<Resource>>, Vec<u32>);
+
+/// A cluster's resources with what tenants need on it: per tenant, in each
+/// namespace its resources are in (the concrete namespaces, not `spec.namespaces`'
+/// globs), the ServiceAccount `flotilla-tenant-<tenant>` the agent impersonates to
+/// apply them (`--impersonate-tenants`) and a RoleBinding of it to the ClusterRole
+/// `flotilla-tenant`; and the tenant's `Namespace` objects labelled with its Pod
+/// Security level. RBAC cannot match namespace globs, hence one binding per namespace.
+///
+/// The added objects are the platform's (position [`TENANCY_POSITION`]); those of a
+/// previous render kept in `resources` are made again. `resources` are sorted by key
+/// and `resource_workloads` gives each one's workload as a position in `targeted`.
+/// A resource with the identity of an added object is an error for the cluster.
+/// Without tenants' resources on the cluster, the lists come back as they were.
+pub(crate) fn with_platform_objects(
+    fleet: &Fleet,
+    cluster: &Cluster,
+    targeted: &[usize],
+    resources: Vec<Arc<Resource>>,
+    resource_workloads: Vec<u32>,
+) -> Result<BundleLists, Vec<Diagnostic>> {
+    if fleet.tenants.is_empty() {
+        return Ok((resources, resource_workloads));
+    }
+    let tenant_of = |p: u32| {
+        targeted
+            .get(p as usize)
+            .and_then(|&w| fleet.workloads[w].tenant)
+    };
+    let mut namespaces: BTreeSet<(usize, &str)> = BTreeSet::new();
+    let mut kept = Vec::with_capacity(resources.len());
+    let mut kept_workloads = Vec::with_capacity(resources.len());
+    for (resource, p) in resources.iter().zip(&resource_workloads) {
+        if *p == TENANCY_POSITION {
+            continue;
+        }
+        let tenant = tenant_of(*p);
+        let resource = match tenant {
+            Some(t) if resource.key.group.is_empty() && resource.key.kind == "Namespace" => {
+                labelled_namespace(resource, fleet.tenants[t].pod_security)
+            }
+            Some(t) if !resource.key.namespace.is_empty() => {
+                namespaces.insert((t, resource.key.namespace.as_str()));
+                resource.clone()
+            }
+            _ => resource.clone(),
+        };
+        kept.push(resource);
+        kept_workloads.push(*p);
+    }
+    if namespaces.is_empty() {
+        return Ok((kept, kept_workloads));
+    }
+    let mut added: Vec<Arc<Resource>> = namespaces
+        .iter()
+        .flat_map(|&(t, namespace)| tenant_objects(&fleet.tenants[t].name, namespace))
+        .map(Arc::new)
+        .collect();
+    added.sort_by(|a, b| a.key.cmp(&b.key));
+    let mut errors = Vec::new();
+    for object in &added {
+        if let Ok(found) = kept.binary_search_by(|r| r.key.cmp(&object.key)) {
+            let owner = targeted
+                .get(kept_workloads[found] as usize)
+                .map_or("?", |&w| fleet.workloads[w].name.as_str());
+            errors.push(
+                Diagnostic::error(format!(
+                    "{} (workload {owner}) has the identity of the object flotilla adds for a tenant's namespace: the names flotilla-tenant-<tenant> of ServiceAccounts and RoleBindings are reserved (docs/tenants.md)",
+                    object.key
+                ))
+                .in_file(&cluster.file)
+                .for_cluster(&cluster.name)
+                .for_workload(owner),
+            );
+        }
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let mut resources = Vec::with_capacity(kept.len() + added.len());
+    let mut workloads = Vec::with_capacity(kept.len() + added.len());
+    let mut old = kept.into_iter().zip(kept_workloads).peekable();
+    let mut new = added.into_iter().peekable();
+    loop {
+        let take_old = match (old.peek(), new.peek()) {
+            (None, None) => break,
+            (Some((r, _)), Some(a)) => r.key < a.key,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+        };
+        if take_old {
+            if let Some((r, p)) = old.next() {
+                resources.push(r);
+                workloads.push(p);
+            }
+        } else if let Some(a) = new.next() {
+            resources.push(a);
+            workloads.push(TENANCY_POSITION);
+        }
+    }
+    Ok((resources, workloads))
+}
+
+/// A tenant's `Namespace` object with the label of its Pod Security level, which
+/// replaces any the tenant set itself: the level is the platform's to choose.
+fn labelled_namespace(resource: &Arc<Resource>, level: PodSecurityLevel) -> Arc<Resource> {
+    let mut value = resource.value();
+    let Some(metadata) = value.get_mut("metadata").and_then(Value::as_object_mut) else {
+        return resource.clone();
+    };
+    let labels = metadata
+        .entry("labels")
+        .or_insert_with(|| Value::Object(serde_json::Map::new()));
+    if !labels.is_object() {
+        *labels = Value::Object(serde_json::Map::new());
+    }
+    if let Some(labels) = labels.as_object_mut() {
+        if labels.get(POD_SECURITY_LABEL).and_then(Value::as_str) == Some(level.as_str()) {
+            return resource.clone();
+        }
+        labels.insert(
+            POD_SECURITY_LABEL.into(),
+            Value::String(level.as_str().into()),
+        );
+    }
+    Arc::new(Resource::new((*resource.key).clone(), &value))
+}
+
+/// The ServiceAccount of tenant `tenant` in `namespace` and its RoleBinding to the
+/// ClusterRole `flotilla-tenant`.
+fn tenant_objects(tenant: &str, namespace: &str) -> [Resource; 2] {
+    let name = tenant_service_account(tenant);
+    let metadata = json!({
+        "name": name,
+        "namespace": namespace,
+        "labels": {"flotilla.dev/tenant": tenant},
+    });
+    let account = json!({
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": metadata,
+    });
+    let binding = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": metadata,
+        "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": TENANT_CLUSTER_ROLE},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+    });
+    let key = |group: &str, kind: &str| ResourceKey {
+        group: group.into(),
+        kind: kind.into(),
+        namespace: namespace.into(),
+        name: name.clone(),
+    };
+    [
+        Resource::new(key("", "ServiceAccount"), &account),
+        Resource::new(key(RBAC, "RoleBinding"), &binding),
+    ]
 }

@@ -13,7 +13,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use super::cache::InventoryEntry;
-use flotilla_core::bundle::{Bundle, Digest, Resource, ResourceKey};
+use flotilla_core::bundle::{Bundle, Digest, Resource, ResourceKey, is_tenancy_object};
 use flotilla_core::status::{ResourceState, ResourceStatus};
 
 /// The label every object flotilla applies carries, with the cluster's name.
@@ -170,8 +170,10 @@ pub fn apply_phases(bundle: &Bundle) -> Vec<Vec<&Arc<Resource>>> {
         phases[phase.min(last)].push(resource);
     }
     for phase in &mut phases {
-        // A stable sort keeps bundle order within each rank.
-        phase.sort_by_key(|r| apply_rank(&r.key));
+        // A stable sort keeps bundle order within each rank. The ServiceAccounts and
+        // RoleBindings made for tenants come first in theirs: the tenant's objects
+        // may be applied as those ServiceAccounts (`--impersonate-tenants`).
+        phase.sort_by_key(|r| (apply_rank(&r.key), !is_tenancy_object(&r.key)));
     }
     phases
 }
@@ -182,7 +184,8 @@ pub fn prune_order(entries: &[InventoryEntry]) -> Vec<InventoryEntry> {
     let mut ordered = entries.to_vec();
     ordered.sort_by(|a, b| {
         let (ka, kb) = (a.key(), b.key());
-        (apply_rank(&kb), kb).cmp(&(apply_rank(&ka), ka))
+        let rank = |k: &ResourceKey| (apply_rank(k), !is_tenancy_object(k));
+        (rank(&kb), kb).cmp(&(rank(&ka), ka))
     });
     ordered
 }

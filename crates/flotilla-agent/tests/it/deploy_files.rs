@@ -404,7 +404,32 @@ async fn the_agents_cluster_role_grants_exactly_the_verbs_the_kube_sink_uses() {
     assert!(outcome.complete, "{outcome:#?}");
     assert_eq!(outcome.count(ResourceState::Pruned), 6, "{outcome:#?}");
 
-    let checks = fake.checks();
+    // With --impersonate-tenants, a tenant's objects are applied as its ServiceAccount,
+    // which the agent impersonates; that ServiceAccount's own rights are the
+    // ClusterRole flotilla-tenant's (tested in kube_impersonation).
+    fake.insert(
+        documents("agent.yaml")
+            .into_iter()
+            .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "flotilla-tenant")
+            .expect("deploy/agent.yaml ships the ClusterRole flotilla-tenant"),
+        "kubectl",
+    );
+    let mut tenants = agent_support::kube::sink(
+        &fake,
+        flotilla_agent::sink::kube::KubeOptions {
+            impersonate_tenants: true,
+            ..options()
+        },
+    );
+    let outcome = tenants.apply(&tenant_bundle(true, "1"), &[]).await;
+    assert!(outcome.complete, "{outcome:#?}");
+
+    // The agent's own checks; the impersonated ServiceAccount's are not its role's.
+    let checks: Vec<_> = fake
+        .checks()
+        .into_iter()
+        .filter(|c| c.user == flotilla_kube_fake::DEFAULT_USER)
+        .collect();
     let refused: Vec<_> = checks.iter().filter(|c| c.rule.is_none()).collect();
     assert!(
         refused.is_empty(),

@@ -10,6 +10,7 @@ mod deploy_files;
 mod kube_drift;
 mod kube_hooks;
 mod kube_https;
+mod kube_impersonation;
 mod kube_phases;
 mod kube_scenarios;
 mod support;

@@ -390,6 +390,34 @@ pub struct TenantSpec {
     #[serde(default)]
     #[schemars(with = "Vec<String>")]
     pub shared_paths: Vec<Located<String>>,
+    /// The Pod Security level its `Namespace` objects enforce
+    /// (`pod-security.kubernetes.io/enforce`): `restricted` when left out, since a
+    /// privileged pod escapes every namespace rule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_security: Option<PodSecurityLevel>,
+}
+
+/// A Pod Security Standards level (`pod-security.kubernetes.io/enforce`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PodSecurityLevel {
+    /// The hardened level: no privilege escalation, non-root, a seccomp profile.
+    #[default]
+    Restricted,
+    /// Stops the known privilege escalations (host namespaces, privileged pods).
+    Baseline,
+    /// No restriction.
+    Privileged,
+}
+
+impl PodSecurityLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PodSecurityLevel::Restricted => "restricted",
+            PodSecurityLevel::Baseline => "baseline",
+            PodSecurityLevel::Privileged => "privileged",
+        }
+    }
 }
 
 /// A kustomize-style image override: the containers whose image name equals `name`

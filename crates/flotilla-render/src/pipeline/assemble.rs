@@ -330,6 +330,19 @@ pub(super) fn assemble(
             merge_by_key(old, fresh)?
         }
     };
+    let (resources, resource_workloads) = match crate::tenancy::with_platform_objects(
+        fleet,
+        cluster,
+        job.targeted,
+        resources,
+        resource_workloads,
+    ) {
+        Ok(lists) => lists,
+        Err(errors) => {
+            done.assembled = Err(errors);
+            return Some(done);
+        }
+    };
     if let Some(error) = too_large(cluster, &resources) {
         done.assembled = Err(vec![error]);
         return Some(done);

@@ -444,3 +444,252 @@ fn each_tenants_sops_files_open_only_with_its_own_identities() {
     assert!(!output.bundles.contains_key("north"));
     assert!(output.bundles.contains_key("south") && output.bundles.contains_key("east"));
 }
+
+/// `(workload, kind, namespace, name)` of each resource of a cluster's bundle.
+fn contents(output: &RenderOutput, cluster: &str) -> Vec<(String, String, String, String)> {
+    let bundle = &output.bundles[cluster];
+    let workloads = bundle
+        .meta
+        .as_ref()
+        .map(|m| m.workloads.clone())
+        .unwrap_or_default();
+    bundle
+        .resources
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            (
+                workloads.get(i).cloned().unwrap_or_default(),
+                r.key.kind.clone(),
+                r.key.namespace.clone(),
+                r.key.name.clone(),
+            )
+        })
+        .collect()
+}
+
+fn row(
+    workload: &str,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+) -> (String, String, String, String) {
+    (workload.into(), kind.into(), namespace.into(), name.into())
+}
+
+fn value_of(
+    output: &RenderOutput,
+    cluster: &str,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+) -> serde_json::Value {
+    output.bundles[cluster]
+        .resources
+        .iter()
+        .find(|r| r.key.kind == kind && r.key.namespace == namespace && r.key.name == name)
+        .unwrap_or_else(|| panic!("no {kind} {namespace}/{name}"))
+        .value()
+}
+
+#[test]
+fn each_namespace_a_tenant_writes_gets_its_service_account_and_role_binding_from_the_platform() {
+    let shop = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: team-a-x\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: shop\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: extra\n  namespace: team-a-x\n";
+    let output = rendered(&with(base(), workload("shop", "north", "team-a", shop)));
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+    // Per concrete namespace (team-a and team-a-x, not the glob team-a-*), a
+    // ServiceAccount and a RoleBinding, marked as the reserved workload.
+    assert_eq!(
+        contents(&output, "north"),
+        [
+            row("shop", "ConfigMap", "team-a", "shop"),
+            row("shop", "ConfigMap", "team-a-x", "extra"),
+            row("shop", "Namespace", "", "team-a-x"),
+            row(
+                "flotilla-tenancy",
+                "ServiceAccount",
+                "team-a",
+                "flotilla-tenant-team-a"
+            ),
+            row(
+                "flotilla-tenancy",
+                "ServiceAccount",
+                "team-a-x",
+                "flotilla-tenant-team-a"
+            ),
+            row(
+                "flotilla-tenancy",
+                "RoleBinding",
+                "team-a",
+                "flotilla-tenant-team-a"
+            ),
+            row(
+                "flotilla-tenancy",
+                "RoleBinding",
+                "team-a-x",
+                "flotilla-tenant-team-a"
+            ),
+        ]
+    );
+    assert_eq!(
+        value_of(
+            &output,
+            "north",
+            "RoleBinding",
+            "team-a-x",
+            "flotilla-tenant-team-a"
+        ),
+        serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "flotilla-tenant-team-a", "namespace": "team-a-x",
+                         "labels": {"flotilla.dev/tenant": "team-a"}},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "flotilla-tenant"},
+            "subjects": [{"kind": "ServiceAccount", "name": "flotilla-tenant-team-a", "namespace": "team-a-x"}],
+        })
+    );
+    // The tenant's Namespace enforces the restricted Pod Security level.
+    assert_eq!(
+        value_of(&output, "north", "Namespace", "", "team-a-x")["metadata"]["labels"],
+        serde_json::json!({"pod-security.kubernetes.io/enforce": "restricted"})
+    );
+    // team-b's cluster gets team-b's; the platform's cluster none.
+    assert_eq!(
+        contents(&output, "south"),
+        [
+            row("till", "ConfigMap", "team-b", "till"),
+            row(
+                "flotilla-tenancy",
+                "ServiceAccount",
+                "team-b",
+                "flotilla-tenant-team-b"
+            ),
+            row(
+                "flotilla-tenancy",
+                "RoleBinding",
+                "team-b",
+                "flotilla-tenant-team-b"
+            ),
+        ]
+    );
+    assert_eq!(
+        contents(&output, "east"),
+        [row("", "ConfigMap", "kube-system", "agent")]
+    );
+    assert!(output.bundles["east"].meta.is_none());
+}
+
+#[test]
+fn the_tenants_pod_security_level_replaces_the_one_its_namespace_sets() {
+    let namespace = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: team-a-x\n  labels:\n    pod-security.kubernetes.io/enforce: privileged\n    team: a\n";
+    let files = with(
+        base(),
+        workload("shop", "north", "team-a", namespace)
+            .into_iter()
+            .chain([tenant(
+                "team-a",
+                "  workloads: [shop]\n  namespaces: [team-a, team-a-*]\n  podSecurity: baseline\n",
+            )])
+            .collect(),
+    );
+    let output = rendered(&files);
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+    assert_eq!(
+        value_of(&output, "north", "Namespace", "", "team-a-x")["metadata"]["labels"],
+        serde_json::json!({"pod-security.kubernetes.io/enforce": "baseline", "team": "a"})
+    );
+    // A Namespace only: no namespaced resource, so no ServiceAccount.
+    assert_eq!(
+        contents(&output, "north"),
+        [row("shop", "Namespace", "", "team-a-x")]
+    );
+    let wrong = with(
+        files,
+        vec![tenant(
+            "team-a",
+            "  workloads: [shop]\n  namespaces: [team-a]\n  podSecurity: loose\n",
+        )],
+    );
+    let output = rendered(&wrong);
+    assert!(
+        errors(&output).iter().any(
+            |e| e.file.as_deref() == Some("tenants/team-a.yaml") && e.message.contains("loose")
+        ),
+        "{:#?}",
+        output.diagnostics
+    );
+}
+
+#[test]
+fn a_fleet_without_tenants_renders_byte_for_byte_as_before() {
+    let mut files = base();
+    files.retain(|(path, _)| !path.starts_with("tenants/"));
+    let output = rendered(&files);
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+    for cluster in ["north", "south", "east"] {
+        let bundle = &output.bundles[cluster];
+        assert!(bundle.meta.is_none(), "{cluster}");
+        assert_eq!(bundle.resources.len(), 1, "{cluster}");
+        // The digest of the resources alone, as before flotilla knew of tenants.
+        let plain = flotilla_core::bundle::Bundle::new(cluster, bundle.resources.clone());
+        assert_eq!(bundle.digest, plain.digest, "{cluster}");
+    }
+    // The same namespace written by a workload no tenant owns gets nothing either.
+    let north = contents(&output, "north");
+    assert_eq!(north, [row("", "ConfigMap", "team-a", "shop")]);
+}
+
+#[test]
+fn flotilla_tenancy_is_a_reserved_workload_name() {
+    let files = with(
+        base(),
+        workload("flotilla-tenancy", "east", "kube-system", &config_map("x")),
+    );
+    let output = rendered(&files);
+    let found = errors(&output);
+    assert!(
+        found.iter().any(
+            |e| e.file.as_deref() == Some("workloads/flotilla-tenancy/workload.yaml")
+                && e.message
+                    .contains("the workload name flotilla-tenancy is reserved")
+                && e.line == Some(4)
+        ),
+        "{found:#?}"
+    );
+}
+
+#[test]
+fn a_tenants_object_named_as_its_service_account_is_an_error() {
+    let account =
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: flotilla-tenant-team-a\n";
+    let output = rendered(&with(base(), workload("shop", "north", "team-a", account)));
+    let error = only_error(&output, "north");
+    assert!(
+        error.message.contains("ServiceAccount team-a/flotilla-tenant-team-a (workload shop) has the identity of the object flotilla adds"),
+        "{}",
+        error.message
+    );
+}
+
+#[test]
+fn with_dependencies_the_tenancy_objects_come_in_the_first_phase() {
+    let mut files = with(
+        base(),
+        workload("shop-db", "north", "team-a", &config_map("db")),
+    );
+    files.retain(|(path, _)| path != "workloads/shop/workload.yaml");
+    files.push((
+        "workloads/shop/workload.yaml".into(),
+        "apiVersion: flotilla.dev/v1alpha1\nkind: Workload\nmetadata:\n  name: shop\nspec:\n  namespace: team-a\n  targets:\n    - cluster: north\n  dependsOn: [shop-db]\n".into(),
+    ));
+    let output = rendered(&files);
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+    let meta = output.bundles["north"].meta.as_ref().expect("meta");
+    assert_eq!(
+        meta.phases,
+        [
+            vec!["flotilla-tenancy".to_string(), "shop-db".into()],
+            vec!["shop".into()]
+        ]
+    );
+}

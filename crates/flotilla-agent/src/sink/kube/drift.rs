@@ -88,6 +88,7 @@ impl KubeSink {
         let mut report = Vec::new();
         let mut health_lines = Vec::new();
         let mut corrections = Vec::new();
+        let users = super::Users::of(bundle, self.options.impersonate_tenants);
         for (index, resource) in bundle.resources.iter().enumerate() {
             let key = &resource.key;
             let Some(applied) = self.drift.applied.get(&**key) else {
@@ -97,6 +98,7 @@ impl KubeSink {
             let namespace = applied.found.namespaced.then_some(key.namespace.as_str());
             let (found, managers) = match self
                 .api
+                .acting_as(users.user(key))
                 .get(&applied.found.resource, namespace, &key.name)
                 .await
             {
@@ -172,6 +174,7 @@ impl KubeSink {
             let namespace = applied.found.namespaced.then_some(key.namespace.as_str());
             match self
                 .api
+                .acting_as(users.user(key))
                 .apply(&applied.found.resource, namespace, &key.name, &object, true)
                 .await
             {

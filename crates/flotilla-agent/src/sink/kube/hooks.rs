@@ -460,7 +460,7 @@ impl Run {
         }
         let object = super::applied_object(bundle, hook.resource, found.namespaced);
         let live = match self
-            .api
+            .api_for(key)
             .apply(
                 &found.resource,
                 namespace,
@@ -535,7 +535,9 @@ impl Run {
             }
             let read = async {
                 self.pause(self.options.crd_poll).await?;
-                self.api.get(&found.resource, namespace, &key.name).await
+                self.api_for(key)
+                    .get(&found.resource, namespace, &key.name)
+                    .await
             };
             match read.await {
                 Ok(read) => live = read,
@@ -564,7 +566,11 @@ impl Run {
         let mut deleting = false;
         let deadline = Instant::now() + self.options.phase_timeout;
         loop {
-            let live = match self.api.get(&found.resource, namespace, &key.name).await {
+            let live = match self
+                .api_for(key)
+                .get(&found.resource, namespace, &key.name)
+                .await
+            {
                 Ok(live) => live,
                 Err(failure) if failure.is_not_found() => return Ok(()),
                 Err(failure) => {
@@ -579,7 +585,7 @@ impl Run {
                     .and_then(Value::as_str)
                     .map(str::to_string);
                 match self
-                    .api
+                    .api_for(key)
                     .delete(&found.resource, namespace, &key.name, uid, None)
                     .await
                 {

@@ -56,6 +56,10 @@ pub(crate) struct LedgerEntry {
     /// For a Job: the digest of the manifest it was last created from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ran: Option<String>,
+    /// The user it was last applied as, when the agent impersonated a tenant's
+    /// ServiceAccount (`--impersonate-tenants`): it is pruned as that user too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 impl LedgerEntry {
@@ -81,6 +85,7 @@ impl LedgerEntry {
             origin: Origin::Unknown,
             uid: None,
             ran: None,
+            user: None,
         }
     }
 }
@@ -179,6 +184,13 @@ impl Ledger {
             }
             recorded.api_version = entry.api_version.clone();
             recorded.uid = uid.map(str::to_string);
+        }
+    }
+
+    /// Records the user an object was applied as (`None`: the agent itself).
+    pub fn record_user(&mut self, key: &ResourceKey, user: Option<&str>) {
+        if let Some(recorded) = self.entry_mut(key) {
+            recorded.user = user.map(str::to_string);
         }
     }
 

@@ -38,7 +38,7 @@ mod prune;
 #[cfg(test)]
 mod wire_tests;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,7 +52,9 @@ use super::{ApplyOutcome, Sink, StopSignal, apply_order, apply_rank, with_flotil
 use crate::cache::InventoryEntry;
 use discovery::{Discovery, Found};
 use failure::{ApiStatus, Failure, SERVER_ERRORS_BEFORE_STOP};
-use flotilla_core::bundle::{Bundle, Digest, Resource, ResourceKey, api_group};
+use flotilla_core::bundle::{
+    Bundle, Digest, Resource, ResourceKey, api_group, tenant_service_account,
+};
 use flotilla_core::status::{ResourceState, ResourceStatus};
 pub use health::{has_health_rule, health};
 use ledger::{Ledger, SaveError};
@@ -85,6 +87,9 @@ pub struct KubeOptions {
     /// Where the ledger is kept; the client's namespace when `None` (in a cluster, the
     /// agent's own namespace).
     pub inventory_namespace: Option<String>,
+    /// Apply a tenant's namespaced resources as the tenant's ServiceAccount
+    /// (`--impersonate-tenants`, see [`Users`]).
+    pub impersonate_tenants: bool,
 }
 
 impl Default for KubeOptions {
@@ -97,6 +102,7 @@ impl Default for KubeOptions {
             crd_poll: Duration::from_secs(1),
             phase_timeout: Duration::from_secs(600),
             inventory_namespace: None,
+            impersonate_tenants: false,
         }
     }
 }
@@ -152,6 +158,8 @@ pub(crate) struct Api {
     client: kube::Client,
     timeout: Duration,
     stop: StopSignal,
+    /// The user every request impersonates (`Impersonate-User`), if any.
+    user: Option<Arc<str>>,
 }
 
 impl Api {
@@ -179,7 +187,12 @@ impl Api {
         &self,
         request: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
     ) -> Result<(u16, Value), Failure> {
-        let request = request.map_err(|err| Failure::Transport(err.to_string()))?;
+        let mut request = request.map_err(|err| Failure::Transport(err.to_string()))?;
+        if let Some(user) = &self.user {
+            let value = http::HeaderValue::from_str(user)
+                .map_err(|err| Failure::Transport(format!("cannot impersonate {user:?}: {err}")))?;
+            request.headers_mut().insert(IMPERSONATE_USER, value);
+        }
         let client = self.client.clone();
         let exchange = async move {
             let response = client.send(request.map(kube::client::Body::from)).await?;
@@ -258,6 +271,65 @@ impl Api {
             ..self.clone()
         }
     }
+
+    /// The same, impersonating `user` (the agent itself when `None`).
+    fn acting_as(&self, user: Option<&str>) -> Api {
+        Api {
+            user: user.map(Arc::from),
+            ..self.clone()
+        }
+    }
+}
+
+/// The header that makes the API server treat a request as another user's.
+const IMPERSONATE_USER: &str = "impersonate-user";
+
+/// Who each resource of a bundle is applied as. With `--impersonate-tenants`, a
+/// tenant's namespaced resource is applied as the tenant's ServiceAccount in its
+/// namespace, `system:serviceaccount:<namespace>:flotilla-tenant-<tenant>`, which
+/// the bundle creates there (bound to the ClusterRole `flotilla-tenant`), so that
+/// the API server itself keeps the tenant within what that role allows. Everything
+/// else is applied as the agent: the platform's resources, and a tenant's
+/// cluster-scoped ones (a RoleBinding cannot grant cluster-scoped rights; the kinds
+/// `spec.clusterScoped` allows are checked before, by the agent's tenant check).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Users(Arc<HashMap<ResourceKey, Arc<str>>>);
+
+impl Users {
+    pub(crate) fn of(bundle: &Bundle, impersonate: bool) -> Users {
+        let Some(meta) = bundle.meta.as_deref().filter(|_| impersonate) else {
+            return Users::default();
+        };
+        let tenant_of: HashMap<&str, &str> = meta
+            .tenants
+            .iter()
+            .flat_map(|(tenant, mark)| {
+                mark.workloads
+                    .iter()
+                    .map(move |w| (w.as_str(), tenant.as_str()))
+            })
+            .collect();
+        let users = bundle
+            .resources
+            .iter()
+            .zip(&meta.workloads)
+            .filter(|(resource, _)| !resource.key.namespace.is_empty())
+            .filter_map(|(resource, workload)| {
+                let tenant = tenant_of.get(workload.as_str())?;
+                let user = format!(
+                    "system:serviceaccount:{}:{}",
+                    resource.key.namespace,
+                    tenant_service_account(tenant)
+                );
+                Some(((*resource.key).clone(), Arc::from(user)))
+            })
+            .collect();
+        Users(Arc::new(users))
+    }
+
+    pub(crate) fn user(&self, key: &ResourceKey) -> Option<&str> {
+        self.0.get(key).map(|user| &**user)
+    }
 }
 
 /// Applies bundles to a Kubernetes cluster.
@@ -309,6 +381,7 @@ impl KubeSink {
                 client,
                 timeout: options.request_timeout,
                 stop: StopSignal::default(),
+                user: None,
             },
             options,
             ledger_namespace,
@@ -429,6 +502,7 @@ impl KubeSink {
         };
         let mut run = Run {
             api: self.api.clone(),
+            users: Users::of(bundle, self.options.impersonate_tenants),
             options: self.options.clone(),
             discovery: Discovery::default(),
             stopped: None,
@@ -501,6 +575,7 @@ impl KubeSink {
 
     async fn bundle_health(&self, bundle: &Bundle) -> Option<Vec<ResourceStatus>> {
         let mut discovery = Discovery::default();
+        let users = Users::of(bundle, self.options.impersonate_tenants);
         let mut statuses = Vec::with_capacity(bundle.resources.len());
         let hooks = bundle.meta.as_deref().map(|meta| {
             meta.hooks
@@ -525,9 +600,10 @@ impl KubeSink {
                 continue;
             }
             let ran = job_ran(self.ledger.as_ref(), resource);
-            let (state, message) = read_health(&self.api, &mut discovery, resource, ran)
-                .await
-                .ok()?;
+            let (state, message) =
+                read_health(&self.api, &mut discovery, resource, ran, users.user(key))
+                    .await
+                    .ok()?;
             statuses.push(ResourceStatus::new(key, state, message));
         }
         Some(statuses)
@@ -542,6 +618,7 @@ async fn read_health(
     discovery: &mut Discovery,
     resource: &Resource,
     job_ran: bool,
+    user: Option<&str>,
 ) -> Result<(ResourceState, String), Failure> {
     let key = &resource.key;
     let unreadable = |failure: Failure| {
@@ -565,7 +642,11 @@ async fn read_health(
         Err(failure) => return unreadable(failure),
     };
     let namespace = found.namespaced.then_some(key.namespace.as_str());
-    match api.get(&found.resource, namespace, &key.name).await {
+    match api
+        .acting_as(user)
+        .get(&found.resource, namespace, &key.name)
+        .await
+    {
         Ok(live) => Ok(health(key, &live)),
         Err(failure) if failure.is_not_found() => Ok(if job_ran {
             (ResourceState::Applied, JOB_REMOVED.into())
@@ -728,6 +809,8 @@ struct PruneLine {
 /// The state of one apply.
 struct Run {
     api: Api,
+    /// Who each resource of the bundle is applied as.
+    users: Users,
     options: KubeOptions,
     discovery: Discovery,
     /// Why the apply stopped early, if it did.
@@ -768,6 +851,11 @@ fn api_version_of(resource: &Resource) -> String {
 }
 
 impl Run {
+    /// The API as the user resource `key` is applied as ([`Users`]).
+    fn api_for(&self, key: &ResourceKey) -> Api {
+        self.api.acting_as(self.users.user(key))
+    }
+
     /// Notes a failure: it may stop the apply, and 500s are counted.
     fn note(&mut self, key: &ResourceKey, failure: &Failure, described: &str) {
         if failure.code() == Some(500) {
@@ -957,7 +1045,11 @@ impl Run {
         if is_job(key)
             && ledger.entry(key).and_then(|e| e.ran.as_deref()) == Some(manifest.as_str())
         {
-            match self.api.get(&found.resource, namespace, &key.name).await {
+            match self
+                .api_for(key)
+                .get(&found.resource, namespace, &key.name)
+                .await
+            {
                 Ok(_) => {}
                 Err(failure) if failure.is_not_found() => {
                     return (
@@ -977,8 +1069,9 @@ impl Run {
             }
         }
         let object = applied_object(bundle, resource, found.namespaced);
+        let user = self.users.user(key).map(str::to_string);
         match self
-            .api
+            .api_for(key)
             .apply(
                 &found.resource,
                 namespace,
@@ -992,6 +1085,7 @@ impl Run {
                 self.server_errors = 0;
                 let uid = live.pointer("/metadata/uid").and_then(Value::as_str);
                 ledger.record_apply(&InventoryEntry::of(resource), code == 201, uid);
+                ledger.record_user(key, user.as_deref());
                 if is_job(key) {
                     ledger.record_run(key, &manifest);
                 }
@@ -1113,7 +1207,11 @@ impl Run {
         };
         let resource_name = qualified(&found);
         let namespace = found.namespaced.then_some(entry.namespace.as_str());
-        let live = match self.api.get(&found.resource, namespace, &entry.name).await {
+        // An object applied as a tenant's ServiceAccount is deleted as it too.
+        let api = self
+            .api
+            .acting_as(ledger.entry(&key).and_then(|e| e.user.as_deref()));
+        let live = match api.get(&found.resource, namespace, &entry.name).await {
             Ok(live) => live,
             Err(failure) if failure.is_not_found() => {
                 return line(ResourceState::Pruned, "already gone".into(), false);
@@ -1142,8 +1240,7 @@ impl Run {
                 uid,
                 resource_version,
             } => {
-                match self
-                    .api
+                match api
                     .delete(
                         &found.resource,
                         namespace,

@@ -191,8 +191,14 @@ impl Run {
                 for &i in &watched {
                     let resource = phase[i];
                     let ran = job_ran(Some(ledger), resource);
-                    let (state, message) =
-                        read_health(&self.api, &mut self.discovery, resource, ran).await?;
+                    let (state, message) = read_health(
+                        &self.api,
+                        &mut self.discovery,
+                        resource,
+                        ran,
+                        self.users.user(&resource.key),
+                    )
+                    .await?;
                     lines[i].status = ResourceStatus::new(&resource.key, state, message);
                 }
                 Ok::<(), Failure>(())

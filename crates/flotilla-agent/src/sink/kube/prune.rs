@@ -261,6 +261,7 @@ mod tests {
             origin,
             uid: Some(uid.into()),
             ran: None,
+            user: None,
         }
     }
 

@@ -121,3 +121,64 @@ pub fn requests(fake: &FakeApiServer) -> Vec<String> {
         })
         .collect()
 }
+
+/// A bundle with one tenant, `shop` (workload `shop-web`, namespace `shop`), as the
+/// renderer makes it: the platform's Namespace `shop` and ConfigMap
+/// `flotilla-system/platform`, the tenant's ConfigMap `shop/settings`, and (when
+/// `bound`) the ServiceAccount and RoleBinding `flotilla-tenant-shop` the render adds
+/// for the tenant's namespace (workload `flotilla-tenancy`).
+pub fn tenant_bundle(bound: bool, settings: &str) -> Bundle {
+    use flotilla_core::bundle::{BundleMeta, Resource, ResourceKey, TENANCY_WORKLOAD, TenantMark};
+    use std::sync::Arc;
+    let mut values = vec![
+        ("base", kube_namespace("shop")),
+        ("base", kube_config_map(AGENT_NAMESPACE, "platform", "1")),
+        ("shop-web", kube_config_map("shop", "settings", settings)),
+    ];
+    if bound {
+        values.push((
+            TENANCY_WORKLOAD,
+            object(
+                "v1",
+                "ServiceAccount",
+                "shop",
+                "flotilla-tenant-shop",
+                json!({}),
+            ),
+        ));
+        values.push((
+            TENANCY_WORKLOAD,
+            object(
+                "rbac.authorization.k8s.io/v1",
+                "RoleBinding",
+                "shop",
+                "flotilla-tenant-shop",
+                json!({"roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "flotilla-tenant"},
+                       "subjects": [{"kind": "ServiceAccount", "name": "flotilla-tenant-shop", "namespace": "shop"}]}),
+            ),
+        ));
+    }
+    let mut pairs: Vec<(String, Arc<Resource>)> = values
+        .into_iter()
+        .map(|(workload, value)| {
+            let key = ResourceKey::of(&value).expect("test resources have an identity");
+            (workload.to_string(), Arc::new(Resource::new(key, &value)))
+        })
+        .collect();
+    pairs.sort_by(|a, b| a.1.key.cmp(&b.1.key));
+    let (workloads, resources) = pairs.into_iter().unzip();
+    let meta = BundleMeta {
+        workloads,
+        tenants: [(
+            "shop".to_string(),
+            TenantMark {
+                workloads: vec!["shop-web".into()],
+                namespaces: vec!["shop".into()],
+                cluster_scoped: Vec::new(),
+            },
+        )]
+        .into(),
+        ..Default::default()
+    };
+    Bundle::from_sorted_with_meta("edge-tenants", resources, Some(meta))
+}

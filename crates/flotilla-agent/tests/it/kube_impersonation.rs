@@ -1,0 +1,198 @@
+//! `--impersonate-tenants` against the fake API server, authorizing with the RBAC of
+//! `deploy/agent.yaml`: a tenant's namespaced objects are applied and pruned as the
+//! tenant's ServiceAccount, which the bundle binds to the ClusterRole
+//! `flotilla-tenant`; the platform's objects (and those bindings) as the agent.
+
+use crate::support as agent_support;
+
+use std::path::PathBuf;
+
+use agent_support::kube::*;
+use flotilla_agent::sink::Sink;
+use flotilla_agent::sink::kube::KubeOptions;
+use flotilla_core::status::ResourceState;
+use flotilla_kube_fake::{DEFAULT_USER, FakeApiServer};
+use serde_json::Value;
+
+const TENANT_USER: &str = "system:serviceaccount:shop:flotilla-tenant-shop";
+
+/// The ClusterRoles of `deploy/agent.yaml`, by name.
+fn shipped_role(name: &str) -> Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/agent.yaml");
+    let text = std::fs::read_to_string(&path).expect("reads deploy/agent.yaml");
+    let documents: Vec<Value> = serde_saphyr::from_multiple(&text).expect("YAML");
+    documents
+        .into_iter()
+        .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no ClusterRole {name} in deploy/agent.yaml"))
+}
+
+/// A fake that authorizes the agent with its shipped ClusterRole (`agent_rules`
+/// replaces its rules when given), with the ClusterRole `flotilla-tenant` installed.
+fn cluster(agent_rules: Option<Value>) -> FakeApiServer {
+    let rules = agent_rules.unwrap_or_else(|| shipped_role("flotilla-agent")["rules"].clone());
+    let fake = FakeApiServer::new().with_rules(&rules);
+    fake.insert(shipped_role("flotilla-tenant"), "kubectl");
+    fake
+}
+
+fn impersonating() -> KubeOptions {
+    KubeOptions {
+        impersonate_tenants: true,
+        ..options()
+    }
+}
+
+/// Who was authorized for `verb` on `resource` `name`, in order.
+fn callers(fake: &FakeApiServer, verb: &str, resource: &str, name: &str) -> Vec<(String, bool)> {
+    fake.checks()
+        .iter()
+        .filter(|c| {
+            c.attributes.verb == verb
+                && c.attributes.resource == resource
+                && c.attributes.name == name
+        })
+        .map(|c| (c.user.clone(), c.rule.is_some()))
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tenants_objects_are_applied_and_pruned_as_its_service_account_the_platforms_as_the_agent()
+ {
+    let fake = cluster(None);
+    let mut sink = sink(&fake, impersonating());
+    let first = tenant_bundle(true, "1");
+    let outcome = sink.apply(&first, &[]).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    assert_eq!(
+        fake.get("v1", "ConfigMap", "shop", "settings")
+            .expect("applied")["data"]["k"],
+        "1"
+    );
+    let tenant = (TENANT_USER.to_string(), true);
+    let agent = (DEFAULT_USER.to_string(), true);
+    assert_eq!(
+        callers(&fake, "patch", "configmaps", "settings"),
+        std::slice::from_ref(&tenant)
+    );
+    assert_eq!(
+        callers(
+            &fake,
+            "impersonate",
+            "serviceaccounts",
+            "flotilla-tenant-shop"
+        ),
+        std::slice::from_ref(&agent)
+    );
+    for (resource, name) in [
+        ("namespaces", "shop"),
+        ("configmaps", "platform"),
+        ("serviceaccounts", "flotilla-tenant-shop"),
+        ("rolebindings", "flotilla-tenant-shop"),
+    ] {
+        assert_eq!(
+            callers(&fake, "patch", resource, name),
+            std::slice::from_ref(&agent),
+            "{resource}/{name}"
+        );
+    }
+
+    // The tenant's object leaves the bundle, and with it the last of its namespace:
+    // it is deleted as the tenant, before its ServiceAccount and RoleBinding go.
+    let platform_only = agent_support::bundle(
+        "edge-tenants",
+        vec![
+            kube_namespace("shop"),
+            kube_config_map(AGENT_NAMESPACE, "platform", "1"),
+        ],
+    );
+    let outcome = sink
+        .apply(&platform_only, &prune_list(&first, &platform_only))
+        .await;
+    assert!(outcome.complete, "{outcome:#?}");
+    assert_eq!(outcome.count(ResourceState::Pruned), 3, "{outcome:#?}");
+    assert!(fake.get("v1", "ConfigMap", "shop", "settings").is_none());
+    let deletes: Vec<(String, String)> = fake
+        .checks()
+        .iter()
+        .filter(|c| c.attributes.verb == "delete")
+        .map(|c| (c.user.clone(), c.attributes.resource.clone()))
+        .collect();
+    assert_eq!(
+        deletes,
+        [
+            (TENANT_USER.to_string(), "configmaps".to_string()),
+            (DEFAULT_USER.to_string(), "rolebindings".to_string()),
+            (DEFAULT_USER.to_string(), "serviceaccounts".to_string()),
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_its_role_binding_a_tenants_object_is_refused_by_the_api_server_and_reported() {
+    let fake = cluster(None);
+    let mut sink = sink(&fake, impersonating());
+    let outcome = sink.apply(&tenant_bundle(false, "1"), &[]).await;
+    assert!(!outcome.complete, "{outcome:#?}");
+    let (state, message) = line(&outcome, "ConfigMap", "settings");
+    assert_eq!(state, ResourceState::Failed);
+    assert!(
+        message.contains(&format!(
+            "User \"{TENANT_USER}\" cannot patch resource \"configmaps\""
+        )),
+        "{message}"
+    );
+    assert!(fake.get("v1", "ConfigMap", "shop", "settings").is_none());
+    // The platform's objects were applied all the same, as the agent.
+    assert_eq!(
+        line(&outcome, "ConfigMap", "platform").0,
+        ResourceState::Applied
+    );
+    assert_eq!(
+        line(&outcome, "Namespace", "shop").0,
+        ResourceState::Applied
+    );
+    assert_eq!(
+        outcome
+            .resources
+            .iter()
+            .filter(|r| r.state == ResourceState::Failed)
+            .count(),
+        1,
+        "{outcome:#?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_agent_without_impersonate_cannot_apply_a_tenants_objects() {
+    let mut rules = shipped_role("flotilla-agent")["rules"].clone();
+    if let Some(list) = rules.as_array_mut() {
+        list.retain(|rule| rule["verbs"] != serde_json::json!(["impersonate"]));
+    }
+    let fake = cluster(Some(rules));
+    let mut sink = sink(&fake, impersonating());
+    let outcome = sink.apply(&tenant_bundle(true, "1"), &[]).await;
+    let (state, message) = line(&outcome, "ConfigMap", "settings");
+    assert_eq!(state, ResourceState::Failed);
+    assert!(
+        message.contains("cannot impersonate resource \"serviceaccounts\""),
+        "{message}"
+    );
+    assert_eq!(
+        line(&outcome, "ServiceAccount", "flotilla-tenant-shop").0,
+        ResourceState::Applied
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_the_flag_every_object_is_applied_as_the_agent() {
+    let fake = cluster(None);
+    let mut sink = sink(&fake, options());
+    let outcome = sink.apply(&tenant_bundle(false, "1"), &[]).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    assert!(
+        fake.checks().iter().all(|c| c.user == DEFAULT_USER),
+        "{:#?}",
+        fake.checks()
+    );
+}
