@@ -9,6 +9,7 @@
 //! `shop` in `meta.tenants` (as a fleet with `kind: Tenant` renders them) and check
 //! what the tenant's tokens see and steer of them in the real hub.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -701,6 +702,18 @@ async fn shop_on_clusters(mixed: bool) -> (Scene, i64, Vec<String>) {
     store.close().await;
     let admin = make_token(state.path(), None).await;
     let s1 = make_token(state.path(), Some("s1")).await;
+    // People's tokens, made with the real command line before the hub starts: the
+    // hub then reads them at its start, and no other process writes its database
+    // while it runs.
+    let mut tokens: BTreeMap<String, String> = [("s1".to_string(), s1)].into();
+    for (who, role, tenant) in [
+        ("operator@shop", "operator", Some("shop")),
+        ("viewer@shop", "viewer", Some("shop")),
+        ("operator@bank", "operator", Some("bank")),
+        ("operator", "operator", None),
+    ] {
+        tokens.insert(who.to_string(), person_token(state.path(), role, tenant));
+    }
     let mut scene = Scene {
         fleet,
         state,
@@ -710,7 +723,7 @@ async fn shop_on_clusters(mixed: bool) -> (Scene, i64, Vec<String>) {
         )),
         client: client(),
         admin,
-        tokens: [("s1".to_string(), s1)].into(),
+        tokens,
         runs: Default::default(),
         database: Database::StateDir,
     };
@@ -788,9 +801,8 @@ fn names(list: &Value) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_sees_its_clusters_and_steers_a_rollout_that_changes_only_its_workloads() {
     let (mut scene, id, holding) = shop_on_clusters(false).await;
-    let state = scene.state.path().to_path_buf();
-    let shop = person_token(&state, "operator", Some("shop"));
-    let bank = person_token(&state, "operator", Some("bank"));
+    let shop = scene.tokens["operator@shop"].clone();
+    let bank = scene.tokens["operator@bank"].clone();
 
     // s1's agent reports a failure of the platform's ConfigMap and of the shop's.
     let served = scene.served().await["s1"].0.clone();
@@ -875,12 +887,9 @@ async fn a_tenant_sees_its_clusters_and_steers_a_rollout_that_changes_only_its_w
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_sees_but_cannot_steer_a_rollout_that_also_changes_the_platform() {
     let (mut scene, id, holding) = shop_on_clusters(true).await;
-    let state = scene.state.path().to_path_buf();
-    let shop = person_token(&state, "operator", Some("shop"));
-    let viewer = person_token(&state, "viewer", Some("shop"));
-    // Made before the first request: the hub looks for new tokens at most every
-    // quarter of a second.
-    let operator = person_token(&state, "operator", None);
+    let shop = scene.tokens["operator@shop"].clone();
+    let viewer = scene.tokens["viewer@shop"].clone();
+    let operator = scene.tokens["operator"].clone();
 
     let fleet = known_to_the_hub(&scene, &viewer).await;
     assert_eq!(names(&fleet["clusters"]), holding, "{fleet}");
