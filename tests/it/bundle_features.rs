@@ -31,6 +31,7 @@ async fn an_agent_that_lacks_a_feature_the_bundle_needs_keeps_what_it_runs() {
     repo.commit("kuard after base");
     let state = tempfile::tempdir().expect("state dir");
     let token = make_token(state.path(), Some("red")).await;
+    let admin = make_token(state.path(), None).await;
     let hub = Running::start_ready(config(state.path(), &repo.path().display().to_string())).await;
     let url = hub.url("/v1/clusters/red/bundle");
     let client = client();
@@ -103,7 +104,6 @@ async fn an_agent_that_lacks_a_feature_the_bundle_needs_keeps_what_it_runs() {
     assert_eq!(curl.status(), 200);
 
     // The fleet says why the cluster keeps what it runs, in the API and `status`.
-    let admin = make_token(state.path(), None).await;
     let red = |fleet: serde_json::Value| {
         fleet["clusters"]
             .as_array()

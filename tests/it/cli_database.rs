@@ -148,7 +148,8 @@ async fn status_from_both(database: Database) {
         (pending, other, json!([])),
     ] {
         let name = cluster["name"].as_str().expect("name");
-        let token = make_token_in(state.path(), &database, Some(name)).await;
+        // Made as people make them, in another process beside the running hub.
+        let token = token_by_command(state.path(), &database, &[name]);
         let report = json!({"applied": applied, "attempted": applied, "resources": resources,
                             "message": format!("{name} reports"), "agentVersion": "test"});
         // The hub takes a new token up within its refresh.

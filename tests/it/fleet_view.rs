@@ -7,7 +7,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use crate::rollout_e2e::{POLICY, Scene};
-use crate::support::hub::{get_json, make_token};
+use crate::support::hub::{get_json, token_for};
 
 /// The hub with a cluster in each state, and a rollout of v2 under way:
 /// - `c1` (canary) took v2 and reports a crashing Deployment: failed;
@@ -37,7 +37,9 @@ pub(crate) async fn every_state() -> (Scene, String) {
          '{\"apiVersion\":\"v1\",\"kind\":\"Secret\",\"stringData\":{\"password\":\"hunter2-secret\"}}'\n\
          stringData:\n  password: hunter2-secret\n",
     );
-    let edge = make_token(scene.state.path(), Some("edge")).await;
+    // A new cluster's token, made as people make them beside the running hub.
+    let hub = scene.hub.as_ref().expect("the hub runs");
+    let edge = token_for(hub, &scene.database, &["edge"]).await;
     scene.tokens.insert("edge".into(), edge);
     let v2 = scene.fleet.release("v2", "v2");
     scene.wait_waves(&v2, &["released", "waiting"]).await;

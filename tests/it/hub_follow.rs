@@ -565,11 +565,11 @@ async fn a_chart_generates_its_values_from_the_hubs_own_seed() {
     );
 
     // A restarted hub on the same store makes the same one.
+    let admin = make_token(state.path(), None).await;
     let hub = Running::start_ready(config(state.path(), &repo.path().display().to_string())).await;
     let (_, _, body) = get_bundle(&client, &hub.url("/v1/clusters/red/bundle"), &token, None).await;
     assert_eq!(password(&body), served);
     // The fleet summary and the web page name each Helm workload's chart.
-    let admin = make_token(state.path(), None).await;
     let fleet = eventually(
         "the fleet to name its charts",
         Duration::from_secs(10),

@@ -398,12 +398,15 @@ async fn publish_oci_then_the_agent_pulls_verifies_applies_and_survives_the_regi
     // The agent, through a proxy that counts its bytes, and reporting to a hub.
     let proxy = CountingProxy::start(registry.port).await;
     let hub_state = tempfile::tempdir().expect("tempdir");
+    // Tokens are made before the hub starts, which reads them then: nothing else in
+    // this process opens the hub's database while it runs.
+    let token = hub_support::make_token(hub_state.path(), Some("blue")).await;
+    let admin = hub_support::make_token(hub_state.path(), None).await;
     let hub = hub_support::Running::start_ready(hub_support::config(
         hub_state.path(),
         repo.path().to_str().expect("utf-8"),
     ))
     .await;
-    let token = hub_support::make_token(hub_state.path(), Some("blue")).await;
     let token_file = work.path().join("token");
     std::fs::write(&token_file, &token).expect("writes the token");
     let public = PublicKey::parse(
@@ -427,7 +430,6 @@ async fn publish_oci_then_the_agent_pulls_verifies_applies_and_survives_the_regi
     agent.applied(&first.digest).await;
     assert_eq!(yaml_count(target.path()), first.resources.len());
     // The hub heard of it through --report-to.
-    let admin = hub_support::make_token(hub_state.path(), None).await;
     let http = hub_support::client();
     eventually(
         "the hub to hear blue's report",
@@ -740,6 +742,7 @@ async fn serve_oci_pushes_what_the_hub_serves_on_every_change() {
         [7; 32],
     )));
     config.oci = Some(registry_client(&reference, options()));
+    let token = hub_support::make_token(state.path(), Some("blue")).await;
     let hub = hub_support::Running::start_ready(config).await;
     let client = registry_client(&reference, options());
     let tagged = |digest: Digest| {
@@ -759,7 +762,6 @@ async fn serve_oci_pushes_what_the_hub_serves_on_every_change() {
     };
     let first = tagged(rendered(&repo, "blue").digest).await;
     // The hub's own signature, as an agent polling the hub would get it.
-    let token = hub_support::make_token(state.path(), Some("blue")).await;
     let (_, _, served) = hub_support::get_bundle(
         &hub_support::client(),
         &hub.url("/v1/clusters/blue/bundle"),

@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::{Value, json};
 
 use crate::rollout_e2e::{Fleet, POLICY, START, Scene};
-use crate::support::hub::{client, make_token};
+use crate::support::hub::{client, make_token, token_by_command};
 use flotilla_core::bundle::{Bundle, BundleMeta, Resource, ResourceKey, TenantMark};
 use flotilla_hub::auth::token_id;
 use flotilla_hub::clock::ManualClock;
@@ -40,14 +40,11 @@ fn flotilla(args: &[&str]) -> (i32, String, String) {
 
 /// A person's token made with the real command line, beside the running hub.
 fn person_token(state: &Path, role: &str, tenant: Option<&str>) -> String {
-    let state = state.display().to_string();
-    let mut args = vec!["token", "create", "--role", role, "--state-dir", &state];
+    let mut args = vec!["--role", role];
     if let Some(tenant) = tenant {
         args.extend(["--tenant", tenant]);
     }
-    let (code, stdout, stderr) = flotilla(&args);
-    assert_eq!(code, 0, "{stderr}");
-    stdout.trim().to_string()
+    token_by_command(state, &Database::StateDir, &args)
 }
 
 /// The kinds of token, in the order of the expectations below.
@@ -909,8 +906,8 @@ async fn a_tenant_sees_but_cannot_steer_a_rollout_that_also_changes_the_platform
     let (status, _) = post_as(&scene, &viewer, &format!("/v1/rollouts/{id}/resume")).await;
     assert_eq!(status, 403);
     // A whole-fleet operator may.
-    let (status, _) = post_as(&scene, &operator, &format!("/v1/rollouts/{id}/resume")).await;
-    assert_eq!(status, 200);
+    let (status, resumed) = post_as(&scene, &operator, &format!("/v1/rollouts/{id}/resume")).await;
+    assert_eq!(status, 200, "{resumed}");
     // The web page offers the shop's operator no button on it either.
     let web = web();
     let cookie = log_in(&web, &scene, &shop).await.expect("a session");

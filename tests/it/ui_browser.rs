@@ -13,7 +13,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::fleet_view::every_state;
-use crate::support::hub::eventually;
+use crate::support::hub::{eventually, token_by_command};
+use flotilla_hub::store::Database;
 
 /// chromedriver on a port of its own, stopped when dropped.
 struct Driver {
@@ -438,18 +439,7 @@ async fn an_operator_logs_in_filters_opens_a_cluster_and_pauses_a_rollout_in_chr
 
 /// A viewer's token made with the real command line, beside the running hub.
 fn viewer_token(state: &Path) -> String {
-    let output = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-        .args(["token", "create", "--role", "viewer", "--state-dir"])
-        .arg(state)
-        .env_remove("FLOTILLA_STATE_DIR")
-        .output()
-        .expect("flotilla runs");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).trim().to_string()
+    token_by_command(state, &Database::StateDir, &["--role", "viewer"])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

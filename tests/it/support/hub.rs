@@ -235,6 +235,16 @@ pub async fn make_token_in(
     database: &flotilla_hub::store::Database,
     cluster: Option<&str>,
 ) -> String {
+    // SQLite's locks belong to the process: opening and closing the hub's database
+    // file here would drop the locks of a hub running in this process, and another
+    // process could then delete the write-ahead log under it. A token for a running
+    // hub is made with the command line (another process), as people make theirs.
+    let sqlite = !matches!(database, flotilla_hub::store::Database::Postgres(_));
+    assert!(
+        !(sqlite && flotilla_hub::lock::is_held(state_dir).expect("reads the state dir's lock")),
+        "make tokens before the hub starts (or with `flotilla token create`): a hub runs on {}",
+        state_dir.display()
+    );
     let store = Store::open_with(state_dir, database)
         .await
         .expect("open store");
@@ -245,6 +255,64 @@ pub async fn make_token_in(
         .expect("insert token");
     store.close().await;
     token.secret
+}
+
+/// A token for a hub that runs: made as people make theirs, by `flotilla token create`
+/// in another process (`args`: a cluster's name, or `--role ROLE [--tenant T]`), and
+/// returned once the hub takes it (it looks for new tokens every quarter second).
+pub async fn token_for(
+    hub: &Running,
+    database: &flotilla_hub::store::Database,
+    args: &[&str],
+) -> String {
+    let token = token_by_command(&hub.state_dir, database, args);
+    let fleet = hub.url("/v1/fleet");
+    let http = client();
+    eventually(
+        "the hub to take the new token",
+        Duration::from_secs(30),
+        || async {
+            let response = http.get(&fleet).bearer_auth(&token).send().await.ok()?;
+            (response.status() != 401).then_some(())
+        },
+    )
+    .await;
+    token
+}
+
+/// A token made by `flotilla token create ARGS` on the hub's state dir and database.
+pub fn token_by_command(
+    state_dir: &Path,
+    database: &flotilla_hub::store::Database,
+    args: &[&str],
+) -> String {
+    use flotilla_hub::store::Database;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla"));
+    command
+        .args(["token", "create"])
+        .args(args)
+        .arg("--state-dir")
+        .arg(state_dir)
+        .env_remove("FLOTILLA_STATE_DIR")
+        .env_remove("FLOTILLA_DATABASE");
+    match database {
+        Database::StateDir => {}
+        Database::Sqlite(path) => {
+            command
+                .arg("--database")
+                .arg(format!("sqlite://{}", path.display()));
+        }
+        Database::Postgres(url) => {
+            command.args(["--database", url]);
+        }
+    }
+    let output = command.output().expect("flotilla runs");
+    assert!(
+        output.status.success(),
+        "flotilla token create {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
 }
 
 pub fn client() -> reqwest::Client {

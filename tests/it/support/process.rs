@@ -80,6 +80,8 @@ pub fn start_flotilla(work: &Path, args: &[&str], log: &str) -> Background {
         .current_dir(work)
         .env_remove("FLOTILLA_STATE_DIR")
         .env_remove("FLOTILLA_DECRYPTION_KEY")
+        // The tests read what the commands log at their default level.
+        .env_remove("RUST_LOG")
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(file.try_clone().expect("log file"))
