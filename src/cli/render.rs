@@ -56,6 +56,11 @@ fn render_fleet(
     let limits = limits.limits();
     let snapshot = super::source::read(source, command, &limits)?;
     let progress = Progress::new();
+    // A template that takes seconds for one cluster is named while it runs (an
+    // endless one ends at its fuel; one that builds too much may exhaust memory).
+    flotilla_render::progress::watch(Duration::from_millis(500), Duration::from_secs(2), |line| {
+        eprintln!("{line}");
+    });
     let callback = |done: usize, total: usize| progress.update(done, total);
     let options = RenderOptions {
         clusters: clusters.iter().cloned().collect(),

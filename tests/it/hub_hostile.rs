@@ -296,6 +296,27 @@ async fn hostile_commits_are_refused_one_by_one_and_the_fix_is_followed() {
             "the render of this commit needed more than 512 MiB of memory (--render-memory) and was stopped",
         ),
         (
+            "a template that doubles a list until memory runs out",
+            Box::new(|repo| {
+                // Lazy until 32 doublings deep; the 33rd makes the list, 2^37 items.
+                workload(
+                    repo,
+                    "lists",
+                    &[(
+                        "lists.yaml.j2",
+                        &format!(
+                            "{{% set l = ['aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'] * 16 %}}{}{{{{ l | length }}}}",
+                            "{% set l = l + l %}".repeat(34)
+                        ),
+                    )],
+                );
+                repo.commit("lists")
+            }),
+            // The render process said which template it was on for so long.
+            "",
+            "and was stopped (it was rendering workloads/lists/manifests/lists.yaml.j2 for cluster ",
+        ),
+        (
             "a tree 4,000 folders deep",
             Box::new({
                 // On the good commit's tree, not HEAD's (the previous hostile commit,

@@ -538,17 +538,22 @@ impl Follower {
                     waited,
                 )));
             }
-            Rendered::OutOfMemory => {
+            Rendered::OutOfMemory(on) => {
                 let limit = self
                     .render_session
                     .as_ref()
                     .and_then(RenderSession::memory_limit)
                     .unwrap_or_default();
+                let cause = match on {
+                    Some(on) => format!("it was rendering {on} for a long time"),
+                    None => "templates that write large outputs for many clusters, or a \
+                             fleet larger than the limit allows"
+                        .to_string(),
+                };
                 format!(
                     "the render of this commit needed more than {} of memory \
-                     (--render-memory) and was stopped: templates that write large \
-                     outputs for many clusters, or a fleet larger than the limit allows? \
-                     The last good bundles stay served",
+                     (--render-memory) and was stopped ({cause}); the last good bundles \
+                     stay served",
                     human_bytes(limit)
                 )
             }

@@ -25,6 +25,7 @@ pub mod load;
 mod order;
 pub mod patch;
 mod pipeline;
+pub mod progress;
 mod release;
 mod rollouts;
 pub mod scope;

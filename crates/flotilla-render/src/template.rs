@@ -122,6 +122,7 @@ impl Templates {
             capped_join(value, joiner, cap)
         });
         env.add_filter("format", checked_format);
+        env.set_formatter(move |out, state, value| checked_write(out, state, value, cap));
         env.add_filter(
             "indent",
             move |value: StringInput<'_>,
@@ -189,6 +190,7 @@ impl Templates {
         path: &str,
         context: &Value,
     ) -> Result<String, Diagnostic> {
+        let _marked = crate::progress::rendering(path, context);
         let source = template.source();
         // Room for about the template's own text, which most outputs are.
         let room = (source.len() + source.len() / 4 + 64).min(self.max_output_bytes);
@@ -238,6 +240,37 @@ impl Templates {
             Err(err) => Err(describe(&err, path, Some(source))),
         }
     }
+}
+
+/// Writes a value as minijinja does, after refusing a list or map whose written form
+/// could not fit in the output: each item takes at least two bytes (`1, `), so one
+/// of more than half the cap's items is refused before anything is written. A list
+/// can be made long lazily, for little fuel (`l + l`, doubled), and minijinja writes
+/// it without charging fuel.
+fn checked_write(
+    out: &mut minijinja::Output<'_>,
+    state: &mut minijinja::State<'_, '_>,
+    value: &Value,
+    cap: usize,
+) -> Result<(), Error> {
+    use minijinja::value::ValueKind;
+    let what = match value.kind() {
+        ValueKind::Seq | ValueKind::Iterable => "list",
+        ValueKind::Map => "map",
+        _ => return minijinja::escape_formatter(out, state, value),
+    };
+    if let Some(items) = value.len()
+        && items > cap / 2
+    {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!(
+                "a {what} of {items} items is more than {cap} bytes when written, the limit \
+                 for one template's output (--max-template-output)"
+            ),
+        ));
+    }
+    minijinja::escape_formatter(out, state, value)
 }
 
 /// The default delimiters, keeping a template's last newline (a manifest file ends
@@ -638,6 +671,46 @@ mod tests {
         }
         // 12 doublings (4 MB) are well within the default fuel.
         assert_eq!(check(&doubled(12), &limits).as_deref(), Ok("4096000"));
+    }
+
+    #[test]
+    fn a_list_too_long_to_write_is_refused_before_it_is_written() {
+        let limits = Limits {
+            max_template_output_bytes: 1_000_000,
+            ..Limits::default()
+        };
+        // A list of 16 strings doubled 22 times: 67 million items, made lazily.
+        let doubled = |tail: &str| {
+            format!(
+                "{{% set l = ['aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'] * 16 %}}{}{tail}",
+                "{% set l = l + l %}".repeat(22)
+            )
+        };
+        let err = check(&doubled("{{ l }}"), &limits).expect_err("too long to write");
+        assert!(
+            err.contains(
+                "a list of 67108864 items is more than 1000000 bytes when written, the limit \
+                 for one template's output"
+            ),
+            "{err}"
+        );
+        // Walking it costs fuel; its length is known without walking it.
+        for tail in ["{% for x in l %}{% endfor %}", "{{ l | list | length }}"] {
+            let err = check(&doubled(tail), &limits).expect_err("out of fuel");
+            assert!(
+                err.contains("the template needs more than 1000000 fuel"),
+                "{err}"
+            );
+        }
+        assert_eq!(
+            check(&doubled("{{ l | length }}"), &limits).as_deref(),
+            Ok("67108864")
+        );
+        // Lists and maps that fit are written as minijinja writes them.
+        assert_as_minijinja(
+            &["{{ [1, 'a', [2]] }}", "{{ {'a': 1} }}", "{{ range(3) }}"],
+            &limits,
+        );
     }
 
     #[test]

@@ -13,6 +13,13 @@ use super::codec::{
     Known, Since, decode_input, encode_output, invalid, read_output, write_request,
 };
 
+/// How often the render process looks at what its threads render.
+const SLOW_WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// A template that takes this long for one cluster is told on stderr: real ones
+/// take well under a millisecond.
+const SLOW_TEMPLATE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// The child's side: caps its own memory, then renders request after request until
 /// its input ends: each is the snapshot and limits read from `input`, its render
 /// written to `output`. Between requests it keeps its last render (digests and
@@ -38,6 +45,11 @@ pub fn run_worker(
         )
         .map_err(io::Error::from)?;
     }
+    // A template render that takes long is told on stderr: should the process then
+    // run out of memory or be abandoned, the hub names the file it was on.
+    flotilla_render::progress::watch(SLOW_WATCH_EVERY, SLOW_TEMPLATE, |line| {
+        eprintln!("{line}");
+    });
     let mut input = io::BufReader::new(input);
     let mut output = io::BufWriter::new(output);
     let mut kept: Option<RenderOutput> = None;

@@ -75,8 +75,9 @@ pub enum Rendered {
     Abandoned(Duration),
     /// The hub is shutting down; the render was told to stop (or killed).
     ShuttingDown,
-    /// The render process went past its memory limit.
-    OutOfMemory,
+    /// The render process went past its memory limit; what it was rendering then
+    /// (`FILE for cluster NAME`), if it said.
+    OutOfMemory(Option<String>),
     /// The render process could not be started (the binary replaced or removed
     /// under a running hub, say).
     CannotStart(String),

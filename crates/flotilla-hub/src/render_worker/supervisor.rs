@@ -325,7 +325,9 @@ impl Process {
             .find(|l| l.contains("memory allocation of") || l.contains("out of memory"))
         {
             tracing::warn!(%revision, "the render process ran out of memory: {}", line.trim());
-            return Rendered::OutOfMemory;
+            return Rendered::OutOfMemory(
+                flotilla_render::progress::last_slow_render(&errors).map(str::to_string),
+            );
         }
         let last = errors.lines().rev().find(|l| !l.trim().is_empty());
         Rendered::Panicked(match last {
