@@ -350,6 +350,21 @@ async fn one_field_as_a_delta(signed: bool) {
     let (hits, misses, bytes) = deltas_sent(&hub.base).await;
     assert_eq!((hits, misses), (1.0, 0.0));
     assert!(bytes > 0.0 && bytes < 1_000.0, "{bytes} bytes of delta");
+    // The same bytes, counted for the cluster, beside its first bundle in full.
+    let for_cluster = |kind: &'static str| {
+        let base = hub.base.clone();
+        async move {
+            hub_support::metric(
+                &client(),
+                &base,
+                &format!("flotilla_cluster_bundle_bytes_sent_total{{cluster=\"{CLUSTER}\",kind=\"{kind}\"}}"),
+            )
+            .await
+        }
+    };
+    assert_eq!(for_cluster("delta").await, bytes);
+    let full = for_cluster("full").await;
+    assert!(full > bytes, "{full} bytes in full, {bytes} as a delta");
     let deployment = std::fs::read_dir(site.path().join("manifests"))
         .expect("manifests")
         .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())

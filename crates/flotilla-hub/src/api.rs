@@ -1019,7 +1019,7 @@ async fn full_response(
             if let Some(body) = entry.cached(encoding) {
                 shared
                     .metrics
-                    .bundle_bytes_sent(encoding_name(encoding), body.len());
+                    .bundle_bytes_sent(&entry.name, encoding_name(encoding), body.len());
                 return Ok(bundle_response(&entry, body, encoding, cache));
             }
             let shared = shared.clone();
@@ -1047,14 +1047,16 @@ async fn full_response(
     };
     shared
         .metrics
-        .bundle_bytes_sent(encoding_name(encoding), body.len());
+        .bundle_bytes_sent(&entry.name, encoding_name(encoding), body.len());
     Ok(bundle_response(&entry, body, encoding, cache))
 }
 
 /// A 200 with a delta (RFC 9842 `dcz`): it differs with the dictionary the request
 /// names, so no cache may give it to another.
 fn delta_response(shared: &Shared, entry: &ClusterBundle, body: Bytes) -> Response {
-    shared.metrics.bundle_bytes_sent(dcz::ENCODING, body.len());
+    shared
+        .metrics
+        .bundle_bytes_sent(&entry.name, dcz::ENCODING, body.len());
     let mut response = Response::new(Body::from(body));
     bundle_headers(&mut response, entry, REVALIDATE);
     let headers = response.headers_mut();

@@ -103,6 +103,15 @@ pub struct Metrics {
     rollout_lease_held: Gauge,
     bundle_bytes: Family<EncodingLabel, Counter>,
     deltas: Family<ResultLabel, Counter>,
+    cluster_bytes: Family<ClusterBytesLabel, Counter>,
+}
+
+/// A cluster, and whether its bundle went whole (`full`, compressed or not) or as a
+/// delta (`delta`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClusterBytesLabel {
+    cluster: String,
+    kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -184,9 +193,16 @@ impl Default for Metrics {
             "Changed bundles asked for as a delta: sent as one (hit) or as the full document (miss)",
             deltas.clone(),
         );
+        let cluster_bytes = Family::<ClusterBytesLabel, Counter>::default();
+        registry.register(
+            "flotilla_cluster_bundle_bytes_sent",
+            "Bytes of bundle bodies sent to each cluster that fetched one since the hub started: the whole document (full) or a delta against what it runs (delta)",
+            cluster_bytes.clone(),
+        );
         Metrics {
             bundle_bytes,
             deltas,
+            cluster_bytes,
             database_unreachable,
             rollout_lease_held,
             registry,
@@ -211,11 +227,22 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts the bytes of a bundle body sent with `encoding` (`identity`, `gzip`,
-    /// `zstd` or `dcz`).
-    pub fn bundle_bytes_sent(&self, encoding: &'static str, bytes: usize) {
+    /// Counts the bytes of a bundle body sent to `cluster` with `encoding`
+    /// (`identity`, `gzip`, `zstd` or `dcz`).
+    pub fn bundle_bytes_sent(&self, cluster: &str, encoding: &'static str, bytes: usize) {
         self.bundle_bytes
             .get_or_create(&EncodingLabel { encoding })
+            .inc_by(bytes as u64);
+        let kind = if encoding == flotilla_core::dcz::ENCODING {
+            "delta"
+        } else {
+            "full"
+        };
+        self.cluster_bytes
+            .get_or_create(&ClusterBytesLabel {
+                cluster: cluster.to_string(),
+                kind,
+            })
             .inc_by(bytes as u64);
     }
 
