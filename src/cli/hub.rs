@@ -400,6 +400,10 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
             (None, Some(ObjectsUrl::StateDir) | None) => bail!("give --out DIR or --objects URL"),
         }
     };
+    let writing = publish::Writing {
+        signer: signer.as_ref(),
+        deltas: args.deltas,
+    };
     let published = match &args.state_dir {
         Some(state_dir) => {
             let hub_objects = args.hub_objects.clone().unwrap_or_default();
@@ -429,11 +433,7 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
                 );
             }
             runtime.block_on(publish::publish_served(
-                &output,
-                &served,
-                &objects,
-                &site,
-                signer.as_ref(),
+                &output, &served, &objects, &site, writing,
             ))?
         }
         None => {
@@ -444,10 +444,7 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
                 );
             }
             runtime.block_on(publish::publish_to_except(
-                &output,
-                &site,
-                signer.as_ref(),
-                &unsealed,
+                &output, &site, writing, &unsealed,
             ))?
         }
     };

@@ -522,6 +522,13 @@ pub struct PublishArgs {
     /// signature verifies with this key (otherwise it is ignored, with a warning).
     #[arg(long, env = "FLOTILLA_SIGNING_KEY", value_name = "KEY")]
     pub signing_key: Option<PathBuf>,
+    /// Beside each cluster's bundle, write deltas to it from the last N bundles this
+    /// output gave the cluster (and from the current one), at
+    /// v1/clusters/<cluster>/deltas/<digest>: an agent polling a static mirror then
+    /// fetches what changed, not the whole bundle; 0 writes none (and removes them).
+    /// Not for --oci
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub deltas: usize,
     #[command(flatten)]
     pub decryption: DecryptionArgs,
     #[command(flatten)]

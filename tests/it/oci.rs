@@ -661,7 +661,7 @@ async fn publish_many(
     );
     let site = flotilla_hub::publish::Site::Oci(client);
     let started = Instant::now();
-    let published = flotilla_hub::publish::publish_to(&output, &site, None)
+    let published = flotilla_hub::publish::publish_to(&output, &site, Default::default())
         .await
         .expect("publishes");
     let took = started.elapsed();
@@ -686,7 +686,7 @@ async fn publish_many(
     );
     // Again, unchanged: every tag read, nothing uploaded or put.
     let started = Instant::now();
-    let again = flotilla_hub::publish::publish_to(&output, &site, None)
+    let again = flotilla_hub::publish::publish_to(&output, &site, Default::default())
         .await
         .expect("publishes");
     let took_again = started.elapsed();

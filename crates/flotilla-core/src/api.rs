@@ -43,6 +43,21 @@ pub const CURRENT_BUNDLE: &str = "bundle";
 /// The folder, inside a cluster's folder, of its bundles by digest.
 pub const BUNDLES_BY_DIGEST: &str = "bundles";
 
+/// The folder, inside a cluster's folder on a static mirror, of deltas (RFC 9842
+/// `dcz` bodies) from recent bundles to the current one, each named by its base's
+/// digest (`publish --deltas`).
+pub const DELTAS: &str = "deltas";
+
+/// The file, inside a cluster's folder on a static mirror, that lists the digests
+/// the mirror has given the cluster, newest first (the bases of its deltas).
+pub const SERVED_DIGESTS: &str = "served";
+
+/// `v1/clusters/{cluster}/deltas/{base}`: the delta from the bundle `base` to the
+/// current one, on a static mirror (none: fetch the current bundle).
+pub fn delta<'a>(cluster: &'a str, base: &'a str) -> [&'a str; 5] {
+    ["v1", "clusters", cluster, DELTAS, base]
+}
+
 /// `v1/clusters/{cluster}/bundle`: the cluster's current bundle.
 pub fn bundle(cluster: &str) -> [&str; 4] {
     ["v1", "clusters", cluster, CURRENT_BUNDLE]

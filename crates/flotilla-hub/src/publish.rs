@@ -9,7 +9,17 @@
 //! ```text
 //! OUT/v1/clusters/<cluster>/bundle               the current Bundle document
 //! OUT/v1/clusters/<cluster>/bundles/<digest>     the same document, by digest
+//! OUT/v1/clusters/<cluster>/deltas/<base>        the delta from <base> to the current one
+//! OUT/v1/clusters/<cluster>/served               the digests given, newest first
 //! ```
+//!
+//! With `--deltas N` (3 by default) each cluster's folder holds, beside its current
+//! document, a delta (RFC 9842 `dcz`, as the hub sends them) to it from each of the
+//! last N digests the mirror gave the cluster and from the current digest itself (so
+//! an agent that runs it polls a few dozen bytes). A delta is made from the base's
+//! document by digest (checked against its digest, as the mirror is untrusted), and
+//! deltas from bases no longer listed are removed: each leads to the current
+//! document. An agent verifies what it rebuilds as any document.
 //!
 //! OUT is a folder ([`Site::Dir`]) or a bucket and prefix in S3 ([`Site::Bucket`],
 //! `publish --objects s3://bucket/prefix`), with the same keys under the prefix.
@@ -117,6 +127,16 @@ struct Document {
     hub_sequence: Option<u64>,
 }
 
+/// How documents are written: signed or not, and how many deltas each cluster's
+/// folder keeps.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Writing<'a> {
+    pub signer: Option<&'a SigningKey>,
+    /// Deltas from this many previous digests (and one from the current digest);
+    /// none when 0. Not written to a registry.
+    pub deltas: usize,
+}
+
 /// What one publish wrote.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Published {
@@ -141,13 +161,13 @@ pub struct Published {
 pub fn publish(
     output: &RenderOutput,
     out: &Path,
-    signer: Option<&SigningKey>,
+    writing: Writing<'_>,
 ) -> Result<Published, PublishError> {
     // The folder's futures are ready when first polled: nothing here waits.
     futures::executor::block_on(write_documents(
         head_documents(output),
         &InFolder(out),
-        signer,
+        writing,
     ))
 }
 
@@ -155,23 +175,23 @@ pub fn publish(
 pub async fn publish_to(
     output: &RenderOutput,
     site: &Site,
-    signer: Option<&SigningKey>,
+    writing: Writing<'_>,
 ) -> Result<Published, PublishError> {
-    write_to(head_documents(output), site, signer).await
+    write_to(head_documents(output), site, writing).await
 }
 
 /// [`publish_to`] for every cluster but those in `except`.
 pub async fn publish_to_except(
     output: &RenderOutput,
     site: &Site,
-    signer: Option<&SigningKey>,
+    writing: Writing<'_>,
     except: &BTreeSet<String>,
 ) -> Result<Published, PublishError> {
     let documents = head_documents(output)
         .into_iter()
         .filter(|d| !except.contains(&d.cluster))
         .collect();
-    write_to(documents, site, signer).await
+    write_to(documents, site, writing).await
 }
 
 /// `publish --oci … --format flux`: each cluster's Flux `OCIRepository` artifact
@@ -206,12 +226,12 @@ fn head_documents(output: &RenderOutput) -> Vec<Document> {
 async fn write_to(
     documents: Vec<Document>,
     site: &Site,
-    signer: Option<&SigningKey>,
+    writing: Writing<'_>,
 ) -> Result<Published, PublishError> {
     match site {
-        Site::Dir(out) => write_documents(documents, &InFolder(out), signer).await,
-        Site::Bucket(bucket) => write_documents(documents, &InBucket(bucket), signer).await,
-        Site::Oci(registry) => oci::push_documents(documents, registry, signer).await,
+        Site::Dir(out) => write_documents(documents, &InFolder(out), writing).await,
+        Site::Bucket(bucket) => write_documents(documents, &InBucket(bucket), writing).await,
+        Site::Oci(registry) => oci::push_documents(documents, registry, writing.signer).await,
     }
 }
 
@@ -223,7 +243,7 @@ pub async fn publish_served(
     served: &[StoredCluster],
     objects: &Objects,
     site: &Site,
-    signer: Option<&SigningKey>,
+    writing: Writing<'_>,
 ) -> Result<Published, PublishError> {
     let served: std::collections::HashMap<&str, &StoredCluster> =
         served.iter().map(|c| (c.name.as_str(), c)).collect();
@@ -256,7 +276,7 @@ pub async fn publish_served(
             };
         documents.push(document);
     }
-    write_to(documents, site, signer).await
+    write_to(documents, site, writing).await
 }
 
 /// Writes `documents` to `site` and removes the clusters that left the fleet.
@@ -264,7 +284,7 @@ pub async fn publish_served(
 async fn write_documents(
     documents: Vec<Document>,
     site: &impl Destination,
-    signer: Option<&SigningKey>,
+    writing: Writing<'_>,
 ) -> Result<Published, PublishError> {
     check_names(&documents)?;
     site.prepare().await?;
@@ -274,7 +294,7 @@ async fn write_documents(
         ..Published::default()
     };
     for document in &documents {
-        if write_document(document, &clusters, site, signer, &mut published.warnings).await? {
+        if write_document(document, &clusters, site, writing, &mut published.warnings).await? {
             published.written += 1;
         } else {
             published.unchanged += 1;
@@ -297,7 +317,7 @@ async fn write_document(
     document: &Document,
     clusters: &str,
     site: &impl Destination,
-    signer: Option<&SigningKey>,
+    writing: Writing<'_>,
     warnings: &mut Vec<String>,
 ) -> Result<bool, PublishError> {
     let Document {
@@ -327,7 +347,7 @@ async fn write_document(
     };
     let current_key = format!("{dir}/{}", api::CURRENT_BUNDLE);
     let previous = site.read(&current_key).await?;
-    let current_document = match signer {
+    let current_document = match writing.signer {
         None => digest_document,
         Some(key) => {
             let current_path = site.shown(&current_key);
@@ -343,11 +363,128 @@ async fn write_document(
             )
         }
     };
-    if previous.is_some_and(|existing| existing == current_document) {
-        return Ok(false);
+    let changed = previous.is_none_or(|existing| existing != current_document);
+    // Deltas first: an agent that polls its delta meets the new document as soon as
+    // one that fetches it whole.
+    let current = Current {
+        dir: &dir,
+        cluster,
+        digest,
+        document: &current_document,
+    };
+    if writing.deltas > 0 {
+        write_deltas(site, &current, writing.deltas, changed, warnings).await?;
+    } else if changed {
+        // Deltas an earlier publish left would lead to the document this replaces.
+        remove_deltas(site, &current).await?;
     }
-    site.write(&current_key, &current_document).await?;
-    Ok(true)
+    if changed {
+        site.write(&current_key, &current_document).await?;
+    }
+    Ok(changed)
+}
+
+/// Removes every delta of the cluster, and its list of bases.
+async fn remove_deltas(site: &impl Destination, current: &Current<'_>) -> Result<(), PublishError> {
+    let deltas_dir = format!("{}/{}", current.dir, api::DELTAS);
+    for name in site.list(&deltas_dir).await? {
+        site.delete(&format!("{deltas_dir}/{name}")).await?;
+    }
+    site.delete(&format!("{}/{}", current.dir, api::SERVED_DIGESTS))
+        .await
+}
+
+/// A cluster's current document, as [`write_deltas`] reads it.
+struct Current<'a> {
+    /// The cluster's folder (`v1/clusters/<cluster>`).
+    dir: &'a str,
+    cluster: &'a str,
+    digest: &'a Digest,
+    document: &'a [u8],
+}
+
+/// Writes the deltas from the current digest and the `keep` before it (as the
+/// cluster's `served` list says, which it then updates) to `current`, and removes
+/// those from any other base. Nothing is written when the document is unchanged and
+/// its deltas were made for it.
+async fn write_deltas(
+    site: &impl Destination,
+    current: &Current<'_>,
+    keep: usize,
+    changed: bool,
+    warnings: &mut Vec<String>,
+) -> Result<(), PublishError> {
+    let Current {
+        dir,
+        cluster,
+        digest,
+        document,
+    } = current;
+    let list_key = format!("{dir}/{}", api::SERVED_DIGESTS);
+    let deltas_dir = format!("{dir}/{}", api::DELTAS);
+    // The mirror is untrusted: only well-formed digests are read from the list.
+    let listed: Vec<Digest> = site
+        .read(&list_key)
+        .await?
+        .map(|bytes| {
+            String::from_utf8_lossy(&bytes)
+                .lines()
+                .filter_map(|line| Digest::parse(line.trim()).ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut bases: Vec<Digest> = vec![(*digest).clone()];
+    for base in listed.iter() {
+        if bases.len() > keep {
+            break;
+        }
+        if !bases.contains(base) {
+            bases.push(base.clone());
+        }
+    }
+    let made: Vec<String> = site.list(&deltas_dir).await?;
+    let up_to_date = !changed
+        && listed.first() == Some(*digest)
+        && bases
+            .iter()
+            .all(|base| made.iter().any(|name| name == base.as_str()));
+    if up_to_date {
+        return Ok(());
+    }
+    let mut written = Vec::with_capacity(bases.len());
+    for base in &bases {
+        let base_key = format!("{dir}/{}/{}", api::BUNDLES_BY_DIGEST, base.as_str());
+        let Some(base_document) = site.read(&base_key).await? else {
+            // Its document is gone from the mirror: no delta from it.
+            continue;
+        };
+        let dictionary = match verify_document(&base_document, Some(cluster)) {
+            Ok(bundle) if bundle.digest == *base => bundle.canonical_body(),
+            _ => {
+                warnings.push(format!(
+                    "{} is not the document of {base} for {cluster}; no delta is made from it",
+                    site.shown(&base_key)
+                ));
+                continue;
+            }
+        };
+        let delta_key = format!("{deltas_dir}/{}", base.as_str());
+        let delta =
+            crate::delta::encode(&dictionary, document).map_err(|source| PublishError::Write {
+                path: site.shown(&delta_key),
+                source,
+            })?;
+        site.write(&delta_key, &delta).await?;
+        written.push(base.as_str().to_string());
+    }
+    // A delta from any other base would lead to an older document.
+    for name in made {
+        if !written.contains(&name) {
+            site.delete(&format!("{deltas_dir}/{name}")).await?;
+        }
+    }
+    let list: String = bases.iter().map(|d| format!("{d}\n")).collect();
+    site.write(&list_key, list.as_bytes()).await
 }
 
 /// Whether `document` is a bundle document of `cluster` whose resources match `digest`.
@@ -421,6 +558,13 @@ trait Destination {
     /// Replaces the document at `key` whole, so a reader never sees half of one.
     async fn write(&self, key: &str, bytes: &[u8]) -> Result<(), PublishError>;
 
+    /// The names of the documents directly in the folder `key` (none when it is not
+    /// there).
+    async fn list(&self, key: &str) -> Result<Vec<String>, PublishError>;
+
+    /// Removes the document at `key`, if there.
+    async fn delete(&self, key: &str) -> Result<(), PublishError>;
+
     /// The clusters' folders already there, each with its name.
     async fn clusters(&self) -> Result<Vec<(String, Self::Folder)>, PublishError>;
 
@@ -485,6 +629,29 @@ impl Destination for InFolder<'_> {
         create_dir(dir)?;
         write_atomically(&path, bytes)?;
         sync(dir)
+    }
+
+    async fn list(&self, key: &str) -> Result<Vec<String>, PublishError> {
+        let dir = self.path(key);
+        let entries = match fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => return Err(error(&dir, source)),
+        };
+        Ok(entries
+            .flatten()
+            .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_file()))
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .collect())
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), PublishError> {
+        let path = self.path(key);
+        match fs::remove_file(&path) {
+            Ok(()) => sync(path.parent().unwrap_or(self.0)),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(error(&path, source)),
+        }
     }
 
     async fn clusters(&self) -> Result<Vec<(String, PathBuf)>, PublishError> {
@@ -560,6 +727,28 @@ impl Destination for InBucket<'_> {
             .await
             .map(|_| ())
             .map_err(self.remote("write", key))
+    }
+
+    async fn list(&self, key: &str) -> Result<Vec<String>, PublishError> {
+        let listed = self
+            .0
+            .store
+            .list_with_delimiter(Some(&self.0.key(key)))
+            .await
+            .map_err(self.remote("list", &format!("{key}/")))?;
+        Ok(listed
+            .objects
+            .into_iter()
+            .filter_map(|object| Some(object.location.filename()?.to_string()))
+            .collect())
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), PublishError> {
+        use object_store::ObjectStoreExt as _;
+        match self.0.store.delete(&self.0.key(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(err) => Err(self.remote("delete", key)(err)),
+        }
     }
 
     async fn clusters(&self) -> Result<Vec<(String, Self::Folder)>, PublishError> {
@@ -715,7 +904,7 @@ mod tests {
             output
                 .bundles
                 .insert(name.to_string(), Bundle::new(name, Vec::new()));
-            let err = publish(&output, &inside, None).expect_err("refused");
+            let err = publish(&output, &inside, Writing::default()).expect_err("refused");
             assert!(matches!(err, PublishError::UnsafeName(_)), "{name}: {err}");
             assert!(!inside.exists(), "{name}: nothing was written");
             assert!(!out.path().join("v1").exists() && !out.path().join("escape").exists());
@@ -749,6 +938,92 @@ mod tests {
             matches!(err, PublishError::SequenceExhausted { .. }),
             "{err}"
         );
+    }
+
+    /// The document a `dcz` delta rebuilds into, against `dictionary`.
+    fn rebuilt(dictionary: &[u8], delta: &[u8]) -> Vec<u8> {
+        let (named, frame) = flotilla_core::dcz::split(delta).expect("a dcz body");
+        assert_eq!(named, Digest::of(dictionary));
+        let mut context = zstd::zstd_safe::DCtx::create();
+        context.ref_prefix(dictionary).expect("the dictionary");
+        let mut out = Vec::with_capacity(1 << 20);
+        context.decompress(&mut out, frame).expect("decompresses");
+        out
+    }
+
+    #[test]
+    fn deltas_lead_from_the_last_bundles_given_to_the_current_one_and_no_further() {
+        use flotilla_core::bundle::{Resource, ResourceKey};
+        use std::sync::Arc;
+        let out = tempfile::tempdir().expect("tempdir");
+        let bundle = |value: &str| {
+            let resource = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "c"}, "data": {"v": value}});
+            let key = ResourceKey::of(&resource).expect("identity");
+            Bundle::new("edge-1", vec![Arc::new(Resource::new(key, &resource))])
+        };
+        let publish_with = |value: &str, deltas: usize| {
+            let mut output = RenderOutput {
+                revision: format!("main@sha1:{value}"),
+                ..RenderOutput::default()
+            };
+            output.bundles.insert("edge-1".into(), bundle(value));
+            publish(
+                &output,
+                out.path(),
+                Writing {
+                    signer: None,
+                    deltas,
+                },
+            )
+            .expect("publishes")
+        };
+        let folder = out.path().join("v1/clusters/edge-1");
+        let deltas = || -> BTreeSet<String> {
+            fs::read_dir(folder.join("deltas"))
+                .map(|entries| {
+                    entries
+                        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let digest = |value: &str| bundle(value).digest.to_string();
+        for value in ["a", "b", "c", "c", "d"] {
+            publish_with(value, 2);
+        }
+        // d's own, and from the two before it; a's is gone (it led to b's document).
+        assert_eq!(
+            deltas(),
+            [digest("b"), digest("c"), digest("d")]
+                .into_iter()
+                .collect()
+        );
+        assert_eq!(
+            fs::read_to_string(folder.join("served")).expect("the list"),
+            format!("{}\n{}\n{}\n", digest("d"), digest("c"), digest("b"))
+        );
+        let current = fs::read(folder.join("bundle")).expect("the current document");
+        for base in ["b", "c", "d"] {
+            let delta = fs::read(folder.join("deltas").join(digest(base))).expect("a delta");
+            assert_eq!(
+                rebuilt(&bundle(base).canonical_body(), &delta),
+                current,
+                "from {base}"
+            );
+        }
+        // A planted list names a base whose document is not there: no delta from it.
+        fs::write(
+            folder.join("served"),
+            format!("{}\nnot a digest\n{}\n", digest("d"), digest("zz")),
+        )
+        .expect("plants");
+        publish_with("e", 2);
+        assert_eq!(deltas(), [digest("d"), digest("e")].into_iter().collect());
+        // Without deltas, a change removes them all.
+        publish_with("f", 0);
+        assert!(deltas().is_empty(), "{:?}", deltas());
+        assert!(!folder.join("served").exists());
     }
 
     #[test]
@@ -788,8 +1063,15 @@ mod tests {
             ("b", "main@sha1:3", 1),
             ("a", "main@sha1:4", 1),
         ] {
-            let published =
-                publish(&render(value, revision), out.path(), Some(&key)).expect("publishes");
+            let published = publish(
+                &render(value, revision),
+                out.path(),
+                Writing {
+                    signer: Some(&key),
+                    deltas: 0,
+                },
+            )
+            .expect("publishes");
             assert_eq!(published.written, written, "{value} at {revision}");
             let bytes = fs::read(&current).expect("current");
             let document = verify_document_parts(&bytes, Some("edge-1")).expect("verifies");
