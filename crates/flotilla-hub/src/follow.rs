@@ -444,25 +444,37 @@ impl Follower {
                 }
             }
             Err(err) => {
-                let message = err.to_string();
-                if self.last_install_error.as_deref() != Some(&message) {
-                    tracing::error!(revision = %revision, "cannot install the new bundles: {message}");
-                }
-                self.last_install_error = Some(message.clone());
-                let now_ms = self.shared.settings.clock.now_ms();
-                self.shared.recorder.update_render_status(|r| {
-                    r.install_error = Some(InstallError::after(
-                        r.install_error.as_ref(),
-                        &revision,
-                        message,
-                        now_ms,
-                    ));
-                });
+                self.show_install_error(&revision, &err);
                 // Try the same commit again next time.
                 self.last_commit = None;
                 self.last_files = None;
             }
         }
+    }
+
+    /// Shows in the render status (`/v1/fleet`, the page, `/readyz`) that installing
+    /// `revision` failed, and why; logged once per cause. A race with another writer
+    /// is only logged.
+    fn show_install_error(&mut self, revision: &str, err: &HubError) {
+        if err.is_another_writer() {
+            // Another hub wrote first; nothing is wrong with this one.
+            tracing::warn!(revision = %revision, "the new bundles are not installed: {err}");
+            return;
+        }
+        let message = err.to_string();
+        if self.last_install_error.as_deref() != Some(&message) {
+            tracing::error!(revision = %revision, "cannot install the new bundles: {message}");
+        }
+        self.last_install_error = Some(message.clone());
+        let now_ms = self.shared.settings.clock.now_ms();
+        self.shared.recorder.update_render_status(|r| {
+            r.install_error = Some(InstallError::after(
+                r.install_error.as_ref(),
+                revision,
+                message,
+                now_ms,
+            ));
+        });
     }
 
     async fn render_and_install(
@@ -948,13 +960,20 @@ impl Follower {
         };
         // Kept until recorded: if the transaction finds the recorded commit moved, the
         // tip stays pending and the next poll weighs it again.
-        self.install_and_log(
-            &pending.output,
-            pending.duration,
-            pending.forced,
-            Some(recorded),
-        )
-        .await?;
+        let revision = pending.output.revision.clone();
+        let installed = self
+            .install_and_log(
+                &pending.output,
+                pending.duration,
+                pending.forced,
+                Some(recorded),
+            )
+            .await;
+        if let Err(err) = installed {
+            // The tip stays pending: a later poll weighs it and installs it again.
+            self.show_install_error(&revision, &err);
+            return Err(err);
+        }
         self.forget_force_push().await;
         Ok(())
     }
