@@ -718,11 +718,13 @@ async fn readyz(client: &reqwest::Client, hub: &Running) -> (u16, serde_json::Va
 }
 
 /// `flotilla status` against the hub: its exit code and what it printed.
-async fn status_table(hub: &Running, token_file: &std::path::Path) -> (i32, String) {
+async fn run_status(hub: &Running, token_file: &std::path::Path, args: &[&str]) -> (i32, String) {
     let (base, token_file) = (hub.base.clone(), token_file.to_path_buf());
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     tokio::task::spawn_blocking(move || {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
             .args(["status", "--server", &base])
+            .args(&args)
             .arg("--token-file")
             .arg(&token_file)
             .env_remove("FLOTILLA_SERVER")
@@ -816,7 +818,7 @@ async fn a_commit_the_hub_cannot_install_shows_why_until_it_installs() {
     let again = get_json(&client, &fleet_url, &admin).await;
     assert_eq!(again["installError"]["since"], since);
 
-    let (code, table) = status_table(&hub, &token_file).await;
+    let (code, table) = run_status(&hub, &token_file, &[]).await;
     assert_eq!(code, 0, "{table}");
     let line = table
         .lines()
@@ -828,6 +830,10 @@ async fn a_commit_the_hub_cannot_install_shows_why_until_it_installs() {
             && line.contains("Not a directory (os error 20)"),
         "{line}"
     );
+    let (code, json) = run_status(&hub, &token_file, &["-o", "json"]).await;
+    assert_eq!(code, 0, "{json}");
+    let json: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert_eq!(json["installError"], fleet["installError"]);
     let (web, cookie) = web_session(&hub, &admin).await;
     let page = fleet_page(&hub, &web, &cookie).await;
     let banner = page
@@ -858,7 +864,7 @@ async fn a_commit_the_hub_cannot_install_shows_why_until_it_installs() {
     assert_ne!(store_us_002(&fleet), store_us_002(&before));
     assert_eq!(readyz(&client, &hub).await.1["install"], "ok");
     assert_eq!(metric(&client, &hub.base, "flotilla_install_up").await, 1.0);
-    let (_, table) = status_table(&hub, &token_file).await;
+    let (_, table) = run_status(&hub, &token_file, &[]).await;
     assert!(!table.contains("cannot be installed"), "{table}");
     let page = fleet_page(&hub, &web, &cookie).await;
     assert!(!page.contains("install-error"), "{page}");
