@@ -63,6 +63,9 @@ struct Fleet {
     #[serde(default)]
     render_errors: Vec<RenderError>,
     source_error: Option<String>,
+    /// The newest clean render could not be installed (absent from older hubs).
+    #[serde(default)]
+    install_error: Option<InstallError>,
     #[serde(default)]
     counts: BTreeMap<String, usize>,
     /// Per Helm workload, its chart (`name version (path)`).
@@ -74,6 +77,13 @@ struct Fleet {
 #[derive(Debug, Deserialize, Serialize)]
 struct RenderError {
     text: String,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+struct InstallError {
+    revision: String,
+    message: String,
+    since: String,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -122,6 +132,7 @@ struct Report<'a> {
     attempted_revision: &'a Option<String>,
     render_errors: &'a [RenderError],
     source_error: &'a Option<String>,
+    install_error: &'a Option<InstallError>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     charts: &'a BTreeMap<String, String>,
     counts: BTreeMap<&'static str, usize>,
@@ -174,6 +185,7 @@ pub fn run_status(args: &StatusArgs) -> anyhow::Result<u8> {
                 attempted_revision: &fleet.attempted_revision,
                 render_errors: &fleet.render_errors,
                 source_error: &fleet.source_error,
+                install_error: &fleet.install_error,
                 charts: &fleet.charts,
                 counts: counts.clone(),
                 failed,
@@ -267,6 +279,15 @@ fn table(
     }
     if let Some(error) = &fleet.source_error {
         let _ = writeln!(out, "source     {error}");
+    }
+    if let Some(error) = &fleet.install_error {
+        let _ = writeln!(
+            out,
+            "install    {} cannot be installed (failing since {}; the served revision stays): {}",
+            short_revision(&error.revision),
+            error.since,
+            error.message
+        );
     }
     for (workload, chart) in &fleet.charts {
         let _ = writeln!(out, "chart      {chart}: workload {workload}");

@@ -303,13 +303,14 @@ fn is_test_only_use(path: &str, name: &str) -> bool {
 }
 
 /// What request handlers may ask of the view: every one of these reads.
-const VIEW_READS: [&str; 17] = [
+const VIEW_READS: [&str; 18] = [
     "served",
     "served_to",
     "generations",
     "tokens",
     "is_ready",
     "render_status",
+    "install_failing",
     "latest",
     "statuses",
     "active_rollouts",

@@ -674,3 +674,199 @@ async fn a_chart_generates_its_values_from_the_hubs_own_seed() {
     let published = std::fs::read(out.path().join("v1/clusters/red/bundle")).expect("red's bundle");
     assert_eq!(password(&published), served);
 }
+
+/// Logs in to the web page with `token`; the session cookie (`name=value`).
+async fn web_session(hub: &Running, token: &str) -> (reqwest::Client, String) {
+    let web = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let login = web
+        .post(hub.url("/ui/login"))
+        .header("origin", &hub.base)
+        .form(&[("token", token)])
+        .send()
+        .await
+        .expect("login");
+    assert_eq!(login.status(), 303);
+    let cookie = login.headers()["set-cookie"]
+        .to_str()
+        .expect("cookie")
+        .split(';')
+        .next()
+        .expect("name=value")
+        .to_string();
+    (web, cookie)
+}
+
+async fn fleet_page(hub: &Running, web: &reqwest::Client, cookie: &str) -> String {
+    web.get(hub.url("/ui/"))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("body")
+}
+
+async fn readyz(client: &reqwest::Client, hub: &Running) -> (u16, serde_json::Value) {
+    let response = client.get(hub.url("/readyz")).send().await.expect("readyz");
+    let status = response.status().as_u16();
+    (status, response.json().await.expect("JSON"))
+}
+
+/// `flotilla status` against the hub: its exit code and what it printed.
+async fn run_status(hub: &Running, token_file: &std::path::Path, args: &[&str]) -> (i32, String) {
+    let (base, token_file) = (hub.base.clone(), token_file.to_path_buf());
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(["status", "--server", &base])
+            .args(&args)
+            .arg("--token-file")
+            .arg(&token_file)
+            .env_remove("FLOTILLA_SERVER")
+            .env_remove("FLOTILLA_TOKEN_FILE")
+            .output()
+            .expect("flotilla runs");
+        (
+            output.status.code().unwrap_or(-1),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ),
+        )
+    })
+    .await
+    .expect("status")
+}
+
+/// A clean commit the hub cannot install keeps the last good bundles served and says
+/// why (the path and the operating system's error) in `/v1/fleet`, the web page and
+/// `flotilla status`, and that it fails in `/readyz` and `/metrics`; once the cause is
+/// repaired, a later poll installs the commit and the error clears. The objects folder
+/// is replaced by a file, which stops the write for root too (file modes do not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_the_hub_cannot_install_shows_why_until_it_installs() {
+    let repo = Repo::new();
+    let good = format!("main@sha1:{}", repo.git(&["rev-parse", "HEAD"]));
+    let state = tempfile::tempdir().expect("state dir");
+    let admin = make_token(state.path(), None).await;
+    let token_file = state.path().join("admin.token");
+    std::fs::write(&token_file, &admin).expect("token file");
+    let mut config = config(state.path(), &repo.path().display().to_string());
+    // A failed install is tried again at every poll, as in production.
+    config.poll_interval = Duration::from_millis(100);
+    let hub = Running::start_ready(config).await;
+    let client = client();
+    let fleet_url = hub.url("/v1/fleet");
+    let before = get_json(&client, &fleet_url, &admin).await;
+    assert_eq!(before["revision"], good);
+    assert_eq!(before["installError"], serde_json::Value::Null);
+    assert_eq!(readyz(&client, &hub).await.1["install"], "ok");
+
+    let objects = state.path().join("objects/sha256");
+    let away = state.path().join("objects/sha256.away");
+    std::fs::rename(&objects, &away).expect("move the objects folder away");
+    std::fs::write(&objects, b"not a folder").expect("a file where the folder was");
+    bump_store_us_002(&repo, "300Gi");
+    let commit = repo.commit("more cache for store-us-002");
+    let new = format!("main@sha1:{commit}");
+    let fleet = eventually("the install error to show", Duration::from_secs(10), || {
+        let (client, url, admin, new) = (&client, &fleet_url, &admin, &new);
+        async move {
+            let fleet = get_json(client, url, admin).await;
+            (fleet["installError"]["revision"] == new.as_str()).then_some(fleet)
+        }
+    })
+    .await;
+    assert_eq!(fleet["revision"], good, "the last good render stays served");
+    assert_eq!(fleet["renderErrors"], serde_json::json!([]), "{fleet:#}");
+    let message = fleet["installError"]["message"].as_str().expect("message");
+    assert!(
+        message.starts_with("cannot write object ")
+            && message.contains("/objects/sha256/")
+            && message.contains("Not a directory (os error 20)"),
+        "the cause names the path and the OS error: {message}"
+    );
+    let since = fleet["installError"]["since"].as_str().expect("since");
+    assert!(since.ends_with('Z'), "{since}");
+    let store_us_002 = |fleet: &serde_json::Value| {
+        fleet["clusters"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["name"] == "store-us-002"))
+            .map(|c| c["desired"].clone())
+            .expect("store-us-002")
+    };
+    assert_eq!(store_us_002(&fleet), store_us_002(&before));
+
+    // Ready all the same (the last good bundles are served), saying the newest commit
+    // is not installed, without the paths of the hub's host.
+    let (status, ready) = readyz(&client, &hub).await;
+    assert_eq!(
+        (status, &ready["install"]),
+        (200, &serde_json::json!("failing"))
+    );
+    assert!(!ready.to_string().contains("objects"), "{ready}");
+    assert_eq!(metric(&client, &hub.base, "flotilla_install_up").await, 0.0);
+
+    // Retried at every poll: still failing, since the first failure.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let again = get_json(&client, &fleet_url, &admin).await;
+    assert_eq!(again["installError"]["since"], since);
+
+    let (code, table) = run_status(&hub, &token_file, &[]).await;
+    assert_eq!(code, 0, "{table}");
+    let line = table
+        .lines()
+        .find(|l| l.starts_with("install "))
+        .unwrap_or_else(|| panic!("no install line in:\n{table}"));
+    assert!(
+        line.contains(&format!("main@{}", &commit[..10]))
+            && line.contains("cannot be installed")
+            && line.contains("Not a directory (os error 20)"),
+        "{line}"
+    );
+    let (code, json) = run_status(&hub, &token_file, &["-o", "json"]).await;
+    assert_eq!(code, 0, "{json}");
+    let json: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert_eq!(json["installError"], fleet["installError"]);
+    let (web, cookie) = web_session(&hub, &admin).await;
+    let page = fleet_page(&hub, &web, &cookie).await;
+    let banner = page
+        .lines()
+        .find(|l| l.contains("id=\"install-error\""))
+        .unwrap_or_else(|| panic!("no install error on the page:\n{page}"));
+    assert!(
+        banner.contains(&new) && banner.contains("Not a directory (os error 20)"),
+        "{banner}"
+    );
+
+    // Repaired: the next poll installs the commit, and the error clears everywhere.
+    std::fs::remove_file(&objects).expect("remove the file");
+    std::fs::rename(&away, &objects).expect("the objects folder back");
+    let fleet = eventually(
+        "the commit to be installed",
+        Duration::from_secs(10),
+        || {
+            let (client, url, admin, new) = (&client, &fleet_url, &admin, &new);
+            async move {
+                let fleet = get_json(client, url, admin).await;
+                (fleet["revision"] == new.as_str()).then_some(fleet)
+            }
+        },
+    )
+    .await;
+    assert_eq!(fleet["installError"], serde_json::Value::Null);
+    assert_ne!(store_us_002(&fleet), store_us_002(&before));
+    assert_eq!(readyz(&client, &hub).await.1["install"], "ok");
+    assert_eq!(metric(&client, &hub.base, "flotilla_install_up").await, 1.0);
+    let (_, table) = run_status(&hub, &token_file, &[]).await;
+    assert!(!table.contains("cannot be installed"), "{table}");
+    let page = fleet_page(&hub, &web, &cookie).await;
+    assert!(!page.contains("install-error"), "{page}");
+    hub.stop().await;
+}

@@ -1557,6 +1557,11 @@ async fn readyz(State(shared): SharedState) -> Response {
                 // keeps serving what it has when it does not) and holds the lease.
                 "database": if shared.metrics.database_is_unreachable() { "unreachable" } else { "ok" },
                 "rolloutLease": shared.recorder.lease().holds(),
+                // Whether the newest clean render was installed. A hub that cannot
+                // install one stays ready: it serves the last good bundles. Why it
+                // cannot is for people's tokens (`installError` in /v1/fleet): it names
+                // paths of the hub's host.
+                "install": if shared.view.install_failing() { "failing" } else { "ok" },
             }),
         )
     } else {

@@ -143,6 +143,8 @@ pub struct RenderStatus {
     pub warnings: usize,
     /// Why the repository could not be read or fetched, if it could not.
     pub source_error: Option<String>,
+    /// Why the newest clean render could not be installed, until one installs.
+    pub install_error: Option<InstallError>,
     pub renders_clean: u64,
     pub renders_failed: u64,
     /// Several hubs: a tip of the followed branch that does not descend from the
@@ -150,6 +152,57 @@ pub struct RenderStatus {
     pub force_push: Option<ForcePush>,
     /// Per Helm workload of the served render, its chart (`name version (path)`).
     pub charts: BTreeMap<String, String>,
+}
+
+/// A clean render the hub could not install: its objects could not be written or its
+/// record could not be made (a full or read-only state dir, an unreachable database).
+/// The last good bundles stay served, and the hub tries again at its next look.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstallError {
+    /// The commit whose render could not be installed (the newest that failed).
+    pub revision: String,
+    /// Why, naming the path and the operating system's error where there is one.
+    pub message: String,
+    /// When installing started failing: kept while later attempts fail too, whatever
+    /// their commit, since nothing was installed in between.
+    pub since_ms: i64,
+}
+
+impl InstallError {
+    /// The install error after installing `revision` failed with `message` at `now_ms`,
+    /// given the one shown before (`None` when the last install succeeded).
+    pub fn after(
+        previous: Option<&InstallError>,
+        revision: &str,
+        message: String,
+        now_ms: i64,
+    ) -> InstallError {
+        InstallError {
+            revision: revision.to_string(),
+            message,
+            since_ms: previous.map_or(now_ms, |p| p.since_ms),
+        }
+    }
+}
+
+/// [`InstallError`] as `GET /v1/fleet` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstallErrorSummary {
+    pub revision: String,
+    pub message: String,
+    /// RFC 3339.
+    pub since: String,
+}
+
+impl From<&InstallError> for InstallErrorSummary {
+    fn from(error: &InstallError) -> InstallErrorSummary {
+        InstallErrorSummary {
+            revision: error.revision.clone(),
+            message: error.message.clone(),
+            since: rfc3339(error.since_ms),
+        }
+    }
 }
 
 /// A force-pushed tip waiting to be recorded (several hubs), as `GET /v1/fleet` shows it.
@@ -224,6 +277,8 @@ pub struct FleetSummary {
     /// empty the hub keeps serving the last good bundles.
     pub render_errors: Vec<RenderError>,
     pub source_error: Option<String>,
+    /// The newest clean render could not be installed: the served revision stays.
+    pub install_error: Option<InstallErrorSummary>,
     pub counts: BTreeMap<&'static str, usize>,
     /// How many clusters are drifted (whatever their state).
     pub drifted: usize,
@@ -255,6 +310,7 @@ impl FleetSummary {
                 })
                 .collect(),
             source_error: render.source_error.clone(),
+            install_error: render.install_error.as_ref().map(InstallErrorSummary::from),
             counts: Counts::of(lines).by_name(),
             drifted: lines.iter().filter(|l| l.drifted()).count(),
             force_push: render.force_push.clone(),
@@ -925,5 +981,69 @@ mod tests {
                 "quiet"
             ]
         );
+    }
+
+    #[test]
+    fn an_install_error_keeps_when_installing_started_failing() {
+        let failed = |revision: &str, since_ms: i64| InstallError {
+            revision: revision.into(),
+            message: format!("cannot install {revision}"),
+            since_ms,
+        };
+        // (shown before, the commit that failed now, now, the install error after)
+        let cases = [
+            (None, "main@sha1:b", 5_000, failed("main@sha1:b", 5_000)),
+            (
+                Some(failed("main@sha1:b", 5_000)),
+                "main@sha1:b",
+                9_000,
+                failed("main@sha1:b", 5_000),
+            ),
+            // A newer commit that cannot be installed either: nothing was installed
+            // in between, so the failure goes on since the first.
+            (
+                Some(failed("main@sha1:b", 5_000)),
+                "main@sha1:c",
+                12_000,
+                failed("main@sha1:c", 5_000),
+            ),
+        ];
+        for (previous, revision, now_ms, expect) in cases {
+            let after = InstallError::after(
+                previous.as_ref(),
+                revision,
+                format!("cannot install {revision}"),
+                now_ms,
+            );
+            assert_eq!(after, expect, "after {previous:?}");
+        }
+    }
+
+    #[test]
+    fn the_fleet_summary_shows_the_install_error_with_its_time() {
+        let clean = FleetSummary::of(&[], &RenderStatus::default(), 0);
+        let json = serde_json::to_value(&clean).expect("json");
+        assert_eq!(json["installError"], serde_json::Value::Null);
+        let render = RenderStatus {
+            served_revision: Some("main@sha1:a".into()),
+            install_error: Some(InstallError {
+                revision: "main@sha1:b".into(),
+                message:
+                    "cannot write object /state/objects/sha256/ab: Not a directory (os error 20)"
+                        .into(),
+                since_ms: 1_764_547_200_000,
+            }),
+            ..RenderStatus::default()
+        };
+        let json = serde_json::to_value(FleetSummary::of(&[], &render, 0)).expect("json");
+        assert_eq!(
+            json["installError"],
+            serde_json::json!({
+                "revision": "main@sha1:b",
+                "message": "cannot write object /state/objects/sha256/ab: Not a directory (os error 20)",
+                "since": rfc3339(1_764_547_200_000),
+            })
+        );
+        assert_eq!(json["revision"], "main@sha1:a", "the served revision stays");
     }
 }

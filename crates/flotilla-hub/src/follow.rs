@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, oneshot, watch};
 
 use super::HubError;
-use super::fleet::{ForcePush, ForcePushHub};
+use super::fleet::{ForcePush, ForcePushHub, InstallError};
 use crate::recorder::Shared;
 use crate::source::follow::{self as git, RepoKind, Tip};
 use crate::source::{BlobTexts, SourceError, from_folder_within};
@@ -241,6 +241,8 @@ pub struct Follower {
     /// the files it changed.
     blob_texts: BlobTexts,
     last_source_error: Option<String>,
+    /// Why the last install failed, until one succeeds (logged once per cause).
+    last_install_error: Option<String>,
     pending: Option<PendingForcePush>,
     /// The last clean render, if it weighs at most `keep_render`: the next commit
     /// renders only what changed since.
@@ -277,6 +279,7 @@ impl Follower {
             last_files: None,
             blob_texts: BlobTexts::default(),
             last_source_error: None,
+            last_install_error: None,
             pending: None,
             last_output: None,
             keep_render,
@@ -430,12 +433,48 @@ impl Follower {
         self.shared
             .recorder
             .update_render_status(|r| r.source_error = None);
-        if let Err(err) = self.render_and_install(snapshot, forced, shutdown).await {
-            tracing::error!("cannot install the new bundles: {err}");
-            // Try the same commit again next time.
-            self.last_commit = None;
-            self.last_files = None;
+        let revision = snapshot.revision.clone();
+        match self.render_and_install(snapshot, forced, shutdown).await {
+            Ok(()) => {
+                // Installed (which clears the error shown), or not installable for a
+                // reason the render status shows (render errors, a force-push).
+                let shown = self.shared.view.install_failing();
+                if !shown && self.last_install_error.take().is_some() {
+                    tracing::info!(revision = %revision, "the new bundles are installed again");
+                }
+            }
+            Err(err) => {
+                self.show_install_error(&revision, &err);
+                // Try the same commit again next time.
+                self.last_commit = None;
+                self.last_files = None;
+            }
         }
+    }
+
+    /// Shows in the render status (`/v1/fleet`, the page, `/readyz`) that installing
+    /// `revision` failed, and why; logged once per cause. A race with another writer
+    /// is only logged.
+    fn show_install_error(&mut self, revision: &str, err: &HubError) {
+        if err.is_another_writer() {
+            // Another hub wrote first; nothing is wrong with this one.
+            tracing::warn!(revision = %revision, "the new bundles are not installed: {err}");
+            return;
+        }
+        let message = err.to_string();
+        if self.last_install_error.as_deref() != Some(&message) {
+            tracing::error!(revision = %revision, "cannot install the new bundles: {message}");
+        }
+        self.last_install_error = Some(message.clone());
+        let now_ms = self.shared.settings.clock.now_ms();
+        self.shared.recorder.update_render_status(|r| {
+            r.install_error = Some(InstallError::after(
+                r.install_error.as_ref(),
+                revision,
+                message,
+                now_ms,
+            ));
+        });
     }
 
     async fn render_and_install(
@@ -926,13 +965,20 @@ impl Follower {
         };
         // Kept until recorded: if the transaction finds the recorded commit moved, the
         // tip stays pending and the next poll weighs it again.
-        self.install_and_log(
-            &pending.output,
-            pending.duration,
-            pending.forced,
-            Some(recorded),
-        )
-        .await?;
+        let revision = pending.output.revision.clone();
+        let installed = self
+            .install_and_log(
+                &pending.output,
+                pending.duration,
+                pending.forced,
+                Some(recorded),
+            )
+            .await;
+        if let Err(err) = installed {
+            // The tip stays pending: a later poll weighs it and installs it again.
+            self.show_install_error(&revision, &err);
+            return Err(err);
+        }
         self.forget_force_push().await;
         Ok(())
     }

@@ -81,6 +81,21 @@ impl HubError {
     pub fn is_concurrent_change(&self) -> bool {
         matches!(self, HubError::Store(StoreError::RolloutsMoved { .. }))
     }
+
+    /// Another hub (or an operator's `--database` action) wrote first: the rollouts or
+    /// the recorded commit moved, or the lease went to another hub. Nothing was
+    /// written and the next look decides again: a race between writers, not a fault
+    /// of the hub's disk or database.
+    pub fn is_another_writer(&self) -> bool {
+        matches!(
+            self,
+            HubError::Store(
+                StoreError::RolloutsMoved { .. }
+                    | StoreError::RevisionMoved { .. }
+                    | StoreError::Fenced { .. }
+            )
+        )
+    }
 }
 
 /// How the hub runs. [`HubConfig::new`] gives the documented defaults.

@@ -411,6 +411,12 @@ fn register_render(registry: &mut Registry, render: &RenderStatus) {
         "1 when the repository was last read or fetched without error",
         i64::from(render.source_error.is_none()),
     );
+    gauge_i64(
+        registry,
+        "flotilla_install_up",
+        "1 unless the newest clean render could not be installed (the last good bundles stay served)",
+        i64::from(render.install_error.is_none()),
+    );
 }
 
 fn register_fleet(registry: &mut Registry, fleet: &Counts, tokens: usize) {

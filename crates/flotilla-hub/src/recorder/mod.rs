@@ -420,6 +420,7 @@ impl Recorder {
             r.attempted_at_ms = Some(now);
             r.duration = Some(duration);
             r.errors.clear();
+            r.install_error = None;
             r.warnings = output.warnings().count();
             r.renders_clean += 1;
             r.charts = output.charts.clone();

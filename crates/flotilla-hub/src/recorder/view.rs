@@ -559,6 +559,16 @@ impl View {
         self.ready.load(Ordering::Relaxed)
     }
 
+    /// Whether the newest clean render could not be installed (without copying the
+    /// render status, for `/readyz`).
+    pub fn install_failing(&self) -> bool {
+        self.render
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .install_error
+            .is_some()
+    }
+
     pub fn render_status(&self) -> RenderStatus {
         self.render
             .lock()

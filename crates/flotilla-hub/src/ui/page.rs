@@ -10,7 +10,9 @@ use minijinja::value::Serde;
 use minijinja::{Environment, context};
 use serde::{Deserialize, Serialize};
 
-use crate::fleet::{ClusterState, ClusterSummary, Counts, Drift, Line, RenderStatus};
+use crate::fleet::{
+    ClusterState, ClusterSummary, Counts, Drift, InstallErrorSummary, Line, RenderStatus,
+};
 use flotilla_core::rollout::view::RolloutView;
 use flotilla_core::secret;
 
@@ -269,6 +271,11 @@ pub fn stamp(
     render.served_revision.hash(&mut hasher);
     render.attempted_revision.hash(&mut hasher);
     render.errors.len().hash(&mut hasher);
+    render
+        .install_error
+        .as_ref()
+        .map(|e| &e.revision)
+        .hash(&mut hasher);
     counts.hash(&mut hasher);
     drifted.hash(&mut hasher);
     for r in rollouts {
@@ -410,6 +417,7 @@ pub fn fleet_page(
             attempted_revision => status.attempted_revision.as_deref(),
             render_errors => status.errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
             source_error => status.source_error.as_deref(),
+            install_error => status.install_error.as_ref().map(|e| Serde(InstallErrorSummary::from(e))),
             charts => Serde(&status.charts),
             total => model.counts.total(),
             counts => Serde(segments(&model.counts)),
