@@ -22,6 +22,7 @@ mod hub_hostile;
 mod hub_objects;
 mod hub_peers;
 mod hub_scale;
+mod mirror_deltas;
 mod module_graph;
 mod oci;
 mod readme;

@@ -328,6 +328,14 @@ pub struct HubClient {
     dictionary: Option<Digest>,
     /// The registry client of an `oci://` server.
     registry: Option<flotilla_oci::Registry>,
+    /// Whether the server is a static mirror (a folder, or an HTTP server whose
+    /// bundle answers carry no `X-Flotilla-Revision`): its deltas are files of their
+    /// own, `v1/clusters/<cluster>/deltas/<base>` (`publish --deltas`).
+    mirror: bool,
+    /// The base whose delta the mirror did not have: not asked for again while the
+    /// agent holds that base (a mirror published without deltas costs one request
+    /// more per change, not per poll).
+    no_delta_from: Option<Digest>,
 }
 
 #[derive(Debug, Clone)]
@@ -384,6 +392,7 @@ impl HubClient {
             )?),
             _ => None,
         };
+        let mirror = matches!(server, Server::File(_));
         Ok(HubClient {
             server,
             cluster: cluster.to_string(),
@@ -391,6 +400,8 @@ impl HubClient {
             http,
             last_body: None,
             dictionary: None,
+            mirror,
+            no_delta_from: None,
             registry,
         })
     }
@@ -451,6 +462,9 @@ impl HubClient {
         if_none_match: Option<&str>,
         wait: Duration,
     ) -> Result<Fetched, FetchError> {
+        if let Some(delta) = self.fetch_mirror_delta().await {
+            return Ok(delta);
+        }
         match &self.server {
             Server::Http(base) => {
                 let mut url = api_url(base, &api::bundle(&self.cluster));
@@ -488,6 +502,9 @@ impl HubClient {
                     .get(header::ETAG)
                     .and_then(|v| v.to_str().ok())
                     .map(str::to_string);
+                // A hub names the revision of every bundle it sends; a static server
+                // does not.
+                self.mirror = !response.headers().contains_key(api::REVISION_HEADER);
                 let delta = response
                     .headers()
                     .get(header::CONTENT_ENCODING)
@@ -523,6 +540,49 @@ impl HubClient {
                 Ok(Fetched::Bundle { body, etag: None })
             }
             Server::Oci(_) => self.fetch_from_registry(if_none_match).await,
+        }
+    }
+
+    /// From a static mirror, the delta from the bundle offered as the dictionary to
+    /// the current one, when the mirror has it; `None`: fetch the document (no
+    /// mirror, nothing offered, no such delta, or it could not be read).
+    async fn fetch_mirror_delta(&mut self) -> Option<Fetched> {
+        let base = self.dictionary.clone()?;
+        if !self.mirror || self.no_delta_from.as_ref() == Some(&base) {
+            return None;
+        }
+        let segments = api::delta(&self.cluster, base.as_str());
+        let body = match &self.server {
+            Server::File(root) => {
+                let path = segments
+                    .iter()
+                    .fold(root.clone(), |path, segment| path.join(segment));
+                std::fs::read(&path).ok()
+            }
+            Server::Http(server) => {
+                let request = self
+                    .http
+                    .get(api_url(server, &segments))
+                    .timeout(REQUEST_GRACE)
+                    .header(header::ACCEPT_ENCODING, "identity");
+                let response = self.authorise(request).send().await.ok()?;
+                if response.status().is_success() {
+                    self.read_limited(response).await.ok()
+                } else {
+                    None
+                }
+            }
+            Server::Oci(_) => None,
+        };
+        match body {
+            Some(body) if body.len() <= MAX_BUNDLE_BYTES => {
+                Some(Fetched::Delta { body, etag: None })
+            }
+            _ => {
+                tracing::debug!(base = %base, "the mirror has no delta from the bundle this agent runs; fetching the bundle");
+                self.no_delta_from = Some(base);
+                None
+            }
         }
     }
 

@@ -43,6 +43,10 @@ pub const CURRENT_BUNDLE: &str = "bundle";
 /// The folder, inside a cluster's folder, of its bundles by digest.
 pub const BUNDLES_BY_DIGEST: &str = "bundles";
 
+/// The response header in which a hub names the revision of the bundle it sends (a
+/// static mirror sends none).
+pub const REVISION_HEADER: &str = "x-flotilla-revision";
+
 /// The folder, inside a cluster's folder on a static mirror, of deltas (RFC 9842
 /// `dcz` bodies) from recent bundles to the current one, each named by its base's
 /// digest (`publish --deltas`).

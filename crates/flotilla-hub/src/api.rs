@@ -53,7 +53,8 @@ pub const STATUS_BODY_LIMIT: usize = 1024 * 1024;
 /// The largest webhook payload accepted (push payloads are far smaller).
 pub const HOOK_BODY_LIMIT: usize = 4 * 1024 * 1024;
 
-pub static X_FLOTILLA_REVISION: HeaderName = HeaderName::from_static("x-flotilla-revision");
+pub static X_FLOTILLA_REVISION: HeaderName =
+    HeaderName::from_static(flotilla_core::api::REVISION_HEADER);
 pub static X_HUB_SIGNATURE_256: HeaderName = HeaderName::from_static("x-hub-signature-256");
 
 const JSON: HeaderValue = HeaderValue::from_static("application/json");

@@ -1,0 +1,274 @@
+//! Deltas on a static mirror (`publish --deltas`): the real agent, in process, reads
+//! a `flotilla publish` folder through `file://` and through a plain static HTTP
+//! server (one that knows nothing of flotilla: files by path, 404 otherwise), takes a
+//! change as a delta from the bundle it runs, polls the small delta from the current
+//! bundle while nothing changes, and takes the whole bundle again from a mirror
+//! published without deltas.
+
+use crate::support::agent as agent_support;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agent_support::*;
+use flotilla_agent::client::Server;
+use flotilla_agent::sink::dir::DirSink;
+use flotilla_agent::wait::Wait;
+use flotilla_agent::{Agent, AgentConfig};
+use flotilla_core::bundle::{Bundle, Digest};
+use flotilla_core::status::StatusReport;
+use flotilla_hub::publish::{Writing, publish};
+use flotilla_render::RenderOutput;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+const CLUSTER: &str = "edge-1";
+
+/// A static web server over a folder: `GET /path` is the file at `path`, anything
+/// else 404; every request path is recorded.
+struct StaticServer {
+    port: u16,
+    requests: Arc<Mutex<Vec<String>>>,
+    task: JoinHandle<()>,
+}
+
+impl StaticServer {
+    async fn start(root: PathBuf) -> StaticServer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let port = listener.local_addr().expect("address").port();
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let seen = requests.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let root = root.clone();
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        match socket.read(&mut byte).await {
+                            Ok(1) => head.push(byte[0]),
+                            _ => return,
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&head);
+                    // As static servers do, the query (`?wait=…`) is not part of the
+                    // file's path.
+                    let target = head.split(' ').nth(1).unwrap_or("/");
+                    let path = target.split('?').next().unwrap_or("/").to_string();
+                    seen.lock().expect("lock").push(path.clone());
+                    let file = path
+                        .trim_start_matches('/')
+                        .split('/')
+                        .filter(|s| !s.is_empty() && *s != "..")
+                        .fold(root, |dir, segment| dir.join(segment));
+                    let answer = match std::fs::read(&file) {
+                        Ok(body) => {
+                            let mut answer = format!(
+                                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                                body.len()
+                            )
+                            .into_bytes();
+                            answer.extend_from_slice(&body);
+                            answer
+                        }
+                        Err(_) => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                            .to_vec(),
+                    };
+                    let _ = socket.write_all(&answer).await;
+                    let _ = socket.shutdown().await;
+                });
+            }
+        });
+        StaticServer {
+            port,
+            requests,
+            task,
+        }
+    }
+
+    /// How many requests were for `path` (`/v1/clusters/…`).
+    fn asked(&self, path: &str) -> usize {
+        self.requests
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter(|p| *p == path)
+            .count()
+    }
+}
+
+impl Drop for StaticServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct Running {
+    reports: watch::Receiver<Option<StatusReport>>,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<Result<(), flotilla_agent::AgentError>>,
+}
+
+impl Running {
+    fn start(server: Server, state: &Path, target: &Path) -> Running {
+        let http = matches!(server, Server::Http(_));
+        let mut config = AgentConfig::new(server, CLUSTER, state.to_path_buf());
+        config.wait = Wait::Fixed(Duration::from_millis(100));
+        if http {
+            // The agent sends a token over HTTP; a static server takes no notice.
+            let token = state.join("token");
+            std::fs::write(&token, format!("flt_{}\n", "0".repeat(64))).expect("writes");
+            config.token_file = Some(token);
+        }
+        let agent = Agent::new(config, DirSink::new(target, state, false));
+        let reports = agent.reports();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(agent.run(async {
+            let _ = stopped.await;
+        }));
+        Running {
+            reports,
+            stop,
+            task,
+        }
+    }
+
+    async fn applied(&mut self, digest: &Digest) -> StatusReport {
+        let wait = self.reports.wait_for(|r| {
+            r.as_ref().is_some_and(|r| {
+                r.applied.as_ref() == Some(digest) && r.attempted.as_ref() == Some(digest)
+            })
+        });
+        let found = match tokio::time::timeout(Duration::from_secs(30), wait).await {
+            Ok(Ok(report)) => report.clone(),
+            _ => None,
+        };
+        if found.is_none() && self.task.is_finished() {
+            panic!("the agent stopped: {:?}", (&mut self.task).await);
+        }
+        found.unwrap_or_else(|| {
+            panic!(
+                "the agent never applied {digest}; last report: {:?}",
+                self.reports.borrow()
+            )
+        })
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task
+            .await
+            .expect("the agent task did not panic")
+            .expect("the agent ran");
+    }
+}
+
+fn release(value: &str) -> Bundle {
+    bundle(
+        CLUSTER,
+        vec![config_map("settings", value), namespace("demo")],
+    )
+}
+
+fn publish_into(out: &Path, bundle: &Bundle, deltas: usize) {
+    let mut output = RenderOutput {
+        revision: format!("main@sha1:{}", &bundle.digest.hex()[..12]),
+        ..RenderOutput::default()
+    };
+    output.bundles.insert(CLUSTER.to_string(), bundle.clone());
+    publish(
+        &output,
+        out,
+        Writing {
+            signer: None,
+            deltas,
+        },
+    )
+    .expect("publishes");
+}
+
+/// Through `server` (reading `out`): v1 whole, v2 as a delta, v3 whole again from a
+/// mirror published without deltas. `asked` counts the requests for a path, when the
+/// server can tell.
+async fn a_mirror_change_arrives_as_a_delta(
+    server: Server,
+    out: &Path,
+    asked: Option<&dyn Fn(&str) -> usize>,
+) {
+    let state = tempfile::tempdir().expect("tempdir");
+    let target = tempfile::tempdir().expect("tempdir");
+    let v1 = release("one");
+    publish_into(out, &v1, 3);
+    let mut agent = Running::start(server, state.path(), target.path());
+    let report = agent.applied(&v1.digest).await;
+    assert!(!report.message.contains("delta"), "{}", report.message);
+
+    let v2 = release("two");
+    publish_into(out, &v2, 3);
+    let report = agent.applied(&v2.digest).await;
+    assert!(report.is_success(), "{report:?}");
+    assert!(
+        report.message.contains("received as a delta"),
+        "{}",
+        report.message
+    );
+    let files = yaml_files(target.path());
+    assert!(
+        files
+            .get(&config_map_file("settings"))
+            .is_some_and(|text| text.contains("two")),
+        "{files:?}"
+    );
+    let delta_path = |base: &Digest| format!("/v1/clusters/{CLUSTER}/deltas/{base}");
+    let bundle_path = format!("/v1/clusters/{CLUSTER}/bundle");
+    if let Some(asked) = asked {
+        assert!(asked(&delta_path(&v1.digest)) >= 1);
+        // While nothing changes, the agent polls the delta from what it runs (a few
+        // dozen bytes), not the bundle.
+        let bundles = asked(&bundle_path);
+        let idle = asked(&delta_path(&v2.digest));
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert!(
+            asked(&delta_path(&v2.digest)) > idle,
+            "the agent polls its own delta"
+        );
+        assert_eq!(asked(&bundle_path), bundles, "no whole bundle while idle");
+    }
+
+    // Published without deltas: every delta goes, and the change is fetched whole.
+    let v3 = release("three");
+    publish_into(out, &v3, 0);
+    assert!(
+        !out.join(format!("v1/clusters/{CLUSTER}/deltas")).exists()
+            || std::fs::read_dir(out.join(format!("v1/clusters/{CLUSTER}/deltas")))
+                .expect("reads")
+                .next()
+                .is_none()
+    );
+    let report = agent.applied(&v3.digest).await;
+    assert!(report.is_success(), "{report:?}");
+    assert!(!report.message.contains("delta"), "{}", report.message);
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_on_a_folder_takes_a_change_as_a_delta_from_publish_output() {
+    let out = tempfile::tempdir().expect("tempdir");
+    a_mirror_change_arrives_as_a_delta(Server::File(out.path().to_path_buf()), out.path(), None)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_on_a_static_web_server_takes_a_change_as_a_delta_and_polls_only_deltas() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let static_server = StaticServer::start(out.path().to_path_buf()).await;
+    let server =
+        Server::parse(&format!("http://127.0.0.1:{}", static_server.port)).expect("a server");
+    let asked = |path: &str| static_server.asked(path);
+    a_mirror_change_arrives_as_a_delta(server, out.path(), Some(&asked)).await;
+}
