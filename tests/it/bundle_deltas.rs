@@ -102,7 +102,7 @@ proptest! {
 
 /// `count` ConfigMaps of 10,000 characters of hexadecimal text each: 200 make about
 /// 2 MB, what the benchmark measures too.
-fn large(count: u64, changed: bool) -> Bundle {
+pub(crate) fn large(count: u64, changed: bool) -> Bundle {
     let values = (0..count)
         .map(|i| {
             let text: String = (0..1250u64)
@@ -447,6 +447,10 @@ struct Tampering {
     offered: Arc<Mutex<Vec<bool>>>,
 }
 
+/// The header with which a hub names the revision of a bundle it sends (a static
+/// mirror sends none, and its agents ask it for deltas by path).
+const HUB: &str = "x-flotilla-revision: main@sha1:0000000000000000000000000000000000000000\r\n";
+
 impl Tampering {
     /// The answer to one request, given its head.
     fn answer(&self, head: &str) -> Vec<u8> {
@@ -486,13 +490,13 @@ impl Tampering {
         if offered && !delta.is_empty() {
             return reply(
                 "200 OK",
-                &format!("etag: {etag}\r\ncontent-encoding: dcz\r\n"),
+                &format!("etag: {etag}\r\n{HUB}content-encoding: dcz\r\n"),
                 &delta,
             );
         }
         reply(
             "200 OK",
-            &format!("etag: {etag}\r\ncontent-type: application/json\r\n"),
+            &format!("etag: {etag}\r\n{HUB}content-type: application/json\r\n"),
             &bundle.document(REVISION),
         )
     }

@@ -229,7 +229,7 @@ async fn a_mirror_change_arrives_as_a_delta(
     if let Some(asked) = asked {
         assert!(asked(&delta_path(&v1.digest)) >= 1);
         // While nothing changes, the agent polls the delta from what it runs (a few
-        // dozen bytes), not the bundle.
+        // hundred bytes), not the bundle.
         let bundles = asked(&bundle_path);
         let idle = asked(&delta_path(&v2.digest));
         tokio::time::sleep(Duration::from_millis(800)).await;
@@ -271,4 +271,44 @@ async fn an_agent_on_a_static_web_server_takes_a_change_as_a_delta_and_polls_onl
         Server::parse(&format!("http://127.0.0.1:{}", static_server.port)).expect("a server");
     let asked = |path: &str| static_server.asked(path);
     a_mirror_change_arrives_as_a_delta(server, out.path(), Some(&asked)).await;
+}
+
+/// What an agent on a mirror downloads for one changed field of a 2 MB bundle, and
+/// for a poll while nothing changes.
+#[test]
+fn a_mirror_delta_of_one_changed_field_in_two_megabytes_is_small() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let base = crate::bundle_deltas::large(200, false);
+    let target = crate::bundle_deltas::large(200, true);
+    let publish_one = |bundle: &Bundle| {
+        let mut output = RenderOutput {
+            revision: "main@sha1:0123456789ab".into(),
+            ..RenderOutput::default()
+        };
+        output
+            .bundles
+            .insert(bundle.cluster.clone(), bundle.clone());
+        publish(
+            &output,
+            out.path(),
+            Writing {
+                signer: None,
+                deltas: 3,
+            },
+        )
+        .expect("publishes");
+    };
+    publish_one(&base);
+    publish_one(&target);
+    let folder = out.path().join("v1/clusters").join(&target.cluster);
+    let size = |name: &str| std::fs::metadata(folder.join(name)).expect("written").len();
+    let whole = size("bundle");
+    let change = size(&format!("deltas/{}", base.digest));
+    let idle = size(&format!("deltas/{}", target.digest));
+    println!(
+        "a 2 MB bundle on a mirror: {whole} bytes whole, {change} for one changed field, {idle} while unchanged"
+    );
+    assert!(whole > 2_000_000, "{whole}");
+    assert!(change < 2_500, "{change} bytes for one changed field");
+    assert!(idle < 1_000, "{idle} bytes while nothing changes");
 }

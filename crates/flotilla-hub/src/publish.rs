@@ -16,7 +16,7 @@
 //! With `--deltas N` (3 by default) each cluster's folder holds, beside its current
 //! document, a delta (RFC 9842 `dcz`, as the hub sends them) to it from each of the
 //! last N digests the mirror gave the cluster and from the current digest itself (so
-//! an agent that runs it polls a few dozen bytes). A delta is made from the base's
+//! an agent that runs it polls a few hundred bytes). A delta is made from the base's
 //! document by digest (checked against its digest, as the mirror is untrusted), and
 //! deltas from bases no longer listed are removed: each leads to the current
 //! document. An agent verifies what it rebuilds as any document.
