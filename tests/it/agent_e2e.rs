@@ -768,6 +768,16 @@ async fn a_signed_publish_mirror_that_is_tampered_with_or_replayed_is_refused() 
         r.applied.as_ref() == Some(&second_digest)
     })
     .await;
+    // The replayer also removes the deltas (the one from what the agent runs leads to
+    // the genuine document), so that the agent fetches the bundle.
+    std::fs::remove_dir_all(
+        mirror
+            .path()
+            .join("v1/clusters")
+            .join(CLUSTER)
+            .join("deltas"),
+    )
+    .expect("removes the deltas");
     agent_support::publish_document(mirror.path(), CLUSTER, &first);
     let refused = until("the replay refused", &|r| {
         r.message.contains("is older than")
