@@ -628,3 +628,83 @@ async fn a_broken_delta_is_dropped_and_the_agent_takes_the_full_document() {
     }
     agent.stop().await;
 }
+
+/// When what the hub serves a cluster changes, the delta from the digest its agent
+/// reported applying is made at once, before any poll asks for it: the agent's first
+/// request after the change gets it.
+#[tokio::test]
+async fn the_delta_from_what_the_agent_runs_is_made_before_it_asks() {
+    let repo = Repo::new();
+    let hub_state = tempfile::tempdir().expect("tempdir");
+    let token = make_token(hub_state.path(), Some(CLUSTER)).await;
+    let hub = Running::start_ready(hub_support::config(
+        hub_state.path(),
+        &repo.path().display().to_string(),
+    ))
+    .await;
+    let http = client();
+    let bundle_url = hub.url(&format!("/v1/clusters/{CLUSTER}/bundle"));
+    let first = rendered(&repo);
+    // The cluster's agent reports running the first bundle (no poll of its own).
+    let report = serde_json::json!({"applied": first.digest, "attempted": first.digest,
+        "resources": [], "message": "applied", "agentVersion": "test"});
+    let response = http
+        .post(hub.url(&format!("/v1/clusters/{CLUSTER}/status")))
+        .bearer_auth(&token)
+        .json(&report)
+        .send()
+        .await
+        .expect("reports");
+    assert_eq!(response.status(), 200);
+    let made = || async {
+        hub_support::metric(&client(), &hub.base, "flotilla_bundle_deltas_made_total").await
+    };
+    assert_eq!(made().await, 0.0);
+
+    set_replicas(&repo, 3);
+    repo.commit("kuard: three replicas");
+    let second = rendered(&repo);
+    // Made with no request asking for it.
+    eventually("the delta made ahead", Duration::from_secs(20), || async {
+        (made().await >= 1.0).then_some(())
+    })
+    .await;
+    let response = http
+        .get(&bundle_url)
+        .bearer_auth(&token)
+        .header("accept-encoding", "dcz")
+        .header(
+            dcz::AVAILABLE_DICTIONARY,
+            dcz::available_dictionary(&first.digest).expect("value"),
+        )
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response
+            .headers()
+            .get("content-encoding")
+            .and_then(|v| v.to_str().ok()),
+        Some("dcz")
+    );
+    let body = response.bytes().await.expect("body");
+    let rebuilt =
+        flotilla_agent::delta::decode(&body, Some(&first.digest), &first.canonical_body())
+            .expect("rebuilds");
+    assert_eq!(
+        verify_document_parts(&rebuilt, Some(CLUSTER))
+            .expect("verifies")
+            .bundle
+            .digest,
+        second.digest
+    );
+    let (hits, misses, _) = deltas_sent(&hub.base).await;
+    assert_eq!(
+        (hits, misses),
+        (1.0, 0.0),
+        "the first request found it made"
+    );
+    assert_eq!(made().await, 1.0);
+    hub.stop().await;
+}

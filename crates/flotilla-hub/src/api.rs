@@ -112,6 +112,7 @@ pub fn router(shared: Arc<Shared>, limits: RequestLimits) -> Router {
         polls: Arc::default(),
         deltas: Arc::new(delta::Deltas::new()),
     });
+    tokio::spawn(delta::make_ahead(shared.clone(), gates.deltas.clone()));
     ENDPOINTS
         .iter()
         .fold(

@@ -256,9 +256,67 @@ fn prepare(
     let (shared, deltas, entry) = (shared.clone(), deltas.clone(), entry.clone());
     tokio::spawn(async move {
         let delta = make(&shared, &deltas, entry, &key).await;
+        if delta.is_some() {
+            shared.metrics.delta_made();
+        }
         deltas.keep(key, delta);
     });
     Some(made)
+}
+
+/// Makes deltas ahead of the polls: each time what the hub serves changes, the delta
+/// to each cluster's new bundle from the digest its agent last reported applying is
+/// queued (as many as the queue takes; the others are made when asked for), so an
+/// agent woken by the change finds it made rather than waiting for it or taking the
+/// whole document. Runs until the hub shuts down.
+pub async fn make_ahead(shared: Arc<Shared>, deltas: Arc<Deltas>) {
+    let mut generations = shared.view.generations();
+    let mut shutdown = shared.shutdown.subscribe();
+    // The serve sequence of each cluster's entry when last looked at: an entry is
+    // made for each change of what the cluster is served.
+    let mut seen: HashMap<String, u64> = shared
+        .view
+        .served()
+        .clusters
+        .iter()
+        .map(|(name, entry)| (name.clone(), entry.sequence))
+        .collect();
+    loop {
+        tokio::select! {
+            changed = generations.changed() => if changed.is_err() { return },
+            _ = shutdown.changed() => return,
+        }
+        let served = shared.view.served();
+        let changed: Vec<&Arc<ClusterBundle>> = served
+            .clusters
+            .iter()
+            .filter(|(name, entry)| !entry.hold && seen.get(*name) != Some(&entry.sequence))
+            .map(|(_, entry)| entry)
+            .collect();
+        if changed.is_empty() {
+            continue;
+        }
+        let bases: Vec<(Arc<ClusterBundle>, Digest)> = {
+            let statuses = shared.view.statuses();
+            changed
+                .iter()
+                .filter_map(|entry| {
+                    let applied = statuses.get(&entry.name)?.report.applied.clone()?;
+                    (applied != entry.digest).then(|| ((*entry).clone(), applied))
+                })
+                .collect()
+        };
+        for entry in &changed {
+            seen.insert(entry.name.clone(), entry.sequence);
+        }
+        for (entry, base) in bases {
+            let key = Key::new(&entry, &base);
+            if prepare(&shared, &deltas, &entry, key).is_none() {
+                // The queue is full: the rest are made when their agents ask.
+                break;
+            }
+        }
+    }
 }
 
 async fn make(

@@ -103,6 +103,7 @@ pub struct Metrics {
     rollout_lease_held: Gauge,
     bundle_bytes: Family<EncodingLabel, Counter>,
     deltas: Family<ResultLabel, Counter>,
+    deltas_made: Counter,
     cluster_bytes: Family<ClusterBytesLabel, Counter>,
 }
 
@@ -193,6 +194,12 @@ impl Default for Metrics {
             "Changed bundles asked for as a delta: sent as one (hit) or as the full document (miss)",
             deltas.clone(),
         );
+        let deltas_made = Counter::default();
+        registry.register(
+            "flotilla_bundle_deltas_made",
+            "Deltas made: ahead of the polls, when what a cluster is served changes, or for a request that found none",
+            deltas_made.clone(),
+        );
         let cluster_bytes = Family::<ClusterBytesLabel, Counter>::default();
         registry.register(
             "flotilla_cluster_bundle_bytes_sent",
@@ -202,6 +209,7 @@ impl Default for Metrics {
         Metrics {
             bundle_bytes,
             deltas,
+            deltas_made,
             cluster_bytes,
             database_unreachable,
             rollout_lease_held,
@@ -244,6 +252,11 @@ impl Metrics {
                 kind,
             })
             .inc_by(bytes as u64);
+    }
+
+    /// Counts a delta made.
+    pub fn delta_made(&self) {
+        self.deltas_made.inc();
     }
 
     /// Counts a changed bundle asked for as a delta: sent as one, or not.
