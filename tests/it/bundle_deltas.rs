@@ -7,21 +7,18 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use flotilla_agent::AgentConfig;
 use flotilla_agent::backoff::BackoffPolicy;
 use flotilla_agent::client::Server;
-use flotilla_agent::sink::dir::DirSink;
 use flotilla_agent::wait::Wait;
-use flotilla_agent::{Agent, AgentConfig};
 use flotilla_core::bundle::{Bundle, Digest, verify_document_parts};
 use flotilla_core::dcz;
 use flotilla_core::signing::{SigningKey, TrustedKeys};
-use flotilla_core::status::StatusReport;
 use proptest::prelude::*;
 use reqwest::header::HeaderMap;
 use serde_json::Value;
-use tokio::sync::{oneshot, watch};
 
-use crate::support::agent::{bundle, config_map};
+use crate::support::agent::{RunningAgent, bundle, config_map};
 use crate::support::hub::{self as hub_support, Repo, Running, client, eventually, make_token};
 
 /// Where the agent keeps its last-known-good document, in its state folder.
@@ -196,71 +193,30 @@ fn set_replicas(repo: &Repo, replicas: u32) {
     repo.write(path, &(changed.join("\n") + "\n"));
 }
 
-struct RunningAgent {
-    reports: watch::Receiver<Option<StatusReport>>,
-    stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<(), flotilla_agent::AgentError>>,
-}
-
-impl RunningAgent {
-    fn start(
-        dir: &Path,
-        base: &str,
-        token: &str,
-        wait: Duration,
-        trusted: Option<TrustedKeys>,
-    ) -> RunningAgent {
-        let token_file = dir.join("token");
-        std::fs::write(&token_file, token).expect("writes token");
-        let state: PathBuf = dir.join("state");
-        let mut config =
-            AgentConfig::new(Server::parse(base).expect("URL"), CLUSTER, state.clone());
-        config.token_file = Some(token_file);
-        config.backoff = BackoffPolicy {
-            base: Duration::from_millis(50),
-            cap: Duration::from_millis(300),
-            auth_retry: Duration::from_millis(300),
-        };
-        config.wait = Wait::Fixed(wait);
-        if let Some(trusted) = trusted {
-            config.trusted = trusted;
-        }
-        let agent = Agent::new(config, DirSink::new(&dir.join("manifests"), &state, false));
-        let reports = agent.reports();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(agent.run(async {
-            let _ = stopped.await;
-        }));
-        RunningAgent {
-            reports,
-            stop,
-            task,
-        }
+/// An agent of [`CLUSTER`] polling `base` with `token`, its state and manifests in
+/// `dir`, retrying fast.
+fn start_agent(
+    dir: &Path,
+    base: &str,
+    token: &str,
+    wait: Duration,
+    trusted: Option<TrustedKeys>,
+) -> RunningAgent {
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, token).expect("writes token");
+    let state: PathBuf = dir.join("state");
+    let mut config = AgentConfig::new(Server::parse(base).expect("URL"), CLUSTER, state);
+    config.token_file = Some(token_file);
+    config.backoff = BackoffPolicy {
+        base: Duration::from_millis(50),
+        cap: Duration::from_millis(300),
+        auth_retry: Duration::from_millis(300),
+    };
+    config.wait = Wait::Fixed(wait);
+    if let Some(trusted) = trusted {
+        config.trusted = trusted;
     }
-
-    async fn applied(&mut self, digest: &Digest) -> StatusReport {
-        let wait = self.reports.wait_for(|r| {
-            r.as_ref().is_some_and(|r| {
-                r.applied.as_ref() == Some(digest) && r.attempted.as_ref() == Some(digest)
-            })
-        });
-        let found = match tokio::time::timeout(Duration::from_secs(60), wait).await {
-            Ok(Ok(report)) => report.clone(),
-            _ => None,
-        };
-        match found {
-            Some(report) => report,
-            None => panic!(
-                "the agent never applied {digest}; last report: {:?}",
-                self.reports.borrow()
-            ),
-        }
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        self.task.await.expect("no panic").expect("the agent ran");
-    }
+    RunningAgent::start(config, &dir.join("manifests"))
 }
 
 fn rendered(repo: &Repo) -> Bundle {
@@ -318,7 +274,7 @@ async fn one_field_as_a_delta(signed: bool) {
     }
     let hub = Running::start_ready(hub_config).await;
     let site = tempfile::tempdir().expect("tempdir");
-    let mut agent = RunningAgent::start(
+    let mut agent = start_agent(
         site.path(),
         &hub.base,
         &token,
@@ -561,7 +517,7 @@ async fn a_broken_delta_is_dropped_and_the_agent_takes_the_full_document() {
     let first = entries("one");
     *server.serving.lock().expect("lock") = Some((first.clone(), Vec::new()));
     let site = tempfile::tempdir().expect("tempdir");
-    let mut agent = RunningAgent::start(
+    let mut agent = start_agent(
         site.path(),
         &format!("http://{address}/"),
         "flt_test",

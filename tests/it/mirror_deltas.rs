@@ -12,16 +12,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent_support::*;
+use flotilla_agent::AgentConfig;
 use flotilla_agent::client::Server;
-use flotilla_agent::sink::dir::DirSink;
 use flotilla_agent::wait::Wait;
-use flotilla_agent::{Agent, AgentConfig};
 use flotilla_core::bundle::{Bundle, Digest};
-use flotilla_core::status::StatusReport;
 use flotilla_hub::publish::{Writing, publish};
 use flotilla_render::RenderOutput;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 const CLUSTER: &str = "edge-1";
@@ -108,64 +105,18 @@ impl Drop for StaticServer {
     }
 }
 
-struct Running {
-    reports: watch::Receiver<Option<StatusReport>>,
-    stop: oneshot::Sender<()>,
-    task: JoinHandle<Result<(), flotilla_agent::AgentError>>,
-}
-
-impl Running {
-    fn start(server: Server, state: &Path, target: &Path) -> Running {
-        let http = matches!(server, Server::Http(_));
-        let mut config = AgentConfig::new(server, CLUSTER, state.to_path_buf());
-        config.wait = Wait::Fixed(Duration::from_millis(100));
-        if http {
-            // The agent sends a token over HTTP; a static server takes no notice.
-            let token = state.join("token");
-            std::fs::write(&token, format!("flt_{}\n", "0".repeat(64))).expect("writes");
-            config.token_file = Some(token);
-        }
-        let agent = Agent::new(config, DirSink::new(target, state, false));
-        let reports = agent.reports();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(agent.run(async {
-            let _ = stopped.await;
-        }));
-        Running {
-            reports,
-            stop,
-            task,
-        }
+/// An agent of [`CLUSTER`] reading `server`.
+fn start_agent(server: Server, state: &Path, target: &Path) -> RunningAgent {
+    let http = matches!(server, Server::Http(_));
+    let mut config = AgentConfig::new(server, CLUSTER, state.to_path_buf());
+    config.wait = Wait::Fixed(Duration::from_millis(100));
+    if http {
+        // The agent sends a token over HTTP; a static server takes no notice.
+        let token = state.join("token");
+        std::fs::write(&token, format!("flt_{}\n", "0".repeat(64))).expect("writes");
+        config.token_file = Some(token);
     }
-
-    async fn applied(&mut self, digest: &Digest) -> StatusReport {
-        let wait = self.reports.wait_for(|r| {
-            r.as_ref().is_some_and(|r| {
-                r.applied.as_ref() == Some(digest) && r.attempted.as_ref() == Some(digest)
-            })
-        });
-        let found = match tokio::time::timeout(Duration::from_secs(30), wait).await {
-            Ok(Ok(report)) => report.clone(),
-            _ => None,
-        };
-        if found.is_none() && self.task.is_finished() {
-            panic!("the agent stopped: {:?}", (&mut self.task).await);
-        }
-        found.unwrap_or_else(|| {
-            panic!(
-                "the agent never applied {digest}; last report: {:?}",
-                self.reports.borrow()
-            )
-        })
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        self.task
-            .await
-            .expect("the agent task did not panic")
-            .expect("the agent ran");
-    }
+    RunningAgent::start(config, target)
 }
 
 fn release(value: &str) -> Bundle {
@@ -204,7 +155,7 @@ async fn a_mirror_change_arrives_as_a_delta(
     let target = tempfile::tempdir().expect("tempdir");
     let v1 = release("one");
     publish_into(out, &v1, 3);
-    let mut agent = Running::start(server, state.path(), target.path());
+    let mut agent = start_agent(server, state.path(), target.path());
     let report = agent.applied(&v1.digest).await;
     assert!(!report.message.contains("delta"), "{}", report.message);
 

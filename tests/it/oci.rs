@@ -5,6 +5,7 @@
 //! What the registry served is read from its access log (one line per request), and
 //! the agent's wire bytes from a counting TCP proxy between it and the registry.
 
+use crate::support::agent::RunningAgent;
 use crate::support::hub::{self as hub_support, Repo, eventually};
 use crate::support::process::{Background, free_port};
 
@@ -15,19 +16,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use flotilla_agent::AgentConfig;
 use flotilla_agent::client::Server;
-use flotilla_agent::sink::dir::DirSink;
 use flotilla_agent::wait::Wait;
-use flotilla_agent::{Agent, AgentConfig};
 use flotilla_core::bundle::{Bundle, Digest, Resource, ResourceKey};
 use flotilla_core::signing::{PublicKey, TrustedKeys};
-use flotilla_core::status::StatusReport;
 use flotilla_oci::artifact::BundleManifest;
 use flotilla_oci::{Artifact, Credentials, Registry, RegistryOptions, Repository};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{oneshot, watch};
-use tokio::task::JoinHandle;
 
 const REGISTRY_BINARY: &str = "/usr/bin/docker-registry";
 const REPOSITORY: &str = "fleet/bundles";
@@ -237,59 +234,6 @@ fn flotilla(args: &[&str], env: &[(&str, &Path)]) -> (bool, String) {
 }
 
 /// The agent, in process, applying to a folder.
-struct RunningAgent {
-    reports: watch::Receiver<Option<StatusReport>>,
-    stop: oneshot::Sender<()>,
-    task: JoinHandle<Result<(), flotilla_agent::AgentError>>,
-}
-
-impl RunningAgent {
-    fn start(config: AgentConfig, target: &Path) -> RunningAgent {
-        let state = config.state_dir.clone();
-        let agent = Agent::new(config, DirSink::new(target, &state, false));
-        let reports = agent.reports();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(agent.run(async {
-            let _ = stopped.await;
-        }));
-        RunningAgent {
-            reports,
-            stop,
-            task,
-        }
-    }
-
-    async fn until(&mut self, what: &str, test: impl Fn(&StatusReport) -> bool) -> StatusReport {
-        let wait = self.reports.wait_for(|r| r.as_ref().is_some_and(&test));
-        let found = match tokio::time::timeout(Duration::from_secs(60), wait).await {
-            Ok(Ok(report)) => report.clone(),
-            _ => None,
-        };
-        match found {
-            Some(report) => report,
-            None => panic!(
-                "the agent never reported {what}; last report: {:?}",
-                self.reports.borrow()
-            ),
-        }
-    }
-
-    async fn applied(&mut self, digest: &Digest) -> StatusReport {
-        self.until(&format!("applied {digest}"), |r| {
-            r.applied.as_ref() == Some(digest) && r.attempted.as_ref() == Some(digest)
-        })
-        .await
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        self.task
-            .await
-            .expect("the agent task did not panic")
-            .expect("the agent ran");
-    }
-}
-
 /// What HEAD of `repo` renders for `cluster`.
 fn rendered(repo: &Repo, cluster: &str) -> Bundle {
     let snapshot = flotilla_hub::source::from_folder(repo.path(), "").expect("reads the fleet");
@@ -524,7 +468,7 @@ async fn publish_oci_then_the_agent_pulls_verifies_applies_and_survives_the_regi
     // on the same state boots from it without the registry.
     registry.stop();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(!agent.task.is_finished(), "the agent keeps running");
+    assert!(!agent.is_finished(), "the agent keeps running");
     agent.stop().await;
     std::fs::remove_dir_all(target.path()).expect("clears the target");
     let mut again = RunningAgent::start(config(), target.path());

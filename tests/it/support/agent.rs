@@ -111,3 +111,82 @@ impl Sleeper for RecordingSleeper {
         Box::pin(tokio::time::sleep(Duration::from_millis(1)))
     }
 }
+
+/// The real agent, in process, writing through the `dir` sink into a folder: its
+/// reports as they come, and a way to stop it.
+pub struct RunningAgent {
+    pub reports: tokio::sync::watch::Receiver<Option<flotilla_core::status::StatusReport>>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), flotilla_agent::AgentError>>,
+}
+
+impl RunningAgent {
+    /// Starts an agent with `config`, writing manifests into `target`.
+    pub fn start(config: flotilla_agent::AgentConfig, target: &Path) -> RunningAgent {
+        let state = config.state_dir.clone();
+        let agent = flotilla_agent::Agent::new(
+            config,
+            flotilla_agent::sink::dir::DirSink::new(target, &state, false),
+        );
+        let reports = agent.reports();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(agent.run(async {
+            let _ = stopped.await;
+        }));
+        RunningAgent {
+            reports,
+            stop,
+            task,
+        }
+    }
+
+    /// Whether the agent has stopped (it ends only when told to, or on an error).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// The first report that passes `test`, within a minute; the test fails naming
+    /// `what` and the last report (or how the agent stopped) otherwise.
+    pub async fn until(
+        &mut self,
+        what: &str,
+        test: impl Fn(&flotilla_core::status::StatusReport) -> bool,
+    ) -> flotilla_core::status::StatusReport {
+        let wait = self.reports.wait_for(|r| r.as_ref().is_some_and(&test));
+        let found = match tokio::time::timeout(Duration::from_secs(60), wait).await {
+            Ok(Ok(report)) => report.clone(),
+            _ => None,
+        };
+        if found.is_none() && self.task.is_finished() {
+            panic!(
+                "the agent stopped before it reported {what}: {:?}",
+                (&mut self.task).await
+            );
+        }
+        found.unwrap_or_else(|| {
+            panic!(
+                "the agent never reported {what}; last report: {:?}",
+                self.reports.borrow()
+            )
+        })
+    }
+
+    /// The report that the agent applied `digest` (and attempted nothing newer).
+    pub async fn applied(
+        &mut self,
+        digest: &flotilla_core::bundle::Digest,
+    ) -> flotilla_core::status::StatusReport {
+        self.until(&format!("applied {digest}"), |r| {
+            r.applied.as_ref() == Some(digest) && r.attempted.as_ref() == Some(digest)
+        })
+        .await
+    }
+
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task
+            .await
+            .expect("the agent task did not panic")
+            .expect("the agent ran");
+    }
+}
