@@ -555,28 +555,68 @@ pub struct HookMark {
     pub delete_policies: Vec<String>,
 }
 
+/// Why a tenant may not write a resource: the one rule the hub checks when it
+/// renders and the agent checks again before it applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TenantRefusal {
+    /// A namespaced resource in a namespace that is not the tenant's.
+    OtherNamespace,
+    /// A `Namespace` that is not one of the tenant's.
+    NotItsNamespace,
+    /// A cluster-scoped kind the tenant may not write.
+    ClusterScoped,
+}
+
+impl TenantRefusal {
+    /// Whether a tenant whose namespaces match `namespaces` (globs) and who may write
+    /// the cluster-scoped kinds `cluster_scoped` (each `Kind` or `Kind.group`) may
+    /// write the resource `key`; why not, if it may not.
+    pub fn of<'a>(
+        namespaces: impl IntoIterator<Item = &'a str>,
+        cluster_scoped: impl IntoIterator<Item = &'a str>,
+        key: &ResourceKey,
+    ) -> Option<TenantRefusal> {
+        // Called at most once: each branch below that asks returns.
+        let ours = |name: &str| {
+            namespaces
+                .into_iter()
+                .any(|pattern| crate::names::glob_matches(pattern, name))
+        };
+        if !key.namespace.is_empty() {
+            return (!ours(&key.namespace)).then_some(TenantRefusal::OtherNamespace);
+        }
+        if key.group.is_empty() && key.kind == "Namespace" {
+            return (!ours(&key.name)).then_some(TenantRefusal::NotItsNamespace);
+        }
+        let allowed = cluster_scoped
+            .into_iter()
+            .any(|allowed| match allowed.split_once('.') {
+                Some((kind, group)) => kind == key.kind && group == key.group,
+                None => allowed == key.kind,
+            });
+        (!allowed).then_some(TenantRefusal::ClusterScoped)
+    }
+}
+
 impl TenantMark {
     /// Why the tenant may not write the resource `key`, if it may not: a namespace
     /// outside its own, a `Namespace` not its own, or a cluster-scoped kind it may
     /// not write (`clusterScoped` names `Kind` or `Kind.group`).
     pub fn refusal(&self, key: &ResourceKey) -> Option<String> {
-        let ours = |name: &str| {
-            self.namespaces
-                .iter()
-                .any(|pattern| crate::names::glob_matches(pattern, name))
-        };
-        if !key.namespace.is_empty() {
-            return (!ours(&key.namespace))
-                .then(|| format!("namespace {:?} is not the tenant's", key.namespace));
-        }
-        if key.group.is_empty() && key.kind == "Namespace" {
-            return (!ours(&key.name)).then(|| "the namespace is not the tenant's".to_string());
-        }
-        let allowed = self.cluster_scoped.iter().any(|k| match k.split_once('.') {
-            Some((kind, group)) => kind == key.kind && group == key.group,
-            None => *k == key.kind,
-        });
-        (!allowed).then(|| format!("the tenant may not write cluster-scoped {}", key.kind))
+        let refusal = TenantRefusal::of(
+            self.namespaces.iter().map(String::as_str),
+            self.cluster_scoped.iter().map(String::as_str),
+            key,
+        )?;
+        Some(match refusal {
+            TenantRefusal::OtherNamespace => {
+                format!("namespace {:?} is not the tenant's", key.namespace)
+            }
+            TenantRefusal::NotItsNamespace => "the namespace is not the tenant's".to_string(),
+            TenantRefusal::ClusterScoped => {
+                format!("the tenant may not write cluster-scoped {}", key.kind)
+            }
+        })
     }
 }
 
@@ -1276,6 +1316,47 @@ mod tests {
 
     fn canonical(value: Value) -> String {
         String::from_utf8(to_canonical_vec(&value)).expect("canonical JSON is UTF-8")
+    }
+
+    #[test]
+    fn a_tenant_writes_only_in_its_namespaces_and_the_cluster_scoped_kinds_it_names() {
+        let key = |group: &str, kind: &str, namespace: &str, name: &str| ResourceKey {
+            group: group.into(),
+            kind: kind.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+        };
+        let of = |key: &ResourceKey| {
+            TenantRefusal::of(
+                ["shop-*", "shop"],
+                ["PriorityClass", "Widget.shop.example"],
+                key,
+            )
+        };
+        for (resource, expected) in [
+            (key("apps", "Deployment", "shop-a", "pos"), None),
+            (
+                key("apps", "Deployment", "bank", "pos"),
+                Some(TenantRefusal::OtherNamespace),
+            ),
+            (key("", "Namespace", "", "shop"), None),
+            (
+                key("", "Namespace", "", "kube-system"),
+                Some(TenantRefusal::NotItsNamespace),
+            ),
+            (key("scheduling.k8s.io", "PriorityClass", "", "high"), None),
+            (key("shop.example", "Widget", "", "w"), None),
+            (
+                key("other.example", "Widget", "", "w"),
+                Some(TenantRefusal::ClusterScoped),
+            ),
+            (
+                key("rbac.authorization.k8s.io", "ClusterRole", "", "admin"),
+                Some(TenantRefusal::ClusterScoped),
+            ),
+        ] {
+            assert_eq!(of(&resource), expected, "{resource}");
+        }
     }
 
     #[test]

@@ -28,7 +28,7 @@ use serde_json::{Value, json};
 
 use flotilla_core::bundle::{
     POD_SECURITY_LABEL, Resource, ResourceKey, SignedTenantRules, TENANT_CLUSTER_ROLE, TenantMark,
-    TenantRules, tenant_service_account,
+    TenantRefusal, TenantRules, tenant_service_account,
 };
 use flotilla_core::diagnostic::Diagnostic;
 use flotilla_core::model::{Located, PodSecurityLevel};
@@ -253,33 +253,30 @@ pub(crate) fn check_cluster<'r>(
         };
         let tenant = &fleet.tenants[t];
         let key = &resource.key;
-        let broken = if !key.namespace.is_empty() {
-            (!any_matches(&tenant.namespaces, &key.namespace)).then(|| {
-                format!(
-                    "{key} is in namespace {:?}, which is not the tenant's (spec.namespaces of {}: {})",
-                    key.namespace,
-                    tenant.file,
-                    shown_list(&tenant.namespaces)
-                )
-            })
-        } else if key.group.is_empty() && key.kind == "Namespace" {
-            (!any_matches(&tenant.namespaces, &key.name)).then(|| {
-                format!(
-                    "{key} is not one of the tenant's namespaces (spec.namespaces of {}: {})",
-                    tenant.file,
-                    shown_list(&tenant.namespaces)
-                )
-            })
-        } else {
-            (!may_write_cluster_scoped(tenant, &key.group, &key.kind)).then(|| {
-                format!(
-                    "{key} is cluster-scoped, and spec.clusterScoped of {} does not list {} ({})",
-                    tenant.file,
-                    key.kind,
-                    shown_list(&tenant.cluster_scoped)
-                )
-            })
-        };
+        let refusal = TenantRefusal::of(
+            tenant.namespaces.iter().map(|n| n.value.as_str()),
+            tenant.cluster_scoped.iter().map(|k| k.value.as_str()),
+            key,
+        );
+        let broken = refusal.map(|refusal| match refusal {
+            TenantRefusal::OtherNamespace => format!(
+                "{key} is in namespace {:?}, which is not the tenant's (spec.namespaces of {}: {})",
+                key.namespace,
+                tenant.file,
+                shown_list(&tenant.namespaces)
+            ),
+            TenantRefusal::NotItsNamespace => format!(
+                "{key} is not one of the tenant's namespaces (spec.namespaces of {}: {})",
+                tenant.file,
+                shown_list(&tenant.namespaces)
+            ),
+            TenantRefusal::ClusterScoped => format!(
+                "{key} is cluster-scoped, and spec.clusterScoped of {} does not list {} ({})",
+                tenant.file,
+                key.kind,
+                shown_list(&tenant.cluster_scoped)
+            ),
+        });
         let broken = broken.or_else(|| {
             let role = bound_cluster_role(resource)?;
             (!any_matches(&tenant.cluster_roles, &role) && !shipped(t, &role)).then(|| {
@@ -304,18 +301,6 @@ pub(crate) fn check_cluster<'r>(
 }
 
 const RBAC: &str = "rbac.authorization.k8s.io";
-
-/// Whether a tenant may write a cluster-scoped kind: `spec.clusterScoped` names it
-/// as `Kind` or `Kind.group`.
-fn may_write_cluster_scoped(tenant: &Tenant, group: &str, kind: &str) -> bool {
-    tenant
-        .cluster_scoped
-        .iter()
-        .any(|allowed| match allowed.value.split_once('.') {
-            Some((k, g)) => k == kind && g == group,
-            None => allowed.value == kind,
-        })
-}
 
 /// The ClusterRole a RoleBinding or ClusterRoleBinding refers to.
 fn bound_cluster_role(resource: &Resource) -> Option<String> {
