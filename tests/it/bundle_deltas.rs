@@ -132,6 +132,44 @@ fn one_changed_field_in_a_large_bundle_is_a_small_delta() {
     assert!(delta.len() < 2_500, "{} bytes", delta.len());
 }
 
+/// The 2 MB bundle above with 100 Deployments beside it, each running `image`.
+fn with_deployments(image: &str) -> Bundle {
+    let mut values: Vec<Value> = large(200, false)
+        .resources
+        .iter()
+        .map(|r| r.value())
+        .collect();
+    for i in 0..100 {
+        values.push(serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": format!("app-{i:03}"), "namespace": "shop"},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": format!("app-{i:03}")}},
+                "template": {"metadata": {"labels": {"app": format!("app-{i:03}")}},
+                    "spec": {"containers": [{"name": "app", "image": image,
+                        "ports": [{"containerPort": 8080}]}]}}}
+        }));
+    }
+    bundle("edge", values)
+}
+
+/// A fleet-wide image bump: every one of 100 Deployments in a bundle of over 2 MB
+/// moves to a new tag.
+#[test]
+fn an_image_bump_in_every_deployment_of_a_large_bundle_is_a_small_delta() {
+    let base = with_deployments("registry.example/shop/app:1.4.2");
+    let target = with_deployments("registry.example/shop/app:1.4.3");
+    round_trip(&base, &target);
+    let document = target.document(REVISION);
+    assert!(document.len() > 2_000_000, "{}", document.len());
+    let delta = flotilla_hub::delta::encode(&base.canonical_body(), &document).expect("encodes");
+    println!(
+        "an image bump in 100 Deployments of a {} byte bundle: a {} byte delta",
+        document.len(),
+        delta.len()
+    );
+    assert!(delta.len() < 5_000, "{} bytes", delta.len());
+}
+
 #[test]
 fn a_ten_megabyte_bundle_with_resources_added_and_removed_round_trips() {
     let base = large(1000, false);
