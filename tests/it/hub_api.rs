@@ -641,13 +641,23 @@ async fn publish_writes_the_static_layout_into_a_bucket() {
             .into_owned();
         let dir = out.path().join("v1/clusters").join(&cluster);
         files.push(format!("mirror/v1/clusters/{cluster}/bundle"));
-        for by_digest in std::fs::read_dir(dir.join("bundles")).expect("bundles") {
-            let name = by_digest
-                .expect("entry")
-                .file_name()
-                .to_string_lossy()
-                .into_owned();
-            files.push(format!("mirror/v1/clusters/{cluster}/bundles/{name}"));
+        files.push(format!("mirror/v1/clusters/{cluster}/served"));
+        // The documents by digest, and the deltas to the current one.
+        for folder in ["bundles", "deltas"] {
+            for file in std::fs::read_dir(dir.join(folder)).expect(folder) {
+                let name = file
+                    .expect("entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned();
+                let key = format!("mirror/v1/clusters/{cluster}/{folder}/{name}");
+                if folder == "deltas" {
+                    let remote = bucket_object(&bucket, &key).await.expect("in the bucket");
+                    let local = std::fs::read(dir.join(folder).join(&name)).expect("a delta");
+                    assert_eq!(local, remote, "{key}");
+                }
+                files.push(key);
+            }
         }
         let local = std::fs::read(dir.join("bundle")).expect("bundle");
         let remote = bucket_object(&bucket, &format!("mirror/v1/clusters/{cluster}/bundle"))

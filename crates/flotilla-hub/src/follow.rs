@@ -567,11 +567,14 @@ impl Follower {
         let message = match rendered {
             Rendered::Done(output, duration) => return Ok((*output, duration)),
             Rendered::ShuttingDown => return Err(None),
-            Rendered::Abandoned(waited) => {
+            Rendered::Abandoned(waited, on) => {
+                let on = on
+                    .map(|on| format!(" (it was rendering {on} for a long time)"))
+                    .unwrap_or_default();
                 return Err(Some((
                     format!(
                         "the render of this commit took longer than {} (--render-timeout) and was \
-                         abandoned; the last good bundles stay served",
+                         abandoned{on}; the last good bundles stay served",
                         humantime::format_duration(self.limits.render_timeout)
                     ),
                     waited,
@@ -790,7 +793,7 @@ impl Follower {
         let started = Instant::now();
         let outcome = tokio::select! {
             result = result => result.unwrap_or_else(|_| Rendered::Panicked("the render thread ended without a result".into())),
-            _ = timer => Rendered::Abandoned(started.elapsed()),
+            _ = timer => Rendered::Abandoned(started.elapsed(), None),
             _ = shutdown.changed() => Rendered::ShuttingDown,
         };
         if !matches!(outcome, Rendered::Done(..)) {

@@ -18,6 +18,10 @@ use minijinja::Value;
 /// How a line of [`watch`] starts (a parent reading the process's stderr looks for it).
 pub const STILL_RENDERING: &str = "still rendering ";
 
+/// The line a process that renders commit after commit writes as each starts, so that
+/// [`last_slow_render`] looks at the current render's lines only.
+pub const RENDER_STARTED: &str = "render started";
+
 /// Whether a watcher runs: templates are marked only then.
 static WATCHED: AtomicBool = AtomicBool::new(false);
 
@@ -152,13 +156,23 @@ fn slow_renders(slow: Duration) -> Vec<String> {
     lines
 }
 
-/// What the last [`watch`] line in `text` says was being rendered (`FILE for
-/// cluster NAME`), if any.
+/// Whether `line` is one of this module's ([`RENDER_STARTED`], or a [`watch`] line)
+/// rather than an error.
+pub fn is_progress(line: &str) -> bool {
+    let line = line.trim();
+    line == RENDER_STARTED || line.starts_with(STILL_RENDERING)
+}
+
+/// What the last [`watch`] line in `text` since its last [`RENDER_STARTED`] line
+/// says was being rendered (`FILE for cluster NAME`), if any.
 pub fn last_slow_render(text: &str) -> Option<&str> {
-    text.lines().rev().find_map(|line| {
-        let rest = line.trim().strip_prefix(STILL_RENDERING)?;
-        Some(rest.rsplit_once(" (").map_or(rest, |(what, _)| what))
-    })
+    text.lines()
+        .rev()
+        .take_while(|line| line.trim() != RENDER_STARTED)
+        .find_map(|line| {
+            let rest = line.trim().strip_prefix(STILL_RENDERING)?;
+            Some(rest.rsplit_once(" (").map_or(rest, |(what, _)| what))
+        })
 }
 
 #[cfg(test)]
@@ -200,5 +214,10 @@ mod tests {
                 .any(|l| l.contains("quick.yaml.j2"))
         );
         assert_eq!(last_slow_render("nothing of the kind"), None);
+        // A line of an earlier render is not this render's.
+        assert_eq!(
+            last_slow_render(&format!("{}\n{RENDER_STARTED}\n", lines[0])),
+            None
+        );
     }
 }

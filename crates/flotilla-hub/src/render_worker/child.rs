@@ -14,11 +14,12 @@ use super::codec::{
 };
 
 /// How often the render process looks at what its threads render.
-const SLOW_WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+const SLOW_WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// A template that takes this long for one cluster is told on stderr: real ones
-/// take well under a millisecond.
-const SLOW_TEMPLATE: std::time::Duration = std::time::Duration::from_millis(100);
+/// take well under a millisecond, and one that builds a list until the memory limit
+/// (as fast as memory can be filled) takes a few times this to get there.
+const SLOW_TEMPLATE: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The child's side: caps its own memory, then renders request after request until
 /// its input ends: each is the snapshot and limits read from `input`, its render
@@ -70,6 +71,8 @@ fn render_request(
     kept: Option<RenderOutput>,
 ) -> io::Result<RenderOutput> {
     let (settings, snapshot, since) = decode_input(&mut *input)?;
+    // What the process tells of slow templates from here on is this render's.
+    eprintln!("{}", flotilla_render::progress::RENDER_STARTED);
     let parsed = kept.as_ref().and_then(|k| k.parsed.clone());
     let previous =
         match since {

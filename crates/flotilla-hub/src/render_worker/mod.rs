@@ -72,7 +72,7 @@ pub enum Rendered {
     /// The render, and how long it took.
     Done(Box<RenderOutput>, Duration),
     /// Not finished within its deadline and the grace after it; the time waited.
-    Abandoned(Duration),
+    Abandoned(Duration, Option<String>),
     /// The hub is shutting down; the render was told to stop (or killed).
     ShuttingDown,
     /// The render process went past its memory limit; what it was rendering then

@@ -133,9 +133,13 @@ impl RenderSession {
                 }
             },
             _ = timer => {
-                // Dropping the process kills it; the threads then meet closed pipes.
-                self.process = None;
-                return Rendered::Abandoned(started.elapsed());
+                // Ended, the threads then meet closed pipes; what it said of a slow
+                // template names what it was on.
+                let on = match self.process.take() {
+                    Some(process) => process.ended_saying().await,
+                    None => None,
+                };
+                return Rendered::Abandoned(started.elapsed(), on);
             }
             _ = stop => {
                 self.process = None;
@@ -263,8 +267,8 @@ impl RenderWorker {
                 )));
             }
         };
-        // Read as it comes (the process writes to it only when it fails), keeping the
-        // last of it.
+        // Read as it comes (the process writes to it when it fails, when a render
+        // starts and when a template runs long), keeping the last of it.
         let errors = tokio::spawn(async move {
             let mut stderr = stderr;
             let mut text: Vec<u8> = Vec::new();
@@ -290,6 +294,18 @@ impl RenderWorker {
 }
 
 impl Process {
+    /// Ends the process and tells what it last said it was rendering for a long
+    /// time (`FILE for cluster NAME`), if anything.
+    async fn ended_saying(mut self) -> Option<String> {
+        let _ = self.child.start_kill();
+        let _ = tokio::time::timeout(EXIT_WAIT, self.child.wait()).await;
+        let errors = tokio::time::timeout(EXIT_WAIT, self.errors)
+            .await
+            .ok()?
+            .ok()?;
+        flotilla_render::progress::last_slow_render(&errors).map(str::to_string)
+    }
+
     /// Why a render ended without an answer (`read`, the error reading it, if any):
     /// how the process ended, and what it said.
     async fn failed(mut self, read: Option<io::Error>, revision: &str) -> Rendered {
@@ -329,7 +345,10 @@ impl Process {
                 flotilla_render::progress::last_slow_render(&errors).map(str::to_string),
             );
         }
-        let last = errors.lines().rev().find(|l| !l.trim().is_empty());
+        let last = errors
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty() && !flotilla_render::progress::is_progress(l));
         Rendered::Panicked(match last {
             Some(line) => format!("the render process ended with {status}: {}", line.trim()),
             None => format!("the render process ended with {status}"),
