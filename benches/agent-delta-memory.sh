@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The agent's peak memory when it takes a bundle whole and when it takes a change as
+# a delta, against a `flotilla publish --deltas` folder (file://).
+#
+#   cargo build --release --bin flotilla && benches/agent-delta-memory.sh
+#   AGENT_BIN=target/release/flotilla-agent benches/agent-delta-memory.sh   # the edge agent
+#
+# Makes a fleet of one cluster whose bundle is 200 ConfigMaps of 50,000 hexadecimal
+# characters (about 10 MB), publishes it with deltas, runs the agent with the dir
+# sink until it has applied it, and prints VmHWM and VmRSS; then changes one field,
+# publishes again (the agent takes the change as a delta from the bundle it runs)
+# and prints them again once that is applied.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+flotilla="${FLOTILLA_BIN:-target/release/flotilla}"
+agent="${AGENT_BIN:-$flotilla}"
+work="$(mktemp -d)"
+trap 'kill "${pid:-0}" 2>/dev/null || true; rm -rf "$work"' EXIT
+
+fleet="$work/fleet"
+mkdir -p "$fleet/clusters" "$fleet/workloads/big/manifests"
+cat > "$fleet/clusters/edge-1.yaml" <<'YAML'
+apiVersion: flotilla.dev/v1alpha1
+kind: Cluster
+metadata:
+  name: edge-1
+YAML
+cat > "$fleet/workloads/big/workload.yaml" <<'YAML'
+apiVersion: flotilla.dev/v1alpha1
+kind: Workload
+metadata:
+  name: big
+spec:
+  namespace: big
+  targets:
+    - clusterSelector: {}
+YAML
+python3 - "$fleet/workloads/big/manifests" <<'PY'
+import random, sys
+random.seed(7)
+for i in range(200):
+    blob = ''.join('%08x' % random.getrandbits(32) for _ in range(6250))
+    with open(f'{sys.argv[1]}/cm-{i:03}.yaml', 'w') as f:
+        f.write(f"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm-{i:03}\n"
+                f"data:\n  level: info\n  blob: {blob}\n")
+PY
+
+mirror="$work/mirror"
+digest() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['digest'])" "$mirror/v1/clusters/edge-1/bundle"; }
+applied() { until grep -q "\"applied\": *\"$1\"" "$work/state/status.json" 2>/dev/null; do sleep 0.2; done; }
+memory() { grep -E 'VmHWM|VmRSS' "/proc/$pid/status" | tr -s ' \t' ' ' | tr '\n' ' '; echo; }
+
+"$flotilla" publish --repo "$fleet" --out "$mirror" --deltas 3 > /dev/null 2>&1
+echo "bundle: $(stat -c %s "$mirror/v1/clusters/edge-1/bundle") bytes"
+agent_args=(--server "file://$mirror" --cluster edge-1 --state-dir "$work/state" --sink "dir:$work/out" --wait 1s)
+if [[ "$(basename "$agent")" == "flotilla" ]]; then
+  "$agent" agent "${agent_args[@]}" > "$work/agent.log" 2>&1 &
+else
+  "$agent" "${agent_args[@]}" > "$work/agent.log" 2>&1 &
+fi
+pid=$!
+first="$(digest)"
+applied "$first"
+echo "after the bundle taken whole: $(memory)"
+
+sed -i 's/level: info/level: debug/' "$fleet/workloads/big/manifests/cm-100.yaml"
+"$flotilla" publish --repo "$fleet" --out "$mirror" --deltas 3 > /dev/null 2>&1
+second="$(digest)"
+echo "delta from the bundle it runs: $(stat -c %s "$mirror/v1/clusters/edge-1/deltas/$first") bytes"
+applied "$second"
+grep -q "received as a delta" "$work/state/status.json" || { echo "the change did not come as a delta" >&2; exit 1; }
+echo "after the change taken as a delta: $(memory)"
