@@ -5,7 +5,6 @@
 use crate::support as agent_support;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use agent_support::kube::*;
@@ -16,7 +15,7 @@ use flotilla_agent::sink::dir::DirSink;
 use flotilla_agent::sink::drift::DriftCheck;
 use flotilla_agent::sink::kube::{KubeOptions, KubeSink};
 use flotilla_agent::{Agent, AgentConfig};
-use flotilla_core::bundle::{Bundle, BundleMeta, DriftPolicy, Resource, ResourceKey};
+use flotilla_core::bundle::{Bundle, BundleMeta, DriftPolicy};
 use flotilla_core::status::{DriftAction, DriftedResource, StatusReport};
 use flotilla_kube_fake::FakeApiServer;
 use serde_json::{Value, json};
@@ -24,24 +23,14 @@ use serde_json::{Value, json};
 /// A bundle of `(workload, resource)` pairs; the workloads in `report` have the drift
 /// policy `report`, the others the default, `correct`.
 fn bundle_with(values: Vec<(&str, Value)>, report: &[&str]) -> Bundle {
-    let mut pairs: Vec<(String, Arc<Resource>)> = values
-        .into_iter()
-        .map(|(workload, value)| {
-            let key = ResourceKey::of(&value).expect("test resources have an identity");
-            (workload.to_string(), Arc::new(Resource::new(key, &value)))
-        })
-        .collect();
-    pairs.sort_by(|a, b| a.1.key.cmp(&b.1.key));
-    let (workloads, resources) = pairs.into_iter().unzip();
     let meta = BundleMeta {
-        workloads,
         drift: report
             .iter()
             .map(|w| (w.to_string(), DriftPolicy::Report))
             .collect::<BTreeMap<_, _>>(),
         ..BundleMeta::default()
     };
-    Bundle::from_sorted_with_meta("edge-1", resources, Some(meta))
+    bundle_of_workloads("edge-1", values, meta)
 }
 
 async fn applied(fake: &FakeApiServer, bundle: &Bundle) -> KubeSink {

@@ -128,8 +128,7 @@ pub fn requests(fake: &FakeApiServer) -> Vec<String> {
 /// `bound`) the ServiceAccount and RoleBinding `flotilla-tenant-shop` the render adds
 /// for the tenant's namespace (workload `flotilla-tenancy`).
 pub fn tenant_bundle(bound: bool, settings: &str) -> Bundle {
-    use flotilla_core::bundle::{BundleMeta, Resource, ResourceKey, TENANCY_WORKLOAD, TenantMark};
-    use std::sync::Arc;
+    use flotilla_core::bundle::{BundleMeta, TENANCY_WORKLOAD, TenantMark};
     let mut values = vec![
         ("base", kube_namespace("shop")),
         ("base", kube_config_map(AGENT_NAMESPACE, "platform", "1")),
@@ -158,17 +157,7 @@ pub fn tenant_bundle(bound: bool, settings: &str) -> Bundle {
             ),
         ));
     }
-    let mut pairs: Vec<(String, Arc<Resource>)> = values
-        .into_iter()
-        .map(|(workload, value)| {
-            let key = ResourceKey::of(&value).expect("test resources have an identity");
-            (workload.to_string(), Arc::new(Resource::new(key, &value)))
-        })
-        .collect();
-    pairs.sort_by(|a, b| a.1.key.cmp(&b.1.key));
-    let (workloads, resources) = pairs.into_iter().unzip();
     let meta = BundleMeta {
-        workloads,
         tenants: [(
             "shop".to_string(),
             TenantMark {
@@ -180,5 +169,27 @@ pub fn tenant_bundle(bound: bool, settings: &str) -> Bundle {
         .into(),
         ..Default::default()
     };
-    Bundle::from_sorted_with_meta("edge-tenants", resources, Some(meta))
+    bundle_of_workloads("edge-tenants", values, meta)
+}
+
+/// A bundle of `(workload, resource)` pairs (any order) with `meta` (whose
+/// `workloads` this fills in), as the renderer makes one.
+pub fn bundle_of_workloads(
+    cluster: &str,
+    values: Vec<(&str, Value)>,
+    meta: flotilla_core::bundle::BundleMeta,
+) -> Bundle {
+    use flotilla_core::bundle::{BundleMeta, Resource, ResourceKey};
+    use std::sync::Arc;
+    let mut pairs: Vec<(String, Arc<Resource>)> = values
+        .into_iter()
+        .map(|(workload, value)| {
+            let key = ResourceKey::of(&value).expect("test resources have an identity");
+            (workload.to_string(), Arc::new(Resource::new(key, &value)))
+        })
+        .collect();
+    pairs.sort_by(|a, b| a.1.key.cmp(&b.1.key));
+    let (workloads, resources) = pairs.into_iter().unzip();
+    let meta = BundleMeta { workloads, ..meta };
+    Bundle::from_sorted_with_meta(cluster, resources, Some(meta))
 }
