@@ -442,15 +442,13 @@ async fn write_deltas(
             bases.push(base.clone());
         }
     }
-    let made: Vec<String> = site.list(&deltas_dir).await?;
-    let up_to_date = !changed
-        && listed.first() == Some(*digest)
-        && bases
-            .iter()
-            .all(|base| made.iter().any(|name| name == base.as_str()));
-    if up_to_date {
+    // The list is written last, after the deltas it names: while the document is
+    // unchanged and the list still begins with it (and keeps as many bases), the
+    // deltas were made for it, and a publish asks nothing more of the site.
+    if !changed && listed.first() == Some(*digest) && listed.len() == bases.len() {
         return Ok(());
     }
+    let made: Vec<String> = site.list(&deltas_dir).await?;
     let mut written = Vec::with_capacity(bases.len());
     for base in &bases {
         let base_key = format!("{dir}/{}/{}", api::BUNDLES_BY_DIGEST, base.as_str());
