@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::{Value, json};
 
 use crate::rollout_e2e::{Fleet, POLICY, START, Scene};
-use crate::support::hub::{client, make_token, token_by_command, token_for};
+use crate::support::hub::{client, make_token, token_by_command};
 use flotilla_core::bundle::{Bundle, BundleMeta, Resource, ResourceKey, TenantMark};
 use flotilla_hub::auth::token_id;
 use flotilla_hub::clock::ManualClock;
@@ -47,16 +47,6 @@ fn person_token(state: &Path, role: &str, tenant: Option<&str>) -> String {
     token_by_command(state, &Database::StateDir, &args)
 }
 
-/// [`person_token`] for the scene's running hub, once the hub takes it.
-async fn person_token_for(scene: &Scene, role: &str, tenant: Option<&str>) -> String {
-    let mut args = vec!["--role", role];
-    if let Some(tenant) = tenant {
-        args.extend(["--tenant", tenant]);
-    }
-    let hub = scene.hub.as_ref().expect("the hub runs");
-    token_for(hub, &scene.database, &args).await
-}
-
 /// The kinds of token, in the order of the expectations below.
 const WHO: [&str; 7] = [
     "no token",
@@ -73,19 +63,17 @@ struct People {
 }
 
 impl People {
-    /// Every kind of token; people's made with the command line beside the running
-    /// hub, each returned once the hub takes it (it looks for new tokens every
-    /// quarter of a second).
     async fn of(scene: &Scene) -> People {
+        let state = scene.state.path();
         People {
             tokens: [
                 None,
                 Some(scene.tokens["c1"].clone()),
-                Some(person_token_for(scene, "viewer", None).await),
-                Some(person_token_for(scene, "operator", None).await),
+                Some(person_token(state, "viewer", None)),
+                Some(person_token(state, "operator", None)),
                 Some(scene.admin.clone()),
-                Some(person_token_for(scene, "viewer", Some("shop")).await),
-                Some(person_token_for(scene, "operator", Some("shop")).await),
+                Some(person_token(state, "viewer", Some("shop"))),
+                Some(person_token(state, "operator", Some("shop"))),
             ],
         }
     }

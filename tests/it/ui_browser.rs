@@ -13,7 +13,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::fleet_view::every_state;
-use crate::support::hub::{eventually, token_for};
+use crate::support::hub::{eventually, token_by_command};
+use flotilla_hub::store::Database;
 
 /// chromedriver on a port of its own, stopped when dropped.
 struct Driver {
@@ -436,11 +437,9 @@ async fn an_operator_logs_in_filters_opens_a_cluster_and_pauses_a_rollout_in_chr
     scene.stop().await;
 }
 
-/// A viewer's token made with the real command line beside the running hub, once
-/// the hub takes it.
-async fn viewer_token(scene: &crate::rollout_e2e::Scene) -> String {
-    let hub = scene.hub.as_ref().expect("the hub runs");
-    token_for(hub, &scene.database, &["--role", "viewer"]).await
+/// A viewer's token made with the real command line, beside the running hub.
+fn viewer_token(state: &Path) -> String {
+    token_by_command(state, &Database::StateDir, &["--role", "viewer"])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -453,7 +452,7 @@ async fn a_viewer_logs_in_and_finds_no_steering_buttons_in_chromium() {
     let (mut scene, v2) = every_state().await;
     let rollout_id = scene.rollout_of(&v2).await["id"].as_i64().expect("id");
     let hub = scene.hub.as_ref().expect("hub").base.clone();
-    let viewer = viewer_token(&scene).await;
+    let viewer = viewer_token(scene.state.path());
 
     browser.go(&format!("{hub}/ui/")).await;
     browser.type_into("#token", &viewer).await;
