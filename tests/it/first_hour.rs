@@ -14,7 +14,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::support::hub::{Repo, Running, client, config, fleet_example};
-use crate::support::process::{free_port, http_status, start_flotilla, wait_for};
+use crate::support::process::{
+    Background, free_port, http_status, http_status_as, start_flotilla, wait_for,
+};
 
 /// One run of the binary: the exit code and both streams.
 struct Outcome {
@@ -524,6 +526,89 @@ fn an_agent_takes_a_fixed_token_file_within_seconds() {
         "the agent took {waited:?} to use the fixed token file:\n{}",
         running[1].log()
     );
+}
+
+/// Tokens made and revoked one after another with `flotilla token` beside a running
+/// hub on its SQLite store (as the quick start says) are each taken within seconds.
+/// The hub once opened its store a second time (for the first-run hint) and read the
+/// file's header outside SQLite, which dropped the process's SQLite locks: the first
+/// `token create` to close then deleted the write-ahead log under the hub, and the
+/// hub never saw another token or revocation.
+#[test]
+fn tokens_made_and_revoked_beside_a_running_hub_are_each_taken_within_seconds() {
+    let (repo, _) = repository_with_fleet_in_a_folder();
+    let work = repo.path();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut running = vec![start_flotilla(
+        work,
+        &[
+            "serve",
+            "--repo",
+            "fleet",
+            "--state-dir",
+            "state",
+            "--listen",
+            &listen,
+        ],
+        "hub.log",
+    )];
+    wait_for("the hub to serve bundles", &mut running, || {
+        http_status(port, "/readyz") == Some(200)
+    });
+    let flotilla = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(args)
+            .args(["--state-dir", "state"])
+            .current_dir(work)
+            .env_remove("FLOTILLA_STATE_DIR")
+            .env_remove("FLOTILLA_DATABASE")
+            .output()
+            .expect("flotilla token runs");
+        assert!(
+            output.status.success(),
+            "flotilla {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).expect("utf-8")
+    };
+    let fleet_status = |token: &str| http_status_as(port, "/v1/fleet", Some(token));
+    let within_seconds = |what: &str, running: &mut [Background], done: &dyn Fn() -> bool| {
+        let since = Instant::now();
+        wait_for(what, running, done);
+        let waited = since.elapsed();
+        assert!(
+            waited < Duration::from_secs(5),
+            "{what} took {waited:?}:\n{}",
+            running[0].log()
+        );
+    };
+    let mut tokens = Vec::new();
+    for n in 1..=4 {
+        let token = flotilla(&["token", "create", "--role", "viewer"])
+            .trim()
+            .to_string();
+        within_seconds(
+            &format!("the hub to take viewer token {n}"),
+            &mut running,
+            &|| fleet_status(&token) == Some(200),
+        );
+        tokens.push(token);
+    }
+    let listed = flotilla(&["token", "list"]);
+    let first_id = listed
+        .lines()
+        .find(|line| line.contains("viewer"))
+        .and_then(|line| line.split_whitespace().next())
+        .expect("a viewer token listed")
+        .to_string();
+    flotilla(&["token", "revoke", &first_id]);
+    within_seconds("the hub to refuse the revoked token", &mut running, &|| {
+        fleet_status(&tokens[0]) == Some(401)
+    });
+    for token in &tokens[1..] {
+        assert_eq!(fleet_status(token), Some(200), "{}", running[0].log());
+    }
 }
 
 fn is_root() -> bool {

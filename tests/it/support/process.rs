@@ -58,11 +58,19 @@ pub fn wait_for(what: &str, background: &mut [Background], mut done: impl FnMut(
 
 /// The status of `GET path` on 127.0.0.1:`port`, `None` while nothing answers.
 pub fn http_status(port: u16, path: &str) -> Option<u16> {
+    http_status_as(port, path, None)
+}
+
+/// [`http_status`] with a bearer token.
+pub fn http_status_as(port: u16, path: &str, token: Option<&str>) -> Option<u16> {
     use std::io::{Read as _, Write as _};
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    let authorization = token
+        .map(|token| format!("Authorization: Bearer {token}\r\n"))
+        .unwrap_or_default();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{authorization}Connection: close\r\n\r\n"
     )
     .ok()?;
     let mut answer = String::new();

@@ -1210,7 +1210,7 @@ async fn connect(
                 reason,
             };
             if !created {
-                check_sqlite_file(&db_file).map_err(not_a_store)?;
+                check_not_empty(&db_file).map_err(not_a_store)?;
             }
             let url = SqliteConnectOptions::new()
                 .filename(&db_file)
@@ -1220,6 +1220,9 @@ async fn connect(
             first = Some(check_sqlite_tables(&options, created).await.map_err(
                 |err| match err {
                     Ok(reason) => not_a_store(reason),
+                    Err(source) if not_a_sqlite_database(&source, &db_file) => {
+                        not_a_store(NOT_SQLITE.to_string())
+                    }
                     Err(source) => db_error(source),
                 },
             )?);
@@ -1273,35 +1276,50 @@ const SQLITE_PRAGMAS: [&str; 4] = [
     "PRAGMA foreign_keys = ON",
 ];
 
-/// The 16 bytes every SQLite database file starts with.
-const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
-
-/// An existing database file must be a SQLite database: an empty file is not taken
-/// for a new store (a store that lost its contents, to a full disk or a failed copy,
-/// would silently start over without its tokens), nor is any other file written over.
-fn check_sqlite_file(path: &Path) -> Result<(), String> {
-    use std::io::Read as _;
-    let mut header = Vec::with_capacity(SQLITE_HEADER.len());
-    std::fs::File::open(path)
-        .and_then(|file| {
-            file.take(SQLITE_HEADER.len() as u64)
-                .read_to_end(&mut header)
-        })
-        .map_err(|err| format!("cannot be read: {err}"))?;
-    if header.is_empty() {
+/// An existing database file must not be empty: SQLite takes an empty file for a new
+/// database, but a store that lost its contents (to a full disk or a failed copy)
+/// would then silently start over without its tokens. Only the file's size is read:
+/// this process may already hold SQLite connections to the file (the hub's first-run
+/// hint opens the store a second time), and opening and closing any descriptor of it
+/// outside SQLite would drop every POSIX lock the process holds on it. Another process
+/// (`flotilla token create`) would then take itself for the last connection and
+/// delete the write-ahead log under the running hub, which then never sees what that
+/// process wrote and fails its own next writes.
+fn check_not_empty(path: &Path) -> Result<(), String> {
+    let metadata = std::fs::metadata(path).map_err(|err| format!("cannot be read: {err}"))?;
+    if metadata.len() == 0 {
         return Err(format!(
             "is an empty file (0 bytes), not a flotilla store: a store that lost its contents (a full disk, a failed copy or restore)? \
              Restore it from a backup, or remove it to start a new store (every token and the rollouts' state are then made anew): rm {}",
             path.display()
         ));
     }
-    if header != SQLITE_HEADER {
-        return Err(
-            "is not a SQLite database (it does not start with SQLite's header), so not a flotilla store: give the hub a --state-dir of its own, or --database for its tables"
-                .to_string(),
-        );
-    }
     Ok(())
+}
+
+/// Why a file SQLite will not read as a database is not taken for a store.
+const NOT_SQLITE: &str = "is not a SQLite database (it does not start with SQLite's header), so not a flotilla store: give the hub a --state-dir of its own, or --database for its tables";
+
+/// The 16 bytes every SQLite database file starts with.
+const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
+
+/// Whether SQLite refused the file as no database at all (`SQLITE_NOTADB`) and it
+/// does not start with SQLite's header (a damaged database keeps SQLite's own
+/// reason). The header is read only here, after SQLite refused the file, so no
+/// connection of this process to a good database can lose its locks to it.
+fn not_a_sqlite_database(error: &sqlx::Error, path: &Path) -> bool {
+    use std::io::Read as _;
+    let notadb = matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("26"));
+    if !notadb {
+        return false;
+    }
+    let mut header = Vec::with_capacity(SQLITE_HEADER.len());
+    std::fs::File::open(path)
+        .and_then(|file| {
+            file.take(SQLITE_HEADER.len() as u64)
+                .read_to_end(&mut header)
+        })
+        .is_ok_and(|_| header != SQLITE_HEADER)
 }
 
 /// Opens one connection to a SQLite database and reads its list of tables, so a
