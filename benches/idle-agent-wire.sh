@@ -124,15 +124,15 @@ steady_from, scale, state, args = float(sys.argv[2]), float(sys.argv[3]), sys.ar
 start_s, pcap = int(sys.argv[7]) / 1e9, sys.argv[8]
 end = wire["seconds"]
 chunks = wire["chunks"]
-start_up = sum(n for t, d, n in chunks if t < steady_from)
-up = sum(n for t, d, n in chunks if t >= steady_from and d == "up")
-down = [n for t, d, n in chunks if t >= steady_from and d == "down"]
+start_up = sum(n for t, d, n, *_ in chunks if t < steady_from)
+up = sum(n for t, d, n, *_ in chunks if t >= steady_from and d == "up")
+down = [n for t, d, n, *_ in chunks if t >= steady_from and d == "down"]
 window = end - steady_from
 per_hour = lambda b: b * 3600 / (window * scale)
 print(f"agent: {args}")
 print(f"run {end:.0f} s (stands for {end * scale:.0f} s), steady window {window:.0f} s, connections {wire['connections']}")
 print(f"start-up (first bundle and report): {start_up} bytes")
-ups = [n for t, d, n in chunks if t >= steady_from and d == "up"]
+ups = [n for t, d, n, *_ in chunks if t >= steady_from and d == "up"]
 print(f"steady: {up} bytes up in {len(ups)} requests; request sizes {sorted(set(ups))}")
 print(f"steady: {up} bytes up, {sum(down)} down in {len(down)} answers; answer sizes {sorted(set(down))}")
 print(f"per hour: {per_hour(up) / 1000:.1f} KB up + {per_hour(sum(down)) / 1000:.1f} KB down = {per_hour(up + sum(down)) / 1000:.1f} KB")

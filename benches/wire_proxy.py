@@ -7,7 +7,7 @@ Listens on 127.0.0.1:LISTEN_PORT (loopback only), forwards every connection to
 127.0.0.1:TARGET_PORT, and counts the bytes each way. It stops after SECONDS (a
 bound, so a forgotten run ends) or on SIGTERM, and writes the totals to
 REPORT.json: bytes up (agent to hub) and down, connections opened, and a log of
-every chunk (time since start, direction, size) and the first 400 bytes of one
+every chunk (time since start, direction, size, its first 24 bytes) and the first 400 bytes of one
 chunk of each direction and size (to read the headers), so a script can pick out the
 steady state. Application bytes only: TCP/IP and TLS framing below the proxy are
 not counted (the agent speaks plain HTTP to it here).
@@ -93,7 +93,8 @@ def main():
             direction = key.data
             totals[direction] += len(data)
             totals["chunks"].append(
-                [round(time.monotonic() - start, 3), direction, len(data)]
+                [round(time.monotonic() - start, 3), direction, len(data),
+                 data[:24].decode("latin-1")]
             )
             sample = f"{direction} {len(data)}"
             if len(totals["samples"]) < 32 and sample not in totals["samples"]:

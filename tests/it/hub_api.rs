@@ -228,6 +228,76 @@ fn report(applied: Option<&str>, attempted: Option<&str>, failed: bool) -> Value
     })
 }
 
+/// A report may come gzipped or zstd-compressed once the hub has said it takes them
+/// (`Accept-Encoding` on its answer to a report, RFC 7694); a compressed body unpacks
+/// to at most the limit of a plain one, and another coding is refused with the list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compressed_status_reports_are_taken_within_the_plain_limit() {
+    use std::io::Write as _;
+    let repo = Repo::new();
+    let state = tempfile::tempdir().expect("state dir");
+    let red = make_token(state.path(), Some("red")).await;
+    let hub = Running::start_ready(config(state.path(), &repo.path().display().to_string())).await;
+    let client = client();
+    let url = hub.url("/v1/clusters/red/status");
+    let post = |coding: Option<&str>, body: Vec<u8>| {
+        let mut request = client
+            .post(&url)
+            .bearer_auth(&red)
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(coding) = coding {
+            request = request.header("content-encoding", coding);
+        }
+        request.send()
+    };
+    let gzip = |bytes: &[u8]| {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        encoder.write_all(bytes).expect("gzip");
+        encoder.finish().expect("gzip")
+    };
+    let plain = serde_json::to_vec(&report(None, None, false)).expect("json");
+
+    let answer = post(None, plain.clone()).await.expect("post");
+    assert_eq!(answer.headers()["accept-encoding"], "gzip, zstd");
+    assert_eq!(answer.status(), 200);
+    for (coding, body) in [
+        ("gzip", gzip(&plain)),
+        ("zstd", zstd::encode_all(&plain[..], 3).expect("zstd")),
+    ] {
+        let (status, answer) = status_of(post(Some(coding), body).await.expect("post")).await;
+        assert_eq!(
+            (status, &answer["cluster"]),
+            (200, &json!("red")),
+            "{coding}: {answer}"
+        );
+    }
+    // 2 MiB of JSON whitespace gzipped to about 2 KB: refused once past 1 MiB unpacked.
+    let mut bomb = plain.clone();
+    bomb.splice(1..1, std::iter::repeat_n(b' ', 2 << 20));
+    let bomb = gzip(&bomb);
+    assert!(bomb.len() < 10_000, "{} bytes", bomb.len());
+    let (status, answer) = status_of(post(Some("gzip"), bomb).await.expect("post")).await;
+    assert_eq!(status, 413, "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("unpacks to at most"))
+    );
+    let (status, answer) = status_of(post(Some("gzip"), plain.clone()).await.expect("post")).await;
+    assert_eq!(status, 400, "{answer}");
+    let refused = post(Some("br"), plain).await.expect("post");
+    assert_eq!(refused.headers()["accept-encoding"], "gzip, zstd");
+    let (status, answer) = status_of(refused).await;
+    assert_eq!(status, 415, "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("gzip, zstd"))
+    );
+    hub.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_reports_move_clusters_between_states() {
     let repo = Repo::new();

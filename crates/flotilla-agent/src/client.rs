@@ -336,6 +336,38 @@ pub struct HubClient {
     /// agent holds that base (a mirror published without deltas costs one request
     /// more per change, not per poll).
     no_delta_from: Option<Digest>,
+    /// Whether the hub said, in its answer to a report, that it takes gzip bodies
+    /// (`Accept-Encoding` on a response, RFC 7694): later reports are compressed. A
+    /// report lists every resource's state, so it is often the largest thing an agent
+    /// sends; a hub that never said so gets them as they are.
+    gzip_reports: bool,
+}
+
+/// Reports smaller than this go as they are: gzip's framing and the header would
+/// cost about as much as they save.
+const GZIP_REPORTS_FROM: usize = 512;
+
+/// `bytes` as one gzip member.
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut encoder = flate2::write::GzEncoder::new(
+        Vec::with_capacity(bytes.len() / 8),
+        flate2::Compression::default(),
+    );
+    encoder
+        .write_all(bytes)
+        .and_then(|()| encoder.finish())
+        .expect("writing into memory")
+}
+
+/// Whether a response's `Accept-Encoding` (RFC 7694) names gzip.
+fn takes_gzip(headers: &reqwest::header::HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(api::accepted_encodings)
+        .any(|coding| coding.eq_ignore_ascii_case("gzip"))
 }
 
 #[derive(Debug, Clone)]
@@ -403,6 +435,7 @@ impl HubClient {
             mirror,
             no_delta_from: None,
             registry,
+            gzip_reports: false,
         })
     }
 
@@ -661,10 +694,22 @@ impl HubClient {
             return Ok(());
         };
         let url = api_url(base, &api::status(&self.cluster));
-        let request = self.http.post(url).timeout(REQUEST_GRACE).json(report);
+        let json = serde_json::to_vec(report).expect("a report serializes");
+        let mut request = self
+            .http
+            .post(url)
+            .timeout(REQUEST_GRACE)
+            .header(header::CONTENT_TYPE, "application/json");
+        request = match self.gzip_reports && json.len() >= GZIP_REPORTS_FROM {
+            true => request
+                .header(header::CONTENT_ENCODING, "gzip")
+                .body(gzip(&json)),
+            false => request.body(json),
+        };
         let request = self.authorise(request);
         let response = request.send().await.map_err(|err| self.unanswered(err))?;
         if response.status().is_success() {
+            self.gzip_reports = takes_gzip(response.headers());
             Ok(())
         } else {
             Err(self.status_error(response).await)
@@ -1181,6 +1226,82 @@ mod tests {
         let statuses = seen.lock().expect("lock").statuses.clone();
         assert_eq!(statuses.len(), 1);
         assert_eq!(statuses[0]["message"], "hello");
+    }
+
+    /// Reports are gzipped only after the hub said, on its answer to one, that it
+    /// takes gzip (RFC 7694); a hub that does not say so gets them as they are.
+    #[tokio::test]
+    async fn reports_are_gzipped_once_the_hub_says_it_takes_gzip() {
+        type Seen = Arc<Mutex<Vec<(Option<String>, serde_json::Value)>>>;
+        async fn status(
+            State((seen, says)): State<(Seen, bool)>,
+            headers: AxumHeaders,
+            body: axum::body::Bytes,
+        ) -> axum::response::Response {
+            use std::io::Read as _;
+            let coding = headers
+                .get("content-encoding")
+                .map(|v| v.to_str().expect("ascii").to_string());
+            let mut json = Vec::new();
+            match coding.as_deref() {
+                Some("gzip") => {
+                    flate2::read::GzDecoder::new(&body[..])
+                        .read_to_end(&mut json)
+                        .expect("gzip");
+                }
+                _ => json = body.to_vec(),
+            }
+            let report = serde_json::from_slice(&json).expect("a JSON report");
+            seen.lock().expect("lock").push((coding, report));
+            let mut answer = AxumStatus::OK.into_response();
+            if says {
+                answer
+                    .headers_mut()
+                    .insert("accept-encoding", "gzip, zstd".parse().expect("value"));
+            }
+            answer
+        }
+        let large = StatusReport {
+            resources: (0..50)
+                .map(|i| flotilla_core::status::ResourceStatus {
+                    group: String::new(),
+                    kind: "ConfigMap".into(),
+                    namespace: "shop".into(),
+                    name: format!("config-{i}"),
+                    state: flotilla_core::status::ResourceState::Applied,
+                    message: String::new(),
+                })
+                .collect(),
+            ..StatusReport::empty("applied 50 resources", crate::AGENT_VERSION)
+        };
+        let small = StatusReport::empty("hello", crate::AGENT_VERSION);
+        for says in [true, false] {
+            let seen: Seen = Arc::default();
+            let app = axum::Router::new()
+                .route("/v1/clusters/{cluster}/status", post(status))
+                .with_state((seen.clone(), says));
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("binds");
+            let address = listener.local_addr().expect("address");
+            tokio::spawn(async move { axum::serve(listener, app).await });
+            let url = Url::parse(&format!("http://{address}/")).expect("url");
+            let dir = tempfile::tempdir().expect("tempdir");
+            let mut client = client_for(url, dir.path(), "flt_good");
+            for report in [&large, &large, &small] {
+                client.send_status(report).await.expect("sent");
+            }
+            let seen = seen.lock().expect("lock").clone();
+            let codings: Vec<Option<&str>> = seen.iter().map(|(c, _)| c.as_deref()).collect();
+            let expected = match says {
+                // The first before the hub said so; a small one is not worth it.
+                true => vec![None, Some("gzip"), None],
+                false => vec![None, None, None],
+            };
+            assert_eq!(codings, expected, "the hub says it takes gzip: {says}");
+            assert_eq!(seen[1].1["resources"].as_array().map(Vec::len), Some(50));
+            assert_eq!(seen[1].1, serde_json::to_value(&large).expect("json"));
+        }
     }
 
     #[tokio::test]

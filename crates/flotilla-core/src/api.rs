@@ -47,6 +47,11 @@ pub const BUNDLES_BY_DIGEST: &str = "bundles";
 /// static mirror sends none).
 pub const REVISION_HEADER: &str = "x-flotilla-revision";
 
+/// The content codings the hub accepts on a status report's body, which it names in
+/// the `Accept-Encoding` header of its answer to a report (RFC 7694): an agent
+/// compresses its later reports only once a hub has said so.
+pub const REPORT_ENCODINGS: &str = "gzip, zstd";
+
 /// The folder, inside a cluster's folder on a static mirror, of deltas (RFC 9842
 /// `dcz` bodies) from recent bundles to the current one, each named by its base's
 /// digest (`publish --deltas`).

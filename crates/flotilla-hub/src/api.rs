@@ -44,6 +44,7 @@ use crate::recorder::rollouts::{Action, ActionRefused};
 use crate::recorder::{ClusterBundle, Encoding, ReportRefused, Shared};
 use crate::scope::TenantView;
 use flotilla_core::access::RolloutAccess;
+use flotilla_core::api;
 use flotilla_core::bundle::{Digest, document_bytes, features};
 use flotilla_core::dcz;
 use flotilla_core::status::StatusReport;
@@ -1210,15 +1211,96 @@ async fn store_status(
             &request,
         ));
     }
+    let coding = match ReportCoding::of(request.headers()) {
+        Ok(coding) => coding,
+        Err(err) => return Err(refused_unread(err, &request).with_report_encodings()),
+    };
     let body =
         Bytes::from_request(request, shared)
             .await
             .map_err(|rejection: BytesRejection| {
                 ApiError::new(rejection.status(), rejection.body_text()).into_response()
             })?;
+    let body = coding.decode(body).map_err(IntoResponse::into_response)?;
     stored_status(shared, cluster, &body)
         .await
+        .map(WithReportEncodings::with_report_encodings)
         .map_err(IntoResponse::into_response)
+}
+
+/// How a status report's body is encoded (`Content-Encoding`): as it is, or
+/// compressed by an agent the hub told it may (see [`api::REPORT_ENCODINGS`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReportCoding {
+    Identity,
+    Gzip,
+    Zstd,
+}
+
+impl ReportCoding {
+    fn of(headers: &HeaderMap) -> Result<ReportCoding, ApiError> {
+        let Some(value) = headers.get(CONTENT_ENCODING) else {
+            return Ok(ReportCoding::Identity);
+        };
+        let value = value.to_str().unwrap_or("").trim();
+        match value.to_ascii_lowercase().as_str() {
+            "" | "identity" => Ok(ReportCoding::Identity),
+            "gzip" | "x-gzip" => Ok(ReportCoding::Gzip),
+            "zstd" => Ok(ReportCoding::Zstd),
+            _ => Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!(
+                    "a status report's Content-Encoding may be {} (or none), not {value:?}",
+                    api::REPORT_ENCODINGS
+                ),
+            )),
+        }
+    }
+
+    /// The report's JSON: a compressed body may unpack to at most the limit of a
+    /// plain one ([`STATUS_BODY_LIMIT`]), so a small body cannot make the hub hold a
+    /// large one.
+    fn decode(self, body: Bytes) -> Result<Bytes, ApiError> {
+        use std::io::Read as _;
+        let limit = STATUS_BODY_LIMIT as u64;
+        let mut out = Vec::new();
+        let read = match self {
+            ReportCoding::Identity => return Ok(body),
+            ReportCoding::Gzip => flate2::read::MultiGzDecoder::new(&body[..])
+                .take(limit + 1)
+                .read_to_end(&mut out),
+            ReportCoding::Zstd => zstd::stream::read::Decoder::new(&body[..])
+                .and_then(|decoder| decoder.take(limit + 1).read_to_end(&mut out)),
+        };
+        read.map_err(|err| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!("the status report's compressed body cannot be read: {err}"),
+            )
+        })?;
+        if out.len() as u64 > limit {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("a status report unpacks to at most {STATUS_BODY_LIMIT} bytes"),
+            ));
+        }
+        Ok(Bytes::from(out))
+    }
+}
+
+/// Names the codings a report may come in on an answer to one (RFC 7694).
+trait WithReportEncodings {
+    fn with_report_encodings(self) -> Response;
+}
+
+impl WithReportEncodings for Response {
+    fn with_report_encodings(mut self) -> Response {
+        self.headers_mut().insert(
+            ACCEPT_ENCODING,
+            HeaderValue::from_static(api::REPORT_ENCODINGS),
+        );
+        self
+    }
 }
 
 async fn stored_status(
