@@ -273,7 +273,7 @@ fn show(view: &RolloutView) -> String {
             ))
             .unwrap_or_default()
     );
-    let rows: Vec<[String; 9]> = view
+    let rows: Vec<[String; 10]> = view
         .waves
         .iter()
         .map(|w| {
@@ -284,6 +284,7 @@ fn show(view: &RolloutView) -> String {
                 w.in_sync.to_string(),
                 w.failed.to_string(),
                 w.offline.to_string(),
+                w.never_seen.to_string(),
                 w.bake.clone(),
                 w.max_failed.clone(),
                 w.max_parallel.clone().unwrap_or_else(|| "all".to_string()),
@@ -298,6 +299,7 @@ fn show(view: &RolloutView) -> String {
             "IN SYNC",
             "FAILED",
             "OFFLINE",
+            "NEVER SEEN",
             "BAKE",
             "MAX FAILED",
             "MAX PARALLEL",

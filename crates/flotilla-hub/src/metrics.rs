@@ -490,6 +490,7 @@ fn register_rollouts(registry: &mut Registry, figures: &RolloutFigures<'_>) {
                 ("in-sync", wave.in_sync),
                 ("failed", wave.failed),
                 ("offline", wave.offline),
+                ("never-seen", wave.never_seen),
             ] {
                 waves.get_or_create(&labels(state)).set(count as i64);
             }
@@ -500,7 +501,7 @@ fn register_rollouts(registry: &mut Registry, figures: &RolloutFigures<'_>) {
     }
     registry.register(
         "flotilla_rollout_wave_clusters",
-        "Changing clusters of each wave of the active rollouts: all of them, and those in sync, failed and offline",
+        "Changing clusters of each wave of the active rollouts: all of them, and those in sync, failed, offline and never seen",
         waves,
     );
     registry.register(

@@ -695,6 +695,14 @@ fn settling_ends_as_soon_as_every_member_has_been_seen() {
         view.settling_until,
         Some(crate::rollout::view::rfc3339(settle))
     );
+    // The waves count them as never seen, the cluster list's word, not as offline.
+    let counts = |view: &crate::rollout::view::RolloutView| -> Vec<(usize, usize, usize)> {
+        view.waves
+            .iter()
+            .map(|w| (w.clusters, w.never_seen, w.offline))
+            .collect()
+    };
+    assert_eq!(counts(&view), [(1, 1, 0), (3, 3, 0)]);
     // All but one heard from: still settling.
     sim.now += MINUTE;
     for name in &names[1..] {
@@ -733,4 +741,24 @@ fn settling_ends_as_soon_as_every_member_has_been_seen() {
         false,
     );
     assert_eq!(view.settling_until, None);
+    assert_eq!(counts(&view), [(1, 0, 0), (3, 0, 0)]);
+    // One falls silent past the threshold: offline, as it was seen before.
+    sim.now += OFFLINE_AFTER + MINUTE;
+    for name in &names[1..] {
+        let i = sim.index(name);
+        sim.obs[i].last_seen = Some(sim.now);
+    }
+    let view = crate::rollout::view::RolloutView::of(
+        1,
+        &sim.rollout,
+        &sim.obs,
+        (sim.now, OFFLINE_AFTER, Some(settle)),
+        false,
+    );
+    let silent = sim.rollout.wave_members(0).contains(&sim.index(&names[0]));
+    let expected = match silent {
+        true => [(1, 0, 1), (3, 0, 0)],
+        false => [(1, 0, 0), (3, 0, 1)],
+    };
+    assert_eq!(counts(&view), expected);
 }

@@ -49,8 +49,12 @@ pub struct WaveView {
     /// Of those, healthy on the new digest now.
     pub in_sync: usize,
     pub failed: usize,
-    /// Not seen within the offline threshold now.
+    /// Seen before, but not within the offline threshold now.
     pub offline: usize,
+    /// Never seen (since the hub started on a store that knew no last contact): the
+    /// word the cluster list uses for them too.
+    #[serde(default)]
+    pub never_seen: usize,
     #[serde(default)]
     pub released_at: Option<String>,
     #[serde(default)]
@@ -110,12 +114,8 @@ impl RolloutView {
         (now, offline_after, release_not_before): (Millis, Millis, Option<Millis>),
         detail: bool,
     ) -> RolloutView {
-        let online = |index: usize| {
-            observations
-                .get(index)
-                .and_then(|o| o.last_seen)
-                .is_some_and(|seen| now - seen <= offline_after)
-        };
+        let last_seen = |index: usize| observations.get(index).and_then(|o| o.last_seen);
+        let silent = |index: usize| last_seen(index).is_some_and(|seen| now - seen > offline_after);
         let healthy = |index: usize| {
             observations
                 .get(index)
@@ -138,7 +138,8 @@ impl RolloutView {
                         .filter(|&i| rollout.members[i].serves_target() && healthy(i))
                         .count(),
                     failed: taking_part().filter(|&i| rollout.members[i].failed).count(),
-                    offline: taking_part().filter(|&i| !online(i)).count(),
+                    offline: taking_part().filter(|&i| silent(i)).count(),
+                    never_seen: taking_part().filter(|&i| last_seen(i).is_none()).count(),
                     released_at: wave.released_at.map(rfc3339),
                     completed_at: wave.completed_at.map(rfc3339),
                     deadline: wave.deadline.map(rfc3339),

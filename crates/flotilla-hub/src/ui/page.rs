@@ -281,7 +281,14 @@ pub fn stamp(
     for r in rollouts {
         (r.id, r.state.to_string()).hash(&mut hasher);
         for w in &r.waves {
-            (w.in_sync, w.failed, w.offline, w.state.as_str()).hash(&mut hasher);
+            (
+                w.in_sync,
+                w.failed,
+                w.offline,
+                w.never_seen,
+                w.state.as_str(),
+            )
+                .hash(&mut hasher);
         }
     }
     format!("{:016x}", hasher.finish())
