@@ -17,6 +17,8 @@
 # Knobs (environment): CLUSTERS=10000 AGENTS=$CLUSTERS WORKLOADS=2 RESOURCES=2
 #   WAIT=55s IDLE=120 COMMIT_WINDOW=30 RUNS=3 RAMP=20 BUILD=debug|release
 #   HTTP2=1 (the agents speak HTTP/2, each on a connection of its own)
+#   DELTAS=1 (the agents report what they took and ask for deltas from it, as the real
+#   agent does: the commit's new bundles then go as dcz deltas made ahead)
 #   HUB_BINARY=PATH VARIANT=postgres|sqlite (sqlite: one hub alone, the default set-up: SQLite and the
 #   objects in its state dir; no database statistics, no S3) KEEP=1 (keep the work folder)
 #   PREBUILT=DIR (a cargo output folder, e.g. target/release, holding flotilla,
@@ -39,6 +41,7 @@ RAMP=${RAMP:-20}
 BUILD=${BUILD:-debug}
 CLIENT_ARGS=()
 [[ "${HTTP2:-0}" == 1 ]] && CLIENT_ARGS+=(--http2)
+[[ "${DELTAS:-0}" == 1 ]] && CLIENT_ARGS+=(--deltas)
 VARIANT=${VARIANT:-postgres}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 export CARGO_INCREMENTAL=0
@@ -88,7 +91,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 git_quiet() { git -C "$1" -c user.name=bench -c user.email=bench@flotilla.invalid "${@:2}" >/dev/null; }
 
 echo "== machine: $(nproc) cores, $(awk '/MemTotal/ {print int($2/1024)" MiB"}' /proc/meminfo), load average $(cut -d' ' -f1-3 /proc/loadavg), $BUILD build"
-echo "== fleet: $CLUSTERS clusters x $WORKLOADS workloads x $RESOURCES resources; $AGENTS agents, wait $WAIT; variant $VARIANT; HTTP/$([[ "${HTTP2:-0}" == 1 ]] && echo 2 || echo 1.1)"
+echo "== fleet: $CLUSTERS clusters x $WORKLOADS workloads x $RESOURCES resources; $AGENTS agents, wait $WAIT; variant $VARIANT; HTTP/$([[ "${HTTP2:-0}" == 1 ]] && echo 2 || echo 1.1); deltas ${DELTAS:-0}"
 REPO="$WORK/fleet"
 "$BIN/examples/gen_fleet" --clusters "$CLUSTERS" --workloads "$WORKLOADS" --resources "$RESOURCES" --git "$REPO" >/dev/null 2>&1
 

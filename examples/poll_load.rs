@@ -7,7 +7,8 @@
 //! ```text
 //! cargo run --example poll_load -- --hub http://127.0.0.1:8080 [--hub URL…] \
 //!     --database postgres://…|sqlite:///…/flotilla.db --agents 10000 \
-//!     [--duration 300s] [--wait 55s] [--ramp 20s] [--tokens FILE] [--every 10s] [--http2]
+//!     [--duration 300s] [--wait 55s] [--ramp 20s] [--tokens FILE] [--every 10s] [--http2] \
+//!     [--deltas]
 //! ```
 //!
 //! - Loopback only: a hub or database on another address is refused.
@@ -21,6 +22,10 @@
 //! - `--http2`: each agent speaks HTTP/2 on a connection of its own (prior knowledge,
 //!   as `flotilla agent --http2` does on `http://`); without it, HTTP/1.1, each agent's
 //!   held poll on a connection of its own all the same.
+//! - `--deltas`: as the real agent does, each agent reports the digest it took as
+//!   applied (so the hub makes the delta from it ahead of the next change) and then
+//!   polls with `Available-Dictionary` naming it and `Accept-Encoding: gzip, dcz`; the
+//!   summary counts the new bundles that came as deltas and the bytes of each kind.
 //! - The agent's work on a bundle (verifying, applying) is left out: the body is read
 //!   and dropped.
 //! - The render's time is `clusters.updated_at` in the database (the recording hub's
@@ -63,12 +68,13 @@ struct Args {
     tokens: Option<PathBuf>,
     every: Duration,
     http2: bool,
+    deltas: bool,
 }
 
 fn usage(problem: &str) -> ! {
     eprintln!(
         "poll_load: {problem}\nusage: poll_load --hub http://127.0.0.1:PORT [--hub …] --database URL --agents N \
-         [--duration 300s] [--wait 55s] [--ramp 20s] [--tokens FILE] [--every 10s] [--http2]"
+         [--duration 300s] [--wait 55s] [--ramp 20s] [--tokens FILE] [--every 10s] [--http2] [--deltas]"
     );
     std::process::exit(2)
 }
@@ -99,6 +105,7 @@ fn parse_args() -> Args {
     let mut every = Duration::from_secs(10);
     let mut tokens = None;
     let mut http2 = false;
+    let mut deltas = false;
     let mut it = std::env::args().skip(1);
     let time = |value: Option<String>, flag: &str| -> Duration {
         let value = value.unwrap_or_else(|| usage(&format!("{flag} needs a duration")));
@@ -147,6 +154,7 @@ fn parse_args() -> Args {
             "--every" => every = time(it.next(), "--every"),
             "--tokens" => tokens = Some(PathBuf::from(it.next().unwrap_or_default())),
             "--http2" => http2 = true,
+            "--deltas" => deltas = true,
             other => usage(&format!("unknown argument {other:?}")),
         }
     }
@@ -172,6 +180,7 @@ fn parse_args() -> Args {
         tokens,
         every,
         http2,
+        deltas,
     }
 }
 
@@ -296,6 +305,15 @@ struct Counts {
     in_flight: AtomicI64,
     /// Agents that have fetched a first bundle.
     started: AtomicUsize,
+    /// New bundles (after the first) that came as a `dcz` delta, and in full.
+    deltas: AtomicU64,
+    full: AtomicU64,
+    /// Bytes of their bodies, as they came over the wire.
+    delta_bytes: AtomicU64,
+    full_bytes: AtomicU64,
+    /// Reports of the digest taken, and those the hub did not accept.
+    reports: AtomicU64,
+    report_errors: AtomicU64,
 }
 
 /// What one agent saw: its first digest, then each new digest and when it had it.
@@ -308,6 +326,8 @@ struct Seen {
 struct Agent {
     index: usize,
     url: String,
+    /// With `--deltas`: where the agent reports the digest it took.
+    status_url: Option<String>,
     token: String,
     wait: Duration,
     start_after: Duration,
@@ -336,6 +356,15 @@ async fn run_agent(
             .header(reqwest::header::ACCEPT, "application/json");
         if let Some(etag) = &etag {
             request = request.header(reqwest::header::IF_NONE_MATCH, etag);
+            let dictionary = agent.status_url.as_ref().and_then(|_| {
+                let digest = flotilla_core::bundle::Digest::parse(etag.trim_matches('"')).ok()?;
+                flotilla_core::dcz::available_dictionary(&digest)
+            });
+            if let Some(dictionary) = dictionary {
+                request = request
+                    .header(flotilla_core::dcz::AVAILABLE_DICTIONARY, dictionary)
+                    .header(reqwest::header::ACCEPT_ENCODING, "gzip, dcz");
+            }
         }
         counts.polls.fetch_add(1, Ordering::Relaxed);
         counts.in_flight.fetch_add(1, Ordering::Relaxed);
@@ -347,7 +376,19 @@ async fn run_agent(
                 .get(reqwest::header::ETAG)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string);
-            let _ = response.bytes().await?;
+            let delta = response
+                .headers()
+                .get(reqwest::header::CONTENT_ENCODING)
+                .is_some_and(|v| v.as_bytes() == flotilla_core::dcz::ENCODING.as_bytes());
+            let body = response.bytes().await?;
+            if status == 200 && etag.is_some() {
+                let (count, bytes) = match delta {
+                    true => (&counts.deltas, &counts.delta_bytes),
+                    false => (&counts.full, &counts.full_bytes),
+                };
+                count.fetch_add(1, Ordering::Relaxed);
+                bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+            }
             Ok::<_, reqwest::Error>((status, tag, unix_ms()))
         };
         let answer = tokio::select! {
@@ -372,6 +413,9 @@ async fn run_agent(
                     } else {
                         mine.changes.push((digest, at));
                     }
+                }
+                if let Some(url) = &agent.status_url {
+                    report(&client, url, &agent.token, &tag, &counts).await;
                 }
                 etag = Some(tag);
                 Duration::ZERO
@@ -411,6 +455,29 @@ async fn run_agent(
                 _ = stop.changed() => return,
             }
         }
+    }
+}
+
+/// Reports `etag`'s digest as applied, as the real agent does after an apply.
+async fn report(client: &reqwest::Client, url: &str, token: &str, etag: &str, counts: &Counts) {
+    let digest = etag.trim_matches('"');
+    let body = json!({
+        "applied": digest,
+        "attempted": digest,
+        "message": "poll_load",
+        "agentVersion": "poll_load",
+        "features": ["meta", "phases", "drift", "sealed", "hooks"],
+    });
+    counts.reports.fetch_add(1, Ordering::Relaxed);
+    let sent = client
+        .post(url)
+        .bearer_auth(token)
+        .json(&body)
+        .timeout(GRACE)
+        .send()
+        .await;
+    if !sent.is_ok_and(|answer| answer.status().is_success()) {
+        counts.report_errors.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -489,6 +556,9 @@ async fn run(args: Args) -> serde_json::Value {
             let agent = Agent {
                 index,
                 url: format!("{hub}/v1/clusters/{name}/bundle"),
+                status_url: args
+                    .deltas
+                    .then(|| format!("{hub}/v1/clusters/{name}/status")),
                 token: token.clone(),
                 wait: args.wait,
                 start_after: Duration::from_millis(ramp_ms * index as u64 / agents as u64),
@@ -589,6 +659,14 @@ async fn run(args: Args) -> serde_json::Value {
         "ok": counts.ok.load(Ordering::Relaxed),
         "errors": counts.errors.load(Ordering::Relaxed),
         "timeouts": counts.timeouts.load(Ordering::Relaxed),
+        "new_bundles": {
+            "as_deltas": counts.deltas.load(Ordering::Relaxed),
+            "delta_bytes": counts.delta_bytes.load(Ordering::Relaxed),
+            "in_full": counts.full.load(Ordering::Relaxed),
+            "full_bytes": counts.full_bytes.load(Ordering::Relaxed),
+            "reports": counts.reports.load(Ordering::Relaxed),
+            "report_errors": counts.report_errors.load(Ordering::Relaxed),
+        },
         "render": {
             "agents_whose_digest_changed": changed,
             "answered_with_new_digest": latencies.len(),
@@ -690,6 +768,7 @@ mod tests {
             tokens: None,
             every: Duration::from_secs(1),
             http2: false,
+            deltas: true,
         }));
         // Once the three long-polls are held, a commit changes every cluster's bundle.
         let client = reqwest::Client::builder()
@@ -710,6 +789,12 @@ mod tests {
         assert_eq!(render["agents_whose_digest_changed"], 3, "{summary}");
         assert_eq!(render["answered_with_new_digest"], 3, "{summary}");
         assert_eq!(render["missed"], 0, "{summary}");
+        // Each agent reported what it took, and its new bundle came as a delta from it
+        // (made ahead of the change).
+        let new = &summary["new_bundles"];
+        assert_eq!(new["report_errors"], 0, "{summary}");
+        assert_eq!(new["as_deltas"], 3, "{summary}");
+        assert_eq!(new["in_full"], 0, "{summary}");
         assert!(
             render["latency"]["max_ms"]
                 .as_i64()
