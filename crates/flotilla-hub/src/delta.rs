@@ -30,12 +30,15 @@ use flotilla_core::dcz;
 /// How many deltas are made at once.
 pub const WORKERS: usize = 2;
 /// How many deltas may wait for a worker; past that a request's delta is not made.
-pub const MAX_QUEUED: usize = 1024;
+/// A commit that changes every cluster of a fleet of 10,000 queues one for each.
+pub const MAX_QUEUED: usize = 16_384;
 /// How long a long-poll woken by a change waits for its delta before it takes the
 /// full document.
 pub const GRACE: Duration = Duration::from_secs(2);
-/// The cache's bounds: entries, and bytes of deltas.
-const MAX_ENTRIES: usize = 4096;
+/// The cache's bounds: entries, and bytes of deltas. The entries cover the deltas a
+/// commit that changes every cluster of a fleet of 10,000 makes ahead, so none is
+/// dropped before its agent asks for it; the bytes bound the rest.
+const MAX_ENTRIES: usize = 32_768;
 const MAX_BYTES: usize = 64 * 1024 * 1024;
 /// The zstd level of deltas (with long-distance matching, which finds the base).
 const LEVEL: i32 = 3;
@@ -208,7 +211,7 @@ pub async fn answer(
     let found = match deltas.lookup(&key) {
         Lookup::Ready(bytes) => Some(bytes),
         Lookup::Refused => None,
-        Lookup::Missing => match prepare(shared, deltas, entry, key.clone()) {
+        Lookup::Missing => match prepare(shared, deltas, entry, key.clone(), Base::Unchecked) {
             Some(made) if woken => {
                 // Subscribed before looking again, so a delta made meanwhile is seen.
                 let made = made.notified();
@@ -233,6 +236,15 @@ pub async fn answer(
     found
 }
 
+/// Whether a delta's base is known to be in its cluster's history already.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Base {
+    /// Named by a request: looked up before the delta is made.
+    Unchecked,
+    /// Found in the history by [`make_ahead`], with the other clusters of the change.
+    InHistory,
+}
+
 /// Queues the making of a delta unless it is queued already; what wakes the requests
 /// waiting for it, or `None` when the queue is full.
 fn prepare(
@@ -240,6 +252,7 @@ fn prepare(
     deltas: &Arc<Deltas>,
     entry: &Arc<ClusterBundle>,
     key: Key,
+    base: Base,
 ) -> Option<Arc<Notify>> {
     let made = {
         let mut state = deltas.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -255,7 +268,7 @@ fn prepare(
     };
     let (shared, deltas, entry) = (shared.clone(), deltas.clone(), entry.clone());
     tokio::spawn(async move {
-        let delta = make(&shared, &deltas, entry, &key).await;
+        let delta = make(&shared, &deltas, entry, &key, base).await;
         if delta.is_some() {
             shared.metrics.delta_made();
         }
@@ -309,9 +322,27 @@ pub async fn make_ahead(shared: Arc<Shared>, deltas: Arc<Deltas>) {
         for entry in &changed {
             seen.insert(entry.name.clone(), entry.sequence);
         }
+        // Every base looked up in the history at once, a few statements for a whole
+        // fleet: one look-up per delta, at the moment the fleet's reports of the
+        // change arrive, left the makers waiting for the database and the woken
+        // long-polls without their deltas.
+        let wanted: Vec<(&str, &Digest)> = bases
+            .iter()
+            .map(|(entry, base)| (entry.name.as_str(), base))
+            .collect();
+        let in_history = match shared.view.reads().revisions_in_history(&wanted).await {
+            Ok(found) => found,
+            Err(err) => {
+                tracing::warn!("no deltas made ahead: {err}");
+                continue;
+            }
+        };
         for (entry, base) in bases {
+            if !in_history.contains_key(&(entry.name.clone(), base.clone())) {
+                continue;
+            }
             let key = Key::new(&entry, &base);
-            if prepare(&shared, &deltas, &entry, key).is_none() {
+            if prepare(&shared, &deltas, &entry, key, Base::InHistory).is_none() {
                 // The queue is full: the rest are made when their agents ask.
                 break;
             }
@@ -324,20 +355,23 @@ async fn make(
     deltas: &Deltas,
     entry: Arc<ClusterBundle>,
     key: &Key,
+    base: Base,
 ) -> Option<Bytes> {
     // The semaphore is never closed.
     let _permit = deltas.workers.clone().acquire_owned().await.ok()?;
-    let kept = shared
-        .view
-        .reads()
-        .revision_in_history(&key.cluster, &key.base)
-        .await;
-    match kept {
-        Ok(Some(_)) => {}
-        Ok(None) => return None,
-        Err(err) => {
-            tracing::warn!(cluster = %key.cluster, base = %key.base, "no delta: {err}");
-            return None;
+    if base == Base::Unchecked {
+        let kept = shared
+            .view
+            .reads()
+            .revision_in_history(&key.cluster, &key.base)
+            .await;
+        match kept {
+            Ok(Some(_)) => {}
+            Ok(None) => return None,
+            Err(err) => {
+                tracing::warn!(cluster = %key.cluster, base = %key.base, "no delta: {err}");
+                return None;
+            }
         }
     }
     let shared = shared.clone();

@@ -467,6 +467,14 @@ impl StoreReads<'_> {
         self.0.revision_in_history(cluster, digest).await
     }
 
+    /// [`StoreReads::revision_in_history`] of many clusters, a few statements in all.
+    pub async fn revisions_in_history(
+        &self,
+        wanted: &[(&str, &Digest)],
+    ) -> Result<HashMap<(String, Digest), String>, crate::StoreError> {
+        self.0.revisions_in_history(wanted).await
+    }
+
     /// The bundle features an entry's bundle needs, read from its stored object the
     /// first time (call it off the async threads).
     pub fn needs_blocking(&self, entry: &ClusterBundle) -> Result<Vec<&'static str>, ObjectError> {
