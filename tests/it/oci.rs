@@ -524,20 +524,20 @@ async fn publish_oci_with_basic_authentication_over_tls() {
     };
     let repo = Repo::new();
     let reference = format!("{}/{REPOSITORY}", registry.address());
-    let publish = |env: &[(&str, &Path)]| {
-        flotilla(
-            &[
-                "publish",
-                "--repo",
-                repo.path().to_str().expect("utf-8"),
-                "--oci",
-                &reference,
-                "--ca-file",
-                ca_file.to_str().expect("utf-8"),
-            ],
-            env,
-        )
+    let publish_with = |extra: &[&str], env: &[(&str, &Path)]| {
+        let mut args = vec![
+            "publish",
+            "--repo",
+            repo.path().to_str().expect("utf-8"),
+            "--oci",
+            &reference,
+            "--ca-file",
+            ca_file.to_str().expect("utf-8"),
+        ];
+        args.extend_from_slice(extra);
+        flotilla(&args, env)
     };
+    let publish = |env: &[(&str, &Path)]| publish_with(&[], env);
 
     // Without credentials the registry's 401 is explained.
     let (ok, out) = publish(&[]);
@@ -560,6 +560,29 @@ async fn publish_oci_with_basic_authentication_over_tls() {
     assert!(ok, "{out}");
     assert!(out.contains("14 written"), "{out}");
     assert!(!out.contains(password) && !out.contains(&auth), "{out}");
+
+    // With --oci-username and --oci-password-file instead (no Docker configuration
+    // file): a wrong password is refused without being shown, the right one works.
+    let empty_docker = work.path().join("no-docker");
+    std::fs::create_dir_all(&empty_docker).expect("mkdir");
+    let password_file = work.path().join("registry-password");
+    let wrong = "wrong-horse-battery";
+    std::fs::write(&password_file, format!("{wrong}\n")).expect("writes");
+    let flags = [
+        "--oci-username",
+        "robot",
+        "--oci-password-file",
+        password_file.to_str().expect("utf-8"),
+    ];
+    let (ok, out) = publish_with(&flags, &[("DOCKER_CONFIG", &empty_docker)]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("401"), "{out}");
+    assert!(!out.contains(wrong), "{out}");
+    std::fs::write(&password_file, format!("{password}\n")).expect("writes");
+    let (ok, out) = publish_with(&flags, &[("DOCKER_CONFIG", &empty_docker)]);
+    assert!(ok, "{out}");
+    assert!(out.contains("0 written, 14 unchanged"), "{out}");
+    assert!(!out.contains(password), "{out}");
 
     // The agent, trusting the registry's CA with --ca-file, with the credentials,
     // through a proxy that counts its bytes (TLS records included).
