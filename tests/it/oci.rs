@@ -584,6 +584,31 @@ async fn publish_oci_with_basic_authentication_over_tls() {
     assert!(out.contains("0 written, 14 unchanged"), "{out}");
     assert!(!out.contains(password), "{out}");
 
+    // The system's trust store, as SSL_CERT_FILE names it, is trusted without --ca-file.
+    let mut args = vec![
+        "publish",
+        "--repo",
+        repo.path().to_str().expect("utf-8"),
+        "--oci",
+        &reference,
+    ];
+    args.extend_from_slice(&flags);
+    let (ok, out) = flotilla(&args, &[("DOCKER_CONFIG", &empty_docker)]);
+    assert!(!ok, "an unknown CA is refused: {out}");
+    assert!(
+        out.contains("SSL_CERT_FILE"),
+        "the refusal says how to trust it: {out}"
+    );
+    let (ok, out) = flotilla(
+        &args,
+        &[
+            ("DOCKER_CONFIG", &empty_docker),
+            ("SSL_CERT_FILE", &ca_file),
+        ],
+    );
+    assert!(ok, "{out}");
+    assert!(out.contains("0 written, 14 unchanged"), "{out}");
+
     // The agent, trusting the registry's CA with --ca-file, with the credentials,
     // through a proxy that counts its bytes (TLS records included).
     let bundle = rendered(&repo, "red");
