@@ -7,6 +7,7 @@ mod architecture;
 mod bad_inputs;
 mod bundle_deltas;
 mod bundle_features;
+mod chart_hooks;
 mod cli_database;
 mod diff_cli;
 mod digest_properties;

@@ -139,6 +139,21 @@ impl TestRegistry {
             .filter(|line| line.contains(&needle))
             .count()
     }
+
+    /// How many of those the registry answered with `status` (the access log's
+    /// `"METHOD path HTTP/1.1" status size` lines).
+    fn answered(&self, method: &str, path: &str, status: u16) -> usize {
+        let needle = format!("\"{method} /v2/{REPOSITORY}/{path}");
+        self.log()
+            .lines()
+            .filter(|line| {
+                line.split_once(&needle).is_some_and(|(_, rest)| {
+                    rest.split_once("\" ")
+                        .is_some_and(|(_, after)| after.starts_with(&format!("{status} ")))
+                })
+            })
+            .count()
+    }
 }
 
 /// A TCP proxy in front of the registry that counts the bytes each way.
@@ -509,20 +524,20 @@ async fn publish_oci_with_basic_authentication_over_tls() {
     };
     let repo = Repo::new();
     let reference = format!("{}/{REPOSITORY}", registry.address());
-    let publish = |env: &[(&str, &Path)]| {
-        flotilla(
-            &[
-                "publish",
-                "--repo",
-                repo.path().to_str().expect("utf-8"),
-                "--oci",
-                &reference,
-                "--ca-file",
-                ca_file.to_str().expect("utf-8"),
-            ],
-            env,
-        )
+    let publish_with = |extra: &[&str], env: &[(&str, &Path)]| {
+        let mut args = vec![
+            "publish",
+            "--repo",
+            repo.path().to_str().expect("utf-8"),
+            "--oci",
+            &reference,
+            "--ca-file",
+            ca_file.to_str().expect("utf-8"),
+        ];
+        args.extend_from_slice(extra);
+        flotilla(&args, env)
     };
+    let publish = |env: &[(&str, &Path)]| publish_with(&[], env);
 
     // Without credentials the registry's 401 is explained.
     let (ok, out) = publish(&[]);
@@ -546,11 +561,62 @@ async fn publish_oci_with_basic_authentication_over_tls() {
     assert!(out.contains("14 written"), "{out}");
     assert!(!out.contains(password) && !out.contains(&auth), "{out}");
 
-    // The agent, trusting the registry's CA with --ca-file, with the credentials.
+    // With --oci-username and --oci-password-file instead (no Docker configuration
+    // file): a wrong password is refused without being shown, the right one works.
+    let empty_docker = work.path().join("no-docker");
+    std::fs::create_dir_all(&empty_docker).expect("mkdir");
+    let password_file = work.path().join("registry-password");
+    let wrong = "wrong-horse-battery";
+    std::fs::write(&password_file, format!("{wrong}\n")).expect("writes");
+    let flags = [
+        "--oci-username",
+        "robot",
+        "--oci-password-file",
+        password_file.to_str().expect("utf-8"),
+    ];
+    let (ok, out) = publish_with(&flags, &[("DOCKER_CONFIG", &empty_docker)]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("401"), "{out}");
+    assert!(!out.contains(wrong), "{out}");
+    std::fs::write(&password_file, format!("{password}\n")).expect("writes");
+    let (ok, out) = publish_with(&flags, &[("DOCKER_CONFIG", &empty_docker)]);
+    assert!(ok, "{out}");
+    assert!(out.contains("0 written, 14 unchanged"), "{out}");
+    assert!(!out.contains(password), "{out}");
+
+    // The system's trust store, as SSL_CERT_FILE names it, is trusted without --ca-file.
+    let mut args = vec![
+        "publish",
+        "--repo",
+        repo.path().to_str().expect("utf-8"),
+        "--oci",
+        &reference,
+    ];
+    args.extend_from_slice(&flags);
+    let (ok, out) = flotilla(&args, &[("DOCKER_CONFIG", &empty_docker)]);
+    assert!(!ok, "an unknown CA is refused: {out}");
+    assert!(
+        out.contains("SSL_CERT_FILE"),
+        "the refusal says how to trust it: {out}"
+    );
+    let (ok, out) = flotilla(
+        &args,
+        &[
+            ("DOCKER_CONFIG", &empty_docker),
+            ("SSL_CERT_FILE", &ca_file),
+        ],
+    );
+    assert!(ok, "{out}");
+    assert!(out.contains("0 written, 14 unchanged"), "{out}");
+
+    // The agent, trusting the registry's CA with --ca-file, with the credentials,
+    // through a proxy that counts its bytes (TLS records included).
     let bundle = rendered(&repo, "red");
     let state = tempfile::tempdir().expect("tempdir");
     let target = tempfile::tempdir().expect("tempdir");
-    let server = Server::parse(&format!("oci://{reference}")).expect("an oci:// server");
+    let proxy = CountingProxy::start(registry.port).await;
+    let server = Server::parse(&format!("oci://127.0.0.1:{}/{REPOSITORY}", proxy.port))
+        .expect("an oci:// server");
     let mut config = AgentConfig::new(server, "red", state.path().to_path_buf());
     config.wait = Wait::Fixed(Duration::from_millis(300));
     config.tls.ca_file = Some(ca_file.clone());
@@ -561,6 +627,69 @@ async fn publish_oci_with_basic_authentication_over_tls() {
     let mut agent = RunningAgent::start(config, target.path());
     agent.applied(&bundle.digest).await;
     assert_eq!(yaml_count(target.path()), bundle.resources.len());
+
+    // Unchanged: each poll is one HEAD, sent with the credentials the first challenge
+    // asked for, so the registry refuses none of them; under 1 KB on the wire.
+    let refused = registry.answered("HEAD", "manifests/red", 401);
+    assert!(
+        refused > 0,
+        "the first requests met the challenge:\n{}",
+        registry.log()
+    );
+    let gets = registry.requests("GET", "");
+    // Bytes are read just after a poll is seen in the access log, at both ends, so the
+    // window holds as many answers as requests whichever way that races the wire.
+    let registry = &registry;
+    let poll_seen = |after: usize| {
+        eventually(
+            "an unchanged poll",
+            Duration::from_secs(30),
+            move || async move {
+                let heads = registry.requests("HEAD", "manifests/red");
+                (heads > after).then_some(heads)
+            },
+        )
+    };
+    let heads = poll_seen(registry.requests("HEAD", "manifests/red")).await;
+    let bytes_before = proxy.bytes();
+    let polls = 5;
+    let mut heads_now = heads;
+    while heads_now < heads + polls {
+        heads_now = poll_seen(heads_now).await;
+    }
+    let bytes_after = proxy.bytes();
+    let heads_seen = heads_now - heads;
+    assert_eq!(
+        registry.answered("HEAD", "manifests/red", 401),
+        refused,
+        "an unchanged poll is not refused first:\n{}",
+        registry.log()
+    );
+    assert_eq!(
+        registry.requests("GET", ""),
+        gets,
+        "no manifest or blob fetched"
+    );
+    let per_poll = (bytes_after.0 - bytes_before.0 + bytes_after.1 - bytes_before.1) as f64
+        / heads_seen as f64;
+    let log = registry.log();
+    let protocol = log
+        .lines()
+        .rev()
+        .find_map(|line| line.split_once("/manifests/red HTTP/"))
+        .and_then(|(_, rest)| rest.split('"').next())
+        .unwrap_or("?");
+    eprintln!(
+        "an unchanged poll of an oci:// server with basic authentication over TLS: \
+         {per_poll:.0} bytes on the wire, TLS records included ({} sent, {} received over \
+         {heads_seen} polls on one kept HTTP/{protocol} connection)",
+        bytes_after.0 - bytes_before.0,
+        bytes_after.1 - bytes_before.1
+    );
+    assert!(
+        per_poll < 1024.0,
+        "an unchanged poll costs {per_poll} bytes"
+    );
     agent.stop().await;
 }
 

@@ -1,9 +1,16 @@
 //! The distribution API's client: blobs and manifests of one repository, with the
 //! registry's authentication challenges answered on the way.
+//!
+//! A bearer token is kept for the lifetime its token service gave it (`expires_in`,
+//! 60 seconds when it says none, as the distribution token specification has it) and
+//! fetched again just before it ends (at nine tenths of it), so a client that polls
+//! costs one token request per token lifetime and no refused request; a 401 still
+//! answers with a new token (a token revoked early, a registry that wants another
+//! scope).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use reqwest::header::{self, HeaderValue};
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
@@ -20,6 +27,11 @@ use crate::{MANIFEST_MEDIA_TYPE, OciError, Repository};
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 /// The header in which registries name a manifest's digest.
 const CONTENT_DIGEST: &str = "docker-content-digest";
+/// A token's lifetime when its token service names none (the distribution token
+/// specification's default).
+const DEFAULT_TOKEN_LIFETIME: Duration = Duration::from_secs(60);
+/// The longest a token is kept, whatever its token service says.
+const MAX_TOKEN_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 
 /// How to reach a registry.
 #[derive(Debug, Clone, Default)]
@@ -40,9 +52,29 @@ pub struct Registry {
     http: reqwest::Client,
     credentials: Option<Credentials>,
     /// The `Authorization` value the registry last accepted or asked for.
-    authorization: Arc<Mutex<Option<HeaderValue>>>,
+    authorization: Arc<Mutex<Option<Authorization>>>,
     /// Blobs this client saw in the repository (pushed or found): not asked again.
     known_blobs: Arc<Mutex<HashSet<String>>>,
+    /// How far the tests moved this client's clock forward.
+    #[cfg(test)]
+    skew: Arc<Mutex<Duration>>,
+}
+
+/// An `Authorization` value, and for a bearer token where to renew it and when.
+#[derive(Debug, Clone)]
+struct Authorization {
+    value: HeaderValue,
+    renewal: Option<Renewal>,
+}
+
+/// How to fetch a bearer token again, and when.
+#[derive(Debug, Clone)]
+struct Renewal {
+    realm: String,
+    service: Option<String>,
+    scope: String,
+    /// Nine tenths into the token's lifetime, counted from when it was asked for.
+    due: Instant,
 }
 
 /// What a push did.
@@ -85,6 +117,8 @@ impl Registry {
             credentials: options.credentials,
             authorization: Arc::default(),
             known_blobs: Arc::default(),
+            #[cfg(test)]
+            skew: Arc::default(),
         })
     }
 
@@ -304,14 +338,64 @@ impl Registry {
             .is_ok_and(|known| known.contains(digest.as_str()))
     }
 
-    fn authorization(&self) -> Option<HeaderValue> {
+    fn authorization(&self) -> Option<Authorization> {
         self.authorization.lock().ok().and_then(|held| held.clone())
     }
 
-    fn set_authorization(&self, value: HeaderValue) {
+    fn set_authorization(&self, value: Authorization) {
         if let Ok(mut held) = self.authorization.lock() {
             *held = Some(value);
         }
+    }
+
+    #[cfg(not(test))]
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    #[cfg(test)]
+    fn now(&self) -> Instant {
+        Instant::now() + self.skew.lock().map(|skew| *skew).unwrap_or_default()
+    }
+
+    /// The `Authorization` value to send: the one held, its bearer token fetched
+    /// again first when its time is up.
+    async fn current_authorization(&self) -> Result<Option<HeaderValue>, OciError> {
+        let Some(held) = self.authorization() else {
+            return Ok(None);
+        };
+        match held.renewal {
+            Some(renewal) if self.now() >= renewal.due => {
+                let renewed = self
+                    .bearer(&renewal.realm, renewal.service, renewal.scope)
+                    .await?;
+                let value = renewed.value.clone();
+                self.set_authorization(renewed);
+                Ok(Some(value))
+            }
+            _ => Ok(Some(held.value)),
+        }
+    }
+
+    /// A bearer token for `scope` from the token service at `realm`, with when to
+    /// renew it.
+    async fn bearer(
+        &self,
+        realm: &str,
+        service: Option<String>,
+        scope: String,
+    ) -> Result<Authorization, OciError> {
+        let asked = self.now();
+        let (token, lifetime) = self.token(realm, service.as_deref(), &scope).await?;
+        Ok(Authorization {
+            value: header_value(&format!("Bearer {token}"))?,
+            renewal: Some(Renewal {
+                realm: realm.to_string(),
+                service,
+                scope,
+                due: asked + (lifetime - lifetime / 10),
+            }),
+        })
     }
 
     /// Sends a request built by `build`, answering one authentication challenge: a
@@ -324,7 +408,7 @@ impl Registry {
         let mut answered = false;
         loop {
             let mut request = build(&self.http).timeout(REQUEST_TIMEOUT);
-            if let Some(value) = self.authorization() {
+            if let Some(value) = self.current_authorization().await? {
                 request = request.header(header::AUTHORIZATION, value);
             }
             let request = request
@@ -347,7 +431,10 @@ impl Registry {
                 .and_then(Challenge::parse);
             let value = match challenge {
                 Some(Challenge::Basic) => match &self.credentials {
-                    Some(credentials) => header_value(&credentials.basic())?,
+                    Some(credentials) => Authorization {
+                        value: header_value(&credentials.basic())?,
+                        renewal: None,
+                    },
                     None => return Ok(response),
                 },
                 Some(Challenge::Bearer {
@@ -357,8 +444,7 @@ impl Registry {
                 }) => {
                     let scope = scope
                         .unwrap_or_else(|| format!("repository:{}:pull", self.repository.name));
-                    let token = self.token(&realm, service.as_deref(), &scope).await?;
-                    header_value(&format!("Bearer {token}"))?
+                    self.bearer(&realm, service, scope).await?
                 }
                 None => return Ok(response),
             };
@@ -366,13 +452,13 @@ impl Registry {
         }
     }
 
-    /// A token from the registry's token service, for `scope`.
+    /// A token from the registry's token service, for `scope`, and its lifetime.
     async fn token(
         &self,
         realm: &str,
         service: Option<&str>,
         scope: &str,
-    ) -> Result<String, OciError> {
+    ) -> Result<(String, Duration), OciError> {
         let mut url = Url::parse(realm).map_err(|err| OciError::Status {
             url: self.base.to_string(),
             status: 401,
@@ -410,6 +496,7 @@ impl Registry {
         struct Token {
             token: Option<String>,
             access_token: Option<String>,
+            expires_in: Option<u64>,
         }
         let body = read_limited(response, &url, "the token", 64 * 1024).await?;
         let token: Token = serde_json::from_slice(&body).map_err(|err| OciError::Status {
@@ -417,10 +504,16 @@ impl Registry {
             status: 200,
             message: format!("not a token response: {err}"),
         })?;
+        let lifetime = token
+            .expires_in
+            .filter(|seconds| *seconds > 0)
+            .map_or(DEFAULT_TOKEN_LIFETIME, Duration::from_secs)
+            .min(MAX_TOKEN_LIFETIME);
         token
             .token
             .or(token.access_token)
             .filter(|t| !t.is_empty())
+            .map(|token| (token, lifetime))
             .ok_or_else(|| OciError::Status {
                 url: url.to_string(),
                 status: 200,
@@ -655,6 +748,157 @@ mod tests {
             .await
             .expect_err("refused");
         assert_eq!(err.status(), Some(401), "{err}");
+    }
+
+    /// What the registry of [`expiring_tokens_registry`] counted.
+    #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+    struct Counts {
+        /// Manifest requests, whatever their answer.
+        manifests: usize,
+        /// Manifest requests refused with a 401.
+        refused: usize,
+        /// Tokens handed out.
+        tokens: usize,
+    }
+
+    /// A registry whose token service hands the credentials robot:pw a new token each
+    /// time, valid for `lifetime` on the clock `clock` (which the test moves), and
+    /// whose manifests refuse a token that is unknown or expired on that clock.
+    async fn expiring_tokens_registry(
+        clock: Arc<Mutex<Duration>>,
+        lifetime: Duration,
+    ) -> (String, Arc<Mutex<Counts>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let address = listener.local_addr().expect("address").to_string();
+        let challenge = format!(
+            r#"Bearer realm="http://{address}/token",service="test",scope="repository:fleet/bundles:pull""#
+        );
+        let counts = Arc::new(Mutex::new(Counts::default()));
+        // Each token's name, and until when it is valid.
+        let issued: Arc<Mutex<Vec<(String, Duration)>>> = Arc::default();
+        let now = move || *clock.lock().expect("the clock");
+        let (manifest_now, manifest_counts, manifest_issued) =
+            (now.clone(), counts.clone(), issued.clone());
+        let (token_counts, token_issued) = (counts.clone(), issued.clone());
+        let app = axum::Router::new()
+            .route(
+                "/v2/fleet/bundles/manifests/{tag}",
+                get(move |headers: HeaderMap| async move {
+                    let given = headers.get("authorization").and_then(|v| v.to_str().ok());
+                    let valid = manifest_issued.lock().expect("issued").iter().any(
+                        |(token, until)| {
+                            given == Some(format!("Bearer {token}").as_str())
+                                && manifest_now() < *until
+                        },
+                    );
+                    let mut counts = manifest_counts.lock().expect("counts");
+                    counts.manifests += 1;
+                    if valid {
+                        ([(CONTENT_DIGEST, DIGEST)], "{}").into_response()
+                    } else {
+                        counts.refused += 1;
+                        (
+                            AxumStatus::UNAUTHORIZED,
+                            [("www-authenticate", challenge.clone())],
+                            r#"{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}"#,
+                        )
+                            .into_response()
+                    }
+                }),
+            )
+            .route(
+                "/token",
+                get(
+                    move |headers: HeaderMap,
+                          query: axum::extract::Query<BTreeMap<String, String>>| async move {
+                        let basic = robot().expect("some").basic();
+                        let given = headers.get("authorization").and_then(|v| v.to_str().ok());
+                        if given != Some(basic.as_str())
+                            || query.get("scope").map(String::as_str)
+                                != Some("repository:fleet/bundles:pull")
+                            || query.get("service").map(String::as_str) != Some("test")
+                        {
+                            return AxumStatus::UNAUTHORIZED.into_response();
+                        }
+                        let mut counts = token_counts.lock().expect("counts");
+                        counts.tokens += 1;
+                        let token = format!("t0k-{}", counts.tokens);
+                        token_issued
+                            .lock()
+                            .expect("issued")
+                            .push((token.clone(), now() + lifetime));
+                        serde_json::json!({"token": token, "expires_in": lifetime.as_secs()})
+                            .to_string()
+                            .into_response()
+                    },
+                ),
+            );
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (address, counts)
+    }
+
+    #[tokio::test]
+    async fn a_bearer_token_is_kept_for_its_lifetime_and_fetched_again_just_before_it_ends() {
+        let clock: Arc<Mutex<Duration>> = Arc::default();
+        let lifetime = Duration::from_secs(300);
+        let (address, counts) = expiring_tokens_registry(clock.clone(), lifetime).await;
+        let mut registry = client(&address, robot());
+        registry.skew = clock.clone();
+        let poll_at = |seconds: u64| {
+            *clock.lock().expect("the clock") = Duration::from_secs(seconds);
+            let registry = registry.clone();
+            async move {
+                let digest = registry.head_manifest("edge-1").await.expect("answers");
+                assert_eq!(digest.map(|d| d.to_string()).as_deref(), Some(DIGEST));
+            }
+        };
+        let counts = || *counts.lock().expect("counts");
+
+        // The first request meets the challenge: refused, a token, the request again.
+        poll_at(0).await;
+        let first = Counts {
+            manifests: 2,
+            refused: 1,
+            tokens: 1,
+        };
+        assert_eq!(counts(), first);
+        // Within the token's lifetime, a poll is one request.
+        for seconds in [60, 120, 180, 240] {
+            poll_at(seconds).await;
+        }
+        assert_eq!(
+            counts(),
+            Counts {
+                manifests: 6,
+                ..first
+            }
+        );
+        // Past nine tenths of it, the token is fetched again before the request, which
+        // the registry then takes at once: one token request, no refused request.
+        poll_at(280).await;
+        assert_eq!(
+            counts(),
+            Counts {
+                manifests: 7,
+                refused: 1,
+                tokens: 2
+            }
+        );
+        // Where the first token has expired the second is kept; and so on, a token per
+        // lifetime and never a refused request.
+        for seconds in [310, 400, 500, 560, 600] {
+            poll_at(seconds).await;
+        }
+        assert_eq!(
+            counts(),
+            Counts {
+                manifests: 12,
+                refused: 1,
+                tokens: 3
+            }
+        );
     }
 
     #[tokio::test]

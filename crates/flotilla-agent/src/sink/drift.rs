@@ -18,6 +18,10 @@
 //!   policy: `correct` puts it back, `report` leaves it; a path that drifts again at
 //!   the check right after flotilla corrected it is *fought over*: reported
 //!   `fighting`, and no longer corrected until the bundle's digest changes.
+//! - **What is said.** [`Memory::level`]: a drifted resource is logged at `info`
+//!   (corrected) or `warn` (left) when its line differs from the last check's, and at
+//!   `debug` while it stays the same, so drift left on a cluster is said once, not at
+//!   every resync.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hasher};
@@ -378,6 +382,8 @@ struct Remembered {
     /// What the last check corrected (hashes of paths).
     corrected: HashSet<u64>,
     fighting: bool,
+    /// The report line the last check logged for it.
+    said: Option<DriftedResource>,
 }
 
 impl Memory {
@@ -421,27 +427,53 @@ impl Memory {
     pub fn settled(&mut self, key: &ResourceKey) {
         if let Some(remembered) = self.resources.get_mut(key) {
             remembered.corrected.clear();
+            remembered.said = None;
             if !remembered.fighting {
                 self.resources.remove(key);
             }
         }
     }
-}
 
-/// Logs one drifted resource: its identity, paths and managers, never values.
-pub fn log(drifted: &DriftedResource) {
-    let resource = drifted.key();
-    let fields = drifted.fields.join(",");
-    let managers = drifted.managers.join(",");
-    match drifted.action {
-        DriftAction::Corrected => tracing::info!(
-            %resource, %fields, %managers, deleted = drifted.deleted, action = %drifted.action,
-            "drift corrected"
-        ),
-        _ => tracing::warn!(
-            %resource, %fields, %managers, deleted = drifted.deleted, action = %drifted.action,
-            "drift left on the cluster"
-        ),
+    /// The level at which this check's line for a drifted resource is logged: `info`
+    /// when it was corrected, `warn` when it is left, and `debug` when the last check
+    /// logged the same line (drift left on the cluster is said once, not at every
+    /// resync; it is said again once it changes, or after it went away and came back).
+    pub fn level(&mut self, drifted: &DriftedResource) -> tracing::Level {
+        let remembered = self.resources.entry(drifted.key()).or_default();
+        if remembered.said.as_ref() == Some(drifted) {
+            return tracing::Level::DEBUG;
+        }
+        remembered.said = Some(drifted.clone());
+        match drifted.action {
+            DriftAction::Corrected => tracing::Level::INFO,
+            _ => tracing::Level::WARN,
+        }
+    }
+
+    /// Logs one drifted resource at its [`Memory::level`]: its identity, paths and
+    /// managers, never values.
+    pub fn log(&mut self, drifted: &DriftedResource) {
+        let resource = drifted.key();
+        let fields = drifted.fields.join(",");
+        let managers = drifted.managers.join(",");
+        let deleted = drifted.deleted;
+        let action = drifted.action;
+        let message = match action {
+            DriftAction::Corrected => "drift corrected",
+            _ => "drift left on the cluster",
+        };
+        match self.level(drifted) {
+            tracing::Level::INFO => {
+                tracing::info!(%resource, %fields, %managers, deleted, %action, "{message}")
+            }
+            tracing::Level::WARN => {
+                tracing::warn!(%resource, %fields, %managers, deleted, %action, "{message}")
+            }
+            _ => tracing::debug!(
+                %resource, %fields, %managers, deleted, %action,
+                "{message} (as at the last check)"
+            ),
+        }
     }
 }
 
@@ -584,6 +616,69 @@ mod tests {
         assert_eq!(
             memory.decide(&key, DriftPolicy::Correct, &image),
             DriftAction::Corrected
+        );
+    }
+
+    #[test]
+    fn drift_left_on_the_cluster_is_said_once_then_at_debug_until_it_changes() {
+        use tracing::Level;
+        let key = ResourceKey::of(&deployment("x")).expect("identity");
+        let found = |field: &str| Found {
+            fields: vec![field.to_string()],
+            deleted: false,
+        };
+        let line =
+            |field: &str, action| found(field).report(&key, vec!["kubectl-edit".into()], action);
+        let mut memory = Memory::default();
+        memory.start(&Digest::of(b"a"));
+        let check = |memory: &mut Memory, field: &str, policy| {
+            let action = memory.decide(&key, policy, &found(field));
+            memory.level(&line(field, action))
+        };
+        // Left under `report`: said at warn once, then at debug at every resync.
+        assert_eq!(
+            check(&mut memory, "spec.replicas", DriftPolicy::Report),
+            Level::WARN
+        );
+        assert_eq!(
+            check(&mut memory, "spec.replicas", DriftPolicy::Report),
+            Level::DEBUG
+        );
+        assert_eq!(
+            check(&mut memory, "spec.replicas", DriftPolicy::Report),
+            Level::DEBUG
+        );
+        // Another field drifts too: the line changed, so it is said again.
+        assert_eq!(
+            check(&mut memory, "spec.paused", DriftPolicy::Report),
+            Level::WARN
+        );
+        // Gone, then back: said again.
+        memory.settled(&key);
+        assert_eq!(
+            check(&mut memory, "spec.paused", DriftPolicy::Report),
+            Level::WARN
+        );
+        // Corrected at info; the same field back right after is fought over: warn once.
+        memory.settled(&key);
+        assert_eq!(
+            check(&mut memory, "spec.replicas", DriftPolicy::Correct),
+            Level::INFO
+        );
+        memory.corrected(&key, &found("spec.replicas"));
+        assert_eq!(
+            check(&mut memory, "spec.replicas", DriftPolicy::Correct),
+            Level::WARN
+        );
+        assert_eq!(
+            check(&mut memory, "spec.replicas", DriftPolicy::Correct),
+            Level::DEBUG
+        );
+        // A new bundle forgets what was said.
+        memory.start(&Digest::of(b"b"));
+        assert_eq!(
+            check(&mut memory, "spec.replicas", DriftPolicy::Report),
+            Level::WARN
         );
     }
 }

@@ -83,7 +83,7 @@ impl DirSink {
             tracing::warn!(folder = %self.target.display(), error = %err, "cannot sync the folder");
         }
         for drifted in &report {
-            drift::log(drifted);
+            self.memory.log(drifted);
         }
         DriftCheck::Checked {
             drift: report,

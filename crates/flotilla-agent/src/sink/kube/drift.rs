@@ -212,7 +212,7 @@ impl KubeSink {
         let kept: HashSet<&ResourceKey> = bundle.resources.iter().map(|r| &*r.key).collect();
         self.drift.applied.retain(|key, _| kept.contains(key));
         for drifted in &report {
-            drift::log(drifted);
+            self.drift.memory.log(drifted);
         }
         DriftCheck::Checked {
             drift: report,
