@@ -12,7 +12,9 @@
 //! - Its workloads may read files only in their own folders, its overlays' folders
 //!   and `spec.sharedPaths`: a kustomization's reference to another tenant's file
 //!   (a SOPS file above all) is an error at its line, and so is a Helm chart or
-//!   values file elsewhere.
+//!   values file elsewhere, or a template its templates load (the tenant's
+//!   templates render in an engine of their own, see
+//!   [`crate::template::Templates::confine`]).
 //! - Its overlays act only on its workloads.
 //!
 //! Each broken rule is an error naming the tenant, the rule, the file and the line.
@@ -129,15 +131,19 @@ pub(crate) fn assign(fleet: &mut Fleet, diagnostics: &mut Vec<Diagnostic>) {
 
 /// The folders and files a tenant's workloads may read: its workloads' folders, its
 /// overlays' folders (or files, for overlays at the top of `overlays/`) and its
-/// `spec.sharedPaths`.
-pub(crate) struct Fence<'f> {
+/// `spec.sharedPaths`. It owns what it needs, so that the template engine of the
+/// tenant's templates can keep it (see [`crate::template::Templates::confine`]).
+#[derive(Clone, Debug)]
+pub(crate) struct Fence {
     prefixes: Vec<String>,
-    shared: &'f [Located<String>],
-    tenant: &'f Tenant,
+    shared: Vec<String>,
+    tenant: String,
+    /// The end of every refusal: the rule, the Tenant file and its shared paths.
+    rule: String,
 }
 
-impl<'f> Fence<'f> {
-    pub(crate) fn of(fleet: &'f Fleet, tenant: usize) -> Fence<'f> {
+impl Fence {
+    pub(crate) fn of(fleet: &Fleet, tenant: usize) -> Fence {
         let workloads = fleet
             .workloads
             .iter()
@@ -151,24 +157,29 @@ impl<'f> Fence<'f> {
                 Some((dir, _)) if dir != "overlays" => format!("{dir}/"),
                 _ => o.file.clone(),
             });
+        let owner = &fleet.tenants[tenant];
         Fence {
             prefixes: workloads.chain(overlays).collect(),
-            shared: &fleet.tenants[tenant].shared_paths,
-            tenant: &fleet.tenants[tenant],
+            shared: owner.shared_paths.iter().map(|p| p.value.clone()).collect(),
+            tenant: owner.name.clone(),
+            rule: format!(
+                "a tenant's files may refer only to its own workloads' and overlays' folders and to spec.sharedPaths of {} ({})",
+                owner.file,
+                shown_list(&owner.shared_paths)
+            ),
         }
     }
 
     pub(crate) fn allows(&self, path: &str) -> bool {
-        self.prefixes.iter().any(|p| path.starts_with(p.as_str())) || any_matches(self.shared, path)
+        self.prefixes.iter().any(|p| path.starts_with(p.as_str()))
+            || self.shared.iter().any(|p| glob_matches(p, path))
     }
 
     /// Why a file outside the fence cannot be read.
     pub(crate) fn refusal(&self, path: &str) -> String {
         format!(
-            "tenant {:?} may not read {path}: a tenant's files may refer only to its own workloads' and overlays' folders and to spec.sharedPaths of {} ({})",
-            self.tenant.name,
-            self.tenant.file,
-            shown_list(self.shared)
+            "tenant {:?} may not read {path}: {}",
+            self.tenant, self.rule
         )
     }
 

@@ -279,6 +279,160 @@ fn a_kustomization_may_not_read_another_tenants_files() {
     assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
 }
 
+/// A file of the fleet, as (path, text).
+fn file(path: &str, text: &str) -> (String, String) {
+    (path.to_string(), text.to_string())
+}
+
+/// A ConfigMap template of `name` whose data is `data`, a line or a tag of its own.
+fn config_map_template(name: &str, data: &str) -> String {
+    format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\ndata:\n{data}\n")
+}
+
+/// team-b's template `workloads/till/manifests/key.yaml.j2` (its Secret, and a macro
+/// that writes it), the platform's template `workloads/agent/manifests/lib.j2` (a
+/// macro only), and team-a's `shop` with the template `steal.yaml.j2` holding `data`.
+fn templates_with(data: &str) -> Vec<(String, String)> {
+    with(
+        base(),
+        vec![
+            file(
+                "workloads/till/manifests/key.yaml.j2",
+                "{% macro key() %}  key: hunter2{% endmacro %}apiVersion: v1\nkind: Secret\nmetadata:\n  name: till-key\nstringData:\n{{ key() }}\n",
+            ),
+            file(
+                "workloads/agent/manifests/lib.j2",
+                "{% macro entry() %}  a: b{% endmacro %}",
+            ),
+            file(
+                "workloads/shop/manifests/steal.yaml.j2",
+                &config_map_template("steal", data),
+            ),
+        ],
+    )
+}
+
+/// The refusal of team-a's reading `path`, as the render words it.
+fn refusal(path: &str) -> String {
+    format!(
+        "tenant \"team-a\" may not read {path}: a tenant's files may refer only to its own workloads' and overlays' folders and to spec.sharedPaths of tenants/team-a.yaml (none)"
+    )
+}
+
+#[test]
+fn a_tenants_template_may_not_load_another_tenants_or_the_platforms_template() {
+    let key = "workloads/till/manifests/key.yaml.j2";
+    let lib = "workloads/agent/manifests/lib.j2";
+    let loads = [
+        (format!("{{% include \"{key}\" %}}"), key),
+        (
+            format!(
+                "{{% include [\"{key}\", \"workloads/shop/manifests/steal.yaml.j2\"] ignore missing %}}"
+            ),
+            key,
+        ),
+        (
+            format!("{{% import \"{key}\" as till %}}{{{{ till.key() }}}}"),
+            key,
+        ),
+        (
+            format!("{{% from \"{lib}\" import entry %}}{{{{ entry() }}}}"),
+            lib,
+        ),
+        (format!("{{% extends \"{lib}\" %}}"), lib),
+        // A name that is no template at all: refused for where it points, not missing.
+        (
+            "{% include \"workloads/till/secret.sops.yaml\" %}".to_string(),
+            "workloads/till/secret.sops.yaml",
+        ),
+        // A name made as the template runs.
+        (
+            "{% include \"workloads/\" ~ \"till\" ~ \"/manifests/key.yaml.j2\" %}".to_string(),
+            key,
+        ),
+    ];
+    for (data, path) in loads {
+        let output = rendered(&templates_with(&data));
+        // team-b's and the platform's clusters render, their templates as before.
+        let error = only_error(&output, "north");
+        assert_eq!(error.message, refusal(path), "{data}");
+        assert_eq!(
+            error.file.as_deref(),
+            Some("workloads/shop/manifests/steal.yaml.j2"),
+            "{data}"
+        );
+        assert_eq!(error.line, Some(6), "{data}");
+        assert_eq!(error.cluster.as_deref(), Some("north"), "{data}");
+        let till = contents(&output, "south");
+        assert!(
+            till.contains(&row("till", "Secret", "team-b", "till-key")),
+            "{till:?}"
+        );
+    }
+}
+
+#[test]
+fn a_tenants_template_loads_its_own_templates_and_its_shared_paths() {
+    let own = with(
+        templates_with("{% from \"workloads/shop/manifests/lib.j2\" import entry %}{{ entry() }}"),
+        vec![file(
+            "workloads/shop/manifests/lib.j2",
+            "{% macro entry() %}  a: b{% endmacro %}",
+        )],
+    );
+    let output = rendered(&own);
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+    assert!(contents(&output, "north").contains(&row("shop", "ConfigMap", "team-a", "steal")));
+
+    // What its own template loads is held to the same fence, at that template's line.
+    let nested = with(
+        templates_with("{% include \"workloads/shop/manifests/lib.j2\" %}"),
+        vec![file(
+            "workloads/shop/manifests/lib.j2",
+            "{# team-b's #}\n{% include \"workloads/till/manifests/key.yaml.j2\" %}",
+        )],
+    );
+    let output = rendered(&nested);
+    let found = errors(&output);
+    assert!(!output.bundles.contains_key("north"));
+    assert!(output.bundles.contains_key("south"));
+    assert!(!found.is_empty());
+    assert!(
+        found.iter().all(
+            |e| e.message == refusal("workloads/till/manifests/key.yaml.j2")
+                && e.file.as_deref() == Some("workloads/shop/manifests/lib.j2")
+                && e.line == Some(2)
+        ),
+        "{found:#?}"
+    );
+
+    // A template in spec.sharedPaths may be loaded.
+    let shared = with(
+        templates_with("{% from \"workloads/agent/manifests/lib.j2\" import entry %}{{ entry() }}"),
+        vec![tenant(
+            "team-a",
+            "  workloads: [shop]\n  namespaces: [team-a]\n  sharedPaths: [\"workloads/agent/manifests/lib.j2\"]\n",
+        )],
+    );
+    let output = rendered(&shared);
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+}
+
+#[test]
+fn the_platforms_templates_load_any_template_as_before() {
+    let mut files = templates_with("  a: b");
+    files.push(file(
+        "workloads/agent/manifests/all.yaml.j2",
+        &config_map_template(
+            "all",
+            "{% from \"workloads/till/manifests/key.yaml.j2\" import key %}{{ key() }}",
+        ),
+    ));
+    let output = rendered(&files);
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+    assert!(contents(&output, "east").contains(&row("", "ConfigMap", "kube-system", "all")));
+}
+
 #[test]
 fn a_tenants_overlay_acts_only_on_its_own_workloads() {
     let overlay = |workloads: &str| {
