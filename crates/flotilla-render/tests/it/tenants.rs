@@ -217,6 +217,86 @@ fn binding_a_cluster_role_the_tenant_does_not_own_is_refused() {
     assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
 }
 
+/// team-a's `shop` on `north` and `west` (both site a) binding `manifest`'s
+/// ClusterRole, and its `shop-roles` shipping ClusterRoles `shipped` on `north` only.
+fn bindings_on_two_clusters(manifest: &str, shipped: &[&str]) -> Vec<(String, String)> {
+    let mut roles: String = shipped
+        .iter()
+        .map(|role| {
+            format!(
+                "---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: {role}\nrules: []\n"
+            )
+        })
+        .collect();
+    if roles.is_empty() {
+        roles = config_map("roles");
+    }
+    let mut files = with(
+        base(),
+        vec![
+            cluster("west", "a"),
+            tenant(
+                "team-a",
+                "  workloads: [shop, shop-*]\n  namespaces: [team-a]\n  clusterScoped: [ClusterRole]\n",
+            ),
+            file(
+                "workloads/shop/workload.yaml",
+                "apiVersion: flotilla.dev/v1alpha1\nkind: Workload\nmetadata:\n  name: shop\nspec:\n  namespace: team-a\n  targets:\n    - cluster: north\n    - cluster: west\n",
+            ),
+        ],
+    );
+    files.retain(|(path, _)| !path.starts_with("workloads/shop/manifests/"));
+    files.push(file("workloads/shop/manifests/binding.yaml.j2", manifest));
+    files.extend(workload("shop-roles", "north", "team-a", &roles));
+    files
+}
+
+#[test]
+fn a_binding_every_cluster_shares_is_judged_on_each_by_the_roles_the_tenant_ships_there() {
+    let message = |role: &str| {
+        format!(
+            "tenant \"team-a\": RoleBinding.rbac.authorization.k8s.io team-a/shop-admins binds ClusterRole \"{role}\", which the tenant neither ships nor may bind (spec.clusterRoles of tenants/team-a.yaml: none)"
+        )
+    };
+    // One binding for both clusters, its role shipped on north only.
+    let output = rendered(&bindings_on_two_clusters(
+        &binding("shop-operator"),
+        &["shop-operator"],
+    ));
+    let found = errors(&output);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(found[0].message, message("shop-operator"));
+    assert_eq!(found[0].cluster.as_deref(), Some("west"));
+    assert_eq!(found[0].line, Some(1));
+    assert!(output.bundles.contains_key("north"));
+    assert!(!output.bundles.contains_key("west"));
+
+    // A binding whose role each cluster fills in: north's is shipped, west's is not.
+    let per_cluster = binding("shop-{{ cluster.name }}");
+    let output = rendered(&bindings_on_two_clusters(&per_cluster, &["shop-north"]));
+    let found = errors(&output);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(found[0].message, message("shop-west"));
+    assert_eq!(found[0].cluster.as_deref(), Some("west"));
+    assert!(output.bundles.contains_key("north"));
+
+    // A resource outside the namespaces in a unit both clusters share: an error on
+    // each, folded into one line naming both.
+    let outside =
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: sneaky\n  namespace: kube-system\n";
+    let output = rendered(&bindings_on_two_clusters(outside, &[]));
+    let found = errors(&output);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(
+        found[0].message,
+        "tenant \"team-a\": ConfigMap kube-system/sneaky is in namespace \"kube-system\", which is not the tenant's (spec.namespaces of tenants/team-a.yaml: team-a)"
+    );
+    assert_eq!(
+        found[0].cluster.as_deref(),
+        Some("north and 1 other cluster")
+    );
+}
+
 #[test]
 fn a_tenants_workload_may_target_only_the_tenants_clusters() {
     let files = with(
