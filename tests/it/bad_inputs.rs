@@ -148,6 +148,7 @@ cases! {
     workload_name_not_folder_name => "workload-name-not-folder-name",
     undefined_template_variable => "undefined-template-variable",
     template_syntax_error => "template-syntax-error",
+    tenant_template_loads_another_tenants_file => "tenant-template-loads-another-tenants-file",
     template_renders_invalid_yaml => "template-renders-invalid-yaml",
     same_template_error_on_many_clusters => "same-template-error-on-many-clusters",
     patch_on_missing_path => "patch-on-missing-path",

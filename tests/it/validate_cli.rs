@@ -41,6 +41,20 @@ fn a_warning_passes_validate_and_fails_validate_strict() {
 }
 
 #[test]
+fn a_tenants_template_that_loads_another_tenants_file_fails_validate() {
+    let output = validate("tenant-template-loads-another-tenants-file", false);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "workloads/shop/manifests/receipt.yaml.j2:1: tenant \"team-a\" may not read workloads/till/manifests/key.yaml.j2: a tenant's files may refer only to its own workloads' and overlays' folders and to spec.sharedPaths of tenants/team-a.yaml (none) (cluster north, workload shop)"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("the fleet is invalid"), "{stderr}");
+}
+
+#[test]
 fn errors_fail_validate_with_or_without_strict() {
     for strict in [false, true] {
         let output = validate("kustomize-transformer-errors", strict);

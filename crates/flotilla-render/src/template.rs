@@ -17,6 +17,8 @@ use std::io;
 
 use minijinja::value::Value;
 use minijinja::value::{Kwargs, StringInput};
+use std::collections::HashMap;
+
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, Template, UndefinedBehavior};
 use serde::Serialize;
 
@@ -24,13 +26,21 @@ use flotilla_core::diagnostic::Diagnostic;
 use flotilla_core::limits::Limits;
 use flotilla_core::snapshot::FleetSnapshot;
 
+use crate::tenancy::Fence;
+
 /// How deep macros and includes may call each other. minijinja's own limit (500)
 /// can need more stack than a render thread has; real templates nest a few levels.
 const RECURSION_LIMIT: usize = 64;
 
 /// Every template of the fleet, compiled once per render and shared by all threads.
 pub struct Templates {
+    /// Every template: the engine of the platform's templates, which may load any.
     env: Environment<'static>,
+    /// Per tenant with templates, an engine of only the templates its fence allows,
+    /// in which loading any other is the tenant's error ([`Templates::confine`]).
+    fenced: Vec<Environment<'static>>,
+    /// The templates of tenants' workloads, each with its engine in `fenced`.
+    fenced_of: HashMap<String, usize>,
     fuel: u64,
     max_output_bytes: usize,
 }
@@ -107,53 +117,7 @@ impl Templates {
         limits: &Limits,
         diagnostics: &mut Vec<Diagnostic>,
     ) -> Templates {
-        let mut env = Environment::new();
-        env.set_undefined_behavior(UndefinedBehavior::Strict);
-        env.set_auto_escape_callback(|_| AutoEscape::None);
-        env.set_syntax(syntax());
-        env.set_fuel(Some(limits.template_fuel));
-        env.set_recursion_limit(RECURSION_LIMIT);
-        // `debug()` prints the engine's state, the names of every template in the
-        // fleet among it: a template's output would then depend on files that are
-        // not its inputs (and a manifest has no use for it).
-        env.remove_global("debug");
-        let cap = limits.max_template_output_bytes;
-        env.add_filter("join", move |value: &Value, joiner: Option<&str>| {
-            capped_join(value, joiner, cap)
-        });
-        env.add_filter("format", checked_format);
-        env.set_formatter(move |out, state, value| checked_write(out, state, value, cap));
-        env.add_filter(
-            "indent",
-            move |value: StringInput<'_>,
-                  width: Option<usize>,
-                  first: Option<bool>,
-                  blank: Option<bool>,
-                  kwargs: Kwargs| {
-                checked_indent(value, width, first, blank, kwargs, cap)
-            },
-        );
-        env.add_filter(
-            "replace",
-            move |state: &mut minijinja::State<'_, '_>,
-                  value: StringInput<'_>,
-                  from: StringInput<'_>,
-                  to: StringInput<'_>| { checked_replace(state, value, from, to, cap) },
-        );
-        env.add_filter(
-            "slice",
-            |state: &minijinja::State<'_, '_>, value: Value, count: usize, fill: Option<Value>| {
-                checked_count("slice", count)?;
-                minijinja::filters::slice(state, value, count, fill)
-            },
-        );
-        env.add_filter(
-            "batch",
-            |state: &minijinja::State<'_, '_>, value: Value, count: usize, fill: Option<Value>| {
-                checked_count("batch", count)?;
-                minijinja::filters::batch(state, value, count, fill)
-            },
-        );
+        let mut env = engine(limits);
         for path in paths {
             let Some(source) = snapshot.files.get(path) else {
                 continue;
@@ -164,8 +128,49 @@ impl Templates {
         }
         Templates {
             env,
+            fenced: Vec::new(),
+            fenced_of: HashMap::new(),
             fuel: limits.template_fuel,
             max_output_bytes: limits.max_template_output_bytes,
+        }
+    }
+
+    /// Confines the templates at `owned` (those of one tenant's workloads, manifests
+    /// and Helm values) to what `fence` allows: they are rendered by an engine that
+    /// holds only the fleet's templates inside the fence, and a template it renders
+    /// that loads any other (`{% include %}`, `{% import %}`, `{% from %}`,
+    /// `{% extends %}`, by any name, existing or not) fails with the fence's refusal
+    /// at the line that loads it. The platform's templates keep the engine of every
+    /// template. Syntax errors were reported by [`Templates::compile_with`].
+    pub(crate) fn confine<'a>(
+        &mut self,
+        owned: impl IntoIterator<Item = &'a String>,
+        fence: Fence,
+        limits: &Limits,
+    ) {
+        let mut env = engine(limits);
+        let inside: Vec<(String, String)> = self
+            .env
+            .templates()
+            .filter(|(name, _)| fence.allows(name))
+            .map(|(name, template)| (name.to_string(), template.source().to_string()))
+            .collect();
+        for (name, source) in inside {
+            // It compiled in the engine of every template, so it compiles here.
+            let _ = env.add_template_owned(name, source);
+        }
+        env.set_loader(move |name| {
+            if fence.allows(name) {
+                return Ok(None::<String>);
+            }
+            let refusal = fence.refusal(name);
+            Err(Error::new(ErrorKind::InvalidOperation, refusal.clone())
+                .with_source(Refused(refusal)))
+        });
+        let index = self.fenced.len();
+        self.fenced.push(env);
+        for path in owned {
+            self.fenced_of.insert(path.clone(), index);
         }
     }
 
@@ -180,7 +185,11 @@ impl Templates {
     /// The compiled template at `path`; `None` if it failed to compile. Looking one
     /// up takes a lock in the engine: a render of many clusters looks each up once.
     pub fn template(&self, path: &str) -> Option<Template<'_, '_>> {
-        self.env.get_template(path).ok()
+        let env = match self.fenced_of.get(path) {
+            Some(&index) => &self.fenced[index],
+            None => &self.env,
+        };
+        env.get_template(path).ok()
     }
 
     /// Renders `template` (the one at `path`, from [`Templates::template`]).
@@ -237,9 +246,86 @@ impl Templates {
             ))
             .in_file(path)
             .at_line(err.line().map(|line| line as u64))),
-            Err(err) => Err(describe(&err, path, Some(source))),
+            Err(err) => match refused(&err) {
+                // At the template and line that load the file, which may be one
+                // the rendered template includes.
+                Some((at, refusal)) => Err(Diagnostic::error(refusal.0.clone())
+                    .in_file(at.name().unwrap_or(path))
+                    .at_line(at.line().map(|line| line as u64))),
+                None => Err(describe(&err, path, Some(source))),
+            },
         }
     }
+}
+
+/// A tenant's template loaded a template outside the tenant's fence: the refusal.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Refused(String);
+
+/// The refusal in `err`, if the fence of a tenant's engine refused a template, with
+/// the error that says where: an included template's error is the source of the
+/// including one's.
+fn refused(err: &Error) -> Option<(&Error, &Refused)> {
+    let mut at = err;
+    loop {
+        let source = std::error::Error::source(at)?;
+        if let Some(refused) = source.downcast_ref::<Refused>() {
+            return Some((at, refused));
+        }
+        at = source.downcast_ref::<Error>()?;
+    }
+}
+
+/// An engine with flotilla's settings: strict undefined values, no escaping, the
+/// limits' fuel, and the filters made safe within `limits`.
+fn engine(limits: &Limits) -> Environment<'static> {
+    let mut env = Environment::new();
+    env.set_undefined_behavior(UndefinedBehavior::Strict);
+    env.set_auto_escape_callback(|_| AutoEscape::None);
+    env.set_syntax(syntax());
+    env.set_fuel(Some(limits.template_fuel));
+    env.set_recursion_limit(RECURSION_LIMIT);
+    // `debug()` prints the engine's state, the names of every template in the
+    // fleet among it: a template's output would then depend on files that are
+    // not its inputs (and a manifest has no use for it).
+    env.remove_global("debug");
+    let cap = limits.max_template_output_bytes;
+    env.add_filter("join", move |value: &Value, joiner: Option<&str>| {
+        capped_join(value, joiner, cap)
+    });
+    env.add_filter("format", checked_format);
+    env.set_formatter(move |out, state, value| checked_write(out, state, value, cap));
+    env.add_filter(
+        "indent",
+        move |value: StringInput<'_>,
+              width: Option<usize>,
+              first: Option<bool>,
+              blank: Option<bool>,
+              kwargs: Kwargs| { checked_indent(value, width, first, blank, kwargs, cap) },
+    );
+    env.add_filter(
+        "replace",
+        move |state: &mut minijinja::State<'_, '_>,
+              value: StringInput<'_>,
+              from: StringInput<'_>,
+              to: StringInput<'_>| { checked_replace(state, value, from, to, cap) },
+    );
+    env.add_filter(
+        "slice",
+        |state: &minijinja::State<'_, '_>, value: Value, count: usize, fill: Option<Value>| {
+            checked_count("slice", count)?;
+            minijinja::filters::slice(state, value, count, fill)
+        },
+    );
+    env.add_filter(
+        "batch",
+        |state: &minijinja::State<'_, '_>, value: Value, count: usize, fill: Option<Value>| {
+            checked_count("batch", count)?;
+            minijinja::filters::batch(state, value, count, fill)
+        },
+    );
+    env
 }
 
 /// Writes a value as minijinja does, after refusing a list or map whose written form

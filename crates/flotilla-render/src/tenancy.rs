@@ -12,7 +12,9 @@
 //! - Its workloads may read files only in their own folders, its overlays' folders
 //!   and `spec.sharedPaths`: a kustomization's reference to another tenant's file
 //!   (a SOPS file above all) is an error at its line, and so is a Helm chart or
-//!   values file elsewhere.
+//!   values file elsewhere, or a template its templates load (the tenant's
+//!   templates render in an engine of their own, see
+//!   [`crate::template::Templates::confine`]).
 //! - Its overlays act only on its workloads.
 //!
 //! Each broken rule is an error naming the tenant, the rule, the file and the line.
@@ -21,7 +23,7 @@
 //! others' clusters. The bundle's `meta.tenants` carries the rules on to the agent,
 //! which enforces them again.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -129,15 +131,19 @@ pub(crate) fn assign(fleet: &mut Fleet, diagnostics: &mut Vec<Diagnostic>) {
 
 /// The folders and files a tenant's workloads may read: its workloads' folders, its
 /// overlays' folders (or files, for overlays at the top of `overlays/`) and its
-/// `spec.sharedPaths`.
-pub(crate) struct Fence<'f> {
+/// `spec.sharedPaths`. It owns what it needs, so that the template engine of the
+/// tenant's templates can keep it (see [`crate::template::Templates::confine`]).
+#[derive(Clone, Debug)]
+pub(crate) struct Fence {
     prefixes: Vec<String>,
-    shared: &'f [Located<String>],
-    tenant: &'f Tenant,
+    shared: Vec<String>,
+    tenant: String,
+    /// The end of every refusal: the rule, the Tenant file and its shared paths.
+    rule: String,
 }
 
-impl<'f> Fence<'f> {
-    pub(crate) fn of(fleet: &'f Fleet, tenant: usize) -> Fence<'f> {
+impl Fence {
+    pub(crate) fn of(fleet: &Fleet, tenant: usize) -> Fence {
         let workloads = fleet
             .workloads
             .iter()
@@ -151,24 +157,29 @@ impl<'f> Fence<'f> {
                 Some((dir, _)) if dir != "overlays" => format!("{dir}/"),
                 _ => o.file.clone(),
             });
+        let owner = &fleet.tenants[tenant];
         Fence {
             prefixes: workloads.chain(overlays).collect(),
-            shared: &fleet.tenants[tenant].shared_paths,
-            tenant: &fleet.tenants[tenant],
+            shared: owner.shared_paths.iter().map(|p| p.value.clone()).collect(),
+            tenant: owner.name.clone(),
+            rule: format!(
+                "a tenant's files may refer only to its own workloads' and overlays' folders and to spec.sharedPaths of {} ({})",
+                owner.file,
+                shown_list(&owner.shared_paths)
+            ),
         }
     }
 
     pub(crate) fn allows(&self, path: &str) -> bool {
-        self.prefixes.iter().any(|p| path.starts_with(p.as_str())) || any_matches(self.shared, path)
+        self.prefixes.iter().any(|p| path.starts_with(p.as_str()))
+            || self.shared.iter().any(|p| glob_matches(p, path))
     }
 
     /// Why a file outside the fence cannot be read.
     pub(crate) fn refusal(&self, path: &str) -> String {
         format!(
-            "tenant {:?} may not read {path}: a tenant's files may refer only to its own workloads' and overlays' folders and to spec.sharedPaths of {} ({})",
-            self.tenant.name,
-            self.tenant.file,
-            shown_list(self.shared)
+            "tenant {:?} may not read {path}: {}",
+            self.tenant, self.rule
         )
     }
 
@@ -203,16 +214,102 @@ impl<'f> Fence<'f> {
     }
 }
 
+/// What a tenant's rules say of one of its resources, where no other resource of
+/// the cluster matters. A render judges each resource of a unit of work once, for
+/// every cluster that shares the unit, and each resource of a stencil by its
+/// identity (which every cluster filling it in shares): per cluster, only the
+/// cluster selector and the ClusterRoles the tenant ships there are left to check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Within the rules.
+    Allowed,
+    /// Outside them: the whole error message.
+    Refused(String),
+    /// It binds `role`, which `spec.clusterRoles` does not list: allowed only on a
+    /// cluster where the tenant ships that ClusterRole; `message` otherwise.
+    Binds { role: String, message: String },
+    /// A binding judged by its identity alone: its role is read on each cluster,
+    /// whose filled-in values may name another.
+    PerCluster,
+}
+
+/// The verdict of `tenant`'s rules on `resource` (see [`Verdict`]).
+pub(crate) fn judge(tenant: &Tenant, resource: &Resource) -> Verdict {
+    if let Some(message) = refusal(tenant, &resource.key) {
+        return Verdict::Refused(message);
+    }
+    match bound_cluster_role(resource) {
+        Some(role) if !any_matches(&tenant.cluster_roles, &role) => Verdict::Binds {
+            message: format!(
+                "tenant {:?}: {} binds ClusterRole {role:?}, which the tenant neither ships nor may bind (spec.clusterRoles of {}: {})",
+                tenant.name,
+                resource.key,
+                tenant.file,
+                shown_list(&tenant.cluster_roles)
+            ),
+            role,
+        },
+        _ => Verdict::Allowed,
+    }
+}
+
+/// The verdict of `tenant`'s rules on a resource known by its identity `key` only:
+/// [`Verdict::PerCluster`] for a binding its identity allows.
+pub(crate) fn judge_key(tenant: &Tenant, key: &ResourceKey) -> Verdict {
+    if let Some(message) = refusal(tenant, key) {
+        return Verdict::Refused(message);
+    }
+    if is_binding(key) {
+        Verdict::PerCluster
+    } else {
+        Verdict::Allowed
+    }
+}
+
+/// The error of a resource outside the tenant's namespaces or of a cluster-scoped
+/// kind it may not write.
+fn refusal(tenant: &Tenant, key: &ResourceKey) -> Option<String> {
+    let refusal = TenantRefusal::of(
+        tenant.namespaces.iter().map(|n| n.value.as_str()),
+        tenant.cluster_scoped.iter().map(|k| k.value.as_str()),
+        key,
+    )?;
+    let broken = match refusal {
+        TenantRefusal::OtherNamespace => format!(
+            "{key} is in namespace {:?}, which is not the tenant's (spec.namespaces of {}: {})",
+            key.namespace,
+            tenant.file,
+            shown_list(&tenant.namespaces)
+        ),
+        TenantRefusal::NotItsNamespace => format!(
+            "{key} is not one of the tenant's namespaces (spec.namespaces of {}: {})",
+            tenant.file,
+            shown_list(&tenant.namespaces)
+        ),
+        TenantRefusal::ClusterScoped => format!(
+            "{key} is cluster-scoped, and spec.clusterScoped of {} does not list {} ({})",
+            tenant.file,
+            key.kind,
+            shown_list(&tenant.cluster_scoped)
+        ),
+    };
+    Some(format!("tenant {:?}: {broken}", tenant.name))
+}
+
+/// A resource of a cluster for [`check_cluster`]: the resource, the file and line
+/// it came from, its workload (a fleet index) and its verdict if one was found
+/// before.
+pub(crate) type Judged<'r> = (&'r Resource, &'r str, u64, usize, Option<&'r Verdict>);
+
 /// The errors of one cluster's tenant rules: a tenant's workload that targets it
 /// outside the tenant's clusters, and each resource of a tenant's workload outside
 /// its namespaces, of a cluster-scoped kind it may not write, or binding a
-/// ClusterRole it does not own. `resources` gives each resource with the file and
-/// line it came from and its workload (a fleet index).
+/// ClusterRole it does not own. A resource without a verdict is judged here.
 pub(crate) fn check_cluster<'r>(
     fleet: &Fleet,
     cluster: &Cluster,
     targeted: &[usize],
-    resources: impl Iterator<Item = (&'r Resource, &'r str, u64, usize)> + Clone,
+    resources: impl Iterator<Item = Judged<'r>> + Clone,
 ) -> Vec<Diagnostic> {
     let mut errors = Vec::new();
     if fleet.tenants.is_empty() {
@@ -240,72 +337,56 @@ pub(crate) fn check_cluster<'r>(
     }
     // The ClusterRoles each tenant ships on this cluster are its own to bind.
     let shipped = |t: usize, role: &str| {
-        resources.clone().any(|(resource, _, _, w)| {
+        resources.clone().any(|(resource, _, _, w, _)| {
             fleet.workloads[w].tenant == Some(t)
                 && resource.key.kind == "ClusterRole"
                 && resource.key.group == RBAC
                 && resource.key.name == role
         })
     };
-    for (resource, file, line, w) in resources.clone() {
+    for (resource, file, line, w, verdict) in resources.clone() {
         let Some(t) = fleet.workloads[w].tenant else {
             continue;
         };
-        let tenant = &fleet.tenants[t];
-        let key = &resource.key;
-        let refusal = TenantRefusal::of(
-            tenant.namespaces.iter().map(|n| n.value.as_str()),
-            tenant.cluster_scoped.iter().map(|k| k.value.as_str()),
-            key,
+        let judged;
+        let verdict = match verdict {
+            Some(verdict) if *verdict != Verdict::PerCluster => verdict,
+            _ => {
+                judged = judge(&fleet.tenants[t], resource);
+                &judged
+            }
+        };
+        let message = match verdict {
+            Verdict::Allowed | Verdict::PerCluster => continue,
+            Verdict::Refused(message) => message,
+            Verdict::Binds { role, message } => {
+                if shipped(t, role) {
+                    continue;
+                }
+                message
+            }
+        };
+        errors.push(
+            Diagnostic::error(message.clone())
+                .in_file(file)
+                .at_line(Some(line))
+                .for_cluster(&cluster.name)
+                .for_workload(&fleet.workloads[w].name),
         );
-        let broken = refusal.map(|refusal| match refusal {
-            TenantRefusal::OtherNamespace => format!(
-                "{key} is in namespace {:?}, which is not the tenant's (spec.namespaces of {}: {})",
-                key.namespace,
-                tenant.file,
-                shown_list(&tenant.namespaces)
-            ),
-            TenantRefusal::NotItsNamespace => format!(
-                "{key} is not one of the tenant's namespaces (spec.namespaces of {}: {})",
-                tenant.file,
-                shown_list(&tenant.namespaces)
-            ),
-            TenantRefusal::ClusterScoped => format!(
-                "{key} is cluster-scoped, and spec.clusterScoped of {} does not list {} ({})",
-                tenant.file,
-                key.kind,
-                shown_list(&tenant.cluster_scoped)
-            ),
-        });
-        let broken = broken.or_else(|| {
-            let role = bound_cluster_role(resource)?;
-            (!any_matches(&tenant.cluster_roles, &role) && !shipped(t, &role)).then(|| {
-                format!(
-                    "{key} binds ClusterRole {role:?}, which the tenant neither ships nor may bind (spec.clusterRoles of {}: {})",
-                    tenant.file,
-                    shown_list(&tenant.cluster_roles)
-                )
-            })
-        });
-        if let Some(message) = broken {
-            errors.push(
-                Diagnostic::error(format!("tenant {:?}: {message}", tenant.name))
-                    .in_file(file)
-                    .at_line(Some(line))
-                    .for_cluster(&cluster.name)
-                    .for_workload(&fleet.workloads[w].name),
-            );
-        }
     }
     errors
 }
 
 const RBAC: &str = "rbac.authorization.k8s.io";
 
+/// Whether `key` is a RoleBinding's or a ClusterRoleBinding's.
+fn is_binding(key: &ResourceKey) -> bool {
+    key.group == RBAC && matches!(key.kind.as_str(), "RoleBinding" | "ClusterRoleBinding")
+}
+
 /// The ClusterRole a RoleBinding or ClusterRoleBinding refers to.
 fn bound_cluster_role(resource: &Resource) -> Option<String> {
-    let key = &resource.key;
-    if key.group != RBAC || !matches!(key.kind.as_str(), "RoleBinding" | "ClusterRoleBinding") {
+    if !is_binding(&resource.key) {
         return None;
     }
     let value = resource.value();
@@ -434,8 +515,8 @@ pub(crate) fn with_platform_objects(
     fleet: &Fleet,
     cluster: &Cluster,
     targeted: &[usize],
-    resources: Vec<Arc<Resource>>,
-    resource_workloads: Vec<u32>,
+    (resources, resource_workloads): BundleLists,
+    made: &PlatformObjects,
 ) -> Result<BundleLists, Vec<Diagnostic>> {
     if fleet.tenants.is_empty() {
         return Ok((resources, resource_workloads));
@@ -471,8 +552,7 @@ pub(crate) fn with_platform_objects(
     }
     let mut added: Vec<Arc<Resource>> = namespaces
         .iter()
-        .flat_map(|&(t, namespace)| tenant_objects(&fleet.tenants[t].name, namespace))
-        .map(Arc::new)
+        .flat_map(|&(t, namespace)| made.of(fleet, t, namespace))
         .collect();
     added.sort_by(|a, b| a.key.cmp(&b.key));
     let mut errors = Vec::new();
@@ -517,6 +597,44 @@ pub(crate) fn with_platform_objects(
         }
     }
     Ok((resources, workloads))
+}
+
+/// The objects [`with_platform_objects`] adds for each tenant and namespace, made
+/// once per render for the namespaces of the tenants' shared units of work and
+/// shared by every bundle that has them (40 of them on each of 10,000 clusters for
+/// a fleet of 4 tenants with 5 namespaces each).
+#[derive(Default)]
+pub(crate) struct PlatformObjects {
+    /// Per tenant, per namespace, its ServiceAccount and RoleBinding.
+    made: Vec<HashMap<String, [Arc<Resource>; 2]>>,
+}
+
+impl PlatformObjects {
+    /// The objects of each (tenant, namespace) among `namespaces`.
+    pub(crate) fn new<'a>(
+        fleet: &Fleet,
+        namespaces: impl IntoIterator<Item = (usize, &'a str)>,
+    ) -> PlatformObjects {
+        let mut made: Vec<HashMap<String, [Arc<Resource>; 2]>> =
+            vec![HashMap::new(); fleet.tenants.len()];
+        for (t, namespace) in namespaces {
+            if let Some(of_tenant) = made.get_mut(t)
+                && !of_tenant.contains_key(namespace)
+            {
+                let objects = tenant_objects(&fleet.tenants[t].name, namespace).map(Arc::new);
+                of_tenant.insert(namespace.to_string(), objects);
+            }
+        }
+        PlatformObjects { made }
+    }
+
+    /// The objects of tenant `t` in `namespace`: the shared ones, or made now.
+    fn of(&self, fleet: &Fleet, t: usize, namespace: &str) -> [Arc<Resource>; 2] {
+        match self.made.get(t).and_then(|m| m.get(namespace)) {
+            Some(objects) => objects.clone(),
+            None => tenant_objects(&fleet.tenants[t].name, namespace).map(Arc::new),
+        }
+    }
 }
 
 /// A tenant's `Namespace` object with the label of its Pod Security level, which

@@ -26,6 +26,7 @@ use crate::load::{Cluster, Fleet};
 use crate::scope::CustomScopes;
 use crate::select::targeted_workloads;
 use crate::stencil::StencilUnit;
+use crate::tenancy::{PlatformObjects, Verdict};
 use crate::{ClusterProvenance, RenderOutput};
 
 /// One cluster's bundle and where its parts came from, or its errors.
@@ -100,6 +101,19 @@ pub(super) struct UnitsDone<'a> {
     pub(super) stencils: &'a [Option<StencilUnit>],
     pub(super) scope_table: &'a [CustomScopes],
     pub(super) context: &'a UnitContext<'a>,
+    pub(super) tenancy: &'a Tenancy,
+}
+
+/// The tenants' rules judged once for what clusters share (see
+/// [`crate::tenancy::Verdict`]); empty without tenants.
+#[derive(Default)]
+pub(super) struct Tenancy {
+    /// Per unit, the verdict on each of its resources (none for the platform's).
+    pub(super) verdicts: Vec<Vec<Verdict>>,
+    /// Per stencil slot, the verdict on each of its resources, by identity.
+    pub(super) stencil_verdicts: Vec<Vec<Verdict>>,
+    /// The objects added for the tenants' namespaces.
+    pub(super) objects: PlatformObjects,
 }
 
 /// What assembling one cluster gave, and what rendering its own outputs found: the
@@ -146,7 +160,8 @@ pub(super) fn assemble(
     };
     let mut done = ClusterDone::default();
     // The cluster's own outputs first, so that the list below can borrow them.
-    let mut own: Vec<(u32, SourcedResource, usize)> = Vec::new();
+    // With each, its tenant's verdict when its stencil had one.
+    let mut own: Vec<(u32, SourcedResource, usize, Option<&Verdict>)> = Vec::new();
     let mut patch_matches = Vec::new();
     for (plan, &group) in plans.iter().zip(plan_groups) {
         let first = done.matched.len();
@@ -158,11 +173,16 @@ pub(super) fn assemble(
                 && let Some(filled) = fill(stencil, shape, values, units.context.max_resource_bytes)
             {
                 let ranks = &units.ranks.stencils[slot];
+                let verdicts = units.tenancy.stencil_verdicts.get(slot);
                 own.extend(
                     ranks
                         .iter()
                         .zip(filled)
-                        .map(|(&rank, item)| (rank, item, plan.workload)),
+                        .enumerate()
+                        .map(|(i, (&rank, item))| {
+                            let verdict = verdicts.and_then(|v| v.get(i));
+                            (rank, item, plan.workload, verdict)
+                        }),
                 );
                 done.matched
                     .extend(matched_pairs(&units.groups[group], &stencil.matched));
@@ -185,7 +205,7 @@ pub(super) fn assemble(
             match result {
                 Ok(rendered) => own.extend(rendered.into_iter().map(|item| {
                     let rank = units.ranks.of_key.get(&*item.resource.key);
-                    (rank.copied().unwrap_or(u32::MAX), item, plan.workload)
+                    (rank.copied().unwrap_or(u32::MAX), item, plan.workload, None)
                 })),
                 Err(errors) => done.errors.extend(errors.into_iter().map(|diagnostic| {
                     diagnostic
@@ -222,7 +242,7 @@ pub(super) fn assemble(
     }
     ranked.extend(
         own.iter()
-            .map(|(rank, item, workload)| (*rank, item, *workload)),
+            .map(|(rank, item, workload, _)| (*rank, item, *workload)),
     );
     // A stable sort keeps equal identities in workload order, so the duplicate is
     // reported at the later one.
@@ -273,14 +293,28 @@ pub(super) fn assemble(
             );
         }
     }
-    done.errors.extend(crate::tenancy::check_cluster(
-        fleet,
-        cluster,
-        job.targeted,
-        ranked
-            .iter()
-            .map(|(_, item, w)| (&*item.resource, &*item.file, item.line, *w)),
-    ));
+    if !fleet.tenants.is_empty() {
+        // The units' resources with their verdicts, then the cluster's own outputs
+        // (the order of a cluster's errors is not kept: they are sorted).
+        let of_units = unit_list.iter().flat_map(|&unit| {
+            let workload = units.groups[units.keys[unit].group].workload;
+            let verdicts = units.tenancy.verdicts.get(unit);
+            let resources = units.rendered[unit].as_deref().unwrap_or_default();
+            resources.iter().enumerate().map(move |(i, item)| {
+                let verdict = verdicts.and_then(|v| v.get(i));
+                (&*item.resource, &*item.file, item.line, workload, verdict)
+            })
+        });
+        let of_own = own.iter().map(|(_, item, workload, verdict)| {
+            (&*item.resource, &*item.file, item.line, *workload, *verdict)
+        });
+        done.errors.extend(crate::tenancy::check_cluster(
+            fleet,
+            cluster,
+            job.targeted,
+            of_units.chain(of_own),
+        ));
+    }
     done.errors
         .extend(secret_values_in_metadata(&ranked, &cluster.name));
     done.errors
@@ -334,8 +368,8 @@ pub(super) fn assemble(
         fleet,
         cluster,
         job.targeted,
-        resources,
-        resource_workloads,
+        (resources, resource_workloads),
+        &units.tenancy.objects,
     ) {
         Ok(lists) => lists,
         Err(errors) => {

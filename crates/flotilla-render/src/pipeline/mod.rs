@@ -79,21 +79,25 @@ pub(crate) fn render_inner(
     let mut template_paths: Vec<&String> =
         fleet.workloads.iter().flat_map(|w| &w.templates).collect();
     // Helm values files that are templates are compiled with the manifests'.
-    let values_templates = fleet
-        .workloads
-        .iter()
-        .filter_map(|w| w.helm.as_deref())
-        .flat_map(|r| &r.values_files)
-        .filter_map(|file| match file {
-            release::ValuesFile::Template { path } => Some(path),
-            release::ValuesFile::Static { .. } => None,
-        });
-    let templates = Templates::compile_with(
+    let values_templates = fleet.workloads.iter().flat_map(values_templates_of);
+    let mut templates = Templates::compile_with(
         snapshot,
         template_paths.iter().copied().chain(values_templates),
         limits,
         &mut diagnostics,
     );
+    // A tenant's templates may load only templates inside its fence.
+    for tenant in 0..fleet.tenants.len() {
+        let owned: Vec<&String> = fleet
+            .workloads
+            .iter()
+            .filter(|w| w.tenant == Some(tenant))
+            .flat_map(|w| w.templates.iter().chain(values_templates_of(w)))
+            .collect();
+        if !owned.is_empty() {
+            templates.confine(owned, crate::tenancy::Fence::of(&fleet, tenant), limits);
+        }
+    }
     // Each template's shape, read once: most outputs are then read without parsing.
     let mut shapes: Vec<Option<Shape>> = template_paths
         .par_iter()
@@ -352,6 +356,19 @@ pub(crate) fn render_inner(
         .retain(|name, _| output.bundles.contains_key(name));
     output.provenance = provenance;
     output
+}
+
+/// The Helm values files of `workload` that are templates.
+fn values_templates_of(workload: &load::Workload) -> impl Iterator<Item = &String> {
+    workload
+        .helm
+        .as_deref()
+        .into_iter()
+        .flat_map(|r| &r.values_files)
+        .filter_map(|file| match file {
+            release::ValuesFile::Template { path } => Some(path),
+            release::ValuesFile::Static { .. } => None,
+        })
 }
 
 /// The list in `lists` equal to `list` (added if there is none).

@@ -18,13 +18,13 @@ use flotilla_core::diagnostic::Diagnostic;
 use flotilla_core::limits::Limits;
 
 use super::HelmContext;
-use super::assemble::{Assembled, ClusterDone, Ranks, UnitsDone, assemble};
+use super::assemble::{Assembled, ClusterDone, Ranks, Tenancy, UnitsDone, assemble};
 use super::plan::{ClusterPlan, Compiled, Written, intern_outputs, plan_cluster};
 use super::since::Job;
 use super::stop::Stop;
 use super::units::{
-    OutputTexts, StencilSlots, UnitContext, UnitResult, custom_scopes, plan_units, render_unit,
-    report_unit_errors, scopes_defined_by,
+    OutputTexts, StencilSlots, UnitContext, UnitResult, Units, custom_scopes, plan_units,
+    render_unit, report_unit_errors, scopes_defined_by,
 };
 use crate::load::{Cluster, Fleet, Overlay};
 use crate::patch::PatchLimits;
@@ -32,6 +32,7 @@ use crate::scope::{self, CustomScopes};
 use crate::shape::Shape;
 use crate::stencil::{self, StencilUnit};
 use crate::template::{self, Templates, WorkloadContext};
+use crate::tenancy::{self, PlatformObjects, Verdict};
 
 /// Everything a render shares between its clusters.
 pub(super) struct Shared<'a> {
@@ -264,6 +265,7 @@ pub(super) fn render_clusters(
         .flat_map(|group| group.overlays.iter().copied())
         .collect();
     let ranks = Ranks::of(&rendered, &stencils);
+    let tenancy = judge_tenancy(fleet, &units, &rendered, &slots, &stencils);
     let overlay_files: Vec<Arc<str>> = fleet
         .overlays
         .iter()
@@ -280,6 +282,7 @@ pub(super) fn render_clusters(
         stencils: &stencils,
         scope_table: &scope_table,
         context: &context,
+        tenancy: &tenancy,
     };
 
     // Phase 3, per cluster: gather (filling in the outputs of its own), check
@@ -349,4 +352,78 @@ pub(super) fn render_clusters(
         used_overlays,
         matched,
     })
+}
+
+/// The tenants' rules judged once for what clusters share (see
+/// [`crate::tenancy::Verdict`]): each resource of a tenant's unit of work and of a
+/// tenant's stencil, and the objects added for the namespaces those resources are
+/// in. Nothing without tenants.
+fn judge_tenancy(
+    fleet: &Fleet,
+    units: &Units,
+    rendered: &[UnitResult],
+    slots: &StencilSlots,
+    stencils: &[Option<StencilUnit>],
+) -> Tenancy {
+    if fleet.tenants.is_empty() {
+        return Tenancy::default();
+    }
+    let tenant_of = |group: usize| fleet.workloads[units.groups[group].workload].tenant;
+    let verdicts: Vec<Vec<Verdict>> = units
+        .keys
+        .par_iter()
+        .zip(rendered.par_iter())
+        .map(|(key, unit)| match (tenant_of(key.group), unit) {
+            (Some(t), Ok(resources)) => resources
+                .iter()
+                .map(|r| tenancy::judge(&fleet.tenants[t], &r.resource))
+                .collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    let stencil_verdicts: Vec<Vec<Verdict>> = slots
+        .keys
+        .par_iter()
+        .zip(stencils.par_iter())
+        .map(|(&(group, _), stencil)| match (tenant_of(group), stencil) {
+            (Some(t), Some(stencil)) => stencil
+                .resources
+                .iter()
+                .map(|r| tenancy::judge_key(&fleet.tenants[t], &r.key))
+                .collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    let unit_namespaces = units
+        .keys
+        .iter()
+        .zip(rendered)
+        .filter_map(|(key, unit)| Some((tenant_of(key.group)?, unit.as_ref().ok()?)));
+    let unit_namespaces = unit_namespaces.flat_map(|(t, resources)| {
+        resources
+            .iter()
+            .map(move |r| (t, r.resource.key.namespace.as_str()))
+    });
+    let stencil_namespaces = slots
+        .keys
+        .iter()
+        .zip(stencils)
+        .filter_map(|(&(group, _), stencil)| Some((tenant_of(group)?, stencil.as_ref()?)))
+        .flat_map(|(t, stencil)| {
+            stencil
+                .resources
+                .iter()
+                .map(move |r| (t, r.key.namespace.as_str()))
+        });
+    let objects = PlatformObjects::new(
+        fleet,
+        unit_namespaces
+            .chain(stencil_namespaces)
+            .filter(|(_, namespace)| !namespace.is_empty()),
+    );
+    Tenancy {
+        verdicts,
+        stencil_verdicts,
+        objects,
+    }
 }

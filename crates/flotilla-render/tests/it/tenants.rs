@@ -217,6 +217,86 @@ fn binding_a_cluster_role_the_tenant_does_not_own_is_refused() {
     assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
 }
 
+/// team-a's `shop` on `north` and `west` (both site a) binding `manifest`'s
+/// ClusterRole, and its `shop-roles` shipping ClusterRoles `shipped` on `north` only.
+fn bindings_on_two_clusters(manifest: &str, shipped: &[&str]) -> Vec<(String, String)> {
+    let mut roles: String = shipped
+        .iter()
+        .map(|role| {
+            format!(
+                "---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: {role}\nrules: []\n"
+            )
+        })
+        .collect();
+    if roles.is_empty() {
+        roles = config_map("roles");
+    }
+    let mut files = with(
+        base(),
+        vec![
+            cluster("west", "a"),
+            tenant(
+                "team-a",
+                "  workloads: [shop, shop-*]\n  namespaces: [team-a]\n  clusterScoped: [ClusterRole]\n",
+            ),
+            file(
+                "workloads/shop/workload.yaml",
+                "apiVersion: flotilla.dev/v1alpha1\nkind: Workload\nmetadata:\n  name: shop\nspec:\n  namespace: team-a\n  targets:\n    - cluster: north\n    - cluster: west\n",
+            ),
+        ],
+    );
+    files.retain(|(path, _)| !path.starts_with("workloads/shop/manifests/"));
+    files.push(file("workloads/shop/manifests/binding.yaml.j2", manifest));
+    files.extend(workload("shop-roles", "north", "team-a", &roles));
+    files
+}
+
+#[test]
+fn a_binding_every_cluster_shares_is_judged_on_each_by_the_roles_the_tenant_ships_there() {
+    let message = |role: &str| {
+        format!(
+            "tenant \"team-a\": RoleBinding.rbac.authorization.k8s.io team-a/shop-admins binds ClusterRole \"{role}\", which the tenant neither ships nor may bind (spec.clusterRoles of tenants/team-a.yaml: none)"
+        )
+    };
+    // One binding for both clusters, its role shipped on north only.
+    let output = rendered(&bindings_on_two_clusters(
+        &binding("shop-operator"),
+        &["shop-operator"],
+    ));
+    let found = errors(&output);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(found[0].message, message("shop-operator"));
+    assert_eq!(found[0].cluster.as_deref(), Some("west"));
+    assert_eq!(found[0].line, Some(1));
+    assert!(output.bundles.contains_key("north"));
+    assert!(!output.bundles.contains_key("west"));
+
+    // A binding whose role each cluster fills in: north's is shipped, west's is not.
+    let per_cluster = binding("shop-{{ cluster.name }}");
+    let output = rendered(&bindings_on_two_clusters(&per_cluster, &["shop-north"]));
+    let found = errors(&output);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(found[0].message, message("shop-west"));
+    assert_eq!(found[0].cluster.as_deref(), Some("west"));
+    assert!(output.bundles.contains_key("north"));
+
+    // A resource outside the namespaces in a unit both clusters share: an error on
+    // each, folded into one line naming both.
+    let outside =
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: sneaky\n  namespace: kube-system\n";
+    let output = rendered(&bindings_on_two_clusters(outside, &[]));
+    let found = errors(&output);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(
+        found[0].message,
+        "tenant \"team-a\": ConfigMap kube-system/sneaky is in namespace \"kube-system\", which is not the tenant's (spec.namespaces of tenants/team-a.yaml: team-a)"
+    );
+    assert_eq!(
+        found[0].cluster.as_deref(),
+        Some("north and 1 other cluster")
+    );
+}
+
 #[test]
 fn a_tenants_workload_may_target_only_the_tenants_clusters() {
     let files = with(
@@ -277,6 +357,160 @@ fn a_kustomization_may_not_read_another_tenants_files() {
     );
     let output = rendered(&files);
     assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+}
+
+/// A file of the fleet, as (path, text).
+fn file(path: &str, text: &str) -> (String, String) {
+    (path.to_string(), text.to_string())
+}
+
+/// A ConfigMap template of `name` whose data is `data`, a line or a tag of its own.
+fn config_map_template(name: &str, data: &str) -> String {
+    format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\ndata:\n{data}\n")
+}
+
+/// team-b's template `workloads/till/manifests/key.yaml.j2` (its Secret, and a macro
+/// that writes it), the platform's template `workloads/agent/manifests/lib.j2` (a
+/// macro only), and team-a's `shop` with the template `steal.yaml.j2` holding `data`.
+fn templates_with(data: &str) -> Vec<(String, String)> {
+    with(
+        base(),
+        vec![
+            file(
+                "workloads/till/manifests/key.yaml.j2",
+                "{% macro key() %}  key: hunter2{% endmacro %}apiVersion: v1\nkind: Secret\nmetadata:\n  name: till-key\nstringData:\n{{ key() }}\n",
+            ),
+            file(
+                "workloads/agent/manifests/lib.j2",
+                "{% macro entry() %}  a: b{% endmacro %}",
+            ),
+            file(
+                "workloads/shop/manifests/steal.yaml.j2",
+                &config_map_template("steal", data),
+            ),
+        ],
+    )
+}
+
+/// The refusal of team-a's reading `path`, as the render words it.
+fn refusal(path: &str) -> String {
+    format!(
+        "tenant \"team-a\" may not read {path}: a tenant's files may refer only to its own workloads' and overlays' folders and to spec.sharedPaths of tenants/team-a.yaml (none)"
+    )
+}
+
+#[test]
+fn a_tenants_template_may_not_load_another_tenants_or_the_platforms_template() {
+    let key = "workloads/till/manifests/key.yaml.j2";
+    let lib = "workloads/agent/manifests/lib.j2";
+    let loads = [
+        (format!("{{% include \"{key}\" %}}"), key),
+        (
+            format!(
+                "{{% include [\"{key}\", \"workloads/shop/manifests/steal.yaml.j2\"] ignore missing %}}"
+            ),
+            key,
+        ),
+        (
+            format!("{{% import \"{key}\" as till %}}{{{{ till.key() }}}}"),
+            key,
+        ),
+        (
+            format!("{{% from \"{lib}\" import entry %}}{{{{ entry() }}}}"),
+            lib,
+        ),
+        (format!("{{% extends \"{lib}\" %}}"), lib),
+        // A name that is no template at all: refused for where it points, not missing.
+        (
+            "{% include \"workloads/till/secret.sops.yaml\" %}".to_string(),
+            "workloads/till/secret.sops.yaml",
+        ),
+        // A name made as the template runs.
+        (
+            "{% include \"workloads/\" ~ \"till\" ~ \"/manifests/key.yaml.j2\" %}".to_string(),
+            key,
+        ),
+    ];
+    for (data, path) in loads {
+        let output = rendered(&templates_with(&data));
+        // team-b's and the platform's clusters render, their templates as before.
+        let error = only_error(&output, "north");
+        assert_eq!(error.message, refusal(path), "{data}");
+        assert_eq!(
+            error.file.as_deref(),
+            Some("workloads/shop/manifests/steal.yaml.j2"),
+            "{data}"
+        );
+        assert_eq!(error.line, Some(6), "{data}");
+        assert_eq!(error.cluster.as_deref(), Some("north"), "{data}");
+        let till = contents(&output, "south");
+        assert!(
+            till.contains(&row("till", "Secret", "team-b", "till-key")),
+            "{till:?}"
+        );
+    }
+}
+
+#[test]
+fn a_tenants_template_loads_its_own_templates_and_its_shared_paths() {
+    let own = with(
+        templates_with("{% from \"workloads/shop/manifests/lib.j2\" import entry %}{{ entry() }}"),
+        vec![file(
+            "workloads/shop/manifests/lib.j2",
+            "{% macro entry() %}  a: b{% endmacro %}",
+        )],
+    );
+    let output = rendered(&own);
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+    assert!(contents(&output, "north").contains(&row("shop", "ConfigMap", "team-a", "steal")));
+
+    // What its own template loads is held to the same fence, at that template's line.
+    let nested = with(
+        templates_with("{% include \"workloads/shop/manifests/lib.j2\" %}"),
+        vec![file(
+            "workloads/shop/manifests/lib.j2",
+            "{# team-b's #}\n{% include \"workloads/till/manifests/key.yaml.j2\" %}",
+        )],
+    );
+    let output = rendered(&nested);
+    let found = errors(&output);
+    assert!(!output.bundles.contains_key("north"));
+    assert!(output.bundles.contains_key("south"));
+    assert!(!found.is_empty());
+    assert!(
+        found.iter().all(
+            |e| e.message == refusal("workloads/till/manifests/key.yaml.j2")
+                && e.file.as_deref() == Some("workloads/shop/manifests/lib.j2")
+                && e.line == Some(2)
+        ),
+        "{found:#?}"
+    );
+
+    // A template in spec.sharedPaths may be loaded.
+    let shared = with(
+        templates_with("{% from \"workloads/agent/manifests/lib.j2\" import entry %}{{ entry() }}"),
+        vec![tenant(
+            "team-a",
+            "  workloads: [shop]\n  namespaces: [team-a]\n  sharedPaths: [\"workloads/agent/manifests/lib.j2\"]\n",
+        )],
+    );
+    let output = rendered(&shared);
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+}
+
+#[test]
+fn the_platforms_templates_load_any_template_as_before() {
+    let mut files = templates_with("  a: b");
+    files.push(file(
+        "workloads/agent/manifests/all.yaml.j2",
+        &config_map_template(
+            "all",
+            "{% from \"workloads/till/manifests/key.yaml.j2\" import key %}{{ key() }}",
+        ),
+    ));
+    let output = rendered(&files);
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+    assert!(contents(&output, "east").contains(&row("", "ConfigMap", "kube-system", "all")));
 }
 
 #[test]
