@@ -5,13 +5,17 @@
 #     && benches/agent-footprint.sh [IDLE_SECONDS]
 #   AGENT_BIN=target/release/flotilla benches/agent-footprint.sh   # `flotilla agent` instead
 #   SYNTHETIC=2000 benches/agent-footprint.sh     # a bundle of 2,000 ConfigMaps instead
+#   FAKE_BIN=target/release/examples/fake_api_server benches/agent-footprint.sh
 #
 # Renders one cluster of fleet-example (or makes a synthetic bundle of $SYNTHETIC
 # ConfigMaps of about 1 KiB each), lays it out as `flotilla publish` would, and
 # runs the edge agent (`flotilla-agent`) with the dir sink: against the folder (file://), against a
 # static web server on loopback (http://, python3's http.server, which answers at
 # once, so the agent paces itself to one request per --wait), and (fleet-example
-# only) against the real hub, `flotilla serve`, which holds each long-poll. After
+# only) against the real hub, `flotilla serve`, which holds each long-poll; and
+# (fleet-example only, with FAKE_BIN: `cargo build --release -p flotilla-kube-fake
+# --example fake_api_server`) with the kube sink, applying to the fake API server
+# over HTTPS through a kubeconfig, from the folder. After
 # the first apply it samples VmRSS/VmHWM from /proc/PID/status and utime+stime from
 # /proc/PID/stat over IDLE_SECONDS (default 30) of idle polling.
 set -euo pipefail
@@ -65,7 +69,9 @@ kib() { awk -v key="$2:" '$1 == key {print $2}' "/proc/$1/status"; }
 measure() {
   local label="$1"; shift
   local state="$work/state-$label" target="$work/target-$label"
-  "${agent_cmd[@]}" --cluster "$cluster" --state-dir "$state" --sink "dir:$target" \
+  local sink="dir:$target"
+  [ "$label" = kube ] && sink=kube
+  "${agent_cmd[@]}" --cluster "$cluster" --state-dir "$state" --sink "$sink" \
     --wait 30s "$@" 2>"$work/$label.log" &
   local pid=$!
   pids+=("$pid")
@@ -109,4 +115,16 @@ if [ -z "${SYNTHETIC:-}" ]; then
     > "$work/hub-token"
   sleep 2  # the hub picks up new tokens within a second
   measure hub --server "http://127.0.0.1:$hub_port" --token-file "$work/hub-token"
+fi
+
+if [ -z "${SYNTHETIC:-}" ] && [ -n "${FAKE_BIN:-}" ]; then
+  mkdir -p "$work/fake"
+  "$FAKE_BIN" "$work/fake" >"$work/fake.log" 2>&1 &
+  pids+=("$!")
+  for _ in $(seq 100); do
+    grep -q '^ready' "$work/fake.log" && break
+    sleep 0.1
+  done
+  grep -q '^ready' "$work/fake.log" || { cat "$work/fake.log"; exit 1; }
+  KUBECONFIG="$work/fake/kubeconfig" measure kube --server "file://$work/pub"
 fi
