@@ -624,6 +624,39 @@ fn judge_reads_reports_as_the_fleet_summary_does() {
         Health::Elsewhere
     );
     assert_eq!(judge(&report(None, None, None), &target), Health::Elsewhere);
+    // Drift is a flag beside the state, never a health: whatever the agent did about
+    // it, a report judges as the same report without it.
+    for action in [
+        crate::status::DriftAction::Corrected,
+        crate::status::DriftAction::Reported,
+        crate::status::DriftAction::Fighting,
+    ] {
+        for state in [
+            None,
+            Some(ResourceState::Healthy),
+            Some(ResourceState::Progressing),
+        ] {
+            let plain = report(Some('b'), Some('b'), state);
+            let drifted = StatusReport {
+                drift: vec![crate::status::DriftedResource {
+                    group: "apps".into(),
+                    kind: "Deployment".into(),
+                    namespace: "pos".into(),
+                    name: "api".into(),
+                    fields: vec!["spec.replicas".into()],
+                    managers: vec!["kubectl-edit".into()],
+                    deleted: false,
+                    action,
+                }],
+                ..plain.clone()
+            };
+            assert_eq!(
+                judge(&drifted, &target),
+                judge(&plain, &target),
+                "{action:?}"
+            );
+        }
+    }
 }
 
 #[test]
