@@ -9,7 +9,9 @@
 # characters (about 10 MB), publishes it with deltas, runs the agent with the dir
 # sink until it has applied it, and prints VmHWM and VmRSS; then changes one field,
 # publishes again (the agent takes the change as a delta from the bundle it runs)
-# and prints them again once that is applied.
+# and prints them again once that is applied. Each reading is taken 3 s after the apply,
+# so that it also covers the agent's next reads of the folder (once per `--wait 1s`):
+# the first of them rebuilds the delta from the new bundle to itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -62,6 +64,7 @@ fi
 pid=$!
 first="$(digest)"
 applied "$first"
+sleep 3
 echo "after the bundle taken whole: $(memory)"
 
 sed -i 's/level: info/level: debug/' "$fleet/workloads/big/manifests/cm-100.yaml"
@@ -70,4 +73,5 @@ second="$(digest)"
 echo "delta from the bundle it runs: $(stat -c %s "$mirror/v1/clusters/edge-1/deltas/$first") bytes"
 applied "$second"
 grep -q "received as a delta" "$work/state/status.json" || { echo "the change did not come as a delta" >&2; exit 1; }
+sleep 3
 echo "after the change taken as a delta: $(memory)"

@@ -623,6 +623,57 @@ async fn a_broken_delta_is_dropped_and_the_agent_takes_the_full_document() {
     agent.stop().await;
 }
 
+/// The agent rebuilds a delta against the stored document's body where it lies when
+/// the document is laid out as served; a stored document laid out otherwise (spaced
+/// out, still the same bundle) is read and verified in full, and serves as the base
+/// all the same: the change still arrives as a delta.
+#[tokio::test]
+async fn a_stored_base_laid_out_otherwise_still_serves_a_delta() {
+    let server = Tampering::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let address = listener.local_addr().expect("address");
+    tokio::spawn(server.clone().serve(listener));
+    let entries = |value: &str| {
+        bundle(
+            CLUSTER,
+            vec![config_map("a", value), config_map("b", "unchanged")],
+        )
+    };
+    let first = entries("one");
+    *server.serving.lock().expect("lock") = Some((first.clone(), Vec::new()));
+    let site = tempfile::tempdir().expect("tempdir");
+    let mut agent = start_agent(
+        site.path(),
+        &format!("http://{address}/"),
+        "flt_test",
+        Duration::from_millis(100),
+        None,
+    );
+    agent.applied(&first.digest).await;
+
+    let stored = site.path().join("state").join(STORED);
+    let document: Value =
+        serde_json::from_slice(&std::fs::read(&stored).expect("stored")).expect("json");
+    std::fs::write(
+        &stored,
+        serde_json::to_vec_pretty(&document).expect("serialises"),
+    )
+    .expect("rewrites the stored document");
+    let target = entries("two");
+    let delta = flotilla_hub::delta::encode(&first.canonical_body(), &target.document(REVISION))
+        .expect("encodes");
+    *server.serving.lock().expect("lock") = Some((target.clone(), delta));
+    let report = agent.applied(&target.digest).await;
+    assert!(
+        report.message.contains("received as a delta"),
+        "{}",
+        report.message
+    );
+    agent.stop().await;
+}
+
 /// When what the hub serves a cluster changes, the delta from the digest its agent
 /// reported applying is made at once, before any poll asks for it: the agent's first
 /// request after the change gets it.

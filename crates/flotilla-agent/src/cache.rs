@@ -112,10 +112,8 @@ impl StateDir {
     /// agent holds, kept atomically with the bundle it came with.
     pub fn load_document(&self, cluster: &str) -> Result<Option<VerifiedDocument>, StateError> {
         let path = self.path.join(BUNDLE_FILE);
-        let bytes = match fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(StateError::Io { path, source }),
+        let Some(bytes) = self.load_document_bytes()? else {
+            return Ok(None);
         };
         match bundle::verify_document_parts(&bytes, Some(cluster)) {
             Ok(document) => Ok(Some(document)),
@@ -138,6 +136,17 @@ impl StateDir {
                 })?;
                 Ok(None)
             }
+        }
+    }
+
+    /// The last-known-good document's bytes as stored, not verified (for a delta's
+    /// base, whose digest the caller checks).
+    pub fn load_document_bytes(&self) -> Result<Option<Vec<u8>>, StateError> {
+        let path = self.path.join(BUNDLE_FILE);
+        match fs::read(&path) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(StateError::Io { path, source }),
         }
     }
 

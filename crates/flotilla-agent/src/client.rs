@@ -470,6 +470,12 @@ impl HubClient {
         Ok(self)
     }
 
+    /// Whether the server is a static mirror (a folder, or a web server holding
+    /// `publish` output, as its last answer showed), which cannot hold a poll.
+    pub fn is_mirror(&self) -> bool {
+        self.mirror
+    }
+
     /// Offers the bundle of `digest` as the base of deltas in the next requests to a
     /// hub (`Available-Dictionary`, and `dcz` in `Accept-Encoding`); `None` asks for
     /// full documents only.
@@ -807,7 +813,10 @@ impl HubClient {
         {
             return Err(too_large());
         }
-        let mut body = Vec::new();
+        // Sized once when the length is announced (within the limit, checked above):
+        // growing by doubling would ask for up to twice the body, and copy it.
+        let announced = response.content_length().unwrap_or(0) as usize;
+        let mut body = Vec::with_capacity(announced);
         while let Some(chunk) = response
             .chunk()
             .await

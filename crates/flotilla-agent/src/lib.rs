@@ -305,6 +305,7 @@ impl<S: Sink> Agent<S> {
             held,
             offer_delta: true,
             bad_delta: None,
+            taken_delta: None,
         };
         let poller = tokio::spawn(poller.run());
 
@@ -711,6 +712,10 @@ struct Poller {
     offer_delta: bool,
     /// Why the last delta failed, said with the full bundle that follows it.
     bad_delta: Option<String>,
+    /// The sha256 of the last delta taken against the bundle this agent runs: the
+    /// same delta again (a mirror's delta from that bundle to itself, read at every
+    /// poll) is the same document, not rebuilt and parsed again.
+    taken_delta: Option<Digest>,
 }
 
 /// What the report says of a bundle that came as a delta.
@@ -741,14 +746,30 @@ impl Poller {
                 .fetch_bundle(if_none_match.as_deref(), wait)
                 .await;
             // A delta is rebuilt into the document it stands for, then verified as one.
+            let mut delta_seen = None;
             let (fetched, as_delta) = match fetched {
-                Ok(Fetched::Delta { body, etag }) => match self.rebuild(&body) {
-                    Ok(body) => (Ok(Fetched::Bundle { body, etag }), true),
-                    Err(err) => {
-                        self.delta_failed(err.to_string(), offer).await;
-                        continue;
+                Ok(Fetched::Delta { body, .. })
+                    if self.taken_delta.is_some()
+                        && self.taken_delta == Some(Digest::of(&body)) =>
+                {
+                    (Ok(Fetched::NotModified), false)
+                }
+                Ok(Fetched::Delta { body, etag }) => {
+                    delta_seen = Some(Digest::of(&body));
+                    let rebuilt = self.rebuild(&body);
+                    drop(body);
+                    match rebuilt {
+                        Ok(Some(body)) => (Ok(Fetched::Bundle { body, etag }), true),
+                        Ok(None) => {
+                            self.taken_delta = delta_seen.take();
+                            (Ok(Fetched::NotModified), false)
+                        }
+                        Err(err) => {
+                            self.delta_failed(err.to_string(), offer).await;
+                            continue;
+                        }
                     }
-                },
+                }
                 other => (other, false),
             };
             let delay = match fetched {
@@ -768,6 +789,8 @@ impl Poller {
                             self.held = held;
                             self.current = Some(bundle.digest.clone());
                             self.etag = etag;
+                            // A delta against the bundle run before names another base.
+                            self.taken_delta = None;
                             let delivery = if as_delta {
                                 Some(AS_DELTA.to_string())
                             } else {
@@ -783,10 +806,17 @@ impl Poller {
                             {
                                 return;
                             }
-                            // Ask again at once: the conditional long-poll waits for
-                            // the next change (a static server answers 304 at once,
-                            // and is then paced).
-                            Duration::ZERO
+                            if self.client.is_mirror() {
+                                // A mirror cannot hold a poll: asked again once per
+                                // wait, as when nothing changed. By then the applier
+                                // has let go of the bundle it ran, which the next
+                                // read's base and document would otherwise join.
+                                self.waits.answered(wait, started.elapsed())
+                            } else {
+                                // Ask again at once: the conditional long-poll waits
+                                // for the next change.
+                                Duration::ZERO
+                            }
                         }
                         Err(err) => {
                             let message = format!(
@@ -803,6 +833,7 @@ impl Poller {
                     Verdict::Same => {
                         self.backoff.reset();
                         self.etag = etag;
+                        self.taken_delta = delta_seen;
                         self.waits.answered(wait, started.elapsed())
                     }
                     Verdict::Resigned(held) => {
@@ -871,10 +902,26 @@ impl Poller {
         }
     }
 
-    /// Verifies a received document.
     /// The document a delta stands for, rebuilt against the stored bundle (which must
-    /// be the one this agent runs).
-    fn rebuild(&self, body: &[u8]) -> Result<Vec<u8>, delta::DeltaError> {
+    /// be the one this agent runs); `None` when it is the stored document byte for
+    /// byte (a mirror's delta from the bundle it serves to itself): nothing new.
+    fn rebuild(&self, body: &[u8]) -> Result<Option<Vec<u8>>, delta::DeltaError> {
+        // The stored document, as served, holds the base's canonical body: used where
+        // it lies, it costs no parse and no second copy. `decode` checks its digest.
+        let mut stored = match self.state.load_document_bytes() {
+            Ok(Some(stored)) => stored,
+            Ok(None) => return Err(delta::DeltaError::NoBase("there is none".into())),
+            Err(err) => return Err(delta::DeltaError::NoBase(err.to_string())),
+        };
+        match bundle::with_body_in_document(&mut stored, |dictionary| {
+            delta::decode(body, self.current.as_ref(), dictionary)
+        }) {
+            None | Some(Err(delta::DeltaError::NoBase(_))) => {}
+            Some(Ok(rebuilt)) if rebuilt == stored => return Ok(None),
+            Some(rebuilt) => return rebuilt.map(Some),
+        }
+        drop(stored);
+        // Stored in another layout (or damaged): read and verified as any document.
         let dictionary = match self.state.load_document(&self.cluster) {
             Ok(Some(document)) if Some(&document.bundle.digest) == self.current.as_ref() => {
                 document.bundle.canonical_body()
@@ -887,7 +934,7 @@ impl Poller {
             Ok(None) => return Err(delta::DeltaError::NoBase("there is none".into())),
             Err(err) => return Err(delta::DeltaError::NoBase(err.to_string())),
         };
-        delta::decode(body, self.current.as_ref(), &dictionary)
+        delta::decode(body, self.current.as_ref(), &dictionary).map(Some)
     }
 
     /// A delta that could not be rebuilt or verified: nothing of it is kept, and the
@@ -905,6 +952,7 @@ impl Poller {
         }
     }
 
+    /// Verifies a received document.
     fn judge(&self, body: &[u8], etag: Option<&str>) -> Verdict {
         let document = match bundle::verify_document_parts(body, Some(&self.cluster)) {
             Ok(document) => document,

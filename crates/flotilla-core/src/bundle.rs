@@ -890,14 +890,23 @@ impl Bundle {
         out
     }
 
-    /// The served document (docs/api.md, "The bundle document") as bytes.
+    /// The served document (docs/api.md, "The bundle document") as bytes: what
+    /// [`document_bytes`] makes of the canonical body, written at once into one buffer
+    /// (no copy of the body first).
     pub fn document(&self, revision: &str) -> Vec<u8> {
-        document_bytes(
-            &self.cluster,
-            &self.digest,
-            revision,
-            &self.canonical_body(),
-        )
+        let meta = self.meta.as_deref().map(BundleMeta::canonical);
+        let members = resource_list_bytes(&self.resources) + meta.as_ref().map_or(0, Vec::len);
+        let mut out = Vec::with_capacity(members + self.cluster.len() + revision.len() + 384);
+        write_document(&mut out, &self.cluster, &self.digest, revision, |out| {
+            if let Some(meta) = &meta {
+                out.extend_from_slice(b"\"meta\":");
+                out.extend_from_slice(meta);
+                out.push(b',');
+            }
+            out.extend_from_slice(b"\"resources\":");
+            write_resource_list(out, &self.resources);
+        });
+        out
     }
 
     /// The phase of each resource, in resource order (all 0 without phases).
@@ -974,43 +983,98 @@ impl Write for HashWriter {
 /// canonical order: `meta` and `resources` fall between `kind` and `revision`), though
 /// only the body is covered by the digest.
 pub fn document_bytes(cluster: &str, digest: &Digest, revision: &str, body: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(body.len() + 384);
-    out.extend_from_slice(b"{\"apiVersion\":");
-    write_canonical_string(&mut out, API_VERSION);
-    out.extend_from_slice(b",\"cluster\":");
-    write_canonical_string(&mut out, cluster);
-    out.extend_from_slice(b",\"digest\":");
-    write_canonical_string(&mut out, digest.as_str());
-    match body.first() {
-        // `{"meta":…,"resources":[…]}`: its members, between the braces, go in as
-        // they are.
-        Some(b'{') if body.len() >= 2 => {
-            out.extend_from_slice(b",\"kind\":\"Bundle\",");
-            out.extend_from_slice(&body[1..body.len() - 1]);
+    let mut out = Vec::with_capacity(body.len() + cluster.len() + revision.len() + 384);
+    write_document(&mut out, cluster, digest, revision, |out| {
+        match body.first() {
+            // `{"meta":…,"resources":[…]}`: its members, between the braces, go in as
+            // they are.
+            Some(b'{') if body.len() >= 2 => out.extend_from_slice(&body[1..body.len() - 1]),
+            _ => {
+                out.extend_from_slice(b"\"resources\":");
+                out.extend_from_slice(body);
+            }
         }
-        _ => {
-            out.extend_from_slice(b",\"kind\":\"Bundle\",\"resources\":");
-            out.extend_from_slice(body);
-        }
-    }
-    out.extend_from_slice(b",\"revision\":");
-    write_canonical_string(&mut out, revision);
-    out.extend_from_slice(b"}");
+    });
     out
+}
+
+/// The served document around the body's members, which `members` writes.
+fn write_document(
+    out: &mut Vec<u8>,
+    cluster: &str,
+    digest: &Digest,
+    revision: &str,
+    members: impl FnOnce(&mut Vec<u8>),
+) {
+    out.extend_from_slice(b"{\"apiVersion\":");
+    write_canonical_string(out, API_VERSION);
+    out.extend_from_slice(b",\"cluster\":");
+    write_canonical_string(out, cluster);
+    out.extend_from_slice(b",\"digest\":");
+    write_canonical_string(out, digest.as_str());
+    out.extend_from_slice(b",\"kind\":\"Bundle\",");
+    members(out);
+    out.extend_from_slice(b",\"revision\":");
+    write_canonical_string(out, revision);
+    out.extend_from_slice(b"}");
+}
+
+/// Calls `f` with the canonical body (what [`Bundle::canonical_body`] gives) found
+/// inside a served document laid out as [`document_bytes`] writes it, signed or not,
+/// without parsing or copying the document: the resource list of a document without
+/// metadata as it stands; for one with metadata, its `"meta":…,"resources":[…]`
+/// members, with braces written over the commas around them while `f` runs (the
+/// document is put back afterwards). `None` when the document is not laid out so.
+/// Nothing here is verified: the caller compares the body's sha256 with the digest it
+/// expects, which a document laid out otherwise, or damaged, fails.
+pub fn with_body_in_document<R>(document: &mut [u8], f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+    const KIND: &[u8] = b",\"kind\":\"Bundle\",";
+    const RESOURCES: &[u8] = b"\"resources\":";
+    const META: &[u8] = b"\"meta\":";
+    const REVISION: &[u8] = b",\"revision\":";
+    // `kind` comes right after the head's three strings; `revision` (and after it only
+    // the signature, which has no such member) comes last.
+    let start = document.windows(KIND.len()).position(|w| w == KIND)? + KIND.len();
+    let end = document
+        .windows(REVISION.len())
+        .rposition(|w| w == REVISION)?;
+    if end <= start {
+        return None;
+    }
+    if document[start..end].starts_with(RESOURCES) {
+        Some(f(&document[start + RESOURCES.len()..end]))
+    } else if document[start..end].starts_with(META) {
+        document[start - 1] = b'{';
+        document[end] = b'}';
+        let result = f(&document[start - 1..=end]);
+        document[start - 1] = b',';
+        document[end] = b',';
+        Some(result)
+    } else {
+        None
+    }
 }
 
 /// A served document with its `signature` added (outside the digest). `signature`
 /// sorts after every other member of the document, so adding it last keeps a
 /// canonical document canonical.
 pub fn with_signature(unsigned: &[u8], signature: &BundleSignature) -> Vec<u8> {
-    let without_brace = unsigned.strip_suffix(b"}").unwrap_or(unsigned);
     let mut out = Vec::with_capacity(unsigned.len() + 160);
-    out.extend_from_slice(without_brace);
-    out.extend_from_slice(b",\"signature\":");
-    // A struct of strings and a number always serialises.
-    let _ = serde_json::to_writer(&mut out, signature);
-    out.push(b'}');
+    out.extend_from_slice(unsigned);
+    add_signature(&mut out, signature);
     out
+}
+
+/// [`with_signature`] in place, for a document that need not be kept unsigned (no
+/// second copy of it).
+pub fn add_signature(document: &mut Vec<u8>, signature: &BundleSignature) {
+    if document.last() == Some(&b'}') {
+        document.pop();
+    }
+    document.extend_from_slice(b",\"signature\":");
+    // A struct of strings and a number always serialises.
+    let _ = serde_json::to_writer(&mut *document, signature);
+    document.push(b'}');
 }
 
 /// The signature a served document carries (`"signature"` in the document).
@@ -1023,22 +1087,73 @@ pub struct BundleSignature {
     pub sig: String,
 }
 
-/// A Bundle document as received by an agent or read back from disk.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+/// A Bundle document as received by an agent or read back from disk, its resources
+/// already turned into [`Resource`]s (canonical bytes) one at a time as they are read:
+/// the document is never held as a tree of values, only the resource being read is.
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct BundleDocument {
-    pub api_version: String,
-    pub kind: String,
-    pub cluster: String,
-    pub digest: String,
-    pub revision: String,
-    pub resources: Vec<Value>,
+struct ReceivedDocument {
+    api_version: String,
+    kind: String,
+    cluster: String,
+    digest: String,
+    revision: String,
+    resources: ReceivedResources,
     /// The bundle's metadata, covered by the digest; absent when it has none.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub meta: Option<BundleMeta>,
+    #[serde(default)]
+    meta: Option<BundleMeta>,
     /// Present when the hub signs what it serves; outside the digest.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub signature: Option<BundleSignature>,
+    #[serde(default)]
+    signature: Option<BundleSignature>,
+}
+
+/// The `resources` of a received document: each one checked (depth, identity) and
+/// kept as its canonical bytes as soon as it is read, or why the first bad one is
+/// refused. After a bad one the rest are still read (and dropped), so a document that
+/// is not JSON, or nests too deep, is refused as that, as before any resource is
+/// looked at.
+enum ReceivedResources {
+    Good(Vec<Arc<Resource>>),
+    Bad(VerifyError),
+}
+
+impl<'de> Deserialize<'de> for ReceivedResources {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_seq(ResourcesVisitor)
+    }
+}
+
+struct ResourcesVisitor;
+
+impl<'de> serde::de::Visitor<'de> for ResourcesVisitor {
+    type Value = ReceivedResources;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a list of resources")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut resources = Vec::new();
+        let mut bad = None;
+        while let Some(value) = seq.next_element::<Value>()? {
+            if bad.is_some() {
+                continue;
+            }
+            let index = resources.len();
+            if nests_deeper_than(&value, MAX_NESTING_DEPTH) {
+                bad = Some(VerifyError::TooDeep { index });
+                continue;
+            }
+            match ResourceKey::of(&value) {
+                Some(key) => resources.push(Arc::new(Resource::new(key, &value))),
+                None => bad = Some(VerifyError::BadResource { index }),
+            }
+        }
+        Ok(match bad {
+            Some(err) => ReceivedResources::Bad(err),
+            None => ReceivedResources::Good(resources),
+        })
+    }
 }
 
 /// A received document that matches its digest: the bundle, and what the document
@@ -1098,7 +1213,7 @@ pub fn verify_document_parts(
 ) -> Result<VerifiedDocument, VerifyError> {
     // serde_json stops at 128 levels of nesting: deeper than any document flotilla
     // serves (resources at most MAX_NESTING_DEPTH, wrapped two levels deeper).
-    let doc: BundleDocument = serde_json::from_slice(bytes).map_err(|err| {
+    let doc: ReceivedDocument = serde_json::from_slice(bytes).map_err(|err| {
         if err.to_string().starts_with("recursion limit exceeded") {
             VerifyError::DocumentTooDeep
         } else {
@@ -1116,14 +1231,10 @@ pub fn verify_document_parts(
             found: doc.cluster,
         });
     }
-    let mut resources = Vec::with_capacity(doc.resources.len());
-    for (index, value) in doc.resources.into_iter().enumerate() {
-        if nests_deeper_than(&value, MAX_NESTING_DEPTH) {
-            return Err(VerifyError::TooDeep { index });
-        }
-        let key = ResourceKey::of(&value).ok_or(VerifyError::BadResource { index })?;
-        resources.push(Arc::new(Resource::new(key, &value)));
-    }
+    let resources = match doc.resources {
+        ReceivedResources::Good(resources) => resources,
+        ReceivedResources::Bad(err) => return Err(err),
+    };
     for (index, pair) in resources.windows(2).enumerate() {
         if pair[0].key >= pair[1].key {
             return Err(VerifyError::NotSorted { index: index + 1 });
@@ -1683,6 +1794,43 @@ mod tests {
         let far_deeper = bundle_of(nested_config_map(300));
         let err = verify_document(&far_deeper.document("r"), Some("edge-1")).expect_err("too deep");
         assert!(matches!(err, VerifyError::DocumentTooDeep), "{err}");
+    }
+
+    #[test]
+    fn the_document_is_written_at_once_and_its_body_found_in_it() {
+        let signature = BundleSignature {
+            key_id: "k".into(),
+            sequence: 7,
+            sig: "c2ln".into(),
+        };
+        let with_meta =
+            Bundle::from_sorted_with_meta("edge-1", two_config_maps(), Some(chain_meta()));
+        let without_meta = Bundle::from_sorted("edge-1", two_config_maps());
+        for bundle in [&with_meta, &without_meta] {
+            let unsigned = bundle.document("r");
+            assert_eq!(
+                unsigned,
+                document_bytes("edge-1", &bundle.digest, "r", &bundle.canonical_body())
+            );
+            for document in [unsigned.clone(), with_signature(&unsigned, &signature)] {
+                let mut read = document.clone();
+                let body = with_body_in_document(&mut read, <[u8]>::to_vec).expect("found");
+                assert_eq!(body, bundle.canonical_body());
+                assert_eq!(Digest::of(&body), bundle.digest);
+                assert_eq!(read, document, "the document is put back");
+            }
+        }
+        // Laid out otherwise: not found, or found and not hashing to the digest.
+        let mut pretty = serde_json::to_vec_pretty(
+            &serde_json::from_slice::<Value>(&without_meta.document("r")).expect("json"),
+        )
+        .expect("serialises");
+        let found = with_body_in_document(&mut pretty, Digest::of);
+        assert!(found.is_none_or(|digest| digest != without_meta.digest));
+        assert_eq!(
+            with_body_in_document(&mut b"{\"damaged\"".to_vec(), Digest::of),
+            None
+        );
     }
 
     #[test]

@@ -252,16 +252,16 @@ impl BundleManifest {
     /// A layer that is not canonical (spaced out, say) still makes a document that
     /// reads, so the agent refuses it for its digest and names the digest it claimed.
     pub fn document(&self, layer: &[u8]) -> Vec<u8> {
-        let unsigned = document_bytes(
+        let mut document = document_bytes(
             &self.cluster,
             &self.layer,
             &self.revision,
             layer.trim_ascii(),
         );
-        match &self.signature {
-            Some(signature) => flotilla_core::bundle::with_signature(&unsigned, signature),
-            None => unsigned,
+        if let Some(signature) = &self.signature {
+            flotilla_core::bundle::add_signature(&mut document, signature);
         }
+        document
     }
 }
 
