@@ -465,18 +465,13 @@ fn init_names_the_repositorys_branch_and_writes_a_ci_job_that_builds_nothing() {
     }
 }
 
-/// An agent refused for a wrong token takes the right one within seconds of its file
-/// being fixed, without a restart: the real hub and agent, as the quick start runs
-/// them.
-#[test]
-fn an_agent_takes_a_fixed_token_file_within_seconds() {
-    let (repo, _) = repository_with_fleet_in_a_folder();
-    let work = repo.path();
+/// The real hub on `work/fleet` (state in `work/state`, log in `work/hub.log`) on a
+/// free port, once it serves bundles: the port, and the hub to keep running.
+fn serve_the_fleet(work: &Path) -> (u16, Vec<Background>) {
     let port = free_port();
-    let server = format!("http://127.0.0.1:{port}");
-    let start = |args: &[&str], log: &str| start_flotilla(work, args, log);
     let listen = format!("127.0.0.1:{port}");
-    let mut running = vec![start(
+    let mut running = vec![start_flotilla(
+        work,
         &[
             "serve",
             "--repo",
@@ -491,6 +486,19 @@ fn an_agent_takes_a_fixed_token_file_within_seconds() {
     wait_for("the hub to serve bundles", &mut running, || {
         http_status(port, "/readyz") == Some(200)
     });
+    (port, running)
+}
+
+/// An agent refused for a wrong token takes the right one within seconds of its file
+/// being fixed, without a restart: the real hub and agent, as the quick start runs
+/// them.
+#[test]
+fn an_agent_takes_a_fixed_token_file_within_seconds() {
+    let (repo, _) = repository_with_fleet_in_a_folder();
+    let work = repo.path();
+    let (port, mut running) = serve_the_fleet(work);
+    let server = format!("http://127.0.0.1:{port}");
+    let start = |args: &[&str], log: &str| start_flotilla(work, args, log);
     std::fs::write(work.join("red.token"), format!("flt_{}\n", "0".repeat(64))).expect("write");
     running.push(start(&red_agent(&server), "agent.log"));
     wait_for("the hub to refuse the token", &mut running, || {
@@ -538,24 +546,7 @@ fn an_agent_takes_a_fixed_token_file_within_seconds() {
 fn tokens_made_and_revoked_beside_a_running_hub_are_each_taken_within_seconds() {
     let (repo, _) = repository_with_fleet_in_a_folder();
     let work = repo.path();
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let mut running = vec![start_flotilla(
-        work,
-        &[
-            "serve",
-            "--repo",
-            "fleet",
-            "--state-dir",
-            "state",
-            "--listen",
-            &listen,
-        ],
-        "hub.log",
-    )];
-    wait_for("the hub to serve bundles", &mut running, || {
-        http_status(port, "/readyz") == Some(200)
-    });
+    let (port, mut running) = serve_the_fleet(work);
     let flotilla = |args: &[&str]| {
         let output = Command::new(env!("CARGO_BIN_EXE_flotilla"))
             .args(args)

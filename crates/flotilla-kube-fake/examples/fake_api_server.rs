@@ -28,20 +28,9 @@ async fn main() {
         .serve_https(&leaf.cert_pem, &leaf.key_pem)
         .await
         .expect("serves HTTPS on 127.0.0.1");
-    let ca_file = dir.join("ca.pem");
-    std::fs::write(&ca_file, ca.cert_pem()).expect("writes the CA");
-    std::fs::write(
-        dir.join("kubeconfig"),
-        format!(
-            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
-             clusters:\n- name: fake\n  cluster:\n    server: {url}\n    certificate-authority: {ca}\n\
-             users:\n- name: agent\n  user:\n    token: {TOKEN}\n\
-             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: agent\n    namespace: flotilla-system\n",
-            url = server.url,
-            ca = ca_file.display()
-        ),
-    )
-    .expect("writes the kubeconfig");
+    server
+        .write_kubeconfig(&dir, &ca.cert_pem(), TOKEN, "flotilla-system")
+        .expect("writes the kubeconfig");
     println!("ready {}", server.url);
     std::future::pending::<()>().await;
 }

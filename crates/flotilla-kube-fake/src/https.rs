@@ -46,6 +46,35 @@ impl FakeApiServer {
     }
 }
 
+impl HttpsServer {
+    /// Writes a kubeconfig for this server to `dir/kubeconfig`, with the CA that signed
+    /// its certificate (written beside it as `dir/ca.pem`), a bearer token, and the
+    /// namespace of its one context; returns the kubeconfig's path.
+    pub fn write_kubeconfig(
+        &self,
+        dir: &std::path::Path,
+        ca_pem: &str,
+        token: &str,
+        namespace: &str,
+    ) -> std::io::Result<std::path::PathBuf> {
+        let ca_file = dir.join("ca.pem");
+        std::fs::write(&ca_file, ca_pem)?;
+        let kubeconfig = dir.join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
+                 clusters:\n- name: fake\n  cluster:\n    server: {url}\n    certificate-authority: {ca}\n\
+                 users:\n- name: agent\n  user:\n    token: {token}\n\
+                 contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: agent\n    namespace: {namespace}\n",
+                url = self.url,
+                ca = ca_file.display()
+            ),
+        )?;
+        Ok(kubeconfig)
+    }
+}
+
 async fn serve(State(fake): State<FakeApiServer>, request: axum::extract::Request) -> Response {
     let (parts, body) = request.into_parts();
     let bytes = axum::body::to_bytes(body, 64 << 20)

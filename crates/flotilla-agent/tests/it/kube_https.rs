@@ -27,21 +27,9 @@ async fn serve(dir: &Path) -> (FakeApiServer, HttpsServer, PathBuf) {
         .serve_https(&leaf.cert_pem, &leaf.key_pem)
         .await
         .expect("serves HTTPS");
-    let ca_file = dir.join("ca.pem");
-    std::fs::write(&ca_file, ca.cert_pem()).expect("writes the CA");
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
-             clusters:\n- name: fake\n  cluster:\n    server: {url}\n    certificate-authority: {ca}\n\
-             users:\n- name: agent\n  user:\n    token: {TOKEN}\n\
-             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: agent\n    namespace: {AGENT_NAMESPACE}\n",
-            url = server.url,
-            ca = ca_file.display()
-        ),
-    )
-    .expect("writes the kubeconfig");
+    let kubeconfig = server
+        .write_kubeconfig(dir, &ca.cert_pem(), TOKEN, AGENT_NAMESPACE)
+        .expect("writes the kubeconfig");
     (fake, server, kubeconfig)
 }
 
