@@ -507,6 +507,14 @@ async fn the_web_page_shows_the_fleet_only_after_login_and_refuses_cross_site_fo
     }
     assert!(!rollout.body.contains("action-pause"));
     assert!(rollout.body.contains("canary") && rollout.body.contains("<ol class=\"events\">"));
+    // The members' states are chips coloured as the fleet's states are.
+    assert!(
+        rollout
+            .body
+            .contains("<span class=\"chip m-failed\">failed</span>"),
+        "{}",
+        rollout.body
+    );
     let csrf = csrf_of(&rollout.body);
     let post = |action: &str, csrf: &str, origin: Option<&str>| {
         let mut request = web

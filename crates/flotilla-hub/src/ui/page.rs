@@ -628,6 +628,30 @@ mod tests {
     }
 
     #[test]
+    fn a_cluster_never_served_says_so_instead_of_an_empty_table() {
+        let page = |history: Vec<minijinja::Value>| {
+            environment()
+                .get_template("cluster.html")
+                .expect("template")
+                .render(context! {
+                    title => "edge-1",
+                    cluster => context! { name => "edge-1" },
+                    state => "never-seen",
+                    history,
+                })
+                .expect("renders")
+        };
+        let empty = page(Vec::new());
+        assert!(empty.contains("id=\"no-history\""), "{empty}");
+        assert!(!empty.contains("<th scope=\"col\">Digest</th>"), "{empty}");
+        let served = page(vec![
+            context! { digest => "sha256:aa", revision => "main@sha1:bb" },
+        ]);
+        assert!(served.contains("<code>sha256:aa</code>"), "{served}");
+        assert!(!served.contains("no-history"), "{served}");
+    }
+
+    #[test]
     fn every_template_parses() {
         for name in [
             "base.html",
