@@ -466,7 +466,7 @@ async fn report(client: &reqwest::Client, url: &str, token: &str, etag: &str, co
         "attempted": digest,
         "message": "poll_load",
         "agentVersion": "poll_load",
-        "features": ["meta", "phases", "drift", "sealed", "hooks"],
+        "features": flotilla_agent::FEATURES,
     });
     counts.reports.fetch_add(1, Ordering::Relaxed);
     let sent = client

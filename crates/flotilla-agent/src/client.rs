@@ -1022,13 +1022,18 @@ mod tests {
             .route("/prefix/v1/clusters/{cluster}/bundle", get(bundle))
             .route("/prefix/v1/clusters/{cluster}/status", post(status))
             .with_state(seen.clone());
+        let url = serve_app(app).await.join("prefix/").expect("url");
+        (url, seen)
+    }
+
+    /// Serves `app` on a free loopback port; its base URL.
+    async fn serve_app(app: axum::Router) -> Url {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("binds");
         let address = listener.local_addr().expect("address");
         tokio::spawn(async move { axum::serve(listener, app).await });
-        let url = Url::parse(&format!("http://{address}/prefix/")).expect("url");
-        (url, seen)
+        Url::parse(&format!("http://{address}/")).expect("url")
     }
 
     /// A client for cluster `edge-1` of the hub at `url`, with `token`.
@@ -1053,12 +1058,7 @@ mod tests {
                 async { ([("etag", "\"sha256:current\"")], "{\"doc\":1}") }
             }),
         );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("binds");
-        let address = listener.local_addr().expect("address");
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        let url = Url::parse(&format!("http://{address}/")).expect("url");
+        let url = serve_app(app).await;
         let dir = tempfile::tempdir().expect("tempdir");
         let token = token_file(dir.path(), "flt_good");
         let mut plain =
@@ -1289,12 +1289,7 @@ mod tests {
             let app = axum::Router::new()
                 .route("/v1/clusters/{cluster}/status", post(status))
                 .with_state((seen.clone(), says));
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("binds");
-            let address = listener.local_addr().expect("address");
-            tokio::spawn(async move { axum::serve(listener, app).await });
-            let url = Url::parse(&format!("http://{address}/")).expect("url");
+            let url = serve_app(app).await;
             let dir = tempfile::tempdir().expect("tempdir");
             let mut client = client_for(url, dir.path(), "flt_good");
             for report in [&large, &large, &small] {

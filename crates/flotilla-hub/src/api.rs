@@ -1213,7 +1213,7 @@ async fn store_status(
     }
     let coding = match ReportCoding::of(request.headers()) {
         Ok(coding) => coding,
-        Err(err) => return Err(refused_unread(err, &request).with_report_encodings()),
+        Err(err) => return Err(with_report_encodings(refused_unread(err, &request))),
     };
     let body =
         Bytes::from_request(request, shared)
@@ -1224,7 +1224,7 @@ async fn store_status(
     let body = coding.decode(body).map_err(IntoResponse::into_response)?;
     stored_status(shared, cluster, &body)
         .await
-        .map(WithReportEncodings::with_report_encodings)
+        .map(with_report_encodings)
         .map_err(IntoResponse::into_response)
 }
 
@@ -1288,19 +1288,13 @@ impl ReportCoding {
     }
 }
 
-/// Names the codings a report may come in on an answer to one (RFC 7694).
-trait WithReportEncodings {
-    fn with_report_encodings(self) -> Response;
-}
-
-impl WithReportEncodings for Response {
-    fn with_report_encodings(mut self) -> Response {
-        self.headers_mut().insert(
-            ACCEPT_ENCODING,
-            HeaderValue::from_static(api::REPORT_ENCODINGS),
-        );
-        self
-    }
+/// `response` naming the codings a report may come in (RFC 7694).
+fn with_report_encodings(mut response: Response) -> Response {
+    response.headers_mut().insert(
+        ACCEPT_ENCODING,
+        HeaderValue::from_static(api::REPORT_ENCODINGS),
+    );
+    response
 }
 
 async fn stored_status(
