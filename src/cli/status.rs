@@ -24,7 +24,7 @@ use super::remote::{self, HubArgs, Output};
 use super::rollout::{Paint, short_revision, table_painted, waves_line};
 use super::{EXIT_FINDINGS, EXIT_OK};
 use flotilla_core::rollout::view::RolloutView;
-use flotilla_hub::fleet::{ClusterState, Drift, attention_key};
+use flotilla_hub::fleet::{ClusterState, CommitSummary, Drift, attention_key};
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
@@ -59,6 +59,10 @@ fn parse_state(text: &str) -> Result<ClusterState, String> {
 #[serde(rename_all = "camelCase")]
 struct Fleet {
     revision: Option<String>,
+    /// The served commit's subject and author (absent when the hub has not read them,
+    /// from older hubs and from the database).
+    #[serde(default)]
+    commit: Option<CommitSummary>,
     attempted_revision: Option<String>,
     #[serde(default)]
     render_errors: Vec<RenderError>,
@@ -129,6 +133,8 @@ struct Rollouts {
 #[serde(rename_all = "camelCase")]
 struct Report<'a> {
     revision: &'a Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    commit: Option<&'a CommitSummary>,
     attempted_revision: &'a Option<String>,
     render_errors: &'a [RenderError],
     source_error: &'a Option<String>,
@@ -182,6 +188,7 @@ pub fn run_status(args: &StatusArgs) -> anyhow::Result<u8> {
         Output::Json => {
             let report = Report {
                 revision: &fleet.revision,
+                commit: fleet.commit.as_ref(),
                 attempted_revision: &fleet.attempted_revision,
                 render_errors: &fleet.render_errors,
                 source_error: &fleet.source_error,
@@ -259,6 +266,9 @@ fn table(
         .as_deref()
         .map_or("none yet".into(), short_revision);
     let _ = writeln!(out, "revision   {served} (served)");
+    if let Some(commit) = &fleet.commit {
+        let _ = writeln!(out, "commit     {} ({})", commit.subject, commit.author);
+    }
     if let Some(attempted) = &fleet.attempted_revision
         && fleet.revision.as_ref() != Some(attempted)
     {

@@ -99,8 +99,10 @@ async fn status_shows_every_state_and_exits_1_when_a_cluster_failed() {
     assert_eq!(code, 1, "a failed cluster: exit 1\n{out}{err}");
     let short_v2 = format!("main@{}", &v2["main@sha1:".len()..][..10]);
     assert!(
-        out.starts_with(&format!("revision   {short_v2} (served)\n")),
-        "{out}"
+        out.starts_with(&format!(
+            "revision   {short_v2} (served)\ncommit     v2 (flotilla tests)\n"
+        )),
+        "the served commit's subject and author follow its id: {out}"
     );
     assert!(
         out.contains(
@@ -212,6 +214,11 @@ async fn status_shows_every_state_and_exits_1_when_a_cluster_failed() {
     assert_eq!(code, 1, "{err}");
     let json: Value = serde_json::from_str(&out).expect("json");
     assert_eq!(json["revision"], v2.as_str());
+    assert_eq!(
+        json["commit"],
+        serde_json::json!({"revision": v2, "subject": "v2", "author": "flotilla tests",
+                           "authorEmail": "tests@flotilla.invalid"})
+    );
     assert_eq!(json["failed"], 1);
     assert_eq!(json["counts"]["waiting"], 2);
     assert_eq!(json["counts"]["offline"], 1);

@@ -152,6 +152,41 @@ pub struct RenderStatus {
     pub force_push: Option<ForcePush>,
     /// Per Helm workload of the served render, its chart (`name version (path)`).
     pub charts: BTreeMap<String, String>,
+    /// The subject and author of the commits last read from Git, newest last (at most
+    /// [`KNOWN_COMMITS`]); see [`RenderStatus::served_commit`].
+    pub commits: Vec<CommitSummary>,
+}
+
+/// How many commits' subjects and authors the render status keeps.
+pub const KNOWN_COMMITS: usize = 4;
+
+/// A commit as people read it: its subject and author beside its revision.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CommitSummary {
+    /// `branch@sha1:<commit>`, as `revision` names it.
+    pub revision: String,
+    /// The first line of its message.
+    pub subject: String,
+    pub author: String,
+    pub author_email: String,
+}
+
+impl RenderStatus {
+    /// The subject and author of the served commit, when the hub has read them from
+    /// its repository (never for a folder, nor for a commit it has not fetched).
+    pub fn served_commit(&self) -> Option<&CommitSummary> {
+        let served = self.served_revision.as_ref()?;
+        self.commits.iter().rev().find(|c| &c.revision == served)
+    }
+
+    /// Keeps `commit` (once), forgetting the oldest beyond [`KNOWN_COMMITS`].
+    pub fn know_commit(&mut self, commit: CommitSummary) {
+        self.commits.retain(|c| c.revision != commit.revision);
+        self.commits.push(commit);
+        let extra = self.commits.len().saturating_sub(KNOWN_COMMITS);
+        self.commits.drain(..extra);
+    }
 }
 
 /// A clean render the hub could not install: its objects could not be written or its
@@ -270,6 +305,9 @@ impl Counts {
 pub struct FleetSummary {
     /// The commit whose bundles are served.
     pub revision: Option<String>,
+    /// Its subject and author, when the hub has read them from Git (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub commit: Option<CommitSummary>,
     /// The last commit the hub tried to render.
     pub attempted_revision: Option<String>,
     pub attempted_at: Option<String>,
@@ -299,6 +337,7 @@ impl FleetSummary {
         clusters.sort_by(|a, b| a.name.cmp(&b.name));
         FleetSummary {
             revision: render.served_revision.clone(),
+            commit: render.served_commit().cloned(),
             attempted_revision: render.attempted_revision.clone(),
             attempted_at: render.attempted_at_ms.map(rfc3339),
             render_errors: render
@@ -981,6 +1020,40 @@ mod tests {
                 "quiet"
             ]
         );
+    }
+
+    #[test]
+    fn the_served_commit_is_told_only_when_its_subject_was_read() {
+        let commit = |n: usize| CommitSummary {
+            revision: format!("main@sha1:{n}"),
+            subject: format!("change {n}"),
+            author: "Ada".into(),
+            author_email: "ada@example.invalid".into(),
+        };
+        let mut status = RenderStatus {
+            served_revision: Some("main@sha1:1".into()),
+            ..RenderStatus::default()
+        };
+        assert_eq!(status.served_commit(), None, "not read yet");
+        status.know_commit(commit(1));
+        status.know_commit(commit(1));
+        assert_eq!(status.commits.len(), 1, "kept once");
+        assert_eq!(status.served_commit(), Some(&commit(1)));
+        // A newer commit read but not served (it does not render, say): the served
+        // one is still told.
+        status.know_commit(commit(2));
+        assert_eq!(status.served_commit(), Some(&commit(1)));
+        for n in 3..=(2 + KNOWN_COMMITS) {
+            status.know_commit(commit(n));
+        }
+        assert_eq!(status.commits.len(), KNOWN_COMMITS);
+        assert_eq!(
+            status.served_commit(),
+            None,
+            "forgotten: the oldest go first"
+        );
+        status.served_revision = Some(format!("main@sha1:{}", 2 + KNOWN_COMMITS));
+        assert_eq!(status.served_commit(), Some(&commit(2 + KNOWN_COMMITS)));
     }
 
     #[test]

@@ -399,6 +399,12 @@ impl Follower {
 
     /// [`Follower::check`], given up at once when `shutdown` changes.
     async fn check_until(&mut self, shutdown: &mut watch::Receiver<bool>) {
+        self.look_until(shutdown).await;
+        self.describe_served().await;
+    }
+
+    /// Reads what is new, renders it and installs it if it is clean.
+    async fn look_until(&mut self, shutdown: &mut watch::Receiver<bool>) {
         if self.shared.recorder.lease().take_render_again() {
             // This hub just took the rollout lease: record HEAD if the last holder
             // did not get to it.
@@ -850,16 +856,21 @@ impl Follower {
         // Taken for the read and put back after it (lost only if the read panics).
         let mut texts = std::mem::take(&mut self.blob_texts);
         let (texts, result) = tokio::task::spawn_blocking(move || {
-            let mut read = || -> Result<Option<(Tip, FleetSnapshot, bool)>, SourceError> {
-                let tip = git::tip(&repo, branch.as_deref())?;
-                if last.as_deref() == Some(tip.commit.as_str()) {
-                    return Ok(None);
-                }
-                let snapshot =
-                    git::snapshot_at_reusing(&repo, &tip, &subpath, &limits, &mut texts)?;
-                let forced = flotilla_core::rollout::is_forced(&git::commit_message(&repo, &tip)?);
-                Ok(Some((tip, snapshot, forced)))
-            };
+            let mut read =
+                || -> Result<Option<(Tip, FleetSnapshot, bool, git::CommitText)>, SourceError> {
+                    let tip = git::tip(&repo, branch.as_deref())?;
+                    if last.as_deref() == Some(tip.commit.as_str()) {
+                        return Ok(None);
+                    }
+                    let snapshot =
+                        git::snapshot_at_reusing(&repo, &tip, &subpath, &limits, &mut texts)?;
+                    let forced =
+                        flotilla_core::rollout::is_forced(&git::commit_message(&repo, &tip)?);
+                    // Read before the render, so the commit's subject is known by the time
+                    // its bundles are served.
+                    let text = git::commit_text(&repo, &tip.commit)?;
+                    Ok(Some((tip, snapshot, forced, text)))
+                };
             let result = read();
             (texts, result)
         })
@@ -870,7 +881,11 @@ impl Follower {
         })?;
         self.blob_texts = texts;
         let result = result?;
-        Ok(result.map(|(tip, snapshot, forced)| {
+        Ok(result.map(|(tip, snapshot, forced, text)| {
+            let summary = commit_summary(&snapshot.revision, text);
+            self.shared
+                .recorder
+                .update_render_status(|r| r.know_commit(summary));
             self.last_commit = Some(tip.commit);
             (snapshot, forced)
         }))
@@ -1001,18 +1016,58 @@ impl Follower {
         }
     }
 
-    /// Whether the commit of `revision` descends from (or is) the commit of
-    /// `recorded`, in the repository this hub follows; false when either is unknown
-    /// here (this hub has not fetched it yet: it is behind).
-    async fn descends(&self, revision: &str, recorded: &str) -> bool {
-        let repo = match &self.origin {
-            Origin::Remote { mirror, .. } => mirror.clone(),
+    /// The Git repository this hub reads commits from (a remote's mirror); `None` for
+    /// a plain folder.
+    fn git_repository(&self) -> Option<PathBuf> {
+        match &self.origin {
+            Origin::Remote { mirror, .. } => Some(mirror.clone()),
             Origin::Local {
                 path,
                 kind: RepoKind::Git,
                 ..
-            } => path.clone(),
-            Origin::Local { .. } => return true,
+            } => Some(path.clone()),
+            Origin::Local { .. } => None,
+        }
+    }
+
+    /// Reads the subject and author of the served commit when the render status does
+    /// not have them: served before this hub started, recorded by another hub, or
+    /// forgotten behind newer commits that did not render. A commit this hub has not
+    /// fetched yet is tried again at the next look.
+    async fn describe_served(&self) {
+        let status = self.shared.view.render_status();
+        let Some(revision) = status.served_revision.clone() else {
+            return;
+        };
+        if status.served_commit().is_some() {
+            return;
+        }
+        let (Some(repo), Some((_, commit))) =
+            (self.git_repository(), revision.rsplit_once("@sha1:"))
+        else {
+            return;
+        };
+        let commit = commit.to_string();
+        match tokio::task::spawn_blocking(move || git::commit_text(&repo, &commit)).await {
+            Ok(Ok(text)) => {
+                let summary = commit_summary(&revision, text);
+                self.shared
+                    .recorder
+                    .update_render_status(|r| r.know_commit(summary));
+            }
+            Ok(Err(err)) => {
+                tracing::debug!(revision = %revision, "cannot read the served commit's subject yet: {err}");
+            }
+            Err(err) => tracing::warn!("reading the served commit's subject stopped: {err}"),
+        }
+    }
+
+    /// Whether the commit of `revision` descends from (or is) the commit of
+    /// `recorded`, in the repository this hub follows; false when either is unknown
+    /// here (this hub has not fetched it yet: it is behind).
+    async fn descends(&self, revision: &str, recorded: &str) -> bool {
+        let Some(repo) = self.git_repository() else {
+            return true;
         };
         let commit = |r: &str| r.rsplit_once("@sha1:").map(|(_, c)| c.to_string());
         let (Some(new), Some(old)) = (commit(revision), commit(recorded)) else {
@@ -1023,6 +1078,16 @@ impl Follower {
             .ok()
             .flatten()
             .unwrap_or(false)
+    }
+}
+
+/// A commit's subject and author beside its revision.
+fn commit_summary(revision: &str, text: git::CommitText) -> crate::fleet::CommitSummary {
+    crate::fleet::CommitSummary {
+        revision: revision.to_string(),
+        subject: text.subject,
+        author: text.author,
+        author_email: text.author_email,
     }
 }
 

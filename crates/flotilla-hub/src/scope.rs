@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use flotilla_core::access::{
     MemberBundles, RolloutAccess, ScopedBundle, TenantIndex, rollout_access,
 };
-use flotilla_core::bundle::Digest;
+use flotilla_core::bundle::{Digest, ResourceKey};
 use flotilla_core::rollout::view::RolloutView;
 
 use crate::fleet::{ClusterSummary, Counts, FleetSummary, RenderStatus};
@@ -195,12 +195,21 @@ impl TenantView {
         })
     }
 
+    /// Whether a resource served to a cluster is the tenant's.
+    pub fn owns_resource(&self, cluster: &str, resource: &ResourceKey) -> bool {
+        self.clusters
+            .get(cluster)
+            .is_some_and(|index| index.resources_of(&self.tenant).contains(resource))
+    }
+
     /// The render status with only the errors of the tenant's workloads, and no chart
     /// list.
     pub fn render_status(&self, mut status: RenderStatus) -> RenderStatus {
         let workloads = self.workloads();
         status.errors.retain(|d| theirs(&workloads, d));
         status.charts.clear();
+        // A commit's subject may speak of other tenants' workloads.
+        status.commits.clear();
         status
     }
 
@@ -227,6 +236,7 @@ impl TenantView {
             counts: counts.by_name(),
             drifted: clusters.iter().filter(|c| c.drifted).count(),
             charts: Default::default(),
+            commit: None,
             clusters,
             ..summary
         }

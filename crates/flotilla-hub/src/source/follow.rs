@@ -130,6 +130,45 @@ pub fn commit_message(repo_path: &Path, tip: &Tip) -> Result<String, SourceError
     Ok(String::from_utf8_lossy(commit.message_bytes()).into_owned())
 }
 
+/// A commit as people read it: the first line of its message and who wrote it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommitText {
+    /// The first line of the message, trimmed (at most [`MAX_SUBJECT_CHARS`]).
+    pub subject: String,
+    pub author: String,
+    pub author_email: String,
+}
+
+/// The longest subject kept; a longer one ends in `…`.
+pub const MAX_SUBJECT_CHARS: usize = 200;
+
+/// The subject and author of `commit` (40 hex digits) in the repository at `repo_path`.
+pub fn commit_text(repo_path: &Path, commit: &str) -> Result<CommitText, SourceError> {
+    let repo = open_repository(repo_path)?;
+    let git_error = |err: git2::Error| SourceError::Git {
+        repo: repo_path.display().to_string(),
+        message: err.message().to_string(),
+    };
+    let oid = git2::Oid::from_str(commit).map_err(git_error)?;
+    let found = repo.find_commit(oid).map_err(git_error)?;
+    let message = String::from_utf8_lossy(found.message_bytes());
+    let first = message
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("");
+    let mut subject: String = first.chars().take(MAX_SUBJECT_CHARS).collect();
+    if first.chars().count() > MAX_SUBJECT_CHARS {
+        subject.push('…');
+    }
+    let author = found.author();
+    Ok(CommitText {
+        subject,
+        author: String::from_utf8_lossy(author.name_bytes()).into_owned(),
+        author_email: String::from_utf8_lossy(author.email_bytes()).into_owned(),
+    })
+}
+
 /// The fleet files of a commit, within `limits`, taking from `texts` the files whose
 /// blobs it holds (see [`BlobTexts`]); `texts` then holds this commit's.
 pub fn snapshot_at_reusing(
@@ -268,5 +307,46 @@ mod tests {
         assert!(!is_remote("fleet-example"));
         assert!(!is_remote("/srv/fleet"));
         assert!(!is_remote("./a@b/c:d"));
+    }
+
+    #[test]
+    fn a_commit_is_told_by_its_first_line_and_its_author() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let repo = git2::Repository::init_bare(dir.path()).expect("init");
+        let tree = repo
+            .find_tree(
+                repo.treebuilder(None)
+                    .expect("builder")
+                    .write()
+                    .expect("tree"),
+            )
+            .expect("tree");
+        let author = git2::Signature::now("Ada Platform", "ada@example.invalid").expect("sig");
+        let committer = git2::Signature::now("a bot", "bot@example.invalid").expect("sig");
+        let commit = |message: &str| {
+            repo.commit(None, &author, &committer, message, &tree, &[])
+                .expect("commit")
+                .to_string()
+        };
+        let text = commit_text(
+            dir.path(),
+            &commit("\n  Raise the shop's replicas  \n\nBecause the sale starts.\n"),
+        )
+        .expect("read");
+        assert_eq!(
+            text,
+            CommitText {
+                subject: "Raise the shop's replicas".into(),
+                author: "Ada Platform".into(),
+                author_email: "ada@example.invalid".into(),
+            }
+        );
+        let long =
+            commit_text(dir.path(), &commit(&"x".repeat(MAX_SUBJECT_CHARS + 1))).expect("read");
+        assert_eq!(long.subject, format!("{}…", "x".repeat(MAX_SUBJECT_CHARS)));
+        assert!(
+            commit_text(dir.path(), &"0".repeat(40)).is_err(),
+            "an unknown commit"
+        );
     }
 }
