@@ -290,7 +290,7 @@ fn csrf_of(body: &str) -> String {
 
 /// Cluster names in the order the fleet page's table lists them.
 fn listed(body: &str) -> Vec<String> {
-    body.split("<tr><td><a href=\"")
+    body.split("<tr><td class=\"name\"><a href=\"")
         .skip(1)
         .filter_map(|rest| rest.split_once("\">"))
         .map(|(_, rest)| rest.split("</a>").next().unwrap_or_default().to_string())
@@ -413,7 +413,7 @@ async fn the_web_page_shows_the_fleet_only_after_login_and_refuses_cross_site_fo
     assert!(fleet.body.contains(">canary</a>"), "a bar per group");
     assert!(fleet.body.contains(&format!(">Rollout {rollout_id}</a>")));
     assert_eq!(
-        fleet.body.matches("<progress").count(),
+        fleet.body.matches("<li class=\"wave\">").count(),
         2,
         "one bar per wave"
     );
@@ -473,7 +473,8 @@ async fn the_web_page_shows_the_fleet_only_after_login_and_refuses_cross_site_fo
     let c1 = send(get("/ui/clusters/c1".into())).await;
     assert_eq!(c1.status, 200);
     assert!(
-        c1.body.contains(&format!("<code>{c1_digest}</code>")),
+        c1.body
+            .contains(&format!("<code class=\"digest\">{c1_digest}</code>")),
         "{}",
         c1.body
     );
@@ -488,7 +489,10 @@ async fn the_web_page_shows_the_fleet_only_after_login_and_refuses_cross_site_fo
     assert!(lab.body.contains("pending for 6m"), "{}", lab.body);
     assert!(c1.body.contains(&v2));
     assert!(
-        c1.body.matches("<tr><td><code>sha256:").count() >= 2,
+        c1.body
+            .matches("<tr><td class=\"digest\"><code>sha256:")
+            .count()
+            >= 2,
         "recent digests"
     );
     let bundle = send(get("/ui/clusters/c1/bundle".into())).await;
@@ -944,5 +948,228 @@ async fn drift_is_a_flag_beside_the_state_in_the_api_the_status_command_and_the_
         (&cluster(&c1, "c1")["state"], &cluster(&c1, "c1")["drifted"]),
         (&"in-sync".into(), &true.into())
     );
+    scene.stop().await;
+}
+
+/// Logs in to the web page with `token`; the session's cookie.
+async fn web_session(scene: &Scene, web: &reqwest::Client, token: &str) -> String {
+    let origin = scene.hub.as_ref().expect("hub").base.clone();
+    let ok = send(
+        web.post(scene.url("/ui/login"))
+            .header("origin", &origin)
+            .form(&[("token", token)]),
+    )
+    .await;
+    assert_eq!(ok.status, 303, "{}", ok.body);
+    ok.cookie
+        .expect("a session cookie")
+        .split(';')
+        .next()
+        .expect("name=value")
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_page_tells_its_colours_numbers_commit_and_what_each_cluster_runs() {
+    let (mut scene, v2) = every_state().await;
+    let web = browser();
+    let admin = web_session(&scene, &web, &scene.admin).await;
+    let get = |cookie: &str, path: &str| {
+        send(
+            web.get(scene.url(path))
+                .header("cookie", cookie.to_string()),
+        )
+    };
+
+    // The fleet page: the served commit's subject and author beside its id, and in
+    // `GET /v1/fleet`.
+    let fleet = get(&admin, "/ui/").await;
+    assert_eq!(fleet.status, 200);
+    assert!(
+        fleet.body.contains(&format!(
+            "<code class=\"revision\">{v2}</code> <span id=\"commit\"><q id=\"commit-subject\">v2</q> <span class=\"muted\">by <span id=\"commit-author\" title=\"tests@flotilla.invalid\">flotilla tests</span></span></span>"
+        )),
+        "{}",
+        fleet.body
+    );
+    assert_eq!(scene.fleet().await["commit"]["subject"], "v2");
+
+    // A legend says what each colour of the bars is, and each group's bar has its
+    // numbers beside it as text (the group canary holds c1, failed).
+    let legend = fleet
+        .body
+        .split("<ul class=\"legend\"")
+        .nth(1)
+        .and_then(|rest| rest.split("</ul>").next())
+        .expect("a legend");
+    for state in [
+        "failed",
+        "offline",
+        "pending",
+        "never-seen",
+        "paused",
+        "waiting",
+        "in-sync",
+    ] {
+        assert!(
+            legend.contains(&format!(
+                "<span class=\"swatch s-{state}\"></span>{state}</li>"
+            )),
+            "{state}: {legend}"
+        );
+    }
+    let group_row = |name: &str| {
+        fleet
+            .body
+            .split(&format!("<a href=\"/ui/?group={name}\">"))
+            .nth(1)
+            .and_then(|rest| rest.split("</tr>").next())
+            .unwrap_or_else(|| panic!("no group {name}"))
+            .to_string()
+    };
+    let numbers = |row: &str| -> Vec<String> {
+        row.split("<span class=\"num\" data-state=\"")
+            .skip(1)
+            .filter_map(|n| n.split_once("</span>").map(|(_, rest)| rest))
+            .filter_map(|rest| rest.split("</span>").next())
+            .map(str::to_string)
+            .collect()
+    };
+    let canary = group_row("canary");
+    assert_eq!(numbers(&canary), ["1 failed"], "{canary}");
+    assert!(
+        canary.contains("aria-label=\"Group canary: 1 failed\""),
+        "{canary}"
+    );
+    // Each wave's bar: its parts with a legend, and its numbers as text. The canary
+    // wave changes c1, which failed; the rest wave waits with its three clusters.
+    for part in [
+        "<span class=\"swatch s-in-sync\"></span>in sync (healthy on the new digest)",
+        "<span class=\"swatch s-failed\"></span>failed",
+        "<span class=\"swatch s-to-go\"></span>not there yet",
+    ] {
+        assert!(fleet.body.contains(part), "{part}");
+    }
+    assert!(
+        fleet
+            .body
+            .contains("aria-label=\"Wave canary: 0 of 1 in sync, 1 failed\""),
+        "{}",
+        fleet.body
+    );
+    assert!(
+        fleet.body.contains(
+            "<span class=\"seg s-failed\" style=\"width:100.0%\" title=\"1 failed\"></span>"
+        ),
+        "{}",
+        fleet.body
+    );
+    assert!(
+        fleet.body.contains("<strong class=\"in-sync-of\">0/1</strong> in sync · <span class=\"s-failed\">1 failed</span>"),
+        "{}",
+        fleet.body
+    );
+    assert!(
+        fleet
+            .body
+            .contains("aria-label=\"Wave rest: 0 of 3 in sync, 3 not there yet\""),
+        "{}",
+        fleet.body
+    );
+    // Digests in the cluster list are shortened, the full digest in their title.
+    let edge_runs = scene.runs["edge"].clone();
+    assert!(
+        fleet.body.contains(&format!(
+            "<td class=\"digest\"><code title=\"{edge_runs}\">{}</code></td>",
+            &edge_runs[..19]
+        )),
+        "{}",
+        fleet.body
+    );
+
+    // What edge runs: its workload and each resource with its state in the agent's
+    // last report, linking to that resource in the bundle view; the Secret by name.
+    let response = scene
+        .client
+        .post(scene.url("/v1/clusters/edge/status"))
+        .bearer_auth(&scene.tokens["edge"])
+        .json(
+            &serde_json::json!({"applied": edge_runs, "attempted": edge_runs,
+            "message": "applied", "agentVersion": "test",
+            "resources": [
+                {"kind": "ConfigMap", "namespace": "app", "name": "app", "state": "healthy"},
+                {"kind": "Secret", "namespace": "app", "name": "app", "state": "applied"}]}),
+        )
+        .send()
+        .await
+        .expect("report");
+    assert_eq!(response.status(), 200);
+    let edge = get(&admin, "/ui/clusters/edge").await;
+    assert_eq!(edge.status, 200);
+    assert!(
+        edge.body
+            .contains("<p id=\"runs-summary\">2 resources <span class=\"muted\">(its bundle does not name their workloads"),
+        "{}",
+        edge.body
+    );
+    let rows: Vec<&str> = edge
+        .body
+        .split("<table class=\"resources\">")
+        .nth(1)
+        .and_then(|t| t.split("</tbody>").next())
+        .expect("the resources' table")
+        .split("<tr>")
+        .skip(2)
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            "<td class=\"nowrap\">–</td><td class=\"nowrap\">ConfigMap</td><td class=\"nowrap\">app</td><td class=\"name\"><a href=\"&#x2f;ui&#x2f;clusters&#x2f;edge&#x2f;bundle#r-ConfigMap%20app%2Fapp\">app</a></td><td class=\"nowrap\"><span class=\"chip r-healthy\">healthy</span></td></tr>",
+            "<td class=\"nowrap\">–</td><td class=\"nowrap\">Secret</td><td class=\"nowrap\">app</td><td class=\"name\"><a href=\"&#x2f;ui&#x2f;clusters&#x2f;edge&#x2f;bundle#r-Secret%20app%2Fapp\">app</a></td><td class=\"nowrap\"><span class=\"chip r-applied\">applied</span></td></tr>",
+        ],
+        "{}",
+        edge.body
+    );
+    assert!(!edge.body.contains("hunter2"));
+    // The links land on their resource in the bundle view, the Secret's values hidden.
+    let bundle = get(&admin, "/ui/clusters/edge/bundle").await;
+    assert_eq!(bundle.status, 200);
+    for anchor in ["r-ConfigMap%20app%2Fapp", "r-Secret%20app%2Fapp"] {
+        assert!(
+            bundle
+                .body
+                .contains(&format!("<section class=\"resource\" id=\"{anchor}\"")),
+            "{anchor}: {}",
+            bundle.body
+        );
+    }
+    assert!(!bundle.body.contains("hunter2"), "{}", bundle.body);
+    // lab's agent last reported on what it ran before v2: the page says so, and a
+    // resource it did not report is marked as such.
+    let lab = get(&admin, "/ui/clusters/lab").await;
+    assert!(
+        lab.body.contains(", which is about <code class=\"digest\""),
+        "{}",
+        lab.body
+    );
+    assert!(
+        lab.body
+            .contains("<span class=\"muted\">not reported</span>")
+    );
+
+    // A viewer sees the names, with no link into a bundle.
+    let viewer_token = crate::support::hub::token_by_command(
+        scene.state.path(),
+        &flotilla_hub::store::Database::StateDir,
+        &["--role", "viewer"],
+    );
+    let viewer = web_session(&scene, &web, &viewer_token).await;
+    let seen = get(&viewer, "/ui/clusters/edge").await;
+    assert!(
+        seen.body.contains("<td class=\"name\">app</td>"),
+        "{}",
+        seen.body
+    );
+    assert!(!seen.body.contains("/bundle#"), "{}", seen.body);
     scene.stop().await;
 }

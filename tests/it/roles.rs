@@ -839,6 +839,64 @@ async fn a_tenant_sees_its_clusters_and_steers_a_rollout_that_changes_only_its_w
     );
     let fleet = known_to_the_hub(&scene, &bank).await;
     assert_eq!(names(&fleet["clusters"]), Vec::<String>::new(), "{fleet}");
+    // The web page's list of what runs on s1: the shop's workload only, with its
+    // state; the whole fleet's operator sees both workloads. Nobody here gets a link
+    // into the bundle, and the shop gets no commit subject (it may speak of others).
+    let web = web();
+    let resources = |body: &str| -> Vec<String> {
+        body.split("<table class=\"resources\">")
+            .nth(1)
+            .and_then(|t| t.split("</tbody>").next())
+            .unwrap_or_default()
+            .split("<tr>")
+            .skip(2)
+            .map(|row| {
+                row.replace("<td class=\"nowrap\">", "")
+                    .replace("<td class=\"name\">", "")
+                    .replace("</td>", " ")
+                    .replace("</tr>", "")
+                    .trim()
+                    .to_string()
+            })
+            .collect()
+    };
+    let cookie = log_in(&web, &scene, &shop).await.expect("a session");
+    let (status, body) = page(&web, &scene, &cookie, "/ui/clusters/s1").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        resources(&body),
+        ["web ConfigMap shop web <span class=\"chip r-failed\" title=\"refused\">failed</span>"],
+        "{body}"
+    );
+    assert!(
+        body.contains(
+            "<p id=\"runs-summary\">1 workload, 1 resource: <strong class=\"workload\">web</strong>"
+        ),
+        "{body}"
+    );
+    let (_, fleet_page) = page(&web, &scene, &cookie, "/ui/").await;
+    assert!(!fleet_page.contains("id=\"commit\""), "{fleet_page}");
+    let whole = log_in(&web, &scene, &scene.tokens["operator"])
+        .await
+        .expect("a session");
+    let (_, body) = page(&web, &scene, &whole, "/ui/clusters/s1").await;
+    assert_eq!(
+        resources(&body),
+        [
+            "app ConfigMap app app <span class=\"chip r-failed\" title=\"refused\">failed</span>",
+            "web ConfigMap shop web <span class=\"chip r-failed\" title=\"refused\">failed</span>",
+        ],
+        "{body}"
+    );
+    assert!(
+        !body.contains("/bundle#"),
+        "an operator reads no bundle: {body}"
+    );
+    let (_, fleet_page) = page(&web, &scene, &whole, "/ui/").await;
+    assert!(
+        fleet_page.contains("<q id=\"commit-subject\">v1</q>"),
+        "{fleet_page}"
+    );
     // Still no bundle, even of its own cluster.
     let (status, _) = get_as(&scene, &shop, "/v1/clusters/s1/bundle").await;
     assert_eq!(status, 403);

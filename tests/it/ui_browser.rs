@@ -235,6 +235,16 @@ impl Browser {
         self.settles(expected.to_string(), || self.text(css)).await
     }
 
+    /// Runs `script` (a function body) in the page and returns what it returns.
+    async fn run(&self, script: &str) -> Value {
+        self.call(
+            reqwest::Method::POST,
+            "/execute/sync",
+            Some(json!({ "script": script, "args": [] })),
+        )
+        .await
+    }
+
     async fn title(&self) -> String {
         self.call(reqwest::Method::GET, "/title", None)
             .await
@@ -286,6 +296,11 @@ fn base64_decode(text: &str) -> Vec<u8> {
 /// Chromium driven by chromedriver, for the test named `test`; `None` when it skips
 /// (Chromium or chromedriver missing, outside CI).
 async fn start_browser(test: &str) -> Option<(Driver, Browser)> {
+    start_browser_sized(test, (1280, 900)).await
+}
+
+/// [`start_browser`] with a window of `(width, height)` pixels.
+async fn start_browser_sized(test: &str, (width, height): (u32, u32)) -> Option<(Driver, Browser)> {
     let browser_binary = chromium();
     let missing = match (
         browser_binary,
@@ -342,7 +357,7 @@ async fn start_browser(test: &str) -> Option<(Driver, Browser)> {
             "browserName": "chrome",
             "goog:chromeOptions": {
                 "binary": binary,
-                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1200,1100"]
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", format!("--window-size={width},{height}")]
             }
         }}}))
         .send()
@@ -496,6 +511,145 @@ async fn a_viewer_logs_in_and_finds_no_steering_buttons_in_chromium() {
         Vec::<String>::new()
     );
     browser.screenshot("ui-viewer-rollout.png").await;
+
+    let _ = browser.http.delete(&browser.session).send().await;
+    drop(driver);
+    scene.stop().await;
+}
+
+/// What would wrap on the page shown: each name, digest and revision that takes more
+/// than one line, and each table too wide for its box, as `selector: text`.
+const WRAPPED: &str = r#"
+const found = [];
+for (const e of document.querySelectorAll('td.name a, td.name, td.digest code, code.revision, code.digest, .numbers, .legend li')) {
+  const lines = new Set(Array.from(e.getClientRects()).map(r => Math.round(r.top)));
+  if (lines.size > 1) { found.push(e.tagName + '.' + e.className + ': ' + e.textContent); }
+}
+for (const e of document.querySelectorAll('.scroll')) {
+  if (e.scrollWidth > e.clientWidth + 1) { found.push('a table wider than its box: ' + e.textContent.slice(0, 80)); }
+}
+if (document.documentElement.scrollWidth > window.innerWidth) { found.push('the page scrolls sideways'); }
+return found;
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_digests_bars_and_what_runs_read_well_at_1280_px_in_chromium() {
+    let Some((driver, browser)) = start_browser_sized(
+        "names_digests_bars_and_what_runs_read_well_at_1280_px_in_chromium",
+        (1280, 900),
+    )
+    .await
+    else {
+        return;
+    };
+    let (mut scene, v2) = every_state().await;
+    let rollout_id = scene.rollout_of(&v2).await["id"].as_i64().expect("id");
+    let hub = scene.hub.as_ref().expect("hub").base.clone();
+    // An agent with a lot to say: its message fills the list's last column, which
+    // squeezes the others.
+    let s1_runs = scene.runs["s1"].clone();
+    let response = scene
+        .client
+        .post(scene.url("/v1/clusters/s1/status"))
+        .bearer_auth(&scene.tokens["s1"])
+        .json(&json!({"applied": s1_runs, "attempted": s1_runs, "resources": [],
+            "agentVersion": "test",
+            "message": "applied 2 resources; waiting for the Deployment app/app in namespace app to roll out its new ReplicaSet (2 of 3 replicas updated, 1 unavailable) before the next phase of the bundle is applied"}))
+        .send()
+        .await
+        .expect("report");
+    assert_eq!(response.status(), 200);
+    browser.go(&format!("{hub}/ui/")).await;
+    browser.type_into("#token", &scene.admin).await;
+    browser.click("form.login button[type=submit]").await;
+    assert_eq!(
+        browser.title_once("Fleet · flotilla").await,
+        "Fleet · flotilla"
+    );
+    let width = browser.run("return window.innerWidth;").await;
+    assert_eq!(width, 1280, "the window's width");
+
+    // The served commit's subject and author, beside its id.
+    assert_eq!(browser.text("#commit-subject").await, "v2");
+    assert_eq!(browser.text("#commit-author").await, "flotilla tests");
+    // The legend of the bars, and the numbers beside each bar, as text one can read.
+    assert_eq!(
+        browser.all_texts("#groups-h + .legend li").await,
+        [
+            "failed",
+            "offline",
+            "pending",
+            "never-seen",
+            "paused",
+            "waiting",
+            "in-sync"
+        ]
+    );
+    assert_eq!(browser.text(".groups .numbers").await, "1 failed");
+    assert_eq!(
+        browser.all_texts(".rollout .waves .numbers").await,
+        ["0/1 in sync · 1 failed", "0/3 in sync · 1 offline"]
+    );
+    // Each swatch of the legend has the colour of its state's part of a bar.
+    let colours = browser
+        .run(
+            "const bg = s => getComputedStyle(document.querySelector(s)).backgroundColor;\n\
+             return [bg('#groups-h + .legend .swatch.s-failed'), bg('.groups .seg.s-failed')];",
+        )
+        .await;
+    assert_eq!(colours[0], colours[1], "{colours}");
+    assert_ne!(colours[0], "rgba(0, 0, 0, 0)", "{colours}");
+    let wrapped = browser.run(WRAPPED).await;
+    assert_eq!(wrapped, json!([]), "on the fleet page");
+
+    // A cluster's page: its digests in full on one line each, and what runs there,
+    // each resource linking to its part of the bundle view.
+    browser.go(&format!("{hub}/ui/clusters/c1")).await;
+    assert_eq!(browser.title_once("c1 · flotilla").await, "c1 · flotilla");
+    let wrapped = browser.run(WRAPPED).await;
+    assert_eq!(wrapped, json!([]), "on the cluster page");
+    assert_eq!(
+        browser.all_texts("table.resources td.name").await,
+        ["app", "app"]
+    );
+    browser
+        .click("table.resources tbody tr:nth-child(2) td.name a")
+        .await;
+    assert_eq!(
+        browser.title_once("c1: bundle · flotilla").await,
+        "c1: bundle · flotilla"
+    );
+    let target = browser
+        .settles(json!("Secret app/app"), || async {
+            browser
+                .run("const t = document.querySelector(':target h2'); return t ? t.textContent : null;")
+                .await
+        })
+        .await;
+    assert_eq!(target, "Secret app/app", "the link lands on the Secret");
+    let secret = browser.text(":target pre").await;
+    assert!(
+        secret.contains("(redacted)") && !secret.contains("hunter2"),
+        "{secret}"
+    );
+
+    // A rollout's page.
+    browser.go(&format!("{hub}/ui/rollouts/{rollout_id}")).await;
+    assert_eq!(
+        browser
+            .title_once(&format!("Rollout {rollout_id} · flotilla"))
+            .await,
+        format!("Rollout {rollout_id} · flotilla")
+    );
+    let wrapped = browser.run(WRAPPED).await;
+    assert_eq!(wrapped, json!([]), "on the rollout page");
+    assert_eq!(
+        browser.all_texts(".waves .numbers").await,
+        [
+            "0/1 in sync · 1 failed · bake 15m",
+            "0/3 in sync · 1 offline · bake 0s"
+        ]
+    );
 
     let _ = browser.http.delete(&browser.session).send().await;
     drop(driver);

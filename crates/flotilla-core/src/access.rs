@@ -127,6 +127,15 @@ impl ScopedBundle {
             .is_some_and(|(owner, _)| owner == tenant)
     }
 
+    /// Every resource's identity and its workload (when the bundle names workloads),
+    /// in bundle order: what a bundle holds, without its content.
+    pub fn identities(&self) -> impl Iterator<Item = (&ResourceKey, Option<&str>)> {
+        self.resources
+            .iter()
+            .enumerate()
+            .map(|(index, (key, _))| (key, self.workload(index)))
+    }
+
     /// The identities of the tenant's resources in this bundle, in bundle order.
     pub fn resources_of<'a>(&'a self, tenant: &'a str) -> impl Iterator<Item = &'a ResourceKey> {
         self.resources

@@ -483,7 +483,8 @@ async fn cluster(State(ui): State<Ui>, headers: HeaderMap, Path(name): Path<Stri
     let Some(mut summary) = ui.shared.view.fleet_summary_of(&name) else {
         return not_served();
     };
-    if let Some(tenant) = login.tenant_view(&ui.shared).await {
+    let tenant = login.tenant_view(&ui.shared).await;
+    if let Some(tenant) = &tenant {
         // A cluster the tenant is not on is answered as one that does not exist.
         match tenant.cluster(summary) {
             Some(theirs) => summary = theirs,
@@ -500,7 +501,57 @@ async fn cluster(State(ui): State<Ui>, headers: HeaderMap, Path(name): Path<Stri
             Vec::new()
         }
     };
-    page_result(page::cluster_page(&summary, &history, &login.visitor))
+    let runs = served_resources(&ui.shared, &name, tenant.as_ref()).await;
+    let runs = runs.as_ref().map(|(resources, reported_on)| page::Runs {
+        resources,
+        reported_on: reported_on.clone(),
+    });
+    page_result(page::cluster_page(&summary, &history, runs, &login.visitor))
+}
+
+/// What the bundle served to `cluster` holds (only the tenant's resources for a
+/// tenant's token), with each resource's state in its agent's last report, and the
+/// digest that report is about when it is not the one served. `None` when the bundle
+/// cannot be read.
+async fn served_resources(
+    shared: &Arc<Shared>,
+    cluster: &str,
+    tenant: Option<&TenantView>,
+) -> Option<(Vec<page::ServedResource>, Option<String>)> {
+    let entry = shared.view.served_to(cluster)?;
+    let digest = entry.digest.clone();
+    let reader = shared.clone();
+    let read =
+        tokio::task::spawn_blocking(move || reader.view.reads().object_blocking(&digest)).await;
+    let body = match read {
+        Ok(Ok(body)) => body,
+        Ok(Err(err)) => {
+            tracing::error!(%cluster, digest = %entry.digest, "cannot read the bundle to list what runs: {err}");
+            return None;
+        }
+        Err(err) => {
+            tracing::error!(%cluster, "reading the bundle to list what runs stopped: {err}");
+            return None;
+        }
+    };
+    let Some(bundle) = flotilla_core::access::ScopedBundle::parse(&body) else {
+        tracing::error!(%cluster, digest = %entry.digest, "the stored bundle is not a bundle");
+        return None;
+    };
+    let report = shared
+        .view
+        .statuses()
+        .get(cluster)
+        .map(|s| s.report.clone());
+    let reported_on = report
+        .as_ref()
+        .and_then(|r| r.applied.as_ref().or(r.attempted.as_ref()))
+        .filter(|d| **d != entry.digest)
+        .map(ToString::to_string);
+    let resources = page::served_resources(&bundle, report.as_ref(), |key| {
+        tenant.is_none_or(|t| t.owns_resource(cluster, key))
+    });
+    Some((resources, reported_on))
 }
 
 async fn cluster_bundle(
@@ -540,18 +591,23 @@ async fn cluster_bundle(
         let mut value: serde_json::Value =
             serde_json::from_slice(&document).map_err(|e| e.to_string())?;
         page::redact_secrets(&mut value);
-        serde_json::to_string_pretty(&value).map_err(|e| e.to_string())
+        Ok::<_, String>(page::bundle_sections(value))
     })
     .await;
     match read {
-        Ok(Ok(text)) => {
+        Ok(Ok((sections, rest))) => {
             let digest = ui
                 .shared
                 .view
                 .served_to(&name)
                 .map(|c| c.digest.to_string())
                 .unwrap_or_default();
-            page_result(page::bundle_page(&name, &digest, &text, &login.visitor))
+            page_result(page::bundle_page(
+                &name,
+                &digest,
+                (&sections, &rest),
+                &login.visitor,
+            ))
         }
         Ok(Err(err)) => error(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -3,7 +3,7 @@
 //! templates compiled into the binary, so a benchmark can build the fleet page of
 //! 10,000 clusters without a server.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::OnceLock;
 
 use minijinja::value::Serde;
@@ -13,8 +13,11 @@ use serde::{Deserialize, Serialize};
 use crate::fleet::{
     ClusterState, ClusterSummary, Counts, Drift, InstallErrorSummary, Line, RenderStatus,
 };
+use flotilla_core::access::ScopedBundle;
+use flotilla_core::bundle::ResourceKey;
 use flotilla_core::rollout::view::RolloutView;
 use flotilla_core::secret;
+use flotilla_core::status::{ResourceState, ResourceStatus, StatusReport};
 
 /// Who is logged in: shown in the page's header, and deciding what the page offers
 /// (the server refuses the rest regardless).
@@ -48,9 +51,11 @@ fn environment() -> &'static Environment<'static> {
     ENV.get_or_init(|| {
         let mut env = Environment::new();
         env.add_filter("urlencode", |text: String| encode(&text));
+        env.add_filter("short_digest", |digest: String| short(&digest));
         // Autoescape by file name: every template here ends in .html.
         for (name, source) in [
             ("base.html", include_str!("templates/base.html")),
+            ("bars.html", include_str!("templates/bars.html")),
             ("login.html", include_str!("templates/login.html")),
             ("fleet.html", include_str!("templates/fleet.html")),
             ("cluster.html", include_str!("templates/cluster.html")),
@@ -161,6 +166,80 @@ fn segments(counts: &Counts) -> Vec<Segment> {
         .collect()
 }
 
+/// One part of a wave's bar: the wave's clusters in sync, failed, or not there yet.
+#[derive(Serialize)]
+struct WaveSegment {
+    /// `in-sync`, `failed` or `to-go` (the CSS class `s-…` colours it).
+    kind: &'static str,
+    /// What the legend calls it.
+    label: &'static str,
+    count: usize,
+    percent: String,
+}
+
+/// A wave's bar and its numbers, as the fleet page and a rollout's page draw them.
+#[derive(Serialize)]
+struct WaveBar {
+    name: String,
+    state: &'static str,
+    clusters: usize,
+    in_sync: usize,
+    failed: usize,
+    offline: usize,
+    never_seen: usize,
+    bake: String,
+    /// In sync, failed, not there yet: they add up to the wave's clusters.
+    segments: Vec<WaveSegment>,
+}
+
+/// What the legend of the wave bars says, in the order of the bar.
+const WAVE_LEGEND: [(&str, &str); 3] = [
+    ("in-sync", "in sync (healthy on the new digest)"),
+    ("failed", "failed"),
+    ("to-go", "not there yet"),
+];
+
+/// A wave's clusters in sync, failed and not there yet, adding up to `clusters`. The
+/// counts come from separate flags (a failed cluster may be healthy on the new digest
+/// again before the rollout clears its mark): the parts stay within the wave
+/// whatever they say, in sync first.
+fn wave_parts(clusters: usize, in_sync: usize, failed: usize) -> [usize; 3] {
+    let in_sync = in_sync.min(clusters);
+    let failed = failed.min(clusters - in_sync);
+    [in_sync, failed, clusters - in_sync - failed]
+}
+
+fn wave_bars(rollout: &RolloutView) -> Vec<WaveBar> {
+    rollout
+        .waves
+        .iter()
+        .map(|w| {
+            let segments = wave_parts(w.clusters, w.in_sync, w.failed)
+                .into_iter()
+                .zip(WAVE_LEGEND)
+                .filter(|(count, _)| *count > 0)
+                .map(|(count, (kind, label))| WaveSegment {
+                    kind,
+                    label,
+                    count,
+                    percent: format!("{:.1}", count as f64 * 100.0 / w.clusters.max(1) as f64),
+                })
+                .collect();
+            WaveBar {
+                name: w.name.clone(),
+                state: w.state.as_str(),
+                clusters: w.clusters,
+                in_sync: w.in_sync,
+                failed: w.failed,
+                offline: w.offline,
+                never_seen: w.never_seen,
+                bake: w.bake.clone(),
+                segments,
+            }
+        })
+        .collect()
+}
+
 #[derive(Serialize)]
 struct GroupBar {
     name: String,
@@ -193,7 +272,7 @@ impl Row {
             groups: line.groups.to_vec(),
             applied: status
                 .and_then(|s| s.report.applied.as_ref())
-                .map(|d| short(d.as_str())),
+                .map(|d| d.to_string()),
             last_seen: ago(line.silent_for_seconds(now_ms)),
             detail: match line.state {
                 ClusterState::Failed => {
@@ -269,6 +348,7 @@ pub fn stamp(
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     render.served_revision.hash(&mut hasher);
+    render.served_commit().is_some().hash(&mut hasher);
     render.attempted_revision.hash(&mut hasher);
     render.errors.len().hash(&mut hasher);
     render
@@ -421,6 +501,7 @@ pub fn fleet_page(
             who => Serde(visitor),
             stamp => stamp(status, &model.counts, model.drifted, rollouts),
             revision => status.served_revision.as_deref(),
+            commit => status.served_commit().map(Serde),
             attempted_revision => status.attempted_revision.as_deref(),
             render_errors => status.errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
             source_error => status.source_error.as_deref(),
@@ -432,7 +513,11 @@ pub fn fleet_page(
             drift => Serde(&model.drift),
             drift_shown => model.drifted.min(PAGE_SIZE),
             groups => Serde(&model.groups),
-            rollouts => Serde(rollouts),
+            rollouts => rollouts
+                .iter()
+                .map(|r| context! { rollout => Serde(r), waves => Serde(wave_bars(r)) })
+                .collect::<Vec<_>>(),
+            wave_legend => Serde(WAVE_LEGEND),
             rows => Serde(&model.rows),
             matching => model.matching,
             first => model.first,
@@ -448,12 +533,114 @@ pub fn fleet_page(
     )
 }
 
-/// One cluster: its summary line, the recent digests it was served, and its wave.
+/// The id of a resource's part of the bundle view, and so the fragment that links to
+/// it: from its identity, so a link still finds it after the bundle changed.
+pub fn resource_anchor(key: &ResourceKey) -> String {
+    format!("r-{}", encode(&key.to_string()))
+}
+
+/// One resource a cluster is served, as its page lists it: who it is and its state,
+/// never its content (a Secret is listed by its name only).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ServedResource {
+    /// The workload it comes from (`None` for a bundle that names no workloads).
+    pub workload: Option<String>,
+    /// `Kind.group`, or `Kind` in the core group.
+    pub kind: String,
+    /// `None` when cluster-scoped.
+    pub namespace: Option<String>,
+    pub name: String,
+    /// Its state in the agent's last report (`None`: not in it).
+    pub state: Option<ResourceState>,
+    pub message: String,
+    /// See [`resource_anchor`].
+    pub anchor: String,
+}
+
+/// What a cluster runs: every resource of `bundle` that `keep` accepts, in bundle
+/// order, with its state in `report` where the report names it.
+pub fn served_resources(
+    bundle: &ScopedBundle,
+    report: Option<&StatusReport>,
+    mut keep: impl FnMut(&ResourceKey) -> bool,
+) -> Vec<ServedResource> {
+    let reported: HashMap<ResourceKey, &ResourceStatus> = report
+        .map(|r| {
+            r.resources
+                .iter()
+                .map(|s| {
+                    let key = ResourceKey {
+                        group: s.group.clone(),
+                        kind: s.kind.clone(),
+                        namespace: s.namespace.clone(),
+                        name: s.name.clone(),
+                    };
+                    (key, s)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    bundle
+        .identities()
+        .filter(|(key, _)| keep(key))
+        .map(|(key, workload)| {
+            let status = reported.get(key);
+            ServedResource {
+                workload: workload.map(str::to_string),
+                kind: if key.group.is_empty() {
+                    key.kind.clone()
+                } else {
+                    format!("{}.{}", key.kind, key.group)
+                },
+                namespace: (!key.namespace.is_empty()).then(|| key.namespace.clone()),
+                name: key.name.clone(),
+                state: status.map(|s| s.state),
+                message: status.map(|s| s.message.clone()).unwrap_or_default(),
+                anchor: resource_anchor(key),
+            }
+        })
+        .collect()
+}
+
+/// A workload on a cluster and how many of its resources are listed.
+#[derive(Serialize)]
+struct WorkloadLine<'a> {
+    name: &'a str,
+    resources: usize,
+}
+
+fn workloads_of(resources: &[ServedResource]) -> Vec<WorkloadLine<'_>> {
+    let mut lines: Vec<WorkloadLine<'_>> = Vec::new();
+    for resource in resources {
+        let Some(name) = resource.workload.as_deref() else {
+            continue;
+        };
+        match lines.iter_mut().find(|l| l.name == name) {
+            Some(line) => line.resources += 1,
+            None => lines.push(WorkloadLine { name, resources: 1 }),
+        }
+    }
+    lines
+}
+
+/// What the cluster page says of what runs there.
+pub struct Runs<'a> {
+    pub resources: &'a [ServedResource],
+    /// The digest the agent's last report is about, when it is not the one served.
+    pub reported_on: Option<String>,
+}
+
+/// One cluster: its summary line, the recent digests it was served, its wave, and
+/// what runs there (`None` when its bundle could not be read).
 pub fn cluster_page(
     cluster: &ClusterSummary,
     history: &[(String, String)],
+    runs: Option<Runs<'_>>,
     visitor: &Visitor,
 ) -> Result<String, PageError> {
+    let bundle_link = visitor
+        .reads_bundles
+        .then(|| format!("/ui/clusters/{}/bundle", encode(&cluster.name)));
     render(
         "cluster.html",
         context! {
@@ -464,17 +651,69 @@ pub fn cluster_page(
             state => cluster.state.as_str(),
             last_seen => ago(cluster.silent_for_seconds),
             pending_for => cluster.pending_for_seconds.map(duration),
-            bundle_link => visitor.reads_bundles.then(|| format!("/ui/clusters/{}/bundle", encode(&cluster.name))),
+            bundle_link,
             history => history.iter().map(|(d, r)| context! { digest => d, revision => r }).collect::<Vec<_>>(),
+            runs => runs.as_ref().map(|runs| context! {
+                resources => Serde(runs.resources),
+                workloads => Serde(workloads_of(runs.resources)),
+                reported_on => runs.reported_on.as_deref(),
+            }),
         },
     )
 }
 
-/// A cluster's bundle, with Secret values hidden.
+/// One resource of the bundle view: its anchor, its name and its JSON.
+#[derive(Serialize)]
+pub struct BundleSection {
+    pub anchor: String,
+    pub title: String,
+    pub text: String,
+}
+
+/// Splits a bundle document (`{"resources": [...], ...}`, Secret values already
+/// hidden) into a part per resource and the rest of the document, each as indented
+/// JSON.
+pub fn bundle_sections(mut document: serde_json::Value) -> (Vec<BundleSection>, String) {
+    let resources = document
+        .get_mut("resources")
+        .and_then(|r| r.as_array_mut())
+        .map(std::mem::take)
+        .unwrap_or_default();
+    let count = resources.len();
+    let sections = resources
+        .into_iter()
+        .enumerate()
+        .map(|(index, resource)| {
+            let (anchor, title) = match ResourceKey::of(&resource) {
+                Some(key) => (resource_anchor(&key), key.to_string()),
+                None => (format!("r-{index}"), format!("resource {}", index + 1)),
+            };
+            let text = serde_json::to_string_pretty(&resource).unwrap_or_default();
+            BundleSection {
+                anchor,
+                title,
+                text,
+            }
+        })
+        .collect();
+    if let Some(rest) = document.as_object_mut()
+        && rest.contains_key("resources")
+    {
+        rest.insert(
+            "resources".into(),
+            serde_json::Value::String(format!("({count} resources, above)")),
+        );
+    }
+    let rest = serde_json::to_string_pretty(&document).unwrap_or_default();
+    (sections, rest)
+}
+
+/// A cluster's bundle, with Secret values hidden: a part per resource, then the rest
+/// of the document.
 pub fn bundle_page(
     cluster: &str,
     digest: &str,
-    text: &str,
+    (sections, rest): (&[BundleSection], &str),
     visitor: &Visitor,
 ) -> Result<String, PageError> {
     render(
@@ -486,7 +725,8 @@ pub fn bundle_page(
             cluster,
             cluster_link => format!("/ui/clusters/{}", encode(cluster)),
             digest,
-            text,
+            sections => Serde(sections),
+            rest,
         },
     )
 }
@@ -515,6 +755,8 @@ pub fn rollout_page(
             csrf => &visitor.csrf,
             who => Serde(visitor),
             rollout => Serde(rollout),
+            waves => Serde(wave_bars(rollout)),
+            wave_legend => Serde(WAVE_LEGEND),
             state,
             actions,
             action_base => format!("/ui/rollouts/{}", rollout.id),
@@ -652,9 +894,56 @@ mod tests {
     }
 
     #[test]
+    fn a_waves_bar_parts_add_up_to_its_clusters() {
+        // (clusters, in sync, failed) → (in sync, failed, not there yet)
+        for (counts, parts) in [
+            ((4, 1, 1), [1, 1, 2]),
+            ((3, 3, 0), [3, 0, 0]),
+            ((0, 0, 0), [0, 0, 0]),
+            ((2, 1, 2), [1, 1, 0]),
+            ((2, 5, 1), [2, 0, 0]),
+        ] {
+            let (clusters, in_sync, failed) = counts;
+            assert_eq!(wave_parts(clusters, in_sync, failed), parts, "{counts:?}");
+        }
+    }
+
+    #[test]
+    fn a_bundle_view_has_a_part_per_resource_named_as_the_cluster_page_links_it() {
+        let document = json!({"digest": "sha256:aa", "resources": [
+            {"apiVersion": "apps/v1", "kind": "Deployment",
+             "metadata": {"name": "web", "namespace": "shop"}},
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}},
+        ]});
+        let (sections, rest) = bundle_sections(document);
+        let named: Vec<(&str, &str)> = sections
+            .iter()
+            .map(|s| (s.anchor.as_str(), s.title.as_str()))
+            .collect();
+        assert_eq!(
+            named,
+            [
+                ("r-Deployment.apps%20shop%2Fweb", "Deployment.apps shop/web"),
+                ("r-Namespace%2Fshop", "Namespace/shop"),
+            ]
+        );
+        let key = ResourceKey::of(&json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "shop"}}))
+        .expect("key");
+        assert_eq!(resource_anchor(&key), sections[0].anchor);
+        assert!(sections[0].text.contains("\"namespace\": \"shop\""));
+        assert!(
+            rest.contains("\"resources\": \"(2 resources, above)\""),
+            "{rest}"
+        );
+        assert!(rest.contains("sha256:aa"), "{rest}");
+    }
+
+    #[test]
     fn every_template_parses() {
         for name in [
             "base.html",
+            "bars.html",
             "login.html",
             "fleet.html",
             "cluster.html",
