@@ -341,6 +341,15 @@ async fn the_web_page_shows_the_fleet_only_after_login_and_refuses_cross_site_fo
     let login = send(web.get(url("/ui/login"))).await;
     assert_eq!(login.status, 200);
     assert!(login.body.contains("type=\"password\""), "{}", login.body);
+    // Any person's token logs in, not only an admin's: the form says so.
+    assert!(
+        login
+            .body
+            .contains("<code>flotilla token create --role viewer</code>")
+            && !login.body.contains("admin token"),
+        "{}",
+        login.body
+    );
     assert!(!login.body.contains("c1") && !login.body.contains("sha256:"));
 
     // Wrong tokens, a cluster's token, and a login posted from another site fail.
