@@ -1,13 +1,16 @@
 //! Workloads that are kustomize bases, built as `kubectl kustomize` (kustomize v5)
 //! builds them, from the files of the snapshot only: nothing is fetched, no plugin
-//! runs.
+//! runs (kustomize's builtin transformers and generators configured in YAML are
+//! built; exec and Go plugins and KRM functions are refused).
 //!
 //! A build follows kustomize's order. For one kustomization: its `resources` (files,
 //! and folders with their own kustomization, built first, recursively), its
 //! generators (`configMapGenerator`, `secretGenerator`), its `components` (applied to
 //! what has been gathered so far), then its transformers: `patchesStrategicMerge`,
 //! `patches`, `namespace`, `namePrefix`, `nameSuffix`, `labels` and `commonLabels`,
-//! `commonAnnotations`, `patchesJson6902`, `replicas`, `images`. At the top, once:
+//! `commonAnnotations`, `patchesJson6902`, `replicas`, `images`, and the builtin
+//! transformers configured under `transformers:` ([`builtin`]; the builtin generators
+//! of `generators:` run after the generator fields). At the top, once:
 //! generated names get their content hash, and references to renamed objects are
 //! updated (see [`nameref`]).
 //!
@@ -15,6 +18,7 @@
 //! and the prefixes and suffixes given to it, so that references written against an
 //! old name find the new one.
 
+mod builtin;
 mod fieldspec;
 pub mod file;
 mod generate;
