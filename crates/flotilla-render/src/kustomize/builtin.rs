@@ -277,21 +277,20 @@ fn classify(document: &Document, field: Field) -> Result<(String, String), Strin
         nonempty(kind, "(no kind)"),
         nonempty(name, "(no name)")
     );
-    let never_runs = "kustomize would run it as a program, and flotilla never runs programs at render: run it in CI and commit its output, or express the change with builtin transformers or patches";
+    let never_runs = "flotilla never runs programs at render: run it in CI and commit its output, or express the change with builtin transformers or patches";
     let annotations = value.pointer("/metadata/annotations");
     for annotation in FUNCTION_ANNOTATIONS {
         if let Some(spec) = annotations.and_then(|a| a.get(*annotation)) {
             return Err(format!(
-                "{source}: {what} is {} (annotation {annotation}); {never_runs}",
+                "{source}: {what} is {} (annotation {annotation}), a program kustomize would run; {never_runs}",
                 describe_function(spec)
             ));
         }
     }
     if api_version != "builtin" {
         return Err(format!(
-            "{source}: {what} is an exec or Go plugin (apiVersion {}, kind {}), which kustomize looks up in its plugin folder; {never_runs}. kustomize's own transformers and generators are written with `apiVersion: builtin`",
+            "{source}: {what} (apiVersion {}) is an exec or Go plugin, a program kustomize would look up in its plugin folder and run; {never_runs} (kustomize's own transformers and generators, `apiVersion: builtin`, are built)",
             nonempty(api_version, "missing"),
-            nonempty(kind, "missing"),
         ));
     }
     if name.is_empty() {
