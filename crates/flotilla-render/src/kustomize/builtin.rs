@@ -154,10 +154,15 @@ const OTHER_BUILTIN_KINDS: &[&str] = &[
 /// The annotations that make a document a KRM function.
 const FUNCTION_ANNOTATIONS: &[&str] = &["config.kubernetes.io/function", "config.k8s.io/function"];
 
+/// Builds a folder listed as an entry (its kustomization, at the given line of the
+/// listing one) and returns its output: the configurations it holds.
+pub type BuildFolder<'a> = &'a mut dyn FnMut(u64, &str) -> Result<Vec<Value>, Error>;
+
 /// The transformer configurations of a kustomization, in the order it lists them.
 pub fn transformers(
     snapshot: &FleetSnapshot,
     kustomization: &Kustomization,
+    build_folder: BuildFolder,
 ) -> Result<Vec<Config<Transformer>>, Error> {
     read(
         snapshot,
@@ -165,6 +170,7 @@ pub fn transformers(
         &kustomization.doc.transformers,
         Field::Transformers,
         transformer,
+        build_folder,
     )
 }
 
@@ -172,6 +178,7 @@ pub fn transformers(
 pub fn generators(
     snapshot: &FleetSnapshot,
     kustomization: &Kustomization,
+    build_folder: BuildFolder,
 ) -> Result<Vec<Config<Generator>>, Error> {
     read(
         snapshot,
@@ -179,6 +186,7 @@ pub fn generators(
         &kustomization.doc.generators,
         Field::Generators,
         generator,
+        build_folder,
     )
 }
 
@@ -194,6 +202,7 @@ fn read<T>(
     entries: &[Located<String>],
     field: Field,
     build: fn(&str, Value) -> Result<T, String>,
+    build_folder: BuildFolder,
 ) -> Result<Vec<Config<T>>, Error> {
     let mut configs = Vec::new();
     for entry in entries {
@@ -201,7 +210,17 @@ fn read<T>(
         let error = |message: String| {
             kustomization.error(Some(line), format!("{}: {message}", field.name()))
         };
-        for document in documents(snapshot, kustomization, &entry.value).map_err(error)? {
+        let documents = match documents(snapshot, kustomization, &entry.value).map_err(error)? {
+            Entry::Documents(documents) => documents,
+            Entry::Folder(dir) => build_folder(line, &dir)?
+                .into_iter()
+                .map(|value| Document {
+                    source: entry.value.clone(),
+                    value,
+                })
+                .collect(),
+        };
+        for document in documents {
             let (kind, name) = classify(&document, field).map_err(error)?;
             let label = format!("{}: {} ({kind} {name})", field.name(), document.source);
             let value = build(&kind, document.value).map_err(|message| {
@@ -213,16 +232,29 @@ fn read<T>(
     Ok(configs)
 }
 
+/// What an entry names.
+enum Entry {
+    Documents(Vec<Document>),
+    /// A folder with a kustomization (resolved): its output are the configurations.
+    Folder(String),
+}
+
 /// The documents of an entry: an inline YAML document (kustomize takes an entry
-/// that reads as one), or the documents of the file it names.
+/// that reads as one), or the documents of the file it names; or the folder it
+/// names.
 fn documents(
     snapshot: &FleetSnapshot,
     kustomization: &Kustomization,
     entry: &str,
-) -> Result<Vec<Document>, String> {
+) -> Result<Entry, String> {
     let (text, source) = if entry.contains('\n') {
         (entry.to_string(), "the inline entry".to_string())
     } else {
+        if file::is_remote(entry) {
+            return Err(format!(
+                "{entry:?} is remote; flotilla never fetches: vendor the configuration into the fleet repository and refer to it by a relative path"
+            ));
+        }
         let path = file::resolve_path(&kustomization.dir, entry)?;
         match snapshot.files.get(&path) {
             Some(text) => (text.to_string(), entry.to_string()),
@@ -230,9 +262,12 @@ fn documents(
                 if let Some(reason) = snapshot.skipped.get(&path) {
                     return Err(format!("{entry} cannot be used: {reason}"));
                 }
+                if file::find_in(snapshot, &path)?.is_some() {
+                    return Ok(Entry::Folder(path));
+                }
                 if file::is_dir(snapshot, &path) {
                     return Err(format!(
-                        "{entry} is a folder; flotilla reads configurations from files (name each file here)"
+                        "{entry} is a folder without a kustomization file (kustomization.yaml)"
                     ));
                 }
                 return Err(format!("{entry} does not exist in the fleet"));
@@ -247,17 +282,19 @@ fn documents(
         return Err(format!("{source} holds no configuration"));
     }
     let several = documents.len() > 1;
-    Ok(documents
-        .into_iter()
-        .map(|document| Document {
-            source: if several {
-                format!("{source}, line {}", document.line)
-            } else {
-                source.clone()
-            },
-            value: document.value,
-        })
-        .collect())
+    Ok(Entry::Documents(
+        documents
+            .into_iter()
+            .map(|document| Document {
+                source: if several {
+                    format!("{source}, line {}", document.line)
+                } else {
+                    source.clone()
+                },
+                value: document.value,
+            })
+            .collect(),
+    ))
 }
 
 /// The kind and name of a builtin configuration; a real plugin, or a builtin kind

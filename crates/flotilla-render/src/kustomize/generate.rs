@@ -16,9 +16,10 @@ pub fn run(
     snapshot: &FleetSnapshot,
     kustomization: &Kustomization,
     accumulator: &mut Accumulator,
+    build_folder: builtin::BuildFolder,
 ) -> Result<(), Error> {
     let doc = &kustomization.doc;
-    let builtins = builtin::generators(snapshot, kustomization)?;
+    let builtins = builtin::generators(snapshot, kustomization, build_folder)?;
     let global = doc.generator_options.as_ref();
     let fields = [
         (&doc.config_map_generator, "ConfigMap"),

@@ -373,7 +373,10 @@ impl Build<'_> {
         for entry in doc.resources.iter().chain(&doc.bases) {
             self.add_resource(kustomization, entry, accumulator)?;
         }
-        generate::run(self.snapshot, kustomization, accumulator)?;
+        let snapshot = self.snapshot;
+        generate::run(snapshot, kustomization, accumulator, &mut |line, dir| {
+            self.build_configurations(kustomization, line, dir)
+        })?;
         for entry in &doc.components {
             let line = Some(entry.referenced.line());
             let dir = self.local_path(kustomization, line, &entry.value)?;
@@ -390,7 +393,28 @@ impl Build<'_> {
             let taken = std::mem::take(accumulator);
             *accumulator = self.accumulate(&component, taken)?;
         }
-        transform::run(self.snapshot, kustomization, accumulator)
+        transform::run(snapshot, kustomization, accumulator, &mut |line, dir| {
+            self.build_configurations(kustomization, line, dir)
+        })
+    }
+
+    /// The documents a folder listed under `transformers:` or `generators:` builds
+    /// (its kustomization's output): the configurations, as kustomize reads them.
+    fn build_configurations(
+        &mut self,
+        kustomization: &Kustomization,
+        line: u64,
+        dir: &str,
+    ) -> Result<Vec<Value>, Error> {
+        let sub = self.sub_kustomization(kustomization, Some(line), dir)?;
+        if sub.is_component {
+            return Err(kustomization.error(
+                Some(line),
+                format!("{dir} is a Component; a folder of configurations holds a Kustomization"),
+            ));
+        }
+        let built = self.accumulate(&sub, Accumulator::default())?;
+        Ok(built.resources.into_iter().map(|r| r.value).collect())
     }
 
     /// A path of this kustomization that is local (not a URL), resolved.

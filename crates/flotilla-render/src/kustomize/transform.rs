@@ -21,10 +21,11 @@ pub fn run(
     snapshot: &FleetSnapshot,
     kustomization: &Kustomization,
     accumulator: &mut Accumulator,
+    build_folder: builtin::BuildFolder,
 ) -> Result<(), Error> {
     let doc = &kustomization.doc;
     // Read first, so that a refused plugin is reported before any other problem.
-    let builtins = builtin::transformers(snapshot, kustomization)?;
+    let builtins = builtin::transformers(snapshot, kustomization, build_folder)?;
     for entry in &doc.patches_strategic_merge {
         let line = Some(entry.referenced.line());
         apply_strategic_merge_entry(
