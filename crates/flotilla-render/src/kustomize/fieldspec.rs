@@ -415,6 +415,29 @@ pub fn replicas() -> Vec<FieldSpec> {
     .collect()
 }
 
+/// `namespace`, besides every namespaced resource's `metadata/namespace` and the
+/// binding subjects: a v1 Namespace's name, an APIService's service, a CRD's
+/// conversion webhook service (where it has one).
+pub fn namespaces() -> Vec<FieldSpec> {
+    vec![
+        spec("metadata/name", Some("Namespace"), None, None, true),
+        spec(
+            "spec/service/namespace",
+            Some("APIService"),
+            Some("apiregistration.k8s.io"),
+            None,
+            true,
+        ),
+        spec(
+            "spec/conversion/webhook/clientConfig/service/namespace",
+            Some("CustomResourceDefinition"),
+            None,
+            None,
+            false,
+        ),
+    ]
+}
+
 /// `images`, besides the search for `containers` and `initContainers` anywhere.
 pub fn images() -> Vec<FieldSpec> {
     [

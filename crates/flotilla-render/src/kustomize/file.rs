@@ -60,11 +60,14 @@ pub struct KustomizationDoc {
     /// Only orders kustomize's output; a bundle has its own order.
     #[serde(default)]
     pub sort_options: Option<serde_json::Value>,
+    /// Configurations of kustomize's builtin generators (`apiVersion: builtin`): file
+    /// names or inline YAML documents. Real plugins are refused when read.
+    #[serde(default)]
+    pub generators: Vec<Located<String>>,
+    /// Configurations of kustomize's builtin transformers, as for `generators`.
+    #[serde(default)]
+    pub transformers: Vec<Located<String>>,
     // Refused: each would run code, fetch, or change what kustomize knows about kinds.
-    #[serde(default)]
-    pub generators: Option<serde_json::Value>,
-    #[serde(default)]
-    pub transformers: Option<serde_json::Value>,
     #[serde(default)]
     pub validators: Option<serde_json::Value>,
     #[serde(default)]
@@ -427,17 +430,7 @@ pub fn load(snapshot: &FleetSnapshot, dir: &str, file: &str) -> Result<Kustomiza
             format!("apiVersion of a {kind} must be {wanted_api:?}, not {api:?}"),
         ));
     }
-    let refused: [(&str, bool, &str); 12] = [
-        (
-            "generators",
-            doc.generators.is_some(),
-            "generator plugins run programs",
-        ),
-        (
-            "transformers",
-            doc.transformers.is_some(),
-            "transformer plugins run programs",
-        ),
+    let refused: [(&str, bool, &str); 10] = [
         (
             "validators",
             doc.validators.is_some(),
@@ -515,7 +508,9 @@ pub fn load(snapshot: &FleetSnapshot, dir: &str, file: &str) -> Result<Kustomiza
         && doc.common_annotations.is_empty()
         && doc.images.is_empty()
         && doc.image_tags.is_empty()
-        && doc.replicas.is_empty();
+        && doc.replicas.is_empty()
+        && doc.generators.is_empty()
+        && doc.transformers.is_empty();
     if empty && errors.is_empty() {
         errors.push(error(None, "the kustomization is empty".into()));
     }

@@ -1,5 +1,5 @@
-//! `configMapGenerator` and `secretGenerator`, and the content hash kustomize puts
-//! at the end of a generated name.
+//! `configMapGenerator` and `secretGenerator` (and their builtin configurations under
+//! `generators:`), and the content hash kustomize puts at the end of a generated name.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -7,37 +7,67 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
+use super::builtin::{self, Generator};
 use super::file::{GeneratorDoc, GeneratorOptions, Kustomization};
 use super::{Accumulator, Behavior, Error, Resource};
-use flotilla_core::model::Located;
 use flotilla_core::snapshot::FleetSnapshot;
 
 pub fn run(
     snapshot: &FleetSnapshot,
     kustomization: &Kustomization,
     accumulator: &mut Accumulator,
+    build_folder: builtin::BuildFolder,
 ) -> Result<(), Error> {
     let doc = &kustomization.doc;
+    let builtins = builtin::generators(snapshot, kustomization, build_folder)?;
     let global = doc.generator_options.as_ref();
-    for (entries, kind) in [
+    let fields = [
         (&doc.config_map_generator, "ConfigMap"),
         (&doc.secret_generator, "Secret"),
-    ] {
-        for entry in entries {
-            let resource = generate(snapshot, kustomization, entry, kind, global)?;
-            absorb(
-                kustomization,
-                entry.referenced.line(),
-                resource,
-                accumulator,
-            )
-            .map_err(|err| Error {
-                message: format!("{}: {}", field_name(kind), err.message),
-                ..err
-            })?;
+    ];
+    let from_fields = fields.into_iter().flat_map(|(entries, kind)| {
+        entries.iter().map(move |entry| Generation {
+            doc: &entry.value,
+            line: entry.referenced.line(),
+            label: field_name(kind),
+            kind,
+            global,
+        })
+    });
+    // kustomize runs the generators configured under `generators:` after those of
+    // the fields; the kustomization's generatorOptions do not apply to them.
+    let from_configs = builtins.iter().map(|config| {
+        let (doc, kind) = match &config.value {
+            Generator::ConfigMap(doc) => (doc, "ConfigMap"),
+            Generator::Secret(doc) => (doc, "Secret"),
+        };
+        Generation {
+            doc,
+            line: config.line,
+            label: config.label.as_str(),
+            kind,
+            global: None,
         }
+    });
+    for generation in from_fields.chain(from_configs) {
+        let resource = generate(snapshot, kustomization, &generation)?;
+        absorb(kustomization, generation.line, resource, accumulator).map_err(|err| Error {
+            message: format!("{}: {}", generation.label, err.message),
+            ..err
+        })?;
     }
     Ok(())
+}
+
+/// One generator to run: its entry, where it is, and the options that apply.
+struct Generation<'a> {
+    doc: &'a GeneratorDoc,
+    line: u64,
+    /// The field or configuration, for messages.
+    label: &'a str,
+    /// `ConfigMap` or `Secret`.
+    kind: &'static str,
+    global: Option<&'a GeneratorOptions>,
 }
 
 fn field_name(kind: &str) -> &'static str {
@@ -76,14 +106,16 @@ fn merged_options(
 fn generate(
     snapshot: &FleetSnapshot,
     kustomization: &Kustomization,
-    entry: &Located<GeneratorDoc>,
-    kind: &str,
-    global: Option<&GeneratorOptions>,
+    generation: &Generation,
 ) -> Result<Resource, Error> {
-    let line = Some(entry.referenced.line());
-    let field = field_name(kind);
-    let error = |message: String| kustomization.error(line, format!("{field}: {message}"));
-    let doc = &entry.value;
+    let Generation {
+        doc,
+        line,
+        label,
+        kind,
+        global,
+    } = *generation;
+    let error = |message: String| kustomization.error(Some(line), format!("{label}: {message}"));
     let Some(name) = doc.name.as_deref().filter(|n| !n.is_empty()) else {
         return Err(error("a generated object needs a name".into()));
     };
@@ -98,7 +130,7 @@ fn generate(
         }
     };
     let read = |path: &str| -> Result<String, Error> {
-        let resolved = kustomization.resolve(line, path)?;
+        let resolved = kustomization.resolve(Some(line), path)?;
         match snapshot.files.get(&resolved) {
             Some(text) => Ok(text.to_string()),
             None => Err(error(format!(
@@ -212,7 +244,7 @@ fn generate(
     let mut resource = Resource::new(
         Value::Object(object),
         Arc::from(kustomization.file.as_str()),
-        entry.referenced.line(),
+        line,
     );
     resource.needs_hash = !options.disable_name_suffix_hash;
     resource.behavior = behavior;

@@ -1,13 +1,16 @@
 //! Workloads that are kustomize bases, built as `kubectl kustomize` (kustomize v5)
 //! builds them, from the files of the snapshot only: nothing is fetched, no plugin
-//! runs.
+//! runs (kustomize's builtin transformers and generators configured in YAML are
+//! built; exec and Go plugins and KRM functions are refused).
 //!
 //! A build follows kustomize's order. For one kustomization: its `resources` (files,
 //! and folders with their own kustomization, built first, recursively), its
 //! generators (`configMapGenerator`, `secretGenerator`), its `components` (applied to
 //! what has been gathered so far), then its transformers: `patchesStrategicMerge`,
 //! `patches`, `namespace`, `namePrefix`, `nameSuffix`, `labels` and `commonLabels`,
-//! `commonAnnotations`, `patchesJson6902`, `replicas`, `images`. At the top, once:
+//! `commonAnnotations`, `patchesJson6902`, `replicas`, `images`, and the builtin
+//! transformers configured under `transformers:` ([`builtin`]; the builtin generators
+//! of `generators:` run after the generator fields). At the top, once:
 //! generated names get their content hash, and references to renamed objects are
 //! updated (see [`nameref`]).
 //!
@@ -15,6 +18,7 @@
 //! and the prefixes and suffixes given to it, so that references written against an
 //! old name find the new one.
 
+mod builtin;
 mod fieldspec;
 pub mod file;
 mod generate;
@@ -369,7 +373,10 @@ impl Build<'_> {
         for entry in doc.resources.iter().chain(&doc.bases) {
             self.add_resource(kustomization, entry, accumulator)?;
         }
-        generate::run(self.snapshot, kustomization, accumulator)?;
+        let snapshot = self.snapshot;
+        generate::run(snapshot, kustomization, accumulator, &mut |line, dir| {
+            self.build_configurations(kustomization, line, dir)
+        })?;
         for entry in &doc.components {
             let line = Some(entry.referenced.line());
             let dir = self.local_path(kustomization, line, &entry.value)?;
@@ -386,7 +393,28 @@ impl Build<'_> {
             let taken = std::mem::take(accumulator);
             *accumulator = self.accumulate(&component, taken)?;
         }
-        transform::run(self.snapshot, kustomization, accumulator)
+        transform::run(snapshot, kustomization, accumulator, &mut |line, dir| {
+            self.build_configurations(kustomization, line, dir)
+        })
+    }
+
+    /// The documents a folder listed under `transformers:` or `generators:` builds
+    /// (its kustomization's output): the configurations, as kustomize reads them.
+    fn build_configurations(
+        &mut self,
+        kustomization: &Kustomization,
+        line: u64,
+        dir: &str,
+    ) -> Result<Vec<Value>, Error> {
+        let sub = self.sub_kustomization(kustomization, Some(line), dir)?;
+        if sub.is_component {
+            return Err(kustomization.error(
+                Some(line),
+                format!("{dir} is a Component; a folder of configurations holds a Kustomization"),
+            ));
+        }
+        let built = self.accumulate(&sub, Accumulator::default())?;
+        Ok(built.resources.into_iter().map(|r| r.value).collect())
     }
 
     /// A path of this kustomization that is local (not a URL), resolved.

@@ -1,14 +1,17 @@
 //! A kustomization's transformers, in kustomize's order: `patchesStrategicMerge`,
 //! `patches`, `namespace`, `namePrefix`, `nameSuffix`, `labels` and `commonLabels`,
-//! `commonAnnotations`, `patchesJson6902`, `replicas`, `images`.
+//! `commonAnnotations`, `patchesJson6902`, `replicas`, `images`, then the builtin
+//! transformers configured under `transformers:` (see [`super::builtin`]), each by
+//! the same code with its own field specs.
 
 use std::collections::BTreeMap;
 
 use regex::Regex;
 use serde_json::{Map, Value};
 
+use super::builtin::{self, Config, NamespaceRule, Subjects, Transformer};
 use super::fieldspec::{self, Create, FieldSpec};
-use super::file::{ImageDoc, Kustomization, PatchDoc, SelectorDoc};
+use super::file::{ImageDoc, Kustomization, PatchDoc, ReplicaDoc, SelectorDoc};
 use super::{Accumulator, Error, Resource, group_version};
 use crate::{patch, strategic, yaml};
 use flotilla_core::model::{LabelSelector, parse_selector};
@@ -18,30 +21,40 @@ pub fn run(
     snapshot: &FleetSnapshot,
     kustomization: &Kustomization,
     accumulator: &mut Accumulator,
+    build_folder: builtin::BuildFolder,
 ) -> Result<(), Error> {
     let doc = &kustomization.doc;
+    // Read first, so that a refused plugin is reported before any other problem.
+    let builtins = builtin::transformers(snapshot, kustomization, build_folder)?;
     for entry in &doc.patches_strategic_merge {
         let line = Some(entry.referenced.line());
-        let text = match kustomization
-            .resolve(line, &entry.value)
-            .ok()
-            .and_then(|path| snapshot.files.get(&path))
-        {
-            Some(text) => text.to_string(),
-            None => entry.value.clone(),
-        };
-        let patches = strategic_patches(&text).map_err(|message| {
-            kustomization.error(line, format!("patchesStrategicMerge entry: {message}"))
-        })?;
-        for patch in patches {
-            apply_untargeted(kustomization, line, &patch, accumulator, &BTreeMap::new())?;
-        }
+        apply_strategic_merge_entry(
+            snapshot,
+            kustomization,
+            line,
+            &entry.value,
+            "patchesStrategicMerge entry",
+            accumulator,
+        )?;
     }
     for entry in &doc.patches {
-        apply_patch_entry(snapshot, kustomization, entry, false, accumulator)?;
+        let line = Some(entry.referenced.line());
+        apply_patch_entry(
+            snapshot,
+            kustomization,
+            line,
+            &entry.value,
+            "patches",
+            false,
+            accumulator,
+        )?;
     }
     if let Some(namespace) = doc.namespace.as_deref().filter(|n| !n.is_empty()) {
-        set_namespace(namespace, accumulator);
+        set_namespace(
+            namespace,
+            &NamespaceRule::kustomization_field(),
+            accumulator,
+        );
     }
     if let Some(prefix) = doc.name_prefix.as_deref().filter(|p| !p.is_empty()) {
         rename(accumulator, |resource| {
@@ -97,47 +110,231 @@ pub fn run(
         })?;
     }
     for entry in &doc.patches_json6902 {
-        apply_patch_entry(snapshot, kustomization, entry, true, accumulator)?;
+        let line = Some(entry.referenced.line());
+        apply_patch_entry(
+            snapshot,
+            kustomization,
+            line,
+            &entry.value,
+            "patchesJson6902",
+            true,
+            accumulator,
+        )?;
     }
     for entry in &doc.replicas {
         let line = Some(entry.referenced.line());
-        let replica = &entry.value;
-        let specs = fieldspec::replicas();
-        let mut found = false;
-        for resource in &mut accumulator.resources {
-            let (group, version) = group_version(resource.api_version());
-            let (group, version) = (group.to_string(), version.to_string());
-            let named = resource.all_ids().any(|id| id.name == replica.name);
-            for spec in &specs {
-                let kind_matches = resource
-                    .all_ids()
-                    .any(|id| spec.selects(&group, &version, &id.kind));
-                if !named || !kind_matches {
-                    continue;
-                }
-                found = true;
-                fieldspec::visit(&mut resource.value, spec, Create::Scalar, &mut |field| {
-                    *field = Value::from(replica.count);
-                    Ok(())
-                })
-                .map_err(|message| kustomization.error(line, message))?;
-            }
-        }
-        if !found {
-            return Err(kustomization.error(
-                line,
-                format!(
-                    "replicas: no Deployment, ReplicationController, ReplicaSet or StatefulSet is named {:?}",
-                    replica.name
-                ),
-            ));
-        }
+        set_replicas(&entry.value, &fieldspec::replicas(), accumulator)
+            .map_err(|message| kustomization.error(line, format!("replicas: {message}")))?;
     }
     for entry in doc.images.iter().chain(&doc.image_tags) {
         let line = Some(entry.referenced.line());
         let image = ImageRule::new(&entry.value).map_err(|m| kustomization.error(line, m))?;
         for resource in &mut accumulator.resources {
-            image.apply(resource);
+            image.apply(resource, &fieldspec::images());
+        }
+    }
+    // kustomize runs the transformers configured under `transformers:` after those
+    // of the kustomization's own fields, in the order they are listed.
+    for config in &builtins {
+        run_builtin(snapshot, kustomization, config, accumulator)?;
+    }
+    Ok(())
+}
+
+/// One builtin transformer configuration, carried out by the transformer of the
+/// kustomization field it configures, with the configuration's field specs.
+fn run_builtin(
+    snapshot: &FleetSnapshot,
+    kustomization: &Kustomization,
+    config: &Config<Transformer>,
+    accumulator: &mut Accumulator,
+) -> Result<(), Error> {
+    let line = Some(config.line);
+    let label = config.label.as_str();
+    let error = |message: String| kustomization.error(line, format!("{label}: {message}"));
+    match &config.value {
+        Transformer::Labels { labels, specs } => {
+            set_entries(labels, specs, accumulator).map_err(error)
+        }
+        Transformer::Annotations { annotations, specs } => {
+            set_entries(annotations, specs, accumulator).map_err(error)
+        }
+        Transformer::PrefixSuffix {
+            prefix,
+            suffix,
+            specs,
+        } => add_prefix_suffix(prefix, suffix, specs, accumulator).map_err(error),
+        Transformer::ImageTag { image, specs } => {
+            let image = ImageRule::new(image).map_err(error)?;
+            for resource in &mut accumulator.resources {
+                image.apply(resource, specs);
+            }
+            Ok(())
+        }
+        Transformer::Namespace { namespace, rule } => {
+            if !namespace.is_empty() {
+                set_namespace(namespace, rule, accumulator);
+            }
+            Ok(())
+        }
+        Transformer::Patch(patch) => apply_patch_entry(
+            snapshot,
+            kustomization,
+            line,
+            patch,
+            label,
+            false,
+            accumulator,
+        ),
+        Transformer::Json6902(patch) => apply_patch_entry(
+            snapshot,
+            kustomization,
+            line,
+            patch,
+            label,
+            true,
+            accumulator,
+        ),
+        Transformer::StrategicMerge { paths, patches } => {
+            for path in paths {
+                apply_strategic_merge_entry(
+                    snapshot,
+                    kustomization,
+                    line,
+                    path,
+                    label,
+                    accumulator,
+                )?;
+            }
+            if let Some(patches) = patches.as_deref().filter(|p| !p.trim().is_empty()) {
+                apply_strategic_merge_text(kustomization, line, patches, label, accumulator)?;
+            }
+            Ok(())
+        }
+        Transformer::Replicas { replica, specs } => {
+            set_replicas(replica, specs, accumulator).map_err(error)
+        }
+    }
+}
+
+/// A `patchesStrategicMerge` entry: a file of patches, or the patches inline.
+fn apply_strategic_merge_entry(
+    snapshot: &FleetSnapshot,
+    kustomization: &Kustomization,
+    line: Option<u64>,
+    entry: &str,
+    label: &str,
+    accumulator: &mut Accumulator,
+) -> Result<(), Error> {
+    let text = match kustomization
+        .resolve(line, entry)
+        .ok()
+        .and_then(|path| snapshot.files.get(&path))
+    {
+        Some(text) => text.to_string(),
+        None => entry.to_string(),
+    };
+    apply_strategic_merge_text(kustomization, line, &text, label, accumulator)
+}
+
+fn apply_strategic_merge_text(
+    kustomization: &Kustomization,
+    line: Option<u64>,
+    text: &str,
+    label: &str,
+    accumulator: &mut Accumulator,
+) -> Result<(), Error> {
+    let patches = strategic_patches(text)
+        .map_err(|message| kustomization.error(line, format!("{label}: {message}")))?;
+    for patch in patches {
+        apply_untargeted(kustomization, line, &patch, accumulator, &BTreeMap::new())?;
+    }
+    Ok(())
+}
+
+/// Sets `spec.replicas` (or the fields of `specs`) of the resources with the name.
+fn set_replicas(
+    replica: &ReplicaDoc,
+    specs: &[FieldSpec],
+    accumulator: &mut Accumulator,
+) -> Result<(), String> {
+    let mut found = false;
+    for resource in &mut accumulator.resources {
+        let (group, version) = group_version(resource.api_version());
+        let (group, version) = (group.to_string(), version.to_string());
+        let named = resource.all_ids().any(|id| id.name == replica.name);
+        for spec in specs {
+            let kind_matches = resource
+                .all_ids()
+                .any(|id| spec.selects(&group, &version, &id.kind));
+            if !named || !kind_matches {
+                continue;
+            }
+            found = true;
+            fieldspec::visit(&mut resource.value, spec, Create::Scalar, &mut |field| {
+                *field = Value::from(replica.count);
+                Ok(())
+            })?;
+        }
+    }
+    if !found {
+        let kinds: Vec<&str> = specs
+            .iter()
+            .map(|spec| spec.kind.as_deref().unwrap_or("resource"))
+            .collect();
+        let kinds = match kinds.as_slice() {
+            [] => "resource (the configuration gives no fieldSpecs)".to_string(),
+            [one] => (*one).to_string(),
+            [rest @ .., last] => format!("{} or {last}", rest.join(", ")),
+        };
+        return Err(format!("no {kinds} is named {:?}", replica.name));
+    }
+    Ok(())
+}
+
+/// A prefix and a suffix on the fields of `specs` (`metadata/name` renames, and is
+/// remembered for references), for every resource but CRDs, APIServices and
+/// Namespaces, selected by the kind it was read with.
+fn add_prefix_suffix(
+    prefix: &str,
+    suffix: &str,
+    specs: &[FieldSpec],
+    accumulator: &mut Accumulator,
+) -> Result<(), String> {
+    for resource in &mut accumulator.resources {
+        let original = resource.original_id();
+        let (group, version) = group_version(resource.api_version());
+        let (group, version) = (group.to_string(), version.to_string());
+        if skips_renames(&original.kind, &group) {
+            continue;
+        }
+        for spec in specs
+            .iter()
+            .filter(|s| s.selects(&group, &version, &original.kind))
+        {
+            if spec.path == "metadata/name" {
+                if !prefix.is_empty() {
+                    resource.prefixes.push(prefix.to_string());
+                }
+                if !suffix.is_empty() {
+                    resource.suffixes.push(suffix.to_string());
+                }
+                if prefix.is_empty() && suffix.is_empty() {
+                    continue;
+                }
+                let name = format!("{prefix}{}{suffix}", resource.name());
+                resource.store_previous_id();
+                resource.set_name(name);
+                continue;
+            }
+            let description = resource.describe();
+            fieldspec::visit(&mut resource.value, spec, Create::Nothing, &mut |field| {
+                if let Value::String(text) = field {
+                    *text = format!("{prefix}{text}{suffix}");
+                }
+                Ok(())
+            })
+            .map_err(|message| format!("{description}: {message}"))?;
         }
     }
     Ok(())
@@ -173,22 +370,18 @@ fn kind_of(value: &Value) -> &'static str {
     }
 }
 
-/// A `patches` (or `patchesJson6902`) entry.
+/// A `patches` (or, `json_only`, `patchesJson6902`) entry; `field` names it in
+/// messages.
 fn apply_patch_entry(
     snapshot: &FleetSnapshot,
     kustomization: &Kustomization,
-    entry: &flotilla_core::model::Located<PatchDoc>,
+    line: Option<u64>,
+    doc: &PatchDoc,
+    field: &str,
     json_only: bool,
     accumulator: &mut Accumulator,
 ) -> Result<(), Error> {
-    let line = Some(entry.referenced.line());
     let error = |message: String| kustomization.error(line, message);
-    let doc = &entry.value;
-    let field = if json_only {
-        "patchesJson6902"
-    } else {
-        "patches"
-    };
     let (text, source) = match (&doc.patch, &doc.path) {
         (Some(patch), None) if !patch.trim().is_empty() => {
             (patch.clone(), "the inline patch".to_string())
@@ -235,7 +428,7 @@ fn apply_patch_entry(
             )));
         };
         if json_only && target.name.as_deref().is_none_or(str::is_empty) {
-            return Err(error("patchesJson6902: the target needs a name".into()));
+            return Err(error(format!("{field}: the target needs a name")));
         }
         let ops = &documents[0].value;
         let selector = Selector::compile(target).map_err(&error)?;
@@ -255,9 +448,9 @@ fn apply_patch_entry(
         return Ok(());
     }
     if json_only {
-        return Err(error(
-            "patchesJson6902: the patch must be a list of RFC 6902 operations".into(),
-        ));
+        return Err(error(format!(
+            "{field}: the patch must be a list of RFC 6902 operations"
+        )));
     }
     let patches = documents
         .into_iter()
@@ -499,16 +692,41 @@ impl Selector {
     }
 }
 
+impl NamespaceRule {
+    /// The kustomization's `namespace:` field: kustomize's default field specs (a v1
+    /// Namespace's name, an APIService's service, a CRD's conversion webhook
+    /// service) and the subjects named `default`.
+    fn kustomization_field() -> NamespaceRule {
+        NamespaceRule {
+            specs: fieldspec::namespaces(),
+            unset_only: false,
+            subjects: Subjects::DefaultOnly,
+        }
+    }
+}
+
 /// kustomize's namespace transformer: every namespaced resource is moved into the
-/// namespace (replacing the one it names), a v1 Namespace is renamed to it, and a
-/// few fields that name namespaces follow.
-fn set_namespace(namespace: &str, accumulator: &mut Accumulator) {
-    let value = || Value::String(namespace.to_string());
+/// namespace (replacing the one it names unless `unset_only`), the fields of the
+/// rule's specs follow (`metadata/name` only of `v1` kinds), and so do the binding
+/// subjects the rule names.
+fn set_namespace(namespace: &str, rule: &NamespaceRule, accumulator: &mut Accumulator) {
+    let set = |field: &mut Value| {
+        let unset = match field {
+            Value::Null => true,
+            Value::String(text) => text.is_empty(),
+            _ => false,
+        };
+        if unset || !rule.unset_only {
+            *field = Value::String(namespace.to_string());
+        }
+    };
     for resource in &mut accumulator.resources {
         resource.store_previous_id();
         let cluster_scoped = resource.cluster_scoped();
-        let (group, kind, api_version) = (
-            resource.group().to_string(),
+        let (group, version) = group_version(resource.api_version());
+        let (group, version, kind, api_version) = (
+            group.to_string(),
+            version.to_string(),
             resource.kind().to_string(),
             resource.api_version().to_string(),
         );
@@ -520,43 +738,39 @@ fn set_namespace(namespace: &str, accumulator: &mut Accumulator) {
                 .entry("metadata")
                 .or_insert_with(|| Value::Object(Map::new()));
             if let Some(metadata) = metadata.as_object_mut() {
-                metadata.insert("namespace".into(), value());
+                set(metadata.entry("namespace").or_insert(Value::Null));
             }
         }
-        if kind == "Namespace"
-            && api_version == "v1"
-            && let Some(metadata) = map.get_mut("metadata").and_then(Value::as_object_mut)
-        {
-            metadata.insert("name".into(), value());
-        }
-        if kind == "APIService" && group == "apiregistration.k8s.io" {
-            let spec = fieldspec::FieldSpec::new("spec/service/namespace", None, None, None, true);
-            let _ = fieldspec::visit(&mut resource.value, &spec, Create::Scalar, &mut |field| {
-                *field = value();
+        let binding = kind == "RoleBinding" || kind == "ClusterRoleBinding";
+        for spec in &rule.specs {
+            let skipped = spec.path == "metadata/namespace"
+                || (spec.path == "metadata/name" && api_version != "v1")
+                || (binding && spec.path == "subjects");
+            if skipped || !spec.selects(&group, &version, &kind) {
+                continue;
+            }
+            // A field that is not a string where a namespace belongs is left as it is,
+            // as kustomize leaves it.
+            let _ = fieldspec::visit(&mut resource.value, spec, Create::Scalar, &mut |field| {
+                set(field);
                 Ok(())
             });
         }
-        if kind == "CustomResourceDefinition" {
-            let spec = fieldspec::FieldSpec::new(
-                "spec/conversion/webhook/clientConfig/service/namespace",
-                None,
-                None,
-                None,
-                false,
-            );
-            let _ = fieldspec::visit(&mut resource.value, &spec, Create::Nothing, &mut |field| {
-                *field = value();
-                Ok(())
-            });
-        }
-        if (kind == "RoleBinding" || kind == "ClusterRoleBinding")
+        if binding
+            && rule.subjects != Subjects::None
             && let Some(Value::Array(subjects)) = resource.value.get_mut("subjects")
         {
             for subject in subjects.iter_mut() {
-                if subject.get("name").and_then(Value::as_str) == Some("default")
-                    && let Some(subject) = subject.as_object_mut()
-                {
-                    subject.insert("namespace".into(), value());
+                let text = |key: &str| subject.get(key).and_then(Value::as_str).map(String::from);
+                let chosen = match rule.subjects {
+                    Subjects::DefaultOnly => text("name").as_deref() == Some("default"),
+                    Subjects::AllServiceAccounts => {
+                        text("kind").as_deref() == Some("ServiceAccount")
+                    }
+                    Subjects::None => false,
+                };
+                if chosen && let Some(subject) = subject.as_object_mut() {
+                    set(subject.entry("namespace").or_insert(Value::Null));
                 }
             }
         }
@@ -568,17 +782,20 @@ fn set_namespace(namespace: &str, accumulator: &mut Accumulator) {
 fn rename(accumulator: &mut Accumulator, new_name: impl Fn(&mut Resource) -> String) {
     for resource in &mut accumulator.resources {
         let original = resource.original_id();
-        let group = resource.group().to_string();
-        let skip = original.kind == "CustomResourceDefinition"
-            || original.kind == "Namespace"
-            || (original.kind == "APIService" && group == "apiregistration.k8s.io");
-        if skip {
+        if skips_renames(&original.kind, resource.group()) {
             continue;
         }
         let name = new_name(resource);
         resource.store_previous_id();
         resource.set_name(name);
     }
+}
+
+/// Whether prefixes and suffixes leave a resource of this (original) kind alone.
+fn skips_renames(kind: &str, group: &str) -> bool {
+    kind == "CustomResourceDefinition"
+        || kind == "Namespace"
+        || (kind == "APIService" && group == "apiregistration.k8s.io")
 }
 
 /// Sets every `key: value` at every field of `specs` that applies to a resource.
@@ -692,14 +909,20 @@ impl ImageRule {
     }
 
     /// kustomize searches every `containers` and `initContainers` list of a resource
-    /// (not of CRDs), then the pod-spec paths of its field specs once more.
-    fn apply(&self, resource: &mut Resource) {
+    /// (not of CRDs), then the fields of `specs` (the pod-spec paths for `images`).
+    fn apply(&self, resource: &mut Resource, specs: &[FieldSpec]) {
         if resource.kind() == "CustomResourceDefinition" {
             return;
         }
         self.search(&mut resource.value);
-        for spec in fieldspec::images() {
-            let _ = fieldspec::visit(&mut resource.value, &spec, Create::Nothing, &mut |field| {
+        let (group, version) = group_version(resource.api_version());
+        let (group, version, kind) = (
+            group.to_string(),
+            version.to_string(),
+            resource.kind().to_string(),
+        );
+        for spec in specs.iter().filter(|s| s.selects(&group, &version, &kind)) {
+            let _ = fieldspec::visit(&mut resource.value, spec, Create::Nothing, &mut |field| {
                 if let Value::String(image) = field
                     && let Some(new) = self.rewrite(image)
                 {
