@@ -70,6 +70,7 @@ fn render_fleet(
         digests_only,
         helm_seed: None,
         sops: decryption.review()?,
+        helm_without_stencils: false,
     };
     let output = render_with(&snapshot, &options);
     progress.bar.finish_and_clear();

@@ -10,7 +10,7 @@
 //! ```text
 //! helm_fleet one CHART.tgz [--clusters N] [--runs R] [--per-cluster overlay|j2]
 //!     [--values JSON] [--release NAME] [--namespace NS] [--packed] [--digests-only]
-//!     [--write DIR]
+//!     [--without-stencils] [--write DIR]
 //! helm_fleet shared CHART.tgz[=JSON]... [--clusters N] [--groups G] [--copies K]
 //!     [--runs R] [--digests-only] [--write DIR]
 //! ```
@@ -21,7 +21,8 @@
 //! overlay per cluster (`helmValues`, `--per-cluster overlay`, the default) or by a
 //! values file `site.yaml.j2` that writes `{{ cluster.name }}` (`--per-cluster j2`).
 //! `--packed` puts the chart in the fleet as a packed `.tgz` (else unpacked into a
-//! folder).
+//! folder). `--without-stencils` renders every release on its own, never filled in
+//! from a stencil (the render's default), for a side-by-side comparison.
 //!
 //! `shared`: K workloads of each chart (default 4; 5 charts make 20 workloads), every
 //! one targeting all N clusters, with values set per group (G region groups, default
@@ -45,13 +46,14 @@ use std::time::{Duration, Instant};
 use flotilla_core::limits::Limits;
 use flotilla_core::snapshot::FleetSnapshot;
 use flotilla_render::{RenderOptions, RenderOutput, render_with};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Bitnami's charts take labels and annotations for every resource in these.
 const DEFAULT_VALUES: &str = r#"{"commonLabels": {"example.com/site": "{cluster}"}, "commonAnnotations": {"example.com/site": "{cluster}"}}"#;
 
 const REGIONS_DEFAULT: usize = 10;
 
-const USAGE: &str = "usage: helm_fleet one CHART.tgz [--clusters N] [--runs R] [--per-cluster overlay|j2] [--values JSON] [--release NAME] [--namespace NS] [--packed] [--digests-only] [--write DIR]\n       helm_fleet shared CHART.tgz[=JSON]... [--clusters N] [--groups G] [--copies K] [--runs R] [--digests-only] [--write DIR]";
+const USAGE: &str = "usage: helm_fleet one CHART.tgz [--clusters N] [--runs R] [--per-cluster overlay|j2] [--values JSON] [--release NAME] [--namespace NS] [--packed] [--digests-only] [--without-stencils] [--write DIR]\n       helm_fleet shared CHART.tgz[=JSON]... [--clusters N] [--groups G] [--copies K] [--runs R] [--digests-only] [--write DIR]";
 
 struct Args {
     command: String,
@@ -104,6 +106,7 @@ fn parse_args() -> Result<Args, String> {
             "--namespace" => args.namespace = Some(it.next().ok_or("--namespace needs a name")?),
             "--packed" => args.packed = true,
             "--digests-only" => args.digests_only = true,
+            "--without-stencils" => WITHOUT_STENCILS.store(true, Ordering::Relaxed),
             "--write" => args.write = Some(it.next().ok_or("--write needs a folder")?.into()),
             flag if flag.starts_with("--") => return Err(format!("unknown flag {flag}")),
             chart => match chart.split_once('=') {
@@ -252,9 +255,13 @@ fn options(digests_only: bool) -> RenderOptions<'static> {
             ..Limits::default()
         },
         digests_only,
+        helm_without_stencils: WITHOUT_STENCILS.load(Ordering::Relaxed),
         ..RenderOptions::default()
     }
 }
+
+/// `--without-stencils`: every release rendered on its own.
+static WITHOUT_STENCILS: AtomicBool = AtomicBool::new(false);
 
 /// The process's peak resident set so far (`VmHWM`), in MiB.
 fn peak_rss_mib() -> f64 {
@@ -370,9 +377,10 @@ fn one(args: &Args) {
         }
         times.push(seconds);
         println!(
-            "run {}: {} bundles, {} resources in {seconds:.3} s ({:.1} µs a release), peak RSS {:.0} MiB",
+            "run {}: {} bundles ({} releases from stencils), {} resources in {seconds:.3} s ({:.1} µs a release), peak RSS {:.0} MiB",
             run + 1,
             output.bundles.len(),
+            output.helm_stencil_releases,
             resources(&output),
             seconds * 1e6 / args.clusters as f64,
             peak_rss_mib()

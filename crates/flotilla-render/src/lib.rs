@@ -77,6 +77,10 @@ pub struct RenderOptions<'a> {
     /// How SOPS documents in the fleet are read: opened with the hub's keys, or left
     /// as ciphertext (a review without them).
     pub sops: sops::SopsKeys,
+    /// Render every Helm release on its own, never filled in from a release
+    /// rendered once with stand-ins for the strings clusters differ in (the
+    /// default): for tests and benchmarks that compare the two.
+    pub helm_without_stencils: bool,
 }
 
 /// The result of rendering one snapshot.
@@ -113,6 +117,11 @@ pub struct RenderOutput {
     /// Per Helm workload, the chart it renders as `name version` (and its path in
     /// the fleet), for reports.
     pub charts: BTreeMap<String, String>,
+    /// How many Helm releases were filled in from a release rendered once with
+    /// stand-ins for the strings their clusters differ in, rather than rendered on
+    /// their own (see [`RenderOptions::helm_without_stencils`]). A count for
+    /// benchmarks and tests: the hub's render process does not pass it on.
+    pub helm_stencil_releases: usize,
 }
 
 /// Where a render's bundles came from: what [`render_since`] compares and reuses.

@@ -25,7 +25,7 @@ use flotilla_core::snapshot::FleetSnapshot;
 use crate::fleet::SourcedDocument;
 pub use crate::fleet::{HelmRelease, ValuesFile};
 use crate::helm::chart::{Chart, ChartError};
-use crate::helm::gotmpl::{Budget, Host, Value};
+use crate::helm::gotmpl::{Budget, Host, Value, sites};
 use crate::helm::render::{Capabilities, PreparedChart, Release};
 use crate::helm::yaml::{from_yaml_map, parse_manifest, split_manifests};
 
@@ -362,10 +362,79 @@ pub fn capabilities(
 
 /// What a release rendered to: its documents, with the chart file each came from.
 /// Two outputs are equal when their documents are (compared by a digest).
-#[derive(Debug)]
 pub struct ReleaseOutput {
     digest: [u8; 32],
-    pub documents: Vec<SourcedDocument>,
+    body: Body,
+}
+
+/// A release's documents as rendered, or as a stencil and the strings to fill in
+/// (made into documents only when they are read, so that a fleet's releases are
+/// not all held at once as trees).
+enum Body {
+    Rendered(Vec<SourcedDocument>),
+    Filled {
+        stencil: Arc<StencilRelease>,
+        /// Each site's string, then each derived site's.
+        strings: Box<[String]>,
+    },
+}
+
+impl std::fmt::Debug for ReleaseOutput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReleaseOutput")
+            .field("digest", &self.digest)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReleaseOutput {
+    /// The release's documents.
+    pub fn documents(&self) -> Vec<SourcedDocument> {
+        match &self.body {
+            Body::Rendered(documents) => documents.clone(),
+            Body::Filled { stencil, strings } => stencil
+                .documents()
+                .iter()
+                .map(|document| filled(document, strings))
+                .collect(),
+        }
+    }
+
+    /// The documents that are CustomResourceDefinitions (a stencil's are filled in
+    /// only where its `kind` is one, or a stand-in).
+    pub fn definitions(&self) -> Vec<Json> {
+        let is_definition =
+            |d: &Json| d.get("kind").and_then(Json::as_str) == Some("CustomResourceDefinition");
+        match &self.body {
+            Body::Rendered(documents) => documents
+                .iter()
+                .filter(|d| is_definition(&d.value))
+                .map(|d| d.value.clone())
+                .collect(),
+            Body::Filled { stencil, strings } => stencil
+                .documents()
+                .iter()
+                .filter(|d| {
+                    is_definition(&d.value)
+                        || d.value
+                            .get("kind")
+                            .and_then(Json::as_str)
+                            .is_some_and(sites::marked_text)
+                })
+                .map(|d| fill_sites(&d.value, strings))
+                .filter(is_definition)
+                .collect(),
+        }
+    }
+}
+
+/// A stencil's document with a cluster's strings filled in.
+fn filled(document: &SourcedDocument, strings: &[String]) -> SourcedDocument {
+    SourcedDocument {
+        value: fill_sites(&document.value, strings),
+        file: document.file.clone(),
+        line: document.line,
+    }
 }
 
 impl PartialEq for ReleaseOutput {
@@ -393,10 +462,42 @@ struct Entry {
     generated: bool,
 }
 
+/// A release rendered with sites' stand-ins in its values: its documents, in which
+/// every string holding a marker is exactly one site's stand-in, or `None` when
+/// such a render is refused (see [`ReleaseCache::render`]).
+type Stencil = Option<Arc<StencilRelease>>;
+
+/// A stencil's documents, and the texts whose `sha256sum` its derived sites are
+/// (see [`sites::deferred_text`]), in the order of their numbers (after the
+/// sites').
+struct StencilRelease {
+    output: ReleaseOutput,
+    derived: Vec<Arc<str>>,
+}
+
+impl StencilRelease {
+    fn documents(&self) -> &[SourcedDocument] {
+        match &self.output.body {
+            Body::Rendered(documents) => documents,
+            Body::Filled { .. } => &[],
+        }
+    }
+}
+
 /// The releases a render made, by input, shared between clusters and threads.
 #[derive(Default)]
 pub struct ReleaseCache {
     entries: Mutex<HashMap<[u8; 32], Arc<OnceLock<Entry>>>>,
+    /// Per workload, the values of its first release asked for, against which the
+    /// sites of the others are found.
+    references: Mutex<HashMap<String, Arc<Map<String, Json>>>>,
+    /// Stencils by their input (the reference's values with stand-ins at the
+    /// sites, the release, the capabilities).
+    stencils: Mutex<HashMap<[u8; 32], Arc<OnceLock<Stencil>>>>,
+    /// Render every release on its own, never from a stencil.
+    without_stencils: bool,
+    /// How many releases were filled in from a stencil.
+    filled: std::sync::atomic::AtomicUsize,
     /// Warnings met while rendering (`lookup`, values coalescing), once each.
     warnings: Mutex<Vec<Diagnostic>>,
     /// Whether any chart called a generating function.
@@ -411,6 +512,15 @@ pub struct ReleaseSettings<'a> {
 }
 
 impl ReleaseCache {
+    /// An empty cache; with `stencils`, releases that differ only in strings are
+    /// filled in from one render where they can be (see [`ReleaseCache::render`]).
+    pub fn new(stencils: bool) -> ReleaseCache {
+        ReleaseCache {
+            without_stencils: !stencils,
+            ..ReleaseCache::default()
+        }
+    }
+
     /// The release of `workload` for `cluster`, with `values` the user's values
     /// merged for it.
     pub fn render(
@@ -427,20 +537,14 @@ impl ReleaseCache {
                 release.chart_path
             )));
         };
-        let key = {
-            let mut hasher = Sha256::new();
-            for part in [
-                workload.as_bytes(),
-                serde_json::to_string(values).unwrap_or_default().as_bytes(),
-                capabilities.kube_version.as_bytes(),
-                capabilities.api_versions.join(",").as_bytes(),
-            ] {
-                hasher.update((part.len() as u64).to_le_bytes());
-                hasher.update(part);
-            }
-            let key: [u8; 32] = hasher.finalize().into();
-            key
-        };
+        if !self.without_stencils
+            && chart.takes_sites()
+            && let Some(output) =
+                self.fill_from_stencil(settings, (workload, release, chart), values, capabilities)
+        {
+            return Ok(output);
+        }
+        let key = input_key(workload, values, capabilities);
         let cell = {
             let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
             Arc::clone(entries.entry(key).or_default())
@@ -473,6 +577,104 @@ impl ReleaseCache {
         }
     }
 
+    /// The release for `values` filled in from a stencil, when it differs from its
+    /// workload's reference values only in strings (its *sites*) that may stand
+    /// where stand-ins stood (see [`crate::helm::gotmpl::sites`]) and the stencil
+    /// for those sites was taken. `None` otherwise: the caller renders it on its own.
+    ///
+    /// A stencil is refused (and every release of its input rendered on its own)
+    /// when its render fails, generates a value, warns, or gives documents in which
+    /// a marker is anything but a whole string that is one site's stand-in (a key, a
+    /// part of a longer string, a test hook's annotation); so its documents with each
+    /// stand-in replaced by the cluster's string are the cluster's own render's.
+    fn fill_from_stencil(
+        &self,
+        settings: &ReleaseSettings<'_>,
+        (workload, release, chart): (&str, &HelmRelease, &PreparedChart),
+        values: &Map<String, Json>,
+        capabilities: &Capabilities,
+    ) -> Option<Arc<ReleaseOutput>> {
+        let reference = {
+            let mut references = self.references.lock().unwrap_or_else(|e| e.into_inner());
+            Arc::clone(
+                references
+                    .entry(workload.to_string())
+                    .or_insert_with(|| Arc::new(values.clone())),
+            )
+        };
+        let mut sites: Vec<(Vec<String>, &str)> = Vec::new();
+        let mut path = Vec::new();
+        if !differing_strings(&reference, values, &mut path, &mut sites) || sites.is_empty() {
+            return None;
+        }
+        if !sites.iter().all(|(_, value)| site_value(value)) {
+            return None;
+        }
+        let mut skeleton = (*reference).clone();
+        for (index, (path, _)) in sites.iter().enumerate() {
+            *place_in(&mut skeleton, path)? = Json::String(sites::stand_in(index));
+        }
+        let written = serde_json::to_string(&skeleton).unwrap_or_default();
+        let key = input_key(workload, &skeleton, capabilities);
+        let cell = {
+            let mut stencils = self.stencils.lock().unwrap_or_else(|e| e.into_inner());
+            Arc::clone(stencils.entry(key).or_default())
+        };
+        let stencil = cell.get_or_init(|| {
+            // Markers anywhere in the reference's values but at the sites would be
+            // taken for stand-ins.
+            if written.matches(sites::SITE_START).count() != sites.len()
+                || written.matches(sites::SITE_END).count() != sites.len()
+            {
+                return None;
+            }
+            render_stencil(
+                settings,
+                (release, chart),
+                &skeleton,
+                sites.len(),
+                capabilities,
+            )
+        });
+        let stencil = stencil.as_ref()?;
+        let mut strings: Vec<String> = sites.iter().map(|(_, value)| value.to_string()).collect();
+        for text in &stencil.derived {
+            let text = sites::substitute(text, &strings)?;
+            let hashed = crate::helm::funcs::lookup("sha256sum")?(
+                &mut SeededHost::new(settings, "", release),
+                &[Value::string(text)],
+            )
+            .ok()?;
+            let Value::String(hashed) = hashed else {
+                return None;
+            };
+            if !site_value(&hashed) {
+                return None;
+            }
+            strings.push(hashed.to_string());
+        }
+        self.filled
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut digest = Sha256::new();
+        digest.update(stencil.output.digest);
+        for value in &strings[..sites.len()] {
+            digest.update((value.len() as u64).to_le_bytes());
+            digest.update(value.as_bytes());
+        }
+        Some(Arc::new(ReleaseOutput {
+            digest: digest.finalize().into(),
+            body: Body::Filled {
+                stencil: Arc::clone(stencil),
+                strings: strings.into_boxed_slice(),
+            },
+        }))
+    }
+
+    /// How many releases were filled in from a stencil.
+    pub fn stencil_releases(&self) -> usize {
+        self.filled.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Whether any release called a generating function.
     pub fn generated_any(&self) -> bool {
         self.generated.load(std::sync::atomic::Ordering::Relaxed)
@@ -501,27 +703,9 @@ impl ReleaseCache {
         values: &Map<String, Json>,
         capabilities: &Capabilities,
     ) -> (Outcome, bool) {
-        let helm_release = Release {
-            name: release.release_name.clone(),
-            namespace: release.namespace.clone(),
-            revision: 1,
-            is_install: true,
-            capabilities: capabilities.clone(),
-        };
-        let mut host = SeededHost {
-            seed: settings.seed,
-            now: settings.now,
-            scope: [cluster, &release.release_name, &release.namespace]
-                .map(str::to_string)
-                .join("\u{0}"),
-            template: String::new(),
-            calls: HashMap::new(),
-            generated: false,
-            generators: Vec::new(),
-            warnings: Vec::new(),
-        };
-        let user = Value::from_json(&Json::Object(values.clone()));
-        let rendered = chart.render(&helm_release, &user, &mut host, &settings.budget);
+        let mut host = SeededHost::new(settings, cluster, release);
+        let (helm_warnings, rendered) =
+            render_documents(&mut host, settings, (release, chart), values, capabilities);
         let generated = host.generated;
         if generated {
             self.generated
@@ -545,70 +729,252 @@ impl ReleaseCache {
                     .for_workload(workload),
             );
         }
-        let rendered = match rendered {
-            Ok(rendered) => rendered,
-            Err(err) => {
-                let file = match &err {
-                    crate::helm::render::HelmError::Exec { template, .. } => {
-                        fleet_path(release, template)
-                    }
-                    _ => release.chart_path.clone(),
-                };
-                return (
-                    Err(Diagnostic::error(err.to_string()).in_file(file)),
-                    generated,
-                );
-            }
-        };
-        for warning in &rendered.warnings {
+        for warning in &helm_warnings {
             self.warn(
                 Diagnostic::warning(format!("helm: {warning}"))
                     .in_file(release.chart_path.as_str())
                     .for_workload(workload),
             );
         }
-        let mut documents = Vec::new();
-        let mut digest = Sha256::new();
-        let crds = rendered.crds.iter().filter(|_| release.include_crds);
-        for (name, text) in crds.chain(rendered.templates.iter()) {
-            if name.ends_with("/NOTES.txt") || name == "NOTES.txt" {
+        let outcome = rendered.map(|(documents, digest)| {
+            Arc::new(ReleaseOutput {
+                digest,
+                body: Body::Rendered(documents),
+            })
+        });
+        (outcome, generated)
+    }
+}
+
+/// A release's documents and their digest, or the error that stopped its render.
+type Rendered = Result<(Vec<SourcedDocument>, [u8; 32]), Diagnostic>;
+
+/// The documents and digest of a release under `values` (and Helm's warnings, when
+/// the chart rendered), with the host given.
+fn render_documents(
+    host: &mut SeededHost<'_>,
+    settings: &ReleaseSettings<'_>,
+    (release, chart): (&HelmRelease, &PreparedChart),
+    values: &Map<String, Json>,
+    capabilities: &Capabilities,
+) -> (Vec<String>, Rendered) {
+    let helm_release = Release {
+        name: release.release_name.clone(),
+        namespace: release.namespace.clone(),
+        revision: 1,
+        is_install: true,
+        capabilities: capabilities.clone(),
+    };
+    let user = Value::from_json(&Json::Object(values.clone()));
+    let rendered = match chart.render(&helm_release, &user, host, &settings.budget) {
+        Ok(rendered) => rendered,
+        Err(err) => {
+            let file = match &err {
+                crate::helm::render::HelmError::Exec { template, .. } => {
+                    fleet_path(release, template)
+                }
+                _ => release.chart_path.clone(),
+            };
+            return (
+                Vec::new(),
+                Err(Diagnostic::error(err.to_string()).in_file(file)),
+            );
+        }
+    };
+    let mut documents = Vec::new();
+    let mut digest = Sha256::new();
+    let crds = rendered.crds.iter().filter(|_| release.include_crds);
+    for (name, text) in crds.chain(rendered.templates.iter()) {
+        if name.ends_with("/NOTES.txt") || name == "NOTES.txt" {
+            continue;
+        }
+        let file: Arc<str> = Arc::from(fleet_path(release, name));
+        for document in split_manifests(text) {
+            let value = match parse_manifest(&document) {
+                Ok(Some(value)) => value,
+                Ok(None) => continue,
+                Err(err) => {
+                    return (
+                        rendered.warnings,
+                        Err(Diagnostic::error(format!(
+                            "the chart's output is not valid YAML: {err}"
+                        ))
+                        .in_file(&*file)),
+                    );
+                }
+            };
+            if release.skip_tests && is_test_hook(&value) {
                 continue;
             }
-            let file: Arc<str> = Arc::from(fleet_path(release, name));
-            for document in split_manifests(text) {
-                let value = match parse_manifest(&document) {
-                    Ok(Some(value)) => value,
-                    Ok(None) => continue,
-                    Err(err) => {
-                        return (
-                            Err(Diagnostic::error(format!(
-                                "the chart's output is not valid YAML: {err}"
-                            ))
-                            .in_file(&*file)),
-                            generated,
-                        );
-                    }
-                };
-                if release.skip_tests && is_test_hook(&value) {
-                    continue;
+            let bytes = serde_json::to_vec(&value).unwrap_or_default();
+            digest.update((file.len() as u64).to_le_bytes());
+            digest.update(file.as_bytes());
+            digest.update((bytes.len() as u64).to_le_bytes());
+            digest.update(&bytes);
+            documents.push(SourcedDocument {
+                value,
+                file: file.clone(),
+                line: 1,
+            });
+        }
+    }
+    (rendered.warnings, Ok((documents, digest.finalize().into())))
+}
+
+/// What identifies one release's input: the workload, the values, the capabilities.
+fn input_key(workload: &str, values: &Map<String, Json>, capabilities: &Capabilities) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    for part in [
+        workload.as_bytes(),
+        serde_json::to_string(values).unwrap_or_default().as_bytes(),
+        capabilities.kube_version.as_bytes(),
+        capabilities.api_versions.join(",").as_bytes(),
+    ] {
+        hasher.update((part.len() as u64).to_le_bytes());
+        hasher.update(part);
+    }
+    hasher.finalize().into()
+}
+
+/// Renders a stencil: the release under `skeleton`, whose strings at `sites` sites
+/// are stand-ins, with every call checked (see [`ReleaseCache::fill_from_stencil`]).
+fn render_stencil(
+    settings: &ReleaseSettings<'_>,
+    (release, chart): (&HelmRelease, &PreparedChart),
+    skeleton: &Map<String, Json>,
+    sites: usize,
+    capabilities: &Capabilities,
+) -> Stencil {
+    let mut host = SeededHost::new(settings, "", release);
+    host.sites = Some(sites);
+    let (helm_warnings, rendered) = render_documents(
+        &mut host,
+        settings,
+        (release, chart),
+        skeleton,
+        capabilities,
+    );
+    if host.generated || !host.warnings.is_empty() || !helm_warnings.is_empty() {
+        return None;
+    }
+    let (documents, digest) = rendered.ok()?;
+    let derived = std::mem::take(&mut host.derived);
+    for document in &documents {
+        let hook = document
+            .value
+            .pointer("/metadata/annotations/helm.sh~1hook");
+        if hook.and_then(Json::as_str).is_some_and(sites::marked_text)
+            || !stand_ins_whole(&document.value, sites + derived.len())
+        {
+            return None;
+        }
+    }
+    Some(Arc::new(StencilRelease {
+        output: ReleaseOutput {
+            digest,
+            body: Body::Rendered(documents),
+        },
+        derived,
+    }))
+}
+
+/// Finds the strings of `values` that differ from `reference`'s, with their paths
+/// (as keys); false when anything else differs (a key, a type, a number, a list).
+fn differing_strings<'v>(
+    reference: &Map<String, Json>,
+    values: &'v Map<String, Json>,
+    path: &mut Vec<String>,
+    sites: &mut Vec<(Vec<String>, &'v str)>,
+) -> bool {
+    if reference.len() != values.len() {
+        return false;
+    }
+    for (key, theirs) in values {
+        let Some(ours) = reference.get(key) else {
+            return false;
+        };
+        match (ours, theirs) {
+            (Json::Object(ours), Json::Object(theirs)) => {
+                path.push(key.clone());
+                let same = differing_strings(ours, theirs, path, sites);
+                path.pop();
+                if !same {
+                    return false;
                 }
-                let bytes = serde_json::to_vec(&value).unwrap_or_default();
-                digest.update((file.len() as u64).to_le_bytes());
-                digest.update(file.as_bytes());
-                digest.update((bytes.len() as u64).to_le_bytes());
-                digest.update(&bytes);
-                documents.push(SourcedDocument {
-                    value,
-                    file: file.clone(),
-                    line: 1,
-                });
+            }
+            (Json::String(ours), Json::String(theirs)) if ours != theirs => {
+                let mut at = path.clone();
+                at.push(key.clone());
+                sites.push((at, theirs));
+            }
+            (ours, theirs) if ours == theirs => {}
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// Whether a cluster's string may stand where a stand-in stood: a plain word (see
+/// [`sites::plain_site_value`]) that Helm's YAML reader, the manifest reader and
+/// `toYaml` all take as that string.
+fn site_value(text: &str) -> bool {
+    if !sites::plain_site_value(text) {
+        return false;
+    }
+    let line = format!("k: {text}\n");
+    let as_string = Value::string(text);
+    crate::helm::yaml::to_yaml(&as_string).is_ok_and(|written| written == text)
+        && from_yaml_map(&line)
+            .is_ok_and(|map| matches!(map.get("k"), Some(Value::String(s)) if &**s == text))
+        && parse_manifest(&line).is_ok_and(|value| {
+            value.and_then(|v| v.get("k").cloned()) == Some(Json::String(text.to_string()))
+        })
+}
+
+/// The value at `path` (keys) in `values`.
+fn place_in<'v>(values: &'v mut Map<String, Json>, path: &[String]) -> Option<&'v mut Json> {
+    let (last, within) = path.split_last()?;
+    let mut map = values;
+    for key in within {
+        map = map.get_mut(key)?.as_object_mut()?;
+    }
+    map.get_mut(last)
+}
+
+/// A stencil's document with each stand-in replaced by its site's string.
+fn fill_sites(value: &Json, strings: &[String]) -> Json {
+    match value {
+        Json::String(s) if s.starts_with(sites::SITE_START) => {
+            let index = s
+                .trim_start_matches(sites::SITE_START)
+                .trim_end_matches(sites::SITE_END)
+                .parse::<usize>()
+                .ok();
+            match index.and_then(|i| strings.get(i)) {
+                Some(string) => Json::String(string.clone()),
+                None => value.clone(),
             }
         }
-        let output = ReleaseOutput {
-            digest: digest.finalize().into(),
-            documents,
-        };
-        (Ok(Arc::new(output)), generated)
+        Json::Array(items) => Json::Array(items.iter().map(|v| fill_sites(v, strings)).collect()),
+        Json::Object(map) => Json::Object(
+            map.iter()
+                .map(|(k, v)| (k.clone(), fill_sites(v, strings)))
+                .collect(),
+        ),
+        _ => value.clone(),
+    }
+}
+
+/// Whether every string of `value` that holds a marker is a whole stand-in of one
+/// of the `sites`, and no key holds one.
+fn stand_ins_whole(value: &Json, sites: usize) -> bool {
+    match value {
+        Json::String(s) => !sites::marked_text(s) || (0..sites).any(|i| *s == sites::stand_in(i)),
+        Json::Array(items) => items.iter().all(|v| stand_ins_whole(v, sites)),
+        Json::Object(map) => map
+            .iter()
+            .all(|(k, v)| !sites::marked_text(k) && stand_ins_whole(v, sites)),
+        _ => true,
     }
 }
 
@@ -642,6 +1008,10 @@ fn fleet_path(release: &HelmRelease, template: &str) -> String {
 /// the release, the template, the function with its arguments, and how many times
 /// the same call was made in the template before; `now` as given; warnings kept.
 struct SeededHost<'a> {
+    /// In a stencil's render, how many sites the values hold stand-ins for.
+    sites: Option<usize>,
+    /// The texts of the calls deferred to each cluster (derived sites).
+    derived: Vec<Arc<str>>,
     seed: &'a [u8; 32],
     now: i64,
     scope: String,
@@ -653,7 +1023,39 @@ struct SeededHost<'a> {
     warnings: Vec<(String, String)>,
 }
 
+impl<'a> SeededHost<'a> {
+    fn new(settings: &ReleaseSettings<'a>, cluster: &str, release: &HelmRelease) -> SeededHost<'a> {
+        SeededHost {
+            sites: None,
+            derived: Vec::new(),
+            seed: settings.seed,
+            now: settings.now,
+            scope: [cluster, &release.release_name, &release.namespace]
+                .map(str::to_string)
+                .join("\u{0}"),
+            template: String::new(),
+            calls: HashMap::new(),
+            generated: false,
+            generators: Vec::new(),
+            warnings: Vec::new(),
+        }
+    }
+}
+
 impl Host for SeededHost<'_> {
+    fn sites(&self) -> bool {
+        self.sites.is_some()
+    }
+
+    fn defer(&mut self, name: &str, args: &[Value]) -> Option<Value> {
+        let sites = self.sites?;
+        let text = sites::deferred_text(name, args)?;
+        self.derived.push(Arc::from(text));
+        Some(Value::string(sites::stand_in(
+            sites + self.derived.len() - 1,
+        )))
+    }
+
     fn template_name(&self) -> &str {
         &self.template
     }

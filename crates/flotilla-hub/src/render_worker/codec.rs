@@ -738,6 +738,8 @@ pub(super) fn read_output(mut input: impl Read, known: Known<'_>) -> io::Result<
             })
             .collect::<io::Result<_>>()?,
         charts: header.charts,
+        // A count for benchmarks and tests of the renderer, not carried.
+        helm_stencil_releases: 0,
     })
 }
 

@@ -84,6 +84,29 @@ pub struct PreparedChart {
     funcs: Funcs,
     /// Parsed template sets, by the paths of the enabled charts.
     sets: Mutex<HashMap<Vec<String>, Arc<TemplateSet>>>,
+    sites: bool,
+}
+
+/// See [`PreparedChart::takes_sites`].
+fn takes_sites(chart: &Chart) -> bool {
+    use crate::helm::gotmpl::sites::{SITE_END, SITE_START, marked};
+    let mut start = [0u8; 4];
+    let mut end = [0u8; 4];
+    let start = SITE_START.encode_utf8(&mut start).as_bytes();
+    let end = SITE_END.encode_utf8(&mut end).as_bytes();
+    let holds = |data: &[u8]| data.windows(start.len()).any(|w| w == start || w == end);
+    chart.schema.is_none()
+        && !chart
+            .templates
+            .iter()
+            .chain(&chart.files)
+            .any(|f| holds(&f.data) || holds(f.name.as_bytes()))
+        && !chart
+            .values
+            .iter()
+            .any(|(k, v)| holds(k.as_bytes()) || marked(v))
+        && !holds(format!("{:?}", chart.metadata).as_bytes())
+        && chart.subcharts.iter().all(takes_sites)
 }
 
 impl fmt::Debug for PreparedChart {
@@ -108,11 +131,21 @@ pub fn render_release(
 
 impl PreparedChart {
     pub fn new(chart: Chart) -> PreparedChart {
+        let sites = takes_sites(&chart);
         PreparedChart {
             chart,
             funcs: funcs::all(),
             sets: Mutex::new(HashMap::new()),
+            sites,
         }
+    }
+
+    /// Whether a release of this chart may be rendered with sites' stand-ins in its
+    /// values (see [`crate::helm::gotmpl::sites`]): no chart of it has a values
+    /// schema (whose checks could tell a stand-in from a value), and no file,
+    /// default value or metadata of it holds a stand-in's markers.
+    pub fn takes_sites(&self) -> bool {
+        self.sites
     }
 
     pub fn chart(&self) -> &Chart {
@@ -317,6 +350,12 @@ impl Host for TemplateHost<'_> {
     }
     fn warn(&mut self, message: String) {
         self.inner.warn(message);
+    }
+    fn sites(&self) -> bool {
+        self.inner.sites()
+    }
+    fn defer(&mut self, name: &str, args: &[Value]) -> Option<Value> {
+        self.inner.defer(name, args)
     }
 }
 

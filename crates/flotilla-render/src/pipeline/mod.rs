@@ -120,7 +120,7 @@ pub(crate) fn render_inner(
         })
         .collect();
     let helm = HelmContext {
-        cache: release::ReleaseCache::default(),
+        cache: release::ReleaseCache::new(!options.helm_without_stencils),
         settings: release::ReleaseSettings {
             seed: options.helm_seed.as_ref().unwrap_or(&release::PUBLIC_SEED),
             now: release::DEFAULT_NOW,
@@ -323,6 +323,7 @@ pub(crate) fn render_inner(
     );
     output.rollouts = rollout_plan;
     output.generated_from_public_seed = generated_from_public_seed;
+    output.helm_stencil_releases = helm.cache.stencil_releases();
     output.unsealed_for_agent_keys =
         options.helm_seed.is_none() && fleet.clusters.iter().any(|c| c.agent_key.is_some());
     output.agent_keys = fleet

@@ -159,9 +159,9 @@ pub(super) fn render_clusters(
             // Its template's kinds are its own text, none a CRD.
             Written::Values(_) => CustomScopes::new(),
             Written::Release(output) => output
-                .documents
+                .definitions()
                 .iter()
-                .filter_map(|d| scope::cluster_scoped_crd(&d.value))
+                .filter_map(scope::cluster_scoped_crd)
                 .collect(),
         })
         .collect();

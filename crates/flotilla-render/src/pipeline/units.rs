@@ -339,7 +339,7 @@ pub(super) fn render_output(
     let shape = unit.shapes[template].as_ref();
     let parsed = match written {
         Written::Text(text) => parse_output(path, shape, text),
-        Written::Release(output) => Ok(output.documents.clone()),
+        Written::Release(output) => Ok(output.documents()),
         Written::Values(values) => {
             if let (Some(stencil), Some(shape)) = (stencil, shape)
                 && let Some(filled) = fill(stencil, shape, values, unit.max_resource_bytes)

@@ -4,6 +4,7 @@
 mod budgets;
 mod formats;
 mod helm_charts;
+mod helm_stencils;
 mod helm_workloads;
 mod hooks;
 mod incremental;

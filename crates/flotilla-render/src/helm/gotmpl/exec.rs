@@ -825,6 +825,10 @@ impl<'a> Exec<'a> {
                     argv.push(fin.value);
                 }
                 f.at = At::Arg(node);
+                if self.host.sites() && argv.iter().any(super::sites::marked) {
+                    let message = format!("{name} is given a site's stand-in");
+                    return Err(self.func_error(f, name, FuncError::new(message)));
+                }
                 match obj.call(name, &argv) {
                     Some(Ok(v)) => Ok(Dot {
                         value: v,
@@ -954,6 +958,20 @@ impl<'a> Exec<'a> {
                 None => At::Arg(ident),
             }
         };
+        if self.host.sites()
+            && let Err(message) = super::sites::check_call(name, &argv)
+        {
+            if user.is_some()
+                && let Some(value) = self.host.defer(name, &argv)
+            {
+                return Ok(Dot {
+                    value,
+                    iface: false,
+                });
+            }
+            set_cmd_at(f);
+            return Err(self.func_error(f, name, FuncError::new(message)));
+        }
         let result = if user.is_none() && name == "include" {
             set_cmd_at(f);
             return self.include(f, &argv, args);

@@ -45,6 +45,7 @@
 //! from its output, as Helm does.
 
 pub mod fmt;
+pub mod sites;
 pub mod value;
 
 mod exec;

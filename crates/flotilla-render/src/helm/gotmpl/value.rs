@@ -267,6 +267,19 @@ pub trait Host {
     fn begin_template(&mut self, name: &str) {
         let _ = name;
     }
+    /// Whether the values hold sites' stand-ins, so that every call is checked by
+    /// [`super::sites::check_call`] (see [`super::sites`]).
+    fn sites(&self) -> bool {
+        false
+    }
+    /// A call that [`super::sites::check_call`] refused, in a render with stand-ins:
+    /// the host may answer it with a stand-in of its own for the call's result, which
+    /// it works out for each cluster (see [`super::sites::deferred_text`]); `None`
+    /// fails the render.
+    fn defer(&mut self, name: &str, args: &[Value]) -> Option<Value> {
+        let _ = (name, args);
+        None
+    }
 }
 
 /// A template function: Sprig's, Helm's or Go's own builtins. It gets the render's
