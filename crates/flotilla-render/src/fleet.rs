@@ -174,6 +174,9 @@ pub struct Fleet {
     pub signed_tenant_rules: Option<flotilla_core::bundle::SignedTenantRules>,
     /// `flotilla.yaml`'s settings (each its default when the file is absent).
     pub settings: FleetSettings,
+    /// Which overlays name each cluster and group, made on first use (the overlays
+    /// are not changed once the fleet is loaded).
+    pub overlay_index: std::sync::OnceLock<crate::select::OverlayIndex>,
 }
 
 /// A workload's Helm release as read from the fleet.

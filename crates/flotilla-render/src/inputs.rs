@@ -27,7 +27,7 @@ use sha2::{Digest as _, Sha256};
 use flotilla_core::snapshot::FleetSnapshot;
 
 use crate::load::{Cluster, Fleet};
-use crate::select::{overlay_selects, targeted_workloads};
+use crate::select::{selecting_overlays, targeted_workloads};
 
 /// A sha256 digest of some of what a bundle is made from.
 pub type InputDigest = [u8; 32];
@@ -237,9 +237,7 @@ pub(crate) fn of_fleet(
                 hasher.update(groups[g]);
             }
             hasher.update(b"overlays");
-            let selecting: Vec<usize> = (0..fleet.overlays.len())
-                .filter(|&o| overlay_selects(&fleet.overlays[o], cluster, member_of, fleet))
-                .collect();
+            let selecting: Vec<usize> = selecting_overlays(fleet, cluster, member_of);
             for &o in &selecting {
                 hasher.update(overlays[o]);
             }

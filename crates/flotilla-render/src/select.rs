@@ -4,6 +4,7 @@
 
 use flotilla_core::diagnostic::Diagnostic;
 use flotilla_core::model::Target;
+use std::collections::HashMap;
 
 use crate::RenderOptions;
 use crate::fleet::{Cluster, Fleet, Overlay, Workload};
@@ -63,6 +64,72 @@ pub(crate) fn targets(target: &Target, cluster: &Cluster, groups: &[usize], flee
         .is_some_and(|selector| selector.matches(&cluster.labels))
 }
 
+/// Which overlays name each cluster and each group, and which select by labels, so
+/// that finding a cluster's overlays costs the overlays that name it (and the label
+/// selectors), not a look at every overlay: with an overlay per cluster that was
+/// clusters × overlays.
+#[derive(Debug, Default)]
+pub struct OverlayIndex {
+    by_cluster: HashMap<String, Vec<usize>>,
+    by_group: HashMap<String, Vec<usize>>,
+    by_selector: Vec<usize>,
+}
+
+impl OverlayIndex {
+    fn of(overlays: &[Overlay]) -> OverlayIndex {
+        let mut index = OverlayIndex::default();
+        for (o, overlay) in overlays.iter().enumerate() {
+            for name in &overlay.clusters {
+                index
+                    .by_cluster
+                    .entry(name.value.clone())
+                    .or_default()
+                    .push(o);
+            }
+            for name in &overlay.groups {
+                index
+                    .by_group
+                    .entry(name.value.clone())
+                    .or_default()
+                    .push(o);
+            }
+            if overlay.cluster_selector.is_some() {
+                index.by_selector.push(o);
+            }
+        }
+        index
+    }
+}
+
+/// The overlays that select a cluster (see [`overlay_selects`]), in the fleet's
+/// order.
+pub(crate) fn selecting_overlays(fleet: &Fleet, cluster: &Cluster, groups: &[usize]) -> Vec<usize> {
+    let index = fleet
+        .overlay_index
+        .get_or_init(|| OverlayIndex::of(&fleet.overlays));
+    let mut selecting: Vec<usize> = index
+        .by_cluster
+        .get(&cluster.name)
+        .into_iter()
+        .flatten()
+        .copied()
+        .collect();
+    for &g in groups {
+        if let Some(overlays) = index.by_group.get(&fleet.groups[g].name) {
+            selecting.extend(overlays);
+        }
+    }
+    selecting.extend(index.by_selector.iter().copied().filter(|&o| {
+        fleet.overlays[o]
+            .cluster_selector
+            .as_ref()
+            .is_some_and(|selector| selector.matches(&cluster.labels))
+    }));
+    selecting.sort_unstable();
+    selecting.dedup();
+    selecting
+}
+
 pub(crate) fn overlay_selects(
     overlay: &Overlay,
     cluster: &Cluster,
@@ -88,4 +155,70 @@ pub(crate) fn overlay_applies_to(overlay: &Overlay, workload: &Workload) -> bool
             .workloads
             .as_ref()
             .is_none_or(|names| names.iter().any(|n| n.value == workload.name))
+}
+
+#[cfg(test)]
+mod tests {
+    use flotilla_core::snapshot::FleetSnapshot;
+
+    use super::*;
+
+    /// The index finds exactly the overlays [`overlay_selects`] finds, in order:
+    /// overlays naming clusters, groups, selecting by labels, and several at once.
+    #[test]
+    fn the_overlay_index_selects_what_each_overlay_selects() {
+        const H: &str = "apiVersion: flotilla.dev/v1alpha1\n";
+        let mut files = vec![(
+            "groups/eu.yaml".to_string(),
+            format!(
+                "{H}kind: Group\nmetadata:\n  name: eu\nspec:\n  selector: {{matchLabels: {{region: eu}}}}\n"
+            ),
+        )];
+        for (name, region) in [("a", "eu"), ("b", "eu"), ("c", "us"), ("d", "us")] {
+            files.push((
+                format!("clusters/{name}.yaml"),
+                format!(
+                    "{H}kind: Cluster\nmetadata:\n  name: {name}\n  labels: {{region: {region}}}\n"
+                ),
+            ));
+        }
+        for (name, spec) in [
+            ("by-name", "clusters: [a, c]"),
+            ("by-group", "groups: [eu]"),
+            ("by-label", "clusterSelector: {matchLabels: {region: us}}"),
+            (
+                "all-three",
+                "clusters: [d]\n  groups: [eu]\n  clusterSelector: {matchLabels: {region: eu}}",
+            ),
+            ("nobody", "clusters: [zz]"),
+        ] {
+            files.push((
+                format!("overlays/{name}.yaml"),
+                format!("{H}kind: Overlay\nmetadata:\n  name: {name}\nspec:\n  {spec}\n"),
+            ));
+        }
+        let snapshot =
+            FleetSnapshot::from_files(files.iter().map(|(p, t)| (p.as_str(), t.as_str())));
+        let mut diagnostics = Vec::new();
+        let fleet = crate::load::load(&snapshot, &mut diagnostics);
+        let (clusters, memberships) =
+            select_clusters(&fleet, &RenderOptions::default(), &mut diagnostics);
+        assert_eq!(clusters.len(), 4, "{diagnostics:?}");
+        let mut seen = 0;
+        for (cluster, groups) in clusters.iter().zip(&memberships) {
+            let expected: Vec<usize> = (0..fleet.overlays.len())
+                .filter(|&o| overlay_selects(&fleet.overlays[o], cluster, groups, &fleet))
+                .collect();
+            assert_eq!(
+                selecting_overlays(&fleet, cluster, groups),
+                expected,
+                "{}",
+                cluster.name
+            );
+            seen += expected.len();
+        }
+        // a: by-name, by-group, all-three; b: by-group, all-three; c: by-name,
+        // by-label; d: by-label, all-three.
+        assert_eq!(seen, 9);
+    }
 }

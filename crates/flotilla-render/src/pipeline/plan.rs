@@ -16,7 +16,7 @@ use super::stop::Stop;
 use super::{HelmContext, Interner};
 use crate::load::{Cluster, Fleet, Workload};
 use crate::release;
-use crate::select::{overlay_applies_to, overlay_selects, targets};
+use crate::select::{overlay_applies_to, selecting_overlays, targets};
 use crate::shape::Shape;
 use crate::template::{self, ClusterContext, Context, Templates};
 
@@ -86,9 +86,7 @@ pub(super) fn plan_cluster(
     let mut cluster_part: Option<minijinja::Value> = None;
     // The merged variables already made, by the workload's own and its overlays.
     let mut known_vars: Vec<(&Vars, Vec<usize>, minijinja::Value)> = Vec::new();
-    let matching_overlays: Vec<usize> = (0..fleet.overlays.len())
-        .filter(|&o| overlay_selects(&fleet.overlays[o], cluster, groups, fleet))
-        .collect();
+    let matching_overlays: Vec<usize> = selecting_overlays(fleet, cluster, groups);
     let mut template_offset = 0;
     for (index, workload) in fleet.workloads.iter().enumerate() {
         let first_template = template_offset;

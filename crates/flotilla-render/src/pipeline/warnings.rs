@@ -10,7 +10,7 @@ use flotilla_core::diagnostic::Diagnostic;
 use super::since::Redo;
 use crate::Provenance;
 use crate::load::{self, Cluster, Fleet, Overlay};
-use crate::select::{overlay_applies_to, overlay_selects, targets};
+use crate::select::{overlay_applies_to, selecting_overlays, targets};
 
 pub(super) fn warn_about_empty_selections(
     fleet: &Fleet,
@@ -41,11 +41,13 @@ pub(super) fn warn_about_empty_selections(
             }
         }
     }
-    for overlay in &fleet.overlays {
-        let hit = clusters
-            .iter()
-            .zip(memberships)
-            .any(|(cluster, groups)| overlay_selects(overlay, cluster, groups, fleet));
+    let mut selected = vec![false; fleet.overlays.len()];
+    for (cluster, groups) in clusters.iter().zip(memberships) {
+        for o in selecting_overlays(fleet, cluster, groups) {
+            selected[o] = true;
+        }
+    }
+    for (overlay, hit) in fleet.overlays.iter().zip(selected) {
         if !hit {
             diagnostics.push(
                 Diagnostic::warning(format!("overlay {:?} selects no cluster", overlay.name))
