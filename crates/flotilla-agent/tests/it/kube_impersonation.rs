@@ -354,6 +354,23 @@ async fn a_tenants_cluster_scoped_objects_are_applied_and_pruned_as_its_service_
         "{order:#?}"
     );
 
+    // The drift check reads them as the tenant too.
+    let before = fake.checks().len();
+    let checked = sink.check_drift(&first).await;
+    assert!(
+        matches!(
+            checked,
+            flotilla_agent::sink::drift::DriftCheck::Checked { .. }
+        ),
+        "{checked:?}"
+    );
+    let reads: Vec<(String, bool)> = fake.checks()[before..]
+        .iter()
+        .filter(|c| c.attributes.verb == "get" && c.attributes.name == "shop-reader")
+        .map(|c| (c.user.clone(), c.rule.is_some()))
+        .collect();
+    assert_eq!(reads, std::slice::from_ref(&tenant));
+
     // The tenant's ClusterRole leaves the bundle, and with it the last of its
     // cluster-scoped objects (the CRD is kept: CRDs are not pruned by default): it
     // is deleted as the tenant, before the ClusterRoleBinding and ClusterRole go.
