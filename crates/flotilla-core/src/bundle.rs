@@ -325,9 +325,21 @@ pub mod features {
     pub const HOOKS: &str = "hooks";
     /// Tenant rules the agent enforces (`meta.tenants`).
     pub const TENANTS: &str = "tenants";
+    /// A tenant's ClusterRole and ClusterRoleBinding `flotilla-tenant-<tenant>` among
+    /// the `flotilla-tenancy` objects (for its cluster-scoped objects), which an agent
+    /// that knows only `tenants` refuses.
+    pub const TENANT_CLUSTER_ROLES: &str = "tenant-cluster-roles";
 
     /// Every feature this version knows, in the order of their bits (see [`bits`]).
-    pub const ALL: [&str; 6] = [META, PHASES, DRIFT, SEALED, HOOKS, TENANTS];
+    pub const ALL: [&str; 7] = [
+        META,
+        PHASES,
+        DRIFT,
+        SEALED,
+        HOOKS,
+        TENANTS,
+        TENANT_CLUSTER_ROLES,
+    ];
 
     /// The features named in a header value (`meta, phases`).
     pub fn parse(header: &str) -> Vec<&str> {
@@ -372,7 +384,15 @@ pub mod features {
             _ => (None, serde_json::from_slice(body).ok()?),
         };
         let sealed = resources.iter().any(is_sealed_secret);
-        Some(needed(meta.as_ref(), sealed))
+        let cluster_roles = meta.as_ref().is_some_and(|meta| {
+            resources
+                .iter()
+                .zip(&meta.workloads)
+                .any(|(resource, workload)| {
+                    workload == super::TENANCY_WORKLOAD && resource["kind"] == "ClusterRoleBinding"
+                })
+        });
+        Some(needed(meta.as_ref(), sealed, cluster_roles))
     }
 
     fn is_sealed_secret(resource: &serde_json::Value) -> bool {
@@ -381,7 +401,11 @@ pub mod features {
             && resource.get(super::SEALED_SECRET_FIELD).is_some()
     }
 
-    fn needed(meta: Option<&super::BundleMeta>, sealed: bool) -> Vec<&'static str> {
+    fn needed(
+        meta: Option<&super::BundleMeta>,
+        sealed: bool,
+        cluster_roles: bool,
+    ) -> Vec<&'static str> {
         let mut needs = Vec::new();
         if let Some(meta) = meta {
             needs.push(META);
@@ -396,6 +420,9 @@ pub mod features {
             }
             if !meta.tenants.is_empty() || meta.tenant_rules.is_some() {
                 needs.push(TENANTS);
+            }
+            if cluster_roles {
+                needs.push(TENANT_CLUSTER_ROLES);
             }
         }
         if sealed {

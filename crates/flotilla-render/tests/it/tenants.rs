@@ -1046,6 +1046,19 @@ fn a_tenant_shipping_cluster_scoped_objects_gets_a_cluster_role_on_its_kinds_bou
             "subjects": [{"kind": "ServiceAccount", "name": "flotilla-tenant-team-a", "namespace": "team-a"}],
         })
     );
+    // Only agents that know these objects are served the bundle.
+    use flotilla_core::bundle::features;
+    let needs = |output: &RenderOutput| {
+        features::needed_by_body(&output.bundles["north"].canonical_body()).expect("a bundle")
+    };
+    assert_eq!(
+        needs(&output),
+        [
+            features::META,
+            features::TENANTS,
+            features::TENANT_CLUSTER_ROLES
+        ]
+    );
     // Without the ConfigMap in team-a, the binding moves to team-a-x.
     let moved = cluster_scoped_fleet(
         "[Widget.example.com, ClusterRole]",
@@ -1068,6 +1081,7 @@ fn a_tenant_shipping_cluster_scoped_objects_gets_a_cluster_role_on_its_kinds_bou
     let namespaced_only = cluster_scoped_fleet("[ClusterRole]", &config_map("shop"));
     let output = rendered(&namespaced_only);
     assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+    assert_eq!(needs(&output), [features::META, features::TENANTS]);
     assert!(
         !contents(&output, "north")
             .iter()
