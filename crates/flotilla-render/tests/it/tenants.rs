@@ -1125,3 +1125,30 @@ fn a_cluster_scoped_kind_whose_resource_name_cannot_be_known_is_an_error_at_its_
         error.message
     );
 }
+
+#[test]
+fn a_fleet_object_named_as_a_tenants_cluster_role_is_an_error() {
+    let mut files = cluster_scoped_fleet(
+        "[ClusterRole, Widget.example.com]",
+        SHOP_WITH_CLUSTER_OBJECTS,
+    );
+    files = with(
+        files,
+        workload(
+            "crds",
+            "north",
+            "kube-system",
+            &format!(
+                "{WIDGET_CRD}---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: flotilla-tenant-team-a\nrules: []\n"
+            ),
+        ),
+    );
+    let error = only_error(&rendered(&files), "north");
+    assert!(
+        error.message.starts_with(
+            "ClusterRole.rbac.authorization.k8s.io/flotilla-tenant-team-a (workload crds) has the identity of the object flotilla adds for a tenant"
+        ),
+        "{}",
+        error.message
+    );
+}
