@@ -38,6 +38,7 @@ pub const FEATURES: &[&str] = &[
     flotilla_core::bundle::features::SEALED,
     flotilla_core::bundle::features::HOOKS,
     flotilla_core::bundle::features::TENANTS,
+    flotilla_core::bundle::features::TENANT_CLUSTER_ROLES,
 ];
 
 pub mod backoff;

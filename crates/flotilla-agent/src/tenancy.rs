@@ -16,11 +16,13 @@ use std::path::Path;
 use serde::Deserialize;
 
 use flotilla_core::bundle::{
-    Bundle, Resource, TENANCY_WORKLOAD, TENANT_CLUSTER_ROLE, TenantMark, TenantRules,
-    is_tenancy_object,
+    BUILT_IN_CLUSTER_SCOPED, Bundle, Resource, TENANCY_WORKLOAD, TENANT_CLUSTER_ROLE, TENANT_VERBS,
+    TenantMark, TenantRules, is_built_in_group, is_tenancy_object, names_kind,
+    tenant_service_account,
 };
 use flotilla_core::names::glob_matches;
 use flotilla_core::signing::PublicKey;
+use serde_json::Value;
 
 /// `--tenant-policy FILE`: the tenant rules the agent enforces instead of the marks
 /// a bundle carries.
@@ -130,7 +132,7 @@ pub fn refusal(bundle: &Bundle, policy: Option<&TenantPolicy>) -> Option<String>
                 Some(policy) => Some(&policy.tenants),
                 None => meta.map(|m| &m.tenants),
             };
-            if let Some(why) = tenancy_refusal(resource, tenants) {
+            if let Some(why) = tenancy_refusal(bundle, resource, tenants) {
                 return Some(format!(
                     "{} (workload {TENANCY_WORKLOAD:?}) is not what flotilla makes for a tenant: {why}",
                     resource.key
@@ -164,18 +166,22 @@ pub fn refusal(bundle: &Bundle, policy: Option<&TenantPolicy>) -> Option<String>
 }
 
 /// Why a resource of the reserved workload `flotilla-tenancy` is not one of the
-/// objects the render makes for a tenant's namespace: the ServiceAccount
-/// `flotilla-tenant-<tenant>` or its RoleBinding to the ClusterRole `flotilla-tenant`,
-/// in one of that tenant's namespaces. So the name cannot carry anything else past
-/// the tenant rules (with a tenant policy, not even from a compromised hub).
+/// objects the render makes for a tenant: the ServiceAccount `flotilla-tenant-<tenant>`
+/// or its RoleBinding to the ClusterRole `flotilla-tenant`, in one of that tenant's
+/// namespaces; or, for a tenant that may write cluster-scoped kinds, the ClusterRole
+/// `flotilla-tenant-<tenant>` on those kinds only and its ClusterRoleBinding to the
+/// tenant's ServiceAccount in the first namespace the bundle gives it one in. So the
+/// name cannot carry anything else past the tenant rules (with a tenant policy, not
+/// even from a compromised hub).
 fn tenancy_refusal(
+    bundle: &Bundle,
     resource: &Resource,
     tenants: Option<&BTreeMap<String, TenantMark>>,
 ) -> Option<String> {
     let key = &resource.key;
     if !is_tenancy_object(key) {
         return Some(
-            "only ServiceAccounts and RoleBindings named flotilla-tenant-<tenant> are".into(),
+            "only ServiceAccounts, RoleBindings, ClusterRoles and ClusterRoleBindings named flotilla-tenant-<tenant> are".into(),
         );
     }
     let tenant = key
@@ -185,6 +191,33 @@ fn tenancy_refusal(
     let Some(mark) = tenants.and_then(|t| t.get(tenant)) else {
         return Some(format!("there is no tenant {tenant:?}"));
     };
+    match key.kind.as_str() {
+        "ClusterRole" => return cluster_role_refusal(bundle, &resource.value(), tenant, mark),
+        "ClusterRoleBinding" => {
+            let value = resource.value();
+            let namespace = cluster_binding_namespace(bundle, tenant);
+            let expected_subjects = serde_json::json!([{
+                "kind": "ServiceAccount",
+                "name": key.name,
+                "namespace": namespace,
+            }]);
+            let role = &value["roleRef"];
+            if namespace.is_none()
+                || role["apiGroup"] != "rbac.authorization.k8s.io"
+                || role["kind"] != "ClusterRole"
+                || role["name"] != key.name.as_str()
+                || value["subjects"] != expected_subjects
+            {
+                return Some(format!(
+                    "a ClusterRoleBinding binds the ClusterRole {0} to the tenant's ServiceAccount {0} in the first namespace the bundle gives it one in ({1}) and nothing else",
+                    key.name,
+                    namespace.unwrap_or("none")
+                ));
+            }
+            return None;
+        }
+        _ => {}
+    }
     if !mark
         .namespaces
         .iter()
@@ -211,6 +244,129 @@ fn tenancy_refusal(
                 "a RoleBinding binds the ClusterRole {TENANT_CLUSTER_ROLE} to the tenant's ServiceAccount {} and nothing else",
                 key.name
             ));
+        }
+    }
+    None
+}
+
+/// The namespace of the ServiceAccount a tenant's cluster-scoped objects are applied
+/// as: the first (by name) of those the bundle's `flotilla-tenancy` objects give the
+/// tenant a ServiceAccount in, as the render chooses it.
+pub(crate) fn cluster_binding_namespace<'b>(bundle: &'b Bundle, tenant: &str) -> Option<&'b str> {
+    let meta = bundle.meta.as_deref()?;
+    let name = tenant_service_account(tenant);
+    bundle
+        .resources
+        .iter()
+        .zip(&meta.workloads)
+        .filter(|(r, workload)| {
+            *workload == TENANCY_WORKLOAD
+                && r.key.group.is_empty()
+                && r.key.kind == "ServiceAccount"
+                && r.key.name == name
+        })
+        .map(|(r, _)| r.key.namespace.as_str())
+        .min()
+}
+
+/// Why a tenant's ClusterRole is not the one the render makes: only `rules` (no
+/// aggregation), each one API group, the verbs [`TENANT_VERBS`] and resources of the
+/// kinds `clusterScoped` allows, `Namespace` aside. A built-in kind's resource is
+/// known; a custom kind's is its CRD's when the bundle ships one, else any plain
+/// resource name of a group that is not Kubernetes' own and that the allowed kind
+/// may be in (the agent cannot know a CRD's plural it does not see).
+fn cluster_role_refusal(
+    bundle: &Bundle,
+    value: &Value,
+    tenant: &str,
+    mark: &TenantMark,
+) -> Option<String> {
+    let shape = format!(
+        "a ClusterRole grants {} on the kinds tenant {tenant:?} may write cluster-wide ({}) and nothing else",
+        TENANT_VERBS.join(", "),
+        if mark.cluster_scoped.is_empty() {
+            "none".to_string()
+        } else {
+            mark.cluster_scoped.join(", ")
+        }
+    );
+    let only_rules = value.as_object().is_some_and(|object| {
+        object
+            .keys()
+            .all(|k| matches!(k.as_str(), "apiVersion" | "kind" | "metadata" | "rules"))
+    });
+    let Some(rules) = value["rules"].as_array().filter(|_| only_rules) else {
+        return Some(shape);
+    };
+    let crds: Vec<(String, String, String)> = bundle
+        .resources
+        .iter()
+        .filter(|r| r.key.kind == "CustomResourceDefinition")
+        .filter_map(|r| {
+            let value = r.value();
+            let spec = &value["spec"];
+            Some((
+                spec["group"].as_str()?.to_string(),
+                spec["names"]["kind"].as_str()?.to_string(),
+                spec["names"]["plural"].as_str()?.to_string(),
+            ))
+        })
+        .collect();
+    let allowed = |group: &str, kind: &str| {
+        kind != "Namespace"
+            && mark
+                .cluster_scoped
+                .iter()
+                .any(|e| names_kind(e, group, kind))
+    };
+    let grants = |group: &str, resource: &str| {
+        if let Some((_, kind, _)) = BUILT_IN_CLUSTER_SCOPED
+            .iter()
+            .find(|(g, _, plural)| *g == group && *plural == resource)
+        {
+            return allowed(group, kind);
+        }
+        if is_built_in_group(group) {
+            return false;
+        }
+        if let Some((_, kind, _)) = crds
+            .iter()
+            .find(|(g, _, plural)| g == group && plural == resource)
+        {
+            return allowed(group, kind);
+        }
+        let plain = !resource.is_empty()
+            && resource
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
+        plain
+            && mark.cluster_scoped.iter().any(|e| match e.split_once('.') {
+                Some((_, g)) => g == group,
+                None => e != "Namespace",
+            })
+    };
+    let verbs: Vec<Value> = TENANT_VERBS.iter().map(|v| Value::from(*v)).collect();
+    for rule in rules {
+        let keys_ok = rule.as_object().is_some_and(|object| {
+            object.len() == 3
+                && object.contains_key("apiGroups")
+                && object.contains_key("resources")
+                && object.contains_key("verbs")
+        });
+        let group = match rule["apiGroups"].as_array().map(Vec::as_slice) {
+            Some([group]) => group.as_str(),
+            _ => None,
+        };
+        let resources = rule["resources"].as_array().filter(|r| !r.is_empty());
+        let (true, Some(group), Some(resources)) = (keys_ok, group, resources) else {
+            return Some(shape);
+        };
+        if rule["verbs"].as_array() != Some(&verbs)
+            || !resources
+                .iter()
+                .all(|r| r.as_str().is_some_and(|r| grants(group, r)))
+        {
+            return Some(shape);
         }
     }
     None
@@ -369,6 +525,126 @@ mod tests {
         );
         let smuggled = with(vec![resource("ConfigMap", "kube-system", "anything")]);
         assert!(refusal(&smuggled, None).is_some());
+    }
+
+    /// team-a may write ClusterRoles and Widgets cluster-wide; its ServiceAccounts
+    /// are in team-a-x and team-a-b, so its ClusterRoleBinding names team-a-b's.
+    fn with_cluster_objects(role_rules: serde_json::Value, subject_namespace: &str) -> Bundle {
+        let rbac = |kind: &str, namespace: &str, rest: serde_json::Value| {
+            let mut value = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind,
+                "metadata": {"name": "flotilla-tenant-team-a"}});
+            if !namespace.is_empty() {
+                value["metadata"]["namespace"] = json!(namespace);
+            }
+            for (k, v) in rest.as_object().into_iter().flatten() {
+                value[k] = v.clone();
+            }
+            Arc::new(Resource::new(ResourceKey::of(&value).expect("key"), &value))
+        };
+        let tenancy = vec![
+            resource("ServiceAccount", "team-a-x", "flotilla-tenant-team-a"),
+            resource("ServiceAccount", "team-a-b", "flotilla-tenant-team-a"),
+            rbac("ClusterRole", "", json!({"rules": role_rules})),
+            rbac(
+                "ClusterRoleBinding",
+                "",
+                json!({"roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "flotilla-tenant-team-a"},
+                       "subjects": [{"kind": "ServiceAccount", "name": "flotilla-tenant-team-a", "namespace": subject_namespace}]}),
+            ),
+        ];
+        let mut pairs: Vec<(Arc<Resource>, String)> = vec![
+            (
+                resource("ConfigMap", "team-a-x", "shop"),
+                "shop".to_string(),
+            ),
+            (
+                resource("ConfigMap", "team-a-b", "shop"),
+                "shop".to_string(),
+            ),
+        ];
+        pairs.extend(
+            tenancy
+                .into_iter()
+                .map(|r| (r, TENANCY_WORKLOAD.to_string())),
+        );
+        pairs.sort_by(|a, b| a.0.key.cmp(&b.0.key));
+        let (resources, workloads) = pairs.into_iter().unzip();
+        let mut team_a = mark(&["shop"], &["team-a-*"]);
+        team_a.cluster_scoped = vec![
+            "ClusterRole.rbac.authorization.k8s.io".into(),
+            "Widget.example.com".into(),
+            "Namespace".into(),
+        ];
+        let meta = BundleMeta {
+            workloads,
+            tenants: [("team-a".to_string(), team_a)].into(),
+            ..BundleMeta::default()
+        };
+        Bundle::from_sorted_with_meta("c", resources, Some(meta))
+    }
+
+    #[test]
+    fn a_tenants_cluster_role_grants_only_its_cluster_scoped_kinds_and_binds_its_first_service_account()
+     {
+        let verbs = json!([
+            "get", "list", "watch", "create", "update", "patch", "delete"
+        ]);
+        let rule = |group: &str, resources: serde_json::Value| json!({"apiGroups": [group], "resources": resources, "verbs": verbs});
+        let good = json!([
+            rule("example.com", json!(["widgets"])),
+            rule("rbac.authorization.k8s.io", json!(["clusterroles"])),
+        ]);
+        assert_eq!(
+            refusal(&with_cluster_objects(good.clone(), "team-a-b"), None),
+            None
+        );
+        assert_eq!(
+            refusal(&with_cluster_objects(good, "team-a-x"), None).as_deref(),
+            Some(
+                "ClusterRoleBinding.rbac.authorization.k8s.io/flotilla-tenant-team-a (workload \"flotilla-tenancy\") is not what flotilla makes for a tenant: a ClusterRoleBinding binds the ClusterRole flotilla-tenant-team-a to the tenant's ServiceAccount flotilla-tenant-team-a in the first namespace the bundle gives it one in (team-a-b) and nothing else"
+            )
+        );
+        let refused = |rules: serde_json::Value| {
+            let why = refusal(&with_cluster_objects(rules, "team-a-b"), None);
+            assert!(
+                why.as_deref().is_some_and(|why| why.contains(
+                    "a ClusterRole grants get, list, watch, create, update, patch, delete on the kinds tenant \"team-a\" may write cluster-wide"
+                )),
+                "{why:?}"
+            );
+        };
+        // A kind it may not write, a built-in resource in the allowed group, a
+        // wildcard, Namespaces, another verb, a second group in one rule.
+        refused(json!([rule(
+            "rbac.authorization.k8s.io",
+            json!(["clusterrolebindings"])
+        )]));
+        refused(json!([rule("rbac.authorization.k8s.io", json!(["*"]))]));
+        refused(json!([rule("example.com", json!(["*"]))]));
+        refused(json!([rule("", json!(["namespaces"]))]));
+        refused(json!([rule("apps", json!(["deployments"]))]));
+        refused(json!([{"apiGroups": ["example.com"], "resources": ["widgets"], "verbs": ["*"]}]));
+        refused(
+            json!([{"apiGroups": ["example.com", "rbac.authorization.k8s.io"], "resources": ["widgets"], "verbs": verbs}]),
+        );
+        refused(
+            json!([{"apiGroups": ["example.com"], "resources": ["widgets"], "verbs": verbs, "resourceNames": ["a"]}]),
+        );
+        // Nor may it aggregate other roles' rules.
+        let mut aggregating = with_cluster_objects(json!([]), "team-a-b");
+        let index = aggregating
+            .resources
+            .iter()
+            .position(|r| r.key.kind == "ClusterRole")
+            .expect("role");
+        let mut value = aggregating.resources[index].value();
+        value["aggregationRule"] =
+            json!({"clusterRoleSelectors": [{"matchLabels": {"any": "thing"}}]});
+        aggregating.resources[index] = Arc::new(Resource::new(
+            (*aggregating.resources[index].key).clone(),
+            &value,
+        ));
+        assert!(refusal(&aggregating, None).is_some());
     }
 
     #[test]

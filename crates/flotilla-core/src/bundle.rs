@@ -325,9 +325,21 @@ pub mod features {
     pub const HOOKS: &str = "hooks";
     /// Tenant rules the agent enforces (`meta.tenants`).
     pub const TENANTS: &str = "tenants";
+    /// A tenant's ClusterRole and ClusterRoleBinding `flotilla-tenant-<tenant>` among
+    /// the `flotilla-tenancy` objects (for its cluster-scoped objects), which an agent
+    /// that knows only `tenants` refuses.
+    pub const TENANT_CLUSTER_ROLES: &str = "tenant-cluster-roles";
 
     /// Every feature this version knows, in the order of their bits (see [`bits`]).
-    pub const ALL: [&str; 6] = [META, PHASES, DRIFT, SEALED, HOOKS, TENANTS];
+    pub const ALL: [&str; 7] = [
+        META,
+        PHASES,
+        DRIFT,
+        SEALED,
+        HOOKS,
+        TENANTS,
+        TENANT_CLUSTER_ROLES,
+    ];
 
     /// The features named in a header value (`meta, phases`).
     pub fn parse(header: &str) -> Vec<&str> {
@@ -372,7 +384,15 @@ pub mod features {
             _ => (None, serde_json::from_slice(body).ok()?),
         };
         let sealed = resources.iter().any(is_sealed_secret);
-        Some(needed(meta.as_ref(), sealed))
+        let cluster_roles = meta.as_ref().is_some_and(|meta| {
+            resources
+                .iter()
+                .zip(&meta.workloads)
+                .any(|(resource, workload)| {
+                    workload == super::TENANCY_WORKLOAD && resource["kind"] == "ClusterRoleBinding"
+                })
+        });
+        Some(needed(meta.as_ref(), sealed, cluster_roles))
     }
 
     fn is_sealed_secret(resource: &serde_json::Value) -> bool {
@@ -381,7 +401,11 @@ pub mod features {
             && resource.get(super::SEALED_SECRET_FIELD).is_some()
     }
 
-    fn needed(meta: Option<&super::BundleMeta>, sealed: bool) -> Vec<&'static str> {
+    fn needed(
+        meta: Option<&super::BundleMeta>,
+        sealed: bool,
+        cluster_roles: bool,
+    ) -> Vec<&'static str> {
         let mut needs = Vec::new();
         if let Some(meta) = meta {
             needs.push(META);
@@ -396,6 +420,9 @@ pub mod features {
             }
             if !meta.tenants.is_empty() || meta.tenant_rules.is_some() {
                 needs.push(TENANTS);
+            }
+            if cluster_roles {
+                needs.push(TENANT_CLUSTER_ROLES);
             }
         }
         if sealed {
@@ -511,16 +538,131 @@ pub fn tenant_service_account(tenant: &str) -> String {
     format!("flotilla-tenant-{tenant}")
 }
 
-/// Whether `key` is one of the objects the render adds for a tenant's namespace (a
-/// ServiceAccount or RoleBinding named `flotilla-tenant-<tenant>`): the agent
+/// Whether `key` is one of the objects the render adds for a tenant (named
+/// `flotilla-tenant-<tenant>`): a ServiceAccount and a RoleBinding per namespace, and
+/// a ClusterRole and ClusterRoleBinding for its cluster-scoped objects. The agent
 /// applies them before the other objects of their phase and prunes them after.
 pub fn is_tenancy_object(key: &ResourceKey) -> bool {
     let kind = (key.group.as_str(), key.kind.as_str());
     key.name.starts_with("flotilla-tenant-")
         && matches!(
             kind,
-            ("", "ServiceAccount") | ("rbac.authorization.k8s.io", "RoleBinding")
+            ("", "ServiceAccount")
+                | (
+                    "rbac.authorization.k8s.io",
+                    "RoleBinding" | "ClusterRole" | "ClusterRoleBinding"
+                )
         )
+}
+
+/// The verbs a tenant's ClusterRole `flotilla-tenant-<tenant>` grants on each kind of
+/// its `spec.clusterScoped`, as the shared ClusterRole `flotilla-tenant` does on the
+/// namespaced kinds.
+pub const TENANT_VERBS: [&str; 7] = [
+    "get", "list", "watch", "create", "update", "patch", "delete",
+];
+
+/// The built-in cluster-scoped Kubernetes kinds: (API group, kind, resource), sorted.
+/// The resource (plural) name is what RBAC rules name.
+pub const BUILT_IN_CLUSTER_SCOPED: &[(&str, &str, &str)] = &[
+    ("", "ComponentStatus", "componentstatuses"),
+    ("", "Namespace", "namespaces"),
+    ("", "Node", "nodes"),
+    ("", "PersistentVolume", "persistentvolumes"),
+    (
+        "admissionregistration.k8s.io",
+        "MutatingAdmissionPolicy",
+        "mutatingadmissionpolicies",
+    ),
+    (
+        "admissionregistration.k8s.io",
+        "MutatingAdmissionPolicyBinding",
+        "mutatingadmissionpolicybindings",
+    ),
+    (
+        "admissionregistration.k8s.io",
+        "MutatingWebhookConfiguration",
+        "mutatingwebhookconfigurations",
+    ),
+    (
+        "admissionregistration.k8s.io",
+        "ValidatingAdmissionPolicy",
+        "validatingadmissionpolicies",
+    ),
+    (
+        "admissionregistration.k8s.io",
+        "ValidatingAdmissionPolicyBinding",
+        "validatingadmissionpolicybindings",
+    ),
+    (
+        "admissionregistration.k8s.io",
+        "ValidatingWebhookConfiguration",
+        "validatingwebhookconfigurations",
+    ),
+    (
+        "apiextensions.k8s.io",
+        "CustomResourceDefinition",
+        "customresourcedefinitions",
+    ),
+    ("apiregistration.k8s.io", "APIService", "apiservices"),
+    (
+        "certificates.k8s.io",
+        "CertificateSigningRequest",
+        "certificatesigningrequests",
+    ),
+    (
+        "certificates.k8s.io",
+        "ClusterTrustBundle",
+        "clustertrustbundles",
+    ),
+    ("flowcontrol.apiserver.k8s.io", "FlowSchema", "flowschemas"),
+    (
+        "flowcontrol.apiserver.k8s.io",
+        "PriorityLevelConfiguration",
+        "prioritylevelconfigurations",
+    ),
+    ("networking.k8s.io", "IPAddress", "ipaddresses"),
+    ("networking.k8s.io", "IngressClass", "ingressclasses"),
+    ("networking.k8s.io", "ServiceCIDR", "servicecidrs"),
+    ("node.k8s.io", "RuntimeClass", "runtimeclasses"),
+    ("rbac.authorization.k8s.io", "ClusterRole", "clusterroles"),
+    (
+        "rbac.authorization.k8s.io",
+        "ClusterRoleBinding",
+        "clusterrolebindings",
+    ),
+    ("resource.k8s.io", "DeviceClass", "deviceclasses"),
+    ("scheduling.k8s.io", "PriorityClass", "priorityclasses"),
+    ("storage.k8s.io", "CSIDriver", "csidrivers"),
+    ("storage.k8s.io", "CSINode", "csinodes"),
+    ("storage.k8s.io", "StorageClass", "storageclasses"),
+    ("storage.k8s.io", "VolumeAttachment", "volumeattachments"),
+    (
+        "storage.k8s.io",
+        "VolumeAttributesClass",
+        "volumeattributesclasses",
+    ),
+    (
+        "storagemigration.k8s.io",
+        "StorageVersionMigration",
+        "storageversionmigrations",
+    ),
+];
+
+/// Whether `group` is one of Kubernetes' own API groups (the core group, a group
+/// without a dot such as `apps`, or one under `k8s.io`), which no
+/// CustomResourceDefinition of a fleet defines kinds in.
+pub fn is_built_in_group(group: &str) -> bool {
+    !group.contains('.') || group == "k8s.io" || group.ends_with(".k8s.io")
+}
+
+/// Whether the `clusterScoped` entry `allowed` (`Kind` or `Kind.group`) names the
+/// kind `kind` of `group`.
+pub fn names_kind(allowed: &str, group: &str, kind: &str) -> bool {
+    match allowed.split_once('.') {
+        Some((k, g)) => k == kind && g == group,
+        None => allowed == kind,
+    }
 }
 
 /// One tenant of a bundle (`meta.tenants.<name>`, docs/tenants.md).
@@ -590,10 +732,7 @@ impl TenantRefusal {
         }
         let allowed = cluster_scoped
             .into_iter()
-            .any(|allowed| match allowed.split_once('.') {
-                Some((kind, group)) => kind == key.kind && group == key.group,
-                None => allowed == key.kind,
-            });
+            .any(|allowed| names_kind(allowed, &key.group, &key.kind));
         (!allowed).then_some(TenantRefusal::ClusterScoped)
     }
 }

@@ -88,15 +88,75 @@ impl ParsedClusters {
 /// Parses and cross-checks every file of the snapshot. Files parse in parallel;
 /// the result does not depend on the order they finish in.
 pub fn load(snapshot: &FleetSnapshot, diagnostics: &mut Vec<Diagnostic>) -> Fleet {
-    load_reusing(snapshot, diagnostics, None).0
+    let tenants = TenantFiles::read(snapshot);
+    load_reusing(snapshot, diagnostics, None, tenants).0
 }
 
-/// [`load`], taking the cluster files `known` holds with the same text from it;
-/// also returns the cluster files this load read without a problem.
+/// The fleet's Tenant files (`tenants/<name>.yaml`), each read once for a render:
+/// what each loads as and the problems found in it, by path.
+#[derive(Default)]
+pub struct TenantFiles {
+    files: BTreeMap<String, TenantFile>,
+}
+
+struct TenantFile {
+    /// The name and `spec.workloads` of a file that parses as a Tenant, whether or
+    /// not it passes the checks.
+    claims: Option<(String, Vec<String>)>,
+    /// The tenant, if the file has no problem.
+    tenant: Option<Tenant>,
+    diagnostics: Vec<Diagnostic>,
+}
+
+impl TenantFiles {
+    /// Reads every Tenant file of `snapshot`.
+    pub fn read(snapshot: &FleetSnapshot) -> TenantFiles {
+        let files = snapshot
+            .files
+            .iter()
+            .filter(|(path, _)| is_tenant_file(path))
+            .map(|(path, text)| {
+                let mut diagnostics = Vec::new();
+                let doc: Option<TenantDoc> = parse_kind(path, text, "Tenant", &mut diagnostics);
+                let claims = doc.as_ref().map(|doc| {
+                    let workloads = doc.spec.workloads.iter().map(|w| w.value.clone());
+                    (doc.metadata.name.clone(), workloads.collect())
+                });
+                let tenant = doc.and_then(|doc| check_tenant(path, text, doc, &mut diagnostics));
+                let file = TenantFile {
+                    claims,
+                    tenant,
+                    diagnostics,
+                };
+                (path.clone(), file)
+            })
+            .collect();
+        TenantFiles { files }
+    }
+
+    /// Each Tenant file's name and the workloads (names or globs) it claims, for a
+    /// file that parses as a Tenant even if a check of it fails.
+    pub fn claims(&self) -> impl Iterator<Item = (&str, &[String])> {
+        self.files
+            .values()
+            .filter_map(|file| file.claims.as_ref())
+            .map(|(name, workloads)| (name.as_str(), workloads.as_slice()))
+    }
+}
+
+fn is_tenant_file(path: &str) -> bool {
+    path.strip_prefix("tenants/")
+        .is_some_and(|file| !file.contains('/') && is_yaml(file))
+}
+
+/// [`load`], taking the cluster files `known` holds with the same text from it and
+/// the Tenant files from `tenants` (read from the same snapshot); also returns the
+/// cluster files this load read without a problem.
 pub fn load_reusing(
     snapshot: &FleetSnapshot,
     diagnostics: &mut Vec<Diagnostic>,
     known: Option<&ParsedClusters>,
+    tenants: TenantFiles,
 ) -> (Fleet, ParsedClusters) {
     // Each file as loaded, with the entry to keep for a cluster file read cleanly.
     let parsed: Vec<(&String, Option<ParsedCluster>, Loaded, Vec<Diagnostic>)> = snapshot
@@ -106,6 +166,10 @@ pub fn load_reusing(
             if let Some(entry) = known.and_then(|k| k.get(path, text)) {
                 let cluster = Loaded::Cluster(entry.1.clone());
                 return (path, Some(entry.clone()), cluster, Vec::new());
+            }
+            if let Some(file) = tenants.files.get(path.as_str()) {
+                // Its tenant joins the fleet below.
+                return (path, None, Loaded::Nothing, file.diagnostics.clone());
             }
             let mut found = Vec::new();
             let loaded = load_file(path, text, &mut found);
@@ -143,6 +207,9 @@ pub fn load_reusing(
             Loaded::Nothing => {}
         }
     }
+    fleet
+        .tenants
+        .extend(tenants.files.into_values().filter_map(|file| file.tenant));
     fleet.tenants.sort_by(|a, b| a.name.cmp(&b.name));
     crate::tenancy::assign(&mut fleet, diagnostics);
     if let Some(text) = snapshot.files.get(crate::tenancy::SIGNED_RULES_FILE) {
@@ -916,6 +983,16 @@ fn load_overlay(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Op
 /// names or globs, and its selector a valid one.
 fn load_tenant(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Option<Tenant> {
     let doc: TenantDoc = parse_kind(path, text, "Tenant", diagnostics)?;
+    check_tenant(path, text, doc, diagnostics)
+}
+
+/// The checks of a Tenant file that parsed: the tenant, if it passes them.
+fn check_tenant(
+    path: &str,
+    text: &str,
+    doc: TenantDoc,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Option<Tenant> {
     let before = diagnostics.len();
     check_name(
         path,

@@ -29,8 +29,9 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use flotilla_core::bundle::{
-    POD_SECURITY_LABEL, Resource, ResourceKey, SignedTenantRules, TENANT_CLUSTER_ROLE, TenantMark,
-    TenantRefusal, TenantRules, tenant_service_account,
+    BUILT_IN_CLUSTER_SCOPED, POD_SECURITY_LABEL, Resource, ResourceKey, SignedTenantRules,
+    TENANT_CLUSTER_ROLE, TENANT_VERBS, TenantMark, TenantRefusal, TenantRules, names_kind,
+    tenant_service_account,
 };
 use flotilla_core::diagnostic::Diagnostic;
 use flotilla_core::model::{Located, PodSecurityLevel};
@@ -38,6 +39,7 @@ use flotilla_core::names::glob_matches;
 use flotilla_core::snapshot::FleetSnapshot;
 
 use crate::fleet::{Cluster, Fleet, Tenant};
+use crate::scope::{CrdPlurals, crd_plural};
 
 fn any_matches(patterns: &[Located<String>], text: &str) -> bool {
     patterns.iter().any(|p| glob_matches(&p.value, text))
@@ -506,6 +508,14 @@ type BundleLists = (Vec<Arc<Resource>>, Vec<u32>);
 /// `flotilla-tenant`; and the tenant's `Namespace` objects labelled with its Pod
 /// Security level. RBAC cannot match namespace globs, hence one binding per namespace.
 ///
+/// A tenant that ships cluster-scoped objects (other than its `Namespace`s) also gets
+/// a ClusterRole `flotilla-tenant-<tenant>` on the kinds of its `spec.clusterScoped`
+/// and a ClusterRoleBinding of it to its ServiceAccount in the first (by name) of its
+/// namespaces on the cluster, the one the agent impersonates for those objects. A
+/// tenant without any namespaced object on the cluster has no ServiceAccount there:
+/// its cluster-scoped objects are then an error for the cluster, naming the Tenant
+/// file, as is a kind of `spec.clusterScoped` whose resource name cannot be known.
+///
 /// The added objects are the platform's (position [`TENANCY_POSITION`]); those of a
 /// previous render kept in `resources` are made again. `resources` are sorted by key
 /// and `resource_workloads` gives each one's workload as a position in `targeted`.
@@ -527,6 +537,8 @@ pub(crate) fn with_platform_objects(
             .and_then(|&w| fleet.workloads[w].tenant)
     };
     let mut namespaces: BTreeSet<(usize, &str)> = BTreeSet::new();
+    // Per tenant shipping cluster-scoped objects, the first of them.
+    let mut cluster_scoped: BTreeMap<usize, &ResourceKey> = BTreeMap::new();
     let mut kept = Vec::with_capacity(resources.len());
     let mut kept_workloads = Vec::with_capacity(resources.len());
     for (resource, p) in resources.iter().zip(&resource_workloads) {
@@ -542,20 +554,59 @@ pub(crate) fn with_platform_objects(
                 namespaces.insert((t, resource.key.namespace.as_str()));
                 resource.clone()
             }
+            Some(t) => {
+                // One its rules refuse is an error of its own (see `check_cluster`).
+                if refusal(&fleet.tenants[t], &resource.key).is_none() {
+                    cluster_scoped.entry(t).or_insert(&resource.key);
+                }
+                resource.clone()
+            }
             _ => resource.clone(),
         };
         kept.push(resource);
         kept_workloads.push(*p);
     }
-    if namespaces.is_empty() {
+    if namespaces.is_empty() && cluster_scoped.is_empty() {
         return Ok((kept, kept_workloads));
     }
     let mut added: Vec<Arc<Resource>> = namespaces
         .iter()
         .flat_map(|&(t, namespace)| made.of(fleet, t, namespace))
         .collect();
-    added.sort_by(|a, b| a.key.cmp(&b.key));
     let mut errors = Vec::new();
+    for (&t, first) in &cluster_scoped {
+        let tenant = &fleet.tenants[t];
+        // `namespaces` is sorted: the tenant's first namespace on the cluster.
+        let Some(&(_, namespace)) = namespaces.range((t, "")..).find(|(of, _)| *of == t) else {
+            errors.push(
+                Diagnostic::error(format!(
+                    "tenant {:?}: it ships {first} on cluster {:?} but nothing in any of its namespaces there, so it has no ServiceAccount on the cluster to apply its cluster-scoped objects as (spec.namespaces of {}: {}): ship them beside a namespaced object of the tenant's, or in a workload of the platform's",
+                    tenant.name,
+                    cluster.name,
+                    tenant.file,
+                    shown_list(&tenant.namespaces)
+                ))
+                .in_file(&tenant.file)
+                .for_cluster(&cluster.name),
+            );
+            continue;
+        };
+        match made.cluster_role(fleet, t, &kept) {
+            Ok(role) => {
+                added.push(role);
+                added.push(Arc::new(cluster_role_binding(&tenant.name, namespace)));
+            }
+            Err(unknown) => errors.extend(
+                unknown
+                    .into_iter()
+                    .map(|error| error.for_cluster(&cluster.name)),
+            ),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    added.sort_by(|a, b| a.key.cmp(&b.key));
     for object in &added {
         if let Ok(found) = kept.binary_search_by(|r| r.key.cmp(&object.key)) {
             let owner = targeted
@@ -563,7 +614,7 @@ pub(crate) fn with_platform_objects(
                 .map_or("?", |&w| fleet.workloads[w].name.as_str());
             errors.push(
                 Diagnostic::error(format!(
-                    "{} (workload {owner}) has the identity of the object flotilla adds for a tenant's namespace: the names flotilla-tenant-<tenant> of ServiceAccounts and RoleBindings are reserved (docs/tenants.md)",
+                    "{} (workload {owner}) has the identity of the object flotilla adds for a tenant: the names flotilla-tenant-<tenant> of ServiceAccounts, RoleBindings, ClusterRoles and ClusterRoleBindings are reserved (docs/tenants.md)",
                     object.key
                 ))
                 .in_file(&cluster.file)
@@ -607,13 +658,20 @@ pub(crate) fn with_platform_objects(
 pub(crate) struct PlatformObjects {
     /// Per tenant, per namespace, its ServiceAccount and RoleBinding.
     made: Vec<HashMap<String, [Arc<Resource>; 2]>>,
+    /// The plural names of the kinds the fleet's CRDs define.
+    crds: CrdPlurals,
+    /// Per tenant with `spec.clusterScoped`, its ClusterRole as the fleet's CRDs
+    /// resolve it (or the errors of the kinds they do not).
+    cluster_roles: Vec<Option<Result<Arc<Resource>, Vec<Diagnostic>>>>,
 }
 
 impl PlatformObjects {
-    /// The objects of each (tenant, namespace) among `namespaces`.
+    /// The objects of each (tenant, namespace) among `namespaces`, and each tenant's
+    /// ClusterRole, its kinds resolved with the fleet's CRDs `crds`.
     pub(crate) fn new<'a>(
         fleet: &Fleet,
         namespaces: impl IntoIterator<Item = (usize, &'a str)>,
+        crds: CrdPlurals,
     ) -> PlatformObjects {
         let mut made: Vec<HashMap<String, [Arc<Resource>; 2]>> =
             vec![HashMap::new(); fleet.tenants.len()];
@@ -625,7 +683,41 @@ impl PlatformObjects {
                 of_tenant.insert(namespace.to_string(), objects);
             }
         }
-        PlatformObjects { made }
+        let cluster_roles = fleet
+            .tenants
+            .iter()
+            .map(|tenant| {
+                (!tenant.cluster_scoped.is_empty())
+                    .then(|| tenant_cluster_role(tenant, &crds).map(Arc::new))
+            })
+            .collect();
+        PlatformObjects {
+            made,
+            crds,
+            cluster_roles,
+        }
+    }
+
+    /// The ClusterRole of tenant `t`: the one made for the render, or, if a kind of
+    /// its `spec.clusterScoped` was unknown to it (or none was made), made again with
+    /// the CRDs among the cluster's `resources` too.
+    fn cluster_role(
+        &self,
+        fleet: &Fleet,
+        t: usize,
+        resources: &[Arc<Resource>],
+    ) -> Result<Arc<Resource>, Vec<Diagnostic>> {
+        if let Some(Some(Ok(role))) = self.cluster_roles.get(t) {
+            return Ok(role.clone());
+        }
+        let mut crds = self.crds.clone();
+        crds.extend(
+            resources
+                .iter()
+                .filter(|r| r.key.kind == "CustomResourceDefinition")
+                .filter_map(|r| crd_plural(&r.value())),
+        );
+        tenant_cluster_role(&fleet.tenants[t], &crds).map(Arc::new)
     }
 
     /// The objects of tenant `t` in `namespace`: the shared ones, or made now.
@@ -693,4 +785,89 @@ fn tenant_objects(tenant: &str, namespace: &str) -> [Resource; 2] {
         Resource::new(key("", "ServiceAccount"), &account),
         Resource::new(key(RBAC, "RoleBinding"), &binding),
     ]
+}
+
+/// The ClusterRole `flotilla-tenant-<tenant>` of a tenant that ships cluster-scoped
+/// objects: the verbs [`TENANT_VERBS`] on exactly the kinds of its `spec.clusterScoped`
+/// (one rule per API group, resources sorted), each resolved to its resource name by
+/// the built-in kinds or the fleet's CRDs `crds`; `Namespace` is left out (the
+/// tenant's namespaces are applied as the agent, which labels them). A kind whose
+/// resource name cannot be known is an error at its line of the Tenant file.
+fn tenant_cluster_role(tenant: &Tenant, crds: &CrdPlurals) -> Result<Resource, Vec<Diagnostic>> {
+    let mut granted: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    let mut errors = Vec::new();
+    for allowed in &tenant.cluster_scoped {
+        let entry = allowed.value.as_str();
+        if names_kind(entry, "", "Namespace") {
+            continue;
+        }
+        let built_in = BUILT_IN_CLUSTER_SCOPED
+            .iter()
+            .filter(|(group, kind, _)| names_kind(entry, group, kind))
+            .map(|(group, _, plural)| (*group, *plural));
+        let custom = crds
+            .iter()
+            .filter(|((group, kind), _)| names_kind(entry, group, kind))
+            .map(|((group, _), plural)| (group.as_str(), plural.as_str()));
+        let mut found = false;
+        for (group, plural) in built_in.chain(custom) {
+            granted.entry(group).or_default().insert(plural);
+            found = true;
+        }
+        if !found {
+            errors.push(
+                Diagnostic::error(format!(
+                    "tenant {:?}: cannot know the resource name of {entry} (spec.clusterScoped of {}): it is neither a built-in Kubernetes kind nor one a CustomResourceDefinition of the fleet defines, so the ClusterRole {} flotilla adds for the tenant's cluster-scoped objects cannot grant it; write it as Kind.group of a CRD the fleet ships",
+                    tenant.name,
+                    tenant.file,
+                    tenant_service_account(&tenant.name)
+                ))
+                .in_file(&tenant.file)
+                .at_line(Some(allowed.referenced.line())),
+            );
+        }
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let name = tenant_service_account(&tenant.name);
+    let rules: Vec<Value> = granted
+        .iter()
+        .map(|(group, plurals)| {
+            json!({"apiGroups": [group], "resources": plurals, "verbs": TENANT_VERBS})
+        })
+        .collect();
+    let value = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name, "labels": {"flotilla.dev/tenant": tenant.name}},
+        "rules": rules,
+    });
+    let key = ResourceKey {
+        group: RBAC.into(),
+        kind: "ClusterRole".into(),
+        namespace: String::new(),
+        name,
+    };
+    Ok(Resource::new(key, &value))
+}
+
+/// The ClusterRoleBinding of tenant `tenant`'s ClusterRole to its ServiceAccount in
+/// `namespace`.
+fn cluster_role_binding(tenant: &str, namespace: &str) -> Resource {
+    let name = tenant_service_account(tenant);
+    let value = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name, "labels": {"flotilla.dev/tenant": tenant}},
+        "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+    });
+    let key = ResourceKey {
+        group: RBAC.into(),
+        kind: "ClusterRoleBinding".into(),
+        namespace: String::new(),
+        name,
+    };
+    Resource::new(key, &value)
 }

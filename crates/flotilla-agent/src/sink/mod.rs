@@ -170,12 +170,25 @@ pub fn apply_phases(bundle: &Bundle) -> Vec<Vec<&Arc<Resource>>> {
         phases[phase.min(last)].push(resource);
     }
     for phase in &mut phases {
-        // A stable sort keeps bundle order within each rank. The ServiceAccounts and
-        // RoleBindings made for tenants come first in theirs: the tenant's objects
-        // may be applied as those ServiceAccounts (`--impersonate-tenants`).
-        phase.sort_by_key(|r| (apply_rank(&r.key), !is_tenancy_object(&r.key)));
+        // A stable sort keeps bundle order within each rank.
+        phase.sort_by_key(|r| tenancy_first_rank(&r.key));
     }
     phases
+}
+
+/// [`apply_rank`], with the objects made for tenants first in theirs: the tenant's
+/// objects may be applied as its ServiceAccounts (`--impersonate-tenants`). A
+/// tenant's ClusterRole and ClusterRoleBinding come before everything, CRDs
+/// included, which may be the tenant's own (the binding needs neither the namespace
+/// nor the ServiceAccount it names to exist).
+pub(crate) fn tenancy_first_rank(key: &ResourceKey) -> (u8, bool) {
+    let tenancy = is_tenancy_object(key);
+    let rank = if tenancy && key.namespace.is_empty() {
+        0
+    } else {
+        apply_rank(key)
+    };
+    (rank, !tenancy)
 }
 
 /// Prune order: the reverse of apply order, so objects go before their namespace and
@@ -184,8 +197,7 @@ pub fn prune_order(entries: &[InventoryEntry]) -> Vec<InventoryEntry> {
     let mut ordered = entries.to_vec();
     ordered.sort_by(|a, b| {
         let (ka, kb) = (a.key(), b.key());
-        let rank = |k: &ResourceKey| (apply_rank(k), !is_tenancy_object(k));
-        (rank(&kb), kb).cmp(&(rank(&ka), ka))
+        (tenancy_first_rank(&kb), kb).cmp(&(tenancy_first_rank(&ka), ka))
     });
     ordered
 }

@@ -196,3 +196,278 @@ async fn without_the_flag_every_object_is_applied_as_the_agent() {
         fake.checks()
     );
 }
+
+/// The tenant `shop` of [`tenant_bundle`], which may also write CRDs and ClusterRoles
+/// cluster-wide, shipping one of each beside its ConfigMap, with the ClusterRole and
+/// ClusterRoleBinding `flotilla-tenant-shop` the render adds for them (when
+/// `cluster_bound`).
+fn cluster_scoped_bundle(cluster_bound: bool) -> flotilla_core::bundle::Bundle {
+    use flotilla_core::bundle::{BundleMeta, TENANCY_WORKLOAD, TenantMark};
+    use serde_json::json;
+    let verbs = json!([
+        "get", "list", "watch", "create", "update", "patch", "delete"
+    ]);
+    let mut values = vec![
+        ("base", kube_namespace("shop")),
+        ("base", kube_config_map(AGENT_NAMESPACE, "platform", "1")),
+        ("shop-web", kube_config_map("shop", "settings", "1")),
+        (
+            "shop-web",
+            crd(
+                "example.com",
+                "Widget",
+                "widgets",
+                json!([served("v1", true)]),
+            ),
+        ),
+        (
+            "shop-web",
+            object(
+                "rbac.authorization.k8s.io/v1",
+                "ClusterRole",
+                "",
+                "shop-reader",
+                json!({"rules": []}),
+            ),
+        ),
+        (
+            TENANCY_WORKLOAD,
+            object(
+                "v1",
+                "ServiceAccount",
+                "shop",
+                "flotilla-tenant-shop",
+                json!({}),
+            ),
+        ),
+        (
+            TENANCY_WORKLOAD,
+            object(
+                "rbac.authorization.k8s.io/v1",
+                "RoleBinding",
+                "shop",
+                "flotilla-tenant-shop",
+                json!({"roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "flotilla-tenant"},
+                       "subjects": [{"kind": "ServiceAccount", "name": "flotilla-tenant-shop", "namespace": "shop"}]}),
+            ),
+        ),
+    ];
+    if cluster_bound {
+        values.push((
+            TENANCY_WORKLOAD,
+            object(
+                "rbac.authorization.k8s.io/v1",
+                "ClusterRole",
+                "",
+                "flotilla-tenant-shop",
+                json!({"rules": [
+                    {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": verbs},
+                    {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "verbs": verbs},
+                ]}),
+            ),
+        ));
+        values.push((
+            TENANCY_WORKLOAD,
+            object(
+                "rbac.authorization.k8s.io/v1",
+                "ClusterRoleBinding",
+                "",
+                "flotilla-tenant-shop",
+                json!({"roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "flotilla-tenant-shop"},
+                       "subjects": [{"kind": "ServiceAccount", "name": "flotilla-tenant-shop", "namespace": "shop"}]}),
+            ),
+        ));
+    }
+    let meta = BundleMeta {
+        tenants: [(
+            "shop".to_string(),
+            TenantMark {
+                workloads: vec!["shop-web".into()],
+                namespaces: vec!["shop".into()],
+                cluster_scoped: vec![
+                    "CustomResourceDefinition.apiextensions.k8s.io".into(),
+                    "ClusterRole.rbac.authorization.k8s.io".into(),
+                ],
+            },
+        )]
+        .into(),
+        ..Default::default()
+    };
+    bundle_of_workloads("edge-tenants", values, meta)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tenants_cluster_scoped_objects_are_applied_and_pruned_as_its_service_account() {
+    let fake = cluster(None);
+    let mut sink = sink(&fake, impersonating());
+    let first = cluster_scoped_bundle(true);
+    let outcome = sink.apply(&first, &[]).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    let tenant = (TENANT_USER.to_string(), true);
+    let agent = (DEFAULT_USER.to_string(), true);
+    // The tenant's CRD and ClusterRole, as the tenant: its ClusterRole and binding
+    // were applied (by the agent) before them, CRDs included.
+    assert_eq!(
+        callers(
+            &fake,
+            "patch",
+            "customresourcedefinitions",
+            "widgets.example.com"
+        ),
+        std::slice::from_ref(&tenant)
+    );
+    assert_eq!(
+        callers(&fake, "patch", "clusterroles", "shop-reader"),
+        std::slice::from_ref(&tenant)
+    );
+    // Its Namespace stays the agent's, as do the objects made for the tenant; the
+    // agent's ClusterRole escalates (the tenant's role grants list, watch and update,
+    // which the agent does not hold) and binds it.
+    for (verb, resource, name) in [
+        ("patch", "namespaces", "shop"),
+        ("patch", "clusterroles", "flotilla-tenant-shop"),
+        ("escalate", "clusterroles", "flotilla-tenant-shop"),
+        ("patch", "clusterrolebindings", "flotilla-tenant-shop"),
+        ("bind", "clusterroles", "flotilla-tenant-shop"),
+    ] {
+        assert_eq!(
+            callers(&fake, verb, resource, name),
+            std::slice::from_ref(&agent),
+            "{verb} {resource}/{name}"
+        );
+    }
+    let order: Vec<String> = fake
+        .checks()
+        .iter()
+        .filter(|c| {
+            c.attributes.verb == "patch" && !c.attributes.name.starts_with("flotilla-inventory")
+        })
+        .map(|c| format!("{}/{}", c.attributes.resource, c.attributes.name))
+        .collect();
+    assert_eq!(
+        order[..3],
+        [
+            "clusterroles/flotilla-tenant-shop",
+            "clusterrolebindings/flotilla-tenant-shop",
+            "customresourcedefinitions/widgets.example.com"
+        ],
+        "{order:#?}"
+    );
+
+    // The drift check reads them as the tenant too.
+    let before = fake.checks().len();
+    let checked = sink.check_drift(&first).await;
+    assert!(
+        matches!(
+            checked,
+            flotilla_agent::sink::drift::DriftCheck::Checked { .. }
+        ),
+        "{checked:?}"
+    );
+    let reads: Vec<(String, bool)> = fake.checks()[before..]
+        .iter()
+        .filter(|c| c.attributes.verb == "get" && c.attributes.name == "shop-reader")
+        .map(|c| (c.user.clone(), c.rule.is_some()))
+        .collect();
+    assert_eq!(reads, std::slice::from_ref(&tenant));
+
+    // The tenant's ClusterRole leaves the bundle, and with it the last of its
+    // cluster-scoped objects (the CRD is kept: CRDs are not pruned by default): it
+    // is deleted as the tenant, before the ClusterRoleBinding and ClusterRole go.
+    let mut values: Vec<(&str, Value)> = Vec::new();
+    let meta = first.meta.as_deref().cloned().expect("meta");
+    for (resource, workload) in first.resources.iter().zip(&meta.workloads) {
+        let key = &resource.key;
+        if key.kind.starts_with("Cluster") {
+            continue;
+        }
+        values.push((workload.as_str(), resource.value()));
+    }
+    let next = bundle_of_workloads(
+        "edge-tenants",
+        values,
+        flotilla_core::bundle::BundleMeta {
+            workloads: Vec::new(),
+            ..meta.clone()
+        },
+    );
+    fake.clear_exchanges();
+    let outcome = sink.apply(&next, &prune_list(&first, &next)).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    assert!(
+        fake.get(
+            "rbac.authorization.k8s.io/v1",
+            "ClusterRole",
+            "",
+            "shop-reader"
+        )
+        .is_none()
+    );
+    let deletes: Vec<(String, String, String)> = fake
+        .checks()
+        .iter()
+        .filter(|c| c.attributes.verb == "delete")
+        .map(|c| {
+            (
+                c.user.clone(),
+                c.attributes.resource.clone(),
+                c.attributes.name.clone(),
+            )
+        })
+        .collect();
+    let delete = |user: &str, resource: &str, name: &str| {
+        (user.to_string(), resource.to_string(), name.to_string())
+    };
+    assert_eq!(
+        deletes,
+        [
+            delete(TENANT_USER, "clusterroles", "shop-reader"),
+            delete(DEFAULT_USER, "clusterrolebindings", "flotilla-tenant-shop"),
+            delete(DEFAULT_USER, "clusterroles", "flotilla-tenant-shop"),
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_its_cluster_role_binding_a_tenants_cluster_scoped_object_is_refused_not_applied_as_the_agent()
+ {
+    let fake = cluster(None);
+    let mut sink = sink(&fake, impersonating());
+    let outcome = sink.apply(&cluster_scoped_bundle(false), &[]).await;
+    assert!(!outcome.complete, "{outcome:#?}");
+    let (state, message) = line(&outcome, "ClusterRole", "shop-reader");
+    assert_eq!(state, ResourceState::Failed);
+    assert!(
+        message.contains(&format!(
+            "User \"{TENANT_USER}\" cannot patch resource \"clusterroles\""
+        )),
+        "{message}"
+    );
+    assert!(
+        fake.get(
+            "rbac.authorization.k8s.io/v1",
+            "ClusterRole",
+            "",
+            "shop-reader"
+        )
+        .is_none()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_agent_without_escalate_cannot_write_a_tenants_cluster_role() {
+    let mut rules = shipped_role("flotilla-agent")["rules"].clone();
+    if let Some(list) = rules.as_array_mut() {
+        list.retain(|rule| rule["verbs"] != serde_json::json!(["escalate", "bind"]));
+    }
+    let fake = cluster(Some(rules));
+    let mut sink = sink(&fake, impersonating());
+    let outcome = sink.apply(&cluster_scoped_bundle(true), &[]).await;
+    assert!(!outcome.complete, "{outcome:#?}");
+    let (state, message) = line(&outcome, "ClusterRole", "flotilla-tenant-shop");
+    assert_eq!(state, ResourceState::Failed);
+    assert!(
+        message.contains("is attempting to grant RBAC permissions not currently held"),
+        "{message}"
+    );
+}

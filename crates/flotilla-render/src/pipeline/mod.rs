@@ -69,13 +69,16 @@ pub(crate) fn render_inner(
     };
     let mut diagnostics = snapshot.problems.clone();
     let mut sops_secrets = Vec::new();
+    // The Tenant files, read once: which tenant owns each SOPS file, then the load.
+    let tenants = load::TenantFiles::read(snapshot);
     let opened = crate::sops::open_snapshot(
         snapshot,
         &options.sops,
+        &tenants,
         (&mut diagnostics, &mut sops_secrets),
     );
     let snapshot: &FleetSnapshot = &opened;
-    let (fleet, parsed) = load::load_reusing(snapshot, &mut diagnostics, parsed);
+    let (fleet, parsed) = load::load_reusing(snapshot, &mut diagnostics, parsed, tenants);
     let mut template_paths: Vec<&String> =
         fleet.workloads.iter().flat_map(|w| &w.templates).collect();
     // Helm values files that are templates are compiled with the manifests'.

@@ -415,11 +415,22 @@ fn judge_tenancy(
                 .iter()
                 .map(move |r| (t, r.key.namespace.as_str()))
         });
+    // The CRDs of every unit, whoever's: a tenant's ClusterRole names the resources
+    // of the custom kinds its `spec.clusterScoped` lists (a cluster's own outputs
+    // add theirs as it is assembled).
+    let crds = rendered
+        .iter()
+        .filter_map(|unit| unit.as_ref().ok())
+        .flatten()
+        .filter(|r| r.resource.key.kind == "CustomResourceDefinition")
+        .filter_map(|r| scope::crd_plural(&r.resource.value()))
+        .collect();
     let objects = PlatformObjects::new(
         fleet,
         unit_namespaces
             .chain(stencil_namespaces)
             .filter(|(_, namespace)| !namespace.is_empty()),
+        crds,
     );
     Tenancy {
         verdicts,

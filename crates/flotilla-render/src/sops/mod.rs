@@ -24,6 +24,8 @@ use std::sync::Arc;
 use flotilla_core::diagnostic::Diagnostic;
 use flotilla_core::snapshot::FleetSnapshot;
 
+use crate::load::TenantFiles;
+
 use aes_gcm::aead::consts::U32;
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::aes::Aes256;
@@ -181,29 +183,18 @@ fn read_identities(text: &str) -> Result<Vec<age::x25519::Identity>, String> {
     Ok(found)
 }
 
-/// Which tenant's workload folder holds each path, read from the fleet's Tenant
-/// files ahead of the load (which reports any problem with them).
-struct Owners {
-    tenants: Vec<(String, Vec<String>)>,
+/// Which tenant's workload folder holds each path, as the fleet's Tenant files
+/// claim workloads (read once per render, ahead of the load, which reports any
+/// problem with them).
+struct Owners<'t> {
+    tenants: Vec<(&'t str, &'t [String])>,
 }
 
-impl Owners {
-    fn of(snapshot: &FleetSnapshot) -> Owners {
-        let tenants = snapshot
-            .files
-            .iter()
-            .filter(|(path, _)| {
-                path.strip_prefix("tenants/").is_some_and(|f| {
-                    !f.contains('/') && (f.ends_with(".yaml") || f.ends_with(".yml"))
-                })
-            })
-            .filter_map(|(_, text)| {
-                let doc: flotilla_core::model::TenantDoc = serde_saphyr::from_str(text).ok()?;
-                let workloads = doc.spec.workloads.into_iter().map(|w| w.value).collect();
-                Some((doc.metadata.name, workloads))
-            })
-            .collect();
-        Owners { tenants }
+impl<'t> Owners<'t> {
+    fn of(tenants: &'t TenantFiles) -> Owners<'t> {
+        Owners {
+            tenants: tenants.claims().collect(),
+        }
     }
 
     fn owner(&self, path: &str) -> Option<&str> {
@@ -215,7 +206,7 @@ impl Owners {
                     .iter()
                     .any(|p| flotilla_core::names::glob_matches(p, workload))
             })
-            .map(|(name, _)| name.as_str())
+            .map(|(name, _)| *name)
     }
 }
 
@@ -238,11 +229,12 @@ pub enum SopsKeys {
 pub fn open_snapshot<'a>(
     snapshot: &'a FleetSnapshot,
     keys: &SopsKeys,
+    tenants: &TenantFiles,
     (diagnostics, secrets): (&mut Vec<Diagnostic>, &mut Vec<SopsSecret>),
 ) -> std::borrow::Cow<'a, FleetSnapshot> {
     let mut opened: Vec<(String, Arc<str>)> = Vec::new();
     let owners = match keys {
-        SopsKeys::Open(keys) if keys.has_tenant_keys() => Some(Owners::of(snapshot)),
+        SopsKeys::Open(keys) if keys.has_tenant_keys() => Some(Owners::of(tenants)),
         _ => None,
     };
     for (path, text) in &snapshot.files {

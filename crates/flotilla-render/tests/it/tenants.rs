@@ -160,13 +160,19 @@ fn a_cluster_scoped_kind_needs_the_tenants_leave_and_its_own_namespaces_are_allo
         error.message
     );
     assert_eq!(error.line, Some(1));
-    let allowed = with(
-        files,
-        vec![tenant(
-            "team-a",
-            "  workloads: [shop]\n  namespaces: [team-a, team-a-*]\n  clusterScoped: [ClusterRole.rbac.authorization.k8s.io]\n",
-        )],
+    // Allowed, beside a namespaced object (which gives the tenant a ServiceAccount
+    // on the cluster to apply its cluster-scoped objects as).
+    let mut more = workload(
+        "shop",
+        "north",
+        "team-a",
+        &format!("{cluster_role}---\n{}", config_map("shop")),
     );
+    more.push(tenant(
+        "team-a",
+        "  workloads: [shop]\n  namespaces: [team-a, team-a-*]\n  clusterScoped: [ClusterRole.rbac.authorization.k8s.io]\n",
+    ));
+    let allowed = with(files, more);
     let output = rendered(&allowed);
     assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
     let meta = output.bundles["north"].meta.as_ref().expect("meta");
@@ -925,5 +931,224 @@ fn with_dependencies_the_tenancy_objects_come_in_the_first_phase() {
             vec!["flotilla-tenancy".to_string(), "shop-db".into()],
             vec!["shop".into()]
         ]
+    );
+}
+
+const WIDGET_CRD: &str = "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  name: widgets.example.com\nspec:\n  group: example.com\n  scope: Cluster\n  names:\n    kind: Widget\n    plural: widgets\n  versions:\n    - name: v1\n      served: true\n      storage: true\n";
+
+/// team-a may write ClusterRoles and the fleet's Widgets (whose CRD the platform's
+/// `crds` ships to `north`), and ships one of each beside ConfigMaps in two of its
+/// namespaces.
+fn cluster_scoped_fleet(cluster_scoped: &str, shop: &str) -> Vec<(String, String)> {
+    let mut more = workload("shop", "north", "team-a", shop);
+    more.extend(workload("crds", "north", "kube-system", WIDGET_CRD));
+    more.push(tenant(
+        "team-a",
+        &format!(
+            "  workloads: [shop]\n  namespaces: [team-a, team-a-*]\n  clusterScoped: {cluster_scoped}\n"
+        ),
+    ));
+    with(base(), more)
+}
+
+const SHOP_WITH_CLUSTER_OBJECTS: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: shop\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: extra\n  namespace: team-a-x\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: shop-reader\nrules: []\n---\napiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: big\n";
+
+#[test]
+fn a_tenant_shipping_cluster_scoped_objects_gets_a_cluster_role_on_its_kinds_bound_in_its_first_namespace()
+ {
+    let files = cluster_scoped_fleet(
+        "[Widget.example.com, ClusterRole.rbac.authorization.k8s.io, Namespace]",
+        SHOP_WITH_CLUSTER_OBJECTS,
+    );
+    let output = rendered(&files);
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+    let tenancy: Vec<_> = contents(&output, "north")
+        .into_iter()
+        .filter(|row| row.0 == "flotilla-tenancy")
+        .collect();
+    assert_eq!(
+        tenancy,
+        [
+            row(
+                "flotilla-tenancy",
+                "ServiceAccount",
+                "team-a",
+                "flotilla-tenant-team-a"
+            ),
+            row(
+                "flotilla-tenancy",
+                "ServiceAccount",
+                "team-a-x",
+                "flotilla-tenant-team-a"
+            ),
+            row(
+                "flotilla-tenancy",
+                "ClusterRole",
+                "",
+                "flotilla-tenant-team-a"
+            ),
+            row(
+                "flotilla-tenancy",
+                "ClusterRoleBinding",
+                "",
+                "flotilla-tenant-team-a"
+            ),
+            row(
+                "flotilla-tenancy",
+                "RoleBinding",
+                "team-a",
+                "flotilla-tenant-team-a"
+            ),
+            row(
+                "flotilla-tenancy",
+                "RoleBinding",
+                "team-a-x",
+                "flotilla-tenant-team-a"
+            ),
+        ]
+    );
+    // Exactly the kinds of spec.clusterScoped, by resource name; not Namespace.
+    let verbs = [
+        "get", "list", "watch", "create", "update", "patch", "delete",
+    ];
+    assert_eq!(
+        value_of(
+            &output,
+            "north",
+            "ClusterRole",
+            "",
+            "flotilla-tenant-team-a"
+        ),
+        serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": "flotilla-tenant-team-a", "labels": {"flotilla.dev/tenant": "team-a"}},
+            "rules": [
+                {"apiGroups": ["example.com"], "resources": ["widgets"], "verbs": verbs},
+                {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "verbs": verbs},
+            ],
+        })
+    );
+    // Bound to the ServiceAccount in team-a, the first of its namespaces there.
+    assert_eq!(
+        value_of(
+            &output,
+            "north",
+            "ClusterRoleBinding",
+            "",
+            "flotilla-tenant-team-a"
+        ),
+        serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "flotilla-tenant-team-a", "labels": {"flotilla.dev/tenant": "team-a"}},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "flotilla-tenant-team-a"},
+            "subjects": [{"kind": "ServiceAccount", "name": "flotilla-tenant-team-a", "namespace": "team-a"}],
+        })
+    );
+    // Only agents that know these objects are served the bundle.
+    use flotilla_core::bundle::features;
+    let needs = |output: &RenderOutput| {
+        features::needed_by_body(&output.bundles["north"].canonical_body()).expect("a bundle")
+    };
+    assert_eq!(
+        needs(&output),
+        [
+            features::META,
+            features::TENANTS,
+            features::TENANT_CLUSTER_ROLES
+        ]
+    );
+    // Without the ConfigMap in team-a, the binding moves to team-a-x.
+    let moved = cluster_scoped_fleet(
+        "[Widget.example.com, ClusterRole]",
+        &SHOP_WITH_CLUSTER_OBJECTS
+            .replace("  name: shop\n", "  name: shop\n  namespace: team-a-x\n"),
+    );
+    let output = rendered(&moved);
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+    assert_eq!(
+        value_of(
+            &output,
+            "north",
+            "ClusterRoleBinding",
+            "",
+            "flotilla-tenant-team-a"
+        )["subjects"][0]["namespace"],
+        "team-a-x"
+    );
+    // A tenant with only namespaced objects gets neither.
+    let namespaced_only = cluster_scoped_fleet("[ClusterRole]", &config_map("shop"));
+    let output = rendered(&namespaced_only);
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+    assert_eq!(needs(&output), [features::META, features::TENANTS]);
+    assert!(
+        !contents(&output, "north")
+            .iter()
+            .any(|row| row.1.starts_with("Cluster")),
+        "{:#?}",
+        contents(&output, "north")
+    );
+}
+
+#[test]
+fn a_tenants_cluster_scoped_objects_without_a_namespace_of_its_on_the_cluster_are_an_error() {
+    let only_cluster_scoped = "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: shop-reader\nrules: []\n";
+    let files = cluster_scoped_fleet(
+        "[ClusterRole.rbac.authorization.k8s.io]",
+        only_cluster_scoped,
+    );
+    let error = only_error(&rendered(&files), "north");
+    assert_eq!(error.file.as_deref(), Some("tenants/team-a.yaml"));
+    assert_eq!(
+        error.message,
+        "tenant \"team-a\": it ships ClusterRole.rbac.authorization.k8s.io/shop-reader on cluster \"north\" but nothing in any of its namespaces there, so it has no ServiceAccount on the cluster to apply its cluster-scoped objects as (spec.namespaces of tenants/team-a.yaml: team-a, team-a-*): ship them beside a namespaced object of the tenant's, or in a workload of the platform's"
+    );
+}
+
+#[test]
+fn a_cluster_scoped_kind_whose_resource_name_cannot_be_known_is_an_error_at_its_line() {
+    let files = cluster_scoped_fleet(
+        "\n    - ClusterRole\n    - Gadget.example.com\n",
+        SHOP_WITH_CLUSTER_OBJECTS
+            .replace("kind: Widget", "kind: Gadget")
+            .as_str(),
+    );
+    let error = only_error(&rendered(&files), "north");
+    assert_eq!(error.file.as_deref(), Some("tenants/team-a.yaml"));
+    assert_eq!(error.line, Some(10));
+    assert!(
+        error.message.starts_with(
+            "tenant \"team-a\": cannot know the resource name of Gadget.example.com (spec.clusterScoped of tenants/team-a.yaml): it is neither a built-in Kubernetes kind nor one a CustomResourceDefinition of the fleet defines"
+        ),
+        "{}",
+        error.message
+    );
+}
+
+#[test]
+fn a_fleet_object_named_as_a_tenants_cluster_role_is_an_error() {
+    let mut files = cluster_scoped_fleet(
+        "[ClusterRole, Widget.example.com]",
+        SHOP_WITH_CLUSTER_OBJECTS,
+    );
+    files = with(
+        files,
+        workload(
+            "crds",
+            "north",
+            "kube-system",
+            &format!(
+                "{WIDGET_CRD}---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: flotilla-tenant-team-a\nrules: []\n"
+            ),
+        ),
+    );
+    let error = only_error(&rendered(&files), "north");
+    assert!(
+        error.message.starts_with(
+            "ClusterRole.rbac.authorization.k8s.io/flotilla-tenant-team-a (workload crds) has the identity of the object flotilla adds for a tenant"
+        ),
+        "{}",
+        error.message
     );
 }

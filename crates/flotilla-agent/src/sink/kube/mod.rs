@@ -48,7 +48,10 @@ use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::Value;
 use tokio::time::Instant;
 
-use super::{ApplyOutcome, Sink, StopSignal, apply_order, apply_rank, with_flotilla_metadata};
+use super::{
+    ApplyOutcome, Sink, StopSignal, apply_order, apply_rank, tenancy_first_rank,
+    with_flotilla_metadata,
+};
 use crate::cache::InventoryEntry;
 use discovery::{Discovery, Found};
 use failure::{ApiStatus, Failure, SERVER_ERRORS_BEFORE_STOP};
@@ -288,10 +291,15 @@ const IMPERSONATE_USER: &str = "impersonate-user";
 /// tenant's namespaced resource is applied as the tenant's ServiceAccount in its
 /// namespace, `system:serviceaccount:<namespace>:flotilla-tenant-<tenant>`, which
 /// the bundle creates there (bound to the ClusterRole `flotilla-tenant`), so that
-/// the API server itself keeps the tenant within what that role allows. Everything
-/// else is applied as the agent: the platform's resources, and a tenant's
-/// cluster-scoped ones (a RoleBinding cannot grant cluster-scoped rights; the kinds
-/// `spec.clusterScoped` allows are checked before, by the agent's tenant check).
+/// the API server itself keeps the tenant within what that role allows. A tenant's
+/// cluster-scoped resources (its `Namespace`s aside) are applied as its
+/// ServiceAccount in the first namespace the bundle gives it one in, which the
+/// bundle's ClusterRoleBinding `flotilla-tenant-<tenant>` binds to the ClusterRole
+/// of the same name on the kinds of `spec.clusterScoped`. A bundle without that
+/// ServiceAccount (a hub older than this agent) still names one, in the first of the
+/// tenant's namespaces: without a binding, the API server refuses it. Everything else
+/// is applied as the agent: the platform's resources, and the tenant's `Namespace`
+/// objects (the platform sets their Pod Security level).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Users(Arc<HashMap<ResourceKey, Arc<str>>>);
 
@@ -309,16 +317,37 @@ impl Users {
                     .map(move |w| (w.as_str(), tenant.as_str()))
             })
             .collect();
+        let cluster_namespace = |tenant: &str| -> String {
+            crate::tenancy::cluster_binding_namespace(bundle, tenant)
+                .or_else(|| {
+                    meta.tenants
+                        .get(tenant)
+                        .and_then(|mark| mark.namespaces.first())
+                        .map(String::as_str)
+                })
+                .unwrap_or(tenant)
+                .to_string()
+        };
+        let mut cluster_namespaces: HashMap<&str, String> = HashMap::new();
         let users = bundle
             .resources
             .iter()
             .zip(&meta.workloads)
-            .filter(|(resource, _)| !resource.key.namespace.is_empty())
+            .filter(|(resource, _)| {
+                let key = &resource.key;
+                !(key.namespace.is_empty() && key.group.is_empty() && key.kind == "Namespace")
+            })
             .filter_map(|(resource, workload)| {
-                let tenant = tenant_of.get(workload.as_str())?;
+                let tenant: &str = tenant_of.get(workload.as_str())?;
+                let namespace = match resource.key.namespace.as_str() {
+                    "" => cluster_namespaces
+                        .entry(tenant)
+                        .or_insert_with(|| cluster_namespace(tenant))
+                        .clone(),
+                    namespace => namespace.to_string(),
+                };
                 let user = format!(
-                    "system:serviceaccount:{}:{}",
-                    resource.key.namespace,
+                    "system:serviceaccount:{namespace}:{}",
                     tenant_service_account(tenant)
                 );
                 Some(((*resource.key).clone(), Arc::from(user)))
@@ -909,17 +938,20 @@ impl Run {
         resources: &[&Arc<Resource>],
         defined: &mut HashSet<(String, String)>,
     ) -> Vec<Line> {
+        // A tenant's ClusterRole and ClusterRoleBinding come first, with the CRDs: a
+        // CRD may be the tenant's, applied as it (`--impersonate-tenants`).
         let (definitions, others): (Vec<&Arc<Resource>>, Vec<&Arc<Resource>>) = resources
             .iter()
             .copied()
-            .partition(|r| apply_rank(&r.key) == 0);
+            .partition(|r| tenancy_first_rank(&r.key).0 == 0);
         let mut lines = Vec::with_capacity(resources.len());
         let mut waiting = Vec::new();
         for resource in &definitions {
             let (line, live) = self
                 .apply_one(ledger, bundle, resource, &HashSet::new())
                 .await;
-            if live.as_ref().is_some_and(|live| !is_established(live)) {
+            let is_crd = apply_rank(&resource.key) == 0;
+            if is_crd && live.as_ref().is_some_and(|live| !is_established(live)) {
                 waiting.push(lines.len());
             }
             lines.push(line);
@@ -942,7 +974,7 @@ impl Run {
             definitions
                 .iter()
                 .zip(&lines)
-                .filter(|(_, line)| !line.apply_error)
+                .filter(|(r, line)| !line.apply_error && apply_rank(&r.key) == 0)
                 .flat_map(|(crd, _)| {
                     let crd = crd.value();
                     let spec = &crd["spec"];
