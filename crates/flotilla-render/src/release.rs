@@ -522,7 +522,8 @@ impl ReleaseCache {
     }
 
     /// The release of `workload` for `cluster`, with `values` the user's values
-    /// merged for it.
+    /// merged for it; and whether it is the cluster's own (a chart that generated a
+    /// value), not to be shared with other clusters of the same input.
     pub fn render(
         &self,
         settings: &ReleaseSettings<'_>,
@@ -530,25 +531,35 @@ impl ReleaseCache {
         cluster: &str,
         values: &Map<String, Json>,
         capabilities: &Capabilities,
-    ) -> Outcome {
+    ) -> (Outcome, bool) {
         let Some(chart) = &release.chart else {
-            return Err(Diagnostic::error(format!(
+            let error = Diagnostic::error(format!(
                 "the chart {} could not be read (reported above)",
                 release.chart_path
-            )));
+            ));
+            return (Err(error), false);
         };
-        if !self.without_stencils
-            && chart.takes_sites()
-            && let Some(output) =
-                self.fill_from_stencil(settings, (workload, release, chart), values, capabilities)
-        {
-            return Ok(output);
-        }
         let key = input_key(workload, values, capabilities);
         let cell = {
             let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
             Arc::clone(entries.entry(key).or_default())
         };
+        // The first cluster with these values fills them in from a stencil where it
+        // can; the others share its output, as they share a rendered one.
+        if cell.get().is_none()
+            && !self.without_stencils
+            && chart.takes_sites()
+            && let Some(output) =
+                self.fill_from_stencil(settings, (workload, release, chart), values, capabilities)
+        {
+            let entry = cell.get_or_init(|| Entry {
+                outcome: Ok(output),
+                generated: false,
+            });
+            if !entry.generated {
+                return (entry.outcome.clone(), false);
+            }
+        }
         let mut mine: Option<Outcome> = None;
         let entry = cell.get_or_init(|| {
             let (outcome, generated) = self.render_one(
@@ -561,7 +572,7 @@ impl ReleaseCache {
             mine = Some(outcome.clone());
             Entry { outcome, generated }
         });
-        match (mine, entry.generated) {
+        let outcome = match (mine, entry.generated) {
             (Some(outcome), _) => outcome,
             (None, false) => entry.outcome.clone(),
             (None, true) => {
@@ -574,7 +585,8 @@ impl ReleaseCache {
                 )
                 .0
             }
-        }
+        };
+        (outcome, entry.generated)
     }
 
     /// The release for `values` filled in from a stencil, when it differs from its

@@ -53,7 +53,17 @@ struct HelmContext<'a> {
     /// The capabilities of every cluster whose file names no `spec.kubernetes`,
     /// made once for the render.
     default_capabilities: helm::render::Capabilities,
+    /// The release of each (workload, overlays) whose values are merged from static
+    /// files and overlays only, for clusters with the default capabilities: the same
+    /// input for every such cluster, so its output is looked up here before the
+    /// values are merged and keyed (kept only when it does not depend on the
+    /// cluster, as a generating chart's does).
+    by_overlays: std::sync::Mutex<ReleasesByOverlays>,
 }
+
+/// A release output by its workload and the overlays that apply to it.
+type ReleasesByOverlays =
+    std::collections::HashMap<(usize, Vec<usize>), Arc<release::ReleaseOutput>>;
 
 pub(crate) fn render_inner(
     snapshot: &FleetSnapshot,
@@ -134,6 +144,7 @@ pub(crate) fn render_inner(
         },
         release_template,
         default_capabilities: release::capabilities(None, fleet.settings.kubernetes.as_ref()),
+        by_overlays: Default::default(),
     };
     let first_template: Vec<usize> = fleet
         .workloads

@@ -217,6 +217,14 @@ fn render_release(
     overlays: &[usize],
 ) -> Result<Arc<release::ReleaseOutput>, Diagnostic> {
     let workload = &fleet.workloads[index];
+    let static_input = cluster.kubernetes.is_none()
+        && release
+            .values_files
+            .iter()
+            .all(|f| matches!(f, release::ValuesFile::Static { .. }));
+    if static_input && let Some(output) = lock(&helm.by_overlays).get(&(index, overlays.to_vec())) {
+        return Ok(Arc::clone(output));
+    }
     // The context of the `.j2` values files, made once for all of them.
     let mut context: Option<minijinja::Value> = None;
     let mut values = Map::new();
@@ -264,13 +272,25 @@ fn render_release(
             &own
         }
     };
-    helm.cache.render(
+    let (outcome, per_cluster) = helm.cache.render(
         &helm.settings,
         (&workload.name, release),
         &cluster.name,
         &values,
         capabilities,
-    )
+    );
+    if static_input
+        && !per_cluster
+        && let Ok(output) = &outcome
+    {
+        lock(&helm.by_overlays).insert((index, overlays.to_vec()), Arc::clone(output));
+    }
+    outcome
+}
+
+/// A lock, whatever a panicking holder left behind.
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn merged_vars(
