@@ -176,7 +176,7 @@ pub struct Fleet {
     pub settings: FleetSettings,
     /// Which overlays name each cluster and group, made on first use (the overlays
     /// are not changed once the fleet is loaded).
-    pub overlay_index: std::sync::OnceLock<crate::select::OverlayIndex>,
+    pub overlay_index: std::sync::OnceLock<OverlayIndex>,
 }
 
 /// A workload's Helm release as read from the fleet.
@@ -207,4 +207,49 @@ pub enum ValuesFile {
     },
     /// A `.j2` file, rendered per cluster, then parsed.
     Template { path: String },
+}
+
+/// Which overlays name each cluster and each group, and which select by labels, so
+/// that finding a cluster's overlays costs the overlays that name it (and the label
+/// selectors), not a look at every overlay: with an overlay per cluster that was
+/// clusters × overlays.
+#[derive(Debug, Default)]
+pub struct OverlayIndex {
+    pub by_cluster: std::collections::HashMap<String, Vec<usize>>,
+    pub by_group: std::collections::HashMap<String, Vec<usize>>,
+    pub by_selector: Vec<usize>,
+}
+
+impl OverlayIndex {
+    fn of(overlays: &[Overlay]) -> OverlayIndex {
+        let mut index = OverlayIndex::default();
+        for (o, overlay) in overlays.iter().enumerate() {
+            for name in &overlay.clusters {
+                index
+                    .by_cluster
+                    .entry(name.value.clone())
+                    .or_default()
+                    .push(o);
+            }
+            for name in &overlay.groups {
+                index
+                    .by_group
+                    .entry(name.value.clone())
+                    .or_default()
+                    .push(o);
+            }
+            if overlay.cluster_selector.is_some() {
+                index.by_selector.push(o);
+            }
+        }
+        index
+    }
+}
+
+impl Fleet {
+    /// The fleet's [`OverlayIndex`], made on first use.
+    pub fn overlay_index(&self) -> &OverlayIndex {
+        self.overlay_index
+            .get_or_init(|| OverlayIndex::of(&self.overlays))
+    }
 }

@@ -4,7 +4,6 @@
 
 use flotilla_core::diagnostic::Diagnostic;
 use flotilla_core::model::Target;
-use std::collections::HashMap;
 
 use crate::RenderOptions;
 use crate::fleet::{Cluster, Fleet, Overlay, Workload};
@@ -64,49 +63,10 @@ pub(crate) fn targets(target: &Target, cluster: &Cluster, groups: &[usize], flee
         .is_some_and(|selector| selector.matches(&cluster.labels))
 }
 
-/// Which overlays name each cluster and each group, and which select by labels, so
-/// that finding a cluster's overlays costs the overlays that name it (and the label
-/// selectors), not a look at every overlay: with an overlay per cluster that was
-/// clusters × overlays.
-#[derive(Debug, Default)]
-pub struct OverlayIndex {
-    by_cluster: HashMap<String, Vec<usize>>,
-    by_group: HashMap<String, Vec<usize>>,
-    by_selector: Vec<usize>,
-}
-
-impl OverlayIndex {
-    fn of(overlays: &[Overlay]) -> OverlayIndex {
-        let mut index = OverlayIndex::default();
-        for (o, overlay) in overlays.iter().enumerate() {
-            for name in &overlay.clusters {
-                index
-                    .by_cluster
-                    .entry(name.value.clone())
-                    .or_default()
-                    .push(o);
-            }
-            for name in &overlay.groups {
-                index
-                    .by_group
-                    .entry(name.value.clone())
-                    .or_default()
-                    .push(o);
-            }
-            if overlay.cluster_selector.is_some() {
-                index.by_selector.push(o);
-            }
-        }
-        index
-    }
-}
-
 /// The overlays that select a cluster (see [`overlay_selects`]), in the fleet's
 /// order.
 pub(crate) fn selecting_overlays(fleet: &Fleet, cluster: &Cluster, groups: &[usize]) -> Vec<usize> {
-    let index = fleet
-        .overlay_index
-        .get_or_init(|| OverlayIndex::of(&fleet.overlays));
+    let index = fleet.overlay_index();
     let mut selecting: Vec<usize> = index
         .by_cluster
         .get(&cluster.name)
