@@ -80,6 +80,8 @@ fn comparable(mut report: Value) -> Value {
     // The Helm charts of the served render are what the hub rendered; the database
     // does not keep them.
     object.remove("charts");
+    // So is the served commit's subject and author, which the hub reads from Git.
+    object.remove("commit");
     // A hub's settling after it started on a new store is its own: the database does
     // not record when a hub started.
     if let Some(rollouts) = object.get_mut("rollouts").and_then(Value::as_array_mut) {

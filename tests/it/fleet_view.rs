@@ -960,15 +960,25 @@ async fn drift_is_a_flag_beside_the_state_in_the_api_the_status_command_and_the_
     scene.stop().await;
 }
 
-/// Logs in to the web page with `token`; the session's cookie.
+/// Logs in to the web page with `token`; the session's cookie. A token made beside
+/// the running hub is taken once the hub looks for new tokens again (it does so at
+/// most every 250 ms), so a refused login is tried again a few times.
 async fn web_session(scene: &Scene, web: &reqwest::Client, token: &str) -> String {
     let origin = scene.hub.as_ref().expect("hub").base.clone();
-    let ok = send(
-        web.post(scene.url("/ui/login"))
-            .header("origin", &origin)
-            .form(&[("token", token)]),
-    )
-    .await;
+    let mut tries = 0;
+    let ok = loop {
+        let answer = send(
+            web.post(scene.url("/ui/login"))
+                .header("origin", &origin)
+                .form(&[("token", token)]),
+        )
+        .await;
+        tries += 1;
+        if answer.status != 401 || tries == 5 {
+            break answer;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    };
     assert_eq!(ok.status, 303, "{}", ok.body);
     ok.cookie
         .expect("a session cookie")
