@@ -1027,7 +1027,7 @@ mod tests {
         let commit = |n: usize| CommitSummary {
             revision: format!("main@sha1:{n}"),
             subject: format!("change {n}"),
-            author: "Ada".into(),
+            author: "platform team".into(),
             author_email: "ada@example.invalid".into(),
         };
         let mut status = RenderStatus {

@@ -321,7 +321,8 @@ mod tests {
                     .expect("tree"),
             )
             .expect("tree");
-        let author = git2::Signature::now("Ada Platform", "ada@example.invalid").expect("sig");
+        let author =
+            git2::Signature::now("platform team", "platform@example.invalid").expect("sig");
         let committer = git2::Signature::now("a bot", "bot@example.invalid").expect("sig");
         let commit = |message: &str| {
             repo.commit(None, &author, &committer, message, &tree, &[])
@@ -337,7 +338,7 @@ mod tests {
             text,
             CommitText {
                 subject: "Raise the shop's replicas".into(),
-                author: "Ada Platform".into(),
+                author: "platform team".into(),
                 author_email: "ada@example.invalid".into(),
             }
         );
