@@ -339,7 +339,7 @@ mod tests {
             CommitText {
                 subject: "Raise the shop's replicas".into(),
                 author: "platform team".into(),
-                author_email: "ada@example.invalid".into(),
+                author_email: "platform@example.invalid".into(),
             }
         );
         let long =
