@@ -1028,7 +1028,7 @@ mod tests {
             revision: format!("main@sha1:{n}"),
             subject: format!("change {n}"),
             author: "platform team".into(),
-            author_email: "ada@example.invalid".into(),
+            author_email: "platform@example.invalid".into(),
         };
         let mut status = RenderStatus {
             served_revision: Some("main@sha1:1".into()),
