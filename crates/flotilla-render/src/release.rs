@@ -627,7 +627,7 @@ impl ReleaseCache {
             *place_in(&mut skeleton, path)? = Json::String(sites::stand_in(index));
         }
         let written = serde_json::to_string(&skeleton).unwrap_or_default();
-        let key = input_key(workload, &skeleton, capabilities);
+        let key = input_key_of(workload, &written, capabilities);
         let cell = {
             let mut stencils = self.stencils.lock().unwrap_or_else(|e| e.into_inner());
             Arc::clone(stencils.entry(key).or_default())
@@ -652,18 +652,11 @@ impl ReleaseCache {
         let mut strings: Vec<String> = sites.iter().map(|(_, value)| value.to_string()).collect();
         for text in &stencil.derived {
             let text = sites::substitute(text, &strings)?;
-            let hashed = crate::helm::funcs::lookup("sha256sum")?(
-                &mut SeededHost::new(settings, "", release),
-                &[Value::string(text)],
-            )
-            .ok()?;
-            let Value::String(hashed) = hashed else {
-                return None;
-            };
+            let hashed = crate::helm::funcs::sha256_hex(&text);
             if !site_value(&hashed) {
                 return None;
             }
-            strings.push(hashed.to_string());
+            strings.push(hashed);
         }
         self.filled
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -835,10 +828,16 @@ fn render_documents(
 
 /// What identifies one release's input: the workload, the values, the capabilities.
 fn input_key(workload: &str, values: &Map<String, Json>, capabilities: &Capabilities) -> [u8; 32] {
+    let written = serde_json::to_string(values).unwrap_or_default();
+    input_key_of(workload, &written, capabilities)
+}
+
+/// [`input_key`] of values already written as JSON.
+fn input_key_of(workload: &str, values: &str, capabilities: &Capabilities) -> [u8; 32] {
     let mut hasher = Sha256::new();
     for part in [
         workload.as_bytes(),
-        serde_json::to_string(values).unwrap_or_default().as_bytes(),
+        values.as_bytes(),
         capabilities.kube_version.as_bytes(),
         capabilities.api_versions.join(",").as_bytes(),
     ] {
