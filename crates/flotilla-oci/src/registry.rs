@@ -683,11 +683,7 @@ mod tests {
                 get(
                     move |headers: HeaderMap,
                           query: axum::extract::Query<BTreeMap<String, String>>| async move {
-                        let basic = Credentials {
-                            username: "robot".into(),
-                            password: "pw".into(),
-                        }
-                        .basic();
+                        let basic = robot().expect("some").basic();
                         let given = headers.get("authorization").and_then(|v| v.to_str().ok());
                         if given != Some(basic.as_str())
                             || query.get("scope").map(String::as_str)
