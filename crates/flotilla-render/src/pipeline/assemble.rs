@@ -315,8 +315,11 @@ pub(super) fn assemble(
             of_units.chain(of_own),
         ));
     }
-    done.errors
-        .extend(secret_values_in_metadata(&ranked, &cluster.name));
+    done.errors.extend(secret_values_in_metadata(
+        &ranked,
+        &cluster.name,
+        units.context,
+    ));
     done.errors
         .extend(unsealed_secrets(fleet, cluster, &ranked));
     if !units.context.sops_secrets.is_empty() {
@@ -340,7 +343,7 @@ pub(super) fn assemble(
         .filter(|(_, repeated)| !repeated)
         .map(|((_, item, workload), _)| {
             let resource = match sealing {
-                Some(sealing) => sealed(&item.resource, sealing),
+                Some(sealing) => sealed(&item.resource, sealing, units.context.secrets),
                 None => item.resource.clone(),
             };
             (resource, position(workload))
@@ -543,14 +546,17 @@ fn field_holding(value: &serde_json::Value, escaped: &str) -> Option<String> {
 /// `resource` with its values sealed to the cluster's agent when it is a Secret.
 fn sealed(
     resource: &Arc<Resource>,
-    sealing: (&crate::seal::Sealer, &crate::seal::AgentKey),
+    (sealer, recipient): (&crate::seal::Sealer, &crate::seal::AgentKey),
+    secrets: &super::units::SecretMemo,
 ) -> Arc<Resource> {
     if resource.key.kind != "Secret" || !resource.key.group.is_empty() {
         return resource.clone();
     }
-    let value = resource.value();
-    match crate::seal::seal_secret(&value, sealing, &resource.key.to_string()) {
-        Some(sealed) => Arc::new(Resource::new((*resource.key).clone(), &sealed)),
+    match &secrets.facts(resource, true).prepared {
+        Some(prepared) => Arc::new(Resource {
+            key: resource.key.clone(),
+            canonical: sealer.seal_prepared(prepared, recipient).into_boxed_slice(),
+        }),
         None => resource.clone(),
     }
 }
@@ -559,13 +565,18 @@ fn sealed(
 /// values (`kubectl.kubernetes.io/last-applied-configuration` copied from a cluster,
 /// say): diffs and the web page hide them, but they reach the cluster and anyone who
 /// can read the Secret's metadata there.
-fn secret_values_in_metadata(ranked: &[Ranked<'_>], cluster: &str) -> Vec<Diagnostic> {
+fn secret_values_in_metadata(
+    ranked: &[Ranked<'_>],
+    cluster: &str,
+    context: &super::units::UnitContext<'_>,
+) -> Vec<Diagnostic> {
     ranked
         .iter()
         .filter(|(_, item, _)| item.resource.key.kind == "Secret" && item.resource.key.group.is_empty())
         .filter_map(|(_, item, _)| {
-            let found = flotilla_core::secret::revealing_metadata(&item.resource.value());
-            let names: Vec<String> = found
+            let facts = context.secrets.facts(&item.resource, context.sealer.is_some());
+            let names: Vec<String> = facts
+                .revealing
                 .iter()
                 .map(|(map, key)| format!("{} {key:?}", map.trim_end_matches('s')))
                 .collect();

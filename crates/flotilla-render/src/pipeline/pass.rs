@@ -224,6 +224,7 @@ pub(super) fn render_clusters(
         return Passed::Stopped;
     }
     let metas = super::units::MetaCache::default();
+    let secrets = super::units::SecretMemo::default();
     let context = UnitContext {
         metas: &metas,
         fleet,
@@ -232,6 +233,7 @@ pub(super) fn render_clusters(
         patch_limits,
         max_resource_bytes: limits.max_resource_bytes,
         sealer,
+        secrets: &secrets,
         sops_secrets,
     };
     let (rendered, matched): (Vec<UnitResult>, Vec<Vec<(usize, usize)>>) = units

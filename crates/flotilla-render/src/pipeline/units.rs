@@ -283,6 +283,48 @@ impl MetaCache {
     }
 }
 
+/// What assembling a cluster learns from each distinct Secret, worked out once per
+/// pass however many clusters hold it: the metadata entries that repeat its values,
+/// and, when the pass seals, its [`crate::seal::Prepared`] parts.
+#[derive(Default)]
+pub(super) struct SecretMemo(Mutex<std::collections::HashMap<Box<[u8]>, Arc<SecretFacts>>>);
+
+/// See [`SecretMemo`].
+pub(super) struct SecretFacts {
+    key: Arc<flotilla_core::bundle::ResourceKey>,
+    pub(super) revealing: Vec<(&'static str, String)>,
+    pub(super) prepared: Option<crate::seal::Prepared>,
+}
+
+impl SecretMemo {
+    /// The facts of `resource`, a core Secret; its preparation for sealing only when
+    /// `sealing`, which is the same for every call of one pass.
+    pub(super) fn facts(&self, resource: &Resource, sealing: bool) -> Arc<SecretFacts> {
+        let memo = |map: &std::collections::HashMap<Box<[u8]>, Arc<SecretFacts>>| {
+            map.get(&*resource.canonical)
+                .filter(|facts| facts.key == resource.key)
+                .cloned()
+        };
+        if let Some(found) = memo(&self.0.lock().unwrap_or_else(|e| e.into_inner())) {
+            return found;
+        }
+        let value = resource.value();
+        let facts = Arc::new(SecretFacts {
+            key: resource.key.clone(),
+            revealing: flotilla_core::secret::revealing_metadata(&value),
+            prepared: sealing
+                .then(|| crate::seal::Prepared::new(&value, &resource.key.to_string()))
+                .flatten(),
+        });
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(resource.canonical.clone())
+            .or_insert_with(|| facts.clone());
+        facts
+    }
+}
+
 pub(super) struct UnitContext<'a> {
     pub(super) metas: &'a MetaCache,
     pub(super) fleet: &'a Fleet,
@@ -291,6 +333,7 @@ pub(super) struct UnitContext<'a> {
     pub(super) patch_limits: &'a PatchLimits,
     pub(super) max_resource_bytes: usize,
     pub(super) sealer: Option<&'a crate::seal::Sealer>,
+    pub(super) secrets: &'a SecretMemo,
     pub(super) sops_secrets: &'a [crate::sops::SopsSecret],
 }
 

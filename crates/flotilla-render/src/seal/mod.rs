@@ -13,11 +13,16 @@
 //! its file key, ephemeral key and nonce from the operating system: a render must be
 //! a pure function of the commit and the hub's secrets, or every render would roll
 //! every cluster. Those three values are derived (HKDF-SHA256) from the sealing key —
-//! itself derived from the hub's seed, which only the hub's store holds — over the
-//! recipient, the resource's identity and the plain text. The same Secret for the same
-//! agent seals to the same bytes on every render and every hub sharing the store; a
-//! changed value, another Secret or another agent gives unrelated bytes; and nobody
-//! without the store can recompute a sealing to test a guessed value against it.
+//! itself derived from the hub's seed, which only the hub's store holds. The file key
+//! and the ephemeral key are derived over the recipient alone, so one agent's Secrets
+//! share one age header (the X25519 stanza and its MAC), worked out once per agent and
+//! kept for the life of the process ([`Sealer::header`]); the payload nonce is derived
+//! over the recipient, the resource's identity and the plain text, so each Secret's
+//! payload has a key of its own (age derives it from the file key and that nonce). The
+//! same Secret for the same agent seals to the same bytes on every render and every
+//! hub sharing the store; a changed value or another Secret gives an unrelated nonce
+//! and payload, another agent or hub unrelated bytes throughout; and nobody without
+//! the store can recompute a sealing to test a guessed value against it.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
@@ -27,6 +32,8 @@ use hkdf::Hkdf;
 use hmac::{Hmac, Mac};
 use serde_json::{Map, Value};
 use sha2::Sha256;
+use std::collections::HashMap;
+use std::sync::Arc;
 
 /// The field of a sealed `Secret` that replaces its `data` and `stringData`.
 pub const SEALED_FIELD: &str = flotilla_core::bundle::SEALED_SECRET_FIELD;
@@ -40,6 +47,22 @@ pub struct Sealer {
     key: [u8; 32],
 }
 
+/// The age header one hub writes for one agent: its file key and the header's bytes
+/// (version line, X25519 stanza, MAC), ending in a newline.
+struct Header {
+    file_key: [u8; 16],
+    bytes: Vec<u8>,
+}
+
+/// Headers worked out in this process, by sealing key and recipient: a pure
+/// function's results, so a render process kept between commits does each agent's
+/// two X25519 operations once. Cleared when it reaches [`HEADERS_KEPT`] entries.
+static HEADERS: std::sync::Mutex<Option<Headers>> = std::sync::Mutex::new(None);
+/// Headers by (sealing key, recipient).
+type Headers = HashMap<([u8; 32], [u8; 32]), Arc<Header>>;
+/// At most this many headers are kept (about 250 bytes each).
+const HEADERS_KEPT: usize = 200_000;
+
 impl Sealer {
     /// The sealer of the hub whose seed (the store's, never the public one) is `seed`.
     pub fn from_hub_seed(seed: &[u8; 32]) -> Sealer {
@@ -50,25 +73,61 @@ impl Sealer {
         }
     }
 
-    /// An age v1 file (binary) of `plain` for `recipient`, every random value of
-    /// which is derived from the sealing key, the recipient, `identity` and `plain`.
+    /// An age v1 file (binary) of `plain` for `recipient`: the recipient's header,
+    /// then a payload whose nonce is derived from the sealing key, the recipient,
+    /// `identity` and `plain`.
     pub fn seal(&self, recipient: &AgentKey, identity: &str, plain: &[u8]) -> Vec<u8> {
-        let mut input = Vec::with_capacity(48 + identity.len() + plain.len());
-        for part in [&recipient.0[..], identity.as_bytes(), plain] {
-            input.extend_from_slice(&(part.len() as u64).to_be_bytes());
-            input.extend_from_slice(part);
+        let header = self.header(recipient);
+        let mut nonce = [0u8; 16];
+        Hkdf::<Sha256>::new(
+            Some(&self.key),
+            &length_prefixed(&[&recipient.0[..], identity.as_bytes(), plain]),
+        )
+        .expand(b"payload nonce", &mut nonce)
+        .expect("a short output");
+        let mut out = Vec::with_capacity(header.bytes.len() + 16 + plain.len() + 16);
+        out.extend_from_slice(&header.bytes);
+        payload(&mut out, &header.file_key, &nonce, plain);
+        out
+    }
+
+    /// The header of every file sealed to `recipient`, from this process's memo or
+    /// worked out (file key and ephemeral secret derived from the sealing key and the
+    /// recipient).
+    fn header(&self, recipient: &AgentKey) -> Arc<Header> {
+        let memo_key = (self.key, recipient.0);
+        let kept = |memo: &Option<Headers>| memo.as_ref().and_then(|m| m.get(&memo_key).cloned());
+        if let Some(found) = kept(&HEADERS.lock().unwrap_or_else(|e| e.into_inner())) {
+            return found;
         }
-        let derived = Hkdf::<Sha256>::new(Some(&self.key), &input);
+        let derived = Hkdf::<Sha256>::new(Some(&self.key), &length_prefixed(&[&recipient.0[..]]));
         let mut file_key = [0u8; 16];
         let mut ephemeral = [0u8; 32];
-        let mut nonce = [0u8; 16];
         derived
             .expand(b"file key", &mut file_key)
             .and_then(|()| derived.expand(b"ephemeral", &mut ephemeral))
-            .and_then(|()| derived.expand(b"payload nonce", &mut nonce))
             .expect("short outputs");
-        age_file(recipient, (&file_key, &ephemeral, &nonce), plain)
+        let header = Arc::new(Header {
+            bytes: age_header(recipient, &file_key, &ephemeral),
+            file_key,
+        });
+        let mut memo = HEADERS.lock().unwrap_or_else(|e| e.into_inner());
+        let map = memo.get_or_insert_with(HashMap::new);
+        if map.len() >= HEADERS_KEPT {
+            map.clear();
+        }
+        map.entry(memo_key).or_insert(header).clone()
     }
+}
+
+/// Each part preceded by its length (eight bytes, big-endian).
+fn length_prefixed(parts: &[&[u8]]) -> Vec<u8> {
+    let mut input = Vec::with_capacity(parts.iter().map(|p| 8 + p.len()).sum());
+    for part in parts {
+        input.extend_from_slice(&(part.len() as u64).to_be_bytes());
+        input.extend_from_slice(part);
+    }
+    input
 }
 
 /// A cluster's agent key: the X25519 public key of an age recipient (`age1…`).
@@ -109,6 +168,14 @@ pub(crate) fn age_file(
     (file_key, ephemeral, nonce): (&[u8; 16], &[u8; 32], &[u8; 16]),
     plain: &[u8],
 ) -> Vec<u8> {
+    let mut out = age_header(recipient, file_key, ephemeral);
+    payload(&mut out, file_key, nonce, plain);
+    out
+}
+
+/// An age v1 header (c2sp.org/age) with one X25519 recipient stanza wrapping
+/// `file_key`, from the given ephemeral secret, with its MAC and final newline.
+fn age_header(recipient: &AgentKey, file_key: &[u8; 16], ephemeral: &[u8; 32]) -> Vec<u8> {
     let secret = x25519_dalek::StaticSecret::from(*ephemeral);
     let share = x25519_dalek::PublicKey::from(&secret);
     let shared = secret.diffie_hellman(&x25519_dalek::PublicKey::from(recipient.0));
@@ -135,8 +202,12 @@ pub(crate) fn age_file(
             .as_bytes(),
     );
     header.push(b'\n');
+    header
+}
 
-    let mut out = header;
+/// Appends age's payload of `plain` (the nonce, then the STREAM of 64 KiB chunks)
+/// under the payload key age derives from `file_key` and `nonce`.
+fn payload(out: &mut Vec<u8>, file_key: &[u8; 16], nonce: &[u8; 16], plain: &[u8]) {
     out.extend_from_slice(nonce);
     let payload_key = hkdf_32(nonce, file_key, b"payload");
     let cipher = ChaCha20Poly1305::new(&payload_key.into());
@@ -155,7 +226,6 @@ pub(crate) fn age_file(
             .expect("sealing a chunk");
         out.extend_from_slice(&sealed);
     }
-    out
 }
 
 fn hkdf_32(salt: &[u8], ikm: &[u8], info: &[u8]) -> [u8; 32] {
@@ -179,6 +249,18 @@ pub fn seal_secret(
     (sealer, recipient): (&Sealer, &AgentKey),
     identity: &str,
 ) -> Option<Value> {
+    let (mut object, text) = split_secret(secret)?;
+    let sealed = sealer.seal(recipient, identity, &text);
+    object.insert(
+        SEALED_FIELD.to_string(),
+        serde_json::json!({ "sealed": STANDARD.encode(sealed) }),
+    );
+    Some(Value::Object(object))
+}
+
+/// `secret` without its `data`, `stringData` and last-applied annotation, and the
+/// JSON text of `{"data": …, "stringData": …}`; `None` when it has neither field.
+fn split_secret(secret: &Value) -> Option<(Map<String, Value>, Vec<u8>)> {
     let mut object = secret.as_object()?.clone();
     let mut plain = Map::new();
     for field in ["data", "stringData"] {
@@ -196,12 +278,87 @@ pub fn seal_secret(
         annotations.remove(LAST_APPLIED);
     }
     let text = serde_json::to_vec(&Value::Object(plain)).expect("JSON");
-    let sealed = sealer.seal(recipient, identity, &text);
-    object.insert(
-        SEALED_FIELD.to_string(),
-        serde_json::json!({ "sealed": STANDARD.encode(sealed) }),
-    );
-    Some(Value::Object(object))
+    Some((object, text))
+}
+
+/// What sealing one Secret takes that is the same for every cluster, worked out
+/// once per render: its plain text, and the canonical bytes of the sealed Secret on
+/// either side of the sealed value, so that each cluster's sealing only encrypts and
+/// writes base64 between them.
+pub struct Prepared {
+    identity: String,
+    plain: Vec<u8>,
+    /// The canonical bytes before and after the base64 text; `None` when the marker
+    /// they are found by is not met exactly once (a Secret that contains it), and
+    /// then `object`, the Secret without its values, is sealed the long way.
+    around: Option<(Vec<u8>, Vec<u8>)>,
+    object: Option<Map<String, Value>>,
+}
+
+/// Stands for the sealed value while the canonical bytes around it are found.
+const MARKER: &str = "flotilla.dev/sealed-value-stands-here";
+
+impl Prepared {
+    /// `secret`'s preparation under `identity` (its resource key); `None` when it
+    /// has no `data` or `stringData`.
+    pub fn new(secret: &Value, identity: &str) -> Option<Prepared> {
+        let (object, plain) = split_secret(secret)?;
+        let mut marked = object.clone();
+        marked.insert(
+            SEALED_FIELD.to_string(),
+            serde_json::json!({ "sealed": MARKER }),
+        );
+        let canonical = flotilla_core::bundle::to_canonical_vec(&Value::Object(marked));
+        let quoted = format!("\"{MARKER}\"");
+        let found: Vec<usize> = canonical
+            .windows(quoted.len())
+            .enumerate()
+            .filter(|(_, w)| *w == quoted.as_bytes())
+            .map(|(i, _)| i)
+            .collect();
+        let (around, object) = match found[..] {
+            [at] => (
+                Some((
+                    canonical[..=at].to_vec(),
+                    canonical[at + quoted.len() - 1..].to_vec(),
+                )),
+                None,
+            ),
+            _ => (None, Some(object)),
+        };
+        Some(Prepared {
+            identity: identity.to_string(),
+            plain,
+            around,
+            object,
+        })
+    }
+}
+
+impl Sealer {
+    /// The canonical bytes of a prepared Secret sealed to `recipient`: the same as
+    /// those of [`seal_secret`]'s value.
+    pub fn seal_prepared(&self, prepared: &Prepared, recipient: &AgentKey) -> Vec<u8> {
+        let sealed = self.seal(recipient, &prepared.identity, &prepared.plain);
+        let encoded = STANDARD.encode(sealed);
+        match (&prepared.around, &prepared.object) {
+            (Some((before, after)), _) => {
+                let mut out = Vec::with_capacity(before.len() + encoded.len() + after.len());
+                out.extend_from_slice(before);
+                out.extend_from_slice(encoded.as_bytes());
+                out.extend_from_slice(after);
+                out
+            }
+            (None, object) => {
+                let mut object = object.clone().unwrap_or_default();
+                object.insert(
+                    SEALED_FIELD.to_string(),
+                    serde_json::json!({ "sealed": encoded }),
+                );
+                flotilla_core::bundle::to_canonical_vec(&Value::Object(object))
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -44,12 +44,61 @@ fn sealing_is_the_same_for_the_same_input_and_unrelated_otherwise() {
         sealer.seal(&key_of(OTHER), "v1/Secret/shop/db", b"hunter2"),
         Sealer::from_hub_seed(&[4; 32]).seal(&agent, "v1/Secret/shop/db", b"hunter2"),
     ];
-    for other in &others {
+    let share = |f: &[u8]| f.split(|&b| b == b'\n').nth(1).map(<[u8]>::to_vec);
+    let nonce = |f: &[u8]| {
+        let end = f.windows(4).position(|w| w == b"\n---").expect("a header");
+        let start = end
+            + f[end + 1..]
+                .iter()
+                .position(|&b| b == b'\n')
+                .expect("a MAC")
+            + 2;
+        f[start..start + 16].to_vec()
+    };
+    for (i, other) in others.iter().enumerate() {
         assert_ne!(&once, other);
-        // Not even the ephemeral share or the nonce repeats.
-        let share = |f: &[u8]| f.split(|&b| b == b'\n').nth(1).map(<[u8]>::to_vec);
-        assert_ne!(share(&once), share(other));
+        // The nonce never repeats, so neither does the payload's key.
+        assert_ne!(nonce(&once), nonce(other), "{i}");
+        // One agent's files share one header (one ephemeral share); another agent's
+        // or another hub's do not.
+        assert_eq!(share(&once) == share(other), i < 2, "{i}");
     }
+}
+
+#[test]
+fn one_agents_secrets_share_its_header_and_each_opens_alone() {
+    let sealer = Sealer::from_hub_seed(&[5; 32]);
+    let agent = key_of(AGENT);
+    let files: Vec<Vec<u8>> = (0..20)
+        .map(|i| {
+            sealer.seal(
+                &agent,
+                &format!("v1/Secret/shop/s{i}"),
+                format!("value {i}").as_bytes(),
+            )
+        })
+        .collect();
+    let header = |f: &[u8]| {
+        let end = f.windows(4).position(|w| w == b"\n---").expect("a header");
+        f[..end
+            + 1
+            + f[end + 1..]
+                .iter()
+                .position(|&b| b == b'\n')
+                .expect("a MAC")]
+            .to_vec()
+    };
+    for (i, file) in files.iter().enumerate() {
+        assert_eq!(header(file), header(&files[0]));
+        assert_eq!(open(AGENT, file), Some(format!("value {i}").into_bytes()));
+        assert_eq!(open(OTHER, file), None);
+    }
+    // A header worked out afresh (the memo cleared) is the same bytes.
+    *HEADERS.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    assert_eq!(
+        sealer.seal(&agent, "v1/Secret/shop/s0", b"value 0"),
+        files[0]
+    );
 }
 
 #[test]
@@ -236,4 +285,37 @@ fn a_bad_agent_key_is_an_error_at_its_line() {
         "{}",
         error.message
     );
+}
+
+#[test]
+fn a_prepared_secret_seals_to_the_canonical_bytes_of_the_long_way() {
+    let sealer = Sealer::from_hub_seed(&[6; 32]);
+    let agent = key_of(AGENT);
+    let secrets = [
+        serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "db", "namespace": "shop"},
+            "type": "Opaque", "stringData": {"password": "hunter2"}}),
+        serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "tls", "namespace": "shop", "annotations": {
+                "kubectl.kubernetes.io/last-applied-configuration": "{}", "z": "\u{1}\"quoted\""}},
+            "data": {"tls.crt": "Y2VydA==", "tls.key": "a2V5"}, "zzz": [1, {"a": null}]}),
+        // The marker itself in the Secret: sealed the long way, to the same bytes.
+        serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "odd", "labels": {"m": MARKER}},
+            "stringData": {"k": MARKER}}),
+    ];
+    for (i, secret) in secrets.iter().enumerate() {
+        let identity = format!("v1/Secret/shop/{i}");
+        let prepared = Prepared::new(secret, &identity).expect("a Secret with values");
+        assert_eq!(prepared.around.is_none(), i == 2, "{i}");
+        let long_way = seal_secret(secret, (&sealer, &agent), &identity).expect("sealed");
+        assert_eq!(
+            sealer.seal_prepared(&prepared, &agent),
+            flotilla_core::bundle::to_canonical_vec(&long_way),
+            "{i}"
+        );
+    }
+    let empty =
+        serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "e"}});
+    assert!(Prepared::new(&empty, "v1/Secret//e").is_none());
 }
