@@ -340,6 +340,12 @@ pub fn run_validate(args: &ValidateArgs) -> anyhow::Result<u8> {
     for (workload, chart) in &output.charts {
         println!("  Helm chart {chart}: workload {workload}");
     }
+    for file in &output.sops_files {
+        println!(
+            "  SOPS file {file}: a kustomize secretGenerator name suffix or Helm sha256sum over its values is an HMAC keyed by the file's data key, \
+             not the plain SHA-256 kustomize and Helm write, so that it lets nobody test a guess of them"
+        );
+    }
     Ok(EXIT_OK)
 }
 

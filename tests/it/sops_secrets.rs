@@ -124,6 +124,12 @@ fn render_and_validate_open_a_sops_secret_with_the_key_and_say_when_they_cannot(
     assert!(!stderr.contains("without decrypting"), "{stderr}");
     // Its clusters name no agent key: the Secret would travel as plain text.
     assert!(stderr.contains("no spec.agentKey"), "{stderr}");
+    // It says that hashes over the file's values are keyed, unlike kustomize's and Helm's.
+    let stdout = String::from_utf8_lossy(&valid.stdout);
+    assert!(
+        stdout.contains("SOPS file ") && stdout.contains("HMAC keyed by the file's data key"),
+        "{stdout}"
+    );
 
     // Without the key, a file whose kind and name are encrypted too is left out, with
     // a warning naming it and saying how to encrypt only the values.

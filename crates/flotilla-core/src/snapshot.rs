@@ -26,6 +26,11 @@ pub struct FleetSnapshot {
     /// Binary files a Helm chart may be made of (packed charts: `.tgz`), by path; no
     /// other binary file is held.
     pub binaries: BTreeMap<String, Arc<[u8]>>,
+    /// For each file decrypted from SOPS (set only by the renderer, which opens
+    /// them): a key derived from the file's own data key, which a hash that is
+    /// published over its values (kustomize's `secretGenerator` name suffix, Helm's
+    /// `sha256sum`) is keyed with, so that the hash lets nobody test a guess.
+    pub hash_keys: BTreeMap<String, [u8; 32]>,
 }
 
 /// Whether a binary file is one the renderer may read: a packed Helm chart.
@@ -45,6 +50,7 @@ impl FleetSnapshot {
             problems: Vec::new(),
             skipped: BTreeMap::new(),
             binaries: BTreeMap::new(),
+            hash_keys: BTreeMap::new(),
         }
     }
 }

@@ -122,6 +122,11 @@ pub struct RenderOutput {
     /// their own (see [`RenderOptions::helm_without_stencils`]). A count for
     /// benchmarks and tests: the hub's render process does not pass it on.
     pub helm_stencil_releases: usize,
+    /// The SOPS files the render opened: hashes published over their values
+    /// (kustomize's `secretGenerator` name suffixes, Helm's `sha256sum`) are keyed
+    /// (see [`flotilla_core::snapshot::FleetSnapshot::hash_keys`]), which `validate`
+    /// says. The hub's render process does not pass it on.
+    pub sops_files: Vec<String>,
 }
 
 /// Where a render's bundles came from: what [`render_since`] compares and reuses.

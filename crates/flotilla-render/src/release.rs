@@ -507,6 +507,8 @@ pub struct ReleaseCache {
 /// What a render gives every release.
 pub struct ReleaseSettings<'a> {
     pub seed: &'a [u8; 32],
+    /// What `sha256sum` keys its digest with over decrypted values.
+    pub hashing: &'a crate::seal::SecretHashing,
     pub now: i64,
     pub budget: Budget,
 }
@@ -652,7 +654,7 @@ impl ReleaseCache {
         let mut strings: Vec<String> = sites.iter().map(|(_, value)| value.to_string()).collect();
         for text in &stencil.derived {
             let text = sites::substitute(text, &strings)?;
-            let hashed = crate::helm::funcs::sha256_hex(&text);
+            let hashed = settings.hashing.sha256_hex(&text);
             if !site_value(&hashed) {
                 return None;
             }
@@ -1024,6 +1026,7 @@ struct SeededHost<'a> {
     /// The texts of the calls deferred to each cluster (derived sites).
     derived: Vec<Arc<str>>,
     seed: &'a [u8; 32],
+    hashing: &'a crate::seal::SecretHashing,
     now: i64,
     scope: String,
     template: String,
@@ -1040,6 +1043,7 @@ impl<'a> SeededHost<'a> {
             sites: None,
             derived: Vec::new(),
             seed: settings.seed,
+            hashing: settings.hashing,
             now: settings.now,
             scope: [cluster, &release.release_name, &release.namespace]
                 .map(str::to_string)
@@ -1108,6 +1112,10 @@ impl Host for SeededHost<'_> {
 
     fn now_unix(&self) -> i64 {
         self.now
+    }
+
+    fn sha256_hex(&self, text: &str) -> String {
+        self.hashing.sha256_hex(text)
     }
 
     fn warn(&mut self, message: String) {

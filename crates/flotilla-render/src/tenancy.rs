@@ -190,6 +190,7 @@ impl Fence {
     pub(crate) fn snapshot(&self, snapshot: &FleetSnapshot) -> FleetSnapshot {
         let mut fenced = FleetSnapshot {
             revision: snapshot.revision.clone(),
+            hash_keys: snapshot.hash_keys.clone(),
             ..FleetSnapshot::default()
         };
         for (path, text) in &snapshot.files {

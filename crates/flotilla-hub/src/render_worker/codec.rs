@@ -261,6 +261,7 @@ pub(super) fn decode_input(
         problems: header.problems,
         skipped: header.skipped,
         binaries,
+        hash_keys: Default::default(),
     };
     let decryption = DecryptionKeys::from_lines(&header.decryption).map_err(invalid)?;
     let settings = RenderSettings {
@@ -740,6 +741,7 @@ pub(super) fn read_output(mut input: impl Read, known: Known<'_>) -> io::Result<
         charts: header.charts,
         // A count for benchmarks and tests of the renderer, not carried.
         helm_stencil_releases: 0,
+        sops_files: Vec::new(),
     })
 }
 

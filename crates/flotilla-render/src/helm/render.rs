@@ -348,6 +348,9 @@ impl Host for TemplateHost<'_> {
     fn now_unix(&self) -> i64 {
         self.inner.now_unix()
     }
+    fn sha256_hex(&self, text: &str) -> String {
+        self.inner.sha256_hex(text)
+    }
     fn warn(&mut self, message: String) {
         self.inner.warn(message);
     }

@@ -129,8 +129,12 @@ fn generate(
             )));
         }
     };
+    let hash_keys = std::cell::RefCell::new(Vec::new());
     let read = |path: &str| -> Result<String, Error> {
         let resolved = kustomization.resolve(Some(line), path)?;
+        if let Some(key) = snapshot.hash_keys.get(&resolved) {
+            hash_keys.borrow_mut().push(*key);
+        }
         match snapshot.files.get(&resolved) {
             Some(text) => Ok(text.to_string()),
             None => Err(error(format!(
@@ -247,6 +251,9 @@ fn generate(
         line,
     );
     resource.needs_hash = !options.disable_name_suffix_hash;
+    resource.hash_keys = hash_keys.into_inner();
+    resource.hash_keys.sort_unstable();
+    resource.hash_keys.dedup();
     resource.behavior = behavior;
     Ok(resource)
 }
@@ -362,6 +369,9 @@ fn merge_metadata(resource: &mut Resource, old: &Resource) {
     resource.prefixes = old.prefixes.clone();
     resource.suffixes = old.suffixes.clone();
     resource.needs_hash = resource.needs_hash && old.needs_hash;
+    resource.hash_keys.extend_from_slice(&old.hash_keys);
+    resource.hash_keys.sort_unstable();
+    resource.hash_keys.dedup();
     resource.file = old.file.clone();
     resource.line = old.line;
 }
@@ -369,7 +379,7 @@ fn merge_metadata(resource: &mut Resource, old: &Resource) {
 /// Appends the content hash to the name of every generated object that wants one.
 pub fn add_hashes(resources: &mut [Resource]) {
     for resource in resources.iter_mut().filter(|r| r.needs_hash) {
-        let hash = content_hash(&resource.value);
+        let hash = content_hash_keyed(&resource.value, &resource.hash_keys);
         resource.store_previous_id();
         let name = format!("{}-{hash}", resource.name());
         resource.set_name(name);
@@ -380,7 +390,16 @@ pub fn add_hashes(resources: &mut [Resource]) {
 /// `binaryData` when it has some) or `{data, kind, name, type}` (Secret, with
 /// `stringData`), where `name` is always empty, the first ten hex digits with 0, 1,
 /// 3, a and e swapped for letters that cannot spell words.
+#[cfg(test)]
 pub fn content_hash(value: &Value) -> String {
+    content_hash_keyed(value, &[])
+}
+
+/// [`content_hash`], except that with `keys` (the hash keys of the SOPS files the
+/// object was made from) the sha256 is an HMAC-SHA256 keyed with them: kustomize's
+/// plain hash of decrypted values would let anyone who reads the name test a guess
+/// of them.
+pub fn content_hash_keyed(value: &Value, keys: &[[u8; 32]]) -> String {
     let kind = value.get("kind").and_then(Value::as_str).unwrap_or("");
     let field = |name: &str| match value.get(name) {
         None => Value::String(String::new()),
@@ -425,8 +444,10 @@ pub fn content_hash(value: &Value) -> String {
         text.push('}');
         text
     };
-    let digest = Sha256::digest(text.as_bytes());
-    let hex = hex_lower(&digest);
+    let hex = match crate::seal::combined_hash_key(keys) {
+        None => hex_lower(&Sha256::digest(text.as_bytes())),
+        Some(key) => crate::seal::keyed_hex(&key, text.as_bytes()),
+    };
     hex[..10]
         .chars()
         .map(|c| match c {

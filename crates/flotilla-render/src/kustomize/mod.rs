@@ -81,6 +81,9 @@ struct Resource {
     suffixes: Vec<String>,
     /// A generated ConfigMap or Secret whose name gets a content hash.
     needs_hash: bool,
+    /// The hash keys of the SOPS files a generated object was made from (sorted,
+    /// no repeats): its content hash is then keyed with them.
+    hash_keys: Vec<[u8; 32]>,
     behavior: Behavior,
 }
 
@@ -109,6 +112,7 @@ impl Resource {
             prefixes: Vec::new(),
             suffixes: Vec::new(),
             needs_hash: false,
+            hash_keys: Vec::new(),
             behavior: Behavior::Create,
         }
     }

@@ -132,10 +132,17 @@ pub(crate) fn render_inner(
             Some(template_paths.len() - 1)
         })
         .collect();
+    let hashing = crate::seal::SecretHashing::new(
+        sops_secrets
+            .iter()
+            .map(|s| (s.escaped.as_str(), s.file.as_str())),
+        &snapshot.hash_keys,
+    );
     let helm = HelmContext {
         cache: release::ReleaseCache::new(!options.helm_without_stencils),
         settings: release::ReleaseSettings {
             seed: options.helm_seed.as_ref().unwrap_or(&release::PUBLIC_SEED),
+            hashing: &hashing,
             now: release::DEFAULT_NOW,
             budget: helm::gotmpl::Budget {
                 max_output: limits.max_template_output_bytes,
@@ -338,6 +345,7 @@ pub(crate) fn render_inner(
     output.rollouts = rollout_plan;
     output.generated_from_public_seed = generated_from_public_seed;
     output.helm_stencil_releases = helm.cache.stencil_releases();
+    output.sops_files = snapshot.hash_keys.keys().cloned().collect();
     output.unsealed_for_agent_keys =
         options.helm_seed.is_none() && fleet.clusters.iter().any(|c| c.agent_key.is_some());
     output.agent_keys = fleet

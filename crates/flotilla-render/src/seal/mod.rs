@@ -16,8 +16,8 @@
 //! itself derived from the hub's seed, which only the hub's store holds. The file key
 //! and the ephemeral key are derived over the recipient alone, so one agent's Secrets
 //! share one age header (the X25519 stanza and its MAC), worked out once per agent and
-//! kept for the life of the process ([`Sealer::header`]); the payload nonce is derived
-//! over the recipient, the resource's identity and the plain text, so each Secret's
+//! kept for the life of the process ([`Sealer::header`]); the payload nonce is an HMAC
+//! (the sealing key) of the recipient, the resource's identity and the plain text, so each Secret's
 //! payload has a key of its own (age derives it from the file key and that nonce). The
 //! same Secret for the same agent seals to the same bytes on every render and every
 //! hub sharing the store; a changed value or another Secret gives an unrelated nonce
@@ -45,6 +45,8 @@ const CHUNK: usize = 64 * 1024;
 /// Seals Secrets with keys derived from the hub's seed.
 pub struct Sealer {
     key: [u8; 32],
+    /// HMAC-SHA256 keyed with `key`, ready for the payload nonces.
+    nonces: Hmac<Sha256>,
 }
 
 /// The age header one hub writes for one agent: its file key and the header's bytes
@@ -68,23 +70,24 @@ impl Sealer {
     pub fn from_hub_seed(seed: &[u8; 32]) -> Sealer {
         let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(seed).expect("any key length");
         mac.update(b"flotilla.dev/v1 secret sealing key");
-        Sealer {
-            key: mac.finalize().into_bytes().into(),
-        }
+        let key: [u8; 32] = mac.finalize().into_bytes().into();
+        let mut nonces = <Hmac<Sha256> as Mac>::new_from_slice(&key).expect("any key length");
+        nonces.update(b"flotilla.dev/v1 payload nonce");
+        Sealer { key, nonces }
     }
 
     /// An age v1 file (binary) of `plain` for `recipient`: the recipient's header,
-    /// then a payload whose nonce is derived from the sealing key, the recipient,
-    /// `identity` and `plain`.
+    /// then a payload whose nonce is HMAC-SHA256 (the sealing key) of the recipient,
+    /// `identity` and `plain`, each with its length, cut to 16 bytes.
     pub fn seal(&self, recipient: &AgentKey, identity: &str, plain: &[u8]) -> Vec<u8> {
         let header = self.header(recipient);
+        let mut mac = self.nonces.clone();
+        for part in [&recipient.0[..], identity.as_bytes(), plain] {
+            mac.update(&(part.len() as u64).to_be_bytes());
+            mac.update(part);
+        }
         let mut nonce = [0u8; 16];
-        Hkdf::<Sha256>::new(
-            Some(&self.key),
-            &length_prefixed(&[&recipient.0[..], identity.as_bytes(), plain]),
-        )
-        .expand(b"payload nonce", &mut nonce)
-        .expect("a short output");
+        nonce.copy_from_slice(&mac.finalize().into_bytes()[..16]);
         let mut out = Vec::with_capacity(header.bytes.len() + 16 + plain.len() + 16);
         out.extend_from_slice(&header.bytes);
         payload(&mut out, &header.file_key, &nonce, plain);
@@ -128,6 +131,95 @@ fn length_prefixed(parts: &[&[u8]]) -> Vec<u8> {
         input.extend_from_slice(part);
     }
     input
+}
+
+/// One key for hashing over the values of several SOPS files (`keys` sorted, each a
+/// file's hash key): the first key itself, or an HMAC under it of the others;
+/// `None` for none.
+pub fn combined_hash_key(keys: &[[u8; 32]]) -> Option<[u8; 32]> {
+    use hmac::Mac as _;
+    let (first, rest) = keys.split_first()?;
+    if rest.is_empty() {
+        return Some(*first);
+    }
+    let mut mac =
+        <hmac::Hmac<sha2::Sha256> as hmac::Mac>::new_from_slice(first).expect("any key length");
+    for key in rest {
+        mac.update(key);
+    }
+    Some(mac.finalize().into_bytes().into())
+}
+
+/// HMAC-SHA256 of `text` under `key`, in lower-case hexadecimal (where a plain
+/// SHA-256 would be written).
+pub fn keyed_hex(key: &[u8; 32], text: &[u8]) -> String {
+    use hmac::Mac as _;
+    let mut mac =
+        <hmac::Hmac<sha2::Sha256> as hmac::Mac>::new_from_slice(key).expect("any key length");
+    mac.update(text);
+    mac.finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// SHA-256 of `bytes` in lower-case hexadecimal (Sprig's `sha256sum`).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The decrypted values a chart's `sha256sum` may cover, each with its file's hash
+/// key: a digest of a text that holds one (as written, or in base64 as `b64enc`
+/// writes it) is an HMAC keyed with the keys of the files found, not Helm's plain
+/// SHA-256, which would let anyone who reads a `checksum/secret` annotation test a
+/// guess of the values.
+#[derive(Debug, Default)]
+pub struct SecretHashing {
+    needles: Vec<(String, [u8; 32])>,
+}
+
+impl SecretHashing {
+    /// The decrypted values (each as it appears inside a JSON string, with its
+    /// file: the renderer's `SopsSecret`s), with the hash keys of their files.
+    pub fn new<'a>(
+        secrets: impl IntoIterator<Item = (&'a str, &'a str)>,
+        hash_keys: &std::collections::BTreeMap<String, [u8; 32]>,
+    ) -> SecretHashing {
+        let mut needles = Vec::new();
+        for (escaped, file) in secrets {
+            let (Some(key), Ok(plain)) = (
+                hash_keys.get(file),
+                serde_json::from_str::<String>(&format!("\"{escaped}\"")),
+            ) else {
+                continue;
+            };
+            let encoded = STANDARD.encode(plain.as_bytes());
+            needles.push((plain, *key));
+            needles.push((encoded, *key));
+        }
+        SecretHashing { needles }
+    }
+
+    /// Sprig's `sha256sum` of `text`, keyed when it holds a decrypted value.
+    pub fn sha256_hex(&self, text: &str) -> String {
+        let mut keys: Vec<[u8; 32]> = self
+            .needles
+            .iter()
+            .filter(|(needle, _)| text.contains(needle.as_str()))
+            .map(|(_, key)| *key)
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        match combined_hash_key(&keys) {
+            None => sha256_hex(text.as_bytes()),
+            Some(key) => keyed_hex(&key, text.as_bytes()),
+        }
+    }
 }
 
 /// A cluster's agent key: the X25519 public key of an age recipient (`age1…`).
@@ -340,20 +432,23 @@ impl Sealer {
     /// those of [`seal_secret`]'s value.
     pub fn seal_prepared(&self, prepared: &Prepared, recipient: &AgentKey) -> Vec<u8> {
         let sealed = self.seal(recipient, &prepared.identity, &prepared.plain);
-        let encoded = STANDARD.encode(sealed);
         match (&prepared.around, &prepared.object) {
             (Some((before, after)), _) => {
-                let mut out = Vec::with_capacity(before.len() + encoded.len() + after.len());
-                out.extend_from_slice(before);
-                out.extend_from_slice(encoded.as_bytes());
-                out.extend_from_slice(after);
+                let encoded = sealed.len().div_ceil(3) * 4;
+                let mut out = vec![0u8; before.len() + encoded + after.len()];
+                out[..before.len()].copy_from_slice(before);
+                let written = STANDARD
+                    .encode_slice(&sealed, &mut out[before.len()..before.len() + encoded])
+                    .expect("room for the base64 text");
+                debug_assert_eq!(written, encoded);
+                out[before.len() + encoded..].copy_from_slice(after);
                 out
             }
             (None, object) => {
                 let mut object = object.clone().unwrap_or_default();
                 object.insert(
                     SEALED_FIELD.to_string(),
-                    serde_json::json!({ "sealed": encoded }),
+                    serde_json::json!({ "sealed": STANDARD.encode(sealed) }),
                 );
                 flotilla_core::bundle::to_canonical_vec(&Value::Object(object))
             }

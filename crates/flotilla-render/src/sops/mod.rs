@@ -233,6 +233,7 @@ pub fn open_snapshot<'a>(
     (diagnostics, secrets): (&mut Vec<Diagnostic>, &mut Vec<SopsSecret>),
 ) -> std::borrow::Cow<'a, FleetSnapshot> {
     let mut opened: Vec<(String, Arc<str>)> = Vec::new();
+    let mut hash_keys: Vec<(String, [u8; 32])> = Vec::new();
     let owners = match keys {
         SopsKeys::Open(keys) if keys.has_tenant_keys() => Some(Owners::of(tenants)),
         _ => None,
@@ -256,7 +257,8 @@ pub fn open_snapshot<'a>(
         let plain = match keys {
             SopsKeys::Open(all) => {
                 match document.open_with_secrets(owned_keys.as_ref().unwrap_or(all)) {
-                    Ok((plain, found)) => {
+                    Ok((plain, found, hash_key)) => {
+                        hash_keys.push((path.clone(), hash_key));
                         secrets.extend(
                             found
                                 .into_iter()
@@ -325,6 +327,7 @@ pub fn open_snapshot<'a>(
     }
     let mut copy = snapshot.clone();
     copy.files.extend(opened);
+    copy.hash_keys.extend(hash_keys);
     std::borrow::Cow::Owned(copy)
 }
 
@@ -571,24 +574,26 @@ impl SopsDocument {
     /// Opens the document: the plain documents as JSON text, one per line-separated
     /// YAML document (`---`).
     pub fn open(&self, keys: &DecryptionKeys) -> Result<String, SopsError> {
-        self.open_nodes(keys).map(|plain| emit(&plain))
+        self.open_nodes(keys).map(|(plain, _)| emit(&plain))
     }
 
-    /// [`SopsDocument::open`], and the text of every value that was encrypted (the
-    /// secrets the file holds), for finding where they end up.
+    /// [`SopsDocument::open`], the text of every value that was encrypted (the
+    /// secrets the file holds), for finding where they end up, and the file's hash
+    /// key (see [`FleetSnapshot::hash_keys`]).
     pub fn open_with_secrets(
         &self,
         keys: &DecryptionKeys,
-    ) -> Result<(String, Vec<String>), SopsError> {
-        let plain = self.open_nodes(keys)?;
+    ) -> Result<(String, Vec<String>, [u8; 32]), SopsError> {
+        let (plain, data_key) = self.open_nodes(keys)?;
         let mut secrets = Vec::new();
         for (sealed, opened) in self.documents.iter().zip(&plain) {
             decrypted_texts(sealed, opened, &mut secrets);
         }
-        Ok((emit(&plain), secrets))
+        Ok((emit(&plain), secrets, hash_key(&data_key)))
     }
 
-    fn open_nodes(&self, keys: &DecryptionKeys) -> Result<Vec<Node>, SopsError> {
+    /// The documents opened, and the file's data key.
+    fn open_nodes(&self, keys: &DecryptionKeys) -> Result<(Vec<Node>, Vec<u8>), SopsError> {
         let rules = Rules::of(&self.metadata)?;
         let key = self.data_key(keys)?;
         let cipher = SopsCipher::new_from_slice(&key)
@@ -603,7 +608,7 @@ impl SopsDocument {
             plain.push(open_node(document, &mut path, &rules, &cipher, &mut mac)?);
         }
         self.check_mac(&cipher, &mac.finalize())?;
-        Ok(plain)
+        Ok((plain, key))
     }
 
     /// The document with its `sops` metadata removed and every value as it is in the
@@ -809,6 +814,17 @@ fn decrypted_texts(sealed: &Node, opened: &Node, out: &mut Vec<String>) {
         }
         _ => {}
     }
+}
+
+/// The key a SOPS file's published hashes are keyed with: HMAC-SHA256 of a fixed
+/// label under the file's data key, which only holders of one of its recipients'
+/// identities can learn (see [`FleetSnapshot::hash_keys`]).
+fn hash_key(data_key: &[u8]) -> [u8; 32] {
+    use hmac::Mac as _;
+    let mut mac =
+        <hmac::Hmac<sha2::Sha256> as hmac::Mac>::new_from_slice(data_key).expect("any key length");
+    mac.update(b"flotilla.dev/v1 hash key of decrypted values");
+    mac.finalize().into_bytes().into()
 }
 
 /// A value decrypted from a SOPS file, and the file.

@@ -8,6 +8,7 @@ mod helm_stencils;
 mod helm_workloads;
 mod hooks;
 mod incremental;
+mod keyed_hashes;
 mod kustomize_corpus;
 mod kustomize_diff;
 mod order;

@@ -223,14 +223,9 @@ pub fn sha1sum(_: &mut dyn Host, args: &[Value]) -> FuncResult {
     ))))
 }
 
-pub fn sha256sum(_: &mut dyn Host, args: &[Value]) -> FuncResult {
+pub fn sha256sum(host: &mut dyn Host, args: &[Value]) -> FuncResult {
     arity("sha256sum", args, 1)?;
-    Ok(Value::string(sha256_hex(&string_param(&args[0])?)))
-}
-
-/// Sprig's `sha256sum` of a text: its SHA-256 in lower-case hexadecimal.
-pub fn sha256_hex(text: &str) -> String {
-    hex(&sha2::Sha256::digest(text.as_bytes()))
+    Ok(Value::string(host.sha256_hex(&string_param(&args[0])?)))
 }
 
 pub fn sha512sum(_: &mut dyn Host, args: &[Value]) -> FuncResult {

@@ -28,7 +28,6 @@ mod args;
 mod dates;
 mod dicts;
 mod encoding;
-pub use encoding::sha256_hex;
 mod flow;
 mod lists;
 mod math;

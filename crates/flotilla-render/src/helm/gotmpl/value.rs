@@ -272,6 +272,11 @@ pub trait Host {
     fn sites(&self) -> bool {
         false
     }
+    /// The digest `sha256sum` writes for `text`: Sprig's (SHA-256, hexadecimal), or
+    /// a keyed one where the host knows the text holds secret values.
+    fn sha256_hex(&self, text: &str) -> String {
+        crate::seal::sha256_hex(text.as_bytes())
+    }
     /// A call that [`super::sites::check_call`] refused, in a render with stand-ins:
     /// the host may answer it with a stand-in of its own for the call's result, which
     /// it works out for each cluster (see [`super::sites::deferred_text`]); `None`

@@ -1,0 +1,272 @@
+//! Hashes published over values decrypted from SOPS files are keyed: kustomize's
+//! `secretGenerator` name suffix and Helm's `sha256sum` (a `checksum/secret`
+//! annotation) are HMACs under a key derived from the file's data key, so a reader
+//! of the bundle cannot test a guess of the values; hashes over anything else stay
+//! exactly kustomize's and Helm's.
+
+use std::sync::Arc;
+
+use flotilla_core::snapshot::FleetSnapshot;
+use flotilla_render::seal::AgentKey;
+use flotilla_render::sops::{DecryptionKeys, SopsKeys, SopsWriter};
+use flotilla_render::{RenderOptions, RenderOutput, render_with};
+use serde_json::{Value, json};
+
+const HEADER: &str = "apiVersion: flotilla.dev/v1alpha1\n";
+const PASSWORD: &str = "correct-horse-battery-staple";
+
+/// An age identity (its file's text) and its recipient.
+fn identity() -> (String, AgentKey) {
+    use age::secrecy::ExposeSecret as _;
+    let identity = age::x25519::Identity::generate();
+    let recipient = AgentKey::parse(&identity.to_public().to_string()).expect("a recipient");
+    (identity.to_string().expose_secret().to_string(), recipient)
+}
+
+fn render(files: &[(String, String)], identity: &str) -> RenderOutput {
+    let keys = DecryptionKeys::from_identity_file(identity).expect("a key");
+    let options = RenderOptions {
+        sops: SopsKeys::Open(Arc::new(keys)),
+        ..RenderOptions::default()
+    };
+    let snapshot = FleetSnapshot::from_files(files.iter().map(|(p, t)| (p.as_str(), t.as_str())));
+    let output = render_with(&snapshot, &options);
+    assert!(
+        output.is_clean(),
+        "{:?}",
+        output.errors().collect::<Vec<_>>()
+    );
+    output
+}
+
+fn fleet(workload: &str, extra: Vec<(String, String)>) -> Vec<(String, String)> {
+    let mut files = vec![
+        (
+            "clusters/shop.yaml".to_string(),
+            format!("{HEADER}kind: Cluster\nmetadata:\n  name: shop\n"),
+        ),
+        (format!("workloads/{workload}/workload.yaml"), String::new()),
+    ];
+    files.extend(extra);
+    files
+}
+
+/// The one resource of `kind` in cluster `shop`'s bundle.
+fn resource(output: &RenderOutput, kind: &str) -> Value {
+    let bundle = &output.bundles["shop"];
+    let found: Vec<Value> = bundle
+        .resources
+        .iter()
+        .filter(|r| r.key.kind == kind)
+        .map(|r| r.value())
+        .collect();
+    assert_eq!(found.len(), 1, "{kind}: {found:?}");
+    found[0].clone()
+}
+
+fn kustomize_fleet(creds: String) -> Vec<(String, String)> {
+    let mut files = fleet(
+        "pos",
+        vec![
+            (
+                "workloads/pos/kustomization.yaml".to_string(),
+                "namespace: pos\nresources: [deployment.yaml]\nsecretGenerator:\n  - name: creds\n    files: [creds.yaml]\n".to_string(),
+            ),
+            (
+                "workloads/pos/deployment.yaml".to_string(),
+                "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: pos\nspec:\n  template:\n    spec:\n      volumes:\n        - name: creds\n          secret:\n            secretName: creds\n".to_string(),
+            ),
+            ("workloads/pos/creds.yaml".to_string(), creds),
+        ],
+    );
+    files[1].1 = format!(
+        "{HEADER}kind: Workload\nmetadata:\n  name: pos\nspec:\n  namespace: pos\n  targets:\n    - clusterSelector: {{}}\n"
+    );
+    files
+}
+
+#[test]
+fn a_secret_generated_from_a_sops_file_gets_a_keyed_name_suffix() {
+    let (identity_text, recipient) = identity();
+    let document = json!({"stringData": {"password": PASSWORD}});
+    let sops = |seed: u8| {
+        SopsWriter::new([seed; 32], 1_700_000_000)
+            .encrypt(&document, &recipient, "creds")
+            .expect("encrypts")
+    };
+    let opened = render(&kustomize_fleet(sops(1)), &identity_text);
+    let secret = resource(&opened, "Secret");
+    let name = secret["metadata"]["name"]
+        .as_str()
+        .expect("a name")
+        .to_string();
+    assert!(
+        name.starts_with("creds-") && name.len() == "creds-".len() + 10,
+        "{name}"
+    );
+    // The Deployment refers to the suffixed name, as kustomize does.
+    assert_eq!(
+        resource(&opened, "Deployment")["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"],
+        name.as_str()
+    );
+    assert!(
+        opened
+            .sops_files
+            .contains(&"workloads/pos/creds.yaml".to_string())
+    );
+
+    // The same file's decrypted text committed in plain gets kustomize's own hash:
+    // another suffix, over the very same data.
+    let plain_text = {
+        // kustomize writes base64 in lines of 70 characters.
+        let data = secret["data"]["creds.yaml"]
+            .as_str()
+            .expect("data")
+            .replace('\n', "");
+        use base64::Engine as _;
+        String::from_utf8(
+            base64::engine::general_purpose::STANDARD
+                .decode(data)
+                .expect("base64"),
+        )
+        .expect("text")
+    };
+    assert!(plain_text.contains(PASSWORD), "{plain_text}");
+    let plain = render(&kustomize_fleet(plain_text), &identity_text);
+    let plain_secret = resource(&plain, "Secret");
+    assert_eq!(plain_secret["data"], secret["data"]);
+    let plain_name = plain_secret["metadata"]["name"].as_str().expect("a name");
+    assert_ne!(plain_name, name, "a keyed suffix differs from kustomize's");
+    assert!(plain.sops_files.is_empty());
+
+    // Stable: the same file renders the same name; the same values encrypted anew
+    // (a new data key) give a new one.
+    let again = render(&kustomize_fleet(sops(1)), &identity_text);
+    assert_eq!(
+        resource(&again, "Secret")["metadata"]["name"],
+        name.as_str()
+    );
+    let reencrypted = render(&kustomize_fleet(sops(2)), &identity_text);
+    assert_ne!(
+        resource(&reencrypted, "Secret")["metadata"]["name"],
+        name.as_str()
+    );
+}
+
+fn helm_fleet(values: String) -> Vec<(String, String)> {
+    let mut files = fleet(
+        "web",
+        vec![
+            (
+                "charts/web/Chart.yaml".to_string(),
+                "apiVersion: v2\nname: web\nversion: 1.0.0\n".to_string(),
+            ),
+            (
+                "charts/web/values.yaml".to_string(),
+                "password: \"\"\nlevel: info\n".to_string(),
+            ),
+            (
+                "charts/web/templates/secret.yaml".to_string(),
+                "apiVersion: v1\nkind: Secret\nmetadata:\n  name: web\ndata:\n  password: {{ .Values.password | b64enc }}\n".to_string(),
+            ),
+            (
+                "charts/web/templates/configmap.yaml".to_string(),
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: web\ndata:\n  level: {{ .Values.level }}\n".to_string(),
+            ),
+            (
+                "charts/web/templates/deployment.yaml".to_string(),
+                "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\nspec:\n  template:\n    metadata:\n      annotations:\n        checksum/secret: {{ include (print $.Template.BasePath \"/secret.yaml\") . | sha256sum }}\n        checksum/config: {{ include (print $.Template.BasePath \"/configmap.yaml\") . | sha256sum }}\n".to_string(),
+            ),
+            ("workloads/web/secrets.yaml".to_string(), values),
+        ],
+    );
+    files[1].1 = format!(
+        "{HEADER}kind: Workload\nmetadata:\n  name: web\nspec:\n  namespace: web\n  targets:\n    - clusterSelector: {{}}\n  helm:\n    chart: ../../charts/web\n    valuesFiles: [secrets.yaml]\n"
+    );
+    files
+}
+
+#[test]
+fn helm_sha256sum_over_a_sops_value_is_keyed_and_over_others_is_helms() {
+    use sha2::Digest as _;
+    let (identity_text, recipient) = identity();
+    let values = json!({"password": PASSWORD});
+    let sops = |seed: u8| {
+        SopsWriter::new([seed; 32], 1_700_000_000)
+            .encrypt_also(&values, &recipient, "values", &["password".to_string()])
+            .expect("encrypts")
+    };
+    let checksums = |output: &RenderOutput| {
+        let annotations =
+            resource(output, "Deployment")["spec"]["template"]["metadata"]["annotations"].clone();
+        (
+            annotations["checksum/secret"]
+                .as_str()
+                .expect("a checksum")
+                .to_string(),
+            annotations["checksum/config"]
+                .as_str()
+                .expect("a checksum")
+                .to_string(),
+        )
+    };
+    let secret_text = |password: &str| {
+        use base64::Engine as _;
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: web\ndata:\n  password: {}\n",
+            base64::engine::general_purpose::STANDARD.encode(password)
+        )
+    };
+    let hex = |text: &str| {
+        sha2::Sha256::digest(text.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    let config =
+        hex("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: web\ndata:\n  level: info\n");
+
+    let opened = render(&helm_fleet(sops(1)), &identity_text);
+    let (secret_sum, config_sum) = checksums(&opened);
+    // Helm's own digest of the Secret's text would let a reader test a guess of the
+    // password: it is not what is written.
+    assert_ne!(secret_sum, hex(&secret_text(PASSWORD)));
+    assert_eq!(secret_sum.len(), 64);
+    assert_eq!(
+        config_sum, config,
+        "a text without decrypted values hashes as Helm does"
+    );
+    assert!(
+        !resource(&opened, "Deployment")
+            .to_string()
+            .contains(PASSWORD)
+    );
+
+    // The same values in a plain file: Helm's digests exactly.
+    let plain = render(
+        &helm_fleet(format!("password: {PASSWORD}\n")),
+        &identity_text,
+    );
+    assert_eq!(
+        checksums(&plain),
+        (hex(&secret_text(PASSWORD)), config.clone())
+    );
+
+    // Stable for the same file; a changed password changes it.
+    assert_eq!(
+        checksums(&render(&helm_fleet(sops(1)), &identity_text)).0,
+        secret_sum
+    );
+    let changed = SopsWriter::new([1; 32], 1_700_000_000)
+        .encrypt_also(
+            &json!({"password": "another-long-password"}),
+            &recipient,
+            "values",
+            &["password".to_string()],
+        )
+        .expect("encrypts");
+    assert_ne!(
+        checksums(&render(&helm_fleet(changed), &identity_text)).0,
+        secret_sum
+    );
+}
