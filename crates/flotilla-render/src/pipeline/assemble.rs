@@ -102,6 +102,8 @@ pub(super) struct UnitsDone<'a> {
     pub(super) scope_table: &'a [CustomScopes],
     pub(super) context: &'a UnitContext<'a>,
     pub(super) tenancy: &'a Tenancy,
+    /// The schema check (`None` under `validation: off`).
+    pub(super) checker: Option<&'a crate::openapi::Checker>,
 }
 
 /// The tenants' rules judged once for what clusters share (see
@@ -315,6 +317,10 @@ pub(super) fn assemble(
             of_units.chain(of_own),
         ));
     }
+    if let Some(checker) = units.checker {
+        done.errors
+            .extend(schema_problems(checker, fleet, cluster, &ranked));
+    }
     done.errors
         .extend(secret_values_in_metadata(&ranked, &cluster.name));
     done.errors
@@ -467,6 +473,101 @@ fn unsealed_secrets(fleet: &Fleet, cluster: &Cluster, ranked: &[Ranked<'_>]) -> 
             .at_line(Some(first.line))
             .for_cluster(&cluster.name),
     )
+}
+
+/// The schema check's findings for one cluster's resources, each at the resource's
+/// file and line with its field path: errors under `validation: strict`, else
+/// warnings that say how to make them errors. Under `strict`, a warning for each
+/// custom kind no CRD of the fleet defines (not checked), and for a Kubernetes
+/// version without a schema of its own (the nearest is used).
+fn schema_problems(
+    checker: &crate::openapi::Checker,
+    fleet: &Fleet,
+    cluster: &Cluster,
+    ranked: &[Ranked<'_>],
+) -> Vec<Diagnostic> {
+    use crate::openapi::{CustomKinds, Outcome};
+    use flotilla_core::model::Validation;
+    let strict = checker.mode() == Validation::Strict;
+    let spec = cluster
+        .kubernetes
+        .as_ref()
+        .or(fleet.settings.kubernetes.as_ref());
+    let choice = crate::openapi::minor_for(spec, crate::release::DEFAULT_KUBE_VERSION);
+    let mut found = Vec::new();
+    if let Some(asked) = &choice.instead_of {
+        let file = if cluster.kubernetes.is_some() {
+            cluster.file.as_str()
+        } else {
+            "flotilla.yaml"
+        };
+        let known = crate::openapi::known_minors();
+        found.push(
+            Diagnostic::warning(format!(
+                "Kubernetes version {asked:?} has no schema in flotilla (it has 1.{} to 1.{}): resources are checked against 1.{}, the nearest",
+                known.first().copied().unwrap_or_default(),
+                known.last().copied().unwrap_or_default(),
+                choice.minor
+            ))
+            .in_file(file)
+            .for_cluster(&cluster.name),
+        );
+    }
+    // CRDs this cluster renders from its own outputs are not among the units' (rare).
+    let own_crds: Vec<serde_json::Value> = ranked
+        .iter()
+        .filter(|(_, item, _)| {
+            item.resource.key.kind == "CustomResourceDefinition" && !checker.knows(&item.resource)
+        })
+        .map(|(_, item, _)| item.resource.value())
+        .collect();
+    let extra = (!own_crds.is_empty()).then(|| CustomKinds::of(&own_crds));
+    let mut unchecked_kinds = std::collections::BTreeSet::new();
+    for (_, item, workload) in ranked {
+        let outcome = match &extra {
+            None => checker.check(&item.resource, choice.minor),
+            Some(extra) => Arc::new(checker.check_with(&item.resource, choice.minor, extra)),
+        };
+        match &*outcome {
+            Outcome::Checked(findings) => {
+                for finding in findings {
+                    let message = format!(
+                        "{}: {finding} (Kubernetes 1.{} schema)",
+                        item.resource.key, choice.minor
+                    );
+                    let diagnostic = if strict {
+                        Diagnostic::error(message)
+                    } else {
+                        Diagnostic::warning(format!(
+                            "{message}; a warning because spec.validation in flotilla.yaml is warn, the default: set it to strict to make schema problems errors"
+                        ))
+                    };
+                    found.push(
+                        diagnostic
+                            .in_file(&*item.file)
+                            .at_line(Some(item.line))
+                            .for_cluster(&cluster.name)
+                            .for_workload(&fleet.workloads[*workload].name),
+                    );
+                }
+            }
+            Outcome::NoDefinition(gvk) if strict => {
+                if unchecked_kinds.insert(gvk.clone()) {
+                    found.push(
+                        Diagnostic::warning(format!(
+                            "{}: not checked against a schema: no CustomResourceDefinition in the fleet defines {gvk}",
+                            item.resource.key
+                        ))
+                        .in_file(&*item.file)
+                        .at_line(Some(item.line))
+                        .for_cluster(&cluster.name),
+                    );
+                }
+            }
+            Outcome::NoDefinition(_) | Outcome::Unchecked => {}
+        }
+    }
+    found
 }
 
 /// A warning for each resource that is not a Secret but holds a value decrypted from

@@ -27,12 +27,14 @@ use super::units::{
     render_unit, report_unit_errors, scopes_defined_by,
 };
 use crate::load::{Cluster, Fleet, Overlay};
+use crate::openapi::Checker;
 use crate::patch::PatchLimits;
 use crate::scope::{self, CustomScopes};
 use crate::shape::Shape;
 use crate::stencil::{self, StencilUnit};
 use crate::template::{self, Templates, WorkloadContext};
 use crate::tenancy::{self, PlatformObjects, Verdict};
+use flotilla_core::model::Validation;
 
 /// Everything a render shares between its clusters.
 pub(super) struct Shared<'a> {
@@ -266,6 +268,16 @@ pub(super) fn render_clusters(
         .collect();
     let ranks = Ranks::of(&rendered, &stencils);
     let tenancy = judge_tenancy(fleet, &units, &rendered, &slots, &stencils);
+    let checker = (fleet.settings.validation != Validation::Off).then(|| {
+        let crds: Vec<&Arc<flotilla_core::bundle::Resource>> = rendered
+            .iter()
+            .filter_map(|unit| unit.as_ref().ok())
+            .flatten()
+            .filter(|r| r.resource.key.kind == "CustomResourceDefinition")
+            .map(|r| &r.resource)
+            .collect();
+        Checker::new(fleet.settings.validation, crds)
+    });
     let overlay_files: Vec<Arc<str>> = fleet
         .overlays
         .iter()
@@ -283,6 +295,7 @@ pub(super) fn render_clusters(
         scope_table: &scope_table,
         context: &context,
         tenancy: &tenancy,
+        checker: checker.as_ref(),
     };
 
     // Phase 3, per cluster: gather (filling in the outputs of its own), check
