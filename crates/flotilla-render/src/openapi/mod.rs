@@ -132,8 +132,16 @@ pub(crate) struct Checker {
     mode: Validation,
     custom: CustomKinds,
     crds: std::collections::HashSet<ByBytes, foldhash::fast::RandomState>,
-    memo: Mutex<HashMap<(Minor, ByBytes), Arc<Outcome>, foldhash::fast::RandomState>>,
+    /// Per (minor version, 128-bit hash of a resource's canonical bytes), what its
+    /// check found. The hash is two seeded 64-bit hashes (seeds chosen at random per
+    /// render, so a fleet's author cannot aim for a collision); keeping the bytes
+    /// themselves would keep every cluster's own resources alive for the render.
+    memo: Mutex<Memo>,
+    seeds: (foldhash::fast::RandomState, foldhash::fast::RandomState),
 }
+
+/// What the checks of a render found, by minor version and resource hash.
+type Memo = HashMap<(Minor, u64, u64), Arc<Outcome>, foldhash::fast::RandomState>;
 
 /// A resource compared and hashed by its canonical bytes.
 #[derive(Clone)]
@@ -165,6 +173,7 @@ impl Checker {
             custom: CustomKinds::of(&values),
             crds: crds.into_iter().collect(),
             memo: Mutex::default(),
+            seeds: Default::default(),
         }
     }
 
@@ -180,7 +189,13 @@ impl Checker {
     /// What checking `resource` against the schemas of `minor` finds; the same
     /// resource is checked once per minor version.
     pub(crate) fn check(&self, resource: &Arc<Resource>, minor: Minor) -> Arc<Outcome> {
-        let key = (minor, ByBytes(resource.clone()));
+        use std::hash::BuildHasher;
+        let bytes: &[u8] = &resource.canonical;
+        let key = (
+            minor,
+            self.seeds.0.hash_one(bytes),
+            self.seeds.1.hash_one(bytes),
+        );
         if let Some(known) = self.lock().get(&key) {
             return known.clone();
         }
@@ -203,12 +218,7 @@ impl Checker {
         }
     }
 
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<
-        '_,
-        HashMap<(Minor, ByBytes), Arc<Outcome>, foldhash::fast::RandomState>,
-    > {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Memo> {
         // The map is only ever inserted into: a panic elsewhere leaves it whole.
         self.memo.lock().unwrap_or_else(|e| e.into_inner())
     }

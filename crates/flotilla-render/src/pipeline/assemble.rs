@@ -104,7 +104,13 @@ pub(super) struct UnitsDone<'a> {
     pub(super) tenancy: &'a Tenancy,
     /// The schema check (`None` under `validation: off`).
     pub(super) checker: Option<&'a crate::openapi::Checker>,
+    /// Per unit, what checking its resources found, per minor version its clusters
+    /// run (empty without a checker).
+    pub(super) checked: &'a [UnitChecks],
 }
+
+/// One unit's resources checked: per minor version, each resource's outcome.
+pub(super) type UnitChecks = Vec<(crate::openapi::Minor, Vec<Arc<crate::openapi::Outcome>>)>;
 
 /// The tenants' rules judged once for what clusters share (see
 /// [`crate::tenancy::Verdict`]); empty without tenants.
@@ -318,8 +324,13 @@ pub(super) fn assemble(
         ));
     }
     if let Some(checker) = units.checker {
-        done.errors
-            .extend(schema_problems(checker, fleet, cluster, &ranked));
+        done.errors.extend(schema_problems(
+            checker,
+            fleet,
+            cluster,
+            (unit_list, units),
+            &own,
+        ));
     }
     done.errors
         .extend(secret_values_in_metadata(&ranked, &cluster.name));
@@ -484,7 +495,8 @@ fn schema_problems(
     checker: &crate::openapi::Checker,
     fleet: &Fleet,
     cluster: &Cluster,
-    ranked: &[Ranked<'_>],
+    (unit_list, units): (&[usize], &UnitsDone<'_>),
+    own: &[(u32, SourcedResource, usize, Option<&Verdict>)],
 ) -> Vec<Diagnostic> {
     use crate::openapi::{CustomKinds, Outcome};
     use flotilla_core::model::Validation;
@@ -514,21 +526,47 @@ fn schema_problems(
         );
     }
     // CRDs this cluster renders from its own outputs are not among the units' (rare).
-    let own_crds: Vec<serde_json::Value> = ranked
+    let own_crds: Vec<serde_json::Value> = own
         .iter()
-        .filter(|(_, item, _)| {
+        .filter(|(_, item, _, _)| {
             item.resource.key.kind == "CustomResourceDefinition" && !checker.knows(&item.resource)
         })
-        .map(|(_, item, _)| item.resource.value())
+        .map(|(_, item, _, _)| item.resource.value())
         .collect();
     let extra = (!own_crds.is_empty()).then(|| CustomKinds::of(&own_crds));
+    // The units' resources were checked once for every cluster; the cluster's own
+    // outputs are checked here (each distinct one once per render).
+    let of_units = unit_list.iter().flat_map(|&unit| {
+        let workload = units.groups[units.keys[unit].group].workload;
+        let resources = units.rendered[unit].as_deref().unwrap_or_default();
+        let outcomes = units.checked[unit]
+            .iter()
+            .find(|(minor, _)| *minor == choice.minor)
+            .map(|(_, outcomes)| outcomes.as_slice())
+            .unwrap_or_default();
+        resources
+            .iter()
+            .zip(outcomes)
+            .map(move |(item, outcome)| (item, workload, Some(outcome)))
+    });
+    let of_own = own
+        .iter()
+        .map(|(_, item, workload, _)| (item, *workload, None));
     let mut unchecked_kinds = std::collections::BTreeSet::new();
-    for (_, item, workload) in ranked {
-        let outcome = match &extra {
-            None => checker.check(&item.resource, choice.minor),
-            Some(extra) => Arc::new(checker.check_with(&item.resource, choice.minor, extra)),
+    for (item, workload, known) in of_units.chain(of_own) {
+        let checked_here;
+        let outcome: &Outcome = match (known, &extra) {
+            (Some(outcome), None) => outcome,
+            (None, None) => {
+                checked_here = checker.check(&item.resource, choice.minor);
+                &checked_here
+            }
+            (_, Some(extra)) => {
+                checked_here = Arc::new(checker.check_with(&item.resource, choice.minor, extra));
+                &checked_here
+            }
         };
-        match &*outcome {
+        match outcome {
             Outcome::Checked(findings) => {
                 for finding in findings {
                     let message = format!(
@@ -547,7 +585,7 @@ fn schema_problems(
                             .in_file(&*item.file)
                             .at_line(Some(item.line))
                             .for_cluster(&cluster.name)
-                            .for_workload(&fleet.workloads[*workload].name),
+                            .for_workload(&fleet.workloads[workload].name),
                     );
                 }
             }

@@ -18,7 +18,7 @@ use flotilla_core::diagnostic::Diagnostic;
 use flotilla_core::limits::Limits;
 
 use super::HelmContext;
-use super::assemble::{Assembled, ClusterDone, Ranks, Tenancy, UnitsDone, assemble};
+use super::assemble::{Assembled, ClusterDone, Ranks, Tenancy, UnitChecks, UnitsDone, assemble};
 use super::plan::{ClusterPlan, Compiled, Written, intern_outputs, plan_cluster};
 use super::since::Job;
 use super::stop::Stop;
@@ -278,6 +278,10 @@ pub(super) fn render_clusters(
             .collect();
         Checker::new(fleet.settings.validation, crds)
     });
+    let checked = match &checker {
+        Some(checker) => check_units(checker, fleet, clusters, &units, &rendered),
+        None => Vec::new(),
+    };
     let overlay_files: Vec<Arc<str>> = fleet
         .overlays
         .iter()
@@ -296,6 +300,7 @@ pub(super) fn render_clusters(
         context: &context,
         tenancy: &tenancy,
         checker: checker.as_ref(),
+        checked: &checked,
     };
 
     // Phase 3, per cluster: gather (filling in the outputs of its own), check
@@ -450,4 +455,47 @@ fn judge_tenancy(
         stencil_verdicts,
         objects,
     }
+}
+
+/// Each unit's resources checked against the schemas of every minor version its
+/// clusters run, once for all of them (see [`crate::openapi::Checker`]).
+fn check_units(
+    checker: &Checker,
+    fleet: &Fleet,
+    clusters: &[&Cluster],
+    units: &Units,
+    rendered: &[UnitResult],
+) -> Vec<UnitChecks> {
+    let minors: Vec<crate::openapi::Minor> = clusters
+        .iter()
+        .map(|cluster| {
+            let spec = cluster
+                .kubernetes
+                .as_ref()
+                .or(fleet.settings.kubernetes.as_ref());
+            crate::openapi::minor_for(spec, crate::release::DEFAULT_KUBE_VERSION).minor
+        })
+        .collect();
+    units
+        .users
+        .par_iter()
+        .zip(rendered.par_iter())
+        .map(|(users, unit)| {
+            let Ok(resources) = unit else {
+                return Vec::new();
+            };
+            let wanted: BTreeSet<crate::openapi::Minor> =
+                users.iter().map(|&c| minors[c]).collect();
+            wanted
+                .into_iter()
+                .map(|minor| {
+                    let outcomes = resources
+                        .iter()
+                        .map(|r| checker.check(&r.resource, minor))
+                        .collect();
+                    (minor, outcomes)
+                })
+                .collect()
+        })
+        .collect()
 }
