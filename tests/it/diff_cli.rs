@@ -815,3 +815,32 @@ fn dependencies_show_as_an_order_and_their_mistakes_break_head() {
         run.stdout
     );
 }
+
+/// Under `validation: strict` a schema problem in HEAD is a render error: `diff`
+/// says HEAD does not render (exit 2) and names the file, cluster and field.
+#[test]
+fn a_schema_problem_under_strict_is_a_head_that_does_not_render() {
+    let fleet = FleetRepo::new();
+    fleet.commit("base");
+    fleet.write(
+        "flotilla.yaml",
+        "apiVersion: flotilla.dev/v1alpha1\nkind: FleetSettings\nspec:\n  validation: strict\n",
+    );
+    fleet.edit(
+        "workloads/kuard/manifests/deployment.yaml",
+        "  replicas: 1\n",
+        "  replica: 3\n",
+    );
+    fleet.commit("head");
+    let run = fleet.diff(&["base", "head"]);
+    assert_eq!(
+        run.code, 2,
+        "stdout:\n{}\nstderr:\n{}",
+        run.stdout, run.stderr
+    );
+    let report = format!("{}{}", run.stdout, run.stderr);
+    assert!(
+        report.contains("workloads/kuard/manifests/deployment.yaml:1: Deployment.apps kuard/kuard: spec.replica: unknown field (did you mean \"replicas\"?) (Kubernetes 1.36 schema) (cluster blue and 1 other cluster, workload kuard)"),
+        "{report}"
+    );
+}

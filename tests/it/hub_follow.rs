@@ -870,3 +870,69 @@ async fn a_commit_the_hub_cannot_install_shows_why_until_it_installs() {
     assert!(!page.contains("install-error"), "{page}");
     hub.stop().await;
 }
+
+/// Under `validation: strict` in flotilla.yaml a schema problem is a render error:
+/// the hub keeps the last good bundles served and shows the problem; under the
+/// default (`warn`) the same commit is served, with the problem as a warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_problem_is_served_under_warn_and_refused_under_strict() {
+    let repo = Repo::new();
+    let state = tempfile::tempdir().expect("state dir");
+    let admin = make_token(state.path(), None).await;
+    let red = make_token(state.path(), Some("red")).await;
+    let hub = Running::start_ready(config(state.path(), &repo.path().display().to_string())).await;
+    let client = client();
+    let fleet_url = hub.url("/v1/fleet");
+    let red_url = hub.url("/v1/clusters/red/bundle");
+    let served = |revision: String| {
+        let (client, url, admin) = (&client, &fleet_url, &admin);
+        async move {
+            let fleet = get_json(client, url, admin).await;
+            (fleet["attemptedRevision"] == format!("main@sha1:{revision}")).then_some(fleet)
+        }
+    };
+    const DEPLOYMENT: &str = "workloads/kuard/manifests/deployment.yaml";
+
+    // The typo under the default: served, the bundle carries it.
+    let text = repo
+        .read(DEPLOYMENT)
+        .replace("  replicas: 1\n", "  replica: 3\n");
+    repo.write(DEPLOYMENT, &text);
+    let warned = repo.commit("a typo, under validation: warn");
+    let fleet = eventually("the typo to be tried", Duration::from_secs(1), || {
+        served(warned.clone())
+    })
+    .await;
+    assert_eq!(fleet["revision"], format!("main@sha1:{warned}"), "served");
+    let (status, _, body) = get_bundle(&client, &red_url, &red, None).await;
+    assert_eq!(status, 200);
+    assert!(String::from_utf8_lossy(&body).contains("\"replica\":3"));
+
+    // The same typo under strict: refused, the last good render stays served.
+    repo.write(
+        "flotilla.yaml",
+        "apiVersion: flotilla.dev/v1alpha1\nkind: FleetSettings\nspec:\n  validation: strict\n",
+    );
+    let refused = repo.commit("validation: strict");
+    let fleet = eventually(
+        "the strict commit to be tried",
+        Duration::from_secs(1),
+        || served(refused.clone()),
+    )
+    .await;
+    assert_eq!(
+        fleet["revision"],
+        format!("main@sha1:{warned}"),
+        "not served"
+    );
+    let errors = fleet["renderErrors"].as_array().expect("errors");
+    assert!(
+        errors.iter().any(|e| e["file"] == DEPLOYMENT
+            && e["line"] == 1
+            && e["text"].as_str().is_some_and(|t| t
+                .contains("spec.replica: unknown field (did you mean \"replicas\"?)")
+                && t.contains("cluster "))),
+        "the error names the file, line, cluster and field: {errors:#?}"
+    );
+    hub.stop().await;
+}

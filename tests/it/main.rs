@@ -30,6 +30,7 @@ mod readme;
 mod render_example;
 mod roles;
 mod rollout_e2e;
+mod schema_check;
 mod schemas;
 mod sops_secrets;
 mod support;

@@ -22,6 +22,7 @@ pub mod inputs;
 pub mod kustomize;
 pub mod kyaml;
 pub mod load;
+mod openapi;
 mod order;
 pub mod patch;
 mod pipeline;

@@ -102,7 +102,15 @@ pub(super) struct UnitsDone<'a> {
     pub(super) scope_table: &'a [CustomScopes],
     pub(super) context: &'a UnitContext<'a>,
     pub(super) tenancy: &'a Tenancy,
+    /// The schema check (`None` under `validation: off`).
+    pub(super) checker: Option<&'a crate::openapi::Checker>,
+    /// Per unit, what checking its resources found, per minor version its clusters
+    /// run (empty without a checker).
+    pub(super) checked: &'a [UnitChecks],
 }
+
+/// One unit's resources checked: per minor version, each resource's outcome.
+pub(super) type UnitChecks = Vec<(crate::openapi::Minor, Vec<Arc<crate::openapi::Outcome>>)>;
 
 /// The tenants' rules judged once for what clusters share (see
 /// [`crate::tenancy::Verdict`]); empty without tenants.
@@ -315,6 +323,15 @@ pub(super) fn assemble(
             of_units.chain(of_own),
         ));
     }
+    if let Some(checker) = units.checker {
+        done.errors.extend(schema_problems(
+            checker,
+            fleet,
+            cluster,
+            (unit_list, units),
+            &own,
+        ));
+    }
     done.errors.extend(secret_values_in_metadata(
         &ranked,
         &cluster.name,
@@ -470,6 +487,128 @@ fn unsealed_secrets(fleet: &Fleet, cluster: &Cluster, ranked: &[Ranked<'_>]) -> 
             .at_line(Some(first.line))
             .for_cluster(&cluster.name),
     )
+}
+
+/// The schema check's findings for one cluster's resources, each at the resource's
+/// file and line with its field path: errors under `validation: strict`, else
+/// warnings that say how to make them errors. Under `strict`, a warning for each
+/// custom kind no CRD of the fleet defines (not checked), and for a Kubernetes
+/// version without a schema of its own (the nearest is used).
+fn schema_problems(
+    checker: &crate::openapi::Checker,
+    fleet: &Fleet,
+    cluster: &Cluster,
+    (unit_list, units): (&[usize], &UnitsDone<'_>),
+    own: &[(u32, SourcedResource, usize, Option<&Verdict>)],
+) -> Vec<Diagnostic> {
+    use crate::openapi::{CustomKinds, Outcome};
+    use flotilla_core::model::Validation;
+    let strict = checker.mode() == Validation::Strict;
+    let spec = cluster
+        .kubernetes
+        .as_ref()
+        .or(fleet.settings.kubernetes.as_ref());
+    let choice = crate::openapi::minor_for(spec, crate::release::DEFAULT_KUBE_VERSION);
+    let mut found = Vec::new();
+    if let Some(asked) = &choice.instead_of {
+        let file = if cluster.kubernetes.is_some() {
+            cluster.file.as_str()
+        } else {
+            "flotilla.yaml"
+        };
+        let known = crate::openapi::known_minors();
+        found.push(
+            Diagnostic::warning(format!(
+                "Kubernetes version {asked:?} has no schema in flotilla (it has 1.{} to 1.{}): resources are checked against 1.{}, the nearest",
+                known.first().copied().unwrap_or_default(),
+                known.last().copied().unwrap_or_default(),
+                choice.minor
+            ))
+            .in_file(file)
+            .for_cluster(&cluster.name),
+        );
+    }
+    // CRDs this cluster renders from its own outputs are not among the units' (rare).
+    let own_crds: Vec<serde_json::Value> = own
+        .iter()
+        .filter(|(_, item, _, _)| {
+            item.resource.key.kind == "CustomResourceDefinition" && !checker.knows(&item.resource)
+        })
+        .map(|(_, item, _, _)| item.resource.value())
+        .collect();
+    let extra = (!own_crds.is_empty()).then(|| CustomKinds::of(&own_crds));
+    // The units' resources were checked once for every cluster; the cluster's own
+    // outputs are checked here (each distinct one once per render).
+    let of_units = unit_list.iter().flat_map(|&unit| {
+        let workload = units.groups[units.keys[unit].group].workload;
+        let resources = units.rendered[unit].as_deref().unwrap_or_default();
+        let outcomes = units.checked[unit]
+            .iter()
+            .find(|(minor, _)| *minor == choice.minor)
+            .map(|(_, outcomes)| outcomes.as_slice())
+            .unwrap_or_default();
+        resources
+            .iter()
+            .zip(outcomes)
+            .map(move |(item, outcome)| (item, workload, Some(outcome)))
+    });
+    let of_own = own
+        .iter()
+        .map(|(_, item, workload, _)| (item, *workload, None));
+    let mut unchecked_kinds = std::collections::BTreeSet::new();
+    for (item, workload, known) in of_units.chain(of_own) {
+        let checked_here;
+        let outcome: &Outcome = match (known, &extra) {
+            (Some(outcome), None) => outcome,
+            (None, None) => {
+                checked_here = checker.check(&item.resource, choice.minor);
+                &checked_here
+            }
+            (_, Some(extra)) => {
+                checked_here = Arc::new(checker.check_with(&item.resource, choice.minor, extra));
+                &checked_here
+            }
+        };
+        match outcome {
+            Outcome::Checked(findings) => {
+                for finding in findings {
+                    let message = format!(
+                        "{}: {finding} (Kubernetes 1.{} schema)",
+                        item.resource.key, choice.minor
+                    );
+                    let diagnostic = if strict {
+                        Diagnostic::error(message)
+                    } else {
+                        Diagnostic::warning(format!(
+                            "{message}; a warning because spec.validation in flotilla.yaml is warn, the default: set it to strict to make schema problems errors"
+                        ))
+                    };
+                    found.push(
+                        diagnostic
+                            .in_file(&*item.file)
+                            .at_line(Some(item.line))
+                            .for_cluster(&cluster.name)
+                            .for_workload(&fleet.workloads[workload].name),
+                    );
+                }
+            }
+            Outcome::NoDefinition(gvk) if strict => {
+                if unchecked_kinds.insert(gvk.clone()) {
+                    found.push(
+                        Diagnostic::warning(format!(
+                            "{}: not checked against a schema: no CustomResourceDefinition in the fleet defines {gvk}",
+                            item.resource.key
+                        ))
+                        .in_file(&*item.file)
+                        .at_line(Some(item.line))
+                        .for_cluster(&cluster.name),
+                    );
+                }
+            }
+            Outcome::NoDefinition(_) | Outcome::Unchecked => {}
+        }
+    }
+    found
 }
 
 /// A warning for each resource that is not a Secret but holds a value decrypted from

@@ -18,7 +18,7 @@ use flotilla_core::diagnostic::Diagnostic;
 use flotilla_core::limits::Limits;
 
 use super::HelmContext;
-use super::assemble::{Assembled, ClusterDone, Ranks, Tenancy, UnitsDone, assemble};
+use super::assemble::{Assembled, ClusterDone, Ranks, Tenancy, UnitChecks, UnitsDone, assemble};
 use super::plan::{ClusterPlan, Compiled, Written, intern_outputs, plan_cluster};
 use super::since::Job;
 use super::stop::Stop;
@@ -27,12 +27,14 @@ use super::units::{
     render_unit, report_unit_errors, scopes_defined_by,
 };
 use crate::load::{Cluster, Fleet, Overlay};
+use crate::openapi::Checker;
 use crate::patch::PatchLimits;
 use crate::scope::{self, CustomScopes};
 use crate::shape::Shape;
 use crate::stencil::{self, StencilUnit};
 use crate::template::{self, Templates, WorkloadContext};
 use crate::tenancy::{self, PlatformObjects, Verdict};
+use flotilla_core::model::Validation;
 
 /// Everything a render shares between its clusters.
 pub(super) struct Shared<'a> {
@@ -268,6 +270,20 @@ pub(super) fn render_clusters(
         .collect();
     let ranks = Ranks::of(&rendered, &stencils);
     let tenancy = judge_tenancy(fleet, &units, &rendered, &slots, &stencils);
+    let checker = (fleet.settings.validation != Validation::Off).then(|| {
+        let crds: Vec<&Arc<flotilla_core::bundle::Resource>> = rendered
+            .iter()
+            .filter_map(|unit| unit.as_ref().ok())
+            .flatten()
+            .filter(|r| r.resource.key.kind == "CustomResourceDefinition")
+            .map(|r| &r.resource)
+            .collect();
+        Checker::new(fleet.settings.validation, crds)
+    });
+    let checked = match &checker {
+        Some(checker) => check_units(checker, fleet, clusters, &units, &rendered),
+        None => Vec::new(),
+    };
     let overlay_files: Vec<Arc<str>> = fleet
         .overlays
         .iter()
@@ -285,6 +301,8 @@ pub(super) fn render_clusters(
         scope_table: &scope_table,
         context: &context,
         tenancy: &tenancy,
+        checker: checker.as_ref(),
+        checked: &checked,
     };
 
     // Phase 3, per cluster: gather (filling in the outputs of its own), check
@@ -439,4 +457,47 @@ fn judge_tenancy(
         stencil_verdicts,
         objects,
     }
+}
+
+/// Each unit's resources checked against the schemas of every minor version its
+/// clusters run, once for all of them (see [`crate::openapi::Checker`]).
+fn check_units(
+    checker: &Checker,
+    fleet: &Fleet,
+    clusters: &[&Cluster],
+    units: &Units,
+    rendered: &[UnitResult],
+) -> Vec<UnitChecks> {
+    let minors: Vec<crate::openapi::Minor> = clusters
+        .iter()
+        .map(|cluster| {
+            let spec = cluster
+                .kubernetes
+                .as_ref()
+                .or(fleet.settings.kubernetes.as_ref());
+            crate::openapi::minor_for(spec, crate::release::DEFAULT_KUBE_VERSION).minor
+        })
+        .collect();
+    units
+        .users
+        .par_iter()
+        .zip(rendered.par_iter())
+        .map(|(users, unit)| {
+            let Ok(resources) = unit else {
+                return Vec::new();
+            };
+            let wanted: BTreeSet<crate::openapi::Minor> =
+                users.iter().map(|&c| minors[c]).collect();
+            wanted
+                .into_iter()
+                .map(|minor| {
+                    let outcomes = resources
+                        .iter()
+                        .map(|r| checker.check(&r.resource, minor))
+                        .collect();
+                    (minor, outcomes)
+                })
+                .collect()
+        })
+        .collect()
 }

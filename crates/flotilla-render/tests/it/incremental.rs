@@ -146,7 +146,7 @@ impl Fleet {
         add(
             "workloads/web/manifests/app.yaml",
             format!(
-                "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\n  labels: {{app: web}}\nspec:\n  replicas: 1\n  template:\n    spec:\n      containers:\n        - name: web\n          image: example.com/web:{}\n---\napiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: w\n---\napiVersion: example.com/v1\nkind: Gadget\nmetadata:\n  name: g\n",
+                "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\n  labels: {{app: web}}\nspec:\n  replicas: 1\n  selector: {{matchLabels: {{app: web}}}}\n  template:\n    spec:\n      containers:\n        - name: web\n          image: example.com/web:{}\n---\napiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: w\n---\napiVersion: example.com/v1\nkind: Gadget\nmetadata:\n  name: g\n",
                 self.image
             ),
         );

@@ -11,13 +11,19 @@ const CLUSTER: &str = "apiVersion: flotilla.dev/v1alpha1\nkind: Cluster\nmetadat
 const WORKLOAD: &str = "apiVersion: flotilla.dev/v1alpha1\nkind: Workload\nmetadata:\n  name: app\nspec:\n  namespace: shop\n  targets:\n    - cluster: edge\n";
 
 /// Renders one workload's manifests with an optional overlay.
+const VALIDATION_OFF: &str =
+    "apiVersion: flotilla.dev/v1alpha1\nkind: FleetSettings\nspec:\n  validation: off\n";
+
 fn render_with(manifests: &str, overlay: Option<&str>) -> RenderOutput {
     let overlay = overlay.map(|spec| {
         format!(
             "apiVersion: flotilla.dev/v1alpha1\nkind: Overlay\nmetadata:\n  name: case\nspec:\n  clusters: [edge]\n{spec}"
         )
     });
+    // The manifests are as small as each case needs, not complete Kubernetes
+    // objects: the schema check (its own tests are the renderer's `openapi`) is off.
     let mut files = vec![
+        ("flotilla.yaml", VALIDATION_OFF),
         ("clusters/edge.yaml", CLUSTER),
         ("workloads/app/workload.yaml", WORKLOAD),
         ("workloads/app/manifests/resources.yaml", manifests),
