@@ -414,7 +414,7 @@ pub(super) fn fill(
             .map(|(resource, canonical)| SourcedResource {
                 resource: Arc::new(Resource {
                     key: resource.key.clone(),
-                    canonical: canonical.into_boxed_slice(),
+                    canonical: canonical.into(),
                 }),
                 file: resource.file.clone(),
                 line: resource.line,
