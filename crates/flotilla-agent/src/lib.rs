@@ -331,7 +331,7 @@ impl<S: Sink> Agent<S> {
             state: &state,
             inventory,
             desired: last_known_good.map(Arc::new),
-            report: last_report,
+            report: Arc::new(last_report),
             report_tx,
             observers: reports,
             backoff: Backoff::new(config.backoff),
@@ -366,7 +366,8 @@ struct Applier<'a, S: Sink> {
     state: &'a StateDir,
     inventory: Inventory,
     desired: Option<Arc<Bundle>>,
-    report: StatusReport,
+    /// The latest report, shared with the reporter (a report lists every resource).
+    report: Arc<StatusReport>,
     /// To the reporter: one copy of the report, shared (a report lists every resource).
     report_tx: watch::Sender<Option<Arc<StatusReport>>>,
     observers: watch::Sender<Option<StatusReport>>,
@@ -472,8 +473,9 @@ impl<S: Sink> Applier<'_, S> {
                         apply_now = true;
                     }
                     Some(Event::Refused { claimed, message }) => {
-                        self.report.attempted = claimed.or(self.report.attempted.take());
-                        self.report.message = message;
+                        let report = Arc::make_mut(&mut self.report);
+                        report.attempted = claimed.or(report.attempted.take());
+                        report.message = message;
                         self.publish();
                     }
                     None => {
@@ -515,7 +517,7 @@ impl<S: Sink> Applier<'_, S> {
                     .map(|r| {
                         ResourceStatus::new(&r.key, ResourceState::Failed, err.reason.clone())
                     });
-                self.report = StatusReport {
+                self.report = Arc::new(StatusReport {
                     applied: self.inventory.applied.clone(),
                     attempted: Some(bundle.digest.clone()),
                     resources: failed.into_iter().collect(),
@@ -523,7 +525,7 @@ impl<S: Sink> Applier<'_, S> {
                     agent_version: AGENT_VERSION.to_string(),
                     drift: Vec::new(),
                     features: crate::FEATURES.iter().map(|f| f.to_string()).collect(),
-                };
+                });
                 self.publish();
                 return false;
             }
@@ -582,7 +584,7 @@ impl<S: Sink> Applier<'_, S> {
             Some(delivery) => format!("{} ({delivery})", outcome.message),
             None => outcome.message,
         };
-        self.report = StatusReport {
+        self.report = Arc::new(StatusReport {
             applied: self.inventory.applied.clone(),
             attempted: Some(bundle.digest.clone()),
             resources: outcome.resources,
@@ -590,7 +592,7 @@ impl<S: Sink> Applier<'_, S> {
             agent_version: AGENT_VERSION.to_string(),
             drift: Vec::new(),
             features: crate::FEATURES.iter().map(|f| f.to_string()).collect(),
-        };
+        });
         self.publish();
         complete
     }
@@ -658,7 +660,9 @@ impl<S: Sink> Applier<'_, S> {
             DriftCheck::Checked { drift, health } => {
                 tracing::debug!(drifted = drift.len(), "resync: looked for drift");
                 self.merge_health(health);
-                self.report.drift = drift;
+                if self.report.drift != drift {
+                    Arc::make_mut(&mut self.report).drift = drift;
+                }
                 // An unchanged report is not sent again (see the reporter).
                 self.publish();
                 false
@@ -670,15 +674,16 @@ impl<S: Sink> Applier<'_, S> {
     fn merge_health(&mut self, fresh: Vec<ResourceStatus>) -> bool {
         let mut changed = false;
         for status in fresh {
-            if let Some(line) = self.report.resources.iter_mut().find(|r| {
+            // The report is shared with the reporter: copied only when a line changes.
+            if let Some(index) = self.report.resources.iter().position(|r| {
                 r.state != ResourceState::Pruned
                     && r.group == status.group
                     && r.kind == status.kind
                     && r.namespace == status.namespace
                     && r.name == status.name
-            }) && *line != status
+            }) && self.report.resources[index] != status
             {
-                *line = status;
+                Arc::make_mut(&mut self.report).resources[index] = status;
                 changed = true;
             }
         }
@@ -686,12 +691,11 @@ impl<S: Sink> Applier<'_, S> {
     }
 
     fn publish(&self) {
-        self.report_tx
-            .send_replace(Some(Arc::new(self.report.clone())));
+        self.report_tx.send_replace(Some(self.report.clone()));
         // Observers subscribe before the agent runs (`Agent::reports`), so one that is
         // not there now never will be: an agent nobody embeds keeps no copy for them.
         if self.observers.receiver_count() > 0 {
-            self.observers.send_replace(Some(self.report.clone()));
+            self.observers.send_replace(Some((*self.report).clone()));
         }
     }
 }

@@ -137,8 +137,18 @@ impl DirSink {
         manifest
     }
 
-    fn save_manifest(&self, manifest: &Manifest) -> io::Result<()> {
-        let bytes = serde_json::to_vec_pretty(manifest).map_err(io::Error::other)?;
+    /// Records `files` as the manifest (what [`Manifest`] reads back).
+    fn save_manifest(&self, files: BTreeSet<&String>) -> io::Result<()> {
+        #[derive(Serialize)]
+        struct Written<'a> {
+            target: &'a Path,
+            files: BTreeSet<&'a String>,
+        }
+        let manifest = Written {
+            target: &self.target,
+            files,
+        };
+        let bytes = serde_json::to_vec_pretty(&manifest).map_err(io::Error::other)?;
         flotilla_fs::write_atomically(&self.state_dir.join(MANIFEST_FILE), &bytes, Mode::Private)
     }
 
@@ -183,19 +193,14 @@ impl DirSink {
             .cloned()
             .collect();
 
-        // Record intent: every file this apply may write, plus the old ones.
-        let mut intent = old.files.clone();
-        intent.extend(
-            desired
-                .files
-                .keys()
-                .filter(|n| !foreign.contains(*n))
-                .cloned(),
-        );
-        if let Err(err) = self.save_manifest(&Manifest {
-            target: self.target.clone(),
-            files: intent,
-        }) {
+        // Record intent: every file this apply may write, plus the old ones (their
+        // names borrowed, not copied).
+        let intent: BTreeSet<&String> = old
+            .files
+            .iter()
+            .chain(desired.files.keys().filter(|n| !foreign.contains(*n)))
+            .collect();
+        if let Err(err) = self.save_manifest(intent) {
             return failed_everything(format!(
                 "cannot record the dir sink's manifest in {}: {err}",
                 self.state_dir.display()
@@ -245,12 +250,7 @@ impl DirSink {
             };
             resources.push(ResourceStatus::new(&key, state, message));
         }
-        let mut files: BTreeSet<String> = desired.files.into_keys().collect();
-        files.extend(removal.kept);
-        let committed = self.save_manifest(&Manifest {
-            target: self.target.clone(),
-            files,
-        });
+        let committed = self.save_manifest(desired.files.keys().chain(&removal.kept).collect());
         let problem = removal
             .failure
             .or_else(|| {
