@@ -5,9 +5,10 @@
 #   cargo build --release --bin flotilla && benches/agent-delta-memory.sh
 #   AGENT_BIN=target/release/flotilla-agent benches/agent-delta-memory.sh   # the edge agent
 #   RESOURCES=100000 AGENT_BIN=… benches/agent-delta-memory.sh   # many small resources
+#   CONFIGMAPS=600 AGENT_BIN=… benches/agent-delta-memory.sh      # a 30 MB bundle
 #
-# Makes a fleet of one cluster whose bundle is 200 ConfigMaps of 50,000 hexadecimal
-# characters (about 10 MB), or with RESOURCES=N, N small ConfigMaps (100,000 make a
+# Makes a fleet of one cluster whose bundle is 200 ConfigMaps (or CONFIGMAPS) of 50,000
+# hexadecimal characters (about 10 MB), or with RESOURCES=N, N small ConfigMaps (100,000 make a
 # bundle of about 12 MB, where each resource's own cost outweighs its bytes),
 # publishes it with deltas, runs the agent with the dir
 # sink until it has applied it, and prints VmHWM and VmRSS; then changes one field,
@@ -42,10 +43,10 @@ spec:
     - clusterSelector: {}
 YAML
 resources="${RESOURCES:-0}"
-python3 - "$fleet/workloads/big/manifests" "$resources" <<'PY'
+python3 - "$fleet/workloads/big/manifests" "$resources" "${CONFIGMAPS:-200}" <<'PY'
 import random, sys
 random.seed(7)
-out, small = sys.argv[1], int(sys.argv[2])
+out, small, large = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 if small:
     # A thousand ConfigMaps to a file; the one the change edits is cm-big-0000100.
     for start in range(0, small, 1000):
@@ -54,7 +55,7 @@ if small:
                 f.write(f"---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm-big-{i:07}\n"
                         f"data:\n  level: info\n  index: \"{i}\"\n")
 else:
-    for i in range(200):
+    for i in range(large):
         blob = ''.join('%08x' % random.getrandbits(32) for _ in range(6250))
         with open(f'{out}/cm-{i:03}.yaml', 'w') as f:
             f.write(f"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm-{i:03}\n"
