@@ -114,10 +114,7 @@ impl StateDir {
     /// resources are parts of) and its revision and signature: the stored document is
     /// the one received, so its signature's sequence is the one the agent holds, kept
     /// atomically with the bundle it came with.
-    pub fn load_document(
-        &self,
-        cluster: &str,
-    ) -> Result<Option<(Arc<Vec<u8>>, VerifiedDocument)>, StateError> {
+    pub fn load_document(&self, cluster: &str) -> Result<Option<StoredDocument>, StateError> {
         let path = self.path.join(BUNDLE_FILE);
         let Some(bytes) = self.load_document_bytes()? else {
             return Ok(None);
@@ -259,6 +256,10 @@ impl StateDir {
         )
     }
 }
+
+/// The last-known-good document's bytes (which its bundle's resources are parts of) and
+/// what verifying them gave.
+pub type StoredDocument = (Arc<Vec<u8>>, VerifiedDocument);
 
 /// The latest status report kept in the state dir, and whether the hub acknowledged it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
