@@ -63,7 +63,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use backoff::{Backoff, BackoffPolicy, Sleeper, TokioSleeper};
-use cache::{Inventory, InventoryEntry, StateDir};
+use cache::{Inventory, StateDir};
 use client::{FailureKind, Fetched, HubClient, Server};
 use flotilla_core::status::{ResourceState, ResourceStatus, StatusReport};
 use sink::drift::DriftCheck;
@@ -554,8 +554,12 @@ impl<S: Sink> Applier<'_, S> {
         };
         let mut complete = outcome.complete;
         if complete {
-            // What could not be pruned yet stays listed, so a later apply tries again.
-            let mut entries = InventoryEntry::of_bundle(bundle);
+            // The intent recorded before the apply begins with the bundle's entries
+            // (`Inventory::union_with`): they are taken over, not made again. What
+            // could not be pruned yet stays listed, so a later apply tries again.
+            let mut entries = std::mem::take(&mut self.inventory.entries);
+            let ours = bundle.resources.len().min(entries.len());
+            let left = entries.split_off(ours);
             entries.extend(outcome.kept.iter().cloned());
             let done = Inventory {
                 sink: self.inventory.sink.clone(),
@@ -571,6 +575,11 @@ impl<S: Sink> Applier<'_, S> {
                 }
                 Err(err) => {
                     tracing::error!(error = %err, "applied, but cannot record it; will apply again");
+                    // The inventory stays the intent.
+                    let mut entries = done.entries;
+                    entries.truncate(ours);
+                    entries.extend(left);
+                    self.inventory.entries = entries;
                     complete = false;
                 }
             }
