@@ -568,15 +568,9 @@ async fn a_broken_delta_is_dropped_and_the_agent_takes_the_full_document() {
     // all, the other decompresses into a document whose resources were changed after
     // their digest was taken (it fails the digest check).
     let mut runs = first;
-    // The third is a good delta, but the agent's stored copy of its base is damaged.
     let cases = [
         ("garbage", "two", "the delta does not decompress"),
         ("forged", "three", "refused the bundle"),
-        (
-            "no base",
-            "four",
-            "the stored bundle cannot serve as the delta's base",
-        ),
     ];
     for (what, value, why) in cases {
         let target = entries(value);
@@ -584,11 +578,6 @@ async fn a_broken_delta_is_dropped_and_the_agent_takes_the_full_document() {
             let mut garbage = dcz::header(&runs.digest).expect("header").to_vec();
             garbage.extend_from_slice(b"this is not a zstd frame");
             garbage
-        } else if what == "no base" {
-            std::fs::write(site.path().join("state").join(STORED), b"{\"damaged\"")
-                .expect("damages the stored bundle");
-            flotilla_hub::delta::encode(&runs.canonical_body(), &target.document(REVISION))
-                .expect("encodes")
         } else {
             let forged = String::from_utf8(target.document(REVISION))
                 .expect("utf-8")
@@ -620,13 +609,67 @@ async fn a_broken_delta_is_dropped_and_the_agent_takes_the_full_document() {
         assert_eq!(stored["digest"], target.digest.as_str(), "{what}");
         runs = target;
     }
+
+    // The stored copy of the base damaged while the agent runs: the delta is rebuilt
+    // from the document it holds (the one the bundle it runs is made of), and the new
+    // bundle replaces the damaged copy.
+    let stored = site.path().join("state").join(STORED);
+    std::fs::write(&stored, b"{\"damaged\"").expect("damages the stored bundle");
+    let target = entries("four");
+    let delta = flotilla_hub::delta::encode(&runs.canonical_body(), &target.document(REVISION))
+        .expect("encodes");
+    *server.serving.lock().expect("lock") = Some((target.clone(), delta));
+    let report = agent.applied(&target.digest).await;
+    assert!(
+        report.message.contains("received as a delta"),
+        "{}",
+        report.message
+    );
+    let document = std::fs::read(&stored).expect("stored");
+    assert_eq!(
+        verify_document_parts(&document, Some(CLUSTER))
+            .expect("the stored bundle verifies again")
+            .bundle
+            .digest,
+        target.digest
+    );
+    agent.stop().await;
+
+    // Damaged while the agent is stopped: it starts without a base, offers none, and
+    // takes the full document.
+    std::fs::write(&stored, b"{\"damaged\"").expect("damages the stored bundle");
+    let runs = target;
+    let target = entries("five");
+    let delta = flotilla_hub::delta::encode(&runs.canonical_body(), &target.document(REVISION))
+        .expect("encodes");
+    server.offered.lock().expect("lock").clear();
+    *server.serving.lock().expect("lock") = Some((target.clone(), delta));
+    let mut agent = start_agent(
+        site.path(),
+        &format!("http://{address}/"),
+        "flt_test",
+        Duration::from_millis(100),
+        None,
+    );
+    let report = agent.applied(&target.digest).await;
+    assert!(
+        !report.message.contains("received as a delta"),
+        "{}",
+        report.message
+    );
+    let offered = server.offered.lock().expect("lock").clone();
+    assert!(
+        !offered.is_empty() && !offered[0],
+        "the first request offers no dictionary: {offered:?}"
+    );
     agent.stop().await;
 }
 
-/// The agent rebuilds a delta against the stored document's body where it lies when
-/// the document is laid out as served; a stored document laid out otherwise (spaced
-/// out, still the same bundle) is read and verified in full, and serves as the base
-/// all the same: the change still arrives as a delta.
+/// The agent rebuilds a delta against the body of the document it holds where it lies
+/// when the document is laid out as served; a stored document laid out otherwise
+/// (spaced out, still the same bundle), which an agent restarted holds, is read and
+/// verified in full, and serves as the base all the same: the change still arrives as
+/// a delta.
 #[tokio::test]
 async fn a_stored_base_laid_out_otherwise_still_serves_a_delta() {
     let server = Tampering::default();
@@ -652,6 +695,7 @@ async fn a_stored_base_laid_out_otherwise_still_serves_a_delta() {
         None,
     );
     agent.applied(&first.digest).await;
+    agent.stop().await;
 
     let stored = site.path().join("state").join(STORED);
     let document: Value =
@@ -665,6 +709,13 @@ async fn a_stored_base_laid_out_otherwise_still_serves_a_delta() {
     let delta = flotilla_hub::delta::encode(&first.canonical_body(), &target.document(REVISION))
         .expect("encodes");
     *server.serving.lock().expect("lock") = Some((target.clone(), delta));
+    let mut agent = start_agent(
+        site.path(),
+        &format!("http://{address}/"),
+        "flt_test",
+        Duration::from_millis(100),
+        None,
+    );
     let report = agent.applied(&target.digest).await;
     assert!(
         report.message.contains("received as a delta"),

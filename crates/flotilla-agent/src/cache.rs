@@ -9,6 +9,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use flotilla_fs::Mode;
 
@@ -104,19 +105,23 @@ impl StateDir {
     /// verifies (a damaged disk) is moved aside to `bundle.json.damaged` and ignored,
     /// so the agent starts as if it had none and fetches a fresh one.
     pub fn load_bundle(&self, cluster: &str) -> Result<Option<Bundle>, StateError> {
-        Ok(self.load_document(cluster)?.map(|document| document.bundle))
+        Ok(self
+            .load_document(cluster)?
+            .map(|(_, document)| document.bundle))
     }
 
-    /// [`StateDir::load_bundle`], with the document's revision and signature: the
-    /// stored document is the one received, so its signature's sequence is the one the
-    /// agent holds, kept atomically with the bundle it came with.
-    pub fn load_document(&self, cluster: &str) -> Result<Option<VerifiedDocument>, StateError> {
+    /// [`StateDir::load_bundle`], with the document's bytes (which the bundle's
+    /// resources are parts of) and its revision and signature: the stored document is
+    /// the one received, so its signature's sequence is the one the agent holds, kept
+    /// atomically with the bundle it came with.
+    pub fn load_document(&self, cluster: &str) -> Result<Option<StoredDocument>, StateError> {
         let path = self.path.join(BUNDLE_FILE);
         let Some(bytes) = self.load_document_bytes()? else {
             return Ok(None);
         };
-        match bundle::verify_document_parts(&bytes, Some(cluster)) {
-            Ok(document) => Ok(Some(document)),
+        let bytes = Arc::new(bytes);
+        match bundle::verify_shared_document(&bytes, Some(cluster)) {
+            Ok(document) => Ok(Some((bytes, document))),
             Err(VerifyError::WrongCluster { expected, found }) => Err(StateError::WrongCluster {
                 path: self.path.clone(),
                 expected,
@@ -203,8 +208,15 @@ impl StateDir {
         self.read_json(STATUS_FILE)
     }
 
-    pub fn save_status(&self, status: &PendingReport) -> Result<(), StateError> {
-        self.write_json(STATUS_FILE, status)
+    /// Keeps `report` as a [`PendingReport`] (written from the report where it is,
+    /// not a copy of it: a report lists every resource).
+    pub fn save_status(&self, sent: bool, report: &StatusReport) -> Result<(), StateError> {
+        #[derive(Serialize)]
+        struct Kept<'a> {
+            sent: bool,
+            report: &'a StatusReport,
+        }
+        self.write_json(STATUS_FILE, &Kept { sent, report })
     }
 
     /// Reads a JSON file of the state folder; a damaged one is logged and ignored.
@@ -245,6 +257,10 @@ impl StateDir {
     }
 }
 
+/// The last-known-good document's bytes (which its bundle's resources are parts of) and
+/// what verifying them gave.
+pub type StoredDocument = (Arc<Vec<u8>>, VerifiedDocument);
+
 /// The latest status report kept in the state dir, and whether the hub acknowledged it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PendingReport {
@@ -270,8 +286,9 @@ impl Inventory {
     /// (the bundle's apiVersion wins).
     pub fn union_with(&self, bundle: &Bundle) -> Vec<InventoryEntry> {
         let mut entries = InventoryEntry::of_bundle(bundle);
-        let keys: std::collections::HashSet<ResourceKey> =
-            entries.iter().map(InventoryEntry::key).collect();
+        // The bundle's entries have the identities of its resources.
+        let keys: std::collections::HashSet<&ResourceKey> =
+            bundle.resources.iter().map(|r| &*r.key).collect();
         entries.extend(
             self.entries
                 .iter()

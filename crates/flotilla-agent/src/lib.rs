@@ -63,7 +63,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use backoff::{Backoff, BackoffPolicy, Sleeper, TokioSleeper};
-use cache::{Inventory, InventoryEntry, PendingReport, StateDir};
+use cache::{Inventory, StateDir};
 use client::{FailureKind, Fetched, HubClient, Server};
 use flotilla_core::status::{ResourceState, ResourceStatus, StatusReport};
 use sink::drift::DriftCheck;
@@ -210,6 +210,8 @@ impl<S: Sink> Agent<S> {
         sink.watch_stop(stop.clone());
         let state = Arc::new(StateDir::open(&config.state_dir)?);
         let last_known_good = state.load_document(&config.cluster)?;
+        let document = last_known_good.as_ref().map(|(bytes, _)| bytes.clone());
+        let last_known_good = last_known_good.map(|(_, document)| document);
         // The stored document was checked when it arrived; its sequence is the one held.
         let held = last_known_good.as_ref().and_then(|document| {
             document.signature.as_ref().map(|signature| Held {
@@ -276,7 +278,7 @@ impl<S: Sink> Agent<S> {
 
         let stored = state.load_status();
         let first_report = match &stored {
-            Some(stored) if !stored.sent => Some(stored.report.clone()),
+            Some(stored) if !stored.sent => Some(Arc::new(stored.report.clone())),
             _ => None,
         };
         let (report_tx, report_rx) = watch::channel(first_report);
@@ -299,6 +301,7 @@ impl<S: Sink> Agent<S> {
             sleeper: sleeper.clone(),
             events: events_tx,
             current: last_known_good.as_ref().map(|b| b.digest.clone()),
+            document,
             etag: None,
             trusted: config.trusted.clone(),
             tenant_policy: config.tenant_policy.clone(),
@@ -328,7 +331,7 @@ impl<S: Sink> Agent<S> {
             state: &state,
             inventory,
             desired: last_known_good.map(Arc::new),
-            report: last_report,
+            report: Arc::new(last_report),
             report_tx,
             observers: reports,
             backoff: Backoff::new(config.backoff),
@@ -363,8 +366,10 @@ struct Applier<'a, S: Sink> {
     state: &'a StateDir,
     inventory: Inventory,
     desired: Option<Arc<Bundle>>,
-    report: StatusReport,
-    report_tx: watch::Sender<Option<StatusReport>>,
+    /// The latest report, shared with the reporter (a report lists every resource).
+    report: Arc<StatusReport>,
+    /// To the reporter: one copy of the report, shared (a report lists every resource).
+    report_tx: watch::Sender<Option<Arc<StatusReport>>>,
     observers: watch::Sender<Option<StatusReport>>,
     backoff: Backoff,
     /// Opens the Secrets sealed to this agent, in memory, just before they apply.
@@ -468,8 +473,9 @@ impl<S: Sink> Applier<'_, S> {
                         apply_now = true;
                     }
                     Some(Event::Refused { claimed, message }) => {
-                        self.report.attempted = claimed.or(self.report.attempted.take());
-                        self.report.message = message;
+                        let report = Arc::make_mut(&mut self.report);
+                        report.attempted = claimed.or(report.attempted.take());
+                        report.message = message;
                         self.publish();
                     }
                     None => {
@@ -511,7 +517,7 @@ impl<S: Sink> Applier<'_, S> {
                     .map(|r| {
                         ResourceStatus::new(&r.key, ResourceState::Failed, err.reason.clone())
                     });
-                self.report = StatusReport {
+                self.report = Arc::new(StatusReport {
                     applied: self.inventory.applied.clone(),
                     attempted: Some(bundle.digest.clone()),
                     resources: failed.into_iter().collect(),
@@ -519,7 +525,7 @@ impl<S: Sink> Applier<'_, S> {
                     agent_version: AGENT_VERSION.to_string(),
                     drift: Vec::new(),
                     features: crate::FEATURES.iter().map(|f| f.to_string()).collect(),
-                };
+                });
                 self.publish();
                 return false;
             }
@@ -532,11 +538,11 @@ impl<S: Sink> Applier<'_, S> {
             applied: self.inventory.applied.clone(),
             entries: self.inventory.union_with(bundle),
         };
-        let applied_before = self.inventory.entries.clone();
         let outcome = match self.state.save_inventory(&intent) {
             Ok(()) => {
-                self.inventory = intent;
-                self.sink.recall(&applied_before);
+                let applied_before = std::mem::replace(&mut self.inventory, intent);
+                self.sink.recall(&applied_before.entries);
+                drop(applied_before);
                 self.sink.apply(bundle, &prune).await
             }
             Err(err) => ApplyOutcome {
@@ -548,8 +554,12 @@ impl<S: Sink> Applier<'_, S> {
         };
         let mut complete = outcome.complete;
         if complete {
-            // What could not be pruned yet stays listed, so a later apply tries again.
-            let mut entries = InventoryEntry::of_bundle(bundle);
+            // The intent recorded before the apply begins with the bundle's entries
+            // (`Inventory::union_with`): they are taken over, not made again. What
+            // could not be pruned yet stays listed, so a later apply tries again.
+            let mut entries = std::mem::take(&mut self.inventory.entries);
+            let ours = bundle.resources.len().min(entries.len());
+            let left = entries.split_off(ours);
             entries.extend(outcome.kept.iter().cloned());
             let done = Inventory {
                 sink: self.inventory.sink.clone(),
@@ -565,6 +575,11 @@ impl<S: Sink> Applier<'_, S> {
                 }
                 Err(err) => {
                     tracing::error!(error = %err, "applied, but cannot record it; will apply again");
+                    // The inventory stays the intent.
+                    let mut entries = done.entries;
+                    entries.truncate(ours);
+                    entries.extend(left);
+                    self.inventory.entries = entries;
                     complete = false;
                 }
             }
@@ -578,7 +593,7 @@ impl<S: Sink> Applier<'_, S> {
             Some(delivery) => format!("{} ({delivery})", outcome.message),
             None => outcome.message,
         };
-        self.report = StatusReport {
+        self.report = Arc::new(StatusReport {
             applied: self.inventory.applied.clone(),
             attempted: Some(bundle.digest.clone()),
             resources: outcome.resources,
@@ -586,7 +601,7 @@ impl<S: Sink> Applier<'_, S> {
             agent_version: AGENT_VERSION.to_string(),
             drift: Vec::new(),
             features: crate::FEATURES.iter().map(|f| f.to_string()).collect(),
-        };
+        });
         self.publish();
         complete
     }
@@ -654,7 +669,9 @@ impl<S: Sink> Applier<'_, S> {
             DriftCheck::Checked { drift, health } => {
                 tracing::debug!(drifted = drift.len(), "resync: looked for drift");
                 self.merge_health(health);
-                self.report.drift = drift;
+                if self.report.drift != drift {
+                    Arc::make_mut(&mut self.report).drift = drift;
+                }
                 // An unchanged report is not sent again (see the reporter).
                 self.publish();
                 false
@@ -666,15 +683,16 @@ impl<S: Sink> Applier<'_, S> {
     fn merge_health(&mut self, fresh: Vec<ResourceStatus>) -> bool {
         let mut changed = false;
         for status in fresh {
-            if let Some(line) = self.report.resources.iter_mut().find(|r| {
+            // The report is shared with the reporter: copied only when a line changes.
+            if let Some(index) = self.report.resources.iter().position(|r| {
                 r.state != ResourceState::Pruned
                     && r.group == status.group
                     && r.kind == status.kind
                     && r.namespace == status.namespace
                     && r.name == status.name
-            }) && *line != status
+            }) && self.report.resources[index] != status
             {
-                *line = status;
+                Arc::make_mut(&mut self.report).resources[index] = status;
                 changed = true;
             }
         }
@@ -683,7 +701,11 @@ impl<S: Sink> Applier<'_, S> {
 
     fn publish(&self) {
         self.report_tx.send_replace(Some(self.report.clone()));
-        self.observers.send_replace(Some(self.report.clone()));
+        // Observers subscribe before the agent runs (`Agent::reports`), so one that is
+        // not there now never will be: an agent nobody embeds keeps no copy for them.
+        if self.observers.receiver_count() > 0 {
+            self.observers.send_replace(Some((*self.report).clone()));
+        }
     }
 }
 
@@ -698,6 +720,10 @@ struct Poller {
     events: mpsc::Sender<Event>,
     /// The digest of the last-known-good bundle.
     current: Option<Digest>,
+    /// The last-known-good document as stored, which the bundle the applier runs is
+    /// made of (its resources are parts of it): the base of the next delta, at no
+    /// cost beyond what runs.
+    document: Option<Arc<Vec<u8>>>,
     /// The ETag that bundle came with, sent back as `If-None-Match`.
     etag: Option<String>,
     /// The keys whose signatures are accepted (none: digests only).
@@ -779,84 +805,92 @@ impl Poller {
                     self.backoff.reset();
                     self.waits.answered(wait, started.elapsed())
                 }
-                Ok(Fetched::Bundle { body, etag }) => match self.judge(&body, etag.as_deref()) {
-                    Verdict::Refused(_, message) if as_delta => {
-                        self.delta_failed(message, offer).await;
-                        continue;
-                    }
-                    Verdict::New(bundle, held) => match self.state.save_bundle(&body) {
-                        Ok(()) => {
-                            self.backoff.reset();
-                            self.held = held;
-                            self.current = Some(bundle.digest.clone());
-                            self.etag = etag;
-                            // A delta against the bundle run before names another base.
-                            self.taken_delta = None;
-                            let delivery = if as_delta {
-                                Some(AS_DELTA.to_string())
-                            } else {
-                                self.bad_delta.take().map(|why| {
-                                    format!("fetched in full after a delta that failed: {why}")
-                                })
-                            };
-                            if self
-                                .events
-                                .send(Event::Bundle(Arc::new(bundle), delivery))
-                                .await
-                                .is_err()
-                            {
-                                return;
-                            }
-                            if self.client.is_mirror() {
-                                // A mirror cannot hold a poll: asked again once per
-                                // wait, as when nothing changed. By then the applier
-                                // has let go of the bundle it ran, which the next
-                                // read's base and document would otherwise join.
-                                self.waits.answered(wait, started.elapsed())
-                            } else {
-                                // Ask again at once: the conditional long-poll waits
-                                // for the next change.
-                                Duration::ZERO
-                            }
+                Ok(Fetched::Bundle { body, etag }) => {
+                    // Shared with the bundle made of it, not copied.
+                    let body = Arc::new(body);
+                    match self.judge(&body, etag.as_deref()) {
+                        Verdict::Refused(_, message) if as_delta => {
+                            self.delta_failed(message, offer).await;
+                            continue;
                         }
-                        Err(err) => {
-                            let message = format!(
-                                "bundle {} not applied: cannot store it as last-known-good: {err}",
-                                bundle.digest
-                            );
+                        Verdict::New(bundle, held) => match self.state.save_bundle(&body) {
+                            Ok(()) => {
+                                self.backoff.reset();
+                                self.held = held;
+                                self.current = Some(bundle.digest.clone());
+                                self.document = Some(body);
+                                self.etag = etag;
+                                // A delta against the bundle run before names another base.
+                                self.taken_delta = None;
+                                let delivery = if as_delta {
+                                    Some(AS_DELTA.to_string())
+                                } else {
+                                    self.bad_delta.take().map(|why| {
+                                        format!("fetched in full after a delta that failed: {why}")
+                                    })
+                                };
+                                if self
+                                    .events
+                                    .send(Event::Bundle(Arc::new(bundle), delivery))
+                                    .await
+                                    .is_err()
+                                {
+                                    return;
+                                }
+                                if self.client.is_mirror() {
+                                    // A mirror cannot hold a poll: asked again once per
+                                    // wait, as when nothing changed. By then the applier
+                                    // has let go of the bundle it ran, which the next
+                                    // read's base and document would otherwise join.
+                                    self.waits.answered(wait, started.elapsed())
+                                } else {
+                                    // Ask again at once: the conditional long-poll waits
+                                    // for the next change.
+                                    Duration::ZERO
+                                }
+                            }
+                            Err(err) => {
+                                let message = format!(
+                                    "bundle {} not applied: cannot store it as last-known-good: {err}",
+                                    bundle.digest
+                                );
+                                tracing::error!("{message}");
+                                if !self.refuse(Some(bundle.digest), message).await {
+                                    return;
+                                }
+                                self.backoff.next_delay(None)
+                            }
+                        },
+                        Verdict::Same => {
+                            self.backoff.reset();
+                            self.etag = etag;
+                            self.taken_delta = delta_seen;
+                            self.waits.answered(wait, started.elapsed())
+                        }
+                        Verdict::Resigned(held) => {
+                            self.backoff.reset();
+                            self.etag = etag;
+                            match self.state.save_bundle(&body) {
+                                Ok(()) => {
+                                    self.held = Some(held);
+                                    self.document = Some(body);
+                                }
+                                Err(err) => tracing::warn!(
+                                    error = %err,
+                                    "cannot store the bundle's newer signature; the older one stays held"
+                                ),
+                            }
+                            self.waits.answered(wait, started.elapsed())
+                        }
+                        Verdict::Refused(claimed, message) => {
                             tracing::error!("{message}");
-                            if !self.refuse(Some(bundle.digest), message).await {
+                            if !self.refuse(claimed, message).await {
                                 return;
                             }
                             self.backoff.next_delay(None)
                         }
-                    },
-                    Verdict::Same => {
-                        self.backoff.reset();
-                        self.etag = etag;
-                        self.taken_delta = delta_seen;
-                        self.waits.answered(wait, started.elapsed())
                     }
-                    Verdict::Resigned(held) => {
-                        self.backoff.reset();
-                        self.etag = etag;
-                        match self.state.save_bundle(&body) {
-                            Ok(()) => self.held = Some(held),
-                            Err(err) => tracing::warn!(
-                                error = %err,
-                                "cannot store the bundle's newer signature; the older one stays held"
-                            ),
-                        }
-                        self.waits.answered(wait, started.elapsed())
-                    }
-                    Verdict::Refused(claimed, message) => {
-                        tracing::error!("{message}");
-                        if !self.refuse(claimed, message).await {
-                            return;
-                        }
-                        self.backoff.next_delay(None)
-                    }
-                },
+                }
                 // A held poll cut on the way (a proxy's idle timeout): asked again
                 // at once, held shorter.
                 Err(err)
@@ -907,8 +941,20 @@ impl Poller {
     /// be the one this agent runs); `None` when it is the stored document byte for
     /// byte (a mirror's delta from the bundle it serves to itself): nothing new.
     fn rebuild(&self, body: &[u8]) -> Result<Option<Vec<u8>>, delta::DeltaError> {
-        // The stored document, as served, holds the base's canonical body: used where
-        // it lies, it costs no parse and no second copy. `decode` checks its digest.
+        // The document held, as served, holds the base's canonical body when it has no
+        // metadata: used where it lies, it costs no read, no parse and no copy beyond
+        // what runs. `decode` checks its digest.
+        if let Some(document) = &self.document
+            && let Some(dictionary) = bundle::resource_list_in_document(document)
+        {
+            match delta::decode(body, self.current.as_ref(), dictionary) {
+                Err(delta::DeltaError::NoBase(_)) => {}
+                Ok(rebuilt) if rebuilt == **document => return Ok(None),
+                rebuilt => return rebuilt.map(Some),
+            }
+        }
+        // With metadata, the body is written out of the stored document (in place,
+        // while it is used).
         let mut stored = match self.state.load_document_bytes() {
             Ok(Some(stored)) => stored,
             Ok(None) => return Err(delta::DeltaError::NoBase("there is none".into())),
@@ -924,7 +970,7 @@ impl Poller {
         drop(stored);
         // Stored in another layout (or damaged): read and verified as any document.
         let dictionary = match self.state.load_document(&self.cluster) {
-            Ok(Some(document)) if Some(&document.bundle.digest) == self.current.as_ref() => {
+            Ok(Some((_, document))) if Some(&document.bundle.digest) == self.current.as_ref() => {
                 document.bundle.canonical_body()
             }
             Ok(Some(_)) => {
@@ -954,8 +1000,8 @@ impl Poller {
     }
 
     /// Verifies a received document.
-    fn judge(&self, body: &[u8], etag: Option<&str>) -> Verdict {
-        let document = match bundle::verify_document_parts(body, Some(&self.cluster)) {
+    fn judge(&self, body: &Arc<Vec<u8>>, etag: Option<&str>) -> Verdict {
+        let document = match bundle::verify_shared_document(body, Some(&self.cluster)) {
             Ok(document) => document,
             Err(err) => {
                 // A document too broken to name its digest (too deep to read, say) is
@@ -1080,13 +1126,13 @@ struct Reporter {
 }
 
 impl Reporter {
-    async fn run(mut self, mut reports: watch::Receiver<Option<StatusReport>>) {
+    async fn run(mut self, mut reports: watch::Receiver<Option<Arc<StatusReport>>>) {
         let accepts = self.client.server().accepts_status();
         // A report left unsent by the previous run is sent first.
         let mut pending = reports.borrow_and_update().clone();
         // The report in status.json, and whether it is marked sent there.
-        let mut kept: Option<(StatusReport, bool)> = None;
-        let mut last_sent: Option<StatusReport> = None;
+        let mut kept: Option<(Arc<StatusReport>, bool)> = None;
+        let mut last_sent: Option<Arc<StatusReport>> = None;
         let mut heartbeat_due = false;
         loop {
             let Some(report) = pending.take() else {
@@ -1155,11 +1201,7 @@ impl Reporter {
     }
 
     fn keep(&self, report: &StatusReport, sent: bool) {
-        let stored = PendingReport {
-            sent,
-            report: report.clone(),
-        };
-        if let Err(err) = self.state.save_status(&stored) {
+        if let Err(err) = self.state.save_status(sent, report) {
             tracing::error!(error = %err, "cannot keep the status report");
         }
     }

@@ -268,14 +268,91 @@ pub fn api_group(api_version: &str) -> &str {
 #[derive(Debug, PartialEq)]
 pub struct Resource {
     pub key: Arc<ResourceKey>,
-    pub canonical: Box<[u8]>,
+    pub canonical: Canonical,
+}
+
+/// A resource's canonical bytes: its own allocation, or the part of a received
+/// document that already holds exactly those bytes. An agent keeps the resources of a
+/// bundle it verified inside the document they came in (which it keeps anyway, as its
+/// last-known-good and as the base of the next delta) instead of copying each one out,
+/// so a bundle and its document are one copy of its bytes in memory.
+#[derive(Clone)]
+pub struct Canonical(CanonicalBytes);
+
+#[derive(Clone)]
+enum CanonicalBytes {
+    Owned(Box<[u8]>),
+    /// `document[start..end]`; a document is at most [`MAX_BUNDLE_BYTES`], so the
+    /// offsets fit in 32 bits, which keeps this no larger than the owned form.
+    InDocument {
+        document: Arc<Vec<u8>>,
+        start: u32,
+        end: u32,
+    },
+}
+
+impl Canonical {
+    /// `document[range]`, shared with the document; its own copy of those bytes
+    /// if the range does not fit in 32 bits (never for a document an agent takes).
+    pub fn in_document(document: &Arc<Vec<u8>>, range: std::ops::Range<usize>) -> Canonical {
+        match (u32::try_from(range.start), u32::try_from(range.end)) {
+            (Ok(start), Ok(end)) if range.end <= document.len() && start <= end => {
+                Canonical(CanonicalBytes::InDocument {
+                    document: document.clone(),
+                    start,
+                    end,
+                })
+            }
+            _ => Canonical::from(document[range].to_vec()),
+        }
+    }
+}
+
+impl std::ops::Deref for Canonical {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.0 {
+            CanonicalBytes::Owned(bytes) => bytes,
+            CanonicalBytes::InDocument {
+                document,
+                start,
+                end,
+            } => &document[*start as usize..*end as usize],
+        }
+    }
+}
+
+impl From<Vec<u8>> for Canonical {
+    fn from(bytes: Vec<u8>) -> Canonical {
+        Canonical(CanonicalBytes::Owned(bytes.into_boxed_slice()))
+    }
+}
+
+impl From<Box<[u8]>> for Canonical {
+    fn from(bytes: Box<[u8]>) -> Canonical {
+        Canonical(CanonicalBytes::Owned(bytes))
+    }
+}
+
+impl PartialEq for Canonical {
+    fn eq(&self, other: &Canonical) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Canonical {}
+
+impl fmt::Debug for Canonical {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self, f)
+    }
 }
 
 impl Resource {
     pub fn new(key: ResourceKey, value: &Value) -> Resource {
         Resource {
             key: Arc::new(key),
-            canonical: to_canonical_vec(value).into_boxed_slice(),
+            canonical: to_canonical_vec(value).into(),
         }
     }
 
@@ -1167,22 +1244,10 @@ fn write_document(
 /// Nothing here is verified: the caller compares the body's sha256 with the digest it
 /// expects, which a document laid out otherwise, or damaged, fails.
 pub fn with_body_in_document<R>(document: &mut [u8], f: impl FnOnce(&[u8]) -> R) -> Option<R> {
-    const KIND: &[u8] = b",\"kind\":\"Bundle\",";
-    const RESOURCES: &[u8] = b"\"resources\":";
-    const META: &[u8] = b"\"meta\":";
-    const REVISION: &[u8] = b",\"revision\":";
-    // `kind` comes right after the head's three strings; `revision` (and after it only
-    // the signature, which has no such member) comes last.
-    let start = document.windows(KIND.len()).position(|w| w == KIND)? + KIND.len();
-    let end = document
-        .windows(REVISION.len())
-        .rposition(|w| w == REVISION)?;
-    if end <= start {
-        return None;
-    }
-    if document[start..end].starts_with(RESOURCES) {
-        Some(f(&document[start + RESOURCES.len()..end]))
-    } else if document[start..end].starts_with(META) {
+    let (start, end) = body_members(document)?;
+    if document[start..end].starts_with(RESOURCES_MEMBER) {
+        Some(f(&document[start + RESOURCES_MEMBER.len()..end]))
+    } else if document[start..end].starts_with(b"\"meta\":") {
         document[start - 1] = b'{';
         document[end] = b'}';
         let result = f(&document[start - 1..=end]);
@@ -1192,6 +1257,34 @@ pub fn with_body_in_document<R>(document: &mut [u8], f: impl FnOnce(&[u8]) -> R)
     } else {
         None
     }
+}
+
+const RESOURCES_MEMBER: &[u8] = b"\"resources\":";
+
+/// Where the members of the body lie in a document laid out as [`document_bytes`]
+/// writes it: from the first after `kind` to the comma before `revision`.
+fn body_members(document: &[u8]) -> Option<(usize, usize)> {
+    const KIND: &[u8] = b",\"kind\":\"Bundle\",";
+    const REVISION: &[u8] = b",\"revision\":";
+    // `kind` comes right after the head's three strings; `revision` (and after it only
+    // the signature, which has no such member) comes last.
+    let start = document.windows(KIND.len()).position(|w| w == KIND)? + KIND.len();
+    let end = document
+        .windows(REVISION.len())
+        .rposition(|w| w == REVISION)?;
+    (start < end).then_some((start, end))
+}
+
+/// The canonical body inside a served document without metadata (its resource list,
+/// as it stands there), found as [`with_body_in_document`] finds it but without
+/// writing to the document, so a document that is shared can serve; `None` for a
+/// document with metadata, whose body is not one run of its bytes, or one laid out
+/// otherwise. Nothing here is verified either.
+pub fn resource_list_in_document(document: &[u8]) -> Option<&[u8]> {
+    let (start, end) = body_members(document)?;
+    document[start..end]
+        .starts_with(RESOURCES_MEMBER)
+        .then(|| &document[start + RESOURCES_MEMBER.len()..end])
 }
 
 /// A served document with its `signature` added (outside the digest). `signature`
@@ -1227,17 +1320,18 @@ pub struct BundleSignature {
 }
 
 /// A Bundle document as received by an agent or read back from disk, its resources
-/// already turned into [`Resource`]s (canonical bytes) one at a time as they are read:
-/// the document is never held as a tree of values, only the resource being read is.
+/// already checked one at a time as they are read: the document is never held as a
+/// tree of values, only the resource being read is.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct ReceivedDocument {
+struct ReceivedDocument<'a> {
     api_version: String,
     kind: String,
     cluster: String,
     digest: String,
     revision: String,
-    resources: ReceivedResources,
+    #[serde(borrow)]
+    resources: ReceivedResources<'a>,
     /// The bundle's metadata, covered by the digest; absent when it has none.
     #[serde(default)]
     meta: Option<BundleMeta>,
@@ -1246,26 +1340,39 @@ struct ReceivedDocument {
     signature: Option<BundleSignature>,
 }
 
-/// The `resources` of a received document: each one checked (depth, identity) and
-/// kept as its canonical bytes as soon as it is read, or why the first bad one is
-/// refused. After a bad one the rest are still read (and dropped), so a document that
-/// is not JSON, or nests too deep, is refused as that, as before any resource is
-/// looked at.
-enum ReceivedResources {
-    Good(Vec<Arc<Resource>>),
+/// The `resources` of a received document: each one checked (depth, identity) as
+/// soon as it is read, or why the first bad one is refused. After a bad one the rest
+/// are still read (and dropped), so a document that is not JSON, or nests too deep, is
+/// refused as that, as before any resource is looked at.
+enum ReceivedResources<'a> {
+    Good(Vec<ReceivedResource<'a>>),
     Bad(VerifyError),
 }
 
-impl<'de> Deserialize<'de> for ReceivedResources {
+/// One resource as read: its identity and its canonical bytes.
+struct ReceivedResource<'a> {
+    key: Arc<ResourceKey>,
+    canonical: ReceivedBytes<'a>,
+}
+
+enum ReceivedBytes<'a> {
+    /// The document's own text of the resource, which is already its canonical form
+    /// (as a flotilla hub writes every document).
+    AsRead(&'a [u8]),
+    /// The canonical form, written anew: the document wrote the resource otherwise.
+    Written(Vec<u8>),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for ReceivedResources<'a> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_seq(ResourcesVisitor)
+        deserializer.deserialize_seq(ResourcesVisitor(std::marker::PhantomData))
     }
 }
 
-struct ResourcesVisitor;
+struct ResourcesVisitor<'a>(std::marker::PhantomData<&'a ()>);
 
-impl<'de> serde::de::Visitor<'de> for ResourcesVisitor {
-    type Value = ReceivedResources;
+impl<'de: 'a, 'a> serde::de::Visitor<'de> for ResourcesVisitor<'a> {
+    type Value = ReceivedResources<'a>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a list of resources")
@@ -1274,19 +1381,38 @@ impl<'de> serde::de::Visitor<'de> for ResourcesVisitor {
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut resources = Vec::new();
         let mut bad = None;
-        while let Some(value) = seq.next_element::<Value>()? {
+        let mut canonical = Vec::new();
+        // Each resource is first taken as its text in the document, then read as a
+        // tree of values (one resource at a time) to check it and write its canonical
+        // form, which is compared with that text.
+        while let Some(raw) = seq.next_element::<&'de serde_json::value::RawValue>()? {
             if bad.is_some() {
                 continue;
             }
             let index = resources.len();
+            // A resource nested deeper than a JSON reader goes is a document that
+            // nests too deep (the caller tells that error by its text).
+            let value: Value = serde_json::from_str(raw.get()).map_err(serde::de::Error::custom)?;
             if nests_deeper_than(&value, MAX_NESTING_DEPTH) {
                 bad = Some(VerifyError::TooDeep { index });
                 continue;
             }
-            match ResourceKey::of(&value) {
-                Some(key) => resources.push(Arc::new(Resource::new(key, &value))),
-                None => bad = Some(VerifyError::BadResource { index }),
-            }
+            let Some(key) = ResourceKey::of(&value) else {
+                bad = Some(VerifyError::BadResource { index });
+                continue;
+            };
+            canonical.clear();
+            write_canonical(&mut canonical, &value);
+            drop(value);
+            let text = raw.get().as_bytes();
+            resources.push(ReceivedResource {
+                key: Arc::new(key),
+                canonical: if canonical == text {
+                    ReceivedBytes::AsRead(text)
+                } else {
+                    ReceivedBytes::Written(canonical.clone())
+                },
+            });
         }
         Ok(match bad {
             Some(err) => ReceivedResources::Bad(err),
@@ -1350,6 +1476,41 @@ pub fn verify_document_parts(
     bytes: &[u8],
     expected_cluster: Option<&str>,
 ) -> Result<VerifiedDocument, VerifyError> {
+    verify(bytes, expected_cluster, |text| {
+        Canonical::from(text.to_vec())
+    })
+}
+
+/// [`verify_document_parts`] for a document the caller keeps: the bundle's resources
+/// are kept as parts of `document`, not copied out of it, wherever it holds them in
+/// their canonical form (as every document a flotilla hub serves does), so the
+/// document and its bundle are one copy of the resources' bytes.
+pub fn verify_shared_document(
+    document: &Arc<Vec<u8>>,
+    expected_cluster: Option<&str>,
+) -> Result<VerifiedDocument, VerifyError> {
+    let start = document.as_ptr() as usize;
+    verify(document, expected_cluster, |text| {
+        // `text` is a part of `document` (it was read from it): its offset in it.
+        let offset = (text.as_ptr() as usize).wrapping_sub(start);
+        if offset
+            .checked_add(text.len())
+            .is_some_and(|end| end <= document.len())
+        {
+            Canonical::in_document(document, offset..offset + text.len())
+        } else {
+            Canonical::from(text.to_vec())
+        }
+    })
+}
+
+/// Parses and checks a document; `keep` makes the canonical bytes of a resource
+/// whose text in the document is already canonical.
+fn verify(
+    bytes: &[u8],
+    expected_cluster: Option<&str>,
+    keep: impl Fn(&[u8]) -> Canonical,
+) -> Result<VerifiedDocument, VerifyError> {
     // serde_json stops at 128 levels of nesting: deeper than any document flotilla
     // serves (resources at most MAX_NESTING_DEPTH, wrapped two levels deeper).
     let doc: ReceivedDocument = serde_json::from_slice(bytes).map_err(|err| {
@@ -1370,15 +1531,27 @@ pub fn verify_document_parts(
             found: doc.cluster,
         });
     }
-    let resources = match doc.resources {
+    let received = match doc.resources {
         ReceivedResources::Good(resources) => resources,
         ReceivedResources::Bad(err) => return Err(err),
     };
-    for (index, pair) in resources.windows(2).enumerate() {
+    for (index, pair) in received.windows(2).enumerate() {
         if pair[0].key >= pair[1].key {
             return Err(VerifyError::NotSorted { index: index + 1 });
         }
     }
+    let resources: Vec<Arc<Resource>> = received
+        .into_iter()
+        .map(|resource| {
+            Arc::new(Resource {
+                key: resource.key,
+                canonical: match resource.canonical {
+                    ReceivedBytes::AsRead(text) => keep(text),
+                    ReceivedBytes::Written(bytes) => bytes.into(),
+                },
+            })
+        })
+        .collect();
     if let Some(meta) = &doc.meta {
         if meta.is_empty() {
             return Err(VerifyError::BadMeta(
@@ -1957,6 +2130,12 @@ mod tests {
                 assert_eq!(body, bundle.canonical_body());
                 assert_eq!(Digest::of(&body), bundle.digest);
                 assert_eq!(read, document, "the document is put back");
+                // Without metadata the body is one run of the document's bytes, found
+                // without writing to it; with metadata it is not.
+                assert_eq!(
+                    resource_list_in_document(&document),
+                    bundle.meta.is_none().then_some(&body[..])
+                );
             }
         }
         // Laid out otherwise: not found, or found and not hashing to the digest.
@@ -1970,6 +2149,63 @@ mod tests {
             with_body_in_document(&mut b"{\"damaged\"".to_vec(), Digest::of),
             None
         );
+    }
+
+    #[test]
+    fn a_kept_document_holds_its_bundles_resources_without_copying_them() {
+        let with_meta =
+            Bundle::from_sorted_with_meta("edge-1", two_config_maps(), Some(chain_meta()));
+        let without_meta = Bundle::from_sorted("edge-1", two_config_maps());
+        for bundle in [&with_meta, &without_meta] {
+            let document = Arc::new(bundle.document("r"));
+            let inside = document.as_ptr_range();
+            let shared = verify_shared_document(&document, Some("edge-1")).expect("verifies");
+            assert_eq!(shared.bundle.digest, bundle.digest);
+            assert_eq!(shared.bundle.resources, bundle.resources);
+            for resource in &shared.bundle.resources {
+                assert!(
+                    inside.contains(&resource.canonical.as_ptr()),
+                    "{} is a part of the document",
+                    resource.key
+                );
+            }
+            // Read from a document it does not keep, each resource is its own copy.
+            let copied = verify_document_parts(&document, Some("edge-1")).expect("verifies");
+            assert_eq!(copied.bundle.resources, bundle.resources);
+            assert!(
+                copied
+                    .bundle
+                    .resources
+                    .iter()
+                    .all(|r| !inside.contains(&r.canonical.as_ptr()))
+            );
+            // A document that writes its resources otherwise (spaced out) is the same
+            // bundle: its resources are written anew in canonical form.
+            let pretty = Arc::new(
+                serde_json::to_vec_pretty(
+                    &serde_json::from_slice::<Value>(&document).expect("json"),
+                )
+                .expect("serialises"),
+            );
+            let inside = pretty.as_ptr_range();
+            let spaced = verify_shared_document(&pretty, Some("edge-1")).expect("verifies");
+            assert_eq!(spaced.bundle.digest, bundle.digest);
+            assert_eq!(spaced.bundle.resources, bundle.resources);
+            assert!(
+                spaced
+                    .bundle
+                    .resources
+                    .iter()
+                    .all(|r| !inside.contains(&r.canonical.as_ptr()))
+            );
+        }
+        // A tampered resource still fails the digest when it is kept in place.
+        let tampered = String::from_utf8(without_meta.document("r"))
+            .expect("utf-8")
+            .replace("\"name\":\"b\"", "\"name\":\"c\"");
+        let err = verify_shared_document(&Arc::new(tampered.into_bytes()), Some("edge-1"))
+            .expect_err("refused");
+        assert!(matches!(err, VerifyError::DigestMismatch { .. }), "{err}");
     }
 
     #[test]

@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -23,7 +24,7 @@ use flotilla_fs::Mode;
 
 use super::{ApplyOutcome, Sink, apply_phases, apply_rank, prune_phases, with_flotilla_metadata};
 use crate::cache::InventoryEntry;
-use flotilla_core::bundle::{Bundle, Digest, ResourceKey};
+use flotilla_core::bundle::{Bundle, Digest, Resource, ResourceKey};
 use flotilla_core::status::{ResourceState, ResourceStatus};
 
 /// The manifest of written files, in the agent's state folder.
@@ -52,15 +53,17 @@ pub struct DirSink {
     last_applied: Option<std::sync::Arc<Bundle>>,
 }
 
-/// The files an apply wants.
+/// The files an apply wants. Their contents are made one file at a time as each is
+/// written or compared ([`DirSink::content`]), never all held together: a bundle's
+/// YAML is larger than the bundle.
 #[derive(Default)]
-struct DesiredFiles {
-    /// File name → (the resource it holds, or `None` for the kustomization; its content).
-    files: BTreeMap<String, (Option<ResourceKey>, Vec<u8>)>,
+struct DesiredFiles<'b> {
+    /// File name → the resource it holds, or `None` for the kustomization.
+    files: BTreeMap<String, Option<&'b Arc<Resource>>>,
     /// The order to write them in: the bundle's apply phases one after the other, each
-    /// in apply order, and the kustomization last. There is no health to wait for
-    /// here, but a reader that picks files up as they come sees them in that order.
-    order: Vec<String>,
+    /// in apply order, and the kustomization last (`None`). There is no health to wait
+    /// for here, but a reader that picks files up as they come sees them in that order.
+    order: Vec<Option<&'b Arc<Resource>>>,
 }
 
 /// What writing the desired files did.
@@ -134,8 +137,18 @@ impl DirSink {
         manifest
     }
 
-    fn save_manifest(&self, manifest: &Manifest) -> io::Result<()> {
-        let bytes = serde_json::to_vec_pretty(manifest).map_err(io::Error::other)?;
+    /// Records `files` as the manifest (what [`Manifest`] reads back).
+    fn save_manifest(&self, files: BTreeSet<&String>) -> io::Result<()> {
+        #[derive(Serialize)]
+        struct Written<'a> {
+            target: &'a Path,
+            files: BTreeSet<&'a String>,
+        }
+        let manifest = Written {
+            target: &self.target,
+            files,
+        };
+        let bytes = serde_json::to_vec_pretty(&manifest).map_err(io::Error::other)?;
         flotilla_fs::write_atomically(&self.state_dir.join(MANIFEST_FILE), &bytes, Mode::Private)
     }
 
@@ -171,7 +184,8 @@ impl DirSink {
         }
         let old = self.load_manifest();
         let header = header(&bundle.cluster);
-        let (desired, mut statuses) = self.desired_files(bundle, &header);
+        let desired = self.desired_files(bundle);
+        let mut statuses = BTreeMap::new();
         let foreign: BTreeSet<String> = desired
             .files
             .keys()
@@ -179,26 +193,21 @@ impl DirSink {
             .cloned()
             .collect();
 
-        // Record intent: every file this apply may write, plus the old ones.
-        let mut intent = old.files.clone();
-        intent.extend(
-            desired
-                .files
-                .keys()
-                .filter(|n| !foreign.contains(*n))
-                .cloned(),
-        );
-        if let Err(err) = self.save_manifest(&Manifest {
-            target: self.target.clone(),
-            files: intent,
-        }) {
+        // Record intent: every file this apply may write, plus the old ones (their
+        // names borrowed, not copied).
+        let intent: BTreeSet<&String> = old
+            .files
+            .iter()
+            .chain(desired.files.keys().filter(|n| !foreign.contains(*n)))
+            .collect();
+        if let Err(err) = self.save_manifest(intent) {
             return failed_everything(format!(
                 "cannot record the dir sink's manifest in {}: {err}",
                 self.state_dir.display()
             ));
         }
 
-        let writes = self.write_desired(&desired, &foreign, &mut statuses);
+        let writes = self.write_desired(bundle, &header, &desired, &foreign, &mut statuses);
         let failures = statuses
             .values()
             .filter(|s| s.state == ResourceState::Failed)
@@ -206,7 +215,7 @@ impl DirSink {
         let mut resources: Vec<ResourceStatus> = apply_phases(bundle)
             .into_iter()
             .flatten()
-            .filter_map(|r| statuses.remove(&r.key))
+            .filter_map(|r| statuses.remove(&*r.key))
             .collect();
         let synced = flotilla_fs::sync_dir(&self.target);
         if failures > 0 || writes.other_failure.is_some() {
@@ -241,12 +250,7 @@ impl DirSink {
             };
             resources.push(ResourceStatus::new(&key, state, message));
         }
-        let mut files: BTreeSet<String> = desired.files.into_keys().collect();
-        files.extend(removal.kept);
-        let committed = self.save_manifest(&Manifest {
-            target: self.target.clone(),
-            files,
-        });
+        let committed = self.save_manifest(desired.files.keys().chain(&removal.kept).collect());
         let problem = removal
             .failure
             .or_else(|| {
@@ -284,87 +288,100 @@ impl DirSink {
         }
     }
 
-    /// Every file's name and content (with the resource it holds, `None` for the
-    /// kustomization), and the failed status of resources that cannot be written.
-    fn desired_files(
-        &self,
-        bundle: &Bundle,
-        header: &str,
-    ) -> (DesiredFiles, BTreeMap<ResourceKey, ResourceStatus>) {
+    /// Every file's name, with the resource it holds (`None` for the kustomization),
+    /// in the order to write them.
+    fn desired_files<'b>(&self, bundle: &'b Bundle) -> DesiredFiles<'b> {
         let mut desired = DesiredFiles::default();
-        let mut statuses = BTreeMap::new();
         for resource in apply_phases(bundle).into_iter().flatten() {
-            let name = file_name(&resource.key);
-            let value = with_flotilla_metadata(resource.value(), &bundle.cluster, None);
-            match serde_saphyr::to_string(&value) {
-                Ok(yaml) => {
-                    let identity = comment_safe(&resource.key.to_string());
-                    let content = format!("{header}\n# {identity}\n{yaml}").into_bytes();
-                    desired.order.push(name.clone());
-                    desired
-                        .files
-                        .insert(name, (Some((*resource.key).clone()), content));
-                }
-                Err(err) => {
-                    statuses.insert(
-                        (*resource.key).clone(),
-                        ResourceStatus::new(
-                            &resource.key,
-                            ResourceState::Failed,
-                            format!("cannot write it as YAML: {err}"),
-                        ),
-                    );
-                }
-            }
-        }
-        if self.kustomization {
-            let listed: Vec<&String> = desired.files.keys().collect();
-            let content = kustomization(header, &listed);
-            desired.order.push(KUSTOMIZATION_FILE.to_string());
+            desired.order.push(Some(resource));
             desired
                 .files
-                .insert(KUSTOMIZATION_FILE.to_string(), (None, content));
+                .insert(file_name(&resource.key), Some(resource));
         }
-        (desired, statuses)
+        if self.kustomization {
+            desired.order.push(None);
+            desired.files.insert(KUSTOMIZATION_FILE.to_string(), None);
+        }
+        desired
+    }
+
+    /// The content of a resource's file: the header, the resource's identity and the
+    /// resource as YAML.
+    fn content(bundle: &Bundle, resource: &Resource, header: &str) -> Result<Vec<u8>, String> {
+        let value = with_flotilla_metadata(resource.value(), &bundle.cluster, None);
+        let yaml = serde_saphyr::to_string(&value)
+            .map_err(|err| format!("cannot write it as YAML: {err}"))?;
+        let identity = comment_safe(&resource.key.to_string());
+        Ok(format!("{header}\n# {identity}\n{yaml}").into_bytes())
     }
 
     /// Writes the files that changed, never one that is `foreign`, and records each
-    /// resource's outcome in `statuses`.
+    /// resource's outcome in `statuses`. Each file's content is made just before it is
+    /// written and dropped after.
     fn write_desired(
         &self,
+        bundle: &Bundle,
+        header: &str,
         desired: &DesiredFiles,
         foreign: &BTreeSet<String>,
-        statuses: &mut BTreeMap<ResourceKey, ResourceStatus>,
+        statuses: &mut BTreeMap<Arc<ResourceKey>, ResourceStatus>,
     ) -> Writes {
         let mut writes = Writes::default();
-        for name in &desired.order {
-            let Some((key, content)) = desired.files.get(name) else {
-                continue;
+        // Resources that cannot be written as YAML have no file, so the kustomization
+        // (written last) does not list one.
+        let mut unwritable = BTreeSet::new();
+        for &resource in &desired.order {
+            let (name, content) = match resource {
+                Some(resource) => {
+                    let name = file_name(&resource.key);
+                    match Self::content(bundle, resource, header) {
+                        Ok(content) => (name, content),
+                        Err(message) => {
+                            statuses.insert(
+                                resource.key.clone(),
+                                ResourceStatus::new(&resource.key, ResourceState::Failed, message),
+                            );
+                            unwritable.insert(name);
+                            continue;
+                        }
+                    }
+                }
+                None => {
+                    let listed: Vec<&String> = desired
+                        .files
+                        .keys()
+                        .filter(|name| *name != KUSTOMIZATION_FILE && !unwritable.contains(*name))
+                        .collect();
+                    (
+                        KUSTOMIZATION_FILE.to_string(),
+                        kustomization(header, &listed),
+                    )
+                }
             };
-            let outcome = if foreign.contains(name) {
+            let outcome = if foreign.contains(&name) {
                 Err(format!(
                     "{} already exists and was not written by flotilla; it is left alone: \
                      move it away to let flotilla manage this resource",
-                    self.target.join(name).display()
+                    self.target.join(&name).display()
                 ))
-            } else if fs::read(self.target.join(name)).is_ok_and(|existing| existing == *content) {
+            } else if fs::read(self.target.join(&name)).is_ok_and(|existing| existing == content) {
                 // Unchanged files are not rewritten: k3s re-applies a file whenever
                 // its modification time changes.
                 writes.unchanged += 1;
                 Ok(())
             } else {
-                match self.write_file(name, content) {
+                match self.write_file(&name, &content) {
                     Ok(()) => {
                         writes.written += 1;
                         Ok(())
                     }
                     Err(err) => Err(format!(
                         "cannot write {}: {err}",
-                        self.target.join(name).display()
+                        self.target.join(&name).display()
                     )),
                 }
             };
-            match (key, outcome) {
+            match (resource.map(|r| &r.key), outcome) {
                 (Some(key), Ok(())) => {
                     statuses.insert(
                         key.clone(),
@@ -849,7 +866,7 @@ mod tests {
         }
         .left_out_of(&next);
         let old = sink.load_manifest();
-        let (desired, _) = sink.desired_files(&next, &header("edge-1"));
+        let desired = sink.desired_files(&next);
         let removal = sink.remove_left(&old, &desired, &prune);
         // The last phase first, each in reverse apply order (its objects before its
         // Namespace); by name alone `pg` would go before `web`.

@@ -662,7 +662,7 @@ pub(super) fn read_output(mut input: impl Read, known: Known<'_>) -> io::Result<
             .entry(key)
             .or_insert_with_key(|key| Arc::new(key.clone()))
             .clone();
-        let canonical = read_bytes(&mut input)?.into_boxed_slice();
+        let canonical = read_bytes(&mut input)?.into();
         resources.push(Arc::new(Resource { key, canonical }));
     }
     let count = read_len(&mut input)?;

@@ -694,7 +694,7 @@ fn sealed(
     match &secrets.facts(resource, true).prepared {
         Some(prepared) => Arc::new(Resource {
             key: resource.key.clone(),
-            canonical: sealer.seal_prepared(prepared, recipient).into_boxed_slice(),
+            canonical: sealer.seal_prepared(prepared, recipient).into(),
         }),
         None => resource.clone(),
     }

@@ -319,7 +319,7 @@ impl SecretMemo {
         self.0
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .entry(resource.canonical.clone())
+            .entry(Box::<[u8]>::from(&*resource.canonical))
             .or_insert_with(|| facts.clone());
         facts
     }
@@ -457,7 +457,7 @@ pub(super) fn fill(
             .map(|(resource, canonical)| SourcedResource {
                 resource: Arc::new(Resource {
                     key: resource.key.clone(),
-                    canonical: canonical.into_boxed_slice(),
+                    canonical: canonical.into(),
                 }),
                 file: resource.file.clone(),
                 line: resource.line,

@@ -26,22 +26,23 @@ impl DirSink {
     pub(super) fn detect_drift(&mut self, bundle: &Bundle) -> DriftCheck {
         let manifest = self.load_manifest();
         let header = header(&bundle.cluster);
-        let (desired, _) = self.desired_files(bundle, &header);
         self.memory.start(&bundle.digest);
         let mut report = Vec::new();
         let mut rewritten = false;
         for (index, resource) in bundle.resources.iter().enumerate() {
             let key = &resource.key;
             let name = file_name(key);
-            let Some((_, content)) = desired.files.get(&name) else {
-                continue;
-            };
             if !manifest.files.contains(&name) {
                 continue;
             }
+            // Made one file at a time, as an apply makes them; a resource that cannot
+            // be written as YAML has no file to compare.
+            let Ok(content) = Self::content(bundle, resource, &header) else {
+                continue;
+            };
             let path = self.target.join(&name);
             let found = match fs::read(&path) {
-                Ok(bytes) if bytes == *content => {
+                Ok(bytes) if bytes == content => {
                     self.memory.settled(key);
                     continue;
                 }
@@ -65,7 +66,7 @@ impl DirSink {
                 .map_or(DriftPolicy::Correct, |meta| meta.drift_of(index));
             let mut action = self.memory.decide(key, policy, &found);
             if action == DriftAction::Corrected {
-                match self.write_file(&name, content) {
+                match self.write_file(&name, &content) {
                     Ok(()) => {
                         self.memory.corrected(key, &found);
                         rewritten = true;
