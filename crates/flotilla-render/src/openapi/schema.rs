@@ -157,15 +157,7 @@ fn builtin_node(node: &Value) -> Node {
                         .collect()
                 })
                 .unwrap_or_default();
-            let required = map
-                .get("r")
-                .and_then(Value::as_array)
-                .map(|r| {
-                    r.iter()
-                        .filter_map(|f| Some(f.as_str()?.to_string()))
-                        .collect()
-                })
-                .unwrap_or_default();
+            let required = strings(map.get("r"));
             Node::Object(Box::new(ObjectNode {
                 fields,
                 required,
@@ -271,15 +263,7 @@ fn custom_node(schema: &Value) -> Node {
             let fields = properties
                 .map(|p| p.iter().map(|(k, v)| (k.clone(), custom_node(v))).collect())
                 .unwrap_or_default();
-            let required = schema
-                .get("required")
-                .and_then(Value::as_array)
-                .map(|r| {
-                    r.iter()
-                        .filter_map(|f| Some(f.as_str()?.to_string()))
-                        .collect()
-                })
-                .unwrap_or_default();
+            let required = strings(schema.get("required"));
             // With neither fields nor a schema for other keys, an object keeps
             // what it is given only when it says so; a schema that names nothing
             // is taken as saying nothing.
@@ -295,4 +279,16 @@ fn custom_node(schema: &Value) -> Node {
         Some("object") => Node::AnyObject,
         _ => Node::Any,
     }
+}
+
+/// The strings of a list of field names (`required`); none for anything else.
+fn strings(list: Option<&Value>) -> Vec<String> {
+    list.and_then(Value::as_array)
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|f| Some(f.as_str()?.to_string()))
+                .collect()
+        })
+        .unwrap_or_default()
 }
