@@ -445,7 +445,7 @@ pub fn content_hash_keyed(value: &Value, keys: &[[u8; 32]]) -> String {
         text
     };
     let hex = match crate::seal::combined_hash_key(keys) {
-        None => hex_lower(&Sha256::digest(text.as_bytes())),
+        None => crate::seal::hex_lower(&Sha256::digest(text.as_bytes())),
         Some(key) => crate::seal::keyed_hex(&key, text.as_bytes()),
     };
     hex[..10]
@@ -459,16 +459,6 @@ pub fn content_hash_keyed(value: &Value, keys: &[[u8; 32]]) -> String {
             other => other,
         })
         .collect()
-}
-
-fn hex_lower(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        out.push(DIGITS[(byte >> 4) as usize] as char);
-        out.push(DIGITS[(byte & 15) as usize] as char);
-    }
-    out
 }
 
 /// JSON as Go's `encoding/json` writes it: map keys sorted, no spaces, and `<`, `>`,

@@ -157,20 +157,24 @@ pub fn keyed_hex(key: &[u8; 32], text: &[u8]) -> String {
     let mut mac =
         <hmac::Hmac<sha2::Sha256> as hmac::Mac>::new_from_slice(key).expect("any key length");
     mac.update(text);
-    mac.finalize()
-        .into_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex_lower(&mac.finalize().into_bytes())
 }
 
 /// SHA-256 of `bytes` in lower-case hexadecimal (Sprig's `sha256sum`).
 pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest as _;
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex_lower(&Sha256::digest(bytes))
+}
+
+/// `bytes` in lower-case hexadecimal.
+pub fn hex_lower(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        out.push(DIGITS[(byte >> 4) as usize] as char);
+        out.push(DIGITS[(byte & 15) as usize] as char);
+    }
+    out
 }
 
 /// The decrypted values a chart's `sha256sum` may cover, each with its file's hash

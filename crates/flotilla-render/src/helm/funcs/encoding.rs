@@ -208,13 +208,7 @@ pub fn b32dec(_: &mut dyn Host, args: &[Value]) -> FuncResult {
     })
 }
 
-fn hex(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(out, "{b:02x}");
-    }
-    out
-}
+use crate::seal::hex_lower as hex;
 
 pub fn sha1sum(_: &mut dyn Host, args: &[Value]) -> FuncResult {
     arity("sha1sum", args, 1)?;
