@@ -6,10 +6,13 @@
 //! first sealed render works out every agent's age header (two X25519 operations
 //! each); the process keeps them, as the hub's render process does between commits,
 //! so the later ones do not: the first is reported on its own, the medians are of
-//! the later runs.
+//! the later runs. The process also keeps each sealed Secret for the next render,
+//! as the hub's does, so a later render of unchanged Secrets seals none; with
+//! `--rotate` every run changes every Secret's value (a password rotated fleet-wide,
+//! the most a commit can ask), so every run seals all of them anew.
 //!
 //! ```text
-//! seal_fleet [--clusters N] [--secrets S] [--runs R]
+//! seal_fleet [--clusters N] [--secrets S] [--runs R] [--rotate]
 //! ```
 
 use std::time::{Duration, Instant};
@@ -19,7 +22,13 @@ use flotilla_render::{RenderOptions, render_with};
 
 const HEADER: &str = "apiVersion: flotilla.dev/v1alpha1\n";
 
-fn fleet(clusters: usize, secrets: usize, keys: Option<&[String]>) -> FleetSnapshot {
+/// The fleet; `generation` is written into every password.
+fn fleet(
+    clusters: usize,
+    secrets: usize,
+    keys: Option<&[String]>,
+    generation: usize,
+) -> FleetSnapshot {
     let mut files: Vec<(String, String)> = Vec::new();
     for i in 0..clusters {
         let key = keys.map_or(String::new(), |k| format!("  agentKey: {}\n", k[i]));
@@ -40,7 +49,7 @@ fn fleet(clusters: usize, secrets: usize, keys: Option<&[String]>) -> FleetSnaps
         files.push((
             format!("workloads/pos/manifests/secret-{s}.yaml"),
             format!(
-                "apiVersion: v1\nkind: Secret\nmetadata:\n  name: credentials-{s}\ntype: Opaque\nstringData:\n  username: pos-{s}\n  password: a-long-enough-password-{s}-0123456789\n"
+                "apiVersion: v1\nkind: Secret\nmetadata:\n  name: credentials-{s}\ntype: Opaque\nstringData:\n  username: pos-{s}\n  password: a-long-enough-password-{s}-{generation}-0123456789\n"
             ),
         ));
         files.push((
@@ -75,14 +84,16 @@ fn main() {
     let keys: Vec<String> = (0..clusters)
         .map(|_| age::x25519::Identity::generate().to_public().to_string())
         .collect();
-    let sealed = fleet(clusters, secrets, Some(&keys));
-    let plain = fleet(clusters, secrets, None);
+    let rotate = args.iter().any(|a| a == "--rotate");
     let options = RenderOptions {
         helm_seed: Some([7; 32]),
         ..RenderOptions::default()
     };
     let (mut with_keys, mut without) = (Vec::new(), Vec::new());
     for run in 0..runs {
+        let generation = if rotate { run } else { 0 };
+        let sealed = fleet(clusters, secrets, Some(&keys), generation);
+        let plain = fleet(clusters, secrets, None, generation);
         for (snapshot, times, what) in [
             (&sealed, &mut with_keys, "sealed"),
             (&plain, &mut without, "plain"),
@@ -104,8 +115,13 @@ fn main() {
     without.remove(0);
     let (a, b) = (median(with_keys), median(without));
     println!(
-        "{clusters} clusters x {secrets} Secrets: first sealed render {first:?}; later: sealed {a:?}, \
+        "{clusters} clusters x {secrets} Secrets{}: first sealed render {first:?}; later: sealed {a:?}, \
          without keys {b:?} (medians of {}); ratio {:.2} (first: {:.2})",
+        if rotate {
+            ", every Secret changed at every run"
+        } else {
+            ""
+        },
         runs - 1,
         a.as_secs_f64() / b.as_secs_f64(),
         first.as_secs_f64() / b.as_secs_f64()

@@ -691,11 +691,8 @@ fn sealed(
     if resource.key.kind != "Secret" || !resource.key.group.is_empty() {
         return resource.clone();
     }
-    match &secrets.facts(resource, true).prepared {
-        Some(prepared) => Arc::new(Resource {
-            key: resource.key.clone(),
-            canonical: sealer.seal_prepared(prepared, recipient).into(),
-        }),
+    match &secrets.facts(resource, Some(sealer)).prepared {
+        Some(prepared) => sealer.sealed_resource(prepared, recipient, &resource.key),
         None => resource.clone(),
     }
 }
@@ -713,7 +710,7 @@ fn secret_values_in_metadata(
         .iter()
         .filter(|(_, item, _)| item.resource.key.kind == "Secret" && item.resource.key.group.is_empty())
         .filter_map(|(_, item, _)| {
-            let facts = context.secrets.facts(&item.resource, context.sealer.is_some());
+            let facts = context.secrets.facts(&item.resource, context.sealer);
             let names: Vec<String> = facts
                 .revealing
                 .iter()

@@ -197,6 +197,9 @@ pub(crate) fn render_inner(
         .helm_seed
         .as_ref()
         .map(crate::seal::Sealer::from_hub_seed);
+    if sealer.is_some() {
+        crate::seal::next_render();
+    }
     let shared = Shared {
         fleet: &fleet,
         templates: &templates,

@@ -297,9 +297,13 @@ pub(super) struct SecretFacts {
 }
 
 impl SecretMemo {
-    /// The facts of `resource`, a core Secret; its preparation for sealing only when
-    /// `sealing`, which is the same for every call of one pass.
-    pub(super) fn facts(&self, resource: &Resource, sealing: bool) -> Arc<SecretFacts> {
+    /// The facts of `resource`, a core Secret; its preparation for sealing only with
+    /// a `sealer`, which is the same for every call of one pass.
+    pub(super) fn facts(
+        &self,
+        resource: &Resource,
+        sealer: Option<&crate::seal::Sealer>,
+    ) -> Arc<SecretFacts> {
         let memo = |map: &std::collections::HashMap<Box<[u8]>, Arc<SecretFacts>>| {
             map.get(&*resource.canonical)
                 .filter(|facts| facts.key == resource.key)
@@ -312,9 +316,7 @@ impl SecretMemo {
         let facts = Arc::new(SecretFacts {
             key: resource.key.clone(),
             revealing: flotilla_core::secret::revealing_metadata(&value),
-            prepared: sealing
-                .then(|| crate::seal::Prepared::new(&value, &resource.key.to_string()))
-                .flatten(),
+            prepared: sealer.and_then(|s| s.prepare(&value, &resource.key.to_string())),
         });
         self.0
             .lock()

@@ -65,6 +65,78 @@ type Headers = HashMap<([u8; 32], [u8; 32]), Arc<Header>>;
 /// At most this many headers are kept (about 250 bytes each).
 const HEADERS_KEPT: usize = 200_000;
 
+/// Sealed Secrets made in this process, by (the Secret's [`Prepared::id`], recipient):
+/// the same Secret for the same agent seals to the same bytes, so a render process
+/// kept between commits seals anew only the Secrets that changed.
+static SEALINGS: std::sync::Mutex<Sealings> = std::sync::Mutex::new(Sealings::new());
+/// At most this many sealed Secrets are kept in one generation; past it the
+/// generation is cleared.
+const SEALINGS_KEPT: usize = 1_000_000;
+
+/// Sealed Secrets kept for the next render. Each render starts a generation
+/// ([`next_render`]); an entry used by neither the last render nor this one is
+/// dropped, so what is kept is about what the hub's kept render holds anyway (the
+/// resources are shared with its bundles).
+pub(crate) struct Sealings {
+    current: Option<SealingMap>,
+    previous: Option<SealingMap>,
+}
+
+/// Sealed Secrets by (the Secret's id under the sealing key, recipient).
+type SealingMap = HashMap<([u8; 32], [u8; 32]), Arc<flotilla_core::bundle::Resource>>;
+
+impl Sealings {
+    pub(crate) const fn new() -> Sealings {
+        Sealings {
+            current: None,
+            previous: None,
+        }
+    }
+
+    /// Starts a generation: what the render before the last used is dropped.
+    pub(crate) fn next_render(&mut self) {
+        self.previous = self.current.take();
+    }
+
+    /// The kept sealing, moved into this generation when the last render used it.
+    fn get(&mut self, key: &([u8; 32], [u8; 32])) -> Option<Arc<flotilla_core::bundle::Resource>> {
+        if let Some(found) = self.current.as_ref().and_then(|m| m.get(key)) {
+            return Some(found.clone());
+        }
+        let found = self.previous.as_mut()?.remove(key)?;
+        self.keep(*key, found.clone());
+        Some(found)
+    }
+
+    /// Keeps `sealed` in this generation (the one kept first when two threads race).
+    fn keep(
+        &mut self,
+        key: ([u8; 32], [u8; 32]),
+        sealed: Arc<flotilla_core::bundle::Resource>,
+    ) -> Arc<flotilla_core::bundle::Resource> {
+        let current = self.current.get_or_insert_with(HashMap::new);
+        if current.len() >= SEALINGS_KEPT {
+            current.clear();
+        }
+        current.entry(key).or_insert(sealed).clone()
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.current.as_ref().map_or(0, HashMap::len)
+            + self.previous.as_ref().map_or(0, HashMap::len)
+    }
+}
+
+/// Starts a render's generation of the sealed Secrets this process keeps
+/// ([`Sealings::next_render`]).
+pub fn next_render() {
+    SEALINGS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .next_render();
+}
+
 impl Sealer {
     /// The sealer of the hub whose seed (the store's, never the public one) is `seed`.
     pub fn from_hub_seed(seed: &[u8; 32]) -> Sealer {
@@ -389,6 +461,9 @@ pub struct Prepared {
     /// then `object`, the Secret without its values, is sealed the long way.
     around: Option<(Vec<u8>, Vec<u8>)>,
     object: Option<Map<String, Value>>,
+    /// HMAC (the sealing key) of all the above: what [`SEALINGS`] knows it by.
+    /// Zero until [`Sealer::prepare`] sets it.
+    id: [u8; 32],
 }
 
 /// Stands for the sealed value while the canonical bytes around it are found.
@@ -427,11 +502,66 @@ impl Prepared {
             plain,
             around,
             object,
+            id: [0; 32],
         })
     }
 }
 
 impl Sealer {
+    /// `secret`'s preparation under `identity` (its resource key), with its id
+    /// under this sealer's key; `None` when it has no `data` or `stringData`.
+    pub fn prepare(&self, secret: &Value, identity: &str) -> Option<Prepared> {
+        let mut prepared = Prepared::new(secret, identity)?;
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.key).expect("any key length");
+        mac.update(b"flotilla.dev/v1 sealed secret");
+        let object = prepared
+            .object
+            .as_ref()
+            .map(|o| flotilla_core::bundle::to_canonical_vec(&Value::Object(o.clone())));
+        let (before, after) = match (&prepared.around, &object) {
+            (Some((before, after)), _) => (&before[..], &after[..]),
+            (None, object) => (object.as_deref().unwrap_or_default(), &[][..]),
+        };
+        for part in [identity.as_bytes(), &prepared.plain, before, after] {
+            mac.update(&(part.len() as u64).to_be_bytes());
+            mac.update(part);
+        }
+        prepared.id = mac.finalize().into_bytes().into();
+        Some(prepared)
+    }
+
+    /// The resource `key` (a Secret prepared by this sealer) sealed to `recipient`:
+    /// from this process's [`SEALINGS`] when an earlier render, or another cluster
+    /// of this one, sealed the same Secret for the same agent, else sealed now.
+    pub fn sealed_resource(
+        &self,
+        prepared: &Prepared,
+        recipient: &AgentKey,
+        key: &Arc<flotilla_core::bundle::ResourceKey>,
+    ) -> Arc<flotilla_core::bundle::Resource> {
+        self.sealed_resource_in(&SEALINGS, prepared, recipient, key)
+    }
+
+    /// [`Sealer::sealed_resource`] with the given [`Sealings`].
+    pub(crate) fn sealed_resource_in(
+        &self,
+        sealings: &std::sync::Mutex<Sealings>,
+        prepared: &Prepared,
+        recipient: &AgentKey,
+        key: &Arc<flotilla_core::bundle::ResourceKey>,
+    ) -> Arc<flotilla_core::bundle::Resource> {
+        let memo_key = (prepared.id, recipient.0);
+        let lock = || sealings.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = lock().get(&memo_key) {
+            return found;
+        }
+        let sealed = Arc::new(flotilla_core::bundle::Resource {
+            key: key.clone(),
+            canonical: self.seal_prepared(prepared, recipient).into(),
+        });
+        lock().keep(memo_key, sealed)
+    }
+
     /// The canonical bytes of a prepared Secret sealed to `recipient`: the same as
     /// those of [`seal_secret`]'s value.
     pub fn seal_prepared(&self, prepared: &Prepared, recipient: &AgentKey) -> Vec<u8> {

@@ -319,3 +319,64 @@ fn a_prepared_secret_seals_to_the_canonical_bytes_of_the_long_way() {
         serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "e"}});
     assert!(Prepared::new(&empty, "v1/Secret//e").is_none());
 }
+
+#[test]
+fn a_sealed_secret_is_kept_for_the_next_render_and_dropped_when_two_go_by_without_it() {
+    let sealings = std::sync::Mutex::new(Sealings::new());
+    let sealer = Sealer::from_hub_seed(&[6; 32]);
+    let (agent, other) = (key_of(AGENT), key_of(OTHER));
+    let secret = |password: &str| {
+        serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "db", "namespace": "shop"},
+            "stringData": {"password": password}})
+    };
+    let key = Arc::new(flotilla_core::bundle::ResourceKey {
+        group: String::new(),
+        kind: "Secret".to_string(),
+        namespace: "shop".to_string(),
+        name: "db".to_string(),
+    });
+    let identity = key.to_string();
+    let prepared = sealer
+        .prepare(&secret("hunter2"), &identity)
+        .expect("values");
+    let seal = |prepared: &Prepared, recipient: &AgentKey| {
+        sealer.sealed_resource_in(&sealings, prepared, recipient, &key)
+    };
+    let first = seal(&prepared, &agent);
+    // What is kept is what sealing gives, and opens with the agent's identity.
+    assert_eq!(
+        &*first.canonical,
+        &sealer.seal_prepared(&prepared, &agent)[..]
+    );
+    assert!(Arc::ptr_eq(&first, &seal(&prepared, &agent)));
+    // The next render takes it as it is; the one after that too, since the render
+    // between used it.
+    for _ in 0..2 {
+        sealings.lock().expect("not poisoned").next_render();
+        assert!(Arc::ptr_eq(&first, &seal(&prepared, &agent)));
+    }
+    // Another agent, another value or another hub's sealer: sealed anew, to other bytes.
+    let changed = sealer
+        .prepare(&secret("hunter3"), &identity)
+        .expect("values");
+    let another_hub = Sealer::from_hub_seed(&[7; 32]);
+    let elsewhere = another_hub
+        .prepare(&secret("hunter2"), &identity)
+        .expect("values");
+    for sealed in [
+        seal(&prepared, &other),
+        seal(&changed, &agent),
+        another_hub.sealed_resource_in(&sealings, &elsewhere, &agent, &key),
+    ] {
+        assert_ne!(sealed.canonical, first.canonical);
+    }
+    assert_eq!(sealings.lock().expect("not poisoned").len(), 4);
+    // Two renders that do not use it: dropped, and sealed again to the same bytes.
+    sealings.lock().expect("not poisoned").next_render();
+    sealings.lock().expect("not poisoned").next_render();
+    assert_eq!(sealings.lock().expect("not poisoned").len(), 0);
+    let again = seal(&prepared, &agent);
+    assert!(!Arc::ptr_eq(&first, &again));
+    assert_eq!(again.canonical, first.canonical);
+}
