@@ -497,7 +497,7 @@ pub(crate) fn signed_rules(
 /// The position in a bundle's workload list (`ClusterProvenance::resource_workloads`)
 /// of the objects [`with_platform_objects`] adds: they belong to no fleet workload,
 /// and are named [`TENANCY_WORKLOAD`] in the bundle's metadata.
-pub(crate) const TENANCY_POSITION: u32 = u32::MAX - 1;
+pub const TENANCY_POSITION: u32 = u32::MAX - 1;
 
 /// A bundle's resources and, for each, its workload's position.
 type BundleLists = (Vec<Arc<Resource>>, Vec<u32>);
