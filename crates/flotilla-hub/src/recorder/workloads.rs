@@ -89,15 +89,15 @@ impl RenderedWorkloads {
         self.by_digest.is_empty()
     }
 
-    /// About how many bytes these lists take: each entry of the map (a digest and a
-    /// pointer to its list) and its digest's text, then each distinct list and each
-    /// distinct name once; not the spare room of the map or of the allocator.
+    /// About how many bytes these lists take: the map's table (a digest and a
+    /// pointer to its list a slot, and a control byte), each digest's text, then each
+    /// distinct list and each distinct name once; not the allocator's own overhead.
     pub fn weight(&self) -> usize {
         let mut lists: HashSet<*const Arc<str>> = HashSet::new();
         let mut names: HashSet<*const u8> = HashSet::new();
-        let mut bytes = 0;
+        let mut bytes = self.by_digest.capacity() * (size_of::<(Digest, WorkloadList)>() + 1);
         for (digest, list) in &self.by_digest {
-            bytes += size_of::<Digest>() + size_of::<WorkloadList>() + digest.as_str().len();
+            bytes += digest.as_str().len();
             if lists.insert(list.as_ptr()) {
                 // An `Arc`'s two counters, then the list's pointers.
                 bytes += 2 * size_of::<usize>() + size_of_val::<[Arc<str>]>(list);
