@@ -303,7 +303,7 @@ fn is_test_only_use(path: &str, name: &str) -> bool {
 }
 
 /// What request handlers may ask of the view: every one of these reads.
-const VIEW_READS: [&str; 18] = [
+const VIEW_READS: [&str; 19] = [
     "served",
     "served_to",
     "generations",
@@ -314,6 +314,7 @@ const VIEW_READS: [&str; 18] = [
     "latest",
     "statuses",
     "active_rollouts",
+    "rendered_workloads",
     "rollouts_superseded",
     "rollout_decisions",
     "reads",

@@ -7,7 +7,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use crate::rollout_e2e::{POLICY, Scene};
-use crate::support::hub::{get_json, token_for};
+use crate::support::hub::{eventually, get_json, token_for};
 
 /// The hub with a cluster in each state, and a rollout of v2 under way:
 /// - `c1` (canary) took v2 and reports a crashing Deployment: failed;
@@ -988,6 +988,81 @@ async fn web_session(scene: &Scene, web: &reqwest::Client, token: &str) -> Strin
         .to_string()
 }
 
+/// The workload column of a cluster page's resources, in order.
+fn workload_column(body: &str) -> Vec<String> {
+    body.split("<table class=\"resources\">")
+        .nth(1)
+        .and_then(|t| t.split("</tbody>").next())
+        .expect("the resources' table")
+        .split("<tr><td class=\"nowrap\">")
+        .skip(1)
+        .filter_map(|row| row.split("</td>").next())
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_page_names_the_workloads_of_the_digest_it_is_served_even_without_metadata() {
+    // v2 adds workload `web` to the stores; its rollout holds s1 on v1's digest while
+    // the canary c1 runs v2. No bundle needs metadata, so none names its workloads.
+    let mut scene = Scene::at_v1(&["c1"], POLICY).await;
+    scene.fleet.repo.write(
+        "workloads/web/workload.yaml",
+        "apiVersion: flotilla.dev/v1alpha1\nkind: Workload\nmetadata:\n  name: web\nspec:\n  namespace: web\n  targets:\n    - clusterSelector: {matchLabels: {kind: store}}\n",
+    );
+    scene.fleet.repo.write(
+        "workloads/web/manifests/service.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  ports: [{port: 80}]\n",
+    );
+    let v2 = scene.fleet.release("v2", "v2");
+    scene.wait_waves(&v2, &["released", "waiting"]).await;
+    let served = scene.served().await;
+    assert_ne!(served["s1"].0, served["c1"].0);
+    let web = browser();
+    let admin = web_session(&scene, &web, &scene.admin).await;
+    let page = |cluster: &'static str| {
+        let request = web
+            .get(scene.url(&format!("/ui/clusters/{cluster}")))
+            .header("cookie", admin.clone());
+        async move {
+            let page = send(request).await;
+            assert_eq!(page.status, 200, "{}", page.body);
+            page.body
+        }
+    };
+    let c1 = page("c1").await;
+    assert_eq!(workload_column(&c1), ["app", "web"], "{c1}");
+    assert!(c1.contains("<p id=\"runs-summary\">2 workloads, 2 resources: <strong class=\"workload\">app</strong> <span class=\"muted\">(1)</span>, <strong class=\"workload\">web</strong> <span class=\"muted\">(1)</span>."), "{c1}");
+    // s1 is served v1's digest: v1's workloads, not HEAD's.
+    let s1 = page("s1").await;
+    assert_eq!(workload_column(&s1), ["app"], "{s1}");
+    assert!(!s1.contains("neither its bundle nor the hub"), "{s1}");
+
+    // A hub started since v1 was rendered has not rendered s1's digest: it says so.
+    scene.stop().await;
+    scene.start().await;
+    let admin = web_session(&scene, &web, &scene.admin).await;
+    let page = |cluster: &'static str| {
+        let request = web
+            .get(scene.url(&format!("/ui/clusters/{cluster}")))
+            .header("cookie", admin.clone());
+        async move { send(request).await.body }
+    };
+    eventually(
+        "the restarted hub to render v2",
+        std::time::Duration::from_secs(20),
+        || {
+            let c1 = page("c1");
+            async move { (workload_column(&c1.await) == ["app", "web"]).then_some(()) }
+        },
+    )
+    .await;
+    let s1 = page("s1").await;
+    assert_eq!(workload_column(&s1), ["–"], "{s1}");
+    assert!(s1.contains("1 resource <span class=\"muted\">(neither its bundle nor the hub names their workloads: a bundle names them only when it needs to, for dependencies, drift policies, Helm hooks or tenants, and the hub knows them only for bundles it rendered since it started)</span>."), "{s1}");
+    scene.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_web_page_tells_its_colours_numbers_commit_and_what_each_cluster_runs() {
     let (mut scene, v2) = every_state().await;
@@ -1108,6 +1183,7 @@ async fn the_web_page_tells_its_colours_numbers_commit_and_what_each_cluster_run
 
     // What edge runs: its workload and each resource with its state in the agent's
     // last report, linking to that resource in the bundle view; the Secret by name.
+    // Its bundle names no workloads (it needs no metadata): the hub's render does.
     let response = scene
         .client
         .post(scene.url("/v1/clusters/edge/status"))
@@ -1127,7 +1203,7 @@ async fn the_web_page_tells_its_colours_numbers_commit_and_what_each_cluster_run
     assert_eq!(edge.status, 200);
     assert!(
         edge.body
-            .contains("<p id=\"runs-summary\">2 resources <span class=\"muted\">(its bundle does not name their workloads"),
+            .contains("<p id=\"runs-summary\">1 workload, 2 resources: <strong class=\"workload\">app</strong> <span class=\"muted\">(2)</span>."),
         "{}",
         edge.body
     );
@@ -1143,8 +1219,8 @@ async fn the_web_page_tells_its_colours_numbers_commit_and_what_each_cluster_run
     assert_eq!(
         rows,
         [
-            "<td class=\"nowrap\">–</td><td class=\"nowrap\">ConfigMap</td><td class=\"nowrap\">app</td><td class=\"name\"><a href=\"&#x2f;ui&#x2f;clusters&#x2f;edge&#x2f;bundle#r-ConfigMap%20app%2Fapp\">app</a></td><td class=\"nowrap\"><span class=\"chip r-healthy\">healthy</span></td></tr>",
-            "<td class=\"nowrap\">–</td><td class=\"nowrap\">Secret</td><td class=\"nowrap\">app</td><td class=\"name\"><a href=\"&#x2f;ui&#x2f;clusters&#x2f;edge&#x2f;bundle#r-Secret%20app%2Fapp\">app</a></td><td class=\"nowrap\"><span class=\"chip r-applied\">applied</span></td></tr>",
+            "<td class=\"nowrap\">app</td><td class=\"nowrap\">ConfigMap</td><td class=\"nowrap\">app</td><td class=\"name\"><a href=\"&#x2f;ui&#x2f;clusters&#x2f;edge&#x2f;bundle#r-ConfigMap%20app%2Fapp\">app</a></td><td class=\"nowrap\"><span class=\"chip r-healthy\">healthy</span></td></tr>",
+            "<td class=\"nowrap\">app</td><td class=\"nowrap\">Secret</td><td class=\"nowrap\">app</td><td class=\"name\"><a href=\"&#x2f;ui&#x2f;clusters&#x2f;edge&#x2f;bundle#r-Secret%20app%2Fapp\">app</a></td><td class=\"nowrap\"><span class=\"chip r-applied\">applied</span></td></tr>",
         ],
         "{}",
         edge.body

@@ -494,10 +494,12 @@ pub(crate) fn signed_rules(
     Some(signed)
 }
 
-/// The position in a bundle's workload list (`ClusterProvenance::resource_workloads`)
-/// of the objects [`with_platform_objects`] adds: they belong to no fleet workload,
-/// and are named [`TENANCY_WORKLOAD`] in the bundle's metadata.
-pub(crate) const TENANCY_POSITION: u32 = u32::MAX - 1;
+/// The position in a bundle's workload list
+/// ([`crate::ClusterProvenance::resource_workloads`]) of the objects the render adds
+/// for tenants' namespaces (`with_platform_objects`): they belong to no fleet
+/// workload, and are named [`flotilla_core::bundle::TENANCY_WORKLOAD`] in the
+/// bundle's metadata.
+pub const TENANCY_POSITION: u32 = u32::MAX - 1;
 
 /// A bundle's resources and, for each, its workload's position.
 type BundleLists = (Vec<Arc<Resource>>, Vec<u32>);

@@ -9,11 +9,13 @@
 //! - [`reload`]: the store read into memory, at start and when the database moved on.
 //! - [`lease`]: which of several hubs on one database records and decides.
 //! - [`view`]: what the handlers read.
+//! - [`workloads`]: each resource's workload per digest, as this hub's renders said.
 
 pub mod lease;
 pub mod reload;
 pub mod rollouts;
 pub mod view;
+pub mod workloads;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -388,6 +390,11 @@ impl Recorder {
         self.metrics.objects_written(written as u64);
         let objects_duration = started.elapsed();
 
+        // Known before anything of the render is served, so the page never finds a
+        // served digest of it without its workloads; pruned once what is served moved.
+        let workloads = self.view.known_workloads().with_render(output);
+        self.view.set_known_workloads(workloads.clone());
+
         let now = self.settings.clock.now_ms();
         let recording = Instant::now();
         let outcome = self
@@ -402,6 +409,10 @@ impl Recorder {
             self.reload(reload::Reload::Changed).await?;
         }
         self.view.set_membership(Membership::of_render(output));
+        let served = self.view.served();
+        self.view.set_known_workloads(
+            workloads.pruned(output, served.clusters.values().map(|c| &c.digest)),
+        );
         let report = InstallReport {
             revision: output.revision.clone(),
             clusters: output.bundles.len(),

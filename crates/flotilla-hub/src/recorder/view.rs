@@ -15,6 +15,7 @@ use http::HeaderValue;
 use tokio::sync::watch;
 
 use super::lease::PeerTiming;
+use super::workloads::{RenderedWorkloads, WorkloadList};
 use crate::auth::TokenTable;
 use crate::clock::Clock;
 use crate::fleet::{
@@ -429,6 +430,10 @@ pub struct View {
     pulses: Mutex<HashMap<String, Arc<Pulse>>>,
     /// The active rollouts as last decided, for `/metrics`, `/v1/fleet` and the page.
     rollouts: ArcSwap<Vec<RolloutView>>,
+    /// Each resource's workload in the bundles this hub rendered that are rendered
+    /// or served now, for the web page (a bundle names them only when its agent
+    /// needs them).
+    workloads: ArcSwap<RenderedWorkloads>,
     superseded: AtomicU64,
     decisions: AtomicU64,
     /// Objects, sessions and history are read through [`View::reads`].
@@ -536,6 +541,7 @@ impl View {
             membership: ArcSwap::default(),
             pulses: Mutex::default(),
             rollouts: ArcSwap::default(),
+            workloads: ArcSwap::default(),
             superseded: AtomicU64::new(0),
             decisions: AtomicU64::new(0),
             store,
@@ -597,6 +603,13 @@ impl View {
     /// The active rollouts, as of the last decision.
     pub fn active_rollouts(&self) -> Arc<Vec<RolloutView>> {
         self.rollouts.load_full()
+    }
+
+    /// The workload of each resource of the bundle with this digest, as this hub's
+    /// renders said; `None` for a bundle with metadata (it names them itself) or one
+    /// no render of this hub made (a digest served before it started).
+    pub fn rendered_workloads(&self, digest: &Digest) -> Option<WorkloadList> {
+        self.workloads.load().of(digest).cloned()
     }
 
     /// Rollouts superseded since the hub started.
@@ -718,6 +731,14 @@ impl View {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .is_empty()
+    }
+
+    pub(in crate::recorder) fn known_workloads(&self) -> Arc<RenderedWorkloads> {
+        self.workloads.load_full()
+    }
+
+    pub(in crate::recorder) fn set_known_workloads(&self, workloads: RenderedWorkloads) {
+        self.workloads.store(Arc::new(workloads));
     }
 
     pub(in crate::recorder) fn set_rollouts(&self, views: Vec<RolloutView>) {

@@ -548,7 +548,8 @@ async fn served_resources(
         .and_then(|r| r.applied.as_ref().or(r.attempted.as_ref()))
         .filter(|d| **d != entry.digest)
         .map(ToString::to_string);
-    let resources = page::served_resources(&bundle, report.as_ref(), |key| {
+    let rendered = shared.view.rendered_workloads(&entry.digest);
+    let resources = page::served_resources(&bundle, rendered.as_deref(), report.as_ref(), |key| {
         tenant.is_none_or(|t| t.owns_resource(cluster, key))
     });
     Some((resources, reported_on))

@@ -4,7 +4,7 @@
 //! 10,000 clusters without a server.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use minijinja::value::Serde;
 use minijinja::{Environment, context};
@@ -543,7 +543,8 @@ pub fn resource_anchor(key: &ResourceKey) -> String {
 /// never its content (a Secret is listed by its name only).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ServedResource {
-    /// The workload it comes from (`None` for a bundle that names no workloads).
+    /// The workload it comes from (`None` when neither the bundle nor the hub's
+    /// renders name it).
     pub workload: Option<String>,
     /// `Kind.group`, or `Kind` in the core group.
     pub kind: String,
@@ -558,9 +559,12 @@ pub struct ServedResource {
 }
 
 /// What a cluster runs: every resource of `bundle` that `keep` accepts, in bundle
-/// order, with its state in `report` where the report names it.
+/// order, with its workload and its state in `report` where the report names it.
+/// The workload is the one the bundle names (what its agent sees), else the one
+/// `rendered` gives for that place in the bundle (the hub's render of it).
 pub fn served_resources(
     bundle: &ScopedBundle,
+    rendered: Option<&[Arc<str>]>,
     report: Option<&StatusReport>,
     mut keep: impl FnMut(&ResourceKey) -> bool,
 ) -> Vec<ServedResource> {
@@ -580,11 +584,16 @@ pub fn served_resources(
                 .collect()
         })
         .unwrap_or_default();
+    // A list for another number of resources is not this bundle's.
+    let rendered = rendered.filter(|names| names.len() == bundle.identities().count());
     bundle
         .identities()
-        .filter(|(key, _)| keep(key))
-        .map(|(key, workload)| {
+        .enumerate()
+        .filter(|(_, (key, _))| keep(key))
+        .map(|(index, (key, workload))| {
             let status = reported.get(key);
+            let workload =
+                workload.or_else(|| rendered.and_then(|names| names.get(index)).map(|n| &**n));
             ServedResource {
                 workload: workload.map(str::to_string),
                 kind: if key.group.is_empty() {
