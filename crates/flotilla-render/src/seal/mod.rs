@@ -73,13 +73,17 @@ static SEALINGS: std::sync::Mutex<Sealings> = std::sync::Mutex::new(Sealings::ne
 /// generation is cleared.
 const SEALINGS_KEPT: usize = 1_000_000;
 
-/// Sealed Secrets kept for the next render. Each render starts a generation
-/// ([`next_render`]); an entry used by neither the last render nor this one is
-/// dropped, so what is kept is about what the hub's kept render holds anyway (the
+/// Sealed Secrets kept for the next render. Each render that seals starts a
+/// generation ([`next_render`]); an entry used by neither the last such render nor
+/// this one is dropped, so what is kept is about what the hub's kept render holds anyway (the
 /// resources are shared with its bundles).
 pub(crate) struct Sealings {
     current: Option<SealingMap>,
     previous: Option<SealingMap>,
+    /// A render has started and not sealed yet: its generation starts at its first
+    /// sealing, so a render that seals nothing (of a fleet without agent keys, or
+    /// whose sealed clusters are all unchanged) drops nothing.
+    starting: bool,
 }
 
 /// Sealed Secrets by (the Secret's id under the sealing key, recipient).
@@ -90,16 +94,29 @@ impl Sealings {
         Sealings {
             current: None,
             previous: None,
+            starting: false,
         }
     }
 
-    /// Starts a generation: what the render before the last used is dropped.
+    /// A render starts: at its first sealing, what the render before the last that
+    /// sealed used is dropped.
     pub(crate) fn next_render(&mut self) {
-        self.previous = self.current.take();
+        self.starting = true;
+    }
+
+    /// Starts the generation of a render that seals.
+    fn turn(&mut self) {
+        if std::mem::take(&mut self.starting) {
+            self.previous = self.current.take();
+            // Room for what the last render kept, which this one mostly takes again.
+            let room = self.previous.as_ref().map_or(0, HashMap::len);
+            self.current = Some(HashMap::with_capacity(room));
+        }
     }
 
     /// The kept sealing, moved into this generation when the last render used it.
     fn get(&mut self, key: &([u8; 32], [u8; 32])) -> Option<Arc<flotilla_core::bundle::Resource>> {
+        self.turn();
         if let Some(found) = self.current.as_ref().and_then(|m| m.get(key)) {
             return Some(found.clone());
         }
@@ -114,6 +131,7 @@ impl Sealings {
         key: ([u8; 32], [u8; 32]),
         sealed: Arc<flotilla_core::bundle::Resource>,
     ) -> Arc<flotilla_core::bundle::Resource> {
+        self.turn();
         let current = self.current.get_or_insert_with(HashMap::new);
         if current.len() >= SEALINGS_KEPT {
             current.clear();

@@ -372,10 +372,19 @@ fn a_sealed_secret_is_kept_for_the_next_render_and_dropped_when_two_go_by_withou
         assert_ne!(sealed.canonical, first.canonical);
     }
     assert_eq!(sealings.lock().expect("not poisoned").len(), 4);
-    // Two renders that do not use it: dropped, and sealed again to the same bytes.
-    sealings.lock().expect("not poisoned").next_render();
-    sealings.lock().expect("not poisoned").next_render();
-    assert_eq!(sealings.lock().expect("not poisoned").len(), 0);
+    let next_render = || sealings.lock().expect("not poisoned").next_render();
+    // Renders that seal nothing drop nothing.
+    for _ in 0..3 {
+        next_render();
+    }
+    assert!(Arc::ptr_eq(&first, &seal(&prepared, &agent)));
+    // Two renders that seal, but not it: dropped with what else they did not use,
+    // and sealed again to the same bytes.
+    for _ in 0..2 {
+        next_render();
+        seal(&changed, &agent);
+    }
+    assert_eq!(sealings.lock().expect("not poisoned").len(), 1);
     let again = seal(&prepared, &agent);
     assert!(!Arc::ptr_eq(&first, &again));
     assert_eq!(again.canonical, first.canonical);
