@@ -572,10 +572,7 @@ pub(crate) fn with_platform_objects(
     if namespaces.is_empty() && cluster_scoped.is_empty() {
         return Ok((kept, kept_workloads));
     }
-    let mut added: Vec<Arc<Resource>> = namespaces
-        .iter()
-        .flat_map(|&(t, namespace)| made.of(fleet, t, namespace))
-        .collect();
+    let mut added: Vec<Arc<Resource>> = made.of_namespaces(fleet, &namespaces).to_vec();
     let mut errors = Vec::new();
     for (&t, first) in &cluster_scoped {
         let tenant = &fleet.tenants[t];
@@ -609,11 +606,28 @@ pub(crate) fn with_platform_objects(
     if !errors.is_empty() {
         return Err(errors);
     }
-    added.sort_by(|a, b| a.key.cmp(&b.key));
-    for object in &added {
-        if let Ok(found) = kept.binary_search_by(|r| r.key.cmp(&object.key)) {
+    if added.len() > 2 * namespaces.len() {
+        // The cluster roles and their bindings, after the namespaces' sorted objects.
+        added.sort_by(|a, b| a.key.cmp(&b.key));
+    }
+    // The two sorted lists merged; an object of the bundle with the identity of one
+    // flotilla adds is an error.
+    let mut resources = Vec::with_capacity(kept.len() + added.len());
+    let mut workloads = Vec::with_capacity(kept.len() + added.len());
+    let mut old = kept.into_iter().zip(kept_workloads).peekable();
+    let mut new = added.into_iter().peekable();
+    loop {
+        let order = match (old.peek(), new.peek()) {
+            (None, None) => break,
+            (Some((r, _)), Some(a)) => r.key.cmp(&a.key),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+        };
+        if order == std::cmp::Ordering::Equal
+            && let (Some((_, p)), Some(object)) = (old.peek(), new.next())
+        {
             let owner = targeted
-                .get(kept_workloads[found] as usize)
+                .get(*p as usize)
                 .map_or("?", |&w| fleet.workloads[w].name.as_str());
             errors.push(
                 Diagnostic::error(format!(
@@ -624,23 +638,7 @@ pub(crate) fn with_platform_objects(
                 .for_cluster(&cluster.name)
                 .for_workload(owner),
             );
-        }
-    }
-    if !errors.is_empty() {
-        return Err(errors);
-    }
-    let mut resources = Vec::with_capacity(kept.len() + added.len());
-    let mut workloads = Vec::with_capacity(kept.len() + added.len());
-    let mut old = kept.into_iter().zip(kept_workloads).peekable();
-    let mut new = added.into_iter().peekable();
-    loop {
-        let take_old = match (old.peek(), new.peek()) {
-            (None, None) => break,
-            (Some((r, _)), Some(a)) => r.key < a.key,
-            (Some(_), None) => true,
-            (None, Some(_)) => false,
-        };
-        if take_old {
+        } else if order == std::cmp::Ordering::Less {
             if let Some((r, p)) = old.next() {
                 resources.push(r);
                 workloads.push(p);
@@ -649,6 +647,9 @@ pub(crate) fn with_platform_objects(
             resources.push(a);
             workloads.push(TENANCY_POSITION);
         }
+    }
+    if !errors.is_empty() {
+        return Err(errors);
     }
     Ok((resources, workloads))
 }
@@ -666,7 +667,13 @@ pub(crate) struct PlatformObjects {
     /// Per tenant with `spec.clusterScoped`, its ClusterRole as the fleet's CRDs
     /// resolve it (or the errors of the kinds they do not).
     cluster_roles: Vec<Option<Result<Arc<Resource>, Vec<Diagnostic>>>>,
+    /// The objects of each set of (tenant, namespace) clusters have, sorted by
+    /// identity: clusters that share their workloads share the set.
+    sorted: std::sync::Mutex<HashMap<Vec<(usize, String)>, SortedObjects>>,
 }
+
+/// The objects flotilla adds for a set of tenants' namespaces, sorted by identity.
+type SortedObjects = Arc<[Arc<Resource>]>;
 
 impl PlatformObjects {
     /// The objects of each (tenant, namespace) among `namespaces`, and each tenant's
@@ -698,7 +705,29 @@ impl PlatformObjects {
             made,
             crds,
             cluster_roles,
+            sorted: std::sync::Mutex::default(),
         }
+    }
+
+    /// The objects of every (tenant, namespace) of `namespaces`, sorted by identity:
+    /// worked out once for each set, which the clusters that share their workloads
+    /// share.
+    fn of_namespaces(&self, fleet: &Fleet, namespaces: &BTreeSet<(usize, &str)>) -> SortedObjects {
+        let set: Vec<(usize, String)> = namespaces
+            .iter()
+            .map(|&(t, namespace)| (t, namespace.to_string()))
+            .collect();
+        let lock = || self.sorted.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = lock().get(&set) {
+            return found.clone();
+        }
+        let mut objects: Vec<Arc<Resource>> = namespaces
+            .iter()
+            .flat_map(|&(t, namespace)| self.of(fleet, t, namespace))
+            .collect();
+        objects.sort_by(|a, b| a.key.cmp(&b.key));
+        let objects: SortedObjects = objects.into();
+        lock().entry(set).or_insert(objects).clone()
     }
 
     /// The ClusterRole of tenant `t`: the one made for the render, or, if a kind of
