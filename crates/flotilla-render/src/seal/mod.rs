@@ -479,8 +479,8 @@ pub struct Prepared {
     /// then `object`, the Secret without its values, is sealed the long way.
     around: Option<(Vec<u8>, Vec<u8>)>,
     object: Option<Map<String, Value>>,
-    /// HMAC (the sealing key) of all the above: what [`SEALINGS`] knows it by.
-    /// Zero until [`Sealer::prepare`] sets it.
+    /// HMAC (the sealing key) of the identity, the plain text and the Secret's
+    /// canonical text without them: what [`SEALINGS`] knows it by.
     id: [u8; 32],
 }
 
@@ -488,9 +488,9 @@ pub struct Prepared {
 const MARKER: &str = "flotilla.dev/sealed-value-stands-here";
 
 impl Prepared {
-    /// `secret`'s preparation under `identity` (its resource key); `None` when it
-    /// has no `data` or `stringData`.
-    pub fn new(secret: &Value, identity: &str) -> Option<Prepared> {
+    /// `secret`'s preparation under `identity` (its resource key) for the sealing
+    /// key `key`; `None` when it has no `data` or `stringData`.
+    fn new(secret: &Value, identity: &str, key: &[u8; 32]) -> Option<Prepared> {
         let (object, plain) = split_secret(secret)?;
         let mut marked = object.clone();
         marked.insert(
@@ -498,6 +498,12 @@ impl Prepared {
             serde_json::json!({ "sealed": MARKER }),
         );
         let canonical = flotilla_core::bundle::to_canonical_vec(&Value::Object(marked));
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key).expect("any key length");
+        mac.update(b"flotilla.dev/v1 sealed secret");
+        for part in [identity.as_bytes(), &plain, &canonical] {
+            mac.update(&(part.len() as u64).to_be_bytes());
+            mac.update(part);
+        }
         let quoted = format!("\"{MARKER}\"");
         let found: Vec<usize> = canonical
             .windows(quoted.len())
@@ -520,32 +526,16 @@ impl Prepared {
             plain,
             around,
             object,
-            id: [0; 32],
+            id: mac.finalize().into_bytes().into(),
         })
     }
 }
 
 impl Sealer {
-    /// `secret`'s preparation under `identity` (its resource key), with its id
+    /// `secret`'s preparation under `identity` (its resource key), known by an id
     /// under this sealer's key; `None` when it has no `data` or `stringData`.
     pub fn prepare(&self, secret: &Value, identity: &str) -> Option<Prepared> {
-        let mut prepared = Prepared::new(secret, identity)?;
-        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.key).expect("any key length");
-        mac.update(b"flotilla.dev/v1 sealed secret");
-        let object = prepared
-            .object
-            .as_ref()
-            .map(|o| flotilla_core::bundle::to_canonical_vec(&Value::Object(o.clone())));
-        let (before, after) = match (&prepared.around, &object) {
-            (Some((before, after)), _) => (&before[..], &after[..]),
-            (None, object) => (object.as_deref().unwrap_or_default(), &[][..]),
-        };
-        for part in [identity.as_bytes(), &prepared.plain, before, after] {
-            mac.update(&(part.len() as u64).to_be_bytes());
-            mac.update(part);
-        }
-        prepared.id = mac.finalize().into_bytes().into();
-        Some(prepared)
+        Prepared::new(secret, identity, &self.key)
     }
 
     /// The resource `key` (a Secret prepared by this sealer) sealed to `recipient`:

@@ -306,7 +306,9 @@ fn a_prepared_secret_seals_to_the_canonical_bytes_of_the_long_way() {
     ];
     for (i, secret) in secrets.iter().enumerate() {
         let identity = format!("v1/Secret/shop/{i}");
-        let prepared = Prepared::new(secret, &identity).expect("a Secret with values");
+        let prepared = sealer
+            .prepare(secret, &identity)
+            .expect("a Secret with values");
         assert_eq!(prepared.around.is_none(), i == 2, "{i}");
         let long_way = seal_secret(secret, (&sealer, &agent), &identity).expect("sealed");
         assert_eq!(
@@ -317,7 +319,7 @@ fn a_prepared_secret_seals_to_the_canonical_bytes_of_the_long_way() {
     }
     let empty =
         serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "e"}});
-    assert!(Prepared::new(&empty, "v1/Secret//e").is_none());
+    assert!(sealer.prepare(&empty, "v1/Secret//e").is_none());
 }
 
 #[test]
