@@ -85,6 +85,9 @@ pub struct RenderWorkerArgs {
     /// This process's data-segment limit (RLIMIT_DATA), in bytes.
     #[arg(long, value_name = "BYTES")]
     pub memory_limit: Option<u64>,
+    /// The file of sealing headers kept in the hub's state folder.
+    #[arg(long, value_name = "FILE")]
+    pub sealing_headers: Option<std::path::PathBuf>,
 }
 
 /// Where the fleet is read from. Inside a Git repository, a commit is read (HEAD
@@ -719,6 +722,7 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::RenderWorker(args) => {
             flotilla_hub::render_worker::run_worker(
                 args.memory_limit,
+                args.sealing_headers.as_deref(),
                 std::io::stdin().lock(),
                 std::io::stdout().lock(),
             )?;

@@ -41,7 +41,9 @@ use flotilla_core::snapshot::FleetSnapshot;
 use flotilla_render::sops::SopsKeys;
 use flotilla_render::{RenderOptions, RenderOutput, render_since, render_with};
 
-use crate::render_worker::{RenderSession, RenderWorker, Rendered};
+use crate::render_worker::{
+    KeptHeaders, RenderSession, RenderWorker, Rendered, SEALING_HEADERS_FILE,
+};
 
 /// How long a `git clone` or `git fetch` may take.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(300);
@@ -251,6 +253,9 @@ pub struct Follower {
     /// The store's Helm seed, read before the first render.
     helm_seed: Option<[u8; 32]>,
     decryption: Arc<flotilla_render::sops::DecryptionKeys>,
+    /// The sealing headers kept in the state folder, for renders on the hub's own
+    /// thread (a render process keeps its own).
+    sealing_headers: Arc<std::sync::Mutex<KeptHeaders>>,
 }
 
 impl Follower {
@@ -272,7 +277,14 @@ impl Follower {
             shared,
             spec,
             limits,
-            render_session: worker.map(|w| RenderSession::new(w, decryption.clone())),
+            render_session: worker.map(|w| {
+                let mut session = RenderSession::new(w, decryption.clone());
+                session.keep_sealing_headers(state_dir.join(SEALING_HEADERS_FILE));
+                session
+            }),
+            sealing_headers: Arc::new(std::sync::Mutex::new(KeptHeaders::in_state_dir(
+                state_dir,
+            ))),
             state_dir: state_dir.to_path_buf(),
             poll_interval,
             last_commit: None,
@@ -763,9 +775,14 @@ impl Follower {
         let stop = cancel.clone();
         let previous = self.last_output.clone();
         let decryption = self.decryption.clone();
+        let sealing_headers = self.sealing_headers.clone();
         let spawned = std::thread::Builder::new()
             .name("flotilla-render".into())
             .spawn(move || {
+                let headers = || sealing_headers.lock().unwrap_or_else(|e| e.into_inner());
+                if let Err(err) = headers().offer() {
+                    tracing::warn!("{err}");
+                }
                 let started = Instant::now();
                 let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     let options = RenderOptions {
@@ -780,6 +797,9 @@ impl Follower {
                         None => render_with(&snapshot, &options),
                     }
                 }));
+                if let Err(err) = headers().keep(&helm_seed) {
+                    tracing::warn!("{err}");
+                }
                 let _ = done.send(match outcome {
                     Ok(output) => Rendered::Done(Box::new(output), started.elapsed()),
                     Err(panic) => Rendered::Panicked(panic_message(&panic)),

@@ -11,8 +11,14 @@
 //! `--rotate` every run changes every Secret's value (a password rotated fleet-wide,
 //! the most a commit can ask), so every run seals all of them anew.
 //!
+//!
+//! With `--kept DIR` the agents' keys and the headers the first render worked out
+//! are kept in `DIR` (as the hub keeps headers in its state folder), and a later
+//! run with the same `DIR` starts from them: its first render is that of a new
+//! render process of a hub that has rendered this fleet before.
+//!
 //! ```text
-//! seal_fleet [--clusters N] [--secrets S] [--runs R] [--rotate]
+//! seal_fleet [--clusters N] [--secrets S] [--runs R] [--rotate] [--kept DIR]
 //! ```
 
 use std::time::{Duration, Instant};
@@ -81,9 +87,38 @@ fn main() {
         arg("--secrets", 5),
         arg("--runs", 6).max(2),
     );
-    let keys: Vec<String> = (0..clusters)
-        .map(|_| age::x25519::Identity::generate().to_public().to_string())
-        .collect();
+    let kept = args
+        .iter()
+        .position(|a| a == "--kept")
+        .and_then(|i| args.get(i + 1))
+        .map(std::path::PathBuf::from);
+    let generated = || -> Vec<String> {
+        (0..clusters)
+            .map(|_| age::x25519::Identity::generate().to_public().to_string())
+            .collect()
+    };
+    let keys: Vec<String> = match &kept {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).expect("the --kept folder");
+            let keys_file = dir.join("agent-keys");
+            match std::fs::read_to_string(&keys_file) {
+                Ok(text) if text.lines().count() == clusters => {
+                    text.lines().map(str::to_string).collect()
+                }
+                _ => {
+                    let keys = generated();
+                    std::fs::write(&keys_file, keys.join("\n")).expect("keys written");
+                    keys
+                }
+            }
+        }
+        None => generated(),
+    };
+    let headers_file = kept.as_ref().map(|dir| dir.join("sealing-headers"));
+    if let Some(Ok(file)) = headers_file.as_ref().map(std::fs::read) {
+        let offered = flotilla_render::seal::offer_headers(&file);
+        eprintln!("offered {offered} kept headers");
+    }
     let rotate = args.iter().any(|a| a == "--rotate");
     let options = RenderOptions {
         helm_seed: Some([7; 32]),
@@ -109,6 +144,11 @@ fn main() {
             assert_eq!(output.bundles.len(), clusters);
             eprintln!("run {run}: {what} {took:?}");
             times.push(took);
+            if let (Some(path), 0, "sealed") = (&headers_file, run, what) {
+                let seed = options.helm_seed.expect("a seed");
+                let file = flotilla_render::seal::Sealer::from_hub_seed(&seed).kept_headers();
+                std::fs::write(path, file).expect("headers written");
+            }
         }
     }
     let first = with_keys.remove(0);

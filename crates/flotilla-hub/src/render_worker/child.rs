@@ -4,11 +4,13 @@
 
 use std::collections::BTreeMap;
 use std::io::{self, BufRead, Read, Write};
+use std::path::Path;
 
 use flotilla_core::bundle::Bundle;
 use flotilla_core::rollout::RolloutPlan;
 use flotilla_render::{RenderOptions, RenderOutput, render_since_fetching};
 
+use super::headers::KeptHeaders;
 use super::codec::{
     Known, Since, decode_input, encode_output, invalid, read_output, write_request,
 };
@@ -28,8 +30,14 @@ const SLOW_TEMPLATE: std::time::Duration = std::time::Duration::from_millis(20);
 /// be rendered since it without the hub sending it again, and unchanged cluster
 /// files are not parsed again. Rendering runs out of memory by aborting the process,
 /// which the parent recognises.
+///
+/// With `sealing_headers`, the file of age headers kept in the hub's state folder
+/// ([`KeptHeaders`]): read before the first render, written after a render that
+/// worked out new ones (a file that cannot be read or written is told on stderr,
+/// and the headers are worked out instead).
 pub fn run_worker(
     memory_limit: Option<u64>,
+    sealing_headers: Option<&Path>,
     input: impl Read,
     output: impl Write,
 ) -> io::Result<()> {
@@ -54,22 +62,35 @@ pub fn run_worker(
     let mut input = io::BufReader::new(input);
     let mut output = io::BufWriter::new(output);
     let mut kept: Option<RenderOutput> = None;
+    let mut headers = sealing_headers.map(KeptHeaders::new);
+    let told = |result: Result<(), String>| {
+        if let Err(err) = result {
+            eprintln!("{err}");
+        }
+    };
+    if let Some(headers) = &mut headers {
+        told(headers.offer());
+    }
     // A request starts with its header; the end of the input, between requests,
     // ends the worker.
     while !input.fill_buf()?.is_empty() {
-        let rendered = render_request(&mut input, &mut output, kept.take())?;
+        let (rendered, seed) = render_request(&mut input, &mut output, kept.take())?;
         kept = Some(kept_for_next(rendered));
+        if let (Some(headers), Some(seed)) = (&mut headers, seed) {
+            told(headers.keep(&seed));
+        }
     }
     Ok(())
 }
 
 /// Reads one request, renders it (since the render it names, and with the parse of
-/// `kept`, the last render), and writes the answer; returns the render.
+/// `kept`, the last render), and writes the answer; returns the render and the seed
+/// it was rendered with.
 fn render_request(
     input: &mut impl BufRead,
     output: &mut impl Write,
     kept: Option<RenderOutput>,
-) -> io::Result<RenderOutput> {
+) -> io::Result<(RenderOutput, Option<[u8; 32]>)> {
     let (settings, snapshot, since) = decode_input(&mut *input)?;
     // What the process tells of slow templates from here on is this render's.
     eprintln!("{}", flotilla_render::progress::RENDER_STARTED);
@@ -122,7 +143,7 @@ fn render_request(
     let known = previous.as_ref().map_or(Known::Nothing, Known::Render);
     encode_output(&rendered, known, output)?;
     output.flush()?;
-    Ok(rendered)
+    Ok((rendered, settings.helm_seed))
 }
 
 /// What the worker keeps of a render for the next request: what a hub sends of a

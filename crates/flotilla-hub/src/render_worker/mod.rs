@@ -42,12 +42,14 @@ use flotilla_render::RenderOutput;
 
 mod child;
 mod codec;
+mod headers;
 mod supervisor;
 #[cfg(test)]
 mod tests;
 
 pub use child::run_worker;
 pub use codec::{Known, decode_output, encode_output};
+pub use headers::{KeptHeaders, SEALING_HEADERS_FILE};
 pub use supervisor::RenderSession;
 
 /// The hidden subcommand of the `flotilla` binary that runs [`run_worker`].

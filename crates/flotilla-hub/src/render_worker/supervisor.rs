@@ -4,6 +4,7 @@
 //! a render is replaced.
 
 use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,6 +37,8 @@ pub struct RenderSession {
     helm_seed: Option<[u8; 32]>,
     /// The identities SOPS files are opened with.
     decryption: Arc<DecryptionKeys>,
+    /// The file of sealing headers render processes keep ([`super::KeptHeaders`]).
+    sealing_headers: Option<PathBuf>,
 }
 
 /// A running render process.
@@ -59,7 +62,14 @@ impl RenderSession {
             process: None,
             helm_seed: None,
             decryption,
+            sealing_headers: None,
         }
+    }
+
+    /// Render processes keep the sealing headers they work out in `path` and read
+    /// them from there when they start.
+    pub fn keep_sealing_headers(&mut self, path: PathBuf) {
+        self.sealing_headers = Some(path);
     }
 
     /// Renders with `seed` as the seed of Helm charts' generated values.
@@ -95,7 +105,7 @@ impl RenderSession {
         let started = std::time::Instant::now();
         let revision = snapshot.revision.clone();
         if self.process.is_none() {
-            match self.worker.start() {
+            match self.worker.start(self.sealing_headers.as_deref()) {
                 Ok(process) => self.process = Some(process),
                 Err(rendered) => return rendered,
             }
@@ -234,11 +244,14 @@ fn exchange(request: Request, stdin: std::fs::File, stdout: std::fs::File) -> (F
 
 impl RenderWorker {
     /// Starts a render process.
-    fn start(&self) -> Result<Process, Rendered> {
+    fn start(&self, sealing_headers: Option<&Path>) -> Result<Process, Rendered> {
         let mut command = tokio::process::Command::new(&self.program);
         command.arg(WORKER_COMMAND);
         if let Some(limit) = self.memory_limit {
             command.arg("--memory-limit").arg(limit.to_string());
+        }
+        if let Some(path) = sealing_headers {
+            command.arg("--sealing-headers").arg(path);
         }
         command
             .stdin(Stdio::piped())

@@ -159,7 +159,7 @@ fn a_snapshot_goes_over_whole_and_paths_to_one_content_share_it() {
     // What follows a request is the next one: a worker refuses what is not.
     bytes.push(0);
     let mut out = Vec::new();
-    assert!(run_worker(None, bytes.as_slice(), &mut out).is_err());
+    assert!(run_worker(None, None, bytes.as_slice(), &mut out).is_err());
 }
 
 #[test]
@@ -192,7 +192,7 @@ fn the_worker_renders_what_the_hub_would() {
     .expect("encodes");
     let mut out = Vec::new();
     // No memory limit here: this is the test process itself.
-    run_worker(None, input.as_slice(), &mut out).expect("renders");
+    run_worker(None, None, input.as_slice(), &mut out).expect("renders");
     // First the (empty) request for previous bundles, then the render.
     let (ask, asked) = std::sync::mpsc::channel();
     let back = drain_output(out.as_slice(), None, &ask).expect("decodes");
@@ -250,7 +250,7 @@ fn render_through_pipes(
     let (ask, forward) = std::sync::mpsc::channel::<Vec<String>>();
     let (pass, asked) = std::sync::mpsc::channel();
     std::thread::scope(|scope| {
-        scope.spawn(move || run_worker(None, child_in, child_out).expect("renders"));
+        scope.spawn(move || run_worker(None, None, child_in, child_out).expect("renders"));
         let feed = scope.spawn(move || {
             let _ = feed_input(
                 snapshot,
@@ -388,7 +388,7 @@ fn a_worker_renders_request_after_request_since_what_it_keeps() {
     ];
     let (child_in, mut hub_out) = io::pipe().expect("pipe");
     let (hub_in, child_out) = io::pipe().expect("pipe");
-    let worker = std::thread::spawn(move || run_worker(None, child_in, child_out));
+    let worker = std::thread::spawn(move || run_worker(None, None, child_in, child_out));
     let mut hub_in = io::BufReader::new(hub_in);
     let mut previous: Option<RenderOutput> = None;
     // Nothing, then the kept render twice, then one sent (as after a render the
@@ -598,4 +598,77 @@ fn memberships_and_labels_written_as_changes_read_back_whole() {
     // cluster files the same), and clean previous renders for the pipes.
     assert!(through_groups > 10, "{through_groups}");
     assert!(clean > 20, "{clean}");
+}
+
+/// A render process with a file of sealing headers writes there, privately, the age
+/// header of each agent it sealed to: the one every sealed Secret of that agent starts
+/// with. A process started later reads it and seals the same bytes.
+#[test]
+fn the_worker_keeps_the_sealing_headers_it_worked_out_for_the_next_process() {
+    use base64::Engine as _;
+    use std::os::unix::fs::PermissionsExt as _;
+    // IDENTITY's recipient, as `age-keygen -y` prints it.
+    let recipient = "age14sv6psrvmr5860w9dfs8cc6000te95rxts9cp0ku4ae0qkz6va5q8vn9yl";
+    const HEADER: &str = "apiVersion: flotilla.dev/v1alpha1\n";
+    let snapshot = FleetSnapshot::from_files([
+        (
+            "clusters/keyed.yaml",
+            &*format!("{HEADER}kind: Cluster\nmetadata:\n  name: keyed\nspec:\n  agentKey: {recipient}\n"),
+        ),
+        (
+            "workloads/db/workload.yaml",
+            &*format!("{HEADER}kind: Workload\nmetadata:\n  name: db\nspec:\n  namespace: shop\n  targets:\n    - clusterSelector: {{}}\n"),
+        ),
+        (
+            "workloads/db/manifests/secret.yaml",
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: db\nstringData:\n  password: hunter2\n",
+        ),
+    ]);
+    let settings = RenderSettings {
+        helm_seed: Some([9; 32]),
+        ..RenderSettings::plain(Limits::default())
+    };
+    let dir = tempfile::tempdir().expect("a folder");
+    let path = dir.path().join(super::SEALING_HEADERS_FILE);
+    let render = || {
+        let mut input = Vec::new();
+        encode_input(&snapshot, Since::Nothing, &settings, &mut input).expect("encodes");
+        let mut out = Vec::new();
+        run_worker(None, Some(&path), input.as_slice(), &mut out).expect("renders");
+        let (ask, _asked) = std::sync::mpsc::channel();
+        drain_output(out.as_slice(), None, &ask).expect("decodes")
+    };
+    let first = render();
+    assert!(first.is_clean(), "{:?}", first.diagnostics);
+    let secret = first.bundles["keyed"]
+        .resources
+        .iter()
+        .find(|r| r.key.kind == "Secret")
+        .expect("the Secret");
+    let secret: serde_json::Value =
+        serde_json::from_slice(secret.canonical.as_ref()).expect("JSON");
+    let sealed = base64::engine::general_purpose::STANDARD
+        .decode(
+            secret[flotilla_core::bundle::SEALED_SECRET_FIELD]["sealed"]
+                .as_str()
+                .expect("sealed"),
+        )
+        .expect("base64");
+    let header_end = sealed
+        .windows(4)
+        .position(|w| w == b"\n---")
+        .and_then(|at| sealed[at + 1..].iter().position(|&b| b == b'\n').map(|n| at + 2 + n))
+        .expect("an age header");
+    let file = std::fs::read(&path).expect("the file is written");
+    assert!(file.starts_with(flotilla_render::seal::KEPT_HEADERS_MAGIC));
+    assert!(
+        file.windows(header_end).any(|w| w == &sealed[..header_end]),
+        "the file holds the agent's header"
+    );
+    let mode = std::fs::metadata(&path).expect("metadata").permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    // Another render with the file there: the same bundle, the file unchanged.
+    let second = render();
+    assert_eq!(digests(&second), digests(&first));
+    assert_eq!(std::fs::read(&path).expect("still there"), file);
 }

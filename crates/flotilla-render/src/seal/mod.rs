@@ -186,13 +186,33 @@ impl Sealer {
 
     /// The header of every file sealed to `recipient`, from this process's memo or
     /// worked out (file key and ephemeral secret derived from the sealing key and the
-    /// recipient).
+    /// recipient; or taken from the headers an earlier process kept, see [`kept`]).
     fn header(&self, recipient: &AgentKey) -> Arc<Header> {
         let memo_key = (self.key, recipient.0);
-        let kept = |memo: &Option<Headers>| memo.as_ref().and_then(|m| m.get(&memo_key).cloned());
-        if let Some(found) = kept(&HEADERS.lock().unwrap_or_else(|e| e.into_inner())) {
+        let memoized =
+            |memo: &Option<Headers>| memo.as_ref().and_then(|m| m.get(&memo_key).cloned());
+        if let Some(found) = memoized(&HEADERS.lock().unwrap_or_else(|e| e.into_inner())) {
             return found;
         }
+        let (file_key, ephemeral) = self.header_keys(recipient);
+        // A header kept from an earlier process, when it verifies; else worked out.
+        let bytes = kept::take_offered(&recipient.0, &file_key).unwrap_or_else(|| {
+            kept::count_made();
+            age_header(recipient, &file_key, &ephemeral)
+        });
+        let header = Arc::new(Header { bytes, file_key });
+        let mut memo = HEADERS.lock().unwrap_or_else(|e| e.into_inner());
+        let map = memo.get_or_insert_with(HashMap::new);
+        if map.len() >= HEADERS_KEPT {
+            map.clear();
+        }
+        map.entry(memo_key).or_insert(header).clone()
+    }
+}
+
+impl Sealer {
+    /// The file key and the ephemeral secret of `recipient`'s header.
+    fn header_keys(&self, recipient: &AgentKey) -> ([u8; 16], [u8; 32]) {
         let derived = Hkdf::<Sha256>::new(Some(&self.key), &length_prefixed(&[&recipient.0[..]]));
         let mut file_key = [0u8; 16];
         let mut ephemeral = [0u8; 32];
@@ -200,16 +220,7 @@ impl Sealer {
             .expand(b"file key", &mut file_key)
             .and_then(|()| derived.expand(b"ephemeral", &mut ephemeral))
             .expect("short outputs");
-        let header = Arc::new(Header {
-            bytes: age_header(recipient, &file_key, &ephemeral),
-            file_key,
-        });
-        let mut memo = HEADERS.lock().unwrap_or_else(|e| e.into_inner());
-        let map = memo.get_or_insert_with(HashMap::new);
-        if map.len() >= HEADERS_KEPT {
-            map.clear();
-        }
-        map.entry(memo_key).or_insert(header).clone()
+        (file_key, ephemeral)
     }
 }
 
@@ -598,5 +609,8 @@ impl Sealer {
     }
 }
 
+mod kept;
 #[cfg(test)]
 mod tests;
+
+pub use kept::{MAGIC as KEPT_HEADERS_MAGIC, headers_made, offer_headers};

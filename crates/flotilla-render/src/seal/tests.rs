@@ -13,6 +13,14 @@ fn key_of(text: &str) -> AgentKey {
     AgentKey::parse(&identity(text).to_public().to_string()).expect("a recipient")
 }
 
+/// Held by the tests that clear this process's headers or read them back, which
+/// would otherwise race (the tests of one binary run on threads of one process).
+static HEADER_MEMO: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn memo_held() -> std::sync::MutexGuard<'static, ()> {
+    HEADER_MEMO.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn open(identity_text: &str, sealed: &[u8]) -> Option<Vec<u8>> {
     age::decrypt(&identity(identity_text), sealed).ok()
 }
@@ -94,6 +102,7 @@ fn one_agents_secrets_share_its_header_and_each_opens_alone() {
         assert_eq!(open(OTHER, file), None);
     }
     // A header worked out afresh (the memo cleared) is the same bytes.
+    let _held = memo_held();
     *HEADERS.lock().unwrap_or_else(|e| e.into_inner()) = None;
     assert_eq!(
         sealer.seal(&agent, "v1/Secret/shop/s0", b"value 0"),
@@ -390,4 +399,58 @@ fn a_sealed_secret_is_kept_for_the_next_render_and_dropped_when_two_go_by_withou
     let again = seal(&prepared, &agent);
     assert!(!Arc::ptr_eq(&first, &again));
     assert_eq!(again.canonical, first.canonical);
+}
+
+#[test]
+fn kept_headers_are_used_only_when_their_mac_verifies_under_the_recipients_file_key() {
+    let _held = memo_held();
+    let sealer = Sealer::from_hub_seed(&[5; 32]);
+    let (agent, other) = (key_of(AGENT), key_of(OTHER));
+    let first = sealer.seal(&agent, "v1/Secret/shop/db", b"hunter2");
+    sealer.seal(&other, "v1/Secret/shop/db", b"hunter2");
+    let file = sealer.kept_headers();
+    let entries = kept::parse(&file);
+    assert_eq!(entries.len(), 2, "one header per recipient of this sealer");
+    let (agent_key, _) = sealer.header_keys(&agent);
+    let (other_key, _) = sealer.header_keys(&other);
+    let header = entries.get(&agent.0).expect("the agent's header");
+    assert!(first.starts_with(header), "the header every file of the agent starts with");
+    assert!(kept::verifies(header, &agent_key));
+    // Not another recipient's, nor under another hub's sealing key.
+    assert!(!kept::verifies(header, &other_key));
+    let (foreign, _) = Sealer::from_hub_seed(&[6; 32]).header_keys(&agent);
+    assert!(!kept::verifies(header, &foreign));
+    // Any byte changed, or the MAC cut short, and it is not used.
+    for at in [0, 30, header.len() / 2, header.len() - 5] {
+        let mut damaged = header.clone();
+        damaged[at] ^= 1;
+        assert!(!kept::verifies(&damaged, &agent_key), "byte {at} changed");
+    }
+    assert!(!kept::verifies(&header[..header.len() - 4], &agent_key));
+    // A file cut in its last entry keeps the entries before it; another file nothing.
+    assert_eq!(kept::parse(&file[..file.len() - 10]).len(), 1);
+    assert!(kept::parse(b"not a file of headers").is_empty());
+}
+
+#[test]
+fn a_process_offered_the_kept_headers_seals_the_same_bytes() {
+    let _held = memo_held();
+    let sealer = Sealer::from_hub_seed(&[7; 32]);
+    let agent = key_of(AGENT);
+    let sealed = sealer.seal(&agent, "v1/Secret/shop/db", b"hunter2");
+    let file = sealer.kept_headers();
+    // A new process: no header in memory, the file offered.
+    *HEADERS.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    assert_eq!(offer_headers(&file), 1);
+    assert_eq!(sealer.seal(&agent, "v1/Secret/shop/db", b"hunter2"), sealed);
+    // A damaged offer is not taken: the header is worked out again, the same bytes.
+    let mut damaged = file.clone();
+    let last = damaged.len() - 3;
+    damaged[last] ^= 1;
+    *HEADERS.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    assert_eq!(offer_headers(&damaged), 1);
+    let (file_key, _) = sealer.header_keys(&agent);
+    assert_eq!(kept::take_offered(&agent.0, &file_key), None);
+    assert_eq!(sealer.seal(&agent, "v1/Secret/shop/db", b"hunter2"), sealed);
+    assert_eq!(open(AGENT, &sealed), Some(b"hunter2".to_vec()));
 }

@@ -1,0 +1,85 @@
+//! The sealing headers a render keeps in the hub's state folder, for the next
+//! render process.
+//!
+//! Sealing a cluster's Secrets to its agent costs two X25519 operations per agent
+//! for the age header all its Secrets share (see `flotilla_render::seal`). A render
+//! process works each out once and keeps it; this file keeps them across processes,
+//! so a hub that restarts, or whose render process is replaced, does not work out
+//! every agent's header again on its next render. The headers are public (every
+//! bundle of an agent carries its own), the file is private anyway, and a header
+//! read from it is used only when its MAC verifies under the hub's sealing key.
+
+use std::path::{Path, PathBuf};
+
+use flotilla_render::seal::{Sealer, headers_made, offer_headers};
+
+/// The file, in the hub's state folder.
+pub const SEALING_HEADERS_FILE: &str = "sealing-headers";
+
+/// The file of one render process (or of the hub's own renders): read once, before
+/// the first render; written after each render that worked out a header.
+#[derive(Debug)]
+pub struct KeptHeaders {
+    path: PathBuf,
+    offered: bool,
+    /// [`headers_made`] when the file was last written or read.
+    made: u64,
+}
+
+impl KeptHeaders {
+    pub fn new(path: impl Into<PathBuf>) -> KeptHeaders {
+        KeptHeaders {
+            path: path.into(),
+            offered: false,
+            made: headers_made(),
+        }
+    }
+
+    /// The file, in the state folder `state_dir`.
+    pub fn in_state_dir(state_dir: &Path) -> KeptHeaders {
+        KeptHeaders::new(state_dir.join(SEALING_HEADERS_FILE))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Offers the file's headers to this process's sealers, the first time only; a
+    /// missing file offers nothing. Returns what could not be read.
+    pub fn offer(&mut self) -> Result<(), String> {
+        if std::mem::replace(&mut self.offered, true) {
+            return Ok(());
+        }
+        match std::fs::read(&self.path) {
+            Ok(bytes) => {
+                offer_headers(&bytes);
+                Ok(())
+            }
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(err) => Err(format!(
+                "cannot read the kept sealing headers {}: {err}",
+                self.path.display()
+            )),
+        }
+    }
+
+    /// After a render with the hub's `seed`: writes the headers this process holds
+    /// for its sealing key when it worked out any since the file was last written.
+    pub fn keep(&mut self, seed: &[u8; 32]) -> Result<(), String> {
+        let made = headers_made();
+        if made == self.made {
+            return Ok(());
+        }
+        let file = Sealer::from_hub_seed(seed).kept_headers();
+        flotilla_fs::write_atomically(&self.path, &file, flotilla_fs::Mode::Private).map_err(
+            |err| {
+                format!(
+                    "cannot keep the sealing headers in {}: {err}",
+                    self.path.display()
+                )
+            },
+        )?;
+        self.made = made;
+        Ok(())
+    }
+}
