@@ -318,13 +318,16 @@ pub(crate) fn check_cluster<'r>(
     if fleet.tenants.is_empty() {
         return errors;
     }
+    // Whether each tenant's spec.clusterSelector selects the cluster, looked at once.
+    let mut selected: Vec<Option<bool>> = vec![None; fleet.tenants.len()];
     for &w in targeted {
         let workload = &fleet.workloads[w];
         let Some(t) = workload.tenant else { continue };
         let tenant = &fleet.tenants[t];
-        if let Some(selector) = &tenant.cluster_selector
-            && !selector.matches(&cluster.labels)
-        {
+        let Some(selector) = &tenant.cluster_selector else {
+            continue;
+        };
+        if !*selected[t].get_or_insert_with(|| selector.matches(&cluster.labels)) {
             let line = workload.targets.first().map(|t| t.referenced.line());
             errors.push(
                 Diagnostic::error(format!(
@@ -542,92 +545,112 @@ pub(crate) fn with_platform_objects(
     let mut namespaces: BTreeSet<(usize, &str)> = BTreeSet::new();
     // Per tenant shipping cluster-scoped objects, the first of them.
     let mut cluster_scoped: BTreeMap<usize, &ResourceKey> = BTreeMap::new();
-    let mut kept = Vec::with_capacity(resources.len());
-    let mut kept_workloads = Vec::with_capacity(resources.len());
-    for (resource, p) in resources.iter().zip(&resource_workloads) {
-        if *p == TENANCY_POSITION {
-            continue;
-        }
-        let tenant = tenant_of(*p);
-        let resource = match tenant {
+    // Tenants' Namespaces, labelled with their Pod Security level, by position.
+    let mut labelled: Vec<(usize, Arc<Resource>)> = Vec::new();
+    for (i, (resource, &p)) in resources.iter().zip(&resource_workloads).enumerate() {
+        match tenant_of(p) {
+            _ if p == TENANCY_POSITION => {}
             Some(t) if resource.key.group.is_empty() && resource.key.kind == "Namespace" => {
-                labelled_namespace(resource, fleet.tenants[t].pod_security)
+                let namespace = labelled_namespace(resource, fleet.tenants[t].pod_security);
+                if !Arc::ptr_eq(&namespace, resource) {
+                    labelled.push((i, namespace));
+                }
             }
             Some(t) if !resource.key.namespace.is_empty() => {
                 namespaces.insert((t, resource.key.namespace.as_str()));
-                resource.clone()
             }
-            Some(t) => {
-                // One its rules refuse is an error of its own (see `check_cluster`).
-                if refusal(&fleet.tenants[t], &resource.key).is_none() {
-                    cluster_scoped.entry(t).or_insert(&resource.key);
-                }
-                resource.clone()
+            // One its rules refuse is an error of its own (see `check_cluster`).
+            Some(t) if refusal(&fleet.tenants[t], &resource.key).is_none() => {
+                cluster_scoped.entry(t).or_insert(&resource.key);
             }
-            _ => resource.clone(),
-        };
-        kept.push(resource);
-        kept_workloads.push(*p);
-    }
-    if namespaces.is_empty() && cluster_scoped.is_empty() {
-        return Ok((kept, kept_workloads));
-    }
-    let mut added: Vec<Arc<Resource>> = made.of_namespaces(fleet, &namespaces).to_vec();
-    let mut errors = Vec::new();
-    for (&t, first) in &cluster_scoped {
-        let tenant = &fleet.tenants[t];
-        // `namespaces` is sorted: the tenant's first namespace on the cluster.
-        let Some(&(_, namespace)) = namespaces.range((t, "")..).find(|(of, _)| *of == t) else {
-            errors.push(
-                Diagnostic::error(format!(
-                    "tenant {:?}: it ships {first} on cluster {:?} but nothing in any of its namespaces there, so it has no ServiceAccount on the cluster to apply its cluster-scoped objects as (spec.namespaces of {}: {}): ship them beside a namespaced object of the tenant's, or in a workload of the platform's",
-                    tenant.name,
-                    cluster.name,
-                    tenant.file,
-                    shown_list(&tenant.namespaces)
-                ))
-                .in_file(&tenant.file)
-                .for_cluster(&cluster.name),
-            );
-            continue;
-        };
-        match made.cluster_role(fleet, t, &kept) {
-            Ok(role) => {
-                added.push(role);
-                added.push(Arc::new(cluster_role_binding(&tenant.name, namespace)));
-            }
-            Err(unknown) => errors.extend(
-                unknown
-                    .into_iter()
-                    .map(|error| error.for_cluster(&cluster.name)),
-            ),
+            _ => {}
         }
     }
-    if !errors.is_empty() {
-        return Err(errors);
+    let mut added: Vec<Arc<Resource>> = Vec::new();
+    if !namespaces.is_empty() || !cluster_scoped.is_empty() {
+        added = made.of_namespaces(fleet, &namespaces).to_vec();
+        let mut errors = Vec::new();
+        for (&t, first) in &cluster_scoped {
+            let tenant = &fleet.tenants[t];
+            // `namespaces` is sorted: the tenant's first namespace on the cluster.
+            let Some(&(_, namespace)) = namespaces.range((t, "")..).find(|(of, _)| *of == t)
+            else {
+                errors.push(
+                    Diagnostic::error(format!(
+                        "tenant {:?}: it ships {first} on cluster {:?} but nothing in any of its namespaces there, so it has no ServiceAccount on the cluster to apply its cluster-scoped objects as (spec.namespaces of {}: {}): ship them beside a namespaced object of the tenant's, or in a workload of the platform's",
+                        tenant.name,
+                        cluster.name,
+                        tenant.file,
+                        shown_list(&tenant.namespaces)
+                    ))
+                    .in_file(&tenant.file)
+                    .for_cluster(&cluster.name),
+                );
+                continue;
+            };
+            match made.cluster_role(fleet, t, &resources) {
+                Ok(role) => {
+                    added.push(role);
+                    added.push(Arc::new(cluster_role_binding(&tenant.name, namespace)));
+                }
+                Err(unknown) => errors.extend(
+                    unknown
+                        .into_iter()
+                        .map(|error| error.for_cluster(&cluster.name)),
+                ),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        if added.len() > 2 * namespaces.len() {
+            // The cluster roles and their bindings, after the namespaces' sorted objects.
+            added.sort_by(|a, b| a.key.cmp(&b.key));
+        }
     }
-    if added.len() > 2 * namespaces.len() {
-        // The cluster roles and their bindings, after the namespaces' sorted objects.
-        added.sort_by(|a, b| a.key.cmp(&b.key));
+    // The resources' own, kept where they are: tenants' Namespaces labelled, what a
+    // previous render added dropped.
+    let (mut kept, mut kept_workloads) = (resources, resource_workloads);
+    for (i, namespace) in labelled {
+        kept[i] = namespace;
     }
-    // The two sorted lists merged; an object of the bundle with the identity of one
-    // flotilla adds is an error.
+    if kept_workloads.contains(&TENANCY_POSITION) {
+        let mut positions = kept_workloads.iter();
+        kept.retain(|_| positions.next() != Some(&TENANCY_POSITION));
+        kept_workloads.retain(|&p| p != TENANCY_POSITION);
+    }
+    if added.is_empty() {
+        return Ok((kept, kept_workloads));
+    }
+    merge_added(fleet, cluster, targeted, (kept, kept_workloads), added)
+}
+
+/// `added`, sorted, merged into the sorted `kept` lists: each added object is
+/// placed after the kept ones that sort before it, found by galloping from where
+/// the one before it went (the objects flotilla adds fall in a few runs: one per
+/// kind), and the kept ones between copied at once. An object of the bundle with
+/// the identity of one added is an error.
+fn merge_added(
+    fleet: &Fleet,
+    cluster: &Cluster,
+    targeted: &[usize],
+    (kept, kept_workloads): BundleLists,
+    added: Vec<Arc<Resource>>,
+) -> Result<BundleLists, Vec<Diagnostic>> {
     let mut resources = Vec::with_capacity(kept.len() + added.len());
     let mut workloads = Vec::with_capacity(kept.len() + added.len());
-    let mut old = kept.into_iter().zip(kept_workloads).peekable();
-    let mut new = added.into_iter().peekable();
-    loop {
-        let order = match (old.peek(), new.peek()) {
-            (None, None) => break,
-            (Some((r, _)), Some(a)) => r.key.cmp(&a.key),
-            (Some(_), None) => std::cmp::Ordering::Less,
-            (None, Some(_)) => std::cmp::Ordering::Greater,
-        };
-        if order == std::cmp::Ordering::Equal
-            && let (Some((_, p)), Some(object)) = (old.peek(), new.next())
+    let mut errors = Vec::new();
+    let mut from = 0;
+    for object in added {
+        let at = from + gallop(&kept[from..], |r| r.key.cmp(&object.key).is_lt());
+        resources.extend_from_slice(&kept[from..at]);
+        workloads.extend_from_slice(&kept_workloads[from..at]);
+        from = at;
+        if let Some(same) = kept.get(at)
+            && same.key == object.key
         {
             let owner = targeted
-                .get(*p as usize)
+                .get(kept_workloads[at] as usize)
                 .map_or("?", |&w| fleet.workloads[w].name.as_str());
             errors.push(
                 Diagnostic::error(format!(
@@ -638,20 +661,29 @@ pub(crate) fn with_platform_objects(
                 .for_cluster(&cluster.name)
                 .for_workload(owner),
             );
-        } else if order == std::cmp::Ordering::Less {
-            if let Some((r, p)) = old.next() {
-                resources.push(r);
-                workloads.push(p);
-            }
-        } else if let Some(a) = new.next() {
-            resources.push(a);
-            workloads.push(TENANCY_POSITION);
+            continue;
         }
+        resources.push(object);
+        workloads.push(TENANCY_POSITION);
     }
     if !errors.is_empty() {
         return Err(errors);
     }
+    resources.extend_from_slice(&kept[from..]);
+    workloads.extend_from_slice(&kept_workloads[from..]);
     Ok((resources, workloads))
+}
+
+/// How many of `sorted` (in order, then not, as `before` says) come first: looked
+/// at 1, 2, 4 … places on, then halved, so a short answer costs a comparison or two.
+fn gallop<T>(sorted: &[T], before: impl Fn(&T) -> bool) -> usize {
+    let mut bound = 1;
+    while bound <= sorted.len() && before(&sorted[bound - 1]) {
+        bound *= 2;
+    }
+    let low = bound / 2;
+    let high = bound.min(sorted.len() + 1) - 1;
+    low + sorted[low..high].partition_point(|item| before(item))
 }
 
 /// The objects [`with_platform_objects`] adds for each tenant and namespace, made
@@ -902,4 +934,23 @@ fn cluster_role_binding(tenant: &str, namespace: &str) -> Resource {
         name,
     };
     Resource::new(key, &value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gallop;
+
+    #[test]
+    fn galloping_finds_where_binary_search_does() {
+        for len in 0..40usize {
+            let sorted: Vec<usize> = (0..len).map(|i| i * 2).collect();
+            for x in 0..=2 * len + 1 {
+                assert_eq!(
+                    gallop(&sorted, |&v| v < x),
+                    sorted.partition_point(|&v| v < x),
+                    "{x} in {len}"
+                );
+            }
+        }
+    }
 }
