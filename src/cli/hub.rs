@@ -332,6 +332,12 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
         })?),
         None => None,
     };
+    // Agents' sealing headers the hub kept (read only: the hub writes that file).
+    if let Some(state_dir) = &args.state_dir
+        && let Err(err) = flotilla_hub::render_worker::KeptHeaders::in_state_dir(state_dir).offer()
+    {
+        eprintln!("warning: {err}; the agents' headers are worked out again");
+    }
     let output = render_with(
         &snapshot,
         &RenderOptions {

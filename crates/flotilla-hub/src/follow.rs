@@ -282,9 +282,7 @@ impl Follower {
                 session.keep_sealing_headers(state_dir.join(SEALING_HEADERS_FILE));
                 session
             }),
-            sealing_headers: Arc::new(std::sync::Mutex::new(KeptHeaders::in_state_dir(
-                state_dir,
-            ))),
+            sealing_headers: Arc::new(std::sync::Mutex::new(KeptHeaders::in_state_dir(state_dir))),
             state_dir: state_dir.to_path_buf(),
             poll_interval,
             last_commit: None,

@@ -573,8 +573,7 @@ pub(crate) fn with_platform_objects(
         for (&t, first) in &cluster_scoped {
             let tenant = &fleet.tenants[t];
             // `namespaces` is sorted: the tenant's first namespace on the cluster.
-            let Some(&(_, namespace)) = namespaces.range((t, "")..).find(|(of, _)| *of == t)
-            else {
+            let Some(&(_, namespace)) = namespaces.range((t, "")..).find(|(of, _)| *of == t) else {
                 errors.push(
                     Diagnostic::error(format!(
                         "tenant {:?}: it ships {first} on cluster {:?} but nothing in any of its namespaces there, so it has no ServiceAccount on the cluster to apply its cluster-scoped objects as (spec.namespaces of {}: {}): ship them beside a namespaced object of the tenant's, or in a workload of the platform's",

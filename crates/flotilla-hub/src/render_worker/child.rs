@@ -10,10 +10,10 @@ use flotilla_core::bundle::Bundle;
 use flotilla_core::rollout::RolloutPlan;
 use flotilla_render::{RenderOptions, RenderOutput, render_since_fetching};
 
-use super::headers::KeptHeaders;
 use super::codec::{
     Known, Since, decode_input, encode_output, invalid, read_output, write_request,
 };
+use super::headers::KeptHeaders;
 
 /// How often the render process looks at what its threads render.
 const SLOW_WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(10);

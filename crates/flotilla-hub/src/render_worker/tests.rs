@@ -613,11 +613,15 @@ fn the_worker_keeps_the_sealing_headers_it_worked_out_for_the_next_process() {
     let snapshot = FleetSnapshot::from_files([
         (
             "clusters/keyed.yaml",
-            &*format!("{HEADER}kind: Cluster\nmetadata:\n  name: keyed\nspec:\n  agentKey: {recipient}\n"),
+            &*format!(
+                "{HEADER}kind: Cluster\nmetadata:\n  name: keyed\nspec:\n  agentKey: {recipient}\n"
+            ),
         ),
         (
             "workloads/db/workload.yaml",
-            &*format!("{HEADER}kind: Workload\nmetadata:\n  name: db\nspec:\n  namespace: shop\n  targets:\n    - clusterSelector: {{}}\n"),
+            &*format!(
+                "{HEADER}kind: Workload\nmetadata:\n  name: db\nspec:\n  namespace: shop\n  targets:\n    - clusterSelector: {{}}\n"
+            ),
         ),
         (
             "workloads/db/manifests/secret.yaml",
@@ -657,7 +661,12 @@ fn the_worker_keeps_the_sealing_headers_it_worked_out_for_the_next_process() {
     let header_end = sealed
         .windows(4)
         .position(|w| w == b"\n---")
-        .and_then(|at| sealed[at + 1..].iter().position(|&b| b == b'\n').map(|n| at + 2 + n))
+        .and_then(|at| {
+            sealed[at + 1..]
+                .iter()
+                .position(|&b| b == b'\n')
+                .map(|n| at + 2 + n)
+        })
         .expect("an age header");
     let file = std::fs::read(&path).expect("the file is written");
     assert!(file.starts_with(flotilla_render::seal::KEPT_HEADERS_MAGIC));
@@ -665,7 +674,10 @@ fn the_worker_keeps_the_sealing_headers_it_worked_out_for_the_next_process() {
         file.windows(header_end).any(|w| w == &sealed[..header_end]),
         "the file holds the agent's header"
     );
-    let mode = std::fs::metadata(&path).expect("metadata").permissions().mode();
+    let mode = std::fs::metadata(&path)
+        .expect("metadata")
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o600);
     // Another render with the file there: the same bundle, the file unchanged.
     let second = render();

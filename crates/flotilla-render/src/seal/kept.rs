@@ -32,8 +32,7 @@ pub const MAGIC: &[u8] = b"flotilla sealing headers v1\n";
 const LONGEST_HEADER: usize = 1024;
 
 /// Headers offered from a file, by recipient, not yet verified (see the module).
-static OFFERED: std::sync::Mutex<Option<HashMap<[u8; 32], Vec<u8>>>> =
-    std::sync::Mutex::new(None);
+static OFFERED: std::sync::Mutex<Option<HashMap<[u8; 32], Vec<u8>>>> = std::sync::Mutex::new(None);
 
 /// Headers this process has worked out with X25519 (not taken from a file).
 static MADE: AtomicU64 = AtomicU64::new(0);

@@ -414,7 +414,10 @@ fn kept_headers_are_used_only_when_their_mac_verifies_under_the_recipients_file_
     let (agent_key, _) = sealer.header_keys(&agent);
     let (other_key, _) = sealer.header_keys(&other);
     let header = entries.get(&agent.0).expect("the agent's header");
-    assert!(first.starts_with(header), "the header every file of the agent starts with");
+    assert!(
+        first.starts_with(header),
+        "the header every file of the agent starts with"
+    );
     assert!(kept::verifies(header, &agent_key));
     // Not another recipient's, nor under another hub's sealing key.
     assert!(!kept::verifies(header, &other_key));
