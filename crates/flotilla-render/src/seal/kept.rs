@@ -120,17 +120,30 @@ pub(super) fn verifies(header: &[u8], file_key: &[u8; 16]) -> bool {
 
 impl Sealer {
     /// A file of the headers this process holds for this sealer's key (by
-    /// recipient, in order), for [`offer_headers`] in a later process.
+    /// recipient, in order), for [`offer_headers`] in a later process: those it
+    /// used, and those offered to it and not used yet that verify under this key
+    /// (the clusters it did not render this time).
     pub fn kept_headers(&self) -> Vec<u8> {
         let memo = HEADERS.lock().unwrap_or_else(|e| e.into_inner());
-        let mut mine: Vec<(&[u8; 32], &[u8])> = memo
+        let offered = OFFERED.lock().unwrap_or_else(|e| e.into_inner());
+        let used = memo
             .iter()
             .flat_map(|m| m.iter())
             .filter(|((key, _), _)| *key == self.key)
-            .map(|((_, recipient), header)| (recipient, header.bytes.as_slice()))
+            .map(|((_, recipient), header)| (recipient, header.bytes.as_slice()));
+        let unused = offered
+            .iter()
+            .flat_map(|o| o.iter())
+            .filter(|(recipient, header)| {
+                let key = super::AgentKey(**recipient);
+                verifies(header, &self.header_keys(&key).0)
+            });
+        let mut mine: Vec<(&[u8; 32], &[u8])> = used
+            .chain(unused.map(|(recipient, header)| (recipient, header.as_slice())))
             .take(HEADERS_KEPT)
             .collect();
         mine.sort_unstable();
+        mine.dedup_by_key(|(recipient, _)| **recipient);
         let mut file = MAGIC.to_vec();
         for (recipient, header) in mine {
             file.extend_from_slice(recipient);

@@ -457,3 +457,32 @@ fn a_process_offered_the_kept_headers_seals_the_same_bytes() {
     assert_eq!(sealer.seal(&agent, "v1/Secret/shop/db", b"hunter2"), sealed);
     assert_eq!(open(AGENT, &sealed), Some(b"hunter2".to_vec()));
 }
+
+#[test]
+fn the_kept_headers_keep_those_offered_and_not_used_yet() {
+    let _held = memo_held();
+    let sealer = Sealer::from_hub_seed(&[8; 32]);
+    let (agent, other) = (key_of(AGENT), key_of(OTHER));
+    sealer.seal(&agent, "v1/Secret/shop/db", b"a");
+    sealer.seal(&other, "v1/Secret/shop/db", b"b");
+    let file = sealer.kept_headers();
+    // A new process renders one of the two clusters, and a third with a new key.
+    *HEADERS.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    offer_headers(&file);
+    let third = AgentKey::parse(&age::x25519::Identity::generate().to_public().to_string())
+        .expect("a recipient");
+    sealer.seal(&agent, "v1/Secret/shop/db", b"a");
+    sealer.seal(&third, "v1/Secret/shop/db", b"c");
+    let kept = kept::parse(&sealer.kept_headers());
+    let originally = kept::parse(&file);
+    assert_eq!(
+        kept.len(),
+        3,
+        "the one used, the one not used yet, the new one"
+    );
+    assert_eq!(kept.get(&other.0), originally.get(&other.0));
+    assert_eq!(kept.get(&agent.0), originally.get(&agent.0));
+    // Another hub's sealer keeps none of them.
+    let foreign = Sealer::from_hub_seed(&[9; 32]);
+    assert!(kept::parse(&foreign.kept_headers()).is_empty());
+}
