@@ -370,6 +370,13 @@ async fn open_state(
         }
     })?;
     let lock = lock::StateDirLock::acquire(&config.state_dir)?;
+    // What a writer killed mid-write left in the state dir itself (a render process
+    // killed while it kept the sealing headers, say): with the lock held, none runs.
+    if let Err(err) =
+        flotilla_fs::remove_temporary_files(&config.state_dir, flotilla_fs::is_temporary)
+    {
+        tracing::warn!(state_dir = %config.state_dir.display(), "cannot remove temporary files: {err}");
+    }
     let store =
         Store::open_with_objects(&config.state_dir, &config.database, &config.objects).await?;
     let lease = match store.engine() {

@@ -627,7 +627,7 @@ pub(crate) fn with_platform_objects(
 /// `added`, sorted, merged into the sorted `kept` lists: each added object is
 /// placed after the kept ones that sort before it, found by galloping from where
 /// the one before it went (the objects flotilla adds fall in a few runs: one per
-/// kind), and the kept ones between copied at once. An object of the bundle with
+/// kind), and the kept ones between moved at once. An object of the bundle with
 /// the identity of one added is an error.
 fn merge_added(
     fleet: &Fleet,
@@ -636,18 +636,16 @@ fn merge_added(
     (kept, kept_workloads): BundleLists,
     added: Vec<Arc<Resource>>,
 ) -> Result<BundleLists, Vec<Diagnostic>> {
-    let mut resources = Vec::with_capacity(kept.len() + added.len());
-    let mut workloads = Vec::with_capacity(kept.len() + added.len());
+    // Where each added object goes (its place among the kept ones), and whether a
+    // kept one there has its identity.
+    let mut places = Vec::with_capacity(added.len());
     let mut errors = Vec::new();
     let mut from = 0;
-    for object in added {
+    for object in &added {
         let at = from + gallop(&kept[from..], |r| r.key.cmp(&object.key).is_lt());
-        resources.extend_from_slice(&kept[from..at]);
-        workloads.extend_from_slice(&kept_workloads[from..at]);
         from = at;
-        if let Some(same) = kept.get(at)
-            && same.key == object.key
-        {
+        let taken = kept.get(at).is_some_and(|same| same.key == object.key);
+        if taken {
             let owner = targeted
                 .get(kept_workloads[at] as usize)
                 .map_or("?", |&w| fleet.workloads[w].name.as_str());
@@ -660,15 +658,25 @@ fn merge_added(
                 .for_cluster(&cluster.name)
                 .for_workload(owner),
             );
-            continue;
         }
-        resources.push(object);
-        workloads.push(TENANCY_POSITION);
+        places.push(at);
     }
     if !errors.is_empty() {
         return Err(errors);
     }
-    resources.extend_from_slice(&kept[from..]);
+    // The kept resources moved, not cloned, in runs between the added ones.
+    let mut resources = Vec::with_capacity(kept.len() + added.len());
+    let mut workloads = Vec::with_capacity(kept.len() + added.len());
+    let mut rest = kept.into_iter();
+    let mut from = 0;
+    for (object, at) in added.into_iter().zip(places) {
+        resources.extend(rest.by_ref().take(at - from));
+        workloads.extend_from_slice(&kept_workloads[from..at]);
+        from = at;
+        resources.push(object);
+        workloads.push(TENANCY_POSITION);
+    }
+    resources.extend(rest);
     workloads.extend_from_slice(&kept_workloads[from..]);
     Ok((resources, workloads))
 }

@@ -10,6 +10,7 @@ use flotilla_core::bundle::Bundle;
 use flotilla_core::rollout::RolloutPlan;
 use flotilla_render::{RenderOptions, RenderOutput, render_since_fetching};
 
+use super::WARNING;
 use super::codec::{
     Known, Since, decode_input, encode_output, invalid, read_output, write_request,
 };
@@ -65,7 +66,7 @@ pub fn run_worker(
     let mut headers = sealing_headers.map(KeptHeaders::new);
     let told = |result: Result<(), String>| {
         if let Err(err) = result {
-            eprintln!("{err}");
+            eprintln!("{WARNING}{err}; the agents' headers are worked out again");
         }
     };
     if let Some(headers) = &mut headers {

@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
-use flotilla_render::seal::{Sealer, headers_made, offer_headers};
+use flotilla_render::seal::{KEPT_HEADERS_LONGEST_FILE, Sealer, headers_made, offer_headers};
 
 /// The file, in the hub's state folder.
 pub const SEALING_HEADERS_FILE: &str = "sealing-headers";
@@ -50,7 +50,19 @@ impl KeptHeaders {
         if std::mem::replace(&mut self.offered, true) {
             return Ok(());
         }
-        match std::fs::read(&self.path) {
+        let read = || -> std::io::Result<Vec<u8>> {
+            use std::io::Read as _;
+            // Looked at before it is opened: opening a FIFO would wait for a writer.
+            if !std::fs::metadata(&self.path)?.is_file() {
+                return Err(std::io::Error::other("not a regular file"));
+            }
+            let file = std::fs::File::open(&self.path)?;
+            let mut bytes = Vec::new();
+            file.take(KEPT_HEADERS_LONGEST_FILE)
+                .read_to_end(&mut bytes)?;
+            Ok(bytes)
+        };
+        match read() {
             Ok(bytes) => {
                 offer_headers(&bytes);
                 Ok(())

@@ -52,6 +52,10 @@ pub use codec::{Known, decode_output, encode_output};
 pub use headers::{KeptHeaders, SEALING_HEADERS_FILE};
 pub use supervisor::RenderSession;
 
+/// What starts a line of the render process's standard error that the hub logs as
+/// a warning when it comes (the rest is kept to tell how a render failed).
+const WARNING: &str = "warning: ";
+
 /// The hidden subcommand of the `flotilla` binary that runs [`run_worker`].
 pub const WORKER_COMMAND: &str = "render-worker";
 

@@ -19,7 +19,7 @@ use flotilla_render::sops::DecryptionKeys;
 use super::codec::{
     Known, RenderSettings, Since, encode_input, encode_output, read_output, read_request,
 };
-use super::{RenderWorker, Rendered, WORKER_COMMAND};
+use super::{RenderWorker, Rendered, WARNING, WORKER_COMMAND};
 
 /// How much of the child's standard error is kept for the report.
 const STDERR_KEPT: u64 = 16 * 1024;
@@ -286,9 +286,24 @@ impl RenderWorker {
             let mut stderr = stderr;
             let mut text: Vec<u8> = Vec::new();
             let mut chunk = [0u8; 4096];
+            // The line being read, for the warnings the hub logs as they come.
+            let mut line: Vec<u8> = Vec::new();
             while let Ok(n) = stderr.read(&mut chunk).await {
                 if n == 0 {
                     break;
+                }
+                for &byte in &chunk[..n] {
+                    if byte != b'\n' {
+                        if line.len() < STDERR_KEPT as usize {
+                            line.push(byte);
+                        }
+                        continue;
+                    }
+                    let said = String::from_utf8_lossy(&line);
+                    if let Some(warning) = said.strip_prefix(WARNING) {
+                        tracing::warn!("render process: {warning}");
+                    }
+                    line.clear();
                 }
                 text.extend_from_slice(&chunk[..n]);
                 let excess = text.len().saturating_sub(STDERR_KEPT as usize);

@@ -602,7 +602,8 @@ fn memberships_and_labels_written_as_changes_read_back_whole() {
 
 /// A render process with a file of sealing headers writes there, privately, the age
 /// header of each agent it sealed to: the one every sealed Secret of that agent starts
-/// with. A process started later reads it and seals the same bytes.
+/// with. (That a new process uses what it reads there is the seal module's test: the
+/// worker here runs in the test's own process.)
 #[test]
 fn the_worker_keeps_the_sealing_headers_it_worked_out_for_the_next_process() {
     use base64::Engine as _;

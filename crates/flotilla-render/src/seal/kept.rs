@@ -6,14 +6,20 @@
 //! its first render, for every agent of the fleet. The headers are public (every
 //! bundle of the agent carries its header), so the hub keeps them in a file of its
 //! state folder: [`Sealer::kept_headers`] writes what this process knows, and
-//! [`offer_headers`] gives a new process the file's headers. An offered header is
-//! used only when its MAC verifies under the file key the sealing key gives that
-//! recipient, which nobody without the sealing key can make: a file written under
-//! another sealing key, damaged, or planted by someone without the hub's store is
-//! never used, and the header is worked out again.
+//! [`offer_headers`] gives a new process the file's headers.
 //!
-//! The file: [`MAGIC`], then for each header its recipient (32 bytes), the header's
-//! length (four bytes, big-endian) and the header; a truncated last entry is ignored.
+//! Each entry carries a tag, HMAC-SHA256 under the sealing key of the recipient and
+//! the header, and an offered header is used only when its tag verifies (and, as a
+//! check of its shape, its age MAC under the file key the sealing key gives that
+//! recipient). The age MAC alone would not do: the agent can open its file key, so
+//! it could make a header of its own that passes it. Only a holder of the sealing
+//! key makes a tag, so a file written under another sealing key, damaged, or written
+//! by anyone without the hub's store is never used, and the headers are worked out
+//! again.
+//!
+//! The file: [`MAGIC`], then for each header its recipient (32 bytes), its tag (32
+//! bytes), the header's length (four bytes, big-endian) and the header; a truncated
+//! last entry is ignored, and at most [`LONGEST_FILE`] bytes of it are read.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,16 +29,22 @@ use base64::engine::general_purpose::STANDARD_NO_PAD;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::{HEADERS, HEADERS_KEPT, Sealer, hkdf_32};
+use super::{AgentKey, HEADERS, HEADERS_KEPT, Sealer, hkdf_32};
 
 /// The first line of a file of kept headers.
-pub const MAGIC: &[u8] = b"flotilla sealing headers v1\n";
+pub const MAGIC: &[u8] = b"flotilla sealing headers v2\n";
 
-/// A header is a few hundred bytes; anything longer in a file is not one of ours.
-const LONGEST_HEADER: usize = 1024;
+/// A header is about 170 bytes; anything longer in a file is not one of ours.
+const LONGEST_HEADER: usize = 512;
+
+/// The most of a file that is read: as many entries as a process keeps headers.
+pub const LONGEST_FILE: u64 = (MAGIC.len() + HEADERS_KEPT * (68 + LONGEST_HEADER)) as u64;
+
+/// An offered header: its tag, then the header.
+type Offered = ([u8; 32], Vec<u8>);
 
 /// Headers offered from a file, by recipient, not yet verified (see the module).
-static OFFERED: std::sync::Mutex<Option<HashMap<[u8; 32], Vec<u8>>>> = std::sync::Mutex::new(None);
+static OFFERED: std::sync::Mutex<Option<HashMap<[u8; 32], Offered>>> = std::sync::Mutex::new(None);
 
 /// Headers this process has worked out with X25519 (not taken from a file).
 static MADE: AtomicU64 = AtomicU64::new(0);
@@ -58,36 +70,118 @@ pub fn offer_headers(file: &[u8]) -> usize {
     count
 }
 
-/// The entries of a file of kept headers.
-pub(super) fn parse(file: &[u8]) -> HashMap<[u8; 32], Vec<u8>> {
+/// The entries of a file of kept headers (at most [`HEADERS_KEPT`]).
+pub(super) fn parse(file: &[u8]) -> HashMap<[u8; 32], Offered> {
     let mut entries = HashMap::new();
     let Some(mut rest) = file.strip_prefix(MAGIC) else {
         return entries;
     };
-    while rest.len() >= 36 {
+    while rest.len() >= 68 && entries.len() < HEADERS_KEPT {
         let (recipient, tail) = rest.split_at(32);
+        let (tag, tail) = tail.split_at(32);
         let (len, tail) = tail.split_at(4);
         let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
         if len > LONGEST_HEADER || tail.len() < len {
             break;
         }
-        let mut key = [0u8; 32];
+        let (mut key, mut mac) = ([0u8; 32], [0u8; 32]);
         key.copy_from_slice(recipient);
-        entries.insert(key, tail[..len].to_vec());
+        mac.copy_from_slice(tag);
+        entries.insert(key, (mac, tail[..len].to_vec()));
         rest = &tail[len..];
     }
     entries
 }
 
-/// The offered header of `recipient`, taken out of the offer, when its MAC verifies
-/// under `file_key`.
-pub(super) fn take_offered(recipient: &[u8; 32], file_key: &[u8; 16]) -> Option<Vec<u8>> {
-    let header = OFFERED
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .as_mut()?
-        .remove(recipient)?;
-    verifies(&header, file_key).then_some(header)
+impl Sealer {
+    /// The HMAC that tags the entries of a file of kept headers, before the entry.
+    fn header_tag(&self) -> Hmac<Sha256> {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.key).expect("any key length");
+        mac.update(b"flotilla.dev/v1 kept sealing header");
+        mac
+    }
+
+    /// The tag of `recipient`'s `header` in a file of kept headers.
+    fn tag_of(&self, recipient: &[u8; 32], header: &[u8]) -> [u8; 32] {
+        let mut mac = self.header_tag();
+        mac.update(recipient);
+        mac.update(header);
+        mac.finalize().into_bytes().into()
+    }
+
+    /// Whether an offered header is this sealer's for `recipient`: its tag, and its
+    /// age MAC under `file_key`.
+    pub(super) fn verifies_offered(
+        &self,
+        recipient: &[u8; 32],
+        (tag, header): &Offered,
+        file_key: &[u8; 16],
+    ) -> bool {
+        let mut mac = self.header_tag();
+        mac.update(recipient);
+        mac.update(header);
+        mac.verify_slice(tag).is_ok() && verifies(header, file_key)
+    }
+
+    /// The offered header of `recipient`, taken out of the offer, when it is this
+    /// sealer's (an offer another sealer's key made stays).
+    pub(super) fn take_offered(
+        &self,
+        recipient: &[u8; 32],
+        file_key: &[u8; 16],
+    ) -> Option<Vec<u8>> {
+        let mut offered = OFFERED.lock().unwrap_or_else(|e| e.into_inner());
+        let offered = offered.as_mut()?;
+        let entry = offered.get(recipient)?;
+        if !self.verifies_offered(recipient, entry, file_key) {
+            return None;
+        }
+        offered.remove(recipient).map(|(_, header)| header)
+    }
+
+    /// A file of the headers this process holds for this sealer's key (by
+    /// recipient, in order), for [`offer_headers`] in a later process: those it
+    /// used, and those offered to it and not used yet that are this sealer's (the
+    /// clusters it did not render this time).
+    pub fn kept_headers(&self) -> Vec<u8> {
+        // Copied out, so that no render waits while they are checked and written.
+        let used: Vec<([u8; 32], std::sync::Arc<super::Header>)> = {
+            let memo = HEADERS.lock().unwrap_or_else(|e| e.into_inner());
+            memo.iter()
+                .flat_map(|m| m.iter())
+                .filter(|((key, _), _)| *key == self.key)
+                .map(|((_, recipient), header)| (*recipient, header.clone()))
+                .collect()
+        };
+        let unused: Vec<([u8; 32], Offered)> = {
+            let offered = OFFERED.lock().unwrap_or_else(|e| e.into_inner());
+            offered
+                .iter()
+                .flat_map(|o| o.iter())
+                .map(|(recipient, entry)| (*recipient, entry.clone()))
+                .collect()
+        };
+        let mut mine: Vec<([u8; 32], Vec<u8>)> = used
+            .into_iter()
+            .map(|(recipient, header)| (recipient, header.bytes.clone()))
+            .collect();
+        mine.extend(unused.into_iter().filter_map(|(recipient, entry)| {
+            let (file_key, _) = self.header_keys(&AgentKey(recipient));
+            self.verifies_offered(&recipient, &entry, &file_key)
+                .then_some((recipient, entry.1))
+        }));
+        mine.sort_unstable_by_key(|(recipient, _)| *recipient);
+        mine.dedup_by_key(|(recipient, _)| *recipient);
+        mine.truncate(HEADERS_KEPT);
+        let mut file = MAGIC.to_vec();
+        for (recipient, header) in mine {
+            file.extend_from_slice(&recipient);
+            file.extend_from_slice(&self.tag_of(&recipient, &header));
+            file.extend_from_slice(&(header.len() as u32).to_be_bytes());
+            file.extend_from_slice(&header);
+        }
+        file
+    }
 }
 
 /// Whether `header` is an age header for one X25519 stanza whose MAC verifies under
@@ -118,38 +212,22 @@ pub(super) fn verifies(header: &[u8], file_key: &[u8; 16]) -> bool {
     shaped && check.verify_slice(&mac).is_ok()
 }
 
-impl Sealer {
-    /// A file of the headers this process holds for this sealer's key (by
-    /// recipient, in order), for [`offer_headers`] in a later process: those it
-    /// used, and those offered to it and not used yet that verify under this key
-    /// (the clusters it did not render this time).
-    pub fn kept_headers(&self) -> Vec<u8> {
-        let memo = HEADERS.lock().unwrap_or_else(|e| e.into_inner());
-        let offered = OFFERED.lock().unwrap_or_else(|e| e.into_inner());
-        let used = memo
-            .iter()
-            .flat_map(|m| m.iter())
-            .filter(|((key, _), _)| *key == self.key)
-            .map(|((_, recipient), header)| (recipient, header.bytes.as_slice()));
-        let unused = offered
-            .iter()
-            .flat_map(|o| o.iter())
-            .filter(|(recipient, header)| {
-                let key = super::AgentKey(**recipient);
-                verifies(header, &self.header_keys(&key).0)
-            });
-        let mut mine: Vec<(&[u8; 32], &[u8])> = used
-            .chain(unused.map(|(recipient, header)| (recipient, header.as_slice())))
-            .take(HEADERS_KEPT)
-            .collect();
-        mine.sort_unstable();
-        mine.dedup_by_key(|(recipient, _)| **recipient);
-        let mut file = MAGIC.to_vec();
-        for (recipient, header) in mine {
-            file.extend_from_slice(recipient);
-            file.extend_from_slice(&(header.len() as u32).to_be_bytes());
-            file.extend_from_slice(header);
-        }
-        file
+/// `covered` (an age header up to its `---`) with its MAC under `file_key`: for tests
+/// that make headers of their own.
+#[cfg(test)]
+pub(super) fn with_mac(covered: &[u8], file_key: &[u8; 16]) -> Vec<u8> {
+    super::with_header_mac(covered.to_vec(), file_key)
+}
+
+/// A file of kept headers with the given entries, each tagged by `sealer`: for tests.
+#[cfg(test)]
+pub(super) fn file_of(sealer: &Sealer, entries: &[(&[u8; 32], &[u8])]) -> Vec<u8> {
+    let mut file = MAGIC.to_vec();
+    for (recipient, header) in entries {
+        file.extend_from_slice(*recipient);
+        file.extend_from_slice(&sealer.tag_of(recipient, header));
+        file.extend_from_slice(&(header.len() as u32).to_be_bytes());
+        file.extend_from_slice(header);
     }
+    file
 }

@@ -196,10 +196,12 @@ impl Sealer {
         }
         let (file_key, ephemeral) = self.header_keys(recipient);
         // A header kept from an earlier process, when it verifies; else worked out.
-        let bytes = kept::take_offered(&recipient.0, &file_key).unwrap_or_else(|| {
-            kept::count_made();
-            age_header(recipient, &file_key, &ephemeral)
-        });
+        let bytes = self
+            .take_offered(&recipient.0, &file_key)
+            .unwrap_or_else(|| {
+                kept::count_made();
+                age_header(recipient, &file_key, &ephemeral)
+            });
         let header = Arc::new(Header { bytes, file_key });
         let mut memo = HEADERS.lock().unwrap_or_else(|e| e.into_inner());
         let map = memo.get_or_insert_with(HashMap::new);
@@ -383,23 +385,29 @@ fn age_header(recipient: &AgentKey, file_key: &[u8; 16], ephemeral: &[u8; 32]) -
     let body = ChaCha20Poly1305::new(&wrap_key.into())
         .encrypt(&Nonce::default(), &file_key[..])
         .expect("sealing a file key");
-    let mut header = format!(
+    let header = format!(
         "age-encryption.org/v1\n-> X25519 {}\n{}\n---",
         STANDARD_NO_PAD.encode(share.as_bytes()),
         STANDARD_NO_PAD.encode(&body)
     )
     .into_bytes();
+    with_header_mac(header, file_key)
+}
+
+/// `covered`, an age header up to its `---`, with its MAC under `file_key` and the
+/// final newline.
+fn with_header_mac(mut covered: Vec<u8>, file_key: &[u8; 16]) -> Vec<u8> {
     let mac_key = hkdf_32(&[], file_key, b"header");
     let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&mac_key).expect("any key length");
-    mac.update(&header);
-    header.extend_from_slice(b" ");
-    header.extend_from_slice(
+    mac.update(&covered);
+    covered.extend_from_slice(b" ");
+    covered.extend_from_slice(
         STANDARD_NO_PAD
             .encode(mac.finalize().into_bytes())
             .as_bytes(),
     );
-    header.push(b'\n');
-    header
+    covered.push(b'\n');
+    covered
 }
 
 /// Appends age's payload of `plain` (the nonce, then the STREAM of 64 KiB chunks)
@@ -613,4 +621,7 @@ mod kept;
 #[cfg(test)]
 mod tests;
 
-pub use kept::{MAGIC as KEPT_HEADERS_MAGIC, headers_made, offer_headers};
+pub use kept::{
+    LONGEST_FILE as KEPT_HEADERS_LONGEST_FILE, MAGIC as KEPT_HEADERS_MAGIC, headers_made,
+    offer_headers,
+};

@@ -402,7 +402,7 @@ fn a_sealed_secret_is_kept_for_the_next_render_and_dropped_when_two_go_by_withou
 }
 
 #[test]
-fn kept_headers_are_used_only_when_their_mac_verifies_under_the_recipients_file_key() {
+fn kept_headers_are_used_only_when_tagged_by_the_sealing_key_and_their_mac_verifies() {
     let _held = memo_held();
     let sealer = Sealer::from_hub_seed(&[5; 32]);
     let (agent, other) = (key_of(AGENT), key_of(OTHER));
@@ -413,21 +413,28 @@ fn kept_headers_are_used_only_when_their_mac_verifies_under_the_recipients_file_
     assert_eq!(entries.len(), 2, "one header per recipient of this sealer");
     let (agent_key, _) = sealer.header_keys(&agent);
     let (other_key, _) = sealer.header_keys(&other);
-    let header = entries.get(&agent.0).expect("the agent's header");
+    let entry = entries.get(&agent.0).expect("the agent's header");
+    let header = &entry.1;
     assert!(
         first.starts_with(header),
         "the header every file of the agent starts with"
     );
     assert!(kept::verifies(header, &agent_key));
+    assert!(sealer.verifies_offered(&agent.0, entry, &agent_key));
     // Not another recipient's, nor under another hub's sealing key.
     assert!(!kept::verifies(header, &other_key));
-    let (foreign, _) = Sealer::from_hub_seed(&[6; 32]).header_keys(&agent);
-    assert!(!kept::verifies(header, &foreign));
+    assert!(!sealer.verifies_offered(&other.0, entry, &other_key));
+    let foreign = Sealer::from_hub_seed(&[6; 32]);
+    let (foreign_key, _) = foreign.header_keys(&agent);
+    assert!(!kept::verifies(header, &foreign_key));
+    assert!(!foreign.verifies_offered(&agent.0, entry, &foreign_key));
     // Any byte changed, or the MAC cut short, and it is not used.
     for at in [0, 30, header.len() / 2, header.len() - 5] {
         let mut damaged = header.clone();
         damaged[at] ^= 1;
         assert!(!kept::verifies(&damaged, &agent_key), "byte {at} changed");
+        let tagged = (entry.0, damaged);
+        assert!(!sealer.verifies_offered(&agent.0, &tagged, &agent_key));
     }
     assert!(!kept::verifies(&header[..header.len() - 4], &agent_key));
     // A file cut in its last entry keeps the entries before it; another file nothing.
@@ -435,27 +442,48 @@ fn kept_headers_are_used_only_when_their_mac_verifies_under_the_recipients_file_
     assert!(kept::parse(b"not a file of headers").is_empty());
 }
 
+/// `header` with its stanza's body replaced (and its MAC made again under
+/// `file_key`): a header anyone who can open the file key could write.
+fn another_body(header: &[u8], file_key: &[u8; 16]) -> Vec<u8> {
+    let text = std::str::from_utf8(header).expect("text");
+    let lines: Vec<&str> = text.lines().collect();
+    let covered = format!("{}\n{}\n{}\n---", lines[0], lines[1], "A".repeat(43));
+    kept::with_mac(covered.as_bytes(), file_key)
+}
+
 #[test]
-fn a_process_offered_the_kept_headers_seals_the_same_bytes() {
+fn a_process_offered_the_kept_headers_uses_them() {
     let _held = memo_held();
-    let sealer = Sealer::from_hub_seed(&[7; 32]);
+    // A seed no other test seals with: the header made here is no other's.
+    let sealer = Sealer::from_hub_seed(&[11; 32]);
     let agent = key_of(AGENT);
     let sealed = sealer.seal(&agent, "v1/Secret/shop/db", b"hunter2");
     let file = sealer.kept_headers();
-    // A new process: no header in memory, the file offered.
+    // A new process: no header in memory, the file offered; the same bytes.
     *HEADERS.lock().unwrap_or_else(|e| e.into_inner()) = None;
     assert_eq!(offer_headers(&file), 1);
     assert_eq!(sealer.seal(&agent, "v1/Secret/shop/db", b"hunter2"), sealed);
-    // A damaged offer is not taken: the header is worked out again, the same bytes.
-    let mut damaged = file.clone();
-    let last = damaged.len() - 3;
-    damaged[last] ^= 1;
-    *HEADERS.lock().unwrap_or_else(|e| e.into_inner()) = None;
-    assert_eq!(offer_headers(&damaged), 1);
+    // A header the file holds, tagged by the sealing key, is the one used: one made
+    // different on purpose shows it.
     let (file_key, _) = sealer.header_keys(&agent);
-    assert_eq!(kept::take_offered(&agent.0, &file_key), None);
+    let header = &kept::parse(&file)[&agent.0].1;
+    let different = another_body(header, &file_key);
+    *HEADERS.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    offer_headers(&kept::file_of(&sealer, &[(&agent.0, &different)]));
+    assert!(
+        sealer
+            .seal(&agent, "v1/Secret/shop/db", b"hunter2")
+            .starts_with(&different)
+    );
+    // The same header with a valid age MAC but tagged by another key (the agent can
+    // open the file key, not make a tag) is not used.
+    *HEADERS.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    let foreign = Sealer::from_hub_seed(&[12; 32]);
+    offer_headers(&kept::file_of(&foreign, &[(&agent.0, &different)]));
+    assert_eq!(sealer.take_offered(&agent.0, &file_key), None);
     assert_eq!(sealer.seal(&agent, "v1/Secret/shop/db", b"hunter2"), sealed);
     assert_eq!(open(AGENT, &sealed), Some(b"hunter2".to_vec()));
+    *HEADERS.lock().unwrap_or_else(|e| e.into_inner()) = None;
 }
 
 #[test]
