@@ -29,7 +29,7 @@ use base64::engine::general_purpose::STANDARD_NO_PAD;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::{AgentKey, HEADERS, HEADERS_KEPT, Sealer, hkdf_32};
+use super::{HEADERS, HEADERS_KEPT, Sealer, hkdf_32};
 
 /// The first line of a file of kept headers.
 pub const MAGIC: &[u8] = b"flotilla sealing headers v2\n";
@@ -94,19 +94,19 @@ pub(super) fn parse(file: &[u8]) -> HashMap<[u8; 32], Offered> {
 }
 
 impl Sealer {
-    /// The HMAC that tags the entries of a file of kept headers, before the entry.
-    fn header_tag(&self) -> Hmac<Sha256> {
+    /// The HMAC under the sealing key that tags `recipient`'s `header` in a file of
+    /// kept headers.
+    fn tag(&self, recipient: &[u8; 32], header: &[u8]) -> Hmac<Sha256> {
         let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.key).expect("any key length");
         mac.update(b"flotilla.dev/v1 kept sealing header");
+        mac.update(recipient);
+        mac.update(header);
         mac
     }
 
-    /// The tag of `recipient`'s `header` in a file of kept headers.
-    fn tag_of(&self, recipient: &[u8; 32], header: &[u8]) -> [u8; 32] {
-        let mut mac = self.header_tag();
-        mac.update(recipient);
-        mac.update(header);
-        mac.finalize().into_bytes().into()
+    /// Whether an offered entry's tag is this sealer's.
+    fn tagged_by_me(&self, recipient: &[u8; 32], (tag, header): &Offered) -> bool {
+        self.tag(recipient, header).verify_slice(tag).is_ok()
     }
 
     /// Whether an offered header is this sealer's for `recipient`: its tag, and its
@@ -114,13 +114,10 @@ impl Sealer {
     pub(super) fn verifies_offered(
         &self,
         recipient: &[u8; 32],
-        (tag, header): &Offered,
+        entry: &Offered,
         file_key: &[u8; 16],
     ) -> bool {
-        let mut mac = self.header_tag();
-        mac.update(recipient);
-        mac.update(header);
-        mac.verify_slice(tag).is_ok() && verifies(header, file_key)
+        self.tagged_by_me(recipient, entry) && verifies(&entry.1, file_key)
     }
 
     /// The offered header of `recipient`, taken out of the offer, when it is this
@@ -141,16 +138,16 @@ impl Sealer {
 
     /// A file of the headers this process holds for this sealer's key (by
     /// recipient, in order), for [`offer_headers`] in a later process: those it
-    /// used, and those offered to it and not used yet that are this sealer's (the
-    /// clusters it did not render this time).
+    /// used, and those offered to it, not used yet and tagged by this sealer (the
+    /// clusters it did not render this time; their age MAC is checked when used).
     pub fn kept_headers(&self) -> Vec<u8> {
         // Copied out, so that no render waits while they are checked and written.
-        let used: Vec<([u8; 32], std::sync::Arc<super::Header>)> = {
+        let mut mine: Vec<([u8; 32], Vec<u8>)> = {
             let memo = HEADERS.lock().unwrap_or_else(|e| e.into_inner());
             memo.iter()
                 .flat_map(|m| m.iter())
                 .filter(|((key, _), _)| *key == self.key)
-                .map(|((_, recipient), header)| (*recipient, header.clone()))
+                .map(|((_, recipient), header)| (*recipient, header.bytes.clone()))
                 .collect()
         };
         let unused: Vec<([u8; 32], Offered)> = {
@@ -161,24 +158,30 @@ impl Sealer {
                 .map(|(recipient, entry)| (*recipient, entry.clone()))
                 .collect()
         };
-        let mut mine: Vec<([u8; 32], Vec<u8>)> = used
-            .into_iter()
-            .map(|(recipient, header)| (recipient, header.bytes.clone()))
-            .collect();
         mine.extend(unused.into_iter().filter_map(|(recipient, entry)| {
-            let (file_key, _) = self.header_keys(&AgentKey(recipient));
-            self.verifies_offered(&recipient, &entry, &file_key)
+            self.tagged_by_me(&recipient, &entry)
                 .then_some((recipient, entry.1))
         }));
         mine.sort_unstable_by_key(|(recipient, _)| *recipient);
         mine.dedup_by_key(|(recipient, _)| *recipient);
         mine.truncate(HEADERS_KEPT);
+        self.file_of(
+            mine.iter()
+                .map(|(recipient, header)| (recipient, &header[..])),
+        )
+    }
+
+    /// A file of kept headers with `entries`, each tagged by this sealer.
+    pub(super) fn file_of<'a>(
+        &self,
+        entries: impl IntoIterator<Item = (&'a [u8; 32], &'a [u8])>,
+    ) -> Vec<u8> {
         let mut file = MAGIC.to_vec();
-        for (recipient, header) in mine {
-            file.extend_from_slice(&recipient);
-            file.extend_from_slice(&self.tag_of(&recipient, &header));
+        for (recipient, header) in entries {
+            file.extend_from_slice(recipient);
+            file.extend_from_slice(&self.tag(recipient, header).finalize().into_bytes());
             file.extend_from_slice(&(header.len() as u32).to_be_bytes());
-            file.extend_from_slice(&header);
+            file.extend_from_slice(header);
         }
         file
     }
@@ -217,17 +220,4 @@ pub(super) fn verifies(header: &[u8], file_key: &[u8; 16]) -> bool {
 #[cfg(test)]
 pub(super) fn with_mac(covered: &[u8], file_key: &[u8; 16]) -> Vec<u8> {
     super::with_header_mac(covered.to_vec(), file_key)
-}
-
-/// A file of kept headers with the given entries, each tagged by `sealer`: for tests.
-#[cfg(test)]
-pub(super) fn file_of(sealer: &Sealer, entries: &[(&[u8; 32], &[u8])]) -> Vec<u8> {
-    let mut file = MAGIC.to_vec();
-    for (recipient, header) in entries {
-        file.extend_from_slice(*recipient);
-        file.extend_from_slice(&sealer.tag_of(recipient, header));
-        file.extend_from_slice(&(header.len() as u32).to_be_bytes());
-        file.extend_from_slice(header);
-    }
-    file
 }

@@ -210,9 +210,7 @@ impl Sealer {
         }
         map.entry(memo_key).or_insert(header).clone()
     }
-}
 
-impl Sealer {
     /// The file key and the ephemeral secret of `recipient`'s header.
     fn header_keys(&self, recipient: &AgentKey) -> ([u8; 16], [u8; 32]) {
         let derived = Hkdf::<Sha256>::new(Some(&self.key), &length_prefixed(&[&recipient.0[..]]));

@@ -469,7 +469,7 @@ fn a_process_offered_the_kept_headers_uses_them() {
     let header = &kept::parse(&file)[&agent.0].1;
     let different = another_body(header, &file_key);
     *HEADERS.lock().unwrap_or_else(|e| e.into_inner()) = None;
-    offer_headers(&kept::file_of(&sealer, &[(&agent.0, &different)]));
+    offer_headers(&sealer.file_of([(&agent.0, &different[..])]));
     assert!(
         sealer
             .seal(&agent, "v1/Secret/shop/db", b"hunter2")
@@ -479,7 +479,7 @@ fn a_process_offered_the_kept_headers_uses_them() {
     // open the file key, not make a tag) is not used.
     *HEADERS.lock().unwrap_or_else(|e| e.into_inner()) = None;
     let foreign = Sealer::from_hub_seed(&[12; 32]);
-    offer_headers(&kept::file_of(&foreign, &[(&agent.0, &different)]));
+    offer_headers(&foreign.file_of([(&agent.0, &different[..])]));
     assert_eq!(sealer.take_offered(&agent.0, &file_key), None);
     assert_eq!(sealer.seal(&agent, "v1/Secret/shop/db", b"hunter2"), sealed);
     assert_eq!(open(AGENT, &sealed), Some(b"hunter2".to_vec()));
