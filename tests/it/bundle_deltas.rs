@@ -263,6 +263,38 @@ fn rendered(repo: &Repo) -> Bundle {
     output.bundles.get(CLUSTER).expect("blue").clone()
 }
 
+/// A hub serving `repo` from a state dir of its own, with a token of [`CLUSTER`].
+async fn hub_of(repo: &Repo) -> (Running, tempfile::TempDir, String) {
+    let hub_state = tempfile::tempdir().expect("tempdir");
+    let token = make_token(hub_state.path(), Some(CLUSTER)).await;
+    let hub = Running::start_ready(hub_support::config(
+        hub_state.path(),
+        &repo.path().display().to_string(),
+    ))
+    .await;
+    (hub, hub_state, token)
+}
+
+/// Waits until the hub holds a long-poll.
+async fn poll_held(hub: &Running) {
+    eventually("a held poll", Duration::from_secs(10), || async {
+        let held = hub_support::metric(&client(), &hub.base, "flotilla_long_polls_held").await;
+        (held >= 1.0).then_some(())
+    })
+    .await;
+}
+
+/// The digest of the document a `dcz` body from `base` rebuilds into, verified as the
+/// agent verifies a full document.
+fn rebuilt_digest(body: &[u8], base: &Bundle) -> Digest {
+    let rebuilt = flotilla_agent::delta::decode(body, Some(&base.digest), &base.canonical_body())
+        .expect("rebuilds");
+    verify_document_parts(&rebuilt, Some(CLUSTER))
+        .expect("verifies")
+        .bundle
+        .digest
+}
+
 async fn deltas_sent(base: &str) -> (f64, f64, f64) {
     let client = client();
     (
@@ -325,11 +357,7 @@ async fn one_field_as_a_delta(signed: bool) {
     assert_eq!(deltas_sent(&hub.base).await, (0.0, 0.0, 0.0));
 
     // The agent's next poll is held with what it runs as the dictionary.
-    eventually("a held poll", Duration::from_secs(10), || async {
-        let held = hub_support::metric(&client(), &hub.base, "flotilla_long_polls_held").await;
-        (held >= 1.0).then_some(())
-    })
-    .await;
+    poll_held(&hub).await;
     set_replicas(&repo, 3);
     repo.commit("kuard: three replicas");
     let second = rendered(&repo);
@@ -731,13 +759,7 @@ async fn a_stored_base_laid_out_otherwise_still_serves_a_delta() {
 #[tokio::test]
 async fn the_delta_from_what_the_agent_runs_is_made_before_it_asks() {
     let repo = Repo::new();
-    let hub_state = tempfile::tempdir().expect("tempdir");
-    let token = make_token(hub_state.path(), Some(CLUSTER)).await;
-    let hub = Running::start_ready(hub_support::config(
-        hub_state.path(),
-        &repo.path().display().to_string(),
-    ))
-    .await;
+    let (hub, _hub_state, token) = hub_of(&repo).await;
     let http = client();
     let bundle_url = hub.url(&format!("/v1/clusters/{CLUSTER}/bundle"));
     let first = rendered(&repo);
@@ -785,16 +807,7 @@ async fn the_delta_from_what_the_agent_runs_is_made_before_it_asks() {
         Some("dcz")
     );
     let body = response.bytes().await.expect("body");
-    let rebuilt =
-        flotilla_agent::delta::decode(&body, Some(&first.digest), &first.canonical_body())
-            .expect("rebuilds");
-    assert_eq!(
-        verify_document_parts(&rebuilt, Some(CLUSTER))
-            .expect("verifies")
-            .bundle
-            .digest,
-        second.digest
-    );
+    assert_eq!(rebuilt_digest(&body, &first), second.digest);
     let (hits, misses, _) = deltas_sent(&hub.base).await;
     assert_eq!(
         (hits, misses),
@@ -802,5 +815,74 @@ async fn the_delta_from_what_the_agent_runs_is_made_before_it_asks() {
         "the first request found it made"
     );
     assert_eq!(made().await, 1.0);
+    hub.stop().await;
+}
+
+/// A long-poll woken by a change, naming the digest that change replaced, gets its
+/// delta without the hub looking the base up in the store's history: the hub knows
+/// in memory what it served the cluster before. (The agents of a fleet-wide change
+/// all ask at once, while their reports are being written; a look-up for each kept
+/// most of their deltas from being made in time.) The history is emptied behind the
+/// hub's back, so a look-up would find nothing and the answer would be in full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_woken_poll_gets_the_delta_from_the_digest_its_change_replaced() {
+    use sqlx::Connection as _;
+    let repo = Repo::new();
+    let (hub, hub_state, token) = hub_of(&repo).await;
+    let first = rendered(&repo);
+    let mut database = sqlx::SqliteConnection::connect_with(
+        &sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(hub_state.path().join("flotilla.db"))
+            .busy_timeout(Duration::from_secs(10)),
+    )
+    .await
+    .expect("the hub's store");
+    let emptied = sqlx::query("DELETE FROM bundle_history")
+        .execute(&mut database)
+        .await
+        .expect("empties the history");
+    assert!(emptied.rows_affected() >= 1, "the first digest was in it");
+    database.close().await.expect("closes");
+
+    let held = {
+        let url = hub.url(&format!("/v1/clusters/{CLUSTER}/bundle?wait=30s"));
+        let (token, first) = (token.clone(), first.digest.clone());
+        tokio::spawn(async move {
+            let response = client()
+                .get(url)
+                .bearer_auth(token)
+                .header("if-none-match", format!("\"{first}\""))
+                .header("accept-encoding", "dcz")
+                .header(
+                    dcz::AVAILABLE_DICTIONARY,
+                    dcz::available_dictionary(&first).expect("value"),
+                )
+                .send()
+                .await
+                .expect("GET");
+            let encoding = response
+                .headers()
+                .get("content-encoding")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            (
+                response.status(),
+                encoding,
+                response.bytes().await.expect("body"),
+            )
+        })
+    };
+    poll_held(&hub).await;
+    set_replicas(&repo, 3);
+    repo.commit("kuard: three replicas");
+    let second = rendered(&repo);
+    let (status, encoding, body) = held.await.expect("the poll ends");
+    assert_eq!(status, 200);
+    assert_eq!(
+        encoding.as_deref(),
+        Some("dcz"),
+        "a delta, not the full document"
+    );
+    assert_eq!(rebuilt_digest(&body, &first), second.digest);
     hub.stop().await;
 }

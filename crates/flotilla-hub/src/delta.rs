@@ -208,10 +208,11 @@ pub async fn answer(
         return None;
     }
     let key = Key::new(entry, base);
+    let known = Base::of(shared, entry, base);
     let found = match deltas.lookup(&key) {
         Lookup::Ready(bytes) => Some(bytes),
         Lookup::Refused => None,
-        Lookup::Missing => match prepare(shared, deltas, entry, key.clone(), Base::Unchecked) {
+        Lookup::Missing => match prepare(shared, deltas, entry, key.clone(), known) {
             Some(made) if woken => {
                 // Subscribed before looking again, so a delta made meanwhile is seen.
                 let made = made.notified();
@@ -241,8 +242,24 @@ pub async fn answer(
 enum Base {
     /// Named by a request: looked up before the delta is made.
     Unchecked,
-    /// Found in the history by [`make_ahead`], with the other clusters of the change.
+    /// Found in the history by [`make_ahead`], with the other clusters of the change,
+    /// or the digest the cluster was served just before (with a history of two or
+    /// more, always in it).
     InHistory,
+}
+
+impl Base {
+    /// How a request's base is known: the digest its entry replaced needs no look-up.
+    /// The agents a change wakes name that digest; looking each one up in the store,
+    /// as the fleet's reports of the change are being written, kept most of their
+    /// deltas from being made in time.
+    fn of(shared: &Shared, entry: &ClusterBundle, base: &Digest) -> Base {
+        if shared.settings.history >= 2 && entry.replaced.as_ref() == Some(base) {
+            Base::InHistory
+        } else {
+            Base::Unchecked
+        }
+    }
 }
 
 /// Queues the making of a delta unless it is queued already; what wakes the requests

@@ -655,18 +655,23 @@ impl Recorder {
         }
         for change in changes {
             let pulse = self.view.pulse(&change.cluster);
-            next.clusters.insert(
+            let replaced = current
+                .clusters
+                .get(&change.cluster)
+                .filter(|before| !before.hold && before.digest != change.digest)
+                .map(|before| before.digest.clone());
+            let entry = ClusterBundle::serving(
                 change.cluster.clone(),
-                Arc::new(ClusterBundle::serving(
-                    change.cluster.clone(),
-                    change.digest.clone(),
-                    change.revision.clone(),
-                    change.hold,
-                    pulse,
-                    sequences.get(&change.cluster).copied().unwrap_or(0),
-                    Some(now_ms),
-                )),
-            );
+                change.digest.clone(),
+                change.revision.clone(),
+                change.hold,
+                pulse,
+                sequences.get(&change.cluster).copied().unwrap_or(0),
+                Some(now_ms),
+            )
+            .replacing(replaced);
+            next.clusters
+                .insert(change.cluster.clone(), Arc::new(entry));
         }
         self.view.swap(next);
     }

@@ -236,6 +236,10 @@ pub struct ClusterBundle {
     /// When what the cluster is served last changed (the store's record of this
     /// change), so a cluster that has not applied it is pending since then.
     pub served_since_ms: Option<i64>,
+    /// The digest the cluster was served just before this entry, when this hub made
+    /// the change and that digest was really served (not a hold): with a history of
+    /// two or more it is in the cluster's history, so a delta from it needs no look-up.
+    pub replaced: Option<Digest>,
     signature: OnceLock<BundleSignature>,
     /// The bundle features an agent needs to apply it, read from the stored object
     /// the first time an agent that does not name every feature asks.
@@ -275,12 +279,18 @@ impl ClusterBundle {
             pulse,
             sequence,
             served_since_ms,
+            replaced: None,
             signature: OnceLock::new(),
             needs: OnceLock::new(),
             canonical: OnceLock::new(),
             gzip: OnceLock::new(),
             zstd: OnceLock::new(),
         }
+    }
+
+    /// The entry with the digest it replaces ([`ClusterBundle::replaced`]).
+    pub fn replacing(self, replaced: Option<Digest>) -> ClusterBundle {
+        ClusterBundle { replaced, ..self }
     }
 
     /// The bundle features an agent needs to apply it, if they were read already.
