@@ -169,16 +169,18 @@ impl Recorder {
         Ok(())
     }
 
-    /// The pulse of a cluster, made on first use and kept for as long as the hub runs.
     /// What is served to a cluster the store records (at start, or read back from a
-    /// store several hubs share), `since` when it was first served.
+    /// store several hubs share), `since` when it was first served; `before` is the
+    /// entry this hub served the cluster until now, if any. The cluster's pulse is
+    /// made on first use and kept for as long as the hub runs.
     pub(crate) fn serve_stored(
         &self,
         cluster: crate::store::StoredCluster,
         since: Option<i64>,
+        before: Option<&ClusterBundle>,
     ) -> Arc<ClusterBundle> {
         let pulse = self.view.pulse(&cluster.name);
-        Arc::new(ClusterBundle::serving(
+        let entry = ClusterBundle::serving(
             cluster.name,
             cluster.digest,
             cluster.revision,
@@ -186,7 +188,8 @@ impl Recorder {
             pulse,
             cluster.sequence,
             since,
-        ))
+        );
+        Arc::new(entry.replacing(before))
     }
 
     /// Reads every served object back and deletes any that no longer hashes to its

@@ -104,8 +104,10 @@ impl Recorder {
             }
             changed = true;
             let since = since.get(&cluster.name).copied();
-            next.clusters
-                .insert(cluster.name.clone(), self.serve_stored(cluster, since));
+            next.clusters.insert(
+                cluster.name.clone(),
+                self.serve_stored(cluster, since, existing.map(|e| &**e)),
+            );
         }
         if why == Reload::Start {
             // Temporary files of a crashed earlier run; nothing else writes objects yet.

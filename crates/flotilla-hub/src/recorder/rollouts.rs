@@ -655,11 +655,6 @@ impl Recorder {
         }
         for change in changes {
             let pulse = self.view.pulse(&change.cluster);
-            let replaced = current
-                .clusters
-                .get(&change.cluster)
-                .filter(|before| !before.hold && before.digest != change.digest)
-                .map(|before| before.digest.clone());
             let entry = ClusterBundle::serving(
                 change.cluster.clone(),
                 change.digest.clone(),
@@ -669,7 +664,7 @@ impl Recorder {
                 sequences.get(&change.cluster).copied().unwrap_or(0),
                 Some(now_ms),
             )
-            .replacing(replaced);
+            .replacing(current.clusters.get(&change.cluster).map(|e| &**e));
             next.clusters
                 .insert(change.cluster.clone(), Arc::new(entry));
         }

@@ -236,9 +236,9 @@ pub struct ClusterBundle {
     /// When what the cluster is served last changed (the store's record of this
     /// change), so a cluster that has not applied it is pending since then.
     pub served_since_ms: Option<i64>,
-    /// The digest the cluster was served just before this entry, when this hub made
-    /// the change and that digest was really served (not a hold): with a history of
-    /// two or more it is in the cluster's history, so a delta from it needs no look-up.
+    /// The digest this hub served the cluster just before this entry, when that
+    /// digest was really served (not a hold): with a history of two or more it is in
+    /// the cluster's history, so a delta from it needs no look-up.
     pub replaced: Option<Digest>,
     signature: OnceLock<BundleSignature>,
     /// The bundle features an agent needs to apply it, read from the stored object
@@ -288,8 +288,12 @@ impl ClusterBundle {
         }
     }
 
-    /// The entry with the digest it replaces ([`ClusterBundle::replaced`]).
-    pub fn replacing(self, replaced: Option<Digest>) -> ClusterBundle {
+    /// The entry with the digest it replaces ([`ClusterBundle::replaced`]): `before`'s,
+    /// when `before` was really served (not a hold) and differs from this entry's.
+    pub fn replacing(self, before: Option<&ClusterBundle>) -> ClusterBundle {
+        let replaced = before
+            .filter(|before| !before.hold && before.digest != self.digest)
+            .map(|before| before.digest.clone());
         ClusterBundle { replaced, ..self }
     }
 
