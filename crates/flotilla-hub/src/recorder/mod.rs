@@ -170,17 +170,18 @@ impl Recorder {
     }
 
     /// What is served to a cluster the store records (at start, or read back from a
-    /// store several hubs share), `since` when it was first served; `before` is the
-    /// entry this hub served the cluster until now, if any. The cluster's pulse is
-    /// made on first use and kept for as long as the hub runs.
+    /// store several hubs share), `since` when it was first served. The cluster's
+    /// pulse is made on first use and kept for as long as the hub runs. Such an entry
+    /// names no digest it replaced ([`ClusterBundle::replaced`]): what this hub saw
+    /// before may be older than the store's history (another hub may have served
+    /// others in between, or trimmed the history to its own `--history`).
     pub(crate) fn serve_stored(
         &self,
         cluster: crate::store::StoredCluster,
         since: Option<i64>,
-        before: Option<&ClusterBundle>,
     ) -> Arc<ClusterBundle> {
         let pulse = self.view.pulse(&cluster.name);
-        let entry = ClusterBundle::serving(
+        Arc::new(ClusterBundle::serving(
             cluster.name,
             cluster.digest,
             cluster.revision,
@@ -188,8 +189,7 @@ impl Recorder {
             pulse,
             cluster.sequence,
             since,
-        );
-        Arc::new(entry.replacing(before))
+        ))
     }
 
     /// Reads every served object back and deletes any that no longer hashes to its

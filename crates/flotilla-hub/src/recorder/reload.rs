@@ -104,10 +104,8 @@ impl Recorder {
             }
             changed = true;
             let since = since.get(&cluster.name).copied();
-            next.clusters.insert(
-                cluster.name.clone(),
-                self.serve_stored(cluster, since, existing.map(|e| &**e)),
-            );
+            next.clusters
+                .insert(cluster.name.clone(), self.serve_stored(cluster, since));
         }
         if why == Reload::Start {
             // Temporary files of a crashed earlier run; nothing else writes objects yet.

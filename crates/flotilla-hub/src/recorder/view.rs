@@ -236,7 +236,8 @@ pub struct ClusterBundle {
     /// When what the cluster is served last changed (the store's record of this
     /// change), so a cluster that has not applied it is pending since then.
     pub served_since_ms: Option<i64>,
-    /// The digest this hub served the cluster just before this entry, when that
+    /// The digest the cluster was served just before this entry, when this hub
+    /// recorded the change (the history is trimmed in the same transaction) and that
     /// digest was really served (not a hold): with a history of two or more it is in
     /// the cluster's history, so a delta from it needs no look-up.
     pub replaced: Option<Digest>,
