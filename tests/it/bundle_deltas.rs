@@ -275,6 +275,22 @@ async fn hub_of(repo: &Repo) -> (Running, tempfile::TempDir, String) {
     (hub, hub_state, token)
 }
 
+/// A request of [`CLUSTER`]'s agent (`token`) that takes `dcz` and names `base` as
+/// the dictionary it holds.
+fn asking_for_delta(
+    request: reqwest::RequestBuilder,
+    token: &str,
+    base: &Digest,
+) -> reqwest::RequestBuilder {
+    request
+        .bearer_auth(token)
+        .header("accept-encoding", "dcz")
+        .header(
+            dcz::AVAILABLE_DICTIONARY,
+            dcz::available_dictionary(base).expect("value"),
+        )
+}
+
 /// Waits until the hub holds a long-poll.
 async fn poll_held(hub: &Running) {
     eventually("a held poll", Duration::from_secs(10), || async {
@@ -403,14 +419,7 @@ async fn one_field_as_a_delta(signed: bool) {
     let ask = |base: Digest| {
         let (client, url, token) = (client(), bundle_url.clone(), token.clone());
         async move {
-            let response = client
-                .get(url)
-                .bearer_auth(token)
-                .header("accept-encoding", "dcz")
-                .header(
-                    dcz::AVAILABLE_DICTIONARY,
-                    dcz::available_dictionary(&base).expect("value"),
-                )
+            let response = asking_for_delta(client.get(url), &token, &base)
                 .send()
                 .await
                 .expect("GET");
@@ -787,14 +796,7 @@ async fn the_delta_from_what_the_agent_runs_is_made_before_it_asks() {
         (made().await >= 1.0).then_some(())
     })
     .await;
-    let response = http
-        .get(&bundle_url)
-        .bearer_auth(&token)
-        .header("accept-encoding", "dcz")
-        .header(
-            dcz::AVAILABLE_DICTIONARY,
-            dcz::available_dictionary(&first.digest).expect("value"),
-        )
+    let response = asking_for_delta(http.get(&bundle_url), &token, &first.digest)
         .send()
         .await
         .expect("GET");
@@ -850,15 +852,8 @@ async fn a_woken_poll_gets_the_delta_from_the_digest_its_change_replaced() {
         let url = hub.url(&format!("/v1/clusters/{CLUSTER}/bundle?wait=30s"));
         let (token, first) = (token.clone(), first.digest.clone());
         tokio::spawn(async move {
-            let response = client()
-                .get(url)
-                .bearer_auth(token)
+            let response = asking_for_delta(client().get(url), &token, &first)
                 .header("if-none-match", format!("\"{first}\""))
-                .header("accept-encoding", "dcz")
-                .header(
-                    dcz::AVAILABLE_DICTIONARY,
-                    dcz::available_dictionary(&first).expect("value"),
-                )
                 .send()
                 .await
                 .expect("GET");
