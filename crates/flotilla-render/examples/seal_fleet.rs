@@ -17,14 +17,18 @@
 //! run with the same `DIR` starts from them: its first render is that of a new
 //! render process of a hub that has rendered this fleet before.
 //!
+//! With `--since` each render after the first is made as the hub's render process
+//! makes the render of a new commit: since the one before (`render_since`), taking
+//! the parsed files and what did not change from it.
+//!
 //! ```text
-//! seal_fleet [--clusters N] [--secrets S] [--runs R] [--rotate] [--kept DIR]
+//! seal_fleet [--clusters N] [--secrets S] [--runs R] [--rotate] [--kept DIR] [--since]
 //! ```
 
 use std::time::{Duration, Instant};
 
 use flotilla_core::snapshot::FleetSnapshot;
-use flotilla_render::{RenderOptions, render_with};
+use flotilla_render::{RenderOptions, RenderOutput, render_since, render_with};
 
 const HEADER: &str = "apiVersion: flotilla.dev/v1alpha1\n";
 
@@ -124,17 +128,23 @@ fn main() {
         helm_seed: Some([7; 32]),
         ..RenderOptions::default()
     };
+    let since = args.iter().any(|a| a == "--since");
     let (mut with_keys, mut without) = (Vec::new(), Vec::new());
+    let (mut last_sealed, mut last_plain): (Option<RenderOutput>, Option<RenderOutput>) =
+        (None, None);
     for run in 0..runs {
         let generation = if rotate { run } else { 0 };
         let sealed = fleet(clusters, secrets, Some(&keys), generation);
         let plain = fleet(clusters, secrets, None, generation);
-        for (snapshot, times, what) in [
-            (&sealed, &mut with_keys, "sealed"),
-            (&plain, &mut without, "plain"),
+        for (snapshot, times, last, what) in [
+            (&sealed, &mut with_keys, &mut last_sealed, "sealed"),
+            (&plain, &mut without, &mut last_plain, "plain"),
         ] {
             let started = Instant::now();
-            let output = render_with(snapshot, &options);
+            let output = match last.as_ref().filter(|_| since) {
+                Some(previous) => render_since(previous, snapshot, &options),
+                None => render_with(snapshot, &options),
+            };
             let took = started.elapsed();
             assert!(
                 output.is_clean() || what == "plain",
@@ -149,6 +159,7 @@ fn main() {
                 let file = flotilla_render::seal::Sealer::from_hub_seed(&seed).kept_headers();
                 std::fs::write(path, file).expect("headers written");
             }
+            *last = since.then_some(output);
         }
     }
     let first = with_keys.remove(0);

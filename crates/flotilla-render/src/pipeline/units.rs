@@ -285,9 +285,14 @@ impl MetaCache {
 
 /// What assembling a cluster learns from each distinct Secret, worked out once per
 /// pass however many clusters hold it: the metadata entries that repeat its values,
-/// and, when the pass seals, its [`crate::seal::Prepared`] parts.
+/// and, when the pass seals, its [`crate::seal::Prepared`] parts. Known by the
+/// Secret's canonical bytes, hashed with foldhash (seeded at random): each Secret of
+/// each cluster is looked up here.
 #[derive(Default)]
-pub(super) struct SecretMemo(Mutex<std::collections::HashMap<Box<[u8]>, Arc<SecretFacts>>>);
+pub(super) struct SecretMemo(Mutex<SecretFactsMap>);
+
+type SecretFactsMap =
+    std::collections::HashMap<Box<[u8]>, Arc<SecretFacts>, foldhash::fast::RandomState>;
 
 /// See [`SecretMemo`].
 pub(super) struct SecretFacts {
@@ -304,7 +309,7 @@ impl SecretMemo {
         resource: &Resource,
         sealer: Option<&crate::seal::Sealer>,
     ) -> Arc<SecretFacts> {
-        let memo = |map: &std::collections::HashMap<Box<[u8]>, Arc<SecretFacts>>| {
+        let memo = |map: &SecretFactsMap| {
             map.get(&*resource.canonical)
                 .filter(|facts| facts.key == resource.key)
                 .cloned()

@@ -26,8 +26,6 @@
 
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
-use chacha20poly1305::aead::{Aead, KeyInit};
-use chacha20poly1305::{ChaCha20Poly1305, Nonce};
 use hkdf::Hkdf;
 use hmac::{Hmac, Mac};
 use serde_json::{Map, Value};
@@ -61,7 +59,7 @@ struct Header {
 /// two X25519 operations once. Cleared when it reaches [`HEADERS_KEPT`] entries.
 static HEADERS: std::sync::Mutex<Option<Headers>> = std::sync::Mutex::new(None);
 /// Headers by (sealing key, recipient).
-type Headers = HashMap<([u8; 32], [u8; 32]), Arc<Header>>;
+type Headers = HashMap<([u8; 32], [u8; 32]), Arc<Header>, foldhash::fast::RandomState>;
 /// At most this many headers are kept (about 250 bytes each).
 const HEADERS_KEPT: usize = 200_000;
 
@@ -86,8 +84,14 @@ pub(crate) struct Sealings {
     starting: bool,
 }
 
-/// Sealed Secrets by (the Secret's id under the sealing key, recipient).
-type SealingMap = HashMap<([u8; 32], [u8; 32]), Arc<flotilla_core::bundle::Resource>>;
+/// Sealed Secrets by (the Secret's id under the sealing key, recipient), hashed with
+/// foldhash (seeded at random): a fleet-wide rotation looks up and keeps one entry
+/// per Secret and cluster.
+type SealingMap = HashMap<
+    ([u8; 32], [u8; 32]),
+    Arc<flotilla_core::bundle::Resource>,
+    foldhash::fast::RandomState,
+>;
 
 impl Sealings {
     pub(crate) const fn new() -> Sealings {
@@ -110,7 +114,7 @@ impl Sealings {
             self.previous = self.current.take();
             // Room for what the last render kept, which this one mostly takes again.
             let room = self.previous.as_ref().map_or(0, HashMap::len);
-            self.current = Some(HashMap::with_capacity(room));
+            self.current = Some(HashMap::with_capacity_and_hasher(room, Default::default()));
         }
     }
 
@@ -132,7 +136,7 @@ impl Sealings {
         sealed: Arc<flotilla_core::bundle::Resource>,
     ) -> Arc<flotilla_core::bundle::Resource> {
         self.turn();
-        let current = self.current.get_or_insert_with(HashMap::new);
+        let current = self.current.get_or_insert_with(HashMap::default);
         if current.len() >= SEALINGS_KEPT {
             current.clear();
         }
@@ -170,6 +174,13 @@ impl Sealer {
     /// then a payload whose nonce is HMAC-SHA256 (the sealing key) of the recipient,
     /// `identity` and `plain`, each with its length, cut to 16 bytes.
     pub fn seal(&self, recipient: &AgentKey, identity: &str, plain: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.seal_into(recipient, identity, plain, &mut out);
+        out
+    }
+
+    /// [`Sealer::seal`], written over `out`.
+    fn seal_into(&self, recipient: &AgentKey, identity: &str, plain: &[u8], out: &mut Vec<u8>) {
         let header = self.header(recipient);
         let mut mac = self.nonces.clone();
         for part in [&recipient.0[..], identity.as_bytes(), plain] {
@@ -178,10 +189,10 @@ impl Sealer {
         }
         let mut nonce = [0u8; 16];
         nonce.copy_from_slice(&mac.finalize().into_bytes()[..16]);
-        let mut out = Vec::with_capacity(header.bytes.len() + 16 + plain.len() + 16);
+        out.clear();
+        out.reserve(header.bytes.len() + 16 + plain.len() + 16);
         out.extend_from_slice(&header.bytes);
-        payload(&mut out, &header.file_key, &nonce, plain);
-        out
+        payload(out, &header.file_key, &nonce, plain);
     }
 
     /// The header of every file sealed to `recipient`, from this process's memo or
@@ -204,7 +215,7 @@ impl Sealer {
             });
         let header = Arc::new(Header { bytes, file_key });
         let mut memo = HEADERS.lock().unwrap_or_else(|e| e.into_inner());
-        let map = memo.get_or_insert_with(HashMap::new);
+        let map = memo.get_or_insert_with(HashMap::default);
         if map.len() >= HEADERS_KEPT {
             map.clear();
         }
@@ -334,6 +345,63 @@ pub struct AgentKey([u8; 32]);
 impl AgentKey {
     /// Reads `age1…` (Bech32, as `age-keygen` and the agent print it).
     pub fn parse(text: &str) -> Result<AgentKey, String> {
+        if let Some(key) = AgentKey::parse_printed(text.trim().as_bytes()) {
+            return Ok(AgentKey(key));
+        }
+        AgentKey::parse_any(text)
+    }
+
+    /// The key of a recipient written as age prints one (lower case, `age1` and 58
+    /// characters) with a valid checksum; `None` for anything else, which
+    /// [`AgentKey::parse_any`] reads or explains. The same result as the `bech32`
+    /// crate's, without its allocations: every cluster file of a fleet is read with
+    /// one (BIP 173: the checksum is a BCH code over the expanded `age` prefix and the
+    /// data; 52 groups of 5 bits hold the 32 bytes and 4 zero bits).
+    fn parse_printed(text: &[u8]) -> Option<[u8; 32]> {
+        const CHARSET: &[u8; 32] = b"qpzry9x8gf2tvdw0s3jn54khce6mua7l";
+        const GENERATOR: [u32; 5] = [
+            0x3b6a_57b2,
+            0x2650_8e6d,
+            0x1ea1_19fa,
+            0x3d42_33dd,
+            0x2a14_62b3,
+        ];
+        let data = text.strip_prefix(b"age1").filter(|data| data.len() == 58)?;
+        let mut checksum: u32 = 1;
+        let mut step = |value: u8| {
+            let top = checksum >> 25;
+            checksum = ((checksum & 0x01ff_ffff) << 5) ^ u32::from(value);
+            for (bit, generator) in GENERATOR.iter().enumerate() {
+                if (top >> bit) & 1 == 1 {
+                    checksum ^= generator;
+                }
+            }
+        };
+        // The prefix expanded: the high bits of each character, a zero, the low bits.
+        for value in [3, 3, 3, 0, 1, 7, 5] {
+            step(value);
+        }
+        let mut key = [0u8; 32];
+        let (mut bits, mut held, mut at) = (0u32, 0u32, 0usize);
+        for (index, &c) in data.iter().enumerate() {
+            let value = CHARSET.iter().position(|&x| x == c)? as u8;
+            step(value);
+            if index < 52 {
+                bits = (bits << 5) | u32::from(value);
+                held += 5;
+                if held >= 8 {
+                    held -= 8;
+                    key[at] = (bits >> held) as u8;
+                    at += 1;
+                    bits &= (1 << held) - 1;
+                }
+            }
+        }
+        (checksum == 1 && at == 32 && bits == 0).then_some(key)
+    }
+
+    /// [`AgentKey::parse`] by the `bech32` crate: any case, and its reasons.
+    fn parse_any(text: &str) -> Result<AgentKey, String> {
         use bech32::FromBase32 as _;
         let (hrp, data, variant) = bech32::decode(text.trim())
             .map_err(|e| format!("not an age public key (age1…): {e}"))?;
@@ -380,9 +448,8 @@ fn age_header(recipient: &AgentKey, file_key: &[u8; 16], ephemeral: &[u8; 32]) -
     salt[..32].copy_from_slice(share.as_bytes());
     salt[32..].copy_from_slice(&recipient.0);
     let wrap_key = hkdf_32(&salt, shared.as_bytes(), b"age-encryption.org/v1/X25519");
-    let body = ChaCha20Poly1305::new(&wrap_key.into())
-        .encrypt(&Nonce::default(), &file_key[..])
-        .expect("sealing a file key");
+    let mut body = Vec::with_capacity(file_key.len() + 16);
+    chacha20_poly1305(&wrap_key, [0; 12], file_key, &mut body);
     let header = format!(
         "age-encryption.org/v1\n-> X25519 {}\n{}\n---",
         STANDARD_NO_PAD.encode(share.as_bytes()),
@@ -413,7 +480,7 @@ fn with_header_mac(mut covered: Vec<u8>, file_key: &[u8; 16]) -> Vec<u8> {
 fn payload(out: &mut Vec<u8>, file_key: &[u8; 16], nonce: &[u8; 16], plain: &[u8]) {
     out.extend_from_slice(nonce);
     let payload_key = hkdf_32(nonce, file_key, b"payload");
-    let cipher = ChaCha20Poly1305::new(&payload_key.into());
+    out.reserve(plain.len() + plain.len().div_ceil(CHUNK).max(1) * 16);
     let chunks: Vec<&[u8]> = if plain.is_empty() {
         vec![&[]]
     } else {
@@ -424,11 +491,28 @@ fn payload(out: &mut Vec<u8>, file_key: &[u8; 16], nonce: &[u8; 16], plain: &[u8
         let mut chunk_nonce = [0u8; 12];
         chunk_nonce[3..11].copy_from_slice(&(counter as u64).to_be_bytes());
         chunk_nonce[11] = u8::from(counter == last);
-        let sealed = cipher
-            .encrypt(&Nonce::from(chunk_nonce), chunk)
-            .expect("sealing a chunk");
-        out.extend_from_slice(&sealed);
+        chacha20_poly1305(&payload_key, chunk_nonce, chunk, out);
     }
+}
+
+/// Appends `plain` encrypted with ChaCha20-Poly1305 (RFC 8439, no associated data)
+/// under `key` and `nonce`, then its tag. ring's, whose setup for one short message
+/// costs a seventh of RustCrypto's: a sealed Secret is an age file of about a
+/// hundred bytes, one such message, and a fleet-wide rotation seals one per Secret
+/// and cluster.
+fn chacha20_poly1305(key: &[u8; 32], nonce: [u8; 12], plain: &[u8], out: &mut Vec<u8>) {
+    use ring::aead::{Aad, CHACHA20_POLY1305, LessSafeKey, Nonce, UnboundKey};
+    let key = LessSafeKey::new(UnboundKey::new(&CHACHA20_POLY1305, key).expect("a 32-byte key"));
+    let start = out.len();
+    out.extend_from_slice(plain);
+    let tag = key
+        .seal_in_place_separate_tag(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::empty(),
+            &mut out[start..],
+        )
+        .expect("a message shorter than ChaCha20's limit");
+    out.extend_from_slice(tag.as_ref());
 }
 
 fn hkdf_32(salt: &[u8], ikm: &[u8], info: &[u8]) -> [u8; 32] {
@@ -590,17 +674,30 @@ impl Sealer {
     /// The canonical bytes of a prepared Secret sealed to `recipient`: the same as
     /// those of [`seal_secret`]'s value.
     pub fn seal_prepared(&self, prepared: &Prepared, recipient: &AgentKey) -> Vec<u8> {
-        let sealed = self.seal(recipient, &prepared.identity, &prepared.plain);
+        thread_local! {
+            /// The age file of the Secret being sealed, before its base64 text is
+            /// written into the resource: one buffer per thread, not one per Secret.
+            static SEALED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        SEALED.with_borrow_mut(|sealed| {
+            self.seal_into(recipient, &prepared.identity, &prepared.plain, sealed);
+            Sealer::around_sealed(prepared, sealed)
+        })
+    }
+
+    /// The canonical bytes of `prepared` with `sealed` as its sealed value.
+    fn around_sealed(prepared: &Prepared, sealed: &[u8]) -> Vec<u8> {
         match (&prepared.around, &prepared.object) {
             (Some((before, after)), _) => {
                 let encoded = sealed.len().div_ceil(3) * 4;
-                let mut out = vec![0u8; before.len() + encoded + after.len()];
-                out[..before.len()].copy_from_slice(before);
+                let mut out = Vec::with_capacity(before.len() + encoded + after.len());
+                out.extend_from_slice(before);
+                out.resize(before.len() + encoded, 0);
                 let written = STANDARD
-                    .encode_slice(&sealed, &mut out[before.len()..before.len() + encoded])
+                    .encode_slice(sealed, &mut out[before.len()..])
                     .expect("room for the base64 text");
                 debug_assert_eq!(written, encoded);
-                out[before.len() + encoded..].copy_from_slice(after);
+                out.extend_from_slice(after);
                 out
             }
             (None, object) => {
