@@ -17,12 +17,18 @@
 //! run with the same `DIR` starts from them: its first render is that of a new
 //! render process of a hub that has rendered this fleet before.
 //!
+//! With `--only sealed` or `--only plain` the process renders that fleet alone, so
+//! that neither render runs in a process holding what the other kept (the sealed
+//! Secrets and headers, the allocator's state): run both, one after the other, and
+//! divide.
+//!
 //! With `--since` each render after the first is made as the hub's render process
 //! makes the render of a new commit: since the one before (`render_since`), taking
 //! the parsed files and what did not change from it.
 //!
 //! ```text
 //! seal_fleet [--clusters N] [--secrets S] [--runs R] [--rotate] [--kept DIR] [--since]
+//!            [--only sealed|plain]
 //! ```
 
 use std::time::{Duration, Instant};
@@ -129,6 +135,15 @@ fn main() {
         ..RenderOptions::default()
     };
     let since = args.iter().any(|a| a == "--since");
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str);
+    assert!(
+        matches!(only, None | Some("sealed" | "plain")),
+        "--only sealed or --only plain"
+    );
     let (mut with_keys, mut without) = (Vec::new(), Vec::new());
     let (mut last_sealed, mut last_plain): (Option<RenderOutput>, Option<RenderOutput>) =
         (None, None);
@@ -140,6 +155,9 @@ fn main() {
             (&sealed, &mut with_keys, &mut last_sealed, "sealed"),
             (&plain, &mut without, &mut last_plain, "plain"),
         ] {
+            if only.is_some_and(|only| only != what) {
+                continue;
+            }
             let started = Instant::now();
             let output = match last.as_ref().filter(|_| since) {
                 Some(previous) => render_since(previous, snapshot, &options),
@@ -161,6 +179,22 @@ fn main() {
             }
             *last = since.then_some(output);
         }
+    }
+    if let Some(only) = only {
+        let mut times = if only == "sealed" { with_keys } else { without };
+        let first = times.remove(0);
+        println!(
+            "{clusters} clusters x {secrets} Secrets{}, {only} fleet alone: first render {first:?}; \
+             later {:?} (median of {})",
+            if rotate {
+                ", every Secret changed at every run"
+            } else {
+                ""
+            },
+            median(times),
+            runs - 1
+        );
+        return;
     }
     let first = with_keys.remove(0);
     without.remove(0);
