@@ -39,6 +39,8 @@ pub const SEALED_FIELD: &str = flotilla_core::bundle::SEALED_SECRET_FIELD;
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 /// age's plain-text chunk size (STREAM).
 const CHUNK: usize = 64 * 1024;
+/// The most a render thread's buffer for one sealed Secret keeps between Secrets.
+const KEPT_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Seals Secrets with keys derived from the hub's seed.
 pub struct Sealer {
@@ -681,7 +683,12 @@ impl Sealer {
         }
         SEALED.with_borrow_mut(|sealed| {
             self.seal_into(recipient, &prepared.identity, &prepared.plain, sealed);
-            Sealer::around_sealed(prepared, sealed)
+            let canonical = Sealer::around_sealed(prepared, sealed);
+            // A rare large Secret's room is not held for the life of the thread.
+            if sealed.capacity() > KEPT_BUFFER_BYTES {
+                *sealed = Vec::new();
+            }
+            canonical
         })
     }
 

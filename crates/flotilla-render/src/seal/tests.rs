@@ -312,6 +312,14 @@ fn a_prepared_secret_seals_to_the_canonical_bytes_of_the_long_way() {
         serde_json::json!({"apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": "odd", "labels": {"m": MARKER}},
             "stringData": {"k": MARKER}}),
+        // Larger than the thread's kept buffer (several age chunks), then a small
+        // one again in the same thread.
+        serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "big", "namespace": "shop"},
+            "stringData": {"blob": "b".repeat(3 * CHUNK)}}),
+        serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "small", "namespace": "shop"},
+            "stringData": {"k": "v"}}),
     ];
     for (i, secret) in secrets.iter().enumerate() {
         let identity = format!("v1/Secret/shop/{i}");
