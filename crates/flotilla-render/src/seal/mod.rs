@@ -340,6 +340,9 @@ impl SecretHashing {
     }
 }
 
+/// Bech32's 32 characters, in the order of the 5-bit values they stand for.
+const BECH32_CHARSET: &[u8; 32] = b"qpzry9x8gf2tvdw0s3jn54khce6mua7l";
+
 /// A cluster's agent key: the X25519 public key of an age recipient (`age1…`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AgentKey([u8; 32]);
@@ -360,7 +363,6 @@ impl AgentKey {
     /// one (BIP 173: the checksum is a BCH code over the expanded `age` prefix and the
     /// data; 52 groups of 5 bits hold the 32 bytes and 4 zero bits).
     fn parse_printed(text: &[u8]) -> Option<[u8; 32]> {
-        const CHARSET: &[u8; 32] = b"qpzry9x8gf2tvdw0s3jn54khce6mua7l";
         const GENERATOR: [u32; 5] = [
             0x3b6a_57b2,
             0x2650_8e6d,
@@ -386,7 +388,7 @@ impl AgentKey {
         let mut key = [0u8; 32];
         let (mut bits, mut held, mut at) = (0u32, 0u32, 0usize);
         for (index, &c) in data.iter().enumerate() {
-            let value = CHARSET.iter().position(|&x| x == c)? as u8;
+            let value = BECH32_CHARSET.iter().position(|&x| x == c)? as u8;
             step(value);
             if index < 52 {
                 bits = (bits << 5) | u32::from(value);
@@ -451,7 +453,12 @@ fn age_header(recipient: &AgentKey, file_key: &[u8; 16], ephemeral: &[u8; 32]) -
     salt[32..].copy_from_slice(&recipient.0);
     let wrap_key = hkdf_32(&salt, shared.as_bytes(), b"age-encryption.org/v1/X25519");
     let mut body = Vec::with_capacity(file_key.len() + 16);
-    chacha20_poly1305(&wrap_key, [0; 12], file_key, &mut body);
+    chacha20_poly1305(
+        &chacha20_poly1305_key(&wrap_key),
+        [0; 12],
+        file_key,
+        &mut body,
+    );
     let header = format!(
         "age-encryption.org/v1\n-> X25519 {}\n{}\n---",
         STANDARD_NO_PAD.encode(share.as_bytes()),
@@ -481,30 +488,38 @@ fn with_header_mac(mut covered: Vec<u8>, file_key: &[u8; 16]) -> Vec<u8> {
 /// under the payload key age derives from `file_key` and `nonce`.
 fn payload(out: &mut Vec<u8>, file_key: &[u8; 16], nonce: &[u8; 16], plain: &[u8]) {
     out.extend_from_slice(nonce);
-    let payload_key = hkdf_32(nonce, file_key, b"payload");
-    out.reserve(plain.len() + plain.len().div_ceil(CHUNK).max(1) * 16);
-    let chunks: Vec<&[u8]> = if plain.is_empty() {
-        vec![&[]]
-    } else {
-        plain.chunks(CHUNK).collect()
-    };
-    let last = chunks.len() - 1;
-    for (counter, chunk) in chunks.into_iter().enumerate() {
+    let key = chacha20_poly1305_key(&hkdf_32(nonce, file_key, b"payload"));
+    // At least one chunk: an empty plain text is one empty, final chunk.
+    let chunks = plain.len().div_ceil(CHUNK).max(1);
+    out.reserve(plain.len() + chunks * 16);
+    for counter in 0..chunks {
+        let chunk =
+            &plain[(counter * CHUNK).min(plain.len())..((counter + 1) * CHUNK).min(plain.len())];
         let mut chunk_nonce = [0u8; 12];
         chunk_nonce[3..11].copy_from_slice(&(counter as u64).to_be_bytes());
-        chunk_nonce[11] = u8::from(counter == last);
-        chacha20_poly1305(&payload_key, chunk_nonce, chunk, out);
+        chunk_nonce[11] = u8::from(counter + 1 == chunks);
+        chacha20_poly1305(&key, chunk_nonce, chunk, out);
     }
 }
 
-/// Appends `plain` encrypted with ChaCha20-Poly1305 (RFC 8439, no associated data)
-/// under `key` and `nonce`, then its tag. ring's, whose setup for one short message
-/// costs a seventh of RustCrypto's: a sealed Secret is an age file of about a
-/// hundred bytes, one such message, and a fleet-wide rotation seals one per Secret
-/// and cluster.
-fn chacha20_poly1305(key: &[u8; 32], nonce: [u8; 12], plain: &[u8], out: &mut Vec<u8>) {
-    use ring::aead::{Aad, CHACHA20_POLY1305, LessSafeKey, Nonce, UnboundKey};
-    let key = LessSafeKey::new(UnboundKey::new(&CHACHA20_POLY1305, key).expect("a 32-byte key"));
+/// A ChaCha20-Poly1305 key (RFC 8439) for [`chacha20_poly1305`]: ring's, whose setup
+/// for one short message costs a seventh of RustCrypto's (a sealed Secret is an age
+/// file of about a hundred bytes, one such message, and a fleet-wide rotation seals
+/// one per Secret and cluster).
+fn chacha20_poly1305_key(key: &[u8; 32]) -> ring::aead::LessSafeKey {
+    use ring::aead::{CHACHA20_POLY1305, LessSafeKey, UnboundKey};
+    LessSafeKey::new(UnboundKey::new(&CHACHA20_POLY1305, key).expect("a 32-byte key"))
+}
+
+/// Appends `plain` encrypted under `key` and `nonce` (no associated data), then its
+/// tag.
+fn chacha20_poly1305(
+    key: &ring::aead::LessSafeKey,
+    nonce: [u8; 12],
+    plain: &[u8],
+    out: &mut Vec<u8>,
+) {
+    use ring::aead::{Aad, Nonce};
     let start = out.len();
     out.extend_from_slice(plain);
     let tag = key
