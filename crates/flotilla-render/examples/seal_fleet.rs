@@ -20,7 +20,9 @@
 //! With `--only sealed` or `--only plain` the process renders that fleet alone, so
 //! that neither render runs in a process holding what the other kept (the sealed
 //! Secrets and headers, the allocator's state): run both, one after the other, and
-//! divide.
+//! divide. Each of them also reports the CPU time of its renders (all threads of
+//! the process, from Linux's `/proc/self/task/*/schedstat`), steadier than the
+//! time on the clock on a shared machine.
 //!
 //! With `--since` each render after the first is made as the hub's render process
 //! makes the render of a new commit: since the one before (`render_since`), taking
@@ -76,6 +78,19 @@ fn fleet(
         ));
     }
     FleetSnapshot::from_files(files.iter().map(|(p, t)| (p.as_str(), t.as_str())))
+}
+
+/// The CPU time the process's threads have run for (Linux; zero elsewhere).
+fn cpu_time() -> Duration {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Duration::ZERO;
+    };
+    let nanos: u64 = tasks
+        .filter_map(Result::ok)
+        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+        .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    Duration::from_nanos(nanos)
 }
 
 fn median(mut times: Vec<Duration>) -> Duration {
@@ -145,6 +160,7 @@ fn main() {
         "--only sealed or --only plain"
     );
     let (mut with_keys, mut without) = (Vec::new(), Vec::new());
+    let mut cpu = Vec::new();
     let (mut last_sealed, mut last_plain): (Option<RenderOutput>, Option<RenderOutput>) =
         (None, None);
     for run in 0..runs {
@@ -158,12 +174,13 @@ fn main() {
             if only.is_some_and(|only| only != what) {
                 continue;
             }
-            let started = Instant::now();
+            let (started, cpu_started) = (Instant::now(), cpu_time());
             let output = match last.as_ref().filter(|_| since) {
                 Some(previous) => render_since(previous, snapshot, &options),
                 None => render_with(snapshot, &options),
             };
             let took = started.elapsed();
+            cpu.push(cpu_time().saturating_sub(cpu_started));
             assert!(
                 output.is_clean() || what == "plain",
                 "{:?}",
@@ -183,16 +200,18 @@ fn main() {
     if let Some(only) = only {
         let mut times = if only == "sealed" { with_keys } else { without };
         let first = times.remove(0);
+        let first_cpu = cpu.remove(0);
         println!(
             "{clusters} clusters x {secrets} Secrets{}, {only} fleet alone: first render {first:?}; \
-             later {:?} (median of {})",
+             later {:?} (median of {}); CPU time: first {first_cpu:?}, later {:?}",
             if rotate {
                 ", every Secret changed at every run"
             } else {
                 ""
             },
             median(times),
-            runs - 1
+            runs - 1,
+            median(cpu),
         );
         return;
     }

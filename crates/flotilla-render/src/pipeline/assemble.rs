@@ -353,18 +353,16 @@ pub(super) fn assemble(
         };
         return Some(done);
     }
-    let sealing = units.context.sealer.zip(cluster.agent_key.as_ref());
-    let fresh = ranked
+    let mut fresh: Vec<(Arc<Resource>, u32)> = ranked
         .into_iter()
         .zip(repeated)
         .filter(|(_, repeated)| !repeated)
-        .map(|((_, item, workload), _)| {
-            let resource = match sealing {
-                Some(sealing) => sealed(&item.resource, sealing, units.context.secrets),
-                None => item.resource.clone(),
-            };
-            (resource, position(workload))
-        });
+        .map(|((_, item, workload), _)| (item.resource.clone(), position(workload)))
+        .collect();
+    if let Some(sealing) = units.context.sealer.zip(cluster.agent_key.as_ref()) {
+        seal_all(&mut fresh, sealing, units.context.secrets);
+    }
+    let fresh = fresh.into_iter();
     let (resources, resource_workloads): (Vec<Arc<Resource>>, Vec<u32>) = match job.only {
         None => fresh.unzip(),
         Some((changed, previous, kept)) => {
@@ -682,18 +680,31 @@ fn field_holding(value: &serde_json::Value, escaped: &str) -> Option<String> {
     }
 }
 
-/// `resource` with its values sealed to the cluster's agent when it is a Secret.
-fn sealed(
-    resource: &Arc<Resource>,
+/// The cluster's Secrets among `resources` with their values sealed to its agent.
+fn seal_all(
+    resources: &mut [(Arc<Resource>, u32)],
     (sealer, recipient): (&crate::seal::Sealer, &crate::seal::AgentKey),
     secrets: &super::units::SecretMemo,
-) -> Arc<Resource> {
-    if resource.key.kind != "Secret" || !resource.key.group.is_empty() {
-        return resource.clone();
+) {
+    let facts: Vec<(usize, _)> = resources
+        .iter()
+        .enumerate()
+        .filter(|(_, (resource, _))| resource.key.kind == "Secret" && resource.key.group.is_empty())
+        .map(|(i, (resource, _))| (i, secrets.facts(resource, Some(sealer))))
+        .collect();
+    let (at, prepared): (Vec<usize>, Vec<_>) = facts
+        .iter()
+        .filter_map(|(i, facts)| {
+            let prepared = facts.prepared.as_ref()?;
+            Some((*i, (prepared, &resources[*i].0.key)))
+        })
+        .unzip();
+    if prepared.is_empty() {
+        return;
     }
-    match &secrets.facts(resource, Some(sealer)).prepared {
-        Some(prepared) => sealer.sealed_resource(prepared, recipient, &resource.key),
-        None => resource.clone(),
+    let sealed = sealer.sealed_resources(&prepared, recipient);
+    for (i, sealed) in at.into_iter().zip(sealed) {
+        resources[i].0 = sealed;
     }
 }
 

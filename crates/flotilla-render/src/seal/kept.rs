@@ -143,7 +143,7 @@ impl Sealer {
     pub fn kept_headers(&self) -> Vec<u8> {
         // Copied out, so that no render waits while they are checked and written.
         let mut mine: Vec<([u8; 32], Vec<u8>)> = {
-            let memo = HEADERS.lock().unwrap_or_else(|e| e.into_inner());
+            let memo = HEADERS.read().unwrap_or_else(|e| e.into_inner());
             memo.iter()
                 .flat_map(|m| m.iter())
                 .filter(|((key, _), _)| *key == self.key)

@@ -54,12 +54,34 @@ pub struct Sealer {
 struct Header {
     file_key: [u8; 16],
     bytes: Vec<u8>,
+    /// The base64 text of the header's first bytes, a multiple of three of them: a
+    /// sealed value's text starts with it, and only the last one or two bytes of the
+    /// header are encoded again with each Secret's payload.
+    encoded: String,
 }
 
-/// Headers worked out in this process, by sealing key and recipient: a pure
+impl Header {
+    fn new(file_key: [u8; 16], bytes: Vec<u8>) -> Header {
+        let whole = bytes.len() / 3 * 3;
+        let encoded = STANDARD.encode(&bytes[..whole]);
+        Header {
+            file_key,
+            bytes,
+            encoded,
+        }
+    }
+
+    /// The header's bytes after those [`Header::encoded`] holds.
+    fn unencoded(&self) -> &[u8] {
+        &self.bytes[self.bytes.len() / 3 * 3..]
+    }
+}
+
+/// Headers worked out in this process (read far more often than written: an
+/// `RwLock`, so the render threads do not wait on each other to read one), by sealing key and recipient: a pure
 /// function's results, so a render process kept between commits does each agent's
 /// two X25519 operations once. Cleared when it reaches [`HEADERS_KEPT`] entries.
-static HEADERS: std::sync::Mutex<Option<Headers>> = std::sync::Mutex::new(None);
+static HEADERS: std::sync::RwLock<Option<Headers>> = std::sync::RwLock::new(None);
 /// Headers by (sealing key, recipient).
 type Headers = HashMap<([u8; 32], [u8; 32]), Arc<Header>, foldhash::fast::RandomState>;
 /// At most this many headers are kept (about 250 bytes each).
@@ -80,6 +102,9 @@ const SEALINGS_KEPT: usize = 1_000_000;
 pub(crate) struct Sealings {
     current: Option<SealingMap>,
     previous: Option<SealingMap>,
+    /// What the render before the last kept, no longer used: taken out and freed by
+    /// the thread that retired it once it let go of the lock.
+    retired: Option<SealingMap>,
     /// A render has started and not sealed yet: its generation starts at its first
     /// sealing, so a render that seals nothing (of a fleet without agent keys, or
     /// whose sealed clusters are all unchanged) drops nothing.
@@ -100,6 +125,7 @@ impl Sealings {
         Sealings {
             current: None,
             previous: None,
+            retired: None,
             starting: false,
         }
     }
@@ -113,7 +139,7 @@ impl Sealings {
     /// Starts the generation of a render that seals.
     fn turn(&mut self) {
         if std::mem::take(&mut self.starting) {
-            self.previous = self.current.take();
+            self.retired = std::mem::replace(&mut self.previous, self.current.take());
             // Room for what the last render kept, which this one mostly takes again.
             let room = self.previous.as_ref().map_or(0, HashMap::len);
             self.current = Some(HashMap::with_capacity_and_hasher(room, Default::default()));
@@ -184,6 +210,21 @@ impl Sealer {
     /// [`Sealer::seal`], written over `out`.
     fn seal_into(&self, recipient: &AgentKey, identity: &str, plain: &[u8], out: &mut Vec<u8>) {
         let header = self.header(recipient);
+        out.clear();
+        out.reserve(header.bytes.len() + 16 + plain.len() + 16);
+        out.extend_from_slice(&header.bytes);
+        self.payload_of(recipient, &header, (identity, plain), out);
+    }
+
+    /// Appends the payload of `plain` sealed to `recipient` under `header`'s file key,
+    /// its nonce an HMAC (the sealing key) of the recipient, `identity` and `plain`.
+    fn payload_of(
+        &self,
+        recipient: &AgentKey,
+        header: &Header,
+        (identity, plain): (&str, &[u8]),
+        out: &mut Vec<u8>,
+    ) {
         let mut mac = self.nonces.clone();
         for part in [&recipient.0[..], identity.as_bytes(), plain] {
             mac.update(&(part.len() as u64).to_be_bytes());
@@ -191,9 +232,6 @@ impl Sealer {
         }
         let mut nonce = [0u8; 16];
         nonce.copy_from_slice(&mac.finalize().into_bytes()[..16]);
-        out.clear();
-        out.reserve(header.bytes.len() + 16 + plain.len() + 16);
-        out.extend_from_slice(&header.bytes);
         payload(out, &header.file_key, &nonce, plain);
     }
 
@@ -204,7 +242,7 @@ impl Sealer {
         let memo_key = (self.key, recipient.0);
         let memoized =
             |memo: &Option<Headers>| memo.as_ref().and_then(|m| m.get(&memo_key).cloned());
-        if let Some(found) = memoized(&HEADERS.lock().unwrap_or_else(|e| e.into_inner())) {
+        if let Some(found) = memoized(&HEADERS.read().unwrap_or_else(|e| e.into_inner())) {
             return found;
         }
         let (file_key, ephemeral) = self.header_keys(recipient);
@@ -215,8 +253,8 @@ impl Sealer {
                 kept::count_made();
                 age_header(recipient, &file_key, &ephemeral)
             });
-        let header = Arc::new(Header { bytes, file_key });
-        let mut memo = HEADERS.lock().unwrap_or_else(|e| e.into_inner());
+        let header = Arc::new(Header::new(file_key, bytes));
+        let mut memo = HEADERS.write().unwrap_or_else(|e| e.into_inner());
         let map = memo.get_or_insert_with(HashMap::default);
         if map.len() >= HEADERS_KEPT {
             map.clear();
@@ -656,81 +694,118 @@ impl Sealer {
         Prepared::new(secret, identity, &self.key)
     }
 
-    /// The resource `key` (a Secret prepared by this sealer) sealed to `recipient`:
-    /// from this process's [`SEALINGS`] when an earlier render, or another cluster
-    /// of this one, sealed the same Secret for the same agent, else sealed now.
-    pub fn sealed_resource(
+    /// Each of a cluster's Secrets (prepared by this sealer, with its resource key)
+    /// sealed to the cluster's `recipient`: from this process's [`SEALINGS`] when an
+    /// earlier render, or another cluster of this one, sealed the same Secret for the
+    /// same agent, else sealed now. The kept sealings are looked up and added to once
+    /// per cluster, and the agent's header found once.
+    pub fn sealed_resources(
         &self,
-        prepared: &Prepared,
+        secrets: &[(&Prepared, &Arc<flotilla_core::bundle::ResourceKey>)],
         recipient: &AgentKey,
-        key: &Arc<flotilla_core::bundle::ResourceKey>,
-    ) -> Arc<flotilla_core::bundle::Resource> {
-        self.sealed_resource_in(&SEALINGS, prepared, recipient, key)
+    ) -> Vec<Arc<flotilla_core::bundle::Resource>> {
+        self.sealed_resources_in(&SEALINGS, secrets, recipient)
     }
 
-    /// [`Sealer::sealed_resource`] with the given [`Sealings`].
-    pub(crate) fn sealed_resource_in(
+    /// [`Sealer::sealed_resources`] with the given [`Sealings`].
+    pub(crate) fn sealed_resources_in(
         &self,
         sealings: &std::sync::Mutex<Sealings>,
-        prepared: &Prepared,
+        secrets: &[(&Prepared, &Arc<flotilla_core::bundle::ResourceKey>)],
         recipient: &AgentKey,
-        key: &Arc<flotilla_core::bundle::ResourceKey>,
-    ) -> Arc<flotilla_core::bundle::Resource> {
-        let memo_key = (prepared.id, recipient.0);
+    ) -> Vec<Arc<flotilla_core::bundle::Resource>> {
         let lock = || sealings.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(found) = lock().get(&memo_key) {
-            return found;
+        let (mut found, retired) = {
+            let mut kept = lock();
+            let found: Vec<_> = secrets
+                .iter()
+                .map(|(prepared, _)| kept.get(&(prepared.id, recipient.0)))
+                .collect();
+            (found, kept.retired.take())
+        };
+        // What the render before last kept is freed without holding the lock.
+        drop(retired);
+        if found.iter().any(Option::is_none) {
+            let header = self.header(recipient);
+            let made: Vec<(usize, Arc<flotilla_core::bundle::Resource>)> = found
+                .iter()
+                .zip(secrets)
+                .enumerate()
+                .filter(|(_, (kept, _))| kept.is_none())
+                .map(|(i, (_, (prepared, key)))| {
+                    let canonical = self.seal_under(prepared, recipient, &header);
+                    let sealed = flotilla_core::bundle::Resource {
+                        key: Arc::clone(key),
+                        canonical: canonical.into(),
+                    };
+                    (i, Arc::new(sealed))
+                })
+                .collect();
+            let mut kept = lock();
+            for (i, sealed) in made {
+                found[i] = Some(kept.keep((secrets[i].0.id, recipient.0), sealed));
+            }
         }
-        let sealed = Arc::new(flotilla_core::bundle::Resource {
-            key: key.clone(),
-            canonical: self.seal_prepared(prepared, recipient).into(),
-        });
-        lock().keep(memo_key, sealed)
+        found
+            .into_iter()
+            .map(|sealed| sealed.expect("each Secret kept or sealed"))
+            .collect()
     }
 
     /// The canonical bytes of a prepared Secret sealed to `recipient`: the same as
     /// those of [`seal_secret`]'s value.
     pub fn seal_prepared(&self, prepared: &Prepared, recipient: &AgentKey) -> Vec<u8> {
+        self.seal_under(prepared, recipient, &self.header(recipient))
+    }
+
+    /// [`Sealer::seal_prepared`] with `recipient`'s header.
+    fn seal_under(&self, prepared: &Prepared, recipient: &AgentKey, header: &Header) -> Vec<u8> {
         thread_local! {
-            /// The age file of the Secret being sealed, before its base64 text is
-            /// written into the resource: one buffer per thread, not one per Secret.
+            /// The part of the Secret's age file being encoded, before its base64
+            /// text is written into the resource: one buffer per thread, not one per
+            /// Secret.
             static SEALED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
         SEALED.with_borrow_mut(|sealed| {
-            self.seal_into(recipient, &prepared.identity, &prepared.plain, sealed);
-            let canonical = Sealer::around_sealed(prepared, sealed);
+            sealed.clear();
+            let parts = (prepared.identity.as_str(), &prepared.plain[..]);
+            let canonical = match (&prepared.around, &prepared.object) {
+                // The header's text as it was encoded once, then the rest of the file.
+                (Some((before, after)), _) => {
+                    sealed.extend_from_slice(header.unencoded());
+                    self.payload_of(recipient, header, parts, sealed);
+                    let encoded = sealed.len().div_ceil(3) * 4;
+                    let mut out = Vec::with_capacity(
+                        before.len() + header.encoded.len() + encoded + after.len(),
+                    );
+                    out.extend_from_slice(before);
+                    out.extend_from_slice(header.encoded.as_bytes());
+                    let at = out.len();
+                    out.resize(at + encoded, 0);
+                    let written = STANDARD
+                        .encode_slice(&sealed[..], &mut out[at..])
+                        .expect("room for the base64 text");
+                    debug_assert_eq!(written, encoded);
+                    out.extend_from_slice(after);
+                    out
+                }
+                (None, object) => {
+                    sealed.extend_from_slice(&header.bytes);
+                    self.payload_of(recipient, header, parts, sealed);
+                    let mut object = object.clone().unwrap_or_default();
+                    object.insert(
+                        SEALED_FIELD.to_string(),
+                        serde_json::json!({ "sealed": STANDARD.encode(&sealed[..]) }),
+                    );
+                    flotilla_core::bundle::to_canonical_vec(&Value::Object(object))
+                }
+            };
             // A rare large Secret's room is not held for the life of the thread.
             if sealed.capacity() > KEPT_BUFFER_BYTES {
                 *sealed = Vec::new();
             }
             canonical
         })
-    }
-
-    /// The canonical bytes of `prepared` with `sealed` as its sealed value.
-    fn around_sealed(prepared: &Prepared, sealed: &[u8]) -> Vec<u8> {
-        match (&prepared.around, &prepared.object) {
-            (Some((before, after)), _) => {
-                let encoded = sealed.len().div_ceil(3) * 4;
-                let mut out = Vec::with_capacity(before.len() + encoded + after.len());
-                out.extend_from_slice(before);
-                out.resize(before.len() + encoded, 0);
-                let written = STANDARD
-                    .encode_slice(sealed, &mut out[before.len()..])
-                    .expect("room for the base64 text");
-                debug_assert_eq!(written, encoded);
-                out.extend_from_slice(after);
-                out
-            }
-            (None, object) => {
-                let mut object = object.clone().unwrap_or_default();
-                object.insert(
-                    SEALED_FIELD.to_string(),
-                    serde_json::json!({ "sealed": STANDARD.encode(sealed) }),
-                );
-                flotilla_core::bundle::to_canonical_vec(&Value::Object(object))
-            }
-        }
     }
 }
 

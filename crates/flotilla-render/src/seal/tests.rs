@@ -103,7 +103,7 @@ fn one_agents_secrets_share_its_header_and_each_opens_alone() {
     }
     // A header worked out afresh (the memo cleared) is the same bytes.
     let _held = memo_held();
-    *HEADERS.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    *HEADERS.write().unwrap_or_else(|e| e.into_inner()) = None;
     assert_eq!(
         sealer.seal(&agent, "v1/Secret/shop/s0", b"value 0"),
         files[0]
@@ -360,7 +360,9 @@ fn a_sealed_secret_is_kept_for_the_next_render_and_dropped_when_two_go_by_withou
         .prepare(&secret("hunter2"), &identity)
         .expect("values");
     let seal = |prepared: &Prepared, recipient: &AgentKey| {
-        sealer.sealed_resource_in(&sealings, prepared, recipient, &key)
+        sealer
+            .sealed_resources_in(&sealings, &[(prepared, &key)], recipient)
+            .remove(0)
     };
     let first = seal(&prepared, &agent);
     // What is kept is what sealing gives, and opens with the agent's identity.
@@ -386,7 +388,9 @@ fn a_sealed_secret_is_kept_for_the_next_render_and_dropped_when_two_go_by_withou
     for sealed in [
         seal(&prepared, &other),
         seal(&changed, &agent),
-        another_hub.sealed_resource_in(&sealings, &elsewhere, &agent, &key),
+        another_hub
+            .sealed_resources_in(&sealings, &[(&elsewhere, &key)], &agent)
+            .remove(0),
     ] {
         assert_ne!(sealed.canonical, first.canonical);
     }
@@ -468,7 +472,7 @@ fn a_process_offered_the_kept_headers_uses_them() {
     let sealed = sealer.seal(&agent, "v1/Secret/shop/db", b"hunter2");
     let file = sealer.kept_headers();
     // A new process: no header in memory, the file offered; the same bytes.
-    *HEADERS.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    *HEADERS.write().unwrap_or_else(|e| e.into_inner()) = None;
     assert_eq!(offer_headers(&file), 1);
     assert_eq!(sealer.seal(&agent, "v1/Secret/shop/db", b"hunter2"), sealed);
     // A header the file holds, tagged by the sealing key, is the one used: one made
@@ -476,7 +480,7 @@ fn a_process_offered_the_kept_headers_uses_them() {
     let (file_key, _) = sealer.header_keys(&agent);
     let header = &kept::parse(&file)[&agent.0].1;
     let different = another_body(header, &file_key);
-    *HEADERS.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    *HEADERS.write().unwrap_or_else(|e| e.into_inner()) = None;
     offer_headers(&sealer.file_of([(&agent.0, &different[..])]));
     assert!(
         sealer
@@ -485,13 +489,13 @@ fn a_process_offered_the_kept_headers_uses_them() {
     );
     // The same header with a valid age MAC but tagged by another key (the agent can
     // open the file key, not make a tag) is not used.
-    *HEADERS.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    *HEADERS.write().unwrap_or_else(|e| e.into_inner()) = None;
     let foreign = Sealer::from_hub_seed(&[12; 32]);
     offer_headers(&foreign.file_of([(&agent.0, &different[..])]));
     assert_eq!(sealer.take_offered(&agent.0, &file_key), None);
     assert_eq!(sealer.seal(&agent, "v1/Secret/shop/db", b"hunter2"), sealed);
     assert_eq!(open(AGENT, &sealed), Some(b"hunter2".to_vec()));
-    *HEADERS.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    *HEADERS.write().unwrap_or_else(|e| e.into_inner()) = None;
 }
 
 #[test]
@@ -503,7 +507,7 @@ fn the_kept_headers_keep_those_offered_and_not_used_yet() {
     sealer.seal(&other, "v1/Secret/shop/db", b"b");
     let file = sealer.kept_headers();
     // A new process renders one of the two clusters, and a third with a new key.
-    *HEADERS.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    *HEADERS.write().unwrap_or_else(|e| e.into_inner()) = None;
     offer_headers(&file);
     let third = AgentKey::parse(&age::x25519::Identity::generate().to_public().to_string())
         .expect("a recipient");
