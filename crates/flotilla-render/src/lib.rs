@@ -157,6 +157,10 @@ pub struct ClusterProvenance {
     /// Whether a CRD of its workloads made some kind cluster-scoped: every
     /// workload's resources then depend on every other's.
     pub custom_scopes: bool,
+    /// The warnings of this cluster's render, without the cluster's name (sorted;
+    /// clusters with the same list may share it): a render since this one that
+    /// leaves the cluster as it was reports them again.
+    pub warnings: Arc<[Diagnostic]>,
 }
 
 impl RenderOutput {
@@ -220,8 +224,7 @@ pub fn render_since_fetching(
 ) -> RenderOutput {
     let reusable = options.clusters.is_empty()
         && previous.is_clean()
-        && !previous.provenance.inputs.is_empty()
-        && previous.diagnostics.iter().all(|d| d.cluster.is_none());
+        && !previous.provenance.inputs.is_empty();
     // Parsed files can be taken from any render.
     let parsed = previous.parsed.as_deref();
     render_inner(

@@ -474,14 +474,23 @@ fn encode_provenance(
             put_len(out, *workload as usize)
         },
     )?;
+    // Each cluster's warnings, as JSON (lists that clusters share written once).
+    let warnings = put_lists(
+        out,
+        clusters.iter().map(|(_, f)| Some(&*f.as_ref()?.warnings)),
+        |out, warning| put_bytes(out, &serde_json::to_vec(warning).map_err(invalid)?),
+    )?;
     put_len(out, clusters.len())?;
-    for (((name, found), list), matched) in clusters.into_iter().zip(lists).zip(matches) {
+    for ((((name, found), list), matched), warned) in
+        clusters.into_iter().zip(lists).zip(matches).zip(warnings)
+    {
         put_bytes(out, name.as_bytes())?;
-        match (found, list, matched) {
-            (Some(found), Some(list), Some(matched)) => {
+        match (found, list, matched, warned) {
+            (Some(found), Some(list), Some(matched), Some(warned)) => {
                 put_len(out, list)?;
                 put_len(out, matched)?;
                 put_len(out, usize::from(found.custom_scopes))?;
+                put_len(out, warned)?;
             }
             _ => put_len(out, SAME)?,
         }
@@ -610,6 +619,9 @@ fn decode_provenance(input: &mut impl Read, since: Option<&Provenance>) -> io::R
         let workload = u32::try_from(read_len(input)?).map_err(invalid)?;
         Ok((file, patch, workload))
     })?;
+    let warnings: Vec<Arc<[Diagnostic]>> = read_lists(input, |input| {
+        serde_json::from_slice(&read_bytes(input)?).map_err(invalid)
+    })?;
     for _ in 0..read_len(input)? {
         let name = read_text(input)?;
         let list = read_len(input)?;
@@ -624,6 +636,7 @@ fn decode_provenance(input: &mut impl Read, since: Option<&Provenance>) -> io::R
             resource_workloads: nth(&lists, list, "resource workload", &name)?,
             patch_matches: nth(&matches, read_len(input)?, "matched patch", &name)?,
             custom_scopes: read_len(input)? != 0,
+            warnings: nth(&warnings, read_len(input)?, "warning", &name)?,
         };
         provenance.clusters.insert(name, found);
     }

@@ -75,6 +75,47 @@ fn a_render_comes_back_whole_with_its_resources_still_shared() {
 }
 
 #[test]
+fn each_clusters_warnings_come_back_with_its_provenance() {
+    let header = "apiVersion: flotilla.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name:";
+    let mut files: Vec<(String, String)> = ["a", "b", "c"]
+        .iter()
+        .map(|name| {
+            (
+                format!("clusters/{name}.yaml"),
+                format!(
+                    "{header} {name}\n  labels: {{secret: \"{}\"}}\n",
+                    *name != "c"
+                ),
+            )
+        })
+        .collect();
+    files.push((
+        "workloads/db/workload.yaml".into(),
+        "apiVersion: flotilla.dev/v1alpha1\nkind: Workload\nmetadata:\n  name: db\nspec:\n  namespace: db\n  targets:\n    - clusterSelector: {matchLabels: {secret: \"true\"}}\n".into(),
+    ));
+    files.push((
+        "workloads/db/manifests/secret.yaml".into(),
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: db\nstringData:\n  password: hunter2\n"
+            .into(),
+    ));
+    let snapshot = FleetSnapshot::from_files(files.iter().map(|(p, t)| (p.as_str(), t.as_str())));
+    let rendered = flotilla_render::render(&snapshot);
+    assert!(rendered.is_clean(), "{:?}", rendered.diagnostics);
+    // A warning of a and b (a Secret and no agent key), none of c.
+    let warned =
+        |output: &RenderOutput, name: &str| output.provenance.clusters[name].warnings.len();
+    assert_eq!(
+        ["a", "b", "c"].map(|name| warned(&rendered, name)),
+        [1, 1, 0]
+    );
+    let mut bytes = Vec::new();
+    encode_output(&rendered, Known::Nothing, &mut bytes).expect("encodes");
+    let back = decode_output(bytes.as_slice(), None).expect("decodes");
+    assert_eq!(back.provenance, rendered.provenance);
+    assert_eq!(back.diagnostics, rendered.diagnostics);
+}
+
+#[test]
 fn each_clusters_agent_key_comes_back() {
     let recipient = DecryptionKeys::from_identity_file(IDENTITY)
         .expect("an identity")

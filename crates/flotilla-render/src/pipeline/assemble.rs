@@ -425,6 +425,8 @@ pub(super) fn assemble(
             resource_workloads: resource_workloads.into(),
             patch_matches: patch_matches.into(),
             custom_scopes,
+            // Filled in from the pass's diagnostics by the render.
+            warnings: Arc::from([]),
         },
     ));
     Some(done)

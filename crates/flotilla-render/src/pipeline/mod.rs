@@ -228,6 +228,21 @@ pub(crate) fn render_inner(
             None => Redo::All,
         })
         .collect();
+    // A cluster with warnings is rendered whole or not at all: what its unchanged
+    // workloads warned of is kept for the cluster, not for each workload.
+    if let Some(previous) = previous {
+        for (i, cluster) in clusters.iter().enumerate() {
+            if matches!(redo[i], Redo::Workloads(_))
+                && previous
+                    .provenance
+                    .clusters
+                    .get(&cluster.name)
+                    .is_some_and(|p| !p.warnings.is_empty())
+            {
+                redo[i] = Redo::All;
+            }
+        }
+    }
     // The previous bundles of the clusters rendered in part, asked for once; without
     // them those clusters are rendered whole.
     let partial_names: Vec<String> = (0..clusters.len())
@@ -283,7 +298,14 @@ pub(crate) fn render_inner(
                     redo[chosen[position]] = Redo::All;
                 }
             }
-            Passed::Done(pass) if !whole && pass.has_cluster_problems() => {
+            Passed::Done(pass)
+                if !whole
+                    && pass.needs_every_cluster(&|name| {
+                        chosen.iter().any(|&i| {
+                            clusters[i].name == name && matches!(redo[i], Redo::Workloads(_))
+                        })
+                    }) =>
+            {
                 redo.fill(Redo::All);
             }
             Passed::Done(pass) => break (chosen, pass, whole),
@@ -302,11 +324,16 @@ pub(crate) fn render_inner(
     // one list.
     let mut lists: HashSet<Arc<[u32]>, foldhash::fast::RandomState> = HashSet::default();
     let mut matches: HashSet<PatchMatches, foldhash::fast::RandomState> = HashSet::default();
+    let mut warning_lists: HashSet<Arc<[Diagnostic]>, foldhash::fast::RandomState> =
+        HashSet::default();
+    let mut warnings = pass.warnings_by_cluster();
     for (cluster, result) in rendered.iter().zip(pass.assembled) {
         assembled.push(result.map(|(bundle, mut found)| {
             if !inputs.is_empty() {
                 found.resource_workloads = interned(&mut lists, found.resource_workloads);
                 found.patch_matches = interned(&mut matches, found.patch_matches);
+                let own = warnings.remove(cluster.name.as_str()).unwrap_or_default();
+                found.warnings = interned(&mut warning_lists, own.into());
                 provenance.clusters.insert(cluster.name.clone(), found);
             }
             bundle
@@ -316,9 +343,9 @@ pub(crate) fn render_inner(
         for i in (0..clusters.len()).filter(|&i| redo[i] == Redo::Nothing) {
             let name = &clusters[i].name;
             kept.push(previous.bundles[name].clone());
-            provenance
-                .clusters
-                .insert(name.clone(), previous.provenance.clusters[name].clone());
+            let found = &previous.provenance.clusters[name];
+            diagnostics.extend(found.warnings.iter().map(|d| d.clone().for_cluster(name)));
+            provenance.clusters.insert(name.clone(), found.clone());
         }
     }
     let patch_warnings = match previous {

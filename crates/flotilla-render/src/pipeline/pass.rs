@@ -8,7 +8,7 @@
 //! [`units`]: super::units
 //! [`assemble`]: super::assemble
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -71,11 +71,36 @@ pub(super) struct Pass {
 }
 
 impl Pass {
-    /// Whether any problem belongs to one cluster: its message then counts the
-    /// clusters that share it, which only a render of all of them can do.
-    pub(super) fn has_cluster_problems(&self) -> bool {
-        self.diagnostics.iter().any(|d| d.cluster.is_some())
-            || self.assembled.iter().any(Result::is_err)
+    /// Whether the render must be of every cluster: a cluster's error (its message
+    /// counts the clusters that share it, which needs them all), or a warning of a
+    /// cluster rendered in part (`in_part`), whose unchanged workloads' warnings
+    /// are not known. Other clusters' warnings are kept in their provenance, and
+    /// those of clusters not rendered again are taken from the render before.
+    pub(super) fn needs_every_cluster(&self, in_part: &dyn Fn(&str) -> bool) -> bool {
+        self.assembled.iter().any(Result::is_err)
+            || self.diagnostics.iter().any(|d| {
+                d.cluster
+                    .as_deref()
+                    .is_some_and(|cluster| d.is_error() || in_part(cluster))
+            })
+    }
+
+    /// Each rendered cluster's warnings, without its name, sorted.
+    pub(super) fn warnings_by_cluster(&self) -> HashMap<String, Vec<Diagnostic>> {
+        let mut found: HashMap<String, Vec<Diagnostic>> = HashMap::new();
+        for d in self.diagnostics.iter().filter(|d| !d.is_error()) {
+            if let Some(cluster) = &d.cluster {
+                found.entry(cluster.clone()).or_default().push(Diagnostic {
+                    cluster: None,
+                    ..d.clone()
+                });
+            }
+        }
+        for warnings in found.values_mut() {
+            warnings.sort();
+            warnings.dedup();
+        }
+        found
     }
 }
 

@@ -2,7 +2,8 @@
 //! labels and variables, clusters added and removed, group selectors and variables,
 //! overlay patches and selections, manifests, an imported template, a kustomize
 //! base outside its workload, a CRD that changes other workloads' scopes, rollout
-//! policies, files the renderer does not read, and edits that break one cluster),
+//! policies, files the renderer does not read, edits that break one cluster, and
+//! Secrets on clusters with and without an agent key, which warn for one cluster),
 //! each commit rendered both ways: the same bundles, diagnostics, memberships,
 //! labels, rollout plan and inputs, while rendering fewer clusters.
 
@@ -39,7 +40,12 @@ struct ClusterSpec {
     big: bool,
     /// Without `siteId` its templates fail: an error of this one cluster.
     broken: bool,
+    /// With `spec.agentKey`: a big cluster's Secret is then no warning of its own.
+    keyed: bool,
 }
+
+/// An agent's public key, as `age-keygen` prints it.
+const AGENT_KEY: &str = "age1saxr9k92hutdtlw48l79eaa2ew9p8u9zy77r4flnh2nf48y8hersq7yrux";
 
 fn cluster_file(name: &str, c: &ClusterSpec) -> String {
     let tier = if c.canary { "canary" } else { "stable" };
@@ -48,8 +54,13 @@ fn cluster_file(name: &str, c: &ClusterSpec) -> String {
     } else {
         format!("    siteId: site-{}\n", c.site)
     };
+    let key = if c.keyed {
+        format!("  agentKey: {AGENT_KEY}\n")
+    } else {
+        String::new()
+    };
     format!(
-        "{HEADER}kind: Cluster\nmetadata:\n  name: {name}\n  labels:\n    region: r{}\n    tier: {tier}\nspec:\n  vars:\n{site}    big: {}\n",
+        "{HEADER}kind: Cluster\nmetadata:\n  name: {name}\n  labels:\n    region: r{}\n    tier: {tier}\nspec:\n{key}  vars:\n{site}    big: {}\n",
         c.region, c.big
     )
 }
@@ -86,6 +97,7 @@ impl Fleet {
                         site: rng.below(5),
                         big: rng.below(3) == 0,
                         broken: false,
+                        keyed: rng.below(2) == 0,
                     },
                 )
             })
@@ -152,7 +164,7 @@ impl Fleet {
         );
         add(
             "workloads/web/manifests/config.yaml.j2",
-            "{% import 'workloads/crd/manifests/macros.j2' as m %}apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: web-config\ndata:\n  site: \"{{ m.tag(cluster.vars.siteId) }}\"\n  mirror: \"{{ vars.mirror }}\"\n{% if cluster.vars.big %}---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: big-config\ndata:\n  size: large\n{% endif %}".into(),
+            "{% import 'workloads/crd/manifests/macros.j2' as m %}apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: web-config\ndata:\n  site: \"{{ m.tag(cluster.vars.siteId) }}\"\n  mirror: \"{{ vars.mirror }}\"\n{% if cluster.vars.big %}---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: big-config\ndata:\n  size: large\n---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: big-secret\nstringData:\n  size: large\n{% endif %}".into(),
         );
         add(
             "workloads/crd/manifests/macros.j2",
@@ -297,8 +309,13 @@ impl Fleet {
                 }
             }
             5 => {
+                let key = rng.below(2) == 0;
                 if let Some(c) = self.pick_spec(rng) {
-                    c.canary = !c.canary;
+                    if key {
+                        c.keyed = !c.keyed;
+                    } else {
+                        c.canary = !c.canary;
+                    }
                 }
             }
             6 => {
@@ -312,6 +329,7 @@ impl Fleet {
                         site: 0,
                         big: rng.below(2) == 0,
                         broken: false,
+                        keyed: false,
                     },
                 );
             }
