@@ -125,6 +125,18 @@ fn weight(output: &RenderOutput) -> u64 {
         if lists.insert(found.resource_workloads.as_ptr().cast()) {
             bytes += 4 * found.resource_workloads.len() as u64;
         }
+        if lists.insert(found.warnings.as_ptr().cast()) {
+            bytes += found
+                .warnings
+                .iter()
+                .map(|w| {
+                    160 + (w.message.len()
+                        + w.file.as_ref().map_or(0, String::len)
+                        + w.workload.as_ref().map_or(0, String::len))
+                        as u64
+                })
+                .sum::<u64>();
+        }
     }
     bytes += output.parsed.as_ref().map_or(0, |p| p.weight());
     for (name, groups) in &output.memberships {

@@ -161,6 +161,11 @@ pub struct ClusterProvenance {
     /// clusters with the same list may share it): a render since this one that
     /// leaves the cluster as it was reports them again.
     pub warnings: Arc<[Diagnostic]>,
+    /// Whether some of those warnings depend on more than the cluster's inputs (the
+    /// schema check's, whose custom kinds come from other workloads' CRDs; decrypted
+    /// values outside Secrets, from every SOPS file): a render since this one then
+    /// renders every cluster.
+    pub warnings_beyond_inputs: bool,
 }
 
 impl RenderOutput {
@@ -224,7 +229,12 @@ pub fn render_since_fetching(
 ) -> RenderOutput {
     let reusable = options.clusters.is_empty()
         && previous.is_clean()
-        && !previous.provenance.inputs.is_empty();
+        && !previous.provenance.inputs.is_empty()
+        && !previous
+            .provenance
+            .clusters
+            .values()
+            .any(|c| c.warnings_beyond_inputs);
     // Parsed files can be taken from any render.
     let parsed = previous.parsed.as_deref();
     render_inner(

@@ -491,6 +491,7 @@ fn encode_provenance(
                 put_len(out, matched)?;
                 put_len(out, usize::from(found.custom_scopes))?;
                 put_len(out, warned)?;
+                put_len(out, usize::from(found.warnings_beyond_inputs))?;
             }
             _ => put_len(out, SAME)?,
         }
@@ -637,6 +638,7 @@ fn decode_provenance(input: &mut impl Read, since: Option<&Provenance>) -> io::R
             patch_matches: nth(&matches, read_len(input)?, "matched patch", &name)?,
             custom_scopes: read_len(input)? != 0,
             warnings: nth(&warnings, read_len(input)?, "warning", &name)?,
+            warnings_beyond_inputs: read_len(input)? != 0,
         };
         provenance.clusters.insert(name, found);
     }

@@ -323,14 +323,14 @@ pub(super) fn assemble(
             of_units.chain(of_own),
         ));
     }
+    // Whether some of the cluster's diagnostics depend on more than its inputs: the
+    // schema check's (its custom kinds are those of the CRDs of the units rendered
+    // with it) and decrypted values outside Secrets (those of every SOPS file).
+    let mut beyond_inputs = false;
     if let Some(checker) = units.checker {
-        done.errors.extend(schema_problems(
-            checker,
-            fleet,
-            cluster,
-            (unit_list, units),
-            &own,
-        ));
+        let found = schema_problems(checker, fleet, cluster, (unit_list, units), &own);
+        beyond_inputs |= !found.is_empty();
+        done.errors.extend(found);
     }
     done.errors.extend(secret_values_in_metadata(
         &ranked,
@@ -340,11 +340,9 @@ pub(super) fn assemble(
     done.errors
         .extend(unsealed_secrets(fleet, cluster, &ranked));
     if !units.context.sops_secrets.is_empty() {
-        done.errors.extend(secrets_outside_secrets(
-            units.context.sops_secrets,
-            cluster,
-            &ranked,
-        ));
+        let found = secrets_outside_secrets(units.context.sops_secrets, cluster, &ranked);
+        beyond_inputs |= !found.is_empty();
+        done.errors.extend(found);
     }
     if !errors.is_empty() {
         done.assembled = match job.only {
@@ -427,6 +425,7 @@ pub(super) fn assemble(
             custom_scopes,
             // Filled in from the pass's diagnostics by the render.
             warnings: Arc::from([]),
+            warnings_beyond_inputs: beyond_inputs,
         },
     ));
     Some(done)

@@ -72,17 +72,20 @@ pub(super) struct Pass {
 
 impl Pass {
     /// Whether the render must be of every cluster: a cluster's error (its message
-    /// counts the clusters that share it, which needs them all), or a warning of a
+    /// counts the clusters that share it, which needs them all), a warning of a
     /// cluster rendered in part (`in_part`), whose unchanged workloads' warnings
-    /// are not known. Other clusters' warnings are kept in their provenance, and
-    /// those of clusters not rendered again are taken from the render before.
+    /// are not known, or a warning that depends on more than its cluster's inputs.
+    /// Other clusters' warnings are kept in their provenance, and those of clusters
+    /// not rendered again are taken from the render before.
     pub(super) fn needs_every_cluster(&self, in_part: &dyn Fn(&str) -> bool) -> bool {
-        self.assembled.iter().any(Result::is_err)
-            || self.diagnostics.iter().any(|d| {
-                d.cluster
-                    .as_deref()
-                    .is_some_and(|cluster| d.is_error() || in_part(cluster))
-            })
+        self.assembled.iter().any(|assembled| match assembled {
+            Ok((_, found)) => found.warnings_beyond_inputs,
+            Err(_) => true,
+        }) || self.diagnostics.iter().any(|d| {
+            d.cluster
+                .as_deref()
+                .is_some_and(|cluster| d.is_error() || in_part(cluster))
+        })
     }
 
     /// Each rendered cluster's warnings, without its name, sorted.
@@ -96,9 +99,10 @@ impl Pass {
                 });
             }
         }
+        // Sorted, not deduplicated: the same warning twice for one cluster counts
+        // twice when warnings are folded, as in a render of every cluster.
         for warnings in found.values_mut() {
             warnings.sort();
-            warnings.dedup();
         }
         found
     }

@@ -3,7 +3,9 @@
 //! overlay patches and selections, manifests, an imported template, a kustomize
 //! base outside its workload, a CRD that changes other workloads' scopes, rollout
 //! policies, files the renderer does not read, edits that break one cluster, and
-//! Secrets on clusters with and without an agent key, which warn for one cluster),
+//! Secrets on clusters with and without an agent key, which warn for one cluster,
+//! and a CRD's schema that some clusters' resources break, a warning of each
+//! cluster that depends on another workload's CRD),
 //! each commit rendered both ways: the same bundles, diagnostics, memberships,
 //! labels, rollout plan and inputs, while rendering fewer clusters.
 
@@ -82,6 +84,10 @@ struct Fleet {
     site_overlay_cluster: String,
     plain_port: usize,
     plain_crd: bool,
+    /// Whether crd's Widget schema wants an integer `spec.size` (web's Widget has a
+    /// string there): a schema warning on every cluster, from a CRD that only some
+    /// clusters' workloads carry.
+    widget_size_integer: bool,
 }
 
 impl Fleet {
@@ -118,6 +124,7 @@ impl Fleet {
             site_overlay_cluster: "c01".into(),
             plain_port: 80,
             plain_crd: false,
+            widget_size_integer: false,
         }
     }
 
@@ -158,7 +165,7 @@ impl Fleet {
         add(
             "workloads/web/manifests/app.yaml",
             format!(
-                "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\n  labels: {{app: web}}\nspec:\n  replicas: 1\n  selector: {{matchLabels: {{app: web}}}}\n  template:\n    spec:\n      containers:\n        - name: web\n          image: example.com/web:{}\n---\napiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: w\n---\napiVersion: example.com/v1\nkind: Gadget\nmetadata:\n  name: g\n",
+                "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\n  labels: {{app: web}}\nspec:\n  replicas: 1\n  selector: {{matchLabels: {{app: web}}}}\n  template:\n    spec:\n      containers:\n        - name: web\n          image: example.com/web:{}\n---\napiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: w\nspec:\n  size: large\n---\napiVersion: example.com/v1\nkind: Gadget\nmetadata:\n  name: g\n",
                 self.image
             ),
         );
@@ -185,7 +192,14 @@ impl Fleet {
         );
         add(
             "workloads/crd/manifests/crd.yaml",
-            "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  name: widgets.example.com\nspec:\n  group: example.com\n  scope: Cluster\n  names:\n    kind: Widget\n    plural: widgets\n  versions:\n    - name: v1\n      served: true\n      storage: true\n".into(),
+            format!(
+                "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  name: widgets.example.com\nspec:\n  group: example.com\n  scope: Cluster\n  names:\n    kind: Widget\n    plural: widgets\n  versions:\n    - name: v1\n      served: true\n      storage: true\n      schema:\n        openAPIV3Schema:\n          type: object\n          properties:\n            spec:\n              type: object\n              properties:\n                size: {{type: {}}}\n",
+                if self.widget_size_integer {
+                    "integer"
+                } else {
+                    "string"
+                }
+            ),
         );
         // plain: every cluster; a Service, and at times a CRD that makes web's
         // Gadget cluster-scoped.
@@ -355,11 +369,12 @@ impl Fleet {
                     "Deployment"
                 }
             }
-            13 => match rng.below(5) {
+            13 => match rng.below(6) {
                 0 => self.image += 1,
                 1 => self.macro_suffix += 1,
                 2 => self.plain_port += 1,
                 3 => self.plain_crd = !self.plain_crd,
+                4 => self.widget_size_integer = !self.widget_size_integer,
                 _ => self.base_value += 1,
             },
             14 => self.crd_group = rng.below(3),
@@ -570,6 +585,61 @@ mod cases {
         let full = render_with(&snapshot(after, 1), &RenderOptions::default());
         let incremental = render_since(&previous, &snapshot(after, 1), &RenderOptions::default());
         assert_same(&incremental, &full, "after the edit");
+    }
+
+    /// A value decrypted from one workload's SOPS file, found in plain text in
+    /// another cluster's ConfigMap, is a warning of that cluster that depends on a
+    /// file outside its inputs: once the value is rotated, the warning goes, though
+    /// that cluster is not rendered again.
+    #[test]
+    fn a_warning_about_another_workloads_sops_value_goes_when_the_value_changes() {
+        use age::secrecy::ExposeSecret as _;
+        use flotilla_render::seal::AgentKey;
+        use flotilla_render::sops::{DecryptionKeys, SopsKeys, SopsWriter};
+        let identity = age::x25519::Identity::generate();
+        let recipient = AgentKey::parse(&identity.to_public().to_string()).expect("a recipient");
+        let keys = DecryptionKeys::from_identity_file(identity.to_string().expose_secret())
+            .expect("an identity");
+        let options = RenderOptions {
+            sops: SopsKeys::Open(std::sync::Arc::new(keys)),
+            ..RenderOptions::default()
+        };
+        let files = |password: &str| {
+            let secret = serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "db"},
+                "stringData": {"password": password},
+            });
+            let mut files = base();
+            files.insert(
+                "workloads/w1/manifests/config.yaml".into(),
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: api\ndata:\n  password: s3cr3t-pw-one\n".into(),
+            );
+            files.insert(
+                "workloads/w2/manifests/secret.yaml".into(),
+                SopsWriter::new([1; 32], 1_700_000_000)
+                    .encrypt(&secret, &recipient, "db")
+                    .expect("encrypts"),
+            );
+            files
+        };
+        let warns_c1 = |output: &RenderOutput| {
+            output
+                .warnings()
+                .any(|w| w.cluster.as_deref() == Some("c1"))
+        };
+        let previous = render_with(&snapshot(&files("s3cr3t-pw-one"), 0), &options);
+        assert!(previous.is_clean(), "{:?}", previous.diagnostics);
+        assert!(warns_c1(&previous), "{:?}", previous.diagnostics);
+        let after = snapshot(&files("s3cr3t-pw-two"), 1);
+        let full = render_with(&after, &options);
+        assert!(!warns_c1(&full), "{:?}", full.diagnostics);
+        assert_same(
+            &render_since(&previous, &after, &options),
+            &full,
+            "after the rotation",
+        );
     }
 
     /// `debug()` would show every template's name to every template, making a
