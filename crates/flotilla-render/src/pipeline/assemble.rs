@@ -324,12 +324,13 @@ pub(super) fn assemble(
         ));
     }
     // Whether some of the cluster's diagnostics depend on more than its inputs: the
-    // schema check's (its custom kinds are those of the CRDs of the units rendered
-    // with it) and decrypted values outside Secrets (those of every SOPS file).
+    // schema check's findings (its custom kinds are those of the CRDs of the units
+    // rendered with it; not its note on the Kubernetes version) and decrypted values
+    // outside Secrets (those of every SOPS file).
     let mut beyond_inputs = false;
     if let Some(checker) = units.checker {
-        let found = schema_problems(checker, fleet, cluster, (unit_list, units), &own);
-        beyond_inputs |= !found.is_empty();
+        let (found, beyond) = schema_problems(checker, fleet, cluster, (unit_list, units), &own);
+        beyond_inputs |= beyond;
         done.errors.extend(found);
     }
     done.errors.extend(secret_values_in_metadata(
@@ -492,14 +493,17 @@ fn unsealed_secrets(fleet: &Fleet, cluster: &Cluster, ranked: &[Ranked<'_>]) -> 
 /// file and line with its field path: errors under `validation: strict`, else
 /// warnings that say how to make them errors. Under `strict`, a warning for each
 /// custom kind no CRD of the fleet defines (not checked), and for a Kubernetes
-/// version without a schema of its own (the nearest is used).
+/// version without a schema of its own (the nearest is used). With them, whether
+/// there is any but that note on the version, which depends on the cluster's
+/// inputs alone; the others are counted as depending on more (a custom kind's
+/// schema comes from the CRDs rendered with the cluster).
 fn schema_problems(
     checker: &crate::openapi::Checker,
     fleet: &Fleet,
     cluster: &Cluster,
     (unit_list, units): (&[usize], &UnitsDone<'_>),
     own: &[(u32, SourcedResource, usize, Option<&Verdict>)],
-) -> Vec<Diagnostic> {
+) -> (Vec<Diagnostic>, bool) {
     use crate::openapi::{CustomKinds, Outcome};
     use flotilla_core::model::Validation;
     let strict = checker.mode() == Validation::Strict;
@@ -527,6 +531,8 @@ fn schema_problems(
             .for_cluster(&cluster.name),
         );
     }
+    // What comes before this depends only on the cluster's inputs.
+    let of_inputs = found.len();
     // CRDs this cluster renders from its own outputs are not among the units' (rare).
     let own_crds: Vec<serde_json::Value> = own
         .iter()
@@ -607,7 +613,8 @@ fn schema_problems(
             Outcome::NoDefinition(_) | Outcome::Unchecked => {}
         }
     }
-    found
+    let beyond_inputs = found.len() > of_inputs;
+    (found, beyond_inputs)
 }
 
 /// A warning for each resource that is not a Secret but holds a value decrypted from

@@ -587,6 +587,40 @@ mod cases {
         assert_same(&incremental, &full, "after the edit");
     }
 
+    /// A cluster whose only warning depends on its own file alone (a Kubernetes
+    /// version flotilla has no schema for) keeps its bundle and its warning when
+    /// another cluster's workload changes.
+    #[test]
+    fn a_cluster_warned_of_its_kubernetes_version_is_not_rendered_again_for_another() {
+        let mut before = base();
+        before.insert(
+            "clusters/c1.yaml".into(),
+            format!(
+                "{HEADER}kind: Cluster\nmetadata:\n  name: c1\nspec:\n  kubernetes: {{version: \"1.99.0\"}}\n"
+            ),
+        );
+        let previous = render_with(&snapshot(&before, 0), &RenderOptions::default());
+        assert!(previous.is_clean(), "{:?}", previous.diagnostics);
+        assert!(
+            previous
+                .warnings()
+                .any(|w| w.cluster.as_deref() == Some("c1") && w.message.contains("1.99")),
+            "{:?}",
+            previous.diagnostics
+        );
+        let mut after = before.clone();
+        after.insert(
+            "workloads/w2/manifests/config.yaml".into(),
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  level: debug\n"
+                .into(),
+        );
+        let full = render_with(&snapshot(&after, 1), &RenderOptions::default());
+        let (incremental, rendered) =
+            counted(|options| render_since(&previous, &snapshot(&after, 1), options));
+        assert_same(&incremental, &full, "after the edit");
+        assert_eq!(rendered, 1, "only c2 is rendered again");
+    }
+
     /// A value decrypted from one workload's SOPS file, found in plain text in
     /// another cluster's ConfigMap, is a warning of that cluster that depends on a
     /// file outside its inputs: once the value is rotated, the warning goes, though
