@@ -299,12 +299,15 @@ pub(crate) fn render_inner(
                 }
             }
             Passed::Done(pass)
-                if !whole
-                    && pass.needs_every_cluster(&|name| {
-                        chosen.iter().any(|&i| {
-                            clusters[i].name == name && matches!(redo[i], Redo::Workloads(_))
-                        })
-                    }) =>
+                if !whole && {
+                    // Looked up once per warning: a set, not a walk over the clusters.
+                    let in_part: HashSet<&str> = chosen
+                        .iter()
+                        .filter(|&&i| matches!(redo[i], Redo::Workloads(_)))
+                        .map(|&i| clusters[i].name.as_str())
+                        .collect();
+                    pass.needs_every_cluster(&|name| in_part.contains(name))
+                } =>
             {
                 redo.fill(Redo::All);
             }
