@@ -185,7 +185,6 @@ impl DirSink {
         let old = self.load_manifest();
         let header = header(&bundle.cluster);
         let desired = self.desired_files(bundle);
-        let mut statuses = BTreeMap::new();
         let foreign: BTreeSet<String> = desired
             .files
             .keys()
@@ -207,20 +206,16 @@ impl DirSink {
             ));
         }
 
-        let writes = self.write_desired(bundle, &header, &desired, &foreign, &mut statuses);
-        let failures = statuses
-            .values()
+        // One line per resource, in the order they are written (apply order), which is
+        // the report's order: no map from identities to lines. Sized once: grown by
+        // doubling, 100,000 statuses held a third more than they need, and twice that
+        // while the last doubling copied them.
+        let mut resources: Vec<ResourceStatus> = Vec::with_capacity(bundle.resources.len());
+        let writes = self.write_desired(bundle, &header, &desired, &foreign, &mut resources);
+        let failures = resources
+            .iter()
             .filter(|s| s.state == ResourceState::Failed)
             .count();
-        // Sized once: grown by doubling, 100,000 statuses held a third more than they
-        // need, and twice that while the last doubling copied them.
-        let mut resources: Vec<ResourceStatus> = Vec::with_capacity(statuses.len());
-        resources.extend(
-            apply_phases(bundle)
-                .into_iter()
-                .flatten()
-                .filter_map(|r| statuses.remove(&*r.key)),
-        );
         let synced = flotilla_fs::sync_dir(&self.target);
         if failures > 0 || writes.other_failure.is_some() {
             let mut message = format!(
@@ -319,16 +314,16 @@ impl DirSink {
         Ok(format!("{header}\n# {identity}\n{yaml}").into_bytes())
     }
 
-    /// Writes the files that changed, never one that is `foreign`, and records each
-    /// resource's outcome in `statuses`. Each file's content is made just before it is
-    /// written and dropped after.
+    /// Writes the files that changed, never one that is `foreign`, and appends each
+    /// resource's outcome to `statuses`, in the order written. Each file's content is
+    /// made just before it is written and dropped after.
     fn write_desired(
         &self,
         bundle: &Bundle,
         header: &str,
         desired: &DesiredFiles,
         foreign: &BTreeSet<String>,
-        statuses: &mut BTreeMap<Arc<ResourceKey>, ResourceStatus>,
+        statuses: &mut Vec<ResourceStatus>,
     ) -> Writes {
         let mut writes = Writes::default();
         // Resources that cannot be written as YAML have no file, so the kustomization
@@ -341,10 +336,11 @@ impl DirSink {
                     match Self::content(bundle, resource, header) {
                         Ok(content) => (name, content),
                         Err(message) => {
-                            statuses.insert(
-                                resource.key.clone(),
-                                ResourceStatus::new(&resource.key, ResourceState::Failed, message),
-                            );
+                            statuses.push(ResourceStatus::new(
+                                &resource.key,
+                                ResourceState::Failed,
+                                message,
+                            ));
                             unwritable.insert(name);
                             continue;
                         }
@@ -387,16 +383,10 @@ impl DirSink {
             };
             match (resource.map(|r| &r.key), outcome) {
                 (Some(key), Ok(())) => {
-                    statuses.insert(
-                        key.clone(),
-                        ResourceStatus::new(key, ResourceState::Applied, ""),
-                    );
+                    statuses.push(ResourceStatus::new(key, ResourceState::Applied, ""));
                 }
                 (Some(key), Err(message)) => {
-                    statuses.insert(
-                        key.clone(),
-                        ResourceStatus::new(key, ResourceState::Failed, message),
-                    );
+                    statuses.push(ResourceStatus::new(key, ResourceState::Failed, message));
                 }
                 (None, Ok(())) => {}
                 (None, Err(message)) => writes.other_failure = Some(message),
