@@ -352,13 +352,9 @@ async fn a_resource_removed_from_the_repository_loses_its_file() {
     expected.insert("someone-elses.yaml".into());
     assert_eq!(files(&f.site.target()), expected);
     assert!(!files(&f.site.target()).contains(&service));
-    assert!(
-        report
-            .resources
-            .iter()
-            .any(|r| r.kind == "Service"
-                && r.state == flotilla_core::status::ResourceState::Pruned)
-    );
+    assert!(report.resources.iter().any(
+        |r| r.key.kind == "Service" && r.state == flotilla_core::status::ResourceState::Pruned
+    ));
     until_in_sync(&hub, &f.admin, &second.digest).await;
     agent.stop().await;
     hub.stop().await;

@@ -1273,10 +1273,12 @@ mod tests {
         let large = StatusReport {
             resources: (0..50)
                 .map(|i| flotilla_core::status::ResourceStatus {
-                    group: String::new(),
-                    kind: "ConfigMap".into(),
-                    namespace: "shop".into(),
-                    name: format!("config-{i}"),
+                    key: std::sync::Arc::new(flotilla_core::bundle::ResourceKey {
+                        group: String::new(),
+                        kind: "ConfigMap".into(),
+                        namespace: "shop".into(),
+                        name: format!("config-{i}"),
+                    }),
                     state: flotilla_core::status::ResourceState::Applied,
                     message: String::new(),
                 })

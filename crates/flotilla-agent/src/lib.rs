@@ -684,13 +684,12 @@ impl<S: Sink> Applier<'_, S> {
         let mut changed = false;
         for status in fresh {
             // The report is shared with the reporter: copied only when a line changes.
-            if let Some(index) = self.report.resources.iter().position(|r| {
-                r.state != ResourceState::Pruned
-                    && r.group == status.group
-                    && r.kind == status.kind
-                    && r.namespace == status.namespace
-                    && r.name == status.name
-            }) && self.report.resources[index] != status
+            if let Some(index) = self
+                .report
+                .resources
+                .iter()
+                .position(|r| r.state != ResourceState::Pruned && r.key == status.key)
+                && self.report.resources[index] != status
             {
                 Arc::make_mut(&mut self.report).resources[index] = status;
                 changed = true;

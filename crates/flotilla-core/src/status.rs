@@ -4,6 +4,7 @@
 //! the agent builds and sends it, the hub parses, stores and judges it.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -111,21 +112,63 @@ impl DriftedResource {
     }
 }
 
-/// One resource's line in a report.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// One resource's line in a report. Its identity is shared with the bundle's resource
+/// (an agent reports every resource of a bundle after each apply, so a copy of each
+/// identity would cost more than the resource's bytes for a bundle of many small ones).
+/// On the wire the identity's four fields are the line's own: `group`, `kind`,
+/// `namespace`, `name`.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResourceStatus {
+    pub key: Arc<ResourceKey>,
+    pub state: ResourceState,
+    pub message: String,
+}
+
+/// A [`ResourceStatus`] as it travels.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResourceStatusWire<K, S> {
     /// API group, `""` for the core group.
     #[serde(default)]
-    pub group: String,
-    pub kind: String,
+    group: K,
+    kind: K,
     /// `""` for cluster-scoped resources.
     #[serde(default)]
-    pub namespace: String,
-    pub name: String,
-    pub state: ResourceState,
+    namespace: K,
+    name: K,
+    state: ResourceState,
     #[serde(default)]
-    pub message: String,
+    message: S,
+}
+
+impl Serialize for ResourceStatus {
+    fn serialize<Ser: serde::Serializer>(&self, serializer: Ser) -> Result<Ser::Ok, Ser::Error> {
+        ResourceStatusWire {
+            group: &self.key.group,
+            kind: &self.key.kind,
+            namespace: &self.key.namespace,
+            name: &self.key.name,
+            state: self.state,
+            message: &self.message,
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for ResourceStatus {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let wire = ResourceStatusWire::<String, String>::deserialize(deserializer)?;
+        Ok(ResourceStatus {
+            key: Arc::new(ResourceKey {
+                group: wire.group,
+                kind: wire.kind,
+                namespace: wire.namespace,
+                name: wire.name,
+            }),
+            state: wire.state,
+            message: wire.message,
+        })
+    }
 }
 
 /// The state of one resource after an apply. Only [`ResourceState::Failed`] counts as
@@ -163,24 +206,50 @@ impl fmt::Display for ResourceState {
 }
 
 impl ResourceStatus {
-    pub fn new(key: &ResourceKey, state: ResourceState, message: impl Into<String>) -> Self {
+    /// A line for the resource `key`, sharing the identity (`&resource.key`), or
+    /// taking it (`ResourceKey`).
+    pub fn new(
+        key: impl Into<SharedKey>,
+        state: ResourceState,
+        message: impl Into<String>,
+    ) -> Self {
         ResourceStatus {
-            group: key.group.clone(),
-            kind: key.kind.clone(),
-            namespace: key.namespace.clone(),
-            name: key.name.clone(),
+            key: key.into().0,
             state,
             message: message.into(),
         }
     }
 
-    pub fn key(&self) -> ResourceKey {
-        ResourceKey {
-            group: self.group.clone(),
-            kind: self.kind.clone(),
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
-        }
+    pub fn key(&self) -> &ResourceKey {
+        &self.key
+    }
+}
+
+/// A resource's identity as [`ResourceStatus::new`] takes it: shared from an
+/// `&Arc<ResourceKey>`, or made from a `ResourceKey` or a `&ResourceKey`.
+pub struct SharedKey(Arc<ResourceKey>);
+
+impl From<&Arc<ResourceKey>> for SharedKey {
+    fn from(key: &Arc<ResourceKey>) -> Self {
+        SharedKey(Arc::clone(key))
+    }
+}
+
+impl From<Arc<ResourceKey>> for SharedKey {
+    fn from(key: Arc<ResourceKey>) -> Self {
+        SharedKey(key)
+    }
+}
+
+impl From<ResourceKey> for SharedKey {
+    fn from(key: ResourceKey) -> Self {
+        SharedKey(Arc::new(key))
+    }
+}
+
+impl From<&ResourceKey> for SharedKey {
+    fn from(key: &ResourceKey) -> Self {
+        SharedKey(Arc::new(key.clone()))
     }
 }
 
@@ -265,7 +334,7 @@ impl StatusReport {
             if r.message.len() > MAX_TEXT {
                 return Err(format!(
                     "resource {}/{}: message is limited to {MAX_TEXT} bytes",
-                    r.kind, r.name
+                    r.key.kind, r.key.name
                 ));
             }
         }
@@ -299,7 +368,7 @@ mod tests {
         StatusReport {
             applied: applied.map(digest),
             attempted: attempted.map(digest),
-            resources: vec![ResourceStatus::new(&key(), state, "")],
+            resources: vec![ResourceStatus::new(key(), state, "")],
             message: String::new(),
             agent_version: "test".into(),
             drift: Vec::new(),
@@ -339,7 +408,7 @@ mod tests {
             applied: Some(digest.clone()),
             attempted: Some(digest.clone()),
             resources: vec![ResourceStatus::new(
-                &key(),
+                key(),
                 ResourceState::Progressing,
                 "1 of 2 replicas ready",
             )],

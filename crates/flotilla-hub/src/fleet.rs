@@ -632,7 +632,7 @@ impl<'a> Line<'a> {
             .map(|r| {
                 format!(
                     "{}: {}",
-                    resource_name(&r.group, &r.kind, &r.namespace, &r.name),
+                    resource_name(&r.key.group, &r.key.kind, &r.key.namespace, &r.key.name),
                     r.message
                 )
             })
@@ -800,10 +800,12 @@ mod tests {
         );
         let mut unhealthy = seen(0, Some('a'), Some('a'));
         unhealthy.report.resources.push(ResourceStatus {
-            group: "apps".into(),
-            kind: "Deployment".into(),
-            namespace: "pos".into(),
-            name: "api".into(),
+            key: std::sync::Arc::new(flotilla_core::bundle::ResourceKey {
+                group: "apps".into(),
+                kind: "Deployment".into(),
+                namespace: "pos".into(),
+                name: "api".into(),
+            }),
             state: flotilla_core::status::ResourceState::Failed,
             message: "ImagePullBackOff".into(),
         });

@@ -798,6 +798,36 @@ mod tests {
     }
 
     #[test]
+    fn each_line_of_the_report_shares_its_resources_identity() {
+        // A report line per resource, each a copy of the resource's identity, cost
+        // more than the resources themselves in a bundle of many small ones.
+        let fixture = Fixture::new();
+        let bundle = bundle_of(
+            "edge-1",
+            vec![
+                config_map("a", json!({})),
+                config_map("b", json!({})),
+                namespace("demo"),
+            ],
+        );
+        let outcome = apply(&mut fixture.sink(false), &bundle, &[]);
+        assert!(outcome.complete, "{outcome:?}");
+        assert_eq!(outcome.resources.len(), bundle.resources.len());
+        for line in &outcome.resources {
+            let resource = bundle
+                .resources
+                .iter()
+                .find(|r| r.key == line.key)
+                .expect("a line per resource of the bundle");
+            assert!(
+                Arc::ptr_eq(&resource.key, &line.key),
+                "{} has a copy of its identity",
+                line.key
+            );
+        }
+    }
+
+    #[test]
     fn resources_are_written_phase_by_phase_without_waiting() {
         let fixture = Fixture::new();
         let mut sink = fixture.sink(false);
@@ -818,7 +848,7 @@ mod tests {
         let order: Vec<(&str, ResourceState)> = outcome
             .resources
             .iter()
-            .map(|r| (r.name.as_str(), r.state))
+            .map(|r| (r.key.name.as_str(), r.state))
             .collect();
         use ResourceState::Applied;
         assert_eq!(
@@ -880,7 +910,7 @@ mod tests {
             .resources
             .iter()
             .filter(|r| r.state == ResourceState::Pruned)
-            .map(|r| r.name.as_str())
+            .map(|r| r.key.name.as_str())
             .collect();
         assert_eq!(pruned, ["web", "app", "pg", "db"]);
         assert!(

@@ -568,21 +568,8 @@ pub fn served_resources(
     report: Option<&StatusReport>,
     mut keep: impl FnMut(&ResourceKey) -> bool,
 ) -> Vec<ServedResource> {
-    let reported: HashMap<ResourceKey, &ResourceStatus> = report
-        .map(|r| {
-            r.resources
-                .iter()
-                .map(|s| {
-                    let key = ResourceKey {
-                        group: s.group.clone(),
-                        kind: s.kind.clone(),
-                        namespace: s.namespace.clone(),
-                        name: s.name.clone(),
-                    };
-                    (key, s)
-                })
-                .collect()
-        })
+    let reported: HashMap<&ResourceKey, &ResourceStatus> = report
+        .map(|r| r.resources.iter().map(|s| (&*s.key, s)).collect())
         .unwrap_or_default();
     // A list for another number of resources is not this bundle's.
     let rendered = rendered.filter(|names| names.len() == bundle.identities().count());

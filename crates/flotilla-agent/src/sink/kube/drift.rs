@@ -189,7 +189,7 @@ impl KubeSink {
                     }
                     if has_health_rule(key) {
                         let (state, message) = health(key, &answer);
-                        health_lines.retain(|line| line.key() != **key);
+                        health_lines.retain(|line| *line.key != **key);
                         health_lines.push(ResourceStatus::new(key, state, message));
                     }
                 }

@@ -960,7 +960,7 @@ impl Run {
             if self.stopped.is_some() {
                 break;
             }
-            let key = lines[index].status.key();
+            let key = Arc::clone(&lines[index].status.key);
             if let Err(err) = self.wait_established(&key).await {
                 lines[index] = Line {
                     status: ResourceStatus::new(&key, ResourceState::Failed, err.to_string()),
@@ -1362,7 +1362,7 @@ mod summary_tests {
             "applied 1 resources, but pruning stopped early: 503 unavailable"
         );
         let left = ResourceStatus::new(
-            &lines[0].status.key(),
+            &lines[0].status.key,
             ResourceState::Applied,
             "left in place: …",
         );

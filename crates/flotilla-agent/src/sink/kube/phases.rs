@@ -293,7 +293,7 @@ impl Run {
             if let Some(reason) = &pruned.held {
                 for entry in entries {
                     pruned.lines.push(ResourceStatus::new(
-                        &entry.key(),
+                        entry.key(),
                         ResourceState::Applied,
                         format!("left in place for now: {reason}"),
                     ));
