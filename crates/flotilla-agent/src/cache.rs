@@ -311,42 +311,122 @@ impl Inventory {
 }
 
 /// One object in the inventory; the apiVersion is kept so it can be found to prune it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+/// The identity is shared with the bundle's resource when the entry is made from one
+/// (an agent keeps an entry for every resource it applied, so a copy of each identity
+/// would cost more than the resource's bytes for a bundle of many small ones), and the
+/// apiVersion with the entries before it that have the same. On disk an entry is
+/// `{"apiVersion", "kind", "namespace", "name"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct InventoryEntry {
-    pub api_version: String,
-    pub kind: String,
+    api_version: Arc<str>,
+    /// Its group is always the apiVersion's.
+    key: Arc<ResourceKey>,
+}
+
+/// An [`InventoryEntry`] as it is written down.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct InventoryEntryOnDisk<S> {
+    api_version: S,
+    kind: S,
     #[serde(default)]
-    pub namespace: String,
-    pub name: String,
+    namespace: S,
+    name: S,
+}
+
+impl Serialize for InventoryEntry {
+    fn serialize<Ser: serde::Serializer>(&self, serializer: Ser) -> Result<Ser::Ok, Ser::Error> {
+        InventoryEntryOnDisk {
+            api_version: &*self.api_version,
+            kind: &self.key.kind,
+            namespace: &self.key.namespace,
+            name: &self.key.name,
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for InventoryEntry {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let entry = InventoryEntryOnDisk::<String>::deserialize(deserializer)?;
+        Ok(InventoryEntry::new(
+            &entry.api_version,
+            entry.kind,
+            entry.namespace,
+            entry.name,
+        ))
+    }
 }
 
 impl InventoryEntry {
-    pub fn of(resource: &Resource) -> InventoryEntry {
-        // A verified bundle's resources all have a string apiVersion.
+    pub fn new(
+        api_version: &str,
+        kind: impl Into<String>,
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+    ) -> InventoryEntry {
         InventoryEntry {
-            api_version: resource.api_version().unwrap_or_default(),
-            kind: resource.key.kind.clone(),
-            namespace: resource.key.namespace.clone(),
-            name: resource.key.name.clone(),
+            api_version: Arc::from(api_version),
+            key: Arc::new(ResourceKey {
+                group: bundle::api_group(api_version).to_string(),
+                kind: kind.into(),
+                namespace: namespace.into(),
+                name: name.into(),
+            }),
+        }
+    }
+
+    pub fn of(resource: &Resource) -> InventoryEntry {
+        InventoryEntry::sharing(resource, &mut None)
+    }
+
+    /// The entry of `resource`, its apiVersion taken from `last` when the same (and
+    /// left there for the next).
+    fn sharing(resource: &Resource, last: &mut Option<Arc<str>>) -> InventoryEntry {
+        // A verified bundle's resources all have a string apiVersion.
+        let api_version = resource.api_version().unwrap_or_default();
+        let api_version = match last {
+            Some(shared) if **shared == *api_version => Arc::clone(shared),
+            _ => last.insert(Arc::from(api_version)).clone(),
+        };
+        InventoryEntry {
+            api_version,
+            key: Arc::clone(&resource.key),
         }
     }
 
     pub fn of_bundle(bundle: &Bundle) -> Vec<InventoryEntry> {
+        let mut last = None;
         bundle
             .resources
             .iter()
-            .map(|r| InventoryEntry::of(r))
+            .map(|r| InventoryEntry::sharing(r, &mut last))
             .collect()
     }
 
-    pub fn key(&self) -> ResourceKey {
-        ResourceKey {
-            group: bundle::api_group(&self.api_version).to_string(),
-            kind: self.kind.clone(),
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
-        }
+    pub fn api_version(&self) -> &str {
+        &self.api_version
+    }
+
+    pub fn key(&self) -> &ResourceKey {
+        &self.key
+    }
+
+    /// The identity, to share.
+    pub fn shared_key(&self) -> &Arc<ResourceKey> {
+        &self.key
+    }
+
+    pub fn kind(&self) -> &str {
+        &self.key.kind
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.key.namespace
+    }
+
+    pub fn name(&self) -> &str {
+        &self.key.name
     }
 }
 
@@ -475,7 +555,7 @@ mod tests {
             entries: InventoryEntry::of_bundle(&old),
         };
         let names = |entries: Vec<InventoryEntry>| -> Vec<String> {
-            entries.into_iter().map(|e| e.name).collect()
+            entries.iter().map(|e| e.name().to_string()).collect()
         };
         assert_eq!(names(inventory.union_with(&new)), ["b", "c", "a"]);
         assert_eq!(names(inventory.left_out_of(&new)), ["a"]);
@@ -483,5 +563,46 @@ mod tests {
         let state = StateDir::open(state_dir.path()).expect("opens");
         state.save_inventory(&inventory).expect("saves");
         assert_eq!(state.load_inventory(), inventory);
+    }
+
+    #[test]
+    fn inventory_entries_share_their_resources_identity_and_keep_their_form_on_disk() {
+        let bundle = bundle_of(
+            "edge-1",
+            vec![
+                config_map("a", "1"),
+                config_map("b", "1"),
+                json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                       "metadata": {"name": "web", "namespace": "demo"}}),
+            ],
+        );
+        let entries = InventoryEntry::of_bundle(&bundle);
+        for (entry, resource) in entries.iter().zip(&bundle.resources) {
+            assert!(
+                Arc::ptr_eq(entry.shared_key(), &resource.key),
+                "{}",
+                entry.name()
+            );
+        }
+        // The two ConfigMaps, next to each other in the bundle, share their apiVersion.
+        let v1: Vec<&InventoryEntry> = entries.iter().filter(|e| e.api_version() == "v1").collect();
+        assert!(Arc::ptr_eq(&v1[0].api_version, &v1[1].api_version));
+        // On disk, as an inventory written before identities were shared.
+        let written = serde_json::to_value(&entries).expect("serialises");
+        assert_eq!(
+            written,
+            json!([
+                {"apiVersion": "v1", "kind": "ConfigMap", "namespace": "demo", "name": "a"},
+                {"apiVersion": "v1", "kind": "ConfigMap", "namespace": "demo", "name": "b"},
+                {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "demo", "name": "web"},
+            ])
+        );
+        let older = json!([{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}]);
+        let read: Vec<InventoryEntry> = serde_json::from_value(older).expect("reads");
+        assert_eq!(
+            read,
+            [InventoryEntry::new("apps/v1", "Deployment", "", "web")]
+        );
+        assert_eq!(read[0].key().group, "apps");
     }
 }

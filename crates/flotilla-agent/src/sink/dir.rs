@@ -242,12 +242,12 @@ impl DirSink {
             .flat_map(|(_, group)| group)
         {
             let key = entry.key();
-            let (state, message) = if removal.kept.contains(&file_name(&key)) {
+            let (state, message) = if removal.kept.contains(&file_name(key)) {
                 (ResourceState::Failed, "its file could not be removed")
             } else {
                 (ResourceState::Pruned, "its file was removed")
             };
-            resources.push(ResourceStatus::new(&key, state, message));
+            resources.push(ResourceStatus::new(entry.shared_key(), state, message));
         }
         let committed = self.save_manifest(desired.files.keys().chain(&removal.kept).collect());
         let problem = removal
@@ -408,7 +408,7 @@ impl DirSink {
         let ordered: Vec<String> = prune_phases(prune, self.last_applied.as_deref())
             .into_iter()
             .flat_map(|(_, group)| group)
-            .map(|entry| file_name(&entry.key()))
+            .map(|entry| file_name(entry.key()))
             .collect();
         let left: BTreeSet<&String> = old
             .files
@@ -719,7 +719,7 @@ mod tests {
         let second = bundle_of("edge-1", vec![config_map("b", json!({"k": "v"}))]);
         let prune: Vec<InventoryEntry> = InventoryEntry::of_bundle(&first)
             .into_iter()
-            .filter(|e| e.name == "a")
+            .filter(|e| e.name() == "a")
             .collect();
         let outcome = apply(&mut sink, &second, &prune);
         assert!(outcome.complete, "{outcome:?}");

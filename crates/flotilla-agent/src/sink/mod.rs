@@ -197,7 +197,7 @@ pub fn prune_order(entries: &[InventoryEntry]) -> Vec<InventoryEntry> {
     let mut ordered = entries.to_vec();
     ordered.sort_by(|a, b| {
         let (ka, kb) = (a.key(), b.key());
-        (tenancy_first_rank(&kb), kb).cmp(&(tenancy_first_rank(&ka), ka))
+        (tenancy_first_rank(kb), kb).cmp(&(tenancy_first_rank(ka), ka))
     });
     ordered
 }
@@ -226,7 +226,7 @@ pub fn prune_phases(
         let key = entry.key();
         let phase = previous
             .resources
-            .binary_search_by(|r| (*r.key).cmp(&key))
+            .binary_search_by(|r| (*r.key).cmp(key))
             .ok()
             .and_then(|index| phases.get(index).copied())
             .unwrap_or(last);
@@ -370,7 +370,7 @@ mod tests {
         assert_eq!(applied, ["widgets.example.com", "demo", "cfg", "web", "w1"]);
         let pruned: Vec<String> = prune_order(&InventoryEntry::of_bundle(&bundle))
             .into_iter()
-            .map(|e| e.name)
+            .map(|e| e.name().to_string())
             .collect();
         assert_eq!(pruned, ["w1", "web", "cfg", "demo", "widgets.example.com"]);
     }
@@ -441,16 +441,16 @@ mod tests {
         );
         let mut entries = InventoryEntry::of_bundle(&previous);
         // Not in the bundle that last applied: as in its last phase.
-        entries.push(InventoryEntry {
-            api_version: "v1".into(),
-            kind: "ConfigMap".into(),
-            namespace: "app".into(),
-            name: "stray".into(),
-        });
+        entries.push(InventoryEntry::new("v1", "ConfigMap", "app", "stray"));
         entries.reverse();
         let groups: Vec<(usize, Vec<String>)> = prune_phases(&entries, Some(&previous))
             .into_iter()
-            .map(|(phase, group)| (phase, group.into_iter().map(|e| e.name).collect()))
+            .map(|(phase, group)| {
+                (
+                    phase,
+                    group.into_iter().map(|e| e.name().to_string()).collect(),
+                )
+            })
             .collect();
         assert_eq!(
             groups,
@@ -526,7 +526,7 @@ mod tests {
         assert_eq!(applied, ["web", "check"]);
         let pruned: Vec<String> = prune_order(&InventoryEntry::of_bundle(&bundle))
             .into_iter()
-            .map(|e| e.name)
+            .map(|e| e.name().to_string())
             .collect();
         assert_eq!(pruned, ["check", "web"]);
     }

@@ -305,7 +305,7 @@ async fn prunes_a_namespace_and_a_crd_only_when_allowed_on_a_live_cluster() {
     );
     let candidates: Vec<_> = prune_list(&first, &second)
         .into_iter()
-        .filter(|e| e.kind == "Namespace" || e.kind == "CustomResourceDefinition")
+        .filter(|e| e.kind() == "Namespace" || e.kind() == "CustomResourceDefinition")
         .collect();
     let outcome = allowed.apply(&second, &candidates).await;
     assert!(outcome.complete, "{outcome:#?}");

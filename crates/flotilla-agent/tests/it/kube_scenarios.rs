@@ -488,7 +488,7 @@ async fn namespaces_and_definitions_are_pruned_only_when_allowed_and_unused() {
             .1
             .contains("resources of the bundle are still in it")
     );
-    let kept: Vec<&str> = outcome.kept.iter().map(|e| e.name.as_str()).collect();
+    let kept: Vec<&str> = outcome.kept.iter().map(|e| e.name()).collect();
     assert_eq!(kept, ["team", "widgets.example.com"]);
 
     // Everything goes: without the opt-in, Namespace and CRD stay, for good.
@@ -588,7 +588,7 @@ async fn an_object_changed_between_the_read_and_the_delete_is_not_deleted() {
     assert!(fake.get("v1", "ConfigMap", "demo", "old").is_some());
     assert!(fake.get("v1", "ConfigMap", "demo", "again").is_some());
     // "old" stays listed and goes at the next apply.
-    let kept: Vec<&str> = outcome.kept.iter().map(|e| e.name.as_str()).collect();
+    let kept: Vec<&str> = outcome.kept.iter().map(|e| e.name()).collect();
     assert_eq!(kept, ["old"]);
     let outcome = sink.apply(&second, &outcome.kept).await;
     assert_eq!(line(&outcome, "ConfigMap", "old").0, ResourceState::Pruned);
@@ -663,12 +663,7 @@ async fn prunes_that_cannot_succeed_do_not_block_the_bundle() {
         ns["status"]["phase"] = json!("Terminating");
     });
     // A state folder from an older agent also lists kube-public (it was applied once).
-    let kube_public = InventoryEntry {
-        api_version: "v1".into(),
-        kind: "Namespace".into(),
-        namespace: String::new(),
-        name: "kube-public".into(),
-    };
+    let kube_public = InventoryEntry::new("v1", "Namespace", "", "kube-public");
     let second = bundle("edge-1", vec![kube_namespace("demo")]);
     let mut candidates = prune_list(&first, &second);
     candidates.push(kube_public);
@@ -767,16 +762,22 @@ async fn an_object_of_a_version_no_longer_served_is_found_in_another_and_pruned(
     );
     let mut candidates = prune_list(&first, &second);
     for entry in &mut candidates {
-        if entry.kind == "HorizontalPodAutoscaler" {
-            entry.api_version = "autoscaling/v2beta2".into();
+        if entry.kind() == "HorizontalPodAutoscaler" {
+            let older = InventoryEntry::new(
+                "autoscaling/v2beta2",
+                entry.kind(),
+                entry.namespace(),
+                entry.name(),
+            );
+            *entry = older;
         }
     }
-    candidates.push(InventoryEntry {
-        api_version: "gone.example.com/v1".into(),
-        kind: "Gizmo".into(),
-        namespace: "demo".into(),
-        name: "g".into(),
-    });
+    candidates.push(InventoryEntry::new(
+        "gone.example.com/v1",
+        "Gizmo",
+        "demo",
+        "g",
+    ));
     let outcome = sink.apply(&second, &candidates).await;
     assert!(outcome.complete, "{outcome:#?}");
     assert_eq!(line(&outcome, "Widget", "w1").0, ResourceState::Pruned);

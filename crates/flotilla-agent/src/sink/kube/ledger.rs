@@ -11,7 +11,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use flotilla_core::bundle::{Bundle, Digest, ResourceKey};
+use flotilla_core::bundle::{Bundle, Digest, ResourceKey, api_group};
 
 use super::Api;
 use super::failure::Failure;
@@ -64,24 +64,29 @@ pub(crate) struct LedgerEntry {
 
 impl LedgerEntry {
     pub fn key(&self) -> ResourceKey {
-        self.inventory_entry().key()
-    }
-
-    pub fn inventory_entry(&self) -> InventoryEntry {
-        InventoryEntry {
-            api_version: self.api_version.clone(),
+        ResourceKey {
+            group: api_group(&self.api_version).to_string(),
             kind: self.kind.clone(),
             namespace: self.namespace.clone(),
             name: self.name.clone(),
         }
     }
 
+    pub fn inventory_entry(&self) -> InventoryEntry {
+        InventoryEntry::new(
+            &self.api_version,
+            self.kind.clone(),
+            self.namespace.clone(),
+            self.name.clone(),
+        )
+    }
+
     fn unknown(entry: &InventoryEntry) -> LedgerEntry {
         LedgerEntry {
-            api_version: entry.api_version.clone(),
-            kind: entry.kind.clone(),
-            namespace: entry.namespace.clone(),
-            name: entry.name.clone(),
+            api_version: entry.api_version().to_string(),
+            kind: entry.kind().to_string(),
+            namespace: entry.namespace().to_string(),
+            name: entry.name().to_string(),
             origin: Origin::Unknown,
             uid: None,
             ran: None,
@@ -149,7 +154,7 @@ impl Ledger {
     /// the ledger does not know yet are `Pending` until the API server answers.
     pub fn intend(&mut self, bundle: &[InventoryEntry]) {
         for entry in bundle {
-            if self.entry(&entry.key()).is_none() {
+            if self.entry(entry.key()).is_none() {
                 let mut pending = LedgerEntry::unknown(entry);
                 pending.origin = Origin::Pending;
                 self.entries.push(pending);
@@ -161,7 +166,7 @@ impl Ledger {
     /// inventory), with origin `Unknown`.
     pub fn adopt_inventory(&mut self, applied_before: &[InventoryEntry]) {
         for entry in applied_before {
-            if self.entry(&entry.key()).is_none() {
+            if self.entry(entry.key()).is_none() {
                 self.entries.push(LedgerEntry::unknown(entry));
             }
         }
@@ -172,17 +177,17 @@ impl Ledger {
     /// deleted and re-created it), means it adopted it; otherwise what was known stays.
     pub fn record_apply(&mut self, entry: &InventoryEntry, created: bool, uid: Option<&str>) {
         let key = entry.key();
-        if self.entry(&key).is_none() {
+        if self.entry(key).is_none() {
             self.intend(std::slice::from_ref(entry));
         }
-        if let Some(recorded) = self.entry_mut(&key) {
+        if let Some(recorded) = self.entry_mut(key) {
             let replaced = recorded.uid.is_some() && recorded.uid.as_deref() != uid;
             if created {
                 recorded.origin = Origin::Created;
             } else if recorded.origin == Origin::Pending || replaced {
                 recorded.origin = Origin::Adopted;
             }
-            recorded.api_version = entry.api_version.clone();
+            recorded.api_version = entry.api_version().to_string();
             recorded.uid = uid.map(str::to_string);
         }
     }
@@ -207,7 +212,7 @@ impl Ledger {
             .resources
             .iter()
             .map(|r| (*r.key).clone())
-            .chain(kept.iter().map(InventoryEntry::key))
+            .chain(kept.iter().map(|e| e.key().clone()))
             .collect();
         self.entries.retain(|e| keys.contains(&e.key()));
         // A release that left the bundle is installed anew if it comes back.
@@ -312,12 +317,7 @@ mod tests {
     use super::*;
 
     fn entry(name: &str) -> InventoryEntry {
-        InventoryEntry {
-            api_version: "v1".into(),
-            kind: "ConfigMap".into(),
-            namespace: "demo".into(),
-            name: name.into(),
-        }
+        InventoryEntry::new("v1", "ConfigMap", "demo", name)
     }
 
     #[test]
@@ -335,7 +335,7 @@ mod tests {
     #[test]
     fn provenance_is_learnt_from_the_answers() {
         let origin =
-            |ledger: &Ledger, name: &str| ledger.entry(&entry(name).key()).map(|e| e.origin);
+            |ledger: &Ledger, name: &str| ledger.entry(entry(name).key()).map(|e| e.origin);
         let mut ledger = Ledger::new("edge-1");
         // "legacy" was applied by an agent that kept no ledger.
         ledger.adopt_inventory(&[entry("legacy")]);

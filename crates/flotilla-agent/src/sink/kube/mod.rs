@@ -483,7 +483,7 @@ impl KubeSink {
         };
         let mut known: HashSet<ResourceKey> =
             bundle.resources.iter().map(|r| (*r.key).clone()).collect();
-        known.extend(prune.iter().map(InventoryEntry::key));
+        known.extend(prune.iter().map(|e| e.key().clone()));
         let forgotten: Vec<InventoryEntry> = ledger
             .entries
             .iter()
@@ -1169,13 +1169,13 @@ impl Run {
     async fn find_for_prune(&mut self, entry: &InventoryEntry) -> Result<Option<Found>, Failure> {
         if let Some(found) = self
             .discovery
-            .resolve(&self.api, &entry.api_version, &entry.kind)
+            .resolve(&self.api, entry.api_version(), entry.kind())
             .await?
         {
             return Ok(Some(found));
         }
         self.discovery
-            .resolve_in_group(&self.api, api_group(&entry.api_version), &entry.kind)
+            .resolve_in_group(&self.api, api_group(entry.api_version()), entry.kind())
             .await
     }
 
@@ -1188,7 +1188,7 @@ impl Run {
     ) -> PruneLine {
         let key = entry.key();
         let line = |state, message: String, retain| PruneLine {
-            status: ResourceStatus::new(&key, state, message),
+            status: ResourceStatus::new(entry.shared_key(), state, message),
             retain,
             lingering: None,
         };
@@ -1201,7 +1201,7 @@ impl Run {
         }
         let failed = |run: &mut Run, what: &str, verb: &str, resource: &str, failure: Failure| {
             let described = failure.describe(verb, resource);
-            run.note(&key, &failure, &described);
+            run.note(key, &failure, &described);
             if failure.stops_run() {
                 line(ResourceState::Failed, format!("{what}: {described}"), true)
             } else {
@@ -1222,7 +1222,8 @@ impl Run {
                     format!(
                         "left in place: kind {} is not served in any version of {} any more, so flotilla cannot \
                          see or delete it (if its CustomResourceDefinition was deleted, it went with it)",
-                        entry.kind, entry.api_version
+                        entry.kind(),
+                        entry.api_version()
                     ),
                     false,
                 );
@@ -1232,18 +1233,18 @@ impl Run {
                     self,
                     "cannot discover its API to prune it",
                     "get",
-                    &entry.api_version,
+                    entry.api_version(),
                     failure,
                 );
             }
         };
         let resource_name = qualified(&found);
-        let namespace = found.namespaced.then_some(entry.namespace.as_str());
+        let namespace = found.namespaced.then_some(entry.namespace());
         // An object applied as a tenant's ServiceAccount is deleted as it too.
         let api = self
             .api
-            .acting_as(ledger.entry(&key).and_then(|e| e.user.as_deref()));
-        let live = match api.get(&found.resource, namespace, &entry.name).await {
+            .acting_as(ledger.entry(key).and_then(|e| e.user.as_deref()));
+        let live = match api.get(&found.resource, namespace, entry.name()).await {
             Ok(live) => live,
             Err(failure) if failure.is_not_found() => {
                 return line(ResourceState::Pruned, "already gone".into(), false);
@@ -1258,7 +1259,7 @@ impl Run {
                 );
             }
         };
-        match prune::judge(entry, ledger.entry(&key), &live, context) {
+        match prune::judge(entry, ledger.entry(key), &live, context) {
             prune::Verdict::Gone(why) => PruneLine {
                 lingering: Some(found),
                 ..line(ResourceState::Pruned, why, false)
@@ -1276,7 +1277,7 @@ impl Run {
                     .delete(
                         &found.resource,
                         namespace,
-                        &entry.name,
+                        entry.name(),
                         uid,
                         resource_version,
                     )

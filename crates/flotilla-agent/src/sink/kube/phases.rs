@@ -321,10 +321,10 @@ impl Run {
                 let key = entry.key();
                 // Hooks are outside prune: a leaving release's delete hooks report
                 // themselves; any other is left in place, without a look.
-                if previous_hooks.contains(&key) {
-                    if !leaving.runs(&key) {
+                if previous_hooks.contains(key) {
+                    if !leaving.runs(key) {
                         pruned.lines.push(ResourceStatus::new(
-                            &key,
+                            entry.shared_key(),
                             ResourceState::Applied,
                             format!("left in place: {}", prune::HOOK_KEPT),
                         ));
@@ -332,11 +332,11 @@ impl Run {
                     continue;
                 }
                 let blocked = leaving
-                    .release_of(&key)
+                    .release_of(key)
                     .and_then(|release| kept.iter().find(|(r, _)| *r == release));
                 if let Some((release, reason)) = blocked {
                     pruned.lines.push(ResourceStatus::new(
-                        &key,
+                        entry.shared_key(),
                         ResourceState::Applied,
                         format!("left in place: release {release} is not deleted: {reason}"),
                     ));
@@ -348,7 +348,7 @@ impl Run {
                     pruned.retained.push(entry.clone());
                 }
                 if let Some(found) = line.lingering {
-                    lingering.push((key, found));
+                    lingering.push((key.clone(), found));
                 }
                 pruned.lines.push(line.status);
             }

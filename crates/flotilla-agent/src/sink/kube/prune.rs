@@ -106,8 +106,8 @@ pub(crate) fn judge(
         };
         return Verdict::Gone(format!("terminating: its deletion is under way{waiting}"));
     }
-    if (api_group(&entry.api_version), entry.kind.as_str()) == ("", "Namespace") {
-        let name = entry.name.as_str();
+    if (api_group(entry.api_version()), entry.kind()) == ("", "Namespace") {
+        let name = entry.name();
         if SYSTEM_NAMESPACES.contains(&name) {
             return keep(
                 format!("{name} is a namespace Kubernetes itself needs; it is never deleted"),
@@ -168,9 +168,9 @@ pub(crate) fn judge(
             );
         }
     }
-    match (api_group(&entry.api_version), entry.kind.as_str()) {
+    match (api_group(entry.api_version()), entry.kind()) {
         ("", "Namespace") => {
-            let name = entry.name.as_str();
+            let name = entry.name();
             if context.namespaces_in_use.contains(name) {
                 return keep("resources of the bundle are still in it", true);
             }
@@ -237,12 +237,7 @@ mod tests {
     use serde_json::json;
 
     fn entry(api_version: &str, kind: &str, namespace: &str, name: &str) -> InventoryEntry {
-        InventoryEntry {
-            api_version: api_version.into(),
-            kind: kind.into(),
-            namespace: namespace.into(),
-            name: name.into(),
-        }
+        InventoryEntry::new(api_version, kind, namespace, name)
     }
 
     fn live(kind: &str, name: &str, extra: Value) -> Value {

@@ -295,12 +295,7 @@ async fn a_first_apply_records_its_intent_then_applies_in_order_and_records_what
 async fn a_prune_deletes_in_the_background_on_condition_that_it_is_the_same_object() {
     let (mut sink, handle) = sink(KubeOptions::default());
     let bundle = bundle_of("edge-1", vec![config_map("cfg")]);
-    let old = InventoryEntry {
-        api_version: "v1".into(),
-        kind: "ConfigMap".into(),
-        namespace: "demo".into(),
-        name: "old".into(),
-    };
+    let old = InventoryEntry::new("v1", "ConfigMap", "demo", "old");
     let ledger = json!({"cluster": "edge-1", "entries": [
         {"apiVersion": "v1", "kind": "ConfigMap", "namespace": "demo", "name": "cfg", "origin": "created", "uid": "u-cfg"},
         {"apiVersion": "v1", "kind": "ConfigMap", "namespace": "demo", "name": "old", "origin": "created", "uid": "u-old"}]});
