@@ -56,7 +56,7 @@ pub mod wait;
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
@@ -219,7 +219,7 @@ impl<S: Sink> Agent<S> {
                 digest: document.bundle.digest.clone(),
             })
         });
-        let last_known_good = last_known_good.map(|document| document.bundle);
+        let last_known_good = last_known_good.map(|document| Arc::new(document.bundle));
         let mut inventory = state.load_inventory();
         let sink_id = sink.id();
         if inventory.sink != sink_id {
@@ -310,6 +310,9 @@ impl<S: Sink> Agent<S> {
             offer_delta: true,
             bad_delta: None,
             taken_delta: None,
+            sent: last_known_good
+                .as_ref()
+                .map_or_else(Weak::new, Arc::downgrade),
         };
         let poller = tokio::spawn(poller.run());
 
@@ -330,7 +333,7 @@ impl<S: Sink> Agent<S> {
             sink,
             state: &state,
             inventory,
-            desired: last_known_good.map(Arc::new),
+            desired: last_known_good,
             report: Arc::new(last_report),
             report_tx,
             observers: reports,
@@ -742,6 +745,9 @@ struct Poller {
     /// same delta again (a mirror's delta from that bundle to itself, read at every
     /// poll) is the same document, not rebuilt and parsed again.
     taken_delta: Option<Digest>,
+    /// The bundle last handed to the applier, while the applier has it: the next
+    /// bundle takes the identities the two share from it.
+    sent: Weak<Bundle>,
 }
 
 /// What the report says of a bundle that came as a delta.
@@ -828,9 +834,11 @@ impl Poller {
                                         format!("fetched in full after a delta that failed: {why}")
                                     })
                                 };
+                                let bundle = Arc::new(bundle);
+                                self.sent = Arc::downgrade(&bundle);
                                 if self
                                     .events
-                                    .send(Event::Bundle(Arc::new(bundle), delivery))
+                                    .send(Event::Bundle(bundle, delivery))
                                     .await
                                     .is_err()
                                 {
@@ -1000,7 +1008,11 @@ impl Poller {
 
     /// Verifies a received document.
     fn judge(&self, body: &Arc<Vec<u8>>, etag: Option<&str>) -> Verdict {
-        let document = match bundle::verify_shared_document(body, Some(&self.cluster)) {
+        let previous = self.sent.upgrade();
+        let verified =
+            bundle::verify_shared_document_after(body, Some(&self.cluster), previous.as_deref());
+        drop(previous);
+        let document = match verified {
             Ok(document) => document,
             Err(err) => {
                 // A document too broken to name its digest (too deep to read, say) is

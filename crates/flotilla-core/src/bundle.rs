@@ -1476,7 +1476,7 @@ pub fn verify_document_parts(
     bytes: &[u8],
     expected_cluster: Option<&str>,
 ) -> Result<VerifiedDocument, VerifyError> {
-    verify(bytes, expected_cluster, |text| {
+    verify(bytes, expected_cluster, None, |text| {
         Canonical::from(text.to_vec())
     })
 }
@@ -1489,8 +1489,22 @@ pub fn verify_shared_document(
     document: &Arc<Vec<u8>>,
     expected_cluster: Option<&str>,
 ) -> Result<VerifiedDocument, VerifyError> {
+    verify_shared_document_after(document, expected_cluster, None)
+}
+
+/// [`verify_shared_document`] for the document that follows `previous` (the bundle an
+/// agent runs): a resource whose identity `previous` has too takes that identity, not
+/// a copy of it. An agent holds both bundles while it moves from one to the other, and
+/// its inventory and report share the identities of the bundle it ran, so for a bundle
+/// of many small resources a second set of identities would cost more than their
+/// bytes. What is verified, and how, is unchanged.
+pub fn verify_shared_document_after(
+    document: &Arc<Vec<u8>>,
+    expected_cluster: Option<&str>,
+    previous: Option<&Bundle>,
+) -> Result<VerifiedDocument, VerifyError> {
     let start = document.as_ptr() as usize;
-    verify(document, expected_cluster, |text| {
+    verify(document, expected_cluster, previous, |text| {
         // `text` is a part of `document` (it was read from it): its offset in it.
         let offset = (text.as_ptr() as usize).wrapping_sub(start);
         if offset
@@ -1505,10 +1519,12 @@ pub fn verify_shared_document(
 }
 
 /// Parses and checks a document; `keep` makes the canonical bytes of a resource
-/// whose text in the document is already canonical.
+/// whose text in the document is already canonical; the identities `previous` has
+/// too are taken from it.
 fn verify(
     bytes: &[u8],
     expected_cluster: Option<&str>,
+    previous: Option<&Bundle>,
     keep: impl Fn(&[u8]) -> Canonical,
 ) -> Result<VerifiedDocument, VerifyError> {
     // serde_json stops at 128 levels of nesting: deeper than any document flotilla
@@ -1540,11 +1556,23 @@ fn verify(
             return Err(VerifyError::NotSorted { index: index + 1 });
         }
     }
+    // Both lists are in key order: one walk finds the identities they share.
+    let mut earlier = previous.map(|b| b.resources.iter().peekable());
     let resources: Vec<Arc<Resource>> = received
         .into_iter()
         .map(|resource| {
+            let key = match &mut earlier {
+                Some(earlier) => {
+                    while earlier.next_if(|r| r.key < resource.key).is_some() {}
+                    match earlier.peek() {
+                        Some(same) if same.key == resource.key => Arc::clone(&same.key),
+                        _ => resource.key,
+                    }
+                }
+                None => resource.key,
+            };
             Arc::new(Resource {
-                key: resource.key,
+                key,
                 canonical: match resource.canonical {
                     ReceivedBytes::AsRead(text) => keep(text),
                     ReceivedBytes::Written(bytes) => bytes.into(),
@@ -2205,6 +2233,60 @@ mod tests {
             .replace("\"name\":\"b\"", "\"name\":\"c\"");
         let err = verify_shared_document(&Arc::new(tampered.into_bytes()), Some("edge-1"))
             .expect_err("refused");
+        assert!(matches!(err, VerifyError::DigestMismatch { .. }), "{err}");
+    }
+
+    #[test]
+    fn the_next_document_takes_the_identities_it_shares_with_the_bundle_before() {
+        let config_map = |name: &str, level: &str| {
+            let value = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                               "metadata": {"name": name}, "data": {"level": level}});
+            Arc::new(Resource::new(
+                ResourceKey::of(&value).expect("identity"),
+                &value,
+            ))
+        };
+        let before = Bundle::new(
+            "edge-1",
+            vec![config_map("a", "info"), config_map("c", "info")],
+        );
+        let next = Bundle::new(
+            "edge-1",
+            vec![
+                config_map("a", "debug"),
+                config_map("b", "info"),
+                config_map("c", "info"),
+            ],
+        );
+        let document = Arc::new(next.document("r"));
+        let alone = verify_shared_document(&document, Some("edge-1")).expect("verifies");
+        let after = verify_shared_document_after(&document, Some("edge-1"), Some(&before))
+            .expect("verifies");
+        // The same bundle either way.
+        assert_eq!(after.bundle.digest, next.digest);
+        assert_eq!(after.bundle.resources, alone.bundle.resources);
+        let shares = |name: &str| {
+            let key = &after
+                .bundle
+                .resources
+                .iter()
+                .find(|r| r.key.name == name)
+                .expect("in the bundle")
+                .key;
+            before.resources.iter().any(|r| Arc::ptr_eq(&r.key, key))
+        };
+        // a changed and c did not: both keep the identity they had; b is new.
+        assert!(shares("a") && shares("c") && !shares("b"));
+        // A tampered document is refused as without a bundle before it.
+        let tampered = String::from_utf8(next.document("r"))
+            .expect("utf-8")
+            .replace("\"name\":\"b\"", "\"name\":\"bb\"");
+        let err = verify_shared_document_after(
+            &Arc::new(tampered.into_bytes()),
+            Some("edge-1"),
+            Some(&before),
+        )
+        .expect_err("refused");
         assert!(matches!(err, VerifyError::DigestMismatch { .. }), "{err}");
     }
 
