@@ -239,12 +239,16 @@ impl StateDir {
         }
     }
 
+    /// Writes `value` as JSON into the file as it is serialised (an inventory or a report
+    /// of 100,000 resources is never held whole as text).
     pub fn write_json<T: Serialize>(&self, name: &str, value: &T) -> Result<(), StateError> {
-        let bytes = serde_json::to_vec_pretty(value).map_err(|err| StateError::Io {
+        flotilla_fs::write_atomically_with(&self.path.join(name), Mode::Private, |file| {
+            serde_json::to_writer_pretty(file, value).map_err(io::Error::other)
+        })
+        .map_err(|source| StateError::Io {
             path: self.path.join(name),
-            source: io::Error::other(err),
-        })?;
-        self.write(name, &bytes)
+            source,
+        })
     }
 
     fn write(&self, name: &str, bytes: &[u8]) -> Result<(), StateError> {

@@ -49,7 +49,17 @@ pub fn is_temporary(name: &str) -> bool {
 
 /// Replaces `path` with `bytes` durably: temporary file, fsync, rename, fsync of the folder.
 pub fn write_atomically(path: &Path, bytes: &[u8], mode: Mode) -> io::Result<()> {
-    replace_file(path, bytes, mode)?;
+    write_atomically_with(path, mode, |file| file.write_all(bytes))
+}
+
+/// [`write_atomically`] of what `write` writes, through a buffer of its own: a large
+/// file (an agent's inventory of 100,000 resources) is never held whole in memory.
+pub fn write_atomically_with(
+    path: &Path,
+    mode: Mode,
+    write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> io::Result<()> {
+    replace_file_with(path, mode, write)?;
     sync_dir(parent_of(path))
 }
 
@@ -57,10 +67,20 @@ pub fn write_atomically(path: &Path, bytes: &[u8], mode: Mode) -> io::Result<()>
 /// is never seen half written. The rename is durable only once the caller has synced
 /// the folder ([`sync_dir`]): one sync for many files is much cheaper than one each.
 pub fn replace_file(path: &Path, bytes: &[u8], mode: Mode) -> io::Result<()> {
+    replace_file_with(path, mode, |file| file.write_all(bytes))
+}
+
+/// [`replace_file`] with what `write` writes, through a buffer.
+fn replace_file_with(
+    path: &Path,
+    mode: Mode,
+    write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> io::Result<()> {
     let tmp = parent_of(path).join(temp_name());
     let result = (|| {
-        let mut file = open_for_writing(&tmp, mode)?;
-        file.write_all(bytes)?;
+        let mut file = io::BufWriter::with_capacity(64 * 1024, open_for_writing(&tmp, mode)?);
+        write(&mut file)?;
+        let file = file.into_inner().map_err(io::IntoInnerError::into_error)?;
         file.sync_all()?;
         fs::rename(&tmp, path)
     })();
@@ -155,6 +175,29 @@ mod tests {
             .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
             .collect();
         assert_eq!(names, ["bundle.json"]);
+    }
+
+    #[test]
+    fn a_file_written_as_it_is_made_replaces_the_old_one_only_when_whole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("inventory.json");
+        write_atomically(&path, b"old", Mode::Private).expect("writes");
+        // Larger than the buffer, in many writes.
+        let line = [b'x'; 1000];
+        write_atomically_with(&path, Mode::Private, |file| {
+            (0..200).try_for_each(|_| file.write_all(&line))
+        })
+        .expect("writes");
+        assert_eq!(fs::read(&path).expect("reads").len(), 200_000);
+        // A writer that fails half way leaves the file as it was, and no temporary.
+        let err = write_atomically_with(&path, Mode::Private, |file| {
+            file.write_all(&line)?;
+            Err(io::Error::other("the value cannot be written"))
+        })
+        .expect_err("fails");
+        assert_eq!(err.to_string(), "the value cannot be written");
+        assert_eq!(fs::read(&path).expect("reads").len(), 200_000);
+        assert_eq!(fs::read_dir(dir.path()).expect("lists").count(), 1);
     }
 
     #[cfg(unix)]

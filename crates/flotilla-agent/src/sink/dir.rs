@@ -148,8 +148,11 @@ impl DirSink {
             target: &self.target,
             files,
         };
-        let bytes = serde_json::to_vec_pretty(&manifest).map_err(io::Error::other)?;
-        flotilla_fs::write_atomically(&self.state_dir.join(MANIFEST_FILE), &bytes, Mode::Private)
+        flotilla_fs::write_atomically_with(
+            &self.state_dir.join(MANIFEST_FILE),
+            Mode::Private,
+            |file| serde_json::to_writer_pretty(file, &manifest).map_err(io::Error::other),
+        )
     }
 
     /// Replaces one file (readable by its owner only: bundles may hold Secrets, and
