@@ -1558,7 +1558,7 @@ fn verify(
     }
     // Both lists are in key order: one walk finds the identities they share.
     let mut earlier = previous.map(|b| b.resources.iter().peekable());
-    let resources: Vec<Arc<Resource>> = received
+    let mut resources: Vec<Arc<Resource>> = received
         .into_iter()
         .map(|resource| {
             let key = match &mut earlier {
@@ -1580,6 +1580,9 @@ fn verify(
             })
         })
         .collect();
+    // Collected in place, into the list of what was read (five times larger a
+    // resource): kept for the bundle's life, that would be most of the list unused.
+    resources.shrink_to_fit();
     if let Some(meta) = &doc.meta {
         if meta.is_empty() {
             return Err(VerifyError::BadMeta(
