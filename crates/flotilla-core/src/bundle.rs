@@ -203,21 +203,38 @@ impl ResourceKey {
     /// Reads the identity of a Kubernetes object; `None` if `apiVersion`, `kind` or
     /// `metadata.name` is missing or not a string.
     pub fn of(resource: &Value) -> Option<ResourceKey> {
-        let api_version = resource.get("apiVersion")?.as_str()?;
-        let kind = resource.get("kind")?.as_str()?;
-        let metadata = resource.get("metadata")?;
-        let name = metadata.get("name")?.as_str()?;
-        let namespace = metadata
-            .get("namespace")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        Some(ResourceKey {
-            group: api_group(api_version).to_string(),
+        identity_of(resource).map(ResourceKey::from_parts)
+    }
+
+    fn from_parts((group, kind, namespace, name): IdentityParts<'_>) -> ResourceKey {
+        ResourceKey {
+            group: group.to_string(),
             kind: kind.to_string(),
             namespace: namespace.to_string(),
             name: name.to_string(),
-        })
+        }
     }
+
+    /// (group, kind, namespace, name), borrowed: compared as the key is.
+    fn parts(&self) -> IdentityParts<'_> {
+        (&self.group, &self.kind, &self.namespace, &self.name)
+    }
+}
+
+/// An identity's (group, kind, namespace, name), borrowed from a resource or a key.
+type IdentityParts<'a> = (&'a str, &'a str, &'a str, &'a str);
+
+/// [`ResourceKey::of`] without making the key.
+fn identity_of(resource: &Value) -> Option<IdentityParts<'_>> {
+    let api_version = resource.get("apiVersion")?.as_str()?;
+    let kind = resource.get("kind")?.as_str()?;
+    let metadata = resource.get("metadata")?;
+    let name = metadata.get("name")?.as_str()?;
+    let namespace = metadata
+        .get("namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    Some((api_group(api_version), kind, namespace, name))
 }
 
 impl fmt::Display for ResourceKey {
@@ -1330,8 +1347,9 @@ struct ReceivedDocument<'a> {
     cluster: String,
     digest: String,
     revision: String,
+    /// Read as text first, then resource by resource ([`ResourcesSeed`]).
     #[serde(borrow)]
-    resources: ReceivedResources<'a>,
+    resources: &'a serde_json::value::RawValue,
     /// The bundle's metadata, covered by the digest; absent when it has none.
     #[serde(default)]
     meta: Option<BundleMeta>,
@@ -1363,15 +1381,33 @@ enum ReceivedBytes<'a> {
     Written(Vec<u8>),
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for ReceivedResources<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_seq(ResourcesVisitor(std::marker::PhantomData))
+/// Reads the `resources` of a received document; a resource whose identity `previous`
+/// (the bundle the reader runs, in key order) has too takes that identity instead of
+/// a copy of it, found in one walk of both lists and before any is made.
+struct ResourcesSeed<'p> {
+    previous: &'p [Arc<Resource>],
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for ResourcesSeed<'_> {
+    type Value = ReceivedResources<'de>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_seq(ResourcesVisitor {
+            previous: self.previous,
+            marker: std::marker::PhantomData,
+        })
     }
 }
 
-struct ResourcesVisitor<'a>(std::marker::PhantomData<&'a ()>);
+struct ResourcesVisitor<'p, 'a> {
+    previous: &'p [Arc<Resource>],
+    marker: std::marker::PhantomData<&'a ()>,
+}
 
-impl<'de: 'a, 'a> serde::de::Visitor<'de> for ResourcesVisitor<'a> {
+impl<'de: 'a, 'a> serde::de::Visitor<'de> for ResourcesVisitor<'_, 'a> {
     type Value = ReceivedResources<'a>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -1381,6 +1417,7 @@ impl<'de: 'a, 'a> serde::de::Visitor<'de> for ResourcesVisitor<'a> {
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut resources = Vec::new();
         let mut bad = None;
+        let mut earlier = self.previous.iter().peekable();
         let mut canonical = Vec::new();
         // Each resource is first taken as its text in the document, then read as a
         // tree of values (one resource at a time) to check it and write its canonical
@@ -1397,16 +1434,21 @@ impl<'de: 'a, 'a> serde::de::Visitor<'de> for ResourcesVisitor<'a> {
                 bad = Some(VerifyError::TooDeep { index });
                 continue;
             }
-            let Some(key) = ResourceKey::of(&value) else {
+            let Some(identity) = identity_of(&value) else {
                 bad = Some(VerifyError::BadResource { index });
                 continue;
+            };
+            while earlier.next_if(|r| r.key.parts() < identity).is_some() {}
+            let key = match earlier.peek() {
+                Some(same) if same.key.parts() == identity => Arc::clone(&same.key),
+                _ => Arc::new(ResourceKey::from_parts(identity)),
             };
             canonical.clear();
             write_canonical(&mut canonical, &value);
             drop(value);
             let text = raw.get().as_bytes();
             resources.push(ReceivedResource {
-                key: Arc::new(key),
+                key,
                 canonical: if canonical == text {
                     ReceivedBytes::AsRead(text)
                 } else {
@@ -1536,6 +1578,19 @@ fn verify(
             VerifyError::Json(err)
         }
     })?;
+    let resources = serde::de::DeserializeSeed::deserialize(
+        ResourcesSeed {
+            previous: previous.map_or(&[][..], |b| &b.resources[..]),
+        },
+        &mut serde_json::Deserializer::from_str(doc.resources.get()),
+    )
+    .map_err(|err| {
+        if err.to_string().starts_with("recursion limit exceeded") {
+            VerifyError::DocumentTooDeep
+        } else {
+            VerifyError::Json(err)
+        }
+    })?;
     if doc.api_version != API_VERSION || doc.kind != "Bundle" {
         return Err(VerifyError::WrongKind(doc.api_version, doc.kind));
     }
@@ -1547,7 +1602,7 @@ fn verify(
             found: doc.cluster,
         });
     }
-    let received = match doc.resources {
+    let received = match resources {
         ReceivedResources::Good(resources) => resources,
         ReceivedResources::Bad(err) => return Err(err),
     };
@@ -1556,23 +1611,11 @@ fn verify(
             return Err(VerifyError::NotSorted { index: index + 1 });
         }
     }
-    // Both lists are in key order: one walk finds the identities they share.
-    let mut earlier = previous.map(|b| b.resources.iter().peekable());
     let mut resources: Vec<Arc<Resource>> = received
         .into_iter()
         .map(|resource| {
-            let key = match &mut earlier {
-                Some(earlier) => {
-                    while earlier.next_if(|r| r.key < resource.key).is_some() {}
-                    match earlier.peek() {
-                        Some(same) if same.key == resource.key => Arc::clone(&same.key),
-                        _ => resource.key,
-                    }
-                }
-                None => resource.key,
-            };
             Arc::new(Resource {
-                key,
+                key: resource.key,
                 canonical: match resource.canonical {
                     ReceivedBytes::AsRead(text) => keep(text),
                     ReceivedBytes::Written(bytes) => bytes.into(),
