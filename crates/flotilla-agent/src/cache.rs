@@ -243,7 +243,7 @@ impl StateDir {
     /// of 100,000 resources is never held whole as text).
     pub fn write_json<T: Serialize>(&self, name: &str, value: &T) -> Result<(), StateError> {
         flotilla_fs::write_atomically_with(&self.path.join(name), Mode::Private, |file| {
-            serde_json::to_writer_pretty(file, value).map_err(io::Error::other)
+            serde_json::to_writer_pretty(file, value).map_err(io::Error::from)
         })
         .map_err(|source| StateError::Io {
             path: self.path.join(name),

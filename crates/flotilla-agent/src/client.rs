@@ -370,8 +370,13 @@ fn report_body(report: &StatusReport, gzip: bool) -> (Vec<u8>, bool) {
         }
     }
     let encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    let mut counted = Counted(encoder, 0);
-    serde_json::to_writer(&mut counted, report).expect("a report serializes into memory");
+    // Buffered: the serialiser writes in small pieces, the encoder is best fed larger.
+    let mut buffered = std::io::BufWriter::with_capacity(32 * 1024, Counted(encoder, 0));
+    serde_json::to_writer(&mut buffered, report).expect("a report serializes into memory");
+    let counted = buffered
+        .into_inner()
+        .map_err(std::io::IntoInnerError::into_error)
+        .expect("writing into memory");
     if counted.1 < GZIP_REPORTS_FROM {
         // Small: sent as it is (serialised again, cheaply).
         return (plain(), false);

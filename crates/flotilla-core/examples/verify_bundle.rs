@@ -13,7 +13,9 @@ use serde_json::json;
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let count: usize = args.next().map_or(100_000, |a| a.parse().expect("a number"));
+    let count: usize = args
+        .next()
+        .map_or(100_000, |a| a.parse().expect("a number"));
     let runs: usize = args.next().map_or(9, |a| a.parse().expect("a number"));
     let resources = (0..count)
         .map(|i| {

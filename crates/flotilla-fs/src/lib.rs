@@ -49,7 +49,8 @@ pub fn is_temporary(name: &str) -> bool {
 
 /// Replaces `path` with `bytes` durably: temporary file, fsync, rename, fsync of the folder.
 pub fn write_atomically(path: &Path, bytes: &[u8], mode: Mode) -> io::Result<()> {
-    write_atomically_with(path, mode, |file| file.write_all(bytes))
+    replace_file(path, bytes, mode)?;
+    sync_dir(parent_of(path))
 }
 
 /// [`write_atomically`] of what `write` writes, through a buffer of its own: a large
@@ -59,7 +60,11 @@ pub fn write_atomically_with(
     mode: Mode,
     write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> io::Result<()> {
-    replace_file_with(path, mode, write)?;
+    replace_file_with(path, mode, |file| {
+        let mut buffered = io::BufWriter::with_capacity(64 * 1024, file);
+        write(&mut buffered)?;
+        buffered.flush()
+    })?;
     sync_dir(parent_of(path))
 }
 
@@ -70,17 +75,16 @@ pub fn replace_file(path: &Path, bytes: &[u8], mode: Mode) -> io::Result<()> {
     replace_file_with(path, mode, |file| file.write_all(bytes))
 }
 
-/// [`replace_file`] with what `write` writes, through a buffer.
+/// [`replace_file`] with what `write` writes into the temporary file.
 fn replace_file_with(
     path: &Path,
     mode: Mode,
-    write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+    write: impl FnOnce(&mut File) -> io::Result<()>,
 ) -> io::Result<()> {
     let tmp = parent_of(path).join(temp_name());
     let result = (|| {
-        let mut file = io::BufWriter::with_capacity(64 * 1024, open_for_writing(&tmp, mode)?);
+        let mut file = open_for_writing(&tmp, mode)?;
         write(&mut file)?;
-        let file = file.into_inner().map_err(io::IntoInnerError::into_error)?;
         file.sync_all()?;
         fs::rename(&tmp, path)
     })();

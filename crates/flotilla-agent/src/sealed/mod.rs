@@ -85,7 +85,10 @@ impl AgentIdentity {
                 secret: resource.key.to_string(),
                 reason,
             })?;
-            resources.push(Arc::new(Resource::new((*resource.key).clone(), &value)));
+            resources.push(Arc::new(Resource {
+                key: Arc::clone(&resource.key),
+                canonical: flotilla_core::bundle::to_canonical_vec(&value).into(),
+            }));
         }
         Ok(Bundle {
             cluster: bundle.cluster.clone(),

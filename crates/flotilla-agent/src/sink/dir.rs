@@ -151,7 +151,7 @@ impl DirSink {
         flotilla_fs::write_atomically_with(
             &self.state_dir.join(MANIFEST_FILE),
             Mode::Private,
-            |file| serde_json::to_writer_pretty(file, &manifest).map_err(io::Error::other),
+            |file| serde_json::to_writer_pretty(file, &manifest).map_err(io::Error::from),
         )
     }
 
@@ -213,7 +213,8 @@ impl DirSink {
         // the report's order: no map from identities to lines. Sized once: grown by
         // doubling, 100,000 statuses held a third more than they need, and twice that
         // while the last doubling copied them.
-        let mut resources: Vec<ResourceStatus> = Vec::with_capacity(bundle.resources.len());
+        let mut resources: Vec<ResourceStatus> =
+            Vec::with_capacity(bundle.resources.len() + prune.len());
         let writes = self.write_desired(bundle, &header, &desired, &foreign, &mut resources);
         let failures = resources
             .iter()
