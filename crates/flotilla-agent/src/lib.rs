@@ -313,6 +313,7 @@ impl<S: Sink> Agent<S> {
             sent: last_known_good
                 .as_ref()
                 .map_or_else(Weak::new, Arc::downgrade),
+            attempts: report_tx.subscribe(),
         };
         let poller = tokio::spawn(poller.run());
 
@@ -748,7 +749,14 @@ struct Poller {
     /// The bundle last handed to the applier, while the applier has it: the next
     /// bundle takes the identities the two share from it.
     sent: Weak<Bundle>,
+    /// The applier's reports: a mirror is read again only once the bundle handed over
+    /// was attempted.
+    attempts: watch::Receiver<Option<Arc<StatusReport>>>,
 }
+
+/// How long a mirror's next read waits at most for the applier to finish with the
+/// bundle it was handed.
+const MIRROR_WAITS_FOR_APPLY: Duration = Duration::from_secs(600);
 
 /// What the report says of a bundle that came as a delta.
 const AS_DELTA: &str = "received as a delta";
@@ -835,6 +843,7 @@ impl Poller {
                                     })
                                 };
                                 let bundle = Arc::new(bundle);
+                                let digest = bundle.digest.clone();
                                 self.sent = Arc::downgrade(&bundle);
                                 if self
                                     .events
@@ -846,9 +855,22 @@ impl Poller {
                                 }
                                 if self.client.is_mirror() {
                                     // A mirror cannot hold a poll: asked again once per
-                                    // wait, as when nothing changed. By then the applier
-                                    // has let go of the bundle it ran, which the next
-                                    // read's base and document would otherwise join.
+                                    // wait, as when nothing changed, and not before the
+                                    // applier has attempted this bundle (it takes no
+                                    // other before), so that the next read's base and
+                                    // document (a mirror's delta from this bundle to
+                                    // itself is rebuilt once) never join what an apply
+                                    // of many resources holds.
+                                    let attempted = |report: &Option<Arc<StatusReport>>| {
+                                        report
+                                            .as_ref()
+                                            .is_some_and(|r| r.attempted.as_ref() == Some(&digest))
+                                    };
+                                    let _ = tokio::time::timeout(
+                                        MIRROR_WAITS_FOR_APPLY,
+                                        self.attempts.wait_for(attempted),
+                                    )
+                                    .await;
                                     self.waits.answered(wait, started.elapsed())
                                 } else {
                                     // Ask again at once: the conditional long-poll waits
