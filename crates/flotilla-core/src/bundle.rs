@@ -1560,6 +1560,16 @@ pub fn verify_shared_document_after(
     })
 }
 
+/// Why a document (or its list of resources) could not be read: too deep for the JSON
+/// reader, or not JSON.
+fn unreadable(err: serde_json::Error) -> VerifyError {
+    if err.to_string().starts_with("recursion limit exceeded") {
+        VerifyError::DocumentTooDeep
+    } else {
+        VerifyError::Json(err)
+    }
+}
+
 /// Parses and checks a document; `keep` makes the canonical bytes of a resource
 /// whose text in the document is already canonical; the identities `previous` has
 /// too are taken from it.
@@ -1571,26 +1581,14 @@ fn verify(
 ) -> Result<VerifiedDocument, VerifyError> {
     // serde_json stops at 128 levels of nesting: deeper than any document flotilla
     // serves (resources at most MAX_NESTING_DEPTH, wrapped two levels deeper).
-    let doc: ReceivedDocument = serde_json::from_slice(bytes).map_err(|err| {
-        if err.to_string().starts_with("recursion limit exceeded") {
-            VerifyError::DocumentTooDeep
-        } else {
-            VerifyError::Json(err)
-        }
-    })?;
+    let doc: ReceivedDocument = serde_json::from_slice(bytes).map_err(unreadable)?;
     let resources = serde::de::DeserializeSeed::deserialize(
         ResourcesSeed {
             previous: previous.map_or(&[][..], |b| &b.resources[..]),
         },
         &mut serde_json::Deserializer::from_str(doc.resources.get()),
     )
-    .map_err(|err| {
-        if err.to_string().starts_with("recursion limit exceeded") {
-            VerifyError::DocumentTooDeep
-        } else {
-            VerifyError::Json(err)
-        }
-    })?;
+    .map_err(unreadable)?;
     if doc.api_version != API_VERSION || doc.kind != "Bundle" {
         return Err(VerifyError::WrongKind(doc.api_version, doc.kind));
     }
