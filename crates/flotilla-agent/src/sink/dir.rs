@@ -11,14 +11,17 @@
 //! therefore never forgets a file it wrote.
 
 mod drift;
+mod names;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+
+use names::{Listed, Names, union};
 
 use flotilla_fs::Mode;
 
@@ -58,12 +61,14 @@ pub struct DirSink {
 /// YAML is larger than the bundle.
 #[derive(Default)]
 struct DesiredFiles<'b> {
-    /// File name → the resource it holds, or `None` for the kustomization.
-    files: BTreeMap<String, Option<&'b Arc<Resource>>>,
-    /// The order to write them in: the bundle's apply phases one after the other, each
-    /// in apply order, and the kustomization last (`None`). There is no health to wait
-    /// for here, but a reader that picks files up as they come sees them in that order.
-    order: Vec<Option<&'b Arc<Resource>>>,
+    /// Their names, in the order to write them: the bundle's apply phases one after
+    /// the other, each in apply order, and the kustomization last. There is no health
+    /// to wait for here, but a reader that picks files up as they come sees them in
+    /// that order.
+    names: Names,
+    /// What each of them holds, in the same order: a resource, or `None` for the
+    /// kustomization.
+    held: Vec<Option<&'b Arc<Resource>>>,
 }
 
 /// What writing the desired files did.
@@ -85,10 +90,10 @@ struct Removal {
     failure: Option<String>,
 }
 
-#[derive(Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Default, Deserialize)]
 struct Manifest {
     target: PathBuf,
-    files: BTreeSet<String>,
+    files: Names,
 }
 
 impl DirSink {
@@ -111,8 +116,9 @@ impl DirSink {
 
     fn load_manifest(&self) -> Manifest {
         let path = self.state_dir.join(MANIFEST_FILE);
-        let manifest: Manifest = match fs::read(&path) {
-            Ok(bytes) => match serde_json::from_slice(&bytes) {
+        // Read as it is parsed: the names go straight into one buffer.
+        let manifest: Manifest = match fs::File::open(&path) {
+            Ok(file) => match serde_json::from_reader(io::BufReader::new(file)) {
                 Ok(manifest) => manifest,
                 Err(err) => {
                     tracing::error!(path = %path.display(), error = %err,
@@ -131,22 +137,27 @@ impl DirSink {
             }
             return Manifest {
                 target: self.target.clone(),
-                files: BTreeSet::new(),
+                files: Names::default(),
             };
         }
         manifest
     }
 
-    /// Records `files` as the manifest (what [`Manifest`] reads back).
-    fn save_manifest(&self, files: BTreeSet<&String>) -> io::Result<()> {
+    /// Records the names `files` gives (in order, each once) as the manifest (what
+    /// [`Manifest`] reads back), written as they come.
+    fn save_manifest<'a, I: Iterator<Item = &'a str>>(
+        &self,
+        files: impl Fn() -> I,
+    ) -> io::Result<()> {
         #[derive(Serialize)]
-        struct Written<'a> {
-            target: &'a Path,
-            files: BTreeSet<&'a String>,
+        #[serde(bound(serialize = "Listed<F>: Serialize"))]
+        struct Written<'t, F> {
+            target: &'t Path,
+            files: Listed<F>,
         }
         let manifest = Written {
             target: &self.target,
-            files,
+            files: Listed(files),
         };
         flotilla_fs::write_atomically_with(
             &self.state_dir.join(MANIFEST_FILE),
@@ -189,19 +200,19 @@ impl DirSink {
         let header = header(&bundle.cluster);
         let desired = self.desired_files(bundle);
         let foreign: BTreeSet<String> = desired
-            .files
-            .keys()
-            .filter(|name| !old.files.contains(*name) && self.is_foreign(name, &header))
-            .cloned()
+            .names
+            .sorted()
+            .filter(|name| !old.files.contains(name) && self.is_foreign(name, &header))
+            .map(String::from)
             .collect();
 
-        // Record intent: every file this apply may write, plus the old ones (their
-        // names borrowed, not copied).
-        let intent: BTreeSet<&String> = old
-            .files
-            .iter()
-            .chain(desired.files.keys().filter(|n| !foreign.contains(*n)))
-            .collect();
+        // Record intent: every file this apply may write, plus the old ones.
+        let intent = || {
+            union(
+                old.files.sorted(),
+                desired.names.sorted().filter(|n| !foreign.contains(*n)),
+            )
+        };
         if let Err(err) = self.save_manifest(intent) {
             return failed_everything(format!(
                 "cannot record the dir sink's manifest in {}: {err}",
@@ -253,7 +264,12 @@ impl DirSink {
             };
             resources.push(ResourceStatus::new(entry.shared_key(), state, message));
         }
-        let committed = self.save_manifest(desired.files.keys().chain(&removal.kept).collect());
+        let committed = self.save_manifest(|| {
+            union(
+                desired.names.sorted(),
+                removal.kept.iter().map(String::as_str),
+            )
+        });
         let problem = removal
             .failure
             .or_else(|| {
@@ -295,16 +311,16 @@ impl DirSink {
     /// in the order to write them.
     fn desired_files<'b>(&self, bundle: &'b Bundle) -> DesiredFiles<'b> {
         let mut desired = DesiredFiles::default();
+        desired.held.reserve_exact(bundle.resources.len() + 1);
         for resource in apply_phases(bundle).into_iter().flatten() {
-            desired.order.push(Some(resource));
-            desired
-                .files
-                .insert(file_name(&resource.key), Some(resource));
+            desired.held.push(Some(resource));
+            desired.names.push(&file_name(&resource.key));
         }
         if self.kustomization {
-            desired.order.push(None);
-            desired.files.insert(KUSTOMIZATION_FILE.to_string(), None);
+            desired.held.push(None);
+            desired.names.push(KUSTOMIZATION_FILE);
         }
+        desired.names.index();
         desired
     }
 
@@ -333,55 +349,50 @@ impl DirSink {
         // Resources that cannot be written as YAML have no file, so the kustomization
         // (written last) does not list one.
         let mut unwritable = BTreeSet::new();
-        for &resource in &desired.order {
-            let (name, content) = match resource {
-                Some(resource) => {
-                    let name = file_name(&resource.key);
-                    match Self::content(bundle, resource, header) {
-                        Ok(content) => (name, content),
-                        Err(message) => {
-                            statuses.push(ResourceStatus::new(
-                                &resource.key,
-                                ResourceState::Failed,
-                                message,
-                            ));
-                            unwritable.insert(name);
-                            continue;
-                        }
+        for (index, &resource) in desired.held.iter().enumerate() {
+            let name = desired.names.get(index);
+            let content = match resource {
+                Some(resource) => match Self::content(bundle, resource, header) {
+                    Ok(content) => content,
+                    Err(message) => {
+                        statuses.push(ResourceStatus::new(
+                            &resource.key,
+                            ResourceState::Failed,
+                            message,
+                        ));
+                        unwritable.insert(name);
+                        continue;
                     }
-                }
+                },
                 None => {
-                    let listed: Vec<&String> = desired
-                        .files
-                        .keys()
-                        .filter(|name| *name != KUSTOMIZATION_FILE && !unwritable.contains(*name))
+                    let listed: Vec<&str> = desired
+                        .names
+                        .sorted()
+                        .filter(|name| *name != KUSTOMIZATION_FILE && !unwritable.contains(name))
                         .collect();
-                    (
-                        KUSTOMIZATION_FILE.to_string(),
-                        kustomization(header, &listed),
-                    )
+                    kustomization(header, &listed)
                 }
             };
-            let outcome = if foreign.contains(&name) {
+            let outcome = if foreign.contains(name) {
                 Err(format!(
                     "{} already exists and was not written by flotilla; it is left alone: \
                      move it away to let flotilla manage this resource",
-                    self.target.join(&name).display()
+                    self.target.join(name).display()
                 ))
-            } else if fs::read(self.target.join(&name)).is_ok_and(|existing| existing == content) {
+            } else if fs::read(self.target.join(name)).is_ok_and(|existing| existing == content) {
                 // Unchanged files are not rewritten: k3s re-applies a file whenever
                 // its modification time changes.
                 writes.unchanged += 1;
                 Ok(())
             } else {
-                match self.write_file(&name, &content) {
+                match self.write_file(name, &content) {
                     Ok(()) => {
                         writes.written += 1;
                         Ok(())
                     }
                     Err(err) => Err(format!(
                         "cannot write {}: {err}",
-                        self.target.join(&name).display()
+                        self.target.join(name).display()
                     )),
                 }
             };
@@ -414,21 +425,24 @@ impl DirSink {
             .flat_map(|(_, group)| group)
             .map(|entry| file_name(entry.key()))
             .collect();
-        let left: BTreeSet<&String> = old
+        let left: BTreeSet<&str> = old
             .files
-            .iter()
-            .filter(|n| !desired.files.contains_key(*n))
+            .sorted()
+            .filter(|n| !desired.names.contains(n))
             .collect();
-        let known: BTreeSet<&String> = ordered.iter().collect();
+        let known: BTreeSet<&str> = ordered.iter().map(String::as_str).collect();
         let unknown = left.iter().copied().filter(|n| !known.contains(n));
-        let in_order = ordered.iter().filter(|n| left.contains(n));
+        let in_order = ordered
+            .iter()
+            .map(String::as_str)
+            .filter(|n| left.contains(n));
         let mut removal = Removal::default();
         for name in unknown.chain(in_order) {
             match fs::remove_file(self.target.join(name)) {
-                Ok(()) => removal.removed.push(name.clone()),
+                Ok(()) => removal.removed.push(name.to_string()),
                 Err(err) if err.kind() == io::ErrorKind::NotFound => {}
                 Err(err) => {
-                    removal.kept.insert(name.clone());
+                    removal.kept.insert(name.to_string());
                     removal.failure = Some(format!(
                         "cannot remove {}: {err}",
                         self.target.join(name).display()
@@ -517,7 +531,7 @@ fn comment_safe(text: &str) -> String {
     safe
 }
 
-fn kustomization(header: &str, files: &[&String]) -> Vec<u8> {
+fn kustomization(header: &str, files: &[&str]) -> Vec<u8> {
     let mut text = format!(
         "{header}\napiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n"
     );
