@@ -4,6 +4,7 @@
 //! (`oci://`, where `publish --oci` pushed) for the cluster's tag: one HEAD per poll,
 //! and the manifest and layer, by digest, only when the tag moved.
 
+use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -587,15 +588,37 @@ impl HubClient {
                 let path = api::bundle(&self.cluster)
                     .iter()
                     .fold(root.clone(), |path, segment| path.join(segment));
-                let body = std::fs::read(&path).map_err(|source| FetchError::File {
+                let file_error = |source| FetchError::File {
                     path: path.clone(),
                     source,
-                })?;
+                };
+                let too_large = || FetchError::TooLarge {
+                    server: self.server.to_string(),
+                    etag: None,
+                };
+                let mut file = std::fs::File::open(&path).map_err(file_error)?;
+                let size = file.metadata().map_err(file_error)?.len();
+                if size > MAX_BUNDLE_BYTES as u64 {
+                    return Err(too_large());
+                }
+                // A folder is read again once per wait and is mostly unchanged: its
+                // digest is taken as it is read, and the document is held only when
+                // it changed (a bundle near the size limit would otherwise be read
+                // into memory, and dropped, every time).
+                if if_none_match.is_some()
+                    && let Some(last) = &self.last_body
+                {
+                    if Digest::of_reader(&file).map_err(file_error)? == *last {
+                        return Ok(Fetched::NotModified);
+                    }
+                    file.rewind().map_err(file_error)?;
+                }
+                let mut body = Vec::with_capacity(size as usize);
+                file.take(MAX_BUNDLE_BYTES as u64 + 1)
+                    .read_to_end(&mut body)
+                    .map_err(file_error)?;
                 if body.len() > MAX_BUNDLE_BYTES {
-                    return Err(FetchError::TooLarge {
-                        server: self.server.to_string(),
-                        etag: None,
-                    });
+                    return Err(too_large());
                 }
                 if self.unchanged(&body, if_none_match) {
                     return Ok(Fetched::NotModified);
