@@ -275,12 +275,7 @@ async fn a_commit_reaches_the_cluster_as_files_and_the_hub_shows_it_in_sync() {
     assert_ne!(second.digest, first.digest);
     agent.applied(&second.digest).await;
     let deployment = std::fs::read_to_string(f.site.target().join(file_name(
-        &flotilla_core::bundle::ResourceKey {
-            group: "apps".into(),
-            kind: "Deployment".into(),
-            namespace: "kuard".into(),
-            name: "kuard".into(),
-        },
+        &flotilla_core::bundle::ResourceKey::new("apps", "Deployment", "kuard", "kuard"),
     )))
     .expect("the Deployment's file");
     assert!(deployment.contains("replicas: 3"), "{deployment}");
@@ -342,19 +337,17 @@ async fn a_resource_removed_from_the_repository_loses_its_file() {
     assert_eq!(second.resources.len() + 1, first.resources.len());
     let report = agent.applied(&second.digest).await;
 
-    let service = file_name(&flotilla_core::bundle::ResourceKey {
-        group: String::new(),
-        kind: "Service".into(),
-        namespace: "kuard".into(),
-        name: "kuard".into(),
-    });
+    let service = file_name(&flotilla_core::bundle::ResourceKey::new(
+        "", "Service", "kuard", "kuard",
+    ));
     let mut expected = expected_files(&second);
     expected.insert("someone-elses.yaml".into());
     assert_eq!(files(&f.site.target()), expected);
     assert!(!files(&f.site.target()).contains(&service));
-    assert!(report.resources.iter().any(
-        |r| r.key.kind == "Service" && r.state == flotilla_core::status::ResourceState::Pruned
-    ));
+    assert!(
+        report.resources.iter().any(|r| r.key.kind() == "Service"
+            && r.state == flotilla_core::status::ResourceState::Pruned)
+    );
     until_in_sync(&hub, &f.admin, &second.digest).await;
     agent.stop().await;
     hub.stop().await;

@@ -213,7 +213,7 @@ async fn a_resource_that_leaves_the_bundle_loses_its_file() {
         .resources
         .iter()
         .filter(|r| r.state == ResourceState::Pruned)
-        .map(|r| r.key.name.as_str())
+        .map(|r| r.key.name())
         .collect();
     assert_eq!(pruned, ["a"]);
     running.stop().await;

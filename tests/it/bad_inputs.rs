@@ -233,7 +233,7 @@ fn cluster_scoped_crd_gets_no_namespace() {
         let resource = bundle
             .resources
             .iter()
-            .find(|r| r.key.kind == kind)
+            .find(|r| r.key.kind() == kind)
             .unwrap_or_else(|| panic!("the bundle holds a {kind}"));
         resource.value()["metadata"].get("namespace").cloned()
     };

@@ -162,7 +162,7 @@ async fn a_real_charts_pre_install_job_runs_before_its_release_and_is_replaced_o
         .iter()
         .map(|h| {
             (
-                first.resources[h.resource].key.name.clone(),
+                first.resources[h.resource].key.name().to_string(),
                 h.events.clone(),
                 h.delete_policies.clone(),
             )
@@ -234,7 +234,7 @@ async fn a_real_charts_pre_install_job_runs_before_its_release_and_is_replaced_o
     let job = outcome
         .resources
         .iter()
-        .find(|r| r.key.name == "hub-manager-migration")
+        .find(|r| r.key.name() == "hub-manager-migration")
         .expect("a line for the Job");
     assert_eq!(job.state, ResourceState::Healthy, "{job:?}");
     assert!(

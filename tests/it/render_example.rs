@@ -80,7 +80,7 @@ fn kuard_reaches_red_and_blue_with_their_own_colour() {
         output.bundles[cluster]
             .resources
             .iter()
-            .find(|r| r.key.kind == "Deployment" && r.key.name == "kuard")
+            .find(|r| r.key.kind() == "Deployment" && r.key.name() == "kuard")
             .and_then(|r| {
                 r.value()
                     .pointer("/spec/template/spec/containers/0/image")?

@@ -342,9 +342,9 @@ impl Serialize for InventoryEntry {
     fn serialize<Ser: serde::Serializer>(&self, serializer: Ser) -> Result<Ser::Ok, Ser::Error> {
         InventoryEntryOnDisk {
             api_version: &*self.api_version,
-            kind: &self.key.kind,
-            namespace: &self.key.namespace,
-            name: &self.key.name,
+            kind: self.key.kind(),
+            namespace: self.key.namespace(),
+            name: self.key.name(),
         }
         .serialize(serializer)
     }
@@ -365,18 +365,18 @@ impl<'de> Deserialize<'de> for InventoryEntry {
 impl InventoryEntry {
     pub fn new(
         api_version: &str,
-        kind: impl Into<String>,
-        namespace: impl Into<String>,
-        name: impl Into<String>,
+        kind: impl AsRef<str>,
+        namespace: impl AsRef<str>,
+        name: impl AsRef<str>,
     ) -> InventoryEntry {
         InventoryEntry {
             api_version: Arc::from(api_version),
-            key: Arc::new(ResourceKey {
-                group: bundle::api_group(api_version).to_string(),
-                kind: kind.into(),
-                namespace: namespace.into(),
-                name: name.into(),
-            }),
+            key: Arc::new(ResourceKey::new(
+                bundle::api_group(api_version),
+                kind,
+                namespace,
+                name,
+            )),
         }
     }
 
@@ -422,15 +422,15 @@ impl InventoryEntry {
     }
 
     pub fn kind(&self) -> &str {
-        &self.key.kind
+        self.key.kind()
     }
 
     pub fn namespace(&self) -> &str {
-        &self.key.namespace
+        self.key.namespace()
     }
 
     pub fn name(&self) -> &str {
-        &self.key.name
+        self.key.name()
     }
 }
 
@@ -607,6 +607,6 @@ mod tests {
             read,
             [InventoryEntry::new("apps/v1", "Deployment", "", "web")]
         );
-        assert_eq!(read[0].key().group, "apps");
+        assert_eq!(read[0].key().group(), "apps");
     }
 }

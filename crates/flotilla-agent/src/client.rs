@@ -1318,12 +1318,12 @@ mod tests {
         let large = StatusReport {
             resources: (0..50)
                 .map(|i| flotilla_core::status::ResourceStatus {
-                    key: std::sync::Arc::new(flotilla_core::bundle::ResourceKey {
-                        group: String::new(),
-                        kind: "ConfigMap".into(),
-                        namespace: "shop".into(),
-                        name: format!("config-{i}"),
-                    }),
+                    key: std::sync::Arc::new(flotilla_core::bundle::ResourceKey::new(
+                        "",
+                        "ConfigMap",
+                        "shop",
+                        format!("config-{i}"),
+                    )),
                     state: flotilla_core::status::ResourceState::Applied,
                     message: String::new(),
                 })

@@ -185,32 +185,32 @@ fn tenancy_refusal(
         );
     }
     let tenant = key
-        .name
+        .name()
         .strip_prefix("flotilla-tenant-")
         .unwrap_or_default();
     let Some(mark) = tenants.and_then(|t| t.get(tenant)) else {
         return Some(format!("there is no tenant {tenant:?}"));
     };
-    match key.kind.as_str() {
+    match key.kind() {
         "ClusterRole" => return cluster_role_refusal(bundle, &resource.value(), tenant, mark),
         "ClusterRoleBinding" => {
             let value = resource.value();
             let namespace = cluster_binding_namespace(bundle, tenant);
             let expected_subjects = serde_json::json!([{
                 "kind": "ServiceAccount",
-                "name": key.name,
+                "name": key.name(),
                 "namespace": namespace,
             }]);
             let role = &value["roleRef"];
             if namespace.is_none()
                 || role["apiGroup"] != "rbac.authorization.k8s.io"
                 || role["kind"] != "ClusterRole"
-                || role["name"] != key.name.as_str()
+                || role["name"] != key.name()
                 || value["subjects"] != expected_subjects
             {
                 return Some(format!(
                     "a ClusterRoleBinding binds the ClusterRole {0} to the tenant's ServiceAccount {0} in the first namespace the bundle gives it one in ({1}) and nothing else",
-                    key.name,
+                    key.name(),
                     namespace.unwrap_or("none")
                 ));
             }
@@ -221,19 +221,19 @@ fn tenancy_refusal(
     if !mark
         .namespaces
         .iter()
-        .any(|n| glob_matches(n, &key.namespace))
+        .any(|n| glob_matches(n, key.namespace()))
     {
         return Some(format!(
             "namespace {:?} is not tenant {tenant:?}'s",
-            key.namespace
+            key.namespace()
         ));
     }
-    if key.kind == "RoleBinding" {
+    if key.kind() == "RoleBinding" {
         let value = resource.value();
         let expected_subjects = serde_json::json!([{
             "kind": "ServiceAccount",
-            "name": key.name,
-            "namespace": key.namespace,
+            "name": key.name(),
+            "namespace": key.namespace(),
         }]);
         let role = &value["roleRef"];
         if role["kind"] != "ClusterRole"
@@ -242,7 +242,7 @@ fn tenancy_refusal(
         {
             return Some(format!(
                 "a RoleBinding binds the ClusterRole {TENANT_CLUSTER_ROLE} to the tenant's ServiceAccount {} and nothing else",
-                key.name
+                key.name()
             ));
         }
     }
@@ -261,11 +261,11 @@ pub(crate) fn cluster_binding_namespace<'b>(bundle: &'b Bundle, tenant: &str) ->
         .zip(&meta.workloads)
         .filter(|(r, workload)| {
             *workload == TENANCY_WORKLOAD
-                && r.key.group.is_empty()
-                && r.key.kind == "ServiceAccount"
-                && r.key.name == name
+                && r.key.group().is_empty()
+                && r.key.kind() == "ServiceAccount"
+                && r.key.name() == name
         })
-        .map(|(r, _)| r.key.namespace.as_str())
+        .map(|(r, _)| r.key.namespace())
         .min()
 }
 
@@ -301,7 +301,7 @@ fn cluster_role_refusal(
     let crds: Vec<(String, String, String)> = bundle
         .resources
         .iter()
-        .filter(|r| r.key.kind == "CustomResourceDefinition")
+        .filter(|r| r.key.kind() == "CustomResourceDefinition")
         .filter_map(|r| {
             let value = r.value();
             let spec = &value["spec"];
@@ -635,7 +635,7 @@ mod tests {
         let index = aggregating
             .resources
             .iter()
-            .position(|r| r.key.kind == "ClusterRole")
+            .position(|r| r.key.kind() == "ClusterRole")
             .expect("role");
         let mut value = aggregating.resources[index].value();
         value["aggregationRule"] =

@@ -381,7 +381,7 @@ mod tests {
         assert_eq!(
             with_meta
                 .resources_of("shop")
-                .map(|k| k.name.as_str())
+                .map(|k| k.name())
                 .collect::<Vec<_>>(),
             ["a"]
         );
@@ -392,7 +392,7 @@ mod tests {
             index
                 .resources_of("shop")
                 .iter()
-                .map(|k| k.name.as_str())
+                .map(|k| k.name())
                 .collect::<Vec<_>>(),
             ["a"]
         );

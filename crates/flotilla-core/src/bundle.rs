@@ -205,15 +205,49 @@ pub struct InvalidDigest(pub String);
 /// The identity of a resource inside one cluster's bundle, which is also its sort key:
 /// (API group, kind, namespace, name). The group of `v1` is `""`, and so is the
 /// namespace of a cluster-scoped resource.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+///
+/// The four are kept in one allocation: an agent holds an identity for every
+/// resource it runs, and for a bundle of many small resources four `String`s each
+/// cost more memory than the resources' own bytes. It compares, hashes, prints and
+/// serialises as the four strings in that order (`{"group", "kind", "namespace",
+/// "name"}` on the wire).
+#[derive(Clone)]
 pub struct ResourceKey {
-    pub group: String,
-    pub kind: String,
-    pub namespace: String,
-    pub name: String,
+    /// The group, kind, namespace and name one after the other.
+    text: Box<str>,
+    /// Where the kind, the namespace and the name begin in `text`.
+    starts: [usize; 3],
 }
 
 impl ResourceKey {
+    pub fn new(
+        group: impl AsRef<str>,
+        kind: impl AsRef<str>,
+        namespace: impl AsRef<str>,
+        name: impl AsRef<str>,
+    ) -> ResourceKey {
+        let (group, kind, namespace, name) = (
+            group.as_ref(),
+            kind.as_ref(),
+            namespace.as_ref(),
+            name.as_ref(),
+        );
+        let mut text =
+            String::with_capacity(group.len() + kind.len() + namespace.len() + name.len());
+        let mut starts = [0; 3];
+        text.push_str(group);
+        starts[0] = text.len();
+        text.push_str(kind);
+        starts[1] = text.len();
+        text.push_str(namespace);
+        starts[2] = text.len();
+        text.push_str(name);
+        ResourceKey {
+            text: text.into_boxed_str(),
+            starts,
+        }
+    }
+
     /// Reads the identity of a Kubernetes object; `None` if `apiVersion`, `kind` or
     /// `metadata.name` is missing or not a string.
     pub fn of(resource: &Value) -> Option<ResourceKey> {
@@ -221,22 +255,110 @@ impl ResourceKey {
     }
 
     fn from_parts((group, kind, namespace, name): IdentityParts<'_>) -> ResourceKey {
-        ResourceKey {
-            group: group.to_string(),
-            kind: kind.to_string(),
-            namespace: namespace.to_string(),
-            name: name.to_string(),
-        }
+        ResourceKey::new(group, kind, namespace, name)
+    }
+
+    /// The API group (`""` for the core group).
+    pub fn group(&self) -> &str {
+        &self.text[..self.starts[0]]
+    }
+
+    pub fn kind(&self) -> &str {
+        &self.text[self.starts[0]..self.starts[1]]
+    }
+
+    /// The namespace (`""` for a cluster-scoped resource).
+    pub fn namespace(&self) -> &str {
+        &self.text[self.starts[1]..self.starts[2]]
+    }
+
+    pub fn name(&self) -> &str {
+        &self.text[self.starts[2]..]
     }
 
     /// (group, kind, namespace, name), borrowed: compared as the key is.
-    fn parts(&self) -> IdentityParts<'_> {
-        (&self.group, &self.kind, &self.namespace, &self.name)
+    pub fn parts(&self) -> IdentityParts<'_> {
+        (self.group(), self.kind(), self.namespace(), self.name())
+    }
+}
+
+impl PartialEq for ResourceKey {
+    fn eq(&self, other: &ResourceKey) -> bool {
+        self.starts == other.starts && self.text == other.text
+    }
+}
+
+impl Eq for ResourceKey {}
+
+impl Ord for ResourceKey {
+    fn cmp(&self, other: &ResourceKey) -> std::cmp::Ordering {
+        self.parts().cmp(&other.parts())
+    }
+}
+
+impl PartialOrd for ResourceKey {
+    fn partial_cmp(&self, other: &ResourceKey) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl std::hash::Hash for ResourceKey {
+    /// As four strings hash: the same as a key of four `String` fields did.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.parts().hash(state);
+    }
+}
+
+impl fmt::Debug for ResourceKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResourceKey")
+            .field("group", &self.group())
+            .field("kind", &self.kind())
+            .field("namespace", &self.namespace())
+            .field("name", &self.name())
+            .finish()
+    }
+}
+
+/// A [`ResourceKey`] as it travels.
+#[derive(Serialize, Deserialize)]
+struct KeyFields<'a> {
+    #[serde(borrow)]
+    group: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    kind: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    namespace: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    name: std::borrow::Cow<'a, str>,
+}
+
+impl Serialize for ResourceKey {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        KeyFields {
+            group: self.group().into(),
+            kind: self.kind().into(),
+            namespace: self.namespace().into(),
+            name: self.name().into(),
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for ResourceKey {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<ResourceKey, D::Error> {
+        let fields = KeyFields::deserialize(deserializer)?;
+        Ok(ResourceKey::new(
+            &fields.group,
+            &fields.kind,
+            &fields.namespace,
+            &fields.name,
+        ))
     }
 }
 
 /// An identity's (group, kind, namespace, name), borrowed from a resource or a key.
-type IdentityParts<'a> = (&'a str, &'a str, &'a str, &'a str);
+pub type IdentityParts<'a> = (&'a str, &'a str, &'a str, &'a str);
 
 /// [`ResourceKey::of`] without making the key.
 fn identity_of(resource: &Value) -> Option<IdentityParts<'_>> {
@@ -253,15 +375,14 @@ fn identity_of(resource: &Value) -> Option<IdentityParts<'_>> {
 
 impl fmt::Display for ResourceKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = if self.group.is_empty() {
-            self.kind.clone()
+        f.write_str(self.kind())?;
+        if !self.group().is_empty() {
+            write!(f, ".{}", self.group())?;
+        }
+        if self.namespace().is_empty() {
+            write!(f, "/{}", self.name())
         } else {
-            format!("{}.{}", self.kind, self.group)
-        };
-        if self.namespace.is_empty() {
-            write!(f, "{kind}/{}", self.name)
-        } else {
-            write!(f, "{kind} {}/{}", self.namespace, self.name)
+            write!(f, " {}/{}", self.namespace(), self.name())
         }
     }
 }
@@ -651,8 +772,8 @@ pub fn tenant_service_account(tenant: &str) -> String {
 /// a ClusterRole and ClusterRoleBinding for its cluster-scoped objects. The agent
 /// applies them before the other objects of their phase and prunes them after.
 pub fn is_tenancy_object(key: &ResourceKey) -> bool {
-    let kind = (key.group.as_str(), key.kind.as_str());
-    key.name.starts_with("flotilla-tenant-")
+    let kind = (key.group(), key.kind());
+    key.name().starts_with("flotilla-tenant-")
         && matches!(
             kind,
             ("", "ServiceAccount")
@@ -832,15 +953,15 @@ impl TenantRefusal {
                 .into_iter()
                 .any(|pattern| crate::names::glob_matches(pattern, name))
         };
-        if !key.namespace.is_empty() {
-            return (!ours(&key.namespace)).then_some(TenantRefusal::OtherNamespace);
+        if !key.namespace().is_empty() {
+            return (!ours(key.namespace())).then_some(TenantRefusal::OtherNamespace);
         }
-        if key.group.is_empty() && key.kind == "Namespace" {
-            return (!ours(&key.name)).then_some(TenantRefusal::NotItsNamespace);
+        if key.group().is_empty() && key.kind() == "Namespace" {
+            return (!ours(key.name())).then_some(TenantRefusal::NotItsNamespace);
         }
         let allowed = cluster_scoped
             .into_iter()
-            .any(|allowed| names_kind(allowed, &key.group, &key.kind));
+            .any(|allowed| names_kind(allowed, key.group(), key.kind()));
         (!allowed).then_some(TenantRefusal::ClusterScoped)
     }
 }
@@ -857,11 +978,11 @@ impl TenantMark {
         )?;
         Some(match refusal {
             TenantRefusal::OtherNamespace => {
-                format!("namespace {:?} is not the tenant's", key.namespace)
+                format!("namespace {:?} is not the tenant's", key.namespace())
             }
             TenantRefusal::NotItsNamespace => "the namespace is not the tenant's".to_string(),
             TenantRefusal::ClusterScoped => {
-                format!("the tenant may not write cluster-scoped {}", key.kind)
+                format!("the tenant may not write cluster-scoped {}", key.kind())
             }
         })
     }
@@ -1832,11 +1953,8 @@ mod tests {
 
     #[test]
     fn a_tenant_writes_only_in_its_namespaces_and_the_cluster_scoped_kinds_it_names() {
-        let key = |group: &str, kind: &str, namespace: &str, name: &str| ResourceKey {
-            group: group.into(),
-            kind: kind.into(),
-            namespace: namespace.into(),
-            name: name.into(),
+        let key = |group: &str, kind: &str, namespace: &str, name: &str| {
+            ResourceKey::new(group, kind, namespace, name)
         };
         let of = |key: &ResourceKey| {
             TenantRefusal::of(
@@ -1932,6 +2050,53 @@ mod tests {
                 "{count} resources"
             );
         }
+    }
+
+    #[test]
+    fn a_key_compares_hashes_and_travels_as_its_four_strings() {
+        use std::hash::{BuildHasher, BuildHasherDefault};
+        type Hasher = BuildHasherDefault<std::collections::hash_map::DefaultHasher>;
+        let parts = [
+            ("", "ConfigMap", "demo", "a"),
+            ("", "ConfigMap", "demo", "ab"),
+            ("", "ConfigMap", "demob", ""),
+            ("", "ConfigMapd", "emo", "a"),
+            ("apps", "Deployment", "", "web"),
+            ("app", "sDeployment", "", "web"),
+        ];
+        let keys: Vec<ResourceKey> = parts
+            .iter()
+            .map(|&(g, k, ns, n)| ResourceKey::new(g, k, ns, n))
+            .collect();
+        for (key, part) in keys.iter().zip(&parts) {
+            assert_eq!(key.parts(), *part);
+            assert_eq!(
+                Hasher::default().hash_one(key),
+                Hasher::default().hash_one(part),
+            );
+        }
+        // Equal only when each of the four is: the same letters split otherwise differ.
+        for (a, pa) in keys.iter().zip(&parts) {
+            for (b, pb) in keys.iter().zip(&parts) {
+                assert_eq!(a == b, pa == pb, "{a:?} {b:?}");
+                assert_eq!(a.cmp(b), pa.cmp(pb), "{a:?} {b:?}");
+            }
+        }
+        let key = &keys[4];
+        let wire = serde_json::to_value(key).expect("serialises");
+        assert_eq!(
+            wire,
+            json!({"group": "apps", "kind": "Deployment", "namespace": "", "name": "web"})
+        );
+        let back: ResourceKey = serde_json::from_value(wire).expect("reads");
+        assert_eq!(&back, key);
+        assert!(serde_json::from_value::<ResourceKey>(json!({"group": "", "kind": "x"})).is_err());
+        assert_eq!(key.to_string(), "Deployment.apps/web");
+        assert_eq!(keys[0].to_string(), "ConfigMap demo/a");
+        assert_eq!(
+            format!("{:?}", keys[0]),
+            r#"ResourceKey { group: "", kind: "ConfigMap", namespace: "demo", name: "a" }"#
+        );
     }
 
     #[test]
@@ -2341,7 +2506,7 @@ mod tests {
                 .bundle
                 .resources
                 .iter()
-                .find(|r| r.key.name == name)
+                .find(|r| r.key.name() == name)
                 .expect("in the bundle")
                 .key;
             before.resources.iter().any(|r| Arc::ptr_eq(&r.key, key))

@@ -98,12 +98,7 @@ impl fmt::Display for DriftAction {
 
 impl DriftedResource {
     pub fn key(&self) -> ResourceKey {
-        ResourceKey {
-            group: self.group.clone(),
-            kind: self.kind.clone(),
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
-        }
+        ResourceKey::new(&self.group, &self.kind, &self.namespace, &self.name)
     }
 
     /// Whether the drift is still on the cluster (it was not put back).
@@ -144,10 +139,10 @@ struct ResourceStatusWire<K, S> {
 impl Serialize for ResourceStatus {
     fn serialize<Ser: serde::Serializer>(&self, serializer: Ser) -> Result<Ser::Ok, Ser::Error> {
         ResourceStatusWire {
-            group: &self.key.group,
-            kind: &self.key.kind,
-            namespace: &self.key.namespace,
-            name: &self.key.name,
+            group: &self.key.group(),
+            kind: &self.key.kind(),
+            namespace: &self.key.namespace(),
+            name: &self.key.name(),
             state: self.state,
             message: &self.message,
         }
@@ -159,12 +154,12 @@ impl<'de> Deserialize<'de> for ResourceStatus {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let wire = ResourceStatusWire::<String, String>::deserialize(deserializer)?;
         Ok(ResourceStatus {
-            key: Arc::new(ResourceKey {
-                group: wire.group,
-                kind: wire.kind,
-                namespace: wire.namespace,
-                name: wire.name,
-            }),
+            key: Arc::new(ResourceKey::new(
+                wire.group,
+                wire.kind,
+                wire.namespace,
+                wire.name,
+            )),
             state: wire.state,
             message: wire.message,
         })
@@ -334,7 +329,8 @@ impl StatusReport {
             if r.message.len() > MAX_TEXT {
                 return Err(format!(
                     "resource {}/{}: message is limited to {MAX_TEXT} bytes",
-                    r.key.kind, r.key.name
+                    r.key.kind(),
+                    r.key.name()
                 ));
             }
         }
@@ -352,12 +348,7 @@ mod tests {
     }
 
     fn key() -> ResourceKey {
-        ResourceKey {
-            group: "apps".into(),
-            kind: "Deployment".into(),
-            namespace: "web".into(),
-            name: "front".into(),
-        }
+        ResourceKey::new("apps", "Deployment", "web", "front")
     }
 
     fn report(

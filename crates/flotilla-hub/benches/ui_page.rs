@@ -81,12 +81,12 @@ fn fleet() -> Fleet {
                     attempted: Some(digests[i].clone()),
                     resources: if failed {
                         vec![ResourceStatus {
-                            key: std::sync::Arc::new(flotilla_core::bundle::ResourceKey {
-                                group: "apps".into(),
-                                kind: "Deployment".into(),
-                                namespace: "pos".into(),
-                                name: "api".into(),
-                            }),
+                            key: std::sync::Arc::new(flotilla_core::bundle::ResourceKey::new(
+                                "apps",
+                                "Deployment",
+                                "pos",
+                                "api",
+                            )),
                             state: ResourceState::Failed,
                             message: "ImagePullBackOff: image pos/api:2.4.1 not found".into(),
                         }]

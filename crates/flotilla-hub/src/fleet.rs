@@ -632,7 +632,7 @@ impl<'a> Line<'a> {
             .map(|r| {
                 format!(
                     "{}: {}",
-                    resource_name(&r.key.group, &r.key.kind, &r.key.namespace, &r.key.name),
+                    resource_name(r.key.group(), r.key.kind(), r.key.namespace(), r.key.name()),
                     r.message
                 )
             })
@@ -800,12 +800,12 @@ mod tests {
         );
         let mut unhealthy = seen(0, Some('a'), Some('a'));
         unhealthy.report.resources.push(ResourceStatus {
-            key: std::sync::Arc::new(flotilla_core::bundle::ResourceKey {
-                group: "apps".into(),
-                kind: "Deployment".into(),
-                namespace: "pos".into(),
-                name: "api".into(),
-            }),
+            key: std::sync::Arc::new(flotilla_core::bundle::ResourceKey::new(
+                "apps",
+                "Deployment",
+                "pos",
+                "api",
+            )),
             state: flotilla_core::status::ResourceState::Failed,
             message: "ImagePullBackOff".into(),
         });

@@ -102,8 +102,10 @@ fn weight(output: &RenderOutput) -> u64 {
                 let key = &resource.key;
                 if keys.insert(Arc::as_ptr(key)) {
                     bytes += 112
-                        + (key.group.len() + key.kind.len() + key.namespace.len() + key.name.len())
-                            as u64;
+                        + (key.group().len()
+                            + key.kind().len()
+                            + key.namespace().len()
+                            + key.name().len()) as u64;
                 }
             }
         }

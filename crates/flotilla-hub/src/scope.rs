@@ -187,10 +187,10 @@ impl TenantView {
     pub fn owns(&self, cluster: &str, drift: &crate::fleet::Drift) -> bool {
         self.clusters.get(cluster).is_some_and(|index| {
             index.resources_of(&self.tenant).iter().any(|key| {
-                key.group == drift.group
-                    && key.kind == drift.kind
-                    && key.namespace == drift.namespace
-                    && key.name == drift.name
+                key.group() == drift.group
+                    && key.kind() == drift.kind
+                    && key.namespace() == drift.namespace
+                    && key.name() == drift.name
             })
         })
     }

@@ -280,7 +280,7 @@ fn refusal(tenant: &Tenant, key: &ResourceKey) -> Option<String> {
     let broken = match refusal {
         TenantRefusal::OtherNamespace => format!(
             "{key} is in namespace {:?}, which is not the tenant's (spec.namespaces of {}: {})",
-            key.namespace,
+            key.namespace(),
             tenant.file,
             shown_list(&tenant.namespaces)
         ),
@@ -292,7 +292,7 @@ fn refusal(tenant: &Tenant, key: &ResourceKey) -> Option<String> {
         TenantRefusal::ClusterScoped => format!(
             "{key} is cluster-scoped, and spec.clusterScoped of {} does not list {} ({})",
             tenant.file,
-            key.kind,
+            key.kind(),
             shown_list(&tenant.cluster_scoped)
         ),
     };
@@ -345,9 +345,9 @@ pub(crate) fn check_cluster<'r>(
     let shipped = |t: usize, role: &str| {
         resources.clone().any(|(resource, _, _, w, _)| {
             fleet.workloads[w].tenant == Some(t)
-                && resource.key.kind == "ClusterRole"
-                && resource.key.group == RBAC
-                && resource.key.name == role
+                && resource.key.kind() == "ClusterRole"
+                && resource.key.group() == RBAC
+                && resource.key.name() == role
         })
     };
     for (resource, file, line, w, verdict) in resources.clone() {
@@ -387,7 +387,7 @@ const RBAC: &str = "rbac.authorization.k8s.io";
 
 /// Whether `key` is a RoleBinding's or a ClusterRoleBinding's.
 fn is_binding(key: &ResourceKey) -> bool {
-    key.group == RBAC && matches!(key.kind.as_str(), "RoleBinding" | "ClusterRoleBinding")
+    key.group() == RBAC && matches!(key.kind(), "RoleBinding" | "ClusterRoleBinding")
 }
 
 /// The ClusterRole a RoleBinding or ClusterRoleBinding refers to.
@@ -550,14 +550,14 @@ pub(crate) fn with_platform_objects(
     for (i, (resource, &p)) in resources.iter().zip(&resource_workloads).enumerate() {
         match tenant_of(p) {
             _ if p == TENANCY_POSITION => {}
-            Some(t) if resource.key.group.is_empty() && resource.key.kind == "Namespace" => {
+            Some(t) if resource.key.group().is_empty() && resource.key.kind() == "Namespace" => {
                 let namespace = labelled_namespace(resource, fleet.tenants[t].pod_security);
                 if !Arc::ptr_eq(&namespace, resource) {
                     labelled.push((i, namespace));
                 }
             }
-            Some(t) if !resource.key.namespace.is_empty() => {
-                namespaces.insert((t, resource.key.namespace.as_str()));
+            Some(t) if !resource.key.namespace().is_empty() => {
+                namespaces.insert((t, resource.key.namespace()));
             }
             // One its rules refuse is an error of its own (see `check_cluster`).
             Some(t) if refusal(&fleet.tenants[t], &resource.key).is_none() => {
@@ -785,7 +785,7 @@ impl PlatformObjects {
         crds.extend(
             resources
                 .iter()
-                .filter(|r| r.key.kind == "CustomResourceDefinition")
+                .filter(|r| r.key.kind() == "CustomResourceDefinition")
                 .filter_map(|r| crd_plural(&r.value())),
         );
         tenant_cluster_role(&fleet.tenants[t], &crds).map(Arc::new)
@@ -846,12 +846,7 @@ fn tenant_objects(tenant: &str, namespace: &str) -> [Resource; 2] {
         "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": TENANT_CLUSTER_ROLE},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
     });
-    let key = |group: &str, kind: &str| ResourceKey {
-        group: group.into(),
-        kind: kind.into(),
-        namespace: namespace.into(),
-        name: name.clone(),
-    };
+    let key = |group: &str, kind: &str| ResourceKey::new(group, kind, namespace, &name);
     [
         Resource::new(key("", "ServiceAccount"), &account),
         Resource::new(key(RBAC, "RoleBinding"), &binding),
@@ -914,12 +909,7 @@ fn tenant_cluster_role(tenant: &Tenant, crds: &CrdPlurals) -> Result<Resource, V
         "metadata": {"name": name, "labels": {"flotilla.dev/tenant": tenant.name}},
         "rules": rules,
     });
-    let key = ResourceKey {
-        group: RBAC.into(),
-        kind: "ClusterRole".into(),
-        namespace: String::new(),
-        name,
-    };
+    let key = ResourceKey::new(RBAC, "ClusterRole", "", name);
     Ok(Resource::new(key, &value))
 }
 
@@ -934,12 +924,7 @@ fn cluster_role_binding(tenant: &str, namespace: &str) -> Resource {
         "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
     });
-    let key = ResourceKey {
-        group: RBAC.into(),
-        kind: "ClusterRoleBinding".into(),
-        namespace: String::new(),
-        name,
-    };
+    let key = ResourceKey::new(RBAC, "ClusterRoleBinding", "", name);
     Resource::new(key, &value)
 }
 

@@ -32,15 +32,15 @@ pub fn transform(
     };
     let mut value = document.value;
     let key = identity(&value).map_err(located)?;
-    let cluster_scoped = is_cluster_scoped(&key.group, &key.kind, scopes);
-    if cluster_scoped && !key.namespace.is_empty() {
+    let cluster_scoped = is_cluster_scoped(key.group(), key.kind(), scopes);
+    if cluster_scoped && !key.namespace().is_empty() {
         return Err(located(format!(
             "{} is cluster-scoped and must not set metadata.namespace",
             key
         )));
     }
     if !cluster_scoped
-        && key.namespace.is_empty()
+        && key.namespace().is_empty()
         && let Some(namespace) = &workload.namespace
         && let Some(metadata) = value.get_mut("metadata").and_then(Value::as_object_mut)
     {
@@ -79,7 +79,8 @@ pub fn transform(
             // cluster-scoped resource into a namespace (the manifest cannot either).
             let result = result.and_then(|()| {
                 let key = identity(&value)?;
-                if !key.namespace.is_empty() && is_cluster_scoped(&key.group, &key.kind, scopes) {
+                if !key.namespace().is_empty() && is_cluster_scoped(key.group(), key.kind(), scopes)
+                {
                     return Err(format!(
                         "{key} is cluster-scoped and must not set metadata.namespace"
                     ));
@@ -151,25 +152,25 @@ fn identity(value: &Value) -> Result<ResourceKey, String> {
 /// refused there is refused here, with the file and line, and no name that passes
 /// can hold `/`, `..`, NUL or a line break.
 fn check_names(key: &ResourceKey) -> Result<(), String> {
-    if let Err(invalid) = names::kind(&key.kind) {
+    if let Err(invalid) = names::kind(key.kind()) {
         return Err(format!(
             "kind {} is not valid: it {invalid}",
-            names::shown(&key.kind)
+            names::shown(key.kind())
         ));
     }
-    if let Err(invalid) = names::resource_name(&key.group, &key.kind, &key.name) {
+    if let Err(invalid) = names::resource_name(key.group(), key.kind(), key.name()) {
         return Err(format!(
             "metadata.name {} is not a valid name for a {}: it {invalid}",
-            names::shown(&key.name),
-            key.kind
+            names::shown(key.name()),
+            key.kind()
         ));
     }
-    if !key.namespace.is_empty()
-        && let Err(invalid) = names::dns1123_label(&key.namespace)
+    if !key.namespace().is_empty()
+        && let Err(invalid) = names::dns1123_label(key.namespace())
     {
         return Err(format!(
             "metadata.namespace {} is not valid: it {invalid}",
-            names::shown(&key.namespace)
+            names::shown(key.namespace())
         ));
     }
     Ok(())

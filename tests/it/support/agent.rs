@@ -34,22 +34,12 @@ pub fn namespace(name: &str) -> Value {
 
 /// The file the dir sink writes for a ConfigMap in namespace `demo`.
 pub fn config_map_file(name: &str) -> String {
-    flotilla_agent::sink::dir::file_name(&ResourceKey {
-        group: String::new(),
-        kind: "ConfigMap".into(),
-        namespace: "demo".into(),
-        name: name.into(),
-    })
+    flotilla_agent::sink::dir::file_name(&ResourceKey::new("", "ConfigMap", "demo", name))
 }
 
 /// The file the dir sink writes for a Namespace.
 pub fn namespace_file(name: &str) -> String {
-    flotilla_agent::sink::dir::file_name(&ResourceKey {
-        group: String::new(),
-        kind: "Namespace".into(),
-        namespace: String::new(),
-        name: name.into(),
-    })
+    flotilla_agent::sink::dir::file_name(&ResourceKey::new("", "Namespace", "", name))
 }
 
 /// Writes `document` where `flotilla publish` puts a cluster's current bundle,

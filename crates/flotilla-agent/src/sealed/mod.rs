@@ -76,7 +76,7 @@ impl AgentIdentity {
     pub fn open(&self, bundle: &Bundle) -> Result<Bundle, SealError> {
         let mut resources = Vec::with_capacity(bundle.resources.len());
         for resource in &bundle.resources {
-            if resource.key.kind != "Secret" || !contains_sealed(&resource.canonical) {
+            if resource.key.kind() != "Secret" || !contains_sealed(&resource.canonical) {
                 resources.push(resource.clone());
                 continue;
             }

@@ -558,16 +558,19 @@ fn kustomization(header: &str, files: &[&str]) -> Vec<u8> {
 pub fn file_name(key: &ResourceKey) -> String {
     let identity = format!(
         "{}\0{}\0{}\0{}",
-        key.group, key.kind, key.namespace, key.name
+        key.group(),
+        key.kind(),
+        key.namespace(),
+        key.name()
     );
     let hash = Digest::of(identity.as_bytes());
-    let mut readable = format!("{}-{}", apply_rank(key), sanitise(&key.kind));
-    if !key.namespace.is_empty() {
+    let mut readable = format!("{}-{}", apply_rank(key), sanitise(key.kind()));
+    if !key.namespace().is_empty() {
         readable.push('-');
-        readable.push_str(&sanitise(&key.namespace));
+        readable.push_str(&sanitise(key.namespace()));
     }
     readable.push('-');
-    readable.push_str(&sanitise(&key.name));
+    readable.push_str(&sanitise(key.name()));
     // The readable part is ASCII after sanitising, so any byte index is a boundary.
     readable.truncate(MAX_NAME_BYTES - 11);
     format!("{readable}-{}.yaml", &hash.hex()[..10])
@@ -601,21 +604,11 @@ mod tests {
     }
 
     fn cm(name: &str) -> String {
-        file_name(&ResourceKey {
-            group: String::new(),
-            kind: "ConfigMap".into(),
-            namespace: "demo".into(),
-            name: name.into(),
-        })
+        file_name(&ResourceKey::new("", "ConfigMap", "demo", name))
     }
 
     fn ns_file(name: &str) -> String {
-        file_name(&ResourceKey {
-            group: String::new(),
-            kind: "Namespace".into(),
-            namespace: String::new(),
-            name: name.into(),
-        })
+        file_name(&ResourceKey::new("", "Namespace", "", name))
     }
 
     struct Fixture {
@@ -866,7 +859,7 @@ mod tests {
         let order: Vec<(&str, ResourceState)> = outcome
             .resources
             .iter()
-            .map(|r| (r.key.name.as_str(), r.state))
+            .map(|r| (r.key.name(), r.state))
             .collect();
         use ResourceState::Applied;
         assert_eq!(
@@ -928,7 +921,7 @@ mod tests {
             .resources
             .iter()
             .filter(|r| r.state == ResourceState::Pruned)
-            .map(|r| r.key.name.as_str())
+            .map(|r| r.key.name())
             .collect();
         assert_eq!(pruned, ["web", "app", "pg", "db"]);
         assert!(
@@ -996,12 +989,8 @@ mod tests {
 
     #[test]
     fn file_names_are_valid_k3s_addon_names_unique_and_stable() {
-        let key = |group: &str, kind: &str, ns: &str, name: &str| ResourceKey {
-            group: group.into(),
-            kind: kind.into(),
-            namespace: ns.into(),
-            name: name.into(),
-        };
+        let key =
+            |group: &str, kind: &str, ns: &str, name: &str| ResourceKey::new(group, kind, ns, name);
         let crd = file_name(&key(
             "apiextensions.k8s.io",
             "CustomResourceDefinition",

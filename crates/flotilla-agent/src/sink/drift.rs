@@ -341,10 +341,10 @@ impl Found {
         action: DriftAction,
     ) -> DriftedResource {
         DriftedResource {
-            group: key.group.clone(),
-            kind: key.kind.clone(),
-            namespace: key.namespace.clone(),
-            name: key.name.clone(),
+            group: key.group().to_string(),
+            kind: key.kind().to_string(),
+            namespace: key.namespace().to_string(),
+            name: key.name().to_string(),
             fields: self.fields,
             managers,
             deleted: self.deleted,

@@ -140,7 +140,7 @@ impl StopSignal {
 /// registered only after the Service and workload that serve it, so that it cannot
 /// refuse the objects applied before it exists.
 pub fn apply_rank(key: &ResourceKey) -> u8 {
-    match (key.group.as_str(), key.kind.as_str()) {
+    match (key.group(), key.kind()) {
         ("apiextensions.k8s.io", "CustomResourceDefinition") => 0,
         ("", "Namespace") => 1,
         (
@@ -183,7 +183,7 @@ pub fn apply_phases(bundle: &Bundle) -> Vec<Vec<&Arc<Resource>>> {
 /// nor the ServiceAccount it names to exist).
 pub(crate) fn tenancy_first_rank(key: &ResourceKey) -> (u8, bool) {
     let tenancy = is_tenancy_object(key);
-    let rank = if tenancy && key.namespace.is_empty() {
+    let rank = if tenancy && key.namespace().is_empty() {
         0
     } else {
         apply_rank(key)
@@ -363,10 +363,7 @@ mod tests {
     #[test]
     fn definitions_and_namespaces_are_applied_first_and_pruned_last() {
         let bundle = sample();
-        let applied: Vec<&str> = apply_order(&bundle)
-            .iter()
-            .map(|r| r.key.name.as_str())
-            .collect();
+        let applied: Vec<&str> = apply_order(&bundle).iter().map(|r| r.key.name()).collect();
         assert_eq!(applied, ["widgets.example.com", "demo", "cfg", "web", "w1"]);
         let pruned: Vec<String> = prune_order(&InventoryEntry::of_bundle(&bundle))
             .into_iter()
@@ -397,7 +394,7 @@ mod tests {
             &[&["operator"], &["db"], &["app"]],
         );
         let names = |phase: &Vec<&Arc<Resource>>| -> Vec<String> {
-            phase.iter().map(|r| r.key.name.clone()).collect()
+            phase.iter().map(|r| r.key.name().to_string()).collect()
         };
         let phases: Vec<Vec<String>> = apply_phases(&bundle).iter().map(names).collect();
         assert_eq!(
@@ -519,10 +516,7 @@ mod tests {
                 object("apps/v1", "Deployment", Some("demo"), "web"),
             ],
         );
-        let applied: Vec<&str> = apply_order(&bundle)
-            .iter()
-            .map(|r| r.key.name.as_str())
-            .collect();
+        let applied: Vec<&str> = apply_order(&bundle).iter().map(|r| r.key.name()).collect();
         assert_eq!(applied, ["web", "check"]);
         let pruned: Vec<String> = prune_order(&InventoryEntry::of_bundle(&bundle))
             .into_iter()

@@ -132,7 +132,7 @@ async fn applies_waits_for_the_crd_prunes_and_reads_health_on_a_live_cluster() {
     let web = outcome
         .resources
         .iter()
-        .find(|r| r.key.name == "web")
+        .find(|r| r.key.name() == "web")
         .expect("a line");
     assert_eq!(web.state, ResourceState::Progressing, "{web:?}");
 
@@ -161,7 +161,7 @@ async fn applies_waits_for_the_crd_prunes_and_reads_health_on_a_live_cluster() {
         let health = sink.health(&first).await.expect("health readable");
         if health
             .iter()
-            .any(|h| h.key.kind == "Deployment" && h.state == ResourceState::Healthy)
+            .any(|h| h.key.kind() == "Deployment" && h.state == ResourceState::Healthy)
         {
             healthy = true;
             break;

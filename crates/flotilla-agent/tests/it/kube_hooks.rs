@@ -73,7 +73,8 @@ fn release(replicas: i64, base_value: &str, delete_policies: &[&str]) -> Bundle 
 fn with_hooks(bundle: Bundle, hooks: &[(&str, &[&str], &[&str])]) -> Bundle {
     let mut meta = bundle.meta.as_deref().cloned().unwrap_or_default();
     for (index, resource) in bundle.resources.iter().enumerate() {
-        if let Some((_, events, policies)) = hooks.iter().find(|(n, ..)| *n == resource.key.name) {
+        if let Some((_, events, policies)) = hooks.iter().find(|(n, ..)| *n == resource.key.name())
+        {
             meta.hooks.push(HookMark {
                 resource: index,
                 events: events.iter().map(|e| e.to_string()).collect(),

@@ -378,7 +378,7 @@ async fn a_tenants_cluster_scoped_objects_are_applied_and_pruned_as_its_service_
     let meta = first.meta.as_deref().cloned().expect("meta");
     for (resource, workload) in first.resources.iter().zip(&meta.workloads) {
         let key = &resource.key;
-        if key.kind.starts_with("Cluster") {
+        if key.kind().starts_with("Cluster") {
             continue;
         }
         values.push((workload.as_str(), resource.value()));

@@ -367,7 +367,7 @@ async fn a_restarted_agent_resumes_the_phases_of_its_stored_bundle_without_the_h
         applied
             .resources
             .iter()
-            .find(|r| r.key.kind == kind && r.key.name == name)
+            .find(|r| r.key.kind() == kind && r.key.name() == name)
             .map(|r| r.state)
     };
     assert_eq!(state_of("Deployment", "db"), Some(Healthy), "{applied:#?}");

@@ -134,7 +134,7 @@ async fn an_unhealthy_workload_is_reported_failed_but_the_bundle_is_applied() {
         report
             .resources
             .iter()
-            .find(|r| r.key.kind == kind && r.key.name == name)
+            .find(|r| r.key.kind() == kind && r.key.name() == name)
             .map(|r| (r.state, r.message.clone()))
             .expect("a line")
     };
@@ -176,7 +176,7 @@ async fn an_unhealthy_workload_is_reported_failed_but_the_bundle_is_applied() {
             r.as_ref().is_some_and(|r| {
                 r.resources
                     .iter()
-                    .any(|l| l.key.name == "web" && l.state == ResourceState::Failed)
+                    .any(|l| l.key.name() == "web" && l.state == ResourceState::Failed)
             })
         })
         .await
@@ -993,7 +993,7 @@ async fn a_lost_state_folder_does_not_leak_objects() {
         report
             .resources
             .iter()
-            .any(|r| r.key.name == "b" && r.state == ResourceState::Pruned)
+            .any(|r| r.key.name() == "b" && r.state == ResourceState::Pruned)
     );
 }
 

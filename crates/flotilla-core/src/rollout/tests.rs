@@ -573,12 +573,12 @@ fn judge_reads_reports_as_the_fleet_summary_does() {
             resources: state
                 .map(|state| {
                     vec![ResourceStatus {
-                        key: std::sync::Arc::new(crate::bundle::ResourceKey {
-                            group: "apps".into(),
-                            kind: "Deployment".into(),
-                            namespace: "pos".into(),
-                            name: "api".into(),
-                        }),
+                        key: std::sync::Arc::new(crate::bundle::ResourceKey::new(
+                            "apps",
+                            "Deployment",
+                            "pos",
+                            "api",
+                        )),
                         state,
                         message: String::new(),
                     }]

@@ -689,7 +689,7 @@ fn the_worker_keeps_the_sealing_headers_it_worked_out_for_the_next_process() {
     let secret = first.bundles["keyed"]
         .resources
         .iter()
-        .find(|r| r.key.kind == "Secret")
+        .find(|r| r.key.kind() == "Secret")
         .expect("the Secret");
     let secret: serde_json::Value =
         serde_json::from_slice(secret.canonical.as_ref()).expect("JSON");

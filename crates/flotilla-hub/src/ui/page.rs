@@ -583,13 +583,13 @@ pub fn served_resources(
                 workload.or_else(|| rendered.and_then(|names| names.get(index)).map(|n| &**n));
             ServedResource {
                 workload: workload.map(str::to_string),
-                kind: if key.group.is_empty() {
-                    key.kind.clone()
+                kind: if key.group().is_empty() {
+                    key.kind().to_string()
                 } else {
-                    format!("{}.{}", key.kind, key.group)
+                    format!("{}.{}", key.kind(), key.group())
                 },
-                namespace: (!key.namespace.is_empty()).then(|| key.namespace.clone()),
-                name: key.name.clone(),
+                namespace: (!key.namespace().is_empty()).then(|| key.namespace().to_string()),
+                name: key.name().to_string(),
                 state: status.map(|s| s.state),
                 message: status.map(|s| s.message.clone()).unwrap_or_default(),
                 anchor: resource_anchor(key),

@@ -234,10 +234,10 @@ pub fn report(diff: &FleetDiff) -> Result<String, serde_json::Error> {
                     .map(|r| ResourceReport {
                         change: r.kind.as_str(),
                         resource: r.key.to_string(),
-                        api_group: &r.key.group,
-                        kind: &r.key.kind,
-                        namespace: &r.key.namespace,
-                        name: &r.key.name,
+                        api_group: r.key.group(),
+                        kind: r.key.kind(),
+                        namespace: r.key.namespace(),
+                        name: r.key.name(),
                         diff: r.diff.as_deref(),
                     })
                     .collect(),

@@ -172,13 +172,13 @@ pub fn flux_files(
         let mut stem = format!(
             "{:04}-{}-{}-{}",
             index + 1,
-            file_part(&key.kind),
-            file_part(if key.namespace.is_empty() {
+            file_part(key.kind()),
+            file_part(if key.namespace().is_empty() {
                 "_"
             } else {
-                &key.namespace
+                key.namespace()
             }),
-            file_part(&key.name)
+            file_part(key.name())
         );
         // A tar header holds a name of 100 bytes; the number keeps cut names unique.
         stem.truncate(MAX_FILE_NAME - ".yaml".len());

@@ -34,5 +34,5 @@ pub fn holds_plain_secrets(bundle: &flotilla_core::bundle::Bundle) -> bool {
 
 /// Whether a resource is a core `Secret`.
 fn is_secret(resource: &Resource) -> bool {
-    resource.key.group.is_empty() && resource.key.kind == "Secret"
+    resource.key.group().is_empty() && resource.key.kind() == "Secret"
 }

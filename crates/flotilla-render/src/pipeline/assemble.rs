@@ -473,7 +473,7 @@ fn unsealed_secrets(fleet: &Fleet, cluster: &Cluster, ranked: &[Ranked<'_>]) -> 
         return None;
     }
     let (_, first, _) = ranked.iter().find(|(_, item, _)| {
-        item.resource.key.kind == "Secret" && item.resource.key.group.is_empty()
+        item.resource.key.kind() == "Secret" && item.resource.key.group().is_empty()
     })?;
     let message = "a Secret for a cluster with no spec.agentKey: its values are served and stored as plain text; add the public key the cluster's agent printed at its first start to its Cluster file to seal them to that agent";
     let diagnostic = if fleet.settings.require_agent_keys {
@@ -537,7 +537,7 @@ fn schema_problems(
     let own_crds: Vec<serde_json::Value> = own
         .iter()
         .filter(|(_, item, _, _)| {
-            item.resource.key.kind == "CustomResourceDefinition" && !checker.knows(&item.resource)
+            item.resource.key.kind() == "CustomResourceDefinition" && !checker.knows(&item.resource)
         })
         .map(|(_, item, _, _)| item.resource.value())
         .collect();
@@ -627,7 +627,7 @@ fn secrets_outside_secrets(
 ) -> Vec<Diagnostic> {
     let mut found = Vec::new();
     for (_, item, _) in ranked {
-        if item.resource.key.kind == "Secret" && item.resource.key.group.is_empty() {
+        if item.resource.key.kind() == "Secret" && item.resource.key.group().is_empty() {
             continue;
         }
         let canonical = &item.resource.canonical;
@@ -697,7 +697,9 @@ fn seal_all(
     let facts: Vec<(usize, _)> = resources
         .iter()
         .enumerate()
-        .filter(|(_, (resource, _))| resource.key.kind == "Secret" && resource.key.group.is_empty())
+        .filter(|(_, (resource, _))| {
+            resource.key.kind() == "Secret" && resource.key.group().is_empty()
+        })
         .map(|(i, (resource, _))| (i, secrets.facts(resource, Some(sealer))))
         .collect();
     let (at, prepared): (Vec<usize>, Vec<_>) = facts
@@ -727,7 +729,7 @@ fn secret_values_in_metadata(
 ) -> Vec<Diagnostic> {
     ranked
         .iter()
-        .filter(|(_, item, _)| item.resource.key.kind == "Secret" && item.resource.key.group.is_empty())
+        .filter(|(_, item, _)| item.resource.key.kind() == "Secret" && item.resource.key.group().is_empty())
         .filter_map(|(_, item, _)| {
             let facts = context.secrets.facts(&item.resource, context.sealer);
             let names: Vec<String> = facts

@@ -304,7 +304,7 @@ pub(super) fn render_clusters(
             .iter()
             .filter_map(|unit| unit.as_ref().ok())
             .flatten()
-            .filter(|r| r.resource.key.kind == "CustomResourceDefinition")
+            .filter(|r| r.resource.key.kind() == "CustomResourceDefinition")
             .map(|r| &r.resource)
             .collect();
         Checker::new(fleet.settings.validation, crds)
@@ -451,7 +451,7 @@ fn judge_tenancy(
     let unit_namespaces = unit_namespaces.flat_map(|(t, resources)| {
         resources
             .iter()
-            .map(move |r| (t, r.resource.key.namespace.as_str()))
+            .map(move |r| (t, r.resource.key.namespace()))
     });
     let stencil_namespaces = slots
         .keys
@@ -462,7 +462,7 @@ fn judge_tenancy(
             stencil
                 .resources
                 .iter()
-                .map(move |r| (t, r.key.namespace.as_str()))
+                .map(move |r| (t, r.key.namespace()))
         });
     // The CRDs of every unit, whoever's: a tenant's ClusterRole names the resources
     // of the custom kinds its `spec.clusterScoped` lists (a cluster's own outputs
@@ -471,7 +471,7 @@ fn judge_tenancy(
         .iter()
         .filter_map(|unit| unit.as_ref().ok())
         .flatten()
-        .filter(|r| r.resource.key.kind == "CustomResourceDefinition")
+        .filter(|r| r.resource.key.kind() == "CustomResourceDefinition")
         .filter_map(|r| scope::crd_plural(&r.resource.value()))
         .collect();
     let objects = PlatformObjects::new(

@@ -349,12 +349,9 @@ fn a_sealed_secret_is_kept_for_the_next_render_and_dropped_when_two_go_by_withou
             "metadata": {"name": "db", "namespace": "shop"},
             "stringData": {"password": password}})
     };
-    let key = Arc::new(flotilla_core::bundle::ResourceKey {
-        group: String::new(),
-        kind: "Secret".to_string(),
-        namespace: "shop".to_string(),
-        name: "db".to_string(),
-    });
+    let key = Arc::new(flotilla_core::bundle::ResourceKey::new(
+        "", "Secret", "shop", "db",
+    ));
     let identity = key.to_string();
     let prepared = sealer
         .prepare(&secret("hunter2"), &identity)

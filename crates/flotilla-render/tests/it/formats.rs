@@ -430,7 +430,7 @@ fn the_real_sops_decrypts_the_layers_secrets_as_yaml_and_as_json() {
     let expected = bundle
         .resources
         .iter()
-        .find(|r| r.key.kind == "Secret")
+        .find(|r| r.key.kind() == "Secret")
         .expect("one")
         .value();
     let dir = tempfile::tempdir().expect("a folder");
@@ -568,7 +568,7 @@ fn a_bundle_over_the_limit_is_split_in_order_and_each_work_keeps_to_it() {
     let sizes: BTreeMap<String, usize> = bundle
         .resources
         .iter()
-        .map(|r| (r.key.name.clone(), manifestwork::manifest_size(r)))
+        .map(|r| (r.key.name().to_string(), manifestwork::manifest_size(r)))
         .collect();
     for work in &works {
         let total: usize = work

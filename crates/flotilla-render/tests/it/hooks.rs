@@ -69,7 +69,12 @@ fn marks(bundle: &Bundle) -> Vec<(String, HookMark)> {
         .expect("a bundle with hooks has meta");
     meta.hooks
         .iter()
-        .map(|h| (bundle.resources[h.resource].key.name.clone(), h.clone()))
+        .map(|h| {
+            (
+                bundle.resources[h.resource].key.name().to_string(),
+                h.clone(),
+            )
+        })
         .collect()
 }
 
@@ -90,7 +95,8 @@ fn a_charts_hooks_are_marked_with_events_weight_and_delete_policies() {
         .map(|(_, mark)| mark)
         .expect("the migration Job is a hook");
     assert_eq!(
-        bundle.resources[migrate.resource].key.kind, "Job",
+        bundle.resources[migrate.resource].key.kind(),
+        "Job",
         "the mark points at the Job"
     );
     assert_eq!(migrate.events, strings(&["pre-install", "pre-upgrade"]));
@@ -117,7 +123,7 @@ fn a_charts_hooks_are_marked_with_events_weight_and_delete_policies() {
     assert_eq!(names.len(), 2, "{names:?}");
     for name in ["web-test", "web", "plain"] {
         assert!(
-            bundle.resources.iter().any(|r| r.key.name == name),
+            bundle.resources.iter().any(|r| r.key.name() == name),
             "{name} is in the bundle"
         );
     }

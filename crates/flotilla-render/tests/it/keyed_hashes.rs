@@ -57,7 +57,7 @@ fn resource(output: &RenderOutput, kind: &str) -> Value {
     let found: Vec<Value> = bundle
         .resources
         .iter()
-        .filter(|r| r.key.kind == kind)
+        .filter(|r| r.key.kind() == kind)
         .map(|r| r.value())
         .collect();
     assert_eq!(found.len(), 1, "{kind}: {found:?}");

@@ -62,7 +62,7 @@ fn workloads_by_name(bundle: &Bundle) -> Vec<(String, String)> {
         .resources
         .iter()
         .zip(&meta.workloads)
-        .map(|(r, w)| (r.key.name.clone(), w.clone()))
+        .map(|(r, w)| (r.key.name().to_string(), w.clone()))
         .collect()
 }
 

@@ -48,7 +48,7 @@ fn resource(output: &RenderOutput, kind: &str) -> Value {
     output.bundles["edge"]
         .resources
         .iter()
-        .find(|r| r.key.kind == kind)
+        .find(|r| r.key.kind() == kind)
         .map(|r| r.value())
         .unwrap_or_else(|| panic!("no {kind}"))
 }
@@ -126,7 +126,7 @@ fn labelled(output: &RenderOutput) -> Vec<String> {
         .resources
         .iter()
         .filter(|r| r.value().pointer("/metadata/labels/hit").is_some())
-        .map(|r| r.key.kind.clone())
+        .map(|r| r.key.kind().to_string())
         .collect()
 }
 

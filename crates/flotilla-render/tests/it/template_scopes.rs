@@ -20,12 +20,12 @@ fn site_namespace(template: &str) -> Option<String> {
     let site = output.bundles["edge"]
         .resources
         .iter()
-        .find(|r| r.key.kind == "Site")
+        .find(|r| r.key.kind() == "Site")
         .expect("a Site");
-    if site.key.namespace.is_empty() {
+    if site.key.namespace().is_empty() {
         None
     } else {
-        Some(site.key.namespace.clone())
+        Some(site.key.namespace().to_string())
     }
 }
 

@@ -659,7 +659,7 @@ fn each_tenants_sops_files_open_only_with_its_own_identities() {
     let shop = output.bundles["north"]
         .resources
         .iter()
-        .find(|r| r.key.kind == "Secret");
+        .find(|r| r.key.kind() == "Secret");
     assert!(
         shop.is_some_and(|r| String::from_utf8_lossy(&r.canonical).contains("shop-secret-value"))
     );
@@ -700,9 +700,9 @@ fn contents(output: &RenderOutput, cluster: &str) -> Vec<(String, String, String
         .map(|(i, r)| {
             (
                 workloads.get(i).cloned().unwrap_or_default(),
-                r.key.kind.clone(),
-                r.key.namespace.clone(),
-                r.key.name.clone(),
+                r.key.kind().to_string(),
+                r.key.namespace().to_string(),
+                r.key.name().to_string(),
             )
         })
         .collect()
@@ -727,7 +727,7 @@ fn value_of(
     output.bundles[cluster]
         .resources
         .iter()
-        .find(|r| r.key.kind == kind && r.key.namespace == namespace && r.key.name == name)
+        .find(|r| r.key.kind() == kind && r.key.namespace() == namespace && r.key.name() == name)
         .unwrap_or_else(|| panic!("no {kind} {namespace}/{name}"))
         .value()
 }

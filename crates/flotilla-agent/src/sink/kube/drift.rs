@@ -95,11 +95,11 @@ impl KubeSink {
                 continue;
             };
             let object = super::applied_object(bundle, resource, applied.found.namespaced);
-            let namespace = applied.found.namespaced.then_some(key.namespace.as_str());
+            let namespace = applied.found.namespaced.then_some(key.namespace());
             let (found, managers) = match self
                 .api
                 .acting_as(users.user(key))
-                .get(&applied.found.resource, namespace, &key.name)
+                .get(&applied.found.resource, namespace, key.name())
                 .await
             {
                 Ok(live) => {
@@ -171,11 +171,17 @@ impl KubeSink {
                 continue;
             };
             let object = super::applied_object(bundle, resource, applied.found.namespaced);
-            let namespace = applied.found.namespaced.then_some(key.namespace.as_str());
+            let namespace = applied.found.namespaced.then_some(key.namespace());
             match self
                 .api
                 .acting_as(users.user(key))
-                .apply(&applied.found.resource, namespace, &key.name, &object, true)
+                .apply(
+                    &applied.found.resource,
+                    namespace,
+                    key.name(),
+                    &object,
+                    true,
+                )
                 .await
             {
                 Ok((code, answer)) => {

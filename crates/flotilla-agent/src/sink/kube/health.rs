@@ -14,7 +14,7 @@ use flotilla_core::status::ResourceState;
 /// Whether flotilla judges the health of this kind.
 pub fn has_health_rule(key: &ResourceKey) -> bool {
     matches!(
-        (key.group.as_str(), key.kind.as_str()),
+        (key.group(), key.kind()),
         ("apps", "Deployment" | "StatefulSet" | "DaemonSet") | ("batch", "Job")
     )
 }
@@ -40,7 +40,7 @@ fn condition_true(object: &Value, kind: &str) -> bool {
 
 /// The health of an object as the server returned it, with a message for humans.
 pub fn health(key: &ResourceKey, object: &Value) -> (ResourceState, String) {
-    match (key.group.as_str(), key.kind.as_str()) {
+    match (key.group(), key.kind()) {
         ("apps", "Deployment") => deployment(object),
         ("apps", "StatefulSet") => stateful_set(object),
         ("apps", "DaemonSet") => daemon_set(object),
@@ -243,12 +243,7 @@ mod tests {
     use serde_json::json;
 
     fn check(group: &str, kind: &str, object: Value, expect: ResourceState, says: &str) {
-        let key = ResourceKey {
-            group: group.into(),
-            kind: kind.into(),
-            namespace: "demo".into(),
-            name: "x".into(),
-        };
+        let key = ResourceKey::new(group, kind, "demo", "x");
         let (state, message) = health(&key, &object);
         assert_eq!((state, message.as_str()), (expect, says), "{kind} {object}");
     }

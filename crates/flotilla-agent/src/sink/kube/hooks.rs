@@ -80,6 +80,20 @@ pub(super) struct Due<'b> {
     pub release: &'b str,
 }
 
+impl Due<'_> {
+    /// Hooks run by weight, then by kind and name.
+    fn in_order(a: &Due, b: &Due) -> std::cmp::Ordering {
+        fn key<'d>(due: &'d Due) -> (i64, &'d str, &'d str) {
+            (
+                due.mark.weight,
+                due.resource.key.kind(),
+                due.resource.key.name(),
+            )
+        }
+        key(a).cmp(&key(b))
+    }
+}
+
 impl<'b> Hooks<'b> {
     /// The bundle's hooks, and which of them are due given what the ledger (as it was
     /// before this apply) says of each release.
@@ -151,13 +165,7 @@ impl<'b> Hooks<'b> {
                 })
             })
             .collect();
-        due.sort_by(|a, b| {
-            (a.mark.weight, &a.resource.key.kind, &a.resource.key.name).cmp(&(
-                b.mark.weight,
-                &b.resource.key.kind,
-                &b.resource.key.name,
-            ))
-        });
+        due.sort_by(Due::in_order);
         due
     }
 
@@ -285,13 +293,7 @@ impl<'b> Leaving<'b> {
                         release: workload.as_str(),
                     })
                     .collect();
-                due.sort_by(|a, b| {
-                    (a.mark.weight, &a.resource.key.kind, &a.resource.key.name).cmp(&(
-                        b.mark.weight,
-                        &b.resource.key.kind,
-                        &b.resource.key.name,
-                    ))
-                });
+                due.sort_by(Due::in_order);
                 due
             };
             releases.insert(
@@ -348,7 +350,7 @@ enum End {
 /// Whether a hook object as the server returned it has finished: a Job once it
 /// completed or failed, a Pod once it succeeded or failed, anything else at once.
 fn finished(key: &ResourceKey, live: &Value) -> Option<End> {
-    match (key.group.as_str(), key.kind.as_str()) {
+    match (key.group(), key.kind()) {
         ("batch", "Job") => match health(key, live) {
             (ResourceState::Healthy, message) => Some(End::Succeeded(message)),
             (ResourceState::Failed, message) => Some(End::Failed(message)),
@@ -429,14 +431,14 @@ impl Run {
         }
         let api_version = api_version_of(hook.resource);
         let found = match self
-            .resolve_for_apply(&api_version, &key.kind, defined)
+            .resolve_for_apply(&api_version, key.kind(), defined)
             .await
         {
             Ok(Some(found)) => found,
             Ok(None) => {
                 return failed(format!(
                     "the API server does not serve kind {} in {api_version}",
-                    key.kind
+                    key.kind()
                 ));
             }
             Err(failure) => {
@@ -449,7 +451,7 @@ impl Run {
                 );
             }
         };
-        let namespace = found.namespaced.then_some(key.namespace.as_str());
+        let namespace = found.namespaced.then_some(key.namespace());
         let resource_name = qualified(&found);
         if hook.mark.deletes_on("before-hook-creation")
             && let Err(message) = self.delete_hook(&found, namespace, key).await
@@ -464,7 +466,7 @@ impl Run {
             .apply(
                 &found.resource,
                 namespace,
-                &key.name,
+                key.name(),
                 &object,
                 self.options.force_conflicts,
             )
@@ -492,7 +494,7 @@ impl Run {
         }
         match end {
             End::Succeeded(message) => {
-                let state = if matches!(key.kind.as_str(), "Job" | "Pod") {
+                let state = if matches!(key.kind(), "Job" | "Pod") {
                     ResourceState::Healthy
                 } else {
                     ResourceState::Applied
@@ -536,7 +538,7 @@ impl Run {
             let read = async {
                 self.pause(self.options.crd_poll).await?;
                 self.api_for(key)
-                    .get(&found.resource, namespace, &key.name)
+                    .get(&found.resource, namespace, key.name())
                     .await
             };
             match read.await {
@@ -545,7 +547,7 @@ impl Run {
                     return End::Failed("it was deleted before it finished".into());
                 }
                 Err(failure) => {
-                    let described = failure.describe("get", &key.kind);
+                    let described = failure.describe("get", key.kind());
                     self.note(key, &failure, &described);
                     if failure.stops_run() {
                         return End::Failed(described);
@@ -568,13 +570,13 @@ impl Run {
         loop {
             let live = match self
                 .api_for(key)
-                .get(&found.resource, namespace, &key.name)
+                .get(&found.resource, namespace, key.name())
                 .await
             {
                 Ok(live) => live,
                 Err(failure) if failure.is_not_found() => return Ok(()),
                 Err(failure) => {
-                    let described = failure.describe("get", &key.kind);
+                    let described = failure.describe("get", key.kind());
                     self.note(key, &failure, &described);
                     return Err(described);
                 }
@@ -586,13 +588,13 @@ impl Run {
                     .map(str::to_string);
                 match self
                     .api_for(key)
-                    .delete(&found.resource, namespace, &key.name, uid, None)
+                    .delete(&found.resource, namespace, key.name(), uid, None)
                     .await
                 {
                     Ok(_) => deleting = true,
                     Err(failure) if failure.is_not_found() => return Ok(()),
                     Err(failure) => {
-                        let described = failure.describe("delete", &key.kind);
+                        let described = failure.describe("delete", key.kind());
                         self.note(key, &failure, &described);
                         return Err(described);
                     }
@@ -606,7 +608,7 @@ impl Run {
                 ));
             }
             if let Err(failure) = self.pause(self.options.crd_poll).await {
-                return Err(failure.describe("delete", &key.kind));
+                return Err(failure.describe("delete", key.kind()));
             }
         }
     }
@@ -641,7 +643,7 @@ mod tests {
         );
         let mut meta = bundle.meta.as_deref().cloned().expect("meta");
         for (index, resource) in bundle.resources.iter().enumerate() {
-            let (events, weight): (&[&str], i64) = match resource.key.name.as_str() {
+            let (events, weight): (&[&str], i64) = match resource.key.name() {
                 "a-late" => (&["pre-install", "pre-upgrade"], 5),
                 "z-early" => (&["pre-install", "pre-upgrade"], -1),
                 "notify" => (&["post-install"], 0),
@@ -662,7 +664,7 @@ mod tests {
         hooks
             .due(&all, when)
             .iter()
-            .map(|d| (d.resource.key.name.clone(), d.event))
+            .map(|d| (d.resource.key.name().to_string(), d.event))
             .collect()
     }
 
@@ -679,7 +681,7 @@ mod tests {
             .resources
             .iter()
             .filter(|r| hooks.is_hook(&r.key))
-            .map(|r| r.key.name.as_str())
+            .map(|r| r.key.name())
             .collect();
         assert_eq!(hook_names, ["a-late", "notify", "z-early"]);
         assert_eq!(
@@ -697,7 +699,7 @@ mod tests {
         let web = bundle
             .resources
             .iter()
-            .find(|r| r.key.name == "web")
+            .find(|r| r.key.name() == "web")
             .expect("web");
         ledger.record_apply(&InventoryEntry::of(web), true, Some("uid-1"));
         let hooks = Hooks::plan(&bundle, &ledger);

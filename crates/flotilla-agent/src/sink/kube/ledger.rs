@@ -64,12 +64,12 @@ pub(crate) struct LedgerEntry {
 
 impl LedgerEntry {
     pub fn key(&self) -> ResourceKey {
-        ResourceKey {
-            group: api_group(&self.api_version).to_string(),
-            kind: self.kind.clone(),
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
-        }
+        ResourceKey::new(
+            api_group(&self.api_version),
+            &self.kind,
+            &self.namespace,
+            &self.name,
+        )
     }
 
     pub fn inventory_entry(&self) -> InventoryEntry {

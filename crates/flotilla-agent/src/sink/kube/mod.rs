@@ -335,11 +335,11 @@ impl Users {
             .zip(&meta.workloads)
             .filter(|(resource, _)| {
                 let key = &resource.key;
-                !(key.namespace.is_empty() && key.group.is_empty() && key.kind == "Namespace")
+                !(key.namespace().is_empty() && key.group().is_empty() && key.kind() == "Namespace")
             })
             .filter_map(|(resource, workload)| {
                 let tenant: &str = tenant_of.get(workload.as_str())?;
-                let namespace = match resource.key.namespace.as_str() {
+                let namespace = match resource.key.namespace() {
                     "" => cluster_namespaces
                         .entry(tenant)
                         .or_insert_with(|| cluster_namespace(tenant))
@@ -658,22 +658,22 @@ async fn read_health(
             ResourceState::Progressing,
             format!(
                 "cannot read its health: {}",
-                failure.describe("get", &key.kind)
+                failure.describe("get", key.kind())
             ),
         ))
     };
     let found = match discovery
-        .resolve(api, &api_version_of(resource), &key.kind)
+        .resolve(api, &api_version_of(resource), key.kind())
         .await
     {
         Ok(Some(found)) => found,
         Ok(None) => return Ok((ResourceState::Failed, "its kind is not served".into())),
         Err(failure) => return unreadable(failure),
     };
-    let namespace = found.namespaced.then_some(key.namespace.as_str());
+    let namespace = found.namespaced.then_some(key.namespace());
     match api
         .acting_as(user)
-        .get(&found.resource, namespace, &key.name)
+        .get(&found.resource, namespace, key.name())
         .await
     {
         Ok(live) => Ok(health(key, &live)),
@@ -851,7 +851,7 @@ struct Run {
 }
 
 fn is_job(key: &ResourceKey) -> bool {
-    key.group == "batch" && key.kind == "Job"
+    key.group() == "batch" && key.kind() == "Job"
 }
 
 fn is_established(crd: &Value) -> bool {
@@ -1045,14 +1045,14 @@ impl Run {
         }
         let api_version = api_version_of(resource);
         let found = match self
-            .resolve_for_apply(&api_version, &key.kind, defined)
+            .resolve_for_apply(&api_version, key.kind(), defined)
             .await
         {
             Ok(Some(found)) => found,
             Ok(None) => {
                 let message = format!(
                     "the API server does not serve kind {} in {api_version} (is its CustomResourceDefinition installed?)",
-                    key.kind
+                    key.kind()
                 );
                 return (
                     Line {
@@ -1069,7 +1069,7 @@ impl Run {
                 );
             }
         };
-        let namespace = found.namespaced.then_some(key.namespace.as_str());
+        let namespace = found.namespaced.then_some(key.namespace());
         let resource_name = qualified(&found);
         let manifest = Digest::of(&resource.canonical);
         // A Job runs once per manifest: one that finished and was removed
@@ -1079,7 +1079,7 @@ impl Run {
         {
             match self
                 .api_for(key)
-                .get(&found.resource, namespace, &key.name)
+                .get(&found.resource, namespace, key.name())
                 .await
             {
                 Ok(_) => {}
@@ -1107,7 +1107,7 @@ impl Run {
             .apply(
                 &found.resource,
                 namespace,
-                &key.name,
+                key.name(),
                 &object,
                 self.options.force_conflicts,
             )
@@ -1143,7 +1143,7 @@ impl Run {
     async fn wait_established(&mut self, key: &ResourceKey) -> Result<(), EstablishError> {
         let deadline = Instant::now() + self.options.crd_timeout;
         loop {
-            match self.api.get(&crd_resource(), None, &key.name).await {
+            match self.api.get(&crd_resource(), None, key.name()).await {
                 Ok(crd) if is_established(&crd) => return Ok(()),
                 Ok(_) => {}
                 Err(failure) => {
@@ -1325,12 +1325,7 @@ mod summary_tests {
     use super::*;
 
     fn line(name: &str, state: ResourceState, apply_error: bool, message: &str) -> Line {
-        let key = ResourceKey {
-            group: String::new(),
-            kind: "ConfigMap".into(),
-            namespace: "demo".into(),
-            name: name.into(),
-        };
+        let key = ResourceKey::new("", "ConfigMap", "demo", name);
         Line {
             status: ResourceStatus::new(&key, state, message),
             apply_error,

@@ -205,7 +205,7 @@ impl Run {
             };
             if let Err(failure) = reads.await {
                 let key = &phase[first].key;
-                let described = failure.describe("get", &key.kind);
+                let described = failure.describe("get", key.kind());
                 self.note(key, &failure, &described);
                 return None;
             }
@@ -423,12 +423,12 @@ impl Run {
             let mut still = Vec::new();
             for &i in &waiting {
                 let (key, found) = &lingering[i];
-                let namespace = found.namespaced.then_some(key.namespace.as_str());
-                match self.api.get(&found.resource, namespace, &key.name).await {
+                let namespace = found.namespaced.then_some(key.namespace());
+                match self.api.get(&found.resource, namespace, key.name()).await {
                     Err(failure) if failure.is_not_found() => {}
                     Ok(_) => still.push(i),
                     Err(failure) => {
-                        let described = failure.describe("get", &key.kind);
+                        let described = failure.describe("get", key.kind());
                         self.note(key, &failure, &described);
                         if failure.stops_run() {
                             return None;

@@ -44,13 +44,13 @@ impl<'a> Context<'a> {
             namespaces_in_use: bundle
                 .resources
                 .iter()
-                .map(|r| r.key.namespace.as_str())
+                .map(|r| r.key.namespace())
                 .filter(|n| !n.is_empty())
                 .collect(),
             kinds_in_use: bundle
                 .resources
                 .iter()
-                .map(|r| (r.key.group.as_str(), r.key.kind.as_str()))
+                .map(|r| (r.key.group(), r.key.kind()))
                 .collect(),
             allow_namespaces_and_crds: allow,
             ledger_namespace,

@@ -229,7 +229,7 @@ async fn a_first_apply_records_its_intent_then_applies_in_order_and_records_what
     let states: Vec<(String, ResourceState, String)> = outcome
         .resources
         .iter()
-        .map(|r| (r.key.name.clone(), r.state, r.message.clone()))
+        .map(|r| (r.key.name().to_string(), r.state, r.message.clone()))
         .collect();
     assert_eq!(
         states,

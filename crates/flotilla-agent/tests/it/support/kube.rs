@@ -40,7 +40,7 @@ pub fn line(outcome: &ApplyOutcome, kind: &str, name: &str) -> (ResourceState, S
     outcome
         .resources
         .iter()
-        .find(|r| r.key.kind == kind && r.key.name == name)
+        .find(|r| r.key.kind() == kind && r.key.name() == name)
         .map(|r| (r.state, r.message.clone()))
         .unwrap_or_else(|| panic!("no line for {kind}/{name} in {outcome:#?}"))
 }
