@@ -734,6 +734,12 @@ fn fleet_budget_counts_every_path_to_a_shared_blob() {
         shared, 67,
         "the 67 paths within the budget are read, none after"
     );
+    // Rendered, the fleet read in part gives that one error, not one for each file
+    // read (each of them is four megabytes of comments, no overlay).
+    assert!(snapshot.incomplete);
+    let output = render(&snapshot);
+    assert_eq!(lines(&output), problems);
+    assert!(output.bundles.is_empty());
 }
 
 /// A resource may not be larger than the API server would accept (3 MiB by default).

@@ -31,6 +31,11 @@ pub struct FleetSnapshot {
     /// published over its values (kustomize's `secretGenerator` name suffix, Helm's
     /// `sha256sum`) is keyed with, so that the hash lets nobody test a guess.
     pub hash_keys: BTreeMap<String, [u8; 32]>,
+    /// Whether reading stopped early at a budget (the fleet's bytes): `files` are then
+    /// only some of the fleet's, and rendering them would report errors that are not
+    /// in the fleet (files missing, or read in part), so the renderer reports
+    /// `problems` alone.
+    pub incomplete: bool,
 }
 
 /// Whether a binary file is one the renderer may read: a packed Helm chart.
@@ -42,6 +47,7 @@ impl FleetSnapshot {
     /// A snapshot from in-memory files, for tests and tools.
     pub fn from_files<'a>(files: impl IntoIterator<Item = (&'a str, &'a str)>) -> FleetSnapshot {
         FleetSnapshot {
+            incomplete: false,
             files: files
                 .into_iter()
                 .map(|(path, text)| (path.to_string(), Arc::from(text)))

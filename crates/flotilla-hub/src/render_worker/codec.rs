@@ -52,6 +52,9 @@ struct InputHeader {
     revision: String,
     problems: Vec<Diagnostic>,
     skipped: BTreeMap<String, String>,
+    /// Whether the snapshot stopped at a budget ([`FleetSnapshot::incomplete`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    incomplete: bool,
 }
 
 /// A render's header. Memberships and labels are written as changes against the
@@ -187,6 +190,7 @@ pub(super) fn encode_input(
         revision: snapshot.revision.clone(),
         problems: snapshot.problems.clone(),
         skipped: snapshot.skipped.clone(),
+        incomplete: snapshot.incomplete,
     };
     put_bytes(out, &serde_json::to_vec(&header).map_err(io::Error::other)?)?;
     let (order, indexes) = by_address(snapshot.files.values().map(|text| Some(&**text)));
@@ -256,6 +260,7 @@ pub(super) fn decode_input(
         _ => return Err(invalid("unknown render to render since")),
     };
     let snapshot = FleetSnapshot {
+        incomplete: header.incomplete,
         files,
         revision: header.revision,
         problems: header.problems,

@@ -159,6 +159,7 @@ fn a_snapshot_goes_over_whole_and_paths_to_one_content_share_it() {
         .problems
         .push(Diagnostic::error("a problem").in_file("x.yaml"));
     snapshot.skipped.insert("bin.dat".into(), "binary".into());
+    snapshot.incomplete = true;
     snapshot.binaries.insert(
         "charts/web-1.0.0.tgz".into(),
         Arc::from(&[0x1f, 0x8b, 0, 255][..]),
@@ -191,6 +192,7 @@ fn a_snapshot_goes_over_whole_and_paths_to_one_content_share_it() {
     assert_eq!(back.revision, snapshot.revision);
     assert_eq!(back.problems, snapshot.problems);
     assert_eq!(back.skipped, snapshot.skipped);
+    assert!(back.incomplete);
     assert_eq!(back.binaries, snapshot.binaries);
     assert!(Arc::ptr_eq(
         &back.files["a/one.txt"],

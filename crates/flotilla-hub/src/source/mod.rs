@@ -369,6 +369,7 @@ impl<'a> Files<'a> {
         self.bytes_read = self.bytes_read.saturating_add(size);
         if self.bytes_read > self.limits.max_fleet_bytes {
             self.exhausted = true;
+            self.snapshot.incomplete = true;
             self.problem(
                 Diagnostic::error(format!(
                     "the fleet's files come to more than {} bytes (--max-fleet-bytes, every path \

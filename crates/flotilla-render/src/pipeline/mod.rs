@@ -71,6 +71,15 @@ pub(crate) fn render_inner(
     (previous, parsed): (Option<&RenderOutput>, Option<&load::ParsedClusters>),
     fetch: &mut FetchBundles<'_>,
 ) -> RenderOutput {
+    // A fleet read in part (a budget stopped the read) would render into errors
+    // about what was not read: the reason it was not is the one error.
+    if snapshot.incomplete {
+        return RenderOutput {
+            revision: snapshot.revision.clone(),
+            diagnostics: snapshot.problems.clone(),
+            ..RenderOutput::default()
+        };
+    }
     let stop = Stop::new(options);
     let limits = &options.limits;
     let patch_limits = PatchLimits {
