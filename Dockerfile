@@ -34,6 +34,10 @@ COPY --from=build --chown=65532:65532 /out/agent-state /var/lib/flotilla-agent
 ENV FLOTILLA_AGENT_STATE_DIR=/var/lib/flotilla-agent \
     FLOTILLA_AGENT_TOKEN_FILE=/etc/flotilla/token \
     FLOTILLA_AGENT_SINK=kube
+# glibc serves each allocation of 1 MiB or more (a bundle's document) from a mapping
+# of its own, given back when freed, instead of raising that threshold as it goes and
+# keeping such buffers in its heap (docs/agent.md, "Memory").
+ENV GLIBC_TUNABLES=glibc.malloc.mmap_threshold=1048576
 VOLUME ["/var/lib/flotilla-agent"]
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/flotilla-agent"]

@@ -350,11 +350,29 @@ fn the_dockerfile_builds_from_what_the_repository_holds() {
     let agent_env = env(agent);
     let agent_help = help_of(&["agent"]);
     for (key, _) in &agent_env {
+        // Read by the C library the agent runs on, not by the agent.
+        if key == "GLIBC_TUNABLES" {
+            continue;
+        }
         assert!(
             key.starts_with("FLOTILLA_AGENT_") && agent_help.contains(&format!("[env: {key}=")),
             "the agent image sets {key}, which the agent does not read"
         );
     }
+    // The image and the systemd unit tune glibc's allocator alike.
+    let tunables = agent_env
+        .iter()
+        .find(|(k, _)| k == "GLIBC_TUNABLES")
+        .map(|(_, v)| v.clone())
+        .expect("the agent image sets GLIBC_TUNABLES");
+    assert_eq!(tunables, "glibc.malloc.mmap_threshold=1048576");
+    let unit = std::fs::read_to_string(Path::new(ROOT).join("deploy/flotilla-agent.service"))
+        .expect("the systemd unit");
+    assert!(
+        unit.lines()
+            .any(|line| line == format!("Environment=GLIBC_TUNABLES={tunables}")),
+        "the systemd unit sets GLIBC_TUNABLES={tunables} as the image does"
+    );
     let state = agent_env
         .iter()
         .find(|(k, _)| k == "FLOTILLA_AGENT_STATE_DIR")

@@ -298,12 +298,17 @@ fn the_systemd_unit_runs_the_dir_sink_into_the_k3s_manifests_folder() {
         .collect();
     let value = |key: &str| lines.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
     assert_eq!(value("ExecStart"), Some("/usr/local/bin/flotilla-agent"));
-    let variables: BTreeMap<String, String> = lines
+    let mut variables: BTreeMap<String, String> = lines
         .iter()
         .filter(|(k, _)| *k == "Environment")
         .filter_map(|(_, v)| v.split_once('='))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
+    // Read by the C library the agent runs on, not by the agent.
+    assert_eq!(
+        variables.remove("GLIBC_TUNABLES").as_deref(),
+        Some("glibc.malloc.mmap_threshold=1048576")
+    );
     let settings = agent_settings(&variables);
     assert_eq!(
         settings.sink,
