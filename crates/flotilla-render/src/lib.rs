@@ -89,6 +89,9 @@ pub struct RenderOptions<'a> {
 pub struct RenderOutput {
     /// The revision the snapshot was read from.
     pub revision: String,
+    /// Whether the fleet was read in part (a budget stopped the read), so that nothing
+    /// was rendered: no cluster is known to have come or gone, only why.
+    pub incomplete: bool,
     /// One bundle per cluster that rendered without error.
     pub bundles: BTreeMap<String, Bundle>,
     /// Errors and warnings, sorted by file and line.

@@ -739,6 +739,7 @@ pub(super) fn read_output(mut input: impl Read, known: Known<'_>) -> io::Result<
     }
     let provenance = decode_provenance(&mut input, since.map(|s| &s.provenance))?;
     Ok(RenderOutput {
+        incomplete: false,
         revision: header.revision,
         bundles,
         diagnostics: header.diagnostics,

@@ -657,6 +657,8 @@ pub fn diff(base: &RenderOutput, head: &RenderOutput, options: &DiffOptions) -> 
     let on_head = known_clusters(head);
     let names: Vec<&str> = on_base.union(&on_head).copied().collect();
 
+    // A side whose fleet was read in part rendered nothing: each cluster is unknown
+    // there (failed on HEAD, not known before on BASE), not gone or new.
     let classified: Vec<Classified<'_>> = names
         .par_iter()
         .map(|name| {
@@ -664,8 +666,8 @@ pub fn diff(base: &RenderOutput, head: &RenderOutput, options: &DiffOptions) -> 
                 name,
                 base,
                 head,
-                on_base.contains(name),
-                on_head.contains(name),
+                base.incomplete || on_base.contains(name),
+                head.incomplete || on_head.contains(name),
             )
         })
         .collect();

@@ -240,6 +240,31 @@ fn a_cluster_whose_file_breaks_on_head_is_not_rendered_rather_than_removed() {
 }
 
 #[test]
+fn a_fleet_read_in_part_removes_and_adds_no_cluster() {
+    let fleet = Fleet::new(&THREE);
+    // What a byte budget that stopped the read makes: its one error, nothing rendered.
+    let mut snapshot =
+        FleetSnapshot::from_files(fleet.files.iter().map(|(p, t)| (p.as_str(), t.as_str())));
+    snapshot.incomplete = true;
+    snapshot.problems.push(
+        flotilla_core::diagnostic::Diagnostic::error("the fleet's files come to more bytes")
+            .in_file("clusters/b.yaml"),
+    );
+    let partial = render(&snapshot);
+    assert!(partial.incomplete && partial.bundles.is_empty());
+
+    let diff = super::diff(&fleet.render(), &partial, &DiffOptions::default());
+    assert!(diff.head_is_broken());
+    assert_eq!(names(&diff, ClusterStatus::Failed), ["a", "b", "c"]);
+    assert!(names(&diff, ClusterStatus::Removed).is_empty());
+
+    let diff = super::diff(&partial, &fleet.render(), &DiffOptions::default());
+    assert!(names(&diff, ClusterStatus::Added).is_empty());
+    assert_eq!(names(&diff, ClusterStatus::Changed), ["a", "b", "c"]);
+    assert!(diff.clusters.iter().all(|c| c.before.is_none()));
+}
+
+#[test]
 fn a_cluster_base_did_not_render_is_changed_with_no_before() {
     let mut base = Fleet::new(&THREE);
     base.set(

@@ -76,6 +76,7 @@ pub(crate) fn render_inner(
     if snapshot.incomplete {
         return RenderOutput {
             revision: snapshot.revision.clone(),
+            incomplete: true,
             diagnostics: snapshot.problems.clone(),
             ..RenderOutput::default()
         };
