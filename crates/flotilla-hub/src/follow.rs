@@ -101,7 +101,9 @@ fn weight(output: &RenderOutput) -> u64 {
                 bytes += 48 + resource.canonical.len() as u64;
                 let key = &resource.key;
                 if keys.insert(Arc::as_ptr(key)) {
-                    bytes += 112
+                    // The Arc's box and counts, then the one buffer of its four parts.
+                    bytes += (std::mem::size_of::<flotilla_core::bundle::ResourceKey>() + 16)
+                        as u64
                         + (key.group().len()
                             + key.kind().len()
                             + key.namespace().len()
