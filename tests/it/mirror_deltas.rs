@@ -263,3 +263,50 @@ fn a_mirror_delta_of_one_changed_field_in_two_megabytes_is_small() {
     assert!(change < 2_500, "{change} bytes for one changed field");
     assert!(idle < 1_000, "{idle} bytes while nothing changes");
 }
+
+/// A mirror put back to the very document it held before a change that came as a
+/// delta (a backup restored, or the same unsigned output published again) is taken
+/// again: the agent compares a whole document with the one it runs, not with the one
+/// it last fetched whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_put_back_after_a_delta_is_taken_again() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let state = tempfile::tempdir().expect("tempdir");
+    let target = tempfile::tempdir().expect("tempdir");
+    let document = out.path().join(format!("v1/clusters/{CLUSTER}/bundle"));
+    let v1 = release("one");
+    publish_into(out.path(), &v1, 3);
+    let v1_document = std::fs::read(&document).expect("published");
+    let mut agent = start_agent(
+        Server::File(out.path().to_path_buf()),
+        state.path(),
+        target.path(),
+    );
+    agent.applied(&v1.digest).await;
+
+    let v2 = release("two");
+    publish_into(out.path(), &v2, 3);
+    let report = agent.applied(&v2.digest).await;
+    assert!(
+        report.message.contains("received as a delta"),
+        "{}",
+        report.message
+    );
+
+    publish_into(out.path(), &v1, 0);
+    assert_eq!(
+        std::fs::read(&document).expect("published"),
+        v1_document,
+        "the mirror holds the first document again, byte for byte"
+    );
+    let report = agent.applied(&v1.digest).await;
+    assert!(report.is_success(), "{report:?}");
+    let files = yaml_files(target.path());
+    assert!(
+        files
+            .get(&config_map_file("settings"))
+            .is_some_and(|text| text.contains("one")),
+        "{files:?}"
+    );
+    agent.stop().await;
+}

@@ -508,6 +508,13 @@ impl HubClient {
         self.dictionary = digest;
     }
 
+    /// Notes `document`, rebuilt from a delta and taken, as the document last
+    /// fetched: a server that later offers these very bytes again is answered "not
+    /// modified", and one that goes back to the document before them is not.
+    pub fn fetched_document(&mut self, document: &[u8]) {
+        self.last_body = Some(Digest::of(document));
+    }
+
     /// Whether `body` is byte for byte the document fetched last, while the caller
     /// holds a bundle (`if_none_match`); remembers `body` otherwise.
     fn unchanged(&mut self, body: &[u8], if_none_match: Option<&str>) -> bool {

@@ -821,7 +821,14 @@ impl Poller {
                 Ok(Fetched::Bundle { body, etag }) => {
                     // Shared with the bundle made of it, not copied.
                     let body = Arc::new(body);
-                    match self.judge(&body, etag.as_deref()) {
+                    let verdict = self.judge(&body, etag.as_deref());
+                    if as_delta && !matches!(verdict, Verdict::Refused(..)) {
+                        // A document rebuilt from a delta and taken is the one to
+                        // compare the next whole document with, not the one fetched
+                        // whole before it.
+                        self.client.fetched_document(&body);
+                    }
+                    match verdict {
                         Verdict::Refused(_, message) if as_delta => {
                             self.delta_failed(message, offer).await;
                             continue;
