@@ -314,6 +314,20 @@ impl FetchError {
     }
 }
 
+/// A reader that keeps a copy of what is read from it.
+struct Copied<'a, R> {
+    from: R,
+    into: &'a mut Vec<u8>,
+}
+
+impl<R: Read> Read for Copied<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.from.read(buf)?;
+        self.into.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+}
+
 /// A client for one cluster's paths on one server. Clones share the connection pool.
 #[derive(Debug, Clone)]
 pub struct HubClient {
@@ -518,7 +532,11 @@ impl HubClient {
     /// Whether `body` is byte for byte the document fetched last, while the caller
     /// holds a bundle (`if_none_match`); remembers `body` otherwise.
     fn unchanged(&mut self, body: &[u8], if_none_match: Option<&str>) -> bool {
-        let seen = Digest::of(body);
+        self.unchanged_digest(Digest::of(body), if_none_match)
+    }
+
+    /// [`HubClient::unchanged`] of a document whose digest is `seen`.
+    fn unchanged_digest(&mut self, seen: Digest, if_none_match: Option<&str>) -> bool {
         if if_none_match.is_some() && self.last_body.as_ref() == Some(&seen) {
             return true;
         }
@@ -620,14 +638,17 @@ impl HubClient {
                     }
                     file.rewind().map_err(file_error)?;
                 }
+                // Hashed as it is read: the digest is of these very bytes.
                 let mut body = Vec::with_capacity(size as usize);
-                file.take(MAX_BUNDLE_BYTES as u64 + 1)
-                    .read_to_end(&mut body)
-                    .map_err(file_error)?;
+                let seen = Digest::of_reader(Copied {
+                    from: file.take(MAX_BUNDLE_BYTES as u64 + 1),
+                    into: &mut body,
+                })
+                .map_err(file_error)?;
                 if body.len() > MAX_BUNDLE_BYTES {
                     return Err(too_large());
                 }
-                if self.unchanged(&body, if_none_match) {
+                if self.unchanged_digest(seen, if_none_match) {
                     return Ok(Fetched::NotModified);
                 }
                 Ok(Fetched::Bundle { body, etag: None })
