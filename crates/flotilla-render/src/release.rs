@@ -360,11 +360,16 @@ pub fn capabilities(
     }
 }
 
-/// What a release rendered to: its documents, with the chart file each came from.
-/// Two outputs are equal when their documents are (compared by a digest).
+/// What a release rendered to: its documents, with the chart file each came from,
+/// and the warnings its render met. Two outputs are equal when their documents are
+/// (compared by a digest).
 pub struct ReleaseOutput {
     digest: [u8; 32],
     body: Body,
+    /// The warnings of this release's render (each once, for the workload, without
+    /// a cluster): every cluster given this output reports them as its own, so a
+    /// render since this one that keeps a cluster keeps its release's warnings.
+    warnings: Arc<[Diagnostic]>,
 }
 
 /// A release's documents as rendered, or as a stencil and the strings to fill in
@@ -388,6 +393,11 @@ impl std::fmt::Debug for ReleaseOutput {
 }
 
 impl ReleaseOutput {
+    /// The warnings its render met, each for the workload, without a cluster.
+    pub fn warnings(&self) -> &[Diagnostic] {
+        &self.warnings
+    }
+
     /// The release's documents.
     pub fn documents(&self) -> Vec<SourcedDocument> {
         match &self.body {
@@ -498,10 +508,25 @@ pub struct ReleaseCache {
     without_stencils: bool,
     /// How many releases were filled in from a stencil.
     filled: std::sync::atomic::AtomicUsize,
-    /// Warnings met while rendering (`lookup`, values coalescing), once each.
+    /// Warnings of the releases that failed (`lookup`, values coalescing), once
+    /// each; those of a release that rendered are in its output.
     warnings: Mutex<Vec<Diagnostic>>,
     /// Whether any chart called a generating function.
     generated: std::sync::atomic::AtomicBool,
+}
+
+/// Whether two warnings of a release say the same of the same file.
+fn same_warning(a: &Diagnostic, b: &Diagnostic) -> bool {
+    a.message == b.message && a.file == b.file
+}
+
+/// The end of the warning about a value generated from the public seed, after the
+/// generating function's name.
+const PUBLIC_SEED_WARNING: &str = " generates a value here, from flotilla's public seed (the hub uses its own secret seed): to choose the value yourself, set the chart value this template reads";
+
+/// Whether `diagnostic` warns of a value a chart generated from the public seed.
+pub fn generated_from_public_seed(diagnostic: &Diagnostic) -> bool {
+    !diagnostic.is_error() && diagnostic.message.ends_with(PUBLIC_SEED_WARNING)
 }
 
 /// What a render gives every release.
@@ -674,6 +699,8 @@ impl ReleaseCache {
                 stencil: Arc::clone(stencil),
                 strings: strings.into_boxed_slice(),
             },
+            // A stencil that warns is refused.
+            warnings: Arc::from([]),
         }))
     }
 
@@ -694,10 +721,7 @@ impl ReleaseCache {
 
     fn warn(&self, diagnostic: Diagnostic) {
         let mut warnings = self.warnings.lock().unwrap_or_else(|e| e.into_inner());
-        if !warnings
-            .iter()
-            .any(|w| w.message == diagnostic.message && w.file == diagnostic.file)
-        {
+        if !warnings.iter().any(|w| same_warning(w, &diagnostic)) {
             warnings.push(diagnostic);
         }
     }
@@ -718,37 +742,43 @@ impl ReleaseCache {
             self.generated
                 .store(true, std::sync::atomic::Ordering::Relaxed);
         }
+        let mut warnings: Vec<Diagnostic> = Vec::new();
+        let mut warn = |diagnostic: Diagnostic| {
+            if !warnings.iter().any(|w| same_warning(w, &diagnostic)) {
+                warnings.push(diagnostic.for_workload(workload));
+            }
+        };
         if settings.seed == &PUBLIC_SEED {
             for (template, function) in &host.generators {
-                self.warn(
-                    Diagnostic::warning(format!(
-                        "{function} generates a value here, from flotilla's public seed (the hub uses its own secret seed): to choose the value yourself, set the chart value this template reads"
-                    ))
-                    .in_file(fleet_path(release, template))
-                    .for_workload(workload),
+                warn(
+                    Diagnostic::warning(format!("{function}{PUBLIC_SEED_WARNING}"))
+                        .in_file(fleet_path(release, template)),
                 );
             }
         }
         for (template, message) in host.warnings {
-            self.warn(
-                Diagnostic::warning(message)
-                    .in_file(fleet_path(release, &template))
-                    .for_workload(workload),
-            );
+            warn(Diagnostic::warning(message).in_file(fleet_path(release, &template)));
         }
         for warning in &helm_warnings {
-            self.warn(
+            warn(
                 Diagnostic::warning(format!("helm: {warning}"))
-                    .in_file(release.chart_path.as_str())
-                    .for_workload(workload),
+                    .in_file(release.chart_path.as_str()),
             );
         }
-        let outcome = rendered.map(|(documents, digest)| {
-            Arc::new(ReleaseOutput {
+        let outcome = match rendered {
+            Ok((documents, digest)) => Ok(Arc::new(ReleaseOutput {
                 digest,
                 body: Body::Rendered(documents),
-            })
-        });
+                warnings: warnings.into(),
+            })),
+            // The cluster fails, and the render reports these once for the fleet.
+            Err(error) => {
+                for warning in warnings {
+                    self.warn(warning);
+                }
+                Err(error)
+            }
+        };
         (outcome, generated)
     }
 }
@@ -886,6 +916,7 @@ fn render_stencil(
         output: ReleaseOutput {
             digest,
             body: Body::Rendered(documents),
+            warnings: Arc::from([]),
         },
         derived,
     }))

@@ -352,11 +352,18 @@ pub(crate) fn render_inner(
             bundle
         }));
     }
+    // Whether a cluster kept from the render before has a value a chart generated
+    // from the public seed.
+    let mut kept_generated = false;
     if let Some(previous) = previous {
         for i in (0..clusters.len()).filter(|&i| redo[i] == Redo::Nothing) {
             let name = &clusters[i].name;
             kept.push(previous.bundles[name].clone());
             let found = &previous.provenance.clusters[name];
+            kept_generated |= found
+                .warnings
+                .iter()
+                .any(release::generated_from_public_seed);
             diagnostics.extend(found.warnings.iter().map(|d| d.clone().for_cluster(name)));
             provenance.clusters.insert(name.clone(), found.clone());
         }
@@ -376,7 +383,8 @@ pub(crate) fn render_inner(
     diagnostics.extend(patch_warnings);
     diagnostics.extend(helm.cache.take_warnings());
     // Each template that generated a value from the public seed was warned about.
-    let generated_from_public_seed = options.helm_seed.is_none() && helm.cache.generated_any();
+    let generated_from_public_seed =
+        options.helm_seed.is_none() && (helm.cache.generated_any() || kept_generated);
     let mut output = collect_output(
         snapshot,
         &fleet,

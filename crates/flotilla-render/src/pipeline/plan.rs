@@ -185,6 +185,14 @@ pub(super) fn plan_cluster(
             };
             match rendered {
                 Ok(output) => {
+                    // The release's warnings are the cluster's: kept with it when a
+                    // later render leaves it as it is.
+                    diagnostics.extend(
+                        output
+                            .warnings()
+                            .iter()
+                            .map(|w| w.clone().for_cluster(&cluster.name)),
+                    );
                     outputs.push(texts.len());
                     texts.push((template, Written::Release(output)));
                 }

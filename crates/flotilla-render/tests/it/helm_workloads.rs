@@ -575,3 +575,63 @@ fn a_missing_value_a_chart_prints_is_a_warning() {
         "{warnings:#?}"
     );
 }
+
+/// A chart's warnings (here `lookup`'s, and a value generated from the public seed)
+/// are kept with the clusters whose releases met them: a render since the one
+/// before that renders none of those clusters again reports them as a full render
+/// does.
+#[test]
+fn a_render_since_the_last_keeps_the_warnings_of_the_releases_it_does_not_render_again() {
+    let mut files = fleet(
+        "    chart: ../../charts/web\n",
+        &[(
+            "charts/web/templates/lookup.yaml",
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: looked-up\ndata:\n  found: {{ len (lookup \"v1\" \"Secret\" \"shop\" \"db\") | quote }}\n",
+        )],
+    );
+    // The chart's Deployment has no selector: no schema warnings here.
+    files.push((
+        "flotilla.yaml".into(),
+        format!("{HEADER}kind: FleetSettings\nspec:\n  validation: off\n"),
+    ));
+    let snapshot = |files: &[(String, String)]| {
+        FleetSnapshot::from_files(files.iter().map(|(p, t)| (p.as_str(), t.as_str())))
+    };
+    for seed in [None, Some([7; 32])] {
+        let options = RenderOptions {
+            helm_seed: seed,
+            ..RenderOptions::default()
+        };
+        let first = render_with(&snapshot(&files), &options);
+        assert!(first.is_clean(), "{:#?}", first.diagnostics);
+        assert!(
+            first
+                .warnings()
+                .any(|d| d.message.contains("lookup v1 Secret shop/db")),
+            "{:#?}",
+            first.diagnostics
+        );
+        // A file no cluster reads, then one cluster's own file: the render since
+        // renders no cluster, then one, and warns as a full render does.
+        let mut unread = files.clone();
+        unread.push(("notes.md".into(), "hello\n".into()));
+        let mut one = unread.clone();
+        for (path, text) in &mut one {
+            if path == "clusters/lab.yaml" {
+                *text = text.replace("size: 7", "size: 8");
+            }
+        }
+        let mut previous = first;
+        for next in [unread, one] {
+            let full = render_with(&snapshot(&next), &options);
+            let since = flotilla_render::render_since(&previous, &snapshot(&next), &options);
+            assert_eq!(since.diagnostics, full.diagnostics, "seed {seed:?}");
+            assert_eq!(
+                since.generated_from_public_seed, full.generated_from_public_seed,
+                "seed {seed:?}"
+            );
+            assert_eq!(full.generated_from_public_seed, seed.is_none());
+            previous = since;
+        }
+    }
+}
