@@ -5,7 +5,8 @@
 //! policies, files the renderer does not read, edits that break one cluster, and
 //! Secrets on clusters with and without an agent key, which warn for one cluster,
 //! and a CRD's schema that some clusters' resources break, a warning of each
-//! cluster that depends on another workload's CRD),
+//! cluster that depends on another workload's CRD, and a Helm chart whose releases
+//! warn on some clusters),
 //! each commit rendered both ways: the same bundles, diagnostics, memberships,
 //! labels, rollout plan and inputs, while rendering fewer clusters.
 
@@ -84,6 +85,11 @@ struct Fleet {
     site_overlay_cluster: String,
     plain_port: usize,
     plain_crd: bool,
+    /// The chart workload's `spec.helm.values.note`.
+    chart_note: usize,
+    /// Whether the chart's template prints a value the values do not hold (a
+    /// warning of every release).
+    chart_missing: bool,
     /// Whether crd's Widget schema wants an integer `spec.size` (web's Widget has a
     /// string there): a schema warning on every cluster, from a CRD that only some
     /// clusters' workloads carry.
@@ -124,6 +130,8 @@ impl Fleet {
             site_overlay_cluster: "c01".into(),
             plain_port: 80,
             plain_crd: false,
+            chart_note: 0,
+            chart_missing: false,
             widget_size_integer: false,
         }
     }
@@ -288,6 +296,35 @@ impl Fleet {
                 self.wave_group
             ),
         );
+        // chart: a Helm chart on region r1's clusters, its values from a template of
+        // the cluster's variables: a big cluster's release calls `lookup`, which
+        // warns, and at times every release prints a value it does not have.
+        add(
+            "workloads/chart/workload.yaml",
+            format!(
+                "{HEADER}kind: Workload\nmetadata:\n  name: chart\nspec:\n  namespace: chart\n  targets:\n    - group: r1\n  helm:\n    chart: ../../charts/mini\n    valuesFiles: [site.yaml.j2]\n    values: {{note: \"n{}\"}}\n",
+                self.chart_note
+            ),
+        );
+        add(
+            "workloads/chart/site.yaml.j2",
+            "look: {{ 'true' if cluster.vars.big else 'false' }}\nsite: \"{{ cluster.vars.siteId }}\"\n".into(),
+        );
+        add(
+            "charts/mini/Chart.yaml",
+            "apiVersion: v2\nname: mini\nversion: 0.1.0\n".into(),
+        );
+        add(
+            "charts/mini/templates/cm.yaml",
+            format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: mini\ndata:\n  site: {{{{ .Values.site | quote }}}}\n  note: {{{{ .Values.note | quote }}}}\n{{{{- if .Values.look }}}}\n  found: {{{{ len (lookup \"v1\" \"Secret\" \"chart\" \"db\") | quote }}}}\n{{{{- end }}}}\n{}",
+                if self.chart_missing {
+                    "  missing: \"{{ .Values.missing }}\"\n"
+                } else {
+                    ""
+                }
+            ),
+        );
         add("README.md", format!("notes {}\n", self.readme));
         files
     }
@@ -369,12 +406,14 @@ impl Fleet {
                     "Deployment"
                 }
             }
-            13 => match rng.below(6) {
+            13 => match rng.below(8) {
                 0 => self.image += 1,
                 1 => self.macro_suffix += 1,
                 2 => self.plain_port += 1,
                 3 => self.plain_crd = !self.plain_crd,
                 4 => self.widget_size_integer = !self.widget_size_integer,
+                5 => self.chart_note += 1,
+                6 => self.chart_missing = !self.chart_missing,
                 _ => self.base_value += 1,
             },
             14 => self.crd_group = rng.below(3),
