@@ -5,8 +5,8 @@
 //! policies, files the renderer does not read, edits that break one cluster, and
 //! Secrets on clusters with and without an agent key, which warn for one cluster,
 //! and a CRD's schema that some clusters' resources break, a warning of each
-//! cluster that depends on another workload's CRD, and a Helm chart whose releases
-//! warn on some clusters),
+//! cluster that depends on another workload's CRD, and a tenant's Helm chart whose
+//! releases warn on some clusters and ship a Widget, cluster-scoped where the CRD is),
 //! each commit rendered both ways: the same bundles, diagnostics, memberships,
 //! labels, rollout plan and inputs, while rendering fewer clusters.
 
@@ -90,6 +90,9 @@ struct Fleet {
     /// Whether the chart's template prints a value the values do not hold (a
     /// warning of every release).
     chart_missing: bool,
+    /// Whether the tenant that owns the chart may ship cluster-scoped Widgets
+    /// (the chart's Widget is cluster-scoped where the crd workload is).
+    tenant_widgets: bool,
     /// Whether crd's Widget schema wants an integer `spec.size` (web's Widget has a
     /// string there): a schema warning on every cluster, from a CRD that only some
     /// clusters' workloads carry.
@@ -132,6 +135,7 @@ impl Fleet {
             plain_crd: false,
             chart_note: 0,
             chart_missing: false,
+            tenant_widgets: true,
             widget_size_integer: false,
         }
     }
@@ -311,6 +315,21 @@ impl Fleet {
             "look: {{ 'true' if cluster.vars.big else 'false' }}\nsite: \"{{ cluster.vars.siteId }}\"\n".into(),
         );
         add(
+            "tenants/team.yaml",
+            format!(
+                "{HEADER}kind: Tenant\nmetadata:\n  name: team\nspec:\n  workloads: [chart]\n  namespaces: [chart]\n  sharedPaths: [\"charts/mini/**\"]\n  clusterScoped: [{}]\n",
+                if self.tenant_widgets {
+                    "Widget.example.com"
+                } else {
+                    ""
+                }
+            ),
+        );
+        add(
+            "charts/mini/templates/widget.yaml",
+            "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: mini\nspec:\n  size: small\n".into(),
+        );
+        add(
             "charts/mini/Chart.yaml",
             "apiVersion: v2\nname: mini\nversion: 0.1.0\n".into(),
         );
@@ -406,7 +425,7 @@ impl Fleet {
                     "Deployment"
                 }
             }
-            13 => match rng.below(8) {
+            13 => match rng.below(9) {
                 0 => self.image += 1,
                 1 => self.macro_suffix += 1,
                 2 => self.plain_port += 1,
@@ -414,6 +433,7 @@ impl Fleet {
                 4 => self.widget_size_integer = !self.widget_size_integer,
                 5 => self.chart_note += 1,
                 6 => self.chart_missing = !self.chart_missing,
+                7 => self.tenant_widgets = !self.tenant_widgets,
                 _ => self.base_value += 1,
             },
             14 => self.crd_group = rng.below(3),
