@@ -266,8 +266,8 @@ fn a_mirror_delta_of_one_changed_field_in_two_megabytes_is_small() {
 
 /// A mirror put back to the very document it held before a change that came as a
 /// delta (a backup restored, or the same unsigned output published again) is taken
-/// again: the agent compares a whole document with the one it runs, not with the one
-/// it last fetched whole.
+/// again: the agent compares a whole document with the one it last took, rebuilt
+/// from a delta, not with the one it last fetched whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mirror_put_back_after_a_delta_is_taken_again() {
     let out = tempfile::tempdir().expect("tempdir");

@@ -522,7 +522,7 @@ impl HubClient {
         self.dictionary = digest;
     }
 
-    /// Notes `document`, rebuilt from a delta and taken, as the document last
+    /// Notes `document`, rebuilt from a delta and held, as the document last
     /// fetched: a server that later offers these very bytes again is answered "not
     /// modified", and one that goes back to the document before them is not.
     pub fn fetched_document(&mut self, document: &[u8]) {

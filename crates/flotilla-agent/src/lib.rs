@@ -821,20 +821,23 @@ impl Poller {
                 Ok(Fetched::Bundle { body, etag }) => {
                     // Shared with the bundle made of it, not copied.
                     let body = Arc::new(body);
-                    let verdict = self.judge(&body, etag.as_deref());
-                    if as_delta && !matches!(verdict, Verdict::Refused(..)) {
-                        // A document rebuilt from a delta and taken is the one to
-                        // compare the next whole document with, not the one fetched
-                        // whole before it.
-                        self.client.fetched_document(&body);
-                    }
-                    match verdict {
+                    // A document rebuilt from a delta and held (stored, or the one
+                    // held already) is the one to compare the next whole document
+                    // with, not the one fetched whole before it; one refused or not
+                    // stored is judged again when it comes whole.
+                    let held_rebuilt = |client: &mut client::HubClient| {
+                        if as_delta {
+                            client.fetched_document(&body);
+                        }
+                    };
+                    match self.judge(&body, etag.as_deref()) {
                         Verdict::Refused(_, message) if as_delta => {
                             self.delta_failed(message, offer).await;
                             continue;
                         }
                         Verdict::New(bundle, held) => match self.state.save_bundle(&body) {
                             Ok(()) => {
+                                held_rebuilt(&mut self.client);
                                 self.backoff.reset();
                                 self.held = held;
                                 self.current = Some(bundle.digest.clone());
@@ -898,6 +901,7 @@ impl Poller {
                             }
                         },
                         Verdict::Same => {
+                            held_rebuilt(&mut self.client);
                             self.backoff.reset();
                             self.etag = etag;
                             self.taken_delta = delta_seen;
@@ -908,6 +912,7 @@ impl Poller {
                             self.etag = etag;
                             match self.state.save_bundle(&body) {
                                 Ok(()) => {
+                                    held_rebuilt(&mut self.client);
                                     self.held = Some(held);
                                     self.document = Some(body);
                                 }

@@ -714,7 +714,8 @@ impl ReleaseCache {
         self.generated.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// The warnings met, each once.
+    /// The warnings of the releases that failed, each once (those of a release that
+    /// rendered are in its output, for the clusters given it).
     pub fn take_warnings(&self) -> Vec<Diagnostic> {
         std::mem::take(&mut *self.warnings.lock().unwrap_or_else(|e| e.into_inner()))
     }
