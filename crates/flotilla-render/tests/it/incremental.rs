@@ -465,13 +465,17 @@ fn snapshot(files: &BTreeMap<String, String>, revision: usize) -> FleetSnapshot 
 }
 
 /// Renders and counts the clusters rendered (from the progress reports).
-fn counted(render: impl FnOnce(&RenderOptions<'_>) -> RenderOutput) -> (RenderOutput, usize) {
+fn counted(
+    helm_seed: Option<[u8; 32]>,
+    render: impl FnOnce(&RenderOptions<'_>) -> RenderOutput,
+) -> (RenderOutput, usize) {
     let rendered = AtomicUsize::new(0);
     let progress = |_: usize, _: usize| {
         rendered.fetch_add(1, Ordering::Relaxed);
     };
     let options = RenderOptions {
         progress: Some(&progress),
+        helm_seed,
         ..RenderOptions::default()
     };
     let output = render(&options);
@@ -510,8 +514,15 @@ struct Tally {
 fn check_seed(seed: u64, steps: usize) -> Tally {
     let mut tally = Tally::default();
     let mut rng = Rng(seed | 1);
+    // Every other case renders as a hub does, with its own seed: Secrets of clusters
+    // with an agent key are sealed to it.
+    let helm_seed = (seed & 2 != 0).then_some([9; 32]);
+    let options = RenderOptions {
+        helm_seed,
+        ..RenderOptions::default()
+    };
     let mut fleet = Fleet::new(&mut rng);
-    let mut previous = render_with(&snapshot(&fleet.files(), 0), &RenderOptions::default());
+    let mut previous = render_with(&snapshot(&fleet.files(), 0), &options);
     assert!(previous.is_clean(), "{:?}", previous.diagnostics);
     for step in 1..=steps {
         let mut local = true;
@@ -519,9 +530,10 @@ fn check_seed(seed: u64, steps: usize) -> Tally {
             local &= fleet.edit(&mut rng);
         }
         let snapshot = snapshot(&fleet.files(), step);
-        let (full, _) = counted(|options| render_with(&snapshot, options));
-        let (incremental, rendered) =
-            counted(|options| render_since(&previous, &snapshot, options));
+        let (full, _) = counted(helm_seed, |options| render_with(&snapshot, options));
+        let (incremental, rendered) = counted(helm_seed, |options| {
+            render_since(&previous, &snapshot, options)
+        });
         assert_same(&incremental, &full, &format!("seed {seed}, step {step}"));
         // The same from a previous render that holds digests only, the bundles to
         // merge with asked for once (as the hub's render process does).
@@ -544,18 +556,13 @@ fn check_seed(seed: u64, steps: usize) -> Tally {
             ..RenderOutput::default()
         };
         let mut asked = 0;
-        let fetched = render_since_fetching(
-            &stubbed,
-            &snapshot,
-            &RenderOptions::default(),
-            &mut |names| {
-                asked += 1;
-                names
-                    .iter()
-                    .map(|n| previous.bundles.get(n).cloned())
-                    .collect()
-            },
-        );
+        let fetched = render_since_fetching(&stubbed, &snapshot, &options, &mut |names| {
+            asked += 1;
+            names
+                .iter()
+                .map(|n| previous.bundles.get(n).cloned())
+                .collect()
+        });
         assert!(asked <= 1);
         assert_same(
             &fetched,
@@ -674,8 +681,9 @@ mod cases {
                 .into(),
         );
         let full = render_with(&snapshot(&after, 1), &RenderOptions::default());
-        let (incremental, rendered) =
-            counted(|options| render_since(&previous, &snapshot(&after, 1), options));
+        let (incremental, rendered) = counted(None, |options| {
+            render_since(&previous, &snapshot(&after, 1), options)
+        });
         assert_same(&incremental, &full, "after the edit");
         assert_eq!(rendered, 1, "only c2 is rendered again");
     }
