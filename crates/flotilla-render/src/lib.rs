@@ -146,6 +146,9 @@ pub struct Provenance {
 /// index of the patch, workload).
 pub type PatchMatches = Arc<[(Arc<str>, u32, u32)]>;
 
+/// A cluster's Helm release warnings, each with its workload's position.
+pub type ReleaseWarnings = Arc<[(u32, Diagnostic)]>;
+
 /// Where one bundle's parts came from. Workloads are named by their position in
 /// the cluster's [`inputs::ClusterInput::workloads`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -164,6 +167,11 @@ pub struct ClusterProvenance {
     /// clusters with the same list may share it): a render since this one that
     /// leaves the cluster as it was reports them again.
     pub warnings: Arc<[Diagnostic]>,
+    /// The warnings of its Helm releases (each with the position of its workload, as
+    /// in `resource_workloads`; without the cluster's name; sorted): a function of
+    /// each release's input, so a render since this one keeps those of the workloads
+    /// it does not render again, as it keeps their resources.
+    pub release_warnings: ReleaseWarnings,
     /// Whether some of those warnings depend on more than the cluster's inputs (the
     /// schema check's, whose custom kinds come from other workloads' CRDs; decrypted
     /// values outside Secrets, from every SOPS file): a render since this one then

@@ -394,7 +394,7 @@ impl std::fmt::Debug for ReleaseOutput {
 
 impl ReleaseOutput {
     /// The warnings its render met, each for the workload, without a cluster.
-    pub fn warnings(&self) -> &[Diagnostic] {
+    pub fn warnings(&self) -> &Arc<[Diagnostic]> {
         &self.warnings
     }
 

@@ -16,7 +16,7 @@ use flotilla_core::rollout::RolloutPlan;
 use flotilla_core::snapshot::FleetSnapshot;
 use flotilla_render::inputs::{ClusterInput, InputDigest, WorkloadInputs};
 use flotilla_render::sops::DecryptionKeys;
-use flotilla_render::{ClusterProvenance, PatchMatches, Provenance, RenderOutput};
+use flotilla_render::{ClusterProvenance, PatchMatches, Provenance, ReleaseWarnings, RenderOutput};
 
 /// What a render is made with besides the snapshot.
 pub(super) struct RenderSettings {
@@ -485,17 +485,34 @@ fn encode_provenance(
         clusters.iter().map(|(_, f)| Some(&*f.as_ref()?.warnings)),
         |out, warning| put_bytes(out, &serde_json::to_vec(warning).map_err(invalid)?),
     )?;
+    // Each cluster's Helm release warnings: a workload's position, then the
+    // warning as JSON.
+    let release_warnings = put_lists(
+        out,
+        clusters
+            .iter()
+            .map(|(_, f)| Some(&*f.as_ref()?.release_warnings)),
+        |out, (workload, warning)| {
+            put_len(out, *workload as usize)?;
+            put_bytes(out, &serde_json::to_vec(warning).map_err(invalid)?)
+        },
+    )?;
     put_len(out, clusters.len())?;
-    for ((((name, found), list), matched), warned) in
-        clusters.into_iter().zip(lists).zip(matches).zip(warnings)
+    for (((((name, found), list), matched), warned), released) in clusters
+        .into_iter()
+        .zip(lists)
+        .zip(matches)
+        .zip(warnings)
+        .zip(release_warnings)
     {
         put_bytes(out, name.as_bytes())?;
-        match (found, list, matched, warned) {
-            (Some(found), Some(list), Some(matched), Some(warned)) => {
+        match (found, list, matched, warned, released) {
+            (Some(found), Some(list), Some(matched), Some(warned), Some(released)) => {
                 put_len(out, list)?;
                 put_len(out, matched)?;
                 put_len(out, usize::from(found.custom_scopes))?;
                 put_len(out, warned)?;
+                put_len(out, released)?;
                 put_len(out, usize::from(found.warnings_beyond_inputs))?;
             }
             _ => put_len(out, SAME)?,
@@ -628,6 +645,11 @@ fn decode_provenance(input: &mut impl Read, since: Option<&Provenance>) -> io::R
     let warnings: Vec<Arc<[Diagnostic]>> = read_lists(input, |input| {
         serde_json::from_slice(&read_bytes(input)?).map_err(invalid)
     })?;
+    let release_warnings: Vec<ReleaseWarnings> = read_lists(input, |input| {
+        let workload = u32::try_from(read_len(input)?).map_err(invalid)?;
+        let warning = serde_json::from_slice(&read_bytes(input)?).map_err(invalid)?;
+        Ok((workload, warning))
+    })?;
     for _ in 0..read_len(input)? {
         let name = read_text(input)?;
         let list = read_len(input)?;
@@ -643,6 +665,12 @@ fn decode_provenance(input: &mut impl Read, since: Option<&Provenance>) -> io::R
             patch_matches: nth(&matches, read_len(input)?, "matched patch", &name)?,
             custom_scopes: read_len(input)? != 0,
             warnings: nth(&warnings, read_len(input)?, "warning", &name)?,
+            release_warnings: nth(
+                &release_warnings,
+                read_len(input)?,
+                "release warning",
+                &name,
+            )?,
             warnings_beyond_inputs: read_len(input)? != 0,
         };
         provenance.clusters.insert(name, found);

@@ -39,6 +39,33 @@ fn distinct(output: &RenderOutput) -> usize {
 }
 
 #[test]
+fn a_clusters_warnings_and_its_releases_warnings_come_back_as_they_were() {
+    let (_, mut rendered) = example();
+    let names: Vec<String> = rendered.provenance.clusters.keys().cloned().collect();
+    let warning = |text: &str| {
+        Diagnostic::warning(text.to_string())
+            .in_file("charts/web/templates/cm.yaml")
+            .for_workload("web")
+    };
+    let shared: flotilla_render::ReleaseWarnings =
+        Arc::from([(0, warning("helm: one")), (2, warning("lookup: two"))]);
+    for (i, name) in names.iter().enumerate() {
+        let found = rendered.provenance.clusters.get_mut(name).expect("kept");
+        found.release_warnings = if i == 0 {
+            Arc::from([(1, warning("its own"))])
+        } else {
+            Arc::clone(&shared)
+        };
+        found.warnings = Arc::from([warning("a cluster's")]);
+    }
+    let mut bytes = Vec::new();
+    encode_output(&rendered, Known::Nothing, &mut bytes).expect("encodes");
+    let back = decode_output(bytes.as_slice(), None).expect("decodes");
+    assert!(names.len() > 1);
+    assert_eq!(back.provenance, rendered.provenance);
+}
+
+#[test]
 fn a_render_comes_back_whole_with_its_resources_still_shared() {
     let (_, rendered) = example();
     let mut bytes = Vec::new();

@@ -362,10 +362,22 @@ pub(super) fn assemble(
         seal_all(&mut fresh, sealing, units.context.secrets);
     }
     let fresh = fresh.into_iter();
+    // The warnings of the releases rendered now, and of those kept.
+    let mut release_warnings: Vec<(u32, Diagnostic)> = plans
+        .iter()
+        .filter_map(|plan| Some((position(plan.workload), plan.release_warnings.as_ref()?)))
+        .flat_map(|(w, warnings)| warnings.iter().map(move |d| (w, d.clone())))
+        .collect();
     let (resources, resource_workloads): (Vec<Arc<Resource>>, Vec<u32>) = match job.only {
         None => fresh.unzip(),
         Some((changed, previous, kept)) => {
             let is_changed = |w: u32| changed.contains(&(w as usize));
+            release_warnings.extend(
+                kept.release_warnings
+                    .iter()
+                    .filter(|(w, _)| !is_changed(*w))
+                    .cloned(),
+            );
             patch_matches.extend(
                 kept.patch_matches
                     .iter()
@@ -414,6 +426,7 @@ pub(super) fn assemble(
     };
     patch_matches.sort();
     patch_matches.dedup();
+    release_warnings.sort();
     done.assembled = Ok((
         Bundle::from_sorted_with_shared_meta(
             cluster.name.clone(),
@@ -426,6 +439,7 @@ pub(super) fn assemble(
             custom_scopes,
             // Filled in from the pass's diagnostics by the render.
             warnings: Arc::from([]),
+            release_warnings: release_warnings.into(),
             warnings_beyond_inputs: beyond_inputs,
         },
     ));

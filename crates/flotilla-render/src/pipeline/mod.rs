@@ -40,7 +40,10 @@ use crate::patch::PatchLimits;
 use crate::select::{select_clusters, targeted_workloads};
 use crate::shape::Shape;
 use crate::template::Templates;
-use crate::{FetchBundles, PatchMatches, Provenance, RenderOptions, RenderOutput};
+use crate::{
+    ClusterProvenance, FetchBundles, PatchMatches, Provenance, ReleaseWarnings, RenderOptions,
+    RenderOutput,
+};
 use crate::{helm, release, rollouts};
 
 /// What rendering a fleet's Helm workloads needs: the releases made so far, the
@@ -340,9 +343,21 @@ pub(crate) fn render_inner(
     let mut warning_lists: HashSet<Arc<[Diagnostic]>, foldhash::fast::RandomState> =
         HashSet::default();
     let mut warnings = pass.warnings_by_cluster();
+    let mut release_lists: HashSet<ReleaseWarnings, foldhash::fast::RandomState> =
+        HashSet::default();
+    // A cluster's Helm release warnings, reported with its name.
+    let release_diagnostics = |name: &str, found: &ClusterProvenance| {
+        found
+            .release_warnings
+            .iter()
+            .map(|(_, d)| d.clone().for_cluster(name))
+            .collect::<Vec<_>>()
+    };
     for (cluster, result) in rendered.iter().zip(pass.assembled) {
         assembled.push(result.map(|(bundle, mut found)| {
+            diagnostics.extend(release_diagnostics(&cluster.name, &found));
             if !inputs.is_empty() {
+                found.release_warnings = interned(&mut release_lists, found.release_warnings);
                 found.resource_workloads = interned(&mut lists, found.resource_workloads);
                 found.patch_matches = interned(&mut matches, found.patch_matches);
                 let own = warnings.remove(cluster.name.as_str()).unwrap_or_default();
@@ -352,19 +367,13 @@ pub(crate) fn render_inner(
             bundle
         }));
     }
-    // Whether a cluster kept from the render before has a value a chart generated
-    // from the public seed.
-    let mut kept_generated = false;
     if let Some(previous) = previous {
         for i in (0..clusters.len()).filter(|&i| redo[i] == Redo::Nothing) {
             let name = &clusters[i].name;
             kept.push(previous.bundles[name].clone());
             let found = &previous.provenance.clusters[name];
-            kept_generated |= found
-                .warnings
-                .iter()
-                .any(release::generated_from_public_seed);
             diagnostics.extend(found.warnings.iter().map(|d| d.clone().for_cluster(name)));
+            diagnostics.extend(release_diagnostics(name, found));
             provenance.clusters.insert(name.clone(), found.clone());
         }
     }
@@ -383,8 +392,9 @@ pub(crate) fn render_inner(
     diagnostics.extend(patch_warnings);
     diagnostics.extend(helm.cache.take_warnings());
     // Each template that generated a value from the public seed was warned about.
-    let generated_from_public_seed =
-        options.helm_seed.is_none() && (helm.cache.generated_any() || kept_generated);
+    let generated_from_public_seed = options.helm_seed.is_none()
+        && (helm.cache.generated_any()
+            || diagnostics.iter().any(release::generated_from_public_seed));
     let mut output = collect_output(
         snapshot,
         &fleet,

@@ -29,6 +29,8 @@ pub(super) struct Plan {
     /// The outputs read as values that no other cluster has: filled in from their
     /// stencils as the cluster is assembled, not units.
     pub(super) filled: Vec<OwnOutput>,
+    /// The warnings of the workload's Helm release for this cluster, if it has one.
+    pub(super) release_warnings: Option<Arc<[Diagnostic]>>,
 }
 
 /// A template and the values in its holes for one cluster.
@@ -107,6 +109,7 @@ pub(super) fn plan_cluster(
             .filter(|&o| overlay_applies_to(&fleet.overlays[o], workload))
             .collect();
         let mut outputs = Vec::new();
+        let mut release_warnings = None;
         if !workload.templates.is_empty() {
             // Converted once for the workload's templates, not once per template;
             // its parts once for the cluster, and for workloads with the same
@@ -185,14 +188,7 @@ pub(super) fn plan_cluster(
             };
             match rendered {
                 Ok(output) => {
-                    // The release's warnings are the cluster's: kept with it when a
-                    // later render leaves it as it is.
-                    diagnostics.extend(
-                        output
-                            .warnings()
-                            .iter()
-                            .map(|w| w.clone().for_cluster(&cluster.name)),
-                    );
+                    release_warnings = Some(Arc::clone(output.warnings()));
                     outputs.push(texts.len());
                     texts.push((template, Written::Release(output)));
                 }
@@ -208,6 +204,7 @@ pub(super) fn plan_cluster(
             overlays,
             outputs,
             filled: Vec::new(),
+            release_warnings,
         });
     }
     (plans, texts, diagnostics)

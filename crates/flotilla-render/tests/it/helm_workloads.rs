@@ -576,12 +576,9 @@ fn a_missing_value_a_chart_prints_is_a_warning() {
     );
 }
 
-/// A chart's warnings (here `lookup`'s, and a value generated from the public seed)
-/// are kept with the clusters whose releases met them: a render since the one
-/// before that renders none of those clusters again reports them as a full render
-/// does.
-#[test]
-fn a_render_since_the_last_keeps_the_warnings_of_the_releases_it_does_not_render_again() {
+/// The fleet with a template of the chart that calls `lookup` (a warning of every
+/// release), without schema checks (the chart's Deployment has no selector).
+fn looking_up() -> Vec<(String, String)> {
     let mut files = fleet(
         "    chart: ../../charts/web\n",
         &[(
@@ -589,11 +586,20 @@ fn a_render_since_the_last_keeps_the_warnings_of_the_releases_it_does_not_render
             "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: looked-up\ndata:\n  found: {{ len (lookup \"v1\" \"Secret\" \"shop\" \"db\") | quote }}\n",
         )],
     );
-    // The chart's Deployment has no selector: no schema warnings here.
     files.push((
         "flotilla.yaml".into(),
         format!("{HEADER}kind: FleetSettings\nspec:\n  validation: off\n"),
     ));
+    files
+}
+
+/// A chart's warnings (here `lookup`'s, and a value generated from the public seed)
+/// are kept with the clusters whose releases met them: a render since the one
+/// before that renders none of those clusters again reports them as a full render
+/// does.
+#[test]
+fn a_render_since_the_last_keeps_the_warnings_of_the_releases_it_does_not_render_again() {
+    let files = looking_up();
     let snapshot = |files: &[(String, String)]| {
         FleetSnapshot::from_files(files.iter().map(|(p, t)| (p.as_str(), t.as_str())))
     };
@@ -634,4 +640,91 @@ fn a_render_since_the_last_keeps_the_warnings_of_the_releases_it_does_not_render
             previous = since;
         }
     }
+}
+
+/// A cluster whose releases warn is still rendered in part: a commit that changes
+/// another of its workloads renders that workload alone, keeps the release (and its
+/// warnings) from the render before, and warns as a full render does.
+#[test]
+fn a_cluster_whose_release_warns_is_rendered_in_part_when_another_workload_changes() {
+    let mut files = looking_up();
+    // No Secret: a Secret for a cluster without an agent key is a warning of the
+    // cluster's own, which has it rendered whole.
+    files.retain(|(path, _)| path != "charts/web/templates/secret.yaml");
+    files.push((
+        "workloads/cfg/workload.yaml".into(),
+        format!(
+            "{HEADER}kind: Workload\nmetadata:\n  name: cfg\nspec:\n  namespace: shop\n  targets:\n    - clusterSelector: {{}}\n"
+        ),
+    ));
+    let config = |value: &str| {
+        format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\ndata:\n  v: \"{value}\"\n"
+        )
+    };
+    files.push(("workloads/cfg/manifests/cfg.yaml".into(), config("1")));
+    let snapshot = |files: &[(String, String)]| {
+        FleetSnapshot::from_files(files.iter().map(|(p, t)| (p.as_str(), t.as_str())))
+    };
+    let options = RenderOptions {
+        helm_seed: Some([7; 32]),
+        ..RenderOptions::default()
+    };
+    let first = render_with(&snapshot(&files), &options);
+    assert!(first.is_clean(), "{:#?}", first.diagnostics);
+    let warned = |output: &RenderOutput| {
+        output
+            .warnings()
+            .filter(|d| d.message.contains("lookup v1 Secret shop/db"))
+            .map(|d| d.cluster.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        warned(&first),
+        [Some("lab and 2 other clusters".to_string())]
+    );
+
+    for (path, text) in &mut files {
+        if path == "workloads/cfg/manifests/cfg.yaml" {
+            *text = config("2");
+        }
+    }
+    let next = snapshot(&files);
+    let full = render_with(&next, &options);
+    let rendered = std::sync::atomic::AtomicUsize::new(0);
+    let progress = |_: usize, _: usize| {
+        rendered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    };
+    let mut asked: Vec<String> = Vec::new();
+    let since = flotilla_render::render_since_fetching(
+        &first,
+        &next,
+        &RenderOptions {
+            progress: Some(&progress),
+            ..options
+        },
+        &mut |names| {
+            asked.extend(names.iter().cloned());
+            names
+                .iter()
+                .map(|n| first.bundles.get(n).cloned())
+                .collect()
+        },
+    );
+    // Every cluster rendered in part, once: no cluster rendered whole after all.
+    assert_eq!(asked, ["lab", "store-1", "store-2"]);
+    assert_eq!(rendered.into_inner(), 3);
+    assert_eq!(since.diagnostics, full.diagnostics);
+    assert_eq!(since.provenance, full.provenance);
+    let digests = |o: &RenderOutput| {
+        o.bundles
+            .iter()
+            .map(|(n, b)| (n.clone(), b.digest.clone()))
+            .collect::<BTreeMap<_, _>>()
+    };
+    assert_eq!(digests(&since), digests(&full));
+    assert_eq!(
+        warned(&since),
+        [Some("lab and 2 other clusters".to_string())]
+    );
 }
