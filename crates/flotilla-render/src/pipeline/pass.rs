@@ -360,6 +360,22 @@ pub(super) fn render_clusters(
                     &units_done,
                     stop,
                 );
+                // A cluster that fails still reports its releases' warnings (one
+                // assembled keeps them in its provenance).
+                if let Some(ClusterDone {
+                    assembled: Err(_),
+                    errors,
+                    ..
+                }) = &mut result
+                {
+                    errors.extend(
+                        plans
+                            .iter()
+                            .filter_map(|plan| plan.release_warnings.as_deref())
+                            .flatten()
+                            .map(|d| d.clone().for_cluster(&cluster.name)),
+                    );
+                }
                 if digests_only
                     && let Some(ClusterDone {
                         assembled: Ok((bundle, _)),

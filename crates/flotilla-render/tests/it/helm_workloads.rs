@@ -728,3 +728,29 @@ fn a_cluster_whose_release_warns_is_rendered_in_part_when_another_workload_chang
         [Some("lab and 2 other clusters".to_string())]
     );
 }
+
+/// A cluster that fails to assemble (here, two workloads give it the same object)
+/// still reports its releases' warnings beside its error.
+#[test]
+fn a_cluster_that_fails_still_reports_its_releases_warnings() {
+    let mut files = looking_up();
+    files.push((
+        "workloads/dup/workload.yaml".into(),
+        format!(
+            "{HEADER}kind: Workload\nmetadata:\n  name: dup\nspec:\n  namespace: shop\n  targets:\n    - cluster: lab\n"
+        ),
+    ));
+    files.push((
+        "workloads/dup/manifests/cm.yaml".into(),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: looked-up\n".into(),
+    ));
+    let output = render(&files, Some([7; 32]));
+    assert!(!output.bundles.contains_key("lab"));
+    assert!(output.errors().any(|d| d.cluster.as_deref() == Some("lab")));
+    let warned: Vec<Option<String>> = output
+        .warnings()
+        .filter(|d| d.message.contains("lookup v1 Secret shop/db"))
+        .map(|d| d.cluster.clone())
+        .collect();
+    assert_eq!(warned, [Some("lab and 2 other clusters".to_string())]);
+}
