@@ -129,16 +129,19 @@ fn weight(output: &RenderOutput) -> u64 {
         if lists.insert(found.resource_workloads.as_ptr().cast()) {
             bytes += 4 * found.resource_workloads.len() as u64;
         }
+        let weight = |w: &flotilla_core::diagnostic::Diagnostic| {
+            160 + (w.message.len()
+                + w.file.as_ref().map_or(0, String::len)
+                + w.workload.as_ref().map_or(0, String::len)) as u64
+        };
         if lists.insert(found.warnings.as_ptr().cast()) {
+            bytes += found.warnings.iter().map(weight).sum::<u64>();
+        }
+        if lists.insert(found.release_warnings.as_ptr().cast()) {
             bytes += found
-                .warnings
+                .release_warnings
                 .iter()
-                .map(|w| {
-                    160 + (w.message.len()
-                        + w.file.as_ref().map_or(0, String::len)
-                        + w.workload.as_ref().map_or(0, String::len))
-                        as u64
-                })
+                .map(|(_, w)| 8 + weight(w))
                 .sum::<u64>();
         }
     }
