@@ -310,3 +310,39 @@ async fn a_mirror_put_back_after_a_delta_is_taken_again() {
     );
     agent.stop().await;
 }
+
+/// A bundle from a mirror that the agent could not store (its state folder would not
+/// take the file) is taken once the folder takes it again, though the mirror still
+/// holds the same bytes: a document the agent did not keep is not "not modified".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_bundle_the_agent_could_not_store_is_taken_once_it_can() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let state = tempfile::tempdir().expect("tempdir");
+    let target = tempfile::tempdir().expect("tempdir");
+    let v1 = release("one");
+    publish_into(out.path(), &v1, 0);
+    let mut agent = start_agent(
+        Server::File(out.path().to_path_buf()),
+        state.path(),
+        target.path(),
+    );
+    agent.applied(&v1.digest).await;
+
+    // A folder where the stored bundle goes: writing it fails, even as root.
+    let stored = state.path().join("bundle.json");
+    std::fs::remove_file(&stored).expect("the stored bundle");
+    std::fs::create_dir(&stored).expect("a folder in its place");
+    let v2 = release("two");
+    publish_into(out.path(), &v2, 0);
+    let report = agent
+        .until("the bundle it cannot store", |r| {
+            r.message.contains("cannot store it as last-known-good")
+        })
+        .await;
+    assert_eq!(report.applied.as_ref(), Some(&v1.digest), "{report:?}");
+
+    std::fs::remove_dir(&stored).expect("the folder goes");
+    let report = agent.applied(&v2.digest).await;
+    assert!(report.is_success(), "{report:?}");
+    agent.stop().await;
+}

@@ -529,6 +529,12 @@ impl HubClient {
         self.last_body = Some(Digest::of(document));
     }
 
+    /// Forgets the document last fetched (one the caller could not keep): the next
+    /// one is taken as new even when it is byte for byte the same.
+    pub fn forget_fetched_document(&mut self) {
+        self.last_body = None;
+    }
+
     /// Whether `body` is byte for byte the document fetched last, while the caller
     /// holds a bundle (`if_none_match`); remembers `body` otherwise.
     fn unchanged(&mut self, body: &[u8], if_none_match: Option<&str>) -> bool {

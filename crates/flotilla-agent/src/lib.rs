@@ -894,6 +894,9 @@ impl Poller {
                                     bundle.digest
                                 );
                                 tracing::error!("{message}");
+                                // Not kept: the same document is taken again, after
+                                // the back-off, not answered "not modified".
+                                self.client.forget_fetched_document();
                                 if !self.refuse(Some(bundle.digest), message).await {
                                     return;
                                 }
