@@ -634,8 +634,8 @@ fn with_shop(head: &Bundle, platform_change: bool) -> Bundle {
 /// bundle that also holds the tenant `shop`'s workload, and, if `mixed`, `s2` one
 /// that also holds it and an older platform ConfigMap. The hub renders HEAD, whose
 /// bundles hold no tenant: a rollout of those clusters starts; its canary has not been
-/// heard from, so it pauses before the second wave, and `s1` and `s2` keep the bundles
-/// with `shop`. Returns the scene, the rollout's id and the clusters whose served
+/// heard from, so once the hub has settled it pauses before the second wave, and `s1`
+/// and `s2` keep the bundles with `shop`. Returns the scene, the rollout's id and the clusters whose served
 /// bundle holds `shop` once it has paused.
 async fn shop_on_clusters(mixed: bool) -> (Scene, i64, Vec<String>) {
     let fleet = Fleet::new(&["c1"], POLICY);
@@ -726,6 +726,9 @@ async fn shop_on_clusters(mixed: bool) -> (Scene, i64, Vec<String>) {
     };
     scene.start().await;
     scene.wait_revision(&revision).await;
+    // No cluster was ever heard from: the hub settles for the offline threshold before
+    // it releases a wave, then finds the canary out of reach and pauses.
+    scene.clock.advance(Duration::from_secs(6 * 60));
     scene.wait_rollout_state(&revision, "paused").await;
     let rollout = scene.rollout_of(&revision).await;
     let expected = if mixed {

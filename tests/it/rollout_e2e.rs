@@ -185,6 +185,17 @@ impl Scene {
         self.hub = Some(Running::start_ready(config).await);
     }
 
+    /// The hub's state dir (its database) is lost: a new, empty one, with new tokens
+    /// for the admin and every cluster. Call it while the hub is stopped.
+    pub(crate) async fn lose_the_store(&mut self) {
+        self.state = tempfile::tempdir().expect("new state dir");
+        self.admin = make_token(self.state.path(), None).await;
+        for name in self.fleet.clusters() {
+            let token = make_token(self.state.path(), Some(name)).await;
+            self.tokens.insert(name.to_string(), token);
+        }
+    }
+
     pub(crate) async fn stop(&mut self) {
         if let Some(hub) = self.hub.take() {
             hub.stop().await;
@@ -682,6 +693,32 @@ async fn a_paused_cluster_keeps_what_it_runs_and_counts_in_no_wave() {
     scene.stop().await;
 }
 
+/// A hub restarted before any cluster was heard from still cannot tell an offline
+/// cluster from one not heard from yet: it settles as it did before, and does not
+/// release the canary wave at once only to pause it with every canary "offline".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_restarted_before_it_heard_from_any_cluster_still_settles() {
+    let mut scene = Scene::at_v1(&["c1"], POLICY).await;
+    scene.stop().await;
+    let v2 = scene.fleet.release("v2", "v2");
+    scene.lose_the_store().await;
+    scene.start().await;
+    scene.wait_revision(&v2).await;
+    let settling = scene.wait_waves(&v2, &["waiting", "waiting"]).await;
+    assert!(settling["settlingUntil"].is_string(), "{settling:#}");
+    // Restarted on the same store, which knows the rollout and no cluster's contact.
+    scene.stop().await;
+    scene.start().await;
+    scene.wait_revision(&v2).await;
+    // A restarted hub decides on its rollouts as it starts; give it the time to.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let again = scene.rollout_of(&v2).await;
+    assert_eq!(again["state"], "progressing", "{again:#}");
+    assert_eq!(again["waves"][0]["state"], "waiting", "{again:#}");
+    assert!(again["settlingUntil"].is_string(), "{again:#}");
+    scene.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hub_on_an_empty_store_keeps_agents_on_what_they_run_until_their_wave() {
     let mut scene = Scene::at_v1(&["c1"], POLICY).await;
@@ -689,12 +726,7 @@ async fn a_hub_on_an_empty_store_keeps_agents_on_what_they_run_until_their_wave(
     scene.stop().await;
     // The hub loses its database; meanwhile v2 is committed.
     let v2 = scene.fleet.release("v2", "v2");
-    scene.state = tempfile::tempdir().expect("new state dir");
-    scene.admin = make_token(scene.state.path(), None).await;
-    for name in scene.fleet.clusters() {
-        let token = make_token(scene.state.path(), Some(name)).await;
-        scene.tokens.insert(name.to_string(), token);
-    }
+    scene.lose_the_store().await;
     scene.start().await;
     scene.wait_revision(&v2).await;
     // Stores poll with the digest they run: they keep it (304, with their own ETag).
@@ -758,12 +790,7 @@ async fn a_held_cluster_that_reported_is_not_moved_to_a_new_commit_before_its_wa
     scene.stop().await;
     // The hub loses its database; meanwhile v2 is committed.
     let v2 = scene.fleet.release("v2", "v2");
-    scene.state = tempfile::tempdir().expect("new state dir");
-    scene.admin = make_token(scene.state.path(), None).await;
-    for name in scene.fleet.clusters() {
-        let token = make_token(scene.state.path(), Some(name)).await;
-        scene.tokens.insert(name.to_string(), token);
-    }
+    scene.lose_the_store().await;
     scene.start().await;
     scene.wait_revision(&v2).await;
     // s2's agent reports what it runs: from now on the hub knows it.

@@ -739,13 +739,15 @@ impl View {
             .collect()
     }
 
-    /// Whether any cluster was ever heard from.
+    /// Whether any cluster was ever heard from. A pulse is made for every member of
+    /// a rollout read back from the store, heard from or not: only one that saw its
+    /// cluster counts.
     pub(in crate::recorder) fn heard_from_any(&self) -> bool {
-        !self
-            .pulses
+        self.pulses
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .is_empty()
+            .values()
+            .any(|pulse| pulse.seen().is_some())
     }
 
     pub(in crate::recorder) fn known_workloads(&self) -> Arc<RenderedWorkloads> {
