@@ -905,10 +905,10 @@ fn release(
     let range = rollout.wave_members(wave);
     let mut changing = 0;
     let mut offline = 0;
+    let mut never_seen = 0;
     for index in range.clone() {
-        let online = observations
-            .get(index)
-            .is_some_and(|o| o.online(now, offline_after));
+        let observed = observations.get(index);
+        let online = observed.is_some_and(|o| o.online(now, offline_after));
         let m = &mut rollout.members[index];
         if m.left {
             continue;
@@ -917,6 +917,9 @@ fn release(
         m.offline_at_release = !online;
         if !online {
             offline += 1;
+            if observed.is_none_or(|o| o.last_seen.is_none()) {
+                never_seen += 1;
+            }
             if skip {
                 // Served the change at once: it takes it when it comes back.
                 m.admitted_at = Some(now);
@@ -932,8 +935,13 @@ fn release(
             plural(changing),
             if offline > 0 {
                 format!(
-                    ", {offline} offline at release{}",
-                    if skip { " and skipped" } else { ", waited for" }
+                    ", {offline} offline at release{}{}",
+                    if skip { " and skipped" } else { ", waited for" },
+                    match never_seen {
+                        0 => String::new(),
+                        n if n == offline => " (never seen: no agent has been heard from)".into(),
+                        n => format!(" ({n} of them never seen)"),
+                    }
                 )
             } else {
                 String::new()
@@ -950,9 +958,15 @@ fn release(
         );
     } else if skip && offline == changing && !rollout.forced {
         rollout.state = RolloutState::Paused;
-        let reason = format!(
-            "every changing cluster of wave {name} was offline when it was released; resume or promote once they are back"
-        );
+        let reason = if never_seen == offline {
+            format!(
+                "no changing cluster of wave {name} has ever been heard from (no agent polled or reported), so none could take the change; resume or promote once their agents run"
+            )
+        } else {
+            format!(
+                "every changing cluster of wave {name} was offline when it was released; resume or promote once they are back"
+            )
+        };
         step.event(now, format!("paused: {reason}"));
         rollout.reason = Some(reason);
     }

@@ -299,7 +299,20 @@ fn a_wave_whose_clusters_were_all_skipped_pauses_for_an_operator() {
     sim.never_seen("c1");
     sim.decide();
     assert_eq!(sim.rollout.state, RolloutState::Paused);
-    assert!(sim.logged("every changing cluster of wave canary was offline"));
+    // Never heard from is said so, not called offline.
+    assert!(
+        sim.logged("1 offline at release and skipped (never seen: no agent has been heard from)")
+    );
+    assert!(sim.logged("no changing cluster of wave canary has ever been heard from"));
+    // A canary heard from once, silent past the threshold, is offline.
+    let mut silent = Sim::new(canary_then_rest(0), FLEET, false);
+    let c1 = silent.index("c1");
+    silent.silence("c1");
+    silent.obs[c1].last_seen = Some(T0 - OFFLINE_AFTER - MINUTE);
+    silent.decide();
+    assert_eq!(silent.rollout.state, RolloutState::Paused);
+    assert!(silent.logged("1 offline at release and skipped): the first wave"));
+    assert!(silent.logged("every changing cluster of wave canary was offline"));
     sim.advance(30);
     assert_eq!(
         sim.wave_states()[1],
