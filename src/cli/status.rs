@@ -66,6 +66,10 @@ struct Fleet {
     attempted_revision: Option<String>,
     #[serde(default)]
     render_errors: Vec<RenderError>,
+    /// The last render attempt's warnings (absent when there are none, and from
+    /// older hubs).
+    #[serde(default)]
+    render_warnings: RenderWarnings,
     source_error: Option<String>,
     /// The newest clean render could not be installed (absent from older hubs).
     #[serde(default)]
@@ -78,10 +82,25 @@ struct Fleet {
     clusters: Vec<Cluster>,
 }
 
+/// A render error or warning: `text` for the table; `-o json` passes on the hub's
+/// other fields (`severity`, `file`, `line`, `message`, …) as they came.
 #[derive(Debug, Deserialize, Serialize)]
 struct RenderError {
     text: String,
+    #[serde(flatten)]
+    fields: serde_json::Map<String, serde_json::Value>,
 }
+
+/// `renderWarnings`: how many, and the first of them.
+#[derive(Debug, Default, Deserialize, Serialize)]
+struct RenderWarnings {
+    total: usize,
+    shown: Vec<RenderError>,
+}
+
+/// How many render warnings the text report lists (all are in `-o json`, up to what
+/// the hub gives).
+const WARNINGS_LISTED: usize = 5;
 
 #[derive(Debug, Deserialize, Serialize)]
 struct InstallError {
@@ -137,6 +156,8 @@ struct Report<'a> {
     commit: Option<&'a CommitSummary>,
     attempted_revision: &'a Option<String>,
     render_errors: &'a [RenderError],
+    #[serde(skip_serializing_if = "is_zero_warnings")]
+    render_warnings: &'a RenderWarnings,
     source_error: &'a Option<String>,
     install_error: &'a Option<InstallError>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -147,6 +168,10 @@ struct Report<'a> {
     drifted: usize,
     rollouts: Vec<&'a RolloutView>,
     clusters: Vec<&'a Cluster>,
+}
+
+fn is_zero_warnings(warnings: &&RenderWarnings) -> bool {
+    warnings.total == 0
 }
 
 pub fn run_status(args: &StatusArgs) -> anyhow::Result<u8> {
@@ -191,6 +216,7 @@ pub fn run_status(args: &StatusArgs) -> anyhow::Result<u8> {
                 commit: fleet.commit.as_ref(),
                 attempted_revision: &fleet.attempted_revision,
                 render_errors: &fleet.render_errors,
+                render_warnings: &fleet.render_warnings,
                 source_error: &fleet.source_error,
                 install_error: &fleet.install_error,
                 charts: &fleet.charts,
@@ -286,6 +312,26 @@ fn table(
     }
     for error in &fleet.render_errors {
         let _ = writeln!(out, "  {}", error.text);
+    }
+    let warnings = &fleet.render_warnings;
+    if warnings.total > 0 {
+        let _ = writeln!(
+            out,
+            "warnings   {} in the last render{}",
+            warnings.total,
+            if warnings.total > WARNINGS_LISTED {
+                " (`flotilla validate` lists them all)"
+            } else {
+                ""
+            }
+        );
+        for warning in warnings.shown.iter().take(WARNINGS_LISTED) {
+            let _ = writeln!(out, "  {}", warning.text);
+        }
+        let listed = warnings.shown.len().min(WARNINGS_LISTED);
+        if warnings.total > listed {
+            let _ = writeln!(out, "  … and {} more", warnings.total - listed);
+        }
     }
     if let Some(error) = &fleet.source_error {
         let _ = writeln!(out, "source     {error}");
@@ -491,6 +537,42 @@ fn short_digest(digest: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_render_warnings_are_listed_and_the_rest_counted() {
+        let fleet = |total: usize| -> Fleet {
+            let shown: Vec<serde_json::Value> = (1..=total)
+                .map(|n| serde_json::json!({"text": format!("clusters/c{n}.yaml: warning: w{n}")}))
+                .collect();
+            serde_json::from_value(serde_json::json!({
+                "revision": "main@sha1:0123456789abcdef",
+                "renderWarnings": {"total": total, "shown": shown},
+                "clusters": [],
+            }))
+            .expect("a fleet")
+        };
+        let text = |fleet: &Fleet| table(fleet, &BTreeMap::new(), &[], &[], false, false);
+
+        let few = text(&fleet(2));
+        assert!(few.contains("warnings   2 in the last render\n"), "{few}");
+        assert!(few.contains("  clusters/c2.yaml: warning: w2\n"), "{few}");
+        assert!(!few.contains("more"), "{few}");
+
+        let many = text(&fleet(7));
+        assert!(
+            many.contains("warnings   7 in the last render (`flotilla validate` lists them all)\n"),
+            "{many}"
+        );
+        assert!(many.contains("  clusters/c5.yaml: warning: w5\n"), "{many}");
+        assert!(!many.contains("w6"), "{many}");
+        assert!(many.contains("  … and 2 more\n"), "{many}");
+
+        // None (and a hub that does not say): no line.
+        let none: Fleet =
+            serde_json::from_value(serde_json::json!({"revision": null, "clusters": []}))
+                .expect("a fleet");
+        assert!(!text(&none).contains("warnings"));
+    }
 
     #[test]
     fn durations_read_like_kubectl() {

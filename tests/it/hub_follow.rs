@@ -879,6 +879,8 @@ async fn a_schema_problem_is_served_under_warn_and_refused_under_strict() {
     let repo = Repo::new();
     let state = tempfile::tempdir().expect("state dir");
     let admin = make_token(state.path(), None).await;
+    let token_file = state.path().join("admin.token");
+    std::fs::write(&token_file, &admin).expect("token file");
     let red = make_token(state.path(), Some("red")).await;
     let hub = Running::start_ready(config(state.path(), &repo.path().display().to_string())).await;
     let client = client();
@@ -907,6 +909,48 @@ async fn a_schema_problem_is_served_under_warn_and_refused_under_strict() {
     let (status, _, body) = get_bundle(&client, &red_url, &red, None).await;
     assert_eq!(status, 200);
     assert!(String::from_utf8_lossy(&body).contains("\"replica\":3"));
+    // The warning is shown where the fleet is watched: /v1/fleet, the page,
+    // `flotilla status` and the metrics.
+    let warnings = &fleet["renderWarnings"];
+    let text = warnings["shown"]
+        .as_array()
+        .and_then(|shown| {
+            shown.iter().find(|w| {
+                w["file"] == DEPLOYMENT
+                    && w["severity"] == "warning"
+                    && w["text"].as_str().is_some_and(|t| {
+                        t.contains("spec.replica: unknown field (did you mean \"replicas\"?)")
+                    })
+            })
+        })
+        .and_then(|w| w["text"].as_str())
+        .unwrap_or_else(|| panic!("the typo is a render warning: {warnings:#}"));
+    let total = warnings["total"].as_u64().expect("total");
+    assert_eq!(
+        warnings["shown"].as_array().map(Vec::len),
+        Some(total as usize)
+    );
+    let (web, cookie) = web_session(&hub, &admin).await;
+    let page = fleet_page(&hub, &web, &cookie).await;
+    assert!(
+        page.contains("id=\"render-warnings\"")
+            && page.contains(&format!("{total} render warning"))
+            && page.contains("spec.replica: unknown field"),
+        "{page}"
+    );
+    let (code, table) = run_status(&hub, &token_file, &[]).await;
+    assert_eq!(code, 0, "{table}");
+    assert!(
+        table.contains(&format!("warnings   {total} in the last render")) && table.contains(text),
+        "{table}"
+    );
+    let (_, json) = run_status(&hub, &token_file, &["-o", "json"]).await;
+    let json: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert_eq!(json["renderWarnings"], *warnings);
+    assert_eq!(
+        metric(&client, &hub.base, "flotilla_render_warnings").await,
+        total as f64
+    );
 
     // The same typo under strict: refused, the last good render stays served.
     repo.write(
@@ -934,5 +978,13 @@ async fn a_schema_problem_is_served_under_warn_and_refused_under_strict() {
                 && t.contains("cluster "))),
         "the error names the file, line, cluster and field: {errors:#?}"
     );
+    assert!(
+        fleet["renderWarnings"].is_null(),
+        "an error is not also a warning: {fleet:#}"
+    );
+    // `flotilla status -o json` gives the errors as the hub does, every field.
+    let (_, json) = run_status(&hub, &token_file, &["-o", "json"]).await;
+    let json: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert_eq!(json["renderErrors"], fleet["renderErrors"]);
     hub.stop().await;
 }

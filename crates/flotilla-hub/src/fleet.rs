@@ -9,6 +9,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -140,7 +141,8 @@ pub struct RenderStatus {
     pub duration: Option<Duration>,
     /// The errors of the last attempt; empty when it was clean.
     pub errors: Vec<Diagnostic>,
-    pub warnings: usize,
+    /// The warnings of the last attempt, clean or not.
+    pub warnings: Arc<[Diagnostic]>,
     /// Why the repository could not be read or fetched, if it could not.
     pub source_error: Option<String>,
     /// Why the newest clean render could not be installed, until one installs.
@@ -314,6 +316,10 @@ pub struct FleetSummary {
     /// Errors of the last render attempt, each with file and line: while this is not
     /// empty the hub keeps serving the last good bundles.
     pub render_errors: Vec<RenderError>,
+    /// Warnings of the last render attempt (absent when it had none): what renders,
+    /// but is worth a look (see [`RenderWarnings`]).
+    #[serde(skip_serializing_if = "RenderWarnings::is_empty")]
+    pub render_warnings: RenderWarnings,
     pub source_error: Option<String>,
     /// The newest clean render could not be installed: the served revision stays.
     pub install_error: Option<InstallErrorSummary>,
@@ -348,6 +354,7 @@ impl FleetSummary {
                     diagnostic: d.clone(),
                 })
                 .collect(),
+            render_warnings: RenderWarnings(render.warnings.clone()),
             source_error: render.source_error.clone(),
             install_error: render.install_error.as_ref().map(InstallErrorSummary::from),
             counts: Counts::of(lines).by_name(),
@@ -376,6 +383,46 @@ impl FleetFilter {
     /// Keeps the clusters of `summary` that match.
     pub fn apply(&self, summary: &mut FleetSummary) {
         summary.clusters.retain(|c| self.matches(c));
+    }
+}
+
+/// The warnings of a render as `GET /v1/fleet` gives them: `{"total": N, "shown":
+/// [...]}`, the first [`RenderWarnings::SHOWN`] written as render errors are (`text`,
+/// then the diagnostic's fields). A fleet whose every cluster warns has as many
+/// warnings as clusters; `flotilla validate` lists them all.
+#[derive(Clone, Debug, Default)]
+pub struct RenderWarnings(pub Arc<[Diagnostic]>);
+
+impl RenderWarnings {
+    /// How many warnings the summary writes out.
+    pub const SHOWN: usize = 100;
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Those `keep` keeps (a tenant's own, say), counted anew.
+    pub fn retain(&self, mut keep: impl FnMut(&Diagnostic) -> bool) -> RenderWarnings {
+        RenderWarnings(self.0.iter().filter(|d| keep(d)).cloned().collect())
+    }
+}
+
+impl Serialize for RenderWarnings {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let shown: Vec<RenderError> = self
+            .0
+            .iter()
+            .take(Self::SHOWN)
+            .map(|d| RenderError {
+                text: d.to_string(),
+                diagnostic: d.clone(),
+            })
+            .collect();
+        let mut out = serializer.serialize_struct("RenderWarnings", 2)?;
+        out.serialize_field("total", &self.0.len())?;
+        out.serialize_field("shown", &shown)?;
+        out.end()
     }
 }
 

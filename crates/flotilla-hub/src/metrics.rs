@@ -403,6 +403,12 @@ fn register_render(registry: &mut Registry, render: &RenderStatus) {
         "Errors in the last render attempt (0 when it was clean)",
         render.errors.len() as i64,
     );
+    gauge_i64(
+        registry,
+        "flotilla_render_warnings",
+        "Warnings of the last render attempt, clean or not",
+        render.warnings.len() as i64,
+    );
     let error_info = Family::<ErrorLabels, Gauge>::default();
     for diagnostic in render.errors.iter().take(100) {
         error_info
@@ -573,6 +579,10 @@ mod tests {
                     .in_file("clusters/red.yaml")
                     .at_line(Some(4)),
             ],
+            warnings: std::sync::Arc::from([
+                flotilla_core::diagnostic::Diagnostic::warning("a"),
+                flotilla_core::diagnostic::Diagnostic::warning("b"),
+            ]),
             renders_clean: 2,
             ..RenderStatus::default()
         };
@@ -609,6 +619,7 @@ mod tests {
             Some("2")
         );
         assert_eq!(sample(&text, "flotilla_render_errors"), Some("1"));
+        assert_eq!(sample(&text, "flotilla_render_warnings"), Some("2"));
         assert_eq!(sample(&text, "flotilla_tokens"), Some("3"));
         assert_eq!(
             sample(&text, "flotilla_rollouts_superseded_total"),

@@ -18,7 +18,7 @@ use flotilla_core::access::{
 use flotilla_core::bundle::{Digest, ResourceKey};
 use flotilla_core::rollout::view::RolloutView;
 
-use crate::fleet::{ClusterSummary, Counts, FleetSummary, RenderStatus};
+use crate::fleet::{ClusterSummary, Counts, FleetSummary, RenderStatus, RenderWarnings};
 use crate::recorder::Shared;
 
 /// How many more indexes than digests served the cache holds before it forgets the
@@ -202,11 +202,14 @@ impl TenantView {
             .is_some_and(|index| index.resources_of(&self.tenant).contains(resource))
     }
 
-    /// The render status with only the errors of the tenant's workloads, and no chart
-    /// list.
+    /// The render status with only the errors and warnings of the tenant's workloads,
+    /// and no chart list.
     pub fn render_status(&self, mut status: RenderStatus) -> RenderStatus {
         let workloads = self.workloads();
         status.errors.retain(|d| theirs(&workloads, d));
+        status.warnings = RenderWarnings(status.warnings)
+            .retain(|d| theirs(&workloads, d))
+            .0;
         status.charts.clear();
         // A commit's subject may speak of other tenants' workloads.
         status.commits.clear();
@@ -214,7 +217,7 @@ impl TenantView {
     }
 
     /// The fleet summary cut down to the tenant: its clusters (counted anew), the
-    /// render errors of its workloads, no chart list.
+    /// render errors and warnings of its workloads, no chart list.
     pub fn fleet(&self, summary: FleetSummary) -> FleetSummary {
         let clusters: Vec<ClusterSummary> = summary
             .clusters
@@ -231,8 +234,10 @@ impl TenantView {
             .into_iter()
             .filter(|e| theirs(&workloads, &e.diagnostic))
             .collect();
+        let render_warnings = summary.render_warnings.retain(|d| theirs(&workloads, d));
         FleetSummary {
             render_errors,
+            render_warnings,
             counts: counts.by_name(),
             drifted: clusters.iter().filter(|c| c.drifted).count(),
             charts: Default::default(),
@@ -483,6 +488,14 @@ mod tests {
         }
     }
 
+    fn warning(workload: &str) -> Diagnostic {
+        Diagnostic {
+            workload: Some(workload.into()),
+            ..Diagnostic::warning("to look at")
+                .in_file(format!("workloads/{workload}/workload.yaml"))
+        }
+    }
+
     #[test]
     fn a_tenant_sees_its_clusters_and_on_them_its_own_resources() {
         let view = TenantView {
@@ -491,6 +504,11 @@ mod tests {
         };
         let fleet = FleetSummary {
             render_errors: vec![error("web"), error("dns")],
+            render_warnings: RenderWarnings(Arc::from([
+                warning("dns"),
+                warning("web"),
+                warning("dns"),
+            ])),
             charts: [("dns".to_string(), "coredns 1.0".to_string())].into(),
             clusters: vec![
                 summary("edge-1", ClusterState::Failed),
@@ -524,6 +542,20 @@ mod tests {
                 .map(|e| e.diagnostic.workload.as_deref())
                 .collect::<Vec<_>>(),
             [Some("web")]
+        );
+        assert_eq!(
+            serde_json::to_value(&cut.render_warnings).expect("json"),
+            serde_json::json!({
+                "total": 1,
+                "shown": [{
+                    "text": "workloads/web/workload.yaml: warning: to look at (workload web)",
+                    "severity": "warning",
+                    "file": "workloads/web/workload.yaml",
+                    "message": "to look at",
+                    "workload": "web",
+                }],
+            }),
+            "a tenant sees its own workloads' warnings, counted anew"
         );
         assert!(cut.charts.is_empty());
         assert!(view.owns("edge-1", &drift("web", "shop")));

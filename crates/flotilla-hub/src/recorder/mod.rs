@@ -370,7 +370,7 @@ impl Recorder {
             r.attempted_at_ms = Some(now);
             r.duration = Some(duration);
             r.errors = errors;
-            r.warnings = output.warnings().count();
+            r.warnings = output.warnings().cloned().collect();
             r.renders_failed += 1;
         });
     }
@@ -435,7 +435,7 @@ impl Recorder {
             r.duration = Some(duration);
             r.errors.clear();
             r.install_error = None;
-            r.warnings = output.warnings().count();
+            r.warnings = output.warnings().cloned().collect();
             r.renders_clean += 1;
             r.charts = output.charts.clone();
         });

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fleet::{
     ClusterState, ClusterSummary, Counts, Drift, InstallErrorSummary, Line, RenderStatus,
+    RenderWarnings,
 };
 use flotilla_core::access::ScopedBundle;
 use flotilla_core::bundle::ResourceKey;
@@ -337,8 +338,8 @@ struct DriftRow {
 }
 
 /// What makes the self-refresh reload: a change of any count (drifted clusters
-/// included), of the served or attempted revision, of the render errors, or of any
-/// active rollout's progress.
+/// included), of the served or attempted revision, of the number of render errors or
+/// warnings, or of any active rollout's progress.
 pub fn stamp(
     render: &RenderStatus,
     counts: &Counts,
@@ -351,6 +352,7 @@ pub fn stamp(
     render.served_commit().is_some().hash(&mut hasher);
     render.attempted_revision.hash(&mut hasher);
     render.errors.len().hash(&mut hasher);
+    render.warnings.len().hash(&mut hasher);
     render
         .install_error
         .as_ref()
@@ -504,6 +506,13 @@ pub fn fleet_page(
             commit => status.served_commit().map(Serde),
             attempted_revision => status.attempted_revision.as_deref(),
             render_errors => status.errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            render_warnings => status
+                .warnings
+                .iter()
+                .take(RenderWarnings::SHOWN)
+                .map(ToString::to_string)
+                .collect::<Vec<_>>(),
+            render_warnings_total => status.warnings.len(),
             source_error => status.source_error.as_deref(),
             install_error => status.install_error.as_ref().map(|e| Serde(InstallErrorSummary::from(e))),
             charts => Serde(&status.charts),
