@@ -29,8 +29,13 @@ pub struct ManArgs {
 
 pub fn run_completions(args: &CompletionsArgs) -> anyhow::Result<u8> {
     let mut command = Cli::command();
+    // clap_complete panics when its writer fails, so the script is made in memory and
+    // written here: a closed pipe (`flotilla completions bash | head`) is then the
+    // reader's choice, as for every other command, not a panic.
+    let mut script = Vec::new();
+    clap_complete::generate(args.shell, &mut command, "flotilla", &mut script);
     let mut stdout = std::io::stdout().lock();
-    clap_complete::generate(args.shell, &mut command, "flotilla", &mut stdout);
+    stdout.write_all(&script)?;
     stdout.flush()?;
     Ok(EXIT_OK)
 }

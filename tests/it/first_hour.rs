@@ -4,7 +4,8 @@
 //! else), a wrong path, a repository owned by another user, `token create > FILE`,
 //! a state dir that does not exist, the agent's own variables, `--sink kube` without
 //! a kubeconfig, the hub's front door, errors that name the next step, `init`'s
-//! branch and CI job, and an agent taking a fixed token file.
+//! branch and CI job, an agent taking a fixed token file, and shell completions
+//! piped into `head`.
 //!
 //! Machine-specific text (temporary paths, commit ids, token ids) is written as
 //! `$NAME` in the expected output; [`Case::check`] puts it back.
@@ -898,4 +899,22 @@ async fn a_new_token_works_on_the_very_next_request() {
     assert_eq!(status(token.clone()).await, 200);
     assert_eq!(status(format!("flt_{}", "0".repeat(64))).await, 401);
     hub.stop().await;
+}
+
+/// `flotilla completions bash | head -2`: a reader that closes the pipe early ends
+/// the command quietly (exit 0), as for every other command, not with a panic.
+#[test]
+fn completions_into_a_closed_pipe_end_quietly() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["completions", "bash"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("flotilla runs");
+    // Closed before anything is written: the first write meets a broken pipe.
+    drop(child.stdout.take());
+    let output = child.wait_with_output().expect("it ends");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(stderr.is_empty(), "nothing on stderr: {stderr}");
 }
