@@ -179,15 +179,24 @@ fn validate_reads_the_commit_and_says_when_the_disk_differs() {
     )
     .expect("add");
     std::fs::remove_file(fleet.join("groups/eu.yaml")).expect("delete");
+    // A file the render reads without its path being a fleet file's (a chart's),
+    // and one it does not read by name (signed tenant rules, say): both count.
+    let values = fleet.join("charts/menu-board/values.yaml");
+    let text = std::fs::read_to_string(&values).expect("read");
+    std::fs::write(&values, format!("{text}# reviewed\n")).expect("edit");
+    std::fs::create_dir_all(fleet.join("tenants")).expect("mkdir");
+    std::fs::write(fleet.join("tenants/notes.txt"), "signed later\n").expect("add");
     // Outside the fleet root: not the fleet's business.
     std::fs::write(repo.path().join("README.md"), "edited\n").expect("edit");
 
     let case = Case::new(repo.path()).name("COMMIT", &commit);
     let valid = "valid: 14 clusters rendered (main@sha1:$COMMIT), 0 warnings\n  Helm chart menu-board 0.3.1 (charts/menu-board): workload menu-board\n";
-    let warning = "warning: 3 fleet files changed on disk are not in HEAD, which is what was read:\n\
+    let warning = "warning: 5 fleet files changed on disk are not in HEAD, which is what was read:\n\
+                   \tmodified:   charts/menu-board/values.yaml\n\
                    \tnew file:   clusters/green.yaml\n\
                    \tmodified:   clusters/red.yaml\n\
-                   \tdeleted:    groups/eu.yaml\n";
+                   \tdeleted:    groups/eu.yaml\n\
+                   \tnew file:   tenants/notes.txt\n";
     // `--repo fleet` and `--repo . --path fleet` read the same commit, and both say
     // what differs and how to read it.
     case.check(

@@ -1126,9 +1126,9 @@ impl DiskChange {
     }
 }
 
-/// The fleet files (paths relative to the fleet root) whose content on disk differs
-/// from the commit that [`read`] reads for `location`, when that commit is the one
-/// `HEAD` points at in a work tree: edits, staged or not, new files and deleted ones,
+/// The files of the fleet root (paths relative to it; hidden ones aside) whose content
+/// on disk differs from the commit that [`read`] reads for `location`, when that
+/// commit is the one `HEAD` points at in a work tree: edits, staged or not, new files and deleted ones,
 /// as `git status` sees them (ignored files are left out). `None` when the question
 /// does not arise (files on disk were read, a bare repository, another revision).
 pub fn disk_changes(location: &Location) -> Result<Option<Vec<(DiskChange, String)>>, SourceError> {
@@ -1179,7 +1179,10 @@ pub fn disk_changes(location: &Location) -> Result<Option<Vec<(DiskChange, Strin
         let Some(relative) = path.strip_prefix(prefix.as_str()) else {
             continue;
         };
-        if !is_fleet_file(relative) || relative.split('/').any(|part| part.starts_with('.')) {
+        // Every file of the fleet root counts, not only those read by their path: a
+        // chart's files, a values file, `tenants/rules.signed.json` or a file a
+        // kustomization refers to changes the render too. Hidden ones are not read.
+        if relative.split('/').any(|part| part.starts_with('.')) {
             continue;
         }
         if let Some(change) = change_of(entry.status()) {
