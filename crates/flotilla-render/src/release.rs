@@ -116,6 +116,20 @@ fn normalize(path: &str) -> Option<String> {
     Some(parts.join("/"))
 }
 
+/// The line of `key:` under `helm:` in a workload file's text (the typed spec no
+/// longer knows it), for errors that name a field of `spec.helm`.
+fn helm_key_line(text: Option<&str>, key: &str) -> Option<u64> {
+    let mut lines = text?.lines().enumerate();
+    lines.find(|(_, line)| line.trim_start().starts_with("helm:"))?;
+    lines
+        .find(|(_, line)| {
+            line.trim_start()
+                .strip_prefix(key)
+                .is_some_and(|rest| rest.trim_start().starts_with(':'))
+        })
+        .map(|(index, _)| index as u64 + 1)
+}
+
 /// A path of `spec.helm`, relative to the workload's folder, as a fleet path.
 fn resolve(workload: &str, relative: &str) -> Result<String, String> {
     if relative.starts_with('/') {
@@ -139,9 +153,11 @@ pub fn read(
     spec: &HelmSpec,
     diagnostics: &mut Vec<Diagnostic>,
 ) -> HelmRelease {
-    let error = |message: String| {
+    let text = snapshot.files.get(file).map(|text| &**text);
+    let error = |key: &str, message: String| {
         Diagnostic::error(message)
             .in_file(file)
+            .at_line(helm_key_line(text, key))
             .for_workload(workload)
     };
     let mut release = HelmRelease {
@@ -163,14 +179,14 @@ pub fn read(
         inputs: Vec::new(),
     };
     if let Some(repo) = &spec.repo {
-        diagnostics.push(error(format!(
+        diagnostics.push(error("repo", format!(
             "spec.helm.repo {repo:?}: flotilla never fetches charts at render; vendor the chart into the repository (`helm pull --repo {repo} {chart} --untar --untardir charts`) and set spec.helm.chart to its folder",
             chart = spec.chart
         )));
         return release;
     }
     if spec.chart.contains("://") {
-        diagnostics.push(error(format!(
+        diagnostics.push(error("chart", format!(
             "spec.helm.chart {:?} is a remote chart: flotilla never fetches charts at render; vendor it into the repository (`helm pull {} --untar --untardir charts`) and name its folder",
             spec.chart, spec.chart
         )));
@@ -178,7 +194,10 @@ pub fn read(
     }
     for values_file in &spec.values_files {
         match resolve(workload, values_file) {
-            Err(message) => diagnostics.push(error(format!("spec.helm.valuesFiles: {message}"))),
+            Err(message) => diagnostics.push(error(
+                "valuesFiles",
+                format!("spec.helm.valuesFiles: {message}"),
+            )),
             Ok(path) if path.ends_with(".j2") => {
                 release.inputs.push(path.clone());
                 release.values_files.push(ValuesFile::Template { path });
@@ -186,10 +205,13 @@ pub fn read(
             Ok(path) => {
                 release.inputs.push(path.clone());
                 match snapshot.files.get(&path) {
-                    None => diagnostics.push(error(format!(
-                        "spec.helm.valuesFiles: {path} {}",
-                        missing_reason(snapshot, &path)
-                    ))),
+                    None => diagnostics.push(error(
+                        "valuesFiles",
+                        format!(
+                            "spec.helm.valuesFiles: {path} {}",
+                            missing_reason(snapshot, &path)
+                        ),
+                    )),
                     Some(text) => match values_map(text) {
                         Ok(values) => release
                             .values_files
@@ -207,7 +229,7 @@ pub fn read(
     let chart_path = match resolve(workload, &spec.chart) {
         Ok(path) => path,
         Err(message) => {
-            diagnostics.push(error(format!("spec.helm.chart: {message}")));
+            diagnostics.push(error("chart", format!("spec.helm.chart: {message}")));
             return release;
         }
     };
@@ -258,7 +280,7 @@ pub fn read(
     };
     match loaded {
         Ok(chart) => release.chart = Some(Arc::new(PreparedChart::new(chart))),
-        Err(message) => diagnostics.push(error(message)),
+        Err(message) => diagnostics.push(error("chart", message)),
     }
     release
 }

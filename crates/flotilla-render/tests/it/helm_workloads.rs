@@ -337,6 +337,40 @@ fn a_bad_helm_spec_is_an_error_naming_the_file() {
 }
 
 #[test]
+fn a_bad_helm_field_is_an_error_at_its_line() {
+    // The `spec.helm` to try, and the key whose line the error must name.
+    let cases = [
+        ("    chart: oci://registry.example/charts/web\n", "chart"),
+        ("    chart: nothing-here\n", "chart"),
+        ("    chart: ../../../outside\n", "chart"),
+        ("    chart: web\n    repo: https://charts.example\n", "repo"),
+        (
+            "    chart: ../../charts/web\n    valuesFiles: [missing.yaml]\n",
+            "valuesFiles",
+        ),
+    ];
+    for (helm, key) in cases {
+        let files = fleet(helm, &[]);
+        let workload = &files
+            .iter()
+            .find(|(path, _)| path == "workloads/web/workload.yaml")
+            .expect("the workload file")
+            .1;
+        let line = workload
+            .lines()
+            .position(|line| line.starts_with(&format!("    {key}:")))
+            .expect("the key")
+            + 1;
+        let errors = errors(&render(&files, None));
+        let at = format!("workloads/web/workload.yaml:{line}: spec.helm.");
+        assert!(
+            errors.iter().any(|e| e.starts_with(&at)),
+            "{helm}: expected an error starting {at:?}, got {errors:#?}"
+        );
+    }
+}
+
+#[test]
 fn a_missing_dependency_names_chart_yaml() {
     let files = fleet(
         "    chart: ../../charts/app\n",
