@@ -19,8 +19,10 @@ pub struct KeyArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum KeyCommand {
-    /// Make a signing key: KEY (private, mode 0600, for `serve`/`publish
-    /// --signing-key`) and KEY.pub (one line, for `agent --trust-key`); prints the key id.
+    /// Make a signing key: KEY (private, mode 0600) and KEY.pub (one line); prints the
+    /// key id. The hub's signing key (`serve`/`publish --signing-key`, agents trust
+    /// KEY.pub with `--trust-key`) or the platform's tenant key (`key sign-tenants
+    /// --key`, kept apart from the hub; agents take KEY.pub with `--tenant-key`).
     Generate {
         /// Where to write the private key; the public key goes to the same path with
         /// `.pub` added. Existing files are never overwritten.
@@ -218,7 +220,7 @@ fn generate(out: &Path) -> anyhow::Result<u8> {
     )
     .with_context(|| format!("cannot write the public key {}", public_out.display()))?;
     eprintln!(
-        "wrote the private key {} (keep it on the hub, mode 0600) and the public key {} (give it to agents: --trust-key)",
+        "wrote the private key {} (mode 0600) and the public key {}. As the hub's signing key: keep the private key on the hub (serve/publish --signing-key) and give agents the public one (agent --trust-key). As the platform's tenant key: keep the private key apart from the hub (key sign-tenants --key) and give agents the public one (agent --tenant-key)",
         out.display(),
         public_out.display()
     );
