@@ -1007,6 +1007,40 @@ async fn a_restarted_hub_goes_on_where_it_was() {
     scene.stop().await;
 }
 
+/// A hub down for longer than the offline threshold (an upgrade, a reboot) heard
+/// nothing meanwhile because nobody could reach it: it does not judge the canary
+/// that was baking silent (which would fail it and halt the rollout), nor release a
+/// wave on contacts from before it stopped. It settles for the threshold, or until
+/// every cluster of the rollout is heard from again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_down_longer_than_the_offline_threshold_judges_nobody_on_old_contacts() {
+    let mut scene = Scene::at_v1(&["c1"], POLICY).await;
+    let v2 = scene.fleet.release("v2", "v2");
+    scene.wait_waves(&v2, &["released", "waiting"]).await;
+    scene.poll("c1").await;
+    scene.report("c1", true).await;
+    scene.advance(5, &[]).await;
+    scene.stop().await;
+    // Eight minutes down: every contact the store holds is older than the threshold.
+    scene.clock.advance(Duration::from_secs(8 * 60));
+    scene.start().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = scene.rollout_of(&v2).await;
+    assert_eq!(after["state"], "progressing", "{after:#}");
+    assert_eq!(after["waves"][0]["failed"], 0, "{after:#}");
+    assert!(after["settlingUntil"].is_string(), "{after:#}");
+    // The agents come back, so the hub settles at once; the canary's bake (15
+    // minutes from its healthy report, on the hub's clock: 16 have passed) has ended,
+    // and the next wave is released.
+    scene.advance(3, &[]).await;
+    let settled = scene.wait_wave(&v2, 0, "complete").await;
+    assert!(settled["settlingUntil"].is_null(), "{settled:#}");
+    assert_eq!(settled["waves"][0]["failed"], 0, "{settled:#}");
+    scene.advance(1, &[]).await;
+    scene.wait_rollout_state(&v2, "complete").await;
+    scene.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publish_writes_what_the_hub_serves_given_its_state_dir() {
     let mut scene = Scene::at_v1(&["c1"], POLICY).await;

@@ -222,8 +222,8 @@ impl Hub {
         };
         let shared = Arc::new(Shared::new(store, settings, lease, metrics));
         shared.recorder.set_tokens(tokens);
+        shared.recorder.settle_from_now();
         let loaded = shared.recorder.reload(Reload::Start).await?;
-        shared.recorder.hold_releases_if_unheard();
         if loaded > 0 {
             tracing::info!(clusters = loaded, "serving the bundles held in the store");
             shared.recorder.set_ready();

@@ -600,27 +600,34 @@ pub fn decide(
     decide_with(rollout, observations, now, offline_after, None)
 }
 
-/// Until when a rollout's waves are held because the hub has just started on a store
-/// that knows no cluster's last contact (`release_not_before`): `None` once that time
-/// has passed, once every member has been seen since (then who is offline can be
-/// told), or for a forced rollout (which admits everyone at once whatever is known of
-/// them).
+/// Until when a rollout's waves are held because the hub has just started
+/// (`release_not_before`, its start plus `offline_after`): `None` once that time has
+/// passed, once every member has been seen since the hub started (then who is offline
+/// can be told), or for a forced rollout (which admits everyone at once whatever is
+/// known of them).
 pub fn settling_until(
     rollout: &Rollout,
     observations: &[Observation],
     now: Millis,
+    offline_after: Millis,
     release_not_before: Option<Millis>,
 ) -> Option<Millis> {
     let at = release_not_before.filter(|&at| now < at)?;
-    let all_seen = !observations.is_empty() && observations.iter().all(|o| o.last_seen.is_some());
+    let started = at.saturating_sub(offline_after);
+    let all_seen = !observations.is_empty()
+        && observations
+            .iter()
+            .all(|o| o.last_seen.is_some_and(|seen| seen >= started));
     (!rollout.forced && !all_seen).then_some(at)
 }
 
-/// [`decide`], releasing no wave before `release_not_before`. A hub that has just
-/// started with no record of when its clusters were last seen passes its start plus
-/// the offline threshold: until then it cannot tell an offline cluster from one it has
-/// not heard from yet, and whether a cluster is offline is judged at release. Once
-/// every member has been seen, it need not wait (see [`settling_until`]).
+/// [`decide`] for a hub that started at `release_not_before` minus `offline_after`.
+/// Until `release_not_before` it cannot tell an offline cluster from one it has not
+/// heard from yet: while it was down (or before it existed) nobody could reach it. So
+/// it releases no wave (whether a cluster is offline is judged at release) unless
+/// every member has been seen since it started (see [`settling_until`]), and it judges
+/// no cluster silent on a contact from before it started: such a contact counts as
+/// made at its start.
 pub fn decide_with(
     rollout: &mut Rollout,
     observations: &[Observation],
@@ -632,6 +639,30 @@ pub fn decide_with(
     if !rollout.state.is_active() || observations.len() != rollout.members.len() {
         return step;
     }
+    let settling = settling_until(
+        rollout,
+        observations,
+        now,
+        offline_after,
+        release_not_before,
+    );
+    // While the hub settles, a contact from before its start counts as made at its
+    // start (after that, doing so changes nothing: both are past the threshold).
+    let credited: Vec<Observation>;
+    let observations = match release_not_before.filter(|&at| now < at) {
+        Some(at) => {
+            let started = at.saturating_sub(offline_after);
+            credited = observations
+                .iter()
+                .map(|o| Observation {
+                    last_seen: o.last_seen.map(|seen| seen.max(started)),
+                    ..*o
+                })
+                .collect();
+            &credited[..]
+        }
+        None => observations,
+    };
     for wave in 0..rollout.waves.len() {
         if rollout.waves[wave].state == WaveState::Released {
             observe(rollout, wave, observations, now, offline_after, &mut step);
@@ -646,7 +677,7 @@ pub fn decide_with(
             judge_wave(rollout, wave, now, &mut step);
         }
     }
-    let settled = settling_until(rollout, observations, now, release_not_before).is_none();
+    let settled = settling.is_none();
     if rollout.state == RolloutState::Progressing && settled {
         release_ready(rollout, observations, now, offline_after, &mut step);
     }

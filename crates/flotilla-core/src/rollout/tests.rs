@@ -707,6 +707,68 @@ fn a_hub_that_just_started_releases_nothing_before_it_can_judge_who_is_offline()
 }
 
 #[test]
+fn a_hub_back_from_downtime_judges_nobody_on_contacts_from_before_it_started() {
+    // A 10-minute bake from the canary's healthy report at T0.
+    let mut sim = Sim::new(canary_then_rest(10), FLEET, false);
+    sim.decide();
+    sim.poll("c1");
+    sim.report("c1", Health::Healthy);
+    assert_eq!(sim.wave_states(), [Released, Waiting]);
+    // The hub is down for eight minutes: every contact it holds is older than the
+    // threshold when it starts again.
+    sim.now += 8 * MINUTE;
+    let settle = sim.now + OFFLINE_AFTER;
+    let decide = |sim: &mut Sim| {
+        let step = decide_with(
+            &mut sim.rollout,
+            &sim.obs,
+            sim.now,
+            OFFLINE_AFTER,
+            Some(settle),
+        );
+        sim.record(step)
+    };
+    decide(&mut sim);
+    let c1 = sim.index("c1");
+    assert!(!sim.rollout.members[c1].failed, "not judged silent at once");
+    assert_eq!(sim.rollout.state, RolloutState::Progressing);
+    assert_eq!(
+        settling_until(&sim.rollout, &sim.obs, sim.now, OFFLINE_AFTER, Some(settle)),
+        Some(settle),
+        "seen before the start is not seen since"
+    );
+    // The canary is heard from again, the others are not: the canary's bake ends, and
+    // the next wave waits for the threshold, the others' contacts being old.
+    sim.now = T0 + 11 * MINUTE;
+    assert!(sim.now < settle);
+    sim.obs[c1].last_seen = Some(sim.now);
+    decide(&mut sim);
+    assert_eq!(sim.wave_states(), [Done, Waiting]);
+    // Past the threshold with no word from the others: released, and they are offline.
+    sim.now = settle + MINUTE;
+    sim.obs[c1].last_seen = Some(sim.now);
+    decide(&mut sim);
+    assert_eq!(sim.wave_states(), [Done, Released]);
+    assert!(sim.logged("3 offline at release and skipped"));
+    // A canary silent past the threshold after the start is judged so.
+    let mut silent = Sim::new(canary_then_rest(30), FLEET, false);
+    silent.decide();
+    silent.poll("c1");
+    silent.report("c1", Health::Healthy);
+    silent.now += 8 * MINUTE;
+    let settle = silent.now + OFFLINE_AFTER;
+    silent.now = settle + MINUTE;
+    decide_with(
+        &mut silent.rollout,
+        &silent.obs,
+        silent.now,
+        OFFLINE_AFTER,
+        Some(settle),
+    );
+    assert!(silent.rollout.members[silent.index("c1")].failed);
+}
+
+#[test]
 fn settling_ends_as_soon_as_every_member_has_been_seen() {
     let mut sim = Sim::new(canary_then_rest(0), FLEET, false);
     let names: Vec<String> = sim
@@ -729,7 +791,7 @@ fn settling_ends_as_soon_as_every_member_has_been_seen() {
     );
     assert_eq!(sim.wave_states(), [Waiting, Waiting]);
     assert_eq!(
-        settling_until(&sim.rollout, &sim.obs, sim.now, Some(settle)),
+        settling_until(&sim.rollout, &sim.obs, sim.now, OFFLINE_AFTER, Some(settle)),
         Some(settle)
     );
     let view = crate::rollout::view::RolloutView::of(
@@ -778,7 +840,7 @@ fn settling_ends_as_soon_as_every_member_has_been_seen() {
     );
     assert_eq!(sim.wave_states(), [Released, Waiting]);
     assert_eq!(
-        settling_until(&sim.rollout, &sim.obs, sim.now, Some(settle)),
+        settling_until(&sim.rollout, &sim.obs, sim.now, OFFLINE_AFTER, Some(settle)),
         None
     );
     let view = crate::rollout::view::RolloutView::of(

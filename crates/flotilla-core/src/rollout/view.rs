@@ -114,8 +114,15 @@ impl RolloutView {
         (now, offline_after, release_not_before): (Millis, Millis, Option<Millis>),
         detail: bool,
     ) -> RolloutView {
+        // While the hub settles, a contact from before its start counts as made at its
+        // start, as the decisions count it (see `decide_with`).
+        let credit_from = release_not_before
+            .filter(|&at| now < at)
+            .map_or(Millis::MIN, |at| at.saturating_sub(offline_after));
         let last_seen = |index: usize| observations.get(index).and_then(|o| o.last_seen);
-        let silent = |index: usize| last_seen(index).is_some_and(|seen| now - seen > offline_after);
+        let silent = |index: usize| {
+            last_seen(index).is_some_and(|seen| now - seen.max(credit_from) > offline_after)
+        };
         let healthy = |index: usize| {
             observations
                 .get(index)
@@ -196,7 +203,15 @@ impl RolloutView {
             started_at: rfc3339(rollout.started_at),
             ended_at: rollout.ended_at.map(rfc3339),
             settling_until: (rollout.state == RolloutState::Progressing)
-                .then(|| super::settling_until(rollout, observations, now, release_not_before))
+                .then(|| {
+                    super::settling_until(
+                        rollout,
+                        observations,
+                        now,
+                        offline_after,
+                        release_not_before,
+                    )
+                })
                 .flatten()
                 .map(rfc3339),
             waves,

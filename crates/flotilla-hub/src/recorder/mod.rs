@@ -621,13 +621,12 @@ impl Recorder {
         self.metrics.lease_held(false);
     }
 
-    /// When nothing says when any cluster was last seen (a new store, or one that was
-    /// lost), gives the agents the offline threshold to be heard from before a wave is
-    /// released and offline clusters are told apart.
-    pub fn hold_releases_if_unheard(&self) {
-        if self.view.heard_from_any() {
-            return;
-        }
+    /// At start: gives the agents the offline threshold to be heard from before a
+    /// wave is released and offline clusters are told apart. The store's record of
+    /// when each cluster was last seen stops when the hub stopped (or never began, on
+    /// a new store): nobody could reach a hub that was down, so that record cannot
+    /// tell an offline cluster from one that has not polled this hub yet.
+    pub fn settle_from_now(&self) {
         let offline_after =
             i64::try_from(self.settings.offline_after.as_millis()).unwrap_or(i64::MAX);
         self.rollouts

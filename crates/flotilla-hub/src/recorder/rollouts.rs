@@ -161,9 +161,9 @@ pub struct RolloutBook {
     /// Wakes the timer: a decision may have moved the next deadline, or a cluster
     /// fetched the new digest.
     pub wake: Notify,
-    /// No wave is released before this time (ms; 0: no such limit): a hub started with
-    /// no record of when its clusters were last seen first gives them the offline
-    /// threshold to be heard from.
+    /// The hub's start plus the offline threshold (ms; 0: not set): before it, no wave
+    /// is released unless every member was seen since the start, and a contact from
+    /// before the start counts as made at it (see `decide_with`).
     release_not_before: std::sync::atomic::AtomicI64,
     /// The store's version of the rollouts held in `active` (see
     /// [`Store::rollouts_version`]): a decision is written only while the store is

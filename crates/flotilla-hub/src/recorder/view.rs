@@ -739,17 +739,6 @@ impl View {
             .collect()
     }
 
-    /// Whether any cluster was ever heard from. A pulse is made for every member of
-    /// a rollout read back from the store, heard from or not: only one that saw its
-    /// cluster counts.
-    pub(in crate::recorder) fn heard_from_any(&self) -> bool {
-        self.pulses
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .any(|pulse| pulse.seen().is_some())
-    }
-
     pub(in crate::recorder) fn known_workloads(&self) -> Arc<RenderedWorkloads> {
         self.workloads.load_full()
     }
