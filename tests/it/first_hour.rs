@@ -184,6 +184,8 @@ fn validate_reads_the_commit_and_says_when_the_disk_differs() {
     let values = fleet.join("charts/menu-board/values.yaml");
     let text = std::fs::read_to_string(&values).expect("read");
     std::fs::write(&values, format!("{text}# reviewed\n")).expect("edit");
+    // A hidden file the chart loader reads.
+    std::fs::write(fleet.join("charts/menu-board/.helmignore"), "# none\n").expect("add");
     std::fs::create_dir_all(fleet.join("tenants")).expect("mkdir");
     std::fs::write(fleet.join("tenants/notes.txt"), "signed later\n").expect("add");
     // Outside the fleet root: not the fleet's business.
@@ -191,7 +193,8 @@ fn validate_reads_the_commit_and_says_when_the_disk_differs() {
 
     let case = Case::new(repo.path()).name("COMMIT", &commit);
     let valid = "valid: 14 clusters rendered (main@sha1:$COMMIT), 0 warnings\n  Helm chart menu-board 0.3.1 (charts/menu-board): workload menu-board\n";
-    let warning = "warning: 5 fleet files changed on disk are not in HEAD, which is what was read:\n\
+    let warning = "warning: 6 fleet files changed on disk are not in HEAD, which is what was read:\n\
+                   \tnew file:   charts/menu-board/.helmignore\n\
                    \tmodified:   charts/menu-board/values.yaml\n\
                    \tnew file:   clusters/green.yaml\n\
                    \tmodified:   clusters/red.yaml\n\

@@ -1126,7 +1126,7 @@ impl DiskChange {
     }
 }
 
-/// The files of the fleet root (paths relative to it; hidden ones aside) whose content
+/// The files of the fleet root (paths relative to it; hidden folders aside) whose content
 /// on disk differs from the commit that [`read`] reads for `location`, when that
 /// commit is the one `HEAD` points at in a work tree: edits, staged or not, new files and deleted ones,
 /// as `git status` sees them (ignored files are left out). `None` when the question
@@ -1180,9 +1180,10 @@ pub fn disk_changes(location: &Location) -> Result<Option<Vec<(DiskChange, Strin
             continue;
         };
         // Every file of the fleet root counts, not only those read by their path: a
-        // chart's files, a values file, `tenants/rules.signed.json` or a file a
-        // kustomization refers to changes the render too. Hidden ones are not read.
-        if relative.split('/').any(|part| part.starts_with('.')) {
+        // chart's files (its `.helmignore` too), a values file, a kustomization's
+        // `.env`, `tenants/rules.signed.json`. Hidden folders are not read.
+        let folders = relative.rsplit_once('/').map_or("", |(folders, _)| folders);
+        if folders.split('/').any(|part| part.starts_with('.')) {
             continue;
         }
         if let Some(change) = change_of(entry.status()) {
