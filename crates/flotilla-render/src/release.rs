@@ -119,15 +119,31 @@ fn normalize(path: &str) -> Option<String> {
 /// The line of `key:` under `helm:` in a workload file's text (the typed spec no
 /// longer knows it), for errors that name a field of `spec.helm`.
 fn helm_key_line(text: Option<&str>, key: &str) -> Option<u64> {
+    let indent = |line: &str| line.len() - line.trim_start().len();
     let mut lines = text?.lines().enumerate();
-    lines.find(|(_, line)| line.trim_start().starts_with("helm:"))?;
-    lines
-        .find(|(_, line)| {
-            line.trim_start()
+    let (_, helm) = lines.find(|(_, line)| line.trim_start().starts_with("helm:"))?;
+    let helm_indent = indent(helm);
+    // `helm:`'s own keys: the lines one level under it, up to the next line that is
+    // not under it; a key of the same name deeper down (in `values:`) is not one.
+    let mut field_indent = None;
+    for (index, line) in lines {
+        let trimmed = line.trim_start();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let at = indent(line);
+        if at <= helm_indent {
+            return None;
+        }
+        if *field_indent.get_or_insert(at) == at
+            && trimmed
                 .strip_prefix(key)
                 .is_some_and(|rest| rest.trim_start().starts_with(':'))
-        })
-        .map(|(index, _)| index as u64 + 1)
+        {
+            return Some(index as u64 + 1);
+        }
+    }
+    None
 }
 
 /// A path of `spec.helm`, relative to the workload's folder, as a fleet path.

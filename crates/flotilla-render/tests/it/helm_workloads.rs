@@ -348,6 +348,11 @@ fn a_bad_helm_field_is_an_error_at_its_line() {
             "    chart: ../../charts/web\n    valuesFiles: [missing.yaml]\n",
             "valuesFiles",
         ),
+        // A key of the same name in `values:` comes first: the field's own line is named.
+        (
+            "    values:\n      image:\n        repo: nginx\n      chart: x\n    chart: web\n    repo: https://charts.example\n",
+            "repo",
+        ),
     ];
     for (helm, key) in cases {
         let files = fleet(helm, &[]);
