@@ -970,8 +970,8 @@ fn release(
                     if skip { " and skipped" } else { ", waited for" },
                     match never_seen {
                         0 => String::new(),
-                        n if n == offline => " (never seen: no agent has been heard from)".into(),
-                        n => format!(" ({n} of them never seen)"),
+                        n if n == offline => " (none of them ever heard from)".into(),
+                        n => format!(" ({n} of them never heard from)"),
                     }
                 )
             } else {

@@ -300,9 +300,7 @@ fn a_wave_whose_clusters_were_all_skipped_pauses_for_an_operator() {
     sim.decide();
     assert_eq!(sim.rollout.state, RolloutState::Paused);
     // Never heard from is said so, not called offline.
-    assert!(
-        sim.logged("1 offline at release and skipped (never seen: no agent has been heard from)")
-    );
+    assert!(sim.logged("1 offline at release and skipped (none of them ever heard from)"));
     assert!(sim.logged("no changing cluster of wave canary has ever been heard from"));
     // A canary heard from once, silent past the threshold, is offline.
     let mut silent = Sim::new(canary_then_rest(0), FLEET, false);
