@@ -692,7 +692,24 @@ pub fn decide_with(
         rollout.state = RolloutState::Complete;
         rollout.reason = None;
         rollout.ended_at = Some(now);
-        step.event(now, "complete: every wave baked".to_string());
+        let skipped = rollout
+            .members
+            .iter()
+            .filter(|m| {
+                m.takes_part() && m.baked_at.is_none() && rollout_skipped(&rollout.policy, m)
+            })
+            .count();
+        step.event(
+            now,
+            if skipped > 0 {
+                format!(
+                    "complete: every wave done; {skipped} cluster{} skipped (offline at release) take the change when they come back",
+                    plural(skipped)
+                )
+            } else {
+                "complete: every wave baked".to_string()
+            },
+        );
     }
     step.next_check = next_check(rollout, observations, now, offline_after, settled);
     if !settled
@@ -802,14 +819,27 @@ fn judge_wave(rollout: &mut Rollout, wave: usize, now: Millis, step: &mut Step) 
         let w = &mut rollout.waves[wave];
         w.state = WaveState::Complete;
         w.completed_at = Some(now);
+        let skipped = members
+            .iter()
+            .filter(|m| {
+                m.takes_part() && m.baked_at.is_none() && rollout_skipped(&rollout.policy, m)
+            })
+            .count();
         let message = format!(
-            "wave {} complete: {} cluster{} baked{}",
+            "wave {} complete: {} cluster{} baked{}{}",
             plan.name,
             members
                 .iter()
                 .filter(|m| m.takes_part() && m.baked_at.is_some())
                 .count(),
             plural(taking_part),
+            if skipped > 0 {
+                format!(
+                    ", {skipped} skipped (offline at release: served the change, which they take when they come back)"
+                )
+            } else {
+                String::new()
+            },
             if failed.is_empty() {
                 String::new()
             } else {
@@ -987,7 +1017,10 @@ fn release(
             now,
             format!("wave {name} complete: no cluster changes in it"),
         );
-    } else if skip && offline == changing && !rollout.forced {
+    } else if skip && offline == changing && !rollout.forced && wave + 1 < rollout.waves.len() {
+        // Nobody took the change, so no later wave is released before an operator
+        // says so. The last wave has no later one: it completes as its clusters come
+        // back (see `judge_wave`), with nothing for an operator to decide.
         rollout.state = RolloutState::Paused;
         let reason = if never_seen == offline {
             format!(

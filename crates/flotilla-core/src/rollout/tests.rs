@@ -324,6 +324,25 @@ fn a_wave_whose_clusters_were_all_skipped_pauses_for_an_operator() {
 }
 
 #[test]
+fn a_last_wave_whose_clusters_were_all_skipped_completes_and_says_so() {
+    let mut sim = Sim::new(canary_then_rest(0), FLEET, false);
+    for name in ["r1", "r2", "r3"] {
+        sim.never_seen(name);
+    }
+    sim.decide();
+    sim.poll("c1");
+    sim.report("c1", Health::Healthy);
+    sim.advance(1);
+    // No later wave to hold back: not paused, and the end says who did not take it.
+    assert_eq!(sim.rollout.state, RolloutState::Complete, "{:#?}", sim.log);
+    assert!(!sim.logged("paused"));
+    assert!(sim.logged("wave rest complete: 0 clusters baked, 3 skipped (offline at release"));
+    assert!(sim.logged(
+        "complete: every wave done; 3 clusters skipped (offline at release) take the change when they come back"
+    ));
+}
+
+#[test]
 fn offline_wait_blocks_until_healthy_or_the_deadline() {
     let mut policy = canary_then_rest(0);
     policy.offline = OfflinePolicy::Wait;
