@@ -517,14 +517,20 @@ impl<S: Sink> Applier<'_, S> {
                 let failed = bundle
                     .resources
                     .iter()
-                    .find(|r| r.key.to_string() == err.secret)
-                    .map(|r| {
-                        ResourceStatus::new(&r.key, ResourceState::Failed, err.reason.clone())
-                    });
+                    .filter_map(|r| {
+                        let key = r.key.to_string();
+                        let failure = err.failures.iter().find(|f| f.secret == key)?;
+                        Some(ResourceStatus::new(
+                            &r.key,
+                            ResourceState::Failed,
+                            failure.reason.clone(),
+                        ))
+                    })
+                    .collect();
                 self.report = Arc::new(StatusReport {
                     applied: self.inventory.applied.clone(),
                     attempted: Some(bundle.digest.clone()),
-                    resources: failed.into_iter().collect(),
+                    resources: failed,
                     message,
                     agent_version: AGENT_VERSION.to_string(),
                     drift: Vec::new(),

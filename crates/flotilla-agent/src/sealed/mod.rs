@@ -71,24 +71,31 @@ impl AgentIdentity {
     }
 
     /// `bundle` with every sealed Secret opened (same digest: it is what was
-    /// verified); the other resources are shared, not copied. An error names the
-    /// first Secret that cannot be opened.
+    /// verified); the other resources are shared, not copied. An error names every
+    /// Secret that cannot be opened.
     pub fn open(&self, bundle: &Bundle) -> Result<Bundle, SealError> {
         let mut resources = Vec::with_capacity(bundle.resources.len());
+        let mut failures = Vec::new();
         for resource in &bundle.resources {
             if resource.key.kind() != "Secret" || !contains_sealed(&resource.canonical) {
                 resources.push(resource.clone());
                 continue;
             }
             let mut value = resource.value();
-            self.open_secret(&mut value).map_err(|reason| SealError {
-                secret: resource.key.to_string(),
-                reason,
-            })?;
+            if let Err(reason) = self.open_secret(&mut value) {
+                failures.push(SealFailure {
+                    secret: resource.key.to_string(),
+                    reason,
+                });
+                continue;
+            }
             resources.push(Arc::new(Resource {
                 key: Arc::clone(&resource.key),
                 canonical: flotilla_core::bundle::to_canonical_vec(&value).into(),
             }));
+        }
+        if !failures.is_empty() {
+            return Err(SealError { failures });
         }
         Ok(Bundle {
             cluster: bundle.cluster.clone(),
@@ -130,13 +137,42 @@ impl AgentIdentity {
     }
 }
 
-/// A sealed Secret the agent cannot open.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the Secret {secret} is sealed and {reason}")]
+/// The sealed Secrets of a bundle the agent cannot open (at least one).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SealError {
+    pub failures: Vec<SealFailure>,
+}
+
+/// One sealed Secret the agent cannot open, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SealFailure {
+    /// The Secret's identity, `Secret namespace/name`.
     pub secret: String,
     pub reason: String,
 }
+
+impl std::fmt::Display for SealError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.failures[..] {
+            [] => write!(f, "no sealed Secret failed"),
+            [one] => write!(f, "{} is sealed and {}", one.secret, one.reason),
+            [first, rest @ ..] => {
+                write!(
+                    f,
+                    "{} sealed Secrets cannot be opened: {}",
+                    rest.len() + 1,
+                    first.secret
+                )?;
+                for failure in rest {
+                    write!(f, ", {}", failure.secret)?;
+                }
+                write!(f, " ({} is sealed and {})", first.secret, first.reason)
+            }
+        }
+    }
+}
+
+impl std::error::Error for SealError {}
 
 fn contains_sealed(canonical: &[u8]) -> bool {
     let needle = SEALED_SECRET_FIELD.as_bytes();

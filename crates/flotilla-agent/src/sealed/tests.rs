@@ -79,8 +79,32 @@ fn a_secret_sealed_to_another_key_or_damaged_is_an_error_naming_it() {
     let err = identity
         .open(&bundle(&other, b"{}"))
         .expect_err("another agent's");
-    assert_eq!(err.secret, "Secret shop/db");
-    assert!(err.reason.contains(&identity.recipient()), "{}", err.reason);
+    assert_eq!(err.failures.len(), 1);
+    assert_eq!(err.failures[0].secret, "Secret shop/db");
+    let reason = &err.failures[0].reason;
+    assert!(reason.contains(&identity.recipient()), "{reason}");
+    assert!(
+        err.to_string()
+            .starts_with("Secret shop/db is sealed and it cannot be opened"),
+        "{err}"
+    );
+
+    // Two Secrets sealed to another key: both are named, not only the first.
+    let mut two = bundle(&other, b"{}");
+    let mut second = two.resources[1].value();
+    second["metadata"]["name"] = json!("api");
+    two.resources.push(Arc::new(Resource::new(
+        ResourceKey::of(&second).expect("a key"),
+        &second,
+    )));
+    let err = identity.open(&two).expect_err("another agent's");
+    let named: Vec<&str> = err.failures.iter().map(|f| f.secret.as_str()).collect();
+    assert_eq!(named, ["Secret shop/db", "Secret shop/api"]);
+    assert!(
+        err.to_string()
+            .starts_with("2 sealed Secrets cannot be opened: Secret shop/db, Secret shop/api"),
+        "{err}"
+    );
 
     // Truncated: the last byte of the age file cut off.
     let mut truncated = bundle(&identity.recipient(), br#"{"stringData":{"a":"b"}}"#);
@@ -98,5 +122,5 @@ fn a_secret_sealed_to_another_key_or_damaged_is_an_error_naming_it() {
         &damaged,
     ));
     let err = identity.open(&truncated).expect_err("truncated");
-    assert_eq!(err.secret, "Secret shop/db");
+    assert_eq!(err.failures[0].secret, "Secret shop/db");
 }
