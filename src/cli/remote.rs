@@ -283,10 +283,31 @@ fn rollout_id(id: u64) -> anyhow::Result<i64> {
 /// Who acted, as the rollout's events record it: there is no token on this path, so
 /// the operator's login name on the machine that wrote into the database.
 fn operator() -> String {
-    let user = std::env::var("USER")
-        .or_else(|_| std::env::var("USERNAME"))
-        .unwrap_or_else(|_| "unknown".to_string());
+    let user = ["USER", "LOGNAME", "USERNAME"]
+        .iter()
+        .find_map(|name| std::env::var(name).ok().filter(|v| !v.is_empty()))
+        .or_else(login_of_this_process)
+        .unwrap_or_else(|| "unknown".to_string());
     format!("database:{user}")
+}
+
+/// The login name of this process's user when no variable gives it (under systemd or
+/// in a container, `USER` is often unset): from `/etc/passwd`, else `uid N`.
+fn login_of_this_process() -> Option<String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let uid = std::fs::metadata("/proc/self").ok()?.uid();
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    Some(login_in_passwd(&passwd, uid).unwrap_or_else(|| format!("uid {uid}")))
+}
+
+/// The name of `uid` in the text of an `/etc/passwd` file.
+fn login_in_passwd(passwd: &str, uid: u32) -> Option<String> {
+    passwd.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        let name = fields.next()?;
+        let _password = fields.next()?;
+        (fields.next()?.parse::<u32>().ok()? == uid).then(|| name.to_string())
+    })
 }
 
 /// The hub's database, opened by an operator command.
@@ -338,5 +359,18 @@ impl DatabaseClient {
 impl Drop for DatabaseClient {
     fn drop(&mut self) {
         self.runtime.block_on(self.store.close());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_login_name_is_found_by_uid_in_passwd() {
+        let passwd = "root:x:0:0:root:/root:/bin/bash\n# a comment\nalice:x:1000:1000::/home/alice:/bin/sh\n";
+        assert_eq!(login_in_passwd(passwd, 0).as_deref(), Some("root"));
+        assert_eq!(login_in_passwd(passwd, 1000).as_deref(), Some("alice"));
+        assert_eq!(login_in_passwd(passwd, 7), None);
     }
 }
