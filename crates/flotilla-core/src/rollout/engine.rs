@@ -601,10 +601,12 @@ pub fn decide(
 }
 
 /// Until when a rollout's waves are held because the hub has just started
-/// (`release_not_before`, its start plus `offline_after`): `None` once that time has
-/// passed, once every member has been seen since the hub started (then who is offline
-/// can be told), or for a forced rollout (which admits everyone at once whatever is
-/// known of them).
+/// (`release_not_before`, its start plus `offline_after`) and cannot tell yet whether
+/// some member is offline: one never heard from, or last heard from before the start
+/// and longer ago than `offline_after` (nobody could reach the hub while it was down;
+/// a recent contact, written by another hub or just before a restart, can be judged).
+/// `None` once that time has passed, once every member can be judged, or for a forced
+/// rollout (which admits everyone at once whatever is known of them).
 pub fn settling_until(
     rollout: &Rollout,
     observations: &[Observation],
@@ -614,20 +616,20 @@ pub fn settling_until(
 ) -> Option<Millis> {
     let at = release_not_before.filter(|&at| now < at)?;
     let started = at.saturating_sub(offline_after);
-    let all_seen = !observations.is_empty()
-        && observations
-            .iter()
-            .all(|o| o.last_seen.is_some_and(|seen| seen >= started));
-    (!rollout.forced && !all_seen).then_some(at)
+    let all_known = !observations.is_empty()
+        && observations.iter().all(|o| {
+            o.last_seen
+                .is_some_and(|seen| seen >= started || now.saturating_sub(seen) <= offline_after)
+        });
+    (!rollout.forced && !all_known).then_some(at)
 }
 
 /// [`decide`] for a hub that started at `release_not_before` minus `offline_after`.
 /// Until `release_not_before` it cannot tell an offline cluster from one it has not
 /// heard from yet: while it was down (or before it existed) nobody could reach it. So
-/// it releases no wave (whether a cluster is offline is judged at release) unless
-/// every member has been seen since it started (see [`settling_until`]), and it judges
-/// no cluster silent on a contact from before it started: such a contact counts as
-/// made at its start.
+/// it releases no wave (whether a cluster is offline is judged at release) while a
+/// member cannot be judged (see [`settling_until`]), and it judges no cluster silent
+/// on a contact from before it started: such a contact counts as made at its start.
 pub fn decide_with(
     rollout: &mut Rollout,
     observations: &[Observation],

@@ -752,7 +752,21 @@ fn a_hub_back_from_downtime_judges_nobody_on_contacts_from_before_it_started() {
     assert_eq!(
         settling_until(&sim.rollout, &sim.obs, sim.now, OFFLINE_AFTER, Some(settle)),
         Some(settle),
-        "seen before the start is not seen since"
+        "a contact from before the start, older than the threshold, cannot be judged"
+    );
+    // After a short stop, the contacts from before it are recent enough to judge.
+    let mut quick = Sim::new(canary_then_rest(10), FLEET, false);
+    quick.decide();
+    quick.now += 2 * MINUTE;
+    assert_eq!(
+        settling_until(
+            &quick.rollout,
+            &quick.obs,
+            quick.now,
+            OFFLINE_AFTER,
+            Some(quick.now + OFFLINE_AFTER)
+        ),
+        None
     );
     // The canary is heard from again, the others are not: the canary's bake ends, and
     // the next wave waits for the threshold, the others' contacts being old.
