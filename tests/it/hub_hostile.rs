@@ -1,6 +1,6 @@
 //! A hub following a repository into which hostile commits land one after another
 //! (issue: hostile input): each is refused with an error naming its file while the
-//! last good bundles stay served, `/healthz` answers within 100 ms throughout, and
+//! last good bundles stay served, `/healthz` answers within a second throughout, and
 //! the commit that fixes the fleet is followed. And SIGTERM ends `flotilla serve`
 //! within seconds even in the middle of a render.
 
@@ -440,8 +440,11 @@ async fn hostile_commits_are_refused_one_by_one_and_the_fix_is_followed() {
     let (slowest, count) = probe.await.expect("the probe ran");
     eprintln!("/healthz: slowest answer {slowest:?} of {count}");
     assert!(count > 20, "the probe asked {count} times");
+    // A render blocking the threads that answer would hold /healthz for as long as a
+    // render runs (up to the 3 s --render-timeout here); a second tells that apart
+    // from a busy machine's scheduling (101 ms was seen on a loaded CI run).
     assert!(
-        slowest < Duration::from_millis(100),
+        slowest < Duration::from_secs(1),
         "/healthz took {slowest:?} at its slowest while hostile commits rendered"
     );
     hub.stop().await;
