@@ -196,6 +196,17 @@ impl Scene {
         }
     }
 
+    /// The hub stops and loses its database; meanwhile v2 is committed; a hub on the
+    /// new, empty store starts and renders it. Returns v2's revision.
+    pub(crate) async fn v2_on_a_lost_store(&mut self) -> String {
+        self.stop().await;
+        let v2 = self.fleet.release("v2", "v2");
+        self.lose_the_store().await;
+        self.start().await;
+        self.wait_revision(&v2).await;
+        v2
+    }
+
     pub(crate) async fn stop(&mut self) {
         if let Some(hub) = self.hub.take() {
             hub.stop().await;
@@ -699,11 +710,7 @@ async fn a_paused_cluster_keeps_what_it_runs_and_counts_in_no_wave() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hub_restarted_before_it_heard_from_any_cluster_still_settles() {
     let mut scene = Scene::at_v1(&["c1"], POLICY).await;
-    scene.stop().await;
-    let v2 = scene.fleet.release("v2", "v2");
-    scene.lose_the_store().await;
-    scene.start().await;
-    scene.wait_revision(&v2).await;
+    let v2 = scene.v2_on_a_lost_store().await;
     let settling = scene.wait_waves(&v2, &["waiting", "waiting"]).await;
     assert!(settling["settlingUntil"].is_string(), "{settling:#}");
     // Restarted on the same store, which knows the rollout and no cluster's contact.
@@ -723,12 +730,7 @@ async fn a_hub_restarted_before_it_heard_from_any_cluster_still_settles() {
 async fn a_hub_on_an_empty_store_keeps_agents_on_what_they_run_until_their_wave() {
     let mut scene = Scene::at_v1(&["c1"], POLICY).await;
     let v1 = scene.runs.clone();
-    scene.stop().await;
-    // The hub loses its database; meanwhile v2 is committed.
-    let v2 = scene.fleet.release("v2", "v2");
-    scene.lose_the_store().await;
-    scene.start().await;
-    scene.wait_revision(&v2).await;
+    let v2 = scene.v2_on_a_lost_store().await;
     // Stores poll with the digest they run: they keep it (304, with their own ETag).
     let url = scene.url("/v1/clusters/s1/bundle");
     let named = format!("\"{}\"", v1["s1"]);
@@ -787,12 +789,7 @@ async fn a_hub_on_an_empty_store_keeps_agents_on_what_they_run_until_their_wave(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_cluster_that_reported_is_not_moved_to_a_new_commit_before_its_wave() {
     let mut scene = Scene::at_v1(&["c1"], POLICY).await;
-    scene.stop().await;
-    // The hub loses its database; meanwhile v2 is committed.
-    let v2 = scene.fleet.release("v2", "v2");
-    scene.lose_the_store().await;
-    scene.start().await;
-    scene.wait_revision(&v2).await;
+    scene.v2_on_a_lost_store().await;
     // s2's agent reports what it runs: from now on the hub knows it.
     scene.report("s2", true).await;
     let url = scene.url("/v1/clusters/s2/bundle");

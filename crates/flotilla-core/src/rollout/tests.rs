@@ -105,6 +105,19 @@ impl Sim {
         self.record(step)
     }
 
+    /// [`Sim::decide`] by a hub that settles until `settle` (its start plus
+    /// `OFFLINE_AFTER`).
+    pub fn decide_settling(&mut self, settle: Millis) -> Step {
+        let step = decide_with(
+            &mut self.rollout,
+            &self.obs,
+            self.now,
+            OFFLINE_AFTER,
+            Some(settle),
+        );
+        self.record(step)
+    }
+
     /// Moves time on minute by minute; returns the last step.
     pub fn advance(&mut self, minutes: i64) -> Step {
         let mut last = Step::default();
@@ -698,26 +711,14 @@ fn a_hub_that_just_started_releases_nothing_before_it_can_judge_who_is_offline()
         sim.never_seen(name);
     }
     let settle = T0 + OFFLINE_AFTER;
-    let step = decide_with(
-        &mut sim.rollout,
-        &sim.obs,
-        sim.now,
-        OFFLINE_AFTER,
-        Some(settle),
-    );
+    let step = sim.decide_settling(settle);
     assert_eq!(sim.wave_states(), [Waiting, Waiting]);
     assert_eq!(step.next_check, Some(settle));
     // The canary is heard from meanwhile: it is online at release and takes part.
     sim.now = settle;
     let i = sim.index("c1");
     sim.obs[i].last_seen = Some(settle - MINUTE);
-    decide_with(
-        &mut sim.rollout,
-        &sim.obs,
-        sim.now,
-        OFFLINE_AFTER,
-        Some(settle),
-    );
+    sim.decide_settling(settle);
     assert_eq!(sim.wave_states(), [Released, Waiting]);
     assert!(!sim.rollout.members[i].offline_at_release);
     assert_eq!(sim.rollout.state, RolloutState::Progressing);
@@ -735,17 +736,7 @@ fn a_hub_back_from_downtime_judges_nobody_on_contacts_from_before_it_started() {
     // threshold when it starts again.
     sim.now += 8 * MINUTE;
     let settle = sim.now + OFFLINE_AFTER;
-    let decide = |sim: &mut Sim| {
-        let step = decide_with(
-            &mut sim.rollout,
-            &sim.obs,
-            sim.now,
-            OFFLINE_AFTER,
-            Some(settle),
-        );
-        sim.record(step)
-    };
-    decide(&mut sim);
+    sim.decide_settling(settle);
     let c1 = sim.index("c1");
     assert!(!sim.rollout.members[c1].failed, "not judged silent at once");
     assert_eq!(sim.rollout.state, RolloutState::Progressing);
@@ -773,12 +764,12 @@ fn a_hub_back_from_downtime_judges_nobody_on_contacts_from_before_it_started() {
     sim.now = T0 + 11 * MINUTE;
     assert!(sim.now < settle);
     sim.obs[c1].last_seen = Some(sim.now);
-    decide(&mut sim);
+    sim.decide_settling(settle);
     assert_eq!(sim.wave_states(), [Done, Waiting]);
     // Past the threshold with no word from the others: released, and they are offline.
     sim.now = settle + MINUTE;
     sim.obs[c1].last_seen = Some(sim.now);
-    decide(&mut sim);
+    sim.decide_settling(settle);
     assert_eq!(sim.wave_states(), [Done, Released]);
     assert!(sim.logged("3 offline at release and skipped"));
     // A canary silent past the threshold after the start is judged so.
@@ -789,13 +780,7 @@ fn a_hub_back_from_downtime_judges_nobody_on_contacts_from_before_it_started() {
     silent.now += 8 * MINUTE;
     let settle = silent.now + OFFLINE_AFTER;
     silent.now = settle + MINUTE;
-    decide_with(
-        &mut silent.rollout,
-        &silent.obs,
-        silent.now,
-        OFFLINE_AFTER,
-        Some(settle),
-    );
+    silent.decide_settling(settle);
     assert!(silent.rollout.members[silent.index("c1")].failed);
 }
 
@@ -813,13 +798,7 @@ fn settling_ends_as_soon_as_every_member_has_been_seen() {
     }
     let settle = T0 + OFFLINE_AFTER;
     // Nobody heard from yet: settling, and the view says until when.
-    decide_with(
-        &mut sim.rollout,
-        &sim.obs,
-        sim.now,
-        OFFLINE_AFTER,
-        Some(settle),
-    );
+    sim.decide_settling(settle);
     assert_eq!(sim.wave_states(), [Waiting, Waiting]);
     assert_eq!(
         settling_until(&sim.rollout, &sim.obs, sim.now, OFFLINE_AFTER, Some(settle)),
@@ -850,25 +829,13 @@ fn settling_ends_as_soon_as_every_member_has_been_seen() {
         let i = sim.index(name);
         sim.obs[i].last_seen = Some(sim.now);
     }
-    decide_with(
-        &mut sim.rollout,
-        &sim.obs,
-        sim.now,
-        OFFLINE_AFTER,
-        Some(settle),
-    );
+    sim.decide_settling(settle);
     assert_eq!(sim.wave_states(), [Waiting, Waiting]);
     // The last one too, long before the threshold: the first wave is released now.
     let i = sim.index(&names[0]);
     sim.obs[i].last_seen = Some(sim.now);
     assert!(sim.now < settle);
-    decide_with(
-        &mut sim.rollout,
-        &sim.obs,
-        sim.now,
-        OFFLINE_AFTER,
-        Some(settle),
-    );
+    sim.decide_settling(settle);
     assert_eq!(sim.wave_states(), [Released, Waiting]);
     assert_eq!(
         settling_until(&sim.rollout, &sim.obs, sim.now, OFFLINE_AFTER, Some(settle)),
