@@ -35,6 +35,13 @@
 
 use std::time::{Duration, Instant};
 
+/// The allocator of the hub's render process (the `flotilla` binary's): a sealed
+/// render allocates each cluster's sealed Secrets, and the system allocator's cost
+/// for that is not the hub's.
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use flotilla_core::snapshot::FleetSnapshot;
 use flotilla_render::{RenderOptions, RenderOutput, render_since, render_with};
 
