@@ -1,8 +1,8 @@
 //! Deltas on a static mirror (`publish --deltas`): the real agent, in process, reads
 //! a `flotilla publish` folder through `file://` and through a plain static HTTP
 //! server (one that knows nothing of flotilla: files by path, 404 otherwise), takes a
-//! change as a delta from the bundle it runs, polls the small delta from the current
-//! bundle while nothing changes, and takes the whole bundle again from a mirror
+//! change as a delta from the bundle it runs, polls the sha256 of the current
+//! document while nothing changes, and takes the whole bundle again from a mirror
 //! published without deltas.
 
 use crate::support::agent as agent_support;
@@ -177,30 +177,32 @@ async fn a_mirror_change_arrives_as_a_delta(
     );
     let delta_path = |base: &Digest| format!("/v1/clusters/{CLUSTER}/deltas/{base}");
     let bundle_path = format!("/v1/clusters/{CLUSTER}/bundle");
+    let sha256_path = format!("/v1/clusters/{CLUSTER}/deltas/current.sha256");
     if let Some(asked) = asked {
         assert!(asked(&delta_path(&v1.digest)) >= 1);
-        // While nothing changes, the agent polls the delta from what it runs (a few
-        // hundred bytes), not the bundle.
+        // While nothing changes, the agent polls the sha256 of the current document
+        // (72 bytes), not the bundle, nor the delta from what it runs to itself.
         let bundles = asked(&bundle_path);
-        let idle = asked(&delta_path(&v2.digest));
+        let idle = asked(&sha256_path);
         tokio::time::sleep(Duration::from_millis(800)).await;
-        assert!(
-            asked(&delta_path(&v2.digest)) > idle,
-            "the agent polls its own delta"
-        );
+        assert!(asked(&sha256_path) > idle, "the agent polls the sha256");
         assert_eq!(asked(&bundle_path), bundles, "no whole bundle while idle");
+        assert_eq!(
+            asked(&delta_path(&v2.digest)),
+            0,
+            "no delta from what it runs while idle"
+        );
     }
 
-    // Published without deltas: every delta goes, and the change is fetched whole.
+    // Published without deltas: every delta goes (the folder keeps only the current
+    // document's sha256), and the change is fetched whole.
     let v3 = release("three");
     publish_into(out, &v3, 0);
-    assert!(
-        !out.join(format!("v1/clusters/{CLUSTER}/deltas")).exists()
-            || std::fs::read_dir(out.join(format!("v1/clusters/{CLUSTER}/deltas")))
-                .expect("reads")
-                .next()
-                .is_none()
-    );
+    let left: Vec<String> = std::fs::read_dir(out.join(format!("v1/clusters/{CLUSTER}/deltas")))
+        .expect("reads")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["current.sha256"]);
     let report = agent.applied(&v3.digest).await;
     assert!(report.is_success(), "{report:?}");
     assert!(!report.message.contains("delta"), "{}", report.message);
@@ -215,13 +217,106 @@ async fn an_agent_on_a_folder_takes_a_change_as_a_delta_from_publish_output() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agent_on_a_static_web_server_takes_a_change_as_a_delta_and_polls_only_deltas() {
+async fn an_agent_on_a_static_web_server_takes_a_change_as_a_delta_and_polls_a_sha256_while_idle() {
     let out = tempfile::tempdir().expect("tempdir");
     let static_server = StaticServer::start(out.path().to_path_buf()).await;
     let server =
         Server::parse(&format!("http://127.0.0.1:{}", static_server.port)).expect("a server");
     let asked = |path: &str| static_server.asked(path);
     a_mirror_change_arrives_as_a_delta(server, out.path(), Some(&asked)).await;
+}
+
+/// A mirror written before `deltas/current.sha256` existed (here: the file removed
+/// after each publish) is read as before: a change comes as a delta, and while nothing
+/// changes the agent polls the delta from the current bundle to itself, asking for
+/// the missing sha256 once per document it takes, not at every poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_on_a_mirror_without_the_sha256_polls_its_own_delta_as_before() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let state = tempfile::tempdir().expect("tempdir");
+    let target = tempfile::tempdir().expect("tempdir");
+    let static_server = StaticServer::start(out.path().to_path_buf()).await;
+    let server =
+        Server::parse(&format!("http://127.0.0.1:{}", static_server.port)).expect("a server");
+    let sha256 = out
+        .path()
+        .join(format!("v1/clusters/{CLUSTER}/deltas/current.sha256"));
+    let publish_as_before = |bundle: &Bundle| {
+        publish_into(out.path(), bundle, 3);
+        std::fs::remove_file(&sha256).expect("removes the sha256");
+    };
+    let v1 = release("one");
+    publish_as_before(&v1);
+    let mut agent = start_agent(server, state.path(), target.path());
+    agent.applied(&v1.digest).await;
+    let v2 = release("two");
+    publish_as_before(&v2);
+    let report = agent.applied(&v2.digest).await;
+    assert!(
+        report.message.contains("received as a delta"),
+        "{}",
+        report.message
+    );
+    let own_delta = format!("/v1/clusters/{CLUSTER}/deltas/{}", v2.digest);
+    let sha256_path = format!("/v1/clusters/{CLUSTER}/deltas/current.sha256");
+    // The first poll after the change asks for the sha256 (404), then its own delta.
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while static_server.asked(&own_delta) == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the agent polls its own delta");
+    let (own, asked_sha256) = (
+        static_server.asked(&own_delta),
+        static_server.asked(&sha256_path),
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        static_server.asked(&own_delta) > own,
+        "it polls its own delta"
+    );
+    assert_eq!(
+        static_server.asked(&sha256_path),
+        asked_sha256,
+        "the missing sha256 is not asked for at every poll"
+    );
+    agent.stop().await;
+}
+
+/// An agent that holds the mirror's current document, from its first poll after
+/// taking it and after a restart, reads the mirror's `deltas/current.sha256` and
+/// nothing else:
+/// it never rebuilds the delta from that document to itself (which would cost it a
+/// second copy of the document in memory). The planted delta here is not one; an
+/// agent that read it would say, with the next bundle, that a delta had failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_holds_the_mirrors_document_reads_its_sha256_not_its_own_delta() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let state = tempfile::tempdir().expect("tempdir");
+    let target = tempfile::tempdir().expect("tempdir");
+    let v1 = release("one");
+    publish_into(out.path(), &v1, 3);
+    let own_delta = out
+        .path()
+        .join(format!("v1/clusters/{CLUSTER}/deltas/{}", v1.digest));
+    assert!(own_delta.is_file(), "publish writes the delta to itself");
+    std::fs::write(&own_delta, b"not a delta").expect("plants");
+    let server = Server::File(out.path().to_path_buf());
+    let mut agent = start_agent(server.clone(), state.path(), target.path());
+    agent.applied(&v1.digest).await;
+    // Several polls (one each 100 ms), then again after a restart.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    agent.stop().await;
+    let mut agent = start_agent(server, state.path(), target.path());
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    let v2 = release("two");
+    publish_into(out.path(), &v2, 0);
+    let report = agent.applied(&v2.digest).await;
+    assert!(report.is_success(), "{report:?}");
+    assert!(!report.message.contains("delta"), "{}", report.message);
+    agent.stop().await;
 }
 
 /// What an agent on a mirror downloads for one changed field of a 2 MB bundle, and

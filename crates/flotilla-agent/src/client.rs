@@ -351,6 +351,10 @@ pub struct HubClient {
     /// agent holds that base (a mirror published without deltas costs one request
     /// more per change, not per poll).
     no_delta_from: Option<Digest>,
+    /// The document (by its sha256) held when the mirror had no
+    /// `deltas/current.sha256` (output of an older flotilla): not asked for again until
+    /// another is taken.
+    no_sha256_for: Option<Digest>,
     /// Whether the hub said, in its answer to a report, that it takes gzip bodies
     /// (`Accept-Encoding` on a response, RFC 7694): later reports are compressed. A
     /// report lists every resource's state, so it is often the largest thing an agent
@@ -473,6 +477,7 @@ impl HubClient {
             dictionary: None,
             mirror,
             no_delta_from: None,
+            no_sha256_for: None,
             registry,
             gzip_reports: false,
         })
@@ -557,6 +562,9 @@ impl HubClient {
         if_none_match: Option<&str>,
         wait: Duration,
     ) -> Result<Fetched, FetchError> {
+        if self.mirror_unchanged(if_none_match).await? {
+            return Ok(Fetched::NotModified);
+        }
         if let Some(delta) = self.fetch_mirror_delta().await {
             return Ok(delta);
         }
@@ -616,9 +624,7 @@ impl HubClient {
                 Ok(Fetched::Bundle { body, etag })
             }
             Server::File(root) => {
-                let path = api::bundle(&self.cluster)
-                    .iter()
-                    .fold(root.clone(), |path, segment| path.join(segment));
+                let path = in_folder(root, &api::bundle(&self.cluster));
                 let file_error = |source| FetchError::File {
                     path: path.clone(),
                     source,
@@ -663,6 +669,78 @@ impl HubClient {
         }
     }
 
+    /// Whether a static mirror's `deltas/current.sha256` names the document this agent
+    /// took (or refused) last, while it holds a bundle: then nothing changed, and
+    /// neither the document nor a delta is read (a mirror's delta from a bundle to
+    /// itself would have to be rebuilt, a document as large as the bundle, to find
+    /// that out). A mirror without the file (404, or 403 from a bucket that hides
+    /// missing keys) is asked for it again only once another document is taken; a
+    /// mirror that does not answer at all is an error, as the document's request
+    /// would be.
+    async fn mirror_unchanged(&mut self, if_none_match: Option<&str>) -> Result<bool, FetchError> {
+        /// `sha256:`, 64 hexadecimal digits and a newline; anything longer is not one.
+        const LONGEST: usize = 128;
+        let Some(held) = self.last_body.clone() else {
+            return Ok(false);
+        };
+        if !self.mirror || if_none_match.is_none() || self.no_sha256_for.as_ref() == Some(&held) {
+            return Ok(false);
+        }
+        let segments = api::current_sha256(&self.cluster);
+        let text = match &self.server {
+            Server::File(root) => {
+                use std::io::Read as _;
+                let path = in_folder(root, &segments);
+                let mut text = Vec::new();
+                match std::fs::File::open(&path)
+                    .and_then(|file| file.take(LONGEST as u64 + 1).read_to_end(&mut text))
+                {
+                    Ok(_) => Some(text),
+                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => None,
+                    // Read as the document would be, which says what is wrong.
+                    Err(_) => return Ok(false),
+                }
+            }
+            Server::Http(server) => {
+                let request = self.mirror_file_request(api_url(server, &segments));
+                let mut response = request.send().await.map_err(|err| self.unanswered(err))?;
+                match response.status() {
+                    status if status.is_success() => {
+                        let mut text = Vec::new();
+                        while let Some(chunk) = response.chunk().await.transpose() {
+                            let Ok(chunk) = chunk else {
+                                // Cut off: this poll reads the document's way.
+                                return Ok(false);
+                            };
+                            text.extend_from_slice(&chunk);
+                            if text.len() > LONGEST {
+                                break;
+                            }
+                        }
+                        Some(text)
+                    }
+                    StatusCode::NOT_FOUND | StatusCode::FORBIDDEN | StatusCode::GONE => None,
+                    // Refused otherwise: the document's request says why.
+                    _ => return Ok(false),
+                }
+            }
+            Server::Oci(_) => return Ok(false),
+        };
+        let named = text
+            .filter(|text| text.len() <= LONGEST)
+            .and_then(|text| Digest::parse(String::from_utf8_lossy(&text).trim()).ok());
+        Ok(match named {
+            Some(named) => named == held,
+            None => {
+                tracing::debug!(
+                    "the mirror has no deltas/current.sha256 (or not one); reading its delta or document"
+                );
+                self.no_sha256_for = Some(held);
+                false
+            }
+        })
+    }
+
     /// From a static mirror, the delta from the bundle offered as the dictionary to
     /// the current one, when the mirror has it; `None`: fetch the document (no
     /// mirror, nothing offered, no such delta, or it could not be read).
@@ -674,18 +752,12 @@ impl HubClient {
         let segments = api::delta(&self.cluster, base.as_str());
         let body = match &self.server {
             Server::File(root) => {
-                let path = segments
-                    .iter()
-                    .fold(root.clone(), |path, segment| path.join(segment));
+                let path = in_folder(root, &segments);
                 std::fs::read(&path).ok()
             }
             Server::Http(server) => {
-                let request = self
-                    .http
-                    .get(api_url(server, &segments))
-                    .timeout(REQUEST_GRACE)
-                    .header(header::ACCEPT_ENCODING, "identity");
-                let response = self.authorise(request).send().await.ok()?;
+                let request = self.mirror_file_request(api_url(server, &segments));
+                let response = request.send().await.ok()?;
                 if response.status().is_success() {
                     self.read_limited(response).await.ok()
                 } else {
@@ -799,6 +871,17 @@ impl HubClient {
         } else {
             Err(self.status_error(response).await)
         }
+    }
+
+    /// A GET of one of a static mirror's own files (its sha256, a delta), as it is
+    /// stored: small, or compressed already.
+    fn mirror_file_request(&mut self, url: Url) -> reqwest::RequestBuilder {
+        let request = self
+            .http
+            .get(url)
+            .timeout(REQUEST_GRACE)
+            .header(header::ACCEPT_ENCODING, "identity");
+        self.authorise(request)
     }
 
     fn authorise(&mut self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
@@ -920,6 +1003,13 @@ fn http_client() -> reqwest::ClientBuilder {
         .connect_timeout(CONNECT_TIMEOUT)
         .tcp_keepalive(TCP_KEEPALIVE)
         .pool_idle_timeout(POOL_IDLE)
+}
+
+/// The file a path of the API names under a mirror's folder.
+fn in_folder(root: &Path, segments: &[&str]) -> PathBuf {
+    segments
+        .iter()
+        .fold(root.to_path_buf(), |path, segment| path.join(segment))
 }
 
 fn api_url(base: &Url, segments: &[&str]) -> Url {

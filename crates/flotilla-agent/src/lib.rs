@@ -245,6 +245,12 @@ impl<S: Sink> Agent<S> {
             client = client.with_http2_prior_knowledge()?;
         }
         client = client.with_registry_options(config.registry.clone())?;
+        // The stored document is the one held: a mirror that still names it (its
+        // `deltas/current.sha256`) is unchanged from the first poll on (from the
+        // second over HTTP, whose first answer shows the server is a mirror).
+        if let Some(document) = &document {
+            client.fetched_document(document);
+        }
         // Reports go where bundles come from, or to --report-to.
         let report_client = match &config.report_to {
             Some(hub) => HubClient::with_tls(
@@ -345,6 +351,10 @@ impl<S: Sink> Agent<S> {
         applier.run(events_rx, shutdown, stop).await;
         poller.abort();
         reporter.abort();
+        // Waited for until they are gone, with the state folder they hold: an agent
+        // started again on it at once (in the same process) finds it unlocked.
+        let _ = poller.await;
+        let _ = reporter.await;
         tracing::info!("flotilla agent stopped");
         Ok(())
     }
@@ -750,7 +760,8 @@ struct Poller {
     bad_delta: Option<String>,
     /// The sha256 of the last delta taken against the bundle this agent runs: the
     /// same delta again (a mirror's delta from that bundle to itself, read at every
-    /// poll) is the same document, not rebuilt and parsed again.
+    /// poll from a mirror without `deltas/current.sha256`) is the same document, not rebuilt
+    /// and parsed again.
     taken_delta: Option<Digest>,
     /// The bundle last handed to the applier, while the applier has it: the next
     /// bundle takes the identities the two share from it.
@@ -874,9 +885,10 @@ impl Poller {
                                     // wait, as when nothing changed, and not before the
                                     // applier has attempted this bundle (it takes no
                                     // other before), so that the next read's base and
-                                    // document (a mirror's delta from this bundle to
-                                    // itself is rebuilt once) never join what an apply
-                                    // of many resources holds.
+                                    // document (on a mirror without `current.sha256`,
+                                    // its delta from this bundle to itself is rebuilt
+                                    // once) never join what an apply of many resources
+                                    // holds.
                                     let attempted = |report: &Option<Arc<StatusReport>>| {
                                         report
                                             .as_ref()

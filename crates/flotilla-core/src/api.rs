@@ -40,6 +40,16 @@ pub const CLUSTERS: [&str; 2] = ["v1", "clusters"];
 /// The file name of a cluster's current bundle inside its folder.
 pub const CURRENT_BUNDLE: &str = "bundle";
 
+/// The file, inside a cluster's deltas folder on a static mirror ([`DELTAS`]), that
+/// holds the sha256 of its current bundle document (`sha256:` and 64 hexadecimal
+/// digits, then a newline), written by `publish` after the document: an agent that
+/// holds that very document reads these 72 bytes at each poll, not the document or a
+/// delta it would have to rebuild to find it unchanged. It lives among the deltas
+/// because every publish that changes the document removes from that folder each
+/// file it did not write, older versions of flotilla included, so it never outlives
+/// the document it names.
+pub const CURRENT_SHA256: &str = "current.sha256";
+
 /// The folder, inside a cluster's folder, of its bundles by digest.
 pub const BUNDLES_BY_DIGEST: &str = "bundles";
 
@@ -70,6 +80,12 @@ pub fn delta<'a>(cluster: &'a str, base: &'a str) -> [&'a str; 5] {
 /// `v1/clusters/{cluster}/bundle`: the cluster's current bundle.
 pub fn bundle(cluster: &str) -> [&str; 4] {
     ["v1", "clusters", cluster, CURRENT_BUNDLE]
+}
+
+/// `v1/clusters/{cluster}/deltas/current.sha256`: the sha256 of the cluster's current
+/// bundle document, on a static mirror.
+pub fn current_sha256(cluster: &str) -> [&str; 5] {
+    ["v1", "clusters", cluster, DELTAS, CURRENT_SHA256]
 }
 
 /// `v1/clusters/{cluster}/bundles/{digest}`: one of the cluster's bundles, immutable.

@@ -10,6 +10,7 @@
 //! OUT/v1/clusters/<cluster>/bundle               the current Bundle document
 //! OUT/v1/clusters/<cluster>/bundles/<digest>     the same document, by digest
 //! OUT/v1/clusters/<cluster>/deltas/<base>        the delta from <base> to the current one
+//! OUT/v1/clusters/<cluster>/deltas/current.sha256  the sha256 of the current document
 //! OUT/v1/clusters/<cluster>/served               the digests given, newest first
 //! ```
 //!
@@ -312,7 +313,8 @@ async fn write_documents(
 }
 
 /// Writes one cluster's document by digest (unless there) and as its current
-/// bundle (unless unchanged); whether the current bundle was written.
+/// bundle (unless unchanged), with its sha256; whether the current bundle was
+/// written.
 async fn write_document(
     document: &Document,
     clusters: &str,
@@ -364,8 +366,10 @@ async fn write_document(
         }
     };
     let changed = previous.is_none_or(|existing| existing != current_document);
-    // Deltas first: an agent that polls its delta meets the new document as soon as
-    // one that fetches it whole.
+    // Deltas first: an agent that reads the new document's sha256 (written last) or
+    // polls its delta meets the new document as soon as one that fetches it whole.
+    // A change of document removes the sha256 with the deltas it did not write, so a
+    // publish stopped before the end leaves none naming the document it replaced.
     let current = Current {
         dir: &dir,
         cluster,
@@ -380,6 +384,16 @@ async fn write_document(
     }
     if changed {
         site.write(&current_key, &current_document).await?;
+    }
+    // After the document, so that an agent that reads the new sha256 finds the new
+    // document. Also written when the document is unchanged but the file is missing
+    // or says another (a publish stopped between the two writes, output of an older
+    // flotilla): an agent that holds the document it names takes the folder as
+    // unchanged, so it must never name a document the folder no longer holds.
+    let sha256_key = format!("{dir}/{}/{}", api::DELTAS, api::CURRENT_SHA256);
+    let sha256 = format!("{}\n", Digest::of(&current_document));
+    if changed || site.read(&sha256_key).await?.as_deref() != Some(sha256.as_bytes()) {
+        site.write(&sha256_key, sha256.as_bytes()).await?;
     }
     Ok(changed)
 }
@@ -977,11 +991,13 @@ mod tests {
             .expect("publishes")
         };
         let folder = out.path().join("v1/clusters/edge-1");
+        // The deltas, without the current document's sha256 beside them.
         let deltas = || -> BTreeSet<String> {
             fs::read_dir(folder.join("deltas"))
                 .map(|entries| {
                     entries
                         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                        .filter(|name| name != api::CURRENT_SHA256)
                         .collect()
                 })
                 .unwrap_or_default()
@@ -1022,6 +1038,60 @@ mod tests {
         publish_with("f", 0);
         assert!(deltas().is_empty(), "{:?}", deltas());
         assert!(!folder.join("served").exists());
+    }
+
+    #[test]
+    fn the_sha256_of_the_current_document_is_written_with_it_and_kept_true() {
+        use flotilla_core::bundle::{Resource, ResourceKey};
+        use std::sync::Arc;
+        let out = tempfile::tempdir().expect("tempdir");
+        let publish_with = |value: &str| {
+            let resource = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "c"}, "data": {"v": value}});
+            let key = ResourceKey::of(&resource).expect("identity");
+            let mut output = RenderOutput {
+                revision: format!("main@sha1:{value}"),
+                ..RenderOutput::default()
+            };
+            output.bundles.insert(
+                "edge-1".into(),
+                Bundle::new("edge-1", vec![Arc::new(Resource::new(key, &resource))]),
+            );
+            publish(
+                &output,
+                out.path(),
+                Writing {
+                    signer: None,
+                    deltas: 1,
+                },
+            )
+            .expect("publishes")
+        };
+        let folder = out.path().join("v1/clusters/edge-1");
+        let named =
+            || fs::read_to_string(folder.join("deltas/current.sha256")).expect("the sha256");
+        let of_document = || {
+            format!(
+                "{}\n",
+                Digest::of(&fs::read(folder.join("bundle")).expect("the document"))
+            )
+        };
+        publish_with("a");
+        assert_eq!(named(), of_document());
+        publish_with("b");
+        assert_eq!(named(), of_document());
+        // A publish that stopped between the document and its sha256 (or a writer's
+        // edit), then an unchanged publish: the file names the document again.
+        fs::write(
+            folder.join("deltas/current.sha256"),
+            "sha256:".to_string() + &"0".repeat(64),
+        )
+        .expect("plants");
+        publish_with("b");
+        assert_eq!(named(), of_document());
+        fs::remove_file(folder.join("deltas/current.sha256")).expect("removes");
+        publish_with("b");
+        assert_eq!(named(), of_document());
     }
 
     #[test]

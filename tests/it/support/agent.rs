@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,13 +43,23 @@ pub fn namespace_file(name: &str) -> String {
 }
 
 /// Writes `document` where `flotilla publish` puts a cluster's current bundle,
-/// atomically (as publish does), so a reader never sees half a file.
+/// atomically (as publish does), so a reader never sees half a file; then its
+/// sha256 in the deltas folder, as publish does (an agent that holds the document
+/// the sha256 names takes the folder as unchanged).
 pub fn publish_document(root: &Path, cluster: &str, document: &[u8]) {
     let dir = root.join("v1").join("clusters").join(cluster);
     std::fs::create_dir_all(&dir).expect("creates the publish folder");
-    let tmp = dir.join(".bundle.tmp");
-    std::fs::write(&tmp, document).expect("writes");
-    std::fs::rename(&tmp, dir.join("bundle")).expect("renames");
+    let put = |path: PathBuf, bytes: &[u8]| {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, bytes).expect("writes");
+        std::fs::rename(&tmp, path).expect("renames");
+    };
+    put(dir.join("bundle"), document);
+    std::fs::create_dir_all(dir.join("deltas")).expect("creates the deltas folder");
+    put(
+        dir.join("deltas").join("current.sha256"),
+        format!("{}\n", flotilla_core::bundle::Digest::of(document)).as_bytes(),
+    );
 }
 
 pub fn publish(root: &Path, bundle: &Bundle) {
