@@ -528,8 +528,8 @@ pub struct PublishArgs {
     /// Beside each cluster's bundle, write deltas to it from the last N bundles this
     /// output gave the cluster (and from the current one), at
     /// v1/clusters/<cluster>/deltas/<digest>: an agent polling a static mirror then
-    /// fetches what changed, not the whole bundle; 0 writes none (and removes them).
-    /// Not for --oci
+    /// fetches what changed, not the whole bundle; 0 writes none (and removes them:
+    /// the folder then holds only the current bundle's sha256). Not for --oci
     #[arg(long, value_name = "N", default_value_t = 3)]
     pub deltas: usize,
     #[command(flatten)]

@@ -819,6 +819,11 @@ impl Poller {
                         Ok(Some(body)) => (Ok(Fetched::Bundle { body, etag }), true),
                         Ok(None) => {
                             self.taken_delta = delta_seen.take();
+                            // The document held is the mirror's again (after one it
+                            // refused, say): its sha256 is what the next poll compares.
+                            if let Some(document) = &self.document {
+                                self.client.fetched_document(document);
+                            }
                             (Ok(Fetched::NotModified), false)
                         }
                         Err(err) => {

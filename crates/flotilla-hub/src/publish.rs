@@ -16,8 +16,9 @@
 //!
 //! With `--deltas N` (3 by default) each cluster's folder holds, beside its current
 //! document, a delta (RFC 9842 `dcz`, as the hub sends them) to it from each of the
-//! last N digests the mirror gave the cluster and from the current digest itself (so
-//! an agent that runs it polls a few hundred bytes). A delta is made from the base's
+//! last N digests the mirror gave the cluster and from the current digest itself
+//! (which agents older than `current.sha256` poll while nothing changes: a few hundred
+//! bytes). A delta is made from the base's
 //! document by digest (checked against its digest, as the mirror is untrusted), and
 //! deltas from bases no longer listed are removed: each leads to the current
 //! document. An agent verifies what it rebuilds as any document.
@@ -366,10 +367,14 @@ async fn write_document(
         }
     };
     let changed = previous.is_none_or(|existing| existing != current_document);
-    // Deltas first: an agent that reads the new document's sha256 (written last) or
-    // polls its delta meets the new document as soon as one that fetches it whole.
-    // A change of document removes the sha256 with the deltas it did not write, so a
-    // publish stopped before the end leaves none naming the document it replaced.
+    // Deltas first, then the sha256, then the document. An agent that holds the
+    // document the sha256 names takes the folder as unchanged, so it must never name
+    // one the folder no longer holds: a change of document removes it with the deltas
+    // it did not write (older versions of flotilla that write deltas do too), and the
+    // new one names the new document, which the deltas already lead to (an agent that
+    // reads it before the document lands and has no delta finds the document it
+    // holds, unchanged, and asks again). It is also written when the document is
+    // unchanged but the file is missing or names another (a publish stopped halfway).
     let current = Current {
         dir: &dir,
         cluster,
@@ -382,18 +387,13 @@ async fn write_document(
         // Deltas an earlier publish left would lead to the document this replaces.
         remove_deltas(site, &current).await?;
     }
-    if changed {
-        site.write(&current_key, &current_document).await?;
-    }
-    // After the document, so that an agent that reads the new sha256 finds the new
-    // document. Also written when the document is unchanged but the file is missing
-    // or says another (a publish stopped between the two writes, output of an older
-    // flotilla): an agent that holds the document it names takes the folder as
-    // unchanged, so it must never name a document the folder no longer holds.
     let sha256_key = format!("{dir}/{}/{}", api::DELTAS, api::CURRENT_SHA256);
     let sha256 = format!("{}\n", Digest::of(&current_document));
     if changed || site.read(&sha256_key).await?.as_deref() != Some(sha256.as_bytes()) {
         site.write(&sha256_key, sha256.as_bytes()).await?;
+    }
+    if changed {
+        site.write(&current_key, &current_document).await?;
     }
     Ok(changed)
 }
@@ -489,9 +489,11 @@ async fn write_deltas(
         site.write(&delta_key, &delta).await?;
         written.push(base.as_str().to_string());
     }
-    // A delta from any other base would lead to an older document.
+    // A delta from any other base would lead to an older document. The sha256 goes
+    // too when the document changes (it names the one replaced); otherwise it stays,
+    // so that no agent reads the folder without it meanwhile.
     for name in made {
-        if !written.contains(&name) {
+        if !written.contains(&name) && (changed || name != api::CURRENT_SHA256) {
             site.delete(&format!("{deltas_dir}/{name}")).await?;
         }
     }
@@ -1040,25 +1042,32 @@ mod tests {
         assert!(!folder.join("served").exists());
     }
 
+    /// A render of one cluster, `edge-1`, whose one ConfigMap holds `value`.
+    fn one_cluster(value: &str) -> RenderOutput {
+        use flotilla_core::bundle::{Resource, ResourceKey};
+        let resource = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c"}, "data": {"v": value}});
+        let key = ResourceKey::of(&resource).expect("identity");
+        let mut output = RenderOutput {
+            revision: format!("main@sha1:{value}"),
+            ..RenderOutput::default()
+        };
+        output.bundles.insert(
+            "edge-1".into(),
+            Bundle::new(
+                "edge-1",
+                vec![std::sync::Arc::new(Resource::new(key, &resource))],
+            ),
+        );
+        output
+    }
+
     #[test]
     fn the_sha256_of_the_current_document_is_written_with_it_and_kept_true() {
-        use flotilla_core::bundle::{Resource, ResourceKey};
-        use std::sync::Arc;
         let out = tempfile::tempdir().expect("tempdir");
         let publish_with = |value: &str| {
-            let resource = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": "c"}, "data": {"v": value}});
-            let key = ResourceKey::of(&resource).expect("identity");
-            let mut output = RenderOutput {
-                revision: format!("main@sha1:{value}"),
-                ..RenderOutput::default()
-            };
-            output.bundles.insert(
-                "edge-1".into(),
-                Bundle::new("edge-1", vec![Arc::new(Resource::new(key, &resource))]),
-            );
             publish(
-                &output,
+                &one_cluster(value),
                 out.path(),
                 Writing {
                     signer: None,
@@ -1092,6 +1101,101 @@ mod tests {
         fs::remove_file(folder.join("deltas/current.sha256")).expect("removes");
         publish_with("b");
         assert_eq!(named(), of_document());
+    }
+
+    /// A folder that records what a publish writes and deletes, in order.
+    struct Recorded<'a>(InFolder<'a>, std::sync::Mutex<Vec<String>>);
+
+    impl Recorded<'_> {
+        fn took(&self) -> Vec<String> {
+            std::mem::take(&mut *self.1.lock().expect("lock"))
+        }
+    }
+
+    impl Destination for Recorded<'_> {
+        type Folder = PathBuf;
+        fn shown(&self, key: &str) -> String {
+            self.0.shown(key)
+        }
+        async fn read(&self, key: &str) -> Result<Option<Vec<u8>>, PublishError> {
+            self.0.read(key).await
+        }
+        async fn write(&self, key: &str, bytes: &[u8]) -> Result<(), PublishError> {
+            self.1.lock().expect("lock").push(format!("write {key}"));
+            self.0.write(key, bytes).await
+        }
+        async fn list(&self, key: &str) -> Result<Vec<String>, PublishError> {
+            self.0.list(key).await
+        }
+        async fn delete(&self, key: &str) -> Result<(), PublishError> {
+            self.1.lock().expect("lock").push(format!("delete {key}"));
+            self.0.delete(key).await
+        }
+        async fn clusters(&self) -> Result<Vec<(String, PathBuf)>, PublishError> {
+            self.0.clusters().await
+        }
+        async fn holds_bundle(&self, name: &str, folder: &PathBuf) -> Result<bool, PublishError> {
+            self.0.holds_bundle(name, folder).await
+        }
+        async fn remove(&self, name: &str, folder: &PathBuf) -> Result<(), PublishError> {
+            self.0.remove(name, folder).await
+        }
+    }
+
+    /// The order that keeps the sha256 true for an agent reading meanwhile: a changed
+    /// document's old sha256 goes with the old deltas, the new one is written after the
+    /// deltas that lead to the new document and before the document; an unchanged
+    /// publish that writes deltas again never removes it.
+    #[test]
+    fn the_sha256_goes_with_the_old_deltas_and_comes_before_the_new_document() {
+        let out = tempfile::tempdir().expect("tempdir");
+        let site = Recorded(InFolder(out.path()), Default::default());
+        let publish_with = |value: &str, deltas: usize| {
+            futures::executor::block_on(write_documents(
+                head_documents(&one_cluster(value)),
+                &site,
+                Writing {
+                    signer: None,
+                    deltas,
+                },
+            ))
+            .expect("publishes");
+            site.took()
+        };
+        let dir = "v1/clusters/edge-1";
+        let sha256 = format!("{dir}/deltas/current.sha256");
+        let at = |steps: &[String], step: &str| {
+            steps
+                .iter()
+                .position(|s| s == step)
+                .unwrap_or_else(|| panic!("no {step:?} in {steps:?}"))
+        };
+        publish_with("a", 3);
+        let steps = publish_with("b", 3);
+        let bundle = at(&steps, &format!("write {dir}/bundle"));
+        assert!(at(&steps, &format!("delete {sha256}")) < at(&steps, &format!("write {sha256}")));
+        assert!(at(&steps, &format!("write {sha256}")) < bundle, "{steps:?}");
+        assert!(
+            steps
+                .iter()
+                .filter(|s| s.contains("/deltas/sha256:"))
+                .all(|s| at(&steps, s) < bundle),
+            "{steps:?}"
+        );
+        // Unchanged, with fewer deltas kept: the oldest delta goes, the sha256 stays.
+        publish_with("c", 3);
+        let steps = publish_with("c", 1);
+        assert!(steps.iter().any(|s| s.starts_with("delete ")), "{steps:?}");
+        assert!(
+            !steps.iter().any(|s| s.contains("current.sha256")),
+            "{steps:?}"
+        );
+        // Without deltas, a change removes every delta, then writes the sha256 first.
+        let steps = publish_with("d", 0);
+        assert!(at(&steps, &format!("delete {sha256}")) < at(&steps, &format!("write {sha256}")));
+        assert!(
+            at(&steps, &format!("write {sha256}")) < at(&steps, &format!("write {dir}/bundle"))
+        );
     }
 
     #[test]
