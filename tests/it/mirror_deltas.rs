@@ -286,9 +286,8 @@ async fn an_agent_on_a_mirror_without_the_sha256_polls_its_own_delta_as_before()
 
 /// An agent that holds the mirror's current document, from its first poll after
 /// taking it and after a restart, reads the mirror's `deltas/current.sha256` and
-/// nothing else:
-/// it never rebuilds the delta from that document to itself (which would cost it a
-/// second copy of the document in memory). The planted delta here is not one; an
+/// nothing else: it never rebuilds the delta from that document to itself (which
+/// would cost it a second copy of the document in memory). The planted delta here is not one; an
 /// agent that read it would say, with the next bundle, that a delta had failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_that_holds_the_mirrors_document_reads_its_sha256_not_its_own_delta() {

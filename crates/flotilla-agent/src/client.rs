@@ -733,6 +733,7 @@ impl HubClient {
             Some(named) => named == held,
             None => {
                 tracing::debug!(
+                    server = %self.server, cluster = %self.cluster,
                     "the mirror has no deltas/current.sha256 (or not one); reading its delta or document"
                 );
                 self.no_sha256_for = Some(held);

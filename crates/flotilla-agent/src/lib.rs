@@ -760,8 +760,8 @@ struct Poller {
     bad_delta: Option<String>,
     /// The sha256 of the last delta taken against the bundle this agent runs: the
     /// same delta again (a mirror's delta from that bundle to itself, read at every
-    /// poll from a mirror without `deltas/current.sha256`) is the same document, not rebuilt
-    /// and parsed again.
+    /// poll from a mirror without `deltas/current.sha256`) is the same document, not
+    /// rebuilt and parsed again.
     taken_delta: Option<Digest>,
     /// The bundle last handed to the applier, while the applier has it: the next
     /// bundle takes the identities the two share from it.

@@ -82,6 +82,11 @@ pub fn bundle(cluster: &str) -> [&str; 4] {
     ["v1", "clusters", cluster, CURRENT_BUNDLE]
 }
 
+/// What [`CURRENT_SHA256`] holds for `document`: its digest and a newline.
+pub fn current_sha256_text(document: &[u8]) -> String {
+    format!("{}\n", crate::bundle::Digest::of(document))
+}
+
 /// `v1/clusters/{cluster}/deltas/current.sha256`: the sha256 of the cluster's current
 /// bundle document, on a static mirror.
 pub fn current_sha256(cluster: &str) -> [&str; 5] {

@@ -388,7 +388,7 @@ async fn write_document(
         remove_deltas(site, &current).await?;
     }
     let sha256_key = format!("{dir}/{}/{}", api::DELTAS, api::CURRENT_SHA256);
-    let sha256 = format!("{}\n", Digest::of(&current_document));
+    let sha256 = api::current_sha256_text(&current_document);
     if changed || site.read(&sha256_key).await?.as_deref() != Some(sha256.as_bytes()) {
         site.write(&sha256_key, sha256.as_bytes()).await?;
     }

@@ -54,11 +54,13 @@ pub fn publish_document(root: &Path, cluster: &str, document: &[u8]) {
         std::fs::write(&tmp, bytes).expect("writes");
         std::fs::rename(&tmp, path).expect("renames");
     };
-    put(dir.join("bundle"), document);
-    std::fs::create_dir_all(dir.join("deltas")).expect("creates the deltas folder");
+    use flotilla_core::api;
+    put(dir.join(api::CURRENT_BUNDLE), document);
+    let deltas = dir.join(api::DELTAS);
+    std::fs::create_dir_all(&deltas).expect("creates the deltas folder");
     put(
-        dir.join("deltas").join("current.sha256"),
-        format!("{}\n", flotilla_core::bundle::Digest::of(document)).as_bytes(),
+        deltas.join(api::CURRENT_SHA256),
+        api::current_sha256_text(document).as_bytes(),
     );
 }
 
