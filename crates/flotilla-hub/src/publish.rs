@@ -98,6 +98,11 @@ pub enum PublishError {
          The signing key signed it, so treat the key as stolen: generate a new one, give agents its public key, and reset their state"
     )]
     SequenceExhausted { path: String, sequence: u64 },
+    #[error(
+        "another publish is writing to {path}: run one publish at a time to a folder, and run \
+         this one again when it has finished"
+    )]
+    Busy { path: String },
     #[error("cannot {what} {path}: {source}")]
     Remote {
         what: &'static str,
@@ -289,7 +294,8 @@ async fn write_documents(
     writing: Writing<'_>,
 ) -> Result<Published, PublishError> {
     check_names(&documents)?;
-    site.prepare().await?;
+    // Held until every document is written (see `Held`).
+    let _held = site.prepare().await?;
     let clusters = api::CLUSTERS.join("/");
     let mut published = Published {
         clusters: documents.len(),
@@ -561,9 +567,10 @@ trait Destination {
     /// Where `key` is, for messages.
     fn shown(&self, key: &str) -> String;
 
-    /// Makes ready for writing, once nothing can be refused any more.
-    async fn prepare(&self) -> Result<(), PublishError> {
-        Ok(())
+    /// Makes ready for writing, once nothing can be refused any more; what it
+    /// returns is held until the publish has written everything.
+    async fn prepare(&self) -> Result<Held, PublishError> {
+        Ok(Held::default())
     }
 
     /// The document at `key`, or `None` when there is none.
@@ -595,6 +602,51 @@ trait Destination {
     }
 }
 
+/// What a publish holds while it writes: for a folder, an exclusive lock on it.
+///
+/// Two publishes writing one folder at once could leave a cluster's document and its
+/// `deltas/current.sha256` from different publishes (an agent would then keep what
+/// it runs until the next publish), and each would remove the other's deltas. So a
+/// publish to a folder takes an exclusive advisory lock on the folder itself (no
+/// file of its own that a static server or a copy to a bucket would carry along),
+/// and a second publish to it while the first holds it is refused at once
+/// ([`PublishError::Busy`]), as a second hub on one state dir is; the lock is given
+/// back when the publish is done, and by the kernel when the process ends, however
+/// it ends. A bucket or a registry takes no lock: two publishes to one must not run
+/// at once (docs/api.md).
+#[derive(Debug, Default)]
+pub(crate) struct Held(Option<fs::File>);
+
+impl Held {
+    /// The lock on the folder `out`, unless another publish holds it. Where a folder
+    /// cannot be opened as a file (not on Unix), no lock.
+    fn folder(out: &Path) -> Result<Held, PublishError> {
+        if !cfg!(unix) {
+            return Ok(Held(None));
+        }
+        let folder = fs::File::open(out).map_err(|source| error(out, source))?;
+        match folder.try_lock() {
+            Ok(()) => Ok(Held(Some(folder))),
+            Err(fs::TryLockError::WouldBlock) => Err(PublishError::Busy {
+                path: out.display().to_string(),
+            }),
+            Err(fs::TryLockError::Error(source)) => Err(error(out, source)),
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // Released now, even while a process being started holds a copy of the
+        // descriptor (the lock belongs to the open file, not to the descriptor).
+        if let Some(folder) = &self.0
+            && let Err(err) = folder.unlock()
+        {
+            tracing::warn!("cannot unlock the publish folder: {err}");
+        }
+    }
+}
+
 /// A folder on disk. Files are replaced atomically (temporary file, fsync, rename),
 /// and each folder is synced after a change in it. Its operations never wait on
 /// anything but the disk, so its futures are ready when first polled.
@@ -619,8 +671,9 @@ impl Destination for InFolder<'_> {
 
     /// `out` is made private when publish makes it (an existing one is the
     /// operator's), and every folder below it down to the clusters' is, those of an
-    /// earlier publish included, so nothing written stays readable to others.
-    async fn prepare(&self) -> Result<(), PublishError> {
+    /// earlier publish included, so nothing written stays readable to others. Then
+    /// `out` is locked ([`Held::folder`]): a second publish to it waits for this one.
+    async fn prepare(&self) -> Result<Held, PublishError> {
         let mut dir = self.0.to_path_buf();
         if !dir.exists() {
             create_dir(&dir)?;
@@ -629,7 +682,7 @@ impl Destination for InFolder<'_> {
             dir.push(segment);
             create_dir(&dir)?;
         }
-        Ok(())
+        Held::folder(self.0)
     }
 
     async fn read(&self, key: &str) -> Result<Option<Vec<u8>>, PublishError> {
@@ -923,6 +976,34 @@ mod tests {
             assert!(!inside.exists(), "{name}: nothing was written");
             assert!(!out.path().join("v1").exists() && !out.path().join("escape").exists());
         }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_second_publish_to_a_folder_is_refused_while_one_writes_and_runs_after_it() {
+        let out = tempfile::tempdir().expect("tempdir");
+        let mut output = RenderOutput::default();
+        output
+            .bundles
+            .insert("edge-1".into(), Bundle::new("edge-1", Vec::new()));
+        let current = out.path().join("v1/clusters/edge-1/bundle");
+        // A publish under way: it holds the folder's lock from its start to its end.
+        let under_way = Held::folder(out.path()).expect("the first publish's lock");
+        let err = publish(&output, out.path(), Writing::default()).expect_err("refused");
+        assert!(matches!(err, PublishError::Busy { .. }), "{err}");
+        assert!(
+            err.to_string().contains(&out.path().display().to_string()),
+            "names the folder: {err}"
+        );
+        assert!(!current.exists(), "the second publish wrote nothing");
+        drop(under_way);
+        // Once it is done the folder is free, and each publish gives it back at its end.
+        for _ in 0..2 {
+            let published = publish(&output, out.path(), Writing::default()).expect("published");
+            assert_eq!(published.clusters, 1);
+        }
+        assert!(current.is_file());
+        Held::folder(out.path()).expect("free after the publishes");
     }
 
     #[test]
