@@ -475,6 +475,7 @@ pub struct PublishArgs {
     #[command(flatten)]
     pub source: SourceArgs,
     /// The folder to write v1/clusters/<cluster>/bundle and bundles/<digest> into.
+    /// It is locked while publish writes: a second publish to it is refused.
     #[arg(
         long,
         value_name = "DIR",

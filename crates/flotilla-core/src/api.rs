@@ -42,7 +42,8 @@ pub const CURRENT_BUNDLE: &str = "bundle";
 
 /// The file, inside a cluster's deltas folder on a static mirror ([`DELTAS`]), that
 /// holds the sha256 of its current bundle document (`sha256:` and 64 hexadecimal
-/// digits, then a newline), written by `publish` after the document: an agent that
+/// digits, then a newline), written by `publish` after the deltas and before the
+/// document (which the deltas already lead to): an agent that
 /// holds that very document reads these 72 bytes at each poll, not the document or a
 /// delta it would have to rebuild to find it unchanged. It lives among the deltas
 /// because every publish that changes the document removes from that folder each

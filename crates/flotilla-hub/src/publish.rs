@@ -103,6 +103,12 @@ pub enum PublishError {
          this one again when it has finished"
     )]
     Busy { path: String },
+    #[error("cannot lock {path} for this publish: {source}")]
+    Lock {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
     #[error("cannot {what} {path}: {source}")]
     Remote {
         what: &'static str,
@@ -311,6 +317,9 @@ async fn write_documents(
     let keep: BTreeSet<&str> = documents.iter().map(|d| d.cluster.as_str()).collect();
     for (name, folder) in site.clusters().await? {
         if !keep.contains(name.as_str()) && site.holds_bundle(&name, &folder).await? {
+            // Its sha256 first: a removal cut short (a bucket's objects go one at a
+            // time) leaves none telling the cluster's agents that nothing changed.
+            site.delete(&api::current_sha256(&name).join("/")).await?;
             site.remove(&name, &folder).await?;
             published.removed.push(name);
         }
@@ -380,7 +389,9 @@ async fn write_document(
     // new one names the new document, which the deltas already lead to (an agent that
     // reads it before the document lands and has no delta finds the document it
     // holds, unchanged, and asks again). It is also written when the document is
-    // unchanged but the file is missing or names another (a publish stopped halfway).
+    // unchanged but the file is missing or names another (a publish stopped
+    // halfway); deltas such a publish left are put right by the next one that
+    // changes the document, or, with `--deltas 0`, by any.
     let current = Current {
         dir: &dir,
         cluster,
@@ -389,9 +400,11 @@ async fn write_document(
     };
     if writing.deltas > 0 {
         write_deltas(site, &current, writing.deltas, changed, warnings).await?;
-    } else if changed {
-        // Deltas an earlier publish left would lead to the document this replaces.
-        remove_deltas(site, &current).await?;
+    } else {
+        // Deltas an earlier publish left (or one stopped before its document) would
+        // lead elsewhere than to the document kept; the sha256 of an unchanged one
+        // stays, so that no agent reading meanwhile finds it missing.
+        remove_deltas(site, &current, changed).await?;
     }
     let sha256_key = format!("{dir}/{}/{}", api::DELTAS, api::CURRENT_SHA256);
     let sha256 = api::current_sha256_text(&current_document);
@@ -405,10 +418,16 @@ async fn write_document(
 }
 
 /// Removes every delta of the cluster, and its list of bases.
-async fn remove_deltas(site: &impl Destination, current: &Current<'_>) -> Result<(), PublishError> {
+async fn remove_deltas(
+    site: &impl Destination,
+    current: &Current<'_>,
+    changed: bool,
+) -> Result<(), PublishError> {
     let deltas_dir = format!("{}/{}", current.dir, api::DELTAS);
     for name in site.list(&deltas_dir).await? {
-        site.delete(&format!("{deltas_dir}/{name}")).await?;
+        if changed || name != api::CURRENT_SHA256 {
+            site.delete(&format!("{deltas_dir}/{name}")).await?;
+        }
     }
     site.delete(&format!("{}/{}", current.dir, api::SERVED_DIGESTS))
         .await
@@ -607,30 +626,47 @@ trait Destination {
 /// Two publishes writing one folder at once could leave a cluster's document and its
 /// `deltas/current.sha256` from different publishes (an agent would then keep what
 /// it runs until the next publish), and each would remove the other's deltas. So a
-/// publish to a folder takes an exclusive advisory lock on the folder itself (no
-/// file of its own that a static server or a copy to a bucket would carry along),
-/// and a second publish to it while the first holds it is refused at once
+/// publish to a folder takes an exclusive advisory lock (`flock`) on the folder
+/// itself (no file of its own that a static server or a copy to a bucket would carry
+/// along), and a second publish to it while the first holds it is refused at once
 /// ([`PublishError::Busy`]), as a second hub on one state dir is; the lock is given
 /// back when the publish is done, and by the kernel when the process ends, however
-/// it ends. A bucket or a registry takes no lock: two publishes to one must not run
-/// at once (docs/api.md).
+/// it ends. The lock is between processes of one machine: publishes from two
+/// machines into one network share are not kept apart by it. A folder that cannot
+/// be locked (not on Unix, a file system without `flock`, a folder the publisher
+/// may write but not read) is written without it, as before. A bucket or a registry
+/// takes no lock: two publishes to one must not run at once (docs/api.md).
 #[derive(Debug, Default)]
 pub(crate) struct Held(Option<fs::File>);
 
 impl Held {
-    /// The lock on the folder `out`, unless another publish holds it. Where a folder
-    /// cannot be opened as a file (not on Unix), no lock.
+    /// The lock on the folder `out`, unless another publish holds it.
     fn folder(out: &Path) -> Result<Held, PublishError> {
         if !cfg!(unix) {
             return Ok(Held(None));
         }
-        let folder = fs::File::open(out).map_err(|source| error(out, source))?;
+        let unlockable = |err: &io::Error| {
+            matches!(
+                err.kind(),
+                io::ErrorKind::Unsupported | io::ErrorKind::PermissionDenied
+            )
+        };
+        let lock_error = |source: io::Error| PublishError::Lock {
+            path: out.display().to_string(),
+            source,
+        };
+        let folder = match fs::File::open(out) {
+            Ok(folder) => folder,
+            Err(err) if unlockable(&err) => return Ok(Held(None)),
+            Err(err) => return Err(lock_error(err)),
+        };
         match folder.try_lock() {
             Ok(()) => Ok(Held(Some(folder))),
             Err(fs::TryLockError::WouldBlock) => Err(PublishError::Busy {
                 path: out.display().to_string(),
             }),
-            Err(fs::TryLockError::Error(source)) => Err(error(out, source)),
+            Err(fs::TryLockError::Error(err)) if unlockable(&err) => Ok(Held(None)),
+            Err(fs::TryLockError::Error(err)) => Err(lock_error(err)),
         }
     }
 }
@@ -671,18 +707,20 @@ impl Destination for InFolder<'_> {
 
     /// `out` is made private when publish makes it (an existing one is the
     /// operator's), and every folder below it down to the clusters' is, those of an
-    /// earlier publish included, so nothing written stays readable to others. Then
-    /// `out` is locked ([`Held::folder`]): a second publish to it waits for this one.
+    /// earlier publish included, so nothing written stays readable to others. `out`
+    /// is locked ([`Held::folder`]) as soon as it exists, before anything in it is
+    /// touched: a second publish to it is refused and changes nothing.
     async fn prepare(&self) -> Result<Held, PublishError> {
         let mut dir = self.0.to_path_buf();
         if !dir.exists() {
             create_dir(&dir)?;
         }
+        let held = Held::folder(self.0)?;
         for segment in api::CLUSTERS {
             dir.push(segment);
             create_dir(&dir)?;
         }
-        Held::folder(self.0)
+        Ok(held)
     }
 
     async fn read(&self, key: &str) -> Result<Option<Vec<u8>>, PublishError> {
@@ -980,7 +1018,7 @@ mod tests {
 
     #[cfg(unix)]
     #[test]
-    fn a_second_publish_to_a_folder_is_refused_while_one_writes_and_runs_after_it() {
+    fn a_second_publish_to_a_folder_is_refused_while_one_writes_and_it_is_free_after_each() {
         let out = tempfile::tempdir().expect("tempdir");
         let mut output = RenderOutput::default();
         output
@@ -995,7 +1033,10 @@ mod tests {
             err.to_string().contains(&out.path().display().to_string()),
             "names the folder: {err}"
         );
-        assert!(!current.exists(), "the second publish wrote nothing");
+        assert!(
+            !out.path().join("v1").exists(),
+            "the refused publish made nothing in the folder"
+        );
         drop(under_way);
         // Once it is done the folder is free, and each publish gives it back at its end.
         for _ in 0..2 {
@@ -1004,6 +1045,13 @@ mod tests {
         }
         assert!(current.is_file());
         Held::folder(out.path()).expect("free after the publishes");
+        // A publish that fails halfway (a cluster's folder is a file) gives it back too.
+        output
+            .bundles
+            .insert("edge-2".into(), Bundle::new("edge-2", Vec::new()));
+        fs::write(out.path().join("v1/clusters/edge-2"), b"not a folder").expect("write");
+        publish(&output, out.path(), Writing::default()).expect_err("cannot write edge-2");
+        Held::folder(out.path()).expect("free after a publish that failed");
     }
 
     #[test]
@@ -1170,8 +1218,8 @@ mod tests {
         assert_eq!(named(), of_document());
         publish_with("b");
         assert_eq!(named(), of_document());
-        // A publish that stopped between the document and its sha256 (or a writer's
-        // edit), then an unchanged publish: the file names the document again.
+        // A publish that stopped after the sha256 and before the document (or a
+        // writer's edit), then an unchanged publish: the file names the document again.
         fs::write(
             folder.join("deltas/current.sha256"),
             "sha256:".to_string() + &"0".repeat(64),
@@ -1184,12 +1232,81 @@ mod tests {
         assert_eq!(named(), of_document());
     }
 
+    /// `--deltas 0` leaves no delta behind, even when the document is unchanged (a
+    /// publish stopped before its document leaves deltas leading elsewhere), and
+    /// never removes the sha256 of an unchanged document; a cluster that left the
+    /// fleet loses its sha256 before anything else of its folder.
+    #[test]
+    fn no_deltas_leaves_none_behind_and_a_removed_cluster_loses_its_sha256_first() {
+        let out = tempfile::tempdir().expect("tempdir");
+        let site = Recorded(InFolder(out.path()), Default::default());
+        let publish_with = |output: &RenderOutput, deltas: usize| site.publish(output, deltas);
+        let folder = out.path().join("v1/clusters/edge-1/deltas");
+        let listed = || -> Vec<String> {
+            let mut names: Vec<String> = fs::read_dir(&folder)
+                .expect("the deltas folder")
+                .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        let sha256 = "v1/clusters/edge-1/deltas/current.sha256";
+        publish_with(&one_cluster("a"), 2);
+        assert!(listed().len() > 1, "deltas: {:?}", listed());
+        let steps = publish_with(&one_cluster("a"), 0);
+        assert_eq!(listed(), [api::CURRENT_SHA256]);
+        assert!(
+            steps.iter().all(|step| !step.ends_with(sha256)),
+            "{steps:?}"
+        );
+
+        let mut two = one_cluster("a");
+        let edge_2 = two.bundles["edge-1"].clone();
+        two.bundles.insert(
+            "edge-2".into(),
+            Bundle::new("edge-2", edge_2.resources.clone()),
+        );
+        publish_with(&two, 0);
+        let gone = out.path().join("v1/clusters/edge-2");
+        assert!(gone.join("deltas/current.sha256").is_file());
+        let steps = publish_with(&one_cluster("a"), 0);
+        let of_edge_2: Vec<&String> = steps.iter().filter(|s| s.contains("edge-2")).collect();
+        assert_eq!(
+            of_edge_2,
+            ["delete v1/clusters/edge-2/deltas/current.sha256"],
+            "the sha256 goes first, then the folder"
+        );
+        assert!(!gone.exists());
+    }
+
     /// A folder that records what a publish writes and deletes, in order.
     struct Recorded<'a>(InFolder<'a>, std::sync::Mutex<Vec<String>>);
 
     impl Recorded<'_> {
         fn took(&self) -> Vec<String> {
             std::mem::take(&mut *self.1.lock().expect("lock"))
+        }
+
+        /// Publishes `output` here (unsigned) and gives what it wrote and deleted.
+        fn publish(&self, output: &RenderOutput, deltas: usize) -> Vec<String> {
+            futures::executor::block_on(write_documents(
+                head_documents(output),
+                self,
+                Writing {
+                    signer: None,
+                    deltas,
+                },
+            ))
+            .expect("publishes");
+            self.took()
+        }
+
+        /// Every file is written and removed while the publish holds the folder.
+        fn assert_locked(&self, key: &str) {
+            if cfg!(unix) {
+                let err = Held::folder(self.0.0).expect_err("the folder is locked");
+                assert!(matches!(err, PublishError::Busy { .. }), "{key}: {err}");
+            }
         }
     }
 
@@ -1201,8 +1318,12 @@ mod tests {
         async fn read(&self, key: &str) -> Result<Option<Vec<u8>>, PublishError> {
             self.0.read(key).await
         }
+        async fn prepare(&self) -> Result<Held, PublishError> {
+            self.0.prepare().await
+        }
         async fn write(&self, key: &str, bytes: &[u8]) -> Result<(), PublishError> {
             self.1.lock().expect("lock").push(format!("write {key}"));
+            self.assert_locked(key);
             self.0.write(key, bytes).await
         }
         async fn list(&self, key: &str) -> Result<Vec<String>, PublishError> {
@@ -1210,6 +1331,7 @@ mod tests {
         }
         async fn delete(&self, key: &str) -> Result<(), PublishError> {
             self.1.lock().expect("lock").push(format!("delete {key}"));
+            self.assert_locked(key);
             self.0.delete(key).await
         }
         async fn clusters(&self) -> Result<Vec<(String, PathBuf)>, PublishError> {
@@ -1231,18 +1353,7 @@ mod tests {
     fn the_sha256_goes_with_the_old_deltas_and_comes_before_the_new_document() {
         let out = tempfile::tempdir().expect("tempdir");
         let site = Recorded(InFolder(out.path()), Default::default());
-        let publish_with = |value: &str, deltas: usize| {
-            futures::executor::block_on(write_documents(
-                head_documents(&one_cluster(value)),
-                &site,
-                Writing {
-                    signer: None,
-                    deltas,
-                },
-            ))
-            .expect("publishes");
-            site.took()
-        };
+        let publish_with = |value: &str, deltas: usize| site.publish(&one_cluster(value), deltas);
         let dir = "v1/clusters/edge-1";
         let sha256 = format!("{dir}/deltas/current.sha256");
         let at = |steps: &[String], step: &str| {
