@@ -24,25 +24,36 @@ use tokio::task::JoinHandle;
 const CLUSTER: &str = "edge-1";
 
 /// A static web server over a folder: `GET /path` is the file at `path`, anything
-/// else 404; every request path is recorded.
+/// else 404; every request path is recorded, and each answer that carried a file.
+/// With `etags`, as nginx does, each file has an ETag of its own (from its size and
+/// content, never a flotilla digest), and a request whose `If-None-Match` names it is
+/// answered 304 with no body.
 struct StaticServer {
     port: u16,
     requests: Arc<Mutex<Vec<String>>>,
+    bodies: Arc<Mutex<Vec<String>>>,
     task: JoinHandle<()>,
 }
 
 impl StaticServer {
     async fn start(root: PathBuf) -> StaticServer {
+        StaticServer::serving(root, false).await
+    }
+
+    async fn serving(root: PathBuf, etags: bool) -> StaticServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("binds");
         let port = listener.local_addr().expect("address").port();
         let requests = Arc::new(Mutex::new(Vec::new()));
+        let bodies = Arc::new(Mutex::new(Vec::new()));
         let seen = requests.clone();
+        let sent = bodies.clone();
         let task = tokio::spawn(async move {
             while let Ok((mut socket, _)) = listener.accept().await {
                 let root = root.clone();
                 let seen = seen.clone();
+                let sent = sent.clone();
                 tokio::spawn(async move {
                     let mut head = Vec::new();
                     let mut byte = [0u8; 1];
@@ -63,15 +74,38 @@ impl StaticServer {
                         .split('/')
                         .filter(|s| !s.is_empty() && *s != "..")
                         .fold(root, |dir, segment| dir.join(segment));
+                    let asked_for = head.lines().find_map(|line| {
+                        let (name, value) = line.split_once(':')?;
+                        name.eq_ignore_ascii_case("if-none-match")
+                            .then(|| value.trim().to_string())
+                    });
                     let answer = match std::fs::read(&file) {
                         Ok(body) => {
-                            let mut answer = format!(
-                                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                                body.len()
-                            )
-                            .into_bytes();
-                            answer.extend_from_slice(&body);
-                            answer
+                            let etag = format!(
+                                "\"{:x}-{}\"",
+                                body.len(),
+                                &Digest::of(&body).hex()[..16]
+                            );
+                            if etags && asked_for.as_deref() == Some(etag.as_str()) {
+                                format!(
+                                    "HTTP/1.1 304 Not Modified\r\nETag: {etag}\r\nConnection: close\r\n\r\n"
+                                )
+                                .into_bytes()
+                            } else {
+                                sent.lock().expect("lock").push(path.clone());
+                                let etag = if etags {
+                                    format!("ETag: {etag}\r\n")
+                                } else {
+                                    String::new()
+                                };
+                                let mut answer = format!(
+                                    "HTTP/1.1 200 OK\r\n{etag}Content-Length: {}\r\nConnection: close\r\n\r\n",
+                                    body.len()
+                                )
+                                .into_bytes();
+                                answer.extend_from_slice(&body);
+                                answer
+                            }
                         }
                         Err(_) => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
                             .to_vec(),
@@ -84,8 +118,19 @@ impl StaticServer {
         StaticServer {
             port,
             requests,
+            bodies,
             task,
         }
+    }
+
+    /// How many answers to requests for `path` carried the file.
+    fn sent(&self, path: &str) -> usize {
+        self.bodies
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter(|p| *p == path)
+            .count()
     }
 
     /// How many requests were for `path` (`/v1/clusters/…`).
@@ -281,6 +326,98 @@ async fn an_agent_on_a_mirror_without_the_sha256_polls_its_own_delta_as_before()
         asked_sha256,
         "the missing sha256 is not asked for at every poll"
     );
+    agent.stop().await;
+}
+
+/// An agent restarted on a static web server that has neither the sha256 nor deltas
+/// (output of an older flotilla, or a bucket that hides them) learns the server's own
+/// ETag again from its first poll, so the polls after it are answered 304 with no
+/// body, as before the restart, instead of the whole document each time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_restarted_on_a_static_server_with_etags_polls_with_its_etag_again() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let state = tempfile::tempdir().expect("tempdir");
+    let target = tempfile::tempdir().expect("tempdir");
+    let static_server = StaticServer::serving(out.path().to_path_buf(), true).await;
+    let server =
+        Server::parse(&format!("http://127.0.0.1:{}", static_server.port)).expect("a server");
+    let v1 = release("one");
+    publish_into(out.path(), &v1, 0);
+    let sha256 = out
+        .path()
+        .join(format!("v1/clusters/{CLUSTER}/deltas/current.sha256"));
+    let _ = std::fs::remove_file(&sha256);
+    let bundle_path = format!("/v1/clusters/{CLUSTER}/bundle");
+    // Polls (one each 100 ms) until the server has been asked for the bundle `more`
+    // times more than `since`.
+    let polls = |since: usize, more: usize| {
+        let static_server = &static_server;
+        let bundle_path = bundle_path.clone();
+        async move {
+            tokio::time::timeout(Duration::from_secs(30), async {
+                while static_server.asked(&bundle_path) < since + more {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await
+            .expect("the agent polls the bundle");
+        }
+    };
+    let mut agent = start_agent(server.clone(), state.path(), target.path());
+    agent.applied(&v1.digest).await;
+    polls(static_server.asked(&bundle_path), 5).await;
+    assert_eq!(static_server.sent(&bundle_path), 1, "304s while it runs");
+    agent.stop().await;
+
+    let mut agent = start_agent(server, state.path(), target.path());
+    polls(static_server.asked(&bundle_path), 6).await;
+    assert_eq!(
+        static_server.sent(&bundle_path),
+        2,
+        "after the restart, one answer with the document (which gives the ETag), then 304s"
+    );
+    // A change still comes.
+    let v2 = release("two");
+    publish_into(out.path(), &v2, 0);
+    let _ = std::fs::remove_file(&sha256);
+    let report = agent.applied(&v2.digest).await;
+    assert!(report.is_success(), "{report:?}");
+    agent.stop().await;
+}
+
+/// An agent restarted with `--trust-key` on a folder (without deltas) that still holds
+/// the unsigned document it runs judges that document again at its first poll, and
+/// reports that it refuses it (while it keeps running it), rather than taking the
+/// folder's sha256 for "nothing changed".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_restarted_with_a_trusted_key_judges_the_folders_document_again() {
+    use flotilla_core::signing::{SigningKey, TrustedKeys};
+    let out = tempfile::tempdir().expect("tempdir");
+    let state = tempfile::tempdir().expect("tempdir");
+    let target = tempfile::tempdir().expect("tempdir");
+    let v1 = release("one");
+    // Without deltas: a delta from the document to itself is not judged again.
+    publish_into(out.path(), &v1, 0);
+    let server = Server::File(out.path().to_path_buf());
+    let mut agent = start_agent(server.clone(), state.path(), target.path());
+    agent.applied(&v1.digest).await;
+    agent.stop().await;
+
+    let mut config = AgentConfig::new(server, CLUSTER, state.path().to_path_buf());
+    config.wait = Wait::Fixed(Duration::from_millis(100));
+    config.trusted = TrustedKeys::new(vec![SigningKey::from_seed([7; 32]).public_key()]);
+    let mut agent = RunningAgent::start(config, target.path());
+    let report = agent
+        .until("the refusal of the unsigned document", |r| {
+            r.message.contains("refused the bundle")
+        })
+        .await;
+    assert_eq!(
+        report.applied.as_ref(),
+        Some(&v1.digest),
+        "it keeps running it"
+    );
+    assert!(report.message.contains("signed"), "{}", report.message);
     agent.stop().await;
 }
 

@@ -245,10 +245,20 @@ impl<S: Sink> Agent<S> {
             client = client.with_http2_prior_knowledge()?;
         }
         client = client.with_registry_options(config.registry.clone())?;
-        // The stored document is the one held: a mirror that still names it (its
-        // `deltas/current.sha256`) is unchanged from the first poll on (from the
-        // second over HTTP, whose first answer shows the server is a mirror).
-        if let Some(document) = &document {
+        // The stored document is the one held: a folder that still names it (its
+        // `deltas/current.sha256`) is unchanged from the first poll on, without
+        // reading the document again beside the one held. Not over HTTP: its first
+        // answer, the document, shows whether the server is a mirror and gives its
+        // ETag (from the second poll on the sha256 is read there too). Nor with
+        // `--trust-key` or tenant rules, which may have changed since the document
+        // was taken: the first poll judges it again, and reports a refusal.
+        let judged_again = !config.trusted.is_empty()
+            || config.tenant_policy.is_some()
+            || config.tenant_key.is_some();
+        if let Some(document) = &document
+            && matches!(config.server, Server::File(_))
+            && !judged_again
+        {
             client.fetched_document(document);
         }
         // Reports go where bundles come from, or to --report-to.

@@ -42,10 +42,10 @@ pub fn namespace_file(name: &str) -> String {
     flotilla_agent::sink::dir::file_name(&ResourceKey::new("", "Namespace", "", name))
 }
 
-/// Writes `document` where `flotilla publish` puts a cluster's current bundle,
-/// atomically (as publish does), so a reader never sees half a file; then its
-/// sha256 in the deltas folder, as publish does (an agent that holds the document
-/// the sha256 names takes the folder as unchanged).
+/// Writes `document` where `flotilla publish` puts a cluster's current bundle, as
+/// publish does: its sha256 in the deltas folder first (an agent that holds the
+/// document the sha256 names takes the folder as unchanged), then the document,
+/// each atomically, so a reader never sees half a file.
 pub fn publish_document(root: &Path, cluster: &str, document: &[u8]) {
     let dir = root.join("v1").join("clusters").join(cluster);
     std::fs::create_dir_all(&dir).expect("creates the publish folder");
@@ -55,13 +55,13 @@ pub fn publish_document(root: &Path, cluster: &str, document: &[u8]) {
         std::fs::rename(&tmp, path).expect("renames");
     };
     use flotilla_core::api;
-    put(dir.join(api::CURRENT_BUNDLE), document);
     let deltas = dir.join(api::DELTAS);
     std::fs::create_dir_all(&deltas).expect("creates the deltas folder");
     put(
         deltas.join(api::CURRENT_SHA256),
         api::current_sha256_text(document).as_bytes(),
     );
+    put(dir.join(api::CURRENT_BUNDLE), document);
 }
 
 pub fn publish(root: &Path, bundle: &Bundle) {
