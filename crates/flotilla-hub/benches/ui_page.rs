@@ -144,7 +144,7 @@ fn with_lines<R>(fleet: &Fleet, f: impl FnOnce(&[Line<'_>]) -> R) -> R {
 }
 
 fn page(fleet: &Fleet, query: &FleetQuery) -> String {
-    let model = with_lines(fleet, |lines| FleetModel::new(lines, query, NOW_MS));
+    let model = with_lines(fleet, |lines| FleetModel::new(lines, query, NOW_MS, None));
     fleet_page(&model, &render_status(), &[], query, &visitor()).expect("page")
 }
 

@@ -18,7 +18,10 @@ use flotilla_core::access::{
 use flotilla_core::bundle::{Digest, ResourceKey};
 use flotilla_core::rollout::view::RolloutView;
 
-use crate::fleet::{ClusterSummary, Counts, FleetSummary, RenderStatus, RenderWarnings};
+use crate::fleet::{
+    ClusterState, ClusterSummary, Counts, FleetSummary, ForcePush, InstallErrorSummary,
+    RenderStatus, RenderWarnings,
+};
 use crate::recorder::Shared;
 
 /// How many more indexes than digests served the cache holds before it forgets the
@@ -145,22 +148,17 @@ impl TenantView {
     }
 
     /// One cluster's summary with only the tenant's resources in its failures and
-    /// drift; `None` for a cluster the tenant is not on.
+    /// drift, and the tenant's message for it ([`TenantView::message`]) in place of
+    /// its agent's; `None` for a cluster the tenant is not on.
     pub fn cluster(&self, mut summary: ClusterSummary) -> Option<ClusterSummary> {
+        summary.failed_resources =
+            self.failures(&summary.name, std::mem::take(&mut summary.failed_resources))?;
         let index = self.clusters.get(&summary.name)?;
         let theirs: Vec<String> = index
             .resources_of(&self.tenant)
             .iter()
             .map(ToString::to_string)
             .collect();
-        // A failure reads `Kind.group namespace/name: message`.
-        summary.failed_resources.retain(|failure| {
-            theirs.iter().any(|name| {
-                failure
-                    .strip_prefix(name.as_str())
-                    .is_some_and(|rest| rest.starts_with(':'))
-            })
-        });
         summary.drift.retain(|drift| {
             let name = crate::fleet::resource_name(
                 &drift.group,
@@ -171,7 +169,54 @@ impl TenantView {
             theirs.contains(&name)
         });
         summary.drifted = summary.drifted && !summary.drift.is_empty();
+        let message = self.message(summary.state, summary.failed_resources.len());
+        summary.message = (!message.is_empty()).then_some(message);
         Some(summary)
+    }
+
+    /// Of a cluster's failed resources (each `Kind.group namespace/name: message`),
+    /// those of the tenant's resources; `None` for a cluster the tenant is not on.
+    pub fn failures(&self, cluster: &str, mut failures: Vec<String>) -> Option<Vec<String>> {
+        let index = self.clusters.get(cluster)?;
+        let theirs: Vec<String> = index
+            .resources_of(&self.tenant)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        // The name ends where `: ` begins: a name may hold a `:` (RBAC's do), so
+        // `x` must not take the failure of `x:admin`.
+        failures.retain(|failure| {
+            theirs.iter().any(|name| {
+                failure
+                    .strip_prefix(name.as_str())
+                    .is_some_and(|rest| rest.starts_with(": ") || rest == ":")
+            })
+        });
+        Some(failures)
+    }
+
+    /// What the tenant reads as a cluster's message. Never its agent's own: that
+    /// summarises the whole apply and may name any workload's resource (the first
+    /// failure, a Secret it could not open, a rule another tenant broke). The
+    /// tenant's own failures are listed with their messages; this says how many,
+    /// or that the cluster failed on resources outside the tenant's workloads.
+    pub fn message(&self, state: ClusterState, theirs_failed: usize) -> String {
+        match (state, theirs_failed) {
+            (ClusterState::Failed, 0) => format!(
+                "the last apply failed on resources outside {}'s workloads",
+                self.tenant
+            ),
+            (_, 0) => String::new(),
+            (_, n) => format!(
+                "{n} of {}'s resources failed in the last apply",
+                self.tenant
+            ),
+        }
+    }
+
+    /// Whether a drifted resource of a cluster is the tenant's and still drifted.
+    pub fn owns_remaining(&self, cluster: &str, drift: &crate::fleet::Drift) -> bool {
+        drift.remains() && self.owns(cluster, drift)
     }
 
     /// The tenant's workloads on the clusters it is on.
@@ -235,6 +280,19 @@ impl TenantView {
             .filter(|e| theirs(&workloads, &e.diagnostic))
             .collect();
         let render_warnings = summary.render_warnings.retain(|d| theirs(&workloads, d));
+        // The hub's own troubles are said, without what names its host (paths,
+        // the repository's address, the other hubs): its operators see those.
+        let source_error = summary
+            .source_error
+            .map(|_| "the hub cannot read the fleet's repository; its operators see why".into());
+        let install_error = summary.install_error.map(|error| InstallErrorSummary {
+            message: "the hub cannot install this render; its operators see why".into(),
+            ..error
+        });
+        let force_push = summary.force_push.map(|push| ForcePush {
+            hubs: Vec::new(),
+            ..push
+        });
         FleetSummary {
             render_errors,
             render_warnings,
@@ -243,6 +301,9 @@ impl TenantView {
             charts: Default::default(),
             commit: None,
             clusters,
+            source_error,
+            install_error,
+            force_push,
             ..summary
         }
     }
@@ -307,9 +368,15 @@ impl TenantView {
             .filter(|(_, scope)| scope.access != RolloutAccess::Hidden)
             .map(|(rollout, _)| rollout.id)
             .collect();
+        let by_id: HashMap<i64, &RolloutScope> = details
+            .iter()
+            .zip(&scopes)
+            .filter(|(rollout, _)| visible.contains(&rollout.id))
+            .map(|(rollout, scope)| (rollout.id, scope))
+            .collect();
         listed
             .into_iter()
-            .filter(|r| visible.contains(&r.id))
+            .filter_map(|r| Some(by_id.get(&r.id)?.cut(r)))
             .collect()
     }
 
@@ -337,19 +404,21 @@ impl TenantView {
         rollouts
             .iter()
             .map(|rollout| {
-                let theirs: BTreeSet<String> = rollout
+                let (theirs, others): (Vec<_>, Vec<_>) = rollout
                     .clusters
                     .iter()
-                    .filter(|m| m.previous.iter().chain([&m.target]).any(has_tenant))
-                    .map(|m| m.name.clone())
-                    .collect();
+                    .partition(|m| m.previous.iter().chain([&m.target]).any(has_tenant));
+                let names = |members: Vec<&flotilla_core::rollout::view::MemberView>| {
+                    members.into_iter().map(|m| m.name.clone()).collect()
+                };
                 RolloutScope {
                     access: if theirs.is_empty() {
                         RolloutAccess::Hidden
                     } else {
                         RolloutAccess::Visible
                     },
-                    theirs,
+                    theirs: names(theirs),
+                    others: names(others),
                 }
             })
             .collect()
@@ -370,6 +439,8 @@ pub struct RolloutScope {
     pub access: RolloutAccess,
     /// The clusters the tenant is on, before or after the change.
     theirs: BTreeSet<String>,
+    /// The rollout's other clusters.
+    others: BTreeSet<String>,
 }
 
 impl Default for RolloutScope {
@@ -377,26 +448,72 @@ impl Default for RolloutScope {
         RolloutScope {
             access: RolloutAccess::Hidden,
             theirs: BTreeSet::new(),
+            others: BTreeSet::new(),
         }
     }
 }
 
 impl RolloutScope {
-    /// The rollout as the tenant sees it: only the clusters it is on, and only the
-    /// events that name none of the others.
+    /// The rollout as the tenant sees it: only the clusters it is on, only the
+    /// events that name none of the others, and its reason (a halt lists failed
+    /// clusters) with the others' names replaced. A list entry (no clusters) is cut
+    /// by the clusters the scope was worked out from.
     pub fn cut(&self, mut rollout: RolloutView) -> RolloutView {
-        let hidden: Vec<String> = rollout
+        let mut hidden: Vec<String> = rollout
             .clusters
             .iter()
             .filter(|m| !self.theirs.contains(&m.name))
             .map(|m| m.name.clone())
+            .chain(self.others.iter().cloned())
             .collect();
+        hidden.sort_unstable();
+        hidden.dedup();
         rollout.clusters.retain(|m| self.theirs.contains(&m.name));
         rollout
             .events
-            .retain(|e| !hidden.iter().any(|name| e.message.contains(name.as_str())));
+            .retain(|e| !hidden.iter().any(|name| names(&e.message, name)));
+        if let Some(reason) = &mut rollout.reason {
+            for name in &hidden {
+                *reason = replace_name(reason, name, "(another cluster)");
+            }
+        }
         rollout
     }
+}
+
+/// Whether `text` names the cluster `name`: holds it with no other character of a
+/// name (a letter, a digit, `-` or `.`) on either side, so `shop-1` is not found in
+/// `shop-10`.
+fn names(text: &str, name: &str) -> bool {
+    !name.is_empty()
+        && text
+            .match_indices(name)
+            .any(|(at, _)| bounded(text, at, name.len()))
+}
+
+/// `text` with each place it names the cluster `name` ([`names`]) replaced by `with`.
+fn replace_name(text: &str, name: &str, with: &str) -> String {
+    if name.is_empty() {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut last = 0;
+    for (at, _) in text.match_indices(name) {
+        if at >= last && bounded(text, at, name.len()) {
+            out.push_str(&text[last..at]);
+            out.push_str(with);
+            last = at + name.len();
+        }
+    }
+    out.push_str(&text[last..]);
+    out
+}
+
+/// Whether `text[at..at + len]` has no character of a cluster name next to it.
+fn bounded(text: &str, at: usize, len: usize) -> bool {
+    let of_a_name = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '.';
+    !text[..at].chars().next_back().is_some_and(of_a_name)
+        && !text[at + len..].chars().next().is_some_and(of_a_name)
 }
 
 #[cfg(test)]
@@ -460,11 +577,13 @@ mod tests {
             applied: None,
             attempted: None,
             last_seen: None,
-            message: None,
+            message: Some("2 resources applied; failed: ConfigMap kube-system/dns: invalid".into()),
             agent_version: None,
             failed_resources: vec![
                 "ConfigMap kube-system/dns: invalid".into(),
                 "ConfigMap shop/web: invalid".into(),
+                // Another resource whose name starts with the shop's and a `:`.
+                "ConfigMap shop/web:admin: invalid".into(),
             ],
             drifted: true,
             drift: vec![drift("dns", "kube-system"), drift("web", "shop")],
@@ -514,9 +633,12 @@ mod tests {
                 summary("edge-1", ClusterState::Failed),
                 summary("edge-2", ClusterState::Failed),
             ],
+            source_error: Some("cannot fetch /srv/git/fleet.git: timed out".into()),
             ..FleetSummary::default()
         };
         let cut = view.fleet(fleet);
+        let source_error = cut.source_error.as_deref().expect("said");
+        assert!(!source_error.contains("/srv"), "{source_error}");
         assert_eq!(
             cut.clusters
                 .iter()
@@ -526,6 +648,16 @@ mod tests {
         );
         let edge = &cut.clusters[0];
         assert_eq!(edge.failed_resources, ["ConfigMap shop/web: invalid"]);
+        // The agent's message names the platform's failure: the tenant reads its own.
+        assert_eq!(
+            edge.message.as_deref(),
+            Some("1 of shop's resources failed in the last apply")
+        );
+        assert_eq!(
+            view.message(ClusterState::Failed, 0),
+            "the last apply failed on resources outside shop's workloads"
+        );
+        assert_eq!(view.message(ClusterState::InSync, 0), "");
         assert_eq!(
             edge.drift
                 .iter()
@@ -578,7 +710,8 @@ mod tests {
     fn a_tenant_sees_of_a_rollout_only_the_clusters_it_is_on() {
         let view = RolloutScope {
             access: RolloutAccess::Visible,
-            theirs: ["edge-1".to_string()].into(),
+            theirs: ["edge-1".to_string(), "edge-10".to_string()].into(),
+            others: ["edge-1x".to_string()].into(),
         };
         let member = |name: &str| flotilla_core::rollout::view::MemberView {
             name: name.into(),
@@ -598,7 +731,10 @@ mod tests {
             policy: "stores".into(),
             revision: "main@sha1:2".into(),
             state: flotilla_core::rollout::RolloutState::Progressing,
-            reason: None,
+            reason: Some(
+                "wave canary: 3 failed clusters (edge-1, edge-2, edge-10), more than maxFailed 1 allows (1)"
+                    .into(),
+            ),
             forced: false,
             started_at: "2025-01-15T00:00:00Z".into(),
             ended_at: None,
@@ -608,15 +744,34 @@ mod tests {
                 event("wave canary released"),
                 event("edge-2 left the rollout"),
             ],
-            clusters: vec![member("edge-1"), member("edge-2")],
+            clusters: vec![member("edge-1"), member("edge-2"), member("edge-10")],
         };
+        // A list entry (no clusters, no events) still has its reason cut, by the
+        // clusters its scope was worked out from.
+        let listed = view.cut(RolloutView {
+            clusters: Vec::new(),
+            events: Vec::new(),
+            reason: Some("wave canary: 1 failed cluster (edge-1x), more".into()),
+            ..rollout.clone()
+        });
+        assert_eq!(
+            listed.reason.as_deref(),
+            Some("wave canary: 1 failed cluster ((another cluster)), more")
+        );
         let cut = view.cut(rollout);
+        assert_eq!(
+            cut.reason.as_deref(),
+            Some(
+                "wave canary: 3 failed clusters (edge-1, (another cluster), edge-10), more than maxFailed 1 allows (1)"
+            ),
+            "edge-2 is not the tenant's; edge-1 inside edge-10 is not taken for it"
+        );
         assert_eq!(
             cut.clusters
                 .iter()
                 .map(|m| m.name.as_str())
                 .collect::<Vec<_>>(),
-            ["edge-1"]
+            ["edge-1", "edge-10"]
         );
         assert_eq!(
             cut.events

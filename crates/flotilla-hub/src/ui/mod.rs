@@ -398,21 +398,20 @@ async fn fleet(
     let query = query.map(|Query(q)| q).unwrap_or_default();
     let tenant = login.tenant_view(&ui.shared).await;
     // Only the rows shown are copied while the fleet is held; the page renders after.
-    let mut model = ui.shared.view.with_fleet(|lines, now| match &tenant {
+    let model = ui.shared.view.with_fleet(|lines, now| match &tenant {
         Some(tenant) => {
             let theirs: Vec<_> = lines
                 .iter()
                 .filter(|l| tenant.sees(l.name))
                 .copied()
                 .collect();
-            page::FleetModel::new(&theirs, &query, now)
+            page::FleetModel::new(&theirs, &query, now, Some(tenant))
         }
-        None => page::FleetModel::new(lines, &query, now),
+        None => page::FleetModel::new(lines, &query, now, None),
     });
     let mut render = ui.shared.view.render_status();
     let mut rollouts = ui.shared.view.active_rollouts().to_vec();
     if let Some(tenant) = &tenant {
-        model.retain_drift(|cluster, drift| tenant.owns(cluster, drift));
         render = tenant.render_status(render);
         rollouts = tenant.visible(&ui.shared, rollouts).await;
     }

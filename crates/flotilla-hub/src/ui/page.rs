@@ -14,6 +14,7 @@ use crate::fleet::{
     ClusterState, ClusterSummary, Counts, Drift, InstallErrorSummary, Line, RenderStatus,
     RenderWarnings,
 };
+use crate::scope::TenantView;
 use flotilla_core::access::ScopedBundle;
 use flotilla_core::bundle::ResourceKey;
 use flotilla_core::rollout::view::RolloutView;
@@ -262,13 +263,30 @@ struct Row {
 }
 
 impl Row {
-    fn of(line: &Line<'_>, now_ms: i64) -> Row {
+    /// A cluster's row; with a tenant's view, as [`FleetModel::new`] says.
+    fn of(line: &Line<'_>, now_ms: i64, tenant: Option<&TenantView>) -> Row {
         let status = line.status;
+        let failed = || match tenant {
+            None => line.failed_resources(),
+            Some(tenant) => tenant
+                .failures(line.name, line.failed_resources())
+                .unwrap_or_default(),
+        };
+        let message = || match tenant {
+            None => message(line),
+            Some(tenant) => tenant.message(line.state, failed().len()),
+        };
         Row {
             name: line.name.to_string(),
             link: format!("/ui/clusters/{}", encode(line.name)),
             state: line.state.as_str(),
-            drifted: line.drifted(),
+            drifted: match tenant {
+                None => line.drifted(),
+                Some(tenant) => line
+                    .drift()
+                    .iter()
+                    .any(|drift| tenant.owns_remaining(line.name, drift)),
+            },
             wave: line.wave.map(str::to_string),
             groups: line.groups.to_vec(),
             applied: status
@@ -277,9 +295,9 @@ impl Row {
             last_seen: ago(line.silent_for_seconds(now_ms)),
             detail: match line.state {
                 ClusterState::Failed => {
-                    let failed = line.failed_resources();
+                    let failed = failed();
                     if failed.is_empty() {
-                        message(line)
+                        message()
                     } else {
                         failed.join("; ")
                     }
@@ -293,7 +311,7 @@ impl Row {
                     None => format!("to apply {}", short(line.desired.as_str())),
                 },
                 ClusterState::NeverSeen => "no report yet".to_string(),
-                _ => message(line),
+                _ => message(),
             },
         }
     }
@@ -399,12 +417,23 @@ pub struct FleetModel {
 }
 
 impl FleetModel {
-    /// Keeps the drifted resources `keep` accepts (a tenant's token sees its own).
-    pub fn retain_drift(&mut self, mut keep: impl FnMut(&str, &Drift) -> bool) {
-        self.drift.retain(|row| keep(&row.cluster, &row.drift));
-    }
-
-    pub fn new(lines: &[Line<'_>], query: &FleetQuery, now_ms: i64) -> FleetModel {
+    /// The page of `lines`; with a tenant's view, as the tenant sees them: each
+    /// cluster's failures and drift only those of its resources (a cluster is drifted
+    /// when one of them is), and the tenant's message in place of the agent's
+    /// ([`TenantView::message`]).
+    pub fn new(
+        lines: &[Line<'_>],
+        query: &FleetQuery,
+        now_ms: i64,
+        tenant: Option<&TenantView>,
+    ) -> FleetModel {
+        let drifted_line = |line: &Line<'_>| match tenant {
+            None => line.drifted(),
+            Some(tenant) => line
+                .drift()
+                .iter()
+                .any(|drift| tenant.owns_remaining(line.name, drift)),
+        };
         let counts = Counts::of(lines);
         let mut by_group: BTreeMap<&str, Counts> = BTreeMap::new();
         for line in lines {
@@ -428,7 +457,7 @@ impl FleetModel {
             .filter(|l| state.is_none_or(|s| s == Some(l.state)))
             .filter(|l| query.group.is_empty() || l.groups.contains(&query.group))
             .filter(|l| name.is_empty() || l.name.contains(name))
-            .filter(|l| !query.drifted_only() || l.drifted())
+            .filter(|l| !query.drifted_only() || drifted_line(l))
             .map(|l| (l.attention_key(now_ms), l))
             .collect();
         let pages = matching.len().div_ceil(PAGE_SIZE).max(1);
@@ -446,9 +475,9 @@ impl FleetModel {
         rest[..end - start].sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let rows = matching[start..end]
             .iter()
-            .map(|(_, line)| Row::of(line, now_ms))
+            .map(|(_, line)| Row::of(line, now_ms, tenant))
             .collect();
-        let mut drifted: Vec<&Line<'_>> = lines.iter().filter(|l| l.drifted()).collect();
+        let mut drifted: Vec<&Line<'_>> = lines.iter().filter(|l| drifted_line(l)).collect();
         drifted.sort_unstable_by_key(|l| l.name);
         let drift = drifted
             .iter()
@@ -458,6 +487,7 @@ impl FleetModel {
                 line.drift()
                     .into_iter()
                     .filter(Drift::remains)
+                    .filter(|drift| tenant.is_none_or(|t| t.owns(line.name, drift)))
                     .map(move |drift| DriftRow {
                         cluster: line.name.to_string(),
                         link: link.clone(),
