@@ -181,27 +181,9 @@ async fn tokens_decide_who_reads_what() {
     assert_eq!(status, 403);
 
     // Revoking with the command line while the hub runs: 401 from then on.
-    let id = listing
-        .lines()
-        .find(|l| l.contains("cluster red"))
-        .and_then(|l| l.split_whitespace().next())
-        .expect("an id")
-        .to_string();
-    let (ok, stdout, stderr) = flotilla(&["token", "revoke", &id, "--state-dir", &state_arg]);
-    assert!(ok, "{stderr}");
-    assert!(stdout.contains(&id));
-    eventually(
-        "the revoked token to be refused",
-        Duration::from_secs(2),
-        || {
-            let (client, url, red) = (&client, &red_url, &red);
-            async move {
-                let (status, _, _) = get_bundle(client, url, red, None).await;
-                (status == 401).then_some(())
-            }
-        },
-    )
-    .await;
+    let id = revoke_red(&state_arg);
+    assert!(listing.contains(&id));
+    until_refused(&client, &red_url, &red).await;
     assert_eq!(
         metric(
             &client,
@@ -822,4 +804,69 @@ async fn serves_https_when_given_a_certificate() {
     verify_document(&body, Some("red")).expect("verified over TLS");
     let _ = stop.send(());
     task.await.expect("task").expect("TLS server stops cleanly");
+}
+
+/// A long-poll held when its token is revoked gets no bundle when the change comes
+/// (the token was checked when the poll began, minutes before, maybe): 401.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_whose_token_is_revoked_meanwhile_gets_no_bundle() {
+    let repo = Repo::new();
+    let state = tempfile::tempdir().expect("state dir");
+    let state_arg = state.path().display().to_string();
+    let token = make_token(state.path(), Some("red")).await;
+    let hub = Running::start_ready(config(state.path(), &repo.path().display().to_string())).await;
+    let client = client();
+    let url = hub.url("/v1/clusters/red/bundle");
+    let (_, etag, _) = get_bundle(&client, &url, &token, None).await;
+    let etag = etag.expect("an ETag");
+    let poll = tokio::spawn({
+        let (client, url, token, etag) = (client.clone(), url.clone(), token.clone(), etag.clone());
+        async move { get_bundle(&client, &format!("{url}?wait=30s"), &token, Some(&etag)).await }
+    });
+    eventually("the long-poll to be held", Duration::from_secs(5), || {
+        let client = &client;
+        let base = &hub.base;
+        async move { (metric(client, base, "flotilla_long_polls_held").await == 1.0).then_some(()) }
+    })
+    .await;
+    revoke_red(&state_arg);
+    until_refused(&client, &url, &token).await;
+    let overlay = repo
+        .read("overlays/demo/kuard-red.yaml")
+        .replace("newTag: red", "newTag: crimson");
+    repo.write("overlays/demo/kuard-red.yaml", &overlay);
+    repo.commit("red turns crimson");
+    let (status, _, body) = poll.await.expect("the long-poll's task");
+    assert_eq!(status, 401, "{}", String::from_utf8_lossy(&body));
+    hub.stop().await;
+}
+
+/// Until the hub refuses `token` for `url` (a revocation taken), within 5 s.
+async fn until_refused(client: &reqwest::Client, url: &str, token: &str) {
+    eventually(
+        "the revoked token to be refused",
+        Duration::from_secs(5),
+        || async move {
+            let (status, _, _) = get_bundle(client, url, token, None).await;
+            (status == 401).then_some(())
+        },
+    )
+    .await;
+}
+
+/// Revokes cluster red's token with the command line (`token list`, then `token
+/// revoke` of its id); the id.
+fn revoke_red(state_arg: &str) -> String {
+    let (ok, listing, _) = flotilla(&["token", "list", "--state-dir", state_arg]);
+    assert!(ok);
+    let id = listing
+        .lines()
+        .find(|l| l.contains("cluster red"))
+        .and_then(|l| l.split_whitespace().next())
+        .expect("an id")
+        .to_string();
+    let (ok, stdout, stderr) = flotilla(&["token", "revoke", &id, "--state-dir", state_arg]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains(&id));
+    id
 }

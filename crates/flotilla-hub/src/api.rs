@@ -684,6 +684,13 @@ async fn current_bundle(
             .hold(&cluster, gates.limits.max_polls_per_cluster);
         match wait_for_change(shared, &cluster, value, wait, &held).await {
             Change::Changed(newer) => {
+                // The token was checked when the poll began, minutes ago maybe: one
+                // revoked since gets no bundle.
+                shared
+                    .recorder
+                    .grant_with_id(headers.get(AUTHORIZATION))
+                    .await
+                    .map_err(|err| ApiError::new(StatusCode::UNAUTHORIZED, err.message()))?;
                 // What it changed to may need a feature the agent lacks.
                 if let Some(named) = named {
                     let missing = missing_features(shared, &newer, named).await?;
