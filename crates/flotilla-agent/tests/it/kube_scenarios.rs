@@ -441,6 +441,53 @@ async fn prune_deletes_what_flotilla_created_and_leaves_what_it_adopted() {
     assert!(fake.get("v1", "Namespace", "", "demo").is_some());
 }
 
+/// A prune cut short (a delete refused with 503) is tried again with the same list:
+/// an adopted object it left in place the first time is left in place again, never
+/// taken for flotilla's because its record went with the first try.
+#[tokio::test(start_paused = true)]
+async fn an_adopted_object_stays_after_a_prune_that_was_cut_short_is_tried_again() {
+    let fake = FakeApiServer::new();
+    fake.insert(kube_namespace("demo"), "kubectl");
+    fake.insert(cm("theirs", "1"), "kubectl");
+    let mut sink = sink(&fake, options());
+    let first = bundle(
+        "edge-1",
+        vec![
+            kube_namespace("demo"),
+            cm("theirs", "1"),
+            cm("other", "1"),
+            cm("mine", "1"),
+        ],
+    );
+    assert!(sink.apply(&first, &[]).await.complete);
+    let second = bundle("edge-1", vec![kube_namespace("demo"), cm("kept", "1")]);
+    let gone = prune_list(&first, &second);
+    // Pruned in reverse apply order: `theirs` is left in place, then `other`'s
+    // delete is refused and the prune stops.
+    fake.fail(
+        Fault::status(503, "ServiceUnavailable", "try again").on("DELETE", "configmaps/other"),
+    );
+    let cut_short = sink.apply(&second, &gone).await;
+    assert!(!cut_short.complete, "{cut_short:#?}");
+    assert_eq!(
+        line(&cut_short, "ConfigMap", "theirs").0,
+        ResourceState::Applied
+    );
+    assert!(fake.get("v1", "ConfigMap", "demo", "theirs").is_some());
+    // The agent keeps its inventory of before and tries again.
+    let again = sink.apply(&second, &gone).await;
+    assert!(again.complete, "{again:#?}");
+    let (state, message) = line(&again, "ConfigMap", "theirs");
+    assert_eq!(state, ResourceState::Applied, "{message}");
+    assert!(
+        message.contains("existed before flotilla first applied it"),
+        "{message}"
+    );
+    assert!(fake.get("v1", "ConfigMap", "demo", "theirs").is_some());
+    assert!(fake.get("v1", "ConfigMap", "demo", "other").is_none());
+    assert!(fake.get("v1", "ConfigMap", "demo", "mine").is_none());
+}
+
 #[tokio::test(start_paused = true)]
 async fn namespaces_and_definitions_are_pruned_only_when_allowed_and_unused() {
     let fake = FakeApiServer::new();

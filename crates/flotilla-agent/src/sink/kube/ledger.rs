@@ -206,7 +206,8 @@ impl Ledger {
         }
     }
 
-    /// Keeps only the entries of `bundle` and `kept`: what a complete apply leaves.
+    /// Keeps only the entries of `bundle` and `kept`: the objects still listed
+    /// somewhere after this apply (every candidate for prune it did not delete).
     pub fn settle(&mut self, bundle: &Bundle, kept: &[InventoryEntry]) {
         let keys: std::collections::HashSet<ResourceKey> = bundle
             .resources

@@ -561,9 +561,26 @@ impl KubeSink {
             prune_held = outcome.held;
             note = outcome.note.or(note);
         } else {
-            retained = candidates;
+            retained = candidates.clone();
         }
-        ledger.settle(bundle, &retained);
+        // The cluster's record keeps every object still listed anywhere: the
+        // bundle's, and each candidate not deleted, one left in place (adopted, still
+        // pending) included. The state folder's inventory drops such an object only
+        // once an apply is complete; until then (an apply cut short, or the agent
+        // stopped before it wrote its inventory) the object is a candidate again,
+        // and its record is what keeps the next prune from taking it for one
+        // flotilla made. The record goes with the next apply after that.
+        let deleted: std::collections::HashSet<&ResourceKey> = pruned
+            .iter()
+            .filter(|status| status.state == ResourceState::Pruned)
+            .map(ResourceStatus::key)
+            .collect();
+        let known: Vec<InventoryEntry> = candidates
+            .iter()
+            .filter(|entry| !deleted.contains(entry.key()))
+            .cloned()
+            .collect();
+        ledger.settle(bundle, &known);
         self.ledger = Some(ledger);
         let saved = self.save_ledger(&self.api.unstoppable()).await;
 
