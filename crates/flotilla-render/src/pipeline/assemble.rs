@@ -341,7 +341,7 @@ pub(super) fn assemble(
     done.errors
         .extend(unsealed_secrets(fleet, cluster, &ranked));
     if !units.context.sops_secrets.is_empty() {
-        let found = secrets_outside_secrets(units.context.sops_secrets, cluster, &ranked);
+        let found = secrets_outside_secrets(units.context.sops_secrets, fleet, cluster, &ranked);
         beyond_inputs |= !found.is_empty();
         done.errors.extend(found);
     }
@@ -633,19 +633,31 @@ fn schema_problems(
 
 /// A warning for each resource that is not a Secret but holds a value decrypted from
 /// a SOPS file: it travels and is stored in plain text. Names the SOPS file, the
-/// resource (at its file and line) and the field.
+/// resource (at its file and line) and the field. A tenant's resource is looked at
+/// for the values of its own files and the platform's only: a warning about another
+/// tenant's value would tell it, line by line, whether a guess was right.
 fn secrets_outside_secrets(
     secrets: &[crate::sops::SopsSecret],
+    fleet: &Fleet,
     cluster: &Cluster,
     ranked: &[Ranked<'_>],
 ) -> Vec<Diagnostic> {
     let mut found = Vec::new();
-    for (_, item, _) in ranked {
+    for (_, item, workload) in ranked {
         if item.resource.key.kind() == "Secret" && item.resource.key.group().is_empty() {
             continue;
         }
+        let tenant = fleet
+            .workloads
+            .get(*workload)
+            .and_then(|w| w.tenant)
+            .and_then(|t| fleet.tenants.get(t))
+            .map(|t| t.name.as_str());
         let canonical = &item.resource.canonical;
         for secret in secrets {
+            if tenant.is_some() && secret.tenant.is_some() && secret.tenant.as_deref() != tenant {
+                continue;
+            }
             let needle = secret.escaped.as_bytes();
             if needle.is_empty() || !canonical.windows(needle.len()).any(|w| w == needle) {
                 continue;

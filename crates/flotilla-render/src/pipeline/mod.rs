@@ -52,6 +52,9 @@ use crate::{helm, release, rollouts};
 struct HelmContext<'a> {
     cache: release::ReleaseCache,
     settings: release::ReleaseSettings<'a>,
+    /// The hashing of each tenant's releases, by the tenant's index (the platform's
+    /// is in `settings`).
+    tenant_hashings: &'a [crate::seal::SecretHashing],
     release_template: Vec<Option<usize>>,
     /// The capabilities of every cluster whose file names no `spec.kubernetes`,
     /// made once for the render.
@@ -145,13 +148,26 @@ pub(crate) fn render_inner(
             Some(template_paths.len() - 1)
         })
         .collect();
-    let hashing = crate::seal::SecretHashing::new(
-        sops_secrets
-            .iter()
-            .map(|s| (s.escaped.as_str(), s.file.as_str())),
-        &snapshot.hash_keys,
-    );
+    // What `sha256sum` keys over: for the platform's releases every decrypted value,
+    // for a tenant's those of its own files and the platform's (never another
+    // tenant's, whose presence in a text would show as a keyed digest).
+    let hashing_for = |tenant: Option<&str>| {
+        crate::seal::SecretHashing::new(
+            sops_secrets
+                .iter()
+                .filter(|s| tenant.is_none() || s.tenant.is_none() || s.tenant.as_deref() == tenant)
+                .map(|s| (s.escaped.as_str(), s.file.as_str())),
+            &snapshot.hash_keys,
+        )
+    };
+    let hashing = hashing_for(None);
+    let tenant_hashings: Vec<crate::seal::SecretHashing> = fleet
+        .tenants
+        .iter()
+        .map(|t| hashing_for(Some(t.name.as_str())))
+        .collect();
     let helm = HelmContext {
+        tenant_hashings: &tenant_hashings,
         cache: release::ReleaseCache::new(!options.helm_without_stencils),
         settings: release::ReleaseSettings {
             seed: options.helm_seed.as_ref().unwrap_or(&release::PUBLIC_SEED),
@@ -403,6 +419,7 @@ pub(crate) fn render_inner(
         kept,
         diagnostics,
     );
+    without_decrypted_values(&mut output.diagnostics, &sops_secrets);
     output.rollouts = rollout_plan;
     output.generated_from_public_seed = generated_from_public_seed;
     output.helm_stencil_releases = helm.cache.stencil_releases();
@@ -496,5 +513,42 @@ impl<K: std::hash::Hash + Eq + Clone + Default> Interner<K> {
             table[id] = key;
         }
         table
+    }
+}
+
+/// What stands in a message for a value decrypted from a SOPS file.
+pub const DECRYPTED_VALUE: &str = "(a decrypted value)";
+
+/// Every decrypted value (as found in the SOPS files, and as written inside a JSON
+/// string) in the messages of `diagnostics` replaced by [`DECRYPTED_VALUE`]. Errors
+/// quote what they stumble on, as Helm's and Go's do (`unsupported map key … value:
+/// <the text>`, `parsing time "<the text>"`): a render error is kept by the hub and
+/// shown on its page, so a value must never be in one. Values shorter than
+/// [`crate::sops::MIN_TRACKED_SECRET`] are not looked for, as they are not outside
+/// Secrets (they would match by chance).
+fn without_decrypted_values(diagnostics: &mut [Diagnostic], secrets: &[crate::sops::SopsSecret]) {
+    if secrets.is_empty() || diagnostics.is_empty() {
+        return;
+    }
+    let mut values: Vec<String> = secrets
+        .iter()
+        .filter_map(|s| serde_json::from_str::<String>(&format!("\"{}\"", s.escaped)).ok())
+        .chain(secrets.iter().map(|s| s.escaped.clone()))
+        .filter(|v| !v.is_empty())
+        .collect();
+    values.sort_unstable();
+    values.dedup();
+    // The longest value where several start at one place.
+    let Ok(finder) = aho_corasick::AhoCorasick::builder()
+        .match_kind(aho_corasick::MatchKind::LeftmostLongest)
+        .build(&values)
+    else {
+        return;
+    };
+    for diagnostic in diagnostics {
+        if finder.is_match(&diagnostic.message) {
+            diagnostic.message =
+                finder.replace_all(&diagnostic.message, &vec![DECRYPTED_VALUE; values.len()]);
+        }
     }
 }

@@ -277,8 +277,22 @@ fn render_release(
             &own
         }
     };
+    // A tenant's release hashes over its own decrypted values and the platform's.
+    let tenant_settings;
+    let settings = match workload.tenant.and_then(|t| helm.tenant_hashings.get(t)) {
+        Some(hashing) => {
+            tenant_settings = release::ReleaseSettings {
+                seed: helm.settings.seed,
+                hashing,
+                now: helm.settings.now,
+                budget: helm.settings.budget.clone(),
+            };
+            &tenant_settings
+        }
+        None => &helm.settings,
+    };
     let (outcome, per_cluster) = helm.cache.render(
-        &helm.settings,
+        settings,
         (&workload.name, release),
         &cluster.name,
         &values,

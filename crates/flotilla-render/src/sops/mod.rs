@@ -238,6 +238,7 @@ pub fn open_snapshot<'a>(
         SopsKeys::Open(keys) if keys.has_tenant_keys() => Some(Owners::of(tenants)),
         _ => None,
     };
+    let tenant_of = Owners::of(tenants);
     for (path, text) in &snapshot.files {
         let json = path.ends_with(".json");
         if !(json || path.ends_with(".yaml") || path.ends_with(".yml")) || !looks_like_sops(text) {
@@ -266,6 +267,7 @@ pub fn open_snapshot<'a>(
                                 .map(|v| SopsSecret {
                                     escaped: escaped(&v),
                                     file: path.clone(),
+                                    tenant: tenant_of.owner(path).map(str::to_string),
                                 }),
                         );
                         plain
@@ -833,6 +835,11 @@ pub struct SopsSecret {
     /// As it appears inside a JSON string (escaped), for searching canonical JSON.
     pub escaped: String,
     pub file: String,
+    /// The tenant whose workload folder holds the file (`None`: the platform's).
+    /// Only that tenant's workloads (and the platform's) may read it, so only
+    /// their resources and hashes are looked at for its values: what is found
+    /// there must not tell another tenant whether its own text holds one.
+    pub tenant: Option<String>,
 }
 
 /// The shortest decrypted value looked for outside Secrets: shorter ones (`true`,

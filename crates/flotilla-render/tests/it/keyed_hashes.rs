@@ -270,3 +270,125 @@ fn helm_sha256sum_over_a_sops_value_is_keyed_and_over_others_is_helms() {
         secret_sum
     );
 }
+
+/// A tenant's chart hashes over its own decrypted values and the platform's only:
+/// `sha256sum` of a text holding another tenant's value is Helm's plain digest, so
+/// that whether a digest comes out keyed tells the tenant nothing of another's
+/// values (a guess hashed in its own chart would otherwise say, by the form of its
+/// digest, whether it was right).
+#[test]
+fn a_tenants_sha256sum_is_not_keyed_by_another_tenants_values() {
+    use sha2::Digest as _;
+    let (identity_text, recipient) = identity();
+    let mut files = helm_fleet(sops_password(&recipient));
+    let tenant = |name: &str, spec: &str| {
+        (
+            format!("tenants/{name}.yaml"),
+            format!("{HEADER}kind: Tenant\nmetadata:\n  name: {name}\nspec:\n{spec}"),
+        )
+    };
+    files.extend([
+        tenant(
+            "team-a",
+            "  workloads: [web]\n  namespaces: [web]\n  sharedPaths: [\"charts/web/**\"]\n",
+        ),
+        tenant("team-b", "  workloads: [guess]\n  namespaces: [guess]\n"),
+        (
+            "workloads/guess/workload.yaml".to_string(),
+            format!(
+                "{HEADER}kind: Workload\nmetadata:\n  name: guess\nspec:\n  namespace: guess\n  targets:\n    - clusterSelector: {{}}\n  helm:\n    chart: chart\n"
+            ),
+        ),
+        (
+            "workloads/guess/chart/Chart.yaml".to_string(),
+            "apiVersion: v2\nname: guess\nversion: 1.0.0\n".to_string(),
+        ),
+        (
+            "workloads/guess/chart/templates/guess.yaml".to_string(),
+            format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: guess\ndata:\n  digest: {{{{ sha256sum \"{PASSWORD}\" }}}}\n"
+            ),
+        ),
+    ]);
+    let output = render(&files, &identity_text);
+    let guessed = output.bundles["shop"]
+        .resources
+        .iter()
+        .find(|r| r.key.kind() == "ConfigMap" && r.key.name() == "guess")
+        .map(|r| r.value())
+        .expect("the guess");
+    let plain: String = sha2::Sha256::digest(PASSWORD.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(guessed["data"]["digest"], plain.as_str());
+    // team-a's own checksum over its value stays keyed.
+    let annotations = resource_named(&output, "Deployment", "web")["spec"]["template"]["metadata"]
+        ["annotations"]
+        .clone();
+    let secret_text = {
+        use base64::Engine as _;
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: web\ndata:\n  password: {}\n",
+            base64::engine::general_purpose::STANDARD.encode(PASSWORD)
+        )
+    };
+    let helms: String = sha2::Sha256::digest(secret_text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let keyed = annotations["checksum/secret"].as_str().expect("a checksum");
+    assert_eq!(keyed.len(), 64);
+    assert_ne!(keyed, helms);
+}
+
+fn resource_named(output: &RenderOutput, kind: &str, name: &str) -> Value {
+    output.bundles["shop"]
+        .resources
+        .iter()
+        .find(|r| r.key.kind() == kind && r.key.name() == name)
+        .map(|r| r.value())
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+/// A render error that quotes a value decrypted from a SOPS file (a chart's `fail`
+/// here; Helm's and Go's own messages quote what they stumble on too) holds the
+/// words `(a decrypted value)` where the value was: the hub keeps render errors and
+/// shows them on its page.
+#[test]
+fn a_render_error_never_quotes_a_decrypted_value() {
+    let (identity_text, recipient) = identity();
+    let mut files = helm_fleet(sops_password(&recipient));
+    files.push((
+        "charts/web/templates/check.yaml".to_string(),
+        "{{ fail (printf \"the password %s is too weak\" .Values.password) }}\n".to_string(),
+    ));
+    let keys = DecryptionKeys::from_identity_file(&identity_text).expect("a key");
+    let options = RenderOptions {
+        sops: SopsKeys::Open(Arc::new(keys)),
+        ..RenderOptions::default()
+    };
+    let snapshot = FleetSnapshot::from_files(files.iter().map(|(p, t)| (p.as_str(), t.as_str())));
+    let output = render_with(&snapshot, &options);
+    let errors: Vec<String> = output.errors().map(ToString::to_string).collect();
+    assert!(!errors.is_empty(), "the chart fails");
+    assert!(errors.iter().all(|e| !e.contains(PASSWORD)), "{errors:#?}");
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("the password (a decrypted value) is too weak")),
+        "{errors:#?}"
+    );
+}
+
+/// The values file `{"password": PASSWORD}`, its password encrypted to `recipient`.
+fn sops_password(recipient: &AgentKey) -> String {
+    SopsWriter::new([1; 32], 1_700_000_000)
+        .encrypt_also(
+            &json!({"password": PASSWORD}),
+            recipient,
+            "values",
+            &["password".to_string()],
+        )
+        .expect("encrypts")
+}

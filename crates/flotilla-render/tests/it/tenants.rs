@@ -685,6 +685,60 @@ fn each_tenants_sops_files_open_only_with_its_own_identities() {
     assert!(output.bundles.contains_key("south") && output.bundles.contains_key("east"));
 }
 
+/// The warning that a decrypted value is outside a Secret looks, in a tenant's
+/// resources, only for the values of that tenant's own SOPS files (and the
+/// platform's): one about another tenant's value would tell the tenant, field by
+/// field, whether a guess of it was right. The platform's resources are looked at
+/// for every value.
+#[test]
+fn a_tenants_resources_are_not_searched_for_another_tenants_decrypted_values() {
+    use flotilla_render::sops::{DecryptionKeys, SopsKeys};
+    let (identity, recipient) = identity();
+    let mut keys = DecryptionKeys::default();
+    keys.add_identity_file(&identity).expect("platform");
+    let options = flotilla_render::RenderOptions {
+        sops: SopsKeys::Open(std::sync::Arc::new(keys)),
+        ..Default::default()
+    };
+    // team-a's Secret holds `shop-secret-value`; team-b's ConfigMap and the
+    // platform's hold the same text, as a guess would.
+    let guess = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\ndata:\n  guess: shop-secret-value\n"
+        )
+    };
+    let files = with(
+        base(),
+        vec![
+            sops_secret("shop", "team-a", &recipient),
+            ("workloads/till/manifests/till.yaml".into(), guess("till")),
+            (
+                "workloads/agent/manifests/agent.yaml".into(),
+                guess("agent"),
+            ),
+        ],
+    );
+    let snapshot = FleetSnapshot::from_files(files.iter().map(|(p, t)| (p.as_str(), t.as_str())));
+    let output = flotilla_render::render_with(&snapshot, &options);
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+    let about_shops_value: Vec<&Diagnostic> = output
+        .warnings()
+        .filter(|w| w.message.contains("workloads/shop/manifests/key.yaml"))
+        .collect();
+    assert!(
+        about_shops_value
+            .iter()
+            .all(|w| w.cluster.as_deref() != Some("south")),
+        "team-b is told nothing of team-a's value: {about_shops_value:#?}"
+    );
+    assert!(
+        about_shops_value
+            .iter()
+            .any(|w| w.cluster.as_deref() == Some("east")),
+        "the platform's ConfigMap is warned about: {about_shops_value:#?}"
+    );
+}
+
 /// `(workload, kind, namespace, name)` of each resource of a cluster's bundle.
 fn contents(output: &RenderOutput, cluster: &str) -> Vec<(String, String, String, String)> {
     let bundle = &output.bundles[cluster];
