@@ -386,9 +386,9 @@ async fn an_agent_restarted_on_a_static_server_with_etags_polls_with_its_etag_ag
 }
 
 /// An agent restarted with `--trust-key` on a folder (without deltas) that still holds
-/// the unsigned document it runs judges that document again at its first poll, and
-/// reports that it refuses it (while it keeps running it), rather than taking the
-/// folder's sha256 for "nothing changed".
+/// the unsigned document it runs judges that document again, and reports that it
+/// refuses it, rather than taking the folder's sha256 for "nothing changed"; nor
+/// does it apply the stored bundle at boot under flags that refuse it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_restarted_with_a_trusted_key_judges_the_folders_document_again() {
     use flotilla_core::signing::{SigningKey, TrustedKeys};
@@ -402,6 +402,10 @@ async fn an_agent_restarted_with_a_trusted_key_judges_the_folders_document_again
     let mut agent = start_agent(server.clone(), state.path(), target.path());
     agent.applied(&v1.digest).await;
     agent.stop().await;
+    // What the boot apply of the stored bundle would write again.
+    for name in yaml_names(target.path()) {
+        std::fs::remove_file(target.path().join(name)).expect("removes");
+    }
 
     let mut config = AgentConfig::new(server, CLUSTER, state.path().to_path_buf());
     config.wait = Wait::Fixed(Duration::from_millis(100));
@@ -418,6 +422,12 @@ async fn an_agent_restarted_with_a_trusted_key_judges_the_folders_document_again
         "it keeps running it"
     );
     assert!(report.message.contains("signed"), "{}", report.message);
+    // Nor was it applied again at boot, under flags that refuse it.
+    assert!(
+        yaml_names(target.path()).is_empty(),
+        "{:?}",
+        yaml_names(target.path())
+    );
     agent.stop().await;
 }
 

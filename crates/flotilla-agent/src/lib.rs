@@ -331,11 +331,31 @@ impl<S: Sink> Agent<S> {
                 .map_or_else(Weak::new, Arc::downgrade),
             attempts: report_tx.subscribe(),
         };
+        // With `--trust-key` or tenant rules, which may have changed since the stored
+        // bundle was taken, it is judged again before it is applied at boot: one they
+        // refuse is not applied (nor kept in line by drift checks), and the refusal
+        // is reported; the agent waits for a bundle they accept.
+        let refused_at_boot = match &poller.document {
+            Some(document) if judged_again => match poller.judge(document, None) {
+                Verdict::Refused(claimed, message) => Some((claimed, message)),
+                _ => None,
+            },
+            _ => None,
+        };
         let poller = tokio::spawn(poller.run());
 
-        let last_report = stored
+        let mut last_report = stored
             .map(|s| s.report)
             .unwrap_or_else(|| StatusReport::empty("starting; no bundle yet", AGENT_VERSION));
+        let desired = match refused_at_boot {
+            Some((claimed, message)) => {
+                tracing::error!("{message}");
+                last_report.attempted = claimed.or(last_report.attempted.take());
+                last_report.message = message;
+                None
+            }
+            None => last_known_good,
+        };
         // What the next prune needs of the bundle last applied, offline too.
         if let Some(applied) = state.load_applied(&config.cluster, inventory.applied.as_ref()) {
             match identity.open(&applied) {
@@ -350,7 +370,7 @@ impl<S: Sink> Agent<S> {
             sink,
             state: &state,
             inventory,
-            desired: last_known_good,
+            desired,
             report: Arc::new(last_report),
             report_tx,
             observers: reports,
