@@ -274,6 +274,7 @@ impl<S: Sink> Agent<S> {
         // Made once the command line is known good, before the hub is asked anything.
         let (identity, made) = sealed::AgentIdentity::load_or_make(&state)?;
         announce_key(&config.cluster, &identity, made);
+        sink.keep_private(identity.private_key("release fingerprints"));
         tracing::info!(
             cluster = %config.cluster, server = %config.server,
             state_dir = %config.state_dir.display(),

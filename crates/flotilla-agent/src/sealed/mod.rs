@@ -65,6 +65,23 @@ impl AgentIdentity {
         }
     }
 
+    /// A key for `purpose` that only the holder of this identity can work out (a
+    /// hash of the identity's secret and the purpose).
+    pub fn private_key(&self, purpose: &str) -> [u8; 32] {
+        use age::secrecy::ExposeSecret as _;
+        let secret = self.identity.to_string();
+        let mut input = format!("flotilla.dev/v1 {purpose}\n").into_bytes();
+        input.extend_from_slice(secret.expose_secret().as_bytes());
+        let digest = flotilla_core::bundle::Digest::of(&input);
+        let hex = digest.hex().as_bytes();
+        let mut key = [0u8; 32];
+        for (i, byte) in key.iter_mut().enumerate() {
+            let nibble = |c: u8| (c as char).to_digit(16).unwrap_or(0) as u8;
+            *byte = nibble(hex[2 * i]) << 4 | nibble(hex[2 * i + 1]);
+        }
+        key
+    }
+
     /// The public key, `age1…`, for the cluster's `spec.agentKey`.
     pub fn recipient(&self) -> String {
         self.identity.to_public().to_string()

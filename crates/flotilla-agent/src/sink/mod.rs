@@ -80,6 +80,13 @@ pub trait Sink: Send {
     /// need not listen.
     fn watch_stop(&mut self, _stop: StopSignal) {}
 
+    /// Gives the sink a key only this agent holds (derived from its own age identity),
+    /// for what it keeps on the cluster about what it applied: nothing it records
+    /// there (a Helm release's fingerprint) is then a plain hash over a Secret's
+    /// values, which whoever reads ConfigMaps but not Secrets could test guesses
+    /// against.
+    fn keep_private(&mut self, _key: [u8; 32]) {}
+
     /// Tells the sink, before an apply, what the state folder's inventory lists: what
     /// flotilla applied through this sink before. A sink that keeps its own record
     /// takes it over when it has none yet.

@@ -97,7 +97,12 @@ impl Due<'_> {
 impl<'b> Hooks<'b> {
     /// The bundle's hooks, and which of them are due given what the ledger (as it was
     /// before this apply) says of each release.
-    pub fn plan(bundle: &'b Bundle, ledger: &Ledger) -> Hooks<'b> {
+    /// What is due for `bundle`'s releases, against their fingerprints in `ledger`.
+    /// With `key` (the agent's own, [`crate::sink::Sink::keep_private`]) a release's
+    /// fingerprint is keyed: it covers the release's opened Secrets, and a plain hash
+    /// of them, kept in a ConfigMap, would let a reader test guesses of their values.
+    /// A fingerprint an older agent kept without a key still counts as the same.
+    pub fn plan(bundle: &'b Bundle, ledger: &Ledger, key: Option<&[u8; 32]>) -> Hooks<'b> {
         let Some(meta) = bundle.meta.as_deref() else {
             return Hooks::default();
         };
@@ -131,9 +136,17 @@ impl<'b> Hooks<'b> {
         let releases = digests
             .into_iter()
             .map(|(release, text)| {
-                let fingerprint = Digest::of(text.as_bytes()).to_string();
+                let unkeyed = || Digest::of(text.as_bytes()).to_string();
+                let fingerprint = match key {
+                    Some(key) => {
+                        let mut keyed = key.to_vec();
+                        keyed.extend_from_slice(text.as_bytes());
+                        Digest::of(&keyed).to_string()
+                    }
+                    None => unkeyed(),
+                };
                 let change = match ledger.releases.get(release) {
-                    Some(last) if *last == fingerprint => None,
+                    Some(last) if *last == fingerprint || *last == unkeyed() => None,
                     Some(_) => Some(Change::Upgrade),
                     None if applied_before.contains(release) => Some(Change::Upgrade),
                     None => Some(Change::Install),
@@ -676,7 +689,7 @@ mod tests {
     fn a_release_is_installed_once_upgraded_when_it_changes_and_left_alone_otherwise() {
         let bundle = release(1);
         let mut ledger = Ledger::new("edge-1");
-        let hooks = Hooks::plan(&bundle, &ledger);
+        let hooks = Hooks::plan(&bundle, &ledger, None);
         let hook_names: Vec<&str> = bundle
             .resources
             .iter()
@@ -702,7 +715,7 @@ mod tests {
             .find(|r| r.key.name() == "web")
             .expect("web");
         ledger.record_apply(&InventoryEntry::of(web), true, Some("uid-1"));
-        let hooks = Hooks::plan(&bundle, &ledger);
+        let hooks = Hooks::plan(&bundle, &ledger, None);
         assert_eq!(
             due(&hooks, &bundle, When::Pre),
             names(&[("z-early", "pre-upgrade"), ("a-late", "pre-upgrade")])
@@ -719,11 +732,45 @@ mod tests {
         // Recorded as run to the end: nothing is due until the release changes.
         ledger.releases.extend(hooks.releases_of(&bundle, &all));
         assert_eq!(ledger.releases.len(), 1, "only web has hooks");
-        let hooks = Hooks::plan(&bundle, &ledger);
+        let hooks = Hooks::plan(&bundle, &ledger, None);
         assert!(due(&hooks, &bundle, When::Pre).is_empty());
         assert_eq!(hooks.idle_lines(&all).len(), 3);
         let changed = release(2);
-        let hooks = Hooks::plan(&changed, &ledger);
+        let hooks = Hooks::plan(&changed, &ledger, None);
         assert_eq!(due(&hooks, &changed, When::Pre).len(), 2);
+    }
+
+    /// With the agent's key a release's fingerprint is keyed (it covers the release's
+    /// opened Secrets): not the plain hash an older agent kept, which still counts as
+    /// the same release (no hook runs for the change of form), and is then replaced.
+    #[test]
+    fn a_release_fingerprint_is_keyed_and_an_older_unkeyed_one_still_matches() {
+        let bundle = release(1);
+        let all: Vec<&Arc<Resource>> = bundle.resources.iter().collect();
+        let mut ledger = Ledger::new("edge-1");
+        let unkeyed: Vec<(String, String)> =
+            Hooks::plan(&bundle, &ledger, None).releases_of(&bundle, &all);
+        let key = [7u8; 32];
+        let keyed: Vec<(String, String)> =
+            Hooks::plan(&bundle, &ledger, Some(&key)).releases_of(&bundle, &all);
+        assert_eq!(unkeyed.len(), 1);
+        assert_eq!(keyed.len(), 1);
+        assert_ne!(keyed[0].1, unkeyed[0].1, "keyed, not the plain hash");
+        let other: Vec<(String, String)> =
+            Hooks::plan(&bundle, &ledger, Some(&[8u8; 32])).releases_of(&bundle, &all);
+        assert_ne!(
+            keyed[0].1, other[0].1,
+            "another agent's key, another fingerprint"
+        );
+        // An older agent's fingerprint: nothing is due.
+        ledger.releases.extend(unkeyed);
+        let hooks = Hooks::plan(&bundle, &ledger, Some(&key));
+        assert!(due(&hooks, &bundle, When::Pre).is_empty());
+        assert!(due(&hooks, &bundle, When::Post).is_empty());
+        assert_eq!(
+            hooks.releases_of(&bundle, &all),
+            keyed,
+            "recorded keyed from now on"
+        );
     }
 }

@@ -376,6 +376,8 @@ pub struct KubeSink {
     /// The bundle last applied completely, when it has metadata: prune takes the phase
     /// of what left the bundle, and the delete hooks of a release that left, from it.
     last_applied: Option<Arc<Bundle>>,
+    /// The agent's own key ([`Sink::keep_private`]).
+    private_key: Option<[u8; 32]>,
 }
 
 impl std::fmt::Debug for KubeSink {
@@ -417,6 +419,7 @@ impl KubeSink {
             ledger: None,
             saved: None,
             applied_before: Vec::new(),
+            private_key: None,
             drift: drift::Tracker::default(),
             last_applied: None,
         }
@@ -508,7 +511,7 @@ impl KubeSink {
         }
         let candidates = self.prune_candidates(bundle, prune);
         let hooks = match &self.ledger {
-            Some(ledger) => hooks::Hooks::plan(bundle, ledger),
+            Some(ledger) => hooks::Hooks::plan(bundle, ledger, self.private_key.as_ref()),
             None => hooks::Hooks::default(),
         };
         if let Some(ledger) = &mut self.ledger {
@@ -799,6 +802,10 @@ fn nothing_applied(bundle: &Bundle, message: &dyn std::fmt::Display) -> ApplyOut
 impl Sink for KubeSink {
     fn id(&self) -> String {
         "kube".to_string()
+    }
+
+    fn keep_private(&mut self, key: [u8; 32]) {
+        self.private_key = Some(key);
     }
 
     fn apply<'a>(
