@@ -1188,6 +1188,10 @@ impl Host for SeededHost<'_> {
         self.hashing.sha256_hex(text)
     }
 
+    fn secret_key_for(&self, text: &str) -> Option<[u8; 32]> {
+        self.hashing.key_for(text)
+    }
+
     fn warn(&mut self, message: String) {
         self.warnings.push((self.template.clone(), message));
     }

@@ -351,6 +351,9 @@ impl Host for TemplateHost<'_> {
     fn sha256_hex(&self, text: &str) -> String {
         self.inner.sha256_hex(text)
     }
+    fn secret_key_for(&self, text: &str) -> Option<[u8; 32]> {
+        self.inner.secret_key_for(text)
+    }
     fn warn(&mut self, message: String) {
         self.inner.warn(message);
     }

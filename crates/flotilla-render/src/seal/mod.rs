@@ -363,6 +363,18 @@ impl SecretHashing {
 
     /// Sprig's `sha256sum` of `text`, keyed when it holds a decrypted value.
     pub fn sha256_hex(&self, text: &str) -> String {
+        match self.key_for(text) {
+            None => sha256_hex(text.as_bytes()),
+            Some(key) => keyed_hex(&key, text.as_bytes()),
+        }
+    }
+
+    /// The key to hash `text` with when it holds a decrypted value (those of the
+    /// files it holds values of, combined); `None` when it holds none.
+    pub fn key_for(&self, text: &str) -> Option<[u8; 32]> {
+        if self.needles.is_empty() {
+            return None;
+        }
         let mut keys: Vec<[u8; 32]> = self
             .needles
             .iter()
@@ -371,10 +383,7 @@ impl SecretHashing {
             .collect();
         keys.sort_unstable();
         keys.dedup();
-        match combined_hash_key(&keys) {
-            None => sha256_hex(text.as_bytes()),
-            Some(key) => keyed_hex(&key, text.as_bytes()),
-        }
+        combined_hash_key(&keys)
     }
 }
 

@@ -392,3 +392,46 @@ fn sops_password(recipient: &AgentKey) -> String {
         )
         .expect("encrypts")
 }
+
+/// Sprig's other digests (`sha1sum`, `sha512sum`, `adler32sum`) of a text holding a
+/// decrypted value are keyed too, each in its own form (40 and 128 hexadecimal
+/// digits, a decimal number); of other texts they are Sprig's.
+#[test]
+fn helms_other_digests_over_a_sops_value_are_keyed_and_over_others_are_sprigs() {
+    use sha2::Digest as _;
+    let (identity_text, recipient) = identity();
+    let template = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: digests\ndata:\n  sha1: {{ .Values.password | sha1sum | quote }}\n  sha512: {{ .Values.password | sha512sum | quote }}\n  adler32: {{ .Values.password | adler32sum | quote }}\n  plain: {{ \"level\" | sha1sum | quote }}\n";
+    let with_template = |values: String| {
+        let mut files = helm_fleet(values);
+        files.push((
+            "charts/web/templates/digests.yaml".to_string(),
+            template.to_string(),
+        ));
+        files
+    };
+    let digests = |output: &RenderOutput| {
+        let data = resource_named(output, "ConfigMap", "digests")["data"].clone();
+        ["sha1", "sha512", "adler32", "plain"]
+            .map(|k| data[k].as_str().expect("a digest").to_string())
+    };
+    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let sprig = [
+        hex(&sha1::Sha1::digest(PASSWORD.as_bytes())),
+        hex(&sha2::Sha512::digest(PASSWORD.as_bytes())),
+    ];
+    let plain = digests(&render(
+        &with_template(format!("password: {PASSWORD}\n")),
+        &identity_text,
+    ));
+    assert_eq!(plain[..2], sprig, "Sprig's digests of a plain value");
+    let opened = digests(&render(
+        &with_template(sops_password(&recipient)),
+        &identity_text,
+    ));
+    assert_ne!(opened[0], sprig[0]);
+    assert_ne!(opened[1], sprig[1]);
+    assert_ne!(opened[2], plain[2]);
+    assert_eq!((opened[0].len(), opened[1].len()), (40, 128));
+    assert!(opened[2].parse::<u32>().is_ok(), "{}", opened[2]);
+    assert_eq!(opened[3], plain[3], "a text without decrypted values");
+}

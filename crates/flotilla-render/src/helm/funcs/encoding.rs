@@ -210,11 +210,25 @@ pub fn b32dec(_: &mut dyn Host, args: &[Value]) -> FuncResult {
 
 use crate::seal::hex_lower as hex;
 
-pub fn sha1sum(_: &mut dyn Host, args: &[Value]) -> FuncResult {
+/// HMAC of `text` under `key` with the hash `D` (where a plain digest of a text
+/// holding a decrypted value would let its reader test guesses of the value).
+fn keyed<D>(key: &[u8; 32], text: &str) -> Vec<u8>
+where
+    D: sha2::Digest + sha2::digest::core_api::BlockSizeUser,
+{
+    use hmac::Mac as _;
+    let mut mac = hmac::SimpleHmac::<D>::new_from_slice(key).expect("any key length");
+    mac.update(text.as_bytes());
+    mac.finalize().into_bytes().to_vec()
+}
+
+pub fn sha1sum(host: &mut dyn Host, args: &[Value]) -> FuncResult {
     arity("sha1sum", args, 1)?;
-    Ok(Value::string(hex(&sha1::Sha1::digest(
-        string_param(&args[0])?.as_bytes(),
-    ))))
+    let text = string_param(&args[0])?;
+    Ok(Value::string(match host.secret_key_for(&text) {
+        Some(key) => hex(&keyed::<sha1::Sha1>(&key, &text)),
+        None => hex(&sha1::Sha1::digest(text.as_bytes())),
+    }))
 }
 
 pub fn sha256sum(host: &mut dyn Host, args: &[Value]) -> FuncResult {
@@ -222,17 +236,25 @@ pub fn sha256sum(host: &mut dyn Host, args: &[Value]) -> FuncResult {
     Ok(Value::string(host.sha256_hex(&string_param(&args[0])?)))
 }
 
-pub fn sha512sum(_: &mut dyn Host, args: &[Value]) -> FuncResult {
+pub fn sha512sum(host: &mut dyn Host, args: &[Value]) -> FuncResult {
     arity("sha512sum", args, 1)?;
-    Ok(Value::string(hex(&sha2::Sha512::digest(
-        string_param(&args[0])?.as_bytes(),
-    ))))
+    let text = string_param(&args[0])?;
+    Ok(Value::string(match host.secret_key_for(&text) {
+        Some(key) => hex(&keyed::<sha2::Sha512>(&key, &text)),
+        None => hex(&sha2::Sha512::digest(text.as_bytes())),
+    }))
 }
 
-/// Sprig's `adler32sum`: the Adler-32 checksum in decimal.
-pub fn adler32sum(_: &mut dyn Host, args: &[Value]) -> FuncResult {
+/// Sprig's `adler32sum`: the Adler-32 checksum in decimal (over a text holding a
+/// decrypted value, the first 32 bits of a keyed SHA-256 instead, in decimal too).
+pub fn adler32sum(host: &mut dyn Host, args: &[Value]) -> FuncResult {
     arity("adler32sum", args, 1)?;
     let s = string_param(&args[0])?;
+    if let Some(key) = host.secret_key_for(&s) {
+        let mac = keyed::<sha2::Sha256>(&key, &s);
+        let value = u32::from_be_bytes([mac[0], mac[1], mac[2], mac[3]]);
+        return Ok(Value::string(value.to_string()));
+    }
     let (mut a, mut b) = (1u32, 0u32);
     for byte in s.as_bytes() {
         a = (a + u32::from(*byte)) % 65521;

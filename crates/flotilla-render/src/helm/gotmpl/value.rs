@@ -277,6 +277,12 @@ pub trait Host {
     fn sha256_hex(&self, text: &str) -> String {
         crate::seal::sha256_hex(text.as_bytes())
     }
+    /// The key the other digests (`sha1sum`, `sha512sum`, `adler32sum`) are keyed
+    /// with over `text`, where the host knows it holds secret values.
+    fn secret_key_for(&self, text: &str) -> Option<[u8; 32]> {
+        let _ = text;
+        None
+    }
     /// A call that [`super::sites::check_call`] refused, in a render with stand-ins:
     /// the host may answer it with a stand-in of its own for the call's result, which
     /// it works out for each cluster (see [`super::sites::deferred_text`]); `None`
