@@ -180,9 +180,19 @@ impl Ledger {
         if self.entry(key).is_none() {
             self.intend(std::slice::from_ref(entry));
         }
+        // An object flotilla created under another identity (its API group or, for
+        // a cluster-scoped kind, the namespace of its key changed) stays flotilla's.
+        // (Looked for only when an object new to the ledger turns out to exist.)
+        let adopting = !created && self.entry(key).is_some_and(|e| e.origin == Origin::Pending);
+        let created_before = adopting
+            && uid.is_some_and(|uid| {
+                self.entries.iter().any(|e| {
+                    e.origin == Origin::Created && e.uid.as_deref() == Some(uid) && e.key() != *key
+                })
+            });
         if let Some(recorded) = self.entry_mut(key) {
             let replaced = recorded.uid.is_some() && recorded.uid.as_deref() != uid;
-            if created {
+            if created || (created_before && recorded.origin == Origin::Pending) {
                 recorded.origin = Origin::Created;
             } else if recorded.origin == Origin::Pending || replaced {
                 recorded.origin = Origin::Adopted;
@@ -361,6 +371,15 @@ mod tests {
         assert_eq!(origin(&ledger, "new"), Some(Origin::Adopted));
         ledger.record_apply(&entry("legacy"), false, Some("u3"));
         assert_eq!(origin(&ledger, "legacy"), Some(Origin::Unknown));
+        // The object flotilla created, found again under another identity (its API
+        // group changed): still flotilla's, not adopted.
+        ledger.record_apply(&entry("made"), true, Some("u5"));
+        let moved = InventoryEntry::new("example.com/v1", "ConfigMap", "demo", "made");
+        ledger.record_apply(&moved, false, Some("u5"));
+        assert_eq!(
+            ledger.entry(moved.key()).map(|e| e.origin),
+            Some(Origin::Created)
+        );
     }
 
     #[test]

@@ -550,11 +550,18 @@ impl KubeSink {
         let retained;
         let mut prune_held = None;
         if apply_errors == 0 && stopped_applying.is_none() {
-            let context = prune::Context::new(
+            let mut context = prune::Context::new(
                 bundle,
                 self.options.prune_namespaces_and_crds,
                 &self.ledger_namespace,
             );
+            // The objects this apply just applied, by uid: an old identity that
+            // names one of them is the same object under its new identity.
+            context.applied_uids = bundle
+                .resources
+                .iter()
+                .filter_map(|r| ledger.entry(&r.key)?.uid.clone())
+                .collect();
             let previous = self.last_applied.clone();
             let outcome = run
                 .prune_in_phases(&ledger, bundle, previous.as_deref(), &candidates, &context)
@@ -566,23 +573,29 @@ impl KubeSink {
         } else {
             retained = candidates.clone();
         }
-        // The cluster's record keeps every object still listed anywhere: the
-        // bundle's, and each candidate not deleted, one left in place (adopted, still
-        // pending) included. The state folder's inventory drops such an object only
-        // once an apply is complete; until then (an apply cut short, or the agent
-        // stopped before it wrote its inventory) the object is a candidate again,
-        // and its record is what keeps the next prune from taking it for one
-        // flotilla made. The record goes with the next apply after that.
-        let deleted: std::collections::HashSet<&ResourceKey> = pruned
-            .iter()
-            .filter(|status| status.state == ResourceState::Pruned)
-            .map(ResourceStatus::key)
-            .collect();
-        let known: Vec<InventoryEntry> = candidates
-            .iter()
-            .filter(|entry| !deleted.contains(entry.key()))
-            .cloned()
-            .collect();
+        // An apply cut short keeps the cluster's record of every candidate it did
+        // not delete, one left in place (adopted, still pending) included: the state
+        // folder's inventory still lists it, so it is a candidate again, and its
+        // record is what keeps the next prune from taking it for one flotilla made.
+        // A complete apply keeps only what it retained, as the inventory does.
+        let cut_short = apply_errors > 0
+            || stopped_applying.is_some()
+            || run.stopped.is_some()
+            || prune_held.is_some();
+        let known: Vec<InventoryEntry> = if cut_short {
+            let deleted: std::collections::HashSet<&ResourceKey> = pruned
+                .iter()
+                .filter(|status| status.state == ResourceState::Pruned)
+                .map(ResourceStatus::key)
+                .collect();
+            candidates
+                .iter()
+                .filter(|entry| !deleted.contains(entry.key()))
+                .cloned()
+                .collect()
+        } else {
+            retained.clone()
+        };
         ledger.settle(bundle, &known);
         self.ledger = Some(ledger);
         let saved = self.save_ledger(&self.api.unstoppable()).await;

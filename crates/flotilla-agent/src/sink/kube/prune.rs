@@ -31,10 +31,9 @@ pub(crate) struct Context<'a> {
     pub namespaces_in_use: HashSet<&'a str>,
     /// (group, kind) of every resource of the bundle.
     pub kinds_in_use: HashSet<(&'a str, &'a str)>,
-    /// (kind, namespace, name) of every resource of the bundle, whatever its group.
-    pub applied: HashSet<(&'a str, &'a str, &'a str)>,
-    /// (kind, name) of every resource of the bundle.
-    pub applied_names: HashSet<(&'a str, &'a str)>,
+    /// The uids of the objects the bundle's resources were applied to (as the
+    /// ledger records them after the apply).
+    pub applied_uids: HashSet<String>,
     /// `--prune-namespaces-and-crds`.
     pub allow_namespaces_and_crds: bool,
     /// Where the ledger lives; never pruned.
@@ -56,28 +55,9 @@ impl<'a> Context<'a> {
                 .iter()
                 .map(|r| (r.key.group(), r.key.kind()))
                 .collect(),
-            applied: bundle
-                .resources
-                .iter()
-                .map(|r| (r.key.kind(), r.key.namespace(), r.key.name()))
-                .collect(),
-            applied_names: bundle
-                .resources
-                .iter()
-                .map(|r| (r.key.kind(), r.key.name()))
-                .collect(),
+            applied_uids: HashSet::new(),
             allow_namespaces_and_crds: allow,
             ledger_namespace,
-        }
-    }
-
-    /// Whether the bundle applies an object of `kind` named `name` in `namespace`
-    /// (`None`: a cluster-scoped object, whatever namespace the bundle's key gives
-    /// it), in any API group.
-    fn applies(&self, kind: &str, namespace: Option<&str>, name: &str) -> bool {
-        match namespace {
-            Some(namespace) => self.applied.contains(&(kind, namespace, name)),
-            None => self.applied_names.contains(&(kind, name)),
         }
     }
 }
@@ -130,17 +110,14 @@ pub(crate) fn judge(
         };
         return Verdict::Gone(format!("terminating: its deletion is under way{waiting}"));
     }
-    // The bundle may still apply this very object under another identity: a
-    // cluster-scoped kind the renderer could not know (its definition is not in the
-    // fleet) is keyed with its workload's namespace, which changed; or the resource
-    // moved to another API group that serves the same objects (Ingress from
+    // The bundle may still apply this very object (the same uid) under another
+    // identity: a cluster-scoped kind the renderer could not know (its definition is
+    // not in the fleet) is keyed with its workload's namespace, which changed; or the
+    // resource moved to another API group that serves the same objects (Ingress from
     // `extensions` to `networking.k8s.io`). Deleting it would delete what the bundle
-    // wants: it is left to the new identity.
-    if context.applies(
-        entry.kind(),
-        text(live, "/metadata/namespace"),
-        entry.name(),
-    ) {
+    // wants: it is left to the new identity. Another object of the same kind and
+    // name (a Gateway of another project's group) has another uid, and goes.
+    if text(live, "/metadata/uid").is_some_and(|uid| context.applied_uids.contains(uid)) {
         return keep(
             "the bundle still applies this object, under another API group or namespace",
             false,
@@ -416,35 +393,42 @@ mod tests {
         );
     }
 
-    /// An object the bundle still applies under another key is never deleted: a
-    /// cluster-scoped object (no namespace on the live object) whose key's namespace
-    /// changed, or a resource that moved to another API group; one that moved to
-    /// another namespace is another object, and goes.
+    /// An object the bundle still applies under another key (the same uid as one it
+    /// just applied) is never deleted: a cluster-scoped object whose key's namespace
+    /// changed, or a resource that moved to another API group serving the same
+    /// objects. Another object of the same kind and name (another group's, another
+    /// namespace's) has another uid, and goes.
     #[test]
     fn what_the_bundle_still_applies_under_another_key_is_kept() {
-        // The bundle holds ConfigMap kept/c and Gadget kept/g (example.com).
-        let kept = "keep: the bundle still applies this object";
-        let gadget = entry("example.com/v1", "Gadget", "old-namespace", "g");
-        check(&gadget, None, live("Gadget", "g", json!({})), false, kept);
-        let moved_group = entry("other.example.com/v1", "Gadget", "kept", "g");
-        check(
-            &moved_group,
-            None,
-            live("Gadget", "g", json!({"metadata": {"namespace": "kept"}})),
-            false,
-            kept,
+        let bundle = bundle_of(
+            "edge-1",
+            vec![
+                json!({"apiVersion": "example.com/v1", "kind": "Gadget", "metadata": {"name": "g", "namespace": "kept"}}),
+            ],
         );
-        let moved_namespace = entry("v1", "ConfigMap", "before", "c");
-        check(
-            &moved_namespace,
-            Some(recorded(Origin::Created, "u1")),
-            live(
-                "ConfigMap",
-                "c",
-                json!({"metadata": {"namespace": "before"}}),
-            ),
-            false,
-            "delete uid=u1",
+        let mut context = Context::new(&bundle, false, "flotilla-system");
+        context.applied_uids.insert("u-applied".to_string());
+        let judged = |uid: &str| {
+            judge(
+                &entry("other.example.com/v1", "Gadget", "old-namespace", "g"),
+                Some(&recorded(Origin::Created, uid)),
+                &live("Gadget", "g", json!({"metadata": {"uid": uid}})),
+                &context,
+            )
+        };
+        assert_eq!(
+            judged("u-applied"),
+            Verdict::Keep {
+                reason:
+                    "the bundle still applies this object, under another API group or namespace"
+                        .into(),
+                retry: false
+            }
+        );
+        assert!(
+            matches!(judged("u-other"), Verdict::Delete { .. }),
+            "{:?}",
+            judged("u-other")
         );
     }
 
