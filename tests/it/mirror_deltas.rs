@@ -416,11 +416,7 @@ async fn an_agent_restarted_with_a_trusted_key_judges_the_folders_document_again
             r.message.contains("refused the bundle")
         })
         .await;
-    assert_eq!(
-        report.applied.as_ref(),
-        Some(&v1.digest),
-        "it keeps running it"
-    );
+    assert_eq!(report.attempted.as_ref(), Some(&v1.digest), "{report:?}");
     assert!(report.message.contains("signed"), "{}", report.message);
     // Nor was it applied again at boot, under flags that refuse it.
     assert!(
@@ -428,6 +424,30 @@ async fn an_agent_restarted_with_a_trusted_key_judges_the_folders_document_again
         "{:?}",
         yaml_names(target.path())
     );
+    // The same bundle, signed now with the trusted key: taken and applied, though
+    // its digest is the one refused.
+    let mut output = RenderOutput {
+        revision: "main@sha1:signed".into(),
+        ..RenderOutput::default()
+    };
+    output.bundles.insert(CLUSTER.to_string(), v1.clone());
+    let key = SigningKey::from_seed([7; 32]);
+    publish(
+        &output,
+        out.path(),
+        Writing {
+            signer: Some(&key),
+            deltas: 0,
+        },
+    )
+    .expect("publishes");
+    let report = agent
+        .until("the signed bundle applied", |r| {
+            r.applied.as_ref() == Some(&v1.digest) && !r.message.contains("refused")
+        })
+        .await;
+    assert!(report.is_success(), "{report:?}");
+    assert!(!yaml_names(target.path()).is_empty());
     agent.stop().await;
 }
 

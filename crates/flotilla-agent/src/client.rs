@@ -355,6 +355,9 @@ pub struct HubClient {
     /// `deltas/current.sha256` (output of an older flotilla): not asked for again until
     /// another is taken.
     no_sha256_for: Option<Digest>,
+    /// The document last handed up again only so that the caller learns the static
+    /// server's ETag for it (see [`HubClient::fetch_bundle`]).
+    etag_asked_for: Option<Digest>,
     /// Whether the hub said, in its answer to a report, that it takes gzip bodies
     /// (`Accept-Encoding` on a response, RFC 7694): later reports are compressed. A
     /// report lists every resource's state, so it is often the largest thing an agent
@@ -477,6 +480,7 @@ impl HubClient {
             dictionary: None,
             mirror,
             no_delta_from: None,
+            etag_asked_for: None,
             no_sha256_for: None,
             registry,
             gzip_reports: false,
@@ -628,8 +632,14 @@ impl HubClient {
                     .is_some_and(|etag| Some(etag) != if_none_match)
                     && if_none_match
                         .is_some_and(|asked| Digest::parse(asked.trim_matches('"')).is_ok());
-                if self.unchanged(&body, if_none_match) && !learns_etag {
-                    return Ok(Fetched::NotModified);
+                if self.unchanged(&body, if_none_match) {
+                    // Once per document: one the caller refuses gives it no ETag to
+                    // keep, and is not judged again at every poll.
+                    let seen = self.last_body.clone();
+                    if !learns_etag || self.etag_asked_for == seen {
+                        return Ok(Fetched::NotModified);
+                    }
+                    self.etag_asked_for = seen;
                 }
                 Ok(Fetched::Bundle { body, etag })
             }

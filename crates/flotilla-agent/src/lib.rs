@@ -247,7 +247,8 @@ impl<S: Sink> Agent<S> {
         client = client.with_registry_options(config.registry.clone())?;
         // The stored document is the one held: a folder that still names it (its
         // `deltas/current.sha256`) is unchanged from the first poll on, without
-        // reading the document again beside the one held. Not over HTTP: its first
+        // reading the document again beside the one held. Not from a registry, nor
+        // over HTTP: its first
         // answer, the document, shows whether the server is a mirror and gives its
         // ETag (from the second poll on the sha256 is read there too). Nor with
         // `--trust-key` or tenant rules, which may have changed since the document
@@ -309,7 +310,7 @@ impl<S: Sink> Agent<S> {
         let reporter = tokio::spawn(reporter.run(report_rx));
 
         let (events_tx, events_rx) = mpsc::channel(4);
-        let poller = Poller {
+        let mut poller = Poller {
             client,
             cluster: config.cluster.clone(),
             state: state.clone(),
@@ -343,6 +344,17 @@ impl<S: Sink> Agent<S> {
             },
             _ => None,
         };
+        if refused_at_boot.is_some() {
+            // Nothing refused is held: the next bundle the flags accept is taken and
+            // applied, even one of the same digest (signed now, say), which the poller
+            // would otherwise answer as "the same".
+            poller.current = None;
+            poller.document = None;
+            poller.held = None;
+            poller.taken_delta = None;
+            poller.client.forget_fetched_document();
+            poller.offer_delta = false;
+        }
         let poller = tokio::spawn(poller.run());
 
         let mut last_report = stored
