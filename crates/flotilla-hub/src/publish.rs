@@ -103,12 +103,6 @@ pub enum PublishError {
          this one again when it has finished"
     )]
     Busy { path: String },
-    #[error("cannot lock {path} for this publish: {source}")]
-    Lock {
-        path: String,
-        #[source]
-        source: io::Error,
-    },
     #[error("cannot {what} {path}: {source}")]
     Remote {
         what: &'static str,
@@ -633,40 +627,30 @@ trait Destination {
 /// back when the publish is done, and by the kernel when the process ends, however
 /// it ends. The lock is between processes of one machine: publishes from two
 /// machines into one network share are not kept apart by it. A folder that cannot
-/// be locked (not on Unix, a file system without `flock`, a folder the publisher
-/// may write but not read) is written without it, as before. A bucket or a registry
+/// be locked (not on Unix, NFS, a folder the publisher may write but not read) is
+/// written without it, as before. A bucket or a registry
 /// takes no lock: two publishes to one must not run at once (docs/api.md).
 #[derive(Debug, Default)]
 pub(crate) struct Held(Option<fs::File>);
 
 impl Held {
-    /// The lock on the folder `out`, unless another publish holds it.
+    /// The lock on the folder `out`, unless another publish holds it. A folder that
+    /// cannot be opened or locked for any other reason (not on Unix; NFS, which
+    /// locks no folder opened to read; a folder the publisher may write but not
+    /// list) is written without a lock, as before there was one.
     fn folder(out: &Path) -> Result<Held, PublishError> {
         if !cfg!(unix) {
             return Ok(Held(None));
         }
-        let unlockable = |err: &io::Error| {
-            matches!(
-                err.kind(),
-                io::ErrorKind::Unsupported | io::ErrorKind::PermissionDenied
-            )
-        };
-        let lock_error = |source: io::Error| PublishError::Lock {
-            path: out.display().to_string(),
-            source,
-        };
-        let folder = match fs::File::open(out) {
-            Ok(folder) => folder,
-            Err(err) if unlockable(&err) => return Ok(Held(None)),
-            Err(err) => return Err(lock_error(err)),
+        let Ok(folder) = fs::File::open(out) else {
+            return Ok(Held(None));
         };
         match folder.try_lock() {
             Ok(()) => Ok(Held(Some(folder))),
             Err(fs::TryLockError::WouldBlock) => Err(PublishError::Busy {
                 path: out.display().to_string(),
             }),
-            Err(fs::TryLockError::Error(err)) if unlockable(&err) => Ok(Held(None)),
-            Err(fs::TryLockError::Error(err)) => Err(lock_error(err)),
+            Err(fs::TryLockError::Error(_)) => Ok(Held(None)),
         }
     }
 }

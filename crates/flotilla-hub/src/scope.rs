@@ -203,7 +203,7 @@ impl TenantView {
     pub fn message(&self, state: ClusterState, theirs_failed: usize) -> String {
         match (state, theirs_failed) {
             (ClusterState::Failed, 0) => format!(
-                "the last apply failed on resources outside {}'s workloads",
+                "the last apply failed, on none of {}'s resources (the fleet's operators see why)",
                 self.tenant
             ),
             (_, 0) => String::new(),
@@ -655,7 +655,7 @@ mod tests {
         );
         assert_eq!(
             view.message(ClusterState::Failed, 0),
-            "the last apply failed on resources outside shop's workloads"
+            "the last apply failed, on none of shop's resources (the fleet's operators see why)"
         );
         assert_eq!(view.message(ClusterState::InSync, 0), "");
         assert_eq!(

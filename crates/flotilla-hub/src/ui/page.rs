@@ -266,7 +266,7 @@ impl Row {
     /// A cluster's row; with a tenant's view, as [`FleetModel::new`] says.
     fn of(line: &Line<'_>, now_ms: i64, tenant: Option<&TenantView>) -> Row {
         let status = line.status;
-        let failed = || match tenant {
+        let failed = match tenant {
             None => line.failed_resources(),
             Some(tenant) => tenant
                 .failures(line.name, line.failed_resources())
@@ -274,7 +274,7 @@ impl Row {
         };
         let message = || match tenant {
             None => message(line),
-            Some(tenant) => tenant.message(line.state, failed().len()),
+            Some(tenant) => tenant.message(line.state, failed.len()),
         };
         Row {
             name: line.name.to_string(),
@@ -295,7 +295,6 @@ impl Row {
             last_seen: ago(line.silent_for_seconds(now_ms)),
             detail: match line.state {
                 ClusterState::Failed => {
-                    let failed = failed();
                     if failed.is_empty() {
                         message()
                     } else {

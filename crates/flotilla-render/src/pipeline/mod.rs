@@ -161,11 +161,18 @@ pub(crate) fn render_inner(
         )
     };
     let hashing = hashing_for(None);
-    let tenant_hashings: Vec<crate::seal::SecretHashing> = fleet
-        .tenants
-        .iter()
-        .map(|t| hashing_for(Some(t.name.as_str())))
-        .collect();
+    // Only when some decrypted value is a tenant's: otherwise every release's is the
+    // platform's.
+    let tenant_hashings: Vec<crate::seal::SecretHashing> =
+        if sops_secrets.iter().any(|s| s.tenant.is_some()) {
+            fleet
+                .tenants
+                .iter()
+                .map(|t| hashing_for(Some(t.name.as_str())))
+                .collect()
+        } else {
+            Vec::new()
+        };
     let helm = HelmContext {
         tenant_hashings: &tenant_hashings,
         cache: release::ReleaseCache::new(!options.helm_without_stencils),
@@ -419,7 +426,7 @@ pub(crate) fn render_inner(
         kept,
         diagnostics,
     );
-    without_decrypted_values(&mut output.diagnostics, &sops_secrets);
+    without_decrypted_values(&mut output.diagnostics, &sops_secrets, &fleet);
     output.rollouts = rollout_plan;
     output.generated_from_public_seed = generated_from_public_seed;
     output.helm_stencil_releases = helm.cache.stencil_releases();
@@ -523,32 +530,58 @@ pub const DECRYPTED_VALUE: &str = "(a decrypted value)";
 /// string) in the messages of `diagnostics` replaced by [`DECRYPTED_VALUE`]. Errors
 /// quote what they stumble on, as Helm's and Go's do (`unsupported map key … value:
 /// <the text>`, `parsing time "<the text>"`): a render error is kept by the hub and
-/// shown on its page, so a value must never be in one. Values shorter than
+/// shown on its page, so a value must never be in one. A diagnostic of a tenant's
+/// workload is looked at for the values of that tenant's files and the platform's
+/// only: that another tenant's value was taken out of a message the tenant's own
+/// template wrote would tell it that its guess was right. Values shorter than
 /// [`crate::sops::MIN_TRACKED_SECRET`] are not looked for, as they are not outside
 /// Secrets (they would match by chance).
-fn without_decrypted_values(diagnostics: &mut [Diagnostic], secrets: &[crate::sops::SopsSecret]) {
+fn without_decrypted_values(
+    diagnostics: &mut [Diagnostic],
+    secrets: &[crate::sops::SopsSecret],
+    fleet: &crate::load::Fleet,
+) {
     if secrets.is_empty() || diagnostics.is_empty() {
         return;
     }
-    let mut values: Vec<String> = secrets
-        .iter()
-        .filter_map(|s| serde_json::from_str::<String>(&format!("\"{}\"", s.escaped)).ok())
-        .chain(secrets.iter().map(|s| s.escaped.clone()))
-        .filter(|v| !v.is_empty())
-        .collect();
-    values.sort_unstable();
-    values.dedup();
-    // The longest value where several start at one place.
-    let Ok(finder) = aho_corasick::AhoCorasick::builder()
-        .match_kind(aho_corasick::MatchKind::LeftmostLongest)
-        .build(&values)
-    else {
-        return;
+    // The finder of the values one tenant (or, for `None`, the platform) may see.
+    let finder_for = |tenant: Option<&str>| {
+        let mut values: Vec<String> = secrets
+            .iter()
+            .filter(|s| tenant.is_none() || s.tenant.is_none() || s.tenant.as_deref() == tenant)
+            .flat_map(|s| {
+                let plain = serde_json::from_str::<String>(&format!("\"{}\"", s.escaped)).ok();
+                plain.into_iter().chain([s.escaped.clone()])
+            })
+            .filter(|v| !v.is_empty())
+            .collect();
+        values.sort_unstable();
+        values.dedup();
+        // The longest value where several start at one place.
+        let finder = aho_corasick::AhoCorasick::builder()
+            .match_kind(aho_corasick::MatchKind::LeftmostLongest)
+            .build(&values)
+            .ok();
+        (finder, values.len())
     };
+    let tenant_of = |workload: &str| -> Option<&str> {
+        let w = fleet
+            .workloads
+            .binary_search_by(|w| w.name.as_str().cmp(workload))
+            .ok()?;
+        let t = fleet.workloads[w].tenant?;
+        fleet.tenants.get(t).map(|t| t.name.as_str())
+    };
+    let mut finders: HashMap<Option<&str>, (Option<aho_corasick::AhoCorasick>, usize)> =
+        HashMap::new();
     for diagnostic in diagnostics {
-        if finder.is_match(&diagnostic.message) {
+        let tenant = diagnostic.workload.as_deref().and_then(tenant_of);
+        let (finder, count) = finders.entry(tenant).or_insert_with(|| finder_for(tenant));
+        if let Some(finder) = finder
+            && finder.is_match(&diagnostic.message)
+        {
             diagnostic.message =
-                finder.replace_all(&diagnostic.message, &vec![DECRYPTED_VALUE; values.len()]);
+                finder.replace_all(&diagnostic.message, &vec![DECRYPTED_VALUE; *count]);
         }
     }
 }

@@ -23,14 +23,19 @@ fn identity() -> (String, AgentKey) {
     (identity.to_string().expose_secret().to_string(), recipient)
 }
 
-fn render(files: &[(String, String)], identity: &str) -> RenderOutput {
+/// The fleet rendered with `identity` as the hub's key, clean or not.
+fn render_any(files: &[(String, String)], identity: &str) -> RenderOutput {
     let keys = DecryptionKeys::from_identity_file(identity).expect("a key");
     let options = RenderOptions {
         sops: SopsKeys::Open(Arc::new(keys)),
         ..RenderOptions::default()
     };
     let snapshot = FleetSnapshot::from_files(files.iter().map(|(p, t)| (p.as_str(), t.as_str())));
-    let output = render_with(&snapshot, &options);
+    render_with(&snapshot, &options)
+}
+
+fn render(files: &[(String, String)], identity: &str) -> RenderOutput {
+    let output = render_any(files, identity);
     assert!(
         output.is_clean(),
         "{:?}",
@@ -280,36 +285,12 @@ fn helm_sha256sum_over_a_sops_value_is_keyed_and_over_others_is_helms() {
 fn a_tenants_sha256sum_is_not_keyed_by_another_tenants_values() {
     use sha2::Digest as _;
     let (identity_text, recipient) = identity();
-    let mut files = helm_fleet(sops_password(&recipient));
-    let tenant = |name: &str, spec: &str| {
-        (
-            format!("tenants/{name}.yaml"),
-            format!("{HEADER}kind: Tenant\nmetadata:\n  name: {name}\nspec:\n{spec}"),
-        )
-    };
-    files.extend([
-        tenant(
-            "team-a",
-            "  workloads: [web]\n  namespaces: [web]\n  sharedPaths: [\"charts/web/**\"]\n",
+    let files = two_tenants(
+        &recipient,
+        &format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: guess\ndata:\n  digest: {{{{ sha256sum \"{PASSWORD}\" }}}}\n"
         ),
-        tenant("team-b", "  workloads: [guess]\n  namespaces: [guess]\n"),
-        (
-            "workloads/guess/workload.yaml".to_string(),
-            format!(
-                "{HEADER}kind: Workload\nmetadata:\n  name: guess\nspec:\n  namespace: guess\n  targets:\n    - clusterSelector: {{}}\n  helm:\n    chart: chart\n"
-            ),
-        ),
-        (
-            "workloads/guess/chart/Chart.yaml".to_string(),
-            "apiVersion: v2\nname: guess\nversion: 1.0.0\n".to_string(),
-        ),
-        (
-            "workloads/guess/chart/templates/guess.yaml".to_string(),
-            format!(
-                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: guess\ndata:\n  digest: {{{{ sha256sum \"{PASSWORD}\" }}}}\n"
-            ),
-        ),
-    ]);
+    );
     let output = render(&files, &identity_text);
     let guessed = output.bundles["shop"]
         .resources
@@ -363,13 +344,7 @@ fn a_render_error_never_quotes_a_decrypted_value() {
         "charts/web/templates/check.yaml".to_string(),
         "{{ fail (printf \"the password %s is too weak\" .Values.password) }}\n".to_string(),
     ));
-    let keys = DecryptionKeys::from_identity_file(&identity_text).expect("a key");
-    let options = RenderOptions {
-        sops: SopsKeys::Open(Arc::new(keys)),
-        ..RenderOptions::default()
-    };
-    let snapshot = FleetSnapshot::from_files(files.iter().map(|(p, t)| (p.as_str(), t.as_str())));
-    let output = render_with(&snapshot, &options);
+    let output = render_any(&files, &identity_text);
     let errors: Vec<String> = output.errors().map(ToString::to_string).collect();
     assert!(!errors.is_empty(), "the chart fails");
     assert!(errors.iter().all(|e| !e.contains(PASSWORD)), "{errors:#?}");
@@ -434,4 +409,57 @@ fn helms_other_digests_over_a_sops_value_are_keyed_and_over_others_are_sprigs() 
     assert_eq!((opened[0].len(), opened[1].len()), (40, 128));
     assert!(opened[2].parse::<u32>().is_ok(), "{}", opened[2]);
     assert_eq!(opened[3], plain[3], "a text without decrypted values");
+}
+
+/// team-a's `web` (the chart reading the SOPS values file) and team-b's `guess`,
+/// whose chart has one template, `guess`.
+fn two_tenants(recipient: &AgentKey, guess: &str) -> Vec<(String, String)> {
+    let mut files = helm_fleet(sops_password(recipient));
+    let tenant = |name: &str, spec: &str| {
+        (
+            format!("tenants/{name}.yaml"),
+            format!("{HEADER}kind: Tenant\nmetadata:\n  name: {name}\nspec:\n{spec}"),
+        )
+    };
+    files.extend([
+        tenant(
+            "team-a",
+            "  workloads: [web]\n  namespaces: [web]\n  sharedPaths: [\"charts/web/**\"]\n",
+        ),
+        tenant("team-b", "  workloads: [guess]\n  namespaces: [guess]\n"),
+        (
+            "workloads/guess/workload.yaml".to_string(),
+            format!(
+                "{HEADER}kind: Workload\nmetadata:\n  name: guess\nspec:\n  namespace: guess\n  targets:\n    - clusterSelector: {{}}\n  helm:\n    chart: chart\n"
+            ),
+        ),
+        (
+            "workloads/guess/chart/Chart.yaml".to_string(),
+            "apiVersion: v2\nname: guess\nversion: 1.0.0\n".to_string(),
+        ),
+        (
+            "workloads/guess/chart/templates/guess.yaml".to_string(),
+            guess.to_string(),
+        ),
+    ]);
+    files
+}
+
+/// A message of a tenant's own template that holds another tenant's value (a guess
+/// it wrote) keeps it: that it was taken out would tell the tenant it was right.
+#[test]
+fn a_tenants_own_messages_are_not_scrubbed_of_another_tenants_values() {
+    let (identity_text, recipient) = identity();
+    let files = two_tenants(
+        &recipient,
+        &format!("{{{{ fail \"is it {PASSWORD}?\" }}}}\n"),
+    );
+    let output = render_any(&files, &identity_text);
+    let errors: Vec<String> = output.errors().map(ToString::to_string).collect();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains(&format!("is it {PASSWORD}?"))),
+        "{errors:#?}"
+    );
 }
