@@ -1360,6 +1360,23 @@ async fn failed_logins_to_the_web_page_are_throttled_per_client_and_logged_witho
     for token in [guesses[0].as_str(), guesses[999].as_str(), &admin, &red] {
         assert!(!text.contains(token), "a token in the log:\n{text}");
     }
+
+    // Fifty guesses sent at once by a third client: each is counted as it comes,
+    // before any is looked up, so no more than the ten of its bucket are looked at.
+    let third = client([127, 0, 0, 3]);
+    let answers = futures::future::join_all(
+        guesses[..50]
+            .iter()
+            .map(|guess| log_in(&third, &base, guess)),
+    )
+    .await;
+    let looked_at = answers.iter().filter(|(status, _)| *status == 401).count();
+    assert_eq!(looked_at, 10, "{answers:?}");
+    assert!(
+        answers
+            .iter()
+            .all(|(status, _)| matches!(status, 401 | 429))
+    );
 }
 
 /// Runs `flotilla serve` on `state` and waits up to 20 s for it to exit (it is killed

@@ -269,23 +269,26 @@ async fn login(
     let client = throttle::client_of(peer);
     let shown = peer.map_or_else(|| "unknown".to_string(), |ip| ip.to_string());
     let now_ms = || u64::try_from(ui.shared.settings.clock.now_ms()).unwrap_or(0);
-    if let Err(wait) = ui.throttle.check(client, now_ms()) {
-        tracing::debug!(peer = %shown, "login to the web page refused: too many failed logins");
-        let mut response = error(
-            StatusCode::TOO_MANY_REQUESTS,
-            &format!("too many failed logins from this address; try again in {wait} s"),
-            None,
-        );
-        response
-            .headers_mut()
-            .insert(http::header::RETRY_AFTER, HeaderValue::from(wait));
-        return response;
-    }
+    let emptied = match ui.throttle.attempt(client, now_ms()) {
+        Ok(emptied) => emptied,
+        Err(wait) => {
+            tracing::debug!(peer = %shown, "login to the web page refused: too many failed logins");
+            let mut response = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                &format!("too many failed logins from this address; try again in {wait} s"),
+                None,
+            );
+            response
+                .headers_mut()
+                .insert(http::header::RETRY_AFTER, HeaderValue::from(wait));
+            return response;
+        }
+    };
     let token = form.map(|Form(f)| f.token).unwrap_or_default();
-    // A failed login is counted against the client and logged with its address and
-    // the reason, never with the token it tried.
+    // Every attempt was counted against the client above (a login that succeeds
+    // gives it back); a failed one is logged with its address and the reason, never
+    // with the token it tried.
     let refused = |status: StatusCode, message: &str| {
-        let emptied = ui.throttle.failed(client, now_ms());
         tracing::warn!(peer = %shown, status = status.as_u16(), "failed login to the web page: {message}");
         if emptied {
             tracing::warn!(peer = %shown, "too many failed logins to the web page: this client's next ones are answered 429 until its budget refills");
@@ -308,6 +311,7 @@ async fn login(
         }
         Err(_) => return refused(StatusCode::UNAUTHORIZED, "the token is unknown or revoked"),
     };
+    ui.throttle.succeeded(client, now_ms());
     let new = session::new_session(&token_id, ui.shared.settings.clock.now_ms());
     if let Err(err) = ui.shared.recorder.open_session(&new.stored).await {
         tracing::error!("cannot record a web page session: {err}");

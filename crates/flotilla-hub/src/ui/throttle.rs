@@ -66,21 +66,12 @@ pub struct LoginThrottle {
 }
 
 impl LoginThrottle {
-    /// `Err(seconds)` to wait when `client` may not try to log in now.
-    pub fn check(&self, client: Client, now_ms: u64) -> Result<(), u64> {
-        let buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
-        match buckets.get(&client).map(|bucket| bucket.at(now_ms)) {
-            Some(bucket) if bucket.milli < 1000 => {
-                let missing = 1000 - bucket.milli;
-                Err((missing * REFILL_MS).div_ceil(1000 * 1000).max(1))
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// Counts a failed login of `client`; whether its bucket is now empty (its next
-    /// attempt will be refused until it refills).
-    pub fn failed(&self, client: Client, now_ms: u64) -> bool {
+    /// Counts an attempt to log in of `client` before its token is looked at, so
+    /// that attempts sent at once cannot all pass while the first ones are looked
+    /// up: `Err(seconds)` to wait when its bucket is empty; otherwise whether this
+    /// attempt emptied it. A login that succeeds gives its attempt back
+    /// ([`LoginThrottle::succeeded`]): only failed ones cost.
+    pub fn attempt(&self, client: Client, now_ms: u64) -> Result<bool, u64> {
         let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
         if buckets.len() >= MAX_CLIENTS && !buckets.contains_key(&client) {
             forget_quietest(&mut buckets, now_ms);
@@ -92,12 +83,28 @@ impl LoginThrottle {
             },
             |b| b.at(now_ms),
         );
+        if bucket.milli < 1000 {
+            let missing = 1000 - bucket.milli;
+            return Err((missing * REFILL_MS).div_ceil(1000 * 1000).max(1));
+        }
         let after = Bucket {
-            milli: bucket.milli.saturating_sub(1000),
+            milli: bucket.milli - 1000,
             ..bucket
         };
         buckets.insert(client, after);
-        after.milli < 1000
+        Ok(after.milli < 1000)
+    }
+
+    /// Gives back the attempt of a login of `client` that succeeded.
+    pub fn succeeded(&self, client: Client, now_ms: u64) {
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(bucket) = buckets.get_mut(&client) {
+            let now = bucket.at(now_ms);
+            *bucket = Bucket {
+                milli: (now.milli + 1000).min(FULL),
+                ..now
+            };
+        }
     }
 }
 
@@ -123,26 +130,37 @@ mod tests {
             client_of(Some([10, 0, 0, 1].into())),
             client_of(Some([10, 0, 0, 2].into())),
         );
+        // Counted as they come, before any is looked up: a burst sent at once on
+        // one connection gets no more than its bucket.
         for n in 1..=BURST {
-            assert_eq!(throttle.check(a, 0), Ok(()), "attempt {n}");
-            assert_eq!(throttle.failed(a, 0), n == BURST);
+            assert_eq!(throttle.attempt(a, 0), Ok(n == BURST), "attempt {n}");
         }
-        assert_eq!(throttle.check(a, 0), Err(REFILL_MS / 1000));
+        assert_eq!(throttle.attempt(a, 0), Err(REFILL_MS / 1000));
         assert_eq!(
-            throttle.check(b, 0),
-            Ok(()),
+            throttle.attempt(b, 0),
+            Ok(false),
             "another client is not held back"
         );
-        assert_eq!(throttle.check(a, REFILL_MS - 1), Err(1));
-        assert_eq!(throttle.check(a, REFILL_MS), Ok(()));
-        assert!(
-            throttle.failed(a, REFILL_MS),
+        assert_eq!(throttle.attempt(a, REFILL_MS - 1), Err(1));
+        assert_eq!(
+            throttle.attempt(a, REFILL_MS),
+            Ok(true),
             "one attempt, and empty again"
         );
         assert_eq!(
-            throttle.check(a, REFILL_MS + BURST as u64 * REFILL_MS),
-            Ok(())
+            throttle.attempt(a, REFILL_MS + BURST as u64 * REFILL_MS),
+            Ok(false)
         );
+    }
+
+    #[test]
+    fn a_login_that_succeeds_costs_nothing() {
+        let throttle = LoginThrottle::default();
+        let c = client_of(Some([10, 0, 0, 3].into()));
+        for n in 0..BURST * 3 {
+            assert_eq!(throttle.attempt(c, 0), Ok(false), "login {n}");
+            throttle.succeeded(c, 0);
+        }
     }
 
     #[test]
