@@ -823,12 +823,7 @@ async fn a_long_poll_whose_token_is_revoked_meanwhile_gets_no_bundle() {
         let (client, url, token, etag) = (client.clone(), url.clone(), token.clone(), etag.clone());
         async move { get_bundle(&client, &format!("{url}?wait=30s"), &token, Some(&etag)).await }
     });
-    eventually("the long-poll to be held", Duration::from_secs(5), || {
-        let client = &client;
-        let base = &hub.base;
-        async move { (metric(client, base, "flotilla_long_polls_held").await == 1.0).then_some(()) }
-    })
-    .await;
+    until_polls_held(&client, &hub.base, 1, Duration::from_secs(5)).await;
     revoke_red(&state_arg);
     until_refused(&client, &url, &token).await;
     let overlay = repo

@@ -277,12 +277,7 @@ async fn a_long_poll_returns_as_soon_as_a_commit_lands() {
             (result, Instant::now())
         }
     });
-    eventually("the long-poll to be held", Duration::from_secs(5), || {
-        let client = &client;
-        let base = &hub.base;
-        async move { (metric(client, base, "flotilla_long_polls_held").await == 1.0).then_some(()) }
-    })
-    .await;
+    until_polls_held(&client, &hub.base, 1, Duration::from_secs(5)).await;
     let overlay = repo
         .read("overlays/demo/kuard-red.yaml")
         .replace("newTag: red", "newTag: crimson");

@@ -35,17 +35,6 @@ fn spawn_polls(
         .collect()
 }
 
-async fn wait_until_held(client: &reqwest::Client, base: &str, count: usize) {
-    eventually(
-        &format!("{count} long-polls to be held"),
-        Duration::from_secs(30),
-        || async move {
-            (metric(client, base, "flotilla_long_polls_held").await == count as f64).then_some(())
-        },
-    )
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_long_polls_are_held_then_released_by_a_commit_and_by_shutdown() {
     let repo = Repo::new();
@@ -66,7 +55,7 @@ async fn a_thousand_long_polls_are_held_then_released_by_a_commit_and_by_shutdow
 
     // Released by a commit: every one answers 200 with the new ETag.
     let polls = spawn_polls(&client, &url, &token, &etag);
-    wait_until_held(&client, &hub.base, AGENTS).await;
+    until_polls_held(&client, &hub.base, AGENTS, Duration::from_secs(30)).await;
     let overlay = repo
         .read("overlays/demo/kuard-red.yaml")
         .replace("newTag: red", "newTag: scarlet");
@@ -94,7 +83,7 @@ async fn a_thousand_long_polls_are_held_then_released_by_a_commit_and_by_shutdow
 
     // Released by shutdown: every one answers 304 at once, long before its wait ends.
     let polls = spawn_polls(&client, &url, &token, &new_etag);
-    wait_until_held(&client, &hub.base, AGENTS).await;
+    until_polls_held(&client, &hub.base, AGENTS, Duration::from_secs(30)).await;
     let stopping = Instant::now();
     hub.signal_stop();
     let answers = join_all(polls).await;

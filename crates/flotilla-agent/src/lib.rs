@@ -353,7 +353,6 @@ impl<S: Sink> Agent<S> {
             poller.held = None;
             poller.taken_delta = None;
             poller.client.forget_fetched_document();
-            poller.offer_delta = false;
         }
         let poller = tokio::spawn(poller.run());
 

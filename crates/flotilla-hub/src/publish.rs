@@ -639,9 +639,6 @@ impl Held {
     /// locks no folder opened to read; a folder the publisher may write but not
     /// list) is written without a lock, as before there was one.
     fn folder(out: &Path) -> Result<Held, PublishError> {
-        if !cfg!(unix) {
-            return Ok(Held(None));
-        }
         let Ok(folder) = fs::File::open(out) else {
             return Ok(Held(None));
         };

@@ -153,12 +153,8 @@ impl TenantView {
     pub fn cluster(&self, mut summary: ClusterSummary) -> Option<ClusterSummary> {
         summary.failed_resources =
             self.failures(&summary.name, std::mem::take(&mut summary.failed_resources))?;
-        let index = self.clusters.get(&summary.name)?;
-        let theirs: Vec<String> = index
-            .resources_of(&self.tenant)
-            .iter()
-            .map(ToString::to_string)
-            .collect();
+        let theirs: std::collections::HashSet<String> =
+            self.resource_names(&summary.name)?.into_iter().collect();
         summary.drift.retain(|drift| {
             let name = crate::fleet::resource_name(
                 &drift.group,
@@ -177,12 +173,7 @@ impl TenantView {
     /// Of a cluster's failed resources (each `Kind.group namespace/name: message`),
     /// those of the tenant's resources; `None` for a cluster the tenant is not on.
     pub fn failures(&self, cluster: &str, mut failures: Vec<String>) -> Option<Vec<String>> {
-        let index = self.clusters.get(cluster)?;
-        let theirs: Vec<String> = index
-            .resources_of(&self.tenant)
-            .iter()
-            .map(ToString::to_string)
-            .collect();
+        let theirs = self.resource_names(cluster)?;
         // The name ends where `: ` begins: a name may hold a `:` (RBAC's do), so
         // `x` must not take the failure of `x:admin`.
         failures.retain(|failure| {
@@ -193,6 +184,19 @@ impl TenantView {
             })
         });
         Some(failures)
+    }
+
+    /// The names (`Kind.group namespace/name`) of the tenant's resources on a
+    /// cluster; `None` for a cluster the tenant is not on.
+    fn resource_names(&self, cluster: &str) -> Option<Vec<String>> {
+        let index = self.clusters.get(cluster)?;
+        Some(
+            index
+                .resources_of(&self.tenant)
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+        )
     }
 
     /// What the tenant reads as a cluster's message. Never its agent's own: that

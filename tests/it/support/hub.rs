@@ -452,3 +452,20 @@ pub async fn new_bundle(
     })
     .await
 }
+
+/// Waits, within `timeout`, until the hub holds `count` long-polls (its /metrics say so).
+pub async fn until_polls_held(
+    client: &reqwest::Client,
+    base: &str,
+    count: usize,
+    timeout: Duration,
+) {
+    eventually(
+        &format!("{count} long-polls to be held"),
+        timeout,
+        || async move {
+            (metric(client, base, "flotilla_long_polls_held").await == count as f64).then_some(())
+        },
+    )
+    .await;
+}

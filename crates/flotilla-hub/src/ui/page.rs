@@ -280,13 +280,7 @@ impl Row {
             name: line.name.to_string(),
             link: format!("/ui/clusters/{}", encode(line.name)),
             state: line.state.as_str(),
-            drifted: match tenant {
-                None => line.drifted(),
-                Some(tenant) => line
-                    .drift()
-                    .iter()
-                    .any(|drift| tenant.owns_remaining(line.name, drift)),
-            },
+            drifted: drifted(line, tenant),
             wave: line.wave.map(str::to_string),
             groups: line.groups.to_vec(),
             applied: status
@@ -313,6 +307,17 @@ impl Row {
                 _ => message(),
             },
         }
+    }
+}
+
+/// Whether a cluster is drifted; for a tenant, whether one of its resources is.
+fn drifted(line: &Line<'_>, tenant: Option<&TenantView>) -> bool {
+    match tenant {
+        None => line.drifted(),
+        Some(tenant) => line
+            .drift()
+            .iter()
+            .any(|drift| tenant.owns_remaining(line.name, drift)),
     }
 }
 
@@ -426,13 +431,7 @@ impl FleetModel {
         now_ms: i64,
         tenant: Option<&TenantView>,
     ) -> FleetModel {
-        let drifted_line = |line: &Line<'_>| match tenant {
-            None => line.drifted(),
-            Some(tenant) => line
-                .drift()
-                .iter()
-                .any(|drift| tenant.owns_remaining(line.name, drift)),
-        };
+        let drifted_line = |line: &Line<'_>| drifted(line, tenant);
         let counts = Counts::of(lines);
         let mut by_group: BTreeMap<&str, Counts> = BTreeMap::new();
         for line in lines {

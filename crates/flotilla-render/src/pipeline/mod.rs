@@ -550,7 +550,7 @@ fn without_decrypted_values(
             .iter()
             .filter(|s| tenant.is_none() || s.tenant.is_none() || s.tenant.as_deref() == tenant)
             .flat_map(|s| {
-                let plain = serde_json::from_str::<String>(&format!("\"{}\"", s.escaped)).ok();
+                let plain = crate::seal::unescaped(&s.escaped);
                 plain.into_iter().chain([s.escaped.clone()])
             })
             .filter(|v| !v.is_empty())

@@ -339,6 +339,12 @@ pub struct SecretHashing {
     needles: Vec<(String, [u8; 32])>,
 }
 
+/// The text a JSON string's inside stands for: a decrypted value as the renderer
+/// tracks it (`SopsSecret::escaped`), unescaped; `None` if it is not such a text.
+pub(crate) fn unescaped(escaped: &str) -> Option<String> {
+    serde_json::from_str::<String>(&format!("\"{escaped}\"")).ok()
+}
+
 impl SecretHashing {
     /// The decrypted values (each as it appears inside a JSON string, with its
     /// file: the renderer's `SopsSecret`s), with the hash keys of their files.
@@ -348,10 +354,7 @@ impl SecretHashing {
     ) -> SecretHashing {
         let mut needles = Vec::new();
         for (escaped, file) in secrets {
-            let (Some(key), Ok(plain)) = (
-                hash_keys.get(file),
-                serde_json::from_str::<String>(&format!("\"{escaped}\"")),
-            ) else {
+            let (Some(key), Some(plain)) = (hash_keys.get(file), unescaped(escaped)) else {
                 continue;
             };
             let encoded = STANDARD.encode(plain.as_bytes());
