@@ -451,6 +451,68 @@ async fn an_agent_restarted_with_a_trusted_key_judges_the_folders_document_again
     agent.stop().await;
 }
 
+/// An agent restarted with trust flags that refuse its stored bundle (its key was
+/// dropped) still holds that bundle's sequence: a genuine document signed before it,
+/// which whoever writes the mirror could replay, is refused, and one signed after it
+/// is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_whose_stored_bundle_is_refused_at_boot_still_refuses_older_sequences() {
+    use flotilla_core::signing::{SigningKey, TrustedKeys, signed_document_bytes};
+    let (old_key, new_key) = (
+        SigningKey::from_seed([5; 32]),
+        SigningKey::from_seed([7; 32]),
+    );
+    let out = tempfile::tempdir().expect("tempdir");
+    let state = tempfile::tempdir().expect("tempdir");
+    let target = tempfile::tempdir().expect("tempdir");
+    let folder = out.path().join(format!("v1/clusters/{CLUSTER}"));
+    std::fs::create_dir_all(&folder).expect("creates");
+    let plant = |bundle: &Bundle, key: &SigningKey, sequence: u64| {
+        let revision = format!("main@sha1:{}", &bundle.digest.hex()[..12]);
+        let signature = key.sign(CLUSTER, &bundle.digest, &revision, sequence);
+        let document = signed_document_bytes(
+            CLUSTER,
+            &bundle.digest,
+            &revision,
+            &bundle.canonical_body(),
+            Some(&signature),
+        );
+        std::fs::write(folder.join("bundle"), document).expect("writes");
+    };
+    let config = |keys: Vec<_>| {
+        let mut config = AgentConfig::new(
+            Server::File(out.path().to_path_buf()),
+            CLUSTER,
+            state.path().to_path_buf(),
+        );
+        config.wait = Wait::Fixed(Duration::from_millis(100));
+        config.trusted = TrustedKeys::new(keys);
+        config
+    };
+    let (v1, v2, v3) = (release("one"), release("two"), release("three"));
+    plant(&v2, &old_key, 5_000);
+    let mut agent = RunningAgent::start(config(vec![old_key.public_key()]), target.path());
+    agent.applied(&v2.digest).await;
+    agent.stop().await;
+
+    // The old key dropped: the stored bundle is refused at boot; an older one, signed
+    // with the key still trusted, is refused too.
+    plant(&v1, &new_key, 2_000);
+    let mut agent = RunningAgent::start(config(vec![new_key.public_key()]), target.path());
+    let report = agent
+        .until("the refusal of the older document", |r| {
+            r.attempted.as_ref() == Some(&v1.digest) && r.message.contains("refused the bundle")
+        })
+        .await;
+    assert!(report.message.contains("5000"), "{}", report.message);
+    assert_ne!(report.applied.as_ref(), Some(&v1.digest), "{report:?}");
+    // A newer one is taken.
+    plant(&v3, &new_key, 6_000);
+    let report = agent.applied(&v3.digest).await;
+    assert!(report.is_success(), "{report:?}");
+    agent.stop().await;
+}
+
 /// An agent that holds the mirror's current document, from its first poll after
 /// taking it and after a restart, reads the mirror's `deltas/current.sha256` and
 /// nothing else: it never rebuilds the delta from that document to itself (which

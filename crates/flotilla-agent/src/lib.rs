@@ -345,12 +345,14 @@ impl<S: Sink> Agent<S> {
             _ => None,
         };
         if refused_at_boot.is_some() {
-            // Nothing refused is held: the next bundle the flags accept is taken and
-            // applied, even one of the same digest (signed now, say), which the poller
-            // would otherwise answer as "the same".
+            // The refused bundle is not the one running: the next bundle the flags
+            // accept is taken and applied, even one of the same digest (signed now,
+            // say), which the poller would otherwise answer as "the same". Its
+            // sequence stays held: an older document (a mirror replaying one) is
+            // still refused, while the same digest at that sequence, or any newer
+            // one, is accepted.
             poller.current = None;
             poller.document = None;
-            poller.held = None;
             poller.taken_delta = None;
             poller.client.forget_fetched_document();
         }
