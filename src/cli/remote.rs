@@ -44,8 +44,10 @@ pub struct HubArgs {
     /// hub's default is flotilla.db in its state dir) or
     /// postgres://user:password@host:port/database, a server several hubs share.
     /// Read and steer the fleet there instead of asking a hub (--server): on the
-    /// database's host, or when every hub is down.
-    #[arg(long, env = "FLOTILLA_DATABASE", value_name = "URL", value_parser = parse_database)]
+    /// database's host, or when every hub is down. Without --server (or
+    /// FLOTILLA_SERVER), FLOTILLA_DATABASE is read too: a shell that exports it for
+    /// the hub can still ask a hub with --server.
+    #[arg(long, value_name = "URL", value_parser = parse_database)]
     pub database: Option<Database>,
     /// With --database: how long an agent may stay silent before its cluster counts
     /// as offline (the hubs' `serve --offline-after`).
@@ -198,7 +200,17 @@ pub enum Fleet {
 impl Fleet {
     /// `--server` or `--database`: one of them, never both (clap refuses that).
     pub fn new(args: &HubArgs) -> anyhow::Result<Fleet> {
-        match (&args.server, &args.database) {
+        let from_env = match (&args.server, &args.database) {
+            (None, None) => match std::env::var("FLOTILLA_DATABASE") {
+                Ok(url) if !url.is_empty() => Some(
+                    parse_database(&url)
+                        .map_err(|err| anyhow::anyhow!("FLOTILLA_DATABASE: {err}"))?,
+                ),
+                _ => None,
+            },
+            _ => None,
+        };
+        match (&args.server, args.database.as_ref().or(from_env.as_ref())) {
             (Some(server), None) => Ok(Fleet::Hub(HubClient::new(args, server)?)),
             (None, Some(database)) => Ok(Fleet::Database(DatabaseClient::open(
                 database,

@@ -175,13 +175,13 @@ fn is_zero_warnings(warnings: &&RenderWarnings) -> bool {
 }
 
 pub fn run_status(args: &StatusArgs) -> anyhow::Result<u8> {
-    if args.hub.database.is_some() && !args.groups.is_empty() {
+    let source = remote::Fleet::new(&args.hub)?;
+    if matches!(source, remote::Fleet::Database(_)) && !args.groups.is_empty() {
         bail!(
             "--group needs a hub (--server): the database does not record the fleet's groups \
              (each hub reads them from the repository)"
         );
     }
-    let source = remote::Fleet::new(&args.hub)?;
     let fleet: Fleet = serde_json::from_value(source.fleet()?)?;
     let rollouts: Rollouts = serde_json::from_value(source.rollouts()?)?;
     let mut selected: Vec<&Cluster> = fleet

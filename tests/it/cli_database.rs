@@ -344,6 +344,31 @@ fn a_bad_database_or_both_places_are_refused_clearly() {
             && err.contains("cannot be used with"),
         "{err}"
     );
+    // FLOTILLA_DATABASE exported for the hub does not stand in the way of --server,
+    // and is read when --server is not given.
+    let with_env = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(args)
+            .env_remove("FLOTILLA_SERVER")
+            .env_remove("FLOTILLA_TOKEN_FILE")
+            .env("FLOTILLA_DATABASE", "mysql://db/fleet")
+            .output()
+            .expect("flotilla runs");
+        (
+            output.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (code, err) = with_env(&["status", "--server", "http://127.0.0.1:1"]);
+    assert!(
+        !err.contains("cannot be used with") && !err.contains("mysql"),
+        "{code}: {err}"
+    );
+    let (code, err) = with_env(&["rollout", "list"]);
+    assert!(
+        code != 0 && err.contains("FLOTILLA_DATABASE") && err.contains("mysql://db/fleet"),
+        "{code}: {err}"
+    );
     let (code, _, err) = flotilla(&["rollout", "list"]);
     assert_eq!(code, 2);
     assert!(
