@@ -857,8 +857,12 @@ impl HubClient {
         let manifest =
             flotilla_oci::artifact::BundleManifest::parse(&bytes, manifest_digest.as_str())
                 .map_err(failed)?;
+        // No more than the manifest says the layer holds (its digest is checked after).
+        let layer_limit = usize::try_from(manifest.layer_size)
+            .unwrap_or(usize::MAX)
+            .min(MAX_BUNDLE_BYTES);
         let layer = registry
-            .get_blob(&manifest.layer, MAX_BUNDLE_BYTES)
+            .get_blob(&manifest.layer, layer_limit)
             .await
             .map_err(failed)?;
         Ok(Fetched::Bundle {

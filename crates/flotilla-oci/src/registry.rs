@@ -251,6 +251,20 @@ impl Registry {
             status: response.status().as_u16(),
             message: format!("the upload's Location {location:?} is not a URL: {err}"),
         })?;
+        // Credentials and the bundle go only where the registry is: an upload on
+        // another origin (a proxy's `http://` Location for an `https://` registry,
+        // say) would carry the Authorization header there in clear or to a stranger.
+        if put.origin() != start.origin() {
+            return Err(OciError::Status {
+                url: start.to_string(),
+                status: response.status().as_u16(),
+                message: format!(
+                    "the registry opened an upload at {put}, which is not on the registry's own \
+                     scheme, host and port; credentials and the bundle are not sent there (a \
+                     registry behind a TLS proxy must be told its public URL)"
+                ),
+            });
+        }
         put.query_pairs_mut()
             .append_pair("digest", blob.digest.as_str());
         let bytes = blob.bytes.clone();
@@ -308,7 +322,14 @@ impl Registry {
                 uploaded += 1;
             }
         }
-        self.put_manifest(tag, &manifest).await?;
+        if let Err(err) = self.put_manifest(tag, &manifest).await {
+            // A blob this client pushed once may have been deleted since (a registry's
+            // garbage collection of untagged images): look for each one again next time.
+            if let Ok(mut known) = self.known_blobs.lock() {
+                known.clear();
+            }
+            return Err(err);
+        }
         Ok(Pushed {
             manifest: digest,
             uploaded,
@@ -464,7 +485,15 @@ impl Registry {
             status: 401,
             message: format!("the registry's token realm {realm:?} is not a URL: {err}"),
         })?;
-        if url.scheme() != "https" && !(url.scheme() == "http" && self.base.scheme() == "http") {
+        let realm_on_loopback = match url.host() {
+            Some(url::Host::Domain(host)) => host == "localhost",
+            Some(url::Host::Ipv4(address)) => address.is_loopback(),
+            Some(url::Host::Ipv6(address)) => address.is_loopback(),
+            None => false,
+        };
+        if url.scheme() != "https"
+            && !(url.scheme() == "http" && self.base.scheme() == "http" && realm_on_loopback)
+        {
             return Err(OciError::Status {
                 url: self.base.to_string(),
                 status: 401,
@@ -535,7 +564,7 @@ async fn checked(response: Response, url: &Url) -> Result<Response, OciError> {
     if status.is_success() {
         return Ok(response);
     }
-    let text = response.text().await.unwrap_or_default();
+    let text = error_text(response).await;
     let mut message = registry_message(&text);
     match status.as_u16() {
         401 => message.push_str(
@@ -587,6 +616,25 @@ fn registry_message(body: &str) -> String {
     } else {
         trimmed.chars().take(300).collect()
     }
+}
+
+/// The most of an error's body that is read: its message is cut to 300 characters.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// The start of an error answer's body (at most [`MAX_ERROR_BODY`] bytes, after any
+/// decompression), as text: a registry's error may be as large as it likes.
+async fn error_text(mut response: Response) -> String {
+    let mut body = Vec::new();
+    while body.len() < MAX_ERROR_BODY {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = MAX_ERROR_BODY - body.len();
+                body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&body).into_owned()
 }
 
 async fn read_limited(
@@ -921,6 +969,158 @@ mod tests {
             .await
             .expect_err("refused");
         assert!(!err.to_string().contains("not-it"), "{err}");
+    }
+
+    /// What [`pushing_registry`] counted.
+    #[derive(Default)]
+    struct PushCounts {
+        heads: AtomicUsize,
+        uploads: AtomicUsize,
+        manifests: AtomicUsize,
+    }
+
+    /// A registry on loopback that lacks every blob, opens uploads at `location`
+    /// (`{base}` replaced by its URL), takes them, and refuses the first
+    /// `refused_manifests` manifests with BLOB_UNKNOWN (as after a garbage
+    /// collection) and `endless` error bodies when asked to. Its address and counts.
+    async fn pushing_registry(
+        location: &'static str,
+        refused_manifests: usize,
+        endless: bool,
+    ) -> (String, Arc<PushCounts>) {
+        use axum::routing::{post, put};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let address = listener.local_addr().expect("address").to_string();
+        let base = format!("http://{address}");
+        let counts = Arc::new(PushCounts::default());
+        let (heads, uploads, manifests) = (counts.clone(), counts.clone(), counts.clone());
+        let app = axum::Router::new()
+            .route(
+                "/v2/fleet/bundles/blobs/{digest}",
+                axum::routing::head(move || async move {
+                    heads.heads.fetch_add(1, Ordering::SeqCst);
+                    AxumStatus::NOT_FOUND
+                }),
+            )
+            .route(
+                "/v2/fleet/bundles/blobs/uploads/",
+                post(move || async move {
+                    (
+                        AxumStatus::ACCEPTED,
+                        [("location", location.replace("{base}", &base))],
+                    )
+                }),
+            )
+            .route(
+                "/upload",
+                put(move || async move {
+                    uploads.uploads.fetch_add(1, Ordering::SeqCst);
+                    AxumStatus::CREATED
+                }),
+            )
+            .route(
+                "/v2/fleet/bundles/manifests/{tag}",
+                put(move || async move {
+                    let n = manifests.manifests.fetch_add(1, Ordering::SeqCst);
+                    if endless {
+                        let chunk = axum::body::Bytes::from(vec![b'x'; 64 * 1024]);
+                        let stream = futures::stream::repeat_with(move || {
+                            Ok::<_, std::io::Error>(chunk.clone())
+                        });
+                        return (
+                            AxumStatus::INTERNAL_SERVER_ERROR,
+                            axum::body::Body::from_stream(stream),
+                        )
+                            .into_response();
+                    }
+                    if n < refused_manifests {
+                        return (
+                            AxumStatus::BAD_REQUEST,
+                            r#"{"errors":[{"code":"BLOB_UNKNOWN","message":"blob unknown to registry"}]}"#,
+                        )
+                            .into_response();
+                    }
+                    AxumStatus::CREATED.into_response()
+                }),
+            );
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (address, counts)
+    }
+
+    fn artifact() -> Artifact {
+        Artifact {
+            artifact_type: None,
+            config: Blob::empty(),
+            layers: vec![Blob::new("application/octet-stream", b"layer".to_vec())],
+            annotations: BTreeMap::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn blobs_are_looked_for_again_after_the_registry_refused_a_manifest() {
+        let (address, counts) = pushing_registry("{base}/upload", 1, false).await;
+        let registry = client(&address, None);
+        registry
+            .push_over("edge-1", &artifact(), None)
+            .await
+            .expect_err("BLOB_UNKNOWN");
+        assert_eq!(counts.heads.load(Ordering::SeqCst), 2, "config and layer");
+        // Pushed again: the blobs pushed before are not taken for granted.
+        registry
+            .push_over("edge-1", &artifact(), None)
+            .await
+            .expect("pushed");
+        assert_eq!(counts.heads.load(Ordering::SeqCst), 4);
+        assert_eq!(counts.uploads.load(Ordering::SeqCst), 4);
+    }
+
+    #[tokio::test]
+    async fn an_upload_on_another_origin_gets_neither_credentials_nor_the_bundle() {
+        for location in ["http://127.0.0.2:9/upload", "https://localhost:1/upload"] {
+            let (address, counts) = pushing_registry(location, 0, false).await;
+            let err = client(&address, robot())
+                .push_over("edge-1", &artifact(), None)
+                .await
+                .expect_err("refused");
+            assert!(
+                err.to_string()
+                    .contains("which is not on the registry's own scheme, host and port"),
+                "{err}"
+            );
+            assert_eq!(counts.uploads.load(Ordering::SeqCst), 0);
+        }
+    }
+
+    #[tokio::test]
+    async fn an_error_body_is_read_only_so_far() {
+        let (address, _) = pushing_registry("{base}/upload", 0, true).await;
+        let started = Instant::now();
+        let err = tokio::time::timeout(
+            Duration::from_secs(20),
+            client(&address, None).push_over("edge-1", &artifact(), None),
+        )
+        .await
+        .expect("answers without reading the endless body")
+        .expect_err("500");
+        assert_eq!(err.status(), Some(500), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(20));
+    }
+
+    #[tokio::test]
+    async fn a_plain_http_token_service_must_be_on_this_machine_too() {
+        let (address, tokens) = registry(
+            "Bearer t0k".into(),
+            r#"Bearer realm="http://registry.example/token",service="test",scope="repository:fleet/bundles:pull""#,
+        )
+        .await;
+        let err = client(&address, robot())
+            .head_manifest("edge-1")
+            .await
+            .expect_err("refused");
+        assert!(err.to_string().contains("is not https"), "{err}");
+        assert_eq!(tokens.load(Ordering::SeqCst), 0);
     }
 
     #[test]
