@@ -773,8 +773,17 @@ impl HubClient {
         let segments = api::delta(&self.cluster, base.as_str());
         let body = match &self.server {
             Server::File(root) => {
+                // Read no further than a bundle may be: a delta over it is refused below.
+                use std::io::Read as _;
                 let path = in_folder(root, &segments);
-                std::fs::read(&path).ok()
+                let mut body = Vec::new();
+                std::fs::File::open(&path)
+                    .and_then(|file| {
+                        file.take(MAX_BUNDLE_BYTES as u64 + 1)
+                            .read_to_end(&mut body)
+                    })
+                    .ok()
+                    .map(|_| body)
             }
             Server::Http(server) => {
                 let request = self.mirror_file_request(api_url(server, &segments));

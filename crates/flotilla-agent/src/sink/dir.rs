@@ -87,6 +87,9 @@ struct Removal {
     removed: Vec<String>,
     /// Files that could not be removed (they stay in the manifest).
     kept: BTreeSet<String>,
+    /// Files of resources to prune that the manifest did not list (it was lost) and
+    /// that do not carry this cluster's header: not flotilla's, left in place.
+    foreign: BTreeSet<String>,
     failure: Option<String>,
 }
 
@@ -249,7 +252,7 @@ impl DirSink {
             };
         }
 
-        let removal = self.remove_left(&old, &desired, prune);
+        let removal = self.remove_left(&old, &desired, prune, &header);
         let sync = synced.and_then(|()| flotilla_fs::sync_dir(&self.target));
         let previous = self.last_applied.as_deref();
         for entry in prune_phases(prune, previous)
@@ -257,8 +260,14 @@ impl DirSink {
             .flat_map(|(_, group)| group)
         {
             let key = entry.key();
-            let (state, message) = if removal.kept.contains(&file_name(key)) {
+            let name = file_name(key);
+            let (state, message) = if removal.kept.contains(&name) {
                 (ResourceState::Failed, "its file could not be removed")
+            } else if removal.foreign.contains(&name) {
+                (
+                    ResourceState::Pruned,
+                    "its file no longer carries this cluster's flotilla header: left in place",
+                )
             } else {
                 (ResourceState::Pruned, "its file was removed")
             };
@@ -419,24 +428,42 @@ impl DirSink {
         old: &Manifest,
         desired: &DesiredFiles,
         prune: &[InventoryEntry],
+        header: &str,
     ) -> Removal {
         let ordered: Vec<String> = prune_phases(prune, self.last_applied.as_deref())
             .into_iter()
             .flat_map(|(_, group)| group)
             .map(|entry| file_name(entry.key()))
             .collect();
-        let left: BTreeSet<&str> = old
+        let mut left: BTreeSet<&str> = old
             .files
             .sorted()
             .filter(|n| !desired.names.contains(n))
             .collect();
+        let mut removal = Removal::default();
+        // A resource to prune whose file the manifest does not list (the manifest was
+        // lost or damaged, while the inventory was not): its file is removed when it
+        // carries this cluster's header, as such files are adopted for writing.
+        for name in &ordered {
+            if left.contains(name.as_str()) || desired.names.contains(name) {
+                continue;
+            }
+            match self.carries_header(name, header) {
+                Some(true) => {
+                    left.insert(name);
+                }
+                Some(false) => {
+                    removal.foreign.insert(name.clone());
+                }
+                None => {}
+            }
+        }
         let known: BTreeSet<&str> = ordered.iter().map(String::as_str).collect();
         let unknown = left.iter().copied().filter(|n| !known.contains(n));
         let in_order = ordered
             .iter()
             .map(String::as_str)
             .filter(|n| left.contains(n));
-        let mut removal = Removal::default();
         for name in unknown.chain(in_order) {
             match fs::remove_file(self.target.join(name)) {
                 Ok(()) => removal.removed.push(name.to_string()),
@@ -456,10 +483,17 @@ impl DirSink {
     /// A file not in the manifest may still be ours if the manifest was lost (a wiped
     /// state folder): a file that starts with this cluster's flotilla header is adopted.
     fn is_foreign(&self, name: &str, header: &str) -> bool {
-        match fs::read(self.target.join(name)) {
-            Ok(bytes) => !bytes.starts_with(header.as_bytes()),
-            Err(_) => false,
-        }
+        self.carries_header(name, header) == Some(false)
+    }
+
+    /// Whether the file `name` starts with `header`; `None` if it cannot be read.
+    fn carries_header(&self, name: &str, header: &str) -> Option<bool> {
+        use std::io::Read as _;
+        let mut start = Vec::with_capacity(header.len());
+        fs::File::open(self.target.join(name))
+            .and_then(|file| file.take(header.len() as u64).read_to_end(&mut start))
+            .ok()?;
+        Some(start == header.as_bytes())
     }
 }
 
@@ -902,7 +936,7 @@ mod tests {
         .left_out_of(&next);
         let old = sink.load_manifest();
         let desired = sink.desired_files(&next);
-        let removal = sink.remove_left(&old, &desired, &prune);
+        let removal = sink.remove_left(&old, &desired, &prune, &header("edge-1"));
         // The last phase first, each in reverse apply order (its objects before its
         // Namespace); by name alone `pg` would go before `web`.
         assert_eq!(
@@ -968,6 +1002,48 @@ mod tests {
         let state = tempfile::tempdir().expect("tempdir");
         let mut sink = DirSink::new(fixture.target.path(), state.path(), false);
         assert!(!apply(&mut sink, &other, &[]).complete);
+    }
+
+    #[test]
+    fn files_to_prune_after_a_lost_manifest_are_removed_by_their_header() {
+        let fixture = Fixture::new();
+        let bundle = bundle_of(
+            "edge-1",
+            vec![
+                config_map("a", json!({})),
+                config_map("b", json!({})),
+                config_map("c", json!({})),
+            ],
+        );
+        assert!(apply(&mut fixture.sink(false), &bundle, &[]).complete);
+        fs::remove_file(fixture.state.path().join(MANIFEST_FILE)).expect("loses manifest");
+        // c's file was replaced by someone else's since: not flotilla's any more.
+        fs::write(fixture.target.path().join(cm("c")), "kind: ConfigMap\n").expect("writes");
+        let next = bundle_of("edge-1", vec![config_map("a", json!({}))]);
+        let prune = crate::cache::Inventory {
+            sink: fixture.sink(false).id(),
+            applied: Some(bundle.digest.clone()),
+            entries: InventoryEntry::of_bundle(&bundle),
+        }
+        .left_out_of(&next);
+        let outcome = apply(&mut fixture.sink(false), &next, &prune);
+        assert!(outcome.complete, "{outcome:?}");
+        assert_eq!(fixture.files(), [cm("a"), cm("c")]);
+        let message = |name: &str| {
+            outcome
+                .resources
+                .iter()
+                .find(|r| r.key().name() == name)
+                .map(|r| (r.state, r.message.clone()))
+        };
+        assert_eq!(
+            message("b"),
+            Some((ResourceState::Pruned, "its file was removed".to_string()))
+        );
+        assert_eq!(
+            message("c").map(|(_, m)| m),
+            Some("its file no longer carries this cluster's flotilla header: left in place".into())
+        );
     }
 
     #[test]
