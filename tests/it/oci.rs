@@ -463,6 +463,18 @@ async fn publish_oci_then_the_agent_pulls_verifies_applies_and_survives_the_regi
             r.applied.as_ref() == Some(&second.digest) && r.message.contains("refused")
         })
         .await;
+    // The next publish signs the revision it renders, not the one pushed with the
+    // genuine layer by whoever may push to the repository.
+    let (ok, out) = publish(&[]);
+    assert!(ok, "{out}");
+    let (bytes, digest) = client
+        .get_manifest("blue")
+        .await
+        .expect("reads")
+        .expect("tagged");
+    let republished = BundleManifest::parse(&bytes, digest.as_str()).expect("a bundle");
+    assert_eq!(republished.layer, good.layer);
+    assert_eq!(republished.revision, good.revision);
     let mut loose = serde_json::to_vec_pretty(
         &serde_json::from_slice::<serde_json::Value>(&layer).expect("JSON"),
     )

@@ -342,12 +342,32 @@ async fn write_document(
     let bytes = &document_bytes(cluster, digest, revision, body);
     let dir = format!("{clusters}/{cluster}");
     let digest_key = format!("{dir}/{}/{}", api::BUNDLES_BY_DIGEST, digest.as_str());
+    let current_key = format!("{dir}/{}", api::CURRENT_BUNDLE);
+    let current_path = site.shown(&current_key);
+    let previous = site.read(&current_key).await?;
+    // What the previous current document's signature vouches for, when signing.
+    let held = match (writing.signer, previous.as_deref()) {
+        (Some(key), Some(bytes)) => verified_claims(cluster, bytes, key, &current_path, warnings),
+        _ => None,
+    };
     // A digest document's content is fixed by its digest, except for the revision in
     // it: the first one written stays, as on the hub, if it is what its name says.
+    // When signing, only a revision the key signed before stays: whoever can write
+    // the output must not have the key sign a revision of their choosing.
+    let vouched = |existing: &[u8]| {
+        writing.signer.is_none()
+            || held.as_ref().is_some_and(|held| {
+                held.digest == digest.as_str()
+                    && read_claims("", existing).is_ok_and(|c| c.revision == held.revision)
+            })
+    };
     let digest_document = match site.read(&digest_key).await? {
-        Some(existing) if holds(&existing, cluster, digest) => existing,
+        Some(existing) if holds(&existing, cluster, digest) && vouched(&existing) => existing,
         found => {
-            if found.is_some() {
+            if found
+                .as_deref()
+                .is_some_and(|existing| !holds(existing, cluster, digest))
+            {
                 warnings.push(format!(
                     "{} is not the document of {digest} for {cluster}; it was written again",
                     site.shown(&digest_key)
@@ -357,15 +377,9 @@ async fn write_document(
             bytes.clone()
         }
     };
-    let current_key = format!("{dir}/{}", api::CURRENT_BUNDLE);
-    let previous = site.read(&current_key).await?;
     let current_document = match writing.signer {
         None => digest_document,
         Some(key) => {
-            let current_path = site.shown(&current_key);
-            let held = previous
-                .as_deref()
-                .and_then(|bytes| verified_claims(cluster, bytes, key, &current_path, warnings));
             let sequence = next_sequence(held.as_ref(), digest, now_ms(), &current_path)?
                 .max(hub_sequence.unwrap_or(0));
             let claims = read_claims(&site.shown(&digest_key), &digest_document)?;
@@ -1372,6 +1386,59 @@ mod tests {
     }
 
     #[test]
+    fn a_signed_publish_signs_no_revision_planted_in_the_output() {
+        use flotilla_core::bundle::{Resource, ResourceKey, document_bytes, verify_document_parts};
+        use flotilla_core::signing::SigningKey;
+        use std::sync::Arc;
+        let out = tempfile::tempdir().expect("tempdir");
+        let key = SigningKey::from_seed([9; 32]);
+        let resource = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c"}, "data": {"v": "a"}});
+        let resource_key = ResourceKey::of(&resource).expect("identity");
+        let bundle = Bundle::new(
+            "edge-1",
+            vec![Arc::new(Resource::new(resource_key, &resource))],
+        );
+        // Whoever writes the output plants the document of the coming bundle, with a
+        // revision of their choosing.
+        let planted = out.path().join(format!(
+            "v1/clusters/edge-1/bundles/{}",
+            bundle.digest.as_str()
+        ));
+        fs::create_dir_all(planted.parent().expect("folder")).expect("creates");
+        let body = bundle.canonical_body();
+        fs::write(
+            &planted,
+            document_bytes("edge-1", &bundle.digest, "deploy me, I am reviewed", &body),
+        )
+        .expect("plants");
+        let mut output = RenderOutput {
+            revision: "main@sha1:0123456789ab".into(),
+            ..RenderOutput::default()
+        };
+        output.bundles.insert("edge-1".into(), bundle);
+        publish(
+            &output,
+            out.path(),
+            Writing {
+                signer: Some(&key),
+                deltas: 0,
+            },
+        )
+        .expect("publishes");
+        for path in [planted, out.path().join("v1/clusters/edge-1/bundle")] {
+            let bytes = fs::read(&path).expect("reads");
+            let document = verify_document_parts(&bytes, Some("edge-1")).expect("verifies");
+            assert_eq!(
+                document.revision,
+                "main@sha1:0123456789ab",
+                "{}",
+                path.display()
+            );
+        }
+    }
+
+    #[test]
     fn signed_output_continues_its_sequence_across_publishes() {
         use flotilla_core::bundle::{Resource, ResourceKey, verify_document_parts};
         use flotilla_core::signing::{Held, SigningKey, TrustedKeys};
@@ -1445,13 +1512,19 @@ mod tests {
             sequences[2] > sequences[1] && sequences[3] > sequences[2],
             "{sequences:?}"
         );
-        // The documents by digest stay unsigned history, with their first revision.
+        // The documents by digest stay unsigned history. A's kept its first revision
+        // while the signed current document vouched for it; the rollback to A, which
+        // nothing signed vouches for any more, is written with its own revision.
         let by_digest = fs::read_dir(out.path().join("v1/clusters/edge-1/bundles")).expect("dir");
-        for entry in by_digest {
-            let bytes = fs::read(entry.expect("entry").path()).expect("reads");
-            let document = verify_document_parts(&bytes, None).expect("verifies");
-            assert!(document.signature.is_none());
-            assert!(["main@sha1:1", "main@sha1:3"].contains(&document.revision.as_str()));
-        }
+        let mut revisions: Vec<String> = by_digest
+            .map(|entry| {
+                let bytes = fs::read(entry.expect("entry").path()).expect("reads");
+                let document = verify_document_parts(&bytes, None).expect("verifies");
+                assert!(document.signature.is_none());
+                document.revision
+            })
+            .collect();
+        revisions.sort();
+        assert_eq!(revisions, ["main@sha1:3", "main@sha1:4"]);
     }
 }

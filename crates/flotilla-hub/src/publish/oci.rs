@@ -134,22 +134,30 @@ async fn push_document(
             }
         }
     };
-    // The same bundle keeps the revision it was first published with.
+    // What the previous manifest's signature vouches for, when publishing signed.
+    let held = match (signer, &before) {
+        (Some(key), Some(manifest)) => {
+            let claims = Claims {
+                digest: manifest.layer.as_str().to_string(),
+                revision: manifest.revision.clone(),
+                signature: manifest.signature.clone(),
+            };
+            verified(&cluster, claims, key, &shown, warnings)
+        }
+        _ => None,
+    };
+    // The same bundle keeps the revision it was first published with; when signing,
+    // only a revision the key signed before: whoever may push to the registry must
+    // not have the key sign a revision of their choosing.
     let revision = match &before {
-        Some(manifest) if manifest.layer == digest => manifest.revision.clone(),
+        Some(manifest) if manifest.layer == digest && (signer.is_none() || held.is_some()) => {
+            manifest.revision.clone()
+        }
         _ => revision,
     };
     let signature = match signer {
         None => None,
         Some(key) => {
-            let held = before.and_then(|manifest| {
-                let claims = Claims {
-                    digest: manifest.layer.as_str().to_string(),
-                    revision: manifest.revision,
-                    signature: manifest.signature,
-                };
-                verified(&cluster, claims, key, &shown, warnings)
-            });
             let sequence = next_sequence(held.as_ref(), &digest, now_ms(), &shown)?
                 .max(hub_sequence.unwrap_or(0));
             Some(key.sign(&cluster, &digest, &revision, sequence))
