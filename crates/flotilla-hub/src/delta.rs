@@ -180,6 +180,21 @@ impl Deltas {
         }
     }
 
+    /// Ends the making of a delta that is not kept (its base is not in the cluster's
+    /// history, or the making failed for a reason that may pass): the requests waiting
+    /// for it answer with the full document, and the next request tries again.
+    fn forget(&self, key: &Key) {
+        let waiting = self
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .queued
+            .remove(key);
+        if let Some(waiting) = waiting {
+            waiting.notify_waiters();
+        }
+    }
+
     /// How many deltas the cache holds (made or refused).
     pub fn len(&self) -> usize {
         self.state
@@ -285,11 +300,14 @@ fn prepare(
     };
     let (shared, deltas, entry) = (shared.clone(), deltas.clone(), entry.clone());
     tokio::spawn(async move {
-        let delta = make(&shared, &deltas, entry, &key, base).await;
-        if delta.is_some() {
-            shared.metrics.delta_made();
+        match make(&shared, &deltas, entry, &key, base).await {
+            Made::Delta(delta) => {
+                shared.metrics.delta_made();
+                deltas.keep(key, Some(delta));
+            }
+            Made::NoUse => deltas.keep(key, None),
+            Made::NotKept => deltas.forget(&key),
         }
-        deltas.keep(key, delta);
     });
     Some(made)
 }
@@ -367,15 +385,29 @@ pub async fn make_ahead(shared: Arc<Shared>, deltas: Arc<Deltas>) {
     }
 }
 
+/// What making a delta came to.
+enum Made {
+    Delta(Bytes),
+    /// No delta is of use for this key (no smaller than the document, or the two too
+    /// large to compare): remembered, so it is not made again.
+    NoUse,
+    /// None now, and nothing remembered: a base not in the cluster's history (a request
+    /// may name any digest: remembering each would crowd real deltas out of the cache),
+    /// or a failure that may pass (the store, an object, the worker).
+    NotKept,
+}
+
 async fn make(
     shared: &Arc<Shared>,
     deltas: &Deltas,
     entry: Arc<ClusterBundle>,
     key: &Key,
     base: Base,
-) -> Option<Bytes> {
+) -> Made {
     // The semaphore is never closed.
-    let _permit = deltas.workers.clone().acquire_owned().await.ok()?;
+    let Ok(_permit) = deltas.workers.clone().acquire_owned().await else {
+        return Made::NotKept;
+    };
     if base == Base::Unchecked {
         let kept = shared
             .view
@@ -384,16 +416,16 @@ async fn make(
             .await;
         match kept {
             Ok(Some(_)) => {}
-            Ok(None) => return None,
+            Ok(None) => return Made::NotKept,
             Err(err) => {
                 tracing::warn!(cluster = %key.cluster, base = %key.base, "no delta: {err}");
-                return None;
+                return Made::NotKept;
             }
         }
     }
     let shared = shared.clone();
     let base = key.base.clone();
-    let made = tokio::task::spawn_blocking(move || -> Result<Option<Bytes>, String> {
+    let made = tokio::task::spawn_blocking(move || -> Result<Made, String> {
         let reads = shared.view.reads();
         let dictionary = reads.object_blocking(&base).map_err(|e| e.to_string())?;
         if Digest::of(&dictionary) != base {
@@ -403,22 +435,26 @@ async fn make(
             .document(&entry, shared.settings.signing_key.as_deref())
             .map_err(|e| e.to_string())?;
         if dictionary.len() + document.len() > 2 * MAX_BUNDLE_BYTES {
-            return Ok(None);
+            return Ok(Made::NoUse);
         }
         let delta = encode(&dictionary, &document).map_err(|e| e.to_string())?;
         // A delta no smaller than the document is no use.
-        Ok((delta.len() < document.len()).then(|| Bytes::from(delta)))
+        Ok(if delta.len() < document.len() {
+            Made::Delta(Bytes::from(delta))
+        } else {
+            Made::NoUse
+        })
     })
     .await;
     match made {
-        Ok(Ok(delta)) => delta,
+        Ok(Ok(made)) => made,
         Ok(Err(err)) => {
             tracing::warn!(cluster = %key.cluster, base = %key.base, "no delta: {err}");
-            None
+            Made::NotKept
         }
         Err(err) => {
             tracing::warn!(cluster = %key.cluster, base = %key.base, "no delta: {err}");
-            None
+            Made::NotKept
         }
     }
 }
@@ -448,6 +484,38 @@ mod tests {
             "{} bytes for one changed byte",
             frame.len()
         );
+    }
+
+    /// A delta whose making failed, or whose base the cluster's history lacks, leaves
+    /// nothing behind: its waiters answer at once, and the next request asks again
+    /// (before, each was remembered as "no delta": a failure of the store for good,
+    /// and every made-up base a request named crowded real deltas out).
+    #[tokio::test]
+    async fn a_delta_not_kept_wakes_its_waiters_and_is_asked_for_again() {
+        let deltas = Deltas::new();
+        let key = Key {
+            cluster: "c".into(),
+            sequence: 1,
+            target: Digest::of(b"t"),
+            base: Digest::of(b"b"),
+        };
+        let made = Arc::new(Notify::new());
+        deltas
+            .state
+            .lock()
+            .expect("lock")
+            .queued
+            .insert(key.clone(), made.clone());
+        let woken = made.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        deltas.forget(&key);
+        tokio::time::timeout(std::time::Duration::from_secs(5), woken)
+            .await
+            .expect("the waiters are woken");
+        assert!(matches!(deltas.lookup(&key), Lookup::Missing));
+        assert!(deltas.is_empty());
+        assert!(deltas.state.lock().expect("lock").queued.is_empty());
     }
 
     #[test]
