@@ -461,7 +461,10 @@ impl HubClient {
             None if matches!(server, Server::Http(_)) => return Err(ClientError::NoToken),
             None => None,
         };
-        let http = tls.apply(http_client())?.build()?;
+        // A hub reached over TLS is never left for plain HTTP: a redirect to an
+        // `http://` address is refused rather than followed in clear.
+        let https_only = matches!(&server, Server::Http(url) if url.scheme() == "https");
+        let http = tls.apply(http_client().https_only(https_only))?.build()?;
         let registry = match &server {
             Server::Oci(repository) => Some(flotilla_oci::Registry::new(
                 repository.clone(),

@@ -15,6 +15,9 @@ use base64::Engine as _;
 
 use crate::OciError;
 
+/// The user name that marks an identity token (Docker's convention).
+const IDENTITY_TOKEN_USER: &str = "<token>";
+
 /// A user name and password (or identity token) for one registry.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Credentials {
@@ -39,6 +42,12 @@ impl Credentials {
             "Basic {}",
             base64::engine::general_purpose::STANDARD.encode(pair)
         )
+    }
+
+    /// The identity token these credentials are, if they are one: Docker's user name
+    /// `<token>` with the token as the password.
+    pub(crate) fn identity_token(&self) -> Option<&str> {
+        (self.username == IDENTITY_TOKEN_USER).then_some(self.password.as_str())
     }
 
     /// The credentials the Docker configuration file at `path` holds for `registry`
@@ -90,6 +99,14 @@ impl Credentials {
         else {
             return Ok(None);
         };
+        // An identity token comes first: beside it, `auth` holds a placeholder user
+        // with an empty password (`az acr login` writes both).
+        if let Some(token) = entry.identitytoken.as_deref().filter(|t| !t.is_empty()) {
+            return Ok(Some(Credentials {
+                username: IDENTITY_TOKEN_USER.into(),
+                password: token.to_string(),
+            }));
+        }
         if let Some(auth) = entry.auth.as_deref().filter(|a| !a.is_empty()) {
             let decoded = base64::engine::general_purpose::STANDARD
                 .decode(auth.trim())
@@ -108,13 +125,6 @@ impl Credentials {
             return Ok(Some(Credentials {
                 username: username.clone(),
                 password: password.clone(),
-            }));
-        }
-        if let Some(token) = &entry.identitytoken {
-            // Docker's convention for an identity token: the user name `<token>`.
-            return Ok(Some(Credentials {
-                username: "<token>".into(),
-                password: token.clone(),
             }));
         }
         Ok(None)

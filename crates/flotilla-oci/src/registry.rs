@@ -502,21 +502,48 @@ impl Registry {
                 ),
             });
         }
+        let request = match self
+            .credentials
+            .as_ref()
+            .and_then(Credentials::identity_token)
         {
-            let mut query = url.query_pairs_mut();
-            if let Some(service) = service {
-                query.append_pair("service", service);
+            // An identity token (a refresh token, as `az acr login` and some `docker
+            // login`s leave) is exchanged by OAuth2 for an access token, as Docker does.
+            Some(refresh_token) => {
+                let mut form = vec![
+                    ("grant_type", "refresh_token"),
+                    ("refresh_token", refresh_token),
+                    ("client_id", "flotilla"),
+                    ("scope", scope),
+                ];
+                if let Some(service) = service {
+                    form.push(("service", service));
+                }
+                let body = url::form_urlencoded::Serializer::new(String::new())
+                    .extend_pairs(form)
+                    .finish();
+                self.http
+                    .request(Method::POST, url.clone())
+                    .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+                    .body(body)
             }
-            query.append_pair("scope", scope);
-        }
-        let mut request = self
-            .http
-            .request(Method::GET, url.clone())
-            .timeout(REQUEST_TIMEOUT);
-        if let Some(credentials) = &self.credentials {
-            request = request.header(header::AUTHORIZATION, credentials.basic());
-        }
+            None => {
+                {
+                    let mut query = url.query_pairs_mut();
+                    if let Some(service) = service {
+                        query.append_pair("service", service);
+                    }
+                    query.append_pair("scope", scope);
+                }
+                let mut request = self.http.request(Method::GET, url.clone());
+                if let Some(credentials) = &self.credentials {
+                    request = request.header(header::AUTHORIZATION, credentials.basic());
+                }
+                request
+            }
+        };
         let response = request
+            .timeout(REQUEST_TIMEOUT)
             .send()
             .await
             .map_err(|err| unreachable(&url, &err))?;
@@ -743,6 +770,24 @@ mod tests {
                         handed.fetch_add(1, Ordering::SeqCst);
                         r#"{"token":"t0k","expires_in":300}"#.into_response()
                     },
+                )
+                .post(
+                    // OAuth2: an identity (refresh) token exchanged for an access token.
+                    move |form: axum::extract::Form<BTreeMap<String, String>>| async move {
+                        let wanted = [
+                            ("grant_type", "refresh_token"),
+                            ("refresh_token", "id-t0k"),
+                            ("scope", "repository:fleet/bundles:pull"),
+                            ("service", "test"),
+                        ];
+                        if wanted
+                            .iter()
+                            .any(|(k, v)| form.get(*k).map(String::as_str) != Some(*v))
+                        {
+                            return AxumStatus::UNAUTHORIZED.into_response();
+                        }
+                        r#"{"access_token":"t0k","expires_in":300}"#.into_response()
+                    },
                 ),
             );
         tokio::spawn(async move { axum::serve(listener, app).await });
@@ -792,6 +837,39 @@ mod tests {
             .await
             .expect_err("refused");
         assert_eq!(err.status(), Some(401), "{err}");
+    }
+
+    #[tokio::test]
+    async fn an_identity_token_is_exchanged_for_an_access_token() {
+        let (address, tokens) = registry(
+            "Bearer t0k".into(),
+            r#"Bearer realm="{base}/token",service="test",scope="repository:fleet/bundles:pull""#,
+        )
+        .await;
+        let config = tempfile::tempdir().expect("tempdir");
+        let path = config.path().join("config.json");
+        // As `az acr login` writes it: a placeholder user beside the identity token.
+        use base64::Engine as _;
+        let placeholder = base64::engine::general_purpose::STANDARD
+            .encode("00000000-0000-0000-0000-000000000000:");
+        std::fs::write(
+            &path,
+            format!(
+                r#"{{"auths":{{"{address}":{{"auth":"{placeholder}","identitytoken":"id-t0k"}}}}}}"#
+            ),
+        )
+        .expect("writes");
+        let credentials = Credentials::from_docker_config(&path, &address).expect("reads");
+        let digest = client(&address, credentials)
+            .head_manifest("edge-1")
+            .await
+            .expect("answers");
+        assert_eq!(digest.map(|d| d.to_string()).as_deref(), Some(DIGEST));
+        assert_eq!(
+            tokens.load(Ordering::SeqCst),
+            0,
+            "no basic credentials sent"
+        );
     }
 
     /// What the registry of [`expiring_tokens_registry`] counted.
