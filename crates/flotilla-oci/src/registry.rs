@@ -480,7 +480,7 @@ impl Registry {
         service: Option<&str>,
         scope: &str,
     ) -> Result<(String, Duration), OciError> {
-        let mut url = Url::parse(realm).map_err(|err| OciError::Status {
+        let url = Url::parse(realm).map_err(|err| OciError::Status {
             url: self.base.to_string(),
             status: 401,
             message: format!("the registry's token realm {realm:?} is not a URL: {err}"),
@@ -502,13 +502,36 @@ impl Registry {
                 ),
             });
         }
-        let request = match self
+        // The query of a token request by GET, with the credentials as Basic.
+        let get = |mut url: Url| {
+            {
+                let mut query = url.query_pairs_mut();
+                if let Some(service) = service {
+                    query.append_pair("service", service);
+                }
+                query.append_pair("scope", scope);
+            }
+            let mut request = self.http.request(Method::GET, url.clone());
+            if let Some(credentials) = &self.credentials {
+                request = request.header(header::AUTHORIZATION, credentials.basic());
+            }
+            (request, url)
+        };
+        let send = |request: RequestBuilder, url: Url| async move {
+            request
+                .timeout(REQUEST_TIMEOUT)
+                .send()
+                .await
+                .map_err(|err| unreachable(&url, &err))
+        };
+        let (response, url) = match self
             .credentials
             .as_ref()
             .and_then(Credentials::identity_token)
         {
             // An identity token (a refresh token, as `az acr login` and some `docker
-            // login`s leave) is exchanged by OAuth2 for an access token, as Docker does.
+            // login`s leave) is exchanged by OAuth2 for an access token, as Docker
+            // does; a token service without OAuth2 (404 to the POST) is asked by GET.
             Some(refresh_token) => {
                 let mut form = vec![
                     ("grant_type", "refresh_token"),
@@ -522,31 +545,24 @@ impl Registry {
                 let body = url::form_urlencoded::Serializer::new(String::new())
                     .extend_pairs(form)
                     .finish();
-                self.http
+                let post = self
+                    .http
                     .request(Method::POST, url.clone())
                     .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-                    .body(body)
+                    .body(body);
+                let response = send(post, url.clone()).await?;
+                if response.status() == StatusCode::NOT_FOUND {
+                    let (request, url) = get(url);
+                    (send(request, url.clone()).await?, url)
+                } else {
+                    (response, url)
+                }
             }
             None => {
-                {
-                    let mut query = url.query_pairs_mut();
-                    if let Some(service) = service {
-                        query.append_pair("service", service);
-                    }
-                    query.append_pair("scope", scope);
-                }
-                let mut request = self.http.request(Method::GET, url.clone());
-                if let Some(credentials) = &self.credentials {
-                    request = request.header(header::AUTHORIZATION, credentials.basic());
-                }
-                request
+                let (request, url) = get(url);
+                (send(request, url.clone()).await?, url)
             }
         };
-        let response = request
-            .timeout(REQUEST_TIMEOUT)
-            .send()
-            .await
-            .map_err(|err| unreachable(&url, &err))?;
         let response = checked(response, &url).await?;
         #[derive(serde::Deserialize)]
         struct Token {
