@@ -229,10 +229,14 @@ pub(crate) fn render_inner(
         (ClusterInputs::default(), found)
     };
     let targeted = &found.targeted;
+    let hub_secret = match &options.sops {
+        crate::sops::SopsKeys::Open(keys) => keys.sealing_secret(),
+        crate::sops::SopsKeys::Unopened => None,
+    };
     let sealer = options
         .helm_seed
         .as_ref()
-        .map(crate::seal::Sealer::from_hub_seed);
+        .map(|seed| crate::seal::Sealer::new(seed, hub_secret.as_ref()));
     if sealer.is_some() {
         crate::seal::next_render();
     }

@@ -188,10 +188,27 @@ pub fn next_render() {
 }
 
 impl Sealer {
-    /// The sealer of the hub whose seed (the store's, never the public one) is `seed`.
+    /// The sealer of the hub whose seed (the store's, never the public one) is `seed`,
+    /// without a secret of the hub's own: what a fleet without SOPS files seals with
+    /// (its Secrets are in Git in plain text). Whoever reads the seed can work out
+    /// its file keys; see [`Sealer::new`].
     pub fn from_hub_seed(seed: &[u8; 32]) -> Sealer {
+        Sealer::new(seed, None)
+    }
+
+    /// The sealer of the hub whose seed is `seed` and whose own secret (derived from
+    /// its decryption identity, `DecryptionKeys::sealing_secret`) is `hub_secret`. The sealing key is an
+    /// HMAC under the seed of both: the seed is in the store, shared by its hubs and
+    /// in its backups, and with the seed alone anyone could work out every agent's
+    /// file key and open every sealed value; with the hub's secret mixed in, that
+    /// takes the hub's identity too, which opens the fleet's SOPS files anyway.
+    pub fn new(seed: &[u8; 32], hub_secret: Option<&[u8; 32]>) -> Sealer {
         let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(seed).expect("any key length");
         mac.update(b"flotilla.dev/v1 secret sealing key");
+        if let Some(secret) = hub_secret {
+            mac.update(b" with the hub's secret");
+            mac.update(secret);
+        }
         let key: [u8; 32] = mac.finalize().into_bytes().into();
         let mut nonces = <Hmac<Sha256> as Mac>::new_from_slice(&key).expect("any key length");
         nonces.update(b"flotilla.dev/v1 payload nonce");

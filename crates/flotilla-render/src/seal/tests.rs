@@ -555,3 +555,68 @@ fn agent_keys_read_on_the_fast_path_are_the_bech32_crates_and_the_rest_fall_back
         AgentKey::parse(&text)
     );
 }
+
+/// What a reader of the store's seed could make of a sealed file with `sealer`'s
+/// key: the file key that key derives for `agent`, and with it the payload opened
+/// (one chunk), without the agent's private key.
+fn open_with_derived_file_key(sealer: &Sealer, agent: &AgentKey, sealed: &[u8]) -> Option<Vec<u8>> {
+    use ring::aead::{Aad, Nonce};
+    let (file_key, _) = sealer.header_keys(agent);
+    let mac_line = sealed.windows(4).position(|w| w == b"\n---")? + 1;
+    let header_end = mac_line + sealed[mac_line..].iter().position(|&b| b == b'\n')? + 1;
+    let nonce: [u8; 16] = sealed.get(header_end..header_end + 16)?.try_into().ok()?;
+    let key = chacha20_poly1305_key(&hkdf_32(&nonce, &file_key, b"payload"));
+    let mut body = sealed[header_end + 16..].to_vec();
+    let mut chunk_nonce = [0u8; 12];
+    chunk_nonce[11] = 1;
+    key.open_in_place(
+        Nonce::assume_unique_for_key(chunk_nonce),
+        Aad::empty(),
+        &mut body,
+    )
+    .ok()
+    .map(|plain| plain.to_vec())
+}
+
+/// The store's seed alone opens no sealed value of a hub with a decryption identity:
+/// the sealing key mixes in a secret derived from that identity. (Without one, the
+/// fleet has no SOPS files, its Secrets are plain text in Git, and the seed's file
+/// keys open their sealed copies: the helper below shows that it would open them.)
+#[test]
+fn the_stores_seed_alone_opens_no_sealed_value() {
+    let seed = [13; 32];
+    let agent = key_of(AGENT);
+    let keys = crate::sops::DecryptionKeys::from_identity_file(OTHER).expect("an identity");
+    let secret = keys.sealing_secret().expect("a secret");
+    let sealer = Sealer::new(&seed, Some(&secret));
+    let sealed = sealer.seal(&agent, "v1/Secret/shop/db", b"hunter2");
+    assert_eq!(open(AGENT, &sealed).as_deref(), Some(&b"hunter2"[..]));
+    assert_eq!(
+        open_with_derived_file_key(&Sealer::from_hub_seed(&seed), &agent, &sealed),
+        None,
+        "the seed alone must not open it"
+    );
+    // The helper opens what the seed alone sealed, and what a key with the secret did.
+    assert_eq!(
+        open_with_derived_file_key(&sealer, &agent, &sealed).as_deref(),
+        Some(&b"hunter2"[..])
+    );
+    let seed_only = Sealer::from_hub_seed(&seed).seal(&agent, "v1/Secret/shop/db", b"hunter2");
+    assert_eq!(
+        open_with_derived_file_key(&Sealer::from_hub_seed(&seed), &agent, &seed_only).as_deref(),
+        Some(&b"hunter2"[..])
+    );
+    // The secret depends on the first identity only, and is the same every time.
+    assert_eq!(
+        crate::sops::DecryptionKeys::from_identity_file(OTHER)
+            .expect("an identity")
+            .sealing_secret(),
+        Some(secret)
+    );
+    assert_ne!(
+        crate::sops::DecryptionKeys::from_identity_file(AGENT)
+            .expect("an identity")
+            .sealing_secret(),
+        Some(secret)
+    );
+}

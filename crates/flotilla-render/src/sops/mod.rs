@@ -107,6 +107,20 @@ impl DecryptionKeys {
         self.identities.iter().map(line).chain(tenants).collect()
     }
 
+    /// The hub's own secret for sealing Secrets to agents: derived (HKDF-SHA256, with
+    /// a label of its own) from the first identity, the key the operator already
+    /// holds to open the fleet's SOPS files; `None` without one. It is never stored:
+    /// every hub of a store, and `publish`, given the same first identity, seal
+    /// alike. Replacing the first identity (a rotation) seals every Secret anew once.
+    pub fn sealing_secret(&self) -> Option<[u8; 32]> {
+        let identity = self.identity_lines().into_iter().next()?;
+        let hkdf = hkdf::Hkdf::<sha2::Sha256>::new(None, identity.as_bytes());
+        let mut secret = [0u8; 32];
+        hkdf.expand(b"flotilla.dev/v1 hub sealing secret", &mut secret)
+            .ok()?;
+        Some(secret)
+    }
+
     /// Reads what [`DecryptionKeys::identity_lines`] wrote.
     pub fn from_lines(lines: &[String]) -> Result<DecryptionKeys, String> {
         let mut keys = DecryptionKeys::default();
