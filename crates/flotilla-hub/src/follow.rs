@@ -869,7 +869,7 @@ impl Follower {
                 })
                 .await
                 .map_err(|e| SourceError::Io {
-                    path: self.spec.repo.clone(),
+                    path: git::RemoteUrl::parse(&self.spec.repo).shown,
                     message: e.to_string(),
                 })??;
                 if self.last_files.as_ref() == Some(&snapshot.files) && snapshot.problems.is_empty()
@@ -913,7 +913,7 @@ impl Follower {
         })
         .await
         .map_err(|e| SourceError::Io {
-            path: self.spec.repo.clone(),
+            path: git::RemoteUrl::parse(&self.spec.repo).shown,
             message: e.to_string(),
         })?;
         self.blob_texts = texts;

@@ -204,9 +204,132 @@ pub fn watch_paths(repo_path: &Path) -> Result<Vec<(PathBuf, bool)>, SourceError
     Ok(paths)
 }
 
+/// A remote repository's URL with its credentials taken out: git is given the URL
+/// without them (so they are never in its arguments, where `ps` shows them, in the
+/// mirror's `config`, or in any message that quotes the URL), and the credentials
+/// through a helper that answers only the URL's own protocol and host.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RemoteUrl {
+    /// The URL without user name or password: what git is given and what is shown.
+    pub shown: String,
+    credentials: Option<HttpCredentials>,
+}
+
+#[derive(Clone, PartialEq, Eq)]
+struct HttpCredentials {
+    protocol: String,
+    /// As git names it to a helper: the host, with the port when it is not the
+    /// scheme's own.
+    host: String,
+    username: String,
+    password: String,
+}
+
+impl std::fmt::Debug for RemoteUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteUrl")
+            .field("shown", &self.shown)
+            .field(
+                "credentials",
+                &self.credentials.as_ref().map(|_| "<hidden>"),
+            )
+            .finish()
+    }
+}
+
+/// The helper git asks for credentials (`!` runs it with the shell, the action
+/// appended): it answers `get` for the protocol and host of the URL only, so a
+/// redirect to another host gets nothing.
+const CREDENTIAL_HELPER: &str = "!f() { test \"$1\" = get || exit 0; p=; h=; \
+    while IFS= read -r l; do case \"$l\" in protocol=*) p=${l#protocol=};; host=*) h=${l#host=};; esac; done; \
+    if [ \"$p\" = \"$FLOTILLA_GIT_PROTOCOL\" ] && [ \"$h\" = \"$FLOTILLA_GIT_HOST\" ]; then \
+    printf 'username=%s\\npassword=%s\\n' \"$FLOTILLA_GIT_USERNAME\" \"$FLOTILLA_GIT_PASSWORD\"; fi; }; f";
+
+impl RemoteUrl {
+    /// Takes the user name and password out of an `http://` or `https://` URL (and
+    /// the password out of any other URL that has one); other URLs stay as they are.
+    pub fn parse(url: &str) -> RemoteUrl {
+        let unchanged = || RemoteUrl {
+            shown: url.to_string(),
+            credentials: None,
+        };
+        let Ok(mut parsed) = url::Url::parse(url) else {
+            return unchanged();
+        };
+        let http = matches!(parsed.scheme(), "http" | "https");
+        let has_user = http && !parsed.username().is_empty();
+        if parsed.password().is_none() && !has_user {
+            return unchanged();
+        }
+        let credentials = http.then(|| HttpCredentials {
+            protocol: parsed.scheme().to_string(),
+            host: match parsed.port() {
+                Some(port) => format!("{}:{port}", parsed.host_str().unwrap_or_default()),
+                None => parsed.host_str().unwrap_or_default().to_string(),
+            },
+            username: percent_decoded(parsed.username()),
+            password: parsed.password().map(percent_decoded).unwrap_or_default(),
+        });
+        let _ = parsed.set_password(None);
+        if http {
+            let _ = parsed.set_username("");
+        }
+        RemoteUrl {
+            shown: parsed.to_string(),
+            credentials,
+        }
+    }
+
+    /// The environment that gives git the credentials: its list of credential
+    /// helpers emptied (so none of the machine's answers first) and this one added.
+    fn git_env(&self) -> Vec<(&'static str, String)> {
+        let Some(c) = &self.credentials else {
+            return Vec::new();
+        };
+        vec![
+            ("GIT_CONFIG_COUNT", "2".into()),
+            ("GIT_CONFIG_KEY_0", "credential.helper".into()),
+            ("GIT_CONFIG_VALUE_0", String::new()),
+            ("GIT_CONFIG_KEY_1", "credential.helper".into()),
+            ("GIT_CONFIG_VALUE_1", CREDENTIAL_HELPER.into()),
+            ("FLOTILLA_GIT_PROTOCOL", c.protocol.clone()),
+            ("FLOTILLA_GIT_HOST", c.host.clone()),
+            ("FLOTILLA_GIT_USERNAME", c.username.clone()),
+            ("FLOTILLA_GIT_PASSWORD", c.password.clone()),
+        ]
+    }
+}
+
+/// `%XX` sequences decoded (a URL's user name and password are percent-encoded).
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%'
+            && let (Some(hi), Some(lo)) = (
+                bytes.get(i + 1).copied().and_then(hex),
+                bytes.get(i + 2).copied().and_then(hex),
+            )
+        {
+            out.push((hi * 16 + lo) as u8);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Keeps a bare mirror of `url` at `mirror`: clones it the first time, fetches every
-/// branch after that. Gives up after `timeout`.
+/// branch after that. Gives up after `timeout`. Credentials in the URL reach git
+/// only through [`RemoteUrl`]'s helper.
 pub async fn mirror(url: &str, mirror: &Path, timeout: Duration) -> Result<(), SourceError> {
+    let remote = RemoteUrl::parse(url);
+    let env = remote.git_env();
+    let url = remote.shown.as_str();
     if mirror.join("HEAD").is_file() {
         run_git(
             &[
@@ -217,6 +340,7 @@ pub async fn mirror(url: &str, mirror: &Path, timeout: Duration) -> Result<(), S
                 "origin",
                 url,
             ],
+            &env,
             timeout,
         )
         .await?;
@@ -230,6 +354,7 @@ pub async fn mirror(url: &str, mirror: &Path, timeout: Duration) -> Result<(), S
                 "origin",
                 "+refs/heads/*:refs/heads/*",
             ],
+            &env,
             timeout,
         )
         .await
@@ -251,6 +376,7 @@ pub async fn mirror(url: &str, mirror: &Path, timeout: Duration) -> Result<(), S
                 url,
                 &partial.display().to_string(),
             ],
+            &env,
             timeout,
         )
         .await?;
@@ -261,10 +387,15 @@ pub async fn mirror(url: &str, mirror: &Path, timeout: Duration) -> Result<(), S
     }
 }
 
-async fn run_git(args: &[&str], timeout: Duration) -> Result<(), SourceError> {
+async fn run_git(
+    args: &[&str],
+    env: &[(&'static str, String)],
+    timeout: Duration,
+) -> Result<(), SourceError> {
     let shown = format!("git {}", args.join(" "));
     let child = tokio::process::Command::new("git")
         .args(args)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .env("GIT_TERMINAL_PROMPT", "0")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -307,6 +438,170 @@ mod tests {
         assert!(!is_remote("fleet-example"));
         assert!(!is_remote("/srv/fleet"));
         assert!(!is_remote("./a@b/c:d"));
+    }
+
+    #[test]
+    fn credentials_are_taken_out_of_a_remote_url() {
+        let remote =
+            RemoteUrl::parse("https://robot:s%40cret@git.example.invalid:8443/org/fleet.git");
+        assert_eq!(
+            remote.shown,
+            "https://git.example.invalid:8443/org/fleet.git"
+        );
+        let env = remote.git_env();
+        let value = |key: &str| env.iter().find(|(k, _)| *k == key).map(|(_, v)| v.as_str());
+        assert_eq!(value("FLOTILLA_GIT_HOST"), Some("git.example.invalid:8443"));
+        assert_eq!(value("FLOTILLA_GIT_USERNAME"), Some("robot"));
+        assert_eq!(value("FLOTILLA_GIT_PASSWORD"), Some("s@cret"));
+        assert_eq!(value("FLOTILLA_GIT_PROTOCOL"), Some("https"));
+        assert!(!format!("{remote:?}").contains("cret"));
+        // A token as the user name; the scheme's own port is not named.
+        let remote = RemoteUrl::parse("https://ghp_token@github.example.invalid/org/fleet.git");
+        assert_eq!(remote.shown, "https://github.example.invalid/org/fleet.git");
+        assert!(
+            remote
+                .git_env()
+                .contains(&("FLOTILLA_GIT_HOST", "github.example.invalid".into()))
+        );
+        // Nothing to take out: as given, and no helper.
+        for url in [
+            "https://git.example.invalid/org/fleet.git",
+            "git@git.example.invalid:org/fleet.git",
+            "ssh://git@git.example.invalid/org/fleet.git",
+            "file:///srv/fleet.git",
+        ] {
+            let remote = RemoteUrl::parse(url);
+            assert_eq!(remote.shown, url);
+            assert!(remote.git_env().is_empty());
+        }
+        // An SSH URL's password is taken out (git cannot use it anyway).
+        assert_eq!(
+            RemoteUrl::parse("ssh://git:pw@git.example.invalid/org/fleet.git").shown,
+            "ssh://git@git.example.invalid/org/fleet.git"
+        );
+    }
+
+    /// A repository served over HTTP (git's dumb protocol: the files of a bare
+    /// repository) by a server that wants HTTP basic credentials robot:s3cret.
+    /// Its address and how many requests came with them.
+    async fn private_http_repository(
+        bare: std::path::PathBuf,
+    ) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use axum::http::{HeaderMap, StatusCode};
+        use axum::response::IntoResponse;
+        use base64::Engine as _;
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let address = listener.local_addr().expect("address").to_string();
+        let wanted = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode("robot:s3cret")
+        );
+        let authorized = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = authorized.clone();
+        let app = axum::Router::new().route(
+            "/fleet.git/{*path}",
+            axum::routing::get(
+                move |axum::extract::Path(path): axum::extract::Path<String>,
+                      headers: HeaderMap| {
+                    let (bare, wanted, counted) = (bare.clone(), wanted.clone(), counted.clone());
+                    async move {
+                        let given = headers.get("authorization").and_then(|v| v.to_str().ok());
+                        if given != Some(wanted.as_str()) {
+                            return (
+                                StatusCode::UNAUTHORIZED,
+                                [("www-authenticate", "Basic realm=\"fleet\"")],
+                            )
+                                .into_response();
+                        }
+                        counted.fetch_add(1, Ordering::SeqCst);
+                        if path.split('/').any(|part| part == "..") {
+                            return StatusCode::NOT_FOUND.into_response();
+                        }
+                        match std::fs::read(bare.join(&path)) {
+                            Ok(bytes) => bytes.into_response(),
+                            Err(_) => StatusCode::NOT_FOUND.into_response(),
+                        }
+                    }
+                },
+            ),
+        );
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (address, authorized)
+    }
+
+    /// Credentials in the URL reach the server through git's credential helper, and
+    /// never the mirror's configuration nor an error message.
+    #[tokio::test]
+    async fn a_private_repository_is_mirrored_without_its_credentials_anywhere() {
+        if std::process::Command::new("git")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            eprintln!("SKIPPED: git is not installed; this test runs git itself");
+            return;
+        }
+        let work = tempfile::tempdir().expect("tempdir");
+        let source = work.path().join("source");
+        let repo = git2::Repository::init(&source).expect("init");
+        std::fs::write(source.join("README.md"), "fleet\n").expect("writes");
+        let mut index = repo.index().expect("index");
+        index.add_path(Path::new("README.md")).expect("adds");
+        let tree = repo
+            .find_tree(index.write_tree().expect("tree"))
+            .expect("tree");
+        let who = git2::Signature::now("platform team", "platform@example.invalid").expect("sig");
+        repo.commit(Some("HEAD"), &who, &who, "first", &tree, &[])
+            .expect("commit");
+        let bare = work.path().join("fleet.git");
+        let status = std::process::Command::new("git")
+            .args(["clone", "--bare", "--quiet"])
+            .arg(&source)
+            .arg(&bare)
+            .status()
+            .expect("git runs");
+        assert!(status.success());
+        let status = std::process::Command::new("git")
+            .arg("-C")
+            .arg(&bare)
+            .arg("update-server-info")
+            .status()
+            .expect("git runs");
+        assert!(status.success());
+        let (address, authorized) = private_http_repository(bare).await;
+
+        let mirrored = work.path().join("state/repository.git");
+        let url = format!("http://robot:s3cret@{address}/fleet.git");
+        mirror(&url, &mirrored, Duration::from_secs(60))
+            .await
+            .expect("mirrors with the credentials");
+        assert!(authorized.load(std::sync::atomic::Ordering::SeqCst) > 0);
+        // Fetched again, from the mirror as it is now.
+        mirror(&url, &mirrored, Duration::from_secs(60))
+            .await
+            .expect("fetches");
+        let config = std::fs::read_to_string(mirrored.join("config")).expect("config");
+        assert!(
+            !config.contains("s3cret") && !config.contains("robot"),
+            "{config}"
+        );
+        assert!(
+            config.contains(&format!("http://{address}/fleet.git")),
+            "{config}"
+        );
+
+        // A wrong password: refused, and no message quotes it.
+        let err = mirror(
+            &format!("http://robot:wr0ng@{address}/fleet.git"),
+            &work.path().join("other/repository.git"),
+            Duration::from_secs(60),
+        )
+        .await
+        .expect_err("refused");
+        assert!(!err.to_string().contains("wr0ng"), "{err}");
     }
 
     #[test]
