@@ -309,7 +309,12 @@ pub struct ServeArgs {
     /// user@host:path), which is mirrored into the state dir. A token in an https://
     /// URL is given to git by a credential helper, never in its arguments or the
     /// mirror's config (docs/scaling.md); FLOTILLA_REPO keeps it off the command line.
-    #[arg(long, env = "FLOTILLA_REPO", default_value = ".", value_name = "PATH|URL")]
+    #[arg(
+        long,
+        env = "FLOTILLA_REPO",
+        default_value = ".",
+        value_name = "PATH|URL"
+    )]
     pub repo: String,
     /// The branch to follow [default: the repository's HEAD].
     #[arg(long, value_name = "BRANCH")]

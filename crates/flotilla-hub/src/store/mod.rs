@@ -247,6 +247,7 @@ impl Database {
 
 /// `postgres://user:secret@host/db` → `postgres://user:…@host/db`.
 fn redact_password(url: &str) -> String {
+    let url = &redact_query_passwords(url);
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
@@ -264,6 +265,24 @@ fn redact_password(url: &str) -> String {
         }
         None => url.to_string(),
     }
+}
+
+/// `url` with the value of any `password` (or `…password`, as `sslpassword`) query
+/// parameter hidden: PostgreSQL URLs may carry the password there too.
+fn redact_query_passwords(url: &str) -> String {
+    let Some((base, query)) = url.split_once('?') else {
+        return url.to_string();
+    };
+    let params: Vec<String> = query
+        .split('&')
+        .map(|param| match param.split_once('=') {
+            Some((key, _)) if key.to_ascii_lowercase().ends_with("password") => {
+                format!("{key}=…")
+            }
+            _ => param.to_string(),
+        })
+        .collect();
+    format!("{base}?{}", params.join("&"))
 }
 
 /// The schema's migrations, the files in `migrations/`, compiled in. They are
@@ -1250,9 +1269,15 @@ async fn connect(
         .connect_with(options)
         .await
         .map_err(db_error)?;
-    sqlx::migrate::Migrator::new(EmbeddedMigrations(MIGRATIONS))
+    // A store a newer flotilla has migrated further still opens: its migrations only
+    // add (tables, columns with defaults), so this version reads and writes what it
+    // knows. Without this, one hub upgraded first on a shared database would stop the
+    // others (and older command lines, and a rollback) from starting.
+    let mut migrator = sqlx::migrate::Migrator::new(EmbeddedMigrations(MIGRATIONS))
         .await
-        .map_err(|source| db_error(source.into()))?
+        .map_err(|source| db_error(source.into()))?;
+    migrator.set_ignore_missing(true);
+    migrator
         .run(&pool)
         .await
         .map_err(|source| db_error(source.into()))?;
@@ -1927,6 +1952,72 @@ mod tests {
         let store = Store::open(dir.path()).await.expect("opens");
         let clusters = store.clusters().await.expect("reads");
         assert_eq!(clusters, [changed("red", 'a', "main@sha1:1")]);
+        store.close().await;
+    }
+
+    #[test]
+    fn database_passwords_are_hidden_wherever_the_url_holds_them() {
+        assert_eq!(
+            redact_password("postgres://flotilla:s3cret@db:5432/fleet"),
+            "postgres://flotilla:…@db:5432/fleet"
+        );
+        assert_eq!(
+            redact_password("postgres://db/fleet?user=flotilla&password=s3cret&sslmode=require"),
+            "postgres://db/fleet?user=flotilla&password=…&sslmode=require"
+        );
+        assert_eq!(
+            redact_password("postgres://u:p@db/fleet?sslpassword=k3y"),
+            "postgres://u:…@db/fleet?sslpassword=…"
+        );
+        assert_eq!(
+            redact_password("postgres://db/fleet"),
+            "postgres://db/fleet"
+        );
+    }
+
+    /// A store that a newer flotilla migrated further (a migration this version does
+    /// not know is recorded) opens, and keeps what it holds.
+    #[tokio::test]
+    async fn a_store_migrated_by_a_newer_version_still_opens() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path()).await.expect("opens");
+        store
+            .insert_token(&crate::store::StoredToken {
+                id: "newer1".into(),
+                hash: "0".repeat(64),
+                cluster: Some("red".into()),
+                admin: false,
+                role: None,
+                tenant: None,
+                created_at_ms: 0,
+                revoked_at_ms: None,
+            })
+            .await
+            .expect("a token");
+        store.close().await;
+        {
+            let options = SqliteConnectOptions::from_str("sqlite://")
+                .expect("options")
+                .filename(dir.path().join("flotilla.db"));
+            let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                .connect_with(options)
+                .await
+                .expect("connects");
+            sqlx::raw_sql(
+                "CREATE TABLE later_feature (id INTEGER PRIMARY KEY); \
+                 INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+                 VALUES (9999, 'a later feature', 1, x'00', 0);",
+            )
+            .execute(&pool)
+            .await
+            .expect("a later migration");
+            pool.close().await;
+        }
+        let store = Store::open(dir.path())
+            .await
+            .expect("opens after a newer version");
+        let tokens = store.tokens().await.expect("reads");
+        assert!(tokens.iter().any(|t| t.id == "newer1"), "{tokens:?}");
         store.close().await;
     }
 
