@@ -296,6 +296,13 @@ fn git_symlink_outside_the_fleet() {
     link("../../secret.yaml", "clusters/edge-2.yaml");
     link("/etc/hostname", "clusters/edge-3.yaml");
     link("edge-1.yaml", "clusters/edge-4.yaml");
+    // A link to a file over the size limit: refused by the target's size, unread.
+    let big = format!(
+        "# {}\n",
+        "x".repeat(flotilla_core::snapshot::MAX_FILE_BYTES as usize)
+    );
+    std::fs::write(fleet.join("big.txt"), big).expect("write");
+    link("../../../big.txt", "workloads/web/manifests/big.yaml");
     if !commit_all(repo.path()) {
         eprintln!("skipping: the git command is not available");
         return;
@@ -321,7 +328,59 @@ fn git_symlink_outside_the_fleet() {
             // The link inside the fleet is read: a second cluster file that names
             // edge-1, under the file name edge-4.
             "clusters/edge-4.yaml: metadata.name \"edge-1\" does not match the file name \"edge-4\"",
+            format!(
+                "workloads/web/manifests/big.yaml: file is {} bytes, over the limit of {} bytes (--max-file-bytes); it was not read",
+                flotilla_core::snapshot::MAX_FILE_BYTES + 3,
+                flotilla_core::snapshot::MAX_FILE_BYTES
+            )
+            .as_str(),
         ]
+    );
+    // Each file read through a link is recorded with the file it leads to.
+    assert_eq!(
+        snapshot
+            .links
+            .get("clusters/edge-4.yaml")
+            .map(String::as_str),
+        Some("clusters/edge-1.yaml")
+    );
+    assert_eq!(snapshot.links.len(), 1, "{:?}", snapshot.links);
+}
+
+/// In a folder, a named pipe is not read (reading it would wait for ever), and a file
+/// read through a symlink is recorded with its target.
+#[test]
+fn folder_fifo_and_symlink() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    copy_tree(
+        &corpus().join("cluster-scoped-crd-gets-no-namespace"),
+        dir.path(),
+    );
+    let made = std::process::Command::new("mkfifo")
+        .arg(dir.path().join("workloads/web/manifests/pipe.yaml"))
+        .status();
+    if !made.is_ok_and(|s| s.success()) {
+        eprintln!("SKIPPED: mkfifo is not available");
+        return;
+    }
+    std::os::unix::fs::symlink("edge-1.yaml", dir.path().join("clusters/edge-4.yaml"))
+        .expect("symlink");
+    let snapshot = source::from_folder(dir.path(), "").expect("readable");
+    let lines: Vec<String> = snapshot
+        .problems
+        .iter()
+        .map(Diagnostic::to_string)
+        .collect();
+    assert_eq!(
+        lines,
+        ["workloads/web/manifests/pipe.yaml: not a regular file; it was not read"]
+    );
+    assert_eq!(
+        snapshot
+            .links
+            .get("clusters/edge-4.yaml")
+            .map(String::as_str),
+        Some("clusters/edge-1.yaml")
     );
 }
 

@@ -31,6 +31,10 @@ pub struct FleetSnapshot {
     /// published over its values (kustomize's `secretGenerator` name suffix, Helm's
     /// `sha256sum`) is keyed with, so that the hash lets nobody test a guess.
     pub hash_keys: BTreeMap<String, [u8; 32]>,
+    /// The files read through a symlink: each link's path and the path (in the
+    /// fleet) of the file it leads to, whose content the link's path holds. Whose
+    /// file it is (a tenant's, the platform's) is the target's as well as the link's.
+    pub links: BTreeMap<String, String>,
     /// Whether reading stopped early at a budget (the fleet's bytes): `files` are then
     /// only some of the fleet's, and rendering them would report errors that are not
     /// in the fleet (files missing, or read in part), so the renderer reports
@@ -57,6 +61,7 @@ impl FleetSnapshot {
             skipped: BTreeMap::new(),
             binaries: BTreeMap::new(),
             hash_keys: BTreeMap::new(),
+            links: BTreeMap::new(),
         }
     }
 }

@@ -215,6 +215,30 @@ pub fn load_reusing(
     if let Some(text) = snapshot.files.get(crate::tenancy::SIGNED_RULES_FILE) {
         fleet.signed_tenant_rules = crate::tenancy::signed_rules(text, &fleet.tenants, diagnostics);
     }
+    // A symlink counts as the file it leads to: one in a tenant's folders that leads
+    // outside what the tenant may read is refused, whoever reads it (its manifests,
+    // its kustomizations, its charts).
+    if !snapshot.links.is_empty() {
+        for t in 0..fleet.tenants.len() {
+            let fence = crate::tenancy::Fence::of(&fleet, t);
+            for (path, target) in &snapshot.links {
+                if fence.owns(path) && !fence.allows(target) {
+                    let workload = path
+                        .strip_prefix("workloads/")
+                        .and_then(|rest| rest.split('/').next());
+                    let mut error = Diagnostic::error(format!(
+                        "a symlink to {target}; {}",
+                        fence.refusal(target)
+                    ))
+                    .in_file(path);
+                    if let Some(workload) = workload {
+                        error = error.for_workload(workload);
+                    }
+                    diagnostics.push(error);
+                }
+            }
+        }
+    }
     // A tenant's kustomizations see only the files the tenant may read.
     let fenced: Vec<Option<FleetSnapshot>> = (0..fleet.tenants.len())
         .map(|t| {

@@ -172,6 +172,12 @@ impl Fence {
         }
     }
 
+    /// Whether `path` is in the tenant's own folders (its workloads' and overlays'),
+    /// not merely one it may read.
+    pub(crate) fn owns(&self, path: &str) -> bool {
+        self.prefixes.iter().any(|p| path.starts_with(p.as_str()))
+    }
+
     pub(crate) fn allows(&self, path: &str) -> bool {
         self.prefixes.iter().any(|p| path.starts_with(p.as_str()))
             || self.shared.iter().any(|p| glob_matches(p, path))
@@ -194,10 +200,21 @@ impl Fence {
             ..FleetSnapshot::default()
         };
         for (path, text) in &snapshot.files {
-            if self.allows(path) {
-                fenced.files.insert(path.clone(), text.clone());
-            } else {
-                fenced.skipped.insert(path.clone(), self.refusal(path));
+            match snapshot.links.get(path) {
+                // A symlink inside the fence to a file outside it: the file's, not
+                // the link's, place decides.
+                Some(target) if self.allows(path) && !self.allows(target) => {
+                    fenced.skipped.insert(
+                        path.clone(),
+                        format!("{path} is a symlink to {target}; {}", self.refusal(target)),
+                    );
+                }
+                _ if self.allows(path) => {
+                    fenced.files.insert(path.clone(), text.clone());
+                }
+                _ => {
+                    fenced.skipped.insert(path.clone(), self.refusal(path));
+                }
             }
         }
         for (path, bytes) in &snapshot.binaries {

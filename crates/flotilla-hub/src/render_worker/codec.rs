@@ -52,6 +52,9 @@ struct InputHeader {
     revision: String,
     problems: Vec<Diagnostic>,
     skipped: BTreeMap<String, String>,
+    /// The files read through symlinks, and their targets ([`FleetSnapshot::links`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    links: BTreeMap<String, String>,
     /// Whether the snapshot stopped at a budget ([`FleetSnapshot::incomplete`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     incomplete: bool,
@@ -190,6 +193,7 @@ pub(super) fn encode_input(
         revision: snapshot.revision.clone(),
         problems: snapshot.problems.clone(),
         skipped: snapshot.skipped.clone(),
+        links: snapshot.links.clone(),
         incomplete: snapshot.incomplete,
     };
     put_bytes(out, &serde_json::to_vec(&header).map_err(io::Error::other)?)?;
@@ -267,6 +271,7 @@ pub(super) fn decode_input(
         skipped: header.skipped,
         binaries,
         hash_keys: Default::default(),
+        links: header.links,
     };
     let decryption = DecryptionKeys::from_lines(&header.decryption).map_err(invalid)?;
     let settings = RenderSettings {

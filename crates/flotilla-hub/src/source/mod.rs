@@ -329,6 +329,13 @@ impl<'a> Files<'a> {
         self.snapshot.problems.push(diagnostic);
     }
 
+    /// Records that `path` was read through a symlink to `target`.
+    fn link(&mut self, path: &str, target: &str) {
+        self.snapshot
+            .links
+            .insert(path.to_string(), target.to_string());
+    }
+
     /// A file that was not read: a problem for a fleet file, else only noted.
     fn refuse(&mut self, path: &str, reason: String) {
         if is_fleet_file(path) {
@@ -546,15 +553,24 @@ impl GitWalker<'_> {
             );
             return;
         };
-        let blob = self
+        let entry = self
             .root
             .get_path(Path::new(&resolved))
             .ok()
-            .filter(|e| e.filemode() != SYMLINK_MODE)
-            .and_then(|e| self.repo.find_blob(e.id()).ok());
+            .filter(|e| e.filemode() != SYMLINK_MODE);
+        // The target's size is checked before it is read, as any file's is.
+        if let Some(entry) = &entry
+            && let Ok(size) = self.size_of(entry.id())
+            && !self.files.may_read(path, size)
+        {
+            return;
+        }
+        let blob = entry.and_then(|e| self.repo.find_blob(e.id()).ok());
         match blob {
             Some(blob) => {
-                self.files.add(path, blob.content());
+                if self.files.add(path, blob.content()).is_some() {
+                    self.files.link(path, &resolved);
+                }
             }
             None => self.files.refuse(
                 path,
@@ -704,12 +720,26 @@ pub fn from_folder_within(
                 }
                 continue;
             }
-            let size = std::fs::metadata(&real).map_err(|e| io(&real, e))?.len();
-            if !files.may_read(&rel, size) {
+            let metadata = std::fs::metadata(&real).map_err(|e| io(&real, e))?;
+            if !metadata.is_file() {
+                // A named pipe or a device: reading it could wait for ever.
+                files.refuse(&rel, "not a regular file; it was not read".into());
+                continue;
+            }
+            if !files.may_read(&rel, metadata.len()) {
                 continue;
             }
             let content = std::fs::read(&real).map_err(|e| io(&real, e))?;
-            files.add(&rel, &content);
+            if files.add(&rel, &content).is_some()
+                && file_type.is_symlink()
+                && let Ok(target) = real.strip_prefix(&canonical_root)
+            {
+                let target: Vec<String> = target
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect();
+                files.link(&rel, &target.join("/"));
+            }
         }
         stack.extend(subfolders.into_iter().rev());
     }

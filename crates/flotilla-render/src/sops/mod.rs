@@ -264,6 +264,27 @@ pub fn open_snapshot<'a>(
             // says what is wrong with it.
             Ok(None) | Err(_) => continue,
         };
+        // A SOPS file reached through a symlink is opened only where it lies: a link
+        // in one tenant's workload to another's (or the platform's) file would have
+        // it opened with the link's keys and sealed to the link's clusters.
+        if let Some(target) = snapshot.links.get(path)
+            && tenant_of.owner(path) != tenant_of.owner(target)
+        {
+            let whose = |owner: Option<&str>| match owner {
+                Some(tenant) => format!("tenant {tenant:?}'s"),
+                None => "the platform's".to_string(),
+            };
+            diagnostics.push(
+                Diagnostic::error(format!(
+                    "this SOPS file is a symlink to {target}, which is {} and not {}: it is not opened here",
+                    whose(tenant_of.owner(target)),
+                    whose(tenant_of.owner(path)),
+                ))
+                .in_file(path.clone()),
+            );
+            opened.push((path.clone(), Arc::from(document.without_metadata())));
+            continue;
+        }
         let owner = owners.as_ref().and_then(|o| o.owner(path));
         let owned_keys = owners.as_ref().and(match keys {
             SopsKeys::Open(keys) => Some(keys.for_owner(owner)),

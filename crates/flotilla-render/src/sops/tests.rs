@@ -466,3 +466,50 @@ fn a_decrypted_value_outside_a_secret_is_a_warning_naming_the_file_resource_and_
         output.diagnostics
     );
 }
+
+/// A tenant's workload holding a symlink to the platform's SOPS file (the reader
+/// gives the link's path the target's text, and records the link): the file is not
+/// opened there, so the platform's value is never sealed to the tenant's clusters.
+#[test]
+fn a_sops_file_reached_through_a_symlink_from_another_owner_is_not_opened() {
+    const HEADER: &str = "apiVersion: flotilla.dev/v1alpha1\n";
+    let secret = write(SECRET, &[&recipient(IDENTITY)], &[]);
+    let mut snapshot = fleet(&secret);
+    snapshot.files.insert(
+        "tenants/team-a.yaml".into(),
+        format!("{HEADER}kind: Tenant\nmetadata:\n  name: team-a\nspec:\n  workloads: [shop]\n  namespaces: [shop-a]\n").into(),
+    );
+    snapshot.files.insert(
+        "workloads/shop/workload.yaml".into(),
+        format!("{HEADER}kind: Workload\nmetadata:\n  name: shop\nspec:\n  namespace: shop-a\n  targets:\n    - clusterSelector: {{}}\n").into(),
+    );
+    snapshot.files.insert(
+        "workloads/shop/manifests/stolen.yaml".into(),
+        secret.clone().into(),
+    );
+    snapshot.links.insert(
+        "workloads/shop/manifests/stolen.yaml".into(),
+        "workloads/db/manifests/secret.yaml".into(),
+    );
+    let output = render(&snapshot, SopsKeys::Open(Arc::new(keys(IDENTITY))));
+    let errors: Vec<String> = output.errors().map(ToString::to_string).collect();
+    assert!(
+        errors.iter().any(|e| e.starts_with(
+            "workloads/shop/manifests/stolen.yaml: this SOPS file is a symlink to \
+             workloads/db/manifests/secret.yaml, which is the platform's and not tenant \"team-a\"'s"
+        )),
+        "{errors:#?}"
+    );
+    // Whatever was rendered, the tenant's namespace holds no decrypted value.
+    for bundle in output.bundles.values() {
+        for resource in &bundle.resources {
+            let text = String::from_utf8_lossy(&resource.canonical);
+            if resource.key.namespace() == "shop-a" {
+                assert!(!text.contains("hunter2"), "{text}");
+            }
+        }
+    }
+    // The platform's own file still opens where it lies.
+    let own = render(&fleet(&secret), SopsKeys::Open(Arc::new(keys(IDENTITY))));
+    assert!(own.is_clean(), "{:?}", own.diagnostics);
+}

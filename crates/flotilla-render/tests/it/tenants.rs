@@ -1206,3 +1206,40 @@ fn a_fleet_object_named_as_a_tenants_cluster_role_is_an_error() {
         error.message
     );
 }
+
+/// A symlink counts as the file it leads to: team-a's manifest that is a link to
+/// team-b's file fails team-a's cluster only, with the rule; a link within its own
+/// folders is read.
+#[test]
+fn a_tenants_symlink_to_a_file_outside_its_fence_is_refused() {
+    // team-a's `path`, holding `text`, read through a symlink to `target`.
+    let linked = |path: &str, text: String, target: &str| {
+        let files = with(base(), vec![(path.to_string(), text)]);
+        let mut snapshot =
+            FleetSnapshot::from_files(files.iter().map(|(p, t)| (p.as_str(), t.as_str())));
+        snapshot.links.insert(path.into(), target.into());
+        render(&snapshot)
+    };
+    let error = only_error(
+        &linked(
+            "workloads/shop/manifests/borrowed.yaml",
+            config_map("till"),
+            "workloads/till/manifests/till.yaml",
+        ),
+        "north",
+    );
+    assert_eq!(
+        error.to_string(),
+        "workloads/shop/manifests/borrowed.yaml: a symlink to workloads/till/manifests/till.yaml; \
+         tenant \"team-a\" may not read workloads/till/manifests/till.yaml: a tenant's files \
+         may refer only to its own workloads' and overlays' folders and to spec.sharedPaths of \
+         tenants/team-a.yaml (none) (workload shop)"
+    );
+    // Within its own folders, a link is read as its file.
+    let output = linked(
+        "workloads/shop/manifests/again.yaml",
+        config_map("shop-again"),
+        "workloads/shop/manifests/shop.yaml",
+    );
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+}
