@@ -471,3 +471,77 @@ async fn an_agent_without_escalate_cannot_write_a_tenants_cluster_role() {
         "{message}"
     );
 }
+
+/// A tenant's Helm release that leaves the bundle: its delete hooks are applied (and
+/// deleted) as the tenant's ServiceAccount, as its other objects were, never as the
+/// agent, although the new bundle no longer names the release's tenant.
+#[tokio::test(start_paused = true)]
+async fn a_leaving_tenant_releases_delete_hooks_run_as_the_tenant() {
+    use flotilla_core::bundle::{Bundle, HookMark};
+    let fake = cluster(None);
+    let mut sink = sink(&fake, impersonating());
+    let with_hook = {
+        let plain = tenant_bundle(true, "1");
+        let mut farewell = kube_config_map("shop", "farewell", "gone");
+        farewell["metadata"]["annotations"] = serde_json::json!({"helm.sh/hook": "pre-delete"});
+        let mut meta = plain.meta.as_deref().cloned().expect("meta");
+        let mut values: Vec<(String, Value)> = plain
+            .resources
+            .iter()
+            .zip(&meta.workloads)
+            .map(|(r, w)| {
+                let value: Value = serde_json::from_slice(&r.canonical).expect("JSON");
+                (w.clone(), value)
+            })
+            .collect();
+        values.push(("shop-web".into(), farewell));
+        meta.workloads.clear();
+        let bundle = bundle_of_workloads(
+            "edge-tenants",
+            values
+                .iter()
+                .map(|(w, v)| (w.as_str(), v.clone()))
+                .collect(),
+            meta,
+        );
+        let mut meta = bundle.meta.as_deref().cloned().expect("meta");
+        let index = bundle
+            .resources
+            .iter()
+            .position(|r| r.key.name() == "farewell")
+            .expect("the hook");
+        meta.hooks.push(HookMark {
+            resource: index,
+            events: vec!["pre-delete".into()],
+            weight: 0,
+            delete_policies: vec!["hook-succeeded".into()],
+        });
+        Bundle::from_sorted_with_meta("edge-tenants", bundle.resources.clone(), Some(meta))
+    };
+    let outcome = sink.apply(&with_hook, &[]).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    assert!(callers(&fake, "patch", "configmaps", "farewell").is_empty());
+
+    let platform_only = agent_support::bundle(
+        "edge-tenants",
+        vec![
+            kube_namespace("shop"),
+            kube_config_map(AGENT_NAMESPACE, "platform", "1"),
+        ],
+    );
+    let outcome = sink
+        .apply(&platform_only, &prune_list(&with_hook, &platform_only))
+        .await;
+    assert!(outcome.complete, "{outcome:#?}");
+    let tenant = (TENANT_USER.to_string(), true);
+    assert_eq!(
+        callers(&fake, "patch", "configmaps", "farewell"),
+        std::slice::from_ref(&tenant),
+        "{:#?}",
+        fake.checks()
+    );
+    assert_eq!(
+        callers(&fake, "delete", "configmaps", "farewell"),
+        std::slice::from_ref(&tenant)
+    );
+}

@@ -428,6 +428,22 @@ impl Run {
         (lines, None)
     }
 
+    /// The delete hooks of a release that left the bundle, from `previous` (the
+    /// bundle that held it): each is applied, waited for and deleted as whoever that
+    /// bundle applied it as (a tenant's ServiceAccount, with `--impersonate-tenants`),
+    /// not as the agent, although the bundle being applied no longer names it.
+    pub(super) async fn run_leaving_hooks(
+        &mut self,
+        previous: &Bundle,
+        due: &[Due<'_>],
+    ) -> (Vec<Line>, Option<String>) {
+        let users = super::Users::of(previous, self.options.impersonate_tenants);
+        let current = std::mem::replace(&mut self.users, users);
+        let ran = self.run_hooks(previous, due, &HashSet::new()).await;
+        self.users = current;
+        ran
+    }
+
     async fn run_hook(
         &mut self,
         bundle: &Bundle,

@@ -305,11 +305,7 @@ impl Run {
             let mut kept: Vec<(&str, String)> = Vec::new();
             for release in &releases {
                 let (ran, failed) = self
-                    .run_hooks(
-                        previous.unwrap_or(bundle),
-                        leaving.pre(release),
-                        &HashSet::new(),
-                    )
+                    .run_leaving_hooks(previous.unwrap_or(bundle), leaving.pre(release))
                     .await;
                 pruned.lines.extend(ran.into_iter().map(|l| l.status));
                 if let Some(reason) = failed {
@@ -377,11 +373,7 @@ impl Run {
                     continue;
                 }
                 let (ran, failed) = self
-                    .run_hooks(
-                        previous.unwrap_or(bundle),
-                        leaving.post(release),
-                        &HashSet::new(),
-                    )
+                    .run_leaving_hooks(previous.unwrap_or(bundle), leaving.post(release))
                     .await;
                 pruned.lines.extend(ran.into_iter().map(|l| l.status));
                 post_failures.extend(failed);
