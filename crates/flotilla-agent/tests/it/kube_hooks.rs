@@ -578,3 +578,55 @@ async fn a_failed_post_delete_hook_is_reported_once_its_release_is_gone() {
     assert!(sink.apply(&next, &[]).await.complete);
     assert_eq!(object_requests(&fake), [format!("PATCH {NAMESPACE}")]);
 }
+
+/// Hooks of one weight and one name run as Helm runs them (the ServiceAccount before
+/// the Job that uses it), and those whose policy is `hook-succeeded` are deleted only
+/// once every hook of the event has succeeded, the last first: the ServiceAccount is
+/// still there while its Job runs.
+#[tokio::test(start_paused = true)]
+async fn succeeded_hooks_are_deleted_after_every_hook_of_the_event_has_run() {
+    let fake = FakeApiServer::new();
+    let mut sink = sink(&fake, quick());
+    let account = object("v1", "ServiceAccount", "demo", "web-migrate", json!({}));
+    let installed = with_hooks(
+        phased_bundle(
+            "edge-1",
+            vec![
+                ("base", kube_namespace("demo")),
+                ("web", deployment("demo", "web", 1)),
+                ("web", migrate_job("ghcr.io/example/migrate:1")),
+                ("web", account),
+            ],
+            &[&["base"], &["web"]],
+        ),
+        &[("web-migrate", &["pre-install"], &["hook-succeeded"])],
+    );
+    finish_at_read(&fake, 1, "Complete");
+    let outcome = sink.apply(&installed, &[]).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    let requests = object_requests(&fake);
+    const ACCOUNT: &str = "/api/v1/namespaces/demo/serviceaccounts/web-migrate";
+    let first = |line: String| {
+        requests
+            .iter()
+            .position(|r| *r == line)
+            .unwrap_or_else(|| panic!("no {line} in {requests:#?}"))
+    };
+    let order = [
+        first(format!("PATCH {ACCOUNT}")),
+        first(format!("PATCH {JOB}")),
+        first(format!("GET {JOB}")),
+        first(format!("DELETE {JOB}")),
+        first(format!("DELETE {ACCOUNT}")),
+        first(format!("PATCH {WEB}")),
+    ];
+    assert!(order.is_sorted(), "{order:?} in {requests:#?}");
+    for kind in ["ServiceAccount", "Job"] {
+        let (_, message) = line(&outcome, kind, "web-migrate");
+        assert!(message.ends_with("; deleted (hook-succeeded)"), "{message}");
+    }
+    assert!(
+        fake.get("v1", "ServiceAccount", "demo", "web-migrate")
+            .is_none()
+    );
+}

@@ -80,15 +80,60 @@ pub(super) struct Due<'b> {
     pub release: &'b str,
 }
 
+/// The kinds in the order Helm installs them (and so runs hooks of one weight and
+/// one name); any other kind comes after these, by name.
+const HELM_INSTALL_ORDER: [&str; 38] = [
+    "PriorityClass",
+    "Namespace",
+    "NetworkPolicy",
+    "ResourceQuota",
+    "LimitRange",
+    "PodSecurityPolicy",
+    "PodDisruptionBudget",
+    "ServiceAccount",
+    "Secret",
+    "SecretList",
+    "ConfigMap",
+    "StorageClass",
+    "PersistentVolume",
+    "PersistentVolumeClaim",
+    "CustomResourceDefinition",
+    "ClusterRole",
+    "ClusterRoleList",
+    "ClusterRoleBinding",
+    "ClusterRoleBindingList",
+    "Role",
+    "RoleList",
+    "RoleBinding",
+    "RoleBindingList",
+    "Service",
+    "DaemonSet",
+    "Pod",
+    "ReplicationController",
+    "ReplicaSet",
+    "Deployment",
+    "HorizontalPodAutoscaler",
+    "StatefulSet",
+    "Job",
+    "CronJob",
+    "IngressClass",
+    "Ingress",
+    "APIService",
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
+];
+
 impl Due<'_> {
-    /// Hooks run by weight, then by kind and name.
+    /// Hooks run as Helm runs them: by weight, then by name, then by the order
+    /// Helm installs kinds in (a ServiceAccount before the Job of the same name).
     fn in_order(a: &Due, b: &Due) -> std::cmp::Ordering {
-        fn key<'d>(due: &'d Due) -> (i64, &'d str, &'d str) {
-            (
-                due.mark.weight,
-                due.resource.key.kind(),
-                due.resource.key.name(),
-            )
+        fn key<'d>(due: &'d Due) -> (i64, &'d str, usize, &'d str) {
+            let kind = due.resource.key.kind();
+            let rank = HELM_INSTALL_ORDER
+                .iter()
+                .position(|k| *k == kind)
+                .unwrap_or(HELM_INSTALL_ORDER.len());
+            (due.mark.weight, due.resource.key.name(), rank, kind)
         }
         key(a).cmp(&key(b))
     }
@@ -396,7 +441,10 @@ fn running(live: &Value) -> String {
 
 impl Run {
     /// Runs hooks one after the other; the first that fails stops them. Returns a
-    /// line per hook, and why they stopped.
+    /// line per hook, and why they stopped. As in Helm, the hooks whose policy is
+    /// `hook-succeeded` are deleted only once every hook of the run has succeeded
+    /// (the last first): a ServiceAccount or RoleBinding hook stays until the Job
+    /// hook after it that uses it has run.
     pub(super) async fn run_hooks(
         &mut self,
         bundle: &Bundle,
@@ -404,9 +452,15 @@ impl Run {
         defined: &HashSet<(String, String)>,
     ) -> (Vec<Line>, Option<String>) {
         let mut lines = Vec::with_capacity(due.len());
+        let mut succeeded: Vec<(usize, Found, ResourceKey)> = Vec::new();
         for (index, hook) in due.iter().enumerate() {
-            let line = self.run_hook(bundle, hook, defined).await;
+            let (line, found) = self.run_hook(bundle, hook, defined).await;
             if !line.apply_error {
+                if let Some(found) = found
+                    && hook.mark.deletes_on("hook-succeeded")
+                {
+                    succeeded.push((lines.len(), found, hook.resource.key.as_ref().clone()));
+                }
                 lines.push(line);
                 continue;
             }
@@ -424,6 +478,14 @@ impl Run {
                 apply_error: true,
             }));
             return (lines, Some(reason));
+        }
+        for (line, found, key) in succeeded.into_iter().rev() {
+            let namespace = found.namespaced.then_some(key.namespace());
+            let deleted = match self.delete_hook(&found, namespace, &key).await {
+                Ok(()) => "; deleted (hook-succeeded)".to_string(),
+                Err(message) => format!("; cannot delete it (hook-succeeded): {message}"),
+            };
+            lines[line].status.message.push_str(&deleted);
         }
         (lines, None)
     }
@@ -444,16 +506,21 @@ impl Run {
         ran
     }
 
+    /// Runs one hook: its line, and where it is when it succeeded (for a deletion by
+    /// `hook-succeeded`, which [`Run::run_hooks`] makes once every hook has run).
     async fn run_hook(
         &mut self,
         bundle: &Bundle,
         hook: &Due<'_>,
         defined: &HashSet<(String, String)>,
-    ) -> Line {
+    ) -> (Line, Option<Found>) {
         let key = &hook.resource.key;
-        let failed = |message: String| Line {
-            status: ResourceStatus::new(key, ResourceState::Failed, message),
-            apply_error: true,
+        let failed = |message: String| {
+            let line = Line {
+                status: ResourceStatus::new(key, ResourceState::Failed, message),
+                apply_error: true,
+            };
+            (line, None)
         };
         if let Some(reason) = &self.stopped {
             return failed(format!("not run: the apply stopped early ({reason})"));
@@ -471,13 +538,9 @@ impl Run {
                 ));
             }
             Err(failure) => {
-                return self.apply_failed(
-                    key,
-                    "cannot discover its API",
-                    "get",
-                    &api_version,
-                    failure,
-                );
+                let line =
+                    self.apply_failed(key, "cannot discover its API", "get", &api_version, failure);
+                return (line, None);
             }
         };
         let namespace = found.namespaced.then_some(key.namespace());
@@ -506,19 +569,18 @@ impl Run {
                 live
             }
             Err(failure) => {
-                return self.apply_failed(key, "apply failed", "patch", &resource_name, failure);
+                let line = self.apply_failed(key, "apply failed", "patch", &resource_name, failure);
+                return (line, None);
             }
         };
         let end = self.wait_finished(&found, namespace, key, live).await;
-        let (policy, end) = match end {
-            End::Succeeded(message) => ("hook-succeeded", End::Succeeded(message)),
-            End::Failed(message) => ("hook-failed", End::Failed(message)),
-        };
+        // A failed hook is deleted now (hook-failed); a succeeded one once every hook
+        // of the run has succeeded ([`Run::run_hooks`]).
         let mut deleted = String::new();
-        if hook.mark.deletes_on(policy) {
+        if matches!(end, End::Failed(_)) && hook.mark.deletes_on("hook-failed") {
             deleted = match self.delete_hook(&found, namespace, key).await {
-                Ok(()) => format!("; deleted ({policy})"),
-                Err(message) => format!("; cannot delete it ({policy}): {message}"),
+                Ok(()) => "; deleted (hook-failed)".to_string(),
+                Err(message) => format!("; cannot delete it (hook-failed): {message}"),
             };
         }
         match end {
@@ -528,17 +590,18 @@ impl Run {
                 } else {
                     ResourceState::Applied
                 };
-                Line {
+                let line = Line {
                     status: ResourceStatus::new(
                         key,
                         state,
                         format!(
-                            "Helm hook {} of release {}: {message}{deleted}",
+                            "Helm hook {} of release {}: {message}",
                             hook.event, hook.release
                         ),
                     ),
                     apply_error: false,
-                }
+                };
+                (line, Some(found))
             }
             End::Failed(message) => failed(format!("{message}{deleted}")),
         }
