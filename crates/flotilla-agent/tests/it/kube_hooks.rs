@@ -630,3 +630,41 @@ async fn succeeded_hooks_are_deleted_after_every_hook_of_the_event_has_run() {
             .is_none()
     );
 }
+
+/// A release whose Namespace is its own (in its phase): on a first install, the
+/// Namespace is made before the pre-install hook, which could not be made in it
+/// otherwise, and the rest of the release after the hook.
+#[tokio::test(start_paused = true)]
+async fn a_pre_install_hook_finds_the_namespace_of_its_own_phase_made() {
+    let fake = FakeApiServer::new();
+    let mut sink = sink(&fake, quick());
+    let installed = with_hooks(
+        phased_bundle(
+            "edge-1",
+            vec![
+                ("web", kube_namespace("demo")),
+                ("web", deployment("demo", "web", 1)),
+                ("web", migrate_job("ghcr.io/example/migrate:1")),
+            ],
+            &[&["web"]],
+        ),
+        &[("web-migrate", &["pre-install"], &[])],
+    );
+    finish_at_read(&fake, 1, "Complete");
+    let outcome = sink.apply(&installed, &[]).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    let requests = object_requests(&fake);
+    let first = |line: String| {
+        requests
+            .iter()
+            .position(|r| *r == line)
+            .unwrap_or_else(|| panic!("no {line} in {requests:#?}"))
+    };
+    let order = [
+        first(format!("PATCH {NAMESPACE}")),
+        first(format!("PATCH {JOB}")),
+        first(format!("PATCH {WEB}")),
+    ];
+    assert!(order.is_sorted(), "{order:?} in {requests:#?}");
+    assert_eq!(line(&outcome, "Job", "web-migrate").0, Healthy);
+}

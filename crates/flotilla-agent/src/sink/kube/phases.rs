@@ -32,6 +32,28 @@ use crate::sink::{apply_phases, prune_phases};
 use flotilla_core::bundle::{Bundle, Resource, ResourceKey};
 use flotilla_core::status::{ResourceState, ResourceStatus};
 
+/// Whether a resource is one a phase's pre hooks may stand on: a Namespace, a
+/// CustomResourceDefinition, or what flotilla makes for a tenant (the ServiceAccount
+/// its objects are applied as, and its bindings).
+fn is_groundwork(bundle: &Bundle, resource: &Resource) -> bool {
+    let key = &resource.key;
+    if matches!(
+        (key.group(), key.kind()),
+        ("", "Namespace") | ("apiextensions.k8s.io", "CustomResourceDefinition")
+    ) {
+        return true;
+    }
+    let Some(meta) = bundle.meta.as_deref() else {
+        return false;
+    };
+    bundle
+        .resources
+        .binary_search_by(|r| r.key.cmp(&resource.key))
+        .ok()
+        .and_then(|index| meta.workloads.get(index))
+        .is_some_and(|workload| workload == flotilla_core::bundle::TENANCY_WORKLOAD)
+}
+
 impl Run {
     /// Applies the bundle phase by phase, each release's due Helm hooks around its
     /// resources ([`super::hooks`]). Returns every resource's line and, when a phase or
@@ -51,9 +73,23 @@ impl Run {
             lines.extend(hooks.idle_lines(&hook_resources));
             let post = hooks.due(&hook_resources, When::Post);
             let pre = hooks.due(&hook_resources, When::Pre);
+            // What pre hooks stand on goes first: the phase's Namespaces and CRDs, and
+            // the ServiceAccounts and bindings a tenant's objects are applied as (a
+            // hook in a Namespace of its own release's workload, or applied as the
+            // tenant, would otherwise be refused on a first install, for ever).
+            let (ground, phase): (Vec<&Arc<Resource>>, Vec<&Arc<Resource>>) = if pre.is_empty() {
+                (Vec::new(), phase)
+            } else {
+                phase
+                    .iter()
+                    .copied()
+                    .partition(|r| is_groundwork(bundle, r))
+            };
+            let grounded = self.apply_all(ledger, bundle, &ground, &mut defined).await;
             let (ran, failed) = self.run_hooks(bundle, &pre, &defined).await;
-            lines.extend(ran);
             if let Some(reason) = failed {
+                lines.extend(grounded);
+                lines.extend(ran);
                 let pending: Vec<&Arc<Resource>> = phase
                     .iter()
                     .copied()
@@ -63,7 +99,13 @@ impl Run {
                 let summary = hook_stopped(bundle, &phases, index, &mut lines, &reason);
                 return (lines, Some(summary));
             }
-            let mut applied = self.apply_all(ledger, bundle, &phase, &mut defined).await;
+            lines.extend(ran);
+            let phase: Vec<&Arc<Resource>> = ground.into_iter().chain(phase).collect();
+            let mut applied = grounded;
+            applied.extend(
+                self.apply_all(ledger, bundle, &phase[applied.len()..], &mut defined)
+                    .await,
+            );
             // A release's post hooks run once all of its resources were applied.
             let unapplied: HashSet<&str> = phase
                 .iter()
