@@ -668,3 +668,59 @@ async fn a_pre_install_hook_finds_the_namespace_of_its_own_phase_made() {
     assert!(order.is_sorted(), "{order:?} in {requests:#?}");
     assert_eq!(line(&outcome, "Job", "web-migrate").0, Healthy);
 }
+
+/// A CustomResourceDefinition that a chart marks as a hook is never deleted by its
+/// delete policies, as in Helm: deleting it would delete every object of its kind.
+#[tokio::test(start_paused = true)]
+async fn a_crd_hook_is_never_deleted_by_its_policies() {
+    let fake = FakeApiServer::new();
+    let mut sink = sink(&fake, quick());
+    let bundle = |replicas: i64| {
+        with_hooks(
+            phased_bundle(
+                "edge-1",
+                vec![
+                    ("base", kube_namespace("demo")),
+                    ("web", deployment("demo", "web", replicas)),
+                    (
+                        "web",
+                        crd(
+                            "example.com",
+                            "Widget",
+                            "widgets",
+                            json!([served("v1", true)]),
+                        ),
+                    ),
+                ],
+                &[&["base"], &["web"]],
+            ),
+            &[(
+                "widgets.example.com",
+                &["pre-install", "pre-upgrade"],
+                &["before-hook-creation", "hook-succeeded"],
+            )],
+        )
+    };
+    for replicas in [1, 2] {
+        let outcome = sink.apply(&bundle(replicas), &[]).await;
+        assert!(outcome.complete, "{outcome:#?}");
+        let (_, message) = line(&outcome, "CustomResourceDefinition", "widgets.example.com");
+        assert!(!message.contains("deleted"), "{message}");
+    }
+    assert!(
+        object_requests(&fake)
+            .iter()
+            .all(|r| !(r.starts_with("DELETE") && r.contains("widgets.example.com"))),
+        "{:#?}",
+        object_requests(&fake)
+    );
+    assert!(
+        fake.get(
+            "apiextensions.k8s.io/v1",
+            "CustomResourceDefinition",
+            "",
+            "widgets.example.com"
+        )
+        .is_some()
+    );
+}

@@ -124,6 +124,15 @@ const HELM_INSTALL_ORDER: [&str; 38] = [
 ];
 
 impl Due<'_> {
+    /// Whether the hook's delete policies delete it on `policy`. As in Helm, a
+    /// CustomResourceDefinition hook is never deleted: that would delete every object
+    /// of its kind in the cluster.
+    fn deletes_on(&self, policy: &str) -> bool {
+        self.mark.deletes_on(policy)
+            && !(self.resource.key.group() == "apiextensions.k8s.io"
+                && self.resource.key.kind() == "CustomResourceDefinition")
+    }
+
     /// Hooks run as Helm runs them: by weight, then by name, then by the order
     /// Helm installs kinds in (a ServiceAccount before the Job of the same name).
     fn in_order(a: &Due, b: &Due) -> std::cmp::Ordering {
@@ -457,7 +466,7 @@ impl Run {
             let (line, found) = self.run_hook(bundle, hook, defined).await;
             if !line.apply_error {
                 if let Some(found) = found
-                    && hook.mark.deletes_on("hook-succeeded")
+                    && hook.deletes_on("hook-succeeded")
                 {
                     succeeded.push((lines.len(), found, hook.resource.key.as_ref().clone()));
                 }
@@ -545,7 +554,7 @@ impl Run {
         };
         let namespace = found.namespaced.then_some(key.namespace());
         let resource_name = qualified(&found);
-        if hook.mark.deletes_on("before-hook-creation")
+        if hook.deletes_on("before-hook-creation")
             && let Err(message) = self.delete_hook(&found, namespace, key).await
         {
             return failed(format!(
@@ -577,7 +586,7 @@ impl Run {
         // A failed hook is deleted now (hook-failed); a succeeded one once every hook
         // of the run has succeeded ([`Run::run_hooks`]).
         let mut deleted = String::new();
-        if matches!(end, End::Failed(_)) && hook.mark.deletes_on("hook-failed") {
+        if matches!(end, End::Failed(_)) && hook.deletes_on("hook-failed") {
             deleted = match self.delete_hook(&found, namespace, key).await {
                 Ok(()) => "; deleted (hook-failed)".to_string(),
                 Err(message) => format!("; cannot delete it (hook-failed): {message}"),
