@@ -1262,3 +1262,52 @@ async fn a_sealed_secret_is_applied_opened_and_its_values_stay_out_of_the_state_
         );
     }
 }
+
+/// A Job that failed, holding the phase after it, and was then removed by its TTL is
+/// applied (so run) again by the next try, not taken for one that ran.
+#[tokio::test(start_paused = true)]
+async fn a_failed_job_removed_by_its_ttl_runs_again() {
+    let fake = FakeApiServer::new();
+    let quick = KubeOptions {
+        crd_poll: Duration::from_millis(20),
+        phase_timeout: Duration::from_millis(500),
+        ..options()
+    };
+    let mut sink = sink(&fake, quick);
+    let phased = agent_support::phased_bundle(
+        "edge-1",
+        vec![
+            ("base", kube_namespace("demo")),
+            (
+                "migrate",
+                job(
+                    "migrate",
+                    "migrate",
+                    json!({"ttlSecondsAfterFinished": 60, "backoffLimit": 0}),
+                ),
+            ),
+            ("app", deployment("demo", "web", 1)),
+        ],
+        &[&["base"], &["migrate"], &["app"]],
+    );
+    fake.before("GET", "/jobs/migrate", |fake| {
+        let failed = json!({"failed": 1, "conditions": [{"type": "Failed", "status": "True",
+                            "message": "BackoffLimitExceeded"}]});
+        assert!(fake.set_status("batch/v1", "Job", "demo", "migrate", failed));
+    });
+    let outcome = sink.apply(&phased, &[]).await;
+    assert!(!outcome.complete, "{outcome:#?}");
+    assert_eq!(line(&outcome, "Job", "migrate").0, ResourceState::Failed);
+    assert!(fake.get("apps/v1", "Deployment", "demo", "web").is_none());
+    // The TTL controller removes the failed Job; the next try creates it again.
+    assert!(fake.remove("batch/v1", "Job", "demo", "migrate"));
+    fake.clear_exchanges();
+    let outcome = sink.apply(&phased, &[]).await;
+    let (_, message) = line(&outcome, "Job", "migrate");
+    assert!(!message.contains("ran and was removed"), "{message}");
+    assert!(
+        fake.get("batch/v1", "Job", "demo", "migrate").is_some(),
+        "run again: {:#?}",
+        requests(&fake)
+    );
+}

@@ -216,6 +216,13 @@ impl Ledger {
         }
     }
 
+    /// Forgets that a Job ran (it was seen failed): the next apply runs it again.
+    pub fn forget_run(&mut self, key: &ResourceKey) {
+        if let Some(recorded) = self.entry_mut(key) {
+            recorded.ran = None;
+        }
+    }
+
     /// Keeps only the entries of `bundle` and `kept`: the objects still listed
     /// somewhere after this apply (every candidate for prune it did not delete).
     pub fn settle(&mut self, bundle: &Bundle, kept: &[InventoryEntry]) {

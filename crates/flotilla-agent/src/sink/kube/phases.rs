@@ -192,7 +192,7 @@ impl Run {
     /// ready, and when the run stopped while it waited (`self.stopped` says why).
     async fn wait_healthy(
         &mut self,
-        ledger: &Ledger,
+        ledger: &mut Ledger,
         phase: &[&Arc<Resource>],
         lines: &mut [Line],
     ) -> Option<String> {
@@ -213,6 +213,15 @@ impl Run {
                 .iter()
                 .find(|&&i| lines[i].status.state == ResourceState::Failed)
             {
+                // A Job seen failed did not run: it is applied (so run) again by the
+                // next try, even if its TTL removes it meanwhile.
+                for &j in &watched {
+                    if lines[j].status.state == ResourceState::Failed
+                        && super::is_job(&phase[j].key)
+                    {
+                        ledger.forget_run(&phase[j].key);
+                    }
+                }
                 return Some(format!(
                     "{} failed: {}",
                     phase[i].key, lines[i].status.message
