@@ -724,3 +724,34 @@ async fn a_crd_hook_is_never_deleted_by_its_policies() {
         .is_some()
     );
 }
+
+/// A release made of hooks alone (a chart of migrations): its install hook runs at
+/// its first apply and not again while the release is unchanged.
+#[tokio::test(start_paused = true)]
+async fn a_release_of_hooks_alone_runs_its_install_hook_once() {
+    let fake = FakeApiServer::new();
+    let mut sink = sink(&fake, quick());
+    let installed = with_hooks(
+        phased_bundle(
+            "edge-1",
+            vec![
+                ("base", kube_namespace("demo")),
+                ("web", migrate_job("ghcr.io/example/migrate:1")),
+            ],
+            &[&["base"], &["web"]],
+        ),
+        &[("web-migrate", &["pre-install", "pre-upgrade"], &[])],
+    );
+    finish_at_read(&fake, 1, "Complete");
+    let outcome = sink.apply(&installed, &[]).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    assert!(object_requests(&fake).contains(&format!("PATCH {JOB}")));
+    fake.clear_exchanges();
+    let outcome = sink.apply(&installed, &[]).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    assert!(
+        object_requests(&fake).iter().all(|r| !r.contains("/jobs/")),
+        "{:#?}",
+        object_requests(&fake)
+    );
+}

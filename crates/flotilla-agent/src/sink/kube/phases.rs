@@ -128,8 +128,11 @@ impl Run {
                 let summary = hook_stopped(bundle, &phases, index, &mut lines, &reason);
                 return (lines, Some(summary));
             }
+            // The phase's releases, hooks included: a release made of hooks alone is
+            // recorded too, and its install hooks do not run again at every apply.
+            let whole: Vec<&Arc<Resource>> = phase.iter().chain(&hook_resources).copied().collect();
             let finished: Vec<(String, String)> = hooks
-                .releases_of(bundle, &phase)
+                .releases_of(bundle, &whole)
                 .into_iter()
                 .filter(|(release, _)| !unapplied.contains(release.as_str()))
                 .collect();
