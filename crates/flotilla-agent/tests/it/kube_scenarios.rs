@@ -1311,3 +1311,30 @@ async fn a_failed_job_removed_by_its_ttl_runs_again() {
         requests(&fake)
     );
 }
+
+/// A Job whose manifest changed (a new image for a migration) is deleted and created
+/// from the new manifest: its pod template cannot be changed in place.
+#[tokio::test(start_paused = true)]
+async fn a_job_whose_manifest_changed_is_replaced_and_runs_again() {
+    let fake = FakeApiServer::new();
+    fake.insert(kube_namespace("demo"), "kubectl");
+    let mut sink = sink(&fake, options());
+    let first = bundle("edge-1", vec![job("seed", "echo seeded", json!({}))]);
+    assert!(sink.apply(&first, &[]).await.complete);
+    fake.clear_exchanges();
+    let second = bundle("edge-1", vec![job("seed", "echo seeded again", json!({}))]);
+    let outcome = sink.apply(&second, &[]).await;
+    assert!(!outcome.resources.is_empty(), "{outcome:#?}");
+    let requests = requests(&fake);
+    let position = |line: &str| requests.iter().position(|r| r == line);
+    const SEED: &str = "/apis/batch/v1/namespaces/demo/jobs/seed";
+    let (deleted, applied) = (
+        position(&format!("DELETE {SEED}")),
+        position(&format!("PATCH {SEED}")),
+    );
+    assert!(deleted.is_some() && deleted < applied, "{requests:#?}");
+    let live = fake
+        .get("batch/v1", "Job", "demo", "seed")
+        .expect("made again");
+    assert!(live.to_string().contains("echo seeded again"), "{live}");
+}

@@ -658,9 +658,9 @@ impl Run {
         }
     }
 
-    /// Deletes a hook's object if there is one, and waits until it is gone (for at
-    /// most `--phase-timeout`).
-    async fn delete_hook(
+    /// Deletes a hook's object (or a Job run from an older manifest) if there is one,
+    /// and waits until it is gone (for at most `--phase-timeout`).
+    pub(super) async fn delete_hook(
         &mut self,
         found: &Found,
         namespace: Option<&str>,

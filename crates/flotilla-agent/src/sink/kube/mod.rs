@@ -1137,6 +1137,30 @@ impl Run {
                 }
             }
         }
+        // A Job's pod template cannot change (the API server answers 422): a Job
+        // flotilla ran from another manifest is deleted (its pods with it) and created
+        // from the new one, which runs it again.
+        if is_job(key)
+            && ledger
+                .entry(key)
+                .and_then(|e| e.ran.as_deref())
+                .is_some_and(|ran| ran != manifest.as_str())
+            && let Err(message) = self.delete_hook(&found, namespace, key).await
+        {
+            return (
+                Line {
+                    status: ResourceStatus::new(
+                        key,
+                        ResourceState::Failed,
+                        format!(
+                            "cannot delete the Job run from its previous manifest, to run the new one: {message}"
+                        ),
+                    ),
+                    apply_error: true,
+                },
+                None,
+            );
+        }
         let object = applied_object(bundle, resource, found.namespaced);
         let user = self.users.user(key).map(str::to_string);
         match self
