@@ -357,7 +357,8 @@ pub async fn mirror(url: &str, mirror: &Path, timeout: Duration) -> Result<(), S
             &env,
             timeout,
         )
-        .await
+        .await?;
+        follow_remote_head(mirror, &env, timeout).await
     } else {
         let partial = mirror.with_extension("partial");
         let _ = std::fs::remove_dir_all(&partial);
@@ -387,18 +388,53 @@ pub async fn mirror(url: &str, mirror: &Path, timeout: Duration) -> Result<(), S
     }
 }
 
+/// Points the mirror's HEAD at the remote's default branch, as the remote names it
+/// now: the mirror's HEAD is set once by the clone, and a hub following HEAD (no
+/// `--branch`) would otherwise follow a renamed default branch's old name, and stop
+/// for good once `--prune` removed it. A remote that names no HEAD leaves it as it is.
+async fn follow_remote_head(
+    mirror: &Path,
+    env: &[(&'static str, String)],
+    timeout: Duration,
+) -> Result<(), SourceError> {
+    let folder = mirror.display().to_string();
+    let listed = run_git(
+        &["-C", &folder, "ls-remote", "--symref", "origin", "HEAD"],
+        env,
+        timeout,
+    )
+    .await?;
+    let Some(branch) = listed.lines().find_map(|line| {
+        let (target, name) = line.strip_prefix("ref: ")?.split_once('\t')?;
+        (name == "HEAD" && target.starts_with("refs/heads/")).then_some(target)
+    }) else {
+        return Ok(());
+    };
+    let current = run_git(&["-C", &folder, "symbolic-ref", "HEAD"], env, timeout).await?;
+    if current.trim() != branch {
+        run_git(
+            &["-C", &folder, "symbolic-ref", "HEAD", branch],
+            env,
+            timeout,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Runs git; its standard output.
 async fn run_git(
     args: &[&str],
     env: &[(&'static str, String)],
     timeout: Duration,
-) -> Result<(), SourceError> {
+) -> Result<String, SourceError> {
     let shown = format!("git {}", args.join(" "));
     let child = tokio::process::Command::new("git")
         .args(args)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .env("GIT_TERMINAL_PROMPT", "0")
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -417,7 +453,7 @@ async fn run_git(
             message: err.to_string(),
         })?;
     if output.status.success() {
-        Ok(())
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     } else {
         Err(SourceError::Git {
             repo: shown,
@@ -602,6 +638,94 @@ mod tests {
         .await
         .expect_err("refused");
         assert!(!err.to_string().contains("wr0ng"), "{err}");
+    }
+
+    /// The remote renames its default branch: the mirror's HEAD follows it, so a hub
+    /// following HEAD reads the new branch (and does not stop once the old is gone).
+    #[tokio::test]
+    async fn the_mirror_follows_the_remotes_default_branch_when_it_is_renamed() {
+        let git = |dir: &Path, args: &[&str]| {
+            let output = std::process::Command::new("git")
+                .arg("-C")
+                .arg(dir)
+                .args(args)
+                .env("GIT_CONFIG_GLOBAL", "/dev/null")
+                .env("GIT_CONFIG_SYSTEM", "/dev/null")
+                .output();
+            match output {
+                Ok(output) if output.status.success() => Some(()),
+                _ => None,
+            }
+        };
+        let work = tempfile::tempdir().expect("tempdir");
+        let source = work.path().join("source");
+        std::fs::create_dir_all(&source).expect("creates");
+        let made = git(&source, &["init", "-q", "-b", "master"]).and_then(|()| {
+            std::fs::write(source.join("a.txt"), "a\n").ok()?;
+            git(&source, &["add", "-A"])?;
+            git(
+                &source,
+                &[
+                    "-c",
+                    "user.name=t",
+                    "-c",
+                    "user.email=t@example.invalid",
+                    "commit",
+                    "-q",
+                    "-m",
+                    "one",
+                ],
+            )
+        });
+        if made.is_none() {
+            eprintln!("SKIPPED: the git command is not available");
+            return;
+        }
+        let remote = work.path().join("remote.git");
+        let status = std::process::Command::new("git")
+            .args(["clone", "--bare", "-q"])
+            .arg(&source)
+            .arg(&remote)
+            .status()
+            .expect("git runs");
+        assert!(status.success());
+        let url = format!("file://{}", remote.display());
+        let mirrored = work.path().join("state/repository.git");
+        mirror(&url, &mirrored, Duration::from_secs(60))
+            .await
+            .expect("clones");
+        let first = tip(&mirrored, None).expect("a tip");
+
+        // The remote's default branch becomes `main`, one commit ahead; `master` goes.
+        std::fs::write(source.join("b.txt"), "b\n").expect("writes");
+        assert!(git(&source, &["add", "-A"]).is_some());
+        assert!(
+            git(
+                &source,
+                &[
+                    "-c",
+                    "user.name=t",
+                    "-c",
+                    "user.email=t@example.invalid",
+                    "commit",
+                    "-q",
+                    "-m",
+                    "two"
+                ],
+            )
+            .is_some()
+        );
+        let source_text = source.display().to_string();
+        assert!(git(&remote, &["fetch", "-q", &source_text, "master:main"]).is_some());
+        assert!(git(&remote, &["symbolic-ref", "HEAD", "refs/heads/main"]).is_some());
+        assert!(git(&remote, &["branch", "-q", "-D", "master"]).is_some());
+
+        mirror(&url, &mirrored, Duration::from_secs(60))
+            .await
+            .expect("fetches");
+        let second = tip(&mirrored, None).expect("HEAD still resolves");
+        assert_ne!(second.commit, first.commit);
+        assert!(second.label.contains("main"), "{second:?}");
     }
 
     #[test]
