@@ -347,6 +347,57 @@ fn git_symlink_outside_the_fleet() {
     assert_eq!(snapshot.links.len(), 1, "{:?}", snapshot.links);
 }
 
+/// In a commit, a file name that is not UTF-8 stops the render only when it is a
+/// fleet file's; elsewhere (docs/) the file is only skipped.
+#[test]
+fn git_file_names_that_are_not_utf8() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let repo = tempfile::tempdir().expect("temp dir");
+    let fleet = repo.path().join("fleet");
+    copy_tree(
+        &corpus().join("cluster-scoped-crd-gets-no-namespace"),
+        &fleet,
+    );
+    std::fs::create_dir_all(fleet.join("docs")).expect("mkdir");
+    let latin1 = |folder: &str| {
+        let mut name = folder.as_bytes().to_vec();
+        name.extend_from_slice(b"/caf\xe9.yaml");
+        fleet.join(std::ffi::OsStr::from_bytes(&name))
+    };
+    std::fs::write(latin1("docs"), "notes\n").expect("write");
+    if !commit_all(repo.path()) {
+        eprintln!("skipping: the git command is not available");
+        return;
+    }
+    let location = Location {
+        repo: repo.path().to_path_buf(),
+        rev: Some("HEAD".into()),
+        path: "fleet".into(),
+        worktree: false,
+    };
+    let snapshot = source::read(&location).expect("the commit is readable");
+    assert!(snapshot.problems.is_empty(), "{:?}", snapshot.problems);
+    assert!(
+        snapshot.skipped.contains_key("docs/caf\u{fffd}.yaml"),
+        "{:?}",
+        snapshot.skipped
+    );
+    assert!(render(&snapshot).is_clean());
+
+    std::fs::write(latin1("clusters"), "kind: Cluster\n").expect("write");
+    assert!(commit_all(repo.path()));
+    let snapshot = source::read(&location).expect("the commit is readable");
+    let lines: Vec<String> = snapshot
+        .problems
+        .iter()
+        .map(Diagnostic::to_string)
+        .collect();
+    assert_eq!(
+        lines,
+        ["clusters/caf\u{fffd}.yaml: the file name is not valid UTF-8; it was skipped"]
+    );
+}
+
 /// In a folder, a named pipe is not read (reading it would wait for ever), and a file
 /// read through a symlink is recorded with its target.
 #[test]

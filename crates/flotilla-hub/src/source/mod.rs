@@ -457,9 +457,18 @@ impl GitWalker<'_> {
             let mut subfolders = Vec::new();
             for entry in tree.iter() {
                 let Ok(name) = entry.name() else {
-                    self.files.problem(
-                        Diagnostic::error("a file name is not valid UTF-8; it was skipped")
-                            .in_file(&prefix),
+                    // Shown with U+FFFD for what is not UTF-8. Only a fleet file's
+                    // name stops the render; any other file (a README in Latin-1 in
+                    // docs/) is only noted, as a folder's would be.
+                    let lossy = String::from_utf8_lossy(entry.name_bytes());
+                    let path = if prefix.is_empty() {
+                        lossy.into_owned()
+                    } else {
+                        format!("{prefix}/{lossy}")
+                    };
+                    self.files.refuse(
+                        &path,
+                        "the file name is not valid UTF-8; it was skipped".to_string(),
                     );
                     continue;
                 };
