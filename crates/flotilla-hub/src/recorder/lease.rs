@@ -65,10 +65,13 @@ impl Lease {
                 && monotonic_ms() < self.valid_until_ms.load(Ordering::Acquire))
     }
 
-    /// The fence every write of the holder carries (none when alone).
+    /// The fence every write of the holder carries (none when alone). A hub that
+    /// lost the lease while it worked (epoch 0) still fences its write, with an epoch
+    /// no lease has, so the store refuses it: without a fence the write would go
+    /// through unchecked.
     pub fn fence(&self) -> Option<Fence> {
         let epoch = self.epoch.load(Ordering::Acquire);
-        (self.shared && epoch > 0).then(|| Fence {
+        self.shared.then(|| Fence {
             lease: ROLLOUT_LEASE.to_string(),
             holder: self.holder.clone(),
             epoch,

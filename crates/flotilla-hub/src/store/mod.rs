@@ -1955,6 +1955,40 @@ mod tests {
         store.close().await;
     }
 
+    /// A hub that lost the lease while it worked fences its write with epoch 0,
+    /// which no lease has: the store refuses it (an unfenced write went through).
+    #[tokio::test]
+    async fn a_write_of_a_hub_that_lost_the_lease_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path()).await.expect("opens");
+        let epoch = store
+            .acquire_lease("rollouts", "hub-a", 60_000)
+            .await
+            .expect("asks")
+            .expect("granted");
+        assert!(epoch >= 1);
+        let fenced = |epoch| Commit {
+            revision: Some("main@sha1:1".into()),
+            history: 5,
+            now_ms: 1,
+            fence: Some(Fence {
+                lease: "rollouts".into(),
+                holder: "hub-a".into(),
+                epoch,
+            }),
+            ..Commit::default()
+        };
+        assert!(matches!(
+            store.commit(&fenced(0)).await,
+            Err(StoreError::Fenced { epoch: 0, .. })
+        ));
+        store.commit(&fenced(epoch)).await.expect("the holder writes");
+        // What a shared lease that was lost fences with.
+        let lease = crate::recorder::lease::Lease::shared();
+        assert_eq!(lease.fence().map(|f| f.epoch), Some(0));
+        store.close().await;
+    }
+
     #[test]
     fn database_passwords_are_hidden_wherever_the_url_holds_them() {
         assert_eq!(
