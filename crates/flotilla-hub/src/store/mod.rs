@@ -548,7 +548,8 @@ impl Store {
 
     /// Records when clusters were last seen (one batch, one transaction, one statement
     /// per [`SEEN_ROWS_PER_STATEMENT`] clusters; a cluster named twice keeps its latest
-    /// time). A hub writes a row for every cluster that polled it since the last batch:
+    /// time, and a time never goes back: a hub writing a time it read from another
+    /// hub earlier does not undo a later one). A hub writes a row for every cluster that polled it since the last batch:
     /// thousands every 30 s in a large fleet, which as one statement each were nearly
     /// all an idle hub asked its database (BENCHMARKS.md, "Hubs on PostgreSQL and S3").
     pub async fn put_seen(&self, seen: &[(String, i64)]) -> Result<(), StoreError> {
@@ -563,7 +564,8 @@ impl Store {
         for chunk in rows.chunks(SEEN_ROWS_PER_STATEMENT) {
             let sql = format!(
                 "INSERT INTO cluster_seen (cluster, seen_at) VALUES {}
-                 ON CONFLICT (cluster) DO UPDATE SET seen_at = excluded.seen_at",
+                 ON CONFLICT (cluster) DO UPDATE SET seen_at = excluded.seen_at
+                 WHERE excluded.seen_at > cluster_seen.seen_at",
                 Placeholders::of(&tx).rows(chunk.len(), 2)
             );
             let mut query = sqlx::query(&sql);
@@ -1955,6 +1957,25 @@ mod tests {
         store.close().await;
     }
 
+    /// A cluster's last-seen time never goes back, whichever hub writes last.
+    #[tokio::test]
+    async fn a_last_seen_time_never_goes_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path()).await.expect("opens");
+        store
+            .put_seen(&[("red".into(), 2_000)])
+            .await
+            .expect("writes");
+        store
+            .put_seen(&[("red".into(), 1_000), ("blue".into(), 1_000)])
+            .await
+            .expect("writes");
+        let seen: BTreeMap<String, i64> = store.seen().await.expect("reads").into_iter().collect();
+        assert_eq!(seen.get("red"), Some(&2_000));
+        assert_eq!(seen.get("blue"), Some(&1_000));
+        store.close().await;
+    }
+
     /// A hub that lost the lease while it worked fences its write with epoch 0,
     /// which no lease has: the store refuses it (an unfenced write went through).
     #[tokio::test]
@@ -1982,7 +2003,10 @@ mod tests {
             store.commit(&fenced(0)).await,
             Err(StoreError::Fenced { epoch: 0, .. })
         ));
-        store.commit(&fenced(epoch)).await.expect("the holder writes");
+        store
+            .commit(&fenced(epoch))
+            .await
+            .expect("the holder writes");
         // What a shared lease that was lost fences with.
         let lease = crate::recorder::lease::Lease::shared();
         assert_eq!(lease.fence().map(|f| f.epoch), Some(0));
