@@ -331,6 +331,7 @@ pub async fn mirror(url: &str, mirror: &Path, timeout: Duration) -> Result<(), S
     let env = remote.git_env();
     let url = remote.shown.as_str();
     if mirror.join("HEAD").is_file() {
+        remove_stale_locks(mirror);
         run_git(
             &[
                 "-C",
@@ -381,10 +382,46 @@ pub async fn mirror(url: &str, mirror: &Path, timeout: Duration) -> Result<(), S
             timeout,
         )
         .await?;
+        // A mirror folder without HEAD is no repository (a clone cut short before
+        // this one, by hand or by a full disk): it is replaced.
+        if mirror.exists() {
+            let _ = std::fs::remove_dir_all(mirror);
+        }
         std::fs::rename(&partial, mirror).map_err(|err| SourceError::Io {
             path: mirror.display().to_string(),
             message: err.to_string(),
         })
+    }
+}
+
+/// Removes the lock files a git killed in the middle of a fetch leaves in the mirror
+/// (its refs, `packed-refs`, `config`, `HEAD`), which would otherwise fail every
+/// later fetch. Only the hub's follower runs git on the mirror, one command at a
+/// time, and the state dir is the hub's alone: no lock here is another's.
+fn remove_stale_locks(mirror: &Path) {
+    for name in [
+        "HEAD.lock",
+        "config.lock",
+        "packed-refs.lock",
+        "shallow.lock",
+    ] {
+        let _ = std::fs::remove_file(mirror.join(name));
+    }
+    let mut folders = vec![mirror.join("refs")];
+    while let Some(folder) = folders.pop() {
+        let Ok(entries) = std::fs::read_dir(&folder) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            match entry.file_type() {
+                Ok(kind) if kind.is_dir() => folders.push(path),
+                Ok(_) if path.extension().is_some_and(|e| e == "lock") => {
+                    let _ = std::fs::remove_file(&path);
+                }
+                _ => {}
+            }
+        }
     }
 }
 
@@ -641,7 +678,8 @@ mod tests {
     }
 
     /// The remote renames its default branch: the mirror's HEAD follows it, so a hub
-    /// following HEAD reads the new branch (and does not stop once the old is gone).
+    /// following HEAD reads the new branch (and does not stop once the old is gone);
+    /// the locks a killed fetch left do not stop the next one.
     #[tokio::test]
     async fn the_mirror_follows_the_remotes_default_branch_when_it_is_renamed() {
         let git = |dir: &Path, args: &[&str]| {
@@ -719,6 +757,10 @@ mod tests {
         assert!(git(&remote, &["fetch", "-q", &source_text, "master:main"]).is_some());
         assert!(git(&remote, &["symbolic-ref", "HEAD", "refs/heads/main"]).is_some());
         assert!(git(&remote, &["branch", "-q", "-D", "master"]).is_some());
+        // A git killed in the middle of the last fetch left its locks behind.
+        for lock in ["refs/heads/master.lock", "packed-refs.lock", "config.lock"] {
+            std::fs::write(mirrored.join(lock), "").expect("plants a lock");
+        }
 
         mirror(&url, &mirrored, Duration::from_secs(60))
             .await
