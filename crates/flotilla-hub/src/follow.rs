@@ -792,6 +792,7 @@ impl Follower {
         let stop = cancel.clone();
         let previous = self.last_output.clone();
         let decryption = self.decryption.clone();
+        let sealing_secret = decryption.sealing_secret();
         let sealing_headers = self.sealing_headers.clone();
         let spawned = std::thread::Builder::new()
             .name("flotilla-render".into())
@@ -814,7 +815,7 @@ impl Follower {
                         None => render_with(&snapshot, &options),
                     }
                 }));
-                if let Err(err) = headers().keep(&helm_seed) {
+                if let Err(err) = headers().keep(&helm_seed, sealing_secret.as_ref()) {
                     tracing::warn!("{err}");
                 }
                 let _ = done.send(match outcome {

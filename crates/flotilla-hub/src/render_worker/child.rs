@@ -75,24 +75,28 @@ pub fn run_worker(
     // A request starts with its header; the end of the input, between requests,
     // ends the worker.
     while !input.fill_buf()?.is_empty() {
-        let (rendered, seed) = render_request(&mut input, &mut output, kept.take())?;
+        let (rendered, seed, secret) = render_request(&mut input, &mut output, kept.take())?;
         kept = Some(kept_for_next(rendered));
         if let (Some(headers), Some(seed)) = (&mut headers, seed) {
-            told(headers.keep(&seed));
+            told(headers.keep(&seed, secret.as_ref()));
         }
     }
     Ok(())
 }
 
+/// A key of 32 bytes, if there is one (a seed, a secret).
+type Key = Option<[u8; 32]>;
+
 /// Reads one request, renders it (since the render it names, and with the parse of
-/// `kept`, the last render), and writes the answer; returns the render and the seed
-/// it was rendered with.
+/// `kept`, the last render), and writes the answer; returns the render, the seed it
+/// was rendered with and the hub's sealing secret (from its decryption keys).
 fn render_request(
     input: &mut impl BufRead,
     output: &mut impl Write,
     kept: Option<RenderOutput>,
-) -> io::Result<(RenderOutput, Option<[u8; 32]>)> {
+) -> io::Result<(RenderOutput, Key, Key)> {
     let (settings, snapshot, since) = decode_input(&mut *input)?;
+    let secret = settings.decryption.sealing_secret();
     // What the process tells of slow templates from here on is this render's.
     eprintln!("{}", flotilla_render::progress::RENDER_STARTED);
     let parsed = kept.as_ref().and_then(|k| k.parsed.clone());
@@ -144,7 +148,7 @@ fn render_request(
     let known = previous.as_ref().map_or(Known::Nothing, Known::Render);
     encode_output(&rendered, known, output)?;
     output.flush()?;
-    Ok((rendered, settings.helm_seed))
+    Ok((rendered, settings.helm_seed, secret))
 }
 
 /// What the worker keeps of a render for the next request: what a hub sends of a

@@ -75,14 +75,15 @@ impl KeptHeaders {
         }
     }
 
-    /// After a render with the hub's `seed`: writes the headers this process holds
-    /// for its sealing key when it worked out any since the file was last written.
-    pub fn keep(&mut self, seed: &[u8; 32]) -> Result<(), String> {
+    /// After a render with the hub's `seed` and sealing secret (from its decryption
+    /// keys): writes the headers this process holds for that sealing key when it
+    /// worked out any since the file was last written.
+    pub fn keep(&mut self, seed: &[u8; 32], secret: Option<&[u8; 32]>) -> Result<(), String> {
         let made = headers_made();
         if made == self.made {
             return Ok(());
         }
-        let file = Sealer::from_hub_seed(seed).kept_headers();
+        let file = Sealer::new(seed, secret).kept_headers();
         flotilla_fs::write_atomically(&self.path, &file, flotilla_fs::Mode::Private).map_err(
             |err| {
                 format!(
@@ -93,5 +94,32 @@ impl KeptHeaders {
         )?;
         self.made = made;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flotilla_render::seal::AgentKey;
+
+    /// What a hub with a decryption key sealed is kept, under the key it sealed with
+    /// (the seed and the secret of its decryption identity), not left out.
+    #[test]
+    fn the_headers_of_a_hub_with_a_decryption_key_are_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (seed, secret) = ([21; 32], [22; 32]);
+        let mut kept = KeptHeaders::new(dir.path().join(SEALING_HEADERS_FILE));
+        let agent =
+            AgentKey::parse("age1zvkyg2lqzraa2lnjvqej32nkuu0ues2s82hzrye869xeexvn73equnujwj")
+                .expect("a recipient");
+        Sealer::new(&seed, Some(&secret)).seal(&agent, "v1/Secret/shop/db", b"hunter2");
+        kept.keep(&seed, Some(&secret)).expect("written");
+        let file = std::fs::read(dir.path().join(SEALING_HEADERS_FILE)).expect("read");
+        let without_entries = Sealer::new(&[23; 32], Some(&secret)).kept_headers();
+        assert!(
+            file.len() > without_entries.len(),
+            "{} bytes kept, as many as a file with no header",
+            file.len()
+        );
     }
 }

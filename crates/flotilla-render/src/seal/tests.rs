@@ -619,4 +619,20 @@ fn the_stores_seed_alone_opens_no_sealed_value() {
             .sealing_secret(),
         Some(secret)
     );
+    // Tenants' keys beside the platform's change nothing; without the platform's,
+    // every tenant's key goes into it, so that no one tenant's derives it.
+    let lines = |lines: &[String]| {
+        crate::sops::DecryptionKeys::from_lines(lines)
+            .expect("keys")
+            .sealing_secret()
+    };
+    assert_eq!(
+        lines(&[OTHER.to_string(), format!("@team-a {AGENT}")]),
+        Some(secret)
+    );
+    let one_tenant = lines(&[format!("@team-a {AGENT}")]);
+    let two_tenants = lines(&[format!("@team-a {AGENT}"), format!("@team-b {OTHER}")]);
+    assert!(one_tenant.is_some() && two_tenants.is_some());
+    assert_ne!(one_tenant, two_tenants);
+    assert_ne!(two_tenants, Some(secret));
 }

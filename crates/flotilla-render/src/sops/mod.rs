@@ -108,12 +108,19 @@ impl DecryptionKeys {
     }
 
     /// The hub's own secret for sealing Secrets to agents: derived (HKDF-SHA256, with
-    /// a label of its own) from the first identity, the key the operator already
-    /// holds to open the fleet's SOPS files; `None` without one. It is never stored:
-    /// every hub of a store, and `publish`, given the same first identity, seal
-    /// alike. Replacing the first identity (a rotation) seals every Secret anew once.
+    /// a label of its own) from the platform's first identity, the key the operator
+    /// already holds to open the fleet's SOPS files; without a platform identity,
+    /// from every tenant's identities together (so that no one tenant's key derives
+    /// it); `None` without any. It is never stored: every hub of a store, and
+    /// `publish`, given the same keys, seal alike. Replacing the platform's first
+    /// identity (a rotation) seals every Secret anew once.
     pub fn sealing_secret(&self) -> Option<[u8; 32]> {
-        let identity = self.identity_lines().into_iter().next()?;
+        use age::secrecy::ExposeSecret as _;
+        let identity = match self.identities.first() {
+            Some(first) => first.to_string().expose_secret().to_string(),
+            None if self.tenants.is_empty() => return None,
+            None => self.identity_lines().join("\n"),
+        };
         let hkdf = hkdf::Hkdf::<sha2::Sha256>::new(None, identity.as_bytes());
         let mut secret = [0u8; 32];
         hkdf.expand(b"flotilla.dev/v1 hub sealing secret", &mut secret)
@@ -274,14 +281,21 @@ pub fn open_snapshot<'a>(
                 Some(tenant) => format!("tenant {tenant:?}'s"),
                 None => "the platform's".to_string(),
             };
-            diagnostics.push(
-                Diagnostic::error(format!(
-                    "this SOPS file is a symlink to {target}, which is {} and not {}: it is not opened here",
-                    whose(tenant_of.owner(target)),
-                    whose(tenant_of.owner(path)),
-                ))
-                .in_file(path.clone()),
-            );
+            let mut error = Diagnostic::error(format!(
+                "this SOPS file is a symlink to {target}, which is {} and not {}: it is not opened here",
+                whose(tenant_of.owner(target)),
+                whose(tenant_of.owner(path)),
+            ))
+            .in_file(path.clone());
+            // A tenant's link fails only the clusters its workload targets.
+            if tenant_of.owner(path).is_some()
+                && let Some(workload) = path
+                    .strip_prefix("workloads/")
+                    .and_then(|rest| rest.split('/').next())
+            {
+                error = error.for_workload(workload);
+            }
+            diagnostics.push(error);
             opened.push((path.clone(), Arc::from(document.without_metadata())));
             continue;
         }

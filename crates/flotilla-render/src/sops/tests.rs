@@ -481,7 +481,12 @@ fn a_sops_file_reached_through_a_symlink_from_another_owner_is_not_opened() {
     );
     snapshot.files.insert(
         "workloads/shop/workload.yaml".into(),
-        format!("{HEADER}kind: Workload\nmetadata:\n  name: shop\nspec:\n  namespace: shop-a\n  targets:\n    - clusterSelector: {{}}\n").into(),
+        format!("{HEADER}kind: Workload\nmetadata:\n  name: shop\nspec:\n  namespace: shop-a\n  targets:\n    - cluster: shop-1\n").into(),
+    );
+    // A cluster the tenant's workload does not go to.
+    snapshot.files.insert(
+        "clusters/hq-1.yaml".into(),
+        format!("{HEADER}kind: Cluster\nmetadata:\n  name: hq-1\nspec: {{}}\n").into(),
     );
     snapshot.files.insert(
         "workloads/shop/manifests/stolen.yaml".into(),
@@ -509,6 +514,12 @@ fn a_sops_file_reached_through_a_symlink_from_another_owner_is_not_opened() {
             }
         }
     }
+    // The error fails the tenant's cluster only: the platform's file opens where it
+    // lies, for the cluster the tenant's workload does not go to.
+    assert!(!output.bundles.contains_key("shop-1"));
+    let hq = output.bundles.get("hq-1").expect("hq-1 keeps its bundle");
+    let text = String::from_utf8(hq.canonical_body()).expect("UTF-8");
+    assert!(text.contains("hunter2"), "{text}");
     // The platform's own file still opens where it lies.
     let own = render(&fleet(&secret), SopsKeys::Open(Arc::new(keys(IDENTITY))));
     assert!(own.is_clean(), "{:?}", own.diagnostics);
