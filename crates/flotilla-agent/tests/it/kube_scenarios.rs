@@ -1310,6 +1310,47 @@ async fn a_failed_job_removed_by_its_ttl_runs_again() {
         "run again: {:#?}",
         requests(&fake)
     );
+
+    // It fails again, seen while the next phase waits, and this time stays; its image
+    // is fixed: the failed Job is deleted and made again from the new manifest (a pod
+    // template cannot change).
+    fake.before("GET", "/jobs/migrate", |fake| {
+        let failed = json!({"failed": 1, "conditions": [{"type": "Failed", "status": "True",
+                            "message": "BackoffLimitExceeded"}]});
+        assert!(fake.set_status("batch/v1", "Job", "demo", "migrate", failed));
+    });
+    let outcome = sink.apply(&phased, &[]).await;
+    assert!(!outcome.complete, "{outcome:#?}");
+    let fixed = agent_support::phased_bundle(
+        "edge-1",
+        vec![
+            ("base", kube_namespace("demo")),
+            (
+                "migrate",
+                job(
+                    "migrate",
+                    "migrate --fixed",
+                    json!({"ttlSecondsAfterFinished": 60, "backoffLimit": 0}),
+                ),
+            ),
+            ("app", deployment("demo", "web", 1)),
+        ],
+        &[&["base"], &["migrate"], &["app"]],
+    );
+    fake.clear_exchanges();
+    let _ = sink.apply(&fixed, &[]).await;
+    let requests = requests(&fake);
+    const MIGRATE: &str = "/apis/batch/v1/namespaces/demo/jobs/migrate";
+    let position = |line: String| requests.iter().position(|r| *r == line);
+    let (deleted, applied) = (
+        position(format!("DELETE {MIGRATE}")),
+        position(format!("PATCH {MIGRATE}")),
+    );
+    assert!(deleted.is_some() && deleted < applied, "{requests:#?}");
+    let live = fake
+        .get("batch/v1", "Job", "demo", "migrate")
+        .expect("made again");
+    assert!(live.to_string().contains("migrate --fixed"), "{live}");
 }
 
 /// A Job whose manifest changed (a new image for a migration) is deleted and created

@@ -216,10 +216,12 @@ impl Ledger {
         }
     }
 
-    /// Forgets that a Job ran (it was seen failed): the next apply runs it again.
+    /// Records that a Job was seen failed: the next apply deletes it (if it is still
+    /// there) and creates it again, which runs it again, whether or not its manifest
+    /// changed. (A `ran` that names no manifest never equals the current one.)
     pub fn forget_run(&mut self, key: &ResourceKey) {
         if let Some(recorded) = self.entry_mut(key) {
-            recorded.ran = None;
+            recorded.ran = Some("failed".to_string());
         }
     }
 
