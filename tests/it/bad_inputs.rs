@@ -347,8 +347,9 @@ fn git_symlink_outside_the_fleet() {
     assert_eq!(snapshot.links.len(), 1, "{:?}", snapshot.links);
 }
 
-/// In a commit, a file name that is not UTF-8 stops the render only when it is a
-/// fleet file's; elsewhere (docs/) the file is only skipped.
+/// In a commit, a name that is not UTF-8 is read with U+FFFD in its place, as a
+/// folder's is: a file in docs/ does not stop the render; a fleet file or folder so
+/// named is refused by the render with its name, never silently left out.
 #[test]
 fn git_file_names_that_are_not_utf8() {
     use std::os::unix::ffi::OsStrExt as _;
@@ -358,13 +359,13 @@ fn git_file_names_that_are_not_utf8() {
         &corpus().join("cluster-scoped-crd-gets-no-namespace"),
         &fleet,
     );
-    std::fs::create_dir_all(fleet.join("docs")).expect("mkdir");
-    let latin1 = |folder: &str| {
-        let mut name = folder.as_bytes().to_vec();
-        name.extend_from_slice(b"/caf\xe9.yaml");
+    let latin1 = |path: &str| {
+        let mut name = path.as_bytes().to_vec();
+        name.extend_from_slice(b"caf\xe9");
         fleet.join(std::ffi::OsStr::from_bytes(&name))
     };
-    std::fs::write(latin1("docs"), "notes\n").expect("write");
+    std::fs::create_dir_all(fleet.join("docs")).expect("mkdir");
+    std::fs::write(latin1("docs/").with_extension("md"), "notes\n").expect("write");
     if !commit_all(repo.path()) {
         eprintln!("skipping: the git command is not available");
         return;
@@ -377,24 +378,26 @@ fn git_file_names_that_are_not_utf8() {
     };
     let snapshot = source::read(&location).expect("the commit is readable");
     assert!(snapshot.problems.is_empty(), "{:?}", snapshot.problems);
-    assert!(
-        snapshot.skipped.contains_key("docs/caf\u{fffd}.yaml"),
-        "{:?}",
-        snapshot.skipped
-    );
     assert!(render(&snapshot).is_clean());
 
-    std::fs::write(latin1("clusters"), "kind: Cluster\n").expect("write");
+    // A workload whose folder's name is not UTF-8.
+    let folder = latin1("workloads/");
+    std::fs::create_dir_all(&folder).expect("mkdir");
+    std::fs::write(
+        folder.join("workload.yaml"),
+        "apiVersion: flotilla.dev/v1alpha1\nkind: Workload\nmetadata:\n  name: cafe\nspec:\n  targets:\n    - clusterSelector: {}\n",
+    )
+    .expect("write");
     assert!(commit_all(repo.path()));
-    let snapshot = source::read(&location).expect("the commit is readable");
-    let lines: Vec<String> = snapshot
-        .problems
-        .iter()
-        .map(Diagnostic::to_string)
-        .collect();
-    assert_eq!(
-        lines,
-        ["clusters/caf\u{fffd}.yaml: the file name is not valid UTF-8; it was skipped"]
+    let output = render(&source::read(&location).expect("the commit is readable"));
+    assert!(!output.is_clean());
+    assert!(
+        output
+            .diagnostics
+            .iter()
+            .any(|d| d.file.as_deref() == Some("workloads/caf\u{fffd}/workload.yaml")),
+        "{:#?}",
+        output.diagnostics
     );
 }
 

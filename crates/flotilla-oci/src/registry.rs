@@ -531,7 +531,8 @@ impl Registry {
         {
             // An identity token (a refresh token, as `az acr login` and some `docker
             // login`s leave) is exchanged by OAuth2 for an access token, as Docker
-            // does; a token service without OAuth2 (404 to the POST) is asked by GET.
+            // does; a token service without OAuth2 (404 to the POST, or 400, 401 or
+            // 405 as some answer it) is asked by GET, as Docker and containerd do.
             Some(refresh_token) => {
                 let mut form = vec![
                     ("grant_type", "refresh_token"),
@@ -551,7 +552,7 @@ impl Registry {
                     .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
                     .body(body);
                 let response = send(post, url.clone()).await?;
-                if response.status() == StatusCode::NOT_FOUND {
+                if matches!(response.status().as_u16(), 400 | 401 | 404 | 405) {
                     let (request, url) = get(url);
                     (send(request, url.clone()).await?, url)
                 } else {

@@ -282,20 +282,35 @@ impl RemoteUrl {
 
     /// The environment that gives git the credentials: its list of credential
     /// helpers emptied (so none of the machine's answers first) and this one added.
-    fn git_env(&self) -> Vec<(&'static str, String)> {
+    /// Settings the hub's own environment gives git (`GIT_CONFIG_COUNT` and its
+    /// pairs, a private CA's `http.sslCAInfo`, say) are kept: these two come after.
+    fn git_env(&self) -> Vec<(String, String)> {
         let Some(c) = &self.credentials else {
             return Vec::new();
         };
+        let given: usize = std::env::var("GIT_CONFIG_COUNT")
+            .ok()
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0);
         vec![
-            ("GIT_CONFIG_COUNT", "2".into()),
-            ("GIT_CONFIG_KEY_0", "credential.helper".into()),
-            ("GIT_CONFIG_VALUE_0", String::new()),
-            ("GIT_CONFIG_KEY_1", "credential.helper".into()),
-            ("GIT_CONFIG_VALUE_1", CREDENTIAL_HELPER.into()),
-            ("FLOTILLA_GIT_PROTOCOL", c.protocol.clone()),
-            ("FLOTILLA_GIT_HOST", c.host.clone()),
-            ("FLOTILLA_GIT_USERNAME", c.username.clone()),
-            ("FLOTILLA_GIT_PASSWORD", c.password.clone()),
+            ("GIT_CONFIG_COUNT".into(), (given + 2).to_string()),
+            (
+                format!("GIT_CONFIG_KEY_{given}"),
+                "credential.helper".into(),
+            ),
+            (format!("GIT_CONFIG_VALUE_{given}"), String::new()),
+            (
+                format!("GIT_CONFIG_KEY_{}", given + 1),
+                "credential.helper".into(),
+            ),
+            (
+                format!("GIT_CONFIG_VALUE_{}", given + 1),
+                CREDENTIAL_HELPER.into(),
+            ),
+            ("FLOTILLA_GIT_PROTOCOL".into(), c.protocol.clone()),
+            ("FLOTILLA_GIT_HOST".into(), c.host.clone()),
+            ("FLOTILLA_GIT_USERNAME".into(), c.username.clone()),
+            ("FLOTILLA_GIT_PASSWORD".into(), c.password.clone()),
         ]
     }
 }
@@ -349,6 +364,12 @@ pub async fn mirror(url: &str, mirror: &Path, timeout: Duration) -> Result<(), S
             &[
                 "-C",
                 &mirror.display().to_string(),
+                // A `gc --auto` the fetch starts runs within it, not left running
+                // after it, holding locks the next fetch would meet.
+                "-c",
+                "gc.autoDetach=false",
+                "-c",
+                "maintenance.autoDetach=false",
                 "fetch",
                 "--prune",
                 "--quiet",
@@ -431,7 +452,7 @@ fn remove_stale_locks(mirror: &Path) {
 /// for good once `--prune` removed it. A remote that names no HEAD leaves it as it is.
 async fn follow_remote_head(
     mirror: &Path,
-    env: &[(&'static str, String)],
+    env: &[(String, String)],
     timeout: Duration,
 ) -> Result<(), SourceError> {
     let folder = mirror.display().to_string();
@@ -462,13 +483,13 @@ async fn follow_remote_head(
 /// Runs git; its standard output.
 async fn run_git(
     args: &[&str],
-    env: &[(&'static str, String)],
+    env: &[(String, String)],
     timeout: Duration,
 ) -> Result<String, SourceError> {
     let shown = format!("git {}", args.join(" "));
     let child = tokio::process::Command::new("git")
         .args(args)
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .env("GIT_TERMINAL_PROMPT", "0")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -531,11 +552,10 @@ mod tests {
         // A token as the user name; the scheme's own port is not named.
         let remote = RemoteUrl::parse("https://ghp_token@github.example.invalid/org/fleet.git");
         assert_eq!(remote.shown, "https://github.example.invalid/org/fleet.git");
-        assert!(
-            remote
-                .git_env()
-                .contains(&("FLOTILLA_GIT_HOST", "github.example.invalid".into()))
-        );
+        assert!(remote.git_env().contains(&(
+            "FLOTILLA_GIT_HOST".to_string(),
+            "github.example.invalid".into()
+        )));
         // Nothing to take out: as given, and no helper.
         for url in [
             "https://git.example.invalid/org/fleet.git",

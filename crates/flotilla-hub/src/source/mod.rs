@@ -456,22 +456,11 @@ impl GitWalker<'_> {
             // that breaks a budget is always the same one.
             let mut subfolders = Vec::new();
             for entry in tree.iter() {
-                let Ok(name) = entry.name() else {
-                    // Shown with U+FFFD for what is not UTF-8. Only a fleet file's
-                    // name stops the render; any other file (a README in Latin-1 in
-                    // docs/) is only noted, as a folder's would be.
-                    let lossy = String::from_utf8_lossy(entry.name_bytes());
-                    let path = if prefix.is_empty() {
-                        lossy.into_owned()
-                    } else {
-                        format!("{prefix}/{lossy}")
-                    };
-                    self.files.refuse(
-                        &path,
-                        "the file name is not valid UTF-8; it was skipped".to_string(),
-                    );
-                    continue;
-                };
+                // A name that is not UTF-8 is read with U+FFFD in place of what is
+                // not, as a folder's is: a file or folder of the fleet so named is then
+                // refused by the render (its name), never silently left out.
+                let name = String::from_utf8_lossy(entry.name_bytes());
+                let name: &str = &name;
                 if let Some(reason) = refused_entry_name(name) {
                     // Git itself never writes such an entry; a tree that holds one
                     // was made by hand, and reading it would make a path no
