@@ -1274,27 +1274,35 @@ async fn a_failed_job_removed_by_its_ttl_runs_again() {
         ..options()
     };
     let mut sink = sink(&fake, quick);
-    let phased = agent_support::phased_bundle(
-        "edge-1",
-        vec![
-            ("base", kube_namespace("demo")),
-            (
-                "migrate",
-                job(
+    // Phase `migrate` (a Job running `command`) between `base` and `app`.
+    let migrating = |command: &str| {
+        agent_support::phased_bundle(
+            "edge-1",
+            vec![
+                ("base", kube_namespace("demo")),
+                (
                     "migrate",
-                    "migrate",
-                    json!({"ttlSecondsAfterFinished": 60, "backoffLimit": 0}),
+                    job(
+                        "migrate",
+                        command,
+                        json!({"ttlSecondsAfterFinished": 60, "backoffLimit": 0}),
+                    ),
                 ),
-            ),
-            ("app", deployment("demo", "web", 1)),
-        ],
-        &[&["base"], &["migrate"], &["app"]],
-    );
-    fake.before("GET", "/jobs/migrate", |fake| {
-        let failed = json!({"failed": 1, "conditions": [{"type": "Failed", "status": "True",
-                            "message": "BackoffLimitExceeded"}]});
-        assert!(fake.set_status("batch/v1", "Job", "demo", "migrate", failed));
-    });
+                ("app", deployment("demo", "web", 1)),
+            ],
+            &[&["base"], &["migrate"], &["app"]],
+        )
+    };
+    // The Job fails at the next read of it, as its controller would say.
+    let fail_at_next_read = |fake: &FakeApiServer| {
+        fake.before("GET", "/jobs/migrate", |fake| {
+            let failed = json!({"failed": 1, "conditions": [{"type": "Failed", "status": "True",
+                                "message": "BackoffLimitExceeded"}]});
+            assert!(fake.set_status("batch/v1", "Job", "demo", "migrate", failed));
+        });
+    };
+    let phased = migrating("migrate");
+    fail_at_next_read(&fake);
     let outcome = sink.apply(&phased, &[]).await;
     assert!(!outcome.complete, "{outcome:#?}");
     assert_eq!(line(&outcome, "Job", "migrate").0, ResourceState::Failed);
@@ -1314,29 +1322,10 @@ async fn a_failed_job_removed_by_its_ttl_runs_again() {
     // It fails again, seen while the next phase waits, and this time stays; its image
     // is fixed: the failed Job is deleted and made again from the new manifest (a pod
     // template cannot change).
-    fake.before("GET", "/jobs/migrate", |fake| {
-        let failed = json!({"failed": 1, "conditions": [{"type": "Failed", "status": "True",
-                            "message": "BackoffLimitExceeded"}]});
-        assert!(fake.set_status("batch/v1", "Job", "demo", "migrate", failed));
-    });
+    fail_at_next_read(&fake);
     let outcome = sink.apply(&phased, &[]).await;
     assert!(!outcome.complete, "{outcome:#?}");
-    let fixed = agent_support::phased_bundle(
-        "edge-1",
-        vec![
-            ("base", kube_namespace("demo")),
-            (
-                "migrate",
-                job(
-                    "migrate",
-                    "migrate --fixed",
-                    json!({"ttlSecondsAfterFinished": 60, "backoffLimit": 0}),
-                ),
-            ),
-            ("app", deployment("demo", "web", 1)),
-        ],
-        &[&["base"], &["migrate"], &["app"]],
-    );
+    let fixed = migrating("migrate --fixed");
     fake.clear_exchanges();
     let _ = sink.apply(&fixed, &[]).await;
     let requests = requests(&fake);

@@ -718,9 +718,7 @@ mod tests {
         let work = tempfile::tempdir().expect("tempdir");
         let source = work.path().join("source");
         std::fs::create_dir_all(&source).expect("creates");
-        let made = git(&source, &["init", "-q", "-b", "master"]).and_then(|()| {
-            std::fs::write(source.join("a.txt"), "a\n").ok()?;
-            git(&source, &["add", "-A"])?;
+        let commit = |message: &str| {
             git(
                 &source,
                 &[
@@ -731,9 +729,14 @@ mod tests {
                     "commit",
                     "-q",
                     "-m",
-                    "one",
+                    message,
                 ],
             )
+        };
+        let made = git(&source, &["init", "-q", "-b", "master"]).and_then(|()| {
+            std::fs::write(source.join("a.txt"), "a\n").ok()?;
+            git(&source, &["add", "-A"])?;
+            commit("one")
         });
         if made.is_none() {
             eprintln!("SKIPPED: the git command is not available");
@@ -757,22 +760,7 @@ mod tests {
         // The remote's default branch becomes `main`, one commit ahead; `master` goes.
         std::fs::write(source.join("b.txt"), "b\n").expect("writes");
         assert!(git(&source, &["add", "-A"]).is_some());
-        assert!(
-            git(
-                &source,
-                &[
-                    "-c",
-                    "user.name=t",
-                    "-c",
-                    "user.email=t@example.invalid",
-                    "commit",
-                    "-q",
-                    "-m",
-                    "two"
-                ],
-            )
-            .is_some()
-        );
+        assert!(commit("two").is_some());
         let source_text = source.display().to_string();
         assert!(git(&remote, &["fetch", "-q", &source_text, "master:main"]).is_some());
         assert!(git(&remote, &["symbolic-ref", "HEAD", "refs/heads/main"]).is_some());
