@@ -20,6 +20,10 @@ use crate::sink::{CLUSTER_LABEL, PRUNE_ANNOTATION};
 
 /// The ConfigMap key holding the ledger.
 const DATA_KEY: &str = "inventory.json";
+/// The ConfigMap key holding, instead of the ledger, why it is not there: it outgrew
+/// the ConfigMap. A copy older than the state folder's is worse than none (it would
+/// run Jobs again and prune from a stale list after a restart), so it is removed.
+const OUTGROWN_KEY: &str = "outgrown";
 /// A ConfigMap holds at most 1 MiB; the ledger stops short of it.
 const MAX_BYTES: usize = 900 * 1024;
 
@@ -255,16 +259,31 @@ impl Ledger {
                 text.len()
             )));
         }
-        Ok(json!({
+        Ok(self.configmap_holding(namespace, DATA_KEY, &text))
+    }
+
+    /// The ledger's ConfigMap with `data` holding only `key: text`.
+    fn configmap_holding(&self, namespace: &str, key: &str, text: &str) -> Value {
+        json!({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": configmap_name(&self.cluster), "namespace": namespace,
                          "labels": {CLUSTER_LABEL: self.cluster},
                          // It is no resource of any bundle; never prune it.
                          "annotations": {PRUNE_ANNOTATION: "disabled"}},
-            "data": {DATA_KEY: text}}))
+            "data": {key: text}})
     }
 
     fn from_configmap(configmap: &Value, cluster: &str) -> Option<Ledger> {
+        if let Some(note) = configmap
+            .pointer(&format!("/data/{OUTGROWN_KEY}"))
+            .and_then(Value::as_str)
+        {
+            tracing::warn!(
+                cluster,
+                "the cluster keeps no inventory ConfigMap ({note}); the state folder's inventory is used"
+            );
+            return None;
+        }
         let text = configmap.pointer(&format!("/data/{DATA_KEY}"))?.as_str()?;
         match serde_json::from_str::<Ledger>(text) {
             Ok(ledger) if ledger.cluster == cluster => Some(ledger),
@@ -296,15 +315,30 @@ impl Ledger {
         }
     }
 
-    /// Writes the ledger (server-side apply, taking over any field).
+    /// Writes the ledger (server-side apply, taking over any field). A ledger too
+    /// big for its ConfigMap replaces the copy there with a note saying so (the
+    /// apply drops the fields it no longer sends), and is then `TooBig`: an agent
+    /// started later, its state folder or not, must not take the old copy for the
+    /// current one.
     pub async fn save(&self, api: &Api, namespace: &str) -> Result<(), SaveError> {
-        let configmap = self.to_configmap(namespace)?;
+        match self.to_configmap(namespace) {
+            Ok(configmap) => self.write(api, namespace, &configmap).await,
+            Err(SaveError::TooBig(note)) => {
+                let configmap = self.configmap_holding(namespace, OUTGROWN_KEY, &note);
+                self.write(api, namespace, &configmap).await?;
+                Err(SaveError::TooBig(note))
+            }
+            Err(failed) => Err(failed),
+        }
+    }
+
+    async fn write(&self, api: &Api, namespace: &str, configmap: &Value) -> Result<(), SaveError> {
         let name = configmap_name(&self.cluster);
         api.apply(
             &configmap_resource(),
             Some(namespace),
             &name,
-            &configmap,
+            configmap,
             true,
         )
         .await
@@ -410,5 +444,53 @@ mod tests {
         assert!(
             matches!(huge.to_configmap("x"), Err(SaveError::TooBig(note)) if note.contains("20000 objects"))
         );
+    }
+
+    /// A ledger that outgrows its ConfigMap takes the old copy out of the cluster:
+    /// read after a restart, the old copy would say Jobs ran from manifests they no
+    /// longer run from (and run them again) and list what to prune as it was.
+    #[tokio::test]
+    async fn an_outgrown_ledger_leaves_no_stale_copy_to_be_read_after_a_restart() {
+        let fake = flotilla_kube_fake::FakeApiServer::new();
+        let api = Api {
+            client: fake.client_in("flotilla-system"),
+            timeout: std::time::Duration::from_secs(10),
+            stop: crate::sink::StopSignal::default(),
+            user: None,
+        };
+        let mut ledger = Ledger::new("edge-1");
+        ledger.record_apply(&entry("a"), true, Some("u1"));
+        ledger.save(&api, "flotilla-system").await.expect("saved");
+        let read = Ledger::load(&api, "flotilla-system", "edge-1").await;
+        assert_eq!(read.expect("read"), Some(ledger.clone()));
+
+        let huge = Ledger {
+            entries: vec![ledger.entries[0].clone(); 20_000],
+            ..ledger.clone()
+        };
+        let saved = huge.save(&api, "flotilla-system").await;
+        assert!(matches!(saved, Err(SaveError::TooBig(_))), "{saved:?}");
+        let read = Ledger::load(&api, "flotilla-system", "edge-1").await;
+        assert_eq!(read.expect("read"), None, "the old copy is gone");
+        let configmap = fake
+            .get(
+                "v1",
+                "ConfigMap",
+                "flotilla-system",
+                &configmap_name("edge-1"),
+            )
+            .expect("the ConfigMap stays, with the note");
+        assert!(configmap["data"].get(DATA_KEY).is_none(), "{configmap}");
+        assert!(
+            configmap["data"][OUTGROWN_KEY]
+                .as_str()
+                .is_some_and(|note| note.contains("20000 objects")),
+            "{configmap}"
+        );
+
+        // Once it fits again, it is kept again.
+        ledger.save(&api, "flotilla-system").await.expect("saved");
+        let read = Ledger::load(&api, "flotilla-system", "edge-1").await;
+        assert_eq!(read.expect("read"), Some(ledger));
     }
 }
