@@ -488,7 +488,7 @@ impl KubeSink {
             bundle.resources.iter().map(|r| (*r.key).clone()).collect();
         known.extend(prune.iter().map(|e| e.key().clone()));
         let forgotten: Vec<InventoryEntry> = ledger
-            .entries
+            .entries()
             .iter()
             .filter(|e| !known.contains(&e.key()))
             .map(ledger::LedgerEntry::inventory_entry)
