@@ -10,7 +10,8 @@
 //!   kept on updates; field ownership, with 409 and the real message shape on a
 //!   conflict with another manager; 409 when the applied object carries a stale
 //!   `resourceVersion`; 400 when it carries `managedFields`; 500 for objects the typed
-//!   patch cannot be built for; 422 for invalid labels;
+//!   patch cannot be built for; 422 for invalid labels and for a change of a Job's
+//!   pod template;
 //! - **authorization** by RBAC rules, per verb, including `create` on an apply that
 //!   creates and the `escalate` and `bind` checks on RBAC objects ([`rbac`]);
 //!   **impersonation** (`Impersonate-User`): the caller needs `impersonate` on the
@@ -1176,6 +1177,7 @@ impl State {
         for mutation in &self.mutations {
             mutation(&mut object);
         }
+        immutable_fields(info, key, &existing.object, &object)?;
         if generation_changes(info.generation, &existing.object, &object) {
             let generation = existing.object["metadata"]["generation"]
                 .as_i64()
@@ -1604,6 +1606,32 @@ fn defaults(info: &KindInfo, object: &mut Value) {
         spec["updateStrategy"] =
             json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}});
     }
+}
+
+/// Fields an update cannot change: a Job's pod template (`ValidateJobUpdate` in
+/// `pkg/apis/batch/validation`; the mutable scheduling directives of a suspended
+/// Job are not modelled).
+fn immutable_fields(
+    info: &KindInfo,
+    key: &ObjKey,
+    existing: &Value,
+    updated: &Value,
+) -> Result<(), ApiError> {
+    if info.group == "batch" && info.kind == "Job" {
+        let (before, after) = (&existing["spec"]["template"], &updated["spec"]["template"]);
+        if before != after {
+            return Err(status::invalid(
+                &info.group,
+                &info.kind,
+                &key.name,
+                &[(
+                    "spec.template".into(),
+                    format!("Invalid value: core.PodTemplateSpec{{{after}}}: field is immutable"),
+                )],
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn generation_changes(rule: Generation, old: &Value, new: &Value) -> bool {

@@ -1368,3 +1368,44 @@ async fn a_job_whose_manifest_changed_is_replaced_and_runs_again() {
         .expect("made again");
     assert!(live.to_string().contains("echo seeded again"), "{live}");
 }
+
+/// A Job whose run flotilla has no record of (its ledger was lost, or an agent
+/// without one applied it) is replaced the same way when its manifest changes, if
+/// it carries the cluster's label; a Job someone else made is left as it is, and
+/// the API server's refusal reported.
+#[tokio::test(start_paused = true)]
+async fn a_job_whose_run_was_not_recorded_is_replaced_when_its_manifest_changes() {
+    let fake = FakeApiServer::new();
+    fake.insert(kube_namespace("demo"), "kubectl");
+    let first = bundle("edge-1", vec![job("seed", "echo seeded", json!({}))]);
+    assert!(sink(&fake, options()).apply(&first, &[]).await.complete);
+    assert!(fake.remove(
+        "v1",
+        "ConfigMap",
+        AGENT_NAMESPACE,
+        "flotilla-inventory-edge-1"
+    ));
+    // Someone else's Job, with the name the next bundle also gives one.
+    fake.insert(job("theirs", "echo theirs", json!({})), "kubectl");
+    let second = bundle(
+        "edge-1",
+        vec![
+            job("seed", "echo seeded again", json!({})),
+            job("theirs", "echo ours", json!({})),
+        ],
+    );
+    // Forced, so that their Job meets the refusal of its template rather than a
+    // conflict of field managers.
+    let outcome = sink_forced(&fake).apply(&second, &[]).await;
+    let (state, message) = line(&outcome, "Job", "seed");
+    assert_ne!(state, ResourceState::Failed, "{message}");
+    let live = fake
+        .get("batch/v1", "Job", "demo", "seed")
+        .expect("made again");
+    assert!(live.to_string().contains("echo seeded again"), "{live}");
+    let (state, message) = line(&outcome, "Job", "theirs");
+    assert_eq!(state, ResourceState::Failed);
+    assert!(message.contains("field is immutable"), "{message}");
+    let theirs = fake.get("batch/v1", "Job", "demo", "theirs").expect("left");
+    assert!(theirs.to_string().contains("echo theirs"), "{theirs}");
+}

@@ -89,6 +89,19 @@ impl Failure {
         self.code() == Some(404)
     }
 
+    /// Whether the API server refused a change of `field` as immutable (422,
+    /// `<field>: Invalid value: …: field is immutable`).
+    pub fn is_immutable(&self, field: &str) -> bool {
+        match self {
+            Failure::Api(status) => {
+                status.code == 422
+                    && status.message.contains(&format!("{field}: Invalid value"))
+                    && status.message.contains("field is immutable")
+            }
+            _ => false,
+        }
+    }
+
     /// Whether the apply must stop here: every later request would most likely fail
     /// the same way (no answer, bad credentials, an overloaded or unavailable server).
     /// Any other error fails only the object it was about.

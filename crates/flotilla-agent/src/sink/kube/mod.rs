@@ -49,7 +49,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use super::{
-    ApplyOutcome, Sink, StopSignal, apply_order, apply_rank, tenancy_first_rank,
+    ApplyOutcome, CLUSTER_LABEL, Sink, StopSignal, apply_order, apply_rank, tenancy_first_rank,
     with_flotilla_metadata,
 };
 use crate::cache::InventoryEntry;
@@ -917,6 +917,25 @@ fn api_version_of(resource: &Resource) -> String {
 }
 
 impl Run {
+    /// Server-side apply of `object`, as the user `key` is applied as.
+    async fn apply_as_its_user(
+        &self,
+        key: &ResourceKey,
+        found: &Found,
+        namespace: Option<&str>,
+        object: &Value,
+    ) -> Result<(u16, Value), Failure> {
+        self.api_for(key)
+            .apply(
+                &found.resource,
+                namespace,
+                key.name(),
+                object,
+                self.options.force_conflicts,
+            )
+            .await
+    }
+
     /// The API as the user resource `key` is applied as ([`Users`]).
     fn api_for(&self, key: &ResourceKey) -> Api {
         self.api.acting_as(self.users.user(key))
@@ -1147,33 +1166,46 @@ impl Run {
                 .is_some_and(|ran| ran != manifest.as_str())
             && let Err(message) = self.delete_hook(&found, namespace, key).await
         {
-            return (
-                Line {
-                    status: ResourceStatus::new(
-                        key,
-                        ResourceState::Failed,
-                        format!(
-                            "cannot delete the Job run from its previous manifest, to run the new one: {message}"
-                        ),
-                    ),
-                    apply_error: true,
-                },
-                None,
-            );
+            return (job_not_replaced(key, &message), None);
         }
         let object = applied_object(bundle, resource, found.namespaced);
         let user = self.users.user(key).map(str::to_string);
-        match self
-            .api_for(key)
-            .apply(
-                &found.resource,
-                namespace,
-                key.name(),
-                &object,
-                self.options.force_conflicts,
-            )
-            .await
+        let mut answer = self
+            .apply_as_its_user(key, &found, namespace, &object)
+            .await;
+        // The same for a Job whose run from another manifest is not recorded (the
+        // ledger was lost, or an older agent applied it): the API server refuses
+        // the new pod template. A Job that carries this cluster's label was applied
+        // by flotilla, so it is replaced the same way; anyone else's stays, and the
+        // refusal is reported.
+        if is_job(key)
+            && answer
+                .as_ref()
+                .is_err_and(|failure| failure.is_immutable("spec.template"))
         {
+            match self
+                .api_for(key)
+                .get(&found.resource, namespace, key.name())
+                .await
+            {
+                Ok(live)
+                    if live
+                        .pointer("/metadata/labels")
+                        .and_then(|labels| labels.get(CLUSTER_LABEL))
+                        .and_then(Value::as_str)
+                        == Some(bundle.cluster.as_str()) =>
+                {
+                    if let Err(message) = self.delete_hook(&found, namespace, key).await {
+                        return (job_not_replaced(key, &message), None);
+                    }
+                    answer = self
+                        .apply_as_its_user(key, &found, namespace, &object)
+                        .await;
+                }
+                _ => {}
+            }
+        }
+        match answer {
             Ok((code, live)) => {
                 self.server_errors = 0;
                 let uid = live.pointer("/metadata/uid").and_then(Value::as_str);
@@ -1371,6 +1403,20 @@ impl Run {
 
 /// The object as the kube sink applies it: flotilla's label and digest annotation on
 /// it, and no namespace on a cluster-scoped object (the API server rejects one).
+/// The line of a Job that could not be deleted to be created from its new manifest.
+fn job_not_replaced(key: &ResourceKey, message: &str) -> Line {
+    Line {
+        status: ResourceStatus::new(
+            key,
+            ResourceState::Failed,
+            format!(
+                "cannot delete the Job run from its previous manifest, to run the new one: {message}"
+            ),
+        ),
+        apply_error: true,
+    }
+}
+
 fn applied_object(bundle: &Bundle, resource: &Resource, namespaced: bool) -> Value {
     let mut object =
         with_flotilla_metadata(resource.value(), &bundle.cluster, Some(&bundle.digest));
