@@ -100,6 +100,7 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
         );
     }
     config.history = args.history;
+    config.keep_rollouts = args.keep_rollouts.into();
     config.webhook_secret = webhook_secret;
     config.limits = args.limits.limits();
     config.keep_render = args.keep_render;

@@ -368,6 +368,11 @@ pub struct ServeArgs {
     /// How many digests to keep per cluster for /v1/clusters/{cluster}/bundles/{digest}.
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub history: usize,
+    /// How long to keep a rollout that ended (its waves, clusters and events) for
+    /// `flotilla rollout` and the web page; the latest rollout of each policy is kept
+    /// whatever its age.
+    #[arg(long, default_value = "90d", value_name = "DURATION")]
+    pub keep_rollouts: humantime::Duration,
     /// A file holding the secret of POST /v1/hooks/git (GitHub-style X-Hub-Signature-256).
     #[arg(long, value_name = "FILE")]
     pub webhook_secret_file: Option<PathBuf>,

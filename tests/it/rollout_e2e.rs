@@ -840,6 +840,58 @@ async fn a_second_commit_supersedes_without_sending_any_cluster_back() {
     scene.stop().await;
 }
 
+/// Ended rollouts are kept for `--keep-rollouts` (90 days by default), then forgotten
+/// at the next render, except the latest of each policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_rollouts_are_forgotten_after_the_keep_rollouts_period() {
+    let mut scene = Scene::at_v1(&["c1"], POLICY).await;
+    let v1 = scene
+        .rollouts()
+        .await
+        .into_iter()
+        .next()
+        .expect("v1's rollout");
+    assert_eq!(v1["state"], "complete", "{v1:#}");
+    let v1_url = scene.url(&format!("/v1/rollouts/{}", v1["id"]));
+    let v2 = scene.fleet.release("v2", "v2");
+    scene.wait_waves(&v2, &["released", "waiting"]).await;
+    // 89 days on, a commit: v1's rollout is kept.
+    scene.clock.advance(Duration::from_secs(89 * 24 * 3600));
+    scene.fleet.repo.write("README.md", "docs\n");
+    let docs = format!("main@sha1:{}", scene.fleet.repo.commit("docs"));
+    scene.wait_revision(&docs).await;
+    let status = |url: String| {
+        let (client, admin) = (scene.client.clone(), scene.admin.clone());
+        async move {
+            client
+                .get(url)
+                .bearer_auth(admin)
+                .send()
+                .await
+                .expect("get")
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(status(v1_url.clone()).await, 200);
+    // Two more days, another commit: it is forgotten; v2's stays, not ended.
+    scene.clock.advance(Duration::from_secs(2 * 24 * 3600));
+    scene.fleet.repo.write("README.md", "more docs\n");
+    let more = format!("main@sha1:{}", scene.fleet.repo.commit("more docs"));
+    scene.wait_revision(&more).await;
+    assert_eq!(status(v1_url).await, 404);
+    let listed: Vec<Value> = scene.rollouts().await;
+    assert!(
+        listed.iter().all(|r| r["revision"] != v1["revision"]),
+        "{listed:#?}"
+    );
+    assert!(
+        listed.iter().any(|r| r["revision"] == v2.as_str()),
+        "{listed:#?}"
+    );
+    scene.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_immediate_trailer_releases_every_wave_at_once() {
     let mut scene = Scene::at_v1(&["c1"], POLICY).await;

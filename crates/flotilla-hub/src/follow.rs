@@ -746,6 +746,7 @@ impl Follower {
             .recorder
             .install(output, duration, forced, expect)
             .await?;
+        self.shared.recorder.forget_history().await;
         self.shared.recorder.collect_garbage().await;
         tracing::info!(
             revision = %report.revision,

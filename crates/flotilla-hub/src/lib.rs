@@ -136,6 +136,9 @@ pub struct HubConfig {
     /// Several hubs: how long an object must have been unreferenced before garbage
     /// collection deletes it (an hour).
     pub gc_grace: Duration,
+    /// How long an ended rollout is kept in the store (90 days); the latest rollout
+    /// of each policy is kept whatever its age.
+    pub keep_rollouts: Duration,
     /// Render each commit in a child process under a memory limit (`flotilla serve`
     /// does); `None` renders on a thread of the hub's own.
     pub render_worker: Option<render_worker::RenderWorker>,
@@ -171,6 +174,7 @@ impl HubConfig {
             peers: peers::PeerTiming::default(),
             signing_key: None,
             gc_grace: Duration::from_secs(3600),
+            keep_rollouts: Duration::from_secs(90 * 24 * 3600),
             render_worker: None,
             keep_render: follow::DEFAULT_KEEP_RENDER,
             decryption: Arc::default(),
@@ -217,6 +221,7 @@ impl Hub {
             clock,
             signing_key: config.signing_key,
             gc_grace: config.gc_grace,
+            keep_rollouts: config.keep_rollouts,
             peers: config.peers,
             database_clock,
         };
@@ -407,6 +412,7 @@ fn spawn_tasks(
             let shared = shared.clone();
             async move {
                 shared.recorder.verify_objects().await;
+                shared.recorder.forget_history().await;
                 shared.recorder.collect_garbage().await;
                 follower.run(shared.shutdown.subscribe()).await
             }

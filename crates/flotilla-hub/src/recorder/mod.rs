@@ -40,6 +40,10 @@ pub use view::{
 /// What the request handlers and the background tasks share: the view they read,
 /// the recorder that changes it, and what neither owns (settings, metrics, the
 /// shutdown signal, the follower's wake-up, the first answers' permits).
+/// How long a hub may be silent (no heartbeat) before the store forgets it.
+pub const SILENT_HUBS_FORGOTTEN_AFTER: std::time::Duration =
+    std::time::Duration::from_secs(7 * 24 * 3600);
+
 pub struct Shared {
     pub view: Arc<View>,
     pub recorder: Recorder,
@@ -213,6 +217,31 @@ impl Recorder {
                 tracing::error!("{err}");
                 let _ = self.store.objects.remove(&digest).await;
             }
+        }
+    }
+
+    /// Forgets what the store would otherwise keep for ever: rollouts that ended more
+    /// than [`Settings::keep_rollouts`] ago (the latest of each policy stays), and
+    /// hubs silent for [`SILENT_HUBS_FORGOTTEN_AFTER`]. Only the rollout lease's
+    /// holder (or a hub alone on its database) does it, between renders.
+    pub async fn forget_history(&self) {
+        if self.lease.is_shared() && !self.lease.holds() {
+            return;
+        }
+        let keep = i64::try_from(self.settings.keep_rollouts.as_millis()).unwrap_or(i64::MAX);
+        let ended_before = self.settings.clock.now_ms().saturating_sub(keep);
+        match self.store.forget_rollouts(ended_before).await {
+            Ok(0) => {}
+            Ok(forgotten) => tracing::info!(
+                rollouts = forgotten,
+                keep = %humantime::format_duration(self.settings.keep_rollouts),
+                "forgot rollouts that ended longer ago than --keep-rollouts"
+            ),
+            Err(err) => tracing::warn!("cannot forget old rollouts: {err}"),
+        }
+        let silent = i64::try_from(SILENT_HUBS_FORGOTTEN_AFTER.as_millis()).unwrap_or(i64::MAX);
+        if let Err(err) = self.store.forget_silent_hubs(silent).await {
+            tracing::warn!("cannot forget hubs long silent: {err}");
         }
     }
 

@@ -35,6 +35,21 @@ impl Store {
         Ok(row.get("heartbeat_at"))
     }
 
+    /// Forgets the hubs whose last heartbeat is older than `silent_for` milliseconds
+    /// on the database's clock (a hub started under a new name each time, a pod,
+    /// leaves a row behind at every restart); one that comes back is recorded again
+    /// at its next heartbeat. Returns how many were forgotten.
+    pub async fn forget_silent_hubs(&self, silent_for: i64) -> Result<u64, StoreError> {
+        let now = self.now_sql();
+        let sql = format!("DELETE FROM hubs WHERE heartbeat_at < {now} - $1");
+        Ok(sqlx::query(&sql)
+            .bind(silent_for)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.db_error(e))?
+            .rows_affected())
+    }
+
     /// Records the force-pushed tip `hub` sees and for how many polls in a row
     /// (`None` and 0 when its tip descends from the recorded commit); a heartbeat too.
     pub async fn see_tip(

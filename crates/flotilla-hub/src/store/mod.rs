@@ -2513,13 +2513,138 @@ mod tests {
         );
     }
 
+    /// A rollout of one wave, `w`, released at 1, with one member, ended (complete) at
+    /// `ended` or progressing.
+    fn one_wave_rollout(
+        id: i64,
+        policy: &str,
+        ended: Option<i64>,
+        member: rollouts::MemberRow,
+    ) -> RolloutWrite {
+        use flotilla_core::rollout::{RolloutState, Wave, WaveState};
+        RolloutWrite {
+            id,
+            insert: true,
+            policy: policy.into(),
+            revision: member.target_revision.clone(),
+            plan: format!(
+                r#"{{"name":"{policy}","file":"rollouts/{policy}.yaml","waves":[{{"name":"w","bake":"0s","maxFailed":0,"maxParallel":null}}],"offline":"skip","onFailure":"halt"}}"#
+            ),
+            forced: false,
+            state: if ended.is_some() {
+                RolloutState::Complete
+            } else {
+                RolloutState::Progressing
+            },
+            reason: None,
+            started_at: 1,
+            ended_at: ended,
+            waves: vec![Wave {
+                name: "w".into(),
+                state: WaveState::Released,
+                released_at: Some(1),
+                completed_at: None,
+                deadline: None,
+            }],
+            members: vec![member],
+            events: vec![],
+        }
+    }
+
+    on_both_engines!(ended_rollouts_are_forgotten_after_a_while_but_the_latest_of_each_policy);
+    async fn ended_rollouts_are_forgotten_after_a_while_but_the_latest_of_each_policy(
+        store: Store,
+    ) {
+        use flotilla_core::rollout::{Event, Member};
+        let rollout = |id: i64, policy: &str, ended: Option<i64>| RolloutWrite {
+            events: vec![Event {
+                at: 1,
+                message: "started".into(),
+                by: None,
+                role: None,
+            }],
+            ..one_wave_rollout(
+                id,
+                policy,
+                ended,
+                rollouts::MemberRow {
+                    ordinal: 0,
+                    member: Member::new("a".into(), 0, None, digest('1')),
+                    previous_revision: None,
+                    target_revision: format!("r{id}"),
+                },
+            )
+        };
+        let writes = vec![
+            rollout(1, "stores", Some(1_000)),
+            rollout(2, "stores", Some(2_000)),
+            rollout(3, "lab", Some(1_000)),
+            rollout(4, "stores", Some(9_000)),
+            rollout(5, "stores", None),
+            rollout(6, "kiosks", Some(1_000)),
+            rollout(7, "kiosks", None),
+        ];
+        store
+            .commit(&Commit {
+                rollouts: writes,
+                history: 1,
+                now_ms: 1,
+                ..Commit::default()
+            })
+            .await
+            .expect("rollouts");
+        assert_eq!(store.forget_rollouts(5_000).await.expect("forget"), 3);
+        let mut kept = Vec::new();
+        for id in 1..=7 {
+            if store.rollout(id).await.expect("read").is_some() {
+                kept.push(id);
+            }
+        }
+        // 1 and 2 ended before the cut and a later rollout of their policy exists;
+        // 3 is lab's latest; 4 ended after the cut; 5 and 7 have not ended; 6 is
+        // older than kiosks' latest, which has not ended.
+        assert_eq!(kept, vec![3, 4, 5, 7]);
+        for table in ["rollout_waves", "rollout_clusters", "rollout_events"] {
+            let sql = format!("SELECT COUNT(*) AS n FROM {table} WHERE rollout_id IN (1, 2, 6)");
+            let left: i64 = sqlx::query(&sql)
+                .fetch_one(&store.pool)
+                .await
+                .expect("count")
+                .get("n");
+            assert_eq!(left, 0, "{table}");
+        }
+        assert_eq!(store.rollout_events(4).await.expect("events").len(), 1);
+        assert_eq!(store.forget_rollouts(5_000).await.expect("again"), 0);
+        assert_eq!(store.next_rollout_id().await.expect("next id"), 8);
+    }
+
+    on_both_engines!(hubs_long_silent_are_forgotten);
+    async fn hubs_long_silent_are_forgotten(store: Store) {
+        store.heartbeat("hub-a").await.expect("heartbeat");
+        store.heartbeat("hub-b").await.expect("heartbeat");
+        sqlx::query("UPDATE hubs SET heartbeat_at = heartbeat_at - 700000000 WHERE name = 'hub-a'")
+            .execute(&store.pool)
+            .await
+            .expect("age hub-a");
+        let week = 7 * 24 * 3600 * 1000;
+        assert_eq!(store.forget_silent_hubs(week).await.expect("forget"), 1);
+        let names: Vec<String> = sqlx::query("SELECT name FROM hubs")
+            .fetch_all(&store.pool)
+            .await
+            .expect("hubs")
+            .iter()
+            .map(|row| row.get("name"))
+            .collect();
+        assert_eq!(names, vec!["hub-b".to_string()]);
+    }
+
     on_both_engines!(
         every_change_of_what_is_served_bumps_the_sequence_and_rollouts_keep_their_objects
     );
     async fn every_change_of_what_is_served_bumps_the_sequence_and_rollouts_keep_their_objects(
         store: Store,
     ) {
-        use flotilla_core::rollout::{Member, RolloutState, Wave, WaveState};
+        use flotilla_core::rollout::{Member, RolloutState};
         let serve = |c: char, hold: bool| ServedChange {
             cluster: "a".into(),
             digest: digest(c),
@@ -2552,33 +2677,19 @@ mod tests {
         // A running rollout remembers '2' as the previous digest and '3' as the new one.
         let member =
             |previous: char| Member::new("a".into(), 0, Some(digest(previous)), digest('3'));
-        let rollout = |ended: Option<i64>| {
-            RolloutWrite {
-            id: 1,
+        let rollout = |ended: Option<i64>| RolloutWrite {
             insert: ended.is_none(),
-            policy: "p".into(),
-            revision: "r3".into(),
-            plan: r#"{"name":"p","file":"rollouts/p.yaml","waves":[{"name":"w","bake":"0s","maxFailed":0,"maxParallel":null}],"offline":"skip","onFailure":"halt"}"#.into(),
-            forced: false,
-            state: if ended.is_some() { RolloutState::Complete } else { RolloutState::Progressing },
-            reason: None,
-            started_at: 1,
-            ended_at: ended,
-            waves: vec![Wave {
-                name: "w".into(),
-                state: WaveState::Released,
-                released_at: Some(1),
-                completed_at: None,
-                deadline: None,
-            }],
-            members: vec![rollouts::MemberRow {
-                ordinal: 0,
-                member: member('2'),
-                previous_revision: Some("r2".into()),
-                target_revision: "r3".into(),
-            }],
-            events: vec![],
-        }
+            ..one_wave_rollout(
+                1,
+                "p",
+                ended,
+                rollouts::MemberRow {
+                    ordinal: 0,
+                    member: member('2'),
+                    previous_revision: Some("r2".into()),
+                    target_revision: "r3".into(),
+                },
+            )
         };
         store
             .commit(&commit(vec![], vec![rollout(None)]))

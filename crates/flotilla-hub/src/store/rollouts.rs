@@ -246,6 +246,35 @@ impl Store {
         Ok(row.get("next"))
     }
 
+    /// Forgets the rollouts that ended before `ended_before` (milliseconds since the
+    /// Unix epoch, the hub's clock), with their waves, clusters and events, except
+    /// the latest rollout of each policy, which stays whatever its age (a revision
+    /// whose rollout is forgotten would otherwise start one again). A rollout that
+    /// has not ended is never forgotten. Returns how many were.
+    pub async fn forget_rollouts(&self, ended_before: i64) -> Result<u64, StoreError> {
+        let err = |e| self.db_error(e);
+        let forgotten = "SELECT id FROM rollouts r WHERE r.ended_at IS NOT NULL AND r.ended_at < $1
+             AND r.id < (SELECT MAX(l.id) FROM rollouts l WHERE l.policy = r.policy)";
+        let mut tx = self.pool.begin().await.map_err(err)?;
+        for table in ["rollout_events", "rollout_clusters", "rollout_waves"] {
+            sqlx::query(&format!(
+                "DELETE FROM {table} WHERE rollout_id IN ({forgotten})"
+            ))
+            .bind(ended_before)
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
+        }
+        let rollouts = sqlx::query(&format!("DELETE FROM rollouts WHERE id IN ({forgotten})"))
+            .bind(ended_before)
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?
+            .rows_affected();
+        tx.commit().await.map_err(err)?;
+        Ok(rollouts)
+    }
+
     /// The policies with a rollout for this revision (in any state).
     pub async fn rollout_policies_of(
         &self,
