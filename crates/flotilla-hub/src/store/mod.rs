@@ -687,6 +687,7 @@ impl Store {
     ) -> Result<(Vec<Digest>, HashMap<String, u64>), StoreError> {
         let err = |e| self.db_error(e);
         let mut tx = self.pool.begin().await.map_err(err)?;
+        self.take_write_lock(&mut tx).await?;
         self.check_fence(&mut tx, commit).await?;
         self.move_rollouts_version(&mut tx, commit).await?;
         self.check_revision(&mut tx, commit).await?;
@@ -714,6 +715,25 @@ impl Store {
         let unreferenced = self.unreferenced(&mut tx, candidates).await?;
         tx.commit().await.map_err(err)?;
         Ok((unreferenced, sequences))
+    }
+
+    /// On SQLite, takes the database's write lock with a first statement that writes
+    /// (nothing), so that the transaction waits for the lock (within the busy timeout)
+    /// before it reads anything. One that read first and then wrote after another
+    /// connection had written failed at once with `SQLITE_BUSY` (the busy timeout does
+    /// not cover that upgrade): a render's commit failed beside an agent's status
+    /// report. (`BEGIN IMMEDIATE` would do the same, but a request dropped while it
+    /// waited for the lock left its connection holding it with no transaction to roll
+    /// back.) PostgreSQL locks rows, not the database: nothing to do there.
+    async fn take_write_lock(&self, tx: &mut Tx<'_>) -> Result<(), StoreError> {
+        if self.engine == Engine::Sqlite {
+            sqlx::query("UPDATE hub_meta SET value = value WHERE key = $1")
+                .bind(META_ROLLOUTS)
+                .execute(&mut **tx)
+                .await
+                .map_err(|e| self.db_error(e))?;
+        }
+        Ok(())
     }
 
     /// Refuses the commit unless this hub still holds the lease it was fenced by.
@@ -1406,16 +1426,18 @@ async fn check_sqlite_tables(
     )))
 }
 
+/// The next generation of served changes: the counter moved on and read in one
+/// statement, so two writers never share a number (read, then written, two
+/// PostgreSQL transactions at once both took the same one).
 async fn next_generation(tx: &mut Tx<'_>) -> Result<i64, sqlx::Error> {
-    let generation: i64 = sqlx::query("SELECT value FROM hub_meta WHERE key = $1")
+    let value: String = sqlx::query(&format!("{BUMP_COUNTER} RETURNING value"))
         .bind(META_GENERATION)
-        .fetch_optional(&mut **tx)
+        .fetch_one(&mut **tx)
         .await?
-        .and_then(|row| row.get::<String, _>("value").parse().ok())
-        .unwrap_or(0)
-        + 1;
-    set_meta(tx, META_GENERATION, &generation.to_string()).await?;
-    Ok(generation)
+        .get("value");
+    value
+        .parse()
+        .map_err(|err| sqlx::Error::Decode(format!("hub_meta {META_GENERATION}: {err}").into()))
 }
 
 /// A stored sequence as the unsigned number it is.
@@ -1815,16 +1837,17 @@ async fn bump_tokens_generation(tx: &mut Tx<'_>) -> Result<(), sqlx::Error> {
     bump_counter(tx, META_TOKENS).await
 }
 
-/// Adds one to a counter in `hub_meta`, in one statement (row-locked on
-/// PostgreSQL), so concurrent writers on several hubs never lose an increment.
+/// The SQL that adds one to a counter in `hub_meta`, in one statement (row-locked
+/// on PostgreSQL), so concurrent writers on several hubs never lose an increment.
+const BUMP_COUNTER: &str = "INSERT INTO hub_meta (key, value) VALUES ($1, '1')
+     ON CONFLICT (key) DO UPDATE SET value = CAST(CAST(hub_meta.value AS BIGINT) + 1 AS TEXT)";
+
+/// Adds one to a counter in `hub_meta` ([`BUMP_COUNTER`]).
 async fn bump_counter(tx: &mut Tx<'_>, key: &str) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO hub_meta (key, value) VALUES ($1, '1')
-         ON CONFLICT (key) DO UPDATE SET value = CAST(CAST(hub_meta.value AS BIGINT) + 1 AS TEXT)",
-    )
-    .bind(key)
-    .execute(&mut **tx)
-    .await?;
+    sqlx::query(BUMP_COUNTER)
+        .bind(key)
+        .execute(&mut **tx)
+        .await?;
     Ok(())
 }
 
@@ -2616,6 +2639,48 @@ mod tests {
         assert_eq!(store.rollout_events(4).await.expect("events").len(), 1);
         assert_eq!(store.forget_rollouts(5_000).await.expect("again"), 0);
         assert_eq!(store.next_rollout_id().await.expect("next id"), 8);
+    }
+
+    on_both_engines!(two_writers_at_once_never_share_a_generation);
+    /// A commit of served changes beside a writer that holds the write lock: on
+    /// PostgreSQL both took the same generation (read, then written); on SQLite the
+    /// commit failed at once (its transaction read, then could not take the lock).
+    async fn two_writers_at_once_never_share_a_generation(store: Store) {
+        let store = std::sync::Arc::new(store);
+        let mut first = store.pool.begin().await.expect("first");
+        store.take_write_lock(&mut first).await.expect("lock");
+        assert_eq!(next_generation(&mut first).await.expect("first"), 1);
+        let second = tokio::spawn({
+            let store = store.clone();
+            async move {
+                store
+                    .commit(&Commit {
+                        // A render's commit: it checks the recorded revision first.
+                        revision: Some("r1".into()),
+                        expect_revision: Some(None),
+                        served: vec![ServedChange {
+                            cluster: "a".into(),
+                            digest: digest('1'),
+                            revision: "r1".into(),
+                            hold: false,
+                        }],
+                        history: 2,
+                        now_ms: 1,
+                        ..Commit::default()
+                    })
+                    .await
+            }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        first.commit().await.expect("first commit");
+        second.await.expect("joined").expect("the second commit");
+        let generation: i64 =
+            sqlx::query("SELECT generation FROM bundle_history WHERE cluster = 'a'")
+                .fetch_one(&store.pool)
+                .await
+                .expect("history")
+                .get("generation");
+        assert_eq!(generation, 2);
     }
 
     on_both_engines!(hubs_long_silent_are_forgotten);
