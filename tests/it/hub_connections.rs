@@ -648,6 +648,43 @@ async fn one_hub_per_state_dir_and_the_other_commands_still_work_beside_it() {
     hub.stop().await;
 }
 
+/// Two hubs with state dirs of their own on one SQLite file (`--database`) would each
+/// take every decision: the second is refused, naming the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_hub_per_sqlite_database_given_outside_the_state_dir() {
+    let repo = Repo::new();
+    let repo_arg = repo.path().display().to_string();
+    let shared = tempfile::tempdir().expect("database dir");
+    let database_file = shared.path().join("fleet.db");
+    let database: flotilla_hub::store::Database = format!("sqlite://{}", database_file.display())
+        .parse()
+        .expect("database url");
+    let (first_state, second_state) = (
+        tempfile::tempdir().expect("state dir"),
+        tempfile::tempdir().expect("state dir"),
+    );
+    let with_database = |state: &Path| {
+        let mut config = config(state, &repo_arg);
+        config.database = database.clone();
+        config
+    };
+    let hub = Running::start_ready(with_database(first_state.path())).await;
+    let Err(err) = Hub::start(with_database(second_state.path())).await else {
+        panic!("a second hub started on the same SQLite database");
+    };
+    let message = err.to_string();
+    assert!(
+        message.contains("another hub is already serving from the SQLite database")
+            && message.contains(&database_file.display().to_string())
+            && message.contains(&format!("process {}", std::process::id())),
+        "{message}"
+    );
+    // Once the first stops, the database is free again.
+    hub.stop().await;
+    let hub = Running::start_ready(with_database(second_state.path())).await;
+    hub.stop().await;
+}
+
 fn objects_in(state: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(state.join("objects/sha256"))
         .expect("objects")

@@ -189,8 +189,9 @@ pub struct Hub {
     tasks: Vec<JoinHandle<()>>,
     connections: ConnectionLimits,
     requests: RequestLimits,
-    /// Released last, once the store is closed.
-    lock: lock::StateDirLock,
+    /// Released last, once the store is closed: the state dir's, and the one beside
+    /// a SQLite database outside it.
+    lock: (lock::StateDirLock, Option<lock::StateDirLock>),
 }
 
 impl Hub {
@@ -367,7 +368,14 @@ impl Hub {
 /// anything), opens the store and tells whether other hubs may share its database.
 async fn open_state(
     config: &HubConfig,
-) -> Result<(lock::StateDirLock, Store, recorder::Lease), HubError> {
+) -> Result<
+    (
+        (lock::StateDirLock, Option<lock::StateDirLock>),
+        Store,
+        recorder::Lease,
+    ),
+    HubError,
+> {
     flotilla_fs::create_dir(&config.state_dir, flotilla_fs::Mode::Private).map_err(|source| {
         StoreError::CreateDir {
             path: config.state_dir.display().to_string(),
@@ -375,6 +383,10 @@ async fn open_state(
         }
     })?;
     let lock = lock::StateDirLock::acquire(&config.state_dir)?;
+    let database_lock = match &config.database {
+        store::Database::Sqlite(file) => Some(lock::StateDirLock::acquire_database(file)?),
+        _ => None,
+    };
     // What a writer killed mid-write left in the state dir itself (a render process
     // killed while it kept the sealing headers, say): with the lock held, none runs.
     if let Err(err) =
@@ -395,7 +407,7 @@ async fn open_state(
              give every hub the same --objects (file:///shared/folder or s3://bucket/prefix)"
         );
     }
-    Ok((lock, store, lease))
+    Ok(((lock, database_lock), store, lease))
 }
 
 /// The hub's background tasks: the follower (after checking the objects and

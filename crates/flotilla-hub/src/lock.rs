@@ -6,6 +6,8 @@
 //! holding it, so a second hub can say which one is in the way. The kernel releases
 //! the lock when the process ends, however it ends. Commands that only read the store
 //! or add to it (`token`, `publish --state-dir`, `rollout`) do not take the lock.
+//! A SQLite database given with `--database` outside the state dir gets a lock of its
+//! own beside it (`<file>.hub.lock`): hubs share only PostgreSQL.
 //!
 //! The lock belongs to the open file, not to the descriptor: a process started by any
 //! thread of this one holds a copy of every descriptor from its fork until its exec
@@ -28,6 +30,12 @@ pub enum LockError {
          one a --state-dir of its own"
     )]
     Held { state_dir: PathBuf, holder: String },
+    #[error(
+        "another hub is already serving from the SQLite database {database}{holder}: hubs \
+         cannot share a SQLite file (each would take every rollout decision and delete the \
+         other's objects); stop it first, or share a PostgreSQL database between hubs"
+    )]
+    DatabaseHeld { database: PathBuf, holder: String },
     #[error("cannot lock {path}: {source}")]
     Io {
         path: PathBuf,
@@ -55,7 +63,29 @@ impl Drop for StateDirLock {
 impl StateDirLock {
     /// Takes the lock on `state_dir` (which must exist) or says who holds it.
     pub fn acquire(state_dir: &Path) -> Result<StateDirLock, LockError> {
-        let path = state_dir.join(LOCK_FILE);
+        StateDirLock::acquire_file(&state_dir.join(LOCK_FILE), |holder| LockError::Held {
+            state_dir: state_dir.to_path_buf(),
+            holder,
+        })
+    }
+
+    /// Takes the lock beside a SQLite database given with `--database` outside the
+    /// state dir (`<file>.hub.lock`): two hubs with state dirs of their own must not
+    /// share it either.
+    pub fn acquire_database(database: &Path) -> Result<StateDirLock, LockError> {
+        let mut name = database.as_os_str().to_owned();
+        name.push(".hub.lock");
+        StateDirLock::acquire_file(Path::new(&name), |holder| LockError::DatabaseHeld {
+            database: database.to_path_buf(),
+            holder,
+        })
+    }
+
+    fn acquire_file(
+        path: &Path,
+        held: impl FnOnce(String) -> LockError,
+    ) -> Result<StateDirLock, LockError> {
+        let path = path.to_path_buf();
         let io_error = |source| LockError::Io {
             path: path.clone(),
             source,
@@ -76,10 +106,7 @@ impl StateDirLock {
                     "" => String::new(),
                     pid => format!(" (process {pid}, see {})", path.display()),
                 };
-                return Err(LockError::Held {
-                    state_dir: state_dir.to_path_buf(),
-                    holder,
-                });
+                return Err(held(holder));
             }
             Err(TryLockError::Error(source)) => return Err(io_error(source)),
         }
