@@ -480,6 +480,24 @@ async fn follow_remote_head(
     Ok(())
 }
 
+/// What keeps ssh (a remote `ssh://` or `git@host:` URL) from asking anything on the
+/// terminal the hub was started from: an unknown host key, or a key's passphrase,
+/// held a fetch for its whole timeout while ssh waited for an answer on `/dev/tty`.
+/// With `SSH_ASKPASS_REQUIRE=force` ssh asks its askpass program instead, `false`
+/// unless the environment names one, so an unknown host fails at once ("Host key
+/// verification failed"). An environment that sets `SSH_ASKPASS_REQUIRE` itself is
+/// left as it is.
+fn no_ssh_prompt() -> Vec<(&'static str, String)> {
+    if std::env::var_os("SSH_ASKPASS_REQUIRE").is_some() {
+        return Vec::new();
+    }
+    let mut env = vec![("SSH_ASKPASS_REQUIRE", "force".to_string())];
+    if std::env::var_os("SSH_ASKPASS").is_none() {
+        env.push(("SSH_ASKPASS", "false".to_string()));
+    }
+    env
+}
+
 /// Runs git; its standard output.
 async fn run_git(
     args: &[&str],
@@ -491,6 +509,7 @@ async fn run_git(
         .args(args)
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .env("GIT_TERMINAL_PROMPT", "0")
+        .envs(no_ssh_prompt())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -623,6 +642,57 @@ mod tests {
         );
         tokio::spawn(async move { axum::serve(listener, app).await });
         (address, authorized)
+    }
+
+    /// ssh, run by git for an `ssh://` remote, is told to ask its askpass program (which
+    /// refuses) rather than the terminal: an unknown host key fails the fetch at once
+    /// instead of holding it until its timeout. The ssh here is a script that records
+    /// what it is given and refuses, as ssh does when its askpass answers no.
+    #[tokio::test]
+    async fn ssh_asks_nothing_on_the_terminal() {
+        if std::process::Command::new("git")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            eprintln!("SKIPPED: git is not installed; this test runs git itself");
+            return;
+        }
+        if std::env::var_os("SSH_ASKPASS_REQUIRE").is_some() {
+            eprintln!(
+                "SKIPPED: this environment sets SSH_ASKPASS_REQUIRE itself, which the hub keeps"
+            );
+            return;
+        }
+        let work = tempfile::tempdir().expect("tempdir");
+        let seen = work.path().join("seen");
+        let ssh = work.path().join("ssh");
+        std::fs::write(
+            &ssh,
+            format!(
+                "#!/bin/sh\nprintf '%s|%s\\n' \"$SSH_ASKPASS_REQUIRE\" \"$SSH_ASKPASS\" > '{}'\n\
+                 echo 'Host key verification failed.' >&2\nexit 255\n",
+                seen.display()
+            ),
+        )
+        .expect("script");
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let env = vec![("GIT_SSH_COMMAND".to_string(), ssh.display().to_string())];
+        let err = run_git(
+            &["ls-remote", "ssh://git.example.invalid/fleet.git"],
+            &env,
+            Duration::from_secs(20),
+        )
+        .await
+        .expect_err("refused");
+        assert!(
+            err.to_string().contains("Host key verification failed"),
+            "{err}"
+        );
+        let recorded = std::fs::read_to_string(&seen).expect("ssh ran");
+        let askpass = std::env::var("SSH_ASKPASS").unwrap_or_else(|_| "false".into());
+        assert_eq!(recorded.trim(), format!("force|{askpass}"));
     }
 
     /// Credentials in the URL reach the server through git's credential helper, and
