@@ -579,6 +579,48 @@ async fn a_failed_post_delete_hook_is_reported_once_its_release_is_gone() {
     assert_eq!(object_requests(&fake), [format!("PATCH {NAMESPACE}")]);
 }
 
+/// An object of a leaving release still being deleted after `--phase-timeout` (a
+/// finalizer) holds its `post-delete` hooks back, and the release stays leaving: once
+/// the object is gone, the next try runs them.
+#[tokio::test(start_paused = true)]
+async fn post_delete_hooks_held_back_by_an_object_still_being_deleted_run_at_the_next_try() {
+    let fake = FakeApiServer::new();
+    let mut sink = sink(&fake, quick());
+    let installed = leaving_release("post-delete");
+    assert!(sink.apply(&installed, &[]).await.complete);
+    assert!(fake.update("apps/v1", "Deployment", "demo", "web", |web| {
+        web["metadata"]["finalizers"] = json!(["example.com/hold"]);
+    }));
+
+    let next = base_only();
+    let prune = prune_list(&installed, &next);
+    let outcome = sink.apply(&next, &prune).await;
+    assert!(!outcome.complete, "{outcome:#?}");
+    let (state, message) = line(&outcome, "ConfigMap", "web-farewell");
+    assert_eq!(state, Failed);
+    assert!(message.starts_with("not run: "), "{message}");
+    assert!(
+        fake.get("v1", "ConfigMap", "demo", "web-farewell")
+            .is_none()
+    );
+
+    // The finalizer goes; the next try (the agent's inventory still lists what it
+    // was pruning) runs the release's post-delete hooks.
+    fake.remove_finalizers("apps/v1", "Deployment", "demo", "web");
+    finish_cleanup_at_read(&fake, 2, "Complete");
+    let outcome = sink.apply(&next, &prune).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    for (kind, name) in [("ConfigMap", "web-farewell"), ("Job", "web-cleanup")] {
+        let (state, message) = line(&outcome, kind, name);
+        assert_ne!(state, Failed, "{message}");
+        assert!(message.contains("post-delete of release web"), "{message}");
+    }
+    assert!(
+        fake.get("v1", "ConfigMap", "demo", "web-farewell")
+            .is_some()
+    );
+}
+
 /// Hooks of one weight and one name run as Helm runs them (the ServiceAccount before
 /// the Job that uses it), and those whose policy is `hook-succeeded` are deleted only
 /// once every hook of the event has succeeded, the last first: the ServiceAccount is

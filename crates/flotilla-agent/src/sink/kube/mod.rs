@@ -583,10 +583,14 @@ impl KubeSink {
             || run.stopped.is_some()
             || prune_held.is_some();
         let known: Vec<InventoryEntry> = if cut_short {
-            let deleted: std::collections::HashSet<&ResourceKey> = pruned
+            // Deleted, but not one still being deleted that the prune retained.
+            let lingering: HashSet<&ResourceKey> =
+                retained.iter().map(InventoryEntry::key).collect();
+            let deleted: HashSet<&ResourceKey> = pruned
                 .iter()
                 .filter(|status| status.state == ResourceState::Pruned)
                 .map(ResourceStatus::key)
+                .filter(|key| !lingering.contains(key))
                 .collect();
             candidates
                 .iter()

@@ -367,6 +367,7 @@ impl Run {
                 }
             }
             let mut lingering = Vec::new();
+            let mut lingering_entries = Vec::new();
             for entry in entries {
                 let key = entry.key();
                 // Hooks are outside prune: a leaving release's delete hooks report
@@ -399,6 +400,7 @@ impl Run {
                 }
                 if let Some(found) = line.lingering {
                     lingering.push((key.clone(), found));
+                    lingering_entries.push(entry.clone());
                 }
                 pruned.lines.push(line.status);
             }
@@ -408,6 +410,12 @@ impl Run {
             let mut waited = None;
             if (later || has_post) && self.stopped.is_none() {
                 waited = self.wait_gone(&lingering).await;
+            }
+            // Still being deleted when the wait ended: kept in the records, so that
+            // the next try waits for them again and their release is still seen
+            // leaving (its post-delete hooks run once they are gone).
+            if waited.is_some() {
+                pruned.retained.append(&mut lingering_entries);
             }
             for release in releases
                 .iter()
