@@ -477,58 +477,108 @@ async fn an_agent_without_escalate_cannot_write_a_tenants_cluster_role() {
 /// agent, although the new bundle no longer names the release's tenant.
 #[tokio::test(start_paused = true)]
 async fn a_leaving_tenant_releases_delete_hooks_run_as_the_tenant() {
-    use flotilla_core::bundle::{Bundle, HookMark};
-    let fake = cluster(None);
-    let mut sink = sink(&fake, impersonating());
-    let with_hook = {
-        let plain = tenant_bundle(true, "1");
-        let mut farewell = kube_config_map("shop", "farewell", "gone");
-        farewell["metadata"]["annotations"] = serde_json::json!({"helm.sh/hook": "pre-delete"});
-        let mut meta = plain.meta.as_deref().cloned().expect("meta");
-        let mut values: Vec<(String, Value)> = plain
-            .resources
-            .iter()
-            .zip(&meta.workloads)
-            .map(|(r, w)| {
-                let value: Value = serde_json::from_slice(&r.canonical).expect("JSON");
-                (w.clone(), value)
-            })
-            .collect();
-        values.push(("shop-web".into(), farewell));
-        meta.workloads.clear();
-        let bundle = bundle_of_workloads(
-            "edge-tenants",
-            values
-                .iter()
-                .map(|(w, v)| (w.as_str(), v.clone()))
-                .collect(),
-            meta,
-        );
-        let mut meta = bundle.meta.as_deref().cloned().expect("meta");
-        let index = bundle
-            .resources
-            .iter()
-            .position(|r| r.key.name() == "farewell")
-            .expect("the hook");
-        meta.hooks.push(HookMark {
-            resource: index,
-            events: vec!["pre-delete".into()],
-            weight: 0,
-            delete_policies: vec!["hook-succeeded".into()],
-        });
-        Bundle::from_sorted_with_meta("edge-tenants", bundle.resources.clone(), Some(meta))
-    };
-    let outcome = sink.apply(&with_hook, &[]).await;
-    assert!(outcome.complete, "{outcome:#?}");
-    assert!(callers(&fake, "patch", "configmaps", "farewell").is_empty());
+    leaving_tenant_release_runs_its_hook_as_the_tenant("pre-delete").await;
+}
 
-    let platform_only = agent_support::bundle(
+/// The same with a `post-delete` hook, which runs after the release's objects are
+/// deleted: the tenant's ServiceAccount and RoleBinding, which leave with the tenant,
+/// are pruned only after it (the hook was refused, the account being gone).
+#[tokio::test(start_paused = true)]
+async fn a_leaving_tenants_post_delete_hooks_run_before_its_service_account_goes() {
+    leaving_tenant_release_runs_its_hook_as_the_tenant("post-delete").await;
+}
+
+/// [`tenant_bundle`] with a hook of the tenant's release `shop-web` on `event`: the
+/// ConfigMap `farewell` in `namespace`.
+fn tenant_release_with_hook(event: &str, namespace: &str) -> flotilla_core::bundle::Bundle {
+    use flotilla_core::bundle::{Bundle, HookMark};
+    let plain = tenant_bundle(true, "1");
+    let mut farewell = kube_config_map(namespace, "farewell", "gone");
+    farewell["metadata"]["annotations"] = serde_json::json!({"helm.sh/hook": event});
+    let mut meta = plain.meta.as_deref().cloned().expect("meta");
+    let mut values: Vec<(String, Value)> = plain
+        .resources
+        .iter()
+        .zip(&meta.workloads)
+        .map(|(r, w)| {
+            let value: Value = serde_json::from_slice(&r.canonical).expect("JSON");
+            (w.clone(), value)
+        })
+        .collect();
+    values.push(("shop-web".into(), farewell));
+    meta.workloads.clear();
+    let bundle = bundle_of_workloads(
+        "edge-tenants",
+        values
+            .iter()
+            .map(|(w, v)| (w.as_str(), v.clone()))
+            .collect(),
+        meta,
+    );
+    let mut meta = bundle.meta.as_deref().cloned().expect("meta");
+    let index = bundle
+        .resources
+        .iter()
+        .position(|r| r.key.name() == "farewell")
+        .expect("the hook");
+    meta.hooks.push(HookMark {
+        resource: index,
+        events: vec![event.into()],
+        weight: 0,
+        delete_policies: vec!["hook-succeeded".into()],
+    });
+    Bundle::from_sorted_with_meta("edge-tenants", bundle.resources.clone(), Some(meta))
+}
+
+/// What is left when the tenant leaves the cluster: the platform's objects.
+fn platform_only() -> flotilla_core::bundle::Bundle {
+    agent_support::bundle(
         "edge-tenants",
         vec![
             kube_namespace("shop"),
             kube_config_map(AGENT_NAMESPACE, "platform", "1"),
         ],
+    )
+}
+
+/// A tenant's release whose `pre-delete` hook fails (refused: it is in a namespace
+/// the tenant may not write) is kept, and so are the tenant's ServiceAccount and
+/// RoleBinding, which the next try needs to delete the release as the tenant.
+#[tokio::test(start_paused = true)]
+async fn a_leaving_tenants_release_kept_by_its_hook_keeps_the_tenants_service_account() {
+    let fake = cluster(None);
+    let mut sink = sink(&fake, impersonating());
+    let with_hook = tenant_release_with_hook("pre-delete", AGENT_NAMESPACE);
+    assert!(sink.apply(&with_hook, &[]).await.complete);
+    let next = platform_only();
+    let outcome = sink.apply(&next, &prune_list(&with_hook, &next)).await;
+    assert!(!outcome.complete, "{outcome:#?}");
+    assert!(fake.get("v1", "ConfigMap", "shop", "settings").is_some());
+    assert!(
+        fake.get("v1", "ServiceAccount", "shop", "flotilla-tenant-shop")
+            .is_some(),
+        "{outcome:#?}"
     );
+    assert!(
+        fake.get(
+            "rbac.authorization.k8s.io/v1",
+            "RoleBinding",
+            "shop",
+            "flotilla-tenant-shop"
+        )
+        .is_some()
+    );
+}
+
+async fn leaving_tenant_release_runs_its_hook_as_the_tenant(event: &str) {
+    let fake = cluster(None);
+    let mut sink = sink(&fake, impersonating());
+    let with_hook = tenant_release_with_hook(event, "shop");
+    let outcome = sink.apply(&with_hook, &[]).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    assert!(callers(&fake, "patch", "configmaps", "farewell").is_empty());
+
+    let platform_only = platform_only();
     let outcome = sink
         .apply(&platform_only, &prune_list(&with_hook, &platform_only))
         .await;

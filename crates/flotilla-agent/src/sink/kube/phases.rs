@@ -54,7 +54,83 @@ fn is_groundwork(bundle: &Bundle, resource: &Resource) -> bool {
         .is_some_and(|workload| workload == flotilla_core::bundle::TENANCY_WORKLOAD)
 }
 
+/// Whether the resource of `bundle` with this identity is groundwork ([`is_groundwork`]).
+fn is_groundwork_key(bundle: &Bundle, key: &ResourceKey) -> bool {
+    bundle
+        .resources
+        .binary_search_by(|r| (*r.key).cmp(key))
+        .is_ok_and(|index| is_groundwork(bundle, &bundle.resources[index]))
+}
+
+/// What keeps objects out of a phase's prune: hooks of the bundle last applied, and
+/// the releases whose `pre-delete` hooks failed.
+struct Held<'a, 'b> {
+    previous_hooks: &'a HashSet<ResourceKey>,
+    leaving: &'a Leaving<'b>,
+    kept: &'a [(&'b str, String)],
+}
+
+impl Pruned {
+    /// Leaves `entry` in place, still listed for the next try.
+    fn leave(&mut self, entry: &InventoryEntry, message: String) {
+        self.lines.push(ResourceStatus::new(
+            entry.shared_key(),
+            ResourceState::Applied,
+            message,
+        ));
+        self.retained.push(entry.clone());
+    }
+}
+
 impl Run {
+    /// Prunes `entries`, adding their lines (and what stays listed) to `pruned`;
+    /// returns those still being deleted.
+    async fn prune_entries(
+        &mut self,
+        ledger: &Ledger,
+        entries: &[&InventoryEntry],
+        context: &prune::Context<'_>,
+        held: &Held<'_, '_>,
+        pruned: &mut Pruned,
+    ) -> Vec<((ResourceKey, super::discovery::Found), InventoryEntry)> {
+        let mut lingering = Vec::new();
+        for &entry in entries {
+            let key = entry.key();
+            // Hooks are outside prune: a leaving release's delete hooks report
+            // themselves; any other is left in place, without a look.
+            if held.previous_hooks.contains(key) {
+                if !held.leaving.runs(key) {
+                    pruned.lines.push(ResourceStatus::new(
+                        entry.shared_key(),
+                        ResourceState::Applied,
+                        format!("left in place: {}", prune::HOOK_KEPT),
+                    ));
+                }
+                continue;
+            }
+            let blocked = held
+                .leaving
+                .release_of(key)
+                .and_then(|release| held.kept.iter().find(|(r, _)| *r == release));
+            if let Some((release, reason)) = blocked {
+                pruned.leave(
+                    entry,
+                    format!("left in place: release {release} is not deleted: {reason}"),
+                );
+                continue;
+            }
+            let line = self.prune_one(ledger, entry, context).await;
+            if line.retain {
+                pruned.retained.push(entry.clone());
+            }
+            if let Some(found) = line.lingering {
+                lingering.push(((key.clone(), found), entry.clone()));
+            }
+            pruned.lines.push(line.status);
+        }
+        lingering
+    }
+
     /// Applies the bundle phase by phase, each release's due Helm hooks around its
     /// resources ([`super::hooks`]). Returns every resource's line and, when a phase or
     /// a hook held the later ones back, the apply's summary saying why.
@@ -344,14 +420,9 @@ impl Run {
                 .find(|(p, _)| *p == phase)
                 .map_or(&[][..], |(_, group)| group.as_slice());
             let releases = leaving.in_phase(phase);
-            if let Some(reason) = &pruned.held {
+            if let Some(reason) = pruned.held.clone() {
                 for entry in entries {
-                    pruned.lines.push(ResourceStatus::new(
-                        entry.key(),
-                        ResourceState::Applied,
-                        format!("left in place for now: {reason}"),
-                    ));
-                    pruned.retained.push(entry.clone());
+                    pruned.leave(entry, format!("left in place for now: {reason}"));
                 }
                 continue;
             }
@@ -366,47 +437,28 @@ impl Run {
                     kept.push((*release, reason));
                 }
             }
-            let mut lingering = Vec::new();
-            let mut lingering_entries = Vec::new();
-            for entry in entries {
-                let key = entry.key();
-                // Hooks are outside prune: a leaving release's delete hooks report
-                // themselves; any other is left in place, without a look.
-                if previous_hooks.contains(key) {
-                    if !leaving.runs(key) {
-                        pruned.lines.push(ResourceStatus::new(
-                            entry.shared_key(),
-                            ResourceState::Applied,
-                            format!("left in place: {}", prune::HOOK_KEPT),
-                        ));
-                    }
-                    continue;
-                }
-                let blocked = leaving
-                    .release_of(key)
-                    .and_then(|release| kept.iter().find(|(r, _)| *r == release));
-                if let Some((release, reason)) = blocked {
-                    pruned.lines.push(ResourceStatus::new(
-                        entry.shared_key(),
-                        ResourceState::Applied,
-                        format!("left in place: release {release} is not deleted: {reason}"),
-                    ));
-                    pruned.retained.push(entry.clone());
-                    continue;
-                }
-                let line = self.prune_one(ledger, entry, context).await;
-                if line.retain {
-                    pruned.retained.push(entry.clone());
-                }
-                if let Some(found) = line.lingering {
-                    lingering.push((key.clone(), found));
-                    lingering_entries.push(entry.clone());
-                }
-                pruned.lines.push(line.status);
-            }
+            // What a post-delete hook may stand on (the Namespace, the tenant's
+            // ServiceAccount and bindings it is applied as) goes after the hooks, and
+            // stays while a release of the phase is kept (its objects are pruned as
+            // its tenant on the next try).
+            let has_post = releases.iter().any(|r| !leaving.post(r).is_empty());
+            let hold_groundwork = has_post || !kept.is_empty();
+            let (groundwork, members): (Vec<&InventoryEntry>, Vec<&InventoryEntry>) =
+                entries.iter().partition(|entry| {
+                    hold_groundwork && previous.is_some_and(|p| is_groundwork_key(p, entry.key()))
+                });
+            let on_hold = Held {
+                previous_hooks: &previous_hooks,
+                leaving: &leaving,
+                kept: &kept,
+            };
+            let (mut lingering, mut lingering_entries): (Vec<_>, Vec<_>) = self
+                .prune_entries(ledger, &members, context, &on_hold, &mut pruned)
+                .await
+                .into_iter()
+                .unzip();
             let later = groups.iter().any(|(p, _)| *p < phase)
                 || (0..phase).any(|p| !leaving.in_phase(p).is_empty());
-            let has_post = releases.iter().any(|r| !leaving.post(r).is_empty());
             let mut waited = None;
             if (later || has_post) && self.stopped.is_none() {
                 waited = self.wait_gone(&lingering).await;
@@ -439,6 +491,27 @@ impl Run {
                     .await;
                 pruned.lines.extend(ran.into_iter().map(|l| l.status));
                 post_failures.extend(failed);
+            }
+            if let Some((release, reason)) = kept.first() {
+                for &entry in &groundwork {
+                    pruned.leave(
+                        entry,
+                        format!("left in place: release {release} is not deleted: {reason}"),
+                    );
+                }
+            } else if !groundwork.is_empty() {
+                let (gone, gone_entries): (Vec<_>, Vec<_>) = self
+                    .prune_entries(ledger, &groundwork, context, &on_hold, &mut pruned)
+                    .await
+                    .into_iter()
+                    .unzip();
+                (lingering, lingering_entries) = (gone, gone_entries);
+                if later && waited.is_none() && self.stopped.is_none() {
+                    waited = self.wait_gone(&lingering).await;
+                    if waited.is_some() {
+                        pruned.retained.append(&mut lingering_entries);
+                    }
+                }
             }
             let step = if last > 0 {
                 format!("{} ", phase_name(previous.unwrap_or(bundle), phase))
