@@ -99,6 +99,8 @@ impl Default for RequestLimits {
 struct Gates {
     limits: RequestLimits,
     webhook_bodies: tokio::sync::Semaphore,
+    /// The webhook deliveries seen lately ([`SeenHooks`]).
+    seen_hooks: std::sync::Mutex<SeenHooks>,
     polls: Arc<HeldPolls>,
     /// The deltas made for agents that run an earlier digest (RFC 9842 `dcz`).
     deltas: Arc<delta::Deltas>,
@@ -110,6 +112,7 @@ pub fn router(shared: Arc<Shared>, limits: RequestLimits) -> Router {
     let gates = Arc::new(Gates {
         limits,
         webhook_bodies: tokio::sync::Semaphore::new(limits.max_webhook_bodies),
+        seen_hooks: std::sync::Mutex::default(),
         polls: Arc::default(),
         deltas: Arc::new(delta::Deltas::new()),
     });
@@ -1499,7 +1502,15 @@ async fn post_hook(
     let result = check_hook(&shared, &gates, request).await;
     shared.metrics.webhook(result.is_ok());
     match result {
-        Ok(()) => {
+        Ok(body) => {
+            let first = gates
+                .seen_hooks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .first_time(body, std::time::Instant::now());
+            if !first {
+                return json_response(StatusCode::ACCEPTED, &json!({ "status": "already seen" }));
+            }
             // The payload is not read: it only says "look now".
             shared.look_now.notify_one();
             json_response(
@@ -1511,9 +1522,42 @@ async fn post_hook(
     }
 }
 
+/// The webhook deliveries (the SHA-256 of each signed body) seen in the last
+/// [`SeenHooks::WINDOW`], at most [`SeenHooks::MOST`]. The signature proves a body
+/// came from whoever holds the secret, not when: a captured delivery sent again
+/// and again made the hub fetch back to back. A body seen within the window wakes
+/// nothing; every real push has a body of its own (its commits, its time).
+#[derive(Default)]
+struct SeenHooks {
+    recent: std::collections::VecDeque<([u8; 32], std::time::Instant)>,
+}
+
+impl SeenHooks {
+    const WINDOW: Duration = Duration::from_secs(3600);
+    const MOST: usize = 1024;
+
+    /// Whether `body` was not seen within the window; remembers it.
+    fn first_time(&mut self, body: [u8; 32], now: std::time::Instant) -> bool {
+        while self.recent.front().is_some_and(|(_, at)| {
+            now.duration_since(*at) > Self::WINDOW || self.recent.len() >= Self::MOST
+        }) {
+            self.recent.pop_front();
+        }
+        if self.recent.iter().any(|(seen, _)| *seen == body) {
+            return false;
+        }
+        self.recent.push_back((body, now));
+        true
+    }
+}
+
 /// Checks a webhook: everything its headers tell first (answered without reading the
 /// body), then its body within the [`RequestLimits`], then its signature.
-async fn check_hook(shared: &Arc<Shared>, gates: &Gates, request: Request) -> Result<(), Response> {
+async fn check_hook(
+    shared: &Arc<Shared>,
+    gates: &Gates,
+    request: Request,
+) -> Result<[u8; 32], Response> {
     let Some(secret) = &shared.settings.webhook_secret else {
         return Err(refused_unread(
             ApiError::new(
@@ -1596,7 +1640,8 @@ async fn check_hook(shared: &Arc<Shared>, gates: &Gates, request: Request) -> Re
             "the X-Hub-Signature-256 signature does not match the body and the webhook secret",
         )
         .into_response()
-    })
+    })?;
+    Ok(<Sha256 as sha2::Digest>::digest(&body).into())
 }
 
 /// The hub's front door.
@@ -1699,6 +1744,28 @@ async fn method_not_allowed(request: Request) -> Response {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_webhook_body_wakes_the_hub_once_an_hour_and_a_thousand_bodies_are_remembered() {
+        let mut seen = SeenHooks::default();
+        let start = std::time::Instant::now();
+        let body = |n: u32| {
+            let mut digest = [0u8; 32];
+            digest[..4].copy_from_slice(&n.to_be_bytes());
+            digest
+        };
+        assert!(seen.first_time(body(1), start));
+        assert!(!seen.first_time(body(1), start + Duration::from_secs(60)));
+        assert!(seen.first_time(body(2), start + Duration::from_secs(60)));
+        let later = start + SeenHooks::WINDOW + Duration::from_secs(1);
+        assert!(seen.first_time(body(1), later), "an hour on, it is new again");
+        for n in 3..(3 + SeenHooks::MOST as u32) {
+            assert!(seen.first_time(body(n), later));
+        }
+        assert!(seen.recent.len() <= SeenHooks::MOST);
+        assert!(seen.first_time(body(1), later), "the oldest are forgotten first");
+    }
+
     use super::*;
 
     fn entry() -> ClusterBundle {
