@@ -1758,12 +1758,18 @@ mod tests {
         assert!(!seen.first_time(body(1), start + Duration::from_secs(60)));
         assert!(seen.first_time(body(2), start + Duration::from_secs(60)));
         let later = start + SeenHooks::WINDOW + Duration::from_secs(1);
-        assert!(seen.first_time(body(1), later), "an hour on, it is new again");
+        assert!(
+            seen.first_time(body(1), later),
+            "an hour on, it is new again"
+        );
         for n in 3..(3 + SeenHooks::MOST as u32) {
             assert!(seen.first_time(body(n), later));
         }
         assert!(seen.recent.len() <= SeenHooks::MOST);
-        assert!(seen.first_time(body(1), later), "the oldest are forgotten first");
+        assert!(
+            seen.first_time(body(1), later),
+            "the oldest are forgotten first"
+        );
     }
 
     use super::*;

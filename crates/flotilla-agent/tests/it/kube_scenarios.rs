@@ -1409,3 +1409,55 @@ async fn a_job_whose_run_was_not_recorded_is_replaced_when_its_manifest_changes(
     let theirs = fake.get("batch/v1", "Job", "demo", "theirs").expect("left");
     assert!(theirs.to_string().contains("echo theirs"), "{theirs}");
 }
+
+/// A Job that no later phase waits on, seen failed by a status report and then
+/// removed by its TTL, is still reported failed, not as a run that finished; it is
+/// not created again for the same manifest.
+#[tokio::test(start_paused = true)]
+async fn a_job_seen_failed_by_a_report_and_removed_by_its_ttl_is_still_reported_failed() {
+    let fake = FakeApiServer::new();
+    fake.insert(kube_namespace("demo"), "kubectl");
+    let mut sink = sink(&fake, options());
+    let bundle = bundle(
+        "edge-1",
+        vec![job(
+            "seed",
+            "exit 1",
+            json!({"ttlSecondsAfterFinished": 60, "backoffLimit": 0}),
+        )],
+    );
+    assert!(sink.apply(&bundle, &[]).await.complete);
+    let failed = json!({"failed": 1, "conditions": [{"type": "Failed", "status": "True",
+                        "message": "BackoffLimitExceeded"}]});
+    assert!(fake.set_status("batch/v1", "Job", "demo", "seed", failed));
+    let report_line = |statuses: &[flotilla_core::status::ResourceStatus]| {
+        statuses
+            .iter()
+            .find(|s| s.key.name() == "seed")
+            .map(|s| (s.state, s.message.clone()))
+            .expect("the Job's line")
+    };
+    let health = sink.health(&bundle).await.expect("health");
+    assert_eq!(report_line(&health).0, ResourceState::Failed);
+
+    // The TTL controller removes it.
+    assert!(fake.remove("batch/v1", "Job", "demo", "seed"));
+    let health = sink.health(&bundle).await.expect("health");
+    let (state, message) = report_line(&health);
+    assert_eq!(state, ResourceState::Failed, "{message}");
+    assert!(message.starts_with("failed, and was removed"), "{message}");
+    // A resync reports the same, and runs nothing.
+    let outcome = sink.apply(&bundle, &[]).await;
+    let (state, message) = line(&outcome, "Job", "seed");
+    assert_eq!(state, ResourceState::Failed, "{message}");
+    assert!(message.starts_with("failed, and was removed"), "{message}");
+    assert!(fake.get("batch/v1", "Job", "demo", "seed").is_none());
+    // A new agent (the ledger read back from the cluster) says the same.
+    let mut restarted = agent_support::kube::sink(&fake, options());
+    let outcome = restarted.apply(&bundle, &[]).await;
+    assert!(
+        line(&outcome, "Job", "seed")
+            .1
+            .starts_with("failed, and was removed")
+    );
+}

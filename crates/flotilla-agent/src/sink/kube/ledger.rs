@@ -62,6 +62,11 @@ pub(crate) struct LedgerEntry {
     /// For a Job: the digest of the manifest it was last created from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ran: Option<String>,
+    /// For a Job: the digest of the manifest whose run a health read saw fail (a
+    /// status report; no later phase waited on it). Once its TTL removes it, it is
+    /// reported failed, not as a run that finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
     /// The user it was last applied as, when the agent impersonated a tenant's
     /// ServiceAccount (`--impersonate-tenants`): it is pruned as that user too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -96,6 +101,7 @@ impl LedgerEntry {
             origin: Origin::Unknown,
             uid: None,
             ran: None,
+            failed: None,
             user: None,
         }
     }
@@ -279,7 +285,22 @@ impl Ledger {
     /// Records that a Job was applied from the manifest with this digest.
     pub fn record_run(&mut self, key: &ResourceKey, manifest: &Digest) {
         if let Some(recorded) = self.entry_mut(key) {
+            if recorded.ran.as_deref() != Some(manifest.as_str()) {
+                recorded.failed = None;
+            }
             recorded.ran = Some(manifest.to_string());
+        }
+    }
+
+    /// Records that a health read saw the Job's run from this manifest fail; returns
+    /// whether that is news.
+    pub fn record_failure(&mut self, key: &ResourceKey, manifest: &str) -> bool {
+        match self.entry_mut(key) {
+            Some(recorded) if recorded.failed.as_deref() != Some(manifest) => {
+                recorded.failed = Some(manifest.to_string());
+                true
+            }
+            _ => false,
         }
     }
 

@@ -639,8 +639,9 @@ impl KubeSink {
         }
     }
 
-    async fn bundle_health(&self, bundle: &Bundle) -> Option<Vec<ResourceStatus>> {
+    async fn bundle_health(&mut self, bundle: &Bundle) -> Option<Vec<ResourceStatus>> {
         let mut discovery = Discovery::default();
+        let mut failures_seen = false;
         let users = Users::of(bundle, self.options.impersonate_tenants);
         let mut statuses = Vec::with_capacity(bundle.resources.len());
         let hooks = bundle.meta.as_deref().map(|meta| {
@@ -665,12 +666,23 @@ impl KubeSink {
                 statuses.push(ResourceStatus::new(key, ResourceState::Applied, ""));
                 continue;
             }
-            let ran = job_ran(self.ledger.as_ref(), resource);
+            let job = job_run(self.ledger.as_ref(), resource);
             let (state, message) =
-                read_health(&self.api, &mut discovery, resource, ran, users.user(key))
+                read_health(&self.api, &mut discovery, resource, job, users.user(key))
                     .await
                     .ok()?;
+            // A Job seen failed: once its TTL removes it, it is still reported so.
+            if job == JobRun::Ran
+                && state == ResourceState::Failed
+                && let Some(ledger) = &mut self.ledger
+            {
+                failures_seen |=
+                    ledger.record_failure(key, Digest::of(&resource.canonical).as_str());
+            }
             statuses.push(ResourceStatus::new(key, state, message));
+        }
+        if failures_seen && let Err(err) = self.save_ledger(&self.api.unstoppable()).await {
+            tracing::warn!("cannot record a failed Job in the cluster's inventory: {err}");
         }
         Some(statuses)
     }
@@ -683,7 +695,7 @@ async fn read_health(
     api: &Api,
     discovery: &mut Discovery,
     resource: &Resource,
-    job_ran: bool,
+    job: JobRun,
     user: Option<&str>,
 ) -> Result<(ResourceState, String), Failure> {
     let key = &resource.key;
@@ -714,8 +726,9 @@ async fn read_health(
         .await
     {
         Ok(live) => Ok(health(key, &live)),
-        Err(failure) if failure.is_not_found() => Ok(if job_ran {
-            (ResourceState::Applied, JOB_REMOVED.into())
+        Err(failure) if failure.is_not_found() => Ok(if job != JobRun::None {
+            let (state, message) = job_removed(job);
+            (state, message.into())
         } else {
             (
                 ResourceState::Failed,
@@ -729,11 +742,42 @@ async fn read_health(
 
 /// Whether this Job was applied from exactly this manifest before.
 fn job_ran(ledger: Option<&Ledger>, resource: &Resource) -> bool {
-    is_job(&resource.key)
-        && ledger
-            .and_then(|l| l.entry(&resource.key))
-            .and_then(|e| e.ran.as_deref())
-            == Some(Digest::of(&resource.canonical).as_str())
+    job_run(ledger, resource) != JobRun::None
+}
+
+/// What the ledger says of a Job's run from its current manifest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum JobRun {
+    /// Not a Job, or none run from this manifest.
+    None,
+    Ran,
+    /// Ran, and a health read saw it fail.
+    Failed,
+}
+
+fn job_run(ledger: Option<&Ledger>, resource: &Resource) -> JobRun {
+    if !is_job(&resource.key) {
+        return JobRun::None;
+    }
+    let Some(entry) = ledger.and_then(|l| l.entry(&resource.key)) else {
+        return JobRun::None;
+    };
+    let manifest = Digest::of(&resource.canonical);
+    if entry.ran.as_deref() != Some(manifest.as_str()) {
+        JobRun::None
+    } else if entry.failed.as_deref() == Some(manifest.as_str()) {
+        JobRun::Failed
+    } else {
+        JobRun::Ran
+    }
+}
+
+/// The state and message of a Job that ran from its manifest and is gone now.
+fn job_removed(run: JobRun) -> (ResourceState, &'static str) {
+    match run {
+        JobRun::Failed => (ResourceState::Failed, JOB_FAILED_REMOVED),
+        _ => (ResourceState::Applied, JOB_REMOVED),
+    }
 }
 
 /// The report's one line about an apply: what failed to apply (and why it stopped),
@@ -796,6 +840,8 @@ fn summary(
 
 const JOB_REMOVED: &str = "ran and was removed after it finished (ttlSecondsAfterFinished); flotilla creates \
                            a Job again only when its manifest changes";
+const JOB_FAILED_REMOVED: &str = "failed, and was removed since (ttlSecondsAfterFinished); flotilla creates \
+                                  a Job again only when its manifest changes";
 
 fn nothing_applied(bundle: &Bundle, message: &dyn std::fmt::Display) -> ApplyOutcome {
     ApplyOutcome {
@@ -1144,9 +1190,10 @@ impl Run {
             {
                 Ok(_) => {}
                 Err(failure) if failure.is_not_found() => {
+                    let (state, message) = job_removed(job_run(Some(ledger), resource));
                     return (
                         Line {
-                            status: ResourceStatus::new(key, ResourceState::Applied, JOB_REMOVED),
+                            status: ResourceStatus::new(key, state, message),
                             apply_error: false,
                         },
                         None,

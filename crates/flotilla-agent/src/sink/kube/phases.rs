@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use super::failure::Failure;
 use super::hooks::{Hooks, Leaving, When};
 use super::ledger::Ledger;
-use super::{Line, Run, has_health_rule, job_ran, prune, read_health};
+use super::{Line, Run, has_health_rule, job_run, prune, read_health};
 use crate::cache::InventoryEntry;
 use crate::sink::{apply_phases, prune_phases};
 use flotilla_core::bundle::{Bundle, Resource, ResourceKey};
@@ -320,12 +320,12 @@ impl Run {
                 self.pause(self.options.crd_poll).await?;
                 for &i in &watched {
                     let resource = phase[i];
-                    let ran = job_ran(Some(ledger), resource);
+                    let job = job_run(Some(ledger), resource);
                     let (state, message) = read_health(
                         &self.api,
                         &mut self.discovery,
                         resource,
-                        ran,
+                        job,
                         self.users.user(&resource.key),
                     )
                     .await?;

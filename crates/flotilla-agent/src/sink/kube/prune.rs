@@ -273,6 +273,7 @@ mod tests {
             origin,
             uid: Some(uid.into()),
             ran: None,
+            failed: None,
             user: None,
         }
     }
