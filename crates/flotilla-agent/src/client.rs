@@ -245,6 +245,9 @@ pub enum FetchError {
     Registry {
         server: String,
         source: flotilla_oci::OciError,
+        /// The digest of the bundle refused, when the manifest named it (its layer's):
+        /// the layer was too large or did not match it.
+        claimed: Option<Digest>,
     },
     #[error("the bundle from {server} is larger than {MAX_BUNDLE_BYTES} bytes; refusing it")]
     TooLarge {
@@ -298,10 +301,19 @@ impl FetchError {
     }
 
     /// The digest the refused bundle's ETag names, if it named one.
-    pub fn refused_etag(&self) -> Option<&str> {
+    fn refused_etag(&self) -> Option<&str> {
         match self {
             FetchError::TooLarge { etag, .. } => etag.as_deref(),
             _ => None,
+        }
+    }
+
+    /// The digest of the refused bundle, if its answer named one: the ETag of an
+    /// HTTP answer, the layer a registry's manifest points at.
+    pub fn refused_digest(&self) -> Option<Digest> {
+        match self {
+            FetchError::Registry { claimed, .. } => claimed.clone(),
+            _ => self.refused_etag().and_then(crate::digest_of_etag),
         }
     }
 
@@ -837,6 +849,7 @@ impl HubClient {
             source => FetchError::Registry {
                 server: server.clone(),
                 source,
+                claimed: None,
             },
         };
         let no_tag = || FetchError::Status {
@@ -876,7 +889,14 @@ impl HubClient {
         let layer = registry
             .get_blob(&manifest.layer, layer_limit)
             .await
-            .map_err(failed)?;
+            .map_err(|source| match failed(source) {
+                FetchError::Registry { server, source, .. } => FetchError::Registry {
+                    server,
+                    source,
+                    claimed: Digest::parse(manifest.layer.as_str()).ok(),
+                },
+                other => other,
+            })?;
         Ok(Fetched::Bundle {
             body: manifest.document(&layer),
             etag: Some(etag),
@@ -1172,6 +1192,62 @@ mod tests {
     }
 
     type Shared = Arc<Mutex<Seen>>;
+
+    /// A registry whose layer does not match the digest its manifest names: the
+    /// refusal names that digest, the one the agent attempted.
+    #[tokio::test]
+    async fn a_registry_refusal_names_the_digest_its_manifest_claimed() {
+        use flotilla_oci::artifact::Artifact;
+        let layer = br#"[{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}]"#;
+        let artifact = Artifact::bundle("edge-1", "main@sha1:1", layer.to_vec(), None);
+        let claimed = artifact.layers[0].digest.clone();
+        let manifest = artifact.manifest();
+        let manifest_digest = Digest::of(&manifest).to_string();
+        let mut served = layer.to_vec();
+        served[2] = b'k';
+        let app = axum::Router::new()
+            .route(
+                "/v2/fleet/bundles/manifests/{reference}",
+                get(move || async move {
+                    (
+                        [
+                            ("docker-content-digest", manifest_digest.clone()),
+                            (
+                                "content-type",
+                                "application/vnd.oci.image.manifest.v1+json".to_string(),
+                            ),
+                        ],
+                        manifest.clone(),
+                    )
+                }),
+            )
+            .route(
+                "/v2/fleet/bundles/blobs/{digest}",
+                get(move || async move { served.clone() }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let address = listener.local_addr().expect("address");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let server = Server::parse(&format!("oci://{address}/fleet/bundles")).expect("url");
+        let mut client = HubClient::new(server, "edge-1", None)
+            .expect("client")
+            .with_registry_options(flotilla_oci::RegistryOptions {
+                plain_http: true,
+                ..Default::default()
+            })
+            .expect("plain HTTP on loopback");
+        let Err(err) = client.fetch_from_registry(None).await else {
+            panic!("a layer that does not match its digest was taken");
+        };
+        assert!(err.is_refusal(), "{err}");
+        assert_eq!(
+            err.refused_digest().map(|d| d.to_string()),
+            Some(claimed.to_string()),
+            "{err}"
+        );
+    }
 
     async fn bundle(
         State(seen): State<Shared>,

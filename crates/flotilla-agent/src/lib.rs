@@ -1020,7 +1020,7 @@ impl Poller {
                 Err(err) if err.is_refusal() => {
                     let message = format!("{err}; keeping the last-known-good bundle");
                     tracing::error!("{message}");
-                    let claimed = err.refused_etag().and_then(digest_of_etag);
+                    let claimed = err.refused_digest();
                     if !self.refuse(claimed, message).await {
                         return;
                     }
