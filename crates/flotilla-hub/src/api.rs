@@ -99,8 +99,8 @@ impl Default for RequestLimits {
 struct Gates {
     limits: RequestLimits,
     webhook_bodies: tokio::sync::Semaphore,
-    /// The webhook deliveries seen lately ([`SeenHooks`]).
-    seen_hooks: std::sync::Mutex<SeenHooks>,
+    /// When webhooks may wake the follower next ([`HookPacer`]).
+    hook_pacer: Arc<std::sync::Mutex<HookPacer>>,
     polls: Arc<HeldPolls>,
     /// The deltas made for agents that run an earlier digest (RFC 9842 `dcz`).
     deltas: Arc<delta::Deltas>,
@@ -112,7 +112,7 @@ pub fn router(shared: Arc<Shared>, limits: RequestLimits) -> Router {
     let gates = Arc::new(Gates {
         limits,
         webhook_bodies: tokio::sync::Semaphore::new(limits.max_webhook_bodies),
-        seen_hooks: std::sync::Mutex::default(),
+        hook_pacer: Arc::default(),
         polls: Arc::default(),
         deltas: Arc::new(delta::Deltas::new()),
     });
@@ -1502,17 +1502,21 @@ async fn post_hook(
     let result = check_hook(&shared, &gates, request).await;
     shared.metrics.webhook(result.is_ok());
     match result {
-        Ok(body) => {
-            let first = gates
-                .seen_hooks
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .first_time(body, std::time::Instant::now());
-            if !first {
-                return json_response(StatusCode::ACCEPTED, &json!({ "status": "already seen" }));
-            }
+        Ok(()) => {
             // The payload is not read: it only says "look now".
-            shared.look_now.notify_one();
+            let pace = lock_pacer(&gates.hook_pacer).pace(tokio::time::Instant::now());
+            match pace {
+                Pace::Now => shared.look_now.notify_one(),
+                Pace::At(at) => {
+                    let (shared, pacer) = (shared.clone(), gates.hook_pacer.clone());
+                    tokio::spawn(async move {
+                        tokio::time::sleep_until(at).await;
+                        lock_pacer(&pacer).fired(tokio::time::Instant::now());
+                        shared.look_now.notify_one();
+                    });
+                }
+                Pace::Due => {}
+            }
             json_response(
                 StatusCode::ACCEPTED,
                 &json!({ "status": "fetch scheduled" }),
@@ -1522,42 +1526,62 @@ async fn post_hook(
     }
 }
 
-/// The webhook deliveries (the SHA-256 of each signed body) seen in the last
-/// [`SeenHooks::WINDOW`], at most [`SeenHooks::MOST`]. The signature proves a body
-/// came from whoever holds the secret, not when: a captured delivery sent again
-/// and again made the hub fetch back to back. A body seen within the window wakes
-/// nothing; every real push has a body of its own (its commits, its time).
+/// How often webhooks may make the hub look for a new commit: at most once every
+/// [`HookPacer::GAP`]; deliveries in between share one look at the end of the gap.
+/// A signature proves who sent a body, not when: a captured delivery sent again and
+/// again made the hub fetch back to back, each fetch as soon as the last ended.
 #[derive(Default)]
-struct SeenHooks {
-    recent: std::collections::VecDeque<([u8; 32], std::time::Instant)>,
+struct HookPacer {
+    /// When the next look may start.
+    next: Option<tokio::time::Instant>,
+    /// A look is due at `next` already.
+    deferred: bool,
 }
 
-impl SeenHooks {
-    const WINDOW: Duration = Duration::from_secs(3600);
-    const MOST: usize = 1024;
+/// What an accepted webhook does.
+#[derive(Debug, PartialEq, Eq)]
+enum Pace {
+    /// Wakes the follower now.
+    Now,
+    /// Wakes it at this instant (the end of the gap).
+    At(tokio::time::Instant),
+    /// A look is due already; it covers this delivery too.
+    Due,
+}
 
-    /// Whether `body` was not seen within the window; remembers it.
-    fn first_time(&mut self, body: [u8; 32], now: std::time::Instant) -> bool {
-        while self.recent.front().is_some_and(|(_, at)| {
-            now.duration_since(*at) > Self::WINDOW || self.recent.len() >= Self::MOST
-        }) {
-            self.recent.pop_front();
+impl HookPacer {
+    const GAP: Duration = Duration::from_secs(5);
+
+    fn pace(&mut self, now: tokio::time::Instant) -> Pace {
+        match self.next {
+            _ if self.deferred => Pace::Due,
+            Some(next) if now < next => {
+                self.deferred = true;
+                Pace::At(next)
+            }
+            _ => {
+                self.next = Some(now + Self::GAP);
+                Pace::Now
+            }
         }
-        if self.recent.iter().any(|(seen, _)| *seen == body) {
-            return false;
-        }
-        self.recent.push_back((body, now));
-        true
     }
+
+    /// A deferred look started at `now`.
+    fn fired(&mut self, now: tokio::time::Instant) {
+        self.deferred = false;
+        self.next = Some(now + Self::GAP);
+    }
+}
+
+fn lock_pacer(pacer: &std::sync::Mutex<HookPacer>) -> std::sync::MutexGuard<'_, HookPacer> {
+    pacer
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Checks a webhook: everything its headers tell first (answered without reading the
 /// body), then its body within the [`RequestLimits`], then its signature.
-async fn check_hook(
-    shared: &Arc<Shared>,
-    gates: &Gates,
-    request: Request,
-) -> Result<[u8; 32], Response> {
+async fn check_hook(shared: &Arc<Shared>, gates: &Gates, request: Request) -> Result<(), Response> {
     let Some(secret) = &shared.settings.webhook_secret else {
         return Err(refused_unread(
             ApiError::new(
@@ -1640,8 +1664,7 @@ async fn check_hook(
             "the X-Hub-Signature-256 signature does not match the body and the webhook secret",
         )
         .into_response()
-    })?;
-    Ok(<Sha256 as sha2::Digest>::digest(&body).into())
+    })
 }
 
 /// The hub's front door.
@@ -1746,30 +1769,27 @@ async fn method_not_allowed(request: Request) -> Response {
 mod tests {
 
     #[test]
-    fn a_webhook_body_wakes_the_hub_once_an_hour_and_a_thousand_bodies_are_remembered() {
-        let mut seen = SeenHooks::default();
-        let start = std::time::Instant::now();
-        let body = |n: u32| {
-            let mut digest = [0u8; 32];
-            digest[..4].copy_from_slice(&n.to_be_bytes());
-            digest
-        };
-        assert!(seen.first_time(body(1), start));
-        assert!(!seen.first_time(body(1), start + Duration::from_secs(60)));
-        assert!(seen.first_time(body(2), start + Duration::from_secs(60)));
-        let later = start + SeenHooks::WINDOW + Duration::from_secs(1);
-        assert!(
-            seen.first_time(body(1), later),
-            "an hour on, it is new again"
-        );
-        for n in 3..(3 + SeenHooks::MOST as u32) {
-            assert!(seen.first_time(body(n), later));
+    fn webhooks_wake_the_hub_at_most_once_a_gap_and_those_between_share_the_next() {
+        let mut pacer = HookPacer::default();
+        let start = tokio::time::Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        assert_eq!(pacer.pace(at(0)), Pace::Now);
+        // Within the gap: one look at its end, shared by every delivery until then.
+        assert_eq!(pacer.pace(at(100)), Pace::At(at(5_000)));
+        for ms in [200, 4_000, 5_000, 9_000] {
+            assert_eq!(pacer.pace(at(ms)), Pace::Due, "{ms}");
         }
-        assert!(seen.recent.len() <= SeenHooks::MOST);
-        assert!(
-            seen.first_time(body(1), later),
-            "the oldest are forgotten first"
-        );
+        pacer.fired(at(5_001));
+        assert_eq!(pacer.pace(at(6_000)), Pace::At(at(10_001)));
+        pacer.fired(at(10_001));
+        // After a quiet gap, at once again.
+        assert_eq!(pacer.pace(at(20_000)), Pace::Now);
+        // A thousand deliveries in a second: two looks.
+        let looks = (0..1_000)
+            .map(|i| pacer.pace(at(30_000 + i)))
+            .filter(|pace| *pace != Pace::Due)
+            .count();
+        assert_eq!(looks, 2);
     }
 
     use super::*;
