@@ -541,6 +541,51 @@ fn platform_only() -> flotilla_core::bundle::Bundle {
     )
 }
 
+/// A leaving tenant's release whose object is still being deleted after
+/// `--phase-timeout` holds its `post-delete` hook back to the next try, and with it
+/// the tenant's ServiceAccount and RoleBinding, as which the hook then runs.
+#[tokio::test(start_paused = true)]
+async fn a_leaving_tenants_post_delete_hook_held_back_keeps_its_service_account() {
+    let fake = cluster(None);
+    let mut sink = sink(&fake, impersonating());
+    let with_hook = tenant_release_with_hook("post-delete", "shop");
+    assert!(sink.apply(&with_hook, &[]).await.complete);
+    assert!(
+        fake.update("v1", "ConfigMap", "shop", "settings", |settings| {
+            settings["metadata"]["finalizers"] = serde_json::json!(["example.com/hold"]);
+        })
+    );
+    let next = platform_only();
+    let prune = prune_list(&with_hook, &next);
+    let outcome = sink.apply(&next, &prune).await;
+    assert!(!outcome.complete, "{outcome:#?}");
+    assert!(callers(&fake, "patch", "configmaps", "farewell").is_empty());
+    for (api_version, kind) in [
+        ("v1", "ServiceAccount"),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ] {
+        assert!(
+            fake.get(api_version, kind, "shop", "flotilla-tenant-shop")
+                .is_some(),
+            "{kind} kept: {outcome:#?}"
+        );
+    }
+
+    fake.remove_finalizers("v1", "ConfigMap", "shop", "settings");
+    let outcome = sink.apply(&next, &prune).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    assert_eq!(
+        callers(&fake, "patch", "configmaps", "farewell"),
+        [(TENANT_USER.to_string(), true)],
+        "{:#?}",
+        fake.checks()
+    );
+    assert!(
+        fake.get("v1", "ServiceAccount", "shop", "flotilla-tenant-shop")
+            .is_none()
+    );
+}
+
 /// A tenant's release whose `pre-delete` hook fails (refused: it is in a namespace
 /// the tenant may not write) is kept, and so are the tenant's ServiceAccount and
 /// RoleBinding, which the next try needs to delete the release as the tenant.

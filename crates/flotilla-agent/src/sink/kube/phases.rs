@@ -445,7 +445,9 @@ impl Run {
             let hold_groundwork = has_post || !kept.is_empty();
             let (groundwork, members): (Vec<&InventoryEntry>, Vec<&InventoryEntry>) =
                 entries.iter().partition(|entry| {
-                    hold_groundwork && previous.is_some_and(|p| is_groundwork_key(p, entry.key()))
+                    hold_groundwork
+                        && !previous_hooks.contains(entry.key())
+                        && previous.is_some_and(|p| is_groundwork_key(p, entry.key()))
                 });
             let on_hold = Held {
                 previous_hooks: &previous_hooks,
@@ -498,6 +500,11 @@ impl Run {
                         entry,
                         format!("left in place: release {release} is not deleted: {reason}"),
                     );
+                }
+            } else if let Some(reason) = waited.as_ref().filter(|_| !groundwork.is_empty()) {
+                // The post-delete hooks wait for the next try: so does what they need.
+                for &entry in &groundwork {
+                    pruned.leave(entry, format!("left in place for now: {reason}"));
                 }
             } else if !groundwork.is_empty() {
                 let (gone, gone_entries): (Vec<_>, Vec<_>) = self
