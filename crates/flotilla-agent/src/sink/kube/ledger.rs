@@ -407,17 +407,24 @@ impl Ledger {
     /// current one.
     pub async fn save(&self, api: &Api, namespace: &str) -> Result<(), SaveError> {
         match self.to_configmap(namespace) {
-            Ok(configmap) => self.write(api, namespace, &configmap).await,
+            Ok(configmap) => self
+                .write(api, namespace, &configmap)
+                .await
+                .map_err(|failure| self.failed(namespace, &failure)),
             Err(SaveError::TooBig(note)) => {
                 let configmap = self.configmap_holding(namespace, OUTGROWN_KEY, &note);
-                self.write(api, namespace, &configmap).await?;
-                Err(SaveError::TooBig(note))
+                match self.write(api, namespace, &configmap).await {
+                    Ok(()) => Err(SaveError::TooBig(note)),
+                    // No namespace to hold it: no older copy there to be read either.
+                    Err(failure) if failure.is_not_found() => Err(SaveError::TooBig(note)),
+                    Err(failure) => Err(self.failed(namespace, &failure)),
+                }
             }
             Err(failed) => Err(failed),
         }
     }
 
-    async fn write(&self, api: &Api, namespace: &str, configmap: &Value) -> Result<(), SaveError> {
+    async fn write(&self, api: &Api, namespace: &str, configmap: &Value) -> Result<(), Failure> {
         let name = configmap_name(&self.cluster);
         api.apply(
             &configmap_resource(),
@@ -428,19 +435,19 @@ impl Ledger {
         )
         .await
         .map(|_| ())
-        .map_err(|failure| {
-            let hint = if failure.is_not_found() {
-                format!(
-                    "; create namespace {namespace} or choose another with --inventory-namespace"
-                )
-            } else {
-                String::new()
-            };
-            SaveError::Failed(format!(
-                "cannot record the inventory in ConfigMap {namespace}/{name}: {}{hint}",
-                failure.describe("patch", "configmaps")
-            ))
-        })
+    }
+
+    fn failed(&self, namespace: &str, failure: &Failure) -> SaveError {
+        let name = configmap_name(&self.cluster);
+        let hint = if failure.is_not_found() {
+            format!("; create namespace {namespace} or choose another with --inventory-namespace")
+        } else {
+            String::new()
+        };
+        SaveError::Failed(format!(
+            "cannot record the inventory in ConfigMap {namespace}/{name}: {}{hint}",
+            failure.describe("patch", "configmaps")
+        ))
     }
 }
 
@@ -605,6 +612,11 @@ mod tests {
                 .is_some_and(|note| note.contains("20000 objects")),
             "{configmap}"
         );
+
+        // Without the namespace there is no older copy to hide: still only too big,
+        // which applies carry on without.
+        let saved = huge.save(&api, "no-such-namespace").await;
+        assert!(matches!(saved, Err(SaveError::TooBig(_))), "{saved:?}");
 
         // Once it fits again, it is kept again.
         ledger.save(&api, "flotilla-system").await.expect("saved");

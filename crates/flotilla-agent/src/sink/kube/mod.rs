@@ -369,6 +369,9 @@ pub struct KubeSink {
     /// The ledger, once read; and as it was last written.
     ledger: Option<Ledger>,
     saved: Option<Ledger>,
+    /// Why the ledger as `saved` is not in the cluster (it outgrew its ConfigMap),
+    /// for the reports while it stays so.
+    outgrown: Option<String>,
     /// What the state folder says flotilla applied before (see [`Sink::recall`]).
     applied_before: Vec<InventoryEntry>,
     /// The server's answers to the last applies, for drift checks.
@@ -418,6 +421,7 @@ impl KubeSink {
             ledger_namespace,
             ledger: None,
             saved: None,
+            outgrown: None,
             applied_before: Vec::new(),
             private_key: None,
             drift: drift::Tracker::default(),
@@ -430,6 +434,7 @@ impl KubeSink {
         if self.ledger.as_ref().is_some_and(|l| l.cluster == cluster) {
             return Ok(());
         }
+        self.outgrown = None;
         match Ledger::load(&self.api, &self.ledger_namespace, cluster).await {
             Ok(Some(ledger)) => {
                 self.saved = Some(ledger.clone());
@@ -462,15 +467,19 @@ impl KubeSink {
             return Ok(None);
         };
         if self.saved.as_ref() == Some(ledger) {
-            return Ok(None);
+            return Ok(self.outgrown.clone());
         }
         match ledger.save(api, &self.ledger_namespace).await {
             Ok(()) => {
                 self.saved = Some(ledger.clone());
+                self.outgrown = None;
                 Ok(None)
             }
             Err(SaveError::TooBig(note)) => {
+                // Not sent again (nor serialised) until the ledger changes.
                 tracing::error!("{note}");
+                self.saved = Some(ledger.clone());
+                self.outgrown = Some(note.clone());
                 Ok(Some(note))
             }
             Err(SaveError::Failed(message)) => Err(InventoryError::Write(message)),
