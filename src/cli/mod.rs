@@ -369,8 +369,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub history: usize,
     /// How long to keep a rollout that ended (its waves, clusters and events) for
-    /// `flotilla rollout` and the web page; the latest rollout of each policy is kept
-    /// whatever its age.
+    /// `flotilla rollout` and the web page; the latest rollout of each policy, and
+    /// those of the revision served, are kept whatever their age.
     #[arg(long, default_value = "90d", value_name = "DURATION")]
     pub keep_rollouts: humantime::Duration,
     /// A file holding the secret of POST /v1/hooks/git (GitHub-style X-Hub-Signature-256).

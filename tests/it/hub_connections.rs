@@ -679,6 +679,21 @@ async fn one_hub_per_sqlite_database_given_outside_the_state_dir() {
             && message.contains(&format!("process {}", std::process::id())),
         "{message}"
     );
+    // The same file through a symlinked folder is the same database.
+    let linked = tempfile::tempdir().expect("link dir");
+    std::os::unix::fs::symlink(shared.path(), linked.path().join("via")).expect("symlink");
+    let mut through_link = config(second_state.path(), &repo_arg);
+    through_link.database = format!("sqlite://{}", linked.path().join("via/fleet.db").display())
+        .parse()
+        .expect("database url");
+    let Err(err) = Hub::start(through_link).await else {
+        panic!("a second hub started on the same SQLite database through a symlink");
+    };
+    assert!(
+        err.to_string()
+            .contains("another hub is already serving from the SQLite database"),
+        "{err}"
+    );
     // Once the first stops, the database is free again.
     hub.stop().await;
     let hub = Running::start_ready(with_database(second_state.path())).await;

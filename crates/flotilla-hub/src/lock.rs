@@ -73,7 +73,18 @@ impl StateDirLock {
     /// state dir (`<file>.hub.lock`): two hubs with state dirs of their own must not
     /// share it either.
     pub fn acquire_database(database: &Path) -> Result<StateDirLock, LockError> {
-        let mut name = database.as_os_str().to_owned();
+        // One lock however the file is named (a relative path, a symlink on the way):
+        // its folder as the file system resolves it, and its own name.
+        let folder = match database.parent() {
+            Some(folder) if !folder.as_os_str().is_empty() => folder,
+            _ => Path::new("."),
+        };
+        let resolved = match (std::fs::canonicalize(folder), database.file_name()) {
+            (Ok(folder), Some(file)) => folder.join(file),
+            _ => database.to_path_buf(),
+        };
+        let resolved = std::fs::canonicalize(&resolved).unwrap_or(resolved);
+        let mut name = resolved.into_os_string();
         name.push(".hub.lock");
         StateDirLock::acquire_file(Path::new(&name), |holder| LockError::DatabaseHeld {
             database: database.to_path_buf(),

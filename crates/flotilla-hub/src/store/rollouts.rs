@@ -248,31 +248,49 @@ impl Store {
 
     /// Forgets the rollouts that ended before `ended_before` (milliseconds since the
     /// Unix epoch, the hub's clock), with their waves, clusters and events, except
-    /// the latest rollout of each policy, which stays whatever its age (a revision
-    /// whose rollout is forgotten would otherwise start one again). A rollout that
-    /// has not ended is never forgotten. Returns how many were.
+    /// the latest rollout of each policy and every rollout of the recorded revision,
+    /// which stay whatever their age (a revision whose rollout is forgotten would
+    /// start one again). A rollout that has not ended is never forgotten. Returns how
+    /// many were.
     pub async fn forget_rollouts(&self, ended_before: i64) -> Result<u64, StoreError> {
         let err = |e| self.db_error(e);
-        let forgotten = "SELECT id FROM rollouts r WHERE r.ended_at IS NOT NULL AND r.ended_at < $1
-             AND r.id < (SELECT MAX(l.id) FROM rollouts l WHERE l.policy = r.policy)";
         let mut tx = self.pool.begin().await.map_err(err)?;
-        for table in ["rollout_events", "rollout_clusters", "rollout_waves"] {
-            sqlx::query(&format!(
-                "DELETE FROM {table} WHERE rollout_id IN ({forgotten})"
-            ))
-            .bind(ended_before)
-            .execute(&mut *tx)
-            .await
-            .map_err(err)?;
+        // The ids are chosen once: on PostgreSQL each statement would see rollouts
+        // committed since, and could leave rows of one behind.
+        let ids: Vec<i64> = sqlx::query(
+            "SELECT id FROM rollouts r WHERE r.ended_at IS NOT NULL AND r.ended_at < $1
+             AND r.id < (SELECT MAX(l.id) FROM rollouts l WHERE l.policy = r.policy)
+             AND r.revision <> COALESCE((SELECT value FROM hub_meta WHERE key = $2), '')",
+        )
+        .bind(ended_before)
+        .bind(super::META_REVISION)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(err)?
+        .iter()
+        .map(|row| row.get("id"))
+        .collect();
+        for chunk in ids.chunks(super::ROWS_PER_STATEMENT) {
+            for (table, column) in [
+                ("rollout_events", "rollout_id"),
+                ("rollout_clusters", "rollout_id"),
+                ("rollout_waves", "rollout_id"),
+                ("rollouts", "id"),
+            ] {
+                let mut placeholders = super::Placeholders::of(&tx);
+                let sql = format!(
+                    "DELETE FROM {table} WHERE {column} IN ({})",
+                    placeholders.list(chunk.len())
+                );
+                let mut query = sqlx::query(&sql);
+                for id in chunk {
+                    query = query.bind(*id);
+                }
+                query.execute(&mut *tx).await.map_err(err)?;
+            }
         }
-        let rollouts = sqlx::query(&format!("DELETE FROM rollouts WHERE id IN ({forgotten})"))
-            .bind(ended_before)
-            .execute(&mut *tx)
-            .await
-            .map_err(err)?
-            .rows_affected();
         tx.commit().await.map_err(err)?;
-        Ok(rollouts)
+        Ok(ids.len() as u64)
     }
 
     /// The policies with a rollout for this revision (in any state).

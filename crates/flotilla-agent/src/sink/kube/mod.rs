@@ -1461,8 +1461,6 @@ impl Run {
     }
 }
 
-/// The object as the kube sink applies it: flotilla's label and digest annotation on
-/// it, and no namespace on a cluster-scoped object (the API server rejects one).
 /// The line of a Job that could not be deleted to be created from its new manifest.
 fn job_not_replaced(key: &ResourceKey, message: &str) -> Line {
     Line {
@@ -1477,6 +1475,8 @@ fn job_not_replaced(key: &ResourceKey, message: &str) -> Line {
     }
 }
 
+/// The object as the kube sink applies it: flotilla's label and digest annotation on
+/// it, and no namespace on a cluster-scoped object (the API server rejects one).
 fn applied_object(bundle: &Bundle, resource: &Resource, namespaced: bool) -> Value {
     let mut object =
         with_flotilla_metadata(resource.value(), &bundle.cluster, Some(&bundle.digest));
