@@ -1236,8 +1236,8 @@ impl Run {
         // The same for a Job whose run from another manifest is not recorded (the
         // ledger was lost, or an older agent applied it): the API server refuses
         // the new pod template. A Job that carries this cluster's label was applied
-        // by flotilla, so it is replaced the same way; anyone else's stays, and the
-        // refusal is reported.
+        // by flotilla, so it is replaced the same way; anyone else's (no label, or
+        // one the ledger says flotilla adopted) stays, and the refusal is reported.
         if is_job(key)
             && answer
                 .as_ref()
@@ -1253,7 +1253,10 @@ impl Run {
                         .pointer("/metadata/labels")
                         .and_then(|labels| labels.get(CLUSTER_LABEL))
                         .and_then(Value::as_str)
-                        == Some(bundle.cluster.as_str()) =>
+                        == Some(bundle.cluster.as_str())
+                        && ledger
+                            .entry(key)
+                            .is_none_or(|e| e.origin != ledger::Origin::Adopted) =>
                 {
                     if let Err(message) = self.delete_hook(&found, namespace, key).await {
                         return (job_not_replaced(key, &message), None);
