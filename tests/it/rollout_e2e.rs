@@ -879,7 +879,16 @@ async fn ended_rollouts_are_forgotten_after_the_keep_rollouts_period() {
     scene.fleet.repo.write("README.md", "more docs\n");
     let more = format!("main@sha1:{}", scene.fleet.repo.commit("more docs"));
     scene.wait_revision(&more).await;
-    assert_eq!(status(v1_url).await, 404);
+    // Forgotten right after the render is installed (and served).
+    eventually(
+        "v1's rollout to be forgotten",
+        Duration::from_secs(10),
+        || {
+            let (status, url) = (&status, v1_url.clone());
+            async move { (status(url).await == 404).then_some(()) }
+        },
+    )
+    .await;
     let listed: Vec<Value> = scene.rollouts().await;
     assert!(
         listed.iter().all(|r| r["revision"] != v1["revision"]),
