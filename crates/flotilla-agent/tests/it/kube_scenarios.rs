@@ -1369,12 +1369,9 @@ async fn a_job_whose_manifest_changed_is_replaced_and_runs_again() {
     assert!(live.to_string().contains("echo seeded again"), "{live}");
 }
 
-/// A Job whose run flotilla has no record of (its ledger was lost, or an agent
-/// without one applied it) is replaced the same way when its manifest changes, if
-/// it carries the cluster's label; a Job someone else made is left as it is, and
-/// the API server's refusal reported.
-#[tokio::test(start_paused = true)]
-async fn a_job_whose_run_was_not_recorded_is_replaced_when_its_manifest_changes() {
+/// The fake API server after flotilla ran Job `seed` (`echo seeded`) in `demo` and the
+/// cluster's copy of its inventory was lost.
+async fn seed_job_run_and_ledger_lost() -> FakeApiServer {
     let fake = FakeApiServer::new();
     fake.insert(kube_namespace("demo"), "kubectl");
     let first = bundle("edge-1", vec![job("seed", "echo seeded", json!({}))]);
@@ -1385,6 +1382,16 @@ async fn a_job_whose_run_was_not_recorded_is_replaced_when_its_manifest_changes(
         AGENT_NAMESPACE,
         "flotilla-inventory-edge-1"
     ));
+    fake
+}
+
+/// A Job whose run flotilla has no record of (its ledger was lost, or an agent
+/// without one applied it) is replaced the same way when its manifest changes, if
+/// it carries the cluster's label; a Job someone else made is left as it is, and
+/// the API server's refusal reported.
+#[tokio::test(start_paused = true)]
+async fn a_job_whose_run_was_not_recorded_is_replaced_when_its_manifest_changes() {
+    let fake = seed_job_run_and_ledger_lost().await;
     // Someone else's Job, with the name the next bundle also gives one.
     fake.insert(job("theirs", "echo theirs", json!({})), "kubectl");
     let second = bundle(
@@ -1460,4 +1467,28 @@ async fn a_job_seen_failed_by_a_report_and_removed_by_its_ttl_is_still_reported_
             .1
             .starts_with("failed, and was removed")
     );
+}
+
+/// The Job checked as flotilla's (its label) is the one deleted: one made again by
+/// someone else between that read and the delete is left, and the Job reported.
+#[tokio::test(start_paused = true)]
+async fn a_job_made_again_by_someone_else_before_its_replacement_is_left() {
+    let fake = seed_job_run_and_ledger_lost().await;
+    // After the read that finds flotilla's label, before the delete's own read.
+    fake.before("GET", "/jobs/seed", |fake| {
+        fake.before("GET", "/jobs/seed", |fake| {
+            assert!(fake.remove("batch/v1", "Job", "demo", "seed"));
+            fake.insert(job("seed", "echo theirs", json!({})), "kubectl");
+        })
+    });
+    let second = bundle("edge-1", vec![job("seed", "echo seeded again", json!({}))]);
+    let outcome = sink_forced(&fake).apply(&second, &[]).await;
+    let (state, message) = line(&outcome, "Job", "seed");
+    assert_eq!(state, ResourceState::Failed, "{message}");
+    assert!(
+        message.contains("made again since it was read"),
+        "{message}"
+    );
+    let live = fake.get("batch/v1", "Job", "demo", "seed").expect("left");
+    assert!(live.to_string().contains("echo theirs"), "{live}");
 }

@@ -666,6 +666,18 @@ impl Run {
         namespace: Option<&str>,
         key: &ResourceKey,
     ) -> Result<(), String> {
+        self.delete_object(found, namespace, key, None).await
+    }
+
+    /// [`Run::delete_hook`], of the object with uid `expected` only, when given: one
+    /// made again since (someone else's) is left, and that is the error.
+    pub(super) async fn delete_object(
+        &mut self,
+        found: &Found,
+        namespace: Option<&str>,
+        key: &ResourceKey,
+        expected: Option<&str>,
+    ) -> Result<(), String> {
         let mut deleting = false;
         let deadline = Instant::now() + self.options.phase_timeout;
         loop {
@@ -687,6 +699,12 @@ impl Run {
                     .pointer("/metadata/uid")
                     .and_then(Value::as_str)
                     .map(str::to_string);
+                if expected.is_some() && uid.as_deref() != expected {
+                    return Err(
+                        "it was made again since it was read (its uid changed); left as it is"
+                            .into(),
+                    );
+                }
                 match self
                     .api_for(key)
                     .delete(&found.resource, namespace, key.name(), uid, None)

@@ -1258,7 +1258,9 @@ impl Run {
                             .entry(key)
                             .is_none_or(|e| e.origin != ledger::Origin::Adopted) =>
                 {
-                    if let Err(message) = self.delete_hook(&found, namespace, key).await {
+                    let checked = live.pointer("/metadata/uid").and_then(Value::as_str);
+                    if let Err(message) = self.delete_object(&found, namespace, key, checked).await
+                    {
                         return (job_not_replaced(key, &message), None);
                     }
                     answer = self
