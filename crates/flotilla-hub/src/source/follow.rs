@@ -644,18 +644,25 @@ mod tests {
         (address, authorized)
     }
 
+    /// Whether git cannot be run here; says the test skips, if so.
+    fn git_missing() -> bool {
+        let missing = std::process::Command::new("git")
+            .arg("--version")
+            .output()
+            .is_err();
+        if missing {
+            eprintln!("SKIPPED: git is not installed; this test runs git itself");
+        }
+        missing
+    }
+
     /// ssh, run by git for an `ssh://` remote, is told to ask its askpass program (which
     /// refuses) rather than the terminal: an unknown host key fails the fetch at once
     /// instead of holding it until its timeout. The ssh here is a script that records
     /// what it is given and refuses, as ssh does when its askpass answers no.
     #[tokio::test]
     async fn ssh_asks_nothing_on_the_terminal() {
-        if std::process::Command::new("git")
-            .arg("--version")
-            .output()
-            .is_err()
-        {
-            eprintln!("SKIPPED: git is not installed; this test runs git itself");
+        if git_missing() {
             return;
         }
         if std::env::var_os("SSH_ASKPASS_REQUIRE").is_some() {
@@ -699,12 +706,7 @@ mod tests {
     /// never the mirror's configuration nor an error message.
     #[tokio::test]
     async fn a_private_repository_is_mirrored_without_its_credentials_anywhere() {
-        if std::process::Command::new("git")
-            .arg("--version")
-            .output()
-            .is_err()
-        {
-            eprintln!("SKIPPED: git is not installed; this test runs git itself");
+        if git_missing() {
             return;
         }
         let work = tempfile::tempdir().expect("tempdir");
