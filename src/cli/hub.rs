@@ -670,6 +670,34 @@ async fn open_token_store(args: &StoreArgs) -> anyhow::Result<Store> {
     Ok(store)
 }
 
+/// Whether the bundle served to some cluster holds a workload of `tenant` (its
+/// `meta.tenants` names it); `None` while the store serves no cluster. Each distinct
+/// bundle is read once, and only its metadata parsed.
+async fn tenant_served(store: &Store, tenant: &str) -> anyhow::Result<Option<bool>> {
+    #[derive(serde::Deserialize)]
+    struct MetaOnly {
+        meta: flotilla_core::bundle::BundleMeta,
+    }
+    let clusters = store.clusters().await?;
+    if clusters.is_empty() {
+        return Ok(None);
+    }
+    let digests: std::collections::BTreeSet<_> = clusters.into_iter().map(|c| c.digest).collect();
+    for digest in digests {
+        // A bundle without metadata (`[…]`) or unreadable names no tenant.
+        let Ok(body) = store.objects.read(&digest).await else {
+            continue;
+        };
+        if body.first() == Some(&b'{')
+            && let Ok(parsed) = serde_json::from_slice::<MetaOnly>(&body)
+            && parsed.meta.tenants.contains_key(tenant)
+        {
+            return Ok(Some(true));
+        }
+    }
+    Ok(Some(false))
+}
+
 async fn token_command(store: &Store, command: &TokenCommand, now_ms: i64) -> anyhow::Result<u8> {
     match command {
         TokenCommand::Create {
@@ -703,7 +731,17 @@ async fn token_command(store: &Store, command: &TokenCommand, now_ms: i64) -> an
                     }
                     auth::new_token(Some(name), now_ms)
                 }
-                (None, Some(role)) => auth::new_person_token(role, tenant.as_deref(), now_ms)?,
+                (None, Some(role)) => {
+                    let token = auth::new_person_token(role, tenant.as_deref(), now_ms)?;
+                    if let Some(tenant) = tenant
+                        && tenant_served(store, tenant).await? == Some(false)
+                    {
+                        eprintln!(
+                            "warning: no cluster's bundle holds a workload of tenant {tenant:?} yet (a `kind: Tenant` file tenants/{tenant}.yaml whose workloads target clusters); the token sees nothing until one does"
+                        );
+                    }
+                    token
+                }
             };
             store.insert_token(&token.stored).await?;
             let scope = scope_of(&token.stored);

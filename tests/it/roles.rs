@@ -1020,6 +1020,24 @@ async fn a_tenant_file_in_the_fleet_scopes_the_tenants_tokens_to_the_clusters_it
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(seen, ["s1"]);
+    // `token create` warns of a tenant no served bundle holds, and only of it.
+    let dir = state.display().to_string();
+    for (tenant, warned) in [("shop", false), ("bank", true)] {
+        let (code, stdout, stderr) = flotilla(&[
+            "token",
+            "create",
+            "--state-dir",
+            &dir,
+            "--role",
+            "viewer",
+            "--tenant",
+            tenant,
+        ]);
+        assert_eq!(code, 0, "{stderr}");
+        assert!(stdout.starts_with("flt_"), "{stdout}");
+        let warning = format!("no cluster's bundle holds a workload of tenant \"{tenant}\" yet");
+        assert_eq!(stderr.contains(&warning), warned, "{tenant}: {stderr}");
+    }
     let fleet = known_to_the_hub(&scene, &bank).await;
     assert!(names(&fleet["clusters"]).is_empty(), "{fleet}");
     // The platform's view is whole.

@@ -137,7 +137,8 @@ pub struct HubConfig {
     /// collection deletes it (an hour).
     pub gc_grace: Duration,
     /// How long an ended rollout is kept in the store (90 days); the latest rollout
-    /// of each policy is kept whatever its age.
+    /// of each policy, and those of the recorded revision, are kept whatever their
+    /// age.
     pub keep_rollouts: Duration,
     /// Render each commit in a child process under a memory limit (`flotilla serve`
     /// does); `None` renders on a thread of the hub's own.

@@ -221,7 +221,8 @@ impl Recorder {
     }
 
     /// Forgets what the store would otherwise keep for ever: rollouts that ended more
-    /// than [`Settings::keep_rollouts`] ago (the latest of each policy stays), and
+    /// than [`Settings::keep_rollouts`] ago (the latest of each policy and those of the
+    /// recorded revision stay), and
     /// hubs silent for [`SILENT_HUBS_FORGOTTEN_AFTER`]. Only the rollout lease's
     /// holder (or a hub alone on its database) does it, between renders.
     pub async fn forget_history(&self) {

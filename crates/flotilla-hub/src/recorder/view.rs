@@ -414,7 +414,8 @@ pub struct Settings {
     pub signing_key: Option<Arc<SigningKey>>,
     /// Several hubs: how long an object stays unreferenced before it is deleted.
     pub gc_grace: Duration,
-    /// How long an ended rollout is kept (the latest of each policy always is).
+    /// How long an ended rollout is kept (the latest of each policy, and those of the
+    /// recorded revision, always are).
     pub keep_rollouts: Duration,
     /// Several hubs: the lease's length (also how long a hub counts as live after its
     /// last heartbeat) and how often the database is looked at.
