@@ -410,6 +410,17 @@ impl SecretHashing {
 /// Bech32's 32 characters, in the order of the 5-bit values they stand for.
 const BECH32_CHARSET: &[u8; 32] = b"qpzry9x8gf2tvdw0s3jn54khce6mua7l";
 
+/// Each ASCII byte's value in [`BECH32_CHARSET`] (lower case), or `0xff`.
+const BECH32_VALUES: [u8; 128] = {
+    let mut values = [0xff; 128];
+    let mut i = 0;
+    while i < 32 {
+        values[BECH32_CHARSET[i] as usize] = i as u8;
+        i += 1;
+    }
+    values
+};
+
 /// A cluster's agent key: the X25519 public key of an age recipient (`age1…`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AgentKey([u8; 32]);
@@ -443,9 +454,8 @@ impl AgentKey {
             let top = checksum >> 25;
             checksum = ((checksum & 0x01ff_ffff) << 5) ^ u32::from(value);
             for (bit, generator) in GENERATOR.iter().enumerate() {
-                if (top >> bit) & 1 == 1 {
-                    checksum ^= generator;
-                }
+                // The generator where the bit is set, without a branch.
+                checksum ^= generator & ((top >> bit) & 1).wrapping_neg();
             }
         };
         // The prefix expanded: the high bits of each character, a zero, the low bits.
@@ -455,7 +465,7 @@ impl AgentKey {
         let mut key = [0u8; 32];
         let (mut bits, mut held, mut at) = (0u32, 0u32, 0usize);
         for (index, &c) in data.iter().enumerate() {
-            let value = BECH32_CHARSET.iter().position(|&x| x == c)? as u8;
+            let value = *BECH32_VALUES.get(usize::from(c)).filter(|&&v| v != 0xff)?;
             step(value);
             if index < 52 {
                 bits = (bits << 5) | u32::from(value);
