@@ -41,6 +41,12 @@ use std::collections::BTreeMap;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+/// The allocator of the hub's render process (the `flotilla` binary's), so that the
+/// render is timed as the hub runs it.
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use std::time::{Duration, Instant};
 
 use flotilla_core::limits::Limits;

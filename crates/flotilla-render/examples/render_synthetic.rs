@@ -9,6 +9,12 @@
 #[path = "../../../examples/support/synthetic.rs"]
 mod synthetic;
 
+/// The allocator of the hub's render process (the `flotilla` binary's), so that the
+/// render is timed as the hub runs it.
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use std::time::{Duration, Instant};
 
 use flotilla_core::limits::Limits;
