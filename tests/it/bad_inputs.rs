@@ -201,6 +201,8 @@ cases! {
     invalid_fleet_names => "invalid-fleet-names",
     invalid_labels => "invalid-labels",
     cluster_defined_twice => "cluster-defined-twice",
+    workload_without_targets_is_a_warning => "workload-without-targets-is-a-warning",
+    builtin_kind_not_served => "builtin-kind-not-served",
 }
 
 #[test]

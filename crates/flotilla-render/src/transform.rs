@@ -129,13 +129,31 @@ fn identity(value: &Value) -> Result<ResourceKey, String> {
     if field("kind").is_none() {
         return Err("manifest has no kind".into());
     }
-    let name = object
-        .get("metadata")
-        .and_then(|m| m.get("name"))
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty());
-    if name.is_none() {
-        return Err("manifest has no metadata.name (generateName is not supported: a bundle must name what it applies)".into());
+    let kind = field("kind").unwrap_or_default();
+    if kind == "List" || (kind.ends_with("List") && object.contains_key("items")) {
+        return Err(format!(
+            "a {kind} is not expanded here: write each of its items as a document of its own (separated by ---), or list the file in a kustomization's resources, which expands it"
+        ));
+    }
+    let metadata = object.get("metadata");
+    match metadata.and_then(|m| m.get("name")) {
+        Some(Value::String(name)) if !name.is_empty() => {}
+        Some(name @ (Value::Number(_) | Value::Bool(_))) => {
+            return Err(format!(
+                "metadata.name must be a string, not {name}: quote it (name: \"{name}\")"
+            ));
+        }
+        Some(name) if !name.is_null() && !name.is_string() => {
+            return Err("metadata.name must be a string".into());
+        }
+        _ => {
+            let generated = metadata.is_some_and(|m| m.get("generateName").is_some());
+            return Err(if generated {
+                "manifest has no metadata.name (generateName is not supported: a bundle must name what it applies)".into()
+            } else {
+                "manifest has no metadata.name".into()
+            });
+        }
     }
     if let Some(namespace) = object.get("metadata").and_then(|m| m.get("namespace"))
         && !namespace.is_string()

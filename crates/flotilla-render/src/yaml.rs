@@ -33,9 +33,46 @@ pub(crate) fn options() -> serde_saphyr::Options {
     options
 }
 
-/// Parses one YAML document into `T`.
+/// Parses one YAML document into `T`. Empty documents around it (a `---` at the end
+/// of the file, or one followed only by comments) are allowed; two documents are an
+/// error at the line of the second.
 pub fn parse<T: DeserializeOwned>(text: &str) -> Result<T, YamlError> {
-    serde_saphyr::from_str_with_options(text, options()).map_err(|err| convert(&err))
+    let err = match serde_saphyr::from_str_with_options(text, options()) {
+        Ok(value) => return Ok(value),
+        Err(err) => err,
+    };
+    if !plain_message(&err).starts_with("multiple YAML documents detected") {
+        return Err(convert(&err));
+    }
+    let mut documents: Vec<T> =
+        serde_saphyr::from_multiple_with_options(text, options()).map_err(|err| convert(&err))?;
+    match documents.len() {
+        1 => Ok(documents.remove(0)),
+        count => Err(YamlError {
+            line: second_document_line(text),
+            message: format!(
+                "the file holds {count} YAML documents, and a fleet file describes one object: \
+                 move the others into files of their own"
+            ),
+        }),
+    }
+}
+
+/// The line of the `---` that starts a file's second document (after one with
+/// content), if there is one.
+fn second_document_line(text: &str) -> Option<u64> {
+    let mut content = false;
+    for (index, line) in text.lines().enumerate() {
+        let trimmed = line.trim_end();
+        if trimmed == "---" || trimmed.starts_with("--- ") {
+            if content {
+                return Some(index as u64 + 1);
+            }
+        } else if !trimmed.trim_start().is_empty() && !trimmed.trim_start().starts_with('#') {
+            content = true;
+        }
+    }
+    None
 }
 
 /// One document of a multi-document YAML file, with the line it starts on.
@@ -209,6 +246,35 @@ mod tests {
             let err = parse::<Value>(&nested(depth)).expect_err("far past the limit");
             assert!(err.message.contains("deeper than 100"), "{depth}: {err:?}");
         }
+    }
+
+    #[test]
+    fn one_object_files_allow_empty_documents_around_it_and_refuse_a_second() {
+        #[derive(serde::Deserialize, Debug, PartialEq)]
+        struct Named {
+            name: String,
+        }
+        let named = |name: &str| Named { name: name.into() };
+        for text in [
+            "name: a\n---\n",
+            "---\nname: a\n---\n# nothing more\n",
+            "name: a\n---\n---\n",
+        ] {
+            assert_eq!(parse::<Named>(text), Ok(named("a")), "{text:?}");
+        }
+        let err = parse::<Named>("# one\nname: a\n---\nname: b\n").expect_err("two objects");
+        assert_eq!(
+            err,
+            YamlError {
+                line: Some(3),
+                message: "the file holds 2 YAML documents, and a fleet file describes one \
+                          object: move the others into files of their own"
+                    .into()
+            }
+        );
+        // A mistake in a later document is reported as such.
+        let err = parse::<Named>("name: a\n---\nname: [b\n").expect_err("bad YAML");
+        assert!(err.line.is_some_and(|line| line >= 3), "{err:?}");
     }
 
     #[test]

@@ -48,6 +48,9 @@ pub(crate) enum Problem {
         expected: &'static str,
         found: &'static str,
     },
+    /// A kind of one of Kubernetes' own API groups that the version does not serve
+    /// as written: what it serves instead, or the closest kind.
+    NotServed(String),
     /// A required field that is absent.
     Missing,
 }
@@ -63,6 +66,7 @@ impl std::fmt::Display for Finding {
                 write!(f, "{}: expected {expected}, found {found}", self.path)
             }
             Problem::Missing => write!(f, "{}: required field missing", self.path),
+            Problem::NotServed(what) => write!(f, "{}: {what}", self.path),
         }
     }
 }
@@ -214,6 +218,9 @@ impl Checker {
         let value = resource.value();
         match check_resource(&value, minor, extra) {
             Outcome::NoDefinition(_) => check_resource(&value, minor, &self.custom),
+            Outcome::Checked(findings) if is_not_served(&findings) => {
+                check_resource(&value, minor, &self.custom)
+            }
             outcome => outcome,
         }
     }
@@ -251,6 +258,9 @@ pub(crate) fn check_resource(resource: &Value, minor: Minor, custom: &CustomKind
     let candidates = custom.get(&gvk);
     if candidates.is_empty() {
         let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+        if let Some(finding) = not_served(version, group, api_version, kind) {
+            return Outcome::Checked(vec![finding]);
+        }
         return if is_builtin_group(group) {
             Outcome::Unchecked
         } else {
@@ -275,6 +285,64 @@ pub(crate) fn check_resource(resource: &Value, minor: Minor, custom: &CustomKind
         }
     }
     Outcome::Checked(best.unwrap_or_default())
+}
+
+/// Whether `findings` is the one of a kind its group does not serve.
+fn is_not_served(findings: &[Finding]) -> bool {
+    matches!(
+        findings,
+        [Finding {
+            problem: Problem::NotServed(_),
+            ..
+        }]
+    )
+}
+
+/// Why `api_version`/`kind` is refused by the API server of `version`, when `group`
+/// is one it serves or one no CRD may define (a group without a dot, which every
+/// CRD's has) and the kind is not among its kinds: a misspelt kind, or an API
+/// version since removed (`extensions/v1beta1` Deployments). `None` for a group
+/// of another API (an aggregated one, or a CRD of a `*.k8s.io` group), which the
+/// schemas cannot judge.
+fn not_served(
+    version: &schema::Version,
+    group: &str,
+    api_version: &str,
+    kind: &str,
+) -> Option<Finding> {
+    if api_version.is_empty() || kind.is_empty() {
+        return None;
+    }
+    if group.contains('.') && !version.serves_group(group) {
+        return None;
+    }
+    let served_as = version.api_versions_of(kind);
+    let (path, what) = if !served_as.is_empty() {
+        (
+            "apiVersion",
+            format!(
+                "{kind} is not served as {api_version}; it is served as {}",
+                served_as.join(" and ")
+            ),
+        )
+    } else {
+        let kinds = version.kinds_of(api_version);
+        let what = if kinds.is_empty() {
+            format!("no kind {kind:?} is served (nor is {api_version})")
+        } else {
+            match flotilla_core::diagnostic::did_you_mean(kind, kinds.iter().copied()) {
+                Some(closest) => {
+                    format!("{api_version} has no kind {kind:?} (did you mean {closest:?}?)")
+                }
+                None => format!("{api_version} has no kind {kind:?}"),
+            }
+        };
+        ("kind", what)
+    };
+    Some(Finding {
+        path: path.to_string(),
+        problem: Problem::NotServed(what),
+    })
 }
 
 /// Whether `group` is one of Kubernetes' own API groups (no CRD defines its kinds).

@@ -69,6 +69,56 @@ impl Version {
     pub(crate) fn kind(&self, gvk: &str) -> Option<&Node> {
         self.kinds.get(gvk).map(|n| &**n)
     }
+
+    /// Whether some kind of `group` is served (`""`: the core group).
+    pub(crate) fn serves_group(&self, group: &str) -> bool {
+        self.kinds.keys().any(|gvk| split_gvk(gvk).0 == group)
+    }
+
+    /// The API versions (`apps/v1`) that serve `kind`, sorted: none for a kind
+    /// every group has (`DeleteOptions`, `WatchEvent`) or a list.
+    pub(crate) fn api_versions_of(&self, kind: &str) -> Vec<&str> {
+        let mut found: Vec<&str> = self
+            .kinds
+            .keys()
+            .filter(|gvk| is_resource_kind(gvk) && split_gvk(gvk).2 == kind)
+            .map(|gvk| split_gvk(gvk).1)
+            .collect();
+        found.sort_unstable();
+        found
+    }
+
+    /// The kinds `api_version` serves (not lists, nor the kinds every group has).
+    pub(crate) fn kinds_of(&self, api_version: &str) -> Vec<&str> {
+        self.kinds
+            .keys()
+            .filter(|gvk| is_resource_kind(gvk) && split_gvk(gvk).1 == api_version)
+            .map(|gvk| split_gvk(gvk).2)
+            .collect()
+    }
+}
+
+/// `group/version/Kind` (or `version/Kind`) as (group, `group/version`, Kind).
+fn split_gvk(gvk: &str) -> (&str, &str, &str) {
+    let (api_version, kind) = gvk.rsplit_once('/').unwrap_or(("", gvk));
+    let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+    (group, api_version, kind)
+}
+
+/// Whether a `group/version/Kind` of the schemas is one a manifest may hold: not a
+/// list, nor one of the kinds of the API's own messages that every group version has.
+fn is_resource_kind(gvk: &str) -> bool {
+    let kind = split_gvk(gvk).2;
+    !kind.ends_with("List")
+        && !matches!(
+            kind,
+            "DeleteOptions"
+                | "WatchEvent"
+                | "Status"
+                | "APIGroup"
+                | "APIVersions"
+                | "APIResourceList"
+        )
 }
 
 impl Builtin {

@@ -182,6 +182,67 @@ fn a_custom_resource_without_its_crd_is_not_checked() {
 }
 
 #[test]
+fn a_kind_its_builtin_group_does_not_serve_is_a_finding() {
+    let of = |api_version: &str, kind: &str| {
+        check(
+            json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": "x"}}),
+            &[],
+        )
+    };
+    assert_eq!(
+        of("apps/v1", "Deploymnt"),
+        ["kind: apps/v1 has no kind \"Deploymnt\" (did you mean \"Deployment\"?)"]
+    );
+    assert_eq!(
+        of("v1", "Servce"),
+        ["kind: v1 has no kind \"Servce\" (did you mean \"Service\"?)"]
+    );
+    // A removed API version, and a misspelt group.
+    assert_eq!(
+        of("extensions/v1beta1", "Deployment"),
+        ["apiVersion: Deployment is not served as extensions/v1beta1; it is served as apps/v1"]
+    );
+    assert_eq!(
+        of("batch/v1beta1", "CronJob"),
+        ["apiVersion: CronJob is not served as batch/v1beta1; it is served as batch/v1"]
+    );
+    assert_eq!(
+        of("app/v1", "Deployment"),
+        ["apiVersion: Deployment is not served as app/v1; it is served as apps/v1"]
+    );
+    assert_eq!(
+        of("policy/v1beta1", "PodSecurityPolicy"),
+        ["kind: no kind \"PodSecurityPolicy\" is served (nor is policy/v1beta1)"]
+    );
+    // Served by 1.25 as written (removed in 1.26): judged by each version's schemas.
+    let hpa = json!({"apiVersion": "autoscaling/v2beta2", "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "x"}, "spec": {"maxReplicas": 3,
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "x"}}});
+    assert_eq!(
+        check_resource(&hpa, 25, &CustomKinds::default()),
+        Outcome::Checked(Vec::new())
+    );
+    assert_eq!(
+        check(hpa, &[]),
+        [
+            "apiVersion: HorizontalPodAutoscaler is not served as autoscaling/v2beta2; it is served as autoscaling/v1 and autoscaling/v2"
+        ]
+    );
+    // A group of another API (aggregated, or a SIG's CRD) is not judged.
+    for (api_version, kind) in [
+        ("metrics.k8s.io/v1beta1", "PodMetrics"),
+        ("gateway.networking.k8s.io/v1", "HTTPRoute"),
+    ] {
+        let resource = json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": "x"}});
+        assert_eq!(
+            check_resource(&resource, 36, &CustomKinds::default()),
+            Outcome::Unchecked,
+            "{api_version}"
+        );
+    }
+}
+
+#[test]
 fn an_unknown_version_takes_the_nearest() {
     let choose = |version: &str| {
         let spec = KubernetesSpec {
@@ -207,7 +268,23 @@ const KNOWN_INVALID: &[(&str, &str)] = &[
         "kustomize's test chart names no container: the API server refuses it (containers[0].name: Required value)",
     ),
     (
+        "kustomize-krusty-test-chart/default/rendered/test/templates/tests/test-pod.yaml: apiVersion: Pod is not served as apps/v1; it is served as v1",
+        "the chart's test Pod says apiVersion: apps/v1: the API server refuses it (no matches for kind Pod in version apps/v1)",
+    ),
+    (
         "kustomize-krusty-test-chart/custom/rendered/test/templates/deployment.yaml: spec.template.spec.containers[0].name: required field missing",
+        "the same chart with its custom values",
+    ),
+    (
+        "kustomize-krusty-test-chart/custom/rendered/test/templates/tests/test-pod.yaml: apiVersion: Pod is not served as apps/v1; it is served as v1",
+        "the same chart with its custom values",
+    ),
+    (
+        "prometheus-adapter/default/rendered/prometheus-adapter/templates/custom-metrics-apiservice.yaml: apiVersion: APIService is not served as apiregistration.k8s.io/v1beta1; it is served as apiregistration.k8s.io/v1",
+        "the chart writes apiregistration.k8s.io/v1 only when .Capabilities.APIVersions has it, which Helm's offline render does not list: it falls back to v1beta1, removed in Kubernetes 1.22 and refused by 1.36's API server",
+    ),
+    (
+        "prometheus-adapter/custom/rendered/prometheus-adapter/templates/custom-metrics-apiservice.yaml: apiVersion: APIService is not served as apiregistration.k8s.io/v1beta1; it is served as apiregistration.k8s.io/v1",
         "the same chart with its custom values",
     ),
 ];

@@ -1,5 +1,5 @@
 //! The warnings a render gives about the fleet as a whole: groups, targets and
-//! overlays that select no cluster, overlay patches whose target matches no resource
+//! overlays that select no cluster, workloads without targets, overlay patches whose target matches no resource
 //! (in a full render and in one since a previous render), and the same problem met
 //! on many clusters folded into one diagnostic.
 
@@ -27,6 +27,15 @@ pub(super) fn warn_about_empty_selections(
         }
     }
     for workload in &fleet.workloads {
+        if workload.targets.is_empty() {
+            diagnostics.push(
+                Diagnostic::warning(format!(
+                    "workload {:?} has no targets: it goes to no cluster (spec.targets lists the groups, clusters or cluster selectors it goes to)",
+                    workload.name
+                ))
+                .in_file(&workload.file),
+            );
+        }
         for target in &workload.targets {
             let hit = clusters
                 .iter()
