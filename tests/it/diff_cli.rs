@@ -592,6 +592,48 @@ fn markdown_is_cut_at_max_bytes() {
     );
 }
 
+/// A diff too large for the report is left out, and the smaller diffs after it in
+/// the same change group are still shown (they were all left out with it).
+#[test]
+fn markdown_leaves_out_a_diff_too_large_and_shows_the_smaller_ones_after_it() {
+    let fleet = FleetRepo::new();
+    fleet.commit("base");
+    let data: String = (0..300)
+        .map(|i| format!("  k{i}: \"{}\"\n", "x".repeat(250)))
+        .collect();
+    fleet.write(
+        "workloads/telemetry-agent/manifests/big.yaml",
+        &format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: big\ndata:\n{data}"),
+    );
+    fleet.edit(
+        "workloads/kuard/manifests/deployment.yaml",
+        "replicas: 1",
+        "replicas: 2",
+    );
+    fleet.commit("head");
+    let run = fleet.diff(&["base", "head", "--format", "markdown"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(run.stdout.len() <= 60_000, "{} bytes", run.stdout.len());
+    assert_well_formed_markdown(&run.stdout);
+    // Every group holding both shows the Deployment's diff and leaves out the
+    // ConfigMap's.
+    let blocks: Vec<&str> = run
+        .stdout
+        .split("<details>\n<summary><b>")
+        .skip(1)
+        .filter(|block| block.contains("ConfigMap") && block.contains("Deployment"))
+        .collect();
+    assert!(!blocks.is_empty(), "{}", run.stdout);
+    for block in blocks {
+        assert!(block.contains("+  replicas: 2"), "{block}");
+        assert!(!block.contains(&"x".repeat(250)), "{block}");
+        assert!(
+            block.contains("*The diff of 1 resource was left out to fit the size limit.*"),
+            "{block}"
+        );
+    }
+}
+
 #[test]
 fn worktree_compares_head_with_uncommitted_edits() {
     let fleet = FleetRepo::new();

@@ -45,12 +45,28 @@ impl Default for MarkdownOptions {
 }
 
 /// How much of a change group is shown.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Layout {
     /// Every cluster, or at most [`FOLDED_CLUSTERS`].
     all_clusters: bool,
-    /// How many of the resources that have a diff show it (the first ones).
-    diffs: usize,
+    /// Which of the resources that have a diff show it, in order (those past the
+    /// end do not).
+    diffs: Vec<bool>,
+}
+
+impl Layout {
+    /// Every cluster folded, no diff shown.
+    fn smallest() -> Layout {
+        Layout {
+            all_clusters: false,
+            diffs: Vec::new(),
+        }
+    }
+
+    /// How many diffs it shows.
+    fn shown(&self) -> usize {
+        self.diffs.iter().filter(|&&shown| shown).count()
+    }
 }
 
 /// What had to be left out, for the note.
@@ -134,7 +150,7 @@ pub fn report(diff: &FleetDiff, options: &MarkdownOptions) -> String {
     // First pass: every group that fits, in its smallest form.
     let mut blocks: Vec<(usize, String)> = Vec::new();
     for (index, group) in diff.groups.iter().enumerate() {
-        let block = group_block(diff, group, SMALLEST);
+        let block = group_block(diff, group, &Layout::smallest());
         if block.len() <= budget {
             budget -= block.len();
             blocks.push((index, block));
@@ -143,27 +159,34 @@ pub fn report(diff: &FleetDiff, options: &MarkdownOptions) -> String {
         }
     }
     // Second pass: diffs back, one resource per group per round, so that every
-    // group shows its first diff before any shows its tenth. A group whose next
-    // diff does not fit is done: the budget only shrinks.
-    let mut layouts = vec![SMALLEST; blocks.len()];
-    let mut open = vec![true; blocks.len()];
-    while open.iter().any(|&o| o) {
+    // group shows its first diff before any shows its tenth. A diff that does not
+    // fit is left out, and the group's later (smaller) ones are still tried.
+    let mut layouts = vec![Layout::smallest(); blocks.len()];
+    let texts: Vec<Vec<&str>> = blocks
+        .iter()
+        .map(|(index, _)| diff_texts(&diff.groups[*index]))
+        .collect();
+    let mut open = true;
+    while open {
+        open = false;
         for (slot, (index, block)) in blocks.iter_mut().enumerate() {
             let group = &diff.groups[*index];
-            if !open[slot] || layouts[slot].diffs == diff_count(group) {
-                open[slot] = false;
+            let tried = layouts[slot].diffs.len();
+            let Some(text) = texts[slot].get(tried) else {
                 continue;
-            }
-            let next = Layout {
-                diffs: layouts[slot].diffs + 1,
-                ..layouts[slot]
             };
-            if let Some(grown) = replace_if_fits(diff, group, next, block, &mut budget) {
+            open = true;
+            let mut next = layouts[slot].clone();
+            // A diff longer than what is left cannot fit: not even tried.
+            next.diffs.push(text.len() <= budget);
+            if next.diffs[tried]
+                && let Some(grown) = replace_if_fits(diff, group, &next, block, &mut budget)
+            {
                 *block = grown;
-                layouts[slot] = next;
             } else {
-                open[slot] = false;
+                next.diffs[tried] = false;
             }
+            layouts[slot] = next;
         }
     }
     // Last, full cluster lists where they were folded.
@@ -172,14 +195,14 @@ pub fn report(diff: &FleetDiff, options: &MarkdownOptions) -> String {
         if group.clusters.len() > FOLDED_CLUSTERS {
             let next = Layout {
                 all_clusters: true,
-                ..layouts[slot]
+                ..layouts[slot].clone()
             };
-            match replace_if_fits(diff, group, next, block, &mut budget) {
+            match replace_if_fits(diff, group, &next, block, &mut budget) {
                 Some(grown) => *block = grown,
                 None => cuts.shortened.push(*index),
             }
         }
-        if layouts[slot].diffs < diff_count(group) {
+        if layouts[slot].shown() < diff_count(group) {
             cuts.without_diffs.push(*index);
         }
     }
@@ -444,13 +467,17 @@ fn table(diff: &FleetDiff, budget: usize, cuts: &mut Cuts) -> String {
     out
 }
 
-const SMALLEST: Layout = Layout {
-    all_clusters: false,
-    diffs: 0,
-};
-
 fn diff_count(group: &ChangeGroup) -> usize {
     group.resources.iter().filter(|r| r.diff.is_some()).count()
+}
+
+/// The diffs of `group`'s resources that have one, in order.
+fn diff_texts(group: &ChangeGroup) -> Vec<&str> {
+    group
+        .resources
+        .iter()
+        .filter_map(|r| r.diff.as_deref())
+        .collect()
 }
 
 /// The block of `group` in `layout`, if it fits in place of `current`; the budget
@@ -458,7 +485,7 @@ fn diff_count(group: &ChangeGroup) -> usize {
 fn replace_if_fits(
     diff: &FleetDiff,
     group: &ChangeGroup,
-    layout: Layout,
+    layout: &Layout,
     current: &str,
     budget: &mut usize,
 ) -> Option<String> {
@@ -470,7 +497,7 @@ fn replace_if_fits(
     })
 }
 
-fn group_block(diff: &FleetDiff, group: &ChangeGroup, layout: Layout) -> String {
+fn group_block(diff: &FleetDiff, group: &ChangeGroup, layout: &Layout) -> String {
     let mut out = format!(
         "<details>\n<summary><b>{}</b>: {}</summary>\n\n",
         escape_html(&group.title()),
@@ -551,13 +578,14 @@ fn group_block(diff: &FleetDiff, group: &ChangeGroup, layout: Layout) -> String 
             "BASE did not render these clusters, so there is nothing to compare with; on HEAD they hold:\n\n",
         );
     }
-    let mut diffs_left = layout.diffs;
+    let mut nth_diff = 0;
     let mut hidden = 0;
     let mut listed = false;
     for resource in &group.resources {
+        let shown = resource.diff.is_some() && layout.diffs.get(nth_diff) == Some(&true);
+        nth_diff += usize::from(resource.diff.is_some());
         match &resource.diff {
-            Some(text) if diffs_left > 0 => {
-                diffs_left -= 1;
+            Some(text) if shown => {
                 if listed {
                     out.push('\n');
                     listed = false;
