@@ -699,12 +699,19 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => ExitCode::from(code),
-        // A closed pipe (`flotilla render | head`) is the reader's choice, not an error.
+        // A closed pipe (`flotilla render | head`) is the reader's choice, not an error,
+        // whether it was met writing text or JSON.
         Err(err)
             if err.chain().any(|cause| {
-                cause
+                let kind = cause
                     .downcast_ref::<std::io::Error>()
-                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+                    .map(std::io::Error::kind)
+                    .or_else(|| {
+                        cause
+                            .downcast_ref::<serde_json::Error>()
+                            .and_then(serde_json::Error::io_error_kind)
+                    });
+                kind == Some(std::io::ErrorKind::BrokenPipe)
             }) =>
         {
             ExitCode::from(EXIT_OK)

@@ -917,16 +917,35 @@ async fn a_new_token_works_on_the_very_next_request() {
 /// the command quietly (exit 0), as for every other command, not with a panic.
 #[test]
 fn completions_into_a_closed_pipe_end_quietly() {
+    let output = into_a_closed_pipe(&["completions", "bash"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(stderr.is_empty(), "nothing on stderr: {stderr}");
+}
+
+/// `flotilla render -o json | head`: a reader that closes the pipe early ends the
+/// command quietly (exit 0) in JSON as in YAML; JSON's writer wraps the broken pipe
+/// in an error of its own, which was reported as a failure (exit 2).
+#[test]
+fn render_into_a_closed_pipe_ends_quietly_in_every_format() {
+    let fleet = concat!(env!("CARGO_MANIFEST_DIR"), "/fleet-example");
+    for format in ["json", "yaml"] {
+        let output = into_a_closed_pipe(&["render", "--worktree", "--repo", fleet, "-o", format]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{format}: {stderr}");
+        assert!(!stderr.contains("error"), "{format}: {stderr}");
+    }
+}
+
+/// Runs `flotilla ARGS` with its standard output closed before anything is written:
+/// the first write meets a broken pipe.
+fn into_a_closed_pipe(args: &[&str]) -> std::process::Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-        .args(["completions", "bash"])
+        .args(args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("flotilla runs");
-    // Closed before anything is written: the first write meets a broken pipe.
     drop(child.stdout.take());
-    let output = child.wait_with_output().expect("it ends");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "{stderr}");
-    assert!(stderr.is_empty(), "nothing on stderr: {stderr}");
+    child.wait_with_output().expect("it ends")
 }
