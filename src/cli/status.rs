@@ -139,6 +139,10 @@ struct Cluster {
     /// While pending: how long since it was served the digest it has not applied.
     #[serde(default)]
     pending_for_seconds: Option<i64>,
+    /// Every other field of the hub's entry (`attempted`, `labels`, `policy`,
+    /// `agentVersion`…): `-o json` gives each cluster as `GET /v1/fleet` does.
+    #[serde(flatten)]
+    other: serde_json::Map<String, serde_json::Value>,
 }
 
 #[derive(Deserialize)]

@@ -93,8 +93,11 @@ fn comparable(mut report: Value) -> Value {
     }
     for cluster in object["clusters"].as_array_mut().expect("clusters") {
         let cluster = cluster.as_object_mut().expect("a cluster");
+        // Groups and labels are the hub's, read from the repository (the database
+        // records neither).
         for moving in [
             "groups",
+            "labels",
             "lastSeen",
             "silentForSeconds",
             "pendingForSeconds",

@@ -207,6 +207,11 @@ async fn a_broken_commit_keeps_every_last_good_bundle_and_shows_the_error() {
     let metrics = metrics_text(&client, &hub.base).await;
     assert!(metrics.contains("flotilla_render_error_info{file=\"clusters/red.yaml\""));
     assert!(metrics.contains("flotilla_renders_total{result=\"failed\"} 1"));
+    // A hub alone on its database holds the rollout lease, and says so.
+    assert!(
+        metrics.contains("\nflotilla_rollout_lease_held 1\n"),
+        "{metrics}"
+    );
 
     // Fixing the typo renders cleanly: now store-eu-003 is gone and store-us-002 moves on.
     let red = repo
@@ -861,6 +866,30 @@ async fn a_commit_the_hub_cannot_install_shows_why_until_it_installs() {
     assert_eq!(code, 0, "{json}");
     let json: serde_json::Value = serde_json::from_str(&json).expect("JSON");
     assert_eq!(json["installError"], fleet["installError"]);
+    // Each cluster with every field `GET /v1/fleet` gives it (values such as
+    // `silentForSeconds` move between the two reads; the fields do not).
+    let fields = |cluster: &serde_json::Value| -> Vec<String> {
+        let mut keys: Vec<String> = cluster
+            .as_object()
+            .expect("a cluster object")
+            .keys()
+            .cloned()
+            .collect();
+        keys.sort();
+        keys
+    };
+    let listed = json["clusters"].as_array().expect("clusters");
+    assert_eq!(
+        listed.len(),
+        fleet["clusters"].as_array().expect("clusters").len()
+    );
+    for cluster in listed {
+        let hub_entry = fleet["clusters"]
+            .as_array()
+            .and_then(|all| all.iter().find(|c| c["name"] == cluster["name"]))
+            .expect("the same cluster in /v1/fleet");
+        assert_eq!(fields(cluster), fields(hub_entry), "{}", cluster["name"]);
+    }
     let (web, cookie) = web_session(&hub, &admin).await;
     let page = fleet_page(&hub, &web, &cookie).await;
     let banner = page

@@ -333,6 +333,23 @@ async fn every_endpoint_answers_each_role_and_a_tenant_sees_nothing_of_the_platf
         ]
     );
 
+    // A person's token is refused a bundle with the reason, its role named as a
+    // sentence names it.
+    for (who, named) in [("viewer", "a viewer's"), ("operator", "an operator's")] {
+        let (status, body) = send(
+            &scene,
+            &get("", "/v1/clusters/c1/bundle".into(), [0; 7]),
+            Some(people.token(who)),
+        )
+        .await;
+        assert_eq!(status, 403, "{who}");
+        let error = body["error"].as_str().unwrap_or_default();
+        assert!(
+            error.starts_with(&format!("{named} token never reads bundles")),
+            "{who}: {error}"
+        );
+    }
+
     // The command line lists each token with what it grants.
     let state = scene.state.path().display().to_string();
     let (code, listing, _) = flotilla(&["token", "list", "--state-dir", &state]);
@@ -796,6 +813,43 @@ fn names(list: &Value) -> Vec<String> {
         .collect();
     names.sort_unstable();
     names
+}
+
+/// A bundle the hub cannot read for a moment (an object store's hiccup) hides its
+/// clusters from a tenant only for that moment: what could not be read is not
+/// remembered as holding no tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundle_unreadable_for_a_moment_hides_nothing_from_a_tenant_afterwards() {
+    let (mut scene, id, _) = shop_on_clusters(false).await;
+    let shop = scene.tokens["operator@shop"].clone();
+    let path = format!("/v1/rollouts/{id}");
+    let objects = scene.state.path().join("objects").join("sha256");
+    // The bundles the rollout's clusters ran before it, which carry the shop.
+    let (_, detail) = get_as(&scene, &scene.admin, &path).await;
+    let shop_digests: Vec<String> = detail["clusters"]
+        .as_array()
+        .expect("clusters")
+        .iter()
+        .map(|member| {
+            let previous = member["previous"].as_str().expect("a previous bundle");
+            previous.trim_start_matches("sha256:").to_string()
+        })
+        .collect();
+    assert_eq!(shop_digests.len(), 2, "{detail}");
+    let aside = scene.state.path().join("aside");
+    std::fs::create_dir_all(&aside).expect("a folder aside");
+    for hex in &shop_digests {
+        std::fs::rename(objects.join(hex), aside.join(hex)).expect("move the object aside");
+    }
+    let (status, _) = get_as(&scene, &shop, &path).await;
+    assert_eq!(status, 404, "no bundle of the tenant's can be read");
+    for hex in &shop_digests {
+        std::fs::rename(aside.join(hex), objects.join(hex)).expect("put the object back");
+    }
+    let (status, rollout) = get_as(&scene, &shop, &path).await;
+    assert_eq!(status, 200, "{rollout}");
+    assert_eq!(names(&rollout["clusters"]), ["c1", "s1"], "{rollout}");
+    scene.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -41,6 +41,15 @@ impl Role {
         }
     }
 
+    /// The role with its article, as a sentence names it: `a viewer`, `an operator`.
+    pub fn with_article(self) -> &'static str {
+        match self {
+            Role::Viewer => "a viewer",
+            Role::Operator => "an operator",
+            Role::Admin => "an admin",
+        }
+    }
+
     /// The role named `text` (`viewer`, `operator`, `admin`).
     pub fn parse(text: &str) -> Result<Role, UnknownRole> {
         Role::ALL

@@ -551,8 +551,8 @@ impl<P: ClusterPath> FromRequestParts<Arc<Shared>> for ClusterRead<P> {
                 return Err(ApiError::new(
                     StatusCode::FORBIDDEN,
                     format!(
-                        "a {}'s token never reads bundles (they may hold Secrets); use an admin token",
-                        person.role
+                        "{}'s token never reads bundles (they may hold Secrets); use an admin token",
+                        person.role.with_article()
                     ),
                 ));
             }

@@ -38,11 +38,23 @@ fn indexes() -> &'static Mutex<HashMap<Digest, Indexed>> {
 
 /// Reads and parses a stored bundle (call it off the async threads).
 fn read_blocking(shared: &Shared, digest: &Digest) -> Option<ScopedBundle> {
+    read_stored(shared, digest).ok().flatten()
+}
+
+/// A stored bundle, parsed (`Ok(None)`: not a bundle); `Err` when it cannot be read
+/// now (not written yet, or no longer there), which a later read may change.
+fn read_stored(shared: &Shared, digest: &Digest) -> Result<Option<ScopedBundle>, ()> {
     match shared.view.reads().object_blocking(digest) {
-        Ok(body) => ScopedBundle::parse(&body),
+        Ok(body) => Ok(ScopedBundle::parse(&body)),
+        // Deleted once unused (the target of a superseded rollout never served):
+        // what it held of the tenant is no longer known.
+        Err(err) if err.is_not_found() => {
+            tracing::debug!(%digest, "a bundle to scope a tenant's view is gone: {err}");
+            Err(())
+        }
         Err(err) => {
             tracing::warn!(%digest, "cannot read a bundle to scope a tenant's view: {err}");
-            None
+            Err(())
         }
     }
 }
@@ -67,17 +79,22 @@ fn indexes_blocking(
             }
         }
     }
-    let read: Vec<(Digest, Indexed)> = missing
+    let read: Vec<(Digest, Result<Indexed, ()>)> = missing
         .into_iter()
         .map(|digest| {
-            let indexed = read_blocking(shared, &digest).map(|b| Arc::new(b.index()));
+            let indexed = read_stored(shared, &digest).map(|b| b.map(|b| Arc::new(b.index())));
             (digest, indexed)
         })
         .collect();
     let mut cache = indexes().lock().unwrap_or_else(|e| e.into_inner());
     for (digest, indexed) in read {
-        cache.insert(digest.clone(), indexed.clone());
-        found.insert(digest, indexed);
+        // A bundle that could not be read is not remembered as such: a rollout is
+        // recorded a moment before its bundles are written, and a tenant asking in
+        // between would otherwise never see it.
+        if let Ok(indexed) = &indexed {
+            cache.insert(digest.clone(), indexed.clone());
+        }
+        found.insert(digest, indexed.unwrap_or(None));
     }
     if let Some(in_use) = in_use
         && cache.len() > in_use.len() + SPARE_INDEXES

@@ -63,6 +63,9 @@ impl Shared {
     pub fn new(store: Store, settings: Settings, lease: Lease, metrics: Metrics) -> Shared {
         let store = Arc::new(store);
         let settings = Arc::new(settings);
+        // A hub alone on its database holds the lease from the start; one sharing it
+        // is told when it takes the lease (`lease_granted`).
+        metrics.lease_held(lease.holds());
         let metrics = Arc::new(metrics);
         let view = Arc::new(View::new(store.clone(), settings.clone()));
         let answering = tokio::sync::Semaphore::new(answer_permits(&store));

@@ -53,6 +53,19 @@ pub enum ObjectError {
     Open(String),
 }
 
+impl ObjectError {
+    /// The object is not there (never written, or deleted once unused).
+    pub fn is_not_found(&self) -> bool {
+        match self {
+            ObjectError::Read { source, .. } => source.kind() == io::ErrorKind::NotFound,
+            ObjectError::Remote { source, .. } => {
+                matches!(**source, object_store::Error::NotFound { .. })
+            }
+            _ => false,
+        }
+    }
+}
+
 /// Where the hub keeps its objects (`--objects URL`). URLs never carry secrets: S3
 /// credentials come from the environment.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -572,8 +572,8 @@ async fn cluster_bundle(
         return error(
             StatusCode::FORBIDDEN,
             &format!(
-                "a {}'s token never reads bundles (they may hold Secrets); log in with an admin token",
-                login.person.role
+                "{}'s token never reads bundles (they may hold Secrets); log in with an admin token",
+                login.person.role.with_article()
             ),
             login.csrf(),
         );
