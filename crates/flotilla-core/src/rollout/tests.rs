@@ -870,3 +870,46 @@ fn settling_ends_as_soon_as_every_member_has_been_seen() {
     };
     assert_eq!(counts(&view), expected);
 }
+
+/// `inSync` per wave: the clusters healthy on the target now, a new cluster's agent
+/// that runs it before its wave is released included; and once the rollout ended,
+/// also those that baked on it, so its record keeps its counts after its clusters
+/// moved on to a later commit.
+#[test]
+fn in_sync_counts_what_runs_the_target_and_an_ended_rollout_keeps_its_counts() {
+    let in_sync = |sim: &Sim| -> Vec<(usize, usize)> {
+        crate::rollout::view::RolloutView::of(
+            1,
+            &sim.rollout,
+            &sim.obs,
+            (sim.now, OFFLINE_AFTER, None),
+            false,
+        )
+        .waves
+        .iter()
+        .map(|w| (w.in_sync, w.clusters))
+        .collect()
+    };
+    let mut sim = Sim::new(canary_then_rest(10), FLEET, false);
+    sim.decide();
+    assert_eq!(sim.wave_states(), [Released, Waiting]);
+    // r1's agent runs the target before its wave is released (a new cluster's agent
+    // is given it at its first poll): it counts.
+    sim.report("r1", Health::Healthy);
+    assert_eq!(sim.wave_states(), [Released, Waiting]);
+    assert_eq!(in_sync(&sim), [(0, 1), (1, 3)]);
+    sim.report("c1", Health::Healthy);
+    sim.advance(10);
+    assert_eq!(sim.wave_states(), [Done, Released]);
+    for cluster in ["r2", "r3"] {
+        sim.report(cluster, Health::Healthy);
+    }
+    assert_eq!(sim.rollout.state, RolloutState::Complete);
+    assert_eq!(in_sync(&sim), [(1, 1), (3, 3)]);
+    // A later commit: every cluster now reports about another digest. The ended
+    // rollout still says what it brought where.
+    for cluster in ["c1", "r1", "r2", "r3"] {
+        sim.report(cluster, Health::Elsewhere);
+    }
+    assert_eq!(in_sync(&sim), [(1, 1), (3, 3)]);
+}

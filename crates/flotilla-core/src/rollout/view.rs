@@ -129,6 +129,7 @@ impl RolloutView {
                 .and_then(|o| o.report)
                 .is_some_and(|r| r.health == Health::Healthy)
         };
+        let ended = !rollout.state.is_active();
         let waves = rollout
             .waves
             .iter()
@@ -142,7 +143,15 @@ impl RolloutView {
                     state: wave.state,
                     clusters: taking_part().count(),
                     in_sync: taking_part()
-                        .filter(|&i| rollout.members[i].serves_target() && healthy(i))
+                        .filter(|&i| {
+                            let member = &rollout.members[i];
+                            // Healthy on the target now (a new cluster's agent may run
+                            // it before its wave is released), unless rolled back; and
+                            // once the rollout ended, also each that baked on it, so an
+                            // ended rollout keeps its counts after its clusters move on.
+                            (!member.rolled_back && healthy(i))
+                                || (ended && member.baked_at.is_some())
+                        })
                         .count(),
                     failed: taking_part().filter(|&i| rollout.members[i].failed).count(),
                     offline: taking_part().filter(|&i| silent(i)).count(),
