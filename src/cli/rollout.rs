@@ -267,9 +267,11 @@ fn show(view: &RolloutView) -> String {
         view.settling_until
             .as_deref()
             .map(|at| format!(
-                "\nsettling: no wave is released before {at} (the hub started with no record of \
-                 its clusters' last contact and waits to hear from them; it releases sooner once \
-                 every cluster has been seen)"
+                "\nsettling: the hub releases no wave by itself before {at} (some of the \
+                 rollout's clusters have not been heard from since it started, and until then \
+                 it cannot tell an offline cluster from one that has not polled yet; it releases \
+                 sooner once every cluster has been seen; `rollout promote` releases the next \
+                 wave now)"
             ))
             .unwrap_or_default()
     );
