@@ -668,10 +668,15 @@ fn secrets_outside_secrets(
                 "a value decrypted from the SOPS file {} is in {} at {field}, which is not a Secret: it travels and is stored in plain text",
                 secret.file, item.resource.key
             );
-            let diagnostic = Diagnostic::warning(message)
+            // Named with its workload: a tenant's warning is then cleared of the
+            // values of its own files and the platform's only, never another's.
+            let mut diagnostic = Diagnostic::warning(message)
                 .in_file(&*item.file)
                 .at_line(Some(item.line))
                 .for_cluster(&cluster.name);
+            if let Some(workload) = fleet.workloads.get(*workload) {
+                diagnostic = diagnostic.for_workload(&workload.name);
+            }
             // Two values in one field are one warning.
             if !found.contains(&diagnostic) {
                 found.push(diagnostic);

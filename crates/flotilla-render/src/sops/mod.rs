@@ -561,10 +561,40 @@ impl serde::Serialize for Node {
 }
 
 /// Whether `text` (a `.yaml`, `.yml` or `.json` file) may be a SOPS document: a
-/// cheap look for its metadata's fields before anything is parsed.
+/// cheap look for its metadata before anything is parsed. Any one of its fields, or
+/// an encrypted value, is enough: a file that lost its `mac` or `lastmodified` (edited
+/// without sops) must still be read as one, and refused, not served as a manifest.
 pub fn looks_like_sops(text: &str) -> bool {
-    text.contains("sops") && text.contains("lastmodified") && text.contains("mac")
+    text.contains("sops")
+        && [
+            "lastmodified",
+            "mac",
+            "ENC[",
+            "encrypted_",
+            "unencrypted_",
+            "recipient",
+        ]
+        .iter()
+        .any(|field| text.contains(field))
 }
+
+/// The fields of a `sops` mapping that sops writes and a chart's or a manifest's own
+/// `sops` setting would not hold: with one of them, the mapping is SOPS metadata.
+const METADATA_FIELDS: &[&str] = &[
+    "mac",
+    "lastmodified",
+    "age",
+    "pgp",
+    "kms",
+    "gcp_kms",
+    "azure_kv",
+    "hc_vault",
+    "key_groups",
+    "encrypted_regex",
+    "encrypted_suffix",
+    "unencrypted_regex",
+    "unencrypted_suffix",
+];
 
 /// A SOPS document read but not yet opened.
 pub struct SopsDocument {
@@ -574,7 +604,8 @@ pub struct SopsDocument {
 
 impl SopsDocument {
     /// Parses `text` (YAML, or JSON when `json`); `Ok(None)` when it is not a SOPS
-    /// document (no `sops` mapping with a `mac` at the top of its first document).
+    /// document (no `sops` mapping with sops's metadata at the top of its first
+    /// document). A document whose metadata lacks its MAC is one, and opening it fails.
     pub fn parse(text: &str, json: bool) -> Result<Option<SopsDocument>, SopsError> {
         let mut documents: Vec<Node> = if json {
             vec![serde_json::from_str(text).map_err(|e| SopsError::Malformed(e.to_string()))?]
@@ -585,7 +616,10 @@ impl SopsDocument {
         let Some(metadata) = documents.first().and_then(|d| d.get("sops")).cloned() else {
             return Ok(None);
         };
-        if metadata.get("mac").is_none() {
+        if !METADATA_FIELDS
+            .iter()
+            .any(|field| metadata.get(field).is_some())
+        {
             return Ok(None);
         }
         for document in &mut documents {
@@ -638,7 +672,7 @@ impl SopsDocument {
         let (plain, data_key) = self.open_nodes(keys)?;
         let mut secrets = Vec::new();
         for (sealed, opened) in self.documents.iter().zip(&plain) {
-            decrypted_texts(sealed, opened, &mut secrets);
+            document_texts(sealed, opened, &mut secrets);
         }
         Ok((emit(&plain), secrets, hash_key(&data_key)))
     }
@@ -707,7 +741,12 @@ impl SopsDocument {
     fn check_mac(&self, cipher: &SopsCipher, computed: &[u8]) -> Result<(), SopsError> {
         let Some(stored) = self.metadata.str_field("mac") else {
             return Err(SopsError::Malformed(
-                "`sops.mac` is not a string".to_string(),
+                if self.metadata.get("mac").is_none() {
+                    "`sops.mac` is missing (the file was edited without sops?): nothing of it is used"
+                } else {
+                    "`sops.mac` is not a string"
+                }
+                .to_string(),
             ));
         };
         let Some(modified) = self.metadata.str_field("lastmodified") else {
@@ -848,6 +887,37 @@ fn open_node(
 }
 
 /// The texts of the values of `opened` that were `ENC[…]` in `sealed` (the same tree).
+/// [`decrypted_texts`] of one document, leaving out what names a Kubernetes object:
+/// its `apiVersion`, `kind`, `metadata.name` and `metadata.namespace` (and a Secret's
+/// `type`) travel in plain text in every bundle whatever the file encrypted, so a
+/// file encrypted whole (sops's default) does not make `Secret` or `v1` a secret
+/// value, looked for, warned about and redacted wherever it appears.
+fn document_texts(sealed: &Node, opened: &Node, out: &mut Vec<String>) {
+    let (Node::Map(sealed_entries), Node::Map(opened_entries)) = (sealed, opened) else {
+        return decrypted_texts(sealed, opened, out);
+    };
+    let Some(kind) = opened.str_field("kind") else {
+        return decrypted_texts(sealed, opened, out);
+    };
+    for ((key, x), (_, y)) in sealed_entries.iter().zip(opened_entries) {
+        match key.as_str() {
+            "apiVersion" | "kind" => {}
+            "type" if kind == "Secret" => {}
+            "metadata" => match (x, y) {
+                (Node::Map(a), Node::Map(b)) => {
+                    for ((field, x), (_, y)) in a.iter().zip(b) {
+                        if field != "name" && field != "namespace" {
+                            decrypted_texts(x, y, out);
+                        }
+                    }
+                }
+                _ => decrypted_texts(x, y, out),
+            },
+            _ => decrypted_texts(x, y, out),
+        }
+    }
+}
+
 fn decrypted_texts(sealed: &Node, opened: &Node, out: &mut Vec<String>) {
     match (sealed, opened) {
         (Node::Map(a), Node::Map(b)) => {

@@ -244,6 +244,67 @@ fn a_mac_that_was_edited_is_refused() {
     );
 }
 
+/// A file that lost its MAC or its time (edited without sops) is still a SOPS
+/// document, refused as one: never read as a plain file whose values are ciphertext.
+#[test]
+fn a_file_without_its_mac_or_its_time_is_refused_not_read_as_plain() {
+    let file = write(SECRET, &[&recipient(IDENTITY)], &[]);
+    for (field, reason) in [
+        (
+            "mac",
+            "`sops.mac` is missing (the file was edited without sops?)",
+        ),
+        ("lastmodified", "`sops.lastmodified` is missing"),
+    ] {
+        let mut tree = plain(&file);
+        tree["sops"]
+            .as_object_mut()
+            .expect("metadata")
+            .remove(field);
+        let text = serde_json::to_string(&tree).expect("as written");
+        assert!(looks_like_sops(&text), "{field}");
+        let err = open(&text, IDENTITY).expect_err("refused");
+        assert!(err.to_string().contains(reason), "{field}: {err}");
+    }
+    // A chart's own `sops` setting in a values file is not SOPS metadata.
+    assert!(
+        SopsDocument::parse("sops:\n  enabled: true\n  version: 3\n", false)
+            .expect("as written")
+            .is_none()
+    );
+}
+
+/// A manifest encrypted whole (sops's default): its values are secret, not what
+/// names it, which every bundle carries in plain text anyway.
+#[test]
+fn a_manifest_encrypted_whole_keeps_its_names_out_of_the_secret_values() {
+    let document = r#"{"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+      "metadata": {"name": "credentials", "namespace": "payments",
+                   "annotations": {"note": "annotated-secret"}},
+      "stringData": {"password": "hunter2-long"}}"#;
+    let file = write(document, &[&recipient(IDENTITY)], &[]);
+    let (_, mut found, _) = SopsDocument::parse(&file, true)
+        .expect("parses")
+        .expect("a sops document")
+        .open_with_secrets(&keys(IDENTITY))
+        .expect("opens");
+    found.sort();
+    assert_eq!(found, ["annotated-secret", "hunter2-long"]);
+    // Any other file (Helm values, vars) keeps every decrypted value.
+    let values = write(
+        r#"{"kind": {"a": "Deployment-x"}, "token": "t0ken-value"}"#,
+        &[&recipient(IDENTITY)],
+        &[],
+    );
+    let (_, mut found, _) = SopsDocument::parse(&values, true)
+        .expect("parses")
+        .expect("a sops document")
+        .open_with_secrets(&keys(IDENTITY))
+        .expect("opens");
+    found.sort();
+    assert_eq!(found, ["Deployment-x", "t0ken-value"]);
+}
+
 #[test]
 fn only_what_the_regex_names_is_encrypted_and_mac_only_encrypted_is_read() {
     for mac_only in [false, true] {

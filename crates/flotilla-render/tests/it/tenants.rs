@@ -685,13 +685,9 @@ fn each_tenants_sops_files_open_only_with_its_own_identities() {
     assert!(output.bundles.contains_key("south") && output.bundles.contains_key("east"));
 }
 
-/// The warning that a decrypted value is outside a Secret looks, in a tenant's
-/// resources, only for the values of that tenant's own SOPS files (and the
-/// platform's): one about another tenant's value would tell the tenant, field by
-/// field, whether a guess of it was right. The platform's resources are looked at
-/// for every value.
-#[test]
-fn a_tenants_resources_are_not_searched_for_another_tenants_decrypted_values() {
+/// Render options that open SOPS files with a new platform identity, and that
+/// identity's recipient.
+fn platform_opens() -> (flotilla_render::RenderOptions<'static>, String) {
     use flotilla_render::sops::{DecryptionKeys, SopsKeys};
     let (identity, recipient) = identity();
     let mut keys = DecryptionKeys::default();
@@ -700,6 +696,17 @@ fn a_tenants_resources_are_not_searched_for_another_tenants_decrypted_values() {
         sops: SopsKeys::Open(std::sync::Arc::new(keys)),
         ..Default::default()
     };
+    (options, recipient)
+}
+
+/// The warning that a decrypted value is outside a Secret looks, in a tenant's
+/// resources, only for the values of that tenant's own SOPS files (and the
+/// platform's): one about another tenant's value would tell the tenant, field by
+/// field, whether a guess of it was right. The platform's resources are looked at
+/// for every value.
+#[test]
+fn a_tenants_resources_are_not_searched_for_another_tenants_decrypted_values() {
+    let (options, recipient) = platform_opens();
     // team-a's Secret holds `shop-secret-value`; team-b's ConfigMap and the
     // platform's hold the same text, as a guess would.
     let guess = |name: &str| {
@@ -736,6 +743,50 @@ fn a_tenants_resources_are_not_searched_for_another_tenants_decrypted_values() {
             .iter()
             .any(|w| w.cluster.as_deref() == Some("east")),
         "the platform's ConfigMap is warned about: {about_shops_value:#?}"
+    );
+}
+
+/// A tenant's warning that its own decrypted value is outside a Secret names its
+/// workload, so that it is cleared of that tenant's values (and the platform's) only:
+/// a phrase of the warning that is another tenant's value stays as it is (clearing
+/// it would tell the tenant that the phrase is that value).
+#[test]
+fn a_tenants_warning_is_not_cleared_of_another_tenants_values() {
+    let (options, recipient) = platform_opens();
+    let writer = flotilla_render::sops::SopsWriter::new([9; 32], 1_700_000_000);
+    let key = flotilla_render::seal::AgentKey::parse(&recipient).expect("a recipient");
+    // team-a's value happens to be words of the warning's own text.
+    let shops = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "shop-key", "namespace": "team-a"},
+        "stringData": {"key": "stored in plain"}});
+    let files = with(
+        base(),
+        vec![
+            (
+                "workloads/shop/manifests/key.yaml".into(),
+                writer.encrypt(&shops, &key, "shop").expect("encrypts"),
+            ),
+            sops_secret("till", "team-b", &recipient),
+            (
+                "workloads/till/manifests/leak.yaml".into(),
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: leak\ndata:\n  copy: till-secret-value\n".into(),
+            ),
+        ],
+    );
+    let snapshot = FleetSnapshot::from_files(files.iter().map(|(p, t)| (p.as_str(), t.as_str())));
+    let output = flotilla_render::render_with(&snapshot, &options);
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+    let warning = output
+        .warnings()
+        .find(|w| w.message.contains("workloads/till/manifests/key.yaml"))
+        .unwrap_or_else(|| panic!("a warning about till's value: {:#?}", output.diagnostics));
+    assert_eq!(warning.workload.as_deref(), Some("till"), "{warning:?}");
+    assert!(
+        warning
+            .message
+            .ends_with("it travels and is stored in plain text"),
+        "{}",
+        warning.message
     );
 }
 
