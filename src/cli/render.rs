@@ -292,15 +292,10 @@ fn print_bundles(output: &RenderOutput, format: OutputFormat) -> anyhow::Result<
     Ok(())
 }
 
+/// The bundle document as the hub serves it and `--out` writes it, `meta` included
+/// (the digest covers it).
 fn document_value(bundle: &Bundle, revision: &str) -> anyhow::Result<serde_json::Value> {
-    Ok(serde_json::json!({
-        "apiVersion": flotilla_core::bundle::API_VERSION,
-        "kind": "Bundle",
-        "cluster": bundle.cluster,
-        "digest": bundle.digest,
-        "revision": revision,
-        "resources": bundle.resources.iter().map(|r| r.value()).collect::<Vec<_>>(),
-    }))
+    Ok(serde_json::from_slice(&bundle.document(revision))?)
 }
 
 pub fn run_validate(args: &ValidateArgs) -> anyhow::Result<u8> {

@@ -342,3 +342,40 @@ fn render_format_manifestwork_writes_secrets_only_when_allowed() {
         &bundle_resources(&fleet, &dir.path().join("bundles"), "vault")
     );
 }
+
+/// `render` on standard output prints each bundle document as `--out` writes it and
+/// the hub serves it, `meta` included: the digest it prints covers `meta`, and the
+/// resources alone do not hash to it.
+#[test]
+fn render_prints_the_documents_that_out_writes_meta_included() {
+    let fleet = concat!(env!("CARGO_MANIFEST_DIR"), "/fleet-example");
+    let out = tempfile::tempdir().expect("temp dir");
+    let printed: Vec<Value> = serde_json::from_str(&succeeds(&[
+        "render",
+        "--worktree",
+        "--repo",
+        fleet,
+        "-o",
+        "json",
+    ]))
+    .expect("JSON");
+    succeeds(&[
+        "render",
+        "--worktree",
+        "--repo",
+        fleet,
+        "--out",
+        path(out.path()),
+    ]);
+    assert!(!printed.is_empty());
+    let mut with_meta = 0;
+    for document in &printed {
+        let cluster = document["cluster"].as_str().expect("a cluster");
+        let text =
+            std::fs::read_to_string(out.path().join(format!("{cluster}.json"))).expect("a bundle");
+        let written: Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(document, &written, "{cluster}");
+        with_meta += usize::from(document.get("meta").is_some());
+    }
+    assert!(with_meta > 0, "the example's bundles have metadata");
+}
