@@ -309,13 +309,7 @@ fn git_symlink_outside_the_fleet() {
         eprintln!("skipping: the git command is not available");
         return;
     }
-    let location = Location {
-        repo: repo.path().to_path_buf(),
-        rev: Some("HEAD".into()),
-        path: "fleet".into(),
-        worktree: false,
-    };
-    let snapshot = source::read(&location).expect("the commit is readable");
+    let snapshot = head_of(repo.path(), "fleet");
     let output = render(&snapshot);
     let lines: Vec<String> = output
         .diagnostics
@@ -372,13 +366,7 @@ fn git_file_names_that_are_not_utf8() {
         eprintln!("skipping: the git command is not available");
         return;
     }
-    let location = Location {
-        repo: repo.path().to_path_buf(),
-        rev: Some("HEAD".into()),
-        path: "fleet".into(),
-        worktree: false,
-    };
-    let snapshot = source::read(&location).expect("the commit is readable");
+    let snapshot = head_of(repo.path(), "fleet");
     assert!(snapshot.problems.is_empty(), "{:?}", snapshot.problems);
     assert!(render(&snapshot).is_clean());
 
@@ -391,7 +379,7 @@ fn git_file_names_that_are_not_utf8() {
     )
     .expect("write");
     assert!(commit_all(repo.path()));
-    let output = render(&source::read(&location).expect("the commit is readable"));
+    let output = render(&head_of(repo.path(), "fleet"));
     assert!(!output.is_clean());
     assert!(
         output
@@ -438,6 +426,78 @@ fn folder_fifo_and_symlink() {
             .map(String::as_str),
         Some("clusters/edge-1.yaml")
     );
+}
+
+/// Binary files of a Helm chart (an image its `.helmignore` lists, a key a template
+/// encodes with `b64enc`) are read, from a folder and from a commit, as Helm loads
+/// them; a binary file outside any chart is only skipped. A chart with one failed
+/// whole ("could not be read: file is not UTF-8 text").
+#[test]
+fn binary_files_in_a_chart_are_read_and_others_are_skipped() {
+    let repo = tempfile::tempdir().expect("temp dir");
+    let fleet = repo.path().join("fleet");
+    copy_tree(
+        &corpus().join("cluster-scoped-crd-gets-no-namespace"),
+        &fleet,
+    );
+    let key: &[u8] = b"\x00\x01\xfe\xffkeystore\x80";
+    let write = |path: &str, bytes: &[u8]| {
+        let path = fleet.join(path);
+        std::fs::create_dir_all(path.parent().expect("a folder")).expect("mkdir");
+        std::fs::write(path, bytes).expect("write");
+    };
+    write(
+        "charts/logo/Chart.yaml",
+        b"apiVersion: v2\nname: logo\nversion: 0.1.0\n",
+    );
+    write("charts/logo/.helmignore", b"img/\n");
+    write("charts/logo/img/logo.png", b"\x89PNG\r\n\x1a\n\x00\xff");
+    write("charts/logo/files/key.bin", key);
+    write(
+        "charts/logo/templates/cm.yaml",
+        b"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: logo\nbinaryData:\n  key: {{ .Files.Get \"files/key.bin\" | b64enc }}\n",
+    );
+    write(
+        "workloads/logo/workload.yaml",
+        b"apiVersion: flotilla.dev/v1alpha1\nkind: Workload\nmetadata:\n  name: logo\nspec:\n  namespace: logo\n  targets:\n    - clusterSelector: {}\n  helm:\n    chart: ../../charts/logo\n",
+    );
+    write("docs/picture.png", b"\x89PNG\x00\xff");
+    let check = |snapshot: FleetSnapshot| {
+        assert!(snapshot.problems.is_empty(), "{:?}", snapshot.problems);
+        assert!(snapshot.binaries.contains_key("charts/logo/files/key.bin"));
+        assert!(!snapshot.binaries.contains_key("docs/picture.png"));
+        assert!(snapshot.skipped.contains_key("docs/picture.png"));
+        let output = render(&snapshot);
+        assert!(output.is_clean(), "{:#?}", output.diagnostics);
+        let config_map = output.bundles["edge-1"]
+            .resources
+            .iter()
+            .map(|r| r.value())
+            .find(|v| v["kind"] == "ConfigMap" && v["metadata"]["name"] == "logo")
+            .expect("the chart's ConfigMap");
+        use base64::Engine as _;
+        assert_eq!(
+            config_map["binaryData"]["key"],
+            base64::engine::general_purpose::STANDARD.encode(key)
+        );
+    };
+    check(source::from_folder(&fleet, "").expect("readable"));
+    if !commit_all(repo.path()) {
+        eprintln!("SKIPPED: the git command is not available: the commit's half is not run");
+        return;
+    }
+    check(head_of(repo.path(), "fleet"));
+}
+
+/// The snapshot of `path` in the HEAD commit of the repository at `repo`.
+fn head_of(repo: &Path, path: &str) -> FleetSnapshot {
+    let location = Location {
+        repo: repo.to_path_buf(),
+        rev: Some("HEAD".into()),
+        path: path.into(),
+        worktree: false,
+    };
+    source::read(&location).expect("the commit is readable")
 }
 
 fn commit_all(dir: &Path) -> bool {
@@ -741,13 +801,7 @@ fn git_tree_thousands_of_folders_deep() {
     )
     .expect("commit");
 
-    let location = Location {
-        repo: dir.path().to_path_buf(),
-        rev: Some("HEAD".into()),
-        path: String::new(),
-        worktree: false,
-    };
-    let snapshot = source::read(&location).expect("the commit is readable");
+    let snapshot = head_of(dir.path(), "");
     let deep_path = format!("overlays/{}deep.yaml", "d/".repeat(4000));
     assert!(snapshot.files.contains_key(&deep_path));
     let output = render(&snapshot);
@@ -819,13 +873,7 @@ fn fleet_budget_counts_every_path_to_a_shared_blob() {
     )
     .expect("commit");
 
-    let location = Location {
-        repo: dir.path().to_path_buf(),
-        rev: Some("HEAD".into()),
-        path: String::new(),
-        worktree: false,
-    };
-    let snapshot = source::read(&location).expect("the commit is readable");
+    let snapshot = head_of(dir.path(), "");
     let problems: Vec<String> = snapshot
         .problems
         .iter()

@@ -811,6 +811,7 @@ fn load_cluster(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Op
         &doc.metadata.labels,
         diagnostics,
     );
+    check_kube_version(path, text, doc.spec.kubernetes.as_ref(), diagnostics);
     let agent_key = match doc
         .spec
         .agent_key
@@ -853,7 +854,29 @@ fn load_settings(
     diagnostics: &mut Vec<Diagnostic>,
 ) -> Option<flotilla_core::model::FleetSettings> {
     let doc: FleetSettingsDoc = parse_kind(path, text, "FleetSettings", diagnostics)?;
+    check_kube_version(path, text, doc.spec.kubernetes.as_ref(), diagnostics);
     Some(doc.spec)
+}
+
+/// `spec.kubernetes.version`, read as Helm reads `--kube-version` (`1.31`,
+/// `1.31.4`, `v1.31.4-gke.100`): anything else is an error at its line.
+fn check_kube_version(
+    path: &str,
+    text: &str,
+    spec: Option<&flotilla_core::model::KubernetesSpec>,
+    diagnostics: &mut Vec<Diagnostic>,
+) {
+    if let Some(version) = spec.and_then(|s| s.version.as_deref())
+        && crate::helm::funcs::kube_version(version).is_none()
+    {
+        diagnostics.push(
+            Diagnostic::error(format!(
+                "spec.kubernetes.version: {version:?} is not a Kubernetes version (write it as 1.31, 1.31.4 or v1.31.4)"
+            ))
+            .in_file(path)
+            .at_line(key_line_anywhere(text, "kubernetes")),
+        );
+    }
 }
 
 fn load_group(path: &str, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Option<Group> {

@@ -202,9 +202,9 @@ pub(crate) fn bundle_meta(
 
 /// The Helm hooks among the resources of Helm workloads (`spec.helm`): resources
 /// whose `helm.sh/hook` annotation names an install, upgrade or delete event. Test
-/// hooks (kept with `skipTests: false`) and Helm 2's `crd-install` are not hooks
-/// here, and stay plain resources. Only resources whose bytes hold `helm.sh/hook`
-/// are parsed.
+/// hooks (kept with `skipTests: false`) are not hooks here, and stay plain resources
+/// (those with an unknown or only rollback events never reach the bundle). Only
+/// resources whose bytes hold `helm.sh/hook` are parsed.
 fn hook_marks(
     fleet: &Fleet,
     targeted: &[usize],

@@ -375,14 +375,18 @@ pub fn capabilities(
     fleet: Option<&KubernetesSpec>,
 ) -> Capabilities {
     let spec = cluster.or(fleet);
+    // As Helm reads `--kube-version`: `1.31` is `v1.31.0`. A version that does not
+    // read is an error of the file that gives it (see `load`); kept as written here.
     let version = spec
         .and_then(|s| s.version.as_deref())
         .map(|v| {
-            if v.starts_with('v') {
-                v.to_string()
-            } else {
-                format!("v{v}")
-            }
+            crate::helm::funcs::kube_version(v).unwrap_or_else(|| {
+                if v.starts_with('v') {
+                    v.to_string()
+                } else {
+                    format!("v{v}")
+                }
+            })
         })
         .unwrap_or_else(|| DEFAULT_KUBE_VERSION.to_string());
     let mut api_versions: Vec<String> =
@@ -858,6 +862,7 @@ fn render_documents(
         }
     };
     let mut documents = Vec::new();
+    let mut warnings = rendered.warnings;
     let mut digest = Sha256::new();
     let crds = rendered.crds.iter().filter(|_| release.include_crds);
     for (name, text) in crds.chain(rendered.templates.iter()) {
@@ -871,7 +876,7 @@ fn render_documents(
                 Ok(None) => continue,
                 Err(err) => {
                     return (
-                        rendered.warnings,
+                        warnings,
                         Err(Diagnostic::error(format!(
                             "the chart's output is not valid YAML: {err}"
                         ))
@@ -880,6 +885,17 @@ fn render_documents(
                 }
             };
             if release.skip_tests && is_test_hook(&value) {
+                continue;
+            }
+            if let Some(why) = left_out_hook(&value) {
+                let name = value
+                    .pointer("/metadata/name")
+                    .and_then(Json::as_str)
+                    .unwrap_or_default();
+                let kind = value.get("kind").and_then(Json::as_str).unwrap_or_default();
+                warnings.push(format!(
+                    "{file}: {kind} {name} is left out, as Helm leaves it out: {why}"
+                ));
                 continue;
             }
             let bytes = serde_json::to_vec(&value).unwrap_or_default();
@@ -894,7 +910,32 @@ fn render_documents(
             });
         }
     }
-    (rendered.warnings, Ok((documents, digest.finalize().into())))
+    (warnings, Ok((documents, digest.finalize().into())))
+}
+
+/// Why Helm leaves a hook out of a release that is installed or upgraded, if it does:
+/// its `helm.sh/hook` names an event Helm does not know (a typo, Helm 2's
+/// `crd-install`), which Helm skips whole, or only rollback events, which run on
+/// `helm rollback` alone (flotilla never rolls a release back that way).
+fn left_out_hook(value: &Json) -> Option<String> {
+    // Helm's events: those flotilla runs, and those it never runs.
+    const OTHERS: [&str; 4] = ["pre-rollback", "post-rollback", "test", "test-success"];
+    let known = |event: &str| {
+        flotilla_core::bundle::HookMark::EVENTS.contains(&event) || OTHERS.contains(&event)
+    };
+    let hooks = value
+        .pointer("/metadata/annotations/helm.sh~1hook")
+        .and_then(Json::as_str)?;
+    let events: Vec<String> = hooks.split(',').map(|e| e.trim().to_lowercase()).collect();
+    if let Some(unknown) = events.iter().find(|e| !known(e)) {
+        return Some(format!(
+            "its helm.sh/hook names the unknown event {unknown:?}"
+        ));
+    }
+    events
+        .iter()
+        .all(|e| e.ends_with("-rollback"))
+        .then(|| format!("its helm.sh/hook ({hooks}) runs only on helm rollback"))
 }
 
 /// What identifies one release's input: the workload, the values, the capabilities.

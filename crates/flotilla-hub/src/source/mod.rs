@@ -299,7 +299,40 @@ pub fn snapshot_of_commit_reusing(
     walker.walk(&tree)?;
     let read = walker.read;
     texts.texts = read;
+    keep_chart_binaries(&mut snapshot);
     Ok(snapshot)
+}
+
+/// Binary files are held only where a Helm chart may use them: packed charts, and
+/// files inside a chart folder (one whose `Chart.yaml` was read), which Helm loads
+/// (an image a chart ships, often listed in its `.helmignore`). Any other binary
+/// file stays only noted as skipped.
+fn keep_chart_binaries(snapshot: &mut FleetSnapshot) {
+    let files = &snapshot.files;
+    let in_chart = |path: &str| {
+        let mut dir = path;
+        while let Some((parent, _)) = dir.rsplit_once('/') {
+            if files.contains_key(&format!("{parent}/Chart.yaml")) {
+                return true;
+            }
+            dir = parent;
+        }
+        files.contains_key("Chart.yaml")
+    };
+    let mut kept = Vec::new();
+    snapshot.binaries.retain(|path, _| {
+        if is_packed_chart(path) {
+            return true;
+        }
+        let keep = in_chart(path);
+        if keep {
+            kept.push(path.clone());
+        }
+        keep
+    });
+    for path in kept {
+        snapshot.skipped.remove(&path);
+    }
 }
 
 /// The files of a snapshot being read, and what reading them has cost so far.
@@ -410,7 +443,12 @@ impl<'a> Files<'a> {
                     .binaries
                     .insert(path.to_string(), Arc::from(content));
             }
+            // Held until the whole tree is read: kept if it lies in a chart (see
+            // [`keep_chart_binaries`]), else only noted as skipped.
             Err(_) => {
+                self.snapshot
+                    .binaries
+                    .insert(path.to_string(), Arc::from(content));
                 self.snapshot
                     .skipped
                     .insert(path.to_string(), "file is not UTF-8 text".to_string());
@@ -741,6 +779,7 @@ pub fn from_folder_within(
         }
         stack.extend(subfolders.into_iter().rev());
     }
+    keep_chart_binaries(&mut snapshot);
     Ok(snapshot)
 }
 

@@ -161,6 +161,26 @@ impl PreparedChart {
         host: &mut dyn Host,
         budget: &Budget,
     ) -> Result<RenderedRelease, HelmError> {
+        // Helm refuses, before anything is rendered, a chart whose `kubeVersion`
+        // the cluster's version does not meet.
+        if let Some(constraint) = self.chart.metadata.kube_version.as_deref()
+            && !constraint.trim().is_empty()
+        {
+            let kube = &release.capabilities.kube_version;
+            match funcs::kube_version_meets(constraint, kube) {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(HelmError::Parse(format!(
+                        "chart requires kubeVersion: {constraint} which is incompatible with Kubernetes {kube}"
+                    )));
+                }
+                Err(reason) => {
+                    return Err(HelmError::Parse(format!(
+                        "Chart.yaml: kubeVersion {constraint:?} is not a version constraint: {reason}"
+                    )));
+                }
+            }
+        }
         let user = match user_values {
             Value::Map(map) => user_values_copy(&map.snapshot()),
             _ => BTreeMap::new(),
@@ -685,13 +705,15 @@ impl Object for FilesObject {
     }
     fn call(&self, name: &str, args: &[Value]) -> Option<FuncResult> {
         let result = match name {
-            "Get" => Self::string_arg(name, args).map(|path| {
-                Value::string(
-                    self.0
-                        .get(&path)
-                        .map(|d| String::from_utf8_lossy(d).into_owned())
-                        .unwrap_or_default(),
-                )
+            // Go's string holds any bytes; ours only text. A binary file (an image,
+            // a keystore) is handed on as its bytes, which `b64enc` encodes as Helm
+            // does, instead of text with its invalid bytes replaced.
+            "Get" => Self::string_arg(name, args).map(|path| match self.0.get(&path) {
+                Some(data) => match std::str::from_utf8(data) {
+                    Ok(text) => Value::string(text),
+                    Err(_) => Value::Bytes(Arc::clone(data)),
+                },
+                None => Value::string(""),
             }),
             "GetBytes" => Self::string_arg(name, args).map(|path| {
                 Value::Bytes(

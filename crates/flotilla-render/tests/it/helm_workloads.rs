@@ -793,3 +793,104 @@ fn a_cluster_that_fails_still_reports_its_releases_warnings() {
         .collect();
     assert_eq!(warned, [Some("lab and 2 other clusters".to_string())]);
 }
+
+/// A cluster's `spec.kubernetes.version` is read as Helm reads `--kube-version`
+/// (`1.31` is `v1.31.0`), one that is not a version is an error at its line, and a
+/// chart whose `kubeVersion` the cluster's version does not meet is refused for that
+/// cluster with Helm's message.
+#[test]
+fn kubernetes_versions_read_as_helm_reads_them_and_a_charts_kube_version_is_enforced() {
+    let with_version = |version: &str, constraint: Option<&str>| {
+        let mut files = fleet("    chart: ../../charts/web\n", &[]);
+        for (path, text) in &mut files {
+            if path == "clusters/store-1.yaml" {
+                *text = text.replace("version: 1.31.4", &format!("version: {version:?}"));
+            }
+            if let Some(constraint) = constraint
+                && path == "charts/web/Chart.yaml"
+            {
+                text.push_str(&format!("kubeVersion: {constraint:?}\n"));
+            }
+        }
+        render(&files, Some([7; 32]))
+    };
+    let kube_label = |output: &RenderOutput| {
+        resources(output, "store-1")["Deployment/shop/web-web"]["metadata"]["labels"]["kube"]
+            .clone()
+    };
+    assert_eq!(kube_label(&with_version("1.31", None)), "v1.31.0");
+    assert_eq!(
+        kube_label(&with_version("v1.30.2-gke.100", None)),
+        "v1.30.2-gke.100"
+    );
+    let banana = with_version("banana", None);
+    assert_eq!(
+        errors(&banana),
+        [
+            "clusters/store-1.yaml:8: spec.kubernetes.version: \"banana\" is not a Kubernetes version (write it as 1.31, 1.31.4 or v1.31.4)"
+        ]
+    );
+    // The chart asks for 1.32 or newer: store-1 (1.31) is refused, the others (the
+    // default version) render.
+    let refused = with_version("1.31.4", Some(">=1.32.0-0"));
+    let refusals: Vec<String> = errors(&refused)
+        .into_iter()
+        .filter(|e| e.contains("chart requires kubeVersion: >=1.32.0-0 which is incompatible with Kubernetes v1.31.4"))
+        .collect();
+    assert_eq!(refusals.len(), 1, "{:#?}", refused.diagnostics);
+    assert!(refusals[0].contains("store-1"), "{}", refusals[0]);
+    assert!(refused.bundles.contains_key("lab"));
+    assert!(with_version("1.32.1", Some(">=1.32.0-0")).is_clean());
+}
+
+/// A resource whose `helm.sh/hook` names an event Helm does not know (a typo, Helm
+/// 2's `crd-install`) or only rollback events is left out of the bundle with a
+/// warning, as Helm leaves it out of an install; a hook with an install event among
+/// rollback ones is a hook.
+#[test]
+fn hooks_helm_would_not_install_are_left_out_with_a_warning() {
+    let job = |name: &str, hook: &str| {
+        format!(
+            "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: {name}\n  annotations:\n    helm.sh/hook: {hook:?}\nspec:\n  template:\n    spec:\n      restartPolicy: Never\n      containers: [{{name: a, image: busybox}}]\n---\n"
+        )
+    };
+    let jobs = [
+        job("rollback-only", "pre-rollback"),
+        job("typo", "pre-instal"),
+        job("helm-two", "crd-install"),
+        job("migrate", "pre-install, pre-rollback"),
+    ]
+    .concat();
+    let files = fleet(
+        "    chart: ../../charts/web\n",
+        &[("charts/web/templates/jobs.yaml", jobs.as_str())],
+    );
+    let output = render(&files, Some([7; 32]));
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+    let jobs: Vec<String> = resources(&output, "lab")
+        .keys()
+        .filter(|k| k.starts_with("Job/"))
+        .cloned()
+        .collect();
+    assert_eq!(jobs, ["Job/shop/migrate"]);
+    let warned: Vec<&str> = output
+        .warnings()
+        .filter(|w| w.message.contains("as Helm leaves it out"))
+        .map(|w| w.message.as_str())
+        .collect();
+    for expected in [
+        "charts/web/templates/jobs.yaml: Job rollback-only is left out, as Helm leaves it out: its helm.sh/hook (pre-rollback) runs only on helm rollback",
+        "charts/web/templates/jobs.yaml: Job typo is left out, as Helm leaves it out: its helm.sh/hook names the unknown event \"pre-instal\"",
+        "charts/web/templates/jobs.yaml: Job helm-two is left out, as Helm leaves it out: its helm.sh/hook names the unknown event \"crd-install\"",
+    ] {
+        assert!(
+            warned.iter().any(|w| w.contains(expected)),
+            "{expected}\n{warned:#?}"
+        );
+    }
+    let meta = output.bundles["lab"]
+        .meta
+        .as_deref()
+        .expect("hooks in meta");
+    assert_eq!(meta.hooks.len(), 1, "{:?}", meta.hooks);
+}

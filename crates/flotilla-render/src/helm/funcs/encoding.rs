@@ -177,6 +177,10 @@ fn lossy(bytes: Vec<u8>) -> Value {
 
 pub fn b64enc(_: &mut dyn Host, args: &[Value]) -> FuncResult {
     arity("b64enc", args, 1)?;
+    // A binary file's `.Files.Get`, as its bytes (Go's string of them).
+    if let Value::Bytes(bytes) = &args[0] {
+        return Ok(Value::string(base64_encode(bytes)));
+    }
     Ok(Value::string(base64_encode(
         string_param(&args[0])?.as_bytes(),
     )))

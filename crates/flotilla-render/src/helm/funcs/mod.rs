@@ -36,6 +36,7 @@ mod random;
 mod reflection;
 mod regex;
 mod semver;
+pub use semver::{kube_version, kube_version_meets};
 mod serial;
 mod strings;
 mod toml;

@@ -367,6 +367,21 @@ impl Constraints {
     }
 }
 
+/// `v` and the version as Helm reads a Kubernetes version (`--kube-version`,
+/// Masterminds semver's loose form: `1.31` is `v1.31.0`); `None` when it is not one.
+pub fn kube_version(text: &str) -> Option<String> {
+    Version::parse(text).ok().map(|v| format!("v{v}"))
+}
+
+/// Whether Kubernetes `version` (as [`kube_version`] gives it) meets a chart's
+/// `kubeVersion` constraint, as Helm checks it before it renders; `Err` for a
+/// constraint that does not parse.
+pub fn kube_version_meets(constraint: &str, version: &str) -> Result<bool, String> {
+    let constraints = Constraints::parse(constraint)?;
+    let version = Version::parse(version)?;
+    Ok(constraints.check(&version))
+}
+
 pub fn semver_compare(_: &mut dyn Host, args: &[Value]) -> FuncResult {
     arity("semverCompare", args, 2)?;
     let constraint = string_param(&args[0])?;
