@@ -669,3 +669,50 @@ async fn a_mirror_bundle_the_agent_could_not_store_is_taken_once_it_can() {
     assert!(report.is_success(), "{report:?}");
     agent.stop().await;
 }
+
+/// A folder refreshed from a new publish without deleting the old one's files (`cp
+/// -r`, `rsync` without `--delete`) keeps the delta from the bundle the agent runs to
+/// itself; its `current.sha256` names the new document. The stale delta gives the
+/// agent's bundle back unchanged: the agent takes the new document whole instead of
+/// staying on what it runs for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delta_left_from_an_older_publish_does_not_hide_the_new_document() {
+    let copy_over = |from: &Path, to: &Path| crate::support::hub::copy_tree(from, to, &[]);
+    let (first, second, stick) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    let state = tempfile::tempdir().expect("tempdir");
+    let target = tempfile::tempdir().expect("tempdir");
+    let v1 = release("one");
+    publish_into(first.path(), &v1, 3);
+    copy_over(first.path(), stick.path());
+    let mut agent = start_agent(
+        Server::File(stick.path().to_path_buf()),
+        state.path(),
+        target.path(),
+    );
+    agent.applied(&v1.digest).await;
+    // A fresh publish elsewhere knows nothing of v1: its deltas are only its own.
+    let v2 = release("two");
+    publish_into(second.path(), &v2, 3);
+    copy_over(second.path(), stick.path());
+    assert!(
+        stick
+            .path()
+            .join(format!("v1/clusters/{CLUSTER}/deltas/{}", v1.digest))
+            .exists(),
+        "the stale delta is on the stick"
+    );
+    let report = agent.applied(&v2.digest).await;
+    assert!(report.is_success(), "{report:?}");
+    assert!(
+        report
+            .message
+            .contains("a delta file left from an older publish"),
+        "{}",
+        report.message
+    );
+    agent.stop().await;
+}

@@ -367,6 +367,11 @@ pub struct HubClient {
     /// `deltas/current.sha256` (output of an older flotilla): not asked for again until
     /// another is taken.
     no_sha256_for: Option<Digest>,
+    /// The document (by its sha256) the mirror's `deltas/current.sha256` named at the
+    /// last poll, when it named one other than the document held: a delta that then
+    /// rebuilds the held document is a stale file (left from an older publish), not
+    /// news that nothing changed.
+    mirror_named_other: Option<Digest>,
     /// The document last handed up again only so that the caller learns the static
     /// server's ETag for it (see [`HubClient::fetch_bundle`]).
     etag_asked_for: Option<Digest>,
@@ -497,6 +502,7 @@ impl HubClient {
             no_delta_from: None,
             etag_asked_for: None,
             no_sha256_for: None,
+            mirror_named_other: None,
             registry,
             gzip_reports: false,
         })
@@ -704,6 +710,12 @@ impl HubClient {
         }
     }
 
+    /// The document the mirror's `deltas/current.sha256` named at this poll, when it
+    /// is not the one held (see [`HubClient::mirror_named_other`]).
+    pub fn mirror_names_another(&self) -> Option<&Digest> {
+        self.mirror_named_other.as_ref()
+    }
+
     /// Whether a static mirror's `deltas/current.sha256` names the document this agent
     /// took (or refused) last, while it holds a bundle: then nothing changed, and
     /// neither the document nor a delta is read (a mirror's delta from a bundle to
@@ -715,6 +727,7 @@ impl HubClient {
     async fn mirror_unchanged(&mut self, if_none_match: Option<&str>) -> Result<bool, FetchError> {
         /// `sha256:`, 64 hexadecimal digits and a newline; anything longer is not one.
         const LONGEST: usize = 128;
+        self.mirror_named_other = None;
         let Some(held) = self.last_body.clone() else {
             return Ok(false);
         };
@@ -764,6 +777,7 @@ impl HubClient {
         let named = text
             .filter(|text| text.len() <= LONGEST)
             .and_then(|text| Digest::parse(String::from_utf8_lossy(&text).trim()).ok());
+        self.mirror_named_other = named.clone().filter(|named| *named != held);
         Ok(match named {
             Some(named) => named == held,
             None => {

@@ -848,11 +848,26 @@ impl Poller {
                 .await;
             // A delta is rebuilt into the document it stands for, then verified as one.
             let mut delta_seen = None;
+            // A mirror whose `current.sha256` names another document than the one held
+            // has changed: a delta there that gives back the held document is a stale
+            // file (a folder refreshed without deleting an older publish's deltas).
+            let stale = |agent: &Self| {
+                agent.client.mirror_names_another().map(|named| {
+                    format!(
+                        "the mirror's delta from the bundle held gives it back unchanged, but its deltas/current.sha256 names {named}: a delta file left from an older publish"
+                    )
+                })
+            };
             let (fetched, as_delta) = match fetched {
                 Ok(Fetched::Delta { body, .. })
                     if self.taken_delta.is_some()
                         && self.taken_delta == Some(Digest::of(&body)) =>
                 {
+                    if let Some(why) = stale(&self) {
+                        self.taken_delta = None;
+                        self.delta_failed(why, offer).await;
+                        continue;
+                    }
                     (Ok(Fetched::NotModified), false)
                 }
                 Ok(Fetched::Delta { body, etag }) => {
@@ -862,6 +877,10 @@ impl Poller {
                     match rebuilt {
                         Ok(Some(body)) => (Ok(Fetched::Bundle { body, etag }), true),
                         Ok(None) => {
+                            if let Some(why) = stale(&self) {
+                                self.delta_failed(why, offer).await;
+                                continue;
+                            }
                             self.taken_delta = delta_seen.take();
                             // The document held is the mirror's again (after one it
                             // refused, say): its sha256 is what the next poll compares.

@@ -19,7 +19,9 @@ pub fn fleet_example() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fleet-example")
 }
 
-fn copy_tree(from: &Path, to: &Path, skip: &[&str]) {
+/// Copies the folder `from` into `to` (over what is there), but the entries of
+/// `from` named in `skip`.
+pub fn copy_tree(from: &Path, to: &Path, skip: &[&str]) {
     std::fs::create_dir_all(to).expect("create dir");
     for entry in std::fs::read_dir(from).expect("read fleet-example") {
         let entry = entry.expect("entry");
