@@ -1103,8 +1103,28 @@ async fn a_hub_down_longer_than_the_offline_threshold_judges_nobody_on_old_conta
 async fn publish_writes_what_the_hub_serves_given_its_state_dir() {
     let mut scene = Scene::at_v1(&["c1"], POLICY).await;
     let v1 = scene.runs.clone();
+    // s9 is new with v2: the hub holds it (a fresh agent gets v2's bundle) until its
+    // wave, also once v3 is the newest commit.
+    scene.fleet.write_cluster("s9", false);
     let v2 = scene.fleet.release("v2", "v2");
     scene.wait_waves(&v2, &["released", "waiting"]).await;
+    // s9's agent starts: it takes v2's bundle and runs it.
+    let token = crate::support::hub::token_by_command(
+        scene.state.path(),
+        &flotilla_hub::store::Database::StateDir,
+        &["s9"],
+    );
+    scene.tokens.insert("s9".to_string(), token);
+    assert_eq!(scene.poll("s9").await, 200);
+    scene.report("s9", true).await;
+    let v3 = scene.fleet.release("v3", "v3");
+    scene.wait_revision(&v3).await;
+    let desired: BTreeMap<String, String> = scene
+        .served()
+        .await
+        .into_iter()
+        .map(|(cluster, (desired, _))| (cluster, desired))
+        .collect();
     scene.stop().await;
     let publish = |extra: &[&str]| {
         let out = tempfile::tempdir().expect("out");
@@ -1128,7 +1148,7 @@ async fn publish_writes_what_the_hub_serves_given_its_state_dir() {
             let document: Value = serde_json::from_str(&text).expect("json");
             document["digest"].as_str().expect("digest").to_string()
         };
-        let digests: BTreeMap<String, String> = ["c1", "s1", "lab"]
+        let digests: BTreeMap<String, String> = ["c1", "s1", "s9", "lab"]
             .iter()
             .map(|c| (c.to_string(), digest_of(c)))
             .collect();
@@ -1142,6 +1162,12 @@ async fn publish_writes_what_the_hub_serves_given_its_state_dir() {
     assert!(!stderr.contains("bypasses"), "{stderr}");
     assert_eq!(served["s1"], v1["s1"], "the store keeps v1 until its wave");
     assert_ne!(served["c1"], v1["c1"], "the canary is served v2");
+    for (cluster, digest) in &served {
+        assert_eq!(
+            digest, &desired[cluster],
+            "{cluster}: the mirror gets what the hub serves a fresh agent"
+        );
+    }
     let (head, stderr) = publish(&[]);
     assert!(stderr.contains("bypasses rollouts"), "{stderr}");
     assert_ne!(

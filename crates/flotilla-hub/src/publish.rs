@@ -257,8 +257,10 @@ pub async fn publish_served(
     let mut documents = Vec::with_capacity(output.bundles.len());
     for (name, bundle) in &output.bundles {
         let document =
+            // A held cluster too: the store's digest is what the hub gives an agent
+            // that names no other (a mirror's reader is one), not HEAD's bundle.
             match served.get(name.as_str()) {
-                Some(cluster) if !cluster.hold => {
+                Some(cluster) => {
                     let canonical = objects.read(&cluster.digest).await.map_err(|source| {
                         PublishError::Served {
                             cluster: name.clone(),
@@ -273,12 +275,13 @@ pub async fn publish_served(
                         hub_sequence: Some(cluster.sequence),
                     }
                 }
-                _ => Document {
+                // Not served yet (a cluster the hub has not recorded): HEAD's.
+                None => Document {
                     cluster: name.clone(),
                     digest: bundle.digest.clone(),
                     revision: output.revision.clone(),
                     body: bundle.canonical_body(),
-                    hub_sequence: served.get(name.as_str()).map(|c| c.sequence),
+                    hub_sequence: None,
                 },
             };
         documents.push(document);
