@@ -457,7 +457,7 @@ async fn an_agent_restarted_with_a_trusted_key_judges_the_folders_document_again
 /// is taken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_whose_stored_bundle_is_refused_at_boot_still_refuses_older_sequences() {
-    use flotilla_core::signing::{SigningKey, TrustedKeys, signed_document_bytes};
+    use flotilla_core::signing::SigningKey;
     let (old_key, new_key) = (
         SigningKey::from_seed([5; 32]),
         SigningKey::from_seed([7; 32]),
@@ -465,30 +465,10 @@ async fn an_agent_whose_stored_bundle_is_refused_at_boot_still_refuses_older_seq
     let out = tempfile::tempdir().expect("tempdir");
     let state = tempfile::tempdir().expect("tempdir");
     let target = tempfile::tempdir().expect("tempdir");
-    let folder = out.path().join(format!("v1/clusters/{CLUSTER}"));
-    std::fs::create_dir_all(&folder).expect("creates");
     let plant = |bundle: &Bundle, key: &SigningKey, sequence: u64| {
-        let revision = format!("main@sha1:{}", &bundle.digest.hex()[..12]);
-        let signature = key.sign(CLUSTER, &bundle.digest, &revision, sequence);
-        let document = signed_document_bytes(
-            CLUSTER,
-            &bundle.digest,
-            &revision,
-            &bundle.canonical_body(),
-            Some(&signature),
-        );
-        std::fs::write(folder.join("bundle"), document).expect("writes");
+        plant_signed(out.path(), bundle, key, sequence);
     };
-    let config = |keys: Vec<_>| {
-        let mut config = AgentConfig::new(
-            Server::File(out.path().to_path_buf()),
-            CLUSTER,
-            state.path().to_path_buf(),
-        );
-        config.wait = Wait::Fixed(Duration::from_millis(100));
-        config.trusted = TrustedKeys::new(keys);
-        config
-    };
+    let config = |keys: Vec<_>| trusting(out.path(), state.path(), keys);
     let (v1, v2, v3) = (release("one"), release("two"), release("three"));
     plant(&v2, &old_key, 5_000);
     let mut agent = RunningAgent::start(config(vec![old_key.public_key()]), target.path());
@@ -508,6 +488,74 @@ async fn an_agent_whose_stored_bundle_is_refused_at_boot_still_refuses_older_seq
     assert_ne!(report.applied.as_ref(), Some(&v1.digest), "{report:?}");
     // A newer one is taken.
     plant(&v3, &new_key, 6_000);
+    let report = agent.applied(&v3.digest).await;
+    assert!(report.is_success(), "{report:?}");
+    agent.stop().await;
+}
+
+/// Writes `bundle` signed by `key` with `sequence` as the mirror's current document.
+fn plant_signed(
+    out: &Path,
+    bundle: &Bundle,
+    key: &flotilla_core::signing::SigningKey,
+    sequence: u64,
+) {
+    let folder = out.join(format!("v1/clusters/{CLUSTER}"));
+    std::fs::create_dir_all(&folder).expect("creates");
+    let revision = format!("main@sha1:{}", &bundle.digest.hex()[..12]);
+    let signature = key.sign(CLUSTER, &bundle.digest, &revision, sequence);
+    let document = flotilla_core::signing::signed_document_bytes(
+        CLUSTER,
+        &bundle.digest,
+        &revision,
+        &bundle.canonical_body(),
+        Some(&signature),
+    );
+    std::fs::write(folder.join("bundle"), document).expect("writes");
+}
+
+/// An agent of the folder `out` trusting `keys`.
+fn trusting(out: &Path, state: &Path, keys: Vec<flotilla_core::signing::PublicKey>) -> AgentConfig {
+    let mut config = AgentConfig::new(
+        Server::File(out.to_path_buf()),
+        CLUSTER,
+        state.to_path_buf(),
+    );
+    config.wait = Wait::Fixed(Duration::from_millis(100));
+    config.trusted = flotilla_core::signing::TrustedKeys::new(keys);
+    config
+}
+
+/// The sequence held is kept beside the bundle: an agent whose stored bundle was
+/// damaged (and set aside at its start) still refuses an older signed document a
+/// mirror replays, and takes a newer one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_whose_stored_bundle_was_damaged_still_refuses_older_sequences() {
+    let key = flotilla_core::signing::SigningKey::from_seed([5; 32]);
+    let out = tempfile::tempdir().expect("tempdir");
+    let state = tempfile::tempdir().expect("tempdir");
+    let target = tempfile::tempdir().expect("tempdir");
+    let (v1, v2, v3) = (release("one"), release("two"), release("three"));
+    plant_signed(out.path(), &v2, &key, 5_000);
+    let config = || trusting(out.path(), state.path(), vec![key.public_key()]);
+    let mut agent = RunningAgent::start(config(), target.path());
+    agent.applied(&v2.digest).await;
+    agent.stop().await;
+
+    // The disk damages the stored bundle; the mirror now offers the older v1.
+    let stored = state.path().join("bundle.json");
+    let bytes = std::fs::read(&stored).expect("the stored bundle");
+    std::fs::write(&stored, &bytes[..bytes.len() / 2]).expect("damages it");
+    plant_signed(out.path(), &v1, &key, 2_000);
+    let mut agent = RunningAgent::start(config(), target.path());
+    let report = agent
+        .until("the refusal of the older document", |r| {
+            r.attempted.as_ref() == Some(&v1.digest) && r.message.contains("refused the bundle")
+        })
+        .await;
+    assert!(report.message.contains("5000"), "{}", report.message);
+    assert_ne!(report.applied.as_ref(), Some(&v1.digest), "{report:?}");
+    plant_signed(out.path(), &v3, &key, 6_000);
     let report = agent.applied(&v3.digest).await;
     assert!(report.is_success(), "{report:?}");
     agent.stop().await;

@@ -25,6 +25,7 @@ const BUNDLE_FILE: &str = "bundle.json";
 const INVENTORY_FILE: &str = "inventory.json";
 const STATUS_FILE: &str = "status.json";
 const APPLIED_FILE: &str = "applied.json";
+const HELD_FILE: &str = "held.json";
 /// Earlier versions named temporary files in the state folder `.<final name>.tmp`;
 /// today's are [`flotilla_fs`]'s.
 const OLD_TMP_SUFFIX: &str = ".tmp";
@@ -217,6 +218,38 @@ impl StateDir {
             report: &'a StatusReport,
         }
         self.write_json(STATUS_FILE, &Kept { sent, report })
+    }
+
+    /// The sequence and digest of the last signed bundle taken, as kept beside the
+    /// bundle: what stays held when `bundle.json` is damaged and set aside, so that an
+    /// older signed bundle is refused then too.
+    pub fn load_held(&self) -> Option<flotilla_core::signing::Held> {
+        #[derive(Deserialize)]
+        struct Kept {
+            sequence: u64,
+            digest: Digest,
+        }
+        let kept: Kept = self.read_json(HELD_FILE)?;
+        Some(flotilla_core::signing::Held {
+            sequence: kept.sequence,
+            digest: kept.digest,
+        })
+    }
+
+    /// Keeps `held` (see [`StateDir::load_held`]).
+    pub fn save_held(&self, held: &flotilla_core::signing::Held) -> Result<(), StateError> {
+        #[derive(Serialize)]
+        struct Kept<'a> {
+            sequence: u64,
+            digest: &'a Digest,
+        }
+        self.write_json(
+            HELD_FILE,
+            &Kept {
+                sequence: held.sequence,
+                digest: &held.digest,
+            },
+        )
     }
 
     /// Reads a JSON file of the state folder; a damaged one is logged and ignored.

@@ -212,13 +212,20 @@ impl<S: Sink> Agent<S> {
         let last_known_good = state.load_document(&config.cluster)?;
         let document = last_known_good.as_ref().map(|(bytes, _)| bytes.clone());
         let last_known_good = last_known_good.map(|(_, document)| document);
-        // The stored document was checked when it arrived; its sequence is the one held.
+        // The stored document was checked when it arrived; its sequence is the one held,
+        // or the one kept beside it when that is higher (the document was damaged and
+        // set aside, or is older than the last one taken): a sequence never goes back.
         let held = last_known_good.as_ref().and_then(|document| {
             document.signature.as_ref().map(|signature| Held {
                 sequence: signature.sequence,
                 digest: document.bundle.digest.clone(),
             })
         });
+        let held = match (held, state.load_held()) {
+            (Some(held), Some(kept)) if kept.sequence > held.sequence => Some(kept),
+            (None, kept) => kept,
+            (held, _) => held,
+        };
         let last_known_good = last_known_good.map(|document| Arc::new(document.bundle));
         let mut inventory = state.load_inventory();
         let sink_id = sink.id();
@@ -924,6 +931,7 @@ impl Poller {
                             Ok(()) => {
                                 held_rebuilt(&mut self.client);
                                 self.backoff.reset();
+                                self.keep_held(held.as_ref());
                                 self.held = held;
                                 self.current = Some(bundle.digest.clone());
                                 self.document = Some(body);
@@ -1002,6 +1010,7 @@ impl Poller {
                             match self.state.save_bundle(&body) {
                                 Ok(()) => {
                                     held_rebuilt(&mut self.client);
+                                    self.keep_held(Some(&held));
                                     self.held = Some(held);
                                     self.document = Some(body);
                                 }
@@ -1117,6 +1126,16 @@ impl Poller {
     /// A delta that could not be rebuilt or verified: nothing of it is kept, and the
     /// next request, at once, asks for the full document. A server that sends a delta
     /// it was not asked for is waited for as after any failure.
+    /// Keeps the sequence of a signed bundle just stored beside it (`held.json`), so
+    /// that it stays held should the bundle's file be damaged and set aside.
+    fn keep_held(&self, held: Option<&Held>) {
+        if let Some(held) = held
+            && let Err(err) = self.state.save_held(held)
+        {
+            tracing::warn!(error = %err, "cannot keep the sequence held beside the bundle");
+        }
+    }
+
     async fn delta_failed(&mut self, why: String, asked: bool) {
         tracing::warn!(
             "a delta from {} failed ({why}); fetching the full document",
