@@ -479,18 +479,27 @@ async fn an_agent_whose_stored_bundle_is_refused_at_boot_still_refuses_older_seq
     // with the key still trusted, is refused too.
     plant(&v1, &new_key, 2_000);
     let mut agent = RunningAgent::start(config(vec![new_key.public_key()]), target.path());
-    let report = agent
-        .until("the refusal of the older document", |r| {
-            r.attempted.as_ref() == Some(&v1.digest) && r.message.contains("refused the bundle")
-        })
-        .await;
-    assert!(report.message.contains("5000"), "{}", report.message);
-    assert_ne!(report.applied.as_ref(), Some(&v1.digest), "{report:?}");
+    refused_as_older(&mut agent, &v1, 5_000).await;
     // A newer one is taken.
     plant(&v3, &new_key, 6_000);
     let report = agent.applied(&v3.digest).await;
     assert!(report.is_success(), "{report:?}");
     agent.stop().await;
+}
+
+/// Waits for `agent` to refuse `older` as older than the sequence `held`.
+async fn refused_as_older(agent: &mut RunningAgent, older: &Bundle, held: u64) {
+    let report = agent
+        .until("the refusal of the older document", |r| {
+            r.attempted.as_ref() == Some(&older.digest) && r.message.contains("refused the bundle")
+        })
+        .await;
+    assert!(
+        report.message.contains(&held.to_string()),
+        "{}",
+        report.message
+    );
+    assert_ne!(report.applied.as_ref(), Some(&older.digest), "{report:?}");
 }
 
 /// Writes `bundle` signed by `key` with `sequence` as the mirror's current document.
@@ -548,13 +557,7 @@ async fn an_agent_whose_stored_bundle_was_damaged_still_refuses_older_sequences(
     std::fs::write(&stored, &bytes[..bytes.len() / 2]).expect("damages it");
     plant_signed(out.path(), &v1, &key, 2_000);
     let mut agent = RunningAgent::start(config(), target.path());
-    let report = agent
-        .until("the refusal of the older document", |r| {
-            r.attempted.as_ref() == Some(&v1.digest) && r.message.contains("refused the bundle")
-        })
-        .await;
-    assert!(report.message.contains("5000"), "{}", report.message);
-    assert_ne!(report.applied.as_ref(), Some(&v1.digest), "{report:?}");
+    refused_as_older(&mut agent, &v1, 5_000).await;
     plant_signed(out.path(), &v3, &key, 6_000);
     let report = agent.applied(&v3.digest).await;
     assert!(report.is_success(), "{report:?}");
