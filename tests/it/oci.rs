@@ -1279,3 +1279,35 @@ async fn publish_oci_format_flux_never_writes_over_another_clusters_bundle_tag()
             .is_some()
     );
 }
+
+/// `publish --oci` to a registry that speaks plain HTTP, without `--oci-plain-http`:
+/// the error names a cluster whose bundle could not be pushed and says what to give.
+/// A loopback server answering in plain HTTP stands in for the registry (no registry
+/// is needed: the TLS handshake fails on its first answer).
+#[test]
+fn publish_to_a_plain_http_registry_without_the_flag_says_what_to_give() {
+    use std::io::{Read as _, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binds");
+    let port = listener.local_addr().expect("address").port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(8) {
+            let Ok(mut stream) = stream else { continue };
+            let mut buffer = [0u8; 1024];
+            let _ = stream.read(&mut buffer);
+            let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+        }
+    });
+    let fleet = concat!(env!("CARGO_MANIFEST_DIR"), "/fleet-example");
+    let output = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["publish", "--worktree", "--repo", fleet, "--oci"])
+        .arg(format!("127.0.0.1:{port}/fleet/bundles"))
+        .output()
+        .expect("flotilla runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("give --oci-plain-http"), "{stderr}");
+    assert!(
+        !stderr.contains("bundle of  to"),
+        "a cluster is named: {stderr}"
+    );
+}

@@ -717,6 +717,12 @@ fn unreachable(url: &Url, err: &reqwest::Error) -> OciError {
         reason.push_str(&cause.to_string());
         source = cause.source();
     }
+    if url.scheme() == "https" && reason.contains("InvalidContentType") {
+        reason.push_str(
+            " (the registry answers in plain HTTP, not TLS: for a registry on this \
+             machine give --oci-plain-http)",
+        );
+    }
     if reason.contains("UnknownIssuer") {
         reason.push_str(
             " (the registry's certificate is signed by a CA not trusted here: give it with \

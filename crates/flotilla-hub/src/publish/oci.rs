@@ -65,9 +65,12 @@ pub(super) async fn push_documents(
             .ensure_blob(&blob)
             .await
             .map_err(|source| PublishError::Oci {
+                // The first blob is the empty config every manifest names: the first
+                // cluster's bundle is the one that could not be pushed.
                 cluster: layers
                     .values()
                     .find(|d| d.digest == blob.digest)
+                    .or_else(|| layers.values().next())
                     .map_or_else(String::new, |d| d.cluster.clone()),
                 repository: registry.repository().to_string(),
                 source: Box::new(source),
