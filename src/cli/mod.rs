@@ -542,8 +542,9 @@ pub struct PublishArgs {
     /// output gave the cluster (and from the current one), at
     /// v1/clusters/<cluster>/deltas/<digest>: an agent polling a static mirror then
     /// fetches what changed, not the whole bundle; 0 writes none (and removes them:
-    /// the folder then holds only the current bundle's sha256). Not for --oci
-    #[arg(long, value_name = "N", default_value_t = 3)]
+    /// the folder then holds only the current bundle's sha256). Not for --oci, whose
+    /// agents take each bundle from the registry whole
+    #[arg(long, value_name = "N", default_value_t = 3, conflicts_with = "oci")]
     pub deltas: usize,
     #[command(flatten)]
     pub decryption: DecryptionArgs,

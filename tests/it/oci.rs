@@ -1310,4 +1310,24 @@ fn publish_to_a_plain_http_registry_without_the_flag_says_what_to_give() {
         !stderr.contains("bundle of  to"),
         "a cluster is named: {stderr}"
     );
+    // Deltas are files of a static mirror: asked for with --oci, refused.
+    let output = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args([
+            "publish",
+            "--worktree",
+            "--repo",
+            fleet,
+            "--deltas",
+            "2",
+            "--oci",
+        ])
+        .arg(format!("127.0.0.1:{port}/fleet/bundles"))
+        .output()
+        .expect("flotilla runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("'--deltas <N>' cannot be used with '--oci"),
+        "{stderr}"
+    );
 }
