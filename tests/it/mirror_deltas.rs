@@ -767,3 +767,29 @@ async fn a_delta_left_from_an_older_publish_does_not_hide_the_new_document() {
     );
     agent.stop().await;
 }
+
+/// After a refused replay, the mirror offers the bundle the agent runs again, signed
+/// anew with a higher sequence: the report stops naming the refused bundle (it did
+/// until the next change of digest).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bundle_held_offered_again_clears_an_earlier_refusal() {
+    let key = flotilla_core::signing::SigningKey::from_seed([5; 32]);
+    let out = tempfile::tempdir().expect("tempdir");
+    let state = tempfile::tempdir().expect("tempdir");
+    let target = tempfile::tempdir().expect("tempdir");
+    let (v1, v2) = (release("one"), release("two"));
+    plant_signed(out.path(), &v2, &key, 5_000);
+    let config = trusting(out.path(), state.path(), vec![key.public_key()]);
+    let mut agent = RunningAgent::start(config, target.path());
+    agent.applied(&v2.digest).await;
+    plant_signed(out.path(), &v1, &key, 2_000);
+    refused_as_older(&mut agent, &v1, 5_000).await;
+    plant_signed(out.path(), &v2, &key, 7_000);
+    let report = agent
+        .until("the refusal cleared", |r| {
+            r.attempted.as_ref() == Some(&v2.digest) && r.applied.as_ref() == Some(&v2.digest)
+        })
+        .await;
+    assert!(!report.message.contains("refused"), "{}", report.message);
+    agent.stop().await;
+}

@@ -165,6 +165,9 @@ enum Event {
         claimed: Option<Digest>,
         message: String,
     },
+    /// After a refusal, the server offers the bundle held again (signed anew, or as
+    /// it was): the refusal no longer stands.
+    OfferedAgain(Digest),
 }
 
 /// One agent: a sink, a server, a state folder.
@@ -332,6 +335,11 @@ impl<S: Sink> Agent<S> {
             tenant_policy: config.tenant_policy.clone(),
             tenant_key: config.tenant_key.clone(),
             held,
+            // A report kept from before naming another bundle than the one applied (a
+            // refusal) is cleared once the bundle held is offered again.
+            refused: stored.as_ref().is_some_and(|s| {
+                s.report.attempted.is_some() && s.report.attempted != s.report.applied
+            }),
             offer_delta: true,
             bad_delta: None,
             taken_delta: None,
@@ -542,6 +550,18 @@ impl<S: Sink> Applier<'_, S> {
                         report.attempted = claimed.or(report.attempted.take());
                         report.message = message;
                         self.publish();
+                    }
+                    Some(Event::OfferedAgain(digest)) => {
+                        if self.report.applied.as_ref() == Some(&digest)
+                            && self.report.attempted.as_ref() != Some(&digest)
+                        {
+                            let report = Arc::make_mut(&mut self.report);
+                            report.attempted = Some(digest.clone());
+                            report.message = format!(
+                                "the server offers the bundle {digest} this agent runs again, and no other: what it offered before is no longer offered"
+                            );
+                            self.publish();
+                        }
                     }
                     None => {
                         tracing::error!("the poller stopped; the agent stops");
@@ -804,6 +824,8 @@ struct Poller {
     tenant_key: Option<flotilla_core::signing::PublicKey>,
     /// The sequence and digest of the last signed bundle accepted.
     held: Option<Held>,
+    /// The last bundle offered was refused (and the report says so).
+    refused: bool,
     /// Whether the next request offers the stored bundle as the base of a delta; off
     /// for one request after a delta failed.
     offer_delta: bool,
@@ -1002,11 +1024,17 @@ impl Poller {
                             self.backoff.reset();
                             self.etag = etag;
                             self.taken_delta = delta_seen;
+                            if !self.offered_again().await {
+                                return;
+                            }
                             self.waits.answered(wait, started.elapsed())
                         }
                         Verdict::Resigned(held) => {
                             self.backoff.reset();
                             self.etag = etag;
+                            if !self.offered_again().await {
+                                return;
+                            }
                             match self.state.save_bundle(&body) {
                                 Ok(()) => {
                                     held_rebuilt(&mut self.client);
@@ -1243,11 +1271,22 @@ impl Poller {
         }
     }
 
-    async fn refuse(&self, claimed: Option<Digest>, message: String) -> bool {
+    async fn refuse(&mut self, claimed: Option<Digest>, message: String) -> bool {
+        self.refused = true;
         self.events
             .send(Event::Refused { claimed, message })
             .await
             .is_ok()
+    }
+
+    /// The bundle held was offered again: after a refusal, the report says the
+    /// refusal no longer stands. False when the applier is gone.
+    async fn offered_again(&mut self) -> bool {
+        let Some(current) = self.current.clone().filter(|_| self.refused) else {
+            return true;
+        };
+        self.refused = false;
+        self.events.send(Event::OfferedAgain(current)).await.is_ok()
     }
 }
 
