@@ -79,6 +79,18 @@ impl StaticServer {
                         name.eq_ignore_ascii_case("if-none-match")
                             .then(|| value.trim().to_string())
                     });
+                    // As Python's http.server does, a POST (the agent's status
+                    // report) is answered 501 with an HTML page.
+                    if head.starts_with("POST ") {
+                        let page = "<!DOCTYPE HTML>\n<html>\n<head>\n<title>Error response</title>\n</head>\n<body>\n<h1>Error response</h1>\n<p>Error code: 501</p>\n</body>\n</html>\n";
+                        let answer = format!(
+                            "HTTP/1.1 501 Unsupported method ('POST')\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{page}",
+                            page.len()
+                        );
+                        let _ = socket.write_all(answer.as_bytes()).await;
+                        let _ = socket.shutdown().await;
+                        return;
+                    }
                     let answer = match std::fs::read(&file) {
                         Ok(body) => {
                             let etag = format!(
@@ -269,6 +281,11 @@ async fn an_agent_on_a_static_web_server_takes_a_change_as_a_delta_and_polls_a_s
         Server::parse(&format!("http://127.0.0.1:{}", static_server.port)).expect("a server");
     let asked = |path: &str| static_server.asked(path);
     a_mirror_change_arrives_as_a_delta(server, out.path(), Some(&asked)).await;
+    // The server took no report (501): the agent asked once, not with every bundle.
+    assert_eq!(
+        static_server.asked(&format!("/v1/clusters/{CLUSTER}/status")),
+        1
+    );
 }
 
 /// A mirror written before `deltas/current.sha256` existed (here: the file removed

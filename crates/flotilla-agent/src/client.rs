@@ -1148,11 +1148,18 @@ fn error_message(body: &str) -> String {
             }
         }
     }
-    let trimmed = body.trim();
-    if trimmed.is_empty() {
+    // An HTML error page (a web server's or a proxy's) is said by its title, and any
+    // other text on one line.
+    let lower = body.to_ascii_lowercase();
+    let text = match (lower.find("<title>"), lower.find("</title>")) {
+        (Some(start), Some(end)) if start + 7 <= end => &body[start + 7..end],
+        _ => body,
+    };
+    let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if text.is_empty() {
         "no message".to_string()
     } else {
-        trimmed.chars().take(300).collect()
+        text.chars().take(300).collect()
     }
 }
 
@@ -1195,6 +1202,18 @@ mod tests {
     use axum::routing::{get, post};
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex};
+
+    #[test]
+    fn an_error_page_is_said_by_its_title_and_other_text_on_one_line() {
+        let page = "<!DOCTYPE HTML>\n<html>\n<head>\n<title>Error response</title>\n</head>\n<body><p>Error code: 501</p></body></html>\n";
+        assert_eq!(error_message(page), "Error response");
+        assert_eq!(error_message("bad\n  gateway\n"), "bad gateway");
+        assert_eq!(
+            error_message(r#"{"error": "no such cluster"}"#),
+            "no such cluster"
+        );
+        assert_eq!(error_message(" \n"), "no message");
+    }
 
     /// What the hub saw of one request: path, If-None-Match, wait, Authorization.
     type Request = (String, Option<String>, Option<String>, Option<String>);

@@ -312,6 +312,7 @@ impl<S: Sink> Agent<S> {
         let (report_tx, report_rx) = watch::channel(first_report);
         let reporter = Reporter {
             client: report_client,
+            to_bundle_server: config.report_to.is_none(),
             state: state.clone(),
             backoff: Backoff::new(config.backoff),
             sleeper: sleeper.clone(),
@@ -1311,6 +1312,9 @@ fn digest_of_etag(etag: &str) -> Option<Digest> {
 /// The reporter's state.
 struct Reporter {
     client: HubClient,
+    /// Reports go to the server bundles come from (no `--report-to`), which may be a
+    /// static mirror that takes none.
+    to_bundle_server: bool,
     state: Arc<StateDir>,
     backoff: Backoff,
     sleeper: Arc<dyn Sleeper>,
@@ -1319,7 +1323,7 @@ struct Reporter {
 
 impl Reporter {
     async fn run(mut self, mut reports: watch::Receiver<Option<Arc<StatusReport>>>) {
-        let accepts = self.client.server().accepts_status();
+        let mut accepts = self.client.server().accepts_status();
         // A report left unsent by the previous run is sent first.
         let mut pending = reports.borrow_and_update().clone();
         // The report in status.json, and whether it is marked sent there.
@@ -1370,6 +1374,17 @@ impl Reporter {
                         kept = Some((report.clone(), true));
                     }
                     last_sent = Some(report);
+                }
+                // A static web server (a mirror) answers a POST with 405 or 501: it
+                // takes no reports, and is not asked again.
+                Err(client::FetchError::Status { status, .. })
+                    if (status == 405 || status == 501) && self.to_bundle_server =>
+                {
+                    tracing::info!(
+                        status,
+                        "the server takes no status reports (a static mirror): they are kept in the state folder's status.json only; give --report-to the hub's URL to send them"
+                    );
+                    accepts = false;
                 }
                 Err(err) => {
                     let delay = match err.kind() {
