@@ -614,6 +614,15 @@ impl Object for ApiVersions {
     fn display(&self) -> String {
         format!("[{}]", self.0.join(" "))
     }
+    fn range_items(&self) -> Option<Vec<(Value, Value)>> {
+        Some(
+            self.0
+                .iter()
+                .enumerate()
+                .map(|(i, v)| (Value::Int(i as i64), Value::string(v.as_str())))
+                .collect(),
+        )
+    }
 }
 
 /// Helm v4's `version.BuildInfo` as the reference renders carry it.
@@ -759,6 +768,15 @@ impl Object for FilesObject {
             })
             .collect();
         format!("map[{}]", entries.join(" "))
+    }
+    /// A `map[string][]byte`: each path (sorted) and its bytes.
+    fn range_items(&self) -> Option<Vec<(Value, Value)>> {
+        Some(
+            self.0
+                .iter()
+                .map(|(path, data)| (Value::string(path.as_str()), Value::Bytes(Arc::clone(data))))
+                .collect(),
+        )
     }
 }
 

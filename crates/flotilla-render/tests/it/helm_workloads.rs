@@ -894,3 +894,28 @@ fn hooks_helm_would_not_install_are_left_out_with_a_warning() {
         .expect("hooks in meta");
     assert_eq!(meta.hooks.len(), 1, "{:?}", meta.hooks);
 }
+
+/// `range` and `len` over Helm's map and slice types, as Go templates allow them:
+/// `.Files` and `.Files.Glob` (a `map[string][]byte`, paths sorted) and
+/// `.Capabilities.APIVersions` (a `[]string`).
+#[test]
+fn range_and_len_go_over_files_and_api_versions() {
+    let template = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: listing\ndata:\n{{- range $path, $_ := .Files.Glob \"files/*\" }}\n  {{ base $path }}: {{ $.Files.Get $path | quote }}\n{{- end }}\n  files: {{ len .Files | quote }}\n  first: {{ range $i, $v := .Capabilities.APIVersions }}{{ if eq $i 0 }}{{ $v | quote }}{{ end }}{{ end }}\n  versions: {{ gt (len .Capabilities.APIVersions) 10 | quote }}\n";
+    let files = fleet(
+        "    chart: ../../charts/web\n",
+        &[
+            ("charts/web/files/b.txt", "bee\n"),
+            ("charts/web/files/a.txt", "ay\n"),
+            ("charts/web/templates/listing.yaml", template),
+        ],
+    );
+    let output = render(&files, Some([7; 32]));
+    assert!(errors(&output).is_empty(), "{:#?}", output.diagnostics);
+    let data = &resources(&output, "lab")["ConfigMap/shop/listing"]["data"];
+    assert_eq!(data["a.txt"], "ay\n");
+    assert_eq!(data["b.txt"], "bee\n");
+    // The two files and crds/widgets.yaml: Helm's `.Files` holds the CRDs' files too.
+    assert_eq!(data["files"], "3");
+    assert_eq!(data["first"], "v1");
+    assert_eq!(data["versions"], "true");
+}

@@ -544,6 +544,18 @@ impl<'a> Exec<'a> {
                     }
                 }
                 Value::Nil | Value::Missing => {}
+                Value::Object(object) if object.range_items().is_some() => {
+                    for (key, item) in object.range_items().unwrap_or_default() {
+                        match one(self, f, key, iface(&item)) {
+                            Ok(true) => {}
+                            Ok(false) => break,
+                            Err(e) => {
+                                result = Err(e);
+                                break;
+                            }
+                        }
+                    }
+                }
                 other => {
                     return Err(Stop::Err(
                         self.err(f, format!("range can't iterate over {}", display(other))),
@@ -1317,6 +1329,9 @@ fn builtin_len(item: &Value) -> Result<Value, FuncError> {
         Value::Bytes(b) => b.len(),
         Value::List(l) => l.len(),
         Value::Map(m) => m.len(),
+        Value::Object(object) if object.range_items().is_some() => {
+            object.range_items().map_or(0, |items| items.len())
+        }
         other => return Err(FuncError::new(format!("len of type {}", other.type_name()))),
     };
     Ok(Value::Int(n as i64))

@@ -204,6 +204,12 @@ pub trait Object: fmt::Debug + Send + Sync {
     /// What `%v` and `print` write: the value of a `String()` method where the Go type
     /// has one (`.Capabilities.KubeVersion` prints `v1.31.4`), else Go's struct form.
     fn display(&self) -> String;
+    /// For a Go map or slice type (Helm's `.Files`, `.Capabilities.APIVersions`): its
+    /// entries as `range` visits them (a map's keys sorted, a slice's indexes) and
+    /// `len` counts them; `None` for a struct.
+    fn range_items(&self) -> Option<Vec<(Value, Value)>> {
+        None
+    }
 }
 
 /// What a function returns: a value, or the error Go reports after
