@@ -544,8 +544,13 @@ impl<'a> Exec<'a> {
                     }
                 }
                 Value::Nil | Value::Missing => {}
-                Value::Object(object) if object.range_items().is_some() => {
-                    for (key, item) in object.range_items().unwrap_or_default() {
+                Value::Object(object) => {
+                    let Some(items) = object.range_items() else {
+                        return Err(Stop::Err(
+                            self.err(f, format!("range can't iterate over {}", display(&v.value))),
+                        ));
+                    };
+                    for (key, item) in items {
                         match one(self, f, key, iface(&item)) {
                             Ok(true) => {}
                             Ok(false) => break,
@@ -1329,9 +1334,10 @@ fn builtin_len(item: &Value) -> Result<Value, FuncError> {
         Value::Bytes(b) => b.len(),
         Value::List(l) => l.len(),
         Value::Map(m) => m.len(),
-        Value::Object(object) if object.range_items().is_some() => {
-            object.range_items().map_or(0, |items| items.len())
-        }
+        Value::Object(object) => match object.range_items() {
+            Some(items) => items.len(),
+            None => return Err(FuncError::new(format!("len of type {}", item.type_name()))),
+        },
         other => return Err(FuncError::new(format!("len of type {}", other.type_name()))),
     };
     Ok(Value::Int(n as i64))
