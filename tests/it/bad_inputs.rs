@@ -455,7 +455,7 @@ fn binary_files_in_a_chart_are_read_and_others_are_skipped() {
     write("charts/logo/files/key.bin", key);
     write(
         "charts/logo/templates/cm.yaml",
-        b"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: logo\nbinaryData:\n  key: {{ .Files.Get \"files/key.bin\" | b64enc }}\n",
+        b"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: logo\n  annotations:\n    checksum/key: {{ .Files.Get \"files/key.bin\" | sha256sum }}\nbinaryData:\n  key: {{ .Files.Get \"files/key.bin\" | b64enc }}\n",
     );
     write(
         "workloads/logo/workload.yaml",
@@ -479,6 +479,11 @@ fn binary_files_in_a_chart_are_read_and_others_are_skipped() {
         assert_eq!(
             config_map["binaryData"]["key"],
             base64::engine::general_purpose::STANDARD.encode(key)
+        );
+        // Other functions take the file's bytes too, as Go's string of them.
+        assert_eq!(
+            config_map["metadata"]["annotations"]["checksum/key"],
+            flotilla_core::bundle::Digest::of(key).hex()
         );
     };
     check(source::from_folder(&fleet, "").expect("readable"));

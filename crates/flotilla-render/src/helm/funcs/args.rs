@@ -54,10 +54,12 @@ pub(crate) fn wrong_type(expected: &str, v: &Value) -> FuncError {
     ))
 }
 
-/// A Go `string` parameter: only a string is accepted.
+/// A Go `string` parameter: only a string is accepted, or the bytes of a binary file
+/// `.Files.Get` gave (a Go string holds any bytes), as text.
 pub(crate) fn string_param(v: &Value) -> Result<Arc<str>, FuncError> {
     match v {
         Value::String(s) => Ok(s.clone()),
+        Value::Bytes(b) => Ok(Arc::from(String::from_utf8_lossy(b).as_ref())),
         other => Err(wrong_type("string", other)),
     }
 }
