@@ -166,6 +166,10 @@ pub fn report(diff: &FleetDiff, options: &MarkdownOptions) -> String {
         .iter()
         .map(|(index, _)| diff_texts(&diff.groups[*index]))
         .collect();
+    // Per group, the shortest diff that did not fit: the budget only shrinks, so a
+    // diff as long is not tried again (a group of thousands of diffs near the end of
+    // the budget is not rebuilt once per diff).
+    let mut too_long = vec![usize::MAX; blocks.len()];
     let mut open = true;
     while open {
         open = false;
@@ -178,12 +182,16 @@ pub fn report(diff: &FleetDiff, options: &MarkdownOptions) -> String {
             open = true;
             let mut next = layouts[slot].clone();
             // A diff longer than what is left cannot fit: not even tried.
-            next.diffs.push(text.len() <= budget);
+            next.diffs
+                .push(text.len() <= budget && text.len() < too_long[slot]);
             if next.diffs[tried]
                 && let Some(grown) = replace_if_fits(diff, group, &next, block, &mut budget)
             {
                 *block = grown;
             } else {
+                if next.diffs[tried] {
+                    too_long[slot] = text.len();
+                }
                 next.diffs[tried] = false;
             }
             layouts[slot] = next;
@@ -202,7 +210,7 @@ pub fn report(diff: &FleetDiff, options: &MarkdownOptions) -> String {
                 None => cuts.shortened.push(*index),
             }
         }
-        if layouts[slot].shown() < diff_count(group) {
+        if layouts[slot].shown() < texts[slot].len() {
             cuts.without_diffs.push(*index);
         }
     }
@@ -465,10 +473,6 @@ fn table(diff: &FleetDiff, budget: usize, cuts: &mut Cuts) -> String {
     }
     out.push('\n');
     out
-}
-
-fn diff_count(group: &ChangeGroup) -> usize {
-    group.resources.iter().filter(|r| r.diff.is_some()).count()
 }
 
 /// The diffs of `group`'s resources that have one, in order.
