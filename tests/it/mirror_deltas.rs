@@ -579,6 +579,19 @@ async fn an_agent_whose_stored_bundle_was_damaged_still_refuses_older_sequences(
     let report = agent.applied(&v3.digest).await;
     assert!(report.is_success(), "{report:?}");
     agent.stop().await;
+    assert!(state.path().join("held.json").exists());
+
+    // Without --trust-key no sequence is held: the kept one goes with the next bundle
+    // taken, so it cannot come back at a later start with keys.
+    let v4 = release("four");
+    publish_into(out.path(), &v4, 0);
+    let mut agent = RunningAgent::start(
+        trusting(out.path(), state.path(), Vec::new()),
+        target.path(),
+    );
+    agent.applied(&v4.digest).await;
+    agent.stop().await;
+    assert!(!state.path().join("held.json").exists());
 }
 
 /// An agent that holds the mirror's current document, from its first poll after

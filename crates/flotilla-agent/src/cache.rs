@@ -252,6 +252,17 @@ impl StateDir {
         )
     }
 
+    /// Removes what [`StateDir::save_held`] kept (a bundle taken unsigned holds none).
+    pub fn forget_held(&self) -> Result<(), StateError> {
+        match fs::remove_file(self.path.join(HELD_FILE)) {
+            Err(err) if err.kind() != io::ErrorKind::NotFound => Err(StateError::Io {
+                path: self.path.join(HELD_FILE),
+                source: err,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Reads a JSON file of the state folder; a damaged one is logged and ignored.
     pub fn read_json<T: for<'de> Deserialize<'de>>(&self, name: &str) -> Option<T> {
         let path = self.path.join(name);

@@ -878,11 +878,19 @@ impl Poller {
                 .await;
             // A delta is rebuilt into the document it stands for, then verified as one.
             let mut delta_seen = None;
+            // The answer gives back the bundle held (a delta that rebuilds it).
+            let mut held_again = false;
             // A mirror whose `current.sha256` names another document than the one held
             // has changed: a delta there that gives back the held document is a stale
             // file (a folder refreshed without deleting an older publish's deltas).
             let stale = |agent: &Self| {
-                agent.client.mirror_names_another().map(|named| {
+                // Not when it names the document held (back after a refused one).
+                let held = agent.document.as_deref().map(|d| Digest::of(d));
+                let named = agent
+                    .client
+                    .mirror_names_another()
+                    .filter(|n| Some(*n) != held.as_ref());
+                named.map(|named| {
                     format!(
                         "the mirror's delta from the bundle held gives it back unchanged, but its deltas/current.sha256 names {named}: a delta file left from an older publish"
                     )
@@ -911,6 +919,7 @@ impl Poller {
                                 self.delta_failed(why, offer).await;
                                 continue;
                             }
+                            held_again = true;
                             self.taken_delta = delta_seen.take();
                             // The document held is the mirror's again (after one it
                             // refused, say): its sha256 is what the next poll compares.
@@ -931,6 +940,13 @@ impl Poller {
                 Ok(Fetched::Delta { .. }) => Duration::ZERO,
                 Ok(Fetched::NotModified) => {
                     self.backoff.reset();
+                    // A hub's 304 names the bundle held (its ETag was asked for); a
+                    // mirror's or a registry's "unchanged" may be the refused one still.
+                    let from_hub =
+                        matches!(self.client.server(), Server::Http(_)) && !self.client.is_mirror();
+                    if (held_again || from_hub) && !self.offered_again().await {
+                        return;
+                    }
                     self.waits.answered(wait, started.elapsed())
                 }
                 Ok(Fetched::Bundle { body, etag }) => {
@@ -1152,19 +1168,22 @@ impl Poller {
         delta::decode(body, self.current.as_ref(), &dictionary).map(Some)
     }
 
-    /// A delta that could not be rebuilt or verified: nothing of it is kept, and the
-    /// next request, at once, asks for the full document. A server that sends a delta
-    /// it was not asked for is waited for as after any failure.
     /// Keeps the sequence of a signed bundle just stored beside it (`held.json`), so
-    /// that it stays held should the bundle's file be damaged and set aside.
+    /// that it stays held should the bundle's file be damaged and set aside; a bundle
+    /// taken unsigned (no `--trust-key`) holds none, and the file goes.
     fn keep_held(&self, held: Option<&Held>) {
-        if let Some(held) = held
-            && let Err(err) = self.state.save_held(held)
-        {
+        let kept = match held {
+            Some(held) => self.state.save_held(held),
+            None => self.state.forget_held(),
+        };
+        if let Err(err) = kept {
             tracing::warn!(error = %err, "cannot keep the sequence held beside the bundle");
         }
     }
 
+    /// A delta that could not be rebuilt or verified: nothing of it is kept, and the
+    /// next request, at once, asks for the full document. A server that sends a delta
+    /// it was not asked for is waited for as after any failure.
     async fn delta_failed(&mut self, why: String, asked: bool) {
         tracing::warn!(
             "a delta from {} failed ({why}); fetching the full document",

@@ -886,7 +886,6 @@ fn open_node(
     }
 }
 
-/// The texts of the values of `opened` that were `ENC[…]` in `sealed` (the same tree).
 /// [`decrypted_texts`] of one document, leaving out what names a Kubernetes object:
 /// its `apiVersion`, `kind`, `metadata.name` and `metadata.namespace` (and a Secret's
 /// `type`) travel in plain text in every bundle whatever the file encrypted, so a
@@ -918,6 +917,7 @@ fn document_texts(sealed: &Node, opened: &Node, out: &mut Vec<String>) {
     }
 }
 
+/// The texts of the values of `opened` that were `ENC[…]` in `sealed` (the same tree).
 fn decrypted_texts(sealed: &Node, opened: &Node, out: &mut Vec<String>) {
     match (sealed, opened) {
         (Node::Map(a), Node::Map(b)) => {
