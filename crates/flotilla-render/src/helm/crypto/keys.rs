@@ -3,6 +3,9 @@
 //! chooses, read back from any of the PEM forms Sprig's `parsePrivateKeyPEM` accepts,
 //! and used to sign certificates the way Go's `x509.CreateCertificate` does.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use ed25519_dalek::pkcs8::DecodePrivateKey as _;
 use p256::elliptic_curve::sec1::ToEncodedPoint as _;
 use rand_chacha::ChaCha20Rng;
@@ -68,16 +71,53 @@ pub struct DsaKey {
 /// Why a key could not be made or used: the message Go would give, where it gives one.
 pub type KeyError = String;
 
+/// The RSA keys this process made, by size and seed, and the bytes their numbers take.
+type KeptRsaKeys = (HashMap<(usize, [u8; 32]), Arc<RsaPrivateKey>>, usize);
+
+/// At most this many bytes of RSA numbers are kept (about 26,000 keys of 4,096 bits,
+/// 52,000 of 2,048); when full, the kept keys are dropped and kept anew.
+const RSA_KEPT_BYTES: usize = 64 << 20;
+
+/// The RSA key of `bits` bits from ChaCha20 seeded with `seed`, made once per process:
+/// a release rendered again (new values, a new chart version, a render process
+/// started over a fleet it rendered) makes the same calls with the same seeds, and a
+/// key takes about 0.1 s (2,048 bits) to 1 s (4,096) to find in a release build. The
+/// keys are those the seed gives whoever holds it; the render process holds the seed.
+fn rsa_key(bits: usize, seed: [u8; 32]) -> rsa::Result<Arc<RsaPrivateKey>> {
+    static KEPT: Mutex<Option<KeptRsaKeys>> = Mutex::new(None);
+    let kept = || KEPT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((keys, _)) = kept().as_ref()
+        && let Some(key) = keys.get(&(bits, seed))
+    {
+        return Ok(Arc::clone(key));
+    }
+    let key = Arc::new(super::primes::generate(
+        &mut ChaCha20Rng::from_seed(seed),
+        bits,
+    )?);
+    // n, d, two primes and three numbers of half their size each.
+    let bytes = bits.div_ceil(8) * 9 / 2;
+    let mut kept = kept();
+    let (keys, total) = kept.get_or_insert_with(Default::default);
+    if *total + bytes > RSA_KEPT_BYTES {
+        keys.clear();
+        *total = 0;
+    }
+    if keys.insert((bits, seed), Arc::clone(&key)).is_none() {
+        *total += bytes;
+    }
+    Ok(key)
+}
+
 impl PrivateKey {
     /// Generates a key of `kind` from ChaCha20 seeded with `seed`: the same seed always
     /// gives the same key (with this build's crates). This pure function of
-    /// `(kind, seed)` is the place a cache of generated keys belongs: RSA keys take
-    /// tens of milliseconds (seconds for 4096 bits in an unoptimised build).
+    /// `(kind, seed)` keeps the RSA keys it made (see [`rsa_key`]).
     pub fn generate(kind: KeyKind, seed: [u8; 32]) -> Result<PrivateKey, KeyError> {
         let mut rng = ChaCha20Rng::from_seed(seed);
         match kind {
-            KeyKind::Rsa { bits } => RsaPrivateKey::new(&mut rng, bits)
-                .map(|key| PrivateKey::Rsa(Box::new(key)))
+            KeyKind::Rsa { bits } => rsa_key(bits, seed)
+                .map(|key| PrivateKey::Rsa(Box::new(RsaPrivateKey::clone(&key))))
                 .map_err(|e| e.to_string()),
             KeyKind::Dsa => {
                 let components = dsa::Components::generate(&mut rng, dsa::KeySize::DSA_2048_256);
@@ -300,4 +340,26 @@ fn dsa_from_der(der: &[u8]) -> Result<DsaKey, KeyError> {
         y: bytes(y),
         x: bytes(x),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_rsa_key_is_made_once_per_size_and_seed() {
+        let first = rsa_key(512, [41; 32]).expect("a key");
+        let again = rsa_key(512, [41; 32]).expect("a key");
+        assert!(
+            Arc::ptr_eq(&first, &again),
+            "the kept key is handed out again"
+        );
+        let made = super::super::primes::generate(&mut ChaCha20Rng::from_seed([41; 32]), 512)
+            .expect("a key");
+        assert!(*first == made, "the kept key is the seed's");
+        let other = rsa_key(512, [42; 32]).expect("a key");
+        assert!(*other != *first);
+        let larger = rsa_key(768, [41; 32]).expect("a key");
+        assert_eq!(larger.size(), 96);
+    }
 }

@@ -23,6 +23,7 @@
 mod der;
 mod keys;
 mod pem;
+mod primes;
 mod symmetric;
 mod x509;
 
