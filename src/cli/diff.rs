@@ -103,6 +103,7 @@ pub fn run_diff(args: &DiffArgs) -> anyhow::Result<u8> {
     };
 
     let limits = args.limits.limits();
+    super::memory::cap(args.limits.render_memory)?;
     let render_options = RenderOptions {
         limits: limits.clone(),
         sops: args.decryption.review()?,

@@ -108,7 +108,7 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<u8> {
         config.render_worker = Some(flotilla_hub::render_worker::RenderWorker {
             program: std::env::current_exe()
                 .context("cannot find the flotilla binary to render with")?,
-            memory_limit: Some(args.render_memory),
+            memory_limit: (args.limits.render_memory > 0).then_some(args.limits.render_memory),
         });
     }
     if args.header_timeout.as_secs() < 1 || args.idle_timeout.as_secs() < 1 {
@@ -333,6 +333,7 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
         })?),
         None => None,
     };
+    super::memory::cap(args.limits.render_memory)?;
     // Agents' sealing headers the hub kept (read only: the hub writes that file).
     if let Some(state_dir) = &args.state_dir
         && let Err(err) = flotilla_hub::render_worker::KeptHeaders::in_state_dir(state_dir).offer()

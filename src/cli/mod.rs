@@ -6,6 +6,7 @@ mod hub;
 mod init;
 mod key;
 mod manual;
+mod memory;
 pub mod remote;
 mod render;
 mod rollout;
@@ -162,6 +163,15 @@ pub struct LimitArgs {
         default_value = "30s"
     )]
     pub render_timeout: humantime::Duration,
+    /// The most memory a render may take: `serve` renders each commit in a process of
+    /// its own under this cap, and one that needs more ends there and is reported as a
+    /// failed render; `render`, `validate`, `diff` and `publish` cap their own process
+    /// and stop with an error (a template building a huge list, say: the lines
+    /// "still rendering FILE for cluster NAME" name it). Bytes, or with KiB, MiB or
+    /// GiB; 0 for no limit.
+    #[arg(long, env = "FLOTILLA_RENDER_MEMORY", default_value = "4GiB", value_name = "SIZE",
+          value_parser = parse_size)]
+    pub render_memory: u64,
 }
 
 impl LimitArgs {
@@ -424,13 +434,6 @@ pub struct ServeArgs {
     pub decryption: DecryptionArgs,
     #[command(flatten)]
     pub limits: LimitArgs,
-    /// The most memory the render of one commit may take: each commit is rendered in a
-    /// process of its own, and one that needs more ends there and is reported as a
-    /// failed render (a template building a huge string, say). Bytes, or with KiB,
-    /// MiB or GiB.
-    #[arg(long, env = "FLOTILLA_RENDER_MEMORY", default_value = "4GiB", value_name = "SIZE",
-          value_parser = parse_size, help_heading = "Budgets")]
-    pub render_memory: u64,
     /// The most memory the hub may spend keeping its last render, so that the next
     /// commit renders only the clusters and workloads it changes. A heavier render is
     /// not kept, and every commit is rendered in full; 0 keeps none. See

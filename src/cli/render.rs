@@ -50,17 +50,13 @@ fn render_fleet(
     source: &super::SourceArgs,
     command: &str,
     clusters: &[String],
-    (limits, decryption): (&super::LimitArgs, &super::DecryptionArgs),
+    (limits_args, decryption): (&super::LimitArgs, &super::DecryptionArgs),
     digests_only: bool,
 ) -> anyhow::Result<RenderOutput> {
-    let limits = limits.limits();
+    let limits = limits_args.limits();
     let snapshot = super::source::read(source, command, &limits)?;
     let progress = Progress::new();
-    // A template that takes seconds for one cluster is named while it runs (an
-    // endless one ends at its fuel; one that builds too much may exhaust memory).
-    flotilla_render::progress::watch(Duration::from_millis(500), Duration::from_secs(2), |line| {
-        eprintln!("{line}");
-    });
+    super::memory::cap(limits_args.render_memory)?;
     let callback = |done: usize, total: usize| progress.update(done, total);
     let options = RenderOptions {
         clusters: clusters.iter().cloned().collect(),

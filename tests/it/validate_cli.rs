@@ -154,3 +154,44 @@ fn signed_tenant_rules_follow_the_tenant_files() {
     let (code, stdout, stderr) = run(&["validate", "--repo", fleet_arg]);
     assert_eq!(code, 0, "{stdout}{stderr}");
 }
+
+/// A template that adds a list to itself again and again is copied whole once it is
+/// deep (more than fuel pays for): `validate` stops at `--render-memory` with an
+/// error naming the template, instead of taking the machine's memory.
+#[test]
+fn a_template_past_the_memory_cap_stops_validate_naming_it() {
+    let fleet = tempfile::tempdir().expect("a folder");
+    let write = |path: &str, text: &str| {
+        let path = fleet.path().join(path);
+        std::fs::create_dir_all(path.parent().expect("a parent")).expect("folders");
+        std::fs::write(path, text).expect("written");
+    };
+    write(
+        "clusters/red.yaml",
+        "apiVersion: flotilla.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name: red\n  labels: {site: shop}\n",
+    );
+    write(
+        "workloads/grow/workload.yaml",
+        "apiVersion: flotilla.dev/v1alpha1\nkind: Workload\nmetadata:\n  name: grow\nspec:\n  namespace: grow\n  targets:\n    - clusterSelector: {matchLabels: {site: shop}}\n",
+    );
+    let doubled = "{% set l = l + l %}\n".repeat(40);
+    write(
+        "workloads/grow/manifests/grow.yaml.j2",
+        &format!(
+            "{{% set l = [1] %}}\n{doubled}apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: grow\ndata:\n  n: \"{{{{ l | length }}}}\"\n"
+        ),
+    );
+    let output = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["validate", "--render-memory", "256MiB", "--repo"])
+        .arg(fleet.path())
+        .output()
+        .expect("flotilla runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(
+            "error: the render needed more than 256 MiB of memory (--render-memory) and was stopped (it was rendering workloads/grow/manifests/grow.yaml.j2 for cluster red)"
+        ),
+        "{stderr}"
+    );
+}

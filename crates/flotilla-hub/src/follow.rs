@@ -1140,7 +1140,7 @@ fn hidden_below(root: &Path, path: &Path) -> bool {
 }
 
 /// `4 GiB`, `512 MiB`, or bytes when not a whole number of either.
-fn human_bytes(bytes: u64) -> String {
+pub fn human_bytes(bytes: u64) -> String {
     const MIB: u64 = 1024 * 1024;
     if bytes >= 1024 * MIB && bytes.is_multiple_of(1024 * MIB) {
         format!("{} GiB", bytes / (1024 * MIB))

@@ -127,33 +127,56 @@ pub fn watch(every: Duration, slow: Duration, tell: impl Fn(&str) + Send + 'stat
 /// The template renders running for `slow` or longer not told yet, as lines (each
 /// is then told).
 fn slow_renders(slow: Duration) -> Vec<String> {
-    let live: Vec<Slot> = {
-        let mut slots = lock(slots());
-        slots.retain(|slot| slot.strong_count() > 0);
-        slots.iter().filter_map(Weak::upgrade).collect()
-    };
     let mut lines = Vec::new();
-    for slot in live {
+    for slot in live_slots() {
         let mut current = lock(&slot);
         let took = current.since.elapsed();
         if current.active && !current.told && took >= slow {
             current.told = true;
-            let cluster = current
-                .context
-                .get_attr("cluster")
-                .and_then(|cluster| cluster.get_attr("name"))
-                .ok()
-                .filter(|name| !name.is_undefined())
-                .map(|name| format!(" for cluster {name}"))
-                .unwrap_or_default();
             lines.push(format!(
-                "{STILL_RENDERING}{}{cluster} ({:.1} s)",
-                current.file,
+                "{STILL_RENDERING}{} ({:.1} s)",
+                current.describe(),
                 took.as_secs_f64()
             ));
         }
     }
     lines
+}
+
+/// The slots of the render threads that still run.
+fn live_slots() -> Vec<Slot> {
+    let mut slots = lock(slots());
+    slots.retain(|slot| slot.strong_count() > 0);
+    slots.iter().filter_map(Weak::upgrade).collect()
+}
+
+impl Current {
+    /// `FILE for cluster NAME` (or `FILE` when the context names no cluster).
+    fn describe(&self) -> String {
+        let cluster = self
+            .context
+            .get_attr("cluster")
+            .and_then(|cluster| cluster.get_attr("name"))
+            .ok()
+            .filter(|name| !name.is_undefined())
+            .map(|name| format!(" for cluster {name}"))
+            .unwrap_or_default();
+        format!("{}{cluster}", self.file)
+    }
+}
+
+/// Every template render running now, as `FILE for cluster NAME`, longest running
+/// first (empty without a [`watch`], which is what has templates marked).
+pub fn current_renders() -> Vec<String> {
+    let mut running: Vec<(Instant, String)> = live_slots()
+        .iter()
+        .filter_map(|slot| {
+            let current = lock(slot);
+            current.active.then(|| (current.since, current.describe()))
+        })
+        .collect();
+    running.sort();
+    running.into_iter().map(|(_, what)| what).collect()
 }
 
 /// Whether `line` is one of this module's ([`RENDER_STARTED`], or a [`watch`] line)
@@ -194,6 +217,12 @@ mod tests {
             lines[0]
                 .starts_with("still rendering workloads/w/manifests/big.yaml.j2 for cluster red ("),
             "{lines:?}"
+        );
+        assert!(
+            current_renders()
+                .contains(&"workloads/w/manifests/big.yaml.j2 for cluster red".to_string()),
+            "{:?}",
+            current_renders()
         );
         assert_eq!(
             last_slow_render(&format!("other\n{}\nmore", lines[0])),
