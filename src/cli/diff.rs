@@ -103,7 +103,6 @@ pub fn run_diff(args: &DiffArgs) -> anyhow::Result<u8> {
     };
 
     let limits = args.limits.limits();
-    super::memory::cap(args.limits.render_memory)?;
     let render_options = RenderOptions {
         limits: limits.clone(),
         sops: args.decryption.review()?,
@@ -129,6 +128,8 @@ pub fn run_diff(args: &DiffArgs) -> anyhow::Result<u8> {
     let options = DiffOptions {
         context: args.context,
     };
+    // BASE's and HEAD's renders share the cap.
+    let capped = super::memory::cap(args.limits.render_memory)?;
     let (diff, outputs) = if base_snapshot.files == head_snapshot.files
         && base_snapshot.problems == head_snapshot.problems
     {
@@ -149,6 +150,7 @@ pub fn run_diff(args: &DiffArgs) -> anyhow::Result<u8> {
             vec![base, head],
         )
     };
+    drop(capped);
 
     let report = match args.format {
         DiffFormat::Text => flotilla_render::diff::text::report(

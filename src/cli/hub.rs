@@ -333,7 +333,7 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
         })?),
         None => None,
     };
-    super::memory::cap(args.limits.render_memory)?;
+    let capped = super::memory::cap(args.limits.render_memory)?;
     // Agents' sealing headers the hub kept (read only: the hub writes that file).
     if let Some(state_dir) = &args.state_dir
         && let Err(err) = flotilla_hub::render_worker::KeptHeaders::in_state_dir(state_dir).offer()
@@ -349,6 +349,8 @@ pub fn run_publish(args: &PublishArgs) -> anyhow::Result<u8> {
             ..RenderOptions::default()
         },
     );
+    // What is written and pushed after the render is not capped.
+    drop(capped);
     for diagnostic in output.warnings().chain(output.errors()) {
         eprintln!("{diagnostic}");
     }

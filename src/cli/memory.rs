@@ -5,57 +5,91 @@
 //! Template fuel bounds what a template does, but a template engine can still be
 //! made to build more than fuel pays for (a list added to itself again and again is
 //! copied whole once it is deep), and without a cap such a render takes the machine's
-//! memory: on a CI runner, the runner. The command's data segment is capped with
-//! `RLIMIT_DATA` at the limit, and a thread looks at the process's data segment every
-//! 50 ms: past nine tenths of the limit it names the templates being rendered and
-//! ends the command (exit 2). An allocation faster than that meets the cap itself and
-//! aborts the process, after the lines that name any template that ran for seconds.
+//! memory: on a CI runner, the runner. While the command renders, a thread looks at
+//! its data segment every 50 ms: past the limit, it names the templates being
+//! rendered and ends the command (exit 2). The data segment is also capped with
+//! `RLIMIT_DATA` at three times the limit, which a render meets only by growing
+//! faster than the look: a list that doubles from below the limit holds its old and
+//! its new copy, less than three times the limit, while it grows, and the next look
+//! sees it; a single larger allocation meets the cap and aborts the process, after
+//! the lines that name any template that ran for seconds. What the command does after
+//! its render (writing bundles, publishing) is not capped.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
 
 use super::EXIT_ERROR;
 
 /// How often the data segment is looked at.
 const EVERY: Duration = Duration::from_millis(50);
 
-/// Caps this process's memory at `limit` bytes (0: no cap) and starts the watch.
-pub fn cap(limit: u64) -> anyhow::Result<()> {
+/// The cap while it lives: dropped, the process's limit is what it was before and
+/// the watch ends.
+pub struct MemoryCap {
+    /// The limit before the cap; `None` when there is no cap.
+    before: Option<Rlimit>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for MemoryCap {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(before) = self.before.take() {
+            // Raising the soft limit back to what it was is always allowed.
+            let _ = setrlimit(Resource::Data, before);
+        }
+    }
+}
+
+/// Caps this process's memory at `limit` bytes (0: no cap) until the returned
+/// [`MemoryCap`] is dropped, and names slow templates on stderr from now on.
+pub fn cap(limit: u64) -> anyhow::Result<MemoryCap> {
     // A template that takes seconds for one cluster is named while it runs (an
     // endless one ends at its fuel; one that builds too much may exhaust memory).
     flotilla_render::progress::watch(Duration::from_millis(500), Duration::from_secs(2), |line| {
         eprintln!("{line}");
     });
+    let stop = Arc::new(AtomicBool::new(false));
     if limit == 0 {
-        return Ok(());
+        return Ok(MemoryCap { before: None, stop });
     }
-    rustix::process::setrlimit(
-        rustix::process::Resource::Data,
-        rustix::process::Rlimit {
-            current: Some(limit),
-            maximum: Some(limit),
+    let before = getrlimit(Resource::Data);
+    // The soft limit only (within the hard one), so that it can be raised again.
+    let backstop = limit.saturating_mul(3);
+    let current = before
+        .maximum
+        .map_or(backstop, |maximum| backstop.min(maximum));
+    setrlimit(
+        Resource::Data,
+        Rlimit {
+            current: Some(current),
+            maximum: before.maximum,
         },
     )
     .map_err(std::io::Error::from)
     .context("cannot cap this process's memory (--render-memory)")?;
-    let soft = limit / 10 * 9;
+    let cap = MemoryCap {
+        before: Some(before),
+        stop: Arc::clone(&stop),
+    };
     std::thread::Builder::new()
         .name("memory-watch".into())
         .spawn(move || {
-            loop {
+            while !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(EVERY);
-                if data_segment().is_some_and(|bytes| bytes >= soft) {
-                    eprintln!(
-                        "{}",
-                        exhausted(limit, &flotilla_render::progress::current_renders())
-                    );
+                if !stop.load(Ordering::Relaxed) && data_segment().is_some_and(|b| b > limit) {
+                    let rendering = flotilla_render::progress::current_renders();
+                    eprintln!("{}", exhausted(limit, &rendering));
                     std::process::exit(i32::from(EXIT_ERROR));
                 }
             }
         })
         .context("cannot start the thread that watches memory")?;
-    Ok(())
+    Ok(cap)
 }
 
 /// The error of a render stopped at its memory limit, naming what it was rendering.
@@ -117,5 +151,21 @@ mod tests {
         if cfg!(target_os = "linux") {
             assert!(data_segment().is_some_and(|bytes| bytes > 0));
         }
+    }
+
+    #[test]
+    fn the_cap_holds_while_it_lives_and_is_lifted_after() {
+        let before = getrlimit(Resource::Data);
+        {
+            let _cap = cap(1 << 40).expect("capped");
+            let capped = getrlimit(Resource::Data);
+            let expected = before.maximum.map_or(3 << 40, |m| m.min(3 << 40));
+            assert_eq!(capped.current, Some(expected));
+            assert_eq!(capped.maximum, before.maximum);
+        }
+        assert_eq!(getrlimit(Resource::Data), before);
+        // No cap: nothing changes.
+        drop(cap(0).expect("no cap"));
+        assert_eq!(getrlimit(Resource::Data), before);
     }
 }

@@ -447,12 +447,12 @@ pub struct ServeArgs {
     pub render_in_process: bool,
 }
 
-/// A memory budget: [`parse_bytes`], at least 64 MiB.
+/// A memory budget: [`parse_bytes`], at least 64 MiB, or 0 (none).
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let bytes = parse_bytes(text)?;
-    if bytes < 64 << 20 {
+    if bytes != 0 && bytes < 64 << 20 {
         return Err(format!(
-            "{:?} is less than 64MiB, too little to render even a small fleet",
+            "{:?} is less than 64MiB, too little to render even a small fleet (0 means none)",
             text.trim()
         ));
     }
@@ -766,6 +766,8 @@ mod tests {
         assert_eq!(parse_size("768MiB"), Ok(768 << 20));
         assert_eq!(parse_size("512M"), Ok(512 << 20));
         assert_eq!(parse_size("1073741824"), Ok(1 << 30));
+        // 0: none (no cap on a render's memory, no render kept).
+        assert_eq!(parse_size("0"), Ok(0));
         assert!(
             parse_size("1 TB")
                 .expect_err("unknown unit")

@@ -56,7 +56,7 @@ fn render_fleet(
     let limits = limits_args.limits();
     let snapshot = super::source::read(source, command, &limits)?;
     let progress = Progress::new();
-    super::memory::cap(limits_args.render_memory)?;
+    let capped = super::memory::cap(limits_args.render_memory)?;
     let callback = |done: usize, total: usize| progress.update(done, total);
     let options = RenderOptions {
         clusters: clusters.iter().cloned().collect(),
@@ -69,6 +69,7 @@ fn render_fleet(
         helm_without_stencils: false,
     };
     let output = render_with(&snapshot, &options);
+    drop(capped);
     progress.bar.finish_and_clear();
     Ok(output)
 }

@@ -720,35 +720,13 @@ fn check_renders(
                 prop_assert!(step.serve.is_empty());
             }
         }
-        // A supersede never sends a cluster back: each member of a superseded rollout
-        // is served what it was served before, or HEAD's render of it (its digest, and
-        // the revision that first rendered that digest, which is older than the one
-        // served before when HEAD went back to a commit or returned to its content).
+        // A superseded rollout is marked so. That a supersede never sends one of its
+        // members back is the check above: every change serves HEAD's render (its
+        // digest, and the revision that first rendered that digest, which may be
+        // older than the one served before when HEAD went back to a commit or
+        // returned to its content), never a digest HEAD no longer renders.
         for &i in &decision.superseded {
-            let superseded = &hub.running[i].rollout;
-            prop_assert_eq!(superseded.state, RolloutState::Superseded);
-            for member in &superseded.members {
-                let (Some(was), Some(now)) =
-                    (before.get(&member.cluster), hub.served.get(&member.cluster))
-                else {
-                    continue;
-                };
-                let same = was.digest == now.digest && was.revision == now.revision;
-                let follows_head = hub
-                    .latest
-                    .get(&member.cluster)
-                    .is_some_and(|l| l.digest == now.digest && l.revision == now.revision);
-                prop_assert!(
-                    same || follows_head,
-                    "superseding {} sent {} back from {} ({}) to {} ({})",
-                    superseded.revision,
-                    member.cluster,
-                    was.revision,
-                    was.digest,
-                    now.revision,
-                    now.digest
-                );
-            }
+            prop_assert_eq!(hub.running[i].rollout.state, RolloutState::Superseded);
         }
     }
     Ok(())
