@@ -74,8 +74,9 @@ pub type KeyError = String;
 /// The RSA keys this process made, by size and seed, and the bytes their numbers take.
 type KeptRsaKeys = (HashMap<(usize, [u8; 32]), Arc<RsaPrivateKey>>, usize);
 
-/// At most this many bytes of RSA numbers are kept (about 26,000 keys of 4,096 bits,
-/// 52,000 of 2,048); when full, the kept keys are dropped and kept anew.
+/// At most this many bytes of RSA numbers are kept (about 29,000 keys of 4,096 bits,
+/// 58,000 of 2,048; the maps and allocations around them come on top); when full,
+/// the kept keys are dropped and kept anew.
 const RSA_KEPT_BYTES: usize = 64 << 20;
 
 /// The RSA key of `bits` bits from ChaCha20 seeded with `seed`, made once per process:
