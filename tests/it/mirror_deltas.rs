@@ -41,6 +41,16 @@ impl StaticServer {
     }
 
     async fn serving(root: PathBuf, etags: bool) -> StaticServer {
+        StaticServer::answering(root, etags, false).await
+    }
+
+    /// A server that answers as a hub does: each bundle with its revision header and
+    /// its digest as its ETag, and 304 to a request whose `If-None-Match` names it.
+    async fn as_hub(root: PathBuf) -> StaticServer {
+        StaticServer::answering(root, true, true).await
+    }
+
+    async fn answering(root: PathBuf, etags: bool, hub: bool) -> StaticServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("binds");
@@ -93,11 +103,14 @@ impl StaticServer {
                     }
                     let answer = match std::fs::read(&file) {
                         Ok(body) => {
-                            let etag = format!(
-                                "\"{:x}-{}\"",
-                                body.len(),
-                                &Digest::of(&body).hex()[..16]
-                            );
+                            let etag = match hub.then(|| claimed(&body)).flatten() {
+                                Some(digest) => format!("\"{digest}\""),
+                                None => format!(
+                                    "\"{:x}-{}\"",
+                                    body.len(),
+                                    &Digest::of(&body).hex()[..16]
+                                ),
+                            };
                             if etags && asked_for.as_deref() == Some(etag.as_str()) {
                                 format!(
                                     "HTTP/1.1 304 Not Modified\r\nETag: {etag}\r\nConnection: close\r\n\r\n"
@@ -105,11 +118,14 @@ impl StaticServer {
                                 .into_bytes()
                             } else {
                                 sent.lock().expect("lock").push(path.clone());
-                                let etag = if etags {
+                                let mut etag = if etags {
                                     format!("ETag: {etag}\r\n")
                                 } else {
                                     String::new()
                                 };
+                                if hub {
+                                    etag.push_str("x-flotilla-revision: main@test\r\n");
+                                }
                                 let mut answer = format!(
                                     "HTTP/1.1 200 OK\r\n{etag}Content-Length: {}\r\nConnection: close\r\n\r\n",
                                     body.len()
@@ -798,28 +814,101 @@ async fn a_delta_left_from_an_older_publish_does_not_hide_the_new_document() {
     agent.stop().await;
 }
 
+/// What the refusal tests start from: a key, the mirror's folder (holding `v2`
+/// signed with sequence 5,000), the agent's state and target folders, and the two
+/// bundles `v1` and `v2`.
+fn refusal() -> (
+    flotilla_core::signing::SigningKey,
+    tempfile::TempDir,
+    tempfile::TempDir,
+    tempfile::TempDir,
+    Bundle,
+    Bundle,
+) {
+    let key = flotilla_core::signing::SigningKey::from_seed([5; 32]);
+    let out = tempfile::tempdir().expect("tempdir");
+    let (v1, v2) = (release("one"), release("two"));
+    plant_signed(out.path(), &v2, &key, 5_000);
+    let state = tempfile::tempdir().expect("tempdir");
+    (
+        key,
+        out,
+        state,
+        tempfile::tempdir().expect("tempdir"),
+        v1,
+        v2,
+    )
+}
+
 /// After a refused replay, the mirror offers the bundle the agent runs again, signed
 /// anew with a higher sequence: the report stops naming the refused bundle (it did
 /// until the next change of digest).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bundle_held_offered_again_clears_an_earlier_refusal() {
-    let key = flotilla_core::signing::SigningKey::from_seed([5; 32]);
-    let out = tempfile::tempdir().expect("tempdir");
-    let state = tempfile::tempdir().expect("tempdir");
-    let target = tempfile::tempdir().expect("tempdir");
-    let (v1, v2) = (release("one"), release("two"));
-    plant_signed(out.path(), &v2, &key, 5_000);
+    let (key, out, state, target, v1, v2) = refusal();
     let config = trusting(out.path(), state.path(), vec![key.public_key()]);
     let mut agent = RunningAgent::start(config, target.path());
     agent.applied(&v2.digest).await;
     plant_signed(out.path(), &v1, &key, 2_000);
     refused_as_older(&mut agent, &v1, 5_000).await;
     plant_signed(out.path(), &v2, &key, 7_000);
+    refusal_cleared(&mut agent, &v2).await;
+    agent.stop().await;
+}
+
+/// Waits for the report that the agent runs `held` again and names no refusal.
+async fn refusal_cleared(agent: &mut RunningAgent, held: &Bundle) {
     let report = agent
         .until("the refusal cleared", |r| {
-            r.attempted.as_ref() == Some(&v2.digest) && r.applied.as_ref() == Some(&v2.digest)
+            r.attempted.as_ref() == Some(&held.digest) && r.applied.as_ref() == Some(&held.digest)
         })
         .await;
     assert!(!report.message.contains("refused"), "{}", report.message);
+}
+
+/// The digest a bundle document names (its `digest` field).
+fn claimed(document: &[u8]) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(document).ok()?;
+    value.get("digest")?.as_str().map(str::to_string)
+}
+
+/// A hub that keeps offering a bundle the agent refused (answered 200 with it, the
+/// agent asking with its own bundle's ETag) leaves the refusal standing; once the hub
+/// serves the bundle the agent holds again, its 304 clears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hubs_304_for_the_bundle_held_clears_an_earlier_refusal_and_nothing_else_does() {
+    let (key, out, state, target, v1, v2) = refusal();
+    let server = StaticServer::as_hub(out.path().to_path_buf()).await;
+    let mut config = trusting(out.path(), state.path(), vec![key.public_key()]);
+    config.server = Server::Http(
+        format!("http://127.0.0.1:{}", server.port)
+            .parse()
+            .expect("a URL"),
+    );
+    let token = state.path().join("token");
+    std::fs::write(&token, format!("flt_{}\n", "0".repeat(64))).expect("writes");
+    config.token_file = Some(token);
+    let mut agent = RunningAgent::start(config, target.path());
+    agent.applied(&v2.digest).await;
+    plant_signed(out.path(), &v1, &key, 2_000);
+    refused_as_older(&mut agent, &v1, 5_000).await;
+    // Polls go on (every 100 ms) and the hub answers each with the refused bundle.
+    let bundle = format!("/v1/clusters/{CLUSTER}/bundle");
+    let sent = server.sent(&bundle);
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while server.sent(&bundle) < sent + 5 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the agent polls on");
+    let report = agent.reports.borrow().clone().expect("a report");
+    assert!(
+        report.attempted.as_ref() == Some(&v1.digest) && report.message.contains("refused"),
+        "the refusal stands while the hub offers the refused bundle: {report:?}"
+    );
+    plant_signed(out.path(), &v2, &key, 5_000);
+    refusal_cleared(&mut agent, &v2).await;
     agent.stop().await;
+    server.task.abort();
 }

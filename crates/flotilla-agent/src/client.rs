@@ -372,6 +372,10 @@ pub struct HubClient {
     /// rebuilds the held document is a stale file (left from an older publish), not
     /// news that nothing changed.
     mirror_named_other: Option<Digest>,
+    /// The last bundle request was answered 304 by the server itself (a hub's answer
+    /// that the bundle held, whose ETag was asked for, is still the one it serves),
+    /// not judged unchanged here from a document sent again.
+    server_not_modified: bool,
     /// The document last handed up again only so that the caller learns the static
     /// server's ETag for it (see [`HubClient::fetch_bundle`]).
     etag_asked_for: Option<Digest>,
@@ -503,6 +507,7 @@ impl HubClient {
             etag_asked_for: None,
             no_sha256_for: None,
             mirror_named_other: None,
+            server_not_modified: false,
             registry,
             gzip_reports: false,
         })
@@ -543,6 +548,11 @@ impl HubClient {
     /// `publish` output, as its last answer showed), which cannot hold a poll.
     pub fn is_mirror(&self) -> bool {
         self.mirror
+    }
+
+    /// Whether the last bundle request was answered 304 by the server itself.
+    pub fn server_said_not_modified(&self) -> bool {
+        self.server_not_modified
     }
 
     /// Offers the bundle of `digest` as the base of deltas in the next requests to a
@@ -587,6 +597,7 @@ impl HubClient {
         if_none_match: Option<&str>,
         wait: Duration,
     ) -> Result<Fetched, FetchError> {
+        self.server_not_modified = false;
         if self.mirror_unchanged(if_none_match).await? {
             return Ok(Fetched::NotModified);
         }
@@ -620,6 +631,7 @@ impl HubClient {
                 let response = request.send().await.map_err(|err| self.unanswered(err))?;
                 let status = response.status();
                 if status == StatusCode::NOT_MODIFIED {
+                    self.server_not_modified = true;
                     return Ok(Fetched::NotModified);
                 }
                 if !status.is_success() {
