@@ -135,6 +135,7 @@ pub fn run_diff(args: &DiffArgs) -> anyhow::Result<u8> {
     {
         // The same files render the same (the renderer is pure): one render serves
         // both sides of a change that touches nothing in the fleet.
+        capped.rendering(&format!("{base_name} and {head_name}"));
         let output = render(&base_snapshot);
         let mut diff = flotilla_render::diff::diff(&output, &output, &options);
         diff.head.revision = head_snapshot.revision.clone();
@@ -143,7 +144,9 @@ pub fn run_diff(args: &DiffArgs) -> anyhow::Result<u8> {
         // HEAD in full, then BASE only where a cluster's inputs differ from HEAD's
         // (the others have HEAD's bundles): a change that reaches a few clusters
         // costs about one render.
+        capped.rendering(&head_name);
         let head = render(&head_snapshot);
+        capped.rendering(&base_name);
         let base = render_since(&head, &base_snapshot, &render_options);
         (
             flotilla_render::diff::diff(&base, &head, &options),

@@ -15,8 +15,8 @@
 //! the lines that name any template that ran for seconds. What the command does after
 //! its render (writing bundles, publishing) is not capped.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -33,6 +33,16 @@ pub struct MemoryCap {
     /// The limit before the cap; `None` when there is no cap.
     before: Option<Rlimit>,
     stop: Arc<AtomicBool>,
+    /// What is being rendered, when the command renders more than one thing (`diff`:
+    /// HEAD, then BASE), for the error.
+    what: Arc<Mutex<Option<String>>>,
+}
+
+impl MemoryCap {
+    /// Names what is rendered from now on (`HEAD (main)`), for the error.
+    pub fn rendering(&self, what: &str) {
+        *self.what.lock().unwrap_or_else(|e| e.into_inner()) = Some(what.to_string());
+    }
 }
 
 impl Drop for MemoryCap {
@@ -54,8 +64,13 @@ pub fn cap(limit: u64) -> anyhow::Result<MemoryCap> {
         eprintln!("{line}");
     });
     let stop = Arc::new(AtomicBool::new(false));
+    let what = Arc::new(Mutex::new(None));
     if limit == 0 {
-        return Ok(MemoryCap { before: None, stop });
+        return Ok(MemoryCap {
+            before: None,
+            stop,
+            what,
+        });
     }
     let before = getrlimit(Resource::Data);
     // The soft limit only (within the hard one), so that it can be raised again.
@@ -75,6 +90,7 @@ pub fn cap(limit: u64) -> anyhow::Result<MemoryCap> {
     let cap = MemoryCap {
         before: Some(before),
         stop: Arc::clone(&stop),
+        what: Arc::clone(&what),
     };
     std::thread::Builder::new()
         .name("memory-watch".into())
@@ -83,7 +99,8 @@ pub fn cap(limit: u64) -> anyhow::Result<MemoryCap> {
                 std::thread::sleep(EVERY);
                 if !stop.load(Ordering::Relaxed) && data_segment().is_some_and(|b| b > limit) {
                     let rendering = flotilla_render::progress::current_renders();
-                    eprintln!("{}", exhausted(limit, &rendering));
+                    let of = what.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    eprintln!("{}", exhausted(limit, of.as_deref(), &rendering));
                     std::process::exit(i32::from(EXIT_ERROR));
                 }
             }
@@ -92,8 +109,9 @@ pub fn cap(limit: u64) -> anyhow::Result<MemoryCap> {
     Ok(cap)
 }
 
-/// The error of a render stopped at its memory limit, naming what it was rendering.
-fn exhausted(limit: u64, rendering: &[String]) -> String {
+/// The error of a render (of `of`, when named) stopped at its memory limit, naming
+/// the templates it was rendering.
+fn exhausted(limit: u64, of: Option<&str>, rendering: &[String]) -> String {
     let on = match rendering {
         [] => "templates that write large outputs for many clusters, or a fleet larger \
                than the limit allows"
@@ -105,8 +123,12 @@ fn exhausted(limit: u64, rendering: &[String]) -> String {
             if rest.len() == 1 { "" } else { "s" }
         ),
     };
+    let render = of.map_or_else(
+        || "the render".to_string(),
+        |of| format!("the render of {of}"),
+    );
     format!(
-        "error: the render needed more than {} of memory (--render-memory) and was \
+        "error: {render} needed more than {} of memory (--render-memory) and was \
          stopped ({on})",
         flotilla_hub::follow::human_bytes(limit)
     )
@@ -135,15 +157,19 @@ mod tests {
     fn the_error_names_what_was_rendering() {
         let gib = 4 << 30;
         assert_eq!(
-            exhausted(gib, &["w/grow.yaml.j2 for cluster red".into()]),
+            exhausted(gib, None, &["w/grow.yaml.j2 for cluster red".into()]),
             "error: the render needed more than 4 GiB of memory (--render-memory) and was \
              stopped (it was rendering w/grow.yaml.j2 for cluster red)"
         );
         assert!(
-            exhausted(gib, &["a".into(), "b".into(), "c".into()])
+            exhausted(gib, None, &["a".into(), "b".into(), "c".into()])
                 .ends_with("(it was rendering a, and 2 other templates)")
         );
-        assert!(exhausted(gib, &[]).contains("a fleet larger than the limit allows"));
+        assert!(exhausted(gib, None, &[]).contains("a fleet larger than the limit allows"));
+        assert!(
+            exhausted(gib, Some("BASE (main)"), &[])
+                .starts_with("error: the render of BASE (main) needed more than 4 GiB")
+        );
     }
 
     #[test]

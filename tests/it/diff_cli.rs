@@ -886,3 +886,29 @@ fn a_schema_problem_under_strict_is_a_head_that_does_not_render() {
         "{report}"
     );
 }
+
+/// A BASE whose render passes `--render-memory` (a list doubled past minijinja's
+/// fuel) stops the diff with exit code 2, and the error says it was BASE's render and
+/// which template: the pull request that removes the template knows why.
+#[test]
+fn a_base_past_the_memory_cap_stops_the_diff_naming_base() {
+    let fleet = FleetRepo::new();
+    let doubled = "{% set l = l + l %}\n".repeat(40);
+    fleet.write(
+        "workloads/kuard/manifests/grow.yaml.j2",
+        &format!(
+            "{{% set l = [1] %}}\n{doubled}apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: grow\ndata:\n  n: \"{{{{ l | length }}}}\"\n"
+        ),
+    );
+    fleet.commit("base");
+    fleet.remove("workloads/kuard/manifests/grow.yaml.j2");
+    fleet.commit("head");
+    let run = fleet.diff(&["base", "head", "--render-memory", "256MiB"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stdout.is_empty(), "{}", run.stdout);
+    assert!(
+        run.stderr.contains("error: the render of BASE (base) needed more than 256 MiB of memory (--render-memory) and was stopped (it was rendering workloads/kuard/manifests/grow.yaml.j2 for cluster "),
+        "{}",
+        run.stderr
+    );
+}
