@@ -903,11 +903,11 @@ fn a_base_past_the_memory_cap_stops_the_diff_naming_base() {
     fleet.commit("base");
     fleet.remove("workloads/kuard/manifests/grow.yaml.j2");
     fleet.commit("head");
-    let run = fleet.diff(&["base", "head", "--render-memory", "256MiB"]);
+    let run = fleet.diff(&["base", "head", "--render-memory", "512MiB"]);
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert!(run.stdout.is_empty(), "{}", run.stdout);
     assert!(
-        run.stderr.contains("error: the render of BASE (base) needed more than 256 MiB of memory (--render-memory) and was stopped (it was rendering workloads/kuard/manifests/grow.yaml.j2 for cluster "),
+        run.stderr.contains("error: the render of BASE (base) needed more than 512 MiB of memory (--render-memory) and was stopped (it was rendering workloads/kuard/manifests/grow.yaml.j2 for cluster "),
         "{}",
         run.stderr
     );

@@ -182,7 +182,7 @@ fn a_template_past_the_memory_cap_stops_validate_naming_it() {
         ),
     );
     let output = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-        .args(["validate", "--render-memory", "256MiB", "--repo"])
+        .args(["validate", "--render-memory", "512MiB", "--repo"])
         .arg(fleet.path())
         .output()
         .expect("flotilla runs");
@@ -190,7 +190,7 @@ fn a_template_past_the_memory_cap_stops_validate_naming_it() {
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains(
-            "error: the render needed more than 256 MiB of memory (--render-memory) and was stopped (it was rendering workloads/grow/manifests/grow.yaml.j2 for cluster red)"
+            "error: the render needed more than 512 MiB of memory (--render-memory) and was stopped (it was rendering workloads/grow/manifests/grow.yaml.j2 for cluster red)"
         ),
         "{stderr}"
     );
