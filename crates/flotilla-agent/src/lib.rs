@@ -943,9 +943,8 @@ impl Poller {
                     // A hub's 304 names the bundle held (its ETag was asked for); a
                     // mirror's or a registry's "unchanged", or a document sent again
                     // and judged unchanged here, may be the refused one still.
-                    let from_hub = matches!(self.client.server(), Server::Http(_))
-                        && !self.client.is_mirror()
-                        && self.client.server_said_not_modified();
+                    let from_hub =
+                        self.client.server_said_not_modified() && !self.client.is_mirror();
                     if (held_again || from_hub) && !self.offered_again().await {
                         return;
                     }

@@ -239,8 +239,7 @@ pub fn sha256sum(host: &mut dyn Host, args: &[Value]) -> FuncResult {
     arity("sha256sum", args, 1)?;
     // A binary file's `.Files.Get`, hashed as its bytes (no SOPS value is binary).
     if let Value::Bytes(bytes) = &args[0] {
-        use sha2::Digest as _;
-        return Ok(Value::string(hex(&sha2::Sha256::digest(bytes))));
+        return Ok(Value::string(crate::seal::sha256_hex(bytes)));
     }
     Ok(Value::string(host.sha256_hex(&string_param(&args[0])?)))
 }
