@@ -334,8 +334,9 @@ pub fn run_validate(args: &ValidateArgs) -> anyhow::Result<u8> {
     }
     for file in &output.sops_files {
         println!(
-            "  SOPS file {file}: a kustomize secretGenerator name suffix or Helm sha256sum over its values is an HMAC keyed by the file's data key, \
-             not the plain SHA-256 kustomize and Helm write, so that it lets nobody test a guess of them"
+            "  SOPS file {file}: the name suffix kustomize gives an object generated or patched from its values, and every digest \
+             (sha256sum, sha1sum, sha512sum, adler32sum) of a Helm release whose values hold its values, is an HMAC keyed by the file's \
+             data key, not the plain hash kustomize and Helm write, so that it lets nobody test a guess of them"
         );
     }
     Ok(EXIT_OK)

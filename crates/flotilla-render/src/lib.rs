@@ -127,7 +127,7 @@ pub struct RenderOutput {
     /// benchmarks and tests: the hub's render process does not pass it on.
     pub helm_stencil_releases: usize,
     /// The SOPS files the render opened: hashes published over their values
-    /// (kustomize's `secretGenerator` name suffixes, Helm's `sha256sum`) are keyed
+    /// (kustomize's name suffixes, the digests of a Helm release) are keyed
     /// (see [`flotilla_core::snapshot::FleetSnapshot::hash_keys`]), which `validate`
     /// says. The hub's render process does not pass it on.
     pub sops_files: Vec<String>,

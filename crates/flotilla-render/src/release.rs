@@ -576,8 +576,30 @@ pub struct ReleaseSettings<'a> {
     pub seed: &'a [u8; 32],
     /// What `sha256sum` keys its digest with over decrypted values.
     pub hashing: &'a crate::seal::SecretHashing,
+    /// The hash keys of the SOPS files whose decrypted values the release's values
+    /// hold ([`crate::seal::SecretHashing::values_keys`]): every digest its
+    /// templates write is keyed with them. Empty for a render's settings; each
+    /// release's are found from its values.
+    pub release_keys: &'a [[u8; 32]],
     pub now: i64,
     pub budget: Budget,
+}
+
+impl<'a> ReleaseSettings<'a> {
+    /// These settings for a release whose values hold decrypted values of the files
+    /// with hash keys `keys`.
+    fn with_release_keys<'b>(&self, keys: &'b [[u8; 32]]) -> ReleaseSettings<'b>
+    where
+        'a: 'b,
+    {
+        ReleaseSettings {
+            seed: self.seed,
+            hashing: self.hashing,
+            release_keys: keys,
+            now: self.now,
+            budget: self.budget.clone(),
+        }
+    }
 }
 
 impl ReleaseCache {
@@ -607,6 +629,15 @@ impl ReleaseCache {
                 release.chart_path
             ));
             return (Err(error), false);
+        };
+        // A release whose values hold a decrypted value keys every digest it writes.
+        let release_keys = settings.hashing.values_keys(values);
+        let keyed;
+        let settings = if release_keys.is_empty() {
+            settings
+        } else {
+            keyed = settings.with_release_keys(&release_keys);
+            &keyed
         };
         let key = input_key(workload, values, capabilities);
         let cell = {
@@ -696,7 +727,17 @@ impl ReleaseCache {
             *place_in(&mut skeleton, path)? = Json::String(sites::stand_in(index));
         }
         let written = serde_json::to_string(&skeleton).unwrap_or_default();
-        let key = input_key_of(workload, &written, capabilities);
+        let mut key = input_key_of(workload, &written, capabilities);
+        // The stand-ins may stand where decrypted values stood: a stencil keys its
+        // digests as the releases it fills do.
+        if !settings.release_keys.is_empty() {
+            let mut hasher = Sha256::new();
+            hasher.update(key);
+            for release_key in settings.release_keys {
+                hasher.update(release_key);
+            }
+            key = hasher.finalize().into();
+        }
         let cell = {
             let mut stencils = self.stencils.lock().unwrap_or_else(|e| e.into_inner());
             Arc::clone(stencils.entry(key).or_default())
@@ -721,7 +762,7 @@ impl ReleaseCache {
         let mut strings: Vec<String> = sites.iter().map(|(_, value)| value.to_string()).collect();
         for text in &stencil.derived {
             let text = sites::substitute(text, &strings)?;
-            let hashed = settings.hashing.sha256_hex(&text);
+            let hashed = settings.hashing.sha256_hex_in(&text, settings.release_keys);
             if !site_value(&hashed) {
                 return None;
             }
@@ -1138,6 +1179,8 @@ struct SeededHost<'a> {
     derived: Vec<Arc<str>>,
     seed: &'a [u8; 32],
     hashing: &'a crate::seal::SecretHashing,
+    /// See [`ReleaseSettings::release_keys`].
+    release_keys: &'a [[u8; 32]],
     now: i64,
     scope: String,
     template: String,
@@ -1155,6 +1198,7 @@ impl<'a> SeededHost<'a> {
             derived: Vec::new(),
             seed: settings.seed,
             hashing: settings.hashing,
+            release_keys: settings.release_keys,
             now: settings.now,
             scope: [cluster, &release.release_name, &release.namespace]
                 .map(str::to_string)
@@ -1226,11 +1270,11 @@ impl Host for SeededHost<'_> {
     }
 
     fn sha256_hex(&self, text: &str) -> String {
-        self.hashing.sha256_hex(text)
+        self.hashing.sha256_hex_in(text, self.release_keys)
     }
 
     fn secret_key_for(&self, text: &str) -> Option<[u8; 32]> {
-        self.hashing.key_for(text)
+        self.hashing.key_for_in(text, self.release_keys)
     }
 
     fn warn(&mut self, message: String) {

@@ -108,6 +108,9 @@ pub struct Config<T> {
     pub line: u64,
     /// For messages: `transformers: labels.yaml (LabelTransformer labels)`.
     pub label: String,
+    /// The hash keys of the SOPS files it may hold decrypted values of (see
+    /// [`Kustomization::sops_keys`]; every SOPS file's for one a folder built).
+    pub hash_keys: Vec<[u8; 32]>,
 }
 
 /// Which list an entry is in.
@@ -210,15 +213,34 @@ fn read<T>(
         let error = |message: String| {
             kustomization.error(Some(line), format!("{}: {message}", field.name()))
         };
-        let documents = match documents(snapshot, kustomization, &entry.value).map_err(error)? {
-            Entry::Documents(documents) => documents,
-            Entry::Folder(dir) => build_folder(line, &dir)?
-                .into_iter()
-                .map(|value| Document {
-                    source: entry.value.clone(),
-                    value,
-                })
-                .collect(),
+        let (documents, hash_keys) = match documents(snapshot, kustomization, &entry.value)
+            .map_err(error)?
+        {
+            Entry::Documents(documents) => {
+                let path = (!entry.value.contains('\n'))
+                    .then(|| file::resolve_path(&kustomization.dir, &entry.value).ok())
+                    .flatten();
+                (
+                    documents,
+                    kustomization.sops_keys(snapshot, path.as_deref()),
+                )
+            }
+            // What a folder builds may come from any file its kustomization reads.
+            Entry::Folder(dir) => (
+                build_folder(line, &dir)?
+                    .into_iter()
+                    .map(|value| Document {
+                        source: entry.value.clone(),
+                        value,
+                    })
+                    .collect(),
+                {
+                    let mut keys: Vec<[u8; 32]> = snapshot.hash_keys.values().copied().collect();
+                    keys.sort_unstable();
+                    keys.dedup();
+                    keys
+                },
+            ),
         };
         for document in documents {
             let (kind, name) = classify(&document, field).map_err(error)?;
@@ -226,7 +248,12 @@ fn read<T>(
             let value = build(&kind, document.value).map_err(|message| {
                 kustomization.error(Some(line), format!("{label}: {message}"))
             })?;
-            configs.push(Config { value, line, label });
+            configs.push(Config {
+                value,
+                line,
+                label,
+                hash_keys: hash_keys.clone(),
+            });
         }
     }
     Ok(configs)

@@ -294,6 +294,21 @@ impl Kustomization {
         }
     }
 
+    /// The hash keys of the SOPS files whose text a value written in this
+    /// kustomization came from: its own file's, when it is a SOPS file (its
+    /// literals, inline patches and inline configurations are then decrypted
+    /// values), and `path`'s, the file a value was read from, when it is one.
+    pub fn sops_keys(&self, snapshot: &FleetSnapshot, path: Option<&str>) -> Vec<[u8; 32]> {
+        let mut keys: Vec<[u8; 32]> = [Some(self.file.as_str()), path]
+            .into_iter()
+            .flatten()
+            .filter_map(|file| snapshot.hash_keys.get(file).copied())
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+
     /// Resolves a path given in this kustomization against its folder.
     pub fn resolve(&self, line: Option<u64>, path: &str) -> Result<String, Error> {
         resolve_path(&self.dir, path).map_err(|reason| self.error(line, reason))

@@ -25,6 +25,9 @@ pub fn run(
         (&doc.config_map_generator, "ConfigMap"),
         (&doc.secret_generator, "Secret"),
     ];
+    // Literals written in a SOPS-encrypted kustomization are decrypted values.
+    let own_keys = kustomization.sops_keys(snapshot, None);
+    let own_keys = own_keys.as_slice();
     let from_fields = fields.into_iter().flat_map(|(entries, kind)| {
         entries.iter().map(move |entry| Generation {
             doc: &entry.value,
@@ -32,6 +35,7 @@ pub fn run(
             label: field_name(kind),
             kind,
             global,
+            hash_keys: own_keys,
         })
     });
     // kustomize runs the generators configured under `generators:` after those of
@@ -47,6 +51,7 @@ pub fn run(
             label: config.label.as_str(),
             kind,
             global: None,
+            hash_keys: &config.hash_keys,
         }
     });
     for generation in from_fields.chain(from_configs) {
@@ -68,6 +73,8 @@ struct Generation<'a> {
     /// `ConfigMap` or `Secret`.
     kind: &'static str,
     global: Option<&'a GeneratorOptions>,
+    /// The hash keys of the SOPS files its entry was written in.
+    hash_keys: &'a [[u8; 32]],
 }
 
 fn field_name(kind: &str) -> &'static str {
@@ -114,6 +121,7 @@ fn generate(
         label,
         kind,
         global,
+        hash_keys: written_in,
     } = *generation;
     let error = |message: String| kustomization.error(Some(line), format!("{label}: {message}"));
     let Some(name) = doc.name.as_deref().filter(|n| !n.is_empty()) else {
@@ -129,7 +137,7 @@ fn generate(
             )));
         }
     };
-    let hash_keys = std::cell::RefCell::new(Vec::new());
+    let hash_keys = std::cell::RefCell::new(written_in.to_vec());
     let read = |path: &str| -> Result<String, Error> {
         let resolved = kustomization.resolve(Some(line), path)?;
         if let Some(key) = snapshot.hash_keys.get(&resolved) {

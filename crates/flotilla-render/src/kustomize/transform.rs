@@ -37,18 +37,30 @@ pub fn run(
             accumulator,
         )?;
     }
-    for entry in &doc.patches {
-        let line = Some(entry.referenced.line());
-        apply_patch_entry(
-            snapshot,
-            kustomization,
-            line,
-            &entry.value,
-            "patches",
-            false,
-            accumulator,
-        )?;
-    }
+    // Each entry of `patches` (or, with `json_only`, of `patchesJson6902`).
+    let patch_entries = |entries: &[flotilla_core::model::Located<PatchDoc>],
+                         field: &str,
+                         json_only: bool,
+                         accumulator: &mut Accumulator|
+     -> Result<(), Error> {
+        for entry in entries {
+            let line = Some(entry.referenced.line());
+            let keys = patch_keys(snapshot, kustomization, &entry.value);
+            tainting(accumulator, &keys, |accumulator| {
+                apply_patch_entry(
+                    snapshot,
+                    kustomization,
+                    line,
+                    &entry.value,
+                    field,
+                    json_only,
+                    accumulator,
+                )
+            })?;
+        }
+        Ok(())
+    };
+    patch_entries(&doc.patches, "patches", false, accumulator)?;
     if let Some(namespace) = doc.namespace.as_deref().filter(|n| !n.is_empty()) {
         set_namespace(
             namespace,
@@ -109,18 +121,7 @@ pub fn run(
             )
         })?;
     }
-    for entry in &doc.patches_json6902 {
-        let line = Some(entry.referenced.line());
-        apply_patch_entry(
-            snapshot,
-            kustomization,
-            line,
-            &entry.value,
-            "patchesJson6902",
-            true,
-            accumulator,
-        )?;
-    }
+    patch_entries(&doc.patches_json6902, "patchesJson6902", true, accumulator)?;
     for entry in &doc.replicas {
         let line = Some(entry.referenced.line());
         set_replicas(&entry.value, &fieldspec::replicas(), accumulator)
@@ -136,7 +137,54 @@ pub fn run(
     // kustomize runs the transformers configured under `transformers:` after those
     // of the kustomization's own fields, in the order they are listed.
     for config in &builtins {
-        run_builtin(snapshot, kustomization, config, accumulator)?;
+        tainting(accumulator, &config.hash_keys, |accumulator| {
+            run_builtin(snapshot, kustomization, config, accumulator)
+        })?;
+    }
+    Ok(())
+}
+
+/// The hash keys of the SOPS files a patch entry's text comes from: its file, or
+/// the kustomization for an inline patch (see [`Kustomization::sops_keys`]).
+fn patch_keys(
+    snapshot: &FleetSnapshot,
+    kustomization: &Kustomization,
+    doc: &PatchDoc,
+) -> Vec<[u8; 32]> {
+    let path = doc
+        .path
+        .as_deref()
+        .and_then(|path| kustomization.resolve(None, path).ok());
+    kustomization.sops_keys(snapshot, path.as_deref())
+}
+
+/// Runs `apply` (a patch whose text holds decrypted values of the SOPS files with
+/// hash keys `keys`), then adds those keys to each generated object it changed:
+/// the object's name suffix is a hash of its data, which the patch may have set
+/// to a decrypted value (docs/secrets.md, "Hashes over decrypted values are
+/// keyed"). When the patch removed an object, every generated one counts as
+/// changed.
+fn tainting(
+    accumulator: &mut Accumulator,
+    keys: &[[u8; 32]],
+    apply: impl FnOnce(&mut Accumulator) -> Result<(), Error>,
+) -> Result<(), Error> {
+    if keys.is_empty() {
+        return apply(accumulator);
+    }
+    let before: Vec<Option<Value>> = accumulator
+        .resources
+        .iter()
+        .map(|r| r.needs_hash.then(|| r.value.clone()))
+        .collect();
+    apply(accumulator)?;
+    let kept_all = accumulator.resources.len() == before.len();
+    for (index, resource) in accumulator.resources.iter_mut().enumerate() {
+        if resource.needs_hash && (!kept_all || before[index].as_ref() != Some(&resource.value)) {
+            resource.hash_keys.extend_from_slice(keys);
+            resource.hash_keys.sort_unstable();
+            resource.hash_keys.dedup();
+        }
     }
     Ok(())
 }
@@ -207,6 +255,7 @@ fn run_builtin(
                 )?;
             }
             if let Some(patches) = patches.as_deref().filter(|p| !p.trim().is_empty()) {
+                // Written in the configuration: tainted by its file (the caller).
                 apply_strategic_merge_text(kustomization, line, patches, label, accumulator)?;
             }
             Ok(())
@@ -226,15 +275,18 @@ fn apply_strategic_merge_entry(
     label: &str,
     accumulator: &mut Accumulator,
 ) -> Result<(), Error> {
-    let text = match kustomization
+    let path = kustomization
         .resolve(line, entry)
         .ok()
-        .and_then(|path| snapshot.files.get(&path))
-    {
-        Some(text) => text.to_string(),
+        .filter(|path| snapshot.files.contains_key(path));
+    let text = match &path {
+        Some(path) => snapshot.files[path].to_string(),
         None => entry.to_string(),
     };
-    apply_strategic_merge_text(kustomization, line, &text, label, accumulator)
+    let keys = kustomization.sops_keys(snapshot, path.as_deref());
+    tainting(accumulator, &keys, |accumulator| {
+        apply_strategic_merge_text(kustomization, line, &text, label, accumulator)
+    })
 }
 
 fn apply_strategic_merge_text(

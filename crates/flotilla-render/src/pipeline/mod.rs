@@ -179,6 +179,7 @@ pub(crate) fn render_inner(
         settings: release::ReleaseSettings {
             seed: options.helm_seed.as_ref().unwrap_or(&release::PUBLIC_SEED),
             hashing: &hashing,
+            release_keys: &[],
             now: release::DEFAULT_NOW,
             budget: helm::gotmpl::Budget {
                 max_output: limits.max_template_output_bytes,

@@ -284,6 +284,7 @@ fn render_release(
             tenant_settings = release::ReleaseSettings {
                 seed: helm.settings.seed,
                 hashing,
+                release_keys: &[],
                 now: helm.settings.now,
                 budget: helm.settings.budget.clone(),
             };

@@ -350,7 +350,10 @@ pub fn hex_lower(bytes: &[u8]) -> String {
 /// key: a digest of a text that holds one (as written, or in base64 as `b64enc`
 /// writes it) is an HMAC keyed with the keys of the files found, not Helm's plain
 /// SHA-256, which would let anyone who reads a `checksum/secret` annotation test a
-/// guess of the values.
+/// guess of the values. A template can change a value before it hashes it (quote
+/// it, join it to a user name and encode the pair, encode it twice) in ways no
+/// search of the text follows, so a release whose values hold a decrypted value
+/// keys every digest it writes ([`SecretHashing::values_keys`]).
 #[derive(Debug, Default)]
 pub struct SecretHashing {
     needles: Vec<(String, [u8; 32])>,
@@ -383,7 +386,14 @@ impl SecretHashing {
 
     /// Sprig's `sha256sum` of `text`, keyed when it holds a decrypted value.
     pub fn sha256_hex(&self, text: &str) -> String {
-        match self.key_for(text) {
+        self.sha256_hex_in(text, &[])
+    }
+
+    /// Sprig's `sha256sum` of `text` in a release whose values hold the decrypted
+    /// values of the files with hash keys `release` ([`SecretHashing::values_keys`]):
+    /// keyed when `release` is not empty or the text holds a decrypted value.
+    pub fn sha256_hex_in(&self, text: &str, release: &[[u8; 32]]) -> String {
+        match self.key_for_in(text, release) {
             None => sha256_hex(text.as_bytes()),
             Some(key) => keyed_hex(&key, text.as_bytes()),
         }
@@ -392,7 +402,14 @@ impl SecretHashing {
     /// The key to hash `text` with when it holds a decrypted value (those of the
     /// files it holds values of, combined); `None` when it holds none.
     pub fn key_for(&self, text: &str) -> Option<[u8; 32]> {
-        if self.needles.is_empty() {
+        self.key_for_in(text, &[])
+    }
+
+    /// [`SecretHashing::key_for`] in a release whose values hold the decrypted
+    /// values of the files with hash keys `release`: those files' keys and the keys
+    /// of the files whose values `text` holds, combined.
+    pub fn key_for_in(&self, text: &str, release: &[[u8; 32]]) -> Option<[u8; 32]> {
+        if self.needles.is_empty() && release.is_empty() {
             return None;
         }
         let mut keys: Vec<[u8; 32]> = self
@@ -400,10 +417,48 @@ impl SecretHashing {
             .iter()
             .filter(|(needle, _)| text.contains(needle.as_str()))
             .map(|(_, key)| *key)
+            .chain(release.iter().copied())
             .collect();
         keys.sort_unstable();
         keys.dedup();
         combined_hash_key(&keys)
+    }
+
+    /// The hash keys (sorted, no repeats) of the files whose decrypted values a
+    /// release's `values` hold, in any string or key: every digest that release's
+    /// templates write is then keyed with them. Empty when they hold none, or when
+    /// no file was decrypted (then nothing is looked at).
+    pub fn values_keys(&self, values: &serde_json::Map<String, Value>) -> Vec<[u8; 32]> {
+        fn walk(value: &Value, found: &mut dyn FnMut(&str)) {
+            match value {
+                Value::String(s) => found(s),
+                Value::Array(items) => items.iter().for_each(|item| walk(item, found)),
+                Value::Object(map) => map.iter().for_each(|(key, item)| {
+                    found(key);
+                    walk(item, found);
+                }),
+                _ => {}
+            }
+        }
+        let mut keys = Vec::new();
+        if self.needles.is_empty() {
+            return keys;
+        }
+        let mut found = |text: &str| {
+            keys.extend(
+                self.needles
+                    .iter()
+                    .filter(|(needle, _)| text.contains(needle.as_str()))
+                    .map(|(_, key)| *key),
+            );
+        };
+        for (key, value) in values {
+            found(key);
+            walk(value, &mut found);
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        keys
     }
 }
 

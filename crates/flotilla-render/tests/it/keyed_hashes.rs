@@ -191,8 +191,11 @@ fn helm_fleet(values: String) -> Vec<(String, String)> {
     files
 }
 
+/// In a release whose values hold a decrypted value, every `sha256sum` is keyed (the
+/// Secret's checksum and the ConfigMap's alike); with the same values in a plain
+/// file, both are Helm's.
 #[test]
-fn helm_sha256sum_over_a_sops_value_is_keyed_and_over_others_is_helms() {
+fn helm_sha256sum_in_a_release_with_sops_values_is_keyed_and_elsewhere_is_helms() {
     use sha2::Digest as _;
     let (identity_text, recipient) = identity();
     let values = json!({"password": PASSWORD});
@@ -237,10 +240,11 @@ fn helm_sha256sum_over_a_sops_value_is_keyed_and_over_others_is_helms() {
     // password: it is not what is written.
     assert_ne!(secret_sum, hex(&secret_text(PASSWORD)));
     assert_eq!(secret_sum.len(), 64);
-    assert_eq!(
+    assert_ne!(
         config_sum, config,
-        "a text without decrypted values hashes as Helm does"
+        "a release whose values hold a decrypted value keys every digest"
     );
+    assert_eq!(config_sum.len(), 64);
     assert!(
         !resource(&opened, "Deployment")
             .to_string()
@@ -368,11 +372,12 @@ fn sops_password(recipient: &AgentKey) -> String {
         .expect("encrypts")
 }
 
-/// Sprig's other digests (`sha1sum`, `sha512sum`, `adler32sum`) of a text holding a
-/// decrypted value are keyed too, each in its own form (40 and 128 hexadecimal
-/// digits, a decimal number); of other texts they are Sprig's.
+/// Sprig's other digests (`sha1sum`, `sha512sum`, `adler32sum`) in a release whose
+/// values hold a decrypted value are keyed too, each in its own form (40 and 128
+/// hexadecimal digits, a decimal number); with the values in a plain file they are
+/// Sprig's.
 #[test]
-fn helms_other_digests_over_a_sops_value_are_keyed_and_over_others_are_sprigs() {
+fn helms_other_digests_in_a_release_with_sops_values_are_keyed_and_elsewhere_are_sprigs() {
     use sha2::Digest as _;
     let (identity_text, recipient) = identity();
     let template = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: digests\ndata:\n  sha1: {{ .Values.password | sha1sum | quote }}\n  sha512: {{ .Values.password | sha512sum | quote }}\n  adler32: {{ .Values.password | adler32sum | quote }}\n  plain: {{ \"level\" | sha1sum | quote }}\n";
@@ -408,7 +413,126 @@ fn helms_other_digests_over_a_sops_value_are_keyed_and_over_others_are_sprigs() 
     assert_ne!(opened[2], plain[2]);
     assert_eq!((opened[0].len(), opened[1].len()), (40, 128));
     assert!(opened[2].parse::<u32>().is_ok(), "{}", opened[2]);
-    assert_eq!(opened[3], plain[3], "a text without decrypted values");
+    assert_ne!(
+        opened[3], plain[3],
+        "a release whose values hold a decrypted value keys every digest"
+    );
+    assert_eq!(opened[3].len(), 40);
+}
+
+/// A template can change a decrypted value before it hashes it: escape it (`quote`,
+/// `toJson`, which writes `<`, `>` and `&` as `\u003c`…), join it to a user name and
+/// encode the pair (basic authentication), encode it twice, change its case. None
+/// of those texts holds the value as it was decrypted, and each digest would let a
+/// reader test a guess of it: all are keyed, as every digest of a release whose
+/// values hold a decrypted value is. The same chart with the values in a plain file
+/// writes Sprig's digests, and another release in the same fleet whose values hold
+/// no decrypted value does too.
+#[test]
+fn digests_of_transformed_decrypted_values_are_keyed() {
+    use sha2::Digest as _;
+    const TRICKY: &str = "pa\"ss<word>&more";
+    let (identity_text, recipient) = identity();
+    let transforms = [
+        ("quoted", "{{ .Values.password | quote | sha256sum }}"),
+        (
+            "json",
+            "{{ dict \"p\" .Values.password | toJson | sha256sum }}",
+        ),
+        (
+            "basic",
+            "{{ printf \"admin:%s\" .Values.password | b64enc | sha256sum }}",
+        ),
+        (
+            "twice",
+            "{{ .Values.password | b64enc | b64enc | sha256sum }}",
+        ),
+        ("upper", "{{ .Values.password | upper | sha256sum }}"),
+    ];
+    let template = format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: digests\ndata:\n{}",
+        transforms
+            .iter()
+            .map(|(key, expression)| format!("  {key}: {expression}\n"))
+            .collect::<String>()
+    );
+    let with_template = |values: String| {
+        let mut files = helm_fleet(values);
+        files.push((
+            "charts/web/templates/digests.yaml".to_string(),
+            template.clone(),
+        ));
+        // A second workload of the same chart, its values plain and without secrets.
+        files.push((
+            "workloads/other/workload.yaml".to_string(),
+            format!(
+                "{HEADER}kind: Workload\nmetadata:\n  name: other\nspec:\n  namespace: other\n  targets:\n    - clusterSelector: {{}}\n  helm:\n    chart: ../../charts/web\n    values:\n      password: not-a-secret-at-all\n"
+            ),
+        ));
+        files
+    };
+    let digests = |output: &RenderOutput, namespace: &str| -> Vec<String> {
+        let found = output.bundles["shop"]
+            .resources
+            .iter()
+            .find(|r| {
+                r.key.kind() == "ConfigMap"
+                    && r.key.name() == "digests"
+                    && r.key.namespace() == namespace
+            })
+            .map(|r| r.value())
+            .expect("the digests");
+        transforms
+            .iter()
+            .map(|(key, _)| found["data"][key].as_str().expect("a digest").to_string())
+            .collect()
+    };
+    let sops = SopsWriter::new([1; 32], 1_700_000_000)
+        .encrypt_also(
+            &json!({"password": TRICKY}),
+            &recipient,
+            "values",
+            &["password".to_string()],
+        )
+        .expect("encrypts");
+    let plain_values = serde_json::to_string(&json!({"password": TRICKY})).expect("json");
+    let plain = render(&with_template(plain_values), &identity_text);
+    let opened = render(&with_template(sops.clone()), &identity_text);
+    let sprig = digests(&plain, "web");
+    // Sprig's digests of the plain file's texts, worked out here: what a reader
+    // could test guesses against.
+    let hex = |text: &str| {
+        sha2::Sha256::digest(text.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    use base64::Engine as _;
+    let b64 = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
+    assert_eq!(
+        sprig,
+        [
+            hex("\"pa\\\"ss<word>&more\""),
+            hex("{\"p\":\"pa\\\"ss\\u003cword\\u003e\\u0026more\"}"),
+            hex(&b64(&format!("admin:{TRICKY}"))),
+            hex(&b64(&b64(TRICKY))),
+            hex(&TRICKY.to_uppercase()),
+        ]
+    );
+    let keyed = digests(&opened, "web");
+    for ((key, _), (keyed, sprig)) in transforms.iter().zip(keyed.iter().zip(&sprig)) {
+        assert_ne!(keyed, sprig, "{key}: a plain digest of a decrypted value");
+        assert_eq!(keyed.len(), 64, "{key}");
+    }
+    // The same on every render.
+    assert_eq!(
+        digests(&render(&with_template(sops), &identity_text), "web"),
+        keyed
+    );
+    // The other workload's release holds no decrypted value: Sprig's digests.
+    let other = digests(&opened, "other");
+    assert_eq!(other, digests(&plain, "other"));
+    assert_eq!(other[4], hex("NOT-A-SECRET-AT-ALL"));
 }
 
 /// team-a's `web` (the chart reading the SOPS values file) and team-b's `guess`,
@@ -461,5 +585,216 @@ fn a_tenants_own_messages_are_not_scrubbed_of_another_tenants_values() {
             .iter()
             .any(|e| e.contains(&format!("is it {PASSWORD}?"))),
         "{errors:#?}"
+    );
+}
+
+/// Releases filled in from a stencil (clusters whose values differ only in strings)
+/// key their digests as releases rendered on their own do: the same bundles either
+/// way, with the stencil taken.
+#[test]
+fn a_stencils_digests_are_keyed_as_a_release_of_its_own() {
+    let (identity_text, recipient) = identity();
+    let clusters = ["alpha", "bravo", "charlie"];
+    let mut files = helm_fleet(sops_password(&recipient));
+    files.retain(|(path, _)| !path.starts_with("clusters/"));
+    files.push((
+        "charts/web/templates/site.yaml".to_string(),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: site\ndata:\n  site: {{ .Values.site | quote }}\n  joined: {{ printf \"%s:%s\" .Values.site .Values.password | sha256sum }}\n  alone: {{ .Values.site | sha256sum }}\n".to_string(),
+    ));
+    for name in clusters {
+        files.push((
+            format!("clusters/{name}.yaml"),
+            format!("{HEADER}kind: Cluster\nmetadata:\n  name: {name}\n"),
+        ));
+        files.push((
+            format!("overlays/{name}.yaml"),
+            format!(
+                "{HEADER}kind: Overlay\nmetadata:\n  name: {name}\nspec:\n  clusters: [{name}]\n  helmValues:\n    site: shop-{name}\n"
+            ),
+        ));
+    }
+    let keys = DecryptionKeys::from_identity_file(&identity_text).expect("a key");
+    let snapshot = FleetSnapshot::from_files(files.iter().map(|(p, t)| (p.as_str(), t.as_str())));
+    let render = |stencils: bool| {
+        let output = render_with(
+            &snapshot,
+            &RenderOptions {
+                sops: SopsKeys::Open(Arc::new(keys.clone())),
+                helm_without_stencils: !stencils,
+                ..RenderOptions::default()
+            },
+        );
+        assert!(
+            output.is_clean(),
+            "{:?}",
+            output.errors().collect::<Vec<_>>()
+        );
+        output
+    };
+    let (with, without) = (render(true), render(false));
+    assert!(with.helm_stencil_releases > 0, "the stencil was taken");
+    for name in clusters {
+        assert_eq!(
+            with.bundles[name].digest, without.bundles[name].digest,
+            "{name}"
+        );
+        let site = with.bundles[name]
+            .resources
+            .iter()
+            .find(|r| r.key.kind() == "ConfigMap" && r.key.name() == "site")
+            .map(|r| r.value())
+            .expect("the site");
+        let alone = site["data"]["alone"].as_str().expect("a digest");
+        assert_ne!(alone, sha256_hex(&format!("shop-{name}")), "{name}");
+        assert_eq!(alone.len(), 64);
+    }
+}
+
+/// SHA-256 in lower-case hexadecimal.
+fn sha256_hex(text: &str) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A fleet whose workload `pos` is the kustomization `kustomization` (its text)
+/// with `files` beside it.
+fn kustomization_fleet(kustomization: String, files: Vec<(&str, String)>) -> Vec<(String, String)> {
+    let mut extra = vec![(
+        "workloads/pos/kustomization.yaml".to_string(),
+        kustomization,
+    )];
+    extra.extend(
+        files
+            .into_iter()
+            .map(|(name, text)| (format!("workloads/pos/{name}"), text)),
+    );
+    let mut files = fleet("pos", extra);
+    files[1].1 = format!(
+        "{HEADER}kind: Workload\nmetadata:\n  name: pos\nspec:\n  namespace: pos\n  targets:\n    - clusterSelector: {{}}\n"
+    );
+    files
+}
+
+/// The generated Secret's name, and its data.
+fn generated(output: &RenderOutput) -> (String, Value) {
+    let secret = resource(output, "Secret");
+    (
+        secret["metadata"]["name"]
+            .as_str()
+            .expect("a name")
+            .to_string(),
+        secret["data"].clone(),
+    )
+}
+
+/// A generated Secret's name suffix is keyed whenever a decrypted value went into
+/// its data: literals written in a SOPS-encrypted kustomization, and a patch read
+/// from a SOPS file (`patches:` and `patchesStrategicMerge:`) that sets its data
+/// after it was generated. The same files in plain give kustomize's own suffix
+/// over the same data; a plain patch of another object leaves it as kustomize's.
+#[test]
+fn generated_names_are_keyed_when_a_patch_or_literal_was_decrypted() {
+    let (identity_text, recipient) = identity();
+    let open = |files: &[(String, String)]| generated(&render(files, &identity_text));
+
+    // Literals in the kustomization itself.
+    let kustomization = json!({
+        "namespace": "pos",
+        "secretGenerator": [{"name": "creds", "literals": [format!("password={PASSWORD}")]}],
+    });
+    let encrypted = SopsWriter::new([3; 32], 1_700_000_000)
+        .encrypt_also(
+            &kustomization,
+            &recipient,
+            "kustomization",
+            &["literals".to_string()],
+        )
+        .expect("encrypts");
+    assert!(!encrypted.contains(PASSWORD));
+    let plain_text = serde_json::to_string(&kustomization).expect("json");
+    let (keyed_name, keyed_data) = open(&kustomization_fleet(encrypted, vec![]));
+    let (plain_name, plain_data) = open(&kustomization_fleet(plain_text, vec![]));
+    assert_eq!(keyed_data, plain_data);
+    assert!(keyed_name.starts_with("creds-") && keyed_name.len() == plain_name.len());
+    assert_ne!(keyed_name, plain_name, "literals of a SOPS kustomization");
+
+    // The same literals in a generator's configuration read from a SOPS file.
+    let config = json!({
+        "apiVersion": "builtin",
+        "kind": "SecretGenerator",
+        "metadata": {"name": "creds"},
+        "literals": [format!("password={PASSWORD}")],
+    });
+    let sops_config = SopsWriter::new([6; 32], 1_700_000_000)
+        .encrypt_also(&config, &recipient, "generator", &["literals".to_string()])
+        .expect("encrypts");
+    let with = |config: String| {
+        kustomization_fleet(
+            "namespace: pos\ngenerators: [generator.yaml]\n".to_string(),
+            vec![("generator.yaml", config)],
+        )
+    };
+    let (keyed_name, keyed_data) = open(&with(sops_config));
+    let (plain_name, plain_data) = open(&with(serde_json::to_string(&config).expect("json")));
+    assert_eq!(keyed_data, plain_data);
+    assert_ne!(
+        keyed_name, plain_name,
+        "a generator configured in a SOPS file"
+    );
+
+    // A patch from a SOPS file sets the generated Secret's data.
+    let patch = json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "creds"},
+        "stringData": {"password": PASSWORD},
+    });
+    let sops_patch = SopsWriter::new([4; 32], 1_700_000_000)
+        .encrypt(&patch, &recipient, "patch")
+        .expect("encrypts");
+    let plain_patch = serde_json::to_string(&patch).expect("json");
+    for field in [
+        "patches:\n  - path: patch.yaml\n",
+        "patchesStrategicMerge: [patch.yaml]\n",
+    ] {
+        let with = |patch: &str| {
+            kustomization_fleet(
+                format!(
+                    "namespace: pos\nsecretGenerator:\n  - name: creds\n    literals: [user=admin]\n{field}"
+                ),
+                vec![("patch.yaml", patch.to_string())],
+            )
+        };
+        let (keyed_name, keyed_data) = open(&with(&sops_patch));
+        let (plain_name, plain_data) = open(&with(&plain_patch));
+        assert_eq!(keyed_data, plain_data, "{field}");
+        assert_ne!(keyed_name, plain_name, "{field}: a patch from a SOPS file");
+    }
+
+    // A SOPS patch of another object leaves the generated name as kustomize's.
+    let other = json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "other"},
+        "data": {"a": PASSWORD},
+    });
+    let with = |patch: String| {
+        kustomization_fleet(
+            "namespace: pos\nresources: [other.yaml]\nsecretGenerator:\n  - name: creds\n    literals: [user=admin]\npatches:\n  - path: patch.yaml\n".to_string(),
+            vec![
+                ("other.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: other\ndata:\n  a: b\n".to_string()),
+                ("patch.yaml", patch),
+            ],
+        )
+    };
+    let sops_other = SopsWriter::new([5; 32], 1_700_000_000)
+        .encrypt_also(&other, &recipient, "other", &["a".to_string()])
+        .expect("encrypts");
+    assert_eq!(
+        open(&with(sops_other)),
+        open(&with(serde_json::to_string(&other).expect("json")))
     );
 }
