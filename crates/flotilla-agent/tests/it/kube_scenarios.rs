@@ -1492,3 +1492,52 @@ async fn a_job_made_again_by_someone_else_before_its_replacement_is_left() {
     let live = fake.get("batch/v1", "Job", "demo", "seed").expect("left");
     assert!(live.to_string().contains("echo theirs"), "{live}");
 }
+
+/// An apply killed after it created objects (the agent's process died before it
+/// recorded the API server's answers) leaves them pending in the cluster's
+/// inventory. The next apply, in a new process, finds them created after the
+/// inventory recorded them as pending (by the API server's own clock) and counts
+/// them as flotilla's: a later bundle without them prunes them. An object that
+/// someone else made before is still adopted, and left in place.
+#[tokio::test(start_paused = true)]
+async fn objects_an_apply_killed_midway_created_are_pruned_later() {
+    let fake = FakeApiServer::new();
+    fake.insert(kube_namespace("demo"), "kubectl");
+    fake.insert(cm("theirs", "1"), "kubectl");
+    let first = bundle(
+        "edge-1",
+        vec![
+            kube_namespace("demo"),
+            cm("mine", "1"),
+            cm("theirs", "1"),
+            cm("zulu", "1"),
+        ],
+    );
+    // The process dies while its apply waits for the API server's answer on `zulu`.
+    fake.fail(Fault::hang().on("PATCH", "/configmaps/zulu"));
+    {
+        let mut killed = sink(&fake, options());
+        let cut = tokio::time::timeout(Duration::from_secs(1), killed.apply(&first, &[])).await;
+        assert!(cut.is_err(), "the apply was still waiting");
+    }
+    assert!(fake.get("v1", "ConfigMap", "demo", "mine").is_some());
+    assert!(fake.get("v1", "ConfigMap", "demo", "zulu").is_none());
+    // A new process applies the same bundle: `mine` and `theirs` are there already.
+    let mut sink = sink(&fake, options());
+    let outcome = sink.apply(&first, &[]).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    let second = bundle("edge-1", vec![kube_namespace("demo"), cm("kept", "1")]);
+    let outcome = sink.apply(&second, &prune_list(&first, &second)).await;
+    assert!(outcome.complete, "{outcome:#?}");
+    assert_eq!(line(&outcome, "ConfigMap", "mine").0, ResourceState::Pruned);
+    assert_eq!(line(&outcome, "ConfigMap", "zulu").0, ResourceState::Pruned);
+    let (state, message) = line(&outcome, "ConfigMap", "theirs");
+    assert_eq!(state, ResourceState::Applied);
+    assert!(
+        message.contains("existed before flotilla first applied it"),
+        "{message}"
+    );
+    assert!(fake.get("v1", "ConfigMap", "demo", "mine").is_none());
+    assert!(fake.get("v1", "ConfigMap", "demo", "zulu").is_none());
+    assert!(fake.get("v1", "ConfigMap", "demo", "theirs").is_some());
+}

@@ -71,6 +71,15 @@ pub(crate) struct LedgerEntry {
     /// ServiceAccount (`--impersonate-tenants`): it is pruned as that user too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// For an entry read `Pending` from the cluster (an apply cut short, perhaps by
+    /// the agent's death, after it recorded its intent): when the API server last
+    /// wrote the ledger, by its own clock (`managedFields[].time`), which is no
+    /// later than the apply began. An object answered 200 that the API server
+    /// created at or after that time was created by that apply (see
+    /// [`Ledger::record_apply`]). Not written: an entry pending when the ledger is
+    /// read again is pending since that read's time.
+    #[serde(skip)]
+    pub pending_since: Option<String>,
 }
 
 impl LedgerEntry {
@@ -103,6 +112,7 @@ impl LedgerEntry {
             ran: None,
             failed: None,
             user: None,
+            pending_since: None,
         }
     }
 }
@@ -248,11 +258,25 @@ impl Ledger {
     /// Records an apply's answer: 201 means flotilla created the object; 200 for an
     /// object it had not applied before, or for one whose uid changed since (someone
     /// deleted and re-created it), means it adopted it; otherwise what was known stays.
-    pub fn record_apply(&mut self, entry: &InventoryEntry, created: bool, uid: Option<&str>) {
+    /// `answer` is the object as the API server answered: an object pending since an
+    /// apply that was cut short ([`LedgerEntry::pending_since`]) whose
+    /// `creationTimestamp` is not earlier was created by that apply, not adopted.
+    pub fn record_apply(&mut self, entry: &InventoryEntry, created: bool, answer: &Value) {
+        let uid = answer.pointer("/metadata/uid").and_then(Value::as_str);
         let key = entry.key();
         if self.entry(key).is_none() {
             self.intend(std::slice::from_ref(entry));
         }
+        let created = created
+            || self.entry(key).is_some_and(|recorded| {
+                recorded.origin == Origin::Pending
+                    && recorded.pending_since.as_deref().is_some_and(|since| {
+                        answer
+                            .pointer("/metadata/creationTimestamp")
+                            .and_then(Value::as_str)
+                            .is_some_and(|at| not_earlier(at, since))
+                    })
+            });
         // An object flotilla created under another identity (its API group or, for
         // a cluster-scoped kind, the namespace of its key changed) stays flotilla's.
         // (Looked for only when an object new to the ledger turns out to exist.)
@@ -272,6 +296,7 @@ impl Ledger {
             }
             recorded.api_version = entry.api_version().to_string();
             recorded.uid = uid.map(str::to_string);
+            recorded.pending_since = None;
         }
     }
 
@@ -371,7 +396,16 @@ impl Ledger {
         }
         let text = configmap.pointer(&format!("/data/{DATA_KEY}"))?.as_str()?;
         match serde_json::from_str::<Ledger>(text) {
-            Ok(ledger) if ledger.cluster == cluster => Some(ledger),
+            Ok(mut ledger) if ledger.cluster == cluster => {
+                if let Some(since) = last_written(configmap) {
+                    for entry in &mut ledger.entries {
+                        if entry.origin == Origin::Pending {
+                            entry.pending_since = Some(since.clone());
+                        }
+                    }
+                }
+                Some(ledger)
+            }
             Ok(ledger) => {
                 tracing::warn!(
                     found = %ledger.cluster, cluster,
@@ -451,6 +485,39 @@ impl Ledger {
     }
 }
 
+/// When the agent last wrote the ledger's ConfigMap, by the API server's clock: the
+/// latest `managedFields[].time` of flotilla's field manager.
+fn last_written(configmap: &Value) -> Option<String> {
+    configmap
+        .pointer("/metadata/managedFields")?
+        .as_array()?
+        .iter()
+        .filter(|entry| entry.get("manager").and_then(Value::as_str) == Some(super::FIELD_MANAGER))
+        .filter_map(|entry| entry.get("time").and_then(Value::as_str))
+        .filter(|time| is_api_time(time))
+        .max()
+        .map(str::to_string)
+}
+
+/// Whether `time` is written as the API server writes its times (RFC 3339 in UTC,
+/// whole seconds: `2025-01-01T00:00:00Z`), which sort as text in time order.
+fn is_api_time(time: &str) -> bool {
+    let bytes = time.as_bytes();
+    bytes.len() == 20
+        && bytes.iter().enumerate().all(|(i, b)| match i {
+            4 | 7 => *b == b'-',
+            10 => *b == b'T',
+            13 | 16 => *b == b':',
+            19 => *b == b'Z',
+            _ => b.is_ascii_digit(),
+        })
+}
+
+/// Whether the API server time `at` is `since` or later (both as it writes them).
+fn not_earlier(at: &str, since: &str) -> bool {
+    is_api_time(at) && is_api_time(since) && at >= since
+}
+
 fn configmap_resource() -> kube::core::ApiResource {
     kube::core::ApiResource::from_gvk_with_plural(
         &kube::core::GroupVersionKind::gvk("", "v1", "ConfigMap"),
@@ -464,6 +531,11 @@ mod tests {
 
     fn entry(name: &str) -> InventoryEntry {
         InventoryEntry::new("v1", "ConfigMap", "demo", name)
+    }
+
+    /// The API server's answer to an apply: an object with this uid.
+    pub(super) fn answered(uid: &str) -> Value {
+        json!({"metadata": {"uid": uid, "creationTimestamp": "2025-01-01T00:00:00Z"}})
     }
 
     #[test]
@@ -488,9 +560,9 @@ mod tests {
         ledger.intend(&[entry("new"), entry("found"), entry("legacy")]);
         assert_eq!(origin(&ledger, "new"), Some(Origin::Pending));
         assert_eq!(origin(&ledger, "legacy"), Some(Origin::Unknown));
-        ledger.record_apply(&entry("new"), true, Some("u1"));
-        ledger.record_apply(&entry("found"), false, Some("u2"));
-        ledger.record_apply(&entry("legacy"), false, Some("u3"));
+        ledger.record_apply(&entry("new"), true, &answered("u1"));
+        ledger.record_apply(&entry("found"), false, &answered("u2"));
+        ledger.record_apply(&entry("legacy"), false, &answered("u3"));
         assert_eq!(origin(&ledger, "new"), Some(Origin::Created));
         assert_eq!(origin(&ledger, "found"), Some(Origin::Adopted));
         assert_eq!(
@@ -500,28 +572,77 @@ mod tests {
         );
         // The same object again keeps what was known; a new uid means someone else
         // re-created it.
-        ledger.record_apply(&entry("new"), false, Some("u1"));
+        ledger.record_apply(&entry("new"), false, &answered("u1"));
         assert_eq!(origin(&ledger, "new"), Some(Origin::Created));
-        ledger.record_apply(&entry("new"), false, Some("u9"));
+        ledger.record_apply(&entry("new"), false, &answered("u9"));
         assert_eq!(origin(&ledger, "new"), Some(Origin::Adopted));
-        ledger.record_apply(&entry("legacy"), false, Some("u3"));
+        ledger.record_apply(&entry("legacy"), false, &answered("u3"));
         assert_eq!(origin(&ledger, "legacy"), Some(Origin::Unknown));
         // The object flotilla created, found again under another identity (its API
         // group changed): still flotilla's, not adopted.
-        ledger.record_apply(&entry("made"), true, Some("u5"));
+        ledger.record_apply(&entry("made"), true, &answered("u5"));
         let moved = InventoryEntry::new("example.com/v1", "ConfigMap", "demo", "made");
-        ledger.record_apply(&moved, false, Some("u5"));
+        ledger.record_apply(&moved, false, &answered("u5"));
         assert_eq!(
             ledger.entry(moved.key()).map(|e| e.origin),
             Some(Origin::Created)
         );
     }
 
+    /// An entry read back `Pending` (an apply cut short after recording its intent)
+    /// is pending since the ledger's last write by flotilla, by the API server's
+    /// clock; a 200 for an object created then or later means that apply created it.
+    #[test]
+    fn an_object_created_after_an_apply_was_cut_short_is_flotillas() {
+        let mut ledger = Ledger::new("edge-1");
+        ledger.intend(&[entry("made"), entry("found"), entry("odd")]);
+        let mut configmap = ledger.to_configmap("flotilla-system").expect("small");
+        configmap["metadata"]["managedFields"] = json!([
+            {"manager": "kubectl", "operation": "Update", "time": "2025-01-01T00:09:00Z"},
+            {"manager": "flotilla", "operation": "Apply", "time": "2025-01-01T00:05:00Z"},
+        ]);
+        let mut read = Ledger::from_configmap(&configmap, "edge-1").expect("read");
+        let pending = |ledger: &Ledger, name: &str| {
+            ledger
+                .entry(entry(name).key())
+                .and_then(|e| e.pending_since.clone())
+        };
+        assert_eq!(
+            pending(&read, "made").as_deref(),
+            Some("2025-01-01T00:05:00Z")
+        );
+        let at =
+            |uid: &str, time: &str| json!({"metadata": {"uid": uid, "creationTimestamp": time}});
+        // Created in the very second of the write, or later: by that apply.
+        read.record_apply(&entry("made"), false, &at("u1", "2025-01-01T00:05:00Z"));
+        // Created before it: someone else's, adopted.
+        read.record_apply(&entry("found"), false, &at("u2", "2025-01-01T00:04:59Z"));
+        // A time not written as the API server writes it proves nothing.
+        read.record_apply(&entry("odd"), false, &at("u3", "2025-01-01T00:06:00+01:00"));
+        let origin =
+            |ledger: &Ledger, name: &str| ledger.entry(entry(name).key()).map(|e| e.origin);
+        assert_eq!(origin(&read, "made"), Some(Origin::Created));
+        assert_eq!(origin(&read, "found"), Some(Origin::Adopted));
+        assert_eq!(origin(&read, "odd"), Some(Origin::Adopted));
+        assert_eq!(pending(&read, "made"), None, "answered: no longer pending");
+        // An entry that becomes pending in this process is not: its 200 is an
+        // object that existed before this apply.
+        read.intend(&[entry("new")]);
+        read.record_apply(&entry("new"), false, &at("u4", "2025-01-01T00:07:00Z"));
+        assert_eq!(origin(&read, "new"), Some(Origin::Adopted));
+        // Without flotilla's time in the ConfigMap, nothing is pending since.
+        configmap["metadata"]["managedFields"] = json!([
+            {"manager": "kubectl", "operation": "Update", "time": "2025-01-01T00:09:00Z"},
+        ]);
+        let read = Ledger::from_configmap(&configmap, "edge-1").expect("read");
+        assert_eq!(pending(&read, "made"), None);
+    }
+
     #[test]
     fn entries_are_found_after_those_before_them_left() {
         let mut ledger = Ledger::new("edge-1");
         for name in ["a", "b", "c"] {
-            ledger.record_apply(&entry(name), true, Some(name));
+            ledger.record_apply(&entry(name), true, &answered(name));
         }
         let config_map = |name: &str| {
             serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
@@ -537,7 +658,7 @@ mod tests {
                 .and_then(|e| e.uid.as_deref());
             assert_eq!(found, Some(name));
         }
-        ledger.record_apply(&entry("d"), true, Some("d"));
+        ledger.record_apply(&entry("d"), true, &answered("d"));
         ledger.record_run(entry("d").key(), &Digest::of(b"job"));
         assert_eq!(ledger.entries()[2].name, "d");
         assert!(ledger.entries()[2].ran.is_some());
@@ -546,7 +667,7 @@ mod tests {
     #[test]
     fn the_configmap_round_trips_and_belongs_to_one_cluster() {
         let mut ledger = Ledger::new("edge-1");
-        ledger.record_apply(&entry("a"), true, Some("u1"));
+        ledger.record_apply(&entry("a"), true, &answered("u1"));
         let configmap = ledger.to_configmap("flotilla-system").expect("fits");
         assert_eq!(configmap["metadata"]["labels"][CLUSTER_LABEL], "edge-1");
         assert_eq!(
@@ -583,7 +704,7 @@ mod tests {
             user: None,
         };
         let mut ledger = Ledger::new("edge-1");
-        ledger.record_apply(&entry("a"), true, Some("u1"));
+        ledger.record_apply(&entry("a"), true, &answered("u1"));
         ledger.save(&api, "flotilla-system").await.expect("saved");
         let read = Ledger::load(&api, "flotilla-system", "edge-1").await;
         assert_eq!(read.expect("read"), Some(ledger.clone()));

@@ -1273,8 +1273,7 @@ impl Run {
         match answer {
             Ok((code, live)) => {
                 self.server_errors = 0;
-                let uid = live.pointer("/metadata/uid").and_then(Value::as_str);
-                ledger.record_apply(&InventoryEntry::of(resource), code == 201, uid);
+                ledger.record_apply(&InventoryEntry::of(resource), code == 201, &live);
                 ledger.record_user(key, user.as_deref());
                 if is_job(key) {
                     ledger.record_run(key, &manifest);

@@ -275,6 +275,7 @@ mod tests {
             ran: None,
             failed: None,
             user: None,
+            pending_since: None,
         }
     }
 
