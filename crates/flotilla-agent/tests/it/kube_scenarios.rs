@@ -1541,3 +1541,33 @@ async fn objects_an_apply_killed_midway_created_are_pruned_later() {
     assert!(fake.get("v1", "ConfigMap", "demo", "zulu").is_none());
     assert!(fake.get("v1", "ConfigMap", "demo", "theirs").is_some());
 }
+
+/// An apply that finished with an object refused (422) leaves it pending too; if
+/// someone then makes that object (with kubectl), the next apply, in a new process,
+/// adopts it: it was not made by flotilla, and no later bundle prunes it.
+#[tokio::test(start_paused = true)]
+async fn an_object_someone_made_after_a_refused_apply_is_adopted() {
+    let fake = FakeApiServer::new();
+    fake.insert(kube_namespace("demo"), "kubectl");
+    let first = bundle(
+        "edge-1",
+        vec![kube_namespace("demo"), cm("mine", "1"), cm("late", "1")],
+    );
+    fake.fail(Fault::status(422, "Invalid", "refused once").on("PATCH", "/configmaps/late"));
+    let outcome = sink(&fake, options()).apply(&first, &[]).await;
+    assert_eq!(line(&outcome, "ConfigMap", "late").0, ResourceState::Failed);
+    assert!(fake.get("v1", "ConfigMap", "demo", "late").is_none());
+    fake.insert(cm("late", "1"), "kubectl");
+    let mut sink = sink(&fake, options());
+    assert!(sink.apply(&first, &[]).await.complete);
+    let second = bundle("edge-1", vec![kube_namespace("demo"), cm("kept", "1")]);
+    let outcome = sink.apply(&second, &prune_list(&first, &second)).await;
+    assert_eq!(line(&outcome, "ConfigMap", "mine").0, ResourceState::Pruned);
+    let (state, message) = line(&outcome, "ConfigMap", "late");
+    assert_eq!(state, ResourceState::Applied);
+    assert!(
+        message.contains("existed before flotilla first applied it"),
+        "{message}"
+    );
+    assert!(fake.get("v1", "ConfigMap", "demo", "late").is_some());
+}

@@ -276,6 +276,7 @@ impl Ledger {
                             .and_then(Value::as_str)
                             .is_some_and(|at| not_earlier(at, since))
                     })
+                    && written_by_flotilla_alone(answer)
             });
         // An object flotilla created under another identity (its API group or, for
         // a cluster-scoped kind, the namespace of its key changed) stays flotilla's.
@@ -296,6 +297,15 @@ impl Ledger {
             }
             recorded.api_version = entry.api_version().to_string();
             recorded.uid = uid.map(str::to_string);
+            recorded.pending_since = None;
+        }
+    }
+
+    /// Records an apply that got no answer for the object (an error): what it was
+    /// pending since no longer tells who created it, so only an answer from now on
+    /// does (see [`LedgerEntry::pending_since`]).
+    pub fn record_attempt(&mut self, key: &ResourceKey) {
+        if let Some(recorded) = self.entry_mut(key) {
             recorded.pending_since = None;
         }
     }
@@ -499,6 +509,27 @@ fn last_written(configmap: &Value) -> Option<String> {
         .map(str::to_string)
 }
 
+/// Whether the object as the API server answered was only ever written by flotilla
+/// (its `managedFields` name no other manager, but for writes of a subresource
+/// such as `status`): an object someone else made, with kubectl or a controller
+/// (a namespace's `default` ServiceAccount), names them.
+fn written_by_flotilla_alone(answer: &Value) -> bool {
+    let Some(entries) = answer
+        .pointer("/metadata/managedFields")
+        .and_then(Value::as_array)
+        .filter(|entries| !entries.is_empty())
+    else {
+        return false;
+    };
+    entries.iter().all(|entry| {
+        entry.get("manager").and_then(Value::as_str) == Some(super::FIELD_MANAGER)
+            || entry
+                .get("subresource")
+                .and_then(Value::as_str)
+                .is_some_and(|subresource| !subresource.is_empty())
+    })
+}
+
 /// Whether `time` is written as the API server writes its times (RFC 3339 in UTC,
 /// whole seconds: `2025-01-01T00:00:00Z`), which sort as text in time order.
 fn is_api_time(time: &str) -> bool {
@@ -591,11 +622,13 @@ mod tests {
 
     /// An entry read back `Pending` (an apply cut short after recording its intent)
     /// is pending since the ledger's last write by flotilla, by the API server's
-    /// clock; a 200 for an object created then or later means that apply created it.
+    /// clock; a 200 for an object created then or later, and written by flotilla
+    /// alone, means that apply created it.
     #[test]
     fn an_object_created_after_an_apply_was_cut_short_is_flotillas() {
+        let names = ["made", "found", "odd", "theirs", "status", "bare", "failed"];
         let mut ledger = Ledger::new("edge-1");
-        ledger.intend(&[entry("made"), entry("found"), entry("odd")]);
+        ledger.intend(&names.map(entry));
         let mut configmap = ledger.to_configmap("flotilla-system").expect("small");
         configmap["metadata"]["managedFields"] = json!([
             {"manager": "kubectl", "operation": "Update", "time": "2025-01-01T00:09:00Z"},
@@ -611,24 +644,83 @@ mod tests {
             pending(&read, "made").as_deref(),
             Some("2025-01-01T00:05:00Z")
         );
-        let at =
-            |uid: &str, time: &str| json!({"metadata": {"uid": uid, "creationTimestamp": time}});
-        // Created in the very second of the write, or later: by that apply.
-        read.record_apply(&entry("made"), false, &at("u1", "2025-01-01T00:05:00Z"));
+        let flotilla = json!([{"manager": "flotilla", "operation": "Apply"}]);
+        let at = |uid: &str, time: &str, managed: &Value| json!({"metadata": {"uid": uid, "creationTimestamp": time, "managedFields": managed}});
+        // Created in the very second of the write, or later, by flotilla alone: by
+        // that apply.
+        read.record_apply(
+            &entry("made"),
+            false,
+            &at("u1", "2025-01-01T00:05:00Z", &flotilla),
+        );
         // Created before it: someone else's, adopted.
-        read.record_apply(&entry("found"), false, &at("u2", "2025-01-01T00:04:59Z"));
+        read.record_apply(
+            &entry("found"),
+            false,
+            &at("u2", "2025-01-01T00:04:59Z", &flotilla),
+        );
         // A time not written as the API server writes it proves nothing.
-        read.record_apply(&entry("odd"), false, &at("u3", "2025-01-01T00:06:00+01:00"));
+        read.record_apply(
+            &entry("odd"),
+            false,
+            &at("u3", "2025-01-01T00:06:00+01:00", &flotilla),
+        );
+        // Made later, but by someone else (kubectl), then applied by flotilla.
+        let with_kubectl = json!([
+            {"manager": "kubectl-client-side-apply", "operation": "Update"},
+            {"manager": "flotilla", "operation": "Apply"},
+        ]);
+        read.record_apply(
+            &entry("theirs"),
+            false,
+            &at("u4", "2025-01-01T00:06:00Z", &with_kubectl),
+        );
+        // A controller writing only its status does not make it someone else's.
+        let with_status = json!([
+            {"manager": "flotilla", "operation": "Apply"},
+            {"manager": "kube-controller-manager", "operation": "Update", "subresource": "status"},
+        ]);
+        read.record_apply(
+            &entry("status"),
+            false,
+            &at("u5", "2025-01-01T00:06:00Z", &with_status),
+        );
+        // Without managedFields nothing says who wrote it.
+        read.record_apply(
+            &entry("bare"),
+            false,
+            &at("u6", "2025-01-01T00:06:00Z", &json!([])),
+        );
+        // An apply that failed for it: an answer after that tells nothing of the
+        // apply that was cut short.
+        read.record_attempt(entry("failed").key());
+        read.record_apply(
+            &entry("failed"),
+            false,
+            &at("u7", "2025-01-01T00:06:00Z", &flotilla),
+        );
         let origin =
             |ledger: &Ledger, name: &str| ledger.entry(entry(name).key()).map(|e| e.origin);
-        assert_eq!(origin(&read, "made"), Some(Origin::Created));
-        assert_eq!(origin(&read, "found"), Some(Origin::Adopted));
-        assert_eq!(origin(&read, "odd"), Some(Origin::Adopted));
+        for (name, expected) in [
+            ("made", Origin::Created),
+            ("found", Origin::Adopted),
+            ("odd", Origin::Adopted),
+            ("theirs", Origin::Adopted),
+            ("status", Origin::Created),
+            ("bare", Origin::Adopted),
+            ("failed", Origin::Adopted),
+        ] {
+            assert_eq!(origin(&read, name), Some(expected), "{name}");
+        }
         assert_eq!(pending(&read, "made"), None, "answered: no longer pending");
         // An entry that becomes pending in this process is not: its 200 is an
         // object that existed before this apply.
         read.intend(&[entry("new")]);
-        read.record_apply(&entry("new"), false, &at("u4", "2025-01-01T00:07:00Z"));
+        read.record_apply(
+            &entry("new"),
+            false,
+            &at("u8", "2025-01-01T00:07:00Z", &flotilla),
+        );
         assert_eq!(origin(&read, "new"), Some(Origin::Adopted));
         // Without flotilla's time in the ConfigMap, nothing is pending since.
         configmap["metadata"]["managedFields"] = json!([

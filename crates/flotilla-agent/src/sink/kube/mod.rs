@@ -1289,10 +1289,13 @@ impl Run {
                     Some(live),
                 )
             }
-            Err(failure) => (
-                self.apply_failed(key, "apply failed", "patch", &resource_name, failure),
-                None,
-            ),
+            Err(failure) => {
+                ledger.record_attempt(key);
+                (
+                    self.apply_failed(key, "apply failed", "patch", &resource_name, failure),
+                    None,
+                )
+            }
         }
     }
 
