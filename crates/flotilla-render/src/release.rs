@@ -630,19 +630,28 @@ impl ReleaseCache {
             ));
             return (Err(error), false);
         };
-        // A release whose values hold a decrypted value keys every digest it writes.
-        let release_keys = settings.hashing.values_keys(values);
+        let key = input_key(workload, values, capabilities);
+        let cell = {
+            let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+            Arc::clone(entries.entry(key).or_default())
+        };
+        // A release whose values hold a decrypted value, or whose chart holds a SOPS
+        // file, keys every digest it writes (looked for only when it is rendered).
+        let release_keys = if cell.get().is_some_and(|entry| !entry.generated) {
+            Vec::new()
+        } else {
+            let mut keys = settings.hashing.values_keys(values);
+            keys.extend(settings.hashing.chart_keys(&release.chart_path));
+            keys.sort_unstable();
+            keys.dedup();
+            keys
+        };
         let keyed;
         let settings = if release_keys.is_empty() {
             settings
         } else {
             keyed = settings.with_release_keys(&release_keys);
             &keyed
-        };
-        let key = input_key(workload, values, capabilities);
-        let cell = {
-            let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-            Arc::clone(entries.entry(key).or_default())
         };
         // The first cluster with these values fills them in from a stencil where it
         // can; the others share its output, as they share a rendered one.

@@ -196,7 +196,6 @@ impl Fence {
     pub(crate) fn snapshot(&self, snapshot: &FleetSnapshot) -> FleetSnapshot {
         let mut fenced = FleetSnapshot {
             revision: snapshot.revision.clone(),
-            hash_keys: snapshot.hash_keys.clone(),
             ..FleetSnapshot::default()
         };
         for (path, text) in &snapshot.files {
@@ -230,6 +229,14 @@ impl Fence {
                 .entry(path.clone())
                 .or_insert_with(|| reason.clone());
         }
+        // Only the keys of the SOPS files the tenant may read: another tenant's
+        // keys must not key (and so rename) what this tenant's kustomizations make.
+        fenced.hash_keys = snapshot
+            .hash_keys
+            .iter()
+            .filter(|(path, _)| fenced.files.contains_key(*path))
+            .map(|(path, key)| (path.clone(), *key))
+            .collect();
         fenced
     }
 }

@@ -225,24 +225,22 @@ fn run_builtin(
             }
             Ok(())
         }
-        Transformer::Patch(patch) => apply_patch_entry(
-            snapshot,
-            kustomization,
-            line,
-            patch,
-            label,
-            false,
-            accumulator,
-        ),
-        Transformer::Json6902(patch) => apply_patch_entry(
-            snapshot,
-            kustomization,
-            line,
-            patch,
-            label,
-            true,
-            accumulator,
-        ),
+        // The patch may be read from a file of its own (`path:`).
+        Transformer::Patch(patch) | Transformer::Json6902(patch) => {
+            let json_only = matches!(config.value, Transformer::Json6902(_));
+            let keys = patch_keys(snapshot, kustomization, patch);
+            tainting(accumulator, &keys, |accumulator| {
+                apply_patch_entry(
+                    snapshot,
+                    kustomization,
+                    line,
+                    patch,
+                    label,
+                    json_only,
+                    accumulator,
+                )
+            })
+        }
         Transformer::StrategicMerge { paths, patches } => {
             for path in paths {
                 apply_strategic_merge_entry(

@@ -357,6 +357,9 @@ pub fn hex_lower(bytes: &[u8]) -> String {
 #[derive(Debug, Default)]
 pub struct SecretHashing {
     needles: Vec<(String, [u8; 32])>,
+    /// Every SOPS file's hash key, by path: a chart's own SOPS files (read with
+    /// `.Files.Get`) key its release's digests ([`SecretHashing::chart_keys`]).
+    files: std::collections::BTreeMap<String, [u8; 32]>,
 }
 
 /// The text a JSON string's inside stands for: a decrypted value as the renderer
@@ -381,7 +384,26 @@ impl SecretHashing {
             needles.push((plain, *key));
             needles.push((encoded, *key));
         }
-        SecretHashing { needles }
+        SecretHashing {
+            needles,
+            files: hash_keys.clone(),
+        }
+    }
+
+    /// The hash keys of the SOPS files inside the chart folder `chart` (a chart's
+    /// files, which its templates read with `.Files.Get`, decrypted): every digest
+    /// the chart's releases write is keyed with them. Empty for a packed chart.
+    pub fn chart_keys(&self, chart: &str) -> Vec<[u8; 32]> {
+        let folder = format!("{}/", chart.trim_end_matches('/'));
+        let mut keys: Vec<[u8; 32]> = self
+            .files
+            .range(folder.clone()..)
+            .take_while(|(path, _)| path.starts_with(&folder))
+            .map(|(_, key)| *key)
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys
     }
 
     /// Sprig's `sha256sum` of `text`, keyed when it holds a decrypted value.

@@ -535,16 +535,18 @@ fn digests_of_transformed_decrypted_values_are_keyed() {
     assert_eq!(other[4], hex("NOT-A-SECRET-AT-ALL"));
 }
 
+/// The file of the tenant `name` with `spec` (its lines, indented).
+fn tenant(name: &str, spec: &str) -> (String, String) {
+    (
+        format!("tenants/{name}.yaml"),
+        format!("{HEADER}kind: Tenant\nmetadata:\n  name: {name}\nspec:\n{spec}"),
+    )
+}
+
 /// team-a's `web` (the chart reading the SOPS values file) and team-b's `guess`,
 /// whose chart has one template, `guess`.
 fn two_tenants(recipient: &AgentKey, guess: &str) -> Vec<(String, String)> {
     let mut files = helm_fleet(sops_password(recipient));
-    let tenant = |name: &str, spec: &str| {
-        (
-            format!("tenants/{name}.yaml"),
-            format!("{HEADER}kind: Tenant\nmetadata:\n  name: {name}\nspec:\n{spec}"),
-        )
-    };
     files.extend([
         tenant(
             "team-a",
@@ -774,6 +776,24 @@ fn generated_names_are_keyed_when_a_patch_or_literal_was_decrypted() {
         assert_ne!(keyed_name, plain_name, "{field}: a patch from a SOPS file");
     }
 
+    // The same patch applied by a PatchTransformer configured in a plain file.
+    let with = |patch: &str| {
+        kustomization_fleet(
+            "namespace: pos\nsecretGenerator:\n  - name: creds\n    literals: [user=admin]\ntransformers: [transformer.yaml]\n".to_string(),
+            vec![
+                (
+                    "transformer.yaml",
+                    "apiVersion: builtin\nkind: PatchTransformer\nmetadata:\n  name: set-password\npath: patch.yaml\n".to_string(),
+                ),
+                ("patch.yaml", patch.to_string()),
+            ],
+        )
+    };
+    let (keyed_name, keyed_data) = open(&with(&sops_patch));
+    let (plain_name, plain_data) = open(&with(&plain_patch));
+    assert_eq!(keyed_data, plain_data);
+    assert_ne!(keyed_name, plain_name, "a PatchTransformer's patch file");
+
     // A SOPS patch of another object leaves the generated name as kustomize's.
     let other = json!({
         "apiVersion": "v1",
@@ -797,4 +817,115 @@ fn generated_names_are_keyed_when_a_patch_or_literal_was_decrypted() {
         open(&with(sops_other)),
         open(&with(serde_json::to_string(&other).expect("json")))
     );
+}
+
+/// What a tenant's kustomizations make is keyed only by SOPS files that tenant may
+/// read: a generator configured by a folder it builds (whose files flotilla cannot
+/// follow one by one) is keyed with every SOPS file of the tenant's own fence, not
+/// with another tenant's, so that another tenant encrypting its file anew does not
+/// rename (and roll) this tenant's objects.
+#[test]
+fn another_tenants_sops_files_never_key_a_tenants_generated_names() {
+    let (identity_text, recipient) = identity();
+    let with_password = |seed: u8| {
+        let mut files = helm_fleet(
+            SopsWriter::new([seed; 32], 1_700_000_000)
+                .encrypt_also(
+                    &json!({"password": PASSWORD}),
+                    &recipient,
+                    "values",
+                    &["password".to_string()],
+                )
+                .expect("encrypts"),
+        );
+        files.extend([
+            tenant(
+                "team-a",
+                "  workloads: [web]\n  namespaces: [web]\n  sharedPaths: [\"charts/web/**\"]\n",
+            ),
+            tenant("team-b", "  workloads: [pos]\n  namespaces: [pos]\n"),
+            (
+                "workloads/pos/workload.yaml".to_string(),
+                format!(
+                    "{HEADER}kind: Workload\nmetadata:\n  name: pos\nspec:\n  namespace: pos\n  targets:\n    - clusterSelector: {{}}\n"
+                ),
+            ),
+            (
+                "workloads/pos/kustomization.yaml".to_string(),
+                "namespace: pos\ngenerators: [gen]\n".to_string(),
+            ),
+            (
+                "workloads/pos/gen/kustomization.yaml".to_string(),
+                "resources: [config.yaml]\n".to_string(),
+            ),
+            (
+                "workloads/pos/gen/config.yaml".to_string(),
+                "apiVersion: builtin\nkind: SecretGenerator\nmetadata:\n  name: creds\nliterals: [user=admin]\n".to_string(),
+            ),
+        ]);
+        files
+    };
+    let name = |seed: u8| {
+        render(&with_password(seed), &identity_text).bundles["shop"]
+            .resources
+            .iter()
+            .find(|r| r.key.kind() == "Secret" && r.key.namespace() == "pos")
+            .map(|r| r.key.name().to_string())
+            .expect("team-b's Secret")
+    };
+    let first = name(1);
+    assert!(first.starts_with("creds-"), "{first}");
+    assert_eq!(
+        name(2),
+        first,
+        "team-a's file encrypted anew renames nothing of team-b's"
+    );
+}
+
+/// A chart's own SOPS file, read with `.Files.Get` and changed before it is hashed,
+/// keys every digest of the chart's releases too.
+#[test]
+fn a_charts_own_sops_file_keys_its_digests() {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let (identity_text, recipient) = identity();
+    let creds = json!({"stringData": {"password": PASSWORD}});
+    let mut files = helm_fleet("password: \"\"\n".to_string());
+    files.push((
+        "charts/web/files/creds.yaml".to_string(),
+        SopsWriter::new([7; 32], 1_700_000_000)
+            .encrypt(&creds, &recipient, "creds")
+            .expect("encrypts"),
+    ));
+    files.push((
+        "charts/web/templates/digests.yaml".to_string(),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: digests\ndata:\n  twice: {{ .Files.Get \"files/creds.yaml\" | b64enc | b64enc | sha256sum }}\n".to_string(),
+    ));
+    // The file's text as the chart reads it, in a Secret (no agent key here).
+    files.push((
+        "charts/web/templates/file.yaml".to_string(),
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: file\ndata:\n  file: {{ .Files.Get \"files/creds.yaml\" | b64enc }}\n".to_string(),
+    ));
+    let opened = render(&files, &identity_text);
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    let read = resource_named(&opened, "Secret", "file")["data"]["file"]
+        .as_str()
+        .expect("the file")
+        .to_string();
+    let read = base64::engine::general_purpose::STANDARD
+        .decode(read)
+        .expect("base64");
+    assert!(String::from_utf8_lossy(&read).contains(PASSWORD));
+    // Sprig's digest of the decrypted file encoded twice: what a reader could test
+    // guesses against.
+    let sprig: String = sha2::Sha256::digest(b64(b64(&read).as_bytes()).as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let keyed = resource_named(&opened, "ConfigMap", "digests")["data"]["twice"]
+        .as_str()
+        .expect("a digest")
+        .to_string();
+    assert_eq!(keyed.len(), 64);
+    assert_ne!(keyed, sprig, "a plain digest of a decrypted file");
 }
