@@ -1494,20 +1494,29 @@ async fn a_job_made_again_by_someone_else_before_its_replacement_is_left() {
 }
 
 /// An apply killed after it created objects (the agent's process died before it
-/// recorded the API server's answers) leaves them pending in the cluster's
-/// inventory. The next apply, in a new process, finds them created after the
-/// inventory recorded them as pending (by the API server's own clock) and counts
-/// them as flotilla's: a later bundle without them prunes them. An object that
-/// someone else made before is still adopted, and left in place.
+/// recorded the API server's answers at its end) leaves them pending in the cluster's
+/// inventory, and the next apply adopts those it finds: it cannot tell that the
+/// killed apply made them. A long apply therefore writes the inventory every few
+/// seconds: here the bundle's CRD takes seconds to be established before the
+/// ConfigMaps are applied, so the answer for `mine`, the first after that wait, is
+/// written before the kill,
+/// while the apply waits on `zulu`. After a restart, a bundle without them prunes
+/// what flotilla made and leaves `theirs`, which someone else made before.
 #[tokio::test(start_paused = true)]
-async fn objects_an_apply_killed_midway_created_are_pruned_later() {
-    let fake = FakeApiServer::new();
+async fn an_apply_killed_midway_has_written_what_it_made_before() {
+    let fake = FakeApiServer::new().establish_crds_after(Some(3));
     fake.insert(kube_namespace("demo"), "kubectl");
     fake.insert(cm("theirs", "1"), "kubectl");
+    let widgets = crd(
+        "example.com",
+        "Widget",
+        "widgets",
+        json!([served("v1", true)]),
+    );
     let first = bundle(
         "edge-1",
         vec![
-            kube_namespace("demo"),
+            widgets.clone(),
             cm("mine", "1"),
             cm("theirs", "1"),
             cm("zulu", "1"),
@@ -1517,28 +1526,35 @@ async fn objects_an_apply_killed_midway_created_are_pruned_later() {
     fake.fail(Fault::hang().on("PATCH", "/configmaps/zulu"));
     {
         let mut killed = sink(&fake, options());
-        let cut = tokio::time::timeout(Duration::from_secs(1), killed.apply(&first, &[])).await;
+        let cut = tokio::time::timeout(Duration::from_secs(10), killed.apply(&first, &[])).await;
         assert!(cut.is_err(), "the apply was still waiting");
     }
     assert!(fake.get("v1", "ConfigMap", "demo", "mine").is_some());
     assert!(fake.get("v1", "ConfigMap", "demo", "zulu").is_none());
-    // A new process applies the same bundle: `mine` and `theirs` are there already.
+    // A new process applies the same bundle, then one without those ConfigMaps.
     let mut sink = sink(&fake, options());
     let outcome = sink.apply(&first, &[]).await;
     assert!(outcome.complete, "{outcome:#?}");
-    let second = bundle("edge-1", vec![kube_namespace("demo"), cm("kept", "1")]);
+    let second = bundle("edge-1", vec![widgets, cm("kept", "1")]);
     let outcome = sink.apply(&second, &prune_list(&first, &second)).await;
     assert!(outcome.complete, "{outcome:#?}");
-    assert_eq!(line(&outcome, "ConfigMap", "mine").0, ResourceState::Pruned);
-    assert_eq!(line(&outcome, "ConfigMap", "zulu").0, ResourceState::Pruned);
+    for name in ["mine", "zulu"] {
+        assert_eq!(
+            line(&outcome, "ConfigMap", name).0,
+            ResourceState::Pruned,
+            "{name}"
+        );
+        assert!(
+            fake.get("v1", "ConfigMap", "demo", name).is_none(),
+            "{name}"
+        );
+    }
     let (state, message) = line(&outcome, "ConfigMap", "theirs");
     assert_eq!(state, ResourceState::Applied);
     assert!(
         message.contains("existed before flotilla first applied it"),
         "{message}"
     );
-    assert!(fake.get("v1", "ConfigMap", "demo", "mine").is_none());
-    assert!(fake.get("v1", "ConfigMap", "demo", "zulu").is_none());
     assert!(fake.get("v1", "ConfigMap", "demo", "theirs").is_some());
 }
 

@@ -71,15 +71,6 @@ pub(crate) struct LedgerEntry {
     /// ServiceAccount (`--impersonate-tenants`): it is pruned as that user too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
-    /// For an entry read `Pending` from the cluster (an apply cut short, perhaps by
-    /// the agent's death, after it recorded its intent): when the API server last
-    /// wrote the ledger, by its own clock (`managedFields[].time`), which is no
-    /// later than the apply began. An object answered 200 that the API server
-    /// created at or after that time was created by that apply (see
-    /// [`Ledger::record_apply`]). Not written: an entry pending when the ledger is
-    /// read again is pending since that read's time.
-    #[serde(skip)]
-    pub pending_since: Option<String>,
 }
 
 impl LedgerEntry {
@@ -112,7 +103,6 @@ impl LedgerEntry {
             ran: None,
             failed: None,
             user: None,
-            pending_since: None,
         }
     }
 }
@@ -258,26 +248,13 @@ impl Ledger {
     /// Records an apply's answer: 201 means flotilla created the object; 200 for an
     /// object it had not applied before, or for one whose uid changed since (someone
     /// deleted and re-created it), means it adopted it; otherwise what was known stays.
-    /// `answer` is the object as the API server answered: an object pending since an
-    /// apply that was cut short ([`LedgerEntry::pending_since`]) whose
-    /// `creationTimestamp` is not earlier was created by that apply, not adopted.
+    /// `answer` is the object as the API server answered.
     pub fn record_apply(&mut self, entry: &InventoryEntry, created: bool, answer: &Value) {
         let uid = answer.pointer("/metadata/uid").and_then(Value::as_str);
         let key = entry.key();
         if self.entry(key).is_none() {
             self.intend(std::slice::from_ref(entry));
         }
-        let created = created
-            || self.entry(key).is_some_and(|recorded| {
-                recorded.origin == Origin::Pending
-                    && recorded.pending_since.as_deref().is_some_and(|since| {
-                        answer
-                            .pointer("/metadata/creationTimestamp")
-                            .and_then(Value::as_str)
-                            .is_some_and(|at| not_earlier(at, since))
-                    })
-                    && written_by_flotilla_alone(answer)
-            });
         // An object flotilla created under another identity (its API group or, for
         // a cluster-scoped kind, the namespace of its key changed) stays flotilla's.
         // (Looked for only when an object new to the ledger turns out to exist.)
@@ -297,16 +274,6 @@ impl Ledger {
             }
             recorded.api_version = entry.api_version().to_string();
             recorded.uid = uid.map(str::to_string);
-            recorded.pending_since = None;
-        }
-    }
-
-    /// Records an apply that got no answer for the object (an error): what it was
-    /// pending since no longer tells who created it, so only an answer from now on
-    /// does (see [`LedgerEntry::pending_since`]).
-    pub fn record_attempt(&mut self, key: &ResourceKey) {
-        if let Some(recorded) = self.entry_mut(key) {
-            recorded.pending_since = None;
         }
     }
 
@@ -406,16 +373,7 @@ impl Ledger {
         }
         let text = configmap.pointer(&format!("/data/{DATA_KEY}"))?.as_str()?;
         match serde_json::from_str::<Ledger>(text) {
-            Ok(mut ledger) if ledger.cluster == cluster => {
-                if let Some(since) = last_written(configmap) {
-                    for entry in &mut ledger.entries {
-                        if entry.origin == Origin::Pending {
-                            entry.pending_since = Some(since.clone());
-                        }
-                    }
-                }
-                Some(ledger)
-            }
+            Ok(ledger) if ledger.cluster == cluster => Some(ledger),
             Ok(ledger) => {
                 tracing::warn!(
                     found = %ledger.cluster, cluster,
@@ -495,60 +453,6 @@ impl Ledger {
     }
 }
 
-/// When the agent last wrote the ledger's ConfigMap, by the API server's clock: the
-/// latest `managedFields[].time` of flotilla's field manager.
-fn last_written(configmap: &Value) -> Option<String> {
-    configmap
-        .pointer("/metadata/managedFields")?
-        .as_array()?
-        .iter()
-        .filter(|entry| entry.get("manager").and_then(Value::as_str) == Some(super::FIELD_MANAGER))
-        .filter_map(|entry| entry.get("time").and_then(Value::as_str))
-        .filter(|time| is_api_time(time))
-        .max()
-        .map(str::to_string)
-}
-
-/// Whether the object as the API server answered was only ever written by flotilla
-/// (its `managedFields` name no other manager, but for writes of a subresource
-/// such as `status`): an object someone else made, with kubectl or a controller
-/// (a namespace's `default` ServiceAccount), names them.
-fn written_by_flotilla_alone(answer: &Value) -> bool {
-    let Some(entries) = answer
-        .pointer("/metadata/managedFields")
-        .and_then(Value::as_array)
-        .filter(|entries| !entries.is_empty())
-    else {
-        return false;
-    };
-    entries.iter().all(|entry| {
-        entry.get("manager").and_then(Value::as_str) == Some(super::FIELD_MANAGER)
-            || entry
-                .get("subresource")
-                .and_then(Value::as_str)
-                .is_some_and(|subresource| !subresource.is_empty())
-    })
-}
-
-/// Whether `time` is written as the API server writes its times (RFC 3339 in UTC,
-/// whole seconds: `2025-01-01T00:00:00Z`), which sort as text in time order.
-fn is_api_time(time: &str) -> bool {
-    let bytes = time.as_bytes();
-    bytes.len() == 20
-        && bytes.iter().enumerate().all(|(i, b)| match i {
-            4 | 7 => *b == b'-',
-            10 => *b == b'T',
-            13 | 16 => *b == b':',
-            19 => *b == b'Z',
-            _ => b.is_ascii_digit(),
-        })
-}
-
-/// Whether the API server time `at` is `since` or later (both as it writes them).
-fn not_earlier(at: &str, since: &str) -> bool {
-    is_api_time(at) && is_api_time(since) && at >= since
-}
-
 fn configmap_resource() -> kube::core::ApiResource {
     kube::core::ApiResource::from_gvk_with_plural(
         &kube::core::GroupVersionKind::gvk("", "v1", "ConfigMap"),
@@ -566,7 +470,7 @@ mod tests {
 
     /// The API server's answer to an apply: an object with this uid.
     pub(super) fn answered(uid: &str) -> Value {
-        json!({"metadata": {"uid": uid, "creationTimestamp": "2025-01-01T00:00:00Z"}})
+        json!({"metadata": {"uid": uid}})
     }
 
     #[test]
@@ -618,116 +522,6 @@ mod tests {
             ledger.entry(moved.key()).map(|e| e.origin),
             Some(Origin::Created)
         );
-    }
-
-    /// An entry read back `Pending` (an apply cut short after recording its intent)
-    /// is pending since the ledger's last write by flotilla, by the API server's
-    /// clock; a 200 for an object created then or later, and written by flotilla
-    /// alone, means that apply created it.
-    #[test]
-    fn an_object_created_after_an_apply_was_cut_short_is_flotillas() {
-        let names = ["made", "found", "odd", "theirs", "status", "bare", "failed"];
-        let mut ledger = Ledger::new("edge-1");
-        ledger.intend(&names.map(entry));
-        let mut configmap = ledger.to_configmap("flotilla-system").expect("small");
-        configmap["metadata"]["managedFields"] = json!([
-            {"manager": "kubectl", "operation": "Update", "time": "2025-01-01T00:09:00Z"},
-            {"manager": "flotilla", "operation": "Apply", "time": "2025-01-01T00:05:00Z"},
-        ]);
-        let mut read = Ledger::from_configmap(&configmap, "edge-1").expect("read");
-        let pending = |ledger: &Ledger, name: &str| {
-            ledger
-                .entry(entry(name).key())
-                .and_then(|e| e.pending_since.clone())
-        };
-        assert_eq!(
-            pending(&read, "made").as_deref(),
-            Some("2025-01-01T00:05:00Z")
-        );
-        let flotilla = json!([{"manager": "flotilla", "operation": "Apply"}]);
-        let at = |uid: &str, time: &str, managed: &Value| json!({"metadata": {"uid": uid, "creationTimestamp": time, "managedFields": managed}});
-        // Created in the very second of the write, or later, by flotilla alone: by
-        // that apply.
-        read.record_apply(
-            &entry("made"),
-            false,
-            &at("u1", "2025-01-01T00:05:00Z", &flotilla),
-        );
-        // Created before it: someone else's, adopted.
-        read.record_apply(
-            &entry("found"),
-            false,
-            &at("u2", "2025-01-01T00:04:59Z", &flotilla),
-        );
-        // A time not written as the API server writes it proves nothing.
-        read.record_apply(
-            &entry("odd"),
-            false,
-            &at("u3", "2025-01-01T00:06:00+01:00", &flotilla),
-        );
-        // Made later, but by someone else (kubectl), then applied by flotilla.
-        let with_kubectl = json!([
-            {"manager": "kubectl-client-side-apply", "operation": "Update"},
-            {"manager": "flotilla", "operation": "Apply"},
-        ]);
-        read.record_apply(
-            &entry("theirs"),
-            false,
-            &at("u4", "2025-01-01T00:06:00Z", &with_kubectl),
-        );
-        // A controller writing only its status does not make it someone else's.
-        let with_status = json!([
-            {"manager": "flotilla", "operation": "Apply"},
-            {"manager": "kube-controller-manager", "operation": "Update", "subresource": "status"},
-        ]);
-        read.record_apply(
-            &entry("status"),
-            false,
-            &at("u5", "2025-01-01T00:06:00Z", &with_status),
-        );
-        // Without managedFields nothing says who wrote it.
-        read.record_apply(
-            &entry("bare"),
-            false,
-            &at("u6", "2025-01-01T00:06:00Z", &json!([])),
-        );
-        // An apply that failed for it: an answer after that tells nothing of the
-        // apply that was cut short.
-        read.record_attempt(entry("failed").key());
-        read.record_apply(
-            &entry("failed"),
-            false,
-            &at("u7", "2025-01-01T00:06:00Z", &flotilla),
-        );
-        let origin =
-            |ledger: &Ledger, name: &str| ledger.entry(entry(name).key()).map(|e| e.origin);
-        for (name, expected) in [
-            ("made", Origin::Created),
-            ("found", Origin::Adopted),
-            ("odd", Origin::Adopted),
-            ("theirs", Origin::Adopted),
-            ("status", Origin::Created),
-            ("bare", Origin::Adopted),
-            ("failed", Origin::Adopted),
-        ] {
-            assert_eq!(origin(&read, name), Some(expected), "{name}");
-        }
-        assert_eq!(pending(&read, "made"), None, "answered: no longer pending");
-        // An entry that becomes pending in this process is not: its 200 is an
-        // object that existed before this apply.
-        read.intend(&[entry("new")]);
-        read.record_apply(
-            &entry("new"),
-            false,
-            &at("u8", "2025-01-01T00:07:00Z", &flotilla),
-        );
-        assert_eq!(origin(&read, "new"), Some(Origin::Adopted));
-        // Without flotilla's time in the ConfigMap, nothing is pending since.
-        configmap["metadata"]["managedFields"] = json!([
-            {"manager": "kubectl", "operation": "Update", "time": "2025-01-01T00:09:00Z"},
-        ]);
-        let read = Ledger::from_configmap(&configmap, "edge-1").expect("read");
-        assert_eq!(pending(&read, "made"), None);
     }
 
     #[test]

@@ -549,6 +549,9 @@ impl KubeSink {
             stopped: None,
             server_errors: 0,
             answers: Vec::new(),
+            ledger_namespace: self.ledger_namespace.clone(),
+            ledger_written: Instant::now(),
+            ledger_flush: true,
         };
         let (lines, held) = run.apply_in_phases(&mut ledger, bundle, &hooks).await;
         self.drift.record(bundle, std::mem::take(&mut run.answers));
@@ -944,7 +947,20 @@ struct Run {
     server_errors: u32,
     /// What the server answered each apply, for drift checks.
     answers: Vec<drift::Answered>,
+    /// The namespace of the cluster's inventory ([`Run::flush_ledger`]).
+    ledger_namespace: String,
+    /// When the inventory was last written during this apply.
+    ledger_written: Instant,
+    /// Whether to write it during the apply (not once it outgrew its ConfigMap).
+    ledger_flush: bool,
 }
+
+/// How often a long apply writes the cluster's inventory with the answers it has so
+/// far. An agent killed in the middle of an apply leaves the objects it was about to
+/// apply pending there; the next apply adopts those that exist, and never prunes
+/// them, since it cannot tell whether that apply created them. Writing every few
+/// seconds leaves only the answers of the last few seconds before the kill unknown.
+const LEDGER_FLUSH_EVERY: Duration = Duration::from_secs(2);
 
 fn is_job(key: &ResourceKey) -> bool {
     key.group() == "batch" && key.kind() == "Job"
@@ -976,6 +992,23 @@ fn api_version_of(resource: &Resource) -> String {
 }
 
 impl Run {
+    /// Writes the cluster's inventory when [`LEDGER_FLUSH_EVERY`] has passed since it
+    /// was last written in this apply. A write that fails is logged and the apply
+    /// goes on: the write at its end tries again.
+    async fn flush_ledger(&mut self, ledger: &Ledger) {
+        if !self.ledger_flush || self.ledger_written.elapsed() < LEDGER_FLUSH_EVERY {
+            return;
+        }
+        match ledger.save(&self.api, &self.ledger_namespace).await {
+            Ok(()) => {}
+            Err(SaveError::TooBig(_)) => self.ledger_flush = false,
+            Err(SaveError::Failed(message)) => {
+                tracing::warn!("{message}; the apply goes on, and writes it again at its end");
+            }
+        }
+        self.ledger_written = Instant::now();
+    }
+
     /// Server-side apply of `object`, as the user `key` is applied as.
     async fn apply_as_its_user(
         &self,
@@ -1278,6 +1311,7 @@ impl Run {
                 if is_job(key) {
                     ledger.record_run(key, &manifest);
                 }
+                self.flush_ledger(ledger).await;
                 self.answers
                     .push(drift::Answered::of(key, &found, &object, &live));
                 let (state, message) = health(key, &live);
@@ -1289,13 +1323,10 @@ impl Run {
                     Some(live),
                 )
             }
-            Err(failure) => {
-                ledger.record_attempt(key);
-                (
-                    self.apply_failed(key, "apply failed", "patch", &resource_name, failure),
-                    None,
-                )
-            }
+            Err(failure) => (
+                self.apply_failed(key, "apply failed", "patch", &resource_name, failure),
+                None,
+            ),
         }
     }
 

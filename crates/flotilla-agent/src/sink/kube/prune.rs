@@ -275,7 +275,6 @@ mod tests {
             ran: None,
             failed: None,
             user: None,
-            pending_since: None,
         }
     }
 
