@@ -370,7 +370,6 @@ impl FakeApiServer {
             operation: Operation::Update,
             api_version: info.api_version(),
             paths,
-            time: state.now(),
         };
         let mut stored = match state.objects.remove(&key) {
             Some(mut existing) => {
@@ -387,7 +386,7 @@ impl FakeApiServer {
                 let uid = state.uid();
                 let mut created = object.clone();
                 created["metadata"]["uid"] = json!(uid);
-                created["metadata"]["creationTimestamp"] = json!(state.now());
+                created["metadata"]["creationTimestamp"] = json!(TIMESTAMP);
                 if info.namespaced {
                     created["metadata"]["namespace"] = json!(namespace);
                 }
@@ -551,11 +550,6 @@ impl State {
     fn version(&mut self) -> String {
         self.next_version += 1;
         self.next_version.to_string()
-    }
-
-    /// The clock at the latest write ([`store::clock`]).
-    fn now(&self) -> String {
-        store::clock(self.next_version)
     }
 
     fn uid(&mut self) -> String {
@@ -1040,7 +1034,7 @@ impl State {
             object["metadata"]["namespace"] = json!(key.namespace);
         }
         object["metadata"]["uid"] = json!(self.uid());
-        object["metadata"]["creationTimestamp"] = json!(self.now());
+        object["metadata"]["creationTimestamp"] = json!(TIMESTAMP);
         if info.generation != Generation::Untracked {
             object["metadata"]["generation"] = json!(1);
         }
@@ -1072,7 +1066,6 @@ impl State {
                 operation: Operation::Apply,
                 api_version: info.api_version(),
                 paths,
-                time: self.now(),
             },
         );
         let establish_in = (info.kind == "CustomResourceDefinition")
@@ -1199,7 +1192,6 @@ impl State {
                 operation: Operation::Apply,
                 api_version: info.api_version(),
                 paths: new_paths,
-                time: String::new(),
             },
         );
         let changed = object != existing.object
@@ -1207,18 +1199,8 @@ impl State {
                 .iter()
                 .map(|(m, o)| (m, &o.paths))
                 .ne(existing.owners.iter().map(|(m, o)| (m, &o.paths)));
-        // An apply that changes nothing writes nothing: the manager's time stays.
-        let time = if changed {
+        if changed {
             object["metadata"]["resourceVersion"] = json!(self.version());
-            self.now()
-        } else {
-            existing
-                .owners
-                .get(manager)
-                .map_or_else(|| self.now(), |owner| owner.time.clone())
-        };
-        if let Some(owner) = owners.get_mut(manager) {
-            owner.time = time;
         }
         let stored = Stored {
             object,

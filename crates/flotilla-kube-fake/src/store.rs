@@ -33,8 +33,6 @@ pub struct Owner {
     pub operation: Operation,
     pub api_version: String,
     pub paths: BTreeSet<FieldPath>,
-    /// When the manager last wrote the object ([`clock`]): `managedFields[].time`.
-    pub time: String,
 }
 
 /// A path to a leaf field, one element per map key.
@@ -76,7 +74,7 @@ impl Stored {
                 }
                 json!({"manager": manager,
                        "operation": if owner.operation == Operation::Apply { "Apply" } else { "Update" },
-                       "apiVersion": owner.api_version, "time": owner.time,
+                       "apiVersion": owner.api_version, "time": TIMESTAMP,
                        "fieldsType": "FieldsV1", "fieldsV1": Value::Object(fields)})
             })
             .collect();
@@ -87,20 +85,8 @@ impl Stored {
     }
 }
 
-/// The time of the fake's conditions and deletions, and its clock's start.
+/// The one time the fake's clock shows: objects are created and deleted "now".
 pub const TIMESTAMP: &str = "2025-01-01T00:00:00Z";
-
-/// The fake's clock at its `version`-th write: one second after [`TIMESTAMP`] for
-/// each write, so that each write (an object's creation, a manager's
-/// `managedFields` entry) has a time of its own and later writes later times, as
-/// on a real API server (whose times are whole seconds, RFC 3339 in UTC).
-pub fn clock(version: u64) -> String {
-    // 2025-01-01T00:00:00Z in seconds since 1970; jiff writes whole seconds bare.
-    i64::try_from(version)
-        .ok()
-        .and_then(|seconds| jiff::Timestamp::from_second(1_735_689_600 + seconds).ok())
-        .map_or_else(|| TIMESTAMP.to_string(), |at| at.to_string())
-}
 
 /// Fields of `metadata` the server sets; never owned by a manager.
 pub const SYSTEM_METADATA: &[&str] = &[
@@ -244,19 +230,5 @@ mod tests {
         assert!(label_value_error(&"a".repeat(64)).is_some());
         assert!(label_value_error("-edge").is_some());
         assert!(label_value_error("edge 7").is_some());
-    }
-
-    #[test]
-    fn the_clock_counts_seconds_from_its_start_in_rfc3339() {
-        assert_eq!(clock(0), TIMESTAMP);
-        assert_eq!(clock(3_661), "2025-01-01T01:01:01Z");
-        assert_eq!(clock(31 * 86_400), "2025-02-01T00:00:00Z");
-        assert_eq!(clock(59 * 86_400 - 1), "2025-02-28T23:59:59Z");
-        assert_eq!(clock(365 * 86_400), "2026-01-01T00:00:00Z");
-        // 2028 is a leap year.
-        assert_eq!(clock((3 * 365 + 31 + 28) * 86_400), "2028-02-29T00:00:00Z");
-        // Later writes, later times, in the order strings sort.
-        let times: Vec<String> = (0..200_000).step_by(997).map(clock).collect();
-        assert!(times.windows(2).all(|w| w[0] < w[1]));
     }
 }

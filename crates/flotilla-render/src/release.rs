@@ -577,9 +577,10 @@ pub struct ReleaseSettings<'a> {
     /// What `sha256sum` keys its digest with over decrypted values.
     pub hashing: &'a crate::seal::SecretHashing,
     /// The hash keys of the SOPS files whose decrypted values the release's values
-    /// hold ([`crate::seal::SecretHashing::values_keys`]): every digest its
-    /// templates write is keyed with them. Empty for a render's settings; each
-    /// release's are found from its values.
+    /// hold, and of those in its chart folder
+    /// ([`crate::seal::SecretHashing::release_keys`]): every digest its templates
+    /// write is keyed with them. Empty for a render's settings; each release's are
+    /// found when it is rendered.
     pub release_keys: &'a [[u8; 32]],
     pub now: i64,
     pub budget: Budget,
@@ -640,11 +641,7 @@ impl ReleaseCache {
         let release_keys = if cell.get().is_some_and(|entry| !entry.generated) {
             Vec::new()
         } else {
-            let mut keys = settings.hashing.values_keys(values);
-            keys.extend(settings.hashing.chart_keys(&release.chart_path));
-            keys.sort_unstable();
-            keys.dedup();
-            keys
+            settings.hashing.release_keys(values, &release.chart_path)
         };
         let keyed;
         let settings = if release_keys.is_empty() {

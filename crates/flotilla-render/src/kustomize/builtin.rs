@@ -213,35 +213,29 @@ fn read<T>(
         let error = |message: String| {
             kustomization.error(Some(line), format!("{}: {message}", field.name()))
         };
-        let (documents, hash_keys) = match documents(snapshot, kustomization, &entry.value)
-            .map_err(error)?
-        {
-            Entry::Documents(documents) => {
-                let path = (!entry.value.contains('\n'))
-                    .then(|| file::resolve_path(&kustomization.dir, &entry.value).ok())
-                    .flatten();
-                (
-                    documents,
-                    kustomization.sops_keys(snapshot, path.as_deref()),
-                )
-            }
-            // What a folder builds may come from any file its kustomization reads.
-            Entry::Folder(dir) => (
-                build_folder(line, &dir)?
-                    .into_iter()
-                    .map(|value| Document {
-                        source: entry.value.clone(),
-                        value,
-                    })
-                    .collect(),
-                {
-                    let mut keys: Vec<[u8; 32]> = snapshot.hash_keys.values().copied().collect();
-                    keys.sort_unstable();
-                    keys.dedup();
-                    keys
-                },
-            ),
-        };
+        let (documents, hash_keys) =
+            match documents(snapshot, kustomization, &entry.value).map_err(error)? {
+                Entry::Documents(documents) => {
+                    let path = (!entry.value.contains('\n'))
+                        .then(|| file::resolve_path(&kustomization.dir, &entry.value).ok())
+                        .flatten();
+                    (
+                        documents,
+                        kustomization.sops_keys(snapshot, path.as_deref()),
+                    )
+                }
+                // What a folder builds may come from any file its kustomization reads.
+                Entry::Folder(dir) => (
+                    build_folder(line, &dir)?
+                        .into_iter()
+                        .map(|value| Document {
+                            source: entry.value.clone(),
+                            value,
+                        })
+                        .collect(),
+                    crate::seal::key_set(snapshot.hash_keys.values().copied()),
+                ),
+            };
         for document in documents {
             let (kind, name) = classify(&document, field).map_err(error)?;
             let label = format!("{}: {} ({kind} {name})", field.name(), document.source);

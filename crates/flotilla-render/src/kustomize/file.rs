@@ -299,14 +299,12 @@ impl Kustomization {
     /// literals, inline patches and inline configurations are then decrypted
     /// values), and `path`'s, the file a value was read from, when it is one.
     pub fn sops_keys(&self, snapshot: &FleetSnapshot, path: Option<&str>) -> Vec<[u8; 32]> {
-        let mut keys: Vec<[u8; 32]> = [Some(self.file.as_str()), path]
-            .into_iter()
-            .flatten()
-            .filter_map(|file| snapshot.hash_keys.get(file).copied())
-            .collect();
-        keys.sort_unstable();
-        keys.dedup();
-        keys
+        crate::seal::key_set(
+            [Some(self.file.as_str()), path]
+                .into_iter()
+                .flatten()
+                .filter_map(|file| snapshot.hash_keys.get(file).copied()),
+        )
     }
 
     /// Resolves a path given in this kustomization against its folder.

@@ -181,9 +181,8 @@ fn tainting(
     let kept_all = accumulator.resources.len() == before.len();
     for (index, resource) in accumulator.resources.iter_mut().enumerate() {
         if resource.needs_hash && (!kept_all || before[index].as_ref() != Some(&resource.value)) {
-            resource.hash_keys.extend_from_slice(keys);
-            resource.hash_keys.sort_unstable();
-            resource.hash_keys.dedup();
+            resource.hash_keys =
+                crate::seal::key_set(resource.hash_keys.iter().chain(keys).copied());
         }
     }
     Ok(())

@@ -302,6 +302,14 @@ fn length_prefixed(parts: &[&[u8]]) -> Vec<u8> {
     input
 }
 
+/// Hash keys of SOPS files as [`combined_hash_key`] takes them: sorted, no repeats.
+pub fn key_set(keys: impl IntoIterator<Item = [u8; 32]>) -> Vec<[u8; 32]> {
+    let mut keys: Vec<[u8; 32]> = keys.into_iter().collect();
+    keys.sort_unstable();
+    keys.dedup();
+    keys
+}
+
 /// One key for hashing over the values of several SOPS files (`keys` sorted, each a
 /// file's hash key): the first key itself, or an HMAC under it of the others;
 /// `None` for none.
@@ -353,12 +361,12 @@ pub fn hex_lower(bytes: &[u8]) -> String {
 /// guess of the values. A template can change a value before it hashes it (quote
 /// it, join it to a user name and encode the pair, encode it twice) in ways no
 /// search of the text follows, so a release whose values hold a decrypted value
-/// keys every digest it writes ([`SecretHashing::values_keys`]).
+/// keys every digest it writes ([`SecretHashing::release_keys`]).
 #[derive(Debug, Default)]
 pub struct SecretHashing {
     needles: Vec<(String, [u8; 32])>,
     /// Every SOPS file's hash key, by path: a chart's own SOPS files (read with
-    /// `.Files.Get`) key its release's digests ([`SecretHashing::chart_keys`]).
+    /// `.Files.Get`) key its release's digests ([`SecretHashing::release_keys`]).
     files: std::collections::BTreeMap<String, [u8; 32]>,
 }
 
@@ -390,29 +398,13 @@ impl SecretHashing {
         }
     }
 
-    /// The hash keys of the SOPS files inside the chart folder `chart` (a chart's
-    /// files, which its templates read with `.Files.Get`, decrypted): every digest
-    /// the chart's releases write is keyed with them. Empty for a packed chart.
-    pub fn chart_keys(&self, chart: &str) -> Vec<[u8; 32]> {
-        let folder = format!("{}/", chart.trim_end_matches('/'));
-        let mut keys: Vec<[u8; 32]> = self
-            .files
-            .range(folder.clone()..)
-            .take_while(|(path, _)| path.starts_with(&folder))
-            .map(|(_, key)| *key)
-            .collect();
-        keys.sort_unstable();
-        keys.dedup();
-        keys
-    }
-
     /// Sprig's `sha256sum` of `text`, keyed when it holds a decrypted value.
     pub fn sha256_hex(&self, text: &str) -> String {
         self.sha256_hex_in(text, &[])
     }
 
     /// Sprig's `sha256sum` of `text` in a release whose values hold the decrypted
-    /// values of the files with hash keys `release` ([`SecretHashing::values_keys`]):
+    /// values of the files with hash keys `release` ([`SecretHashing::release_keys`]):
     /// keyed when `release` is not empty or the text holds a decrypted value.
     pub fn sha256_hex_in(&self, text: &str, release: &[[u8; 32]]) -> String {
         match self.key_for_in(text, release) {
@@ -434,23 +426,22 @@ impl SecretHashing {
         if self.needles.is_empty() && release.is_empty() {
             return None;
         }
-        let mut keys: Vec<[u8; 32]> = self
-            .needles
-            .iter()
-            .filter(|(needle, _)| text.contains(needle.as_str()))
-            .map(|(_, key)| *key)
-            .chain(release.iter().copied())
-            .collect();
-        keys.sort_unstable();
-        keys.dedup();
+        let keys = key_set(
+            self.needles
+                .iter()
+                .filter(|(needle, _)| text.contains(needle.as_str()))
+                .map(|(_, key)| *key)
+                .chain(release.iter().copied()),
+        );
         combined_hash_key(&keys)
     }
 
-    /// The hash keys (sorted, no repeats) of the files whose decrypted values a
-    /// release's `values` hold, in any string or key: every digest that release's
-    /// templates write is then keyed with them. Empty when they hold none, or when
-    /// no file was decrypted (then nothing is looked at).
-    pub fn values_keys(&self, values: &serde_json::Map<String, Value>) -> Vec<[u8; 32]> {
+    /// The hash keys (sorted, no repeats) that every digest of a Helm release is
+    /// keyed with: those of the files whose decrypted values its `values` hold, in
+    /// any string or key, and those of the SOPS files inside its chart folder
+    /// `chart` (read with `.Files.Get`, decrypted). Empty when there are none: the
+    /// release hashes as Helm does.
+    pub fn release_keys(&self, values: &Map<String, Value>, chart: &str) -> Vec<[u8; 32]> {
         fn walk(value: &Value, found: &mut dyn FnMut(&str)) {
             match value {
                 Value::String(s) => found(s),
@@ -463,24 +454,28 @@ impl SecretHashing {
             }
         }
         let mut keys = Vec::new();
-        if self.needles.is_empty() {
-            return keys;
+        if !self.needles.is_empty() {
+            let mut found = |text: &str| {
+                keys.extend(
+                    self.needles
+                        .iter()
+                        .filter(|(needle, _)| text.contains(needle.as_str()))
+                        .map(|(_, key)| *key),
+                );
+            };
+            for (key, value) in values {
+                found(key);
+                walk(value, &mut found);
+            }
         }
-        let mut found = |text: &str| {
-            keys.extend(
-                self.needles
-                    .iter()
-                    .filter(|(needle, _)| text.contains(needle.as_str()))
-                    .map(|(_, key)| *key),
-            );
-        };
-        for (key, value) in values {
-            found(key);
-            walk(value, &mut found);
-        }
-        keys.sort_unstable();
-        keys.dedup();
-        keys
+        let folder = format!("{}/", chart.trim_end_matches('/'));
+        keys.extend(
+            self.files
+                .range(folder.clone()..)
+                .take_while(|(path, _)| path.starts_with(&folder))
+                .map(|(_, key)| *key),
+        );
+        key_set(keys)
     }
 }
 

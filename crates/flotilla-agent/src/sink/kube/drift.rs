@@ -188,8 +188,9 @@ impl KubeSink {
                     applied.fingerprint = Fingerprint::of(&object, &answer);
                     self.drift.memory.corrected(key, &correction.found);
                     if let Some(ledger) = &mut self.ledger {
+                        let uid = answer.pointer("/metadata/uid").and_then(Value::as_str);
                         let before = ledger.entry(key).cloned();
-                        ledger.record_apply(&InventoryEntry::of(resource), code == 201, &answer);
+                        ledger.record_apply(&InventoryEntry::of(resource), code == 201, uid);
                         ledger_changed |= ledger.entry(key) != before.as_ref();
                     }
                     if has_health_rule(key) {

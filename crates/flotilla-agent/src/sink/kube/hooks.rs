@@ -820,11 +820,7 @@ mod tests {
             .iter()
             .find(|r| r.key.name() == "web")
             .expect("web");
-        ledger.record_apply(
-            &InventoryEntry::of(web),
-            true,
-            &json!({"metadata": {"uid": "uid-1"}}),
-        );
+        ledger.record_apply(&InventoryEntry::of(web), true, Some("uid-1"));
         let hooks = Hooks::plan(&bundle, &ledger, None);
         assert_eq!(
             due(&hooks, &bundle, When::Pre),

@@ -248,9 +248,7 @@ impl Ledger {
     /// Records an apply's answer: 201 means flotilla created the object; 200 for an
     /// object it had not applied before, or for one whose uid changed since (someone
     /// deleted and re-created it), means it adopted it; otherwise what was known stays.
-    /// `answer` is the object as the API server answered.
-    pub fn record_apply(&mut self, entry: &InventoryEntry, created: bool, answer: &Value) {
-        let uid = answer.pointer("/metadata/uid").and_then(Value::as_str);
+    pub fn record_apply(&mut self, entry: &InventoryEntry, created: bool, uid: Option<&str>) {
         let key = entry.key();
         if self.entry(key).is_none() {
             self.intend(std::slice::from_ref(entry));
@@ -468,11 +466,6 @@ mod tests {
         InventoryEntry::new("v1", "ConfigMap", "demo", name)
     }
 
-    /// The API server's answer to an apply: an object with this uid.
-    pub(super) fn answered(uid: &str) -> Value {
-        json!({"metadata": {"uid": uid}})
-    }
-
     #[test]
     fn names_are_object_names() {
         assert_eq!(configmap_name("edge-7"), "flotilla-inventory-edge-7");
@@ -495,9 +488,9 @@ mod tests {
         ledger.intend(&[entry("new"), entry("found"), entry("legacy")]);
         assert_eq!(origin(&ledger, "new"), Some(Origin::Pending));
         assert_eq!(origin(&ledger, "legacy"), Some(Origin::Unknown));
-        ledger.record_apply(&entry("new"), true, &answered("u1"));
-        ledger.record_apply(&entry("found"), false, &answered("u2"));
-        ledger.record_apply(&entry("legacy"), false, &answered("u3"));
+        ledger.record_apply(&entry("new"), true, Some("u1"));
+        ledger.record_apply(&entry("found"), false, Some("u2"));
+        ledger.record_apply(&entry("legacy"), false, Some("u3"));
         assert_eq!(origin(&ledger, "new"), Some(Origin::Created));
         assert_eq!(origin(&ledger, "found"), Some(Origin::Adopted));
         assert_eq!(
@@ -507,17 +500,17 @@ mod tests {
         );
         // The same object again keeps what was known; a new uid means someone else
         // re-created it.
-        ledger.record_apply(&entry("new"), false, &answered("u1"));
+        ledger.record_apply(&entry("new"), false, Some("u1"));
         assert_eq!(origin(&ledger, "new"), Some(Origin::Created));
-        ledger.record_apply(&entry("new"), false, &answered("u9"));
+        ledger.record_apply(&entry("new"), false, Some("u9"));
         assert_eq!(origin(&ledger, "new"), Some(Origin::Adopted));
-        ledger.record_apply(&entry("legacy"), false, &answered("u3"));
+        ledger.record_apply(&entry("legacy"), false, Some("u3"));
         assert_eq!(origin(&ledger, "legacy"), Some(Origin::Unknown));
         // The object flotilla created, found again under another identity (its API
         // group changed): still flotilla's, not adopted.
-        ledger.record_apply(&entry("made"), true, &answered("u5"));
+        ledger.record_apply(&entry("made"), true, Some("u5"));
         let moved = InventoryEntry::new("example.com/v1", "ConfigMap", "demo", "made");
-        ledger.record_apply(&moved, false, &answered("u5"));
+        ledger.record_apply(&moved, false, Some("u5"));
         assert_eq!(
             ledger.entry(moved.key()).map(|e| e.origin),
             Some(Origin::Created)
@@ -528,7 +521,7 @@ mod tests {
     fn entries_are_found_after_those_before_them_left() {
         let mut ledger = Ledger::new("edge-1");
         for name in ["a", "b", "c"] {
-            ledger.record_apply(&entry(name), true, &answered(name));
+            ledger.record_apply(&entry(name), true, Some(name));
         }
         let config_map = |name: &str| {
             serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
@@ -544,7 +537,7 @@ mod tests {
                 .and_then(|e| e.uid.as_deref());
             assert_eq!(found, Some(name));
         }
-        ledger.record_apply(&entry("d"), true, &answered("d"));
+        ledger.record_apply(&entry("d"), true, Some("d"));
         ledger.record_run(entry("d").key(), &Digest::of(b"job"));
         assert_eq!(ledger.entries()[2].name, "d");
         assert!(ledger.entries()[2].ran.is_some());
@@ -553,7 +546,7 @@ mod tests {
     #[test]
     fn the_configmap_round_trips_and_belongs_to_one_cluster() {
         let mut ledger = Ledger::new("edge-1");
-        ledger.record_apply(&entry("a"), true, &answered("u1"));
+        ledger.record_apply(&entry("a"), true, Some("u1"));
         let configmap = ledger.to_configmap("flotilla-system").expect("fits");
         assert_eq!(configmap["metadata"]["labels"][CLUSTER_LABEL], "edge-1");
         assert_eq!(
@@ -590,7 +583,7 @@ mod tests {
             user: None,
         };
         let mut ledger = Ledger::new("edge-1");
-        ledger.record_apply(&entry("a"), true, &answered("u1"));
+        ledger.record_apply(&entry("a"), true, Some("u1"));
         ledger.save(&api, "flotilla-system").await.expect("saved");
         let read = Ledger::load(&api, "flotilla-system", "edge-1").await;
         assert_eq!(read.expect("read"), Some(ledger.clone()));

@@ -1306,7 +1306,8 @@ impl Run {
         match answer {
             Ok((code, live)) => {
                 self.server_errors = 0;
-                ledger.record_apply(&InventoryEntry::of(resource), code == 201, &live);
+                let uid = live.pointer("/metadata/uid").and_then(Value::as_str);
+                ledger.record_apply(&InventoryEntry::of(resource), code == 201, uid);
                 ledger.record_user(key, user.as_deref());
                 if is_job(key) {
                     ledger.record_run(key, &manifest);
