@@ -115,6 +115,14 @@ pub fn template(data: &[u8]) {
     let limits = limits();
     let mut diagnostics = Vec::new();
     let templates = Templates::compile_with(&snapshot, [&path], &limits, &mut diagnostics);
+    // Every template minijinja parses has each `+` made a call that charges fuel
+    // (template/lists.rs): a refusal to do so is a defect of that rewrite.
+    assert!(
+        !diagnostics
+            .iter()
+            .any(|d| d.to_string().contains("flotilla could not")),
+        "{diagnostics:?}"
+    );
     let vars: Vars = serde_json::from_value(json!({
         "replicas": 3, "image": {"name": "nginx", "tag": "1.27"},
         "list": [1, "two", {"three": 3.5}], "flag": true, "empty": null

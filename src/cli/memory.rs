@@ -2,10 +2,10 @@
 //! `validate`, `diff`, `publish`): `--render-memory`, as `serve` caps its render
 //! process.
 //!
-//! Template fuel bounds what a template does, but a template engine can still be
-//! made to build more than fuel pays for (a list added to itself again and again is
-//! copied whole once it is deep), and without a cap such a render takes the machine's
-//! memory: on a CI runner, the runner. While the command renders, a thread looks at
+//! Template fuel bounds what a template does, but fuel raised past what memory holds
+//! (`--template-fuel`), or a way around fuel not yet known, lets a render build more
+//! than the machine has, and without a cap such a render takes the machine's memory:
+//! on a CI runner, the runner. While the command renders, a thread looks at
 //! its data segment every 50 ms: past the limit, it names the templates being
 //! rendered and ends the command (exit 2). The data segment is also capped with
 //! `RLIMIT_DATA` at three times the limit, which a render meets only by growing

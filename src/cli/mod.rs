@@ -166,8 +166,8 @@ pub struct LimitArgs {
     /// The most memory a render may take: `serve` renders each commit in a process of
     /// its own under this cap, and one that needs more ends there and is reported as a
     /// failed render; `render`, `validate`, `diff` and `publish` cap their own process
-    /// and stop with an error (a template building a huge list, say: the lines
-    /// "still rendering FILE for cluster NAME" name it). Bytes, or with KiB, MiB or
+    /// and stop with an error (fuel raised past what memory holds, say: the
+    /// lines "still rendering FILE for cluster NAME" name the template). Bytes, or with KiB, MiB or
     /// GiB; 0 for no limit.
     #[arg(long, env = "FLOTILLA_RENDER_MEMORY", default_value = "4GiB", value_name = "SIZE",
           value_parser = parse_size)]

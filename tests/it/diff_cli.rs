@@ -887,8 +887,8 @@ fn a_schema_problem_under_strict_is_a_head_that_does_not_render() {
     );
 }
 
-/// A BASE whose render passes `--render-memory` (a list doubled past minijinja's
-/// fuel) stops the diff with exit code 2, and the error says it was BASE's render and
+/// A BASE whose render passes `--render-memory` (a list doubled, with fuel raised past
+/// what memory holds) stops the diff with exit code 2, and the error says it was BASE's render and
 /// which template: the pull request that removes the template knows why.
 #[test]
 fn a_base_past_the_memory_cap_stops_the_diff_naming_base() {
@@ -903,7 +903,15 @@ fn a_base_past_the_memory_cap_stops_the_diff_naming_base() {
     fleet.commit("base");
     fleet.remove("workloads/kuard/manifests/grow.yaml.j2");
     fleet.commit("head");
-    let run = fleet.diff(&["base", "head", "--render-memory", "512MiB"]);
+    // Fuel enough for a list of billions of items: only the memory cap stops it.
+    let run = fleet.diff(&[
+        "base",
+        "head",
+        "--render-memory",
+        "512MiB",
+        "--template-fuel",
+        "100000000000",
+    ]);
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert!(run.stdout.is_empty(), "{}", run.stdout);
     assert!(

@@ -296,26 +296,26 @@ async fn hostile_commits_are_refused_one_by_one_and_the_fix_is_followed() {
             "the render of this commit needed more than 512 MiB of memory (--render-memory) and was stopped",
         ),
         (
-            "a template that walks a lazy list of 17 billion items",
+            "a template that doubles a list 30 times",
             Box::new(|repo| {
-                // `l + l` stays lazy (no fuel, no memory) and indexing from the end
-                // walks it without charging fuel: only the deadline ends it.
+                // minijinja alone keeps `l + l` lazy and free, and indexing from the
+                // end walked 17 billion items until the deadline: flotilla's `+`
+                // charges fuel for every item it joins, and refuses the 15th doubling.
                 workload(
                     repo,
                     "lists",
                     &[(
                         "lists.yaml.j2",
                         &format!(
-                            "{{% set l = ['aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'] * 16 %}}{}{{{{ l[-1] }}}}",
-                            "{% set l = l + l %}".repeat(30)
+                            "{{% set l = ['aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'] * 16 %}}\n{}{{{{ l[-1] }}}}",
+                            "{% set l = l + l %}\n".repeat(30)
                         ),
                     )],
                 );
                 repo.commit("lists")
             }),
-            // The render process said which template it was on for so long.
-            "",
-            "and was abandoned (it was rendering workloads/lists/manifests/lists.yaml.j2 for cluster ",
+            "workloads/lists/manifests/lists.yaml.j2",
+            "the template needs more than 1000000 fuel for this cluster",
         ),
         (
             "a tree 4,000 folders deep",

@@ -155,11 +155,9 @@ fn signed_tenant_rules_follow_the_tenant_files() {
     assert_eq!(code, 0, "{stdout}{stderr}");
 }
 
-/// A template that adds a list to itself again and again is copied whole once it is
-/// deep (more than fuel pays for): `validate` stops at `--render-memory` with an
-/// error naming the template, instead of taking the machine's memory.
-#[test]
-fn a_template_past_the_memory_cap_stops_validate_naming_it() {
+/// A fleet of one cluster whose one template doubles a list 40 times
+/// (`{% set l = l + l %}`, lines 2 to 41) and writes its length.
+fn doubling_fleet() -> tempfile::TempDir {
     let fleet = tempfile::tempdir().expect("a folder");
     let write = |path: &str, text: &str| {
         let path = fleet.path().join(path);
@@ -181,8 +179,50 @@ fn a_template_past_the_memory_cap_stops_validate_naming_it() {
             "{{% set l = [1] %}}\n{doubled}apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: grow\ndata:\n  n: \"{{{{ l | length }}}}\"\n"
         ),
     );
+    fleet
+}
+
+/// The attack of a list doubled 40 times (`{% set l = l + l %}`): with the default
+/// fuel, `validate` refuses it at once, naming the template and line, where minijinja
+/// alone copied billions of items without charging fuel until memory ran out.
+#[test]
+fn a_list_doubled_runs_out_of_fuel_naming_the_line() {
+    let fleet = doubling_fleet();
     let output = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-        .args(["validate", "--render-memory", "512MiB", "--repo"])
+        .args(["validate", "--repo"])
+        .arg(fleet.path())
+        .output()
+        .expect("flotilla runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}{stderr}");
+    // Each join costs a fuel per item, and the list it makes half a fuel per item: the
+    // 19th doubling (line 20, 524,288 items) is the first the fuel left would not pay.
+    assert!(
+        format!("{stdout}{stderr}").contains(
+            "workloads/grow/manifests/grow.yaml.j2:20: the template needs more than 1000000 fuel"
+        ),
+        "{stdout}{stderr}"
+    );
+}
+
+/// A template that adds a list to itself again and again, with fuel raised past what
+/// memory holds: `validate` stops at `--render-memory` with an error naming the
+/// template, instead of taking the machine's memory. (With the default fuel the list
+/// is refused long before; see `a_list_doubled_runs_out_of_fuel_naming_the_line`.)
+#[test]
+fn a_template_past_the_memory_cap_stops_validate_naming_it() {
+    let fleet = doubling_fleet();
+    let output = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        // Fuel enough for a list of billions of items: only the memory cap stops it.
+        .args([
+            "validate",
+            "--render-memory",
+            "512MiB",
+            "--template-fuel",
+            "100000000000",
+            "--repo",
+        ])
         .arg(fleet.path())
         .output()
         .expect("flotilla runs");
