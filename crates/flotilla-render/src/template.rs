@@ -145,7 +145,12 @@ impl Templates {
                 }
             };
             match env.add_template_owned(path.clone(), compiled) {
-                Err(err) => diagnostics.push(describe(&err, path, Some(source), None)),
+                Err(err) => diagnostics.push(describe(
+                    &err,
+                    path,
+                    Some(source),
+                    rewritten.get(path).map(|(_, map)| map),
+                )),
                 // Not rewritten because it did not parse, yet compiled: its `+` would
                 // be free of fuel (the parser and the engine read templates alike, so
                 // this is not known to happen).
@@ -814,6 +819,8 @@ mod tests {
             "{{ 1 + 2 if 1 + 1 == 2 else 3 + 4 }} {{ 'x' if 1 + 1 > 1 }}",
             "{{ 1 + 1 is even }} {{ (1 + 1) is even }} {{ 1 + 2 in [3] }}",
             "{{ 1 + 2 | string }}",
+            "{{ not(1)+1 }} {% if(1)+1 %}y{% endif %}{% for x in(range(2))+[5] %}{{ x }}{% endfor %}",
+            "{{ ['a'] | sum(start='b') }} {{ [(1,), (2,)] | sum(start=()) }} {{ [1, 2] | sum(start=true) }}",
             "{{ (1 + 2) | string + 'x' }} {{ [3, 1] | sort | first + 1 }}",
             "{% macro m(a, b=1 + 1) %}{{ a + b }}{% endmacro %}{{ m(1 + 1) }}",
             "{% set ns = namespace(l=[]) %}{% for i in range(3) %}{% set ns.l = ns.l + [i] \
@@ -844,8 +851,9 @@ mod tests {
             "{{ 1 + 'a' + 2 }}",
             "a\n{{ 1 +\n 'a' }}",
             "{{ (1 + 2) + 'a' }}",
+            "a\n{{ [1] + [2] | nosuch }}",
+            "{{ [1, 'a'] | sum }}",
             "{{ 1 + nothing }}",
-            "{{ [[1], 2] | sum(start=[]) }}",
         ]);
     }
 
@@ -859,6 +867,14 @@ mod tests {
             Err(
                 "workloads/w/manifests/t.yaml.j2:1: template error: invalid operation: tried \
                  to use + operator on unsupported types sequence and number in `[1] + [2] + 3`"
+                    .to_string()
+            )
+        );
+        assert_eq!(
+            check("{{ [[1], 2] | sum(start=[]) }}", &limits),
+            Err(
+                "workloads/w/manifests/t.yaml.j2:1: template error: invalid operation: tried \
+                 to use + operator on unsupported types sequence and number in `sum(start=[])`"
                     .to_string()
             )
         );
@@ -881,6 +897,19 @@ mod tests {
         out_of_fuel(&doubled("{% set l = l + l %}"));
         out_of_fuel(&doubled("{% set l = l | chain(l) %}"));
         out_of_fuel(&doubled("{% set l = [l, l] | sum(start=[]) %}"));
+        // `sum` from a list over one item that is not a list: the lists before it
+        // are joined first (100 million items here), within the fuel.
+        out_of_fuel(&format!(
+            "{{% set b = [0] * 100000000 %}}{{{{ [{}0] | sum(start=[]) }}}}",
+            "b, ".repeat(33)
+        ));
+        // `sum` of strings, and a chain of 500 strings of 100 kB: each sum on the way
+        // (12.5 GB together) is charged, as minijinja charges each `+`.
+        out_of_fuel("{% set s = 'x' * 1000000 %}{{ ([s] * 1000) | sum(start='') | length }}");
+        out_of_fuel(&format!(
+            "{{% set s = 'x' * 100000 %}}{{% set t = {} %}}ok",
+            vec!["s"; 500].join(" + ")
+        ));
         // A string doubled by `+` is refused before it is built, as with `~`.
         out_of_fuel(&format!(
             "{{% set s = 'x' * 1000 %}}{}{{{{ s | length }}}}",

@@ -38,9 +38,9 @@ pub(super) const ADD: &str = "__flotilla_add";
 pub(crate) struct Rewritten {
     /// The text compiled.
     pub source: String,
-    /// Where each edit is: (offset in `source`, offset in the original, bytes the
-    /// edit added), in order.
-    edits: Vec<(usize, usize, isize)>,
+    /// Where each edit is: (offset in `source`, offset in the original, bytes it
+    /// wrote, bytes of the original it replaced), in order.
+    edits: Vec<(usize, usize, usize, usize)>,
     /// Each chain of additions of the original (`a + b + c`, one call): its range
     /// and the range of each operand.
     chains: Vec<(Range<usize>, Vec<Range<usize>>)>,
@@ -63,6 +63,10 @@ impl Rewritten {
         failed: &AddFailed,
     ) -> Option<(Range<usize>, Option<String>)> {
         let (at, operands) = self.chains.iter().find(|(at, _)| *at == range)?;
+        // A chain of several calls counts its steps from the start of each call.
+        if operands.len() > CHAIN_LINKS + 1 {
+            return None;
+        }
         let upto = at.start..operands.get(failed.step)?.end;
         let undefined = failed.undefined.and_then(|index| {
             Some(
@@ -75,15 +79,20 @@ impl Rewritten {
         Some((upto, undefined))
     }
 
+    /// The offset of the original that `offset` of the rewritten source comes from:
+    /// inside text an edit wrote, where that edit is.
     fn original_offset(&self, offset: usize) -> usize {
-        let mut shift = 0isize;
-        for &(at, _, added) in &self.edits {
-            if at >= offset {
+        let (mut rewritten, mut original) = (0, 0);
+        for &(at, at_original, wrote, replaced) in &self.edits {
+            if offset < at {
                 break;
             }
-            shift += added;
+            if offset < at + wrote {
+                return at_original;
+            }
+            (rewritten, original) = (at + wrote, at_original + replaced);
         }
-        offset.saturating_add_signed(-shift)
+        original + (offset - rewritten)
     }
 }
 
@@ -205,11 +214,7 @@ pub(crate) fn rewrite(
         let before = out.len();
         out.push_str(&edit.text);
         copied += edit.removes;
-        map.push((
-            before,
-            edit.at,
-            edit.text.len() as isize - edit.removes as isize,
-        ));
+        map.push((before, edit.at, edit.text.len(), edit.removes));
     }
     out.push_str(&source[copied..]);
     // Every `+` token is an addition (minijinja has no unary `+`): none may be left.
@@ -284,7 +289,9 @@ impl Edit {
             at,
             rank: (2, depth as isize),
             removes: 0,
-            text: format!("{ADD}(").repeat(calls),
+            // After a space: glued to a keyword before it (`not(a)+b`), the name
+            // would be read as part of it.
+            text: format!(" {ADD}(").repeat(calls),
         }
     }
 
@@ -557,8 +564,10 @@ pub(super) fn add(state: &State, operands: Rest<Value>) -> Result<Value, Error> 
     let mut sum = operands
         .next()
         .ok_or_else(|| Error::from(ErrorKind::MissingArgument))?;
-    for (index, operand) in operands.enumerate() {
-        let step = index + 1;
+    let mut operands = operands.peekable();
+    let mut step = 0;
+    while let Some(operand) = operands.next() {
+        step += 1;
         let undefined = if sum.is_undefined() {
             Some(0)
         } else {
@@ -568,8 +577,26 @@ pub(super) fn add(state: &State, operands: Rest<Value>) -> Result<Value, Error> 
             ErrorKind::InvalidOperation => err.with_source(AddFailed { step, undefined }),
             _ => err,
         })?;
+        // The engine charges for the value a call returns; a sum made on the way is
+        // charged here, as minijinja charges each of its own `+`.
+        if operands.peek().is_some() {
+            charge_made(state, &sum)?;
+        }
     }
     Ok(sum)
+}
+
+/// Charges for a string or tuple made by an addition whose value is not returned to
+/// the engine (which charges what it is given): a byte of string, or half a fuel an
+/// item, as minijinja charges its own. Joined lists were paid for as they were made.
+fn charge_made(state: &State, value: &Value) -> Result<(), Error> {
+    if let Some(text) = value.as_str() {
+        state.consume_fuel(text.len() as u64 / 64)
+    } else if value.is_tuple() {
+        state.consume_fuel(value.len().unwrap_or(0) as u64 / 2)
+    } else {
+        Ok(())
+    }
 }
 
 /// `a + b`.
@@ -718,8 +745,10 @@ fn path_of(value: &Value, path: &str) -> Value {
     at
 }
 
-/// minijinja's `sum`; when it starts from a list (`sum(start=[])`) and every item is
-/// a list, the lists are joined within the fuel ([`join`]).
+/// minijinja's `sum`. From a number (the default) it is minijinja's own; from
+/// anything else (`sum(start=[])`, `sum(start='')`) the items are added with
+/// flotilla's `+` ([`add`]), each sum on the way charged, and lists are joined in one
+/// step when every item is one.
 pub(super) fn sum(
     state: &State,
     values: Value,
@@ -738,39 +767,37 @@ pub(super) fn sum(
             .unwrap_or(Value::from(0)),
     };
     kwargs.assert_all_used()?;
-    if is_list(&start) {
-        let mut parts = vec![start.clone()];
-        let mut all_lists = true;
-        for item in values.try_iter()?.checked() {
-            state.consume_fuel(FUEL_PER_ITEM)?;
-            let item = item?;
-            let item = match &attribute {
-                Some(path) => path_of(&item, path),
-                None => item,
-            };
-            if item.is_undefined() {
-                continue;
-            }
-            all_lists &= is_list(&item);
-            parts.push(item);
-        }
-        if all_lists {
-            return join(state, &parts);
-        }
-        // minijinja's own sum of what was read (it fails on a list and a non-list).
+    if start.is_number() {
         return minijinja::filters::sum(
             state,
-            Value::from(parts.split_off(1)),
-            None,
+            values,
+            attribute.as_deref(),
             Some(start),
             Kwargs::from_iter(std::iter::empty::<(&str, Value)>()),
         );
     }
-    minijinja::filters::sum(
-        state,
-        values,
-        attribute.as_deref(),
-        Some(start),
-        Kwargs::from_iter(std::iter::empty::<(&str, Value)>()),
-    )
+    let mut parts = vec![start];
+    for item in values.try_iter()?.checked() {
+        state.consume_fuel(FUEL_PER_ITEM)?;
+        let item = item?;
+        let item = match &attribute {
+            Some(path) => path_of(&item, path),
+            None => item,
+        };
+        if !item.is_undefined() {
+            parts.push(item);
+        }
+    }
+    if parts.iter().all(is_list) {
+        return join(state, &parts);
+    }
+    let mut parts = parts.into_iter().peekable();
+    let mut sum = parts.next().unwrap_or_default();
+    while let Some(part) = parts.next() {
+        sum = add_two(state, sum, part)?;
+        if parts.peek().is_some() {
+            charge_made(state, &sum)?;
+        }
+    }
+    Ok(sum)
 }
