@@ -346,6 +346,7 @@ fn engine(limits: &Limits) -> Environment<'static> {
     });
     env.add_filter("format", checked_format);
     env.add_function(lists::ADD, lists::add);
+    env.add_global(lists::MINUS, Value::from_object(lists::Minus));
     env.add_filter("chain", lists::chain);
     env.add_filter("sum", lists::sum);
     env.set_formatter(move |out, state, value| checked_write(out, state, value, cap));
@@ -807,6 +808,10 @@ mod tests {
             "{{ 1 + 2 * 3 }} {{ (1 + 2) * 3 }} {{ 2 ** 2 + 1 }} {{ 7 // 2 + 7 % 2 }}",
             "{{ 1 + -2 }} {{ -1 + 2 }} {{ - (1 + 2) }} {{ 1 + (-(2)) }}",
             "{{ 1 - 2 + 3 }} {{ 1 + 2 - 3 + 4 }} {{ 1 + (2 - 3) + 4 }}",
+            "{{ 1 - 2 + 3 - 4 + 5 }} {{ 1 - 1 - 1 + 1 }} {{ 5 - -2 + 1 }} {{ 1 + 2 - -3 }}",
+            "{{ (1 - 2) + 3 }} {{ 1 - (2 + 3) }} {{ 1.5 - 0.5 + 1 }} {{ 1 + 2 - 0.5 }}",
+            "{{ -9223372036854775808 - 1 + 0 }} {{ 1 + 2 - true }} {{ 1 + x - 1 if x is defined else 0 }}",
+            "{{ (1 in [1]) - 1 + 4 }} {{ 3 - 2 in (2 * 3 in [5]) - 1 + 4 }} {{ ((1 - 2)) - 3 + 4 }}",
             "{{ 'a' + 'b' ~ 'c' }} {{ '+' + '+' }} {{ 'a' ~ 1 + 2 }}",
             "{{ 1.5 + 2 }} {{ 0.1 + 0.2 }} {{ 9223372036854775807 + 1 }} {{ true + 1 }}",
             "{{ 2 + 1.5 }} {{ 9223372036854775807 + 9223372036854775807 }} {{ 1e308 + 1e308 }}",
@@ -837,7 +842,9 @@ mod tests {
         // A chain of additions is one call (of 500 additions at most, nested): as
         // long a chain as minijinja compiles renders the same.
         let chain = |n: usize| format!("{{{{ {} }}}}", vec!["1"; n].join(" + "));
-        assert_same_as_minijinja(&[&chain(1_000), &chain(2_500)]);
+        // `-` between them too: still one call, not one call in another per `-`.
+        let mixed = |n: usize| format!("{{{{ 0{} }}}}", " - 1 + 2".repeat(n));
+        assert_same_as_minijinja(&[&chain(1_000), &chain(2_500), &mixed(400)]);
         // Errors: the same message, at the same line, quoting the expression as written.
         assert_same_as_minijinja(&[
             "a\n{{ 'a' + 1 }}",
@@ -848,6 +855,8 @@ mod tests {
             "{% set v = {} %}{{ 1 + v.missing }}",
             "{% set v = {} %}{{ 1 + 2 + v.missing + 3 }}",
             "{% set v = {} %}{{ v.missing + 2 + 3 }}",
+            "{% set v = {} %}{{ 1 + 2 - v.missing + 1 }}",
+            "{{ 1 + 2 - 'a' + 1 }}",
             "{{ 1 + 'a' + 2 }}",
             "a\n{{ 1 +\n 'a' }}",
             "{{ (1 + 2) + 'a' }}",
@@ -949,19 +958,21 @@ mod tests {
     }
 
     #[test]
-    fn a_template_may_not_name_flotillas_own_function() {
-        let err = check(
+    fn a_template_may_not_name_flotillas_own_functions() {
+        for source in [
             "a: 1\n{% set __flotilla_add = dict %}{{ [1] + [2] }}",
-            &Limits::default(),
-        );
-        assert_eq!(
-            err,
-            Err(
-                "workloads/w/manifests/t.yaml.j2:2: template error: the name `__flotilla_add` \
-                 is flotilla's own; a template may not use it"
-                    .to_string()
-            )
-        );
+            "a: 1\n{{ 1 + __flotilla_minus }}",
+        ] {
+            assert_eq!(
+                check(source, &Limits::default()),
+                Err(
+                    "workloads/w/manifests/t.yaml.j2:2: template error: names that begin with \
+                     `__flotilla_` are flotilla's own; a template may not use them"
+                        .to_string()
+                ),
+                "{source}"
+            );
+        }
     }
 
     #[test]

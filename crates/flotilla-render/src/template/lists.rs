@@ -9,8 +9,8 @@
 //! makes the three itself:
 //!
 //! - [`rewrite`] turns every `a + b` of a template's source into `__flotilla_add(a,
-//!   b)` before the template is compiled, a chain `a + b + c` into one call (the same
-//!   lines; only columns move, and [`Rewritten::original_range`] maps an error's
+//!   b)` before the template is compiled, a chain `a + b - c + d` into one call with
+//!   a marker before what is subtracted (the same lines; only columns move, and [`Rewritten::original_range`] maps an error's
 //!   place back to the text its author wrote);
 //! - [`add`] adds from the left, joining two lists into a new list, refusing before it starts when the fuel
 //!   left would not pay for the items, and charging for every item it copies; any
@@ -32,6 +32,19 @@ use minijinja::{Environment, Error, ErrorKind, Expression, State, UndefinedBehav
 /// The function every `+` becomes. A template that names it is refused (it is
 /// flotilla's, and a template defining its own would escape the fuel).
 pub(super) const ADD: &str = "__flotilla_add";
+
+/// Marks, among the arguments of [`ADD`], that the next operand is subtracted (`a +
+/// b - c + d` is one call: `__flotilla_add(a, b, __flotilla_minus, c, d)`).
+pub(super) const MINUS: &str = "__flotilla_minus";
+
+/// The names flotilla gives templates; a template that uses one is refused.
+const RESERVED: &str = "__flotilla_";
+
+/// The value of [`MINUS`].
+#[derive(Debug)]
+pub(super) struct Minus;
+
+impl minijinja::value::Object for Minus {}
 
 /// A template's source with every `+` made a call of [`ADD`].
 #[derive(Debug, Clone)]
@@ -111,10 +124,13 @@ pub(crate) fn rewrite(
     source: &str,
     syntax: minijinja::syntax::SyntaxConfig,
 ) -> Result<Option<Rewritten>, Refusal> {
-    if let Some(at) = source.find(ADD) {
+    if let Some(at) = source.find(RESERVED) {
         return Err(Refusal {
             line: source[..at].matches('\n').count() + 1,
-            message: format!("the name `{ADD}` is flotilla's own; a template may not use it"),
+            message: format!(
+                "names that begin with `{RESERVED}` are flotilla's own; a template may not \
+                 use them"
+            ),
         });
     }
     if !source.contains('+') {
@@ -136,11 +152,12 @@ pub(crate) fn rewrite(
             // It parsed, so it tokenizes: compiled as it is, its `+` would be free.
             return Err(unaccounted(1));
         };
-        starts.push((
-            span.start_offset as usize,
-            depth,
-            matches!(token, Token::Plus),
-        ));
+        let kind = match token {
+            Token::Plus => Op::Plus,
+            Token::Minus => Op::Minus,
+            _ => Op::Other,
+        };
+        starts.push((span.start_offset as usize, depth, kind));
         match token {
             Token::ParenOpen | Token::BracketOpen | Token::BraceOpen => depth += 1,
             Token::ParenClose | Token::BracketClose | Token::BraceClose => {
@@ -159,35 +176,48 @@ pub(crate) fn rewrite(
         if at != add.start {
             return Err(unfound(add.line));
         }
-        // The `+` of each link, from the last one: the last `+` at the chain's depth
-        // before where the link ends.
-        let mut operators = Vec::with_capacity(add.ends.len());
-        for &end in &add.ends {
-            let last = starts.partition_point(|&(at, _, _)| at < end);
-            let operator = starts[first..last]
-                .iter()
-                .rev()
-                .find(|&&(_, depth, plus)| plus && depth == depth_at_start)
-                .map(|&(at, _, _)| at);
+        // The operator of each link, from the last one. A `+`: the last `+` at the
+        // chain's depth before where the link ends (its right operand holds none
+        // outside brackets). A `-` (never the first link): the token right after
+        // where the link before it ends (a `-` inside its right operand may be a
+        // negation, so the last one is not it).
+        let mut operators = Vec::with_capacity(add.links.len());
+        for &(end, minus) in &add.links {
+            let operator = match minus {
+                // Past the closing brackets its span may leave out (`(a in b) - c`).
+                Some(left_end) => starts[starts.partition_point(|&(at, _, _)| at < left_end)..]
+                    .iter()
+                    .find(|&&(_, depth, _)| depth <= depth_at_start)
+                    .filter(|&&(_, depth, op)| op == Op::Minus && depth == depth_at_start)
+                    .map(|&(at, _, _)| at),
+                None => {
+                    let last = starts.partition_point(|&(at, _, _)| at < end);
+                    starts[first..last]
+                        .iter()
+                        .rev()
+                        .find(|&&(_, depth, op)| op == Op::Plus && depth == depth_at_start)
+                        .map(|&(at, _, _)| at)
+                }
+            };
             match operator {
-                Some(operator) if operators.last().is_none_or(|&later| operator < later) => {
-                    operators.push(operator)
+                Some(operator) if operators.last().is_none_or(|&(later, _)| operator < later) => {
+                    operators.push((operator, minus.is_some()))
                 }
                 _ => return Err(unfound(add.line)),
             }
         }
         operators.reverse();
-        let end = add.ends[0];
+        let end = add.links[0].0;
         let mut operands = Vec::with_capacity(operators.len() + 1);
         let mut from = add.start;
-        for (index, &operator) in operators.iter().enumerate() {
+        for (index, &(operator, minus)) in operators.iter().enumerate() {
             operands.push(from..operator);
             from = operator + 1;
             // minijinja takes at most 2,000 arguments in a call: a longer chain is
             // calls of CHAIN_LINKS additions each, the one before the first argument
             // of the next.
             let closes = index > 0 && index % CHAIN_LINKS == 0;
-            edits.push(Edit::operator(operator, closes));
+            edits.push(Edit::operator(operator, closes, minus));
         }
         operands.push(from..end);
         chains.push((add.start..end, operands));
@@ -259,15 +289,25 @@ pub(super) fn first_plus(source: &str, syntax: minijinja::syntax::SyntaxConfig) 
         .map(|(_, span)| span.start_line as usize)
 }
 
-/// A chain of additions of the source (`a + b + c`: each link an addition whose left
-/// operand is the one before, not in parentheses), made one call of [`ADD`] so that
-/// a long chain nests no calls: where it starts, where each link ends (the last link
-/// first), its line, and how many additions enclose it.
+/// A chain of additions of the source (`a + b - c + d`: each link an addition, or a
+/// subtraction whose left operand is an operation too, the left operand of each the
+/// link before unless in parentheses; the last link an addition), made one call of
+/// [`ADD`] so that a long chain nests no calls: where it starts, where each link
+/// ends and, for a subtraction, where its left operand ends (the last link first),
+/// its line, and how many chains enclose it.
 struct Addition {
     start: usize,
-    ends: Vec<usize>,
+    links: Vec<(usize, Option<usize>)>,
     line: usize,
     depth: usize,
+}
+
+/// What a token is, for finding the operators of a chain.
+#[derive(Clone, Copy, PartialEq)]
+enum Op {
+    Plus,
+    Minus,
+    Other,
 }
 
 /// The most additions one call of [`ADD`] makes.
@@ -295,12 +335,18 @@ impl Edit {
         }
     }
 
-    fn operator(at: usize, closes_a_call: bool) -> Edit {
+    fn operator(at: usize, closes_a_call: bool, minus: bool) -> Edit {
+        let close = if closes_a_call { ")" } else { "" };
+        let text = if minus {
+            format!("{close}, {MINUS},")
+        } else {
+            format!("{close},")
+        };
         Edit {
             at,
             rank: (1, 0),
             removes: 1,
-            text: if closes_a_call { ")," } else { "," }.to_string(),
+            text,
         }
     }
 
@@ -433,20 +479,31 @@ fn walk_expr(expr: &ast::Expr<'_>, depth: usize, adds: &mut Vec<Addition>) {
         Expr::BinOp(e) if matches!(e.op, ast::BinOpKind::Add) => {
             let span = e.span();
             let start = span.start_offset;
-            let mut ends = vec![span.end_offset as usize];
+            let mut links = vec![(span.end_offset as usize, None)];
             let mut rights = vec![&e.right];
             let mut left = &e.left;
             while let Expr::BinOp(inner) = left
-                && matches!(inner.op, ast::BinOpKind::Add)
                 && inner.span().start_offset == start
             {
-                ends.push(inner.span().end_offset as usize);
+                let minus = match (inner.op, &inner.left) {
+                    (ast::BinOpKind::Add, _) => None,
+                    // A subtraction whose left operand is itself an operation (whose
+                    // span ends where its own does): its `-` is the token there. One
+                    // whose left operand is not stays the chain's first operand.
+                    (ast::BinOpKind::Sub, Expr::BinOp(before))
+                        if before.span().start_offset == start =>
+                    {
+                        Some(before.span().end_offset as usize)
+                    }
+                    _ => break,
+                };
+                links.push((inner.span().end_offset as usize, minus));
                 rights.push(&inner.right);
                 left = &inner.left;
             }
             adds.push(Addition {
                 start: start as usize,
-                ends,
+                links,
                 line: span.start_line as usize,
                 depth,
             });
@@ -560,20 +617,30 @@ static PLAIN_ADD: LazyLock<Expression<'static, 'static>> = LazyLock::new(|| {
 /// `a + b + …` in a template (see [`rewrite`]): added from the left, two lists
 /// joined within the fuel ([`join`]), anything else as minijinja adds it.
 pub(super) fn add(state: &State, operands: Rest<Value>) -> Result<Value, Error> {
-    let mut operands = operands.0.into_iter();
+    let mut operands = operands.0.into_iter().peekable();
     let mut sum = operands
         .next()
         .ok_or_else(|| Error::from(ErrorKind::MissingArgument))?;
-    let mut operands = operands.peekable();
     let mut step = 0;
-    while let Some(operand) = operands.next() {
+    while let Some(mut operand) = operands.next() {
+        let minus = operand.downcast_object_ref::<Minus>().is_some();
+        if minus {
+            operand = operands
+                .next()
+                .ok_or_else(|| Error::from(ErrorKind::MissingArgument))?;
+        }
         step += 1;
         let undefined = if sum.is_undefined() {
             Some(0)
         } else {
             operand.is_undefined().then_some(step)
         };
-        sum = add_two(state, sum, operand).map_err(|err| match err.kind() {
+        let done = if minus {
+            subtract(sum, operand)
+        } else {
+            add_two(state, sum, operand)
+        };
+        sum = done.map_err(|err| match err.kind() {
             ErrorKind::InvalidOperation => err.with_source(AddFailed { step, undefined }),
             _ => err,
         })?;
@@ -584,6 +651,52 @@ pub(super) fn add(state: &State, operands: Rest<Value>) -> Result<Value, Error> 
         }
     }
     Ok(sum)
+}
+
+static PLAIN_SUB: LazyLock<Expression<'static, 'static>> = LazyLock::new(|| {
+    PLAIN
+        .compile_expression("a - b")
+        .expect("`a - b` is an expression")
+});
+
+/// `a - b` in a chain of additions, as minijinja subtracts: two integers of i64's
+/// range or floats here, anything else by minijinja itself (a subtraction makes no
+/// list or string, so it costs no more than the value it returns).
+fn subtract(a: Value, b: Value) -> Result<Value, Error> {
+    let int = |v: &Value| v.is_integer().then(|| v.as_i64()).flatten();
+    if let (Some(x), Some(y)) = (int(&a), int(&b)) {
+        let difference = i128::from(x) - i128::from(y);
+        return Ok(match i64::try_from(difference) {
+            Ok(difference) => Value::from(difference),
+            Err(_) => Value::from(difference),
+        });
+    }
+    if a.is_undefined() || b.is_undefined() {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!(
+                "tried to use - operator on unsupported types {} and {}",
+                a.kind(),
+                b.kind()
+            ),
+        ));
+    }
+    minijinjas(&PLAIN_SUB, a, b)
+}
+
+/// `expression` (`a + b` or `a - b`) evaluated by minijinja, its error without the
+/// helper's place, so that the engine places it at the template's operator.
+fn minijinjas(
+    expression: &Expression<'static, 'static>,
+    a: Value,
+    b: Value,
+) -> Result<Value, Error> {
+    expression
+        .eval(minijinja::context! { a => a, b => b })
+        .map_err(|err| match err.detail() {
+            Some(detail) => Error::new(err.kind(), detail.to_string()),
+            None => Error::from(err.kind()),
+        })
 }
 
 /// Charges for a string or tuple made by an addition whose value is not returned to
@@ -645,13 +758,7 @@ fn add_two(state: &State, a: Value, b: Value) -> Result<Value, Error> {
             ),
         ));
     }
-    PLAIN_ADD
-        .eval(minijinja::context! { a => a, b => b })
-        // Without the helper's place, so the error is placed at the template's `+`.
-        .map_err(|err| match err.detail() {
-            Some(detail) => Error::new(err.kind(), detail.to_string()),
-            None => Error::from(err.kind()),
-        })
+    minijinjas(&PLAIN_ADD, a, b)
 }
 
 /// `a + b` for two integers of i64's range, two floats, an integer and a float, or
