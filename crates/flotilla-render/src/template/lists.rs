@@ -178,9 +178,10 @@ pub(crate) fn rewrite(
         }
         // The operator of each link, from the last one. A `+`: the last `+` at the
         // chain's depth before where the link ends (its right operand holds none
-        // outside brackets). A `-` (never the first link): the token right after
-        // where the link before it ends (a `-` inside its right operand may be a
-        // negation, so the last one is not it).
+        // outside brackets). A `-` (its left operand an operation, whose span ends
+        // where that operation does): the first token at the chain's depth after that
+        // end (a `-` inside its right operand may be a negation, so the last one is
+        // not it).
         let mut operators = Vec::with_capacity(add.links.len());
         for &(end, minus) in &add.links {
             let operator = match minus {
