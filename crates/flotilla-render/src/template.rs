@@ -136,11 +136,7 @@ impl Templates {
                     text
                 }
                 Err(refusal) => {
-                    diagnostics.push(
-                        Diagnostic::error(format!("template error: {}", refusal.message))
-                            .in_file(path)
-                            .at_line(Some(refusal.line as u64)),
-                    );
+                    diagnostics.push(refusal.diagnostic(path));
                     continue;
                 }
             };
@@ -151,23 +147,12 @@ impl Templates {
                     Some(source),
                     rewritten.get(path).map(|(_, map)| map),
                 )),
-                // Not rewritten because it did not parse, yet compiled: its `+` would
-                // be free of fuel (the parser and the engine read templates alike, so
-                // this is not known to happen).
                 Ok(())
-                    if source.contains('+')
-                        && !rewritten.contains_key(path)
-                        && let Some(line) = lists::first_plus(source, syntax()) =>
+                    if !rewritten.contains_key(path)
+                        && let Some(refusal) = lists::unrewritten_plus(source, syntax()) =>
                 {
                     env.remove_template(path);
-                    diagnostics.push(
-                        Diagnostic::error(
-                            "template error: flotilla could not make this `+` one it \
-                             charges fuel for; write the addition another way",
-                        )
-                        .in_file(path)
-                        .at_line(Some(line as u64)),
-                    );
+                    diagnostics.push(refusal.diagnostic(path));
                 }
                 Ok(()) => {}
             }

@@ -116,6 +116,28 @@ pub(crate) struct Refusal {
     pub message: String,
 }
 
+impl Refusal {
+    /// The refusal as the template's error, at its file and line.
+    pub fn diagnostic(&self, path: &str) -> flotilla_core::diagnostic::Diagnostic {
+        flotilla_core::diagnostic::Diagnostic::error(format!("template error: {}", self.message))
+            .in_file(path)
+            .at_line(Some(self.line as u64))
+    }
+}
+
+/// A template [`rewrite`] left as it was because it did not parse, yet the engine
+/// compiled: refused if it has a `+`, which would be free of fuel (the parser and the
+/// engine read templates alike, so this is not known to happen).
+pub(crate) fn unrewritten_plus(
+    source: &str,
+    syntax: minijinja::syntax::SyntaxConfig,
+) -> Option<Refusal> {
+    if !source.contains('+') {
+        return None;
+    }
+    first_plus(source, syntax).map(unaccounted)
+}
+
 /// The template's source with every `+` a call of [`ADD`]; `Ok(None)` when it has no
 /// `+` or does not parse (compiling it then reports the syntax error as its author
 /// wrote it).
@@ -283,7 +305,7 @@ fn unaccounted(line: usize) -> Refusal {
 }
 
 /// The line of the first `+` token of `source`, if it has one.
-pub(super) fn first_plus(source: &str, syntax: minijinja::syntax::SyntaxConfig) -> Option<usize> {
+fn first_plus(source: &str, syntax: minijinja::syntax::SyntaxConfig) -> Option<usize> {
     tokenize(source, false, syntax)
         .map_while(Result::ok)
         .find(|(token, _)| matches!(token, Token::Plus))
@@ -664,25 +686,40 @@ static PLAIN_SUB: LazyLock<Expression<'static, 'static>> = LazyLock::new(|| {
 /// range or floats here, anything else by minijinja itself (a subtraction makes no
 /// list or string, so it costs no more than the value it returns).
 fn subtract(a: Value, b: Value) -> Result<Value, Error> {
-    let int = |v: &Value| v.is_integer().then(|| v.as_i64()).flatten();
-    if let (Some(x), Some(y)) = (int(&a), int(&b)) {
-        let difference = i128::from(x) - i128::from(y);
-        return Ok(match i64::try_from(difference) {
-            Ok(difference) => Value::from(difference),
-            Err(_) => Value::from(difference),
-        });
+    if let (Some(x), Some(y)) = (small_int(&a), small_int(&b)) {
+        return Ok(int_value(i128::from(x) - i128::from(y)));
     }
     if a.is_undefined() || b.is_undefined() {
-        return Err(Error::new(
-            ErrorKind::InvalidOperation,
-            format!(
-                "tried to use - operator on unsupported types {} and {}",
-                a.kind(),
-                b.kind()
-            ),
-        ));
+        return Err(unsupported('-', &a, &b));
     }
     minijinjas(&PLAIN_SUB, a, b)
+}
+
+/// An integer of i64's range, as minijinja keeps most.
+fn small_int(value: &Value) -> Option<i64> {
+    value.is_integer().then(|| value.as_i64()).flatten()
+}
+
+/// An integer result as minijinja makes it: an i64 where it fits, else an i128.
+fn int_value(n: i128) -> Value {
+    match i64::try_from(n) {
+        Ok(n) => Value::from(n),
+        Err(_) => Value::from(n),
+    }
+}
+
+/// minijinja's error for `op` on operands it cannot combine (one undefined, here),
+/// which the engine completes with the undefined operand's name; here the operand's
+/// text is added where the error is described ([`AddFailed`]).
+fn unsupported(op: char, a: &Value, b: &Value) -> Error {
+    Error::new(
+        ErrorKind::InvalidOperation,
+        format!(
+            "tried to use {op} operator on unsupported types {} and {}",
+            a.kind(),
+            b.kind()
+        ),
+    )
 }
 
 /// `expression` (`a + b` or `a - b`) evaluated by minijinja, its error without the
@@ -746,18 +783,8 @@ fn add_two(state: &State, a: Value, b: Value) -> Result<Value, Error> {
     if let Some(sum) = plain_sum(&a, &b) {
         return Ok(sum);
     }
-    // minijinja's own error, which the engine completes with the undefined operand's
-    // name; here the operand's text is added where the error is described
-    // ([`AddFailed`]).
     if a.is_undefined() || b.is_undefined() {
-        return Err(Error::new(
-            ErrorKind::InvalidOperation,
-            format!(
-                "tried to use + operator on unsupported types {} and {}",
-                a.kind(),
-                b.kind()
-            ),
-        ));
+        return Err(unsupported('+', &a, &b));
     }
     minijinjas(&PLAIN_ADD, a, b)
 }
@@ -765,20 +792,15 @@ fn add_two(state: &State, a: Value, b: Value) -> Result<Value, Error> {
 /// `a + b` for two integers of i64's range, two floats, an integer and a float, or
 /// two strings neither of which is marked safe; `None` for anything else.
 fn plain_sum(a: &Value, b: &Value) -> Option<Value> {
-    let int = |v: &Value| v.is_integer().then(|| v.as_i64()).flatten();
     let float = |v: &Value| {
         (v.is_number() && !v.is_integer())
             .then(|| f64::try_from(v.clone()).ok())
             .flatten()
     };
-    if let (Some(x), Some(y)) = (int(a), int(b)) {
-        let sum = i128::from(x) + i128::from(y);
-        return Some(match i64::try_from(sum) {
-            Ok(sum) => Value::from(sum),
-            Err(_) => Value::from(sum),
-        });
+    if let (Some(x), Some(y)) = (small_int(a), small_int(b)) {
+        return Some(int_value(i128::from(x) + i128::from(y)));
     }
-    let number = |v: &Value| float(v).or_else(|| int(v).map(|x| x as f64));
+    let number = |v: &Value| float(v).or_else(|| small_int(v).map(|x| x as f64));
     if (float(a).is_some() || float(b).is_some())
         && let (Some(x), Some(y)) = (number(a), number(b))
     {
